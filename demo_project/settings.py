@@ -1,0 +1,112 @@
+"""Settings of the demo project, read from the environment with django-environ.
+
+``DATABASE_URL`` picks the database (default: ``sqlite:///demo.sqlite3`` beside manage.py);
+``postgres://postgres@127.0.0.1:5432/demo`` runs it on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    SECRET_KEY=(str, "demo-insecure-secret-key-change-me"),
+    ALLOWED_HOSTS=(list, ["127.0.0.1", "localhost", "testserver"]),
+)
+
+DEBUG = env("DEBUG")
+SECRET_KEY = env("SECRET_KEY")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_leases",
+    "demo_project.previews",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "demo_project.urls"
+WSGI_APPLICATION = "demo_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def database_from_url(url: str) -> dict:
+    """A ``DATABASES`` entry for ``url``; SQLite gets the settings leases need.
+
+    SQLite: IMMEDIATE transactions (``select_for_update()`` is a no-op there, so the write
+    lock taken at BEGIN is what serialises read-decide-write), a 20 s busy timeout and WAL.
+    """
+    config = environ.Env.db_url_config(url)
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        config.setdefault("OPTIONS", {}).update(
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+    return config
+
+
+DATABASES = {
+    "default": database_from_url(
+        env("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'demo.sqlite3'}"
+    )
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+USE_I18N = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_leases": {"handlers": ["console"], "level": env("LEASES_LOG_LEVEL", default="INFO")}
+    },
+}
+
+DJANGO_LEASES = {
+    # Walking skeleton: webhook signing secrets by source name (the encrypted credential
+    # store replaces this).
+    "WEBHOOK_SECRETS": {
+        "github-pushes": env("DEMO_GITHUB_WEBHOOK_SECRET", default="demo-webhook-secret")
+    },
+}

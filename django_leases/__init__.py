@@ -1,0 +1,43 @@
+"""Coordination primitives for Django, backed by your own database.
+
+Leases with fencing tokens, fenced workflow steps and webhook trigger sources.
+The public API is imported lazily so importing the package never touches models
+before the app registry is ready::
+
+    from django_leases import hold_lease, LeaseLostError
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "hold_lease": "django_leases.leases",
+    "ahold_lease": "django_leases.leases",
+    "LeaseHandle": "django_leases.leases",
+    "LeaseError": "django_leases.exceptions",
+    "LeaseTakenError": "django_leases.exceptions",
+    "LeaseLostError": "django_leases.exceptions",
+    "WorkflowStepSupersededError": "django_leases.exceptions",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from django_leases.exceptions import (  # noqa: F401  # noqa: F401
+        LeaseError,
+        LeaseLostError,
+        LeaseTakenError,
+        WorkflowStepSupersededError,
+    )
+    from django_leases.leases import LeaseHandle, ahold_lease, hold_lease  # noqa: F401  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_leases' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,295 @@
+"""``hold_lease`` and ``ahold_lease``: run a body while holding a lease, renewed every TTL/3.
+
+Follows the reference ``holdLease`` (rules L9–L15) plus DESIGN §4's L16–L18::
+
+    from django_leases import hold_lease, LeaseLostError
+
+    with hold_lease("nightly-report", ttl=60) as held:
+        for chunk in work():
+            held.check()                  # raises LeaseLostError once the lease is gone
+            write(chunk, token=held.token)
+
+    @hold_lease("rebuild-index", ttl=30)  # each call holds the lease afresh
+    def rebuild() -> None: ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from contextlib import ContextDecorator
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from asgiref.sync import sync_to_async
+
+from django_leases.conf import leases_settings
+from django_leases.exceptions import LeaseLostError, LeaseTakenError
+from django_leases.renewal import Renewal
+from django_leases.signals import lease_lost
+from django_leases.validation import check_name, ttl_seconds
+
+if TYPE_CHECKING:
+    from django_leases.models import Lease, LeaseQuerySet
+
+logger = logging.getLogger("django_leases.leases")
+
+
+def new_holder() -> str:
+    """A fresh, unique holder name: ``host:pid:random``."""
+    return f"{socket.gethostname()[:180]}:{os.getpid()}:{secrets.token_hex(8)}"
+
+
+class LeaseHandle:
+    """What the body of ``hold_lease`` gets.
+
+    Attributes:
+        key: the lease key (``str``).
+        lease: the latest :class:`~django_leases.models.Lease` row (updated by each renewal).
+        lost: a :class:`threading.Event`, set as soon as the lease is seen lost.
+    """
+
+    def __init__(self, lease: Lease, renewal: Renewal) -> None:
+        self.key: str = lease.key
+        self.lease = lease
+        self._renewal = renewal
+
+    @property
+    def lost(self) -> threading.Event:
+        return self._renewal.lost
+
+    @property
+    def token(self) -> int:
+        """The fencing token (``int``) of the held lease; pass it along with your writes."""
+        return self.lease.token
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` if the lease has been seen lost; else return ``None``."""
+        if self.lost.is_set():
+            raise LeaseLostError(self.key)
+
+
+class _Holding:
+    """One acquisition: acquire, renew in the background, final check, release."""
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float,
+        holder: str,
+        using: str | None,
+        on_lost: object = None,
+    ) -> None:
+        self.key = key
+        self.ttl = ttl
+        self.holder = holder
+        self.using = using
+        self.handle: LeaseHandle | None = None
+        self._on_lost = on_lost
+
+    def _objects(self) -> LeaseQuerySet:
+        from django_leases.models import Lease
+
+        manager = Lease.objects
+        return manager.db_manager(self.using) if self.using else manager  # type: ignore[return-value]
+
+    def enter(self) -> LeaseHandle:
+        sent = time.monotonic()
+        lease = self._objects().acquire(self.key, self.holder, self.ttl)
+        if lease is None:
+            raise LeaseTakenError(self.key)
+        renewal = Renewal(self.key, self.ttl, self._renew, held_since=sent, on_lost=self._lost)
+        self.handle = LeaseHandle(lease, renewal)
+        renewal.start()
+        return self.handle
+
+    def _renew(self) -> bool:
+        assert self.handle is not None
+        refreshed = self._objects().refresh(self.handle.lease, self.ttl)
+        if refreshed is None:
+            return False
+        self.handle.lease = refreshed
+        return True
+
+    def _lost(self) -> None:
+        assert self.handle is not None
+        from django_leases.models import Lease
+
+        lease_lost.send(sender=Lease, key=self.key, lease=self.handle.lease)
+        if callable(self._on_lost):
+            self._on_lost()
+
+    def exit(self, body_failed: bool) -> None:
+        """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
+        handle = self.handle
+        assert handle is not None
+        try:
+            handle._renewal.stop()
+            if not body_failed:
+                # The last renewal can be a third of a TTL old: check once more before vouching.
+                try:
+                    held = not handle.lost.is_set() and self._renew()
+                except Exception:
+                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                    held = False
+                if not held:
+                    handle._renewal.mark_lost("the final check could not vouch for it")
+                    raise LeaseLostError(self.key)
+        finally:
+            try:
+                self._objects().release(handle.lease)
+            except Exception:
+                logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+
+
+class hold_lease(ContextDecorator):
+    """Hold ``key`` for the duration of a ``with`` block or a decorated call.
+
+    Args:
+        key: the lease key (``str``, 1–255 characters).
+        ttl: how long a crashed holder keeps the key from everyone else: a ``timedelta`` or
+            seconds (> 0). Defaults to ``DJANGO_LEASES["DEFAULT_TTL"]`` (30 s). The lease is
+            renewed every ``ttl / 3``.
+        holder: the holder name; defaults to a fresh ``host:pid:random``.
+        using: the database alias; defaults to the router's choice for ``Lease``.
+
+    ``with hold_lease(...) as held`` gives a :class:`LeaseHandle`.
+
+    Raises:
+        ValueError: bad key, holder or TTL (nothing written).
+        LeaseTakenError: another holder has the key live (raised at once; never waits).
+        LeaseLostError: the lease was lost while the body ran, or the final check after a
+            normally finished body could not confirm it was still held. The body is *not*
+            interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
+
+    An exception from the body propagates unchanged. The lease is always released.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float | timedelta | None = None,
+        *,
+        holder: str | None = None,
+        using: str | None = None,
+    ) -> None:
+        self.key = check_name(key, "key")
+        self.ttl = ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.holder = None if holder is None else check_name(holder, "holder")
+        self.using = using
+        self._holding: _Holding | None = None
+
+    def _recreate_cm(self) -> hold_lease:
+        # Each decorated call holds the lease afresh.
+        return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using)
+
+    def __enter__(self) -> LeaseHandle:
+        if self._holding is not None:
+            raise RuntimeError("hold_lease(...) is not reentrant; create a new one")
+        self._holding = _Holding(self.key, self.ttl, self.holder or new_holder(), self.using)
+        try:
+            return self._holding.enter()
+        except BaseException:
+            self._holding = None
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        holding, self._holding = self._holding, None
+        assert holding is not None
+        holding.exit(body_failed=exc_type is not None)
+
+
+class ahold_lease:
+    """The asyncio form of :class:`hold_lease`: ``async with ahold_lease(key, ttl) as held``.
+
+    Same arguments, errors and handle. On loss the body's task is **cancelled** and the
+    cancellation turns into :class:`LeaseLostError` at the ``async with`` (as
+    ``asyncio.timeout`` turns its cancellation into ``TimeoutError``). Database calls run
+    through ``sync_to_async``; renewals run on their own thread.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float | timedelta | None = None,
+        *,
+        holder: str | None = None,
+        using: str | None = None,
+    ) -> None:
+        self.key = check_name(key, "key")
+        self.ttl = ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.holder = None if holder is None else check_name(holder, "holder")
+        self.using = using
+        self._holding: _Holding | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancelled = False
+        self._exiting = False
+
+    def _cancel_body(self) -> None:  # runs on the event loop
+        if self._exiting or self._task is None or self._task.done():
+            return
+        self._cancelled = True
+        self._task.cancel(msg=f"lease {self.key!r} lost")
+
+    def _lost_from_thread(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cancel_body)
+
+    async def __aenter__(self) -> LeaseHandle:
+        if self._holding is not None:
+            raise RuntimeError("ahold_lease(...) is not reentrant; create a new one")
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._cancelled = self._exiting = False
+        holding = _Holding(
+            self.key,
+            self.ttl,
+            self.holder or new_holder(),
+            self.using,
+            on_lost=self._lost_from_thread,
+        )
+        handle = await sync_to_async(holding.enter)()
+        self._holding = holding
+        return handle
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exiting = True
+        holding, self._holding = self._holding, None
+        assert holding is not None
+        ours = self._cancelled and exc_type is asyncio.CancelledError
+        # Shielded: a cancellation cannot cut the final check and release short.
+        finishing = asyncio.ensure_future(
+            sync_to_async(holding.exit)(body_failed=exc_type is not None)
+        )
+        while not finishing.done():
+            try:
+                await asyncio.shield(finishing)
+            except asyncio.CancelledError:
+                if not self._cancelled:
+                    raise
+                # Our cancellation arrived just after the body finished: still a loss.
+                ours = True
+            except Exception:
+                break
+        if ours:
+            assert self._task is not None
+            self._task.uncancel()
+            raise LeaseLostError(self.key) from exc
+        finishing.result()

@@ -1,0 +1,25 @@
+from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
+from django_leases.models.trigger import OrphanTriggerSource, TriggerEvent, TriggerSource
+from django_leases.models.workflow import (
+    AttemptStatus,
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
+
+__all__ = [
+    "AttemptStatus",
+    "Lease",
+    "LeaseQuerySet",
+    "LeaseState",
+    "OrphanTriggerSource",
+    "RunStatus",
+    "StepStatus",
+    "TriggerEvent",
+    "TriggerSource",
+    "WorkflowRun",
+    "WorkflowStep",
+    "WorkflowStepAttempt",
+]

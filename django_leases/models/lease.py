@@ -1,0 +1,293 @@
+"""The ``Lease`` model and its QuerySet: acquire, refresh, release, current, fenced.
+
+Rules (DESIGN §4, reference lease-service tests L1–L8):
+
+* a new key is granted with token 1;
+* the live holder re-acquiring keeps its token and gets a new expiry;
+* another holder is refused while the lease is live (``acquire`` never waits);
+* a lapsed or released lease passes to *any* holder, the old one included, with token + 1;
+* ``refresh`` and ``release`` act only when key, holder **and** token match; a lapsed lease
+  cannot be refreshed even if nobody took it; a stale release is a silent no-op;
+* every "live / lapsed" decision is made on the database clock inside the statement.
+
+On PostgreSQL and SQLite each of acquire, refresh and release is **one statement** in
+autocommit (an ``INSERT … ON CONFLICT DO UPDATE … WHERE`` upsert, or a guarded ``UPDATE``);
+the row lock the statement takes makes it a compare-and-set, so exactly one of many
+concurrent acquirers wins. Other vendors use a portable ORM path (``SELECT … FOR UPDATE``
+then ``UPDATE`` in one transaction) with the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.conf import settings
+from django.db import connections, models, router, transaction
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models.functions import Now
+
+from django_leases import clock
+from django_leases.exceptions import LeaseLostError
+from django_leases.signals import lease_acquired, lease_released
+from django_leases.validation import MAX_KEY_LENGTH, check_name, ttl_seconds
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+_RETURNED = (
+    "id",
+    "key",
+    "holder",
+    "token",
+    "expires_at",
+    "acquired_at",
+    "renewed_at",
+    "released_at",
+)
+
+
+class LeaseState(models.TextChoices):
+    """What an operator sees: held now, expired on the database clock, or given back."""
+
+    LIVE = "live", "live"
+    LAPSED = "lapsed", "lapsed"
+    RELEASED = "released", "released"
+
+
+class LeaseQuerySet(models.QuerySet["Lease"]):
+    """Domain methods of ``Lease.objects``. Each opens whatever transaction it needs."""
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _alias(self) -> str:
+        return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
+
+    def _connection(self) -> BaseDatabaseWrapper:
+        return connections[self._alias()]
+
+    def _table(self, connection: BaseDatabaseWrapper) -> str:
+        return connection.ops.quote_name(self.model._meta.db_table)
+
+    def _from_row(self, connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Lease:
+        values = list(row)
+        if connection.vendor == "sqlite":
+            # The raw cursor returns SQLite's text timestamps; convert as Django's field does.
+            convert = connection.ops.convert_datetimefield_value  # type: ignore[attr-defined]
+            for index in range(4, 8):
+                if values[index] is not None:
+                    values[index] = convert(values[index], None, connection)
+        return self.model.from_db(self._alias(), _RETURNED, values)
+
+    # -- the lease operations -----------------------------------------------------------------
+
+    def acquire(self, key: str, holder: str, ttl: float | timedelta) -> Lease | None:
+        """Take ``key`` for ``holder`` for ``ttl`` (a ``timedelta`` or seconds > 0).
+
+        Returns the granted :class:`Lease` (with its fencing ``token``), or ``None`` when
+        another holder has it live. Never waits.
+
+        Raises ``ValueError`` for a bad key, holder or TTL, before anything is written.
+        """
+        check_name(key, "key")
+        check_name(holder, "holder")
+        seconds = ttl_seconds(ttl)
+        connection = self._connection()
+        if connection.vendor in clock.FAST_VENDORS:
+            lease = self._acquire_sql(connection, key, holder, seconds)
+        else:
+            lease = self._acquire_orm(key, holder, seconds)
+        if lease is not None:
+            lease_acquired.send(sender=self.model, lease=lease)
+        return lease
+
+    def _acquire_sql(
+        self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
+    ) -> Lease | None:
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        later = clock.now_plus_sql(connection)
+        kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
+        sql = (
+            f"INSERT INTO {table} AS l "
+            "(key, holder, token, expires_at, acquired_at, renewed_at, released_at) "
+            f"VALUES (%s, %s, 1, {later}, {now}, {now}, NULL) "
+            "ON CONFLICT (key) DO UPDATE SET "
+            f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+            f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
+            "holder = excluded.holder, expires_at = excluded.expires_at, "
+            "renewed_at = excluded.renewed_at, released_at = NULL "
+            f"WHERE l.expires_at <= {now} OR l.holder = excluded.holder "
+            f"RETURNING {', '.join(_RETURNED)}"
+        )
+        params = (key, holder, clock.seconds_param(connection, seconds))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else self._from_row(connection, row)
+
+    def _acquire_orm(self, key: str, holder: str, seconds: float) -> Lease | None:
+        alias = self._alias()
+        expiry = clock.db_now_plus(seconds)
+        with transaction.atomic(using=alias):
+            qs = self.model._default_manager.using(alias)
+            # A placeholder row (token 0, lapsed long ago) so there is a row to lock; it then
+            # takes the takeover path below and comes out with token 1.
+            long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+            qs.bulk_create(
+                [self.model(key=key, holder=holder, token=0, expires_at=long_ago)],
+                ignore_conflicts=True,
+            )
+            live = ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
+            current = qs.select_for_update().annotate(live=live).get(key=key)
+            if current.live and current.holder != holder:
+                return None
+            kept = current.live and current.holder == holder
+            updates: dict[str, Any] = {
+                "holder": holder,
+                "expires_at": expiry,
+                "renewed_at": Now(),
+                "released_at": None,
+            }
+            if not kept:
+                updates["token"] = F("token") + 1
+                updates["acquired_at"] = Now()
+            qs.filter(pk=current.pk).update(**updates)
+            return qs.get(pk=current.pk)
+
+    def refresh(self, lease: Lease, ttl: float | timedelta) -> Lease | None:
+        """Extend a held lease to database now + ``ttl`` (``timedelta`` or seconds > 0).
+
+        Returns the refreshed lease (same token), or ``None`` when ``lease`` is no longer held:
+        lapsed on the database clock (even if nobody took it), released, or taken by another
+        holder or token. Raises ``ValueError`` for a bad TTL.
+        """
+        seconds = ttl_seconds(ttl)
+        connection = self._connection()
+        if connection.vendor not in clock.FAST_VENDORS:
+            updated = self.filter(
+                key=lease.key, holder=lease.holder, token=lease.token, expires_at__gt=Now()
+            ).update(expires_at=clock.db_now_plus(seconds), renewed_at=Now())
+            return self.filter(pk=lease.pk).first() if updated else None
+        now = clock.now_sql(connection)
+        sql = (
+            f"UPDATE {self._table(connection)} "
+            f"SET expires_at = {clock.now_plus_sql(connection)}, renewed_at = {now} "
+            f"WHERE key = %s AND holder = %s AND token = %s AND expires_at > {now} "
+            f"RETURNING {', '.join(_RETURNED)}"
+        )
+        params = (clock.seconds_param(connection, seconds), lease.key, lease.holder, lease.token)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else self._from_row(connection, row)
+
+    def release(self, lease: Lease) -> None:
+        """Give ``lease`` back so the key is free at once; the row and its token stay.
+
+        Acts only when key, holder and token match and the lease was not released already;
+        a stale release (the lease passed on) is a silent no-op. Returns ``None``.
+        """
+        connection = self._connection()
+        if connection.vendor in clock.FAST_VENDORS:
+            now = clock.now_sql(connection)
+            sql = (
+                f"UPDATE {self._table(connection)} SET released_at = {now}, "
+                f"expires_at = CASE WHEN expires_at > {now} THEN {now} ELSE expires_at END "
+                "WHERE key = %s AND holder = %s AND token = %s AND released_at IS NULL"
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(sql, (lease.key, lease.holder, lease.token))
+                released = cursor.rowcount
+        else:
+            released = self.filter(
+                key=lease.key, holder=lease.holder, token=lease.token, released_at__isnull=True
+            ).update(
+                released_at=Now(),
+                expires_at=Case(When(expires_at__gt=Now(), then=Now()), default=F("expires_at")),
+            )
+        if released:
+            lease_released.send(sender=self.model, lease=lease)
+
+    def current(self, key: str) -> Lease | None:
+        """The live lease on ``key``, or ``None`` when absent, lapsed or released."""
+        check_name(key, "key")
+        return self.filter(key=key, expires_at__gt=Now()).first()
+
+    @contextmanager
+    def fenced(self, lease: Lease) -> Iterator[Lease]:
+        """Run a block of writes that cannot interleave with a takeover of ``lease``.
+
+        Opens a transaction, locks the lease row (``SELECT … FOR UPDATE``; on SQLite the
+        IMMEDIATE transaction's write lock) and checks holder, token and liveness on the
+        database clock. Yields the locked row. Raises :class:`LeaseLostError` when the lease
+        is not held. Any writes in the block commit with the check, or not at all.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            row = (
+                self.model._default_manager.using(alias)
+                .select_for_update()
+                .filter(key=lease.key, holder=lease.holder, token=lease.token, expires_at__gt=Now())
+                .first()
+            )
+            if row is None:
+                raise LeaseLostError(lease.key)
+            yield row
+
+    def with_state(self) -> LeaseQuerySet:
+        """Annotate ``state`` (live / lapsed / released) and ``seconds_left``, on the DB clock."""
+        return self.annotate(
+            state=Case(
+                When(released_at__isnull=False, then=Value(LeaseState.RELEASED.value)),
+                When(expires_at__gt=Now(), then=Value(LeaseState.LIVE.value)),
+                default=Value(LeaseState.LAPSED.value),
+                output_field=models.CharField(),
+            ),
+            db_now=Now(),
+        )
+
+    def force_release(self, key: str) -> bool:
+        """Operator's release of whatever lease holds ``key``, whoever holds it.
+
+        The token keeps rising for the next holder, and the ex-holder's next refresh or
+        ``fenced()`` block fails. Returns ``True`` if a live lease was released.
+        """
+        check_name(key, "key")
+        lease = self.current(key)
+        if lease is None:
+            return False
+        self.release(lease)
+        return not self.filter(pk=lease.pk, expires_at__gt=Now()).exists()
+
+
+class Lease(models.Model):
+    """A named lease: at most one live holder per key, and a fencing token that only rises.
+
+    A released lease keeps its row so the next holder's token is higher than every token
+    handed out before. Times are set by the database clock.
+    """
+
+    key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True)
+    holder = models.CharField(max_length=MAX_KEY_LENGTH)
+    token = models.BigIntegerField(default=1, help_text="Fencing token; rises on every takeover.")
+    expires_at = models.DateTimeField(db_index=True)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    renewed_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[LeaseQuerySet] = LeaseQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("key",)
+        permissions = (("force_release_lease", "Can force-release a lease"),)
+
+    def __str__(self) -> str:
+        return f"{self.key} (token {self.token}, held by {self.holder})"
+
+    def seconds_left(self, db_now: datetime) -> float:
+        """Seconds until expiry measured against ``db_now`` (never negative)."""
+        return max(0.0, (self.expires_at - db_now).total_seconds())

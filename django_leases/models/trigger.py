@@ -1,0 +1,83 @@
+"""Trigger sources and the deliveries they received (DESIGN §6).
+
+Domain methods live on the QuerySets in :mod:`django_leases.triggers.store`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from django.db import models
+
+
+class TriggerSource(models.Model):
+    """A webhook source declared in code. Off until an operator enables it.
+
+    ``declared`` turns ``False`` when the declaration leaves the code (an orphan); the row
+    stays until it is torn down or forgotten. ``state`` holds provider identifiers only;
+    secrets never live here.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=32, default="webhook")
+    provider = models.CharField(max_length=64)
+    config = models.JSONField(default=dict, blank=True, help_text="Non-secret provider config.")
+    base_url = models.CharField(max_length=500, null=True, blank=True)
+    label_prefix = models.CharField(max_length=200, null=True, blank=True)
+    declared = models.BooleanField(default=True)
+    enabled = models.BooleanField(default=False)
+    status = models.CharField(max_length=32, null=True, blank=True)
+    state = models.JSONField(null=True, blank=True)
+    detail = models.TextField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects: ClassVar[models.Manager[TriggerSource]]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("name",)
+        permissions = (
+            ("toggle_triggersource", "Can enable, disable and tear down trigger sources"),
+        )
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class OrphanTriggerSource(TriggerSource):
+    """Rows whose declaration left the code: the admin's Orphans view."""
+
+    class Meta:
+        proxy = True
+        app_label = "django_leases"
+        verbose_name = "orphaned trigger source"
+
+
+class TriggerEvent(models.Model):
+    """A delivery accepted from a trigger source (deduplicated by delivery id)."""
+
+    source = models.ForeignKey(
+        TriggerSource, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    source_name = models.CharField(max_length=200)
+    delivery_id = models.CharField(max_length=200)
+    event = models.CharField(max_length=200)
+    payload = models.JSONField()
+    run = models.ForeignKey(
+        "django_leases.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    objects: ClassVar[models.Manager[TriggerEvent]]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("-received_at",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=["source_name", "delivery_id"], name="dl_event_unique_delivery"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.source_name} {self.event} {self.delivery_id}"

@@ -1,0 +1,164 @@
+"""The TTL/3 renewal loop shared by ``hold_lease`` and workflow step execution.
+
+Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
+
+* a renewal runs every ``max(ttl / 3, RENEWAL_FLOOR)`` seconds, so a failed one still leaves
+  two more before the lease runs out; renewals never overlap;
+* a renewal that answers ``False`` ("not held") marks the lease **lost** at once;
+* a renewal that raises proves nothing: the lease is counted lost only once the *local
+  deadline* has passed — the monotonic time at which the last successful renewal (or the
+  acquisition) was *sent*, plus the TTL. A briefly unreachable database therefore does not
+  cost the lease (L16);
+* the deadline is watched by its own timer, so a renewal that *hangs* (a dead TCP peer) still
+  marks the lease lost when the deadline passes (L17);
+* :meth:`Renewal.stop` waits for a renewal in flight, so a release made after it can never be
+  undone by a late renewal.
+
+The renewal thread uses its own database connections (Django's are per thread) and closes
+them when it ends; after a failed renewal it closes them too, so the next one reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import connections
+
+from django_leases.conf import leases_settings
+
+logger = logging.getLogger("django_leases.renewal")
+
+#: How many renewals fit in one lease.
+RENEWALS_PER_LEASE = 3
+
+
+def renewal_interval(ttl: float) -> float:
+    """Seconds between renewals of a ``ttl``-second lease: ``max(ttl / 3, RENEWAL_FLOOR)``."""
+    return max(ttl / RENEWALS_PER_LEASE, float(leases_settings.RENEWAL_FLOOR))
+
+
+class Renewal:
+    """Keeps a lease alive by calling ``renew`` every TTL/3 on a background thread.
+
+    Args:
+        name: what the lease is (its key), for logs and thread names.
+        ttl: the lease's TTL in seconds (float).
+        renew: called on the renewal thread; returns ``True`` while the lease is still held,
+            ``False`` once it is not. An exception means "unknown".
+        held_since: ``time.monotonic()`` taken just before the acquisition was sent; the
+            first local deadline is ``held_since + ttl``. Defaults to now.
+        on_lost: called once, on a background thread, when the lease is seen lost.
+
+    ``lost`` is a :class:`threading.Event` set when the lease is lost. Call :meth:`start`
+    once and :meth:`stop` exactly when done (it is idempotent).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ttl: float,
+        renew: Callable[[], bool],
+        *,
+        held_since: float | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.ttl = ttl
+        self.interval = renewal_interval(ttl)
+        self.lost = threading.Event()
+        self._renew = renew
+        self._on_lost = on_lost
+        self._deadline = (time.monotonic() if held_since is None else held_since) + ttl
+        self._stopped = threading.Event()
+        self._cond = threading.Condition()
+        self._lost_once = threading.Lock()
+        self._lost_reported = False
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name=f"lease-renewal:{name}", daemon=True
+        )
+        self._watchdog = threading.Thread(
+            target=self._watch_deadline, name=f"lease-deadline:{name}", daemon=True
+        )
+
+    @property
+    def deadline(self) -> float:
+        """The local deadline (``time.monotonic()`` seconds) the lease is vouched for until."""
+        with self._cond:
+            return self._deadline
+
+    def start(self) -> Renewal:
+        """Start the renewal and deadline threads; returns ``self``."""
+        self._renewer.start()
+        self._watchdog.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing, waiting for a renewal in flight to finish. Idempotent."""
+        self._stopped.set()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in (self._renewer, self._watchdog):
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join()
+
+    def mark_lost(self, reason: str) -> None:
+        """Record the loss (once) and tell ``on_lost``."""
+        with self._lost_once:
+            if self._lost_reported:
+                return
+            self._lost_reported = True
+        logger.warning("Lease %r lost: %s", self.name, reason)
+        self.lost.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._on_lost is not None:
+            try:
+                self._on_lost()
+            except Exception:
+                logger.exception("on_lost callback of lease %r failed", self.name)
+
+    def _renew_loop(self) -> None:
+        try:
+            while not self.lost.is_set():
+                if self._stopped.wait(self.interval):
+                    return
+                sent = time.monotonic()
+                try:
+                    held: bool | None = bool(self._renew())
+                except Exception as exc:  # the database may be briefly unreachable
+                    held = None
+                    logger.warning("Renewal of lease %r failed: %s", self.name, exc)
+                    self._close_connections()
+                if held:
+                    with self._cond:
+                        self._deadline = max(self._deadline, sent + self.ttl)
+                        self._cond.notify_all()
+                elif held is False:
+                    self.mark_lost("the database says it is no longer held")
+                elif time.monotonic() >= self.deadline:
+                    self.mark_lost("renewals kept failing past its TTL")
+        finally:
+            self._close_connections()
+
+    def _watch_deadline(self) -> None:
+        with self._cond:
+            while not self._stopped.is_set() and not self.lost.is_set():
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            expired = not self._stopped.is_set() and not self.lost.is_set()
+        if expired:
+            self.mark_lost("no renewal succeeded within its TTL")
+
+    @staticmethod
+    def _close_connections() -> None:
+        # Django's connections are per thread: this closes only the renewal thread's own.
+        for conn in connections.all(initialized_only=True):
+            try:
+                conn.close()
+            except Exception:
+                logger.debug("closing a renewal connection failed", exc_info=True)
