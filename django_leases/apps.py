@@ -10,4 +10,9 @@ class DjangoLeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
         from django_leases import checks  # noqa: F401  (registers the checks)
+
+        # Declarations in code: each installed app's workflows.py and triggers.py.
+        autodiscover_modules("workflows", "triggers")

@@ -37,3 +37,24 @@ def shared_fixtures() -> Path:
 def vendor() -> str:
     """``"postgresql"`` or ``"sqlite"``: the database the suite runs on."""
     return connection.vendor
+
+
+@pytest.fixture
+def subprocess_env(transactional_db: None) -> dict[str, str]:
+    """Environment for a child process (``manage.py …``) that uses this test's database.
+
+    Needs real commits, so it asks for ``transactional_db``; the child sees the test
+    database as its default database.
+    """
+    settings_dict = connection.settings_dict
+    env = dict(os.environ)
+    if connection.vendor == "sqlite":
+        env["DATABASE_URL"] = f"sqlite:///{settings_dict['NAME']}"
+    else:
+        user = settings_dict.get("USER") or "postgres"
+        host = settings_dict.get("HOST") or "127.0.0.1"
+        port = settings_dict.get("PORT") or 5432
+        env["DATABASE_URL"] = f"postgres://{user}@{host}:{port}/{settings_dict['NAME']}"
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

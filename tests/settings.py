@@ -21,5 +21,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {
         "NAME": os.path.join(tempfile.gettempdir(), f"django_leases_test_{os.getpid()}.sqlite3")
     }
+else:
+    # DL_TEST_DB_SUFFIX lets two suites run on one PostgreSQL server at once.
+    DATABASES["default"]["TEST"] = {
+        "NAME": "test_django_leases" + os.environ.get("DL_TEST_DB_SUFFIX", "")
+    }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

@@ -1,0 +1,60 @@
+"""``@workflow`` and ``@step_function``: code-side registries, filled at import time.
+
+Each installed app's ``workflows.py`` is imported when Django starts (see ``apps.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_workflows: dict[str, Callable[..., Any]] = {}
+_step_functions: dict[str, Callable[..., Any]] = {}
+
+
+class UnknownWorkflowError(LookupError):
+    """No ``@workflow`` is registered under that name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No workflow named {name!r} is registered (is its module imported?)")
+        self.name = name
+
+
+def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ValueError(f"A {kind} name must be a non-empty str of at most 200 characters")
+
+    def decorate(func: F) -> F:
+        existing = table.get(name)
+        if existing is not None and existing is not func:
+            qualified = f"{existing.__module__}.{existing.__qualname__}"
+            raise ValueError(f"{kind} {name!r} is already registered by {qualified}")
+        table[name] = func
+        return func
+
+    return decorate
+
+
+def workflow(name: str) -> Callable[[F], F]:
+    """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str``)."""
+    return _register(_workflows, "workflow", name)
+
+
+def step_function(name: str) -> Callable[[F], F]:
+    """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str``)."""
+    return _register(_step_functions, "step function", name)
+
+
+def get_workflow(name: str) -> Callable[..., Any]:
+    """The workflow registered as ``name``; raises :class:`UnknownWorkflowError`."""
+    try:
+        return _workflows[name]
+    except KeyError:
+        raise UnknownWorkflowError(name) from None
+
+
+def get_step_function(name: str) -> Callable[..., Any] | None:
+    """The step function registered as ``name``, or ``None`` (the run will be suspended)."""
+    return _step_functions.get(name)
