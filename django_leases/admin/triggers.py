@@ -1,0 +1,1 @@
+"""Admin for triggers (registered on import)."""
