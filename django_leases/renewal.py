@@ -11,7 +11,8 @@ Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
   cost the lease (L16);
 * the deadline is watched by its own timer, so a renewal that *hangs* (a dead TCP peer) still
   marks the lease lost when the deadline passes (L17);
-* :meth:`Renewal.stop` waits for a renewal in flight, so a release made after it can never be
+* :meth:`Renewal.stop` waits for a renewal in flight (until the local deadline at most), and
+  ``refresh`` never extends a released lease, so a release made after it can never be
   undone by a late renewal.
 
 The renewal thread uses its own database connections (Django's are per thread) and closes
@@ -96,13 +97,25 @@ class Renewal:
         return self
 
     def stop(self) -> None:
-        """Stop renewing, waiting for a renewal in flight to finish. Idempotent."""
+        """Stop renewing, waiting for a renewal in flight to finish. Idempotent.
+
+        The wait is bounded by the local deadline: a renewal still hanging when the deadline
+        passes (a dead TCP peer) can no longer vouch for the lease, so the lease is marked
+        lost and the hung renewal is left to end on its own. It cannot undo a later release:
+        ``refresh`` never extends a released lease.
+        """
         self._stopped.set()
         with self._cond:
             self._cond.notify_all()
-        for thread in (self._renewer, self._watchdog):
-            if thread.is_alive() and thread is not threading.current_thread():
-                thread.join()
+        current = threading.current_thread()
+        while self._renewer.is_alive() and self._renewer is not current:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.mark_lost("a renewal was still hanging when its TTL ran out")
+                break
+            self._renewer.join(remaining)
+        if self._watchdog.is_alive() and self._watchdog is not current:
+            self._watchdog.join()
 
     def mark_lost(self, reason: str) -> None:
         """Record the loss (once) and tell ``on_lost``."""
