@@ -49,6 +49,11 @@ _RETURNED = (
 )
 
 
+def _check_lease(lease: object) -> None:
+    if not isinstance(lease, Lease):
+        raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
+
+
 class LeaseState(models.TextChoices):
     """What an operator sees: held now, expired on the database clock, or given back."""
 
@@ -162,20 +167,34 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
 
         Returns the refreshed lease (same token), or ``None`` when ``lease`` is no longer held:
         lapsed on the database clock (even if nobody took it), released, or taken by another
-        holder or token. Raises ``ValueError`` for a bad TTL.
+        holder or token. Raises ``ValueError`` for a bad TTL or when ``lease`` is not a
+        :class:`Lease`. Reference rules L4, L6, L7.
         """
+        _check_lease(lease)
         seconds = ttl_seconds(ttl)
         connection = self._connection()
         if connection.vendor not in clock.FAST_VENDORS:
-            updated = self.filter(
-                key=lease.key, holder=lease.holder, token=lease.token, expires_at__gt=Now()
-            ).update(expires_at=clock.db_now_plus(seconds), renewed_at=Now())
-            return self.filter(pk=lease.pk).first() if updated else None
+            alias = self._alias()
+            qs = self.model._default_manager.using(alias)
+            held = qs.filter(
+                key=lease.key,
+                holder=lease.holder,
+                token=lease.token,
+                released_at__isnull=True,
+                expires_at__gt=Now(),
+            )
+            with transaction.atomic(using=alias):
+                updated = held.update(expires_at=clock.db_now_plus(seconds), renewed_at=Now())
+                return qs.get(key=lease.key) if updated else None
         now = clock.now_sql(connection)
+        # ``released_at IS NULL``: a renewal that was already waiting for the row lock when
+        # the holder released (PostgreSQL re-checks the WHERE on the new row, but with the
+        # statement's start time) must not bring the released lease back.
         sql = (
             f"UPDATE {self._table(connection)} "
             f"SET expires_at = {clock.now_plus_sql(connection)}, renewed_at = {now} "
-            f"WHERE key = %s AND holder = %s AND token = %s AND expires_at > {now} "
+            f"WHERE key = %s AND holder = %s AND token = %s AND released_at IS NULL "
+            f"AND expires_at > {now} "
             f"RETURNING {', '.join(_RETURNED)}"
         )
         params = (clock.seconds_param(connection, seconds), lease.key, lease.holder, lease.token)
@@ -188,8 +207,10 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         """Give ``lease`` back so the key is free at once; the row and its token stay.
 
         Acts only when key, holder and token match and the lease was not released already;
-        a stale release (the lease passed on) is a silent no-op. Returns ``None``.
+        a stale release (the lease passed on) is a silent no-op. Returns ``None``. Raises
+        ``ValueError`` when ``lease`` is not a :class:`Lease`. Reference rules L5, L6.
         """
+        _check_lease(lease)
         connection = self._connection()
         if connection.vendor in clock.FAST_VENDORS:
             now = clock.now_sql(connection)
@@ -212,9 +233,12 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
             lease_released.send(sender=self.model, lease=lease)
 
     def current(self, key: str) -> Lease | None:
-        """The live lease on ``key``, or ``None`` when absent, lapsed or released."""
+        """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
+
+        Raises ``ValueError`` for a bad key.
+        """
         check_name(key, "key")
-        return self.filter(key=key, expires_at__gt=Now()).first()
+        return self.filter(key=key, released_at__isnull=True, expires_at__gt=Now()).first()
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[Lease]:
@@ -223,14 +247,22 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         Opens a transaction, locks the lease row (``SELECT … FOR UPDATE``; on SQLite the
         IMMEDIATE transaction's write lock) and checks holder, token and liveness on the
         database clock. Yields the locked row. Raises :class:`LeaseLostError` when the lease
-        is not held. Any writes in the block commit with the check, or not at all.
+        is not held, and ``ValueError`` when ``lease`` is not a :class:`Lease`. Any writes in
+        the block commit with the check, or not at all.
         """
+        _check_lease(lease)
         alias = self._alias()
         with transaction.atomic(using=alias):
             row = (
                 self.model._default_manager.using(alias)
                 .select_for_update()
-                .filter(key=lease.key, holder=lease.holder, token=lease.token, expires_at__gt=Now())
+                .filter(
+                    key=lease.key,
+                    holder=lease.holder,
+                    token=lease.token,
+                    released_at__isnull=True,
+                    expires_at__gt=Now(),
+                )
                 .first()
             )
             if row is None:
