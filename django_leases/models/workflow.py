@@ -1,7 +1,8 @@
 """Workflow runs, their steps and each step's attempts (DESIGN §5).
 
-The domain methods live on the QuerySets in :mod:`django_leases.workflows.store`; this module
-holds only the tables so the migration stays in one place.
+The domain methods live on the QuerySets in :mod:`django_leases.workflows.store`
+(``WorkflowRun.objects``, ``WorkflowStep.objects``, ``WorkflowStepAttempt.objects``); this
+module holds the tables so the migration stays in one place.
 """
 
 from __future__ import annotations
@@ -11,34 +12,32 @@ from typing import ClassVar
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
+from django_leases.workflows.states import AttemptStatus, RunStatus, StepStatus
+from django_leases.workflows.store import (
+    WorkflowRunQuerySet,
+    WorkflowStepAttemptQuerySet,
+    WorkflowStepQuerySet,
+)
 
-class RunStatus(models.TextChoices):
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-class StepStatus(models.TextChoices):
-    PENDING = "pending"
-    SCHEDULED = "scheduled"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-class AttemptStatus(models.TextChoices):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
+__all__ = [
+    "AttemptStatus",
+    "RunStatus",
+    "StepStatus",
+    "WorkflowRun",
+    "WorkflowStep",
+    "WorkflowStepAttempt",
+]
 
 
 class WorkflowRun(models.Model):
     """One execution of a ``@workflow``; replayed from the start on each orchestration pass.
 
-    ``pass_due_at`` is set while the run needs an orchestration pass (``NULL`` otherwise).
+    ``pass_due_at`` is set while the run needs an orchestration pass (``NULL`` otherwise); a
+    worker that picks the pass pushes it one run-lease TTL ahead, so a pass whose worker died
+    is picked again. ``pass_requests`` rises each time the run is asked for a pass, so a pass
+    clears ``pass_due_at`` only if no new request arrived while it ran.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -48,11 +47,12 @@ class WorkflowRun(models.Model):
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     pass_due_at = models.DateTimeField(null=True, blank=True)
+    pass_requests = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects: ClassVar[models.Manager[WorkflowRun]]
+    objects: ClassVar[WorkflowRunQuerySet] = WorkflowRunQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
@@ -76,6 +76,7 @@ class WorkflowStep(models.Model):
 
     ``attempt`` is the step's fencing number: a result, error or lease renewal lands only
     for the current attempt. ``retries`` allows at most ``retries + 1`` attempts.
+    ``lease_expires_at`` and ``available_at`` are set from the database clock.
     """
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
@@ -93,7 +94,7 @@ class WorkflowStep(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects: ClassVar[models.Manager[WorkflowStep]]
+    objects: ClassVar[WorkflowStepQuerySet] = WorkflowStepQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
@@ -119,9 +120,17 @@ class WorkflowStep(models.Model):
     def __str__(self) -> str:
         return f"{self.step_name} (attempt {self.attempt}, {self.status})"
 
+    @property
+    def max_attempts(self) -> int:
+        """``retries + 1``: how many attempts the step may have."""
+        return self.retries + 1
+
 
 class WorkflowStepAttempt(models.Model):
-    """One claim of a step: the run history. A superseded attempt keeps ``running``."""
+    """One claim of a step: the run history. A superseded attempt keeps ``running``.
+
+    ``started_at`` and ``finished_at`` come from the database clock.
+    """
 
     step = models.ForeignKey(WorkflowStep, on_delete=models.CASCADE, related_name="attempts")
     attempt = models.PositiveIntegerField()
@@ -130,14 +139,14 @@ class WorkflowStepAttempt(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    objects: ClassVar[models.Manager[WorkflowStepAttempt]]
+    objects: ClassVar[WorkflowStepAttemptQuerySet] = WorkflowStepAttemptQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
-        ordering = ("started_at", "id")
+        ordering = ("id",)
         constraints = (
             models.UniqueConstraint(fields=["step", "attempt"], name="dl_attempt_unique"),
         )

@@ -1,0 +1,768 @@
+"""The workflow store: QuerySet methods behind ``WorkflowRun.objects``, ``WorkflowStep.objects``
+and ``WorkflowStepAttempt.objects`` (DESIGN §5, reference rules F1–F10).
+
+Every method opens the transaction it needs (``transaction.atomic(using=...)``), never
+assuming one from its caller, and every "live / lapsed / due" decision is made on the
+database clock inside the statement (``Now()``; see :mod:`django_leases.clock`).
+
+The fence of a step is its ``attempt`` number:
+
+* a **claim** that starts a new attempt raises ``attempt`` in the same guarded ``UPDATE``
+  that grants the step lease, so exactly one claimer can own an attempt;
+* a result, an error or a lease renewal is one ``UPDATE … WHERE id = ? AND attempt = ? AND
+  status = 'running'``; when it matches nothing, the writer was **superseded** and
+  :class:`~django_leases.exceptions.WorkflowStepSupersededError` is raised with nothing
+  written — neither the step nor its attempt row (the history);
+* lease expiry is *not* the fence: a slow worker that nobody replaced may still finish.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, router, transaction
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Now
+
+from django_leases import clock
+from django_leases.exceptions import WorkflowStepSupersededError
+from django_leases.validation import ttl_seconds
+from django_leases.workflows.states import (
+    STEP_FUNCTION_NOT_FOUND,
+    STEP_LEASE_LAPSED,
+    STEP_RESULT_NOT_JSON,
+    AttemptStatus,
+    RunStatus,
+    StepStatus,
+)
+
+if TYPE_CHECKING:
+    from django_leases.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+
+#: Longest workflow, step or step-function name, in characters (the column width).
+MAX_NAME_LENGTH = 200
+
+
+# -- values -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A step claimed for execution: the claimer owns attempt ``attempt`` until superseded.
+
+    Attributes:
+        step_id: primary key of the :class:`~django_leases.models.WorkflowStep` (``int``).
+        run_id: the run's ``uuid.UUID``.
+        step_name: the step's name within its run.
+        function_name: the ``@step_function`` to call.
+        attempt: the fencing number every write of this claim must carry (``int`` ≥ 1).
+        data: the step's JSON input.
+        lease_ttl: the step lease's TTL in seconds (``float``).
+        claimed_at: ``time.monotonic()`` taken just before the claim was sent (the start of
+            the local lease deadline for the renewal loop).
+        using: the database alias the claim was made on.
+    """
+
+    step_id: int
+    run_id: uuid.UUID
+    step_name: str
+    function_name: str
+    attempt: int
+    data: Any = field(repr=False)
+    lease_ttl: float
+    claimed_at: float
+    using: str
+
+
+@dataclass(frozen=True)
+class PassClaim:
+    """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``)."""
+
+    run_id: uuid.UUID
+    using: str
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def _nul_free(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" not in value
+    if isinstance(value, Mapping):
+        return all(_nul_free(k) and _nul_free(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_nul_free(v) for v in value)
+    return True
+
+
+def check_json(value: Any, what: str) -> Any:
+    """Return ``value`` if it can be stored as JSON on every supported database.
+
+    Refuses what ``json.dumps`` refuses, NaN and infinities, and strings with NUL characters
+    (PostgreSQL's ``jsonb`` cannot hold them). Raises ``ValueError`` naming ``what``.
+    """
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be JSON-serialisable: {exc}") from None
+    if not _nul_free(value):
+        raise ValueError(f"{what} must not contain NUL characters")
+    return value
+
+
+def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
+    """The JSON form of a step or run error: at least ``{"message": str}``.
+
+    An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
+    attribute, if any); a mapping is kept when it is JSON (``message`` added if missing);
+    a string becomes the message.
+    """
+    if isinstance(error, BaseException):
+        out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+        code = getattr(error, "code", None)
+        if isinstance(code, str | int):
+            out["code"] = code
+        return out
+    if isinstance(error, Mapping):
+        out = {str(k): v for k, v in error.items()}
+        try:
+            check_json(out, "error")
+        except ValueError:
+            out = {"message": repr(error)}
+        out.setdefault("message", "")
+        return out
+    return {"message": str(error)}
+
+
+def check_identifier(value: object, what: str) -> str:
+    """Return ``value`` if it is a usable workflow, step or step-function name (a non-empty
+    ``str`` of at most 200 characters without NUL), else raise ``ValueError``."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, not {value!r}")
+    if len(value) > MAX_NAME_LENGTH:
+        raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain a NUL character")
+    return value
+
+
+def _check_attempt(attempt: object) -> int:
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
+    return attempt
+
+
+def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
+    """Validate a step's ``retries`` (int ≥ 0) and ``retry_delay`` (seconds ≥ 0, finite)."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"retries must be an int >= 0, not {retries!r}")
+    if (
+        isinstance(retry_delay, bool)
+        or not isinstance(retry_delay, int | float)
+        or not math.isfinite(retry_delay)
+        or retry_delay < 0
+    ):
+        raise ValueError(
+            f"retry_delay must be a finite number of seconds >= 0, not {retry_delay!r}"
+        )
+    return retries, float(retry_delay)
+
+
+def _models() -> tuple[type[WorkflowRun], type[WorkflowStep], type[WorkflowStepAttempt]]:
+    from django_leases.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+
+    return WorkflowRun, WorkflowStep, WorkflowStepAttempt
+
+
+def _live() -> ExpressionWrapper:
+    """``lease_expires_at > now`` on the database clock."""
+    return ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
+
+
+def _due() -> ExpressionWrapper:
+    """``available_at`` unset or passed, on the database clock."""
+    return ExpressionWrapper(
+        Q(available_at__isnull=True) | Q(available_at__lte=Now()), output_field=BooleanField()
+    )
+
+
+class _Store(models.QuerySet[Any]):
+    def _alias(self) -> str:
+        return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+
+class WorkflowRunQuerySet(_Store):
+    """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
+
+    def start(self, workflow: str, input: Any = None) -> WorkflowRun:
+        """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
+
+        Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
+        outer transaction. Raises ``ValueError`` for a bad name or non-JSON input.
+        """
+        check_identifier(workflow, "Workflow name")
+        check_json(input, "Workflow input")
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            return self.model._default_manager.using(alias).create(
+                workflow=workflow,
+                input={} if input is None else input,
+                pass_due_at=Now(),
+                pass_requests=1,
+            )
+
+    def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
+        """Mark a running run due for an orchestration pass ``delay`` seconds from DB now.
+
+        Returns ``True`` if the run is running (and now due), ``False`` otherwise.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            return bool(_request_pass(alias, Q(pk=run_id), delay))
+
+    def claim_due_pass(self, ttl: float) -> PassClaim | None:
+        """Pick one running run whose pass is due (``pass_due_at <= DB now``), or ``None``.
+
+        The pick pushes ``pass_due_at`` to DB now + ``ttl`` seconds in the same transaction:
+        no other worker picks the run meanwhile, and if this worker dies before the pass
+        ends, the run is picked again after ``ttl``. On PostgreSQL the row is picked with
+        ``SELECT … FOR UPDATE SKIP LOCKED`` so concurrent workers pick different runs.
+        """
+        seconds = ttl_seconds(ttl)
+        alias = self._alias()
+        connection = connections[alias]
+        with transaction.atomic(using=alias):
+            qs = self.model._default_manager.using(alias).filter(
+                status=RunStatus.RUNNING, pass_due_at__lte=Now()
+            )
+            if connection.features.has_select_for_update_skip_locked:
+                qs = qs.select_for_update(skip_locked=True)
+            run_id = qs.order_by("pass_due_at").values_list("pk", flat=True).first()
+            if run_id is None:
+                return None
+            # Guarded, so the pick stays exclusive even where the SELECT locks nothing.
+            picked = (
+                self.model._default_manager.using(alias)
+                .filter(pk=run_id, status=RunStatus.RUNNING, pass_due_at__lte=Now())
+                .update(pass_due_at=clock.db_now_plus(seconds))
+            )
+        return PassClaim(run_id=run_id, using=alias) if picked else None
+
+    def finish_pass(self, run_id: uuid.UUID | str, pass_requests: int) -> bool:
+        """Clear ``pass_due_at`` unless the run was asked for another pass since ``pass_requests``
+        was read. Returns ``True`` if cleared."""
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            return bool(
+                self.model._default_manager.using(alias)
+                .filter(pk=run_id, pass_requests=pass_requests)
+                .update(pass_due_at=None)
+            )
+
+    def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
+        """Mark a running run ``completed`` with JSON ``output``; ``True`` if it was running.
+
+        A non-JSON ``output`` fails the run instead, with a clear error.
+        """
+        try:
+            check_json(output, "Workflow output")
+        except ValueError as exc:
+            return self._finish(run_id, RunStatus.FAILED, error=error_json(exc))
+        return self._finish(run_id, RunStatus.COMPLETED, output=output)
+
+    def fail(self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str) -> bool:
+        """Mark a running run ``failed`` with ``error``; ``True`` if it was running."""
+        return self._finish(run_id, RunStatus.FAILED, error=error_json(error))
+
+    def suspend(
+        self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str
+    ) -> bool:
+        """Mark a running run ``suspended`` (waits for an operator); ``True`` if it was running."""
+        return self._finish(run_id, RunStatus.SUSPENDED, error=error_json(error))
+
+    def _finish(
+        self, run_id: uuid.UUID | str, status: str, *, output: Any = None, error: Any = None
+    ) -> bool:
+        alias = self._alias()
+        values: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "pass_due_at": None,
+            "updated_at": Now(),
+        }
+        if status == RunStatus.COMPLETED:
+            values["output"] = Value(output, output_field=models.JSONField())
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            values["finished_at"] = Now()
+        with transaction.atomic(using=alias):
+            return bool(
+                self.model._default_manager.using(alias)
+                .filter(pk=run_id, status=RunStatus.RUNNING)
+                .update(**values)
+            )
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+class WorkflowStepQuerySet(_Store):
+    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history."""
+
+    def schedule(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> WorkflowStep:
+        """Create step ``step_name`` of a run, due now, unless it exists; return the row.
+
+        Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
+        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` (seconds), or an
+        existing step recorded with a different ``function_name``.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        check_json(data, "Step data")
+        retries, retry_delay = check_retries(retries, retry_delay)
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            step, _created = self.model._default_manager.using(alias).get_or_create(
+                run_id=run_id,
+                step_name=step_name,
+                defaults={
+                    "function_name": function_name,
+                    "data": {} if data is None else data,
+                    "retries": retries,
+                    "retry_delay": retry_delay,
+                    "available_at": Now(),
+                },
+            )
+        if step.function_name != function_name:
+            raise ValueError(
+                f"Step {step_name!r} of run {run_id} was recorded with step function "
+                f"{step.function_name!r}, not {function_name!r}"
+            )
+        return step
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def claim_for_execution(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        lease_ttl_seconds: float,
+    ) -> Claim | None:
+        """Claim step ``step_name`` of a run for execution under a ``lease_ttl_seconds`` lease.
+
+        Rules (DESIGN §5, all judged on the database clock, one transaction, row locked):
+
+        * ``function_name`` differs from the recorded one → ``ValueError`` before any write;
+        * the run is not ``running``, the step ``succeeded``, the step ``running`` with a live
+          lease, or not yet due (``available_at`` in the future) → ``None``;
+        * ``pending`` / ``scheduled`` → ``running`` at the **same** attempt, lease granted;
+        * ``failed`` with attempts left, or ``running`` with a **lapsed** lease →
+          ``attempt + 1`` in the same guarded ``UPDATE`` that grants the lease, plus an
+          attempt row; every write of an earlier attempt is refused from then on;
+        * ``failed`` with no attempts left → ``None``; ``running``, lapsed and out of attempts
+          → the step fails with a "lost its worker on every attempt" error and the run is
+          asked for a pass; ``None``.
+
+        Exactly one of many concurrent claimers gets a :class:`Claim`.
+
+        Raises:
+            ValueError: bad names or TTL, or a function name mismatch (nothing written).
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        seconds = ttl_seconds(lease_ttl_seconds)
+        alias = self._alias()
+        sent = time.monotonic()
+        with transaction.atomic(using=alias):
+            step = (
+                self._locking(alias, skip_locked=False)
+                .filter(run_id=run_id, step_name=step_name)
+                .first()
+            )
+            if step is None:
+                raise self.model.DoesNotExist(f"Run {run_id} has no step named {step_name!r}")
+            if step.function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} of run {run_id} runs step function "
+                    f"{step.function_name!r}, not {function_name!r}"
+                )
+            return self._claim_locked(alias, step, seconds, sent)
+
+    def claim_due(self, lease_ttl_seconds: float) -> Claim | None:
+        """Claim one due step of a running run for a worker, or ``None`` if none is due.
+
+        Due: ``running`` with a lapsed lease (taken first), or ``pending`` / ``scheduled`` /
+        ``failed``-with-attempts-left whose ``available_at`` has passed. On PostgreSQL rows
+        are picked with ``SKIP LOCKED``. The claim follows :meth:`claim_for_execution`'s
+        rules; a lapsed step out of attempts is failed on the way and the next one tried.
+        """
+        seconds = ttl_seconds(lease_ttl_seconds)
+        alias = self._alias()
+        for _ in range(20):
+            sent = time.monotonic()
+            with transaction.atomic(using=alias):
+                step = self._next_due(alias)
+                if step is None:
+                    return None
+                claim = self._claim_locked(alias, step, seconds, sent)
+            if claim is not None:
+                return claim
+        return None
+
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[Any]:
+        qs = self.model._default_manager.using(alias).annotate(
+            lease_live=_live(), due=_due(), run_status=F("run__status")
+        )
+        features = connections[alias].features
+        if skip_locked and features.has_select_for_update_skip_locked:
+            return qs.select_for_update(skip_locked=True, of=("self",))
+        if features.has_select_for_update_of:
+            return qs.select_for_update(of=("self",))
+        return qs.select_for_update()
+
+    def _next_due(self, alias: str) -> WorkflowStep | None:
+        base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        lapsed = (
+            base.filter(
+                Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+                status=StepStatus.RUNNING,
+            )
+            .order_by("lease_expires_at")
+            .first()
+        )
+        if lapsed is not None:
+            return lapsed
+        return (
+            base.filter(
+                status__in=[StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED],
+                available_at__lte=Now(),
+            )
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .order_by("available_at")
+            .first()
+        )
+
+    def _claim_locked(self, alias: str, step: Any, seconds: float, sent: float) -> Claim | None:
+        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction)."""
+        if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
+            return None
+        if step.status == StepStatus.RUNNING and step.lease_live:
+            return None
+        rows = self.model._default_manager.using(alias).filter(
+            pk=step.pk, attempt=step.attempt, status=step.status
+        )
+        lease = clock.db_now_plus(seconds)
+        if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
+            if not step.due:
+                return None
+            attempt = step.attempt
+            granted = rows.filter(_due_q()).update(
+                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=Now()
+            )
+        else:  # failed, or running with a lapsed lease
+            exhausted = step.attempt >= step.retries + 1
+            lapsed_q = Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True)
+            if exhausted:
+                if step.status == StepStatus.RUNNING:
+                    self._fail_lost_worker(alias, step, rows.filter(lapsed_q))
+                return None
+            if step.status == StepStatus.FAILED and not step.due:
+                return None
+            guard = _due_q() if step.status == StepStatus.FAILED else lapsed_q
+            attempt = step.attempt + 1
+            # The new attempt and the lease in one guarded UPDATE: from here on, every write
+            # carrying an earlier attempt matches no row.
+            granted = rows.filter(guard).update(
+                status=StepStatus.RUNNING,
+                attempt=F("attempt") + 1,
+                lease_expires_at=lease,
+                result=None,
+                error=None,
+                updated_at=Now(),
+            )
+        if granted != 1:
+            return None
+        _, _, attempt_model = _models()
+        attempt_model._default_manager.using(alias).update_or_create(
+            step_id=step.pk,
+            attempt=attempt,
+            defaults={
+                "status": AttemptStatus.RUNNING,
+                "result": None,
+                "error": None,
+                "finished_at": None,
+            },
+        )
+        return Claim(
+            step_id=step.pk,
+            run_id=step.run_id,
+            step_name=step.step_name,
+            function_name=step.function_name,
+            attempt=attempt,
+            data=step.data,
+            lease_ttl=seconds,
+            claimed_at=sent,
+            using=alias,
+        )
+
+    def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:
+        error = {
+            "code": STEP_LEASE_LAPSED,
+            "message": (
+                f"Step {step.step_name!r} lost its worker on every attempt "
+                f"({step.attempt} of {step.retries + 1}): its lease lapsed each time"
+            ),
+        }
+        failed = rows.update(
+            status=StepStatus.FAILED,
+            error=error,
+            lease_expires_at=None,
+            available_at=None,
+            updated_at=Now(),
+        )
+        if failed:
+            _, _, attempt_model = _models()
+            attempt_model._default_manager.using(alias).filter(
+                step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
+            ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            _request_pass(alias, Q(pk=step.run_id))
+
+    # -- fenced writes --------------------------------------------------------------------------
+
+    def set_result(self, step_id: int, result: Any, attempt: int) -> str:
+        """Record ``result`` (JSON) for ``attempt`` of the step; returns the step's new status.
+
+        One conditional ``UPDATE`` on ``attempt`` and ``status = running``; the attempt row
+        is updated in the same transaction, and the run is asked for a pass. A result that is
+        not JSON is not stored: the attempt fails with a ``STEP_RESULT_NOT_JSON`` error
+        instead (as :meth:`set_error`, so retries apply) and ``"failed"`` is returned.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: ``attempt`` is not an int ≥ 1.
+        """
+        _check_attempt(attempt)
+        try:
+            check_json(result, "Step result")
+        except ValueError as exc:
+            return self.set_error(
+                step_id,
+                {"code": STEP_RESULT_NOT_JSON, "type": "ValueError", "message": str(exc)},
+                attempt,
+            )
+        alias = self._alias()
+        _, _, attempt_model = _models()
+        json_result = Value(result, output_field=models.JSONField())
+        with transaction.atomic(using=alias):
+            written = (
+                self.model._default_manager.using(alias)
+                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SUCCEEDED,
+                    result=json_result,
+                    error=None,
+                    lease_expires_at=None,
+                    updated_at=Now(),
+                )
+            )
+            if not written:
+                self._refuse(alias, step_id, attempt)
+            attempt_model._default_manager.using(alias).filter(
+                step_id=step_id, attempt=attempt
+            ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=Now())
+            _request_pass(alias, Q(steps__pk=step_id))
+        return StepStatus.SUCCEEDED
+
+    def set_error(
+        self, step_id: int, error: BaseException | Mapping[str, Any] | str, attempt: int
+    ) -> str:
+        """Record ``error`` for ``attempt`` of the step; returns the step's new status (``failed``).
+
+        One conditional ``UPDATE`` on ``attempt`` and ``status = running``. With attempts left,
+        the next attempt becomes due ``retry_delay`` seconds from DB now (``available_at``);
+        without, the run is asked for a pass (which fails it). The attempt row is updated in
+        the same transaction. ``error`` is an exception, a JSON mapping or a message.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        _check_attempt(attempt)
+        payload = error_json(error)
+        alias = self._alias()
+        _, _, attempt_model = _models()
+        with transaction.atomic(using=alias):
+            config = (
+                self.model._default_manager.using(alias)
+                .filter(pk=step_id)
+                .values("retries", "retry_delay")
+                .first()
+            )
+            if config is None:
+                raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+            exhausted = attempt >= config["retries"] + 1
+            written = (
+                self.model._default_manager.using(alias)
+                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=payload,
+                    result=None,
+                    lease_expires_at=None,
+                    available_at=None if exhausted else clock.db_now_plus(config["retry_delay"]),
+                    updated_at=Now(),
+                )
+            )
+            if not written:
+                self._refuse(alias, step_id, attempt)
+            attempt_model._default_manager.using(alias).filter(
+                step_id=step_id, attempt=attempt
+            ).update(status=AttemptStatus.FAILED, error=payload, finished_at=Now())
+            if exhausted:
+                _request_pass(alias, Q(steps__pk=step_id))
+        return StepStatus.FAILED
+
+    def suspend_for_missing_function(self, step_id: int, attempt: int, function_name: str) -> None:
+        """The step function is not registered here: fail ``attempt`` with code
+        ``STEP_FUNCTION_NOT_FOUND`` and suspend the run with the same error, fenced on
+        ``attempt`` like :meth:`set_error`. The step is not due again until the run is resumed.
+
+        Raises :class:`WorkflowStepSupersededError` (nothing written) for a stale attempt.
+        """
+        _check_attempt(attempt)
+        error = {
+            "code": STEP_FUNCTION_NOT_FOUND,
+            "message": f"No step function named {function_name!r} is registered in this process",
+            "function_name": function_name,
+        }
+        alias = self._alias()
+        run_model, _, attempt_model = _models()
+        with transaction.atomic(using=alias):
+            written = (
+                self.model._default_manager.using(alias)
+                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.FAILED,
+                    error=error,
+                    lease_expires_at=None,
+                    available_at=None,
+                    updated_at=Now(),
+                )
+            )
+            if not written:
+                self._refuse(alias, step_id, attempt)
+            attempt_model._default_manager.using(alias).filter(
+                step_id=step_id, attempt=attempt
+            ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            run_model._default_manager.using(alias).filter(
+                steps__pk=step_id, status=RunStatus.RUNNING
+            ).update(status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now())
+
+    def refresh_lease(self, step_id: int, ttl: float | None, attempt: int) -> bool:
+        """Extend the step lease to DB now + ``ttl`` seconds, or release it (``ttl=None``).
+
+        Fenced: lands only while ``attempt`` is the step's running attempt (lease expiry is
+        not checked — a slow worker nobody replaced still owns its attempt). Returns ``True``
+        if it landed, ``False`` for a superseded or finished attempt (nothing written).
+        Raises ``ValueError`` for a bad TTL or attempt.
+        """
+        _check_attempt(attempt)
+        expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            return bool(
+                self.model._default_manager.using(alias)
+                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+                .update(lease_expires_at=expiry)
+            )
+
+    def _refuse(self, alias: str, step_id: int, attempt: int) -> None:
+        current = (
+            self.model._default_manager.using(alias)
+            .filter(pk=step_id)
+            .values_list("attempt", flat=True)
+            .first()
+        )
+        if current is None:
+            raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+        raise WorkflowStepSupersededError(step_id, attempt, current)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def history(self, run_id: uuid.UUID | str) -> list[WorkflowStepAttempt]:
+        """The run's history: one :class:`WorkflowStepAttempt` per claim, oldest first.
+
+        Each entry has its ``step`` loaded (``entry.step.step_name``). A superseded attempt
+        keeps ``status == "running"`` and never shows the result or error it was refused.
+        """
+        _, _, attempt_model = _models()
+        return list(
+            attempt_model._default_manager.using(self._alias())
+            .filter(step__run_id=run_id)
+            .select_related("step")
+            .order_by("id")
+        )
+
+
+def _due_q() -> Q:
+    return Q(available_at__isnull=True) | Q(available_at__lte=Now())
+
+
+def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
+    """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
+
+    Runs inside the caller's transaction (the store methods that finish a step use it so the
+    step's outcome and the run's wake-up commit together).
+    """
+    run_model, _, _ = _models()
+    return (
+        run_model._default_manager.using(alias)
+        .filter(where, status=RunStatus.RUNNING)
+        .update(
+            pass_due_at=clock.db_now_plus(delay) if delay else Now(),
+            pass_requests=F("pass_requests") + 1,
+            updated_at=Now(),
+        )
+    )
+
+
+class WorkflowStepAttemptQuerySet(_Store):
+    """``WorkflowStepAttempt.objects``: read through :meth:`WorkflowStepQuerySet.history`."""
+
+    def for_run(self, run_id: uuid.UUID | str) -> WorkflowStepAttemptQuerySet:
+        """The run's attempts, oldest first, with their steps loaded."""
+        return self.filter(step__run_id=run_id).select_related("step").order_by("id")
+
+
+__all__ = [
+    "Claim",
+    "PassClaim",
+    "WorkflowRunQuerySet",
+    "WorkflowStepAttemptQuerySet",
+    "WorkflowStepQuerySet",
+    "check_json",
+    "check_retries",
+    "error_json",
+]
