@@ -1,0 +1,32 @@
+"""Webhook trigger sources (DESIGN §6).
+
+Public API (imported lazily, so importing this package touches no model)::
+
+    from django_leases.triggers import webhook_source, StartWorkflow, Delivery
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "webhook_source": "django_leases.triggers.registry",
+    "StartWorkflow": "django_leases.triggers.registry",
+    "Delivery": "django_leases.triggers.registry",
+    "TriggerDeclaration": "django_leases.triggers.registry",
+    "declarations": "django_leases.triggers.registry",
+    "get_declaration": "django_leases.triggers.registry",
+    "github_signature": "django_leases.triggers.signatures",
+    "verify_github_signature": "django_leases.triggers.signatures",
+    "UnknownTriggerSourceError": "django_leases.triggers.errors",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_leases.triggers' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,274 @@
+"""Trigger-source declarations: webhook sources declared in code (DESIGN §6).
+
+Each installed app's ``triggers.py`` is imported when Django starts (see ``apps.py``) and
+declares its sources there::
+
+    from django_leases.triggers import StartWorkflow, webhook_source
+
+    webhook_source(
+        "github-pushes",
+        provider="github",
+        config={"repository": "octo-org/octo-repo"},
+        events={"push": StartWorkflow("build-preview")},
+    )
+
+A declaration only says what *may* be received. A source receives nothing until its row is
+synced (``manage.py reconcile_trigger_sources``) and an operator enables it in the admin.
+
+Handlers map an event name (GitHub's ``X-GitHub-Event``) to what a delivery does:
+
+* :class:`StartWorkflow` — start a workflow run with the delivery as its input
+  (:meth:`Delivery.as_input`); the run is created in the transaction that records the
+  delivery, so an accepted delivery is never lost;
+* a plain function ``handler(delivery: Delivery) -> uuid.UUID | None``. It is called inside
+  that same transaction, so its database writes commit with the delivery or not at all; it
+  must therefore be short (no network calls, no waiting). If it returns a run id (it started
+  a workflow itself), the delivery is linked to that run. Long work belongs in a workflow.
+
+An event without a handler (GitHub's ``ping``, say) is still recorded, and starts nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+#: Kinds of trigger source. Only webhooks exist so far.
+KINDS = frozenset({"webhook"})
+
+#: Providers a declaration may name. ``github`` receives now; ``manual`` and ``stripe`` come
+#: with the provider lifecycle (issue 4) and are refused until their receivers exist.
+PROVIDERS = frozenset({"github"})
+
+#: Longest source name, in characters (the column width).
+MAX_NAME_LENGTH = 200
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+# Config keys that would carry a secret. Config is stored in the database and shown in the
+# admin, so secrets are refused here; they belong to the credential store.
+_SECRET_WORDS = ("secret", "password", "token", "private_key", "api_key")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One verified, parsed delivery, as a handler sees it.
+
+    Attributes:
+        source: the trigger source's name (``str``).
+        provider: the provider that sent it (``"github"``).
+        event: the event name (GitHub's ``X-GitHub-Event``, e.g. ``"push"``).
+        delivery_id: the provider's delivery id (GitHub's ``X-GitHub-Delivery``).
+        payload: the decoded JSON body (a ``dict``).
+        using: the database alias the delivery is being recorded on; handlers that write
+            must write there, inside the current transaction.
+    """
+
+    source: str
+    provider: str
+    event: str
+    delivery_id: str
+    payload: dict[str, Any]
+    using: str = "default"
+
+    @property
+    def action(self) -> str | None:
+        """The payload's ``action`` (GitHub: ``"opened"``, ``"closed"``…), if it has one."""
+        action = self.payload.get("action")
+        return action if isinstance(action, str) else None
+
+    def as_input(self) -> dict[str, Any]:
+        """The workflow input :class:`StartWorkflow` passes (JSON)::
+
+        {"source": str, "provider": str, "event": str, "action": str | None,
+         "delivery_id": str, "payload": dict}
+        """
+        return {
+            "source": self.source,
+            "provider": self.provider,
+            "event": self.event,
+            "action": self.action,
+            "delivery_id": self.delivery_id,
+            "payload": self.payload,
+        }
+
+
+#: What a handler is: called with the :class:`Delivery`; may return a workflow run id.
+Handler = Callable[[Delivery], "uuid.UUID | None"]
+
+
+@dataclass(frozen=True)
+class StartWorkflow:
+    """Handler that starts workflow ``workflow`` (a ``str``) with the delivery as input.
+
+    The run is created with :func:`django_leases.workflows.start_workflow` inside the
+    transaction that records the delivery. The workflow does not need to be registered when
+    the declaration is made (apps import in any order); the system check
+    ``django_leases.W009`` reports one that is still missing once Django has started.
+    """
+
+    workflow: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workflow, str) or not self.workflow:
+            raise ValueError("StartWorkflow needs a workflow name (a non-empty str)")
+
+    def __call__(self, delivery: Delivery) -> uuid.UUID:
+        """Start the run; returns its id. Raises what ``start_workflow`` raises."""
+        from django_leases.workflows.engine import start_workflow
+
+        return start_workflow(self.workflow, delivery.as_input(), using=delivery.using)
+
+
+@dataclass(frozen=True)
+class TriggerDeclaration:
+    """A trigger source as declared in code. Build one with :func:`webhook_source`.
+
+    Attributes:
+        name: unique source name; also the URL segment (``hooks/<name>/``).
+        provider: ``"github"`` (``"manual"`` and ``"stripe"`` later).
+        kind: ``"webhook"``.
+        config: non-secret provider config (GitHub: ``{"repository": "owner/repo"}``).
+        events: event name → handler (:class:`StartWorkflow` or a function).
+    """
+
+    name: str
+    provider: str
+    kind: str = "webhook"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    events: Mapping[str, Handler] = field(default_factory=dict)
+
+    def handler_for(self, event: str) -> Handler | None:
+        """The handler of ``event``, or ``None`` when the source does not handle it."""
+        return self.events.get(event)
+
+    def started_workflows(self) -> list[str]:
+        """Names of the workflows this source's handlers start (for the system checks)."""
+        return sorted({h.workflow for h in self.events.values() if isinstance(h, StartWorkflow)})
+
+
+_declarations: dict[str, TriggerDeclaration] = {}
+
+
+def _check_source_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise ValueError(f"A trigger source name must be a str, not {type(name).__name__}")
+    if not name or len(name) > MAX_NAME_LENGTH or not _NAME.match(name):
+        raise ValueError(
+            f"Trigger source name {name!r} is not usable: it must be 1 to {MAX_NAME_LENGTH} "
+            "characters of letters, digits, '-', '_' or '.', starting with a letter or digit "
+            "(it is part of the webhook URL)"
+        )
+    return name
+
+
+def _check_config(name: str, config: object) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise ValueError(f"Trigger source {name!r}: config must be a dict")
+    for key in config:
+        if not isinstance(key, str):
+            raise ValueError(f"Trigger source {name!r}: config keys must be str")
+        if any(word in key.lower() for word in _SECRET_WORDS):
+            raise ValueError(
+                f"Trigger source {name!r}: config key {key!r} looks like a secret; config is "
+                "stored and shown to operators, so secrets do not belong in it"
+            )
+    return dict(config)
+
+
+def _check_events(name: str, events: object) -> dict[str, Handler]:
+    if not isinstance(events, Mapping):
+        raise ValueError(f"Trigger source {name!r}: events must be a dict of event → handler")
+    checked: dict[str, Handler] = {}
+    for event, handler in events.items():
+        if not isinstance(event, str) or not event or len(event) > 200:
+            raise ValueError(
+                f"Trigger source {name!r}: event names must be non-empty str of at most "
+                f"200 characters, got {event!r}"
+            )
+        if not callable(handler):
+            raise ValueError(
+                f"Trigger source {name!r}: the handler of {event!r} must be StartWorkflow(...) "
+                "or a function"
+            )
+        checked[event] = handler
+    return checked
+
+
+def webhook_source(
+    name: str,
+    *,
+    provider: str,
+    events: Mapping[str, Handler],
+    config: Mapping[str, Any] | None = None,
+) -> TriggerDeclaration:
+    """Declare (and register) a webhook trigger source; returns its :class:`TriggerDeclaration`.
+
+    Args:
+        name: unique source name (``str``, letters, digits, ``-_.``, ≤ 200 characters).
+        provider: ``"github"``.
+        events: event name → handler (:class:`StartWorkflow` or a function).
+        config: non-secret provider config (keys that look like secrets are refused).
+
+    Declaring the same name again with an equal declaration returns the existing one (a
+    re-imported module); a different declaration under a taken name is an error.
+
+    Raises:
+        ValueError: a bad name, an unknown provider, bad events or config, or a name
+            already declared differently.
+    """
+    _check_source_name(name)
+    if provider not in PROVIDERS:
+        raise ValueError(
+            f"Trigger source {name!r}: unknown provider {provider!r} "
+            f"(known: {', '.join(sorted(PROVIDERS))})"
+        )
+    declaration = TriggerDeclaration(
+        name=name,
+        provider=provider,
+        kind="webhook",
+        config=MappingProxyType(_check_config(name, config)),
+        events=MappingProxyType(_check_events(name, events)),
+    )
+    return register(declaration)
+
+
+def register(declaration: TriggerDeclaration) -> TriggerDeclaration:
+    """Add ``declaration`` to the registry; returns the registered one.
+
+    Raises ``ValueError`` when another, different declaration has the name already.
+    """
+    existing = _declarations.get(declaration.name)
+    if existing is not None:
+        same = (
+            existing.provider == declaration.provider
+            and existing.kind == declaration.kind
+            and dict(existing.config) == dict(declaration.config)
+            and dict(existing.events) == dict(declaration.events)
+        )
+        if not same:
+            raise ValueError(f"Trigger source {declaration.name!r} is already declared")
+        return existing
+    _declarations[declaration.name] = declaration
+    return declaration
+
+
+def get_declaration(name: str) -> TriggerDeclaration | None:
+    """The declaration named ``name``, or ``None`` when no loaded code declares it."""
+    return _declarations.get(name)
+
+
+def declarations() -> list[TriggerDeclaration]:
+    """Every registered declaration, sorted by name."""
+    return [_declarations[name] for name in sorted(_declarations)]
+
+
+def unregister(name: str) -> None:
+    """Remove a declaration (for tests that declare their own sources). Unknown: no-op."""
+    _declarations.pop(name, None)
