@@ -9,6 +9,8 @@ from typing import ClassVar
 
 from django.db import models
 
+from django_leases.triggers.store import TriggerEventQuerySet, TriggerSourceQuerySet
+
 
 class TriggerSource(models.Model):
     """A webhook source declared in code. Off until an operator enables it.
@@ -31,7 +33,7 @@ class TriggerSource(models.Model):
     detail = models.TextField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    objects: ClassVar[models.Manager[TriggerSource]]
+    objects: ClassVar[TriggerSourceQuerySet] = TriggerSourceQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
@@ -68,7 +70,7 @@ class TriggerEvent(models.Model):
     )
     received_at = models.DateTimeField(auto_now_add=True)
 
-    objects: ClassVar[models.Manager[TriggerEvent]]
+    objects: ClassVar[TriggerEventQuerySet] = TriggerEventQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
