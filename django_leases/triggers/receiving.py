@@ -1,0 +1,141 @@
+"""Receiving a webhook delivery: every rule of ``POST hooks/<name>/`` (DESIGN §6).
+
+In order, so that nothing is read or recorded for a delivery that will be refused:
+
+1. unknown, orphaned (no longer declared) or disabled source → 404;
+2. body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length`` or by the bytes
+   actually sent → 413 (read by us, so Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part);
+3. missing or wrong signature (or no secret configured for the source) → 401;
+4. unreadable delivery (not a JSON object, no event name or delivery id) → 400;
+5. a delivery id already recorded for the source → 200, not processed again;
+6. otherwise the delivery is recorded as a ``TriggerEvent`` and its handler's workflow run
+   is created in the same transaction → 202.
+
+Refusals raise a :class:`~django_leases.triggers.errors.ReceiveError` carrying the status.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from django_leases.conf import leases_settings
+from django_leases.triggers.errors import (
+    MalformedDelivery,
+    PayloadTooLarge,
+    SignatureMismatch,
+    SourceNotReceiving,
+)
+from django_leases.triggers.providers import get_provider
+from django_leases.triggers.registry import get_declaration
+
+logger = logging.getLogger("django_leases.triggers")
+
+
+@dataclass(frozen=True)
+class Reception:
+    """What a delivery came to: ``status`` (202 accepted, 200 repeated delivery id)."""
+
+    status: int
+    source: str
+    event: str
+    delivery_id: str
+    event_id: int
+    run_id: uuid.UUID | None
+    duplicate: bool
+
+    def as_json(self) -> dict[str, object]:
+        """The small JSON body answered to the sender."""
+        return {
+            "status": "duplicate" if self.duplicate else "accepted",
+            "source": self.source,
+            "event": self.event,
+            "delivery": self.delivery_id,
+            "event_id": self.event_id,
+            "run_id": None if self.run_id is None else str(self.run_id),
+        }
+
+
+def max_body() -> int:
+    """``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` in bytes (validated by check ``E010``)."""
+    return int(leases_settings.WEBHOOK_MAX_BODY)
+
+
+def _declared_length(content_length: str | None, limit: int) -> None:
+    if content_length in (None, ""):
+        return
+    try:
+        length = int(content_length)
+    except (TypeError, ValueError):
+        raise MalformedDelivery("The Content-Length header is not a number") from None
+    if length < 0:
+        raise MalformedDelivery("The Content-Length header is negative")
+    if length > limit:
+        raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
+
+
+def receive(
+    name: str,
+    *,
+    read: Callable[[int], bytes],
+    headers: Mapping[str, str],
+    content_length: str | None,
+) -> Reception:
+    """Verify, parse and record one delivery to source ``name``.
+
+    Args:
+        name: the source name from the URL.
+        read: reads at most N bytes of the body (``request.read``); called once.
+        headers: the request headers (any case; e.g. ``request.headers``).
+        content_length: the raw ``Content-Length`` value, or ``None``.
+
+    Returns a :class:`Reception`. Raises a ``ReceiveError`` subclass for a refused
+    delivery (nothing recorded), and whatever the handler raises (nothing recorded).
+    """
+    from django_leases.models import TriggerEvent, TriggerSource
+
+    declaration = get_declaration(name)
+    source = TriggerSource.objects.receivable(name) if declaration is not None else None
+    provider = get_provider(declaration.provider) if declaration is not None else None
+    if declaration is None or source is None or provider is None:
+        raise SourceNotReceiving(f"No enabled trigger source named {name!r}")
+
+    limit = max_body()
+    _declared_length(content_length, limit)
+    body = read(limit + 1)
+    if len(body) > limit:
+        raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
+
+    lowered = {key.lower(): value for key, value in headers.items()}
+    secret = leases_settings.WEBHOOK_SECRETS.get(name)
+    if not secret:
+        logger.warning(
+            "Trigger source %r has no signing secret configured; refusing its delivery", name
+        )
+        raise SignatureMismatch("The delivery's signature cannot be verified")
+    if not provider.verify(secret, body, lowered):
+        raise SignatureMismatch("The delivery's signature is missing or does not match")
+
+    parsed = provider.parse(body, lowered)
+    accepted = TriggerEvent.objects.accept(source, parsed, declaration.handler_for(parsed.event))
+    if accepted.created:
+        logger.info(
+            "Trigger source %r accepted %s delivery %s (run %s)",
+            name,
+            parsed.event,
+            parsed.delivery_id,
+            accepted.run_id,
+        )
+    else:
+        logger.info("Trigger source %r ignored repeated delivery %s", name, parsed.delivery_id)
+    return Reception(
+        status=202 if accepted.created else 200,
+        source=name,
+        event=parsed.event,
+        delivery_id=parsed.delivery_id,
+        event_id=accepted.event.pk,
+        run_id=accepted.run_id,
+        duplicate=not accepted.created,
+    )

@@ -1,0 +1,41 @@
+"""The receive view, ``POST hooks/<name>/``: a thin shell around :func:`receiving.receive`."""
+
+from __future__ import annotations
+
+import logging
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from django_leases.triggers.errors import ReceiveError
+from django_leases.triggers.receiving import receive
+
+logger = logging.getLogger("django_leases.triggers")
+
+
+@csrf_exempt
+@require_POST
+def receive_webhook(request: HttpRequest, name: str) -> JsonResponse:
+    """Receive one webhook delivery for trigger source ``name``.
+
+    Answers 202 (recorded; JSON with ``event_id`` and ``run_id``), 200 (repeated delivery
+    id), 404, 413, 401 or 400 (JSON ``{"error": …}``, nothing recorded), 405 for other
+    methods, and 500 only when recording itself failed (nothing was kept; the sender may
+    deliver again).
+    """
+    try:
+        reception = receive(
+            name,
+            read=request.read,
+            headers=request.headers,
+            content_length=request.META.get("CONTENT_LENGTH"),
+        )
+    except ReceiveError as exc:
+        return JsonResponse({"error": exc.message}, status=exc.status)
+    except Exception:
+        logger.exception("Trigger source %r: a delivery could not be recorded", name)
+        return JsonResponse(
+            {"error": "The delivery could not be recorded; nothing was kept"}, status=500
+        )
+    return JsonResponse(reception.as_json(), status=reception.status)

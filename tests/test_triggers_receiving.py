@@ -1,0 +1,440 @@
+"""``POST hooks/<name>/``: the receiving matrix over real GitHub payloads, both backends.
+
+Deliveries are signed as GitHub signs them (``X-Hub-Signature-256`` over the exact file
+bytes) and, where possible, sent with the very headers listed in the fixtures' manifest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client, RequestFactory
+
+from django_leases.models import TriggerEvent, TriggerSource, WorkflowRun
+from django_leases.triggers import registry
+from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_source
+from django_leases.triggers.signatures import github_signature
+from django_leases.triggers.views import receive_webhook
+from django_leases.workflows import workflow
+
+SOURCE = "test-pushes"
+SECRET = "fixture-secret"  # the manifest's example headers are signed with it
+WORKFLOW = "test-trigger-build"
+URL = f"/hooks/{SOURCE}/"
+
+
+@workflow(WORKFLOW)
+def _build(run: Any, input: Any) -> Any:
+    return input
+
+
+_function_calls: list[Delivery] = []
+
+
+def _on_issue(delivery: Delivery) -> None:
+    _function_calls.append(delivery)
+
+
+@pytest.fixture
+def source(settings: Any, db: None) -> Iterator[str]:
+    """The test source: declared, synced, enabled, with the fixtures' GitHub secret."""
+    webhook_source(
+        SOURCE,
+        provider="github",
+        config={"repository": "octo-org/octo-repo"},
+        events={"push": StartWorkflow(WORKFLOW), "issues": _on_issue},
+    )
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}}
+    TriggerSource.objects.sync(registry.declarations())
+    TriggerSource.objects.set_enabled(SOURCE, True)
+    _function_calls.clear()
+    yield SOURCE
+    registry.unregister(SOURCE)
+
+
+def _manifest_files(shared_fixtures: Path, event: str) -> list[dict[str, Any]]:
+    manifest = json.loads((shared_fixtures / "manifest.json").read_text())
+    return manifest["github"]["events"][event]["files"]
+
+
+def _example(shared_fixtures: Path, event: str = "push", index: int = 0) -> tuple[bytes, dict]:
+    entry = _manifest_files(shared_fixtures, event)[index]
+    return (shared_fixtures / entry["file"]).read_bytes(), dict(entry["example_headers"])
+
+
+def _post(
+    client: Client, body: bytes, headers: dict[str, str], url: str = URL, **extra: Any
+) -> Any:
+    headers = dict(headers)
+    content_type = headers.pop("Content-Type", "application/json")
+    return client.post(url, data=body, content_type=content_type, headers=headers, **extra)
+
+
+def _signed(body: bytes, event: str = "push", delivery: str | None = None) -> dict[str, str]:
+    return {
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-GitHub-Hook-ID": "12345678",
+        "User-Agent": "GitHub-Hookshot/044aadd",
+        "X-Hub-Signature-256": github_signature(SECRET, body),
+        "Content-Type": "application/json",
+    }
+
+
+def _nothing_recorded() -> None:
+    assert TriggerEvent.objects.count() == 0
+    assert WorkflowRun.objects.count() == 0
+
+
+# -- accepted deliveries ------------------------------------------------------------------------
+
+
+def test_every_real_push_starts_one_run(source: str, shared_fixtures: Path) -> None:
+    client = Client()
+    files = _manifest_files(shared_fixtures, "push")
+    assert len(files) == 6
+    for entry in files:
+        body = (shared_fixtures / entry["file"]).read_bytes()
+        response = _post(client, body, entry["example_headers"])
+        assert response.status_code == 202, response.content
+        answer = response.json()
+        delivery_id = entry["example_headers"]["X-GitHub-Delivery"]
+        assert answer["status"] == "accepted"
+        assert answer["delivery"] == delivery_id
+        event = TriggerEvent.objects.get(source_name=SOURCE, delivery_id=delivery_id)
+        assert answer["event_id"] == event.pk
+        assert event.event == "push"
+        assert event.payload == json.loads(body)
+        assert event.source == TriggerSource.objects.get(name=SOURCE)
+        run = WorkflowRun.objects.get(pk=answer["run_id"])
+        assert event.run_id == run.pk
+        assert run.workflow == WORKFLOW
+        assert run.input == {
+            "source": SOURCE,
+            "provider": "github",
+            "event": "push",
+            "action": None,
+            "delivery_id": delivery_id,
+            "payload": json.loads(body),
+        }
+    assert TriggerEvent.objects.count() == 6
+    assert WorkflowRun.objects.count() == 6
+
+
+def test_an_event_without_handler_is_recorded_and_starts_nothing(
+    source: str, shared_fixtures: Path
+) -> None:
+    for entry in _manifest_files(shared_fixtures, "ping"):
+        body = (shared_fixtures / entry["file"]).read_bytes()
+        response = _post(Client(), body, entry["example_headers"])
+        assert response.status_code == 202
+        assert response.json()["run_id"] is None
+    assert TriggerEvent.objects.filter(event="ping", run__isnull=True).count() == 3
+    assert WorkflowRun.objects.count() == 0
+
+
+def test_a_function_handler_gets_the_delivery(source: str, shared_fixtures: Path) -> None:
+    entry = _manifest_files(shared_fixtures, "issues")[0]
+    body = (shared_fixtures / entry["file"]).read_bytes()
+    headers = entry["example_headers"]
+    response = _post(Client(), body, headers)
+    assert response.status_code == 202
+    assert [call.delivery_id for call in _function_calls] == [headers["X-GitHub-Delivery"]]
+    assert _function_calls[0].action == entry["action"] == json.loads(body)["action"]
+    assert _function_calls[0].payload == json.loads(body)
+    assert TriggerEvent.objects.get().run_id is None
+
+
+def test_githubs_form_content_type_is_accepted(source: str, shared_fixtures: Path) -> None:
+    from urllib.parse import urlencode
+
+    raw, _ = _example(shared_fixtures)
+    body = urlencode({"payload": raw.decode()}).encode()
+    headers = {**_signed(body), "Content-Type": "application/x-www-form-urlencoded"}
+    response = _post(Client(), body, headers)
+    assert response.status_code == 202, response.content
+    assert TriggerEvent.objects.get().payload == json.loads(raw)
+
+
+def test_a_repeated_delivery_is_not_processed_again(source: str, shared_fixtures: Path) -> None:
+    body, headers = _example(shared_fixtures)
+    first = _post(Client(), body, headers)
+    second = _post(Client(), body, headers)
+    assert first.status_code == 202
+    assert second.status_code == 200
+    assert second.json()["status"] == "duplicate"
+    assert second.json()["run_id"] == first.json()["run_id"]
+    assert TriggerEvent.objects.count() == 1
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_a_body_over_djangos_upload_limit_but_under_ours_is_accepted(
+    source: str, shared_fixtures: Path, settings: Any
+) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
+    body, headers = _example(shared_fixtures)
+    assert len(body) > 100
+    assert _post(Client(), body, headers).status_code == 202
+
+
+# -- refused deliveries: nothing recorded --------------------------------------------------------
+
+
+def test_unknown_source_is_404(source: str, shared_fixtures: Path) -> None:
+    body, headers = _example(shared_fixtures)
+    response = _post(Client(), body, headers, url="/hooks/no-such-source/")
+    assert response.status_code == 404
+    assert "error" in response.json()
+    _nothing_recorded()
+
+
+def test_disabled_source_is_404_at_once(source: str, shared_fixtures: Path) -> None:
+    TriggerSource.objects.set_enabled(SOURCE, False)
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 404
+    _nothing_recorded()
+    TriggerSource.objects.set_enabled(SOURCE, True)
+    assert _post(Client(), body, headers).status_code == 202
+
+
+def test_orphaned_source_is_404_even_when_enabled(source: str, shared_fixtures: Path) -> None:
+    TriggerSource.objects.sync([])  # the declaration left the code (as far as the rows know)
+    assert TriggerSource.objects.get(name=SOURCE).enabled is True
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 404
+    _nothing_recorded()
+
+
+def test_a_row_without_declaration_in_this_process_is_404(
+    source: str, shared_fixtures: Path
+) -> None:
+    registry.unregister(SOURCE)
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 404
+    _nothing_recorded()
+
+
+def test_other_methods_are_405(source: str) -> None:
+    client = Client()
+    assert client.get(URL).status_code == 405
+    assert client.put(URL, data=b"{}").status_code == 405
+    _nothing_recorded()
+
+
+def test_over_the_limit_is_413(source: str, shared_fixtures: Path, settings: Any) -> None:
+    body, headers = _example(shared_fixtures)
+    settings.DJANGO_LEASES = {
+        "WEBHOOK_SECRETS": {SOURCE: SECRET},
+        "WEBHOOK_MAX_BODY": len(body) - 1,
+    }
+    assert _post(Client(), body, headers).status_code == 413
+    _nothing_recorded()
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}, "WEBHOOK_MAX_BODY": len(body)}
+    assert _post(Client(), body, headers).status_code == 202
+
+
+def test_the_bytes_sent_count_not_only_content_length(
+    source: str, shared_fixtures: Path, settings: Any
+) -> None:
+    # A sender that gives no Content-Length (or an ASGI server passing the whole stream):
+    # the body actually read is measured.
+    body, headers = _example(shared_fixtures)
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}, "WEBHOOK_MAX_BODY": 1000}
+    request = RequestFactory().post(
+        URL, data=b"", content_type="application/json", headers=_strip_ct(headers)
+    )
+    request.META.pop("CONTENT_LENGTH", None)
+    request._stream = io.BytesIO(body)  # type: ignore[attr-defined]
+    response = receive_webhook(request, SOURCE)
+    assert response.status_code == 413
+    _nothing_recorded()
+
+
+def test_a_lying_content_length_is_measured_too(
+    source: str, shared_fixtures: Path, settings: Any
+) -> None:
+    body, headers = _example(shared_fixtures)
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}, "WEBHOOK_MAX_BODY": 1000}
+    request = RequestFactory().post(
+        URL, data=b"", content_type="application/json", headers=_strip_ct(headers)
+    )
+    request.META["CONTENT_LENGTH"] = "10"
+    request._stream = io.BytesIO(body)  # type: ignore[attr-defined]
+    assert receive_webhook(request, SOURCE).status_code == 413
+    _nothing_recorded()
+
+
+def _strip_ct(headers: dict[str, str]) -> dict[str, str]:
+    return {key: value for key, value in headers.items() if key != "Content-Type"}
+
+
+@pytest.mark.parametrize("length", ["abc", "-5"])
+def test_a_bad_content_length_is_400(source: str, length: str) -> None:
+    request = RequestFactory().post(URL, data=b"{}", content_type="application/json")
+    request.META["CONTENT_LENGTH"] = length
+    assert receive_webhook(request, SOURCE).status_code == 400
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [
+        None,
+        "",
+        "sha256=" + "0" * 64,
+        "sha1=0123456789abcdef0123456789abcdef01234567",
+        "garbage",
+    ],
+)
+def test_missing_or_bad_signature_is_401(
+    source: str, shared_fixtures: Path, signature: str | None
+) -> None:
+    body, headers = _example(shared_fixtures)
+    headers.pop("X-Hub-Signature-256")
+    if signature is not None:
+        headers["X-Hub-Signature-256"] = signature
+    response = _post(Client(), body, headers)
+    assert response.status_code == 401
+    assert "secret" not in response.content.decode().lower().replace("signature", "")
+    _nothing_recorded()
+
+
+def test_a_tampered_body_or_another_secret_is_401(source: str, shared_fixtures: Path) -> None:
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body.replace(b"Codertocat", b"Mallory"), headers).status_code == 401
+    other = {**headers, "X-Hub-Signature-256": github_signature("other-secret", body)}
+    assert _post(Client(), body, other).status_code == 401
+    _nothing_recorded()
+
+
+def test_no_configured_secret_is_401(source: str, shared_fixtures: Path, settings: Any) -> None:
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {}}
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 401
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json at all",
+        b"[1, 2, 3]",
+        b'{"ref": NaN}',
+        b'{"ref": "refs/heads/\\u0000main"}',
+        b'{"ref": "\\udc00"}',
+        b'{"n": 1e400}',
+        b"\xff\xfe\x00",
+        b"",
+        b'{"a": ' * 3000 + b"1" + b"}" * 3000,
+    ],
+)
+def test_signed_but_malformed_body_is_400(source: str, body: bytes) -> None:
+    response = _post(Client(), body, _signed(body))
+    assert response.status_code == 400, response.content
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize("header", ["X-GitHub-Event", "X-GitHub-Delivery"])
+def test_signed_but_missing_header_is_400(source: str, shared_fixtures: Path, header: str) -> None:
+    body, headers = _example(shared_fixtures)
+    headers.pop(header)
+    response = _post(Client(), body, headers)
+    assert response.status_code == 400
+    assert header in response.json()["error"]
+    _nothing_recorded()
+
+
+# -- one transaction ----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_while_starting_the_run_leaves_nothing(
+    source: str, shared_fixtures: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_leases.workflows import engine
+
+    real_start = engine.start_workflow
+
+    def start_then_fail(name: str, input: Any = None, *, using: str | None = None) -> Any:
+        real_start(name, input, using=using)  # the run row is written…
+        raise RuntimeError("the database went away")  # …and then starting fails
+
+    monkeypatch.setattr(engine, "start_workflow", start_then_fail)
+    body, headers = _example(shared_fixtures)
+    response = _post(Client(), body, headers)
+    assert response.status_code == 500
+    assert "nothing was kept" in response.json()["error"]
+    _nothing_recorded()
+
+    # The sender delivers again once the fault is gone: it is accepted, not a duplicate.
+    monkeypatch.setattr(engine, "start_workflow", real_start)
+    response = _post(Client(), body, headers)
+    assert response.status_code == 202
+    assert TriggerEvent.objects.get().run_id == WorkflowRun.objects.get().pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_missing_from_the_code_leaves_nothing(
+    shared_fixtures: Path, settings: Any
+) -> None:
+    webhook_source("test-missing-wf", provider="github", events={"push": StartWorkflow("nope")})
+    try:
+        settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"test-missing-wf": SECRET}}
+        TriggerSource.objects.sync(registry.declarations())
+        TriggerSource.objects.set_enabled("test-missing-wf", True)
+        body, headers = _example(shared_fixtures)
+        response = _post(Client(), body, headers, url="/hooks/test-missing-wf/")
+        assert response.status_code == 500
+        _nothing_recorded()
+    finally:
+        registry.unregister("test-missing-wf")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_simultaneous_copies_of_one_delivery_start_one_run(
+    source: str, shared_fixtures: Path
+) -> None:
+    body, headers = _example(shared_fixtures)
+    rounds = 3 if connection.vendor == "sqlite" else 10
+    copies = 8
+    for round_number in range(rounds):
+        delivery_headers = {**headers, "X-GitHub-Delivery": f"race-{round_number}"}
+        barrier = threading.Barrier(copies)
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def deliver(
+            barrier: threading.Barrier,
+            delivery_headers: dict[str, str],
+            statuses: list[int],
+            lock: threading.Lock,
+        ) -> None:
+            from django.db import connection as own
+
+            try:
+                barrier.wait()
+                status = _post(Client(), body, delivery_headers).status_code
+                with lock:
+                    statuses.append(status)
+            finally:
+                own.close()
+
+        threads = [
+            threading.Thread(target=deliver, args=(barrier, delivery_headers, statuses, lock))
+            for _ in range(copies)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(statuses) == [200] * (copies - 1) + [202], statuses
+    assert TriggerEvent.objects.count() == rounds
+    assert WorkflowRun.objects.count() == rounds
