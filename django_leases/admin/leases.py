@@ -1,1 +1,124 @@
-"""Admin for leases (registered on import)."""
+"""Admin for leases: a read-only list with each lease's state, and "force release" (DESIGN §7).
+
+State (live / lapsed / released) and time left are computed by the database, on its clock
+(``Lease.objects.with_state()``). Nothing can be added, edited or deleted here; the one
+write is the "force release" action, offered only to users with the
+``django_leases.force_release_lease`` permission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from django_leases.models import Lease, LeaseState
+
+FORCE_RELEASE_PERMISSION = "django_leases.force_release_lease"
+
+
+class LeaseStateFilter(admin.SimpleListFilter):
+    """Filter on the ``state`` annotation (live / lapsed / released, on the DB clock)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(state.value, str(state.label)) for state in LeaseState]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in LeaseState.values:
+            return queryset.filter(state=value)
+        return queryset
+
+
+@admin.register(Lease)
+class LeaseAdmin(admin.ModelAdmin):
+    """Read-only list of leases; "force release" behind its own permission."""
+
+    list_display = (
+        "key",
+        "state_display",
+        "holder",
+        "token",
+        "time_left",
+        "expires_at",
+        "renewed_at",
+        "released_at",
+    )
+    list_filter = (LeaseStateFilter,)
+    search_fields = ("key",)
+    ordering = ("key",)
+    actions = ("force_release",)
+    readonly_fields = (
+        "key",
+        "holder",
+        "token",
+        "expires_at",
+        "acquired_at",
+        "renewed_at",
+        "released_at",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
+        return Lease.objects.with_state()
+
+    # Read-only: viewing needs the view permission; nothing is added, changed or deleted.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Lease | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Lease | None = None) -> bool:
+        return False
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may force-release leases (``force_release_lease``)."""
+        return request.user.has_perm(FORCE_RELEASE_PERMISSION)
+
+    @admin.display(description="state", ordering="state")
+    def state_display(self, obj: Lease) -> str:
+        return str(getattr(obj, "state", ""))
+
+    @admin.display(description="time left")
+    def time_left(self, obj: Lease) -> str:
+        if getattr(obj, "state", None) != LeaseState.LIVE:
+            return "—"
+        db_now = getattr(obj, "db_now", None)
+        if db_now is None:
+            return "—"
+        return f"{obj.seconds_left(db_now):.1f} s"
+
+    @admin.action(description="Force release the selected leases", permissions=["force_release"])
+    def force_release(self, request: HttpRequest, queryset: QuerySet[Lease]) -> None:
+        """Release each selected live lease, whoever holds it; a ``LogEntry`` per lease.
+
+        The token keeps rising for the next holder and the ex-holder's next renewal or
+        fenced write fails. Leases that were not live are reported and left alone.
+        """
+        released: list[str] = []
+        not_live: list[str] = []
+        for lease in queryset.order_by("key"):
+            if Lease.objects.force_release(lease.key):
+                released.append(lease.key)
+                note = f"Force-released (token {lease.token}, holder {lease.holder})"
+            else:
+                not_live.append(lease.key)
+                note = "Force release asked; the lease was not live, nothing changed"
+            self.log_change(request, lease, note)
+        if released:
+            self.message_user(
+                request,
+                f"Force-released {len(released)} lease(s): {', '.join(released)}.",
+                messages.SUCCESS,
+            )
+        if not_live:
+            self.message_user(
+                request,
+                f"{len(not_live)} lease(s) were not live, nothing changed: {', '.join(not_live)}.",
+                messages.WARNING,
+            )
