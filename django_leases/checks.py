@@ -1,1 +1,313 @@
-from django.core import checks  # noqa: F401
+"""System checks: settings that would silently break leases, workflows or trigger sources.
+
+Registered when the app is ready (``apps.py``); run by ``manage.py check``, ``migrate``,
+``runserver`` and ``test``. Each check has a stable id and a hint:
+
+=======================  ==========================================================================
+id                       what it reports
+=======================  ==========================================================================
+``django_leases.W001``   SQLite without ``transaction_mode`` IMMEDIATE (or EXCLUSIVE): read-decide-
+                         write blocks are not serialised (``select_for_update()`` is a no-op there)
+``django_leases.W002``   SQLite without a busy timeout of at least 5 s: concurrent writers fail
+                         with "database is locked" instead of waiting, so renewals fail
+``django_leases.E003``   SQLite older than 3.35: no ``RETURNING``, which acquire/refresh need
+``django_leases.W004``   ``ATOMIC_REQUESTS`` on the lease database: a lease taken in a request is
+                         invisible to the renewal thread until the request ends
+``django_leases.E005``   the database router sends django-leases writes to an alias that is not
+                         in ``DATABASES``
+``django_leases.W006``   the lease database is a private in-memory SQLite database: every thread
+                         (renewals, workers) gets its own, empty database
+``django_leases.E007``   ``AUTOCOMMIT`` off on the lease database: acquire and release never
+                         commit, so no other process sees them
+``django_leases.W008``   a declared trigger source has no signing secret: every delivery gets 401
+``django_leases.W009``   a trigger source starts a workflow that no code registers: its deliveries
+                         fail and are not recorded
+``django_leases.E010``   ``WEBHOOK_MAX_BODY`` or ``WEBHOOK_SECRETS`` is not usable
+``django_leases.W011``   django-leases reads routed to another database than its writes: a replica
+                         lags, so ``current()`` and the admin show stale leases
+``django_leases.W012``   PostgreSQL above READ COMMITTED: concurrent acquires and renewals raise
+                         serialisation errors instead of answering
+=======================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.db import connections, router
+
+#: Shortest busy timeout (seconds) that lets a writer wait out another's transaction.
+MIN_BUSY_TIMEOUT = 5.0
+#: Oldest SQLite with ``RETURNING`` (which the single-statement lease operations use).
+MIN_SQLITE = (3, 35, 0)
+
+
+def sqlite_version() -> tuple[int, ...]:
+    """The SQLite library version this process links (a tuple, e.g. ``(3, 45, 1)``)."""
+    return tuple(sqlite3.sqlite_version_info)
+
+
+def _our_models() -> list[Any]:
+    return list(apps.get_app_config("django_leases").get_models())
+
+
+def _write_aliases() -> tuple[set[str], list[checks.CheckMessage]]:
+    """Aliases the router sends our writes to; an error for each one not in DATABASES."""
+    found: set[str] = set()
+    errors: list[checks.CheckMessage] = []
+    for model in _our_models():
+        alias = router.db_for_write(model)
+        if alias in connections:
+            found.add(alias)
+            continue
+        errors.append(
+            checks.Error(
+                f"The database router sends {model._meta.label} writes to {alias!r}, "
+                "which is not in DATABASES.",
+                hint="Fix the router (db_for_write) or add the database to DATABASES.",
+                obj=model,
+                id="django_leases.E005",
+            )
+        )
+    return found, errors
+
+
+def check_sqlite_settings(
+    alias: str, settings_dict: Mapping[str, Any]
+) -> list[checks.CheckMessage]:
+    """W001, W002, W006 and E003 for one SQLite database's settings."""
+    messages: list[checks.CheckMessage] = []
+    options = settings_dict.get("OPTIONS") or {}
+    mode = str(options.get("transaction_mode") or "").upper()
+    if mode not in ("IMMEDIATE", "EXCLUSIVE"):
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} starts transactions DEFERRED: two processes can "
+                "both read a lease row and decide on it, and one then fails with "
+                "'database is locked' instead of waiting.",
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["transaction_mode"] = "IMMEDIATE".',
+                id="django_leases.W001",
+            )
+        )
+    timeout = _busy_timeout(options)
+    if timeout is None or timeout < MIN_BUSY_TIMEOUT:
+        have = "none" if timeout is None else f"{timeout:g} s"
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} has no busy timeout of at least "
+                f"{MIN_BUSY_TIMEOUT:g} s (found: {have}): a writer that meets another's "
+                "transaction fails at once, so lease renewals and claims fail under load.",
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["timeout"] = 20 (seconds).',
+                id="django_leases.W002",
+            )
+        )
+    name = str(settings_dict.get("NAME") or "")
+    in_memory = name in ("", ":memory:") or "mode=memory" in name
+    if in_memory and "cache=shared" not in name:
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} is a private in-memory database: each thread's "
+                "connection opens a separate empty one, so the hold_lease renewal thread and "
+                "worker threads never see the lease rows.",
+                hint="Use a database file (with WAL), or a shared-cache URI "
+                "('file:name?mode=memory&cache=shared' with uri=True).",
+                id="django_leases.W006",
+            )
+        )
+    version = sqlite_version()
+    if version < MIN_SQLITE:
+        messages.append(
+            checks.Error(
+                f"SQLite {'.'.join(map(str, version))} has no RETURNING clause, which "
+                "django-leases' acquire, refresh and release statements need.",
+                hint="Use SQLite 3.35 or newer (e.g. a newer Python build, or pysqlite3).",
+                id="django_leases.E003",
+            )
+        )
+    return messages
+
+
+def _busy_timeout(options: Mapping[str, Any]) -> float | None:
+    """Seconds of busy timeout from ``timeout`` or a ``PRAGMA busy_timeout`` init command."""
+    found: float | None = None
+    if options.get("timeout") is not None:
+        try:
+            found = float(options["timeout"])
+        except (TypeError, ValueError):
+            found = 0.0
+    init = str(options.get("init_command") or "").lower().replace(" ", "")
+    marker = "busy_timeout="
+    if marker in init:
+        digits = ""
+        for char in init.split(marker, 1)[1]:
+            if not char.isdigit():
+                break
+            digits += char
+        if digits:
+            found = int(digits) / 1000.0
+    return found
+
+
+def check_database_settings(
+    alias: str, vendor: str, settings_dict: Mapping[str, Any]
+) -> list[checks.CheckMessage]:
+    """Every per-database check (W001–W012 except the router's) for one alias."""
+    messages: list[checks.CheckMessage] = []
+    if vendor == "sqlite":
+        messages.extend(check_sqlite_settings(alias, settings_dict))
+    if settings_dict.get("ATOMIC_REQUESTS"):
+        messages.append(
+            checks.Warning(
+                f"ATOMIC_REQUESTS is on for {alias!r}, the django-leases database: a lease "
+                "taken inside a request stays uncommitted until the request ends, so the "
+                "renewal thread (its own connection) cannot see it and its renewals wait on "
+                "the row lock; other processes see no holder.",
+                hint="Turn ATOMIC_REQUESTS off, or mark the views that take leases with "
+                "@transaction.non_atomic_requests.",
+                id="django_leases.W004",
+            )
+        )
+    if settings_dict.get("AUTOCOMMIT") is False:
+        messages.append(
+            checks.Error(
+                f"AUTOCOMMIT is off for {alias!r}, the django-leases database: acquire, "
+                "refresh and release never commit, so no other process sees them.",
+                hint="Leave AUTOCOMMIT at its default (True).",
+                id="django_leases.E007",
+            )
+        )
+    if vendor == "postgresql":
+        messages.extend(_check_isolation(alias, settings_dict))
+    return messages
+
+
+def _check_isolation(alias: str, settings_dict: Mapping[str, Any]) -> list[checks.CheckMessage]:
+    level = (settings_dict.get("OPTIONS") or {}).get("isolation_level")
+    if level is None:
+        return []
+    try:
+        from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+        strict = IsolationLevel(level) in (
+            IsolationLevel.REPEATABLE_READ,
+            IsolationLevel.SERIALIZABLE,
+        )
+    except (ImportError, ValueError):
+        return []
+    if not strict:
+        return []
+    return [
+        checks.Warning(
+            f"PostgreSQL database {alias!r} runs at isolation level {IsolationLevel(level).name}:"
+            " concurrent acquires, renewals and claims raise serialisation errors instead of "
+            "answering 'taken' or 'lost'.",
+            hint="Use READ COMMITTED (the default) for the django-leases database.",
+            id="django_leases.W012",
+        )
+    ]
+
+
+def check_webhook_settings(
+    declared: Iterable[Any],
+    secrets: object,
+    max_body: object,
+    workflow_registered: Callable[[str], bool],
+) -> list[checks.CheckMessage]:
+    """W008, W009 and E010 for the trigger-source declarations and webhook settings."""
+    messages: list[checks.CheckMessage] = []
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body <= 0:
+        messages.append(
+            checks.Error(
+                f'DJANGO_LEASES["WEBHOOK_MAX_BODY"] must be a positive int (bytes), '
+                f"not {max_body!r}.",
+                hint="E.g. 1048576 for 1 MiB.",
+                id="django_leases.E010",
+            )
+        )
+    known: Mapping[Any, Any] = secrets if isinstance(secrets, Mapping) else {}
+    usable_secrets = isinstance(secrets, Mapping) and all(
+        isinstance(key, str) and isinstance(value, str) for key, value in known.items()
+    )
+    if not usable_secrets:
+        messages.append(
+            checks.Error(
+                'DJANGO_LEASES["WEBHOOK_SECRETS"] must be a dict of source name → secret (str).',
+                hint="E.g. {'github-pushes': env('GITHUB_WEBHOOK_SECRET')}.",
+                id="django_leases.E010",
+            )
+        )
+    for declaration in declared:
+        if usable_secrets and not known.get(declaration.name):
+            messages.append(
+                checks.Warning(
+                    f"Trigger source {declaration.name!r} has no signing secret: every "
+                    "delivery to it will be refused with 401.",
+                    hint=f'Add DJANGO_LEASES["WEBHOOK_SECRETS"][{declaration.name!r}].',
+                    id="django_leases.W008",
+                )
+            )
+        for name in declaration.started_workflows():
+            if not workflow_registered(name):
+                messages.append(
+                    checks.Warning(
+                        f"Trigger source {declaration.name!r} starts workflow {name!r}, "
+                        "which no loaded code registers: its deliveries will fail and not "
+                        "be recorded.",
+                        hint=f"Register it with @workflow({name!r}) in an app's workflows.py.",
+                        id="django_leases.W009",
+                    )
+                )
+    return messages
+
+
+def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.CheckMessage]:
+    """W011: reads of our models routed elsewhere than their writes."""
+    messages: list[checks.CheckMessage] = []
+    for model in models:
+        read, write = router.db_for_read(model), router.db_for_write(model)
+        if write in aliases and read != write:
+            messages.append(
+                checks.Warning(
+                    f"The database router reads {model._meta.label} from {read!r} but writes "
+                    f"it to {write!r}: a lagging replica shows lapsed or released leases as "
+                    "held (and the reverse).",
+                    hint="Route django_leases reads to the database its writes go to.",
+                    obj=model,
+                    id="django_leases.W011",
+                )
+            )
+    return messages
+
+
+@checks.register("django_leases")
+def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The registered entry point: every check above against the running settings."""
+    from django_leases.conf import leases_settings
+    from django_leases.triggers.registry import declarations
+    from django_leases.workflows.registry import UnknownWorkflowError, get_workflow
+
+    def registered(name: str) -> bool:
+        try:
+            get_workflow(name)
+        except UnknownWorkflowError:
+            return False
+        return True
+
+    aliases, messages = _write_aliases()
+    for alias in sorted(aliases):
+        connection = connections[alias]
+        messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
+    messages.extend(check_routing(_our_models(), aliases))
+    messages.extend(
+        check_webhook_settings(
+            declarations(),
+            leases_settings.WEBHOOK_SECRETS,
+            leases_settings.WEBHOOK_MAX_BODY,
+            registered,
+        )
+    )
+    return messages

@@ -1,0 +1,266 @@
+"""System checks: each one fires on the setting that breaks leases and stays quiet otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core import checks as django_checks
+from django.db import connection
+from django.test import override_settings
+
+from django_leases import checks
+from django_leases.triggers import registry
+from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
+from django_leases.workflows import workflow
+
+GOOD_SQLITE: dict[str, Any] = {
+    "NAME": "/tmp/leases.sqlite3",
+    "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+}
+
+
+def _ids(messages: list[django_checks.CheckMessage]) -> list[str]:
+    return sorted(message.id or "" for message in messages)
+
+
+def _sqlite(**changes: Any) -> dict[str, Any]:
+    settings_dict = {"NAME": GOOD_SQLITE["NAME"], "OPTIONS": dict(GOOD_SQLITE["OPTIONS"])}
+    options = changes.pop("OPTIONS", None)
+    if options is not None:
+        settings_dict["OPTIONS"] = options
+    settings_dict.update(changes)
+    return settings_dict
+
+
+def _registered() -> list[django_checks.CheckMessage]:
+    return [
+        message
+        for message in django_checks.run_checks()
+        if (message.id or "").startswith("django_leases.")
+    ]
+
+
+def _database_ids(messages: list[django_checks.CheckMessage]) -> list[str]:
+    # The trigger checks (W008/W009) depend on which workflows the demo has; leave them out.
+    return [
+        id_ for id_ in _ids(messages) if id_ not in ("django_leases.W008", "django_leases.W009")
+    ]
+
+
+# -- SQLite ------------------------------------------------------------------------------------
+
+
+def test_good_sqlite_settings_are_quiet() -> None:
+    assert checks.check_database_settings("default", "sqlite", _sqlite()) == []
+    exclusive = _sqlite(OPTIONS={"transaction_mode": "exclusive", "timeout": 5})
+    assert checks.check_database_settings("default", "sqlite", exclusive) == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"timeout": 20}, {"transaction_mode": "DEFERRED", "timeout": 20}, {"timeout": 20, "x": 1}],
+)
+def test_w001_sqlite_without_immediate(options: dict[str, Any]) -> None:
+    messages = checks.check_database_settings("default", "sqlite", _sqlite(OPTIONS=options))
+    assert _ids(messages) == ["django_leases.W001"]
+    assert messages[0].hint and "IMMEDIATE" in messages[0].hint
+    assert isinstance(messages[0], django_checks.Warning)
+
+
+@pytest.mark.parametrize(
+    ("options", "fires"),
+    [
+        ({"transaction_mode": "IMMEDIATE"}, True),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 0}, True),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 1}, True),
+        ({"transaction_mode": "IMMEDIATE", "timeout": "soon"}, True),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 5}, False),
+        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout = 20000;"}, False),
+        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout=100"}, True),
+    ],
+)
+def test_w002_sqlite_without_busy_timeout(options: dict[str, Any], fires: bool) -> None:
+    messages = checks.check_database_settings("default", "sqlite", _sqlite(OPTIONS=options))
+    assert _ids(messages) == (["django_leases.W002"] if fires else [])
+
+
+def test_e003_sqlite_without_returning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "sqlite_version", lambda: (3, 34, 1))
+    messages = checks.check_database_settings("default", "sqlite", _sqlite())
+    assert _ids(messages) == ["django_leases.E003"]
+    assert isinstance(messages[0], django_checks.Error)
+    assert "3.34.1" in messages[0].msg
+    monkeypatch.setattr(checks, "sqlite_version", lambda: (3, 35, 0))
+    assert checks.check_database_settings("default", "sqlite", _sqlite()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "fires"),
+    [
+        (":memory:", True),
+        ("", True),
+        ("file:leases?mode=memory", True),
+        ("file:leases?mode=memory&cache=shared", False),
+        ("/var/lib/app/db.sqlite3", False),
+    ],
+)
+def test_w006_private_in_memory_sqlite(name: str, fires: bool) -> None:
+    messages = checks.check_database_settings("default", "sqlite", _sqlite(NAME=name))
+    assert _ids(messages) == (["django_leases.W006"] if fires else [])
+
+
+def test_sqlite_checks_leave_postgresql_alone() -> None:
+    settings_dict = {"NAME": "app", "OPTIONS": {}}
+    assert checks.check_database_settings("default", "postgresql", settings_dict) == []
+
+
+# -- any database ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql"])
+def test_w004_atomic_requests(vendor: str) -> None:
+    settings_dict = _sqlite(ATOMIC_REQUESTS=True)
+    messages = checks.check_database_settings("default", vendor, settings_dict)
+    assert _ids(messages) == ["django_leases.W004"]
+    assert "renewal" in messages[0].msg
+    assert checks.check_database_settings("default", vendor, _sqlite(ATOMIC_REQUESTS=False)) == []
+
+
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql"])
+def test_e007_autocommit_off(vendor: str) -> None:
+    messages = checks.check_database_settings("default", vendor, _sqlite(AUTOCOMMIT=False))
+    assert _ids(messages) == ["django_leases.E007"]
+    assert checks.check_database_settings("default", vendor, _sqlite(AUTOCOMMIT=True)) == []
+
+
+def test_w012_postgresql_isolation_above_read_committed() -> None:
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    for level, fires in [
+        (IsolationLevel.SERIALIZABLE, True),
+        (IsolationLevel.REPEATABLE_READ, True),
+        (IsolationLevel.READ_COMMITTED, False),
+    ]:
+        settings_dict = {"NAME": "app", "OPTIONS": {"isolation_level": level}}
+        messages = checks.check_database_settings("default", "postgresql", settings_dict)
+        assert _ids(messages) == (["django_leases.W012"] if fires else []), level
+
+
+# -- routing -----------------------------------------------------------------------------------
+
+
+class MissingAliasRouter:
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "elsewhere" if model._meta.app_label == "django_leases" else None
+
+
+class ReplicaReadsRouter:
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "django_leases" else None
+
+
+@override_settings(DATABASE_ROUTERS=["tests.test_checks.MissingAliasRouter"])
+def test_e005_router_sends_writes_to_a_missing_database() -> None:
+    messages = [m for m in _registered() if m.id == "django_leases.E005"]
+    assert messages
+    assert "'elsewhere'" in messages[0].msg
+    assert isinstance(messages[0], django_checks.Error)
+
+
+@override_settings(DATABASE_ROUTERS=["tests.test_checks.ReplicaReadsRouter"])
+def test_w011_reads_routed_away_from_writes() -> None:
+    messages = [m for m in _registered() if m.id == "django_leases.W011"]
+    assert messages and "'replica'" in messages[0].msg
+
+
+def test_routing_is_quiet_without_a_router() -> None:
+    assert not [m for m in _registered() if m.id in ("django_leases.E005", "django_leases.W011")]
+
+
+# -- the registered check against the running settings -----------------------------------------
+
+
+def test_the_suites_own_settings_are_quiet() -> None:
+    assert _database_ids(_registered()) == []
+
+
+def test_registered_check_sees_atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    assert _database_ids(_registered()) == ["django_leases.W004"]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite settings")
+def test_registered_check_sees_deferred_sqlite(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = {
+        key: value
+        for key, value in connection.settings_dict["OPTIONS"].items()
+        if key != "transaction_mode"
+    }
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    assert _database_ids(_registered()) == ["django_leases.W001"]
+
+
+# -- webhooks ----------------------------------------------------------------------------------
+
+
+def _declaration(name: str = "hooks", workflow: str = "known") -> TriggerDeclaration:
+    return TriggerDeclaration(
+        name=name, provider="github", events={"push": StartWorkflow(workflow)}
+    )
+
+
+def _known(name: str) -> bool:
+    return name == "known"
+
+
+def test_webhook_settings_quiet_when_complete() -> None:
+    messages = checks.check_webhook_settings([_declaration()], {"hooks": "s"}, 1024, _known)
+    assert messages == []
+
+
+def test_w008_source_without_secret() -> None:
+    for secrets in ({}, {"hooks": ""}, {"other": "s"}):
+        messages = checks.check_webhook_settings([_declaration()], secrets, 1024, _known)
+        assert _ids(messages) == ["django_leases.W008"]
+        assert "'hooks'" in messages[0].msg
+
+
+def test_w009_source_starting_an_unregistered_workflow() -> None:
+    messages = checks.check_webhook_settings(
+        [_declaration(workflow="missing")], {"hooks": "s"}, 1024, _known
+    )
+    assert _ids(messages) == ["django_leases.W009"]
+    assert "'missing'" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("secrets", "max_body"),
+    [({}, 0), ({}, -1), ({}, "1MB"), ({}, True), ({}, 1.5), ("s3cr3t", 1024), ({"a": 1}, 1024)],
+)
+def test_e010_unusable_webhook_settings(secrets: Any, max_body: Any) -> None:
+    messages = checks.check_webhook_settings([], secrets, max_body, _known)
+    assert _ids(messages) == ["django_leases.E010"]
+
+
+@workflow("checks-known-workflow")
+def _known_workflow(run: Any, input: Any) -> None:
+    return None
+
+
+def test_registered_check_sees_declarations(settings: Any) -> None:
+    webhook_source(
+        "checks-source",
+        provider="github",
+        events={"push": StartWorkflow("checks-known-workflow"), "x": StartWorkflow("nope")},
+    )
+    try:
+        settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {}}
+        messages = [m for m in _registered() if "'checks-source'" in m.msg]
+        assert _ids(messages) == ["django_leases.W008", "django_leases.W009"]
+        assert "'nope'" in next(m for m in messages if m.id == "django_leases.W009").msg
+        settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"checks-source": "s"}}
+        messages = [m for m in _registered() if "'checks-source'" in m.msg]
+        assert _ids(messages) == ["django_leases.W009"]
+    finally:
+        registry.unregister("checks-source")
