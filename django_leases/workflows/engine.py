@@ -1,36 +1,364 @@
-"""Orchestration by replay and step execution under fenced step leases."""
+"""Orchestration by replay and step execution under fenced step leases (DESIGN §5).
+
+A ``@workflow`` function is called **from the start on every orchestration pass**::
+
+    @workflow("build-preview")
+    def build_preview(run, payload):
+        source = run.step("checkout", "previews.checkout", {"ref": payload["ref"]})
+        build = run.step("build", "previews.build", source, retries=3, retry_delay=5)
+        return {"build": build["build_id"]}
+
+``run.step(...)`` returns the recorded result of a succeeded step; the first step that has not
+succeeded yet is created (idempotently) and the pass ends there — a worker claims the step,
+runs its ``@step_function`` under a step lease, records the result fenced to its attempt, and
+asks the run for another pass. The workflow's return value completes the run. So workflow
+functions must be deterministic and side-effect free outside ``run.step``; step functions
+should be idempotent, as a step may run more than once (its worker can die after the work
+but before the result is recorded).
+"""
 
 from __future__ import annotations
 
-import json
+import logging
+import threading
 import uuid
 from typing import Any
 
-from django.db import router, transaction
-from django.db.models.functions import Now
+from django.db import router
 
-from django_leases.models import WorkflowRun
-from django_leases.workflows.registry import get_workflow
+from django_leases.conf import leases_settings
+from django_leases.exceptions import LeaseLostError, LeaseTakenError, WorkflowStepSupersededError
+from django_leases.leases import hold_lease
+from django_leases.renewal import Renewal
+from django_leases.workflows.registry import (
+    UnknownWorkflowError,
+    get_step_function,
+    get_workflow,
+)
+from django_leases.workflows.states import (
+    STEP_FAILED,
+    WORKFLOW_ERROR,
+    WORKFLOW_NOT_FOUND,
+    RunStatus,
+    StepStatus,
+)
+from django_leases.workflows.store import Claim, check_json, check_retries, error_json
+
+logger = logging.getLogger("django_leases.workflows")
+
+#: Seconds after which a pass that found the run lease taken is tried again.
+PASS_RETRY_DELAY = 1.0
+
+
+def run_lease_key(run_id: uuid.UUID | str) -> str:
+    """The key of the lease an orchestration pass of run ``run_id`` holds."""
+    return f"workflow-run:{run_id}"
+
+
+def run_lease_ttl() -> float:
+    """TTL (seconds) of the run lease, and how long a picked pass waits before it is re-picked
+    should its worker die: ``DJANGO_LEASES["DEFAULT_TTL"]``."""
+    return float(leases_settings.DEFAULT_TTL)
+
+
+# -- starting -----------------------------------------------------------------------------------
 
 
 def start_workflow(name: str, input: Any = None, *, using: str | None = None) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
     Safe inside an outer ``transaction.atomic()`` (the webhook view records the delivery and
-    starts the run in one transaction). Returns the run id (``uuid.UUID``).
+    starts the run in one transaction): the run is picked by a worker once that commits.
+    ``using`` is a database alias (default: the router's choice). Returns the run id
+    (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable.
+        ValueError: ``input`` is not JSON-serialisable (nothing written).
     """
+    from django_leases.models import WorkflowRun
+
     get_workflow(name)
-    try:
-        json.dumps(input)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"Workflow input must be JSON-serialisable: {exc}") from None
     alias = using or router.db_for_write(WorkflowRun)
-    with transaction.atomic(using=alias):
-        run = WorkflowRun.objects.using(alias).create(
-            workflow=name, input={} if input is None else input, pass_due_at=Now()
-        )
+    run = WorkflowRun.objects.db_manager(alias).start(name, input)
     return run.id
+
+
+# -- replay -------------------------------------------------------------------------------------
+
+
+class _PassEnded(BaseException):
+    """Ends an orchestration pass at the first step that has not succeeded yet.
+
+    A ``BaseException`` so a workflow's ``except Exception:`` cannot swallow it.
+    """
+
+
+class WorkflowStepFailedError(Exception):
+    """Raised by ``run.step`` for a step that failed on its last attempt.
+
+    Uncaught, it fails the run with code ``STEP_FAILED``. ``.step_name`` and ``.error`` (the
+    step's JSON error) describe it.
+    """
+
+    def __init__(self, step_name: str, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else error
+        super().__init__(f"Step {step_name!r} failed on its last attempt: {message}")
+        self.step_name = step_name
+        self.error = error
+
+
+class RunContext:
+    """What a ``@workflow`` function gets as ``run``.
+
+    Attributes:
+        id: the run id (``uuid.UUID``).
+        workflow: the workflow name.
+        input: the run's JSON input (also passed as the second argument).
+    """
+
+    def __init__(self, run: Any, steps: dict[str, Any], using: str) -> None:
+        self.id: uuid.UUID = run.id
+        self.workflow: str = run.workflow
+        self.input: Any = run.input
+        self._steps = steps
+        self._using = using
+        self._seen: set[str] = set()
+
+    def step(
+        self,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> Any:
+        """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
+
+        Returns the step's recorded result once it succeeded. Otherwise the step is created
+        (on the first pass that reaches it) and the pass ends here; a worker runs it and the
+        run is replayed once it finishes. ``retries`` (int ≥ 0) allows ``retries + 1``
+        attempts, ``retry_delay`` seconds apart.
+
+        Raises:
+            WorkflowStepFailedError: the step failed on its last attempt.
+            ValueError: bad arguments, a step name used twice in one run, or a step recorded
+                with another step function (the workflow changed under a running run).
+        """
+        from django_leases.models import WorkflowStep
+        from django_leases.workflows.store import check_identifier
+
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        check_retries(retries, retry_delay)
+        check_json(data, f"Data of step {step_name!r}")
+        if step_name in self._seen:
+            raise ValueError(f"Step name {step_name!r} is used twice in run {self.id}")
+        self._seen.add(step_name)
+        step = self._steps.get(step_name)
+        if step is None:
+            step = WorkflowStep.objects.db_manager(self._using).schedule(
+                self.id,
+                step_name,
+                function_name,
+                data,
+                retries=retries,
+                retry_delay=retry_delay,
+            )
+            self._steps[step_name] = step
+        if step.function_name != function_name:
+            raise ValueError(
+                f"Step {step_name!r} was recorded with step function {step.function_name!r}; "
+                f"the workflow now asks for {function_name!r}"
+            )
+        if step.status == StepStatus.SUCCEEDED:
+            return step.result
+        if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+            raise WorkflowStepFailedError(step_name, step.error)
+        raise _PassEnded
+
+
+def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
+    """Run one orchestration pass of run ``run_id`` under the run lease ``workflow-run:<id>``.
+
+    Replays the workflow from the start (see :class:`RunContext`). Returns what happened:
+    ``"waiting"`` (a step is not finished yet), ``"completed"``, ``"failed"``,
+    ``"suspended"`` (the workflow is not registered here: code ``WORKFLOW_NOT_FOUND``),
+    ``"not-running"`` or ``"lease-taken"``. A pass that finds the run lease taken (or loses
+    it) asks for another pass about a second later; it never fails the run.
+    """
+    from django_leases.models import WorkflowRun
+
+    alias = using or router.db_for_write(WorkflowRun)
+    try:
+        with hold_lease(run_lease_key(run_id), ttl=run_lease_ttl(), using=alias):
+            return _replay(run_id, alias)
+    except LeaseTakenError:
+        logger.info("Run %s: its lease is taken; another pass in %.0f s", run_id, PASS_RETRY_DELAY)
+        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
+        return "lease-taken"
+    except LeaseLostError:
+        logger.warning("Run %s: its lease was lost during a pass; another pass follows", run_id)
+        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
+        return "lease-taken"
+
+
+def _replay(run_id: uuid.UUID | str, alias: str) -> str:
+    from django_leases.models import WorkflowRun, WorkflowStep
+
+    runs = WorkflowRun.objects.db_manager(alias)
+    run = runs.filter(pk=run_id).first()
+    if run is None or run.status != RunStatus.RUNNING:
+        return "not-running"
+    requests = run.pass_requests
+    try:
+        func = get_workflow(run.workflow)
+    except UnknownWorkflowError as exc:
+        logger.error("Run %s suspended: %s", run_id, exc)
+        runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
+        return "suspended"
+    steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
+    ctx = RunContext(run, steps, alias)
+    try:
+        output = func(ctx, run.input)
+    except _PassEnded:
+        runs.finish_pass(run_id, requests)
+        return "waiting"
+    except WorkflowStepFailedError as exc:
+        logger.warning("Run %s failed: %s", run_id, exc)
+        runs.fail(
+            run_id,
+            {
+                "code": STEP_FAILED,
+                "message": str(exc),
+                "step_name": exc.step_name,
+                "step_error": exc.error,
+            },
+        )
+        return "failed"
+    except Exception as exc:
+        logger.warning("Run %s failed: its workflow raised", run_id, exc_info=True)
+        runs.fail(run_id, {"code": WORKFLOW_ERROR, **error_json(exc)})
+        return "failed"
+    runs.complete(run_id, output)
+    status = runs.filter(pk=run_id).values_list("status", flat=True).first()
+    return "completed" if status == RunStatus.COMPLETED else "failed"
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+class StepContext:
+    """What a ``@step_function`` gets as ``ctx``.
+
+    Attributes:
+        run_id: the run's ``uuid.UUID``; step_name, function_name: ``str``;
+        attempt: the attempt this execution is (``int`` ≥ 1) — use it with ``run_id`` and
+            ``step_name`` as an idempotency key for side effects;
+        lease_lost: a :class:`threading.Event` set once the step lease is seen lost (the
+            attempt may have been superseded; nothing this attempt returns will land then).
+    """
+
+    def __init__(self, claim: Claim, lease_lost: threading.Event) -> None:
+        self.run_id = claim.run_id
+        self.step_name = claim.step_name
+        self.function_name = claim.function_name
+        self.attempt = claim.attempt
+        self.lease_lost = lease_lost
+        self._key = f"workflow-step:{claim.step_id}"
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` once the step lease is seen lost; else ``None``."""
+        if self.lease_lost.is_set():
+            raise LeaseLostError(self._key)
+
+
+def execute_step(claim: Claim) -> str:
+    """Run the claimed step's function under its step lease and record the outcome, fenced.
+
+    The step lease is renewed every TTL/3 by :class:`~django_leases.renewal.Renewal`, each
+    renewal fenced to ``claim.attempt``. The function runs outside any transaction; its result
+    (or the exception it raised) is then written with ``set_result`` / ``set_error``, which
+    also ask the run for its next pass. Returns ``"succeeded"``, ``"failed"``,
+    ``"suspended"`` (the step function is not registered here: the run is suspended with code
+    ``STEP_FUNCTION_NOT_FOUND``) or ``"superseded"``.
+
+    A :class:`WorkflowStepSupersededError` anywhere ends the dispatch quietly: a warning is
+    logged, nothing is written, the run is not suspended, and nothing is raised.
+    """
+    from django_leases.models import WorkflowStep
+
+    store = WorkflowStep.objects.db_manager(claim.using)
+    func = get_step_function(claim.function_name)
+    if func is None:
+        try:
+            store.suspend_for_missing_function(claim.step_id, claim.attempt, claim.function_name)
+        except WorkflowStepSupersededError as exc:
+            _superseded(claim, exc)
+            return "superseded"
+        logger.error(
+            "Run %s suspended: step %r needs step function %r, which is not registered",
+            claim.run_id,
+            claim.step_name,
+            claim.function_name,
+        )
+        return "suspended"
+
+    def renew() -> bool:
+        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
+
+    renewal = Renewal(
+        f"workflow-step:{claim.step_id}:{claim.attempt}",
+        claim.lease_ttl,
+        renew,
+        held_since=claim.claimed_at,
+    )
+    ctx = StepContext(claim, renewal.lost)
+    failure: Exception | None = None
+    result: Any = None
+    renewal.start()
+    try:
+        result = func(claim.data, ctx)
+    except Exception as exc:
+        failure = exc
+    finally:
+        renewal.stop()
+    try:
+        if failure is None:
+            return store.set_result(claim.step_id, result, claim.attempt)
+        logger.warning(
+            "Step %r of run %s (attempt %d) raised: %s",
+            claim.step_name,
+            claim.run_id,
+            claim.attempt,
+            failure,
+            exc_info=failure,
+        )
+        return store.set_error(claim.step_id, failure, claim.attempt)
+    except WorkflowStepSupersededError as exc:
+        _superseded(claim, exc)
+        return "superseded"
+
+
+def _superseded(claim: Claim, exc: WorkflowStepSupersededError) -> None:
+    logger.warning(
+        "Step %r of run %s: attempt %d was superseded (current attempt %s); "
+        "its outcome was discarded",
+        claim.step_name,
+        claim.run_id,
+        claim.attempt,
+        exc.current_attempt,
+    )
+
+
+__all__ = [
+    "PASS_RETRY_DELAY",
+    "RunContext",
+    "StepContext",
+    "WorkflowStepFailedError",
+    "execute_step",
+    "run_lease_key",
+    "run_pass",
+    "start_workflow",
+]

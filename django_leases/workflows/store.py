@@ -257,6 +257,32 @@ class WorkflowRunQuerySet(_Store):
             )
         return PassClaim(run_id=run_id, using=alias) if picked else None
 
+    def work_due_within(self, seconds: float) -> bool:
+        """Whether a pass or a waiting step of a running run is due within ``seconds`` of DB now.
+
+        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left (running
+        steps become due only when their lease lapses, which is not foreseen here).
+        """
+        alias = self._alias()
+        horizon = clock.db_now_plus(seconds)
+        if (
+            self.model._default_manager.using(alias)
+            .filter(status=RunStatus.RUNNING, pass_due_at__lte=horizon)
+            .exists()
+        ):
+            return True
+        _, step_model, _ = _models()
+        return (
+            step_model._default_manager.using(alias)
+            .filter(
+                run__status=RunStatus.RUNNING,
+                status__in=[StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED],
+                available_at__lte=horizon,
+            )
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .exists()
+        )
+
     def finish_pass(self, run_id: uuid.UUID | str, pass_requests: int) -> bool:
         """Clear ``pass_due_at`` unless the run was asked for another pass since ``pass_requests``
         was read. Returns ``True`` if cleared."""

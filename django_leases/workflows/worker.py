@@ -1,0 +1,283 @@
+"""The workflow worker: threads that pick due orchestration passes and due steps and run them.
+
+``manage.py run_workflow_worker`` is a thin wrapper over :class:`Worker`::
+
+    from django_leases.workflows.worker import Worker
+
+    Worker(concurrency=4).run()          # until SIGTERM / SIGINT
+    Worker(concurrency=2).run(once=True)  # until nothing is due, then return
+
+Each thread loops: pick a run whose pass is due and replay it, else claim a due step and
+execute it, else wait ``WORKER_POLL_INTERVAL`` seconds. On PostgreSQL rows are picked with
+``SKIP LOCKED`` so threads and processes never wait for each other. Recovery of a dead
+worker's step comes from its lease lapsing on the database clock, never from worker identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from django.db import close_old_connections, connections, router
+
+from django_leases.conf import leases_settings
+from django_leases.validation import ttl_seconds
+from django_leases.workflows.engine import (
+    PASS_RETRY_DELAY,
+    execute_step,
+    run_lease_ttl,
+    run_pass,
+)
+
+logger = logging.getLogger("django_leases.worker")
+
+#: Exit status when in-flight work was still running at the end of the shutdown grace.
+EXIT_ABANDONED = 1
+#: Exit status of ``once`` mode when the database stayed unreachable.
+EXIT_DATABASE_UNREACHABLE = 2
+
+#: Longest back-off after a failed unit of work, seconds.
+MAX_BACKOFF = 30.0
+#: Consecutive failures after which ``once`` mode gives up.
+ONCE_MAX_FAILURES = 10
+#: ``once`` mode also waits for work due within this many seconds: a pass retried because
+#: the run lease was still held by the pass before it, or a step retried without delay.
+ONCE_HORIZON = PASS_RETRY_DELAY + 1.0
+
+
+class Worker:
+    """Runs workflow passes and steps on ``concurrency`` threads.
+
+    Args:
+        concurrency: number of worker threads (``int`` ≥ 1).
+        using: database alias (default: the router's choice for ``WorkflowStep``).
+        poll_interval: seconds an idle thread waits before looking again (default
+            ``WORKER_POLL_INTERVAL``).
+        shutdown_grace: seconds in-flight work may take to finish after a stop request
+            (default ``WORKER_SHUTDOWN_GRACE``).
+        step_lease_ttl: TTL of a claimed step's lease, seconds (default ``STEP_LEASE_TTL``).
+
+    Raises ``ValueError`` for a bad argument.
+    """
+
+    def __init__(
+        self,
+        concurrency: int = 1,
+        *,
+        using: str | None = None,
+        poll_interval: float | None = None,
+        shutdown_grace: float | None = None,
+        step_lease_ttl: float | None = None,
+    ) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, not {concurrency!r}")
+        self.concurrency = concurrency
+        self.using = using
+        self.poll_interval = _seconds(
+            leases_settings.WORKER_POLL_INTERVAL if poll_interval is None else poll_interval,
+            "poll_interval",
+        )
+        self.shutdown_grace = _seconds(
+            leases_settings.WORKER_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
+            "shutdown_grace",
+        )
+        self.step_lease_ttl = ttl_seconds(
+            leases_settings.STEP_LEASE_TTL if step_lease_ttl is None else step_lease_ttl
+        )
+        self._stop = threading.Event()  # stop claiming
+        self._abandon = threading.Event()  # a second signal: do not wait for in-flight work
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._progress = 0
+        self._gave_up = False
+
+    # -- control --------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming new work; in-flight work finishes. Safe from any thread."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """``True`` once the worker stopped claiming (stop request, signal or drained)."""
+        return self._stop.is_set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop.is_set():
+            logger.warning("Second %s: not waiting for in-flight work", signal.Signals(signum).name)
+            self._abandon.set()
+            return
+        logger.info(
+            "%s: stopping; in-flight work has %.0f s to finish",
+            signal.Signals(signum).name,
+            self.shutdown_grace,
+        )
+        self._stop.set()
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self, once: bool = False, *, handle_signals: bool = True) -> int:
+        """Run the worker threads until stopped; returns an exit status.
+
+        Args:
+            once: return as soon as no pass and no step is due now or within
+                :data:`ONCE_HORIZON` seconds (work due later, such as a retry after a longer
+                ``retry_delay``, or a step whose lease has not lapsed yet, is left for the
+                next worker).
+            handle_signals: on the main thread, turn SIGTERM / SIGINT into :meth:`stop`
+                (a second one stops waiting for in-flight work); the previous handlers are
+                put back on return.
+
+        Returns ``0`` when every thread finished, :data:`EXIT_ABANDONED` when in-flight work
+        was still running at the end of the shutdown grace (its step leases will lapse and
+        another worker takes the steps over), :data:`EXIT_DATABASE_UNREACHABLE` when ``once``
+        mode gave up on an unreachable database.
+        """
+        previous: dict[signal.Signals, object] = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        threads = [
+            threading.Thread(
+                target=self._thread_main, args=(once,), name=f"workflow-worker-{i}", daemon=True
+            )
+            for i in range(self.concurrency)
+        ]
+        logger.info(
+            "Workflow worker started: %d thread(s)%s", self.concurrency, " (once)" if once else ""
+        )
+        try:
+            for thread in threads:
+                thread.start()
+            while any(t.is_alive() for t in threads) and not self._stop.is_set():
+                for thread in threads:
+                    thread.join(0.2)
+            deadline = time.monotonic() + self.shutdown_grace
+            for thread in threads:
+                while thread.is_alive() and not self._abandon.is_set():
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    thread.join(min(remaining, 0.2))
+            stuck = [t.name for t in threads if t.is_alive()]
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+        if stuck:
+            logger.warning(
+                "Shutdown grace over with work in flight on %s; their step leases will lapse "
+                "and another worker will take the steps over",
+                ", ".join(stuck),
+            )
+            return EXIT_ABANDONED
+        if self._gave_up:
+            return EXIT_DATABASE_UNREACHABLE
+        logger.info("Workflow worker stopped")
+        return 0
+
+    def work_once(self) -> bool:
+        """Do one unit of work on the calling thread: one due pass, else one due step.
+
+        Returns ``True`` if there was something to do. Database errors propagate.
+        """
+        from django_leases.models import WorkflowRun, WorkflowStep
+
+        if self._stop.is_set():
+            return False
+        alias = self.using or router.db_for_write(WorkflowStep)
+        picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
+        if picked is not None:
+            outcome = run_pass(picked.run_id, using=alias)
+            logger.debug("Run %s: pass %s", picked.run_id, outcome)
+            return True
+        if self._stop.is_set():
+            return False
+        claim = WorkflowStep.objects.db_manager(alias).claim_due(self.step_lease_ttl)
+        if claim is None:
+            return False
+        logger.info(
+            "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
+        )
+        outcome = execute_step(claim)
+        logger.info(
+            "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
+        )
+        return True
+
+    def _thread_main(self, once: bool) -> None:
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    self._busy += 1
+                    seen = self._progress
+                failed = False
+                did = False
+                try:
+                    close_old_connections()
+                    did = self.work_once()
+                    failures = 0
+                except Exception:
+                    failed = True
+                    failures += 1
+                    logger.exception("Workflow worker: a unit of work failed; backing off")
+                    _close_thread_connections()
+                finally:
+                    try:
+                        close_old_connections()
+                    except Exception:
+                        _close_thread_connections()
+                with self._lock:
+                    self._busy -= 1
+                    if did:
+                        self._progress += 1
+                    quiet = self._busy == 0 and self._progress == seen
+                if once and not did and not failed and quiet and self._drained(seen):
+                    self._stop.set()
+                if failed:
+                    if once and failures >= ONCE_MAX_FAILURES:
+                        self._gave_up = True
+                        self._stop.set()
+                        break
+                    backoff = min(self.poll_interval * 2 ** min(failures, 10), MAX_BACKOFF)
+                    self._stop.wait(backoff)
+                elif not did:
+                    self._stop.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
+        finally:
+            _close_thread_connections()
+
+    def _drained(self, seen: int) -> bool:
+        """Nobody is working, nothing finished since the look that found nothing began, and
+        nothing is due soon: ``once`` mode is done."""
+        from django_leases.models import WorkflowRun, WorkflowStep
+
+        alias = self.using or router.db_for_write(WorkflowStep)
+        try:
+            soon = WorkflowRun.objects.db_manager(alias).work_due_within(ONCE_HORIZON)
+        except Exception:
+            logger.warning("Workflow worker: could not look for work due soon", exc_info=True)
+            _close_thread_connections()
+            return False
+        with self._lock:
+            return not soon and self._busy == 0 and self._progress == seen
+
+
+def _seconds(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{what} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+def _close_thread_connections() -> None:
+    # Django's connections are per thread: this closes only the calling thread's own.
+    for conn in connections.all(initialized_only=True):
+        try:
+            conn.close()
+        except Exception:
+            logger.debug("closing a worker connection failed", exc_info=True)
+
+
+__all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "Worker"]

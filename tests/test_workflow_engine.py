@@ -1,0 +1,442 @@
+"""The replay engine: passes under the run lease, step execution under a renewed, fenced step
+lease, retries, failures, suspension, and superseded dispatches ending quietly (F8–F10)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.db.models.functions import Now
+
+from django_leases.clock import db_now_plus
+from django_leases.exceptions import WorkflowStepSupersededError
+from django_leases.leases import hold_lease
+from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows import engine, step_function, workflow
+from django_leases.workflows.engine import (
+    execute_step,
+    run_lease_key,
+    run_pass,
+    start_workflow,
+)
+from django_leases.workflows.registry import UnknownWorkflowError
+from django_leases.workflows.states import (
+    STEP_FAILED,
+    STEP_FUNCTION_NOT_FOUND,
+    WORKFLOW_ERROR,
+    WORKFLOW_NOT_FOUND,
+)
+from django_leases.workflows.store import Claim
+from django_leases.workflows.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LEASE = 60.0
+
+# -- workflows and step functions used here -------------------------------------------------------
+
+_calls: dict[str, int] = {}
+_calls_lock = threading.Lock()
+
+
+def _count(name: str) -> int:
+    with _calls_lock:
+        _calls[name] = _calls.get(name, 0) + 1
+        return _calls[name]
+
+
+@step_function("tests.add-one")
+def add_one(data: dict[str, Any], ctx: Any) -> int:
+    _count("add-one")
+    return int(data["x"]) + 1
+
+
+@workflow("tests.linear")
+def linear(run: Any, input: dict[str, Any]) -> dict[str, Any]:
+    a = run.step("a", "tests.add-one", {"x": input["x"]})
+    b = run.step("b", "tests.add-one", {"x": a})
+    return {"a": a, "b": b}
+
+
+@step_function("tests.flaky")
+def flaky(data: dict[str, Any], ctx: Any) -> str:
+    if ctx.attempt <= data["fail_times"]:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return f"ok on attempt {ctx.attempt}"
+
+
+@workflow("tests.flaky")
+def flaky_workflow(run: Any, input: dict[str, Any]) -> Any:
+    return run.step("flaky", "tests.flaky", input, retries=input["retries"])
+
+
+@workflow("tests.raises")
+def raising_workflow(run: Any, input: Any) -> Any:
+    run.step("a", "tests.add-one", {"x": 1})
+    raise KeyError("no such thing")
+
+
+@workflow("tests.bad-output")
+def bad_output(run: Any, input: Any) -> Any:
+    return {"not json": object()}
+
+
+@workflow("tests.duplicate-steps")
+def duplicate_steps(run: Any, input: Any) -> Any:
+    run.step("a", "tests.add-one", {"x": 1})
+    run.step("a", "tests.add-one", {"x": 2})
+    return None
+
+
+@workflow("tests.missing-function")
+def missing_function(run: Any, input: Any) -> Any:
+    return run.step("ghost", "tests.not-registered", {})
+
+
+@workflow("tests.catches")
+def catches(run: Any, input: Any) -> Any:
+    # A workflow's own ``except Exception`` must not swallow the end of a pass.
+    try:
+        value = run.step("a", "tests.add-one", {"x": 41})
+    except Exception:
+        return "swallowed"
+    return value
+
+
+_slow_seen: dict[str, Any] = {}
+
+
+@step_function("tests.outlives-its-ttl")
+def outlives_its_ttl(data: dict[str, Any], ctx: Any) -> str:
+    """Runs for 3 step-lease TTLs, then checks nobody could take the step meanwhile."""
+    time.sleep(data["seconds"])
+    _slow_seen["competitor"] = WorkflowStep.objects.claim_for_execution(
+        ctx.run_id, ctx.step_name, "tests.outlives-its-ttl", 30
+    )
+    _slow_seen["live"] = WorkflowStep.objects.filter(
+        run_id=ctx.run_id, step_name=ctx.step_name, lease_expires_at__gt=Now()
+    ).exists()
+    _slow_seen["lost"] = ctx.lease_lost.is_set()
+    return "done"
+
+
+@workflow("tests.slow")
+def slow(run: Any, input: Any) -> Any:
+    return run.step("slow", "tests.outlives-its-ttl", input)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def drain(worker: Worker | None = None, limit: int = 100) -> int:
+    """Do due work on this thread until none is left; returns the units done."""
+    worker = worker or Worker(step_lease_ttl=LEASE)
+    done = 0
+    while worker.work_once():
+        done += 1
+        assert done < limit, "the workflow never settles"
+    return done
+
+
+def run_of(run_id: uuid.UUID) -> WorkflowRun:
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def lapse(run_id: uuid.UUID, step: str) -> None:
+    WorkflowStep.objects.filter(run_id=run_id, step_name=step).update(
+        lease_expires_at=db_now_plus(-1)
+    )
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def test_a_linear_workflow_is_replayed_pass_by_pass_until_it_completes() -> None:
+    run_id = start_workflow("tests.linear", {"x": 1})
+    assert isinstance(run_id, uuid.UUID)
+    assert run_pass(run_id) == "waiting"
+    assert list(WorkflowStep.objects.filter(run_id=run_id).values_list("step_name", "status")) == [
+        ("a", "pending")
+    ]
+    assert run_pass(run_id) == "waiting", "a second pass is harmless"
+    assert WorkflowStep.objects.filter(run_id=run_id).count() == 1
+    claim = WorkflowStep.objects.claim_due(LEASE)
+    assert claim is not None and claim.step_name == "a"
+    assert execute_step(claim) == "succeeded"
+    assert WorkflowRun.objects.filter(pk=run_id, pass_due_at__lte=Now()).exists()
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output, run.error) == (RunStatus.COMPLETED, {"a": 2, "b": 3}, None)
+    assert run.finished_at is not None and run.pass_due_at is None
+    assert [
+        (h.step.step_name, h.attempt, h.status) for h in WorkflowStep.objects.history(run_id)
+    ] == [
+        ("a", 1, "succeeded"),
+        ("b", 1, "succeeded"),
+    ]
+
+
+def test_a_completed_step_is_not_run_again_by_later_passes() -> None:
+    before = _calls.get("add-one", 0)
+    run_id = start_workflow("tests.linear", {"x": 10})
+    drain()
+    assert run_of(run_id).status == RunStatus.COMPLETED
+    assert _calls["add-one"] - before == 2
+    assert run_pass(run_id) == "not-running"
+    assert _calls["add-one"] - before == 2
+
+
+def test_a_workflow_cannot_swallow_the_end_of_a_pass() -> None:
+    run_id = start_workflow("tests.catches", {})
+    drain()
+    assert (run_of(run_id).status, run_of(run_id).output) == (RunStatus.COMPLETED, 42)
+
+
+def test_retries_then_success_records_every_attempt() -> None:
+    run_id = start_workflow("tests.flaky", {"fail_times": 2, "retries": 2})
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "ok on attempt 3")
+    history = WorkflowStep.objects.history(run_id)
+    assert [(h.attempt, h.status) for h in history] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "succeeded"),
+    ]
+    assert history[0].error == {"type": "RuntimeError", "message": "flaky failure on attempt 1"}
+
+
+def test_a_step_failing_on_its_last_attempt_fails_the_run() -> None:
+    run_id = start_workflow("tests.flaky", {"fail_times": 5, "retries": 1})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == STEP_FAILED
+    assert run.error["step_name"] == "flaky"
+    assert run.error["step_error"]["message"] == "flaky failure on attempt 2"
+    assert run.finished_at is not None
+    assert WorkflowStep.objects.get(run_id=run_id).attempt == 2
+
+
+def test_a_workflow_that_raises_fails_the_run_with_its_error() -> None:
+    run_id = start_workflow("tests.raises", {})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == WORKFLOW_ERROR
+    assert run.error["type"] == "KeyError"
+
+
+def test_output_that_is_not_json_fails_the_run_with_a_clear_error() -> None:
+    run_id = start_workflow("tests.bad-output", {})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.output is None
+    assert "JSON" in run.error["message"]
+
+
+def test_a_step_name_used_twice_fails_the_run_with_a_clear_error() -> None:
+    run_id = start_workflow("tests.duplicate-steps", {})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.FAILED
+    assert "used twice" in run.error["message"]
+
+
+def test_a_pass_that_finds_the_run_lease_taken_is_retried_a_second_later() -> None:
+    run_id = start_workflow("tests.linear", {"x": 1})
+    with hold_lease(run_lease_key(run_id), ttl=30):
+        assert run_pass(run_id) == "lease-taken"
+        run = run_of(run_id)
+        assert run.status == RunStatus.RUNNING and run.error is None
+        assert WorkflowRun.objects.filter(
+            pk=run_id, pass_due_at__gt=Now(), pass_due_at__lte=db_now_plus(2)
+        ).exists()
+        assert WorkflowRun.objects.claim_due_pass(30) is None, "due again too soon"
+    assert not WorkflowStep.objects.filter(run_id=run_id).exists()
+    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=db_now_plus(-1))
+    drain()
+    assert run_of(run_id).status == RunStatus.COMPLETED
+
+
+def test_a_picked_pass_whose_worker_died_is_picked_again_after_the_run_lease_ttl() -> None:
+    run_id = start_workflow("tests.linear", {"x": 1})
+    picked = WorkflowRun.objects.claim_due_pass(30)
+    assert picked is not None and picked.run_id == run_id
+    assert WorkflowRun.objects.claim_due_pass(30) is None
+    # ... the worker dies here; 30 s later (on the database clock):
+    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=db_now_plus(-1))
+    again = WorkflowRun.objects.claim_due_pass(30)
+    assert again is not None and again.run_id == run_id
+
+
+def test_a_request_during_a_pass_keeps_the_run_due() -> None:
+    run_id = start_workflow("tests.linear", {"x": 1})
+    requests = run_of(run_id).pass_requests
+    WorkflowRun.objects.request_pass(run_id)
+    assert not WorkflowRun.objects.finish_pass(run_id, requests)
+    assert run_of(run_id).pass_due_at is not None
+    assert WorkflowRun.objects.finish_pass(run_id, requests + 1)
+    assert run_of(run_id).pass_due_at is None
+
+
+def test_an_unknown_workflow_at_pass_time_suspends_the_run() -> None:
+    run = WorkflowRun.objects.start("tests.deployed-elsewhere", {})
+    drain()
+    run.refresh_from_db()
+    assert run.status == RunStatus.SUSPENDED
+    assert run.error["code"] == WORKFLOW_NOT_FOUND
+
+
+# -- starting ----------------------------------------------------------------------------------
+
+
+def test_start_workflow_joins_the_callers_transaction() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start_workflow("tests.linear", {"x": 1})
+        raise RuntimeError("the delivery was not recorded after all")
+    assert not WorkflowRun.objects.exists()
+    with transaction.atomic():
+        run_id = start_workflow("tests.linear", {"x": 1})
+    run = run_of(run_id)
+    assert (run.status, run.input, run.workflow) == (RunStatus.RUNNING, {"x": 1}, "tests.linear")
+    assert WorkflowRun.objects.filter(pk=run_id, pass_due_at__lte=Now()).exists()
+
+
+def test_start_workflow_refuses_unknown_names_and_non_json_input() -> None:
+    with pytest.raises(UnknownWorkflowError, match="nope"):
+        start_workflow("nope", {})
+    with pytest.raises(ValueError, match="JSON"):
+        start_workflow("tests.linear", {"x": {1, 2}})
+    assert not WorkflowRun.objects.exists()
+
+
+def test_run_step_refuses_bad_arguments_and_the_run_fails_clearly() -> None:
+    @workflow("tests.bad-step-args")
+    def bad_args(run: Any, input: Any) -> Any:
+        return run.step("a", "tests.add-one", {"x": 1}, retries=-3)
+
+    run_id = start_workflow("tests.bad-step-args", {})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.FAILED
+    assert "retries" in run.error["message"]
+    assert not WorkflowStep.objects.filter(run_id=run_id).exists()
+
+
+# -- step execution ----------------------------------------------------------------------------
+
+
+def test_a_missing_step_function_suspends_the_run_and_the_step_is_left_alone() -> None:
+    run_id = start_workflow("tests.missing-function", {})
+    drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.SUSPENDED
+    assert run.error["code"] == STEP_FUNCTION_NOT_FOUND
+    assert "tests.not-registered" in run.error["message"]
+    step = WorkflowStep.objects.get(run_id=run_id)
+    assert step.status == StepStatus.FAILED
+    assert step.error["code"] == STEP_FUNCTION_NOT_FOUND
+    assert WorkflowStep.objects.claim_due(LEASE) is None
+    assert WorkflowRun.objects.claim_due_pass(30) is None
+
+
+def test_the_step_lease_is_renewed_while_the_function_outlives_its_ttl() -> None:
+    _slow_seen.clear()
+    run_id = start_workflow("tests.slow", {"seconds": 3.5})
+    drain(Worker(step_lease_ttl=1.0))
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
+    assert _slow_seen["competitor"] is None, "the step was taken from a worker still renewing"
+    assert _slow_seen["live"] is True
+    assert _slow_seen["lost"] is False
+    assert [(h.attempt, h.status) for h in WorkflowStep.objects.history(run_id)] == [
+        (1, "succeeded")
+    ]
+
+
+def _claim_run(name: str, step: str, function: str) -> tuple[uuid.UUID, Claim]:
+    run = WorkflowRun.objects.start(name, {})
+    WorkflowStep.objects.schedule(run.id, step, function, {"x": 1})
+    claim = WorkflowStep.objects.claim_for_execution(run.id, step, function, LEASE)
+    assert claim is not None
+    return run.id, claim
+
+
+def _assert_left_to_the_new_owner(run_id: uuid.UUID, step: str, current: Claim) -> None:
+    row = WorkflowStep.objects.get(run_id=run_id, step_name=step)
+    assert row.status == StepStatus.RUNNING, "the stale attempt finished the step"
+    assert (row.result, row.error) == (None, None)
+    assert row.attempt == current.attempt
+    assert run_of(run_id).status == RunStatus.RUNNING, "the stale attempt changed the run"
+    history = WorkflowStep.objects.history(run_id)
+    assert [(h.attempt, h.status, h.result, h.error) for h in history] == [
+        (1, "running", None, None),
+        (2, "running", None, None),
+    ]
+
+
+@pytest.mark.parametrize("outcome", ["succeeds", "raises"])
+def test_a_superseded_dispatch_ends_quietly(outcome: str, caplog: pytest.LogCaptureFixture) -> None:
+    taken: list[Claim] = []
+    name = f"tests.taken-while-running-{outcome}"
+
+    def taken_while_running(data: Any, ctx: Any) -> Any:
+        # The worker stalls; its lease lapses and another worker claims the step.
+        lapse(ctx.run_id, ctx.step_name)
+        newer = WorkflowStep.objects.claim_for_execution(ctx.run_id, ctx.step_name, name, LEASE)
+        assert newer is not None
+        taken.append(newer)
+        if outcome == "raises":
+            raise RuntimeError("the card was declined")
+        return "stale"
+
+    step_function(name)(taken_while_running)
+    run_id, stale = _claim_run("tests.fenced", "charge", name)
+    with caplog.at_level(logging.WARNING, logger="django_leases.workflows"):
+        assert execute_step(stale) == "superseded"
+    assert taken, "the step was never claimed from under the worker"
+    _assert_left_to_the_new_owner(run_id, "charge", taken[0])
+    assert any("superseded" in r.getMessage() for r in caplog.records)
+
+
+def test_a_superseded_dispatch_whose_function_is_missing_does_not_suspend_the_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_id, stale = _claim_run("tests.fenced", "charge", "tests.gone")
+    taken: list[Claim] = []
+    real_lookup = engine.get_step_function
+
+    def lookup_while_losing_the_step(name: str) -> Any:
+        lapse(run_id, "charge")
+        newer = WorkflowStep.objects.claim_for_execution(run_id, "charge", "tests.gone", LEASE)
+        assert newer is not None
+        taken.append(newer)
+        return real_lookup(name)
+
+    monkeypatch.setattr(engine, "get_step_function", lookup_while_losing_the_step)
+    with caplog.at_level(logging.WARNING, logger="django_leases.workflows"):
+        assert execute_step(stale) == "superseded"
+    assert taken
+    _assert_left_to_the_new_owner(run_id, "charge", taken[0])
+    assert run_of(run_id).error is None
+    assert any("superseded" in r.getMessage() for r in caplog.records)
+
+
+def test_superseded_error_from_the_store_never_escapes_execute_step() -> None:
+    run_id, stale = _claim_run("tests.fenced", "charge", "tests.add-one")
+    lapse(run_id, "charge")
+    current = WorkflowStep.objects.claim_for_execution(run_id, "charge", "tests.add-one", LEASE)
+    assert current is not None
+    try:
+        assert execute_step(stale) == "superseded"
+    except WorkflowStepSupersededError:  # pragma: no cover - the failure being tested for
+        pytest.fail("execute_step let WorkflowStepSupersededError escape")
+    assert execute_step(current) == "succeeded"
+    assert WorkflowStep.objects.get(run_id=run_id).result == 2
