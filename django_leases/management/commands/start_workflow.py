@@ -1,0 +1,50 @@
+"""``manage.py start_workflow NAME [--input JSON] [--database ALIAS]``: start a run.
+
+Prints the new run's id. A worker (``run_workflow_worker``) then runs it. Unknown workflow
+names and input that is not JSON are refused with a clear error and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from django_leases.workflows.engine import start_workflow
+from django_leases.workflows.registry import UnknownWorkflowError
+
+
+class Command(BaseCommand):
+    help = "Start a run of a registered workflow and print its id."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", help="The workflow name (as given to @workflow).")
+        parser.add_argument(
+            "--input",
+            default="{}",
+            metavar="JSON",
+            help="The run's input, a JSON document (default {}).",
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias holding the workflow tables. Default: the router's choice.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        alias = options["database"]
+        if alias is not None and alias not in connections:
+            raise CommandError(f"Unknown database alias {alias!r}")
+        try:
+            data = json.loads(options["input"])
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--input is not valid JSON: {exc}") from None
+        try:
+            run_id = start_workflow(options["name"], data, using=alias)
+        except UnknownWorkflowError as exc:
+            raise CommandError(str(exc)) from None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(str(run_id))
