@@ -1,0 +1,184 @@
+"""Renewal threads and database connections: killed connections, and nothing left behind.
+
+* PostgreSQL: the renewal thread's connection is killed with ``pg_terminate_backend``; the
+  next renewal fails, the one after reconnects, and the lease is still held. With new
+  connections refused as well, the loss is reported within the TTL.
+* After many ``hold_lease`` enter/exit cycles (each with renewals) no connection is left
+  open (PostgreSQL: ``pg_stat_activity``) and no renewal thread survives (both backends).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection
+
+from django_leases import LeaseLostError, ahold_lease, hold_lease
+from django_leases.models import Lease, LeaseQuerySet
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CYCLES = 50
+
+
+def _key() -> str:
+    return f"connections:{uuid.uuid4().hex[:12]}"
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def _renewed_at(key: str) -> object:
+    return Lease.objects.filter(key=key).values_list("renewed_at", flat=True).get()
+
+
+def _wait_for_renewals(key: str, count: int, timeout: float) -> bool:
+    """Wait until the row's ``renewed_at`` has moved ``count`` times."""
+    seen = [_renewed_at(key)]
+
+    def moved() -> bool:
+        now = _renewed_at(key)
+        if now != seen[-1]:
+            seen.append(now)
+        return len(seen) > count
+
+    return _wait_for(moved, timeout)
+
+
+def _terminate_other_backends() -> int:
+    """Kill every other connection to the test database; returns how many were killed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def _backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@contextmanager
+def _new_connections_refused() -> Iterator[None]:
+    """Refuse new connections to the test database (set from the maintenance database)."""
+    name = connection.ops.quote_name(connection.settings_dict["NAME"])
+    with connection._nodb_cursor() as cursor:
+        cursor.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+    try:
+        yield
+    finally:
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
+
+def _renewal_threads() -> list[threading.Thread]:
+    return [
+        thread
+        for thread in threading.enumerate()
+        if thread.name.startswith(("lease-renewal:", "lease-deadline:"))
+    ]
+
+
+@pytest.mark.postgres_only
+def test_renewal_recovers_after_its_connection_is_killed(caplog: pytest.LogCaptureFixture) -> None:
+    key, ttl = _key(), 3.0
+    caplog.set_level(logging.WARNING, logger="django_leases")
+    with hold_lease(key, ttl) as held:
+        # A first renewal gives the renewal thread its own connection.
+        assert _wait_for_renewals(key, 1, 3 * ttl)
+        assert _terminate_other_backends() >= 1
+        # The next renewal fails on the dead connection, the one after reconnects.
+        assert _wait_for_renewals(key, 2, 4 * ttl), "renewals never came back"
+        assert not held.lost.is_set(), "a killed connection cost the lease"
+        current = Lease.objects.current(key)
+        assert current is not None and current.token == held.token
+    assert any("Renewal of lease" in r.getMessage() for r in caplog.records), (
+        "no renewal failed: the kill missed the renewal thread's connection"
+    )
+    assert Lease.objects.current(key) is None
+
+
+@pytest.mark.postgres_only
+def test_loss_reported_within_ttl_when_renewals_cannot_reconnect() -> None:
+    key, ttl = _key(), 1.0
+    with pytest.raises(LeaseLostError), hold_lease(key, ttl) as held:
+        assert _wait_for_renewals(key, 1, 3 * ttl)
+        with _new_connections_refused():
+            _terminate_other_backends()
+            assert held.lost.wait(3 * ttl), "the unreachable database went unnoticed"
+    assert Lease.objects.current(key) is None  # released from this connection
+
+
+def _cycle_many(renewals: list[int]) -> None:
+    key = _key()
+    for _ in range(CYCLES):
+        # TTL 0.15 s renews every 0.05 s: each cycle's renewal thread opens a connection.
+        with hold_lease(key, 0.15):
+            time.sleep(0.12)
+
+    async def async_cycle() -> None:
+        async with ahold_lease(key, 0.15):
+            await _asleep(0.12)
+
+    for _ in range(10):
+        async_to_sync(async_cycle)()
+    assert Lease.objects.get(key=key).token == CYCLES + 10
+    assert Lease.objects.current(key) is None
+
+
+async def _asleep(seconds: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+
+
+@pytest.fixture
+def renewal_count() -> Iterator[list[int]]:
+    """Counts refreshes made on renewal threads, to prove the cycles renewed at all."""
+    count = [0]
+    real = LeaseQuerySet.refresh
+
+    def counting(queryset: LeaseQuerySet, lease: Lease, ttl: float) -> Lease | None:
+        if threading.current_thread().name.startswith("lease-renewal:"):
+            count[0] += 1
+        return real(queryset, lease, ttl)
+
+    from unittest import mock
+
+    with mock.patch.object(LeaseQuerySet, "refresh", counting):
+        yield count
+
+
+@pytest.mark.postgres_only
+def test_hold_lease_cycles_leave_no_connection_behind(renewal_count: list[int]) -> None:
+    before = _backends()
+    _cycle_many(renewal_count)
+    assert renewal_count[0] >= CYCLES, "the cycles did not renew, so they proved nothing"
+    assert _wait_for(lambda: _backends() <= before, 5.0), (
+        f"{_backends() - before} connection(s) left behind"
+    )
+
+
+def test_hold_lease_cycles_leave_no_renewal_thread_behind(renewal_count: list[int]) -> None:
+    _cycle_many(renewal_count)
+    assert renewal_count[0] >= CYCLES, "the cycles did not renew, so they proved nothing"
+    assert _wait_for(lambda: not _renewal_threads(), 5.0), _renewal_threads()
