@@ -50,7 +50,11 @@ def source(settings: Any, db: None) -> Iterator[str]:
         SOURCE,
         provider="github",
         config={"repository": "octo-org/octo-repo"},
-        events={"push": StartWorkflow(WORKFLOW), "issues": _on_issue},
+        events={
+            "push": StartWorkflow(WORKFLOW),
+            "release": StartWorkflow(WORKFLOW, input="delivery"),
+            "issues": _on_issue,
+        },
     )
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}}
     TriggerSource.objects.sync(registry.declarations())
@@ -117,16 +121,25 @@ def test_every_real_push_starts_one_run(source: str, shared_fixtures: Path) -> N
         run = WorkflowRun.objects.get(pk=answer["run_id"])
         assert event.run_id == run.pk
         assert run.workflow == WORKFLOW
-        assert run.input == {
-            "source": SOURCE,
-            "provider": "github",
-            "event": "push",
-            "action": None,
-            "delivery_id": delivery_id,
-            "payload": json.loads(body),
-        }
+        assert run.input == json.loads(body)
     assert TriggerEvent.objects.count() == 6
     assert WorkflowRun.objects.count() == 6
+
+
+def test_a_run_can_get_the_whole_delivery_as_input(source: str, shared_fixtures: Path) -> None:
+    entry = _manifest_files(shared_fixtures, "release")[0]
+    body = (shared_fixtures / entry["file"]).read_bytes()
+    response = _post(Client(), body, entry["example_headers"])
+    assert response.status_code == 202
+    run = WorkflowRun.objects.get(pk=response.json()["run_id"])
+    assert run.input == {
+        "source": SOURCE,
+        "provider": "github",
+        "event": "release",
+        "action": entry["action"],
+        "delivery_id": entry["example_headers"]["X-GitHub-Delivery"],
+        "payload": json.loads(body),
+    }
 
 
 def test_an_event_without_handler_is_recorded_and_starts_nothing(

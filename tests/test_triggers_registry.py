@@ -135,4 +135,13 @@ def test_start_workflow_handler_calls_start_workflow(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(engine, "start_workflow", fake)
     delivery = _delivery(using="other")
     assert StartWorkflow("wf")(delivery) == run_id
-    assert calls == [("wf", delivery.as_input(), "other")]
+    assert StartWorkflow("wf", input="delivery")(delivery) == run_id
+    assert calls == [
+        ("wf", delivery.payload, "other"),
+        ("wf", delivery.as_input(), "other"),
+    ]
+
+
+def test_start_workflow_input_must_be_payload_or_delivery() -> None:
+    with pytest.raises(ValueError, match="payload"):
+        StartWorkflow("wf", input="headers")  # type: ignore[arg-type]

@@ -17,9 +17,12 @@ synced (``manage.py reconcile_trigger_sources``) and an operator enables it in t
 
 Handlers map an event name (GitHub's ``X-GitHub-Event``) to what a delivery does:
 
-* :class:`StartWorkflow` — start a workflow run with the delivery as its input
-  (:meth:`Delivery.as_input`); the run is created in the transaction that records the
-  delivery, so an accepted delivery is never lost;
+* :class:`StartWorkflow` — start a workflow run with the delivery's payload (the JSON body
+  the provider sent) as its input, or with the whole delivery (:meth:`Delivery.as_input`:
+  source, event, action, delivery id and payload) when given ``input="delivery"``. The run is
+  created in the transaction that records the delivery, so an accepted delivery is never
+  lost. The payload form lets the same workflow be started by hand with a saved payload
+  (``manage.py start_workflow NAME --input "$(cat payload.json)"``);
 * a plain function ``handler(delivery: Delivery) -> uuid.UUID | None``. It is called inside
   that same transaction, so its database writes commit with the delivery or not at all; it
   must therefore be short (no network calls, no waiting). If it returns a run id (it started
@@ -35,7 +38,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 #: Kinds of trigger source. Only webhooks exist so far.
 KINDS = frozenset({"webhook"})
@@ -82,7 +85,7 @@ class Delivery:
         return action if isinstance(action, str) else None
 
     def as_input(self) -> dict[str, Any]:
-        """The workflow input :class:`StartWorkflow` passes (JSON)::
+        """The workflow input ``StartWorkflow(..., input="delivery")`` passes (JSON)::
 
         {"source": str, "provider": str, "event": str, "action": str | None,
          "delivery_id": str, "payload": dict}
@@ -103,7 +106,11 @@ Handler = Callable[[Delivery], "uuid.UUID | None"]
 
 @dataclass(frozen=True)
 class StartWorkflow:
-    """Handler that starts workflow ``workflow`` (a ``str``) with the delivery as input.
+    """Handler that starts workflow ``workflow`` (a ``str``) for each delivery.
+
+    ``input`` picks the run's input: ``"payload"`` (default) — the decoded JSON body the
+    provider sent (for GitHub, exactly the webhook payload); ``"delivery"`` — the envelope
+    of :meth:`Delivery.as_input` (source, provider, event, action, delivery id, payload).
 
     The run is created with :func:`django_leases.workflows.start_workflow` inside the
     transaction that records the delivery. The workflow does not need to be registered when
@@ -112,16 +119,22 @@ class StartWorkflow:
     """
 
     workflow: str
+    input: Literal["payload", "delivery"] = "payload"
 
     def __post_init__(self) -> None:
         if not isinstance(self.workflow, str) or not self.workflow:
             raise ValueError("StartWorkflow needs a workflow name (a non-empty str)")
+        if self.input not in ("payload", "delivery"):
+            raise ValueError(
+                f"StartWorkflow input must be 'payload' or 'delivery', not {self.input!r}"
+            )
 
     def __call__(self, delivery: Delivery) -> uuid.UUID:
         """Start the run; returns its id. Raises what ``start_workflow`` raises."""
         from django_leases.workflows.engine import start_workflow
 
-        return start_workflow(self.workflow, delivery.as_input(), using=delivery.using)
+        value = delivery.payload if self.input == "payload" else delivery.as_input()
+        return start_workflow(self.workflow, value, using=delivery.using)
 
 
 @dataclass(frozen=True)
