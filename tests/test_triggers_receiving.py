@@ -451,3 +451,25 @@ def test_simultaneous_copies_of_one_delivery_start_one_run(
         assert sorted(statuses) == [200] * (copies - 1) + [202], statuses
     assert TriggerEvent.objects.count() == rounds
     assert WorkflowRun.objects.count() == rounds
+
+
+# -- the demo's own source ----------------------------------------------------------------------
+
+
+def test_the_demo_source_starts_build_preview(db: None, shared_fixtures: Path) -> None:
+    from django.conf import settings as django_settings
+
+    from django_leases.workflows.registry import get_workflow
+
+    get_workflow("build-preview")  # the demo's workflows.py is loaded
+    secret = django_settings.DJANGO_LEASES["WEBHOOK_SECRETS"]["github-pushes"]
+    TriggerSource.objects.sync(registry.declarations())
+    url = "/hooks/github-pushes/"
+    body, headers = _example(shared_fixtures)
+    headers["X-Hub-Signature-256"] = github_signature(secret, body)
+    assert _post(Client(), body, headers, url=url).status_code == 404  # off until enabled
+    TriggerSource.objects.set_enabled("github-pushes", True)
+    response = _post(Client(), body, headers, url=url)
+    assert response.status_code == 202, response.content
+    run = WorkflowRun.objects.get(pk=response.json()["run_id"])
+    assert (run.workflow, run.input) == ("build-preview", json.loads(body))
