@@ -1,0 +1,269 @@
+"""Bad input to every lease entry point: a clear ``ValueError`` and nothing written.
+
+Unicode keys and holders (emoji, CJK, combining marks, exactly 255 characters) are good
+input and must come back exactly as given, never normalised or truncated.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from django_leases import ahold_lease, hold_lease
+from django_leases.conf import leases_settings
+from django_leases.models import Lease
+
+# No threads here beyond renewal threads that never fire (60 s TTLs), so each test can run
+# in a rolled-back transaction.
+pytestmark = pytest.mark.django_db
+
+BAD_NAMES: list[tuple[Any, str]] = [
+    ("", "empty"),
+    (123, "must be a str"),
+    (None, "must be a str"),
+    (b"bytes", "must be a str"),
+    (["a"], "must be a str"),
+    ("k" * 256, "256 characters long; the limit is 255"),
+    ("🔒" * 256, "256 characters long; the limit is 255"),
+    ("a\x00b", "NUL"),
+    ("half a pair \ud800", "lone surrogate"),
+]
+BAD_NAME_IDS = ["empty", "int", "none", "bytes", "list", "256", "256-emoji", "nul", "surrogate"]
+
+BAD_TTLS: list[tuple[Any, str]] = [
+    (0, "greater than 0"),
+    (0.0, "greater than 0"),
+    (-1, "greater than 0"),
+    (-0.5, "greater than 0"),
+    (timedelta(0), "greater than 0"),
+    (timedelta(seconds=-5), "greater than 0"),
+    (0.0001, "at least 0.001"),
+    ("5", "timedelta or a number"),
+    (None, "timedelta or a number"),
+    ([5], "timedelta or a number"),
+    (True, "timedelta or a number"),
+    (False, "timedelta or a number"),
+    (math.nan, "finite"),
+    (math.inf, "finite"),
+    (-math.inf, "finite"),
+    (Decimal("NaN"), "finite"),
+    (10**400, "finite"),
+    (366 * 24 * 3600 + 1, "longer than the limit"),
+    (timedelta(days=10_000), "longer than the limit"),
+]
+BAD_TTL_IDS = [
+    "zero",
+    "zero-float",
+    "negative",
+    "negative-float",
+    "zero-timedelta",
+    "negative-timedelta",
+    "below-1ms",
+    "str",
+    "none",
+    "list",
+    "true",
+    "false",
+    "nan",
+    "inf",
+    "-inf",
+    "decimal-nan",
+    "huge-int",
+    "over-max",
+    "timedelta-over-max",
+]
+
+
+def _key() -> str:
+    return f"bad-input:{uuid.uuid4().hex[:12]}"
+
+
+def _snapshot() -> list[tuple[Any, ...]]:
+    return list(Lease.objects.order_by("key").values_list("key", "holder", "token", "expires_at"))
+
+
+@pytest.fixture
+def unchanged() -> Any:
+    """Asserts the lease table is exactly as before the test's bad call."""
+    Lease.objects.acquire("bad-input:bystander", "someone", 3600)
+    before = _snapshot()
+    yield
+    assert _snapshot() == before, "bad input wrote to the lease table"
+
+
+# -- keys and holders -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_acquire_refuses_bad_key(unchanged: None, name: Any, message: str) -> None:
+    with pytest.raises(ValueError, match="Lease key") as caught:
+        Lease.objects.acquire(name, "holder", 60)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_acquire_refuses_bad_holder(unchanged: None, name: Any, message: str) -> None:
+    with pytest.raises(ValueError, match="Lease holder") as caught:
+        Lease.objects.acquire(_key(), name, 60)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_current_refuses_bad_key(unchanged: None, name: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Lease.objects.current(name)
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_force_release_refuses_bad_key(unchanged: None, name: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Lease.objects.force_release(name)
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_hold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, message: str) -> None:
+    ran = []
+    with pytest.raises(ValueError, match="Lease key"), hold_lease(name, 60):
+        ran.append(True)
+    if name is not None:  # holder=None asks for a fresh holder name
+        with pytest.raises(ValueError, match="Lease holder"), hold_lease(_key(), 60, holder=name):
+            ran.append(True)
+    assert ran == []
+
+
+@pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
+def test_ahold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, message: str) -> None:
+    ran = []
+
+    async def scenario(**kwargs: Any) -> None:
+        async with ahold_lease(**kwargs):
+            ran.append(True)
+
+    with pytest.raises(ValueError, match=message):
+        async_to_sync(scenario)(key=name, ttl=60)
+    if name is not None:  # holder=None asks for a fresh holder name
+        with pytest.raises(ValueError, match=message):
+            async_to_sync(scenario)(key=_key(), ttl=60, holder=name)
+    assert ran == []
+
+
+# -- TTLs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
+def test_acquire_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) -> None:
+    with pytest.raises(ValueError, match="Lease ttl") as caught:
+        Lease.objects.acquire(_key(), "holder", ttl)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
+def test_refresh_refuses_bad_ttl(ttl: Any, message: str) -> None:
+    lease = Lease.objects.acquire(_key(), "holder", 3600)
+    assert lease is not None
+    before = _snapshot()
+    with pytest.raises(ValueError, match=message):
+        Lease.objects.refresh(lease, ttl)
+    assert _snapshot() == before
+
+
+@pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
+def test_hold_lease_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) -> None:
+    if ttl is None:
+        pytest.skip("ttl=None means the default TTL for hold_lease")
+    ran = []
+    with pytest.raises(ValueError, match=message), hold_lease(_key(), ttl):
+        ran.append(True)
+    assert ran == []
+
+
+@pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
+def test_ahold_lease_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) -> None:
+    if ttl is None:
+        pytest.skip("ttl=None means the default TTL for ahold_lease")
+    ran = []
+
+    async def scenario() -> None:
+        async with ahold_lease(_key(), ttl):
+            ran.append(True)
+
+    with pytest.raises(ValueError, match=message):
+        async_to_sync(scenario)()
+    assert ran == []
+
+
+def test_max_ttl_follows_the_setting(settings: Any, unchanged: None) -> None:
+    settings.DJANGO_LEASES = {**getattr(settings, "DJANGO_LEASES", {}), "MAX_TTL": 10}
+    assert leases_settings.MAX_TTL == 10
+    with pytest.raises(ValueError, match="longer than the limit of 10 s"):
+        Lease.objects.acquire(_key(), "holder", 11)
+
+
+@pytest.mark.parametrize("ttl", [1, 2.5, Decimal("2.5"), timedelta(seconds=3), 366 * 24 * 3600])
+def test_good_ttls_are_accepted(ttl: Any) -> None:
+    lease = Lease.objects.acquire(_key(), "holder", ttl)
+    assert lease is not None
+    assert Lease.objects.refresh(lease, ttl) is not None
+
+
+# -- not a lease ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("thing", [None, "lease", {"key": "k", "holder": "h", "token": 1}])
+def test_lease_methods_refuse_what_is_not_a_lease(unchanged: None, thing: Any) -> None:
+    with pytest.raises(ValueError, match="Expected a Lease"):
+        Lease.objects.refresh(thing, 60)
+    with pytest.raises(ValueError, match="Expected a Lease"):
+        Lease.objects.release(thing)
+    with pytest.raises(ValueError, match="Expected a Lease"), Lease.objects.fenced(thing):
+        pass
+
+
+# -- unicode round-trips --------------------------------------------------------------------
+
+UNICODE_NAMES = [
+    "🔒 nightly-report 🌙",
+    "夜間レポート:鍵",
+    "e\u0301cole",  # decomposed: must not be normalised to "école"
+    "\u00e9cole",  # composed
+    "k" * 255,
+    "🔒" * 255,
+    "e\u0301" * 127 + "e",  # 255 code points of combining sequences
+    "ℌ𝔢𝔩𝔩𝔬 — Ω≈ç√∫ «»",
+]
+
+
+@pytest.mark.parametrize("name", UNICODE_NAMES, ids=range(len(UNICODE_NAMES)))
+def test_unicode_keys_and_holders_round_trip_exactly(name: str) -> None:
+    assert len(name) <= 255
+    lease = Lease.objects.acquire(name, name, 60)
+    assert lease is not None and lease.key == name and lease.holder == name
+    current = Lease.objects.current(name)
+    assert current is not None and (current.key, current.holder) == (name, name)
+    stored = Lease.objects.get(pk=lease.pk)
+    assert (stored.key, stored.holder) == (name, name)
+    refreshed = Lease.objects.refresh(lease, 60)
+    assert refreshed is not None and refreshed.key == name
+    Lease.objects.release(lease)
+    with hold_lease(name, 60) as held:
+        assert held.key == name
+        current = Lease.objects.current(name)
+        assert current is not None and current.key == name
+    assert Lease.objects.get(key=name).token == 2
+
+
+def test_composed_and_decomposed_keys_are_different_keys() -> None:
+    composed, decomposed = "\u00e9cole", "e\u0301cole"
+    assert unicodedata.normalize("NFC", decomposed) == composed
+    first = Lease.objects.acquire(composed, "a", 60)
+    second = Lease.objects.acquire(decomposed, "b", 60)
+    assert first is not None and second is not None
+    assert first.token == second.token == 1
+    assert Lease.objects.filter(key__in=[composed, decomposed]).count() == 2
