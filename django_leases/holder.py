@@ -1,0 +1,480 @@
+"""Run a program as a child process while holding a lease (``manage.py hold_lease``).
+
+:class:`LeaseHolder` is the loop behind the command: a distributed cron singleton or leader.
+It acquires the lease (``Lease.objects.acquire`` with a fresh holder name), starts the child
+with the lease in its environment, keeps the lease alive with the shared
+:class:`~django_leases.renewal.Renewal` loop (every TTL/3), and releases it when the child
+has ended — always, in a ``finally``.
+
+Exit codes (:meth:`LeaseHolder.run` returns them; the command exits with them):
+
+====================  ====================================================================
+code                  meaning
+====================  ====================================================================
+the child's           the child ran under the lease and exited with that code; a child
+                      killed by signal N gives 128 + N, as shells report it
+``75`` (EX_TEMPFAIL)  :data:`EXIT_TAKEN`: the key is held by another holder (or
+                      ``--wait-timeout`` passed); the child was not started
+``76``                :data:`EXIT_LOST`: the lease was lost while the child ran (renewals
+                      answered "not held", or none succeeded within the TTL), or the final
+                      check after the child ended could not vouch for it. The child was
+                      sent SIGTERM, and SIGKILL after the grace period
+``126`` / ``127``     :data:`EXIT_CANNOT_EXECUTE` / :data:`EXIT_NOT_FOUND`: the program could
+                      not be started (as shells report it); the lease was released
+128 + N               the holder got signal N (SIGTERM, SIGINT, SIGHUP) before the child
+                      was started; nothing ran
+====================  ====================================================================
+
+A child that itself exits with 75 or 76 is indistinguishable from those outcomes; pick
+other codes in programs run under ``hold_lease``.
+
+Signals and processes:
+
+* The child gets ``DJANGO_LEASES_KEY``, ``DJANGO_LEASES_TOKEN`` (the fencing token) and
+  ``DJANGO_LEASES_HOLDER`` in its environment, so it can fence its own writes.
+* The child runs in its **own process group**: SIGTERM, SIGINT and SIGHUP sent to the holder
+  are forwarded to that whole group (so ``sh -c 'a; b'`` stops ``b`` too), and a terminal's
+  Ctrl-C reaches the child once, through the holder. The holder keeps renewing until the child
+  has ended, then releases the lease and exits with the child's code. Being outside the
+  terminal's foreground group, the child cannot read from the terminal.
+* When the lease is lost, the group gets SIGTERM, and SIGKILL after the grace period
+  (``--grace``, default ``DJANGO_LEASES["HOLD_LEASE_KILL_GRACE"]``) if anything in it is still
+  running.
+* If the holder itself dies (even by SIGKILL), Linux sends the child SIGTERM
+  (``prctl(PR_SET_PDEATHSIG)``, set in the child before it execs the program), so the child does
+  not keep running unfenced. Only the direct child gets this signal: a shell script should
+  ``exec`` its long-running program or pass SIGTERM on. Elsewhere than Linux there is no such
+  guarantee; the lease then lapses after its TTL while the orphaned child may still run, which
+  is what the fencing token is for.
+
+The child is started from the calling thread before the renewal thread exists (forking a
+process with several threads and running Python code before ``exec`` is unsafe), so call
+:meth:`LeaseHolder.run` from the main thread: signal handlers can only be installed there, and
+``PR_SET_PDEATHSIG`` fires when the *thread* that started the child ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, router
+
+from django_leases.conf import leases_settings
+from django_leases.leases import new_holder
+from django_leases.renewal import Renewal, renewal_interval
+from django_leases.signals import lease_lost
+from django_leases.validation import check_name, ttl_seconds
+
+if TYPE_CHECKING:
+    from django_leases.models import Lease, LeaseQuerySet
+
+logger = logging.getLogger("django_leases.holder")
+
+#: The key is held by another holder (or ``--wait-timeout`` passed): ``os.EX_TEMPFAIL``.
+EXIT_TAKEN = 75
+#: The lease was lost while the child ran; the child was terminated.
+EXIT_LOST = 76
+#: The program was found but could not be executed (as shells report it).
+EXIT_CANNOT_EXECUTE = 126
+#: The program was not found (as shells report it).
+EXIT_NOT_FOUND = 127
+
+#: Signals the holder forwards to the child's process group.
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+#: Longest pause between two acquisition attempts under ``--wait``, seconds.
+WAIT_POLL_MAX = 1.0
+
+#: Longest the supervision loop sleeps without looking around, seconds (a safety net; it is
+#: woken at once by the child's exit, a signal or the loss of the lease).
+_TICK = 1.0
+
+_PR_SET_PDEATHSIG = 1
+
+Report = Callable[[int, str], None]
+
+
+def _load_prctl() -> Any:
+    """``prctl`` from the C library on Linux, else ``None``. Loaded before any fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+
+
+def _exit_status(returncode: int) -> int:
+    """A ``Popen.returncode`` as a shell reports it: killed by signal N → 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class LeaseHolder:
+    """Runs ``command`` as a child process while holding the lease ``key``.
+
+    Args:
+        key: the lease key (``str``, 1–255 characters).
+        command: the program and its arguments (a non-empty sequence of ``str``).
+        ttl: the lease TTL in seconds (``float`` > 0); renewed every ``ttl / 3``.
+        wait: when the key is taken, poll until it is acquired instead of giving up.
+        wait_timeout: with ``wait``, give up after this many seconds (``None``: never).
+        grace: seconds between SIGTERM and SIGKILL when the lease is lost; defaults to
+            ``DJANGO_LEASES["HOLD_LEASE_KILL_GRACE"]``.
+        using: the database alias; defaults to the router's choice for ``Lease``.
+        report: ``report(level, message)`` for progress messages; ``level`` 1 is normal, 2
+            verbose (the command maps it to ``--verbosity``). Defaults to the logger.
+
+    Raises ``ValueError`` for a bad key, TTL, grace or wait timeout, or an empty command,
+    before anything is written. :meth:`run` does the work.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        command: Sequence[str],
+        *,
+        ttl: float,
+        wait: bool = False,
+        wait_timeout: float | None = None,
+        grace: float | None = None,
+        using: str | None = None,
+        report: Report | None = None,
+    ) -> None:
+        self.key = check_name(key, "key")
+        self.command = list(command)
+        if not self.command or not all(isinstance(part, str) for part in self.command):
+            raise ValueError("The command to run must be a non-empty list of strings")
+        self.ttl = ttl_seconds(ttl)
+        self.wait = wait
+        self.wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait timeout")
+        self.grace = _seconds(
+            leases_settings.HOLD_LEASE_KILL_GRACE if grace is None else grace, "grace"
+        )
+        from django_leases.models import Lease
+
+        self.using = using or router.db_for_write(Lease)
+        if self.using not in connections:
+            raise ValueError(f"Unknown database alias {self.using!r}")
+        self.holder = new_holder()
+        self._report = report
+        self._lease: Lease | None = None
+        self._wake = threading.Event()
+        self._received: list[int] = []
+        self._forwarded = 0
+        self._previous_handlers: dict[int, Any] = {}
+
+    # -- public --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Acquire, run the child, release; returns the exit code (see the module docstring).
+
+        Must be called from the main thread. Database errors while acquiring without
+        ``wait`` propagate (as ``django.db.DatabaseError``); under ``wait`` they are logged
+        and retried.
+        """
+        self._install_signal_handlers()
+        try:
+            acquired = self._acquire()
+            if acquired is None:
+                if self._received:
+                    return 128 + self._received[0]
+                return EXIT_TAKEN
+            lease, sent = acquired
+            try:
+                return self._run_child(lease, sent)
+            finally:
+                self._release()
+        finally:
+            self._restore_signal_handlers()
+
+    # -- acquisition ---------------------------------------------------------------------
+
+    def _objects(self) -> LeaseQuerySet:
+        from django_leases.models import Lease
+
+        return Lease.objects.db_manager(self.using)  # type: ignore[return-value]
+
+    def _acquire(self) -> tuple[Lease, float] | None:
+        """The granted lease and the monotonic time its request was sent, or ``None``."""
+        interval = min(WAIT_POLL_MAX, renewal_interval(self.ttl))
+        give_up = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+        announced = False
+        while not self._received:
+            sent = time.monotonic()
+            unreachable = False
+            try:
+                lease = self._objects().acquire(self.key, self.holder, self.ttl)
+            except DatabaseError as exc:
+                if not self.wait:
+                    raise
+                self._say(1, f"Could not reach the database to acquire {self.key!r}: {exc}")
+                connections[self.using].close()
+                lease, unreachable = None, True
+            if lease is not None:
+                self._say(2, f"Acquired lease {self.key!r} with token {lease.token}.")
+                # The child may run for hours: do not keep an idle connection open meanwhile.
+                connections[self.using].close()
+                return lease, sent
+            if not self.wait:
+                self._say(1, f"Lease {self.key!r} is held by another holder; not running.")
+                return None
+            if not announced and not unreachable:
+                self._say(1, f"Lease {self.key!r} is held by another holder; waiting for it.")
+                announced = True
+            pause = interval
+            if give_up is not None:
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    self._say(1, f"Gave up waiting for lease {self.key!r}; not running.")
+                    return None
+                pause = min(pause, remaining)
+            self._wake.wait(pause)
+            self._wake.clear()
+        self._say(1, f"Stopped by {_signal_name(self._received[0])} before running the command.")
+        return None
+
+    # -- the child -----------------------------------------------------------------------
+
+    def _run_child(self, lease: Lease, sent: float) -> int:
+        self._lease = lease
+        if self._received:
+            self._say(
+                1, f"Stopped by {_signal_name(self._received[0])} before running the command."
+            )
+            return 128 + self._received[0]
+        try:
+            child = self._start_child(lease)
+        except FileNotFoundError as exc:
+            self._say(1, f"Cannot run {self.command[0]!r}: {exc.strerror}.")
+            return EXIT_NOT_FOUND
+        except OSError as exc:
+            self._say(1, f"Cannot run {self.command[0]!r}: {exc.strerror or exc}.")
+            return EXIT_CANNOT_EXECUTE
+        self._say(2, f"Started {self.command[0]!r} (pid {child.pid}) under lease {self.key!r}.")
+        waiter = threading.Thread(
+            target=self._wait_for_child, args=(child,), name=f"hold-lease-child:{child.pid}"
+        )
+        waiter.daemon = True
+        waiter.start()
+        renewal = Renewal(self.key, self.ttl, self._renew, held_since=sent, on_lost=self._on_lost)
+        try:
+            renewal.start()
+            lost = self._supervise(child, renewal)
+        finally:
+            renewal.stop()
+            if child.poll() is None:  # only after an unexpected error: never leave it unfenced
+                self._terminate(child)
+        status = _exit_status(child.returncode)
+        if lost or renewal.lost.is_set():
+            self._say(1, f"Lease {self.key!r} was lost while the command ran (exit {EXIT_LOST}).")
+            return EXIT_LOST
+        if not self._final_check():
+            renewal.mark_lost("the final check could not vouch for it")
+            self._say(
+                1,
+                f"Lease {self.key!r} could not be confirmed after the command ended "
+                f"(its exit status was {status}); reporting it as lost.",
+            )
+            return EXIT_LOST
+        self._say(2, f"The command exited with status {status}.")
+        return status
+
+    def _start_child(self, lease: Lease) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["DJANGO_LEASES_KEY"] = lease.key
+        env["DJANGO_LEASES_TOKEN"] = str(lease.token)
+        env["DJANGO_LEASES_HOLDER"] = lease.holder
+        return subprocess.Popen(
+            self.command,
+            env=env,
+            process_group=0,
+            preexec_fn=_child_setup(os.getpid(), _load_prctl(), self._previous_handlers),
+        )
+
+    def _wait_for_child(self, child: subprocess.Popen[bytes]) -> None:
+        child.wait()
+        self._wake.set()
+
+    def _supervise(self, child: subprocess.Popen[bytes], renewal: Renewal) -> bool:
+        """Wait for the child to end, forwarding signals; returns whether the lease was lost."""
+        kill_at: float | None = None
+        while True:
+            timeout = _TICK if kill_at is None else max(0.0, min(_TICK, kill_at - time.monotonic()))
+            self._wake.wait(timeout)
+            self._wake.clear()
+            self._forward_signals(child)
+            if kill_at is None and renewal.lost.is_set():
+                self._say(
+                    1,
+                    f"Lease {self.key!r} was lost: sending SIGTERM to the command "
+                    f"(SIGKILL in {self.grace:g} s).",
+                )
+                self._signal_group(child, signal.SIGTERM)
+                kill_at = time.monotonic() + self.grace
+            if kill_at is None:
+                if child.poll() is not None:
+                    return False
+                continue
+            # Lost: wait until the whole group has ended, or the grace period is over.
+            if child.poll() is not None and not self._group_alive(child):
+                return True
+            if time.monotonic() >= kill_at:
+                self._say(1, f"The command outlived the {self.grace:g} s grace: SIGKILL.")
+                self._signal_group(child, signal.SIGKILL)
+                child.wait()
+                return True
+
+    def _terminate(self, child: subprocess.Popen[bytes]) -> None:
+        """SIGTERM the child's group, SIGKILL after the grace period; waits for the child."""
+        self._signal_group(child, signal.SIGTERM)
+        try:
+            child.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            self._signal_group(child, signal.SIGKILL)
+            child.wait()
+
+    @staticmethod
+    def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
+
+    @staticmethod
+    def _group_alive(child: subprocess.Popen[bytes]) -> bool:
+        try:
+            os.killpg(child.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    # -- renewal and release ----------------------------------------------------------------
+
+    def _renew(self) -> bool:
+        """Called on the renewal thread: refresh the lease; ``False`` once it is not held."""
+        assert self._lease is not None
+        refreshed = self._objects().refresh(self._lease, self.ttl)
+        if refreshed is None:
+            return False
+        self._lease = refreshed
+        return True
+
+    def _on_lost(self) -> None:
+        from django_leases.models import Lease
+
+        lease_lost.send(sender=Lease, key=self.key, lease=self._lease)
+        self._wake.set()
+
+    def _final_check(self) -> bool:
+        """One last refresh after the child ended: could the lease be vouched for?"""
+        try:
+            return self._renew()
+        except Exception:
+            logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+            return False
+
+    def _release(self) -> None:
+        lease = self._lease
+        if lease is None:
+            return
+        try:
+            self._objects().release(lease)
+        except Exception:
+            logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+            self._say(1, f"Could not release lease {self.key!r}; it lapses after its TTL.")
+        else:
+            self._say(2, f"Released lease {self.key!r} (token {lease.token}).")
+        finally:
+            connections[self.using].close()
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("LeaseHolder.run() must be called from the main thread")
+        for signum in FORWARDED_SIGNALS:
+            previous = signal.getsignal(signum)
+            if previous == signal.SIG_IGN:
+                continue  # started with it ignored (nohup, a background job): keep it so
+            self._previous_handlers[signum] = signal.SIG_DFL if previous is None else previous
+            signal.signal(signum, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Runs on the main thread between bytecodes: only record and wake the loop.
+        self._received.append(signum)
+        self._wake.set()
+
+    def _forward_signals(self, child: subprocess.Popen[bytes]) -> None:
+        while self._forwarded < len(self._received):
+            signum = self._received[self._forwarded]
+            self._forwarded += 1
+            if child.poll() is None:
+                self._say(1, f"Forwarding {_signal_name(signum)} to the command.")
+                self._signal_group(child, signum)
+
+    def _say(self, level: int, message: str) -> None:
+        if self._report is not None:
+            self._report(level, message)
+        else:
+            logger.log(logging.INFO if level <= 1 else logging.DEBUG, message)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _seconds(value: object, what: str) -> float:
+    """``value`` as float seconds if it is a finite number ≥ 0, else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"The {what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"The {what} must be a finite number of seconds ≥ 0, got {value!r}")
+    return seconds
+
+
+def _child_setup(parent_pid: int, prctl: Any, handled: dict[int, Any]) -> Callable[[], None]:
+    """The function the child runs between ``fork`` and ``exec``.
+
+    It gives the forwarded signals their default action back (a signal arriving before
+    ``exec`` must not be swallowed by the holder's Python handler), asks Linux to send SIGTERM
+    when the holder dies, and checks the holder did not die before that request was made.
+    """
+    handled_signals = tuple(handled)
+
+    def setup() -> None:
+        for signum in handled_signals:
+            signal.signal(signum, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent_pid:  # the holder died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
+
+
+__all__ = [
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_LOST",
+    "EXIT_NOT_FOUND",
+    "EXIT_TAKEN",
+    "FORWARDED_SIGNALS",
+    "LeaseHolder",
+]

@@ -1,0 +1,172 @@
+"""``manage.py hold_lease KEY [options] -- CMD [ARG ...]``: run CMD while holding lease KEY.
+
+A distributed cron singleton or leader: run it from every node, only one copy of CMD runs.
+The loop lives in :class:`django_leases.holder.LeaseHolder`, whose docstring describes the
+signals, the child's environment and ``PR_SET_PDEATHSIG``. Exit codes:
+
+* the child's exit code (a child killed by signal N → 128 + N);
+* 75 (``EX_TEMPFAIL``): the key is held by another holder, or ``--wait-timeout`` passed;
+  CMD was not started;
+* 76: the lease was lost while CMD ran; CMD got SIGTERM, then SIGKILL after ``--grace``;
+* 126 / 127: CMD could not be executed / was not found;
+* 128 + N: the holder got signal N before CMD was started;
+* 1: bad arguments (key, TTL, missing CMD…) or a database error; 2: unknown options.
+
+From code: ``call_command("hold_lease", "KEY", ttl="60", command=["prog", "arg"])`` returns
+when the exit code is 0 and raises ``SystemExit(code)`` otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+)
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from django_leases.conf import leases_settings
+from django_leases.holder import EXIT_LOST, EXIT_TAKEN, LeaseHolder
+
+EXIT_CODES_HELP = f"""\
+The child gets DJANGO_LEASES_KEY, DJANGO_LEASES_TOKEN (the fencing token) and
+DJANGO_LEASES_HOLDER in its environment. SIGTERM, SIGINT and SIGHUP are forwarded to
+the child's process group; the lease is released once the child has ended. If the
+holder dies, Linux sends the child SIGTERM (PR_SET_PDEATHSIG).
+
+exit codes:
+  the child's   CMD ran under the lease (killed by signal N: 128 + N)
+  {EXIT_TAKEN:<13} the key is held by another holder (or --wait-timeout passed);
+                CMD was not started
+  {EXIT_LOST:<13} the lease was lost while CMD ran: CMD got SIGTERM, SIGKILL after --grace
+  126 / 127     CMD could not be executed / was not found
+  128 + N       the holder got signal N before CMD was started
+  1             bad arguments or a database error
+"""
+
+
+class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Django's option order, with the exit-code table kept as written."""
+
+
+class Command(BaseCommand):
+    help = (
+        "Run CMD as a child process while holding the lease KEY (a cron singleton or\n"
+        "leader). The lease is renewed every TTL/3 and released when CMD ends."
+    )
+    # From code, pass the program as command=[...]; on the command line it follows "--".
+    stealth_options = ("command",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._argv_command: list[str] = []
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.usage = parser.format_usage().removeprefix("usage: ").rstrip() + " -- CMD [ARG ...]"
+        parser.epilog = EXIT_CODES_HELP
+        return parser
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("key", metavar="KEY", help="The lease key (1-255 characters).")
+        parser.add_argument(
+            "--ttl",
+            default=None,
+            help=(
+                "Lease TTL in seconds (renewed every TTL/3); how long a crashed holder keeps "
+                f"the key from others. Default: {leases_settings.DEFAULT_TTL:g}."
+            ),
+        )
+        parser.add_argument(
+            "--wait",
+            action="store_true",
+            help="When the key is taken, wait for it instead of exiting with 75.",
+        )
+        parser.add_argument(
+            "--wait-timeout",
+            default=None,
+            metavar="S",
+            help="With --wait, give up (exit 75) after S seconds. Implies --wait.",
+        )
+        parser.add_argument(
+            "--grace",
+            default=None,
+            metavar="S",
+            help=(
+                "Seconds between SIGTERM and SIGKILL when the lease is lost. Default: "
+                f"{leases_settings.HOLD_LEASE_KILL_GRACE:g} (HOLD_LEASE_KILL_GRACE)."
+            ),
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help=f"Database alias holding the leases. Default: the router's ({DEFAULT_DB_ALIAS}).",
+        )
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Everything after the first "--" is the child's command line, untouched (argparse
+        # would drop later "--" and refuses options that follow a positional).
+        head = argv[:2]
+        rest = argv[2:]
+        if "--" in rest:
+            cut = rest.index("--")
+            head += rest[:cut]
+            self._argv_command = rest[cut + 1 :]
+        else:
+            head += rest
+        super().run_from_argv(head)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        command = list(options.get("command") or self._argv_command)
+        if not command:
+            raise CommandError(
+                "Give the command to run after '--', e.g. "
+                "manage.py hold_lease nightly-report -- python manage.py send_reports"
+            )
+        verbosity = int(options["verbosity"])
+        wait_timeout = _number(options["wait_timeout"], "--wait-timeout")
+        ttl = _number(options["ttl"], "--ttl")
+        try:
+            holder = LeaseHolder(
+                options["key"],
+                command,
+                ttl=leases_settings.DEFAULT_TTL if ttl is None else ttl,
+                wait=bool(options["wait"]) or wait_timeout is not None,
+                wait_timeout=wait_timeout,
+                grace=_number(options["grace"], "--grace"),
+                using=options["database"],
+                report=lambda level, message: self._report(verbosity, level, message),
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            code = holder.run()
+        except DatabaseError as exc:
+            raise CommandError(f"Database error while holding lease {holder.key!r}: {exc}") from exc
+        if code:
+            sys.exit(code)
+
+    def _report(self, verbosity: int, level: int, message: str) -> None:
+        if verbosity >= level:
+            self.stderr.write(message)
+            self.stderr.flush()
+
+
+def _number(value: Any, option: str) -> float | None:
+    """An option's value as float seconds (``None`` when not given); else CommandError."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CommandError(f"{option} must be a number of seconds, got {value!r}") from None
+    if math.isnan(number):
+        raise CommandError(f"{option} must be a number of seconds, got {value!r}")
+    return number
