@@ -16,16 +16,19 @@ Follows the reference ``holdLease`` (rules L9–L15) plus DESIGN §4's L16–L18
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import os
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import ContextDecorator
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
 
@@ -39,6 +42,19 @@ if TYPE_CHECKING:
     from django_leases.models import Lease, LeaseQuerySet
 
 logger = logging.getLogger("django_leases.leases")
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_R = TypeVar("_R")
+
+#: Clean-up tasks that must outlive the task that started them (asyncio keeps only weak
+#: references to tasks).
+_background: set[asyncio.Future[Any]] = set()
+
+
+def _keep(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    _background.add(future)
+    future.add_done_callback(_background.discard)
+    return future
 
 
 def new_holder() -> str:
@@ -121,9 +137,10 @@ class _Holding:
         assert self.handle is not None
         from django_leases.models import Lease
 
-        lease_lost.send(sender=Lease, key=self.key, lease=self.handle.lease)
+        # Tell the body first: a failing signal receiver must not keep it from being told.
         if callable(self._on_lost):
             self._on_lost()
+        lease_lost.send_robust(sender=Lease, key=self.key, lease=self.handle.lease)
 
     def exit(self, body_failed: bool) -> None:
         """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
@@ -148,6 +165,51 @@ class _Holding:
                 logger.warning("Releasing lease %r failed", self.key, exc_info=True)
 
 
+class _Entry:
+    """An acquisition for ``ahold_lease`` that can be abandoned while it is in flight.
+
+    :meth:`run` acquires on a worker thread; :meth:`abandon` (called on the event loop when
+    the task is cancelled) makes sure whatever it acquired is given back, by ``run`` itself
+    if it has not finished yet, else by a short-lived thread. No event-loop task is involved,
+    so this holds even if the loop shuts down first.
+    """
+
+    def __init__(self, holding: _Holding) -> None:
+        self.holding = holding
+        self._lock = threading.Lock()
+        self._entered = False
+        self._abandoned = False
+
+    def run(self) -> LeaseHandle:
+        handle = self.holding.enter()
+        with self._lock:
+            self._entered = True
+            abandoned = self._abandoned
+        if abandoned:
+            self._give_back()
+        return handle
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            entered = self._entered
+        if entered:
+            threading.Thread(target=self._give_back, kwargs={"close": True}, daemon=True).start()
+
+    def _give_back(self, close: bool = False) -> None:
+        try:
+            self.holding.exit(body_failed=True)
+        except Exception:
+            logger.warning(
+                "Giving back lease %r after a cancelled acquire failed", self.holding.key
+            )
+        finally:
+            if close:
+                from django.db import connections
+
+                connections.close_all()
+
+
 class hold_lease(ContextDecorator):
     """Hold ``key`` for the duration of a ``with`` block or a decorated call.
 
@@ -169,6 +231,10 @@ class hold_lease(ContextDecorator):
             interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
 
     An exception from the body propagates unchanged. The lease is always released.
+
+    As a decorator it wraps plain functions only; decorating an ``async def`` raises
+    ``TypeError`` (the lease would be released before the coroutine ran): use
+    :class:`ahold_lease` there.
     """
 
     def __init__(
@@ -188,6 +254,14 @@ class hold_lease(ContextDecorator):
     def _recreate_cm(self) -> hold_lease:
         # Each decorated call holds the lease afresh.
         return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using)
+
+    def __call__(self, func: _F) -> _F:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"hold_lease cannot decorate the coroutine function {func.__qualname__}: "
+                "the lease would be released before it ran; use ahold_lease"
+            )
+        return super().__call__(func)
 
     def __enter__(self) -> LeaseHandle:
         if self._holding is not None:
@@ -217,6 +291,10 @@ class ahold_lease:
     cancellation turns into :class:`LeaseLostError` at the ``async with`` (as
     ``asyncio.timeout`` turns its cancellation into ``TimeoutError``). Database calls run
     through ``sync_to_async``; renewals run on their own thread.
+
+    Also a decorator for ``async def`` functions (each call holds the lease afresh);
+    decorating a plain function raises ``TypeError``. A task cancelled while the lease is
+    being acquired still gives the lease back once the acquisition has finished.
     """
 
     def __init__(
@@ -236,6 +314,20 @@ class ahold_lease:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cancelled = False
         self._exiting = False
+
+    def __call__(self, func: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"ahold_lease decorates coroutine functions; {func.__qualname__} is not one "
+                "(use hold_lease)"
+            )
+
+        @functools.wraps(func)
+        async def held_call(*args: Any, **kwargs: Any) -> _R:
+            async with ahold_lease(self.key, self.ttl, holder=self.holder, using=self.using):
+                return await func(*args, **kwargs)
+
+        return held_call
 
     def _cancel_body(self) -> None:  # runs on the event loop
         if self._exiting or self._task is None or self._task.done():
@@ -260,7 +352,15 @@ class ahold_lease:
             self.using,
             on_lost=self._lost_from_thread,
         )
-        handle = await sync_to_async(holding.enter)()
+        entry = _Entry(holding)
+        entering = _keep(asyncio.ensure_future(sync_to_async(entry.run)()))
+        try:
+            handle = await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            # The acquisition goes on in its thread; whatever it gets is given back (else
+            # its renewal thread would keep the lease alive for a task that is gone).
+            entry.abandon()
+            raise
         self._holding = holding
         return handle
 
@@ -275,8 +375,8 @@ class ahold_lease:
         assert holding is not None
         ours = self._cancelled and exc_type is asyncio.CancelledError
         # Shielded: a cancellation cannot cut the final check and release short.
-        finishing = asyncio.ensure_future(
-            sync_to_async(holding.exit)(body_failed=exc_type is not None)
+        finishing = _keep(
+            asyncio.ensure_future(sync_to_async(holding.exit)(body_failed=exc_type is not None))
         )
         while not finishing.done():
             try:
@@ -288,8 +388,10 @@ class ahold_lease:
                 ours = True
             except Exception:
                 break
-        if ours:
+        if self._cancelled:
+            # Undo our own cancel() whatever the body did with it, as asyncio.timeout does.
             assert self._task is not None
             self._task.uncancel()
+        if ours:
             raise LeaseLostError(self.key) from exc
         finishing.result()
