@@ -5,6 +5,9 @@
   stale release, which is a no-op).
 - ``lease_lost(sender=Lease, key=str, lease=Lease)``: ``hold_lease`` saw its lease lapse or pass
   to another holder. Sent from the renewal thread; receivers must not block.
+
+They are sent with ``send_robust``: a receiver's exception is logged (``django.dispatch``)
+and never turns a granted, released or lost lease into an error of the lease operation.
 """
 
 from django.dispatch import Signal

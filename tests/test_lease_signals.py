@@ -97,3 +97,30 @@ def test_final_check_loss_sends_lost(sent: list[tuple[str, dict[str, Any]]]) -> 
         Lease.objects.release(held.lease)
         Lease.objects.acquire(key, "other", 60)
     assert [kwargs["key"] for name, kwargs in sent if name == "lost"] == [key]
+
+
+def test_a_failing_receiver_never_breaks_the_lease_operation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Receivers run via send_robust: their errors are logged, and the lease operation
+    (and the body's loss notice) goes on as if they had not failed."""
+
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("broken receiver")
+
+    for signal in (lease_acquired, lease_released, lease_lost):
+        signal.connect(broken, weak=False)
+    try:
+        key = _key()
+        lease = Lease.objects.acquire(key, "a", 60)
+        assert lease is not None  # granted, not turned into an error
+        Lease.objects.release(lease)
+        assert Lease.objects.current(key) is None
+        with pytest.raises(LeaseLostError), hold_lease(key, 1.0) as held:
+            Lease.objects.release(held.lease)
+            Lease.objects.acquire(key, "other", 60)
+            assert held.lost.wait(3.0), "the body was not told"
+    finally:
+        for signal in (lease_acquired, lease_released, lease_lost):
+            signal.disconnect(broken)
+    assert any("broken receiver" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)

@@ -105,7 +105,9 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         else:
             lease = self._acquire_orm(key, holder, seconds)
         if lease is not None:
-            lease_acquired.send(sender=self.model, lease=lease)
+            # send_robust: a failing receiver is logged and must not make a granted lease
+            # look refused (it would stay taken, unknown to anyone, until it lapsed).
+            lease_acquired.send_robust(sender=self.model, lease=lease)
         return lease
 
     def _acquire_sql(
@@ -230,7 +232,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
                 expires_at=Case(When(expires_at__gt=Now(), then=Now()), default=F("expires_at")),
             )
         if released:
-            lease_released.send(sender=self.model, lease=lease)
+            lease_released.send_robust(sender=self.model, lease=lease)
 
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
