@@ -3,6 +3,9 @@
 Public API (imported lazily)::
 
     from django_leases.workflows import workflow, step_function, start_workflow
+
+``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
+``WorkflowStepFailedError`` (raised by ``run.step`` for a step out of attempts) are here too.
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ from typing import Any
 _LAZY = {
     "workflow": "django_leases.workflows.registry",
     "step_function": "django_leases.workflows.registry",
+    "UnknownWorkflowError": "django_leases.workflows.registry",
     "start_workflow": "django_leases.workflows.engine",
+    "execute_step": "django_leases.workflows.engine",
+    "run_pass": "django_leases.workflows.engine",
+    "WorkflowStepFailedError": "django_leases.workflows.engine",
+    "Worker": "django_leases.workflows.worker",
 }
 
 __all__ = sorted(_LAZY)
