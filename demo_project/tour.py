@@ -289,7 +289,7 @@ class Tour:
 
         key = f"demo-singleton-{uuid.uuid4().hex[:6]}"
         ttl = "3"
-        child = 'echo "holding $DJANGO_LEASES_KEY with token $DJANGO_LEASES_TOKEN"; sleep 300'
+        child = 'echo "holding $DJANGO_LEASES_KEY with token $DJANGO_LEASES_TOKEN"; exec sleep 300'
         first = self.start("hold_lease", key, "--ttl", ttl, "--", "sh", "-c", child)
         held = wait_for("the first holder", lambda: Lease.objects.current(key), timeout=30)
         say(f"   holder A (pid {first.pid}) holds {key!r} with token {held.token}")

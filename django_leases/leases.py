@@ -116,6 +116,20 @@ class _Holding:
         return manager.db_manager(self.using) if self.using else manager  # type: ignore[return-value]
 
     def enter(self) -> LeaseHandle:
+        from django.db import connections, router
+
+        from django_leases.models import Lease
+
+        alias = self.using or router.db_for_write(Lease)
+        if connections[alias].in_atomic_block:
+            # The grant would stay invisible to everyone else until the outer transaction
+            # commits, and the renewal thread (its own connection) would wait on the row lock.
+            raise RuntimeError(
+                f"hold_lease({self.key!r}) cannot run inside transaction.atomic() on "
+                f"database {alias!r}: a lease must be committed to protect anything. "
+                "Take the lease outside the transaction (in tests, use TransactionTestCase "
+                "or django_db(transaction=True))."
+            )
         sent = time.monotonic()
         lease = self._objects().acquire(self.key, self.holder, self.ttl)
         if lease is None:
@@ -229,6 +243,8 @@ class hold_lease(ContextDecorator):
         LeaseLostError: the lease was lost while the body ran, or the final check after a
             normally finished body could not confirm it was still held. The body is *not*
             interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
+        RuntimeError: called inside ``transaction.atomic()`` on the lease database (the
+            grant would be invisible to others until that transaction commits).
 
     An exception from the body propagates unchanged. The lease is always released.
 

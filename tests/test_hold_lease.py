@@ -124,3 +124,33 @@ def test_body_swallowing_the_cancellation_still_gets_lease_lost_error() -> None:
     assert cancelling == [0]
     current = Lease.objects.current(key)
     assert current is not None and current.holder == "other"
+
+
+def test_hold_lease_refuses_to_run_inside_an_atomic_block() -> None:
+    """A lease taken inside an uncommitted transaction protects nothing: refuse it up front."""
+    from django.db import transaction
+
+    with (
+        transaction.atomic(),
+        pytest.raises(RuntimeError, match=r"inside transaction\.atomic"),
+        hold_lease(f"atomic-{uuid.uuid4().hex}", 60),
+    ):
+        pytest.fail("the body ran")
+    assert not Lease.objects.filter(key__startswith="atomic-").exists()
+
+
+def test_force_release_reports_its_own_release_even_if_the_key_is_retaken() -> None:
+    key = f"force-{uuid.uuid4().hex}"
+    assert Lease.objects.acquire(key, "a", 60) is not None
+    retake = Lease.objects.acquire
+    calls: list[Any] = []
+
+    def release_then_retake(self: LeaseQuerySet, lease: Lease) -> bool:
+        released = original_release(self, lease)
+        calls.append(retake(key, "b", 60))  # another holder grabs the key at once
+        return released
+
+    original_release = LeaseQuerySet.release
+    with mock.patch.object(LeaseQuerySet, "release", release_then_retake):
+        assert Lease.objects.force_release(key) is True
+    assert calls and calls[0] is not None and calls[0].token == 2

@@ -240,6 +240,7 @@ UNICODE_NAMES = [
 ]
 
 
+@pytest.mark.django_db(transaction=True)  # hold_lease needs a committed lease
 @pytest.mark.parametrize("name", UNICODE_NAMES, ids=range(len(UNICODE_NAMES)))
 def test_unicode_keys_and_holders_round_trip_exactly(name: str) -> None:
     assert len(name) <= 255

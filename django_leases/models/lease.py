@@ -205,12 +205,13 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
 
-    def release(self, lease: Lease) -> None:
+    def release(self, lease: Lease) -> bool:
         """Give ``lease`` back so the key is free at once; the row and its token stay.
 
         Acts only when key, holder and token match and the lease was not released already;
-        a stale release (the lease passed on) is a silent no-op. Returns ``None``. Raises
-        ``ValueError`` when ``lease`` is not a :class:`Lease`. Reference rules L5, L6.
+        a stale release (the lease passed on) is a silent no-op. Returns ``True`` when this
+        call released the lease, ``False`` for a no-op. Raises ``ValueError`` when ``lease``
+        is not a :class:`Lease`. Reference rules L5, L6.
         """
         _check_lease(lease)
         connection = self._connection()
@@ -233,6 +234,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
             )
         if released:
             lease_released.send_robust(sender=self.model, lease=lease)
+        return bool(released)
 
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
@@ -293,8 +295,8 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         lease = self.current(key)
         if lease is None:
             return False
-        self.release(lease)
-        return not self.filter(pk=lease.pk, expires_at__gt=Now()).exists()
+        # The release statement's own answer: a new holder may take the key right after it.
+        return self.release(lease)
 
 
 class Lease(models.Model):
