@@ -19,8 +19,6 @@ Stages (each checks that it did what it says; any failure makes the tour exit 1)
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -80,11 +78,6 @@ def manage(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
         text=True,
         **kwargs,
     )
-
-
-def sign_github(secret: str, body: bytes) -> str:
-    """``X-Hub-Signature-256`` as GitHub computes it: HMAC-SHA256 of the raw body."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
@@ -226,6 +219,7 @@ class Tour:
 
     def signed_push(self, body: bytes) -> dict[str, str]:
         from django_leases.conf import leases_settings
+        from django_leases.triggers import github_signature
 
         secret = leases_settings.WEBHOOK_SECRETS[SOURCE]
         return {
@@ -233,7 +227,7 @@ class Tour:
             "User-Agent": "GitHub-Hookshot/demo",
             "X-GitHub-Event": "push",
             "X-GitHub-Delivery": str(uuid.uuid4()),
-            "X-Hub-Signature-256": sign_github(secret, body),
+            "X-Hub-Signature-256": github_signature(secret, body),
         }
 
     def deliver(self) -> None:
