@@ -33,7 +33,7 @@ demo: venv
 	$(PY) -m demo_project.tour
 
 bench: venv
-	$(PY) bench/leases.py
+	$(PY) bench/leases.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo.sqlite3* .pytest_cache .mypy_cache .ruff_cache
