@@ -93,6 +93,18 @@ class Spec:
     role: str = "contender"  # "contender", "floor" or "option"
     django_options: dict[str, Any] = field(default_factory=dict)
     renews: bool = True
+    #: A source tree whose ``django_leases`` this contender imports instead (``--candidate``),
+    #: on its own database: ``<bench database>_candidate``, migrated by that tree.
+    tree: str | None = None
+
+    def database_url(self, config: Config) -> str:
+        """The database this contender uses."""
+        return suffixed_url(config.database_url, "_candidate") if self.tree else config.database_url
+
+    def enter(self) -> None:
+        """Make this process import ``django_leases`` from :attr:`tree` (call before Django)."""
+        if self.tree and sys.path[0] != self.tree:
+            sys.path.insert(0, self.tree)
 
 
 SPECS: dict[str, Spec] = {
@@ -151,6 +163,13 @@ class Config:
     seconds: float
     warmup: float
     repeat: int = 3
+
+
+def suffixed_url(database_url: str, suffix: str) -> str:
+    """``database_url`` with ``suffix`` appended to the database name."""
+    base, _, name = database_url.rpartition("/")
+    name, sep, query = name.partition("?")
+    return f"{base}/{name}{suffix}{sep}{query}"
 
 
 def configure_django(database_url: str, options: dict[str, Any]) -> None:
@@ -220,7 +239,7 @@ class OursClient(Client):
 
     def __init__(self, spec: Spec, config: Config, holder: str) -> None:
         super().__init__(spec, config, holder)
-        configure_django(config.database_url, spec.django_options)
+        configure_django(spec.database_url(config), spec.django_options)
         from django_leases.models import Lease
 
         self.objects = Lease.objects
@@ -586,10 +605,10 @@ def timed(operation: Callable[[], Any], seconds: float, server_pid: int | None) 
     }
 
 
-def single_connection_worker(spec_name: str, config: Config, results: Any) -> None:
+def single_connection_worker(spec: Spec, config: Config, results: Any) -> None:
     """One process, one connection: acquire+release cycles/s, then renewals/s."""
     try:
-        spec = SPECS[spec_name]
+        spec.enter()
         client = make_client(spec, config)
         out: dict[str, Any] = {}
         client.cycle(CYCLE_KEY)  # connect (and create the row) outside the timings
@@ -609,10 +628,10 @@ def single_connection_worker(spec_name: str, config: Config, results: Any) -> No
         raise
 
 
-def contended_worker(spec_name: str, config: Config, barrier: Any, results: Any) -> None:
+def contended_worker(spec: Spec, config: Config, barrier: Any, results: Any) -> None:
     """One of N processes: "try to acquire; if granted, release" on one key, in a loop."""
     try:
-        spec = SPECS[spec_name]
+        spec.enter()
         client = make_client(spec, config)
         client.try_cycle(CONTENDED_KEY)  # connect outside the timings
         granted = 0
@@ -654,7 +673,7 @@ def _collect(processes: list[Any], results: Any, timeout: float) -> list[dict[st
 def measure_single(spec: Spec, config: Config) -> dict[str, Any]:
     context = mp.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=single_connection_worker, args=(spec.name, config, results))
+    process = context.Process(target=single_connection_worker, args=(spec, config, results))
     process.start()
     budget = 2 * (config.seconds + config.warmup) + 120
     return _collect([process], results, budget)[0]
@@ -665,7 +684,7 @@ def measure_contended(spec: Spec, config: Config, processes: int) -> dict[str, f
     results = context.Queue()
     barrier = context.Barrier(processes)
     workers = [
-        context.Process(target=contended_worker, args=(spec.name, config, barrier, results))
+        context.Process(target=contended_worker, args=(spec, config, barrier, results))
         for _ in range(processes)
     ]
     for worker in workers:
@@ -869,9 +888,10 @@ def render_counts(counts: dict[str, dict[str, Any]]) -> str:
 # -- profiling and breakdown ----------------------------------------------------------------
 
 
-def profile_contender(config: Config, spec_name: str, top: int) -> None:
-    """cProfile ``spec_name``'s acquire+release and refresh loops in this process; print stats."""
-    spec = SPECS[spec_name]
+def profile_contender(config: Config, spec: Spec, top: int) -> None:
+    """cProfile ``spec``'s acquire+release and refresh loops in this process; print stats."""
+    spec.enter()
+    spec_name = spec.name
     client = make_client(spec, config)
     client.cycle(CYCLE_KEY)
     run_for(lambda: client.cycle(CYCLE_KEY), config.warmup)
@@ -901,15 +921,13 @@ def profile_contender(config: Config, spec_name: str, top: int) -> None:
     client.close()
 
 
-def profile_worker(spec_name: str, config: Config, top: int) -> None:
-    profile_contender(config, spec_name, top)
+def profile_worker(spec: Spec, config: Config, top: int) -> None:
+    profile_contender(config, spec, top)
 
 
 def proposed_schema_url(database_url: str) -> str:
     """The URL of the breakdown's second database (``<bench database>_proposed``)."""
-    base, _, name = database_url.rpartition("/")
-    name, sep, query = name.partition("?")
-    return f"{base}/{name}_proposed{sep}{query}"
+    return suffixed_url(database_url, "_proposed")
 
 
 def _create_proposed_database(config: Config) -> None:
@@ -1277,9 +1295,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "statements, and the proposed schema (a second database, <bench database>_proposed)",
     )
     parser.add_argument("--breakdown-only", action="store_true", help="run only the breakdown")
+    parser.add_argument(
+        "--candidate",
+        metavar="TREE",
+        default=None,
+        help="also run 'candidate': ours imported from another source tree (a changed "
+        "django_leases, e.g. a git worktree), on its own database <bench database>_candidate",
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.warmup < 0 or args.repeat < 1 or args.processes < 1:
         parser.error("--seconds must be > 0, --warmup >= 0, --repeat and --processes >= 1")
+    if args.candidate:
+        tree = str(Path(args.candidate).resolve())
+        if not (Path(tree) / "django_leases" / "__init__.py").is_file():
+            parser.error(f"--candidate {tree} has no django_leases package")
+        SPECS["candidate"] = Spec(
+            "candidate",
+            "django",
+            f"ours imported from {tree} (Django defaults, its own database)",
+            role="option",
+            tree=tree,
+        )
+        args.contenders += ",candidate"
     chosen = [name.strip() for name in args.contenders.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SPECS))
     if unknown:
@@ -1304,9 +1341,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     context = mp.get_context("spawn")
     database = _run_in_child(context, _prepare_worker, config)
+    if "candidate" in SPECS:
+        results = context.Queue()
+        process = context.Process(
+            target=_prepare_worker, args=(config, results, SPECS["candidate"])
+        )
+        process.start()
+        _collect([process], results, 600)
     if args.profile:
         process = context.Process(
-            target=profile_worker, args=(args.profile, config, args.profile_top)
+            target=profile_worker, args=(SPECS[args.profile], config, args.profile_top)
         )
         process.start()
         process.join()
@@ -1510,8 +1554,18 @@ def _proposed_worker(config: Config, results: Any) -> None:
         raise
 
 
-def _prepare_worker(config: Config, results: Any) -> None:
+def _prepare_worker(config: Config, results: Any, spec: Spec | None = None) -> None:
     try:
+        if spec is not None:
+            spec.enter()
+            config = Config(
+                spec.database_url(config),
+                config.redis_url,
+                config.ttl,
+                config.seconds,
+                config.warmup,
+                config.repeat,
+            )
         results.put(("ok", prepare_database(config)))
     except BaseException as error:
         results.put(("error", f"{type(error).__name__}: {error}"))
