@@ -20,9 +20,22 @@ from django_leases.models import WorkflowRun, WorkflowStep
 
 
 def _json(value: Any) -> str:
+    """A short JSON rendering of a stored value that can always be sent as UTF-8.
+
+    Stored data is shown whatever it holds: lone surrogates (which SQLite can hold but
+    UTF-8 cannot encode) are shown as ``\\udXXX`` escapes, and anything ``json.dumps``
+    refuses falls back to its ``repr``.
+    """
     if value is None:
         return "—"
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = repr(value)
+        except (Exception, RecursionError):
+            text = f"<unprintable {type(value).__name__}>"
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= 300 else text[:297] + "…"
 
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from django.db import router
+from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, WorkflowStepSupersededError
@@ -237,7 +239,9 @@ def _replay(run_id: uuid.UUID | str, alias: str) -> str:
             },
         )
         return "failed"
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
         logger.warning("Run %s failed: its workflow raised", run_id, exc_info=True)
         runs.fail(run_id, {"code": WORKFLOW_ERROR, **error_json(exc)})
         return "failed"
@@ -315,18 +319,18 @@ def execute_step(claim: Claim) -> str:
         held_since=claim.claimed_at,
     )
     ctx = StepContext(claim, renewal.lost)
-    failure: Exception | None = None
+    failure: BaseException | None = None
     result: Any = None
     renewal.start()
     try:
         result = func(claim.data, ctx)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
         failure = exc
     finally:
         renewal.stop()
-    try:
-        if failure is None:
-            return store.set_result(claim.step_id, result, claim.attempt)
+    if failure is not None:
         logger.warning(
             "Step %r of run %s (attempt %d) raised: %s",
             claim.step_name,
@@ -335,10 +339,76 @@ def execute_step(claim: Claim) -> str:
             failure,
             exc_info=failure,
         )
-        return store.set_error(claim.step_id, failure, claim.attempt)
+    try:
+        if failure is None:
+            return _write_outcome(
+                claim, renewal, lambda: store.set_result(claim.step_id, result, claim.attempt)
+            )
+        error = failure
+        return _write_outcome(
+            claim, renewal, lambda: store.set_error(claim.step_id, error, claim.attempt)
+        )
     except WorkflowStepSupersededError as exc:
         _superseded(claim, exc)
         return "superseded"
+
+
+#: First pause before a fenced write that lost its connection is tried again, seconds.
+WRITE_RETRY_BACKOFF = 0.1
+#: Longest pause between two tries of such a write, seconds.
+WRITE_RETRY_MAX_BACKOFF = 2.0
+
+
+def _write_outcome(claim: Claim, renewal: Renewal, write: Callable[[], str]) -> str:
+    """Run the fenced write ``write`` (``set_result`` / ``set_error``, which also asks the run
+    for its pass in the same transaction), reconnecting and trying again after a connection
+    error until the step lease's local deadline (:attr:`Renewal.deadline`) has passed.
+
+    Repeating the write is safe: the attempt fence refuses it once the attempt is superseded
+    (:class:`WorkflowStepSupersededError`, raised at once, never retried), and a write whose
+    first try committed but whose acknowledgement was lost is recognised by the store as
+    already recorded. Past the deadline the error is raised; the lease lapses and another
+    attempt runs the step.
+    """
+    backoff = WRITE_RETRY_BACKOFF
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            remaining = renewal.deadline - time.monotonic()
+            if remaining <= backoff:
+                logger.error(
+                    "Step %r of run %s (attempt %d): its outcome could not be written "
+                    "within the step lease (%d tries): %s",
+                    claim.step_name,
+                    claim.run_id,
+                    claim.attempt,
+                    tries,
+                    exc,
+                )
+                raise
+            logger.warning(
+                "Step %r of run %s (attempt %d): writing its outcome failed (%s); "
+                "reconnecting and trying again in %.1f s",
+                claim.step_name,
+                claim.run_id,
+                claim.attempt,
+                exc,
+                backoff,
+            )
+            _close_connection(claim.using)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, WRITE_RETRY_MAX_BACKOFF)
+
+
+def _close_connection(alias: str) -> None:
+    # The calling thread's own connection (Django's are per thread); the next query reconnects.
+    try:
+        connections[alias].close()
+    except Exception:
+        logger.debug("closing a broken connection failed", exc_info=True)
 
 
 def _superseded(claim: Claim, exc: WorkflowStepSupersededError) -> None:

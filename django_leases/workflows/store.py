@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -91,42 +92,114 @@ class PassClaim:
 # -- JSON -------------------------------------------------------------------------------------
 
 
-def _nul_free(value: Any) -> bool:
+#: Deepest nesting of lists and objects a stored JSON value may have.
+MAX_JSON_DEPTH = 100
+
+_UNSTORABLE_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+def _string_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored in a JSON column on every backend, or ``None``."""
+    if "\x00" in text:
+        return "contains a NUL character (PostgreSQL's jsonb cannot hold one)"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not valid Unicode; it cannot be stored as UTF-8)"
+    return None
+
+
+def _json_problem(value: Any, path: str, depth: int) -> str | None:
+    """The first reason ``value`` is not storable JSON, as ``"<path> <reason>"``, or ``None``.
+
+    Recursion is bounded by :data:`MAX_JSON_DEPTH`, so a deep or self-referencing value is
+    refused rather than exhausting the stack.
+    """
+    if value is None or isinstance(value, bool):
+        return None
     if isinstance(value, str):
-        return "\x00" not in value
-    if isinstance(value, Mapping):
-        return all(_nul_free(k) and _nul_free(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return all(_nul_free(v) for v in value)
-    return True
+        problem = _string_problem(value)
+        return f"{path} {problem}" if problem else None
+    if isinstance(value, int):
+        try:
+            str(value)
+        except ValueError:  # beyond sys.get_int_max_str_digits()
+            return f"{path} is an integer too large to write as JSON"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r} (not a JSON number)"
+    if isinstance(value, list | tuple | dict):
+        if depth >= MAX_JSON_DEPTH:
+            return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key is not None and not isinstance(key, str | int | float | bool):
+                    return f"{path} has a key of type {type(key).__name__} (keys must be str)"
+                text = key if isinstance(key, str) else json.dumps(key, allow_nan=False)
+                problem = _string_problem(text)
+                if problem:
+                    return f"{path} has a key that {problem}"
+                found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
+                if found:
+                    return found
+            return None
+        for index, item in enumerate(value):
+            found = _json_problem(item, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
 def check_json(value: Any, what: str) -> Any:
-    """Return ``value`` if it can be stored as JSON on every supported database.
+    """Return ``value`` if it can be stored as JSON on every supported database, else raise.
 
-    Refuses what ``json.dumps`` refuses, NaN and infinities, and strings with NUL characters
-    (PostgreSQL's ``jsonb`` cannot hold them). Raises ``ValueError`` naming ``what``.
+    The one rule for every JSON value the workflow store writes (run input and output, step
+    data and results): ``None``, ``bool``, ``int``, finite ``float``, ``str``, ``list`` /
+    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one), nested at
+    most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
+    (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
+
+    Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
+    itself is always storable).
     """
     try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} must be JSON-serialisable: {exc}") from None
-    if not _nul_free(value):
-        raise ValueError(f"{what} must not contain NUL characters")
+        problem = _json_problem(value, "$", 0)
+        if problem is None:
+            json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        problem = f"$ cannot be written as JSON ({type(exc).__name__})"
+    if problem is not None:
+        raise ValueError(f"{what} must be storable JSON: {_clean_text(problem)}")
     return value
 
 
+def _clean_text(text: str) -> str:
+    """``text`` with NUL characters and lone surrogates replaced by U+FFFD (storable)."""
+    return _UNSTORABLE_CHARS.sub("\ufffd", text)
+
+
 def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
-    """The JSON form of a step or run error: at least ``{"message": str}``.
+    """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
 
     An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
-    attribute, if any); a mapping is kept when it is JSON (``message`` added if missing);
-    a string becomes the message.
+    attribute, if any); a mapping is kept when it is storable JSON (``message`` added if
+    missing); a string becomes the message. NUL characters and lone surrogates in the
+    message, type and code are replaced by U+FFFD, so the error can always be written.
     """
     if isinstance(error, BaseException):
-        out: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+        try:
+            message = str(error)
+        except Exception:  # a broken __str__ must not stop the error being recorded
+            message = f"<{type(error).__name__}: str() failed>"
+        out: dict[str, Any] = {
+            "type": _clean_text(type(error).__name__),
+            "message": _clean_text(message),
+        }
         code = getattr(error, "code", None)
-        if isinstance(code, str | int):
+        if isinstance(code, str):
+            out["code"] = _clean_text(code)
+        elif isinstance(code, int) and not isinstance(code, bool):
             out["code"] = code
         return out
     if isinstance(error, Mapping):
@@ -134,10 +207,24 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
         try:
             check_json(out, "error")
         except ValueError:
-            out = {"message": repr(error)}
-        out.setdefault("message", "")
+            out = {
+                str(k): v
+                for k, v in out.items()
+                if _json_problem(v, "$", 1) is None and _string_problem(str(k)) is None
+            }
+            out["message"] = _clean_text(str(error.get("message", "")) or _safe_repr(error))
+        if not isinstance(out.get("message"), str):
+            out["message"] = _clean_text("" if out.get("message") is None else str(out["message"]))
         return out
-    return {"message": str(error)}
+    return {"message": _clean_text(str(error))}
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except (Exception, RecursionError):
+        text = f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= 2000 else text[:1997] + "..."
 
 
 def check_identifier(value: object, what: str) -> str:
@@ -147,8 +234,9 @@ def check_identifier(value: object, what: str) -> str:
         raise ValueError(f"{what} must be a non-empty str, not {value!r}")
     if len(value) > MAX_NAME_LENGTH:
         raise ValueError(f"{what} is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}")
-    if "\x00" in value:
-        raise ValueError(f"{what} must not contain a NUL character")
+    problem = _string_problem(value)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
     return value
 
 
@@ -158,18 +246,29 @@ def _check_attempt(attempt: object) -> int:
     return attempt
 
 
+#: Most retries a step may ask for (``retries + 1`` attempts).
+MAX_RETRIES = 1000
+#: Longest delay between two attempts of a step, seconds (one day).
+MAX_RETRY_DELAY = 86400.0
+
+
 def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
-    """Validate a step's ``retries`` (int ≥ 0) and ``retry_delay`` (seconds ≥ 0, finite)."""
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"retries must be an int >= 0, not {retries!r}")
+    """Validate a step's ``retries`` and ``retry_delay``; returns them as ``(int, float)``.
+
+    ``retries`` is an ``int`` (not ``bool``) with ``0 <= retries <=`` :data:`MAX_RETRIES`;
+    ``retry_delay`` is a finite number of seconds with ``0 <= retry_delay <=``
+    :data:`MAX_RETRY_DELAY`. Raises ``ValueError`` otherwise.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"retries must be an int from 0 to {MAX_RETRIES}, not {retries!r}")
     if (
         isinstance(retry_delay, bool)
         or not isinstance(retry_delay, int | float)
-        or not math.isfinite(retry_delay)
-        or retry_delay < 0
+        or not 0 <= retry_delay <= MAX_RETRY_DELAY  # also refuses NaN and infinities
     ):
         raise ValueError(
-            f"retry_delay must be a finite number of seconds >= 0, not {retry_delay!r}"
+            f"retry_delay must be a number of seconds from 0 to {MAX_RETRY_DELAY:.0f}, "
+            f"not {retry_delay!r}"
         )
     return retries, float(retry_delay)
 
@@ -581,6 +680,8 @@ class WorkflowStepQuerySet(_Store):
         is updated in the same transaction, and the run is asked for a pass. A result that is
         not JSON is not stored: the attempt fails with a ``STEP_RESULT_NOT_JSON`` error
         instead (as :meth:`set_error`, so retries apply) and ``"failed"`` is returned.
+        Writing again the result this attempt already recorded returns ``"succeeded"`` again
+        (safe to retry after a lost acknowledgement).
 
         Raises:
             WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
@@ -613,6 +714,8 @@ class WorkflowStepQuerySet(_Store):
                 )
             )
             if not written:
+                if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
+                    return StepStatus.SUCCEEDED
                 self._refuse(alias, step_id, attempt)
             attempt_model._default_manager.using(alias).filter(
                 step_id=step_id, attempt=attempt
@@ -629,6 +732,8 @@ class WorkflowStepQuerySet(_Store):
         the next attempt becomes due ``retry_delay`` seconds from DB now (``available_at``);
         without, the run is asked for a pass (which fails it). The attempt row is updated in
         the same transaction. ``error`` is an exception, a JSON mapping or a message.
+        Writing again the error this attempt already recorded returns ``"failed"`` again
+        (safe to retry after a lost acknowledgement).
 
         Raises:
             WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
@@ -662,6 +767,8 @@ class WorkflowStepQuerySet(_Store):
                 )
             )
             if not written:
+                if self._already_recorded(alias, step_id, attempt, AttemptStatus.FAILED, payload):
+                    return StepStatus.FAILED
                 self._refuse(alias, step_id, attempt)
             attempt_model._default_manager.using(alias).filter(
                 step_id=step_id, attempt=attempt
@@ -723,6 +830,26 @@ class WorkflowStepQuerySet(_Store):
                 .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
                 .update(lease_expires_at=expiry)
             )
+
+    def _already_recorded(
+        self, alias: str, step_id: int, attempt: int, status: str, outcome: Any
+    ) -> bool:
+        """Whether ``attempt`` already recorded exactly this outcome (``status`` with this
+        result / error): a retried write whose first try committed but whose acknowledgement
+        was lost (a dropped connection). Decided on the attempt row, which only the owner of
+        the attempt writes and which keeps its outcome after the step moves on; a superseded
+        attempt's row stays ``running``, so it never matches."""
+        _, _, attempt_model = _models()
+        field = "result" if status == AttemptStatus.SUCCEEDED else "error"
+        row = (
+            attempt_model._default_manager.using(alias)
+            .filter(step_id=step_id, attempt=attempt)
+            .values("status", field)
+            .first()
+        )
+        if row is None or row["status"] != status:
+            return False
+        return bool(row[field] == json.loads(json.dumps(outcome)))
 
     def _refuse(self, alias: str, step_id: int, attempt: int) -> None:
         current = (

@@ -38,6 +38,8 @@ logger = logging.getLogger("django_leases.worker")
 EXIT_ABANDONED = 1
 #: Exit status of ``once`` mode when the database stayed unreachable.
 EXIT_DATABASE_UNREACHABLE = 2
+#: Exit status when a worker thread died (the other threads were stopped).
+EXIT_THREAD_DIED = 3
 
 #: Longest back-off after a failed unit of work, seconds.
 MAX_BACKOFF = 30.0
@@ -93,6 +95,7 @@ class Worker:
         self._busy = 0
         self._progress = 0
         self._gave_up = False
+        self._died: list[str] = []  # names of threads that ended by an unexpected exception
 
     # -- control --------------------------------------------------------------------------------
 
@@ -134,7 +137,9 @@ class Worker:
         Returns ``0`` when every thread finished, :data:`EXIT_ABANDONED` when in-flight work
         was still running at the end of the shutdown grace (its step leases will lapse and
         another worker takes the steps over), :data:`EXIT_DATABASE_UNREACHABLE` when ``once``
-        mode gave up on an unreachable database.
+        mode gave up on an unreachable database, :data:`EXIT_THREAD_DIED` when a worker
+        thread died (it is logged; the other threads are stopped as on :meth:`stop`, so a
+        supervisor restarts the process rather than it running on short-handed).
         """
         previous: dict[signal.Signals, object] = {}
         if handle_signals and threading.current_thread() is threading.main_thread():
@@ -166,6 +171,9 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
+        if self._died:
+            logger.error("Workflow worker stopped because %s died", ", ".join(sorted(self._died)))
+            return EXIT_THREAD_DIED
         if stuck:
             logger.warning(
                 "Shutdown grace over with work in flight on %s; their step leases will lapse "
@@ -208,46 +216,60 @@ class Worker:
         return True
 
     def _thread_main(self, once: bool) -> None:
-        failures = 0
         try:
-            while not self._stop.is_set():
-                with self._lock:
-                    self._busy += 1
-                    seen = self._progress
-                failed = False
-                did = False
-                try:
-                    close_old_connections()
-                    did = self.work_once()
-                    failures = 0
-                except Exception:
-                    failed = True
-                    failures += 1
-                    logger.exception("Workflow worker: a unit of work failed; backing off")
-                    _close_thread_connections()
-                finally:
-                    try:
-                        close_old_connections()
-                    except Exception:
-                        _close_thread_connections()
-                with self._lock:
-                    self._busy -= 1
-                    if did:
-                        self._progress += 1
-                    quiet = self._busy == 0 and self._progress == seen
-                if once and not did and not failed and quiet and self._drained(seen):
-                    self._stop.set()
-                if failed:
-                    if once and failures >= ONCE_MAX_FAILURES:
-                        self._gave_up = True
-                        self._stop.set()
-                        break
-                    backoff = min(self.poll_interval * 2 ** min(failures, 10), MAX_BACKOFF)
-                    self._stop.wait(backoff)
-                elif not did:
-                    self._stop.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
+            self._loop(once)
+        except BaseException:
+            # Never silent: the worker stops and run() reports the death in its exit status.
+            name = threading.current_thread().name
+            logger.critical(
+                "Workflow worker thread %s died; stopping the worker", name, exc_info=True
+            )
+            with self._lock:
+                self._died.append(name)
+            self._stop.set()
         finally:
             _close_thread_connections()
+
+    def _loop(self, once: bool) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            with self._lock:
+                self._busy += 1
+                seen = self._progress
+            failed = False
+            did = False
+            try:
+                close_old_connections()
+                did = self.work_once()
+                failures = 0
+            except BaseException:
+                # Whatever a unit of work raises (SystemExit from user code included)
+                # is logged and the thread carries on: it must not die from it.
+                failed = True
+                failures += 1
+                logger.exception("Workflow worker: a unit of work failed; backing off")
+                _close_thread_connections()
+            finally:
+                try:
+                    close_old_connections()
+                except Exception:
+                    _close_thread_connections()
+            with self._lock:
+                self._busy -= 1
+                if did:
+                    self._progress += 1
+                quiet = self._busy == 0 and self._progress == seen
+            if once and not did and not failed and quiet and self._drained(seen):
+                self._stop.set()
+            if failed:
+                if once and failures >= ONCE_MAX_FAILURES:
+                    self._gave_up = True
+                    self._stop.set()
+                    break
+                backoff = min(self.poll_interval * 2 ** min(failures, 10), MAX_BACKOFF)
+                self._stop.wait(backoff)
+            elif not did:
+                self._stop.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
 
     def _drained(self, seen: int) -> bool:
         """Nobody is working, nothing finished since the look that found nothing began, and
@@ -280,4 +302,4 @@ def _close_thread_connections() -> None:
             logger.debug("closing a worker connection failed", exc_info=True)
 
 
-__all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "Worker"]
+__all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "EXIT_THREAD_DIED", "Worker"]

@@ -6,7 +6,9 @@ and due workflow steps. SIGTERM / SIGINT stop claiming and give in-flight steps
 
 Exit status: 0 when stopped cleanly (or, with ``--once``, when nothing was left due);
 1 when in-flight work was still running at the end of the grace (its step leases lapse and
-another worker takes the steps over); 2 when ``--once`` gave up on an unreachable database.
+another worker takes the steps over); 2 when ``--once`` gave up on an unreachable database;
+3 when a worker thread died (logged; the other threads are stopped so a supervisor restarts
+the process).
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_leases.workflows.worker import Worker
+from django_leases.workflows.worker import (
+    EXIT_ABANDONED,
+    EXIT_DATABASE_UNREACHABLE,
+    EXIT_THREAD_DIED,
+    Worker,
+)
+
+_EXIT_MESSAGES = {
+    EXIT_ABANDONED: "in-flight work was abandoned at the end of the shutdown grace",
+    EXIT_DATABASE_UNREACHABLE: "the database stayed unreachable",
+    EXIT_THREAD_DIED: "a worker thread died (see the log above)",
+}
 
 
 def _positive_int(text: str) -> int:
@@ -59,9 +72,4 @@ class Command(BaseCommand):
             raise CommandError(f"Unknown database alias {alias!r}")
         code = Worker(options["concurrency"], using=alias).run(once=options["once"])
         if code:
-            raise CommandError(
-                "in-flight work was abandoned at the end of the shutdown grace"
-                if code == 1
-                else "the database stayed unreachable",
-                returncode=code,
-            )
+            raise CommandError(_EXIT_MESSAGES.get(code, f"exit status {code}"), returncode=code)

@@ -1,7 +1,8 @@
 """``manage.py start_workflow NAME [--input JSON] [--database ALIAS]``: start a run.
 
 Prints the new run's id. A worker (``run_workflow_worker``) then runs it. Unknown workflow
-names and input that is not JSON are refused with a clear error and nothing written.
+names and input that is not storable JSON (see ``check_json``: no lone surrogates or NUL
+characters, bounded nesting) are refused with a clear error and nothing written.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Command(BaseCommand):
             data = json.loads(options["input"])
         except json.JSONDecodeError as exc:
             raise CommandError(f"--input is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise CommandError("--input nests too deeply to be read as JSON") from None
         try:
             run_id = start_workflow(options["name"], data, using=alias)
         except UnknownWorkflowError as exc:
