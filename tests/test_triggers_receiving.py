@@ -235,10 +235,14 @@ def test_a_row_without_declaration_in_this_process_is_404(
     _nothing_recorded()
 
 
-def test_other_methods_are_405(source: str) -> None:
+def test_other_methods_are_405_with_a_json_answer(source: str) -> None:
     client = Client()
-    assert client.get(URL).status_code == 405
-    assert client.put(URL, data=b"{}").status_code == 405
+    for response in (client.get(URL), client.put(URL, data=b"{}"), client.delete(URL)):
+        assert response.status_code == 405
+        assert response["Content-Type"] == "application/json"
+        assert response["Allow"] == "POST"
+        assert "not allowed" in response.json()["error"]
+    assert client.get("/hooks/no-such-source/").json()["error"]
     _nothing_recorded()
 
 
@@ -451,6 +455,197 @@ def test_simultaneous_copies_of_one_delivery_start_one_run(
         assert sorted(statuses) == [200] * (copies - 1) + [202], statuses
     assert TriggerEvent.objects.count() == rounds
     assert WorkflowRun.objects.count() == rounds
+
+
+# -- a source switched off while a delivery is arriving --------------------------------------------
+
+
+def _after_the_early_check(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An event set once ``receive`` has found the source receivable, before the body is read."""
+    from django_leases.triggers import receiving
+
+    checked = threading.Event()
+    real_max_body = receiving.max_body
+
+    def max_body() -> int:
+        checked.set()
+        return real_max_body()
+
+    monkeypatch.setattr(receiving, "max_body", max_body)
+    return checked
+
+
+def _in_another_thread(work: Any) -> Any:
+    """Run ``work()`` on its own thread (so its own connection, committed) and return its result."""
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        from django.db import connection as own
+
+        try:
+            results.append(work())
+        except BaseException as exc:  # handed back to the test
+            errors.append(exc)
+        finally:
+            own.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def _http_answer(sock: Any) -> tuple[int, dict[str, Any]]:
+    raw = b""
+    while chunk := sock.recv(65536):
+        raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_source_disabled_while_the_body_arrives_is_404(
+    source: str, shared_fixtures: Path, live_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over a real socket: the headers and the first bytes of the body are sent, the source is
+    # switched off (committed) once the receiver has looked it up, then the rest is sent.
+    import socket
+    from urllib.parse import urlsplit
+
+    checked = _after_the_early_check(monkeypatch)
+    body, headers = _example(shared_fixtures)
+    address = urlsplit(live_server.url)
+    head = "".join(
+        [
+            f"POST {URL} HTTP/1.1\r\n",
+            f"Host: {address.netloc}\r\n",
+            f"Content-Length: {len(body)}\r\n",
+            "Connection: close\r\n",
+            *(f"{key}: {value}\r\n" for key, value in headers.items()),
+            "\r\n",
+        ]
+    ).encode()
+    with socket.create_connection((address.hostname, address.port), timeout=60) as sock:
+        sock.sendall(head + body[:10])
+        assert checked.wait(timeout=60), "the receiver never looked the source up"
+        assert TriggerSource.objects.set_enabled(SOURCE, False) is True
+        sock.sendall(body[10:])
+        status, answer = _http_answer(sock)
+    assert status == 404, answer
+    assert "error" in answer
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_source_orphaned_while_the_body_arrives_is_404(
+    source: str, shared_fixtures: Path
+) -> None:
+    body, headers = _example(shared_fixtures)
+
+    class ArrivingBody(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            # By the time the body is read the source was found receivable; now another
+            # process syncs code where its declaration is gone.
+            _in_another_thread(lambda: TriggerSource.objects.sync([]))
+            return super().read(size)
+
+    request = RequestFactory().post(
+        URL, data=body, content_type="application/json", headers=_strip_ct(headers)
+    )
+    request._stream = ArrivingBody(body)  # type: ignore[attr-defined]
+    response = receive_webhook(request, SOURCE)
+    assert response.status_code == 404, response.content
+    assert TriggerSource.objects.get(name=SOURCE).declared is False
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_repeated_delivery_to_a_source_disabled_meanwhile_is_404(
+    source: str, shared_fixtures: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 202
+    checked = _after_the_early_check(monkeypatch)
+
+    def disable_once_checked(size: int) -> bytes:
+        assert checked.is_set()
+        assert _in_another_thread(lambda: TriggerSource.objects.set_enabled(SOURCE, False))
+        return body
+
+    request = RequestFactory().post(
+        URL, data=body, content_type="application/json", headers=_strip_ct(headers)
+    )
+    request.read = disable_once_checked  # type: ignore[method-assign]
+    assert receive_webhook(request, SOURCE).status_code == 404
+    assert TriggerEvent.objects.count() == 1
+    assert WorkflowRun.objects.count() == 1
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_disabling_waits_for_a_delivery_being_recorded(
+    shared_fixtures: Path, settings: Any
+) -> None:
+    # The other half of the rule: a delivery already being recorded (its handler running)
+    # commits first; set_enabled(False) waits for it on the source row's lock and returns
+    # after it. SQLite gets the same order from its IMMEDIATE write lock.
+    import time
+
+    from django.db import connection as ours
+
+    name = "test-waits"
+    state: dict[str, Any] = {}
+
+    def handler(delivery: Delivery) -> None:
+        recording = ours.connection.info.backend_pid
+        started = threading.Event()
+
+        def disable() -> None:
+            from django.db import connection as own
+
+            try:
+                own.ensure_connection()
+                state["disabler"] = own.connection.info.backend_pid
+                started.set()
+                state["changed"] = TriggerSource.objects.set_enabled(name, False)
+            finally:
+                own.close()
+
+        thread = threading.Thread(target=disable)
+        thread.start()
+        state["thread"] = thread
+        assert started.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        with ours.cursor() as cursor:
+            while thread.is_alive() and time.monotonic() < deadline:
+                cursor.execute("SELECT pg_blocking_pids(%s)", [state["disabler"]])
+                if recording in cursor.fetchone()[0]:
+                    state["waited"] = True
+                    return
+                time.sleep(0.01)  # polling for a condition, not timing it
+        state["waited"] = False
+
+    webhook_source(name, provider="github", events={"issues": handler})
+    try:
+        settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {name: SECRET}}
+        TriggerSource.objects.sync(registry.declarations())
+        TriggerSource.objects.set_enabled(name, True)
+        body, headers = _example(shared_fixtures, "issues")
+        response = _post(Client(), body, headers, url=f"/hooks/{name}/")
+        state["thread"].join()
+        assert state["waited"] is True, "set_enabled did not wait for the delivery"
+        assert response.status_code == 202, response.content
+        assert state["changed"] is True
+        assert TriggerEvent.objects.filter(source_name=name).count() == 1
+        assert TriggerSource.objects.get(name=name).enabled is False
+        again = {**headers, "X-GitHub-Delivery": str(uuid.uuid4())}
+        assert _post(Client(), body, again, url=f"/hooks/{name}/").status_code == 404
+    finally:
+        registry.unregister(name)
 
 
 # -- the demo's own source ----------------------------------------------------------------------

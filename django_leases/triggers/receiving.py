@@ -2,7 +2,9 @@
 
 In order, so that nothing is read or recorded for a delivery that will be refused:
 
-1. unknown, orphaned (no longer declared) or disabled source → 404;
+1. unknown, orphaned (no longer declared) or disabled source → 404, checked before the body
+   is read and again, under the source row's lock, in the transaction that records the
+   delivery (so a source disabled while a body is still arriving records nothing);
 2. body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length`` or by the bytes
    actually sent → 413 (read by us, so Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part);
 3. missing or wrong signature (or no secret configured for the source) → 401;
@@ -93,6 +95,10 @@ def receive(
 
     Returns a :class:`Reception`. Raises a ``ReceiveError`` subclass for a refused
     delivery (nothing recorded), and whatever the handler raises (nothing recorded).
+
+    The source is looked up twice: cheaply here, so an unknown or disabled source never
+    makes us read a body, and again under its row lock by ``TriggerEvent.objects.accept``,
+    so one disabled (or orphaned) while the body was arriving is still refused (404).
     """
     from django_leases.models import TriggerEvent, TriggerSource
 

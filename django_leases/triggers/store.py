@@ -25,7 +25,7 @@ from django.core.validators import URLValidator
 from django.db import IntegrityError, models, router, transaction
 from django.db.models.functions import Now
 
-from django_leases.triggers.errors import UnknownTriggerSourceError
+from django_leases.triggers.errors import SourceNotReceiving, UnknownTriggerSourceError
 from django_leases.triggers.registry import Delivery, Handler
 
 if TYPE_CHECKING:
@@ -185,8 +185,11 @@ class TriggerSourceQuerySet(models.QuerySet["TriggerSource"]):
     def set_enabled(self, name: str, enabled: bool) -> bool:
         """Turn source ``name`` on or off. Returns ``True`` if the switch changed.
 
-        Only the ``enabled`` flag (and ``updated_at``) is written; a disabled source stops
-        receiving with the next delivery, in every process. Raises
+        Only the ``enabled`` flag (and ``updated_at``) is written. The source row is locked
+        first, the same lock :meth:`TriggerEventQuerySet.accept` takes, so the two serialise:
+        once this returns, no delivery is recorded for a disabled source, in any process,
+        also one whose body was still arriving; a delivery being recorded at that moment
+        commits first and this waits for it. Raises
         :class:`UnknownTriggerSourceError` for an unknown name, ``ValueError`` for a
         non-bool ``enabled``.
         """
@@ -255,10 +258,25 @@ class TriggerEventQuerySet(models.QuerySet["TriggerEvent"]):
         together: if the handler raises, nothing is kept and the error propagates. A
         delivery id already recorded for this source is not processed again
         (``created=False``), also when two copies arrive at once.
+
+        The source row is locked first (``SELECT … FOR UPDATE``; on SQLite the IMMEDIATE
+        transaction's write lock) and read again: a source disabled or orphaned since the
+        caller looked it up raises :class:`SourceNotReceiving` and nothing is recorded.
+        :meth:`TriggerSourceQuerySet.set_enabled` takes the same lock, so a delivery is
+        either recorded before the switch flips or refused after it (DESIGN §6).
         """
         alias = self._alias()
         rows = self.model._default_manager.using(alias)
+        sources = source._meta.model._default_manager.using(alias)
         with transaction.atomic(using=alias):
+            current = (
+                sources.select_for_update()
+                .filter(pk=source.pk)
+                .values_list("declared", "enabled")
+                .first()
+            )
+            if current != (True, True):
+                raise SourceNotReceiving(f"No enabled trigger source named {source.name!r}")
             try:
                 with transaction.atomic(using=alias):
                     event = rows.create(

@@ -6,7 +6,6 @@ import logging
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
 from django_leases.triggers.errors import ReceiveError
 from django_leases.triggers.receiving import receive
@@ -15,15 +14,21 @@ logger = logging.getLogger("django_leases.triggers")
 
 
 @csrf_exempt
-@require_POST
 def receive_webhook(request: HttpRequest, name: str) -> JsonResponse:
     """Receive one webhook delivery for trigger source ``name``.
 
     Answers 202 (recorded; JSON with ``event_id`` and ``run_id``), 200 (repeated delivery
-    id), 404, 413, 401 or 400 (JSON ``{"error": …}``, nothing recorded), 405 for other
-    methods, and 500 only when recording itself failed (nothing was kept; the sender may
-    deliver again).
+    id), 404, 413, 401 or 400 (JSON ``{"error": …}``, nothing recorded), 405 with
+    ``Allow: POST`` for other methods (JSON too, nothing read), and 500 only when recording
+    itself failed (nothing was kept; the sender may deliver again).
     """
+    if request.method != "POST":
+        response = JsonResponse(
+            {"error": f"Method {request.method} is not allowed here; deliveries are POSTed"},
+            status=405,
+        )
+        response["Allow"] = "POST"
+        return response
     try:
         reception = receive(
             name,
