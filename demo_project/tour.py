@@ -179,12 +179,19 @@ class Tour:
         say(f"   {SOURCE}: declared, provider {source.provider}, off until enabled")
 
     def start_processes(self) -> None:
+        try:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", self.port))
+        except OSError:
+            raise StageFailed(
+                f"port {self.port} is in use: stop whatever listens there (an earlier "
+                "`make demo`?) and run the tour again"
+            ) from None
         server = self.start(
             "runserver",
             f"127.0.0.1:{self.port}",
             "--noreload",
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
         )
 
         def server_up() -> bool:
@@ -330,7 +337,13 @@ class Tour:
             say("\nStopping.")
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    # `kill <tour>` stops the demo like Ctrl-C does: children are stopped in `finally`.
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     os.chdir(BASE_DIR)
     sys.path.insert(0, str(BASE_DIR))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
@@ -338,7 +351,11 @@ def main() -> int:
 
     django.setup()
     serve = os.environ.get("DEMO_NO_SERVE", "") in ("", "0")
-    return Tour(serve=serve).run()
+    try:
+        return Tour(serve=serve).run()
+    except KeyboardInterrupt:
+        say("\nInterrupted; the demo's processes were stopped.")
+        return 130
 
 
 if __name__ == "__main__":

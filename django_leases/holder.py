@@ -74,7 +74,7 @@ from django_leases.conf import leases_settings
 from django_leases.leases import new_holder
 from django_leases.renewal import Renewal, renewal_interval
 from django_leases.signals import lease_lost
-from django_leases.validation import check_name, ttl_seconds
+from django_leases.validation import check_name, renewable_ttl_seconds
 
 if TYPE_CHECKING:
     from django_leases.models import Lease, LeaseQuerySet
@@ -155,7 +155,7 @@ class LeaseHolder:
         self.command = list(command)
         if not self.command or not all(isinstance(part, str) for part in self.command):
             raise ValueError("The command to run must be a non-empty list of strings")
-        self.ttl = ttl_seconds(ttl)
+        self.ttl = renewable_ttl_seconds(ttl)
         self.wait = wait
         self.wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait timeout")
         self.grace = _seconds(
@@ -371,8 +371,9 @@ class LeaseHolder:
     def _on_lost(self) -> None:
         from django_leases.models import Lease
 
-        lease_lost.send(sender=Lease, key=self.key, lease=self._lease)
+        # Wake the supervisor first: a failing receiver must not delay stopping the child.
         self._wake.set()
+        lease_lost.send_robust(sender=Lease, key=self.key, lease=self._lease)
 
     def _final_check(self) -> bool:
         """One last refresh after the child ended: could the lease be vouched for?"""

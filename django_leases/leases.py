@@ -36,7 +36,7 @@ from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.renewal import Renewal
 from django_leases.signals import lease_lost
-from django_leases.validation import check_name, ttl_seconds
+from django_leases.validation import check_name, renewable_ttl_seconds
 
 if TYPE_CHECKING:
     from django_leases.models import Lease, LeaseQuerySet
@@ -262,7 +262,7 @@ class hold_lease(ContextDecorator):
         using: str | None = None,
     ) -> None:
         self.key = check_name(key, "key")
-        self.ttl = ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
         self.holder = None if holder is None else check_name(holder, "holder")
         self.using = using
         self._holding: _Holding | None = None
@@ -322,7 +322,7 @@ class ahold_lease:
         using: str | None = None,
     ) -> None:
         self.key = check_name(key, "key")
-        self.ttl = ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
         self.holder = None if holder is None else check_name(holder, "holder")
         self.using = using
         self._holding: _Holding | None = None

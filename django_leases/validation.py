@@ -70,5 +70,21 @@ def ttl_seconds(ttl: object) -> float:
         raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {seconds:g}")
     limit = float(leases_settings.MAX_TTL)
     if seconds > limit:
-        raise ValueError(f"Lease ttl of {seconds:g} s is longer than the limit of {limit:g} s")
+        raise ValueError(f"Lease ttl of {seconds!r} s is longer than the limit of {limit!r} s")
+    return seconds
+
+
+def renewable_ttl_seconds(ttl: object) -> float:
+    """:func:`ttl_seconds` for a lease that is kept alive by renewals (``hold_lease``, the
+    ``hold_lease`` command): also refuses a TTL shorter than three renewal intervals at the
+    shortest interval (``3 × DJANGO_LEASES["RENEWAL_FLOOR"]``, 0.15 s by default), since
+    such a lease would lapse before its first renewal. Raises ``ValueError``.
+    """
+    seconds = ttl_seconds(ttl)
+    shortest = round(3 * float(leases_settings.RENEWAL_FLOOR), 6)
+    if seconds < shortest:
+        raise ValueError(
+            f"A renewed lease needs a ttl of at least {shortest!r} s "
+            f"(three renewals at the shortest interval), got {seconds!r}"
+        )
     return seconds

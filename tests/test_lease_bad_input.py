@@ -206,7 +206,7 @@ def test_ahold_lease_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) ->
 def test_max_ttl_follows_the_setting(settings: Any, unchanged: None) -> None:
     settings.DJANGO_LEASES = {**getattr(settings, "DJANGO_LEASES", {}), "MAX_TTL": 10}
     assert leases_settings.MAX_TTL == 10
-    with pytest.raises(ValueError, match="longer than the limit of 10 s"):
+    with pytest.raises(ValueError, match="longer than the limit of 10.0 s"):
         Lease.objects.acquire(_key(), "holder", 11)
 
 
@@ -272,3 +272,14 @@ def test_composed_and_decomposed_keys_are_different_keys() -> None:
     assert first is not None and second is not None
     assert first.token == second.token == 1
     assert Lease.objects.filter(key__in=[composed, decomposed]).count() == 2
+
+
+@pytest.mark.parametrize("ttl", [0.001, 0.01, 0.149])
+def test_renewed_leases_refuse_a_ttl_shorter_than_three_renewals(
+    unchanged: None, ttl: float
+) -> None:
+    """Renewals run at most every RENEWAL_FLOOR seconds: a shorter lease could never be kept."""
+    with pytest.raises(ValueError, match="three renewals"):
+        hold_lease(_key(), ttl)
+    with pytest.raises(ValueError, match="three renewals"):
+        ahold_lease(_key(), ttl)
