@@ -243,7 +243,10 @@ def _replay(run_id: uuid.UUID | str, alias: str) -> str:
         raise
     except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
         logger.warning("Run %s failed: its workflow raised", run_id, exc_info=True)
-        runs.fail(run_id, {"code": WORKFLOW_ERROR, **error_json(exc)})
+        error = error_json(exc)
+        if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
+            error["exception_code"] = error.pop("code")
+        runs.fail(run_id, {"code": WORKFLOW_ERROR, **error})
         return "failed"
     runs.complete(run_id, output)
     status = runs.filter(pk=run_id).values_list("status", flat=True).first()
