@@ -306,10 +306,12 @@ class Lease(models.Model):
     handed out before. Times are set by the database clock.
     """
 
-    key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True)
+    key = models.CharField(max_length=MAX_KEY_LENGTH)
     holder = models.CharField(max_length=MAX_KEY_LENGTH)
     token = models.BigIntegerField(default=1, help_text="Fencing token; rises on every takeover.")
-    expires_at = models.DateTimeField(db_index=True)
+    # Not indexed on purpose: a refresh then changes no indexed column, so PostgreSQL can
+    # make it a HOT update (no index writes). Lookups go through the key.
+    expires_at = models.DateTimeField()
     acquired_at = models.DateTimeField(null=True, blank=True)
     renewed_at = models.DateTimeField(null=True, blank=True)
     released_at = models.DateTimeField(null=True, blank=True)
@@ -320,6 +322,12 @@ class Lease(models.Model):
         app_label = "django_leases"
         ordering = ("key",)
         permissions = (("force_release_lease", "Can force-release a lease"),)
+        constraints = (
+            # A constraint rather than unique=True: on PostgreSQL unique=True on a CharField
+            # also builds a varchar_pattern_ops index for LIKE, which every write would pay.
+            # ON CONFLICT (key) in acquire relies on this one.
+            models.UniqueConstraint(fields=["key"], name="dl_lease_unique_key"),
+        )
 
     def __str__(self) -> str:
         return f"{self.key} (token {self.token}, held by {self.holder})"
