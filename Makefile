@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres lint demo bench clean
+.PHONY: venv test test-sqlite test-postgres test-django6 lint demo bench clean
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,20 @@ test-sqlite: venv
 
 test-postgres: venv
 	DATABASE_URL='$(PG_URL)' $(PY) -m pytest $(PYTEST_ARGS)
+
+# Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
+VENV6 ?= .venv-django6
+
+$(VENV6)/.installed: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "test-django6 needs Python 3.12 (set PYTHON312=...)"; exit 1; }
+	$(PYTHON312) -m venv $(VENV6)
+	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV6)/bin/python -m pip install --quiet -e '.[dev]' 'Django>=6,<7'
+	touch $@
+
+test-django6: $(VENV6)/.installed
+	DATABASE_URL='$(SQLITE_URL)' $(VENV6)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
