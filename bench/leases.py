@@ -730,6 +730,10 @@ def prepare_database(config: Config) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connection as django_connection
 
+    # The project regenerates its initial migration while it is young, so a database migrated
+    # by an older checkout can look up to date and still hold the old schema: recreate the
+    # django_leases tables from the current migrations on every run.
+    call_command("migrate", "django_leases", "zero", verbosity=0, interactive=False)
     call_command("migrate", verbosity=0, interactive=False)
     django_connection.close()
 
@@ -739,9 +743,8 @@ def prepare_database(config: Config) -> dict[str, Any]:
             "key varchar(255) PRIMARY KEY, holder varchar(255) NOT NULL, "
             "token bigint NOT NULL, expires_at timestamptz NOT NULL)"
         )
-        connection.execute(f"TRUNCATE {FLOOR_TABLE}, django_leases_lease")
+        connection.execute(f"TRUNCATE {FLOOR_TABLE}")
         connection.execute(f"VACUUM ANALYZE {FLOOR_TABLE}")
-        connection.execute("VACUUM ANALYZE django_leases_lease")
         facts: dict[str, Any] = {"database": name}
         for setting in (
             "server_version",
@@ -808,6 +811,14 @@ def versions() -> dict[str, Any]:
         found["git_commit"] = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "django_leases"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        found["django_leases_uncommitted_changes"] = bool(changed.strip())
     except (OSError, subprocess.CalledProcessError):
         found["git_commit"] = None
     return found
@@ -925,35 +936,8 @@ def profile_worker(spec: Spec, config: Config, top: int) -> None:
     profile_contender(config, spec, top)
 
 
-def proposed_schema_url(database_url: str) -> str:
-    """The URL of the breakdown's second database (``<bench database>_proposed``)."""
-    return suffixed_url(database_url, "_proposed")
-
-
-def _create_proposed_database(config: Config) -> None:
-    """Migrate ``<bench database>_proposed`` and drop the two indexes that block HOT updates.
-
-    Django's migration gives ``django_leases_lease`` four indexes: the primary key, the unique
-    index on ``key`` (needed by ``ON CONFLICT (key)``), a ``varchar_pattern_ops`` copy of it
-    (Django adds one for every ``unique``/``db_index`` CharField on PostgreSQL, for ``LIKE``)
-    and one on ``expires_at``. Because ``expires_at`` is indexed, no update of a lease can be
-    a HOT update. The proposed schema keeps only the primary key and the unique ``key`` index.
-    """
-    import psycopg
-
-    url = proposed_schema_url(config.database_url)
-    prepare_database(Config(url, config.redis_url, config.ttl, config.seconds, config.warmup))
-    with psycopg.connect(_libpq_conninfo(url), autocommit=True) as connection:
-        rows = connection.execute(
-            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'django_leases_lease'"
-        ).fetchall()
-        for name, definition in rows:
-            if "(expires_at)" in definition or "varchar_pattern_ops" in definition:
-                connection.execute(f'DROP INDEX "{name}"')
-
-
 def breakdown_worker(config: Config, results: Any) -> None:
-    """Peel ours apart: its own SQL without Django, prepared statements, the proposed schema."""
+    """Peel ours apart: its own SQL without Django and without the Lease layer, prepared."""
     try:
         results.put(("ok", _breakdown(config)))
     except BaseException as error:
@@ -972,8 +956,6 @@ def _breakdown(config: Config) -> dict[str, Any]:
     for alias, url, options in (
         ("default", config.database_url, {}),
         ("prepared", config.database_url, prepared),
-        ("proposed", proposed_schema_url(config.database_url), {}),
-        ("proposed_prepared", proposed_schema_url(config.database_url), prepared),
     ):
         database = database_from_url(url)
         database["CONN_MAX_AGE"] = None
@@ -1104,8 +1086,8 @@ def _breakdown(config: Config) -> dict[str, Any]:
         return parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
 
     def sql_prepared(alias: str, key: str) -> Loops:
-        """Ours' statements as SQL-level ``PREPARE`` d statements, run with ``EXECUTE`` through
-        Django's cursor with Django's default (client-side) binding."""
+        """Ours' statements as SQL-level prepared statements (``PREPARE``), run with
+        ``EXECUTE`` through Django's cursor with Django's default (client-side) binding."""
         connection = connections[alias]
         texts = []
         with connection.cursor() as cursor:
@@ -1196,26 +1178,11 @@ def _breakdown(config: Config) -> dict[str, Any]:
             via_manager("prepared", "bench:bd-ours-prep"),
             _django_backend_pid("prepared"),
         ),
-        "ours/proposed-schema": (
-            "Lease.objects, Django defaults, proposed schema",
-            via_manager("proposed", "bench:bd-ours-schema"),
-            _django_backend_pid("proposed"),
-        ),
-        "ours/proposed-schema/prepared": (
-            "Lease.objects, prepared, proposed schema",
-            via_manager("proposed_prepared", "bench:bd-ours-schema-prep"),
-            _django_backend_pid("proposed_prepared"),
-        ),
         "ours-sql/django/PREPARE": (
-            "ours' SQL as SQL-level PREPARE d statements, EXECUTE through Django's cursor "
+            "ours' SQL as SQL-level PREPAREd statements, EXECUTE through Django's cursor "
             "(Django defaults)",
             sql_prepared("default", "bench:bd-sql-prepare"),
             _django_backend_pid("default"),
-        ),
-        "ours-sql/django/PREPARE/proposed-schema": (
-            "the same, proposed schema",
-            sql_prepared("proposed", "bench:bd-sql-prepare-schema"),
-            _django_backend_pid("proposed"),
         ),
     }
     windows: dict[str, dict[str, list[dict[str, Any]]]] = {
@@ -1291,8 +1258,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--breakdown",
         action="store_true",
-        help="after the benchmark, peel ours apart: its SQL without Django, prepared "
-        "statements, and the proposed schema (a second database, <bench database>_proposed)",
+        help="after the benchmark, peel ours apart: its SQL without the Lease layer, without "
+        "Django, and as prepared statements",
     )
     parser.add_argument("--breakdown-only", action="store_true", help="run only the breakdown")
     parser.add_argument(
@@ -1490,7 +1457,6 @@ def run_contenders(args: argparse.Namespace, config: Config, context: Any) -> di
 
 def run_breakdown(config: Config, context: Any) -> dict[str, Any]:
     """Peel ours apart layer by layer (one process, variants interleaved); print and return."""
-    _run_in_child(context, _proposed_worker, config)
     result = _run_in_child(context, breakdown_worker, config)
     print(
         f"\nbreakdown (one process, variants interleaved, best of {config.repeat}; "
@@ -1514,10 +1480,6 @@ def run_breakdown(config: Config, context: Any) -> dict[str, Any]:
         )
     for name, description in result["descriptions"].items():
         print(f"    {name:<40} {description}")
-    print(
-        "    (proposed schema: the lease table without the expires_at index and without the "
-        "varchar_pattern_ops index on key)"
-    )
     return result
 
 
@@ -1543,15 +1505,6 @@ def ratios_to_floor(figures: dict[str, dict[str, float | None]]) -> dict[str, An
             base = floor.get(metric)
             ratios[name][metric] = None if value is None or not base else value / base
     return ratios
-
-
-def _proposed_worker(config: Config, results: Any) -> None:
-    try:
-        _create_proposed_database(config)
-        results.put(("ok", None))
-    except BaseException as error:
-        results.put(("error", f"{type(error).__name__}: {error}"))
-        raise
 
 
 def _prepare_worker(config: Config, results: Any, spec: Spec | None = None) -> None:
