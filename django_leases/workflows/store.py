@@ -699,28 +699,22 @@ class WorkflowStepQuerySet(_Store):
                 attempt,
             )
         alias = self._alias()
-        _, _, attempt_model = _models()
         json_result = Value(result, output_field=models.JSONField())
         with transaction.atomic(using=alias):
-            written = (
-                self.model._default_manager.using(alias)
-                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.SUCCEEDED,
-                    result=json_result,
-                    error=None,
-                    lease_expires_at=None,
-                    updated_at=Now(),
-                )
-            )
-            if not written:
-                if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
-                    return StepStatus.SUCCEEDED
-                self._refuse(alias, step_id, attempt)
-            attempt_model._default_manager.using(alias).filter(
-                step_id=step_id, attempt=attempt
-            ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=Now())
-            _request_pass(alias, Q(steps__pk=step_id))
+            if self._record_outcome(
+                alias,
+                step_id,
+                attempt,
+                step={
+                    "status": StepStatus.SUCCEEDED,
+                    "result": json_result,
+                    "error": None,
+                    "lease_expires_at": None,
+                },
+                history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+                repeat_of=(AttemptStatus.SUCCEEDED, result),
+            ):
+                _request_pass(alias, Q(steps__pk=step_id))
         return StepStatus.SUCCEEDED
 
     def set_error(
@@ -743,7 +737,6 @@ class WorkflowStepQuerySet(_Store):
         _check_attempt(attempt)
         payload = error_json(error)
         alias = self._alias()
-        _, _, attempt_model = _models()
         with transaction.atomic(using=alias):
             config = (
                 self.model._default_manager.using(alias)
@@ -754,26 +747,25 @@ class WorkflowStepQuerySet(_Store):
             if config is None:
                 raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
             exhausted = attempt >= config["retries"] + 1
-            written = (
-                self.model._default_manager.using(alias)
-                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.FAILED,
-                    error=payload,
-                    result=None,
-                    lease_expires_at=None,
-                    available_at=None if exhausted else clock.db_now_plus(config["retry_delay"]),
-                    updated_at=Now(),
+            if (
+                self._record_outcome(
+                    alias,
+                    step_id,
+                    attempt,
+                    step={
+                        "status": StepStatus.FAILED,
+                        "error": payload,
+                        "result": None,
+                        "lease_expires_at": None,
+                        "available_at": (
+                            None if exhausted else clock.db_now_plus(config["retry_delay"])
+                        ),
+                    },
+                    history={"status": AttemptStatus.FAILED, "error": payload},
+                    repeat_of=(AttemptStatus.FAILED, payload),
                 )
-            )
-            if not written:
-                if self._already_recorded(alias, step_id, attempt, AttemptStatus.FAILED, payload):
-                    return StepStatus.FAILED
-                self._refuse(alias, step_id, attempt)
-            attempt_model._default_manager.using(alias).filter(
-                step_id=step_id, attempt=attempt
-            ).update(status=AttemptStatus.FAILED, error=payload, finished_at=Now())
-            if exhausted:
+                and exhausted
+            ):
                 _request_pass(alias, Q(steps__pk=step_id))
         return StepStatus.FAILED
 
@@ -791,24 +783,20 @@ class WorkflowStepQuerySet(_Store):
             "function_name": function_name,
         }
         alias = self._alias()
-        run_model, _, attempt_model = _models()
+        run_model, _, _ = _models()
         with transaction.atomic(using=alias):
-            written = (
-                self.model._default_manager.using(alias)
-                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.FAILED,
-                    error=error,
-                    lease_expires_at=None,
-                    available_at=None,
-                    updated_at=Now(),
-                )
+            self._record_outcome(
+                alias,
+                step_id,
+                attempt,
+                step={
+                    "status": StepStatus.FAILED,
+                    "error": error,
+                    "lease_expires_at": None,
+                    "available_at": None,
+                },
+                history={"status": AttemptStatus.FAILED, "error": error},
             )
-            if not written:
-                self._refuse(alias, step_id, attempt)
-            attempt_model._default_manager.using(alias).filter(
-                step_id=step_id, attempt=attempt
-            ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
             run_model._default_manager.using(alias).filter(
                 steps__pk=step_id, status=RunStatus.RUNNING
             ).update(status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now())
@@ -825,11 +813,47 @@ class WorkflowStepQuerySet(_Store):
         expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
         alias = self._alias()
         with transaction.atomic(using=alias):
-            return bool(
-                self.model._default_manager.using(alias)
-                .filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
-                .update(lease_expires_at=expiry)
-            )
+            return bool(self._fence(alias, step_id, attempt).update(lease_expires_at=expiry))
+
+    # -- the fence ------------------------------------------------------------------------------
+
+    def _fence(self, alias: str, step_id: int, attempt: int) -> models.QuerySet[Any]:
+        """The fence rule, in one place: the step row, only while ``attempt`` is its
+        **running** attempt. Every write a claim makes after the claim (result, error,
+        suspension, lease renewal or release) is one ``UPDATE`` through this filter, so a
+        superseded attempt — or a finished one, or one stopped by a cancel — matches no row.
+        Lease expiry is deliberately not part of it."""
+        return self.model._default_manager.using(alias).filter(
+            pk=step_id, attempt=attempt, status=StepStatus.RUNNING
+        )
+
+    def _record_outcome(
+        self,
+        alias: str,
+        step_id: int,
+        attempt: int,
+        *,
+        step: dict[str, Any],
+        history: dict[str, Any],
+        repeat_of: tuple[str, Any] | None = None,
+    ) -> bool:
+        """Write ``attempt``'s outcome through :meth:`_fence`: ``step`` values on the step row,
+        then ``history`` values on the attempt row (``finished_at`` set), inside the caller's
+        transaction. Returns ``True`` when written, ``False`` when the attempt had already
+        recorded exactly ``repeat_of`` (``(attempt status, result or error)``: a retried write
+        whose acknowledgement was lost). Otherwise nothing is written and
+        :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
+        if not self._fence(alias, step_id, attempt).update(**step, updated_at=Now()):
+            if repeat_of is not None and self._already_recorded(
+                alias, step_id, attempt, *repeat_of
+            ):
+                return False
+            self._refuse(alias, step_id, attempt)
+        _, _, attempt_model = _models()
+        attempt_model._default_manager.using(alias).filter(step_id=step_id, attempt=attempt).update(
+            **history, finished_at=Now()
+        )
+        return True
 
     def _already_recorded(
         self, alias: str, step_id: int, attempt: int, status: str, outcome: Any
