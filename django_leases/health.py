@@ -1,0 +1,464 @@
+"""Health of a django-leases installation: what ``manage.py leases_check`` reports.
+
+Five checks, each judged on the **database clock** where time matters:
+
+``database``
+    Every alias django-leases writes to (the router's ``db_for_write`` for each of its models)
+    answers a ``SELECT 1``.
+``migrations``
+    No migration is unapplied on that alias, for django-leases or any other installed app
+    (the plan ``migrate`` would run).
+``workers``
+    Evidence that workflow workers are alive. The worker keeps no registry of its own, so the
+    check reads what workers leave behind: steps running under a live step lease, live run
+    leases (``workflow-run:<id>``, held during an orchestration pass), the latest step claim,
+    and live *heartbeat* leases under ``workflow-worker:`` if workers record them. It is a
+    problem when work has been **due for longer than** ``overdue_after`` seconds (a pass due,
+    or a waiting step available) and nobody took it: workers are down, or too few for the
+    load. An idle installation with no worker running cannot be told apart from one with idle
+    workers; counting live ``workflow-worker:`` heartbeat leases (one per worker process,
+    renewed like any ``hold_lease``) would make the count exact, and this check already
+    reports them when they exist.
+``lapsed_steps``
+    Steps still ``running`` whose step lease lapsed more than ``overdue_after`` seconds ago:
+    their worker died and no other worker has reclaimed them (a worker would run them again
+    as attempt + 1). Lapsed for less than that is normal: they wait for the next claim.
+``stuck_runs``
+    ``running`` runs that nothing will move: no pass due, no waiting step with attempts left,
+    no running step, no live run lease, and no change for ``stuck_after`` seconds. They need
+    an operator (resume, cancel or retry a step in the admin).
+
+:func:`run_checks` returns a :class:`HealthReport`; its :attr:`~HealthReport.exit_code`
+is what the command exits with (:data:`EXIT_OK`, :data:`EXIT_PROBLEMS`,
+:data:`EXIT_UNREACHABLE`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.db import DatabaseError, connections, router, transaction
+from django.db.migrations.executor import MigrationExecutor
+from django.db.models import Exists, F, Max, OuterRef, Q
+from django.db.models.functions import Coalesce, Greatest, Now
+
+from django_leases import clock
+
+#: Exit status: every check passed.
+EXIT_OK = 0
+#: Exit status: at least one check found a problem (unapplied migrations, overdue work,
+#: lapsed steps nobody reclaimed, stuck runs).
+EXIT_PROBLEMS = 3
+#: Exit status: a database django-leases writes to could not be reached (takes precedence).
+EXIT_UNREACHABLE = 4
+
+#: Default seconds due work may wait before it counts as overdue.
+DEFAULT_OVERDUE_AFTER = 60.0
+#: Default seconds a running run may sit unmoving before it counts as stuck.
+DEFAULT_STUCK_AFTER = 300.0
+
+#: Key prefix of the lease an orchestration pass holds (see ``workflows.engine.run_lease_key``).
+RUN_LEASE_PREFIX = "workflow-run:"
+#: Key prefix of per-worker heartbeat leases, counted when workers record them.
+WORKER_HEARTBEAT_PREFIX = "workflow-worker:"
+
+OK = "ok"
+PROBLEM = "problem"
+UNREACHABLE = "unreachable"
+SKIPPED = "skipped"
+
+#: Most items listed in a finding's details (the count is always exact).
+MAX_LISTED = 20
+
+
+@dataclass
+class Finding:
+    """The outcome of one check on one database alias.
+
+    ``status`` is ``"ok"``, ``"problem"``, ``"unreachable"`` (the database) or ``"skipped"``
+    (the check could not run, e.g. its database is unreachable); ``details`` is JSON.
+    """
+
+    check: str
+    alias: str
+    status: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HealthReport:
+    """All findings of one :func:`run_checks` call, in the order they ran."""
+
+    findings: list[Finding]
+
+    @property
+    def exit_code(self) -> int:
+        """:data:`EXIT_UNREACHABLE` if a database is unreachable, else :data:`EXIT_PROBLEMS`
+        if any check found a problem, else :data:`EXIT_OK`."""
+        statuses = {finding.status for finding in self.findings}
+        if UNREACHABLE in statuses:
+            return EXIT_UNREACHABLE
+        if PROBLEM in statuses:
+            return EXIT_PROBLEMS
+        return EXIT_OK
+
+    @property
+    def healthy(self) -> bool:
+        """``True`` when :attr:`exit_code` is :data:`EXIT_OK`."""
+        return self.exit_code == EXIT_OK
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data: ``healthy``, ``exit_code`` and ``checks``."""
+        return {
+            "healthy": self.healthy,
+            "exit_code": self.exit_code,
+            "checks": [asdict(finding) for finding in self.findings],
+        }
+
+
+def _models() -> dict[str, Any]:
+    return {model.__name__: model for model in apps.get_app_config("django_leases").get_models()}
+
+
+def write_aliases() -> list[str]:
+    """The database aliases django-leases writes to: ``router.db_for_write`` of each of its
+    models, sorted."""
+    return sorted({router.db_for_write(model) for model in _models().values()})
+
+
+# -- database ---------------------------------------------------------------------------------
+
+
+def check_database(alias: str) -> Finding:
+    """Connect to ``alias`` and run ``SELECT 1``; an unknown alias counts as unreachable."""
+    if alias not in connections.settings:
+        return Finding("database", alias, UNREACHABLE, f"no database alias {alias!r} is configured")
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # any driver error means "not reachable" to an operator
+        return Finding(
+            "database",
+            alias,
+            UNREACHABLE,
+            f"cannot reach the database: {type(exc).__name__}: {exc}".strip(),
+            {"vendor": connection.vendor},
+        )
+    return Finding(
+        "database", alias, OK, f"reachable ({connection.vendor})", {"vendor": connection.vendor}
+    )
+
+
+# -- migrations -------------------------------------------------------------------------------
+
+
+def check_migrations(alias: str) -> Finding:
+    """List the migrations ``migrate --database alias`` would apply (every installed app)."""
+    executor = MigrationExecutor(connections[alias])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    pending = [
+        f"{migration.app_label}.{migration.name}" for migration, backwards in plan if not backwards
+    ]
+    if not pending:
+        return Finding("migrations", alias, OK, "all migrations applied")
+    ours = [name for name in pending if name.startswith("django_leases.")]
+    what = f"{len(pending)} unapplied migration{'s' if len(pending) != 1 else ''}"
+    if ours:
+        what += f" ({len(ours)} of django_leases)"
+    return Finding(
+        "migrations",
+        alias,
+        PROBLEM,
+        f"{what}: run `manage.py migrate --database {alias}`",
+        {"unapplied": pending},
+    )
+
+
+def _tables_exist(alias: str) -> bool:
+    executor = MigrationExecutor(connections[alias])
+    return ("django_leases", "0001_initial") in executor.loader.applied_migrations
+
+
+# -- workers, lapsed steps, stuck runs --------------------------------------------------------
+
+
+def _ago(seconds: float) -> Any:
+    """An ORM expression for *database now - seconds*."""
+    return clock.db_now_plus(-seconds)
+
+
+def _waiting_q() -> Q:
+    """Steps waiting to run: pending / scheduled, or failed with attempts left."""
+    return Q(status__in=["pending", "scheduled"]) | Q(status="failed", attempt__lt=F("retries") + 1)
+
+
+def _listed(values: Iterable[Any]) -> list[str]:
+    return [str(value) for value in list(values)[:MAX_LISTED]]
+
+
+def check_workers(alias: str, overdue_after: float) -> Finding:
+    """Evidence of live workers on ``alias``, and work due for over ``overdue_after`` seconds.
+
+    A problem when a running run's pass, or a waiting step, has been due for longer than
+    ``overdue_after`` seconds. Lapsed running steps are :func:`check_lapsed_steps`'s.
+    """
+    models = _models()
+    run_model, step_model, attempt_model, lease_model = (
+        models["WorkflowRun"],
+        models["WorkflowStep"],
+        models["WorkflowStepAttempt"],
+        models["Lease"],
+    )
+    runs = run_model._default_manager.using(alias)
+    steps = step_model._default_manager.using(alias)
+    leases = lease_model._default_manager.using(router.db_for_write(lease_model))
+    live_leases = leases.filter(expires_at__gt=Now(), released_at__isnull=True)
+
+    overdue_passes = runs.filter(status="running", pass_due_at__lte=_ago(overdue_after))
+    overdue_steps = steps.filter(
+        _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
+    )
+    latest = attempt_model._default_manager.using(alias).aggregate(
+        latest=Max("started_at"), db_now=Max(Now())
+    )
+    details: dict[str, Any] = {
+        "steps_running_under_live_lease": steps.filter(
+            status="running", lease_expires_at__gt=Now()
+        ).count(),
+        "live_run_leases": live_leases.filter(key__startswith=RUN_LEASE_PREFIX).count(),
+        "live_worker_heartbeats": live_leases.filter(
+            key__startswith=WORKER_HEARTBEAT_PREFIX
+        ).count(),
+        "seconds_since_last_claim": _seconds_between(latest["latest"], latest["db_now"]),
+        "overdue_passes": overdue_passes.count(),
+        "overdue_steps": overdue_steps.count(),
+        "overdue_after_seconds": overdue_after,
+    }
+    overdue = details["overdue_passes"] + details["overdue_steps"]
+    busy = details["steps_running_under_live_lease"] + details["live_run_leases"]
+    if overdue:
+        details["overdue_runs"] = _listed(
+            runs.filter(
+                Q(pk__in=overdue_passes.values("pk")) | Q(pk__in=overdue_steps.values("run_id"))
+            )
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        return Finding(
+            "workers",
+            alias,
+            PROBLEM,
+            f"{overdue} piece{'s' if overdue != 1 else ''} of work due for over "
+            f"{overdue_after:g} s and not picked up: no workflow worker is running, or too few "
+            f"({busy} busy now)",
+            details,
+        )
+    if details["live_worker_heartbeats"]:
+        message = f"{details['live_worker_heartbeats']} worker(s) alive (heartbeat leases)"
+    elif busy:
+        message = f"workers busy: {busy} step or pass lease(s) live; no overdue work"
+    else:
+        message = "no overdue work (idle: whether a worker is running cannot be seen)"
+    return Finding("workers", alias, OK, message, details)
+
+
+def _seconds_between(earlier: datetime | None, later: datetime | None) -> float | None:
+    if earlier is None or later is None:
+        return None
+    return round(max(0.0, (later - earlier).total_seconds()), 3)
+
+
+def check_lapsed_steps(alias: str, overdue_after: float) -> Finding:
+    """Running steps whose step lease lapsed over ``overdue_after`` seconds ago (a problem),
+    and those lapsed more recently (awaiting a worker's claim, fine)."""
+    step_model = _models()["WorkflowStep"]
+    lapsed = step_model._default_manager.using(alias).filter(
+        Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+        status="running",
+        run__status="running",
+    )
+    long_lapsed = lapsed.filter(
+        Q(lease_expires_at__lte=_ago(overdue_after)) | Q(lease_expires_at__isnull=True)
+    )
+    details: dict[str, Any] = {
+        "lapsed": lapsed.count(),
+        "lapsed_over_threshold": long_lapsed.count(),
+        "overdue_after_seconds": overdue_after,
+    }
+    if details["lapsed_over_threshold"]:
+        details["steps"] = _listed(
+            f"{run_id}/{name} (attempt {attempt})"
+            for run_id, name, attempt in long_lapsed.order_by("lease_expires_at").values_list(
+                "run_id", "step_name", "attempt"
+            )[:MAX_LISTED]
+        )
+        count = details["lapsed_over_threshold"]
+        return Finding(
+            "lapsed_steps",
+            alias,
+            PROBLEM,
+            f"{count} running step{'s' if count != 1 else ''} lapsed over {overdue_after:g} s "
+            "ago and not reclaimed: their worker died and no worker took them over",
+            details,
+        )
+    message = "no running step with a lapsed lease"
+    if details["lapsed"]:
+        message = f"{details['lapsed']} lapsed step(s) awaiting a worker's claim"
+    return Finding("lapsed_steps", alias, OK, message, details)
+
+
+def check_stuck_runs(alias: str, stuck_after: float) -> Finding:
+    """``running`` runs with nothing due, nothing running, no live run lease and no change
+    for ``stuck_after`` seconds."""
+    models = _models()
+    run_model, step_model, lease_model = (
+        models["WorkflowRun"],
+        models["WorkflowStep"],
+        models["Lease"],
+    )
+    steps = step_model._default_manager.using(alias)
+    candidates = (
+        run_model._default_manager.using(alias)
+        .filter(status="running", pass_due_at__isnull=True)
+        .annotate(
+            waiting=Exists(steps.filter(_waiting_q(), run=OuterRef("pk"))),
+            running_step=Exists(steps.filter(run=OuterRef("pk"), status="running")),
+            last_change=Greatest(
+                F("updated_at"), Coalesce(Max("steps__updated_at"), F("updated_at"))
+            ),
+        )
+        .filter(waiting=False, running_step=False, last_change__lte=_ago(stuck_after))
+        .order_by("last_change")
+    )
+    candidate_ids: list[uuid.UUID] = list(candidates.values_list("pk", flat=True))
+    if candidate_ids:
+        keys = {f"{RUN_LEASE_PREFIX}{run_id}": run_id for run_id in candidate_ids}
+        held = set(
+            lease_model._default_manager.using(router.db_for_write(lease_model))
+            .filter(key__in=list(keys), expires_at__gt=Now(), released_at__isnull=True)
+            .values_list("key", flat=True)
+        )
+        candidate_ids = [run_id for key, run_id in keys.items() if key not in held]
+    details: dict[str, Any] = {"stuck": len(candidate_ids), "stuck_after_seconds": stuck_after}
+    if not candidate_ids:
+        return Finding("stuck_runs", alias, OK, "no stuck run", details)
+    details["runs"] = _listed(candidate_ids)
+    count = len(candidate_ids)
+    return Finding(
+        "stuck_runs",
+        alias,
+        PROBLEM,
+        f"{count} running run{'s' if count != 1 else ''} with nothing due or running for over "
+        f"{stuck_after:g} s: resume, cancel or retry a step in the admin",
+        details,
+    )
+
+
+# -- all together -----------------------------------------------------------------------------
+
+
+def run_checks(
+    aliases: Sequence[str] | None = None,
+    *,
+    overdue_after: float = DEFAULT_OVERDUE_AFTER,
+    stuck_after: float = DEFAULT_STUCK_AFTER,
+) -> HealthReport:
+    """Run every check and return the report.
+
+    Args:
+        aliases: database aliases to check (default: :func:`write_aliases`). Workflow checks
+            run on each alias that holds the workflow tables' writes, or on every alias given.
+        overdue_after: seconds (> 0) due work may wait before it is a problem.
+        stuck_after: seconds (> 0) a running run may sit unmoving before it is stuck.
+
+    Raises ``ValueError`` for a threshold that is not a positive number. Database errors are
+    findings, never exceptions.
+    """
+    for name, value in (("overdue_after", overdue_after), ("stuck_after", stuck_after)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+    explicit = aliases is not None
+    targets = list(dict.fromkeys(aliases if aliases is not None else write_aliases()))
+    workflow_alias = router.db_for_write(_models()["WorkflowRun"])
+    findings: list[Finding] = []
+    for alias in targets:
+        database = check_database(alias)
+        findings.append(database)
+        if database.status != OK:
+            for name in ("migrations", "workers", "lapsed_steps", "stuck_runs"):
+                findings.append(Finding(name, alias, SKIPPED, "skipped: database unreachable"))
+            continue
+        findings.append(_guarded("migrations", alias, lambda a=alias: check_migrations(a)))
+        if not explicit and alias != workflow_alias:
+            continue
+        if not _tables_exist(alias):
+            for name in ("workers", "lapsed_steps", "stuck_runs"):
+                findings.append(
+                    Finding(name, alias, SKIPPED, "skipped: django_leases is not migrated here")
+                )
+            continue
+        findings.append(_guarded("workers", alias, lambda a=alias: check_workers(a, overdue_after)))
+        findings.append(
+            _guarded("lapsed_steps", alias, lambda a=alias: check_lapsed_steps(a, overdue_after))
+        )
+        findings.append(
+            _guarded("stuck_runs", alias, lambda a=alias: check_stuck_runs(a, stuck_after))
+        )
+    return HealthReport(findings)
+
+
+def _guarded(name: str, alias: str, check: Any) -> Finding:
+    """Run ``check()`` in a savepoint; a database error becomes a ``problem`` finding."""
+    try:
+        with transaction.atomic(using=alias):
+            result: Finding = check()
+            return result
+    except DatabaseError as exc:
+        return Finding(name, alias, PROBLEM, f"the check failed: {type(exc).__name__}: {exc}")
+
+
+def format_text(report: HealthReport) -> str:
+    """The report as lines for a terminal: a summary line, then one line per finding."""
+    problems = sum(f.status in (PROBLEM, UNREACHABLE) for f in report.findings)
+    head = (
+        "django-leases: healthy"
+        if report.healthy
+        else (f"django-leases: {problems} problem{'s' if problems != 1 else ''}")
+    )
+    width = max((len(f"{f.check} [{f.alias}]") for f in report.findings), default=0)
+    lines = [head]
+    for finding in report.findings:
+        label = f"{finding.check} [{finding.alias}]".ljust(width)
+        lines.append(f"  {finding.status.upper():<11} {label}  {finding.message}")
+        if finding.status == PROBLEM:
+            for key in ("unapplied", "overdue_runs", "steps", "runs"):
+                for item in finding.details.get(key, []):
+                    lines.append(f"  {'':<11} {'':<{width}}    - {item}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "DEFAULT_OVERDUE_AFTER",
+    "DEFAULT_STUCK_AFTER",
+    "EXIT_OK",
+    "EXIT_PROBLEMS",
+    "EXIT_UNREACHABLE",
+    "Finding",
+    "HealthReport",
+    "check_database",
+    "check_lapsed_steps",
+    "check_migrations",
+    "check_stuck_runs",
+    "check_workers",
+    "format_text",
+    "run_checks",
+    "write_aliases",
+]

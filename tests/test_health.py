@@ -1,0 +1,351 @@
+"""``manage.py leases_check`` and :mod:`django_leases.health`, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, connections
+from django.db.migrations.recorder import MigrationRecorder
+
+from django_leases import health
+from django_leases.clock import db_now_plus
+from django_leases.models import Lease, WorkflowRun, WorkflowStep
+
+ROOT = Path(__file__).resolve().parent.parent
+BOGUS = "bogus_health"
+
+
+def by_check(report: health.HealthReport, alias: str = "default") -> dict[str, health.Finding]:
+    return {f.check: f for f in report.findings if f.alias == alias}
+
+
+def run_command(*args: str) -> tuple[int, str]:
+    out = StringIO()
+    try:
+        call_command("leases_check", *args, stdout=out)
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def make_run(**fields: Any) -> WorkflowRun:
+    run = WorkflowRun.objects.start("health-test", {"n": 1})
+    WorkflowRun.objects.filter(pk=run.pk).update(**fields)
+    run.refresh_from_db()
+    return run
+
+
+def make_step(run: WorkflowRun, name: str = "one", **fields: Any) -> WorkflowStep:
+    step = WorkflowStep.objects.create(run=run, step_name=name, function_name="fn")
+    WorkflowStep.objects.filter(pk=step.pk).update(**fields)
+    step.refresh_from_db()
+    return step
+
+
+@pytest.fixture
+def bogus_alias() -> Iterator[str]:
+    """A configured database alias whose SQLite file sits in a directory that does not exist."""
+    config = dict(connections.settings["default"])
+    config.update(
+        ENGINE="django.db.backends.sqlite3",
+        NAME="/nonexistent-django-leases-dir/health.sqlite3",
+        OPTIONS={},
+        TEST={},
+    )
+    connections.settings[BOGUS] = config
+    try:
+        yield BOGUS
+    finally:
+        try:
+            connections[BOGUS].close()
+            del connections[BOGUS]
+        except Exception:
+            pass
+        connections.settings.pop(BOGUS, None)
+
+
+class LeasesToBogus:
+    """A router that sends django-leases' writes to the bogus alias."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return BOGUS if model._meta.app_label == "django_leases" else None
+
+
+# -- a healthy installation -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_migrated_idle_database_is_healthy() -> None:
+    report = health.run_checks()
+    checks = by_check(report)
+    assert [f.status for f in report.findings] == ["ok"] * 5, health.format_text(report)
+    assert set(checks) == {"database", "migrations", "workers", "lapsed_steps", "stuck_runs"}
+    assert report.exit_code == health.EXIT_OK == 0
+    assert "idle" in checks["workers"].message
+
+    code, out = run_command()
+    assert code == 0
+    assert out.startswith("django-leases: healthy")
+
+
+@pytest.mark.django_db
+def test_json_format_is_the_report() -> None:
+    code, out = run_command("--format", "json")
+    data = json.loads(out)
+    assert code == 0
+    assert data["healthy"] is True and data["exit_code"] == 0
+    assert {c["check"] for c in data["checks"]} == {
+        "database",
+        "migrations",
+        "workers",
+        "lapsed_steps",
+        "stuck_runs",
+    }
+    assert data["checks"][0]["details"]["vendor"] == connection.vendor
+
+
+# -- databases --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_unreachable_alias_is_reported_and_its_other_checks_skipped(bogus_alias: str) -> None:
+    report = health.run_checks([bogus_alias])
+    checks = by_check(report, bogus_alias)
+    assert checks["database"].status == "unreachable"
+    assert "cannot reach the database" in checks["database"].message
+    for name in ("migrations", "workers", "lapsed_steps", "stuck_runs"):
+        assert checks[name].status == "skipped"
+    assert report.exit_code == health.EXIT_UNREACHABLE == 4
+
+    code, out = run_command("--database", bogus_alias, "--format", "json")
+    assert code == 4
+    assert json.loads(out)["checks"][0]["status"] == "unreachable"
+
+
+@pytest.mark.django_db
+def test_the_aliases_checked_by_default_follow_the_router(bogus_alias: str, settings: Any) -> None:
+    settings.DATABASE_ROUTERS = [f"{__name__}.LeasesToBogus"]
+    assert health.write_aliases() == [bogus_alias]
+    code, out = run_command()
+    assert code == 4
+    assert f"UNREACHABLE database [{bogus_alias}]" in out
+
+
+@pytest.mark.django_db
+def test_unreachable_takes_precedence_over_problems(bogus_alias: str) -> None:
+    MigrationRecorder(connection).record_unapplied("django_leases", "0001_initial")
+    report = health.run_checks(["default", bogus_alias])
+    assert by_check(report)["migrations"].status == "problem"
+    assert report.exit_code == 4
+
+
+def test_an_unknown_alias_is_unreachable() -> None:
+    finding = health.check_database("no-such-alias")
+    assert finding.status == "unreachable"
+    assert "no-such-alias" in finding.message
+
+
+# -- migrations -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_unapplied_migrations_of_django_leases_are_a_problem() -> None:
+    latest = MigrationRecorder.Migration.objects.filter(app="django_leases").latest("id").name
+    MigrationRecorder(connection).record_unapplied("django_leases", latest)
+
+    report = health.run_checks()
+    finding = by_check(report)["migrations"]
+    assert finding.status == "problem"
+    assert f"django_leases.{latest}" in finding.details["unapplied"]
+    assert "of django_leases" in finding.message
+    assert report.exit_code == health.EXIT_PROBLEMS == 3
+
+    code, out = run_command()
+    assert code == 3
+    assert f"- django_leases.{latest}" in out
+
+
+@pytest.mark.django_db
+def test_unapplied_migrations_of_other_apps_count_too() -> None:
+    MigrationRecorder(connection).record_unapplied("sessions", "0001_initial")
+    finding = by_check(health.run_checks())["migrations"]
+    assert finding.status == "problem"
+    assert finding.details["unapplied"] == ["sessions.0001_initial"]
+    assert "of django_leases" not in finding.message
+
+
+@pytest.mark.django_db
+def test_without_the_tables_the_workflow_checks_are_skipped() -> None:
+    MigrationRecorder(connection).record_unapplied("django_leases", "0001_initial")
+    checks = by_check(health.run_checks())
+    assert checks["migrations"].status == "problem"
+    assert {checks[n].status for n in ("workers", "lapsed_steps", "stuck_runs")} == {"skipped"}
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_pass_due_for_longer_than_the_threshold_means_no_worker() -> None:
+    run = make_run(pass_due_at=db_now_plus(-120))
+    report = health.run_checks(overdue_after=60)
+    finding = by_check(report)["workers"]
+    assert finding.status == "problem"
+    assert finding.details["overdue_passes"] == 1
+    assert finding.details["overdue_runs"] == [str(run.pk)]
+    assert report.exit_code == 3
+    # Due for less than the threshold: a worker may simply not have looked yet.
+    assert by_check(health.run_checks(overdue_after=600))["workers"].status == "ok"
+
+
+@pytest.mark.django_db
+def test_a_waiting_step_due_for_too_long_is_overdue_but_an_exhausted_one_is_not() -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, "waiting", status="scheduled", available_at=db_now_plus(-120))
+    finding = by_check(health.run_checks(overdue_after=60))["workers"]
+    assert finding.status == "problem"
+    assert finding.details["overdue_steps"] == 1
+
+    WorkflowStep.objects.filter(run=run).update(status="failed", attempt=6, retries=5)
+    assert by_check(health.run_checks(overdue_after=60))["workers"].status == "ok"
+
+
+@pytest.mark.django_db
+def test_live_leases_are_evidence_of_busy_workers() -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, status="running", lease_expires_at=db_now_plus(300))
+    assert Lease.objects.acquire(f"workflow-run:{run.pk}", "w1", ttl=300) is not None
+    finding = by_check(health.run_checks())["workers"]
+    assert finding.status == "ok"
+    assert finding.details["steps_running_under_live_lease"] == 1
+    assert finding.details["live_run_leases"] == 1
+    assert "busy" in finding.message
+
+
+@pytest.mark.django_db
+def test_worker_heartbeat_leases_are_counted() -> None:
+    for n in range(2):
+        assert Lease.objects.acquire(f"workflow-worker:host:{n}", f"host:{n}", ttl=300)
+    stale = Lease.objects.acquire("workflow-worker:host:9", "host:9", ttl=300)
+    assert stale is not None
+    Lease.objects.release(stale)
+    finding = by_check(health.run_checks())["workers"]
+    assert finding.details["live_worker_heartbeats"] == 2
+    assert finding.message.startswith("2 worker(s) alive")
+
+
+# -- lapsed steps -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_step_lapsed_long_ago_and_not_reclaimed_is_a_problem() -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, "lost", status="running", attempt=2, lease_expires_at=db_now_plus(-120))
+    finding = by_check(health.run_checks(overdue_after=60))["lapsed_steps"]
+    assert finding.status == "problem"
+    assert finding.details["steps"] == [f"{run.pk}/lost (attempt 2)"]
+
+
+@pytest.mark.django_db
+def test_a_step_lapsed_recently_awaits_a_claim() -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, "lost", status="running", lease_expires_at=db_now_plus(-5))
+    finding = by_check(health.run_checks(overdue_after=60))["lapsed_steps"]
+    assert finding.status == "ok"
+    assert finding.details["lapsed"] == 1
+    assert "awaiting" in finding.message
+
+
+# -- stuck runs -------------------------------------------------------------------------------
+
+
+def age(run: WorkflowRun, seconds: float) -> None:
+    WorkflowRun.objects.filter(pk=run.pk).update(updated_at=db_now_plus(-seconds))
+    WorkflowStep.objects.filter(run=run).update(updated_at=db_now_plus(-seconds))
+
+
+@pytest.mark.django_db
+def test_a_running_run_with_nothing_due_or_running_is_stuck() -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, status="succeeded")
+    age(run, 1000)
+    report = health.run_checks(stuck_after=300)
+    finding = by_check(report)["stuck_runs"]
+    assert finding.status == "problem"
+    assert finding.details["runs"] == [str(run.pk)]
+    assert report.exit_code == 3
+
+    # Recently changed: not stuck yet.
+    assert by_check(health.run_checks(stuck_after=3000))["stuck_runs"].status == "ok"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "moving",
+    ["pass due", "waiting step", "running step", "live run lease", "not running"],
+)
+def test_a_run_that_something_will_move_is_not_stuck(moving: str) -> None:
+    run = make_run(pass_due_at=None)
+    make_step(run, status="succeeded")
+    if moving == "pass due":
+        WorkflowRun.objects.filter(pk=run.pk).update(pass_due_at=db_now_plus(30))
+    elif moving == "waiting step":
+        make_step(run, "retry", status="failed", attempt=1, retries=5)
+    elif moving == "running step":
+        make_step(run, "busy", status="running", lease_expires_at=db_now_plus(300))
+    elif moving == "live run lease":
+        assert Lease.objects.acquire(f"workflow-run:{run.pk}", "w1", ttl=300) is not None
+    else:
+        WorkflowRun.objects.filter(pk=run.pk).update(status="suspended")
+    age(run, 1000)
+    assert by_check(health.run_checks(stuck_after=300))["stuck_runs"].status == "ok"
+
+
+# -- arguments --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), "60", True, None])
+def test_bad_thresholds_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError, match="seconds > 0"):
+        health.run_checks([], overdue_after=bad)
+    with pytest.raises(ValueError, match="seconds > 0"):
+        health.run_checks([], stuck_after=bad)
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "soon", "nan", "inf"])
+def test_the_command_refuses_bad_thresholds(bad: str) -> None:
+    with pytest.raises(CommandError, match="seconds > 0"):
+        call_command("leases_check", "--stuck-after", bad)
+
+
+# -- the real command -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_the_command_exit_status_as_a_process(subprocess_env: dict[str, str]) -> None:
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", "leases_check", *args],
+            cwd=ROOT,
+            env=subprocess_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    healthy = check()
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    run = make_run(pass_due_at=None)
+    age(run, 1000)
+    stuck = check("--stuck-after", "300", "--format", "json")
+    assert stuck.returncode == 3, stuck.stdout + stuck.stderr
+    findings = {c["check"]: c for c in json.loads(stuck.stdout)["checks"]}
+    assert findings["stuck_runs"]["details"]["runs"] == [str(run.pk)]
