@@ -10,13 +10,29 @@ key                            default    meaning
 ``RENEWAL_FLOOR``              ``0.05``   shortest renewal interval, seconds (interval = TTL/3)
 ``MAX_TTL``                    ``31622400`` longest TTL accepted, seconds (366 days)
 ``STEP_LEASE_TTL``             ``30``     seconds a claimed workflow step's lease lives
-``WORKER_POLL_INTERVAL``       ``1.0``    seconds an idle workflow worker waits between polls
+``WORKER_POLL_INTERVAL``       ``None``   seconds an idle workflow worker waits between polls;
+                                          ``None``: 1.0 on PostgreSQL (LISTEN/NOTIFY wakes it
+                                          at once), 0.25 elsewhere
 ``WORKER_SHUTDOWN_GRACE``      ``30``     seconds a worker lets in-flight steps finish on SIGTERM
 ``HOLD_LEASE_KILL_GRACE``      ``10``     seconds ``manage.py hold_lease`` waits after SIGTERM
                                           before it SIGKILLs a child whose lease was lost
 ``WEBHOOK_MAX_BODY``           ``1048576`` largest webhook body accepted, bytes (else 413)
-``WEBHOOK_SECRETS``            ``{}``     source name -> signing secret (walking skeleton; the
-                                          encrypted credential store replaces it)
+``WEBHOOK_SECRETS``            ``{}``     source name -> signing secret; when set it wins over
+                                          the encrypted credential store (for ``manual``
+                                          sources whose secret comes from the environment)
+``SECRET_KEYS``                ``None``   Fernet keys (urlsafe base64, 32 bytes) encrypting stored
+                                          secrets, newest first; ``None`` derives them from
+                                          ``SECRET_KEY`` + ``SECRET_KEY_FALLBACKS`` (HKDF)
+``PROVIDER_TIMEOUT``           ``10.0``   seconds a provider API call may take (connect, read)
+``GITHUB_API_URL``             ``"https://api.github.com"`` GitHub REST API root (GitHub
+                                          Enterprise: ``https://HOST/api/v3``)
+``GITHUB_TOKEN``               ``None``   GitHub token with repository hook rights; ``None``
+                                          reads the ``DJANGO_LEASES_GITHUB_TOKEN`` variable
+``STRIPE_API_URL``             ``"https://api.stripe.com"`` Stripe API root
+``STRIPE_API_KEY``             ``None``   Stripe secret key (``sk_…``); ``None`` reads the
+                                          ``DJANGO_LEASES_STRIPE_API_KEY`` variable
+``STRIPE_TOLERANCE``           ``300``    seconds a Stripe signature's timestamp may lie in the
+                                          past before the delivery is refused as a replay
 =============================  =========  =====================================================
 """
 
@@ -31,11 +47,18 @@ DEFAULTS: dict[str, Any] = {
     "RENEWAL_FLOOR": 0.05,
     "MAX_TTL": 366 * 24 * 3600.0,
     "STEP_LEASE_TTL": 30.0,
-    "WORKER_POLL_INTERVAL": 1.0,
+    "WORKER_POLL_INTERVAL": None,
     "WORKER_SHUTDOWN_GRACE": 30.0,
     "HOLD_LEASE_KILL_GRACE": 10.0,
     "WEBHOOK_MAX_BODY": 1024 * 1024,
     "WEBHOOK_SECRETS": {},
+    "SECRET_KEYS": None,
+    "PROVIDER_TIMEOUT": 10.0,
+    "GITHUB_API_URL": "https://api.github.com",
+    "GITHUB_TOKEN": None,
+    "STRIPE_API_URL": "https://api.stripe.com",
+    "STRIPE_API_KEY": None,
+    "STRIPE_TOLERANCE": 300,
 }
 
 

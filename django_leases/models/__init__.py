@@ -1,5 +1,10 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
-from django_leases.models.trigger import OrphanTriggerSource, TriggerEvent, TriggerSource
+from django_leases.models.trigger import (
+    OrphanTriggerSource,
+    TriggerEvent,
+    TriggerSecret,
+    TriggerSource,
+)
 from django_leases.models.workflow import (
     AttemptStatus,
     RunStatus,
@@ -18,6 +23,7 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "TriggerEvent",
+    "TriggerSecret",
     "TriggerSource",
     "WorkflowRun",
     "WorkflowStep",

@@ -83,3 +83,26 @@ class TriggerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source_name} {self.event} {self.delivery_id}"
+
+
+class TriggerSecret(models.Model):
+    """A secret (a trigger source's webhook signing secret), encrypted with Fernet.
+
+    Only :mod:`django_leases.triggers.credentials` reads and writes it; ``ciphertext`` is a
+    Fernet token under one of the keys of ``DJANGO_LEASES["SECRET_KEYS"]`` (or the keys
+    derived from ``SECRET_KEY``). The plain secret is never stored, logged or shown.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    ciphertext = models.TextField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<TriggerSecret {self.name!r}>"

@@ -7,7 +7,11 @@ In order, so that nothing is read or recorded for a delivery that will be refuse
    delivery (so a source disabled while a body is still arriving records nothing);
 2. body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length`` or by the bytes
    actually sent → 413 (read by us, so Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part);
-3. missing or wrong signature (or no secret configured for the source) → 401;
+3. missing or wrong signature (or no signing secret for the source) → 401, verified the
+   provider's way (GitHub ``X-Hub-Signature-256``; Stripe ``Stripe-Signature`` within its
+   timestamp tolerance; a ``manual`` source with its ``config["signature"]`` scheme) against
+   the source's signing secret: ``DJANGO_LEASES["WEBHOOK_SECRETS"][name]`` when set, else the
+   encrypted credential store (:func:`~django_leases.triggers.credentials.signing_secret`);
 4. unreadable delivery (not a JSON object, no event name or delivery id) → 400;
 5. a delivery id already recorded for the source → 200, not processed again;
 6. otherwise the delivery is recorded as a ``TriggerEvent`` and its handler's workflow run
@@ -24,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from django_leases.conf import leases_settings
+from django_leases.triggers.credentials import CredentialError, signing_secret
 from django_leases.triggers.errors import (
     MalformedDelivery,
     PayloadTooLarge,
@@ -107,6 +112,7 @@ def receive(
     provider = get_provider(declaration.provider) if declaration is not None else None
     if declaration is None or source is None or provider is None:
         raise SourceNotReceiving(f"No enabled trigger source named {name!r}")
+    provider = provider.for_config(declaration.config)
 
     limit = max_body()
     _declared_length(content_length, limit)
@@ -115,7 +121,15 @@ def receive(
         raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
 
     lowered = {key.lower(): value for key, value in headers.items()}
-    secret = leases_settings.WEBHOOK_SECRETS.get(name)
+    try:
+        secret = signing_secret(name, using=source._state.db)
+    except CredentialError:
+        logger.error(
+            "Trigger source %r: its stored signing secret cannot be decrypted with the "
+            "configured keys; refusing its delivery",
+            name,
+        )
+        secret = None
     if not secret:
         logger.warning(
             "Trigger source %r has no signing secret configured; refusing its delivery", name

@@ -1,0 +1,101 @@
+"""The ``manual`` provider: no API; an operator registers the webhook by hand.
+
+``setup`` answers status ``"manual"`` with instructions naming the full URL and the declared
+events. The operator then stores the signing secret they chose (or the provider showed them)
+in the credential store (:func:`django_leases.triggers.credentials.set_secret`, e.g. through
+``manage.py trigger_sources``), or sets ``DJANGO_LEASES["WEBHOOK_SECRETS"][name]``.
+
+Receiving: the sender signs the way the source's ``config["signature"]`` says —
+``"github"`` (default: ``X-Hub-Signature-256``, ``X-GitHub-Event``, ``X-GitHub-Delivery``) or
+``"stripe"`` (``Stripe-Signature``; event ``type`` and ``id`` from the body). So a Stripe
+endpoint registered by hand in Stripe's dashboard is declared as::
+
+    webhook_source("stripe-payments", provider="manual", config={"signature": "stripe"}, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django_leases.triggers.providers.base import (
+    MANUAL,
+    ParsedDelivery,
+    Provider,
+    SetupOutcome,
+    declared_events,
+    receive_url,
+)
+
+if TYPE_CHECKING:
+    from django_leases.models import TriggerSource
+
+#: ``config["signature"]`` values and what each means.
+SCHEMES = {
+    "github": "HMAC-SHA256 of the body in X-Hub-Signature-256 (GitHub style)",
+    "stripe": "Stripe-Signature (t=…,v1=…; Stripe style)",
+}
+
+
+def _scheme_provider(scheme: str) -> Provider:
+    from django_leases.triggers.providers.github import GitHubProvider
+    from django_leases.triggers.providers.stripe import StripeProvider
+
+    return StripeProvider() if scheme == "stripe" else GitHubProvider()
+
+
+class ManualProvider(Provider):
+    """Webhooks an operator registers by hand (see the module docstring)."""
+
+    name = "manual"
+    manages_registration = False
+    takes_secret = False
+
+    def __init__(self, scheme: str = "github") -> None:
+        if scheme not in SCHEMES:
+            raise ValueError(
+                f"Unknown signature scheme {scheme!r} (known: {', '.join(sorted(SCHEMES))})"
+            )
+        self.scheme = scheme
+        self._receiver = _scheme_provider(scheme)
+
+    def _instructions(self, source: TriggerSource, url: str | None) -> str:
+        events = declared_events(source)
+        shown_events = ", ".join(events) if events else "(none declared)"
+        scheme = self._scheme_of(source.config)
+        where = url or "(no address known yet: reconcile with --base-url first)"
+        return (
+            f"Register a webhook by hand at the sender: POST {where} "
+            f"for the events {shown_events}, signed with {SCHEMES[scheme]}. Then store its "
+            f"signing secret for source {source.name!r} in the credential store "
+            "(manage.py trigger_sources) or in DJANGO_LEASES['WEBHOOK_SECRETS']."
+        )
+
+    @staticmethod
+    def _scheme_of(config: Mapping[str, Any] | None) -> str:
+        scheme = (config or {}).get("signature", "github")
+        return scheme if scheme in SCHEMES else "github"
+
+    def setup(self, source: TriggerSource, url: str, secret: str | None) -> SetupOutcome:
+        """No API call: returns status ``"manual"`` with the instructions; state ``None``."""
+        return SetupOutcome(status=MANUAL, state=None, detail=self._instructions(source, url))
+
+    def check(self, source: TriggerSource) -> SetupOutcome:
+        """Nothing to look up: the same ``"manual"`` outcome and instructions."""
+        return SetupOutcome(
+            status=MANUAL, state=None, detail=self._instructions(source, receive_url(source))
+        )
+
+    def teardown(self, source: TriggerSource) -> None:
+        """Nothing registered through us: success (the operator removes it by hand)."""
+
+    def for_config(self, config: Mapping[str, Any]) -> Provider:
+        """The manual provider receiving with ``config["signature"]``'s scheme."""
+        scheme = self._scheme_of(config)
+        return self if scheme == self.scheme else ManualProvider(scheme)
+
+    def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        return self._receiver.verify(secret, body, headers)
+
+    def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        return self._receiver.parse(body, headers)

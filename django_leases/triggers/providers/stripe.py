@@ -1,0 +1,269 @@
+"""The ``stripe`` provider: webhook endpoints over Stripe's API.
+
+Declaration config (non-secret, all optional): ``{"api_url": "https://api.stripe.com"}``.
+API root: ``config["api_url"]``, else ``DJANGO_LEASES["STRIPE_API_URL"]``. Key (a secret key
+``sk_…`` or a restricted key with "Webhook Endpoints: write"): ``DJANGO_LEASES["STRIPE_API_KEY"]``,
+else the ``DJANGO_LEASES_STRIPE_API_KEY`` environment variable; sent only as HTTP Basic user.
+
+Setup creates ``POST /v1/webhook_endpoints`` (form-encoded: ``url``, ``enabled_events[]`` —
+the declared event names, or ``*`` when ``*`` is declared —, ``description`` = label prefix +
+source name, ``metadata[trigger_source]``) and hands the ``secret`` Stripe returns **once** to
+the lifecycle (:attr:`SetupOutcome.secret`), which stores it encrypted; state is
+``{"endpoint_id": "we_…"}``. Re-setup with a recorded endpoint that still exists updates it
+(``url``, ``enabled_events``) — unless no signing secret is stored for the source any more:
+Stripe never shows a secret again, so that endpoint is deleted and a new one created. An
+endpoint deleted behind our back, or one never recorded, is looked for by URL first (deleted,
+for the same reason, as we cannot have its secret) and then created: a source never owns two
+endpoints.
+
+Receiving: ``Stripe-Signature`` (``t=…,v1=…``, tolerance ``DJANGO_LEASES["STRIPE_TOLERANCE"]``
+seconds, default 300); delivery id = the event's ``id``; event name = its ``type``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from django.db import router
+
+from django_leases.conf import leases_settings
+from django_leases.triggers.errors import MalformedDelivery
+from django_leases.triggers.providers import http
+from django_leases.triggers.providers.base import (
+    REGISTERED,
+    ParsedDelivery,
+    Provider,
+    ProviderError,
+    SetupOutcome,
+    checked_identifier,
+    declared_events,
+    decode_json_object,
+    label_for,
+)
+from django_leases.triggers.signatures import STRIPE_DEFAULT_TOLERANCE, verify_stripe_signature
+
+if TYPE_CHECKING:
+    from django_leases.models import TriggerSource
+
+KEY_VARIABLE = "DJANGO_LEASES_STRIPE_API_KEY"
+
+
+def _key() -> str:
+    key = leases_settings.STRIPE_API_KEY or os.environ.get(KEY_VARIABLE)
+    if not isinstance(key, str) or not key.strip():
+        raise ProviderError(
+            f'Stripe: no API key: set DJANGO_LEASES["STRIPE_API_KEY"] or {KEY_VARIABLE}'
+        )
+    return key.strip()
+
+
+def _api_url(config: Mapping[str, Any] | None) -> str:
+    url = (config or {}).get("api_url") or leases_settings.STRIPE_API_URL
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ProviderError("Stripe: the API URL must be an http(s) URL")
+    return url.rstrip("/")
+
+
+def _endpoint_id(state: Mapping[str, Any] | None) -> str | None:
+    endpoint_id = (state or {}).get("endpoint_id")
+    ok = isinstance(endpoint_id, str) and endpoint_id.isascii() and endpoint_id.isprintable()
+    return endpoint_id if ok and endpoint_id and "/" not in endpoint_id else None
+
+
+def tolerance() -> float:
+    """``DJANGO_LEASES["STRIPE_TOLERANCE"]`` in seconds (300 when unusable)."""
+    value = leases_settings.STRIPE_TOLERANCE
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return float(STRIPE_DEFAULT_TOLERANCE)
+    return float(value)
+
+
+class StripeProvider(Provider):
+    """Stripe webhook endpoints (see the module docstring)."""
+
+    name = "stripe"
+    manages_registration = True
+    takes_secret = False
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _call(
+        self, step: str, method: str, api: str, path: str, key: str, **kwargs: Any
+    ) -> httpx.Response:
+        return http.call("Stripe", step, method, api + path, auth=(key, ""), **kwargs)
+
+    @staticmethod
+    def _fail(step: str, response: httpx.Response, *secrets: str | None) -> ProviderError:
+        return ProviderError(http.failure("Stripe", step, response, *secrets))
+
+    @staticmethod
+    def _object(response: httpx.Response, step: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+            raise ProviderError(f"Stripe: could not {step}: the API's answer holds no id")
+        return data
+
+    # -- management ------------------------------------------------------------------------
+
+    @staticmethod
+    def _events(source: TriggerSource) -> list[str]:
+        events = declared_events(source)
+        return ["*"] if not events or "*" in events else events
+
+    def _form(self, source: TriggerSource, url: str, *, create: bool) -> list[tuple[str, str]]:
+        form = [("url", url)] + [("enabled_events[]", e) for e in self._events(source)]
+        form.append(("description", label_for(source)))
+        if create:
+            form.append(("metadata[trigger_source]", source.name))
+        return form
+
+    @staticmethod
+    def _outcome(endpoint: Mapping[str, Any], verb: str, secret: str | None) -> SetupOutcome:
+        events = endpoint.get("enabled_events")
+        shown = ", ".join(str(e) for e in events) if isinstance(events, list) else "?"
+        status = endpoint.get("status")
+        note = f" (status {status} at Stripe)" if status not in (None, "enabled") else ""
+        return SetupOutcome(
+            status=REGISTERED,
+            state={"endpoint_id": endpoint["id"]},
+            detail=f"Stripe webhook endpoint {endpoint['id']} {verb}: posts to "
+            f"{endpoint.get('url', '?')} for {shown}{note}",
+            secret=secret,
+        )
+
+    def _retrieve(self, api: str, endpoint_id: str, key: str) -> dict[str, Any] | None:
+        step = f"look up webhook endpoint {endpoint_id}"
+        response = self._call(step, "GET", api, f"/v1/webhook_endpoints/{endpoint_id}", key)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._fail(step, response, key)
+        return self._object(response, step)
+
+    def _delete(self, api: str, endpoint_id: str, key: str) -> None:
+        step = f"delete webhook endpoint {endpoint_id}"
+        response = self._call(step, "DELETE", api, f"/v1/webhook_endpoints/{endpoint_id}", key)
+        if response.status_code not in (200, 404):
+            raise self._fail(step, response, key)
+
+    def _find_by_url(self, api: str, url: str, key: str) -> list[str]:
+        step = "list the webhook endpoints"
+        response = self._call(step, "GET", api, "/v1/webhook_endpoints", key, params={"limit": 100})
+        if response.status_code != 200:
+            raise self._fail(step, response, key)
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise ProviderError(f"Stripe: could not {step}: the answer holds no list")
+        return [
+            item["id"]
+            for item in items
+            if isinstance(item, dict) and isinstance(item.get("id"), str) and item.get("url") == url
+        ]
+
+    @staticmethod
+    def _secret_stored(source: TriggerSource) -> bool:
+        from django_leases.models import TriggerSecret
+        from django_leases.triggers.credentials import get_secret
+
+        using = source._state.db or router.db_for_write(TriggerSecret)
+        return get_secret(source.name, using=using) is not None
+
+    def setup(self, source: TriggerSource, url: str, secret: str | None) -> SetupOutcome:
+        """Create or update the webhook endpoint posting to ``url``.
+
+        ``secret`` is ignored: Stripe chooses the signing secret. Returns status
+        ``"registered"``, state ``{"endpoint_id"}`` and, when an endpoint was created, the
+        ``secret`` to store. Raises :class:`ProviderError`.
+        """
+        config = source.config or {}
+        api, key = _api_url(config), _key()
+        recorded = _endpoint_id(source.state)
+        if recorded is not None and self._retrieve(api, recorded, key) is not None:
+            if self._secret_stored(source):
+                step = f"update webhook endpoint {recorded}"
+                response = self._call(
+                    step,
+                    "POST",
+                    api,
+                    f"/v1/webhook_endpoints/{recorded}",
+                    key,
+                    data=self._form(source, url, create=False),
+                )
+                if response.status_code == 200:
+                    return self._outcome(self._object(response, step), "updated", None)
+                if response.status_code != 404:
+                    raise self._fail(step, response, key)
+            else:
+                # Its secret is lost (Stripe shows it only at creation): replace it.
+                self._delete(api, recorded, key)
+        for endpoint_id in self._find_by_url(api, url, key):
+            # Ours from a setup whose state was never recorded; its secret is unknown.
+            self._delete(api, endpoint_id, key)
+        step = "create the webhook endpoint"
+        response = self._call(
+            step,
+            "POST",
+            api,
+            "/v1/webhook_endpoints",
+            key,
+            data=self._form(source, url, create=True),
+        )
+        if response.status_code != 200:
+            raise self._fail(step, response, key)
+        endpoint = self._object(response, step)
+        returned = endpoint.get("secret")
+        if not isinstance(returned, str) or not returned:
+            raise ProviderError(
+                f"Stripe: webhook endpoint {endpoint['id']} was created but Stripe returned no "
+                "signing secret"
+            )
+        return self._outcome(endpoint, "created", returned)
+
+    def check(self, source: TriggerSource) -> SetupOutcome:
+        """Retrieve the recorded endpoint. Raises :class:`ProviderError` when it is gone,
+        none is recorded, it is disabled at Stripe, or Stripe cannot be reached."""
+        endpoint_id = _endpoint_id(source.state)
+        if endpoint_id is None:
+            raise ProviderError("Stripe: no webhook endpoint is recorded for this source")
+        config = source.config or {}
+        endpoint = self._retrieve(_api_url(config), endpoint_id, _key())
+        if endpoint is None:
+            raise ProviderError(f"Stripe: webhook endpoint {endpoint_id} no longer exists")
+        if endpoint.get("status") == "disabled":
+            raise ProviderError(f"Stripe: webhook endpoint {endpoint_id} is disabled at Stripe")
+        return self._outcome(endpoint, "found", None)
+
+    def teardown(self, source: TriggerSource) -> None:
+        """Delete the recorded endpoint; one already gone (404) or none recorded is success."""
+        endpoint_id = _endpoint_id(source.state)
+        if endpoint_id is None:
+            return
+        self._delete(_api_url(source.config or {}), endpoint_id, _key())
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        return verify_stripe_signature(
+            secret, body, headers.get("stripe-signature"), tolerance=tolerance()
+        )
+
+    def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        payload = decode_json_object(body)
+        event_id, event_type = payload.get("id"), payload.get("type")
+        if not isinstance(event_id, str) or not isinstance(event_type, str):
+            raise MalformedDelivery("The body is not a Stripe event: it needs 'id' and 'type'")
+        return ParsedDelivery(
+            event=checked_identifier(event_type, "The event's type"),
+            delivery_id=checked_identifier(event_id, "The event's id"),
+            payload=payload,
+        )
