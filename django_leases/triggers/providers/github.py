@@ -163,7 +163,7 @@ class GitHubProvider(Provider):
             step, "GET", api, f"/repos/{repository}/hooks", token, params={"per_page": 100}
         )
         if response.status_code != 200:
-            raise self._fail(step, response)
+            raise self._fail(step, response, token)
         try:
             hooks = response.json()
         except ValueError:
@@ -211,6 +211,14 @@ class GitHubProvider(Provider):
             raise ProviderError("GitHub: setup needs a signing secret for the webhook")
         config = source.config or {}
         repository, api, token = _repository(config), _api_url(config), _token()
+        try:
+            return self._setup(source, url, secret, repository, api, token)
+        except ProviderError as exc:
+            raise http.masked(exc, secret, token) from None
+
+    def _setup(
+        self, source: TriggerSource, url: str, secret: str, repository: str, api: str, token: str
+    ) -> SetupOutcome:
         body = self._body(source, url, secret)
         recorded = _hook_id(source.state)
         recorded_repository = (source.state or {}).get("repository", repository)
@@ -243,7 +251,10 @@ class GitHubProvider(Provider):
         repository = str((source.state or {}).get("repository") or _repository(config))
         api, token = _api_url(config), _token()
         step = f"look up webhook {hook_id} on {repository}"
-        response = self._call(step, "GET", api, f"/repos/{repository}/hooks/{hook_id}", token)
+        try:
+            response = self._call(step, "GET", api, f"/repos/{repository}/hooks/{hook_id}", token)
+        except ProviderError as exc:
+            raise http.masked(exc, token) from None
         if response.status_code == 404:
             raise ProviderError(f"GitHub: webhook {hook_id} on {repository} no longer exists")
         if response.status_code != 200:
@@ -252,7 +263,11 @@ class GitHubProvider(Provider):
 
     def _delete(self, api: str, repository: str, hook_id: int, token: str) -> None:
         step = f"delete webhook {hook_id} on {repository}"
-        response = self._call(step, "DELETE", api, f"/repos/{repository}/hooks/{hook_id}", token)
+        try:
+            path = f"/repos/{repository}/hooks/{hook_id}"
+            response = self._call(step, "DELETE", api, path, token)
+        except ProviderError as exc:
+            raise http.masked(exc, token) from None
         if response.status_code not in (204, 404):
             raise self._fail(step, response, token)
 

@@ -7,6 +7,8 @@ step and the kind of failure — never a header, so never a token.
 
 from __future__ import annotations
 
+import functools
+import ssl
 from typing import Any
 
 import httpx
@@ -24,6 +26,12 @@ def timeout() -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ProviderError('DJANGO_LEASES["PROVIDER_TIMEOUT"] must be a positive number')
     return float(value)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    # Built once per process: loading the CA bundle for every call is slow.
+    return httpx.create_ssl_context()
 
 
 def call(
@@ -44,7 +52,7 @@ def call(
     network failure.
     """
     try:
-        with httpx.Client(timeout=timeout(), follow_redirects=False) as client:
+        with httpx.Client(timeout=timeout(), follow_redirects=False, verify=_tls()) as client:
             return client.request(method, url, **kwargs)
     except httpx.TimeoutException:
         raise ProviderError(
@@ -56,6 +64,20 @@ def call(
         raise ProviderError(
             f"{provider}: could not {step}: {type(exc).__name__} reaching the API"
         ) from None
+
+
+def mask(text: str, *secrets: str | None) -> str:
+    """``text`` with every non-empty one of ``secrets`` replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def masked(error: ProviderError, *secrets: str | None) -> ProviderError:
+    """``error`` again, its message masked (:func:`mask`) — the last guard before a message
+    leaves a provider step."""
+    return ProviderError(mask(str(error), *secrets))
 
 
 def quoted_message(response: httpx.Response, *secrets: str | None) -> str:
@@ -75,10 +97,7 @@ def quoted_message(response: httpx.Response, *secrets: str | None) -> str:
         text = data.get("message")
         if isinstance(text, str):
             message = text
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, "***")
-    message = " ".join(message.split())
+    message = " ".join(mask(message, *secrets).split())
     if len(message) > _MAX_QUOTED:
         message = message[: _MAX_QUOTED - 1] + "…"
     return message

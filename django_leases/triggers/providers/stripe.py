@@ -116,11 +116,14 @@ class StripeProvider(Provider):
         events = declared_events(source)
         return ["*"] if not events or "*" in events else events
 
-    def _form(self, source: TriggerSource, url: str, *, create: bool) -> list[tuple[str, str]]:
-        form = [("url", url)] + [("enabled_events[]", e) for e in self._events(source)]
-        form.append(("description", label_for(source)))
+    def _form(self, source: TriggerSource, url: str, *, create: bool) -> dict[str, Any]:
+        form: dict[str, Any] = {
+            "url": url,
+            "enabled_events[]": self._events(source),
+            "description": label_for(source),
+        }
         if create:
-            form.append(("metadata[trigger_source]", source.name))
+            form["metadata[trigger_source]"] = source.name
         return form
 
     @staticmethod
@@ -187,6 +190,12 @@ class StripeProvider(Provider):
         """
         config = source.config or {}
         api, key = _api_url(config), _key()
+        try:
+            return self._setup(source, url, api, key)
+        except ProviderError as exc:
+            raise http.masked(exc, key) from None
+
+    def _setup(self, source: TriggerSource, url: str, api: str, key: str) -> SetupOutcome:
         recorded = _endpoint_id(source.state)
         if recorded is not None and self._retrieve(api, recorded, key) is not None:
             if self._secret_stored(source):

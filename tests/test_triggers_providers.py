@@ -1,0 +1,631 @@
+"""Providers against local fake APIs (pytest-httpserver): GitHub hooks, Stripe endpoints.
+
+The fakes keep state like the real APIs (hooks and endpoints can be listed, fetched, edited
+and deleted, also "behind our back"), so the tests check what ends up registered, not only
+which requests were sent. No test talks to the internet.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
+
+from django_leases.models import TriggerSource
+from django_leases.triggers import registry
+from django_leases.triggers.credentials import set_secret
+from django_leases.triggers.providers import (
+    GitHubProvider,
+    ManualProvider,
+    ProviderError,
+    SetupOutcome,
+    StripeProvider,
+    get_provider,
+    provider_names,
+)
+from django_leases.triggers.registry import StartWorkflow, webhook_source
+
+TOKEN = "ghp_test_token_never_shown_0123456789"
+STRIPE_KEY = "sk_test_key_never_shown_0123456789"
+SIGNING = "our-signing-secret-never-shown"
+URL = "https://app.example.com/hooks/gh-source/"
+STRIPE_URL = "https://app.example.com/hooks/stripe-source/"
+REPO = "octo-org/octo-repo"
+
+
+@pytest.fixture(scope="session")
+def httpserver_listen_address() -> tuple[str, int]:
+    """IPv4 loopback: "localhost" may try ::1 first and wait on each connection."""
+    return ("127.0.0.1", 0)
+
+
+def _json(data: Any, status: int) -> Response:
+    return Response(json.dumps(data), status=status, content_type="application/json")
+
+
+class FakeGitHub:
+    """Repository webhooks as GitHub's REST API keeps them (subset the provider uses)."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, dict[int, dict[str, Any]]] = {}
+        self.ids = itertools.count(1001)
+        self.requests: list[tuple[str, str, Any]] = []
+        self.fail: tuple[int, dict[str, Any]] | None = None
+        self.hang = threading.Event()
+        self.hanging = False
+
+    def handle(self, request: Request) -> Response:
+        body = json.loads(request.get_data() or b"null")
+        self.requests.append((request.method, request.path, body))
+        if self.hanging:
+            self.hang.wait(10)
+            return _json({}, 500)
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return _json({"message": "Bad credentials"}, 401)
+        assert request.headers.get("Accept") == "application/vnd.github+json"
+        assert request.headers.get("X-GitHub-Api-Version") == "2022-11-28"
+        if self.fail is not None:
+            return _json(self.fail[1], self.fail[0])
+        match = re.fullmatch(r"(?:/api/v3)?/repos/([^/]+/[^/]+)/hooks(?:/(\d+))?", request.path)
+        if match is None:
+            return _json({"message": "Not Found"}, 404)
+        repo, hook_id = match.group(1), match.group(2)
+        hooks = self.hooks.setdefault(repo, {})
+        if hook_id is None and request.method == "GET":
+            return _json([self._shown(h) for h in hooks.values()], 200)
+        if hook_id is None and request.method == "POST":
+            assert body["name"] == "web"
+            hook = {
+                "type": "Repository",
+                "id": next(self.ids),
+                "name": "web",
+                "active": body.get("active", True),
+                "events": body.get("events", ["push"]),
+                "config": dict(body["config"]),
+            }
+            hooks[hook["id"]] = hook
+            return _json(self._shown(hook), 201)
+        hook = hooks.get(int(hook_id)) if hook_id else None
+        if hook is None:
+            return _json({"message": "Not Found"}, 404)
+        if request.method == "GET":
+            return _json(self._shown(hook), 200)
+        if request.method == "PATCH":
+            hook["config"].update(body.get("config", {}))
+            hook["events"] = body.get("events", hook["events"])
+            hook["active"] = body.get("active", hook["active"])
+            return _json(self._shown(hook), 200)
+        if request.method == "DELETE":
+            del hooks[int(hook_id)]
+            return Response(status=204)
+        return _json({"message": "Not Found"}, 404)
+
+    @staticmethod
+    def _shown(hook: dict[str, Any]) -> dict[str, Any]:
+        config = dict(hook["config"])
+        if "secret" in config:
+            config["secret"] = "********"
+        return {**hook, "config": config}
+
+    def all_hooks(self) -> list[dict[str, Any]]:
+        return [hook for hooks in self.hooks.values() for hook in hooks.values()]
+
+
+class FakeStripe:
+    """Stripe's webhook endpoints (form-encoded, HTTP Basic with the secret key)."""
+
+    def __init__(self) -> None:
+        self.endpoints: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.fail: tuple[int, dict[str, Any]] | None = None
+
+    def handle(self, request: Request) -> Response:
+        form = parse_qs(request.get_data(as_text=True))
+        self.requests.append((request.method, request.path, form))
+        expected = "Basic " + base64.b64encode(f"{STRIPE_KEY}:".encode()).decode()
+        if request.headers.get("Authorization") != expected:
+            return _json({"error": {"message": "Invalid API Key provided: sk_test_****"}}, 401)
+        if self.fail is not None:
+            return _json(self.fail[1], self.fail[0])
+        match = re.fullmatch(r"/v1/webhook_endpoints(?:/([^/]+))?", request.path)
+        if match is None:
+            return _json({"error": {"message": "Unrecognized request URL"}}, 404)
+        endpoint_id = match.group(1)
+        if endpoint_id is None and request.method == "GET":
+            data = [self._shown(e) for e in self.endpoints.values()]
+            return _json({"object": "list", "data": data, "has_more": False}, 200)
+        if endpoint_id is None and request.method == "POST":
+            endpoint = {
+                "id": "we_" + secrets.token_hex(12),
+                "object": "webhook_endpoint",
+                "url": form["url"][0],
+                "enabled_events": form["enabled_events[]"],
+                "description": form.get("description", [None])[0],
+                "metadata": {"trigger_source": form.get("metadata[trigger_source]", [""])[0]},
+                "status": "enabled",
+                "secret": "whsec_" + secrets.token_hex(16),
+            }
+            self.endpoints[endpoint["id"]] = endpoint
+            return _json(endpoint, 200)
+        endpoint = self.endpoints.get(endpoint_id or "")
+        if endpoint is None:
+            return _json(
+                {
+                    "error": {
+                        "code": "resource_missing",
+                        "message": f"No such webhook endpoint: '{endpoint_id}'",
+                        "type": "invalid_request_error",
+                    }
+                },
+                404,
+            )
+        if request.method == "GET":
+            return _json(self._shown(endpoint), 200)
+        if request.method == "POST":
+            if "url" in form:
+                endpoint["url"] = form["url"][0]
+            if "enabled_events[]" in form:
+                endpoint["enabled_events"] = form["enabled_events[]"]
+            return _json(self._shown(endpoint), 200)
+        if request.method == "DELETE":
+            del self.endpoints[endpoint_id or ""]
+            return _json({"id": endpoint_id, "object": "webhook_endpoint", "deleted": True}, 200)
+        return _json({"error": {"message": "Unrecognized request URL"}}, 404)
+
+    @staticmethod
+    def _shown(endpoint: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in endpoint.items() if key != "secret"}
+
+
+@pytest.fixture
+def declared() -> Iterator[None]:
+    webhook_source(
+        "gh-source",
+        provider="github",
+        config={"repository": REPO},
+        events={"push": StartWorkflow("w"), "pull_request": StartWorkflow("w"), "ping": print},
+    )
+    webhook_source(
+        "stripe-source",
+        provider="stripe",
+        events={"invoice.paid": StartWorkflow("w"), "charge.succeeded": StartWorkflow("w")},
+    )
+    webhook_source(
+        "manual-source",
+        provider="manual",
+        config={"signature": "stripe"},
+        events={"checkout.session.completed": StartWorkflow("w")},
+    )
+    yield
+    for name in ("gh-source", "stripe-source", "manual-source"):
+        registry.unregister(name)
+
+
+@pytest.fixture
+def github(httpserver: HTTPServer, settings: Any, declared: None) -> Iterator[FakeGitHub]:
+    fake = FakeGitHub()
+    httpserver.expect_request(re.compile(".*")).respond_with_handler(fake.handle)
+    settings.DJANGO_LEASES = {
+        "GITHUB_API_URL": httpserver.url_for("/"),
+        "GITHUB_TOKEN": TOKEN,
+        "PROVIDER_TIMEOUT": 5.0,
+    }
+    yield fake
+    fake.hang.set()
+
+
+@pytest.fixture
+def stripe(httpserver: HTTPServer, settings: Any, declared: None, db: None) -> Iterator[FakeStripe]:
+    fake = FakeStripe()
+    httpserver.expect_request(re.compile(".*")).respond_with_handler(fake.handle)
+    settings.DJANGO_LEASES = {
+        "STRIPE_API_URL": httpserver.url_for("/"),
+        "STRIPE_API_KEY": STRIPE_KEY,
+        "PROVIDER_TIMEOUT": 5.0,
+    }
+    return fake  # type: ignore[return-value]
+
+
+def _gh_source(state: dict[str, Any] | None = None, **config: Any) -> TriggerSource:
+    return TriggerSource(
+        name="gh-source",
+        provider="github",
+        config={"repository": REPO, **config},
+        state=state,
+        base_url="https://app.example.com",
+    )
+
+
+def _stripe_source(state: dict[str, Any] | None = None) -> TriggerSource:
+    return TriggerSource(
+        name="stripe-source",
+        provider="stripe",
+        config={},
+        state=state,
+        base_url="https://app.example.com",
+        label_prefix="shop-",
+    )
+
+
+def _no_secret_in(*texts: object) -> None:
+    for text in texts:
+        for secret in (TOKEN, STRIPE_KEY, SIGNING):
+            assert secret not in str(text)
+
+
+# -- the registry of providers ----------------------------------------------------------------
+
+
+def test_the_three_providers_are_installed() -> None:
+    assert provider_names() == ["github", "manual", "stripe"]
+    assert isinstance(get_provider("github"), GitHubProvider)
+    assert isinstance(get_provider("stripe"), StripeProvider)
+    manual = get_provider("manual")
+    assert isinstance(manual, ManualProvider) and not manual.manages_registration
+    assert get_provider("nope") is None
+    assert get_provider(None) is None  # type: ignore[arg-type]
+
+
+def test_an_outcomes_repr_hides_the_secret() -> None:
+    outcome = SetupOutcome(status="registered", state={"id": 1}, detail="d", secret="whsec_x")
+    assert "whsec_x" not in repr(outcome)
+    assert "***" in repr(outcome)
+
+
+# -- manual -----------------------------------------------------------------------------------
+
+
+def test_manual_setup_gives_instructions_with_the_url_and_events(declared: None) -> None:
+    source = TriggerSource(
+        name="manual-source", provider="manual", config={"signature": "stripe"}, state=None
+    )
+    url = "https://app.example.com/hooks/manual-source/"
+    outcome = ManualProvider().setup(source, url, None)
+    assert outcome.status == "manual"
+    assert outcome.state is None and outcome.secret is None
+    assert url in outcome.detail
+    assert "checkout.session.completed" in outcome.detail
+    assert "Stripe-Signature" in outcome.detail
+    ManualProvider().teardown(source)  # nothing to remove: no error
+
+
+def test_manual_check_names_the_url_from_the_known_address(declared: None) -> None:
+    source = TriggerSource(
+        name="manual-source", provider="manual", base_url="https://app.example.com"
+    )
+    outcome = ManualProvider().check(source)
+    assert outcome.status == "manual"
+    assert "https://app.example.com/hooks/manual-source/" in outcome.detail
+
+
+def test_manual_receives_with_the_configured_scheme() -> None:
+    manual = ManualProvider()
+    assert isinstance(manual.for_config({"signature": "stripe"}), ManualProvider)
+    assert manual.for_config({"signature": "stripe"}).scheme == "stripe"  # type: ignore[attr-defined]
+    assert manual.for_config({}) is manual
+    with pytest.raises(ValueError, match="scheme"):
+        ManualProvider("md5")
+
+
+# -- GitHub -------------------------------------------------------------------------------------
+
+
+def test_github_setup_creates_a_hook(github: FakeGitHub) -> None:
+    outcome = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    [hook] = github.all_hooks()
+    assert outcome.status == "registered"
+    assert outcome.state == {"hook_id": hook["id"], "repository": REPO}
+    assert outcome.secret is None
+    assert hook["config"] == {
+        "url": URL,
+        "content_type": "json",
+        "secret": SIGNING,
+        "insecure_ssl": "0",
+    }
+    assert hook["events"] == ["pull_request", "push"]  # declared, without "ping"
+    assert hook["active"] is True
+    assert URL in outcome.detail and str(hook["id"]) in outcome.detail
+    _no_secret_in(outcome, outcome.detail, outcome.state)
+    json.dumps(outcome.state)
+
+
+def test_github_resetup_updates_the_recorded_hook(github: FakeGitHub) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    new_url = "https://new.example.com/hooks/gh-source/"
+    again = GitHubProvider().setup(_gh_source(first.state), new_url, "rotated-secret")
+    [hook] = github.all_hooks()
+    assert again.state == first.state
+    assert hook["config"]["url"] == new_url
+    assert hook["config"]["secret"] == "rotated-secret"
+    assert [m for m, _, _ in github.requests].count("POST") == 1
+
+
+def test_github_setup_without_state_reuses_a_hook_already_posting_to_the_url(
+    github: FakeGitHub,
+) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    # The state of that setup was never recorded (a crash between the API and the row).
+    again = GitHubProvider().setup(_gh_source(None), URL, SIGNING)
+    assert len(github.all_hooks()) == 1
+    assert again.state == first.state
+    assert "reused" in again.detail
+
+
+def test_github_hook_deleted_behind_our_back_is_created_once(github: FakeGitHub) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    github.hooks[REPO].clear()
+    again = GitHubProvider().setup(_gh_source(first.state), URL, SIGNING)
+    [hook] = github.all_hooks()
+    assert again.state == {"hook_id": hook["id"], "repository": REPO}
+    assert again.state != first.state
+
+
+def test_github_moved_repository_removes_the_old_hook(github: FakeGitHub) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    moved = _gh_source(first.state, repository="octo-org/other")
+    again = GitHubProvider().setup(moved, URL, SIGNING)
+    assert github.hooks[REPO] == {}
+    assert list(github.hooks["octo-org/other"]) == [again.state["hook_id"]]  # type: ignore[index]
+
+
+def test_github_insecure_ssl_from_config(github: FakeGitHub) -> None:
+    GitHubProvider().setup(_gh_source(insecure_ssl=True), URL, SIGNING)
+    assert github.all_hooks()[0]["config"]["insecure_ssl"] == "1"
+
+
+def test_github_check_finds_the_hook_and_reports_it_gone(github: FakeGitHub) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    checked = GitHubProvider().check(_gh_source(first.state))
+    assert checked.status == "registered" and checked.state == first.state
+    github.hooks[REPO].clear()
+    with pytest.raises(ProviderError, match="no longer exists"):
+        GitHubProvider().check(_gh_source(first.state))
+    with pytest.raises(ProviderError, match="no webhook is recorded"):
+        GitHubProvider().check(_gh_source(None))
+
+
+def test_github_teardown_deletes_and_already_gone_is_success(github: FakeGitHub) -> None:
+    first = GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    GitHubProvider().teardown(_gh_source(first.state))
+    assert github.all_hooks() == []
+    GitHubProvider().teardown(_gh_source(first.state))  # 404: already gone
+    calls = len(github.requests)
+    GitHubProvider().teardown(_gh_source(None))  # nothing recorded: no call
+    assert len(github.requests) == calls
+    deletes = [r for r in github.requests if r[0] == "DELETE"]
+    assert len(deletes) == 2
+
+
+def test_github_enterprise_api_root_per_source(
+    github: FakeGitHub, httpserver: HTTPServer, settings: Any
+) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "GITHUB_API_URL": "http://127.0.0.1:9"}
+    source = _gh_source(api_url=httpserver.url_for("/api/v3"))
+    outcome = GitHubProvider().setup(source, URL, SIGNING)
+    assert github.requests[-1][1] == f"/api/v3/repos/{REPO}/hooks"
+    assert outcome.state is not None
+
+
+def test_github_token_from_the_environment(
+    github: FakeGitHub, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "GITHUB_TOKEN": None}
+    monkeypatch.delenv("DJANGO_LEASES_GITHUB_TOKEN", raising=False)
+    with pytest.raises(ProviderError, match="DJANGO_LEASES_GITHUB_TOKEN"):
+        GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    assert github.requests == []
+    monkeypatch.setenv("DJANGO_LEASES_GITHUB_TOKEN", TOKEN)
+    assert GitHubProvider().setup(_gh_source(), URL, SIGNING).status == "registered"
+
+
+@pytest.mark.parametrize("config", [{}, {"repository": "no-slash"}, {"repository": "a/b/c"}])
+def test_github_needs_a_repository(github: FakeGitHub, config: dict[str, Any]) -> None:
+    source = TriggerSource(name="gh-source", provider="github", config=config)
+    with pytest.raises(ProviderError, match="repository"):
+        GitHubProvider().setup(source, URL, SIGNING)
+    assert github.requests == []
+
+
+def test_github_setup_needs_our_secret(github: FakeGitHub) -> None:
+    with pytest.raises(ProviderError, match="signing secret"):
+        GitHubProvider().setup(_gh_source(), URL, None)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "match"),
+    [
+        (422, {"message": f"Validation Failed: config.secret {SIGNING} is bad"}, "422"),
+        (500, {"message": "Server Error"}, "500"),
+        (403, {"message": "Must have admin rights to Repository."}, "403"),
+    ],
+)
+def test_github_api_errors_are_provider_errors_without_secrets(
+    github: FakeGitHub, status: int, body: dict[str, Any], match: str, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    github.fail = (status, body)
+    with pytest.raises(ProviderError, match=match) as caught:
+        GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    _no_secret_in(caught.value, caught.value.args, caplog.text)
+    with pytest.raises(ProviderError, match=match) as caught:
+        GitHubProvider().teardown(_gh_source({"hook_id": 5, "repository": REPO}))
+    assert TOKEN not in str(caught.value) + caplog.text
+
+
+def test_github_bad_token_is_a_401_provider_error(github: FakeGitHub, settings: Any) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "GITHUB_TOKEN": "wrong-token-xyz"}
+    with pytest.raises(ProviderError, match="401") as caught:
+        GitHubProvider().check(_gh_source({"hook_id": 1, "repository": REPO}))
+    assert "wrong-token-xyz" not in str(caught.value)
+
+
+def test_github_timeout_is_a_provider_error(github: FakeGitHub, settings: Any) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "PROVIDER_TIMEOUT": 0.3}
+    github.hanging = True
+    try:
+        with pytest.raises(ProviderError, match="did not answer") as caught:
+            GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    finally:
+        github.hang.set()
+    _no_secret_in(caught.value)
+
+
+def test_github_unreachable_api_is_a_provider_error(declared: None, settings: Any) -> None:
+    settings.DJANGO_LEASES = {"GITHUB_API_URL": "http://127.0.0.1:9", "GITHUB_TOKEN": TOKEN}
+    with pytest.raises(ProviderError, match="reaching the API") as caught:
+        GitHubProvider().setup(_gh_source(), URL, SIGNING)
+    _no_secret_in(caught.value)
+
+
+# -- Stripe -------------------------------------------------------------------------------------
+
+
+def test_stripe_setup_creates_an_endpoint_and_hands_back_its_secret(stripe: FakeStripe) -> None:
+    outcome = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    [endpoint] = stripe.endpoints.values()
+    assert outcome.status == "registered"
+    assert outcome.state == {"endpoint_id": endpoint["id"]}
+    assert outcome.secret == endpoint["secret"]
+    assert endpoint["url"] == STRIPE_URL
+    assert endpoint["enabled_events"] == ["charge.succeeded", "invoice.paid"]
+    assert endpoint["description"] == "shop-stripe-source"
+    assert endpoint["metadata"] == {"trigger_source": "stripe-source"}
+    assert endpoint["secret"] not in outcome.detail + repr(outcome) + json.dumps(outcome.state)
+    method, path, form = stripe.requests[-1]
+    assert (method, path) == ("POST", "/v1/webhook_endpoints")
+    assert form["enabled_events[]"] == ["charge.succeeded", "invoice.paid"]
+
+
+def test_stripe_resetup_updates_the_endpoint_whose_secret_we_keep(stripe: FakeStripe) -> None:
+    first = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    set_secret("stripe-source", first.secret or "")
+    new_url = "https://new.example.com/hooks/stripe-source/"
+    again = StripeProvider().setup(_stripe_source(first.state), new_url, None)
+    [endpoint] = stripe.endpoints.values()
+    assert again.state == first.state
+    assert again.secret is None  # the stored one stays valid
+    assert endpoint["url"] == new_url
+
+
+def test_stripe_endpoint_whose_secret_is_lost_is_replaced(stripe: FakeStripe) -> None:
+    first = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    # No secret stored (say the store was wiped): Stripe never shows it again.
+    again = StripeProvider().setup(_stripe_source(first.state), STRIPE_URL, None)
+    [endpoint] = stripe.endpoints.values()
+    assert again.state == {"endpoint_id": endpoint["id"]} != first.state
+    assert again.secret == endpoint["secret"] != first.secret
+
+
+def test_stripe_endpoint_deleted_behind_our_back_is_created_once(stripe: FakeStripe) -> None:
+    first = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    set_secret("stripe-source", first.secret or "")
+    stripe.endpoints.clear()
+    again = StripeProvider().setup(_stripe_source(first.state), STRIPE_URL, None)
+    [endpoint] = stripe.endpoints.values()
+    assert again.state == {"endpoint_id": endpoint["id"]}
+    assert again.secret == endpoint["secret"]
+
+
+def test_stripe_setup_without_state_never_leaves_two_endpoints(stripe: FakeStripe) -> None:
+    StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    again = StripeProvider().setup(_stripe_source(None), STRIPE_URL, None)
+    [endpoint] = stripe.endpoints.values()
+    assert again.state == {"endpoint_id": endpoint["id"]}
+
+
+def test_stripe_check(stripe: FakeStripe) -> None:
+    first = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    checked = StripeProvider().check(_stripe_source(first.state))
+    assert checked.status == "registered" and checked.secret is None
+    endpoint_id = first.state["endpoint_id"]  # type: ignore[index]
+    stripe.endpoints[endpoint_id]["status"] = "disabled"
+    with pytest.raises(ProviderError, match="disabled"):
+        StripeProvider().check(_stripe_source(first.state))
+    stripe.endpoints.clear()
+    with pytest.raises(ProviderError, match="no longer exists"):
+        StripeProvider().check(_stripe_source(first.state))
+    with pytest.raises(ProviderError, match="no webhook endpoint is recorded"):
+        StripeProvider().check(_stripe_source(None))
+
+
+def test_stripe_teardown_deletes_and_already_gone_is_success(stripe: FakeStripe) -> None:
+    first = StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    StripeProvider().teardown(_stripe_source(first.state))
+    assert stripe.endpoints == {}
+    StripeProvider().teardown(_stripe_source(first.state))
+    calls = len(stripe.requests)
+    StripeProvider().teardown(_stripe_source(None))
+    assert len(stripe.requests) == calls
+
+
+def test_stripe_all_events_when_declared_star(stripe: FakeStripe) -> None:
+    webhook_source("stripe-all", provider="stripe", events={"*": StartWorkflow("w")})
+    try:
+        source = TriggerSource(name="stripe-all", provider="stripe", config={})
+        StripeProvider().setup(source, STRIPE_URL, None)
+        assert next(iter(stripe.endpoints.values()))["enabled_events"] == ["*"]
+    finally:
+        registry.unregister("stripe-all")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "match"),
+    [
+        (401, {"error": {"message": f"Invalid API Key provided: {STRIPE_KEY}"}}, "401"),
+        (422, {"error": {"message": "Invalid URL"}}, "422"),
+        (500, {"error": {"message": "An unknown error occurred"}}, "500"),
+        (400, {"error": {"message": "Invalid array"}}, "400"),
+    ],
+)
+def test_stripe_api_errors_are_provider_errors_without_secrets(
+    stripe: FakeStripe, status: int, body: dict[str, Any], match: str, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    stripe.fail = (status, body)
+    with pytest.raises(ProviderError, match=match) as caught:
+        StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    _no_secret_in(caught.value, caplog.text)
+    with pytest.raises(ProviderError, match=match) as caught:
+        StripeProvider().teardown(_stripe_source({"endpoint_id": "we_1"}))
+    _no_secret_in(caught.value, caplog.text)
+
+
+def test_stripe_timeout_is_a_provider_error(
+    httpserver: HTTPServer, settings: Any, declared: None, db: None
+) -> None:
+    released = threading.Event()
+
+    def hang(request: Request) -> Response:
+        released.wait(10)
+        return _json({}, 500)
+
+    httpserver.expect_request(re.compile(".*")).respond_with_handler(hang)
+    settings.DJANGO_LEASES = {
+        "STRIPE_API_URL": httpserver.url_for("/"),
+        "STRIPE_API_KEY": STRIPE_KEY,
+        "PROVIDER_TIMEOUT": 0.3,
+    }
+    try:
+        with pytest.raises(ProviderError, match="did not answer") as caught:
+            StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    finally:
+        released.set()
+    _no_secret_in(caught.value)
+
+
+def test_stripe_needs_a_key(settings: Any, declared: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.DJANGO_LEASES = {"STRIPE_API_URL": "http://127.0.0.1:9"}
+    monkeypatch.delenv("DJANGO_LEASES_STRIPE_API_KEY", raising=False)
+    with pytest.raises(ProviderError, match="DJANGO_LEASES_STRIPE_API_KEY"):
+        StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
