@@ -30,7 +30,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_leases",
+    "demo_project.journal",
     "demo_project.previews",
+    "demo_project.shop",
 ]
 
 MIDDLEWARE = [
@@ -99,7 +101,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
-        "django_leases": {"handlers": ["console"], "level": env("LEASES_LOG_LEVEL", default="INFO")}
+        "django_leases": {
+            "handlers": ["console"],
+            "level": env("LEASES_LOG_LEVEL", default="INFO"),
+        },
+        "demo_project": {"handlers": ["console"], "level": "INFO"},
     },
 }
 
@@ -110,3 +116,7 @@ DJANGO_LEASES = {
         "github-pushes": env("DEMO_GITHUB_WEBHOOK_SECRET", default="demo-webhook-secret")
     },
 }
+# The tour runs its workers with a short step lease (DEMO_STEP_LEASE_TTL, seconds) so a paused
+# worker's step is taken over within seconds; unset, the library's default applies.
+if env("DEMO_STEP_LEASE_TTL", default=""):
+    DJANGO_LEASES["STEP_LEASE_TTL"] = env.float("DEMO_STEP_LEASE_TTL")

@@ -1,0 +1,1 @@
+"""The demo shop: a paid Stripe order reserves stock and records its receipt."""
