@@ -1,4 +1,5 @@
-"""GitHub signatures and delivery parsing, against the worked examples and real payloads."""
+"""GitHub and Stripe signatures and delivery parsing, against the worked examples and the
+real payloads (with the manifest's example headers)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 
 from django_leases.triggers.errors import MalformedDelivery
-from django_leases.triggers.providers import MAX_PAYLOAD_DEPTH, GitHubProvider, decode_json_object
-from django_leases.triggers.signatures import github_signature, verify_github_signature
+from django_leases.triggers.providers import (
+    MAX_PAYLOAD_DEPTH,
+    GitHubProvider,
+    ManualProvider,
+    StripeProvider,
+    decode_json_object,
+)
+from django_leases.triggers.signatures import (
+    github_signature,
+    parse_stripe_header,
+    stripe_signature,
+    verify_github_signature,
+    verify_stripe_signature,
+)
 
 
 def _manifest(shared_fixtures: Path) -> dict[str, Any]:
@@ -166,3 +180,142 @@ def test_parse_refuses_bad_forms(body: bytes) -> None:
 def test_decode_keeps_unicode_and_big_numbers_exactly() -> None:
     payload = decode_json_object('{"name": "Zoë 🚀", "n": 12345678901234567890, "f": 1.5}')
     assert payload == {"name": "Zoë 🚀", "n": 12345678901234567890, "f": 1.5}
+
+
+# -- Stripe ------------------------------------------------------------------------------------
+
+STRIPE_T = 1679493232
+
+
+def _stripe_files(shared_fixtures: Path) -> list[dict[str, Any]]:
+    return list(_manifest(shared_fixtures)["stripe"]["events"])
+
+
+def test_stripe_signer_matches_the_readmes_worked_example() -> None:
+    body = b'{"id":"evt_test","object":"event"}'
+    expected = "t=1679493232,v1=cab847bfbee51ad086efc71a020aba4a0a7c73649c93dc6169558a45e9da93ba"
+    assert stripe_signature("whsec_test_secret", body, STRIPE_T) == expected
+    assert verify_stripe_signature("whsec_test_secret", body, expected, now=STRIPE_T)
+
+
+def test_stripe_signer_matches_every_example_header_in_the_manifest(
+    shared_fixtures: Path,
+) -> None:
+    secret = _manifest(shared_fixtures)["signing_examples"]["stripe_secret"]
+    files = _stripe_files(shared_fixtures)
+    assert len(files) == 5
+    for entry in files:
+        body = (shared_fixtures / entry["file"]).read_bytes()
+        created = json.loads(body)["created"]
+        header = entry["example_headers"]["Stripe-Signature"]
+        assert stripe_signature(secret, body, created) == header, entry["file"]
+        assert verify_stripe_signature(secret, body, header, now=created + 60)
+        assert not verify_stripe_signature("whsec_other", body, header, now=created)
+        assert not verify_stripe_signature(secret, body + b" ", header, now=created)
+
+
+def test_stripe_parse_reads_every_real_event(shared_fixtures: Path) -> None:
+    provider = StripeProvider()
+    for entry in _stripe_files(shared_fixtures):
+        body = (shared_fixtures / entry["file"]).read_bytes()
+        headers = {k.lower(): v for k, v in entry["example_headers"].items()}
+        parsed = provider.parse(body, headers)
+        payload = json.loads(body)
+        assert parsed.event == entry["type"] == payload["type"]
+        assert parsed.delivery_id == payload["id"]
+        assert parsed.delivery_id.startswith("evt_")
+        assert parsed.payload == payload
+
+
+def test_stripe_verify_through_the_provider_honours_the_tolerance(
+    shared_fixtures: Path, settings: Any
+) -> None:
+    entry = _stripe_files(shared_fixtures)[0]
+    body = (shared_fixtures / entry["file"]).read_bytes()
+    headers = {k.lower(): v for k, v in entry["example_headers"].items()}
+    provider = StripeProvider()
+    with time_machine.travel(STRIPE_T + 299, tick=False):
+        assert provider.verify("whsec_fixture_secret", body, headers)
+    with time_machine.travel(STRIPE_T + 301, tick=False):
+        assert not provider.verify("whsec_fixture_secret", body, headers)  # a replay
+        settings.DJANGO_LEASES = {"STRIPE_TOLERANCE": 600}
+        assert provider.verify("whsec_fixture_secret", body, headers)
+
+
+def test_stripe_accepts_any_v1_and_ignores_v0() -> None:
+    body = b'{"id":"evt_1","type":"x"}'
+    good = stripe_signature("whsec_a", body, STRIPE_T).split("v1=")[1]
+    other = stripe_signature("whsec_b", body, STRIPE_T).split("v1=")[1]
+    rotating = f"t={STRIPE_T},v1={other},v1={good},v0={'0' * 64}"
+    assert verify_stripe_signature("whsec_a", body, rotating, now=STRIPE_T)
+    assert verify_stripe_signature("whsec_b", body, rotating, now=STRIPE_T)
+    assert not verify_stripe_signature("whsec_c", body, rotating, now=STRIPE_T)
+    # v0 alone never verifies, even when it holds the right digest.
+    assert not verify_stripe_signature("whsec_a", body, f"t={STRIPE_T},v0={good}", now=STRIPE_T)
+    assert parse_stripe_header(rotating) == (STRIPE_T, [other, good])
+
+
+def test_stripe_signed_timestamp_is_part_of_the_signature() -> None:
+    body = b"{}"
+    digest = stripe_signature("whsec_a", body, STRIPE_T).split("v1=")[1]
+    moved = f"t={STRIPE_T + 100},v1={digest}"
+    assert not verify_stripe_signature("whsec_a", body, moved, now=STRIPE_T + 100)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "",
+        "garbage",
+        "v1=abc",
+        f"t={STRIPE_T}",
+        f"t=,v1={'a' * 64}",
+        f"t=-5,v1={'a' * 64}",
+        f"t=12x,v1={'a' * 64}",
+        f"t=1,t=2,v1={'a' * 64}",
+        f"t={STRIPE_T},v1=ÿÿ",
+        "t=1," + "v1=a," * 5000,
+    ],
+)
+def test_stripe_verify_refuses_malformed_headers(header: str | None) -> None:
+    assert not verify_stripe_signature("whsec_a", b"{}", header, now=STRIPE_T)
+
+
+def test_stripe_verify_refuses_an_empty_secret() -> None:
+    header = stripe_signature("whsec_a", b"{}", STRIPE_T)
+    assert not verify_stripe_signature("", b"{}", header, now=STRIPE_T)
+    with pytest.raises(ValueError, match="secret"):
+        stripe_signature("", b"{}", STRIPE_T)
+    with pytest.raises(ValueError, match="timestamp"):
+        stripe_signature("whsec_a", b"{}", -1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[]",
+        b"not json",
+        b'{"type": "x"}',
+        b'{"id": "evt_1"}',
+        b'{"id": 5, "type": "x"}',
+        b'{"id": "", "type": "x"}',
+        b'{"id": "evt_1", "type": "' + b"x" * 201 + b'"}',
+        b'{"id": "evt\\u0001", "type": "x"}',
+    ],
+)
+def test_stripe_parse_refuses_what_is_not_an_event(body: bytes) -> None:
+    with pytest.raises(MalformedDelivery):
+        StripeProvider().parse(body, {})
+
+
+def test_manual_with_stripe_scheme_verifies_and_parses_like_stripe(shared_fixtures: Path) -> None:
+    entry = _stripe_files(shared_fixtures)[0]
+    body = (shared_fixtures / entry["file"]).read_bytes()
+    headers = {k.lower(): v for k, v in entry["example_headers"].items()}
+    manual = ManualProvider().for_config({"signature": "stripe"})
+    with time_machine.travel(STRIPE_T + 1, tick=False):
+        assert manual.verify("whsec_fixture_secret", body, headers)
+        # GitHub's scheme (the default) does not accept a Stripe signature.
+        assert not ManualProvider().verify("whsec_fixture_secret", body, headers)
+    assert manual.parse(body, headers).event == entry["type"]
