@@ -3,8 +3,11 @@
 ``django_leases.testing.leases.LeaseConformanceTests`` checks the lease rules L1–L18 (the
 ``Lease`` QuerySet, ``hold_lease`` and ``ahold_lease``). Mix it into a
 ``django.test.TransactionTestCase``; see that module's docstring.
+``django_leases.testing.workflows.WorkflowFencingConformanceTests`` checks the claim and
+fencing rules of workflow steps (C1–C12, F1–F12) the same way.
 """
 
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
+from django_leases.testing.workflows import WorkflowFencingConformanceTests
 
-__all__ = ["LeaseConformanceTests", "SimulatedOutage"]
+__all__ = ["LeaseConformanceTests", "SimulatedOutage", "WorkflowFencingConformanceTests"]

@@ -57,3 +57,5 @@ STEP_RESULT_NOT_JSON = "STEP_RESULT_NOT_JSON"
 STEP_FAILED = "STEP_FAILED"
 #: Error code of a run whose workflow function raised.
 WORKFLOW_ERROR = "WORKFLOW_ERROR"
+#: Error code of a run stopped by an operator, and of the step attempt it stopped.
+RUN_CANCELLED = "RUN_CANCELLED"

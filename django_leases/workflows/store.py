@@ -35,6 +35,7 @@ from django_leases import clock
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.validation import ttl_seconds
 from django_leases.workflows.states import (
+    RUN_CANCELLED,
     STEP_FUNCTION_NOT_FOUND,
     STEP_LEASE_LAPSED,
     STEP_RESULT_NOT_JSON,
@@ -87,6 +88,67 @@ class PassClaim:
 
     run_id: uuid.UUID
     using: str
+
+
+@dataclass(frozen=True)
+class RunChange:
+    """What an operator operation (``resume``, ``cancel``, ``retry_step``) did to a run.
+
+    Attributes:
+        run_id: the run's ``uuid.UUID``.
+        before: the run's status before the operation (``str``).
+        after: its status now (``str``).
+        steps: names of the steps made due again (resume, retry) or stopped (cancel).
+    """
+
+    run_id: uuid.UUID
+    before: str
+    after: str
+    steps: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"Run {self.run_id}: {self.before} → {self.after}"
+        if self.steps:
+            verb = "stopped" if self.after == RunStatus.CANCELLED else "due again as a new attempt"
+            text += f"; step(s) {', '.join(repr(s) for s in self.steps)} {verb}"
+        return text
+
+
+class WorkflowRunStateError(ValueError):
+    """An operator operation was asked of a run (or step) whose state does not allow it.
+
+    Nothing was written. ``.run_id`` and ``.status`` (the run's status) say which.
+    """
+
+    def __init__(self, run_id: uuid.UUID, status: str, verb: str, rule: str) -> None:
+        super().__init__(f"Run {run_id} is {status}: {rule} {verb}")
+        self.run_id = run_id
+        self.status = status
+
+
+class WorkflowStepCancelledError(WorkflowStepSupersededError):
+    """A step write came from an attempt that an operator's cancel of its run stopped.
+
+    A :class:`WorkflowStepSupersededError`, so the engine drops it quietly; nothing was
+    written.
+    """
+
+    def __init__(self, step_id: object, attempt: int) -> None:
+        super().__init__(step_id, attempt, attempt)
+        self.args = (
+            f"Attempt {attempt} of step {step_id} was stopped: its run was cancelled; "
+            "its write was refused",
+        )
+
+
+def parse_run_id(run_id: object) -> uuid.UUID:
+    """``run_id`` (a ``uuid.UUID`` or its text) as a ``uuid.UUID``; ``ValueError`` otherwise."""
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    try:
+        return uuid.UUID(str(run_id).strip())
+    except ValueError:
+        raise ValueError(f"{run_id!r} is not a workflow run id (a UUID)") from None
 
 
 # -- JSON -------------------------------------------------------------------------------------
@@ -312,12 +374,14 @@ class WorkflowRunQuerySet(_Store):
         check_json(input, "Workflow input")
         alias = self._alias()
         with transaction.atomic(using=alias):
-            return self.model._default_manager.using(alias).create(
+            run = self.model._default_manager.using(alias).create(
                 workflow=workflow,
                 input={} if input is None else input,
                 pass_due_at=Now(),
                 pass_requests=1,
             )
+            _wake(alias)
+            return run
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds from DB now.
@@ -435,6 +499,164 @@ class WorkflowRunQuerySet(_Store):
                 .update(**values)
             )
 
+    # -- operators ------------------------------------------------------------------------------
+    #
+    # resume / cancel / retry_step, used by the admin actions and ``manage.py workflow_runs``.
+    # Each opens one transaction and locks, in this order, the run's steps (by id) and then
+    # the run row: the same order as a worker's writes (a step, then its run), so an operator
+    # and a worker never deadlock, and a claim or fenced write committed just before is seen.
+
+    def resume(self, run_id: uuid.UUID | str) -> RunChange:
+        """Set a ``suspended`` or ``failed`` run running again, due for a pass at once.
+
+        * **suspended** (a step function or the workflow was missing from the deployed
+          code): every step suspended for a missing step function (code
+          ``STEP_FUNCTION_NOT_FOUND``) becomes due again as a **new attempt**, and is granted
+          one extra attempt (``retries + 1``), since the attempt that found no function never
+          ran it;
+        * **failed**: the run is replayed; every step that failed on its last attempt (a
+          raised error, or a lost worker) gets one more attempt and is due at once. A run that
+          failed because its workflow function raised is simply replayed (after a deploy that
+          fixed it). ``error``, ``output`` and ``finished_at`` are cleared.
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` for an unknown id,
+        ``ValueError`` for something that is not a run id, and :class:`WorkflowRunStateError`
+        for a run that is ``running``, ``completed`` or ``cancelled`` (nothing written).
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            if run.status not in (RunStatus.SUSPENDED, RunStatus.FAILED):
+                raise WorkflowRunStateError(
+                    run.pk, run.status, "resumed", "only a suspended or failed run can be"
+                )
+            steps = _reopen_missing_function_steps(alias, run.pk)
+            if run.status == RunStatus.FAILED:
+                steps += _grant_last_attempts(alias, Q(run_id=run.pk))
+            _reopen_run(alias, run.pk)
+            _wake(alias)
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, tuple(steps))
+
+    def cancel(self, run_id: uuid.UUID | str) -> RunChange:
+        """Stop a ``running`` or ``suspended`` run for good: status ``cancelled``.
+
+        No further pass runs and no step of it is claimed again. A step **running** at that
+        moment is stopped: the step and its attempt are marked ``failed`` with code
+        ``RUN_CANCELLED``, so the worker's renewals return ``False`` (its
+        ``ctx.lease_lost`` is set) and its result or error is refused with
+        :class:`WorkflowStepCancelledError` — which the engine, as for any superseded
+        write, logs and drops. A worker's write that committed just before the cancel stays
+        recorded on its step (the work was done) but starts no pass. Waiting steps are taken
+        out of the due-work index (``available_at`` cleared). Cancelled is final: such a run
+        cannot be resumed.
+
+        Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
+        ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
+        :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
+        """
+        alias = self._alias()
+        _, step_model, attempt_model = _models()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            if run.status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                raise WorkflowRunStateError(
+                    run.pk, run.status, "cancelled", "only a running or suspended run can be"
+                )
+            error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+            steps = step_model._default_manager.using(alias).filter(run_id=run.pk)
+            running = list(
+                steps.filter(status=StepStatus.RUNNING)
+                .order_by("id")
+                .values_list("pk", "attempt", "step_name")
+            )
+            for step_id, attempt, _name in running:
+                steps.filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
+                    status=StepStatus.FAILED,
+                    error=error,
+                    lease_expires_at=None,
+                    available_at=None,
+                    updated_at=Now(),
+                )
+                attempt_model._default_manager.using(alias).filter(
+                    step_id=step_id, attempt=attempt, status=AttemptStatus.RUNNING
+                ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
+            self.model._default_manager.using(alias).filter(pk=run.pk).update(
+                status=RunStatus.CANCELLED,
+                error=error,
+                pass_due_at=None,
+                finished_at=Now(),
+                updated_at=Now(),
+            )
+        return RunChange(
+            run.pk, run.status, RunStatus.CANCELLED, tuple(name for _, _, name in running)
+        )
+
+    def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:
+        """Run the ``failed`` step ``step_name`` again as a new attempt, due at once.
+
+        A step that failed on its last attempt is granted one more. A ``failed`` or
+        ``suspended`` run is set running again as by :meth:`resume` (the other steps of a
+        suspended run that miss their step function are made due too, or the run could
+        never finish); a ``running`` run just gets its step due now (ahead of its retry
+        delay).
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
+        for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
+        step, and :class:`WorkflowRunStateError` when the step is not ``failed`` or the run
+        is ``completed`` or ``cancelled`` (nothing written).
+        """
+        check_identifier(step_name, "Step name")
+        alias = self._alias()
+        _, step_model, _ = _models()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            step = (
+                step_model._default_manager.using(alias)
+                .filter(run_id=run.pk, step_name=step_name)
+                .values("status")
+                .first()
+            )
+            if step is None:
+                raise step_model.DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
+            if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
+                raise WorkflowRunStateError(
+                    run.pk, run.status, "retried", "a step of a finished run cannot be"
+                )
+            if step["status"] != StepStatus.FAILED:
+                raise WorkflowRunStateError(
+                    run.pk,
+                    run.status,
+                    "retried",
+                    f"step {step_name!r} is {step['status']}; only a failed step can be",
+                )
+            others: list[str] = []
+            if run.status == RunStatus.SUSPENDED:
+                others = _reopen_missing_function_steps(alias, run.pk)
+            _grant_last_attempts(alias, Q(run_id=run.pk, step_name=step_name))
+            step_model._default_manager.using(alias).filter(
+                run_id=run.pk, step_name=step_name, status=StepStatus.FAILED
+            ).update(available_at=Now(), updated_at=Now())
+            if run.status != RunStatus.RUNNING:
+                _reopen_run(alias, run.pk)
+            _wake(alias)
+        steps = (step_name, *(name for name in others if name != step_name))
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Lock the run's steps, then the run (inside the caller's transaction); the run."""
+        pk = parse_run_id(run_id)
+        _, step_model, _ = _models()
+        list(
+            _for_update(step_model._default_manager.using(alias).filter(run_id=pk), alias)
+            .order_by("id")
+            .values_list("pk", flat=True)
+        )
+        run = _for_update(self.model._default_manager.using(alias).filter(pk=pk), alias).first()
+        if run is None:
+            raise self.model.DoesNotExist(f"No workflow run with id {pk}")
+        return run
+
 
 # -- steps ------------------------------------------------------------------------------------
 
@@ -475,6 +697,8 @@ class WorkflowStepQuerySet(_Store):
                     "available_at": Now(),
                 },
             )
+            if _created:
+                _wake(alias)
         if step.function_name != function_name:
             raise ValueError(
                 f"Step {step_name!r} of run {run_id} was recorded with step function "
@@ -592,8 +816,10 @@ class WorkflowStepQuerySet(_Store):
             return None
         if step.status == StepStatus.RUNNING and step.lease_live:
             return None
+        # Guarded on what was read, and on the run still running: a cancel that committed
+        # while this claim waited for the step row is seen here (a new statement).
         rows = self.model._default_manager.using(alias).filter(
-            pk=step.pk, attempt=step.attempt, status=step.status
+            pk=step.pk, attempt=step.attempt, status=step.status, run__status=RunStatus.RUNNING
         )
         lease = clock.db_now_plus(seconds)
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
@@ -767,6 +993,8 @@ class WorkflowStepQuerySet(_Store):
                 and exhausted
             ):
                 _request_pass(alias, Q(steps__pk=step_id))
+            elif not exhausted and not config["retry_delay"]:
+                _wake(alias)  # the next attempt is due at once
         return StepStatus.FAILED
 
     def suspend_for_missing_function(self, step_id: int, attempt: int, function_name: str) -> None:
@@ -876,14 +1104,17 @@ class WorkflowStepQuerySet(_Store):
         return bool(row[field] == json.loads(json.dumps(outcome)))
 
     def _refuse(self, alias: str, step_id: int, attempt: int) -> None:
-        current = (
+        row = (
             self.model._default_manager.using(alias)
             .filter(pk=step_id)
-            .values_list("attempt", flat=True)
+            .values_list("attempt", "run__status")
             .first()
         )
-        if current is None:
+        if row is None:
             raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+        current, run_status = row
+        if current == attempt and run_status == RunStatus.CANCELLED:
+            raise WorkflowStepCancelledError(step_id, attempt)
         raise WorkflowStepSupersededError(step_id, attempt, current)
 
     # -- reading --------------------------------------------------------------------------------
@@ -907,6 +1138,64 @@ def _due_q() -> Q:
     return Q(available_at__isnull=True) | Q(available_at__lte=Now())
 
 
+def _for_update(qs: models.QuerySet[Any], alias: str) -> models.QuerySet[Any]:
+    """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
+    block the key-share lock an insert of a step takes on its run)."""
+    if connections[alias].features.has_select_for_no_key_update:
+        return qs.select_for_update(no_key=True)
+    return qs.select_for_update()
+
+
+def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
+    """Make the run's steps suspended for a missing step function due again, each granted one
+    extra attempt (the attempt that found no function never ran it). Returns their names."""
+    _, step_model, _ = _models()
+    steps = step_model._default_manager.using(alias).filter(
+        run_id=run_id, status=StepStatus.FAILED, error__code=STEP_FUNCTION_NOT_FOUND
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("retries") + 1, available_at=Now(), updated_at=Now())
+    return names
+
+
+def _grant_last_attempts(alias: str, where: Q) -> list[str]:
+    """Give each failed step matching ``where`` that is out of attempts one more, due now.
+    Returns their names."""
+    _, step_model, _ = _models()
+    steps = step_model._default_manager.using(alias).filter(
+        where, status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("attempt"), available_at=Now(), updated_at=Now())
+    return names
+
+
+def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
+    """Set the run ``running``, its error, output and end cleared, due for a pass now."""
+    run_model, _, _ = _models()
+    run_model._default_manager.using(alias).filter(pk=run_id).update(
+        status=RunStatus.RUNNING,
+        error=None,
+        output=None,
+        finished_at=None,
+        pass_due_at=Now(),
+        pass_requests=F("pass_requests") + 1,
+        updated_at=Now(),
+    )
+
+
+def _wake(alias: str) -> None:
+    """Tell idle workers that work is due now (inside the transaction that made it due; a
+    no-op where nothing listens)."""
+    try:
+        from django_leases.workflows import wakeup
+    except ImportError:
+        return
+    notify = getattr(wakeup, "notify_work_due", None)
+    if notify is not None:
+        notify(alias)
+
+
 def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
     """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
 
@@ -914,7 +1203,7 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
     step's outcome and the run's wake-up commit together).
     """
     run_model, _, _ = _models()
-    return (
+    requested = (
         run_model._default_manager.using(alias)
         .filter(where, status=RunStatus.RUNNING)
         .update(
@@ -923,6 +1212,9 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
             updated_at=Now(),
         )
     )
+    if requested and not delay:
+        _wake(alias)  # due now (work due later is found by polling)
+    return requested
 
 
 class WorkflowStepAttemptQuerySet(_Store):
@@ -936,10 +1228,14 @@ class WorkflowStepAttemptQuerySet(_Store):
 __all__ = [
     "Claim",
     "PassClaim",
+    "RunChange",
     "WorkflowRunQuerySet",
+    "WorkflowRunStateError",
     "WorkflowStepAttemptQuerySet",
+    "WorkflowStepCancelledError",
     "WorkflowStepQuerySet",
     "check_json",
     "check_retries",
     "error_json",
+    "parse_run_id",
 ]
