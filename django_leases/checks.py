@@ -20,6 +20,8 @@ id                       what it reports
 ``django_leases.E007``   ``AUTOCOMMIT`` off on the lease database: acquire and release never
                          commit, so no other process sees them
 ``django_leases.W008``   a declared trigger source has no signing secret: every delivery gets 401
+                         (none in ``WEBHOOK_SECRETS`` nor in the credential store, for a
+                         ``manual`` source or an enabled one; or the store cannot be read)
 ``django_leases.W009``   a trigger source starts a workflow that no code registers: its deliveries
                          fail and are not recorded
 ``django_leases.E010``   ``WEBHOOK_MAX_BODY`` or ``WEBHOOK_SECRETS`` is not usable
@@ -216,8 +218,18 @@ def check_webhook_settings(
     secrets: object,
     max_body: object,
     workflow_registered: Callable[[str], bool],
+    stored: set[str] | None = None,
+    enabled: set[str] | None = None,
 ) -> list[checks.CheckMessage]:
-    """W008, W009 and E010 for the trigger-source declarations and webhook settings."""
+    """W008, W009 and E010 for the trigger-source declarations and webhook settings.
+
+    ``stored``: names with a secret in the credential store (``None``: the store could not
+    be read). ``enabled``: names of enabled sources. A source whose provider registers the
+    webhook itself (GitHub, Stripe) gets its secret at setup, so only an enabled one without
+    it is reported; a ``manual`` one needs an operator to store it.
+    """
+    from django_leases.triggers.providers import get_provider
+
     messages: list[checks.CheckMessage] = []
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body <= 0:
         messages.append(
@@ -241,12 +253,29 @@ def check_webhook_settings(
             )
         )
     for declaration in declared:
-        if usable_secrets and not known.get(declaration.name):
+        name = declaration.name
+        provider = get_provider(declaration.provider)
+        manual = provider is None or not provider.manages_registration
+        missing = usable_secrets and not known.get(name)
+        if missing and stored is not None:
+            missing = name not in stored and (manual or name in (enabled or set()))
+        if missing:
+            where = (
+                "the credential store could not be read to confirm one"
+                if stored is None
+                else "none is stored"
+            )
+            hint = (
+                f"Store it with django_leases.triggers.credentials.set_secret({name!r}, …) "
+                f'(manage.py trigger_sources), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
+                if manual
+                else "Disable and enable the source again: its setup stores a new secret."
+            )
             messages.append(
                 checks.Warning(
-                    f"Trigger source {declaration.name!r} has no signing secret: every "
+                    f"Trigger source {name!r} has no signing secret ({where}): every "
                     "delivery to it will be refused with 401.",
-                    hint=f'Add DJANGO_LEASES["WEBHOOK_SECRETS"][{declaration.name!r}].',
+                    hint=hint,
                     id="django_leases.W008",
                 )
             )
@@ -283,6 +312,27 @@ def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.Check
     return messages
 
 
+def _stored_secrets() -> tuple[set[str] | None, set[str] | None]:
+    """Names with a stored secret and names of enabled sources; ``(None, None)`` when the
+    database cannot be read (not migrated yet, unreachable, or not allowed here)."""
+    from django_leases.models import TriggerSecret, TriggerSource
+
+    try:
+        stored = set(
+            TriggerSecret.objects.using(router.db_for_read(TriggerSecret)).values_list(
+                "name", flat=True
+            )
+        )
+        enabled = set(
+            TriggerSource.objects.using(router.db_for_read(TriggerSource))
+            .filter(enabled=True)
+            .values_list("name", flat=True)
+        )
+    except Exception:  # any failure only means the store cannot be consulted now
+        return None, None
+    return stored, enabled
+
+
 @checks.register("django_leases")
 def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The registered entry point: every check above against the running settings."""
@@ -302,12 +352,16 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_routing(_our_models(), aliases))
+    declared = declarations()
+    stored, enabled = _stored_secrets() if declared else (None, None)
     messages.extend(
         check_webhook_settings(
-            declarations(),
+            declared,
             leases_settings.WEBHOOK_SECRETS,
             leases_settings.WEBHOOK_MAX_BODY,
             registered,
+            stored,
+            enabled,
         )
     )
     return messages
