@@ -46,3 +46,26 @@ class MalformedDelivery(ReceiveError, ValueError):
     """Signed, but not a delivery we can read (body, event or delivery id): 400."""
 
     status = 400
+
+
+class TriggerSourceError(Exception):
+    """A trigger-source operation was refused before anything changed. ``.name`` is the source.
+
+    The message is meant for operators (the admin's message, a command's stderr) and never
+    holds a secret.
+    """
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class SourceStillDeclared(TriggerSourceError):
+    """``forget`` of a source that is still declared in code (only orphans are forgotten)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} is still declared in code; only an orphan can be "
+            "forgotten (disable it instead, or remove its declaration and reconcile first)",
+        )

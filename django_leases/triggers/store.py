@@ -6,8 +6,17 @@ Follows the reference ``TriggerSourceStore`` (DESIGN §6):
   (an orphan) without deleting it; it never touches ``enabled`` (off by default), ``status``
   or ``state``, and keeps a known ``base_url`` / ``label_prefix`` when none is given;
 * ``record(name, …)`` replaces ``state`` only when one is given and always overwrites
-  ``detail``; ``set_enabled(name, …)`` flips the switch; an unknown name is an
+  ``detail``; ``set_enabled(name, …)`` flips the switch; ``forget(name)`` deletes an
+  orphan's row and ``remove(name)`` any row (the reference ``deleteTriggerSource``, used
+  once the provider's registration is torn down); an unknown name is an
   :class:`~django_leases.triggers.errors.UnknownTriggerSourceError`.
+
+Statuses (:data:`STATUSES`): ``off`` (nothing registered), ``pending`` (a setup or teardown
+is under way, or was interrupted), ``registered`` (the provider's API holds our endpoint),
+``manual`` (registration is the operator's job; ``detail`` says how), ``failed`` (the last
+setup or teardown failed; ``detail`` says why). A new row has no status yet (shown as off).
+These methods are the storage rules only; the provider calls and the lease that keeps two
+operators apart live in :mod:`django_leases.triggers.lifecycle`.
 
 Each method opens its own transaction on the database the router picks for writes.
 This module imports no models at import time (the models import it).
@@ -15,6 +24,7 @@ This module imports no models at import time (the models import it).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,10 +32,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
-from django.db import IntegrityError, models, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models.functions import Now
 
-from django_leases.triggers.errors import SourceNotReceiving, UnknownTriggerSourceError
+from django_leases.triggers.errors import (
+    SourceNotReceiving,
+    SourceStillDeclared,
+    UnknownTriggerSourceError,
+)
 from django_leases.triggers.registry import Delivery, Handler
 
 if TYPE_CHECKING:
@@ -53,6 +67,9 @@ class _Unset:
 
 #: ``record(..., state=UNSET)`` (the default) keeps the stored state.
 UNSET: Any = _Unset()
+
+#: What ``TriggerSource.status`` may hold (besides ``None``, a row never set up).
+STATUSES = ("off", "pending", "registered", "manual", "failed")
 
 _MAX_ADDRESS = 500
 _MAX_LABEL_PREFIX = 200
@@ -82,6 +99,25 @@ def _check_label_prefix(label_prefix: object) -> str:
     return label_prefix
 
 
+#: The PostgreSQL advisory lock id that serialises ``sync`` (the bytes of "dl_trigs").
+SYNC_LOCK_ID = 0x646C5F7472696773  # "dl_trigs"
+
+
+def _serialise_syncs(alias: str) -> None:
+    """Make concurrent syncs take turns, for the length of the current transaction.
+
+    Row locks alone cannot order them: each sync also inserts rows the others cannot see
+    yet (the unique index makes a second insert of a name wait for the first transaction),
+    and those waits interleave with the row locks into deadlocks. PostgreSQL gets one
+    transaction-scoped advisory lock; SQLite's IMMEDIATE transaction already holds the
+    database's write lock; other databases rely on the row locks taken next.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SYNC_LOCK_ID])
+
+
 class TriggerSourceQuerySet(models.QuerySet["TriggerSource"]):
     """Domain methods of ``TriggerSource.objects``. Each opens the transaction it needs."""
 
@@ -100,6 +136,13 @@ class TriggerSourceQuerySet(models.QuerySet["TriggerSource"]):
     def orphaned(self) -> TriggerSourceQuerySet:
         """Rows whose declaration left the code (orphans)."""
         return self.filter(declared=False)
+
+    def named(self, name: str) -> TriggerSource:
+        """The row of ``name``. Raises :class:`UnknownTriggerSourceError` when there is none."""
+        row = self.filter(name=name).first() if isinstance(name, str) else None
+        if row is None:
+            raise UnknownTriggerSourceError(name)
+        return row
 
     def receivable(self, name: str) -> TriggerSource | None:
         """The row of ``name`` if it is declared **and** enabled, else ``None``."""
@@ -151,8 +194,9 @@ class TriggerSourceQuerySet(models.QuerySet["TriggerSource"]):
         alias = self._alias()
         with transaction.atomic(using=alias):
             rows = self._rows(alias)
-            # Lock the existing rows in name order first: a second sync waits here rather
-            # than deadlocking with this one halfway through.
+            _serialise_syncs(alias)
+            # Then lock the existing rows in name order: record / set_enabled on one row
+            # wait here rather than in the middle of the sync.
             list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
             rows.bulk_create(
                 [
@@ -216,17 +260,71 @@ class TriggerSourceQuerySet(models.QuerySet["TriggerSource"]):
     ) -> None:
         """Record the outcome of a provider step for source ``name``.
 
-        ``status`` is stored as given; ``detail`` (the last instructions or error) is always
-        overwritten, ``None`` clearing it; ``state`` (provider identifiers only, JSON) is
-        replaced only when given. Raises :class:`UnknownTriggerSourceError` for an unknown
-        name.
+        Args:
+            name: the source.
+            status: one of :data:`STATUSES` or ``None``; stored as given.
+            detail: the last instructions or error (``str``); always overwritten, ``None``
+                clearing it.
+            state: provider identifiers (a JSON-serialisable ``dict``) or ``None``; replaced
+                only when given (the default, :data:`UNSET`, keeps the stored state).
+
+        Raises:
+            UnknownTriggerSourceError: no row has that name (nothing written).
+            ValueError: an unknown status, a non-``str`` detail or a state that is not a
+                JSON object (nothing written).
         """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"Unknown trigger source status {status!r} (known: {STATUSES})")
+        if detail is not None and not isinstance(detail, str):
+            raise ValueError(f"detail must be a str or None, not {type(detail).__name__}")
         updates: dict[str, Any] = {"status": status, "detail": detail, "updated_at": Now()}
         if state is not UNSET:
+            if state is not None and not isinstance(state, dict):
+                raise ValueError(f"state must be a dict or None, not {type(state).__name__}")
+            if state is not None:
+                try:
+                    json.dumps(state)
+                except (TypeError, ValueError):
+                    raise ValueError("state must be JSON-serialisable") from None
             updates["state"] = state
         alias = self._alias()
         with transaction.atomic(using=alias):
             if not self._rows(alias).filter(name=name).update(**updates):
+                raise UnknownTriggerSourceError(name)
+
+    def forget(self, name: str) -> None:
+        """Delete the row of orphan ``name`` (its declaration left the code).
+
+        Nothing is asked of the provider: a registration it still holds stays there (tear it
+        down first when the provider is installed). Deliveries already recorded are kept
+        (their ``source`` becomes ``NULL``; ``source_name`` stays).
+
+        Raises:
+            UnknownTriggerSourceError: no row has that name.
+            SourceStillDeclared: the source is declared in code (a sync would bring the row
+                back at once; disable it instead). Nothing is deleted.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            rows = self._rows(alias)
+            declared = rows.select_for_update().filter(name=name).values_list("declared", flat=True)
+            found = list(declared)
+            if not found:
+                raise UnknownTriggerSourceError(name)
+            if found[0]:
+                raise SourceStillDeclared(name)
+            rows.filter(name=name, declared=False).delete()
+
+    def remove(self, name: str) -> None:
+        """Delete the row of ``name``, declared or not (the reference ``deleteTriggerSource``).
+
+        Used once a source is torn down at its provider; a declared source comes back, off,
+        at the next sync. Raises :class:`UnknownTriggerSourceError` for an unknown name.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            deleted, _ = self._rows(alias).filter(name=name).delete()
+            if not deleted:
                 raise UnknownTriggerSourceError(name)
 
 
