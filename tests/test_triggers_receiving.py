@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
+from cryptography.fernet import Fernet
 from django.db import connection
 from django.test import Client, RequestFactory
 
 from django_leases.models import TriggerEvent, TriggerSource, WorkflowRun
 from django_leases.triggers import registry
+from django_leases.triggers.credentials import set_secret
 from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_source
-from django_leases.triggers.signatures import github_signature
+from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
 
@@ -668,3 +672,185 @@ def test_the_demo_source_starts_build_preview(db: None, shared_fixtures: Path) -
     assert response.status_code == 202, response.content
     run = WorkflowRun.objects.get(pk=response.json()["run_id"])
     assert (run.workflow, run.input) == ("build-preview", json.loads(body))
+
+
+# -- the signing secret from the credential store ----------------------------------------------
+
+
+def test_a_secret_from_the_credential_store_verifies(
+    source: str, shared_fixtures: Path, settings: Any
+) -> None:
+    settings.DJANGO_LEASES = {}
+    set_secret(SOURCE, SECRET)
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 202
+
+
+def test_the_settings_secret_wins_over_the_stored_one(source: str, shared_fixtures: Path) -> None:
+    set_secret(SOURCE, "stored-but-overridden")
+    body, headers = _example(shared_fixtures)  # signed with SECRET, the settings' one
+    assert _post(Client(), body, headers).status_code == 202
+    stored_signed = {**headers, "X-GitHub-Delivery": str(uuid.uuid4())}
+    stored_signed["X-Hub-Signature-256"] = github_signature("stored-but-overridden", body)
+    assert _post(Client(), body, stored_signed).status_code == 401
+
+
+def test_an_undecryptable_stored_secret_is_401_not_500(
+    source: str, shared_fixtures: Path, settings: Any, caplog: Any
+) -> None:
+    settings.DJANGO_LEASES = {"SECRET_KEYS": [Fernet.generate_key().decode()]}
+    set_secret(SOURCE, SECRET)
+    settings.DJANGO_LEASES = {"SECRET_KEYS": [Fernet.generate_key().decode()]}
+    body, headers = _example(shared_fixtures)
+    assert _post(Client(), body, headers).status_code == 401
+    assert "cannot be decrypted" in caplog.text
+    _nothing_recorded()
+
+
+# -- Stripe, and manual sources signed Stripe's way ------------------------------------------------
+
+STRIPE_SOURCE = "test-payments"
+MANUAL_SOURCE = "test-manual-stripe"
+STRIPE_SECRET = "whsec_fixture_secret"  # the manifest's Stripe example headers use it
+STRIPE_T = 1679493232  # every Stripe event fixture's "created", and its signature's t
+
+
+@pytest.fixture
+def stripe_sources(db: None, settings: Any) -> Iterator[None]:
+    settings.DJANGO_LEASES = {}
+    webhook_source(
+        STRIPE_SOURCE,
+        provider="stripe",
+        events={"invoice.paid": StartWorkflow(WORKFLOW), "charge.succeeded": _on_issue},
+    )
+    webhook_source(
+        MANUAL_SOURCE,
+        provider="manual",
+        config={"signature": "stripe"},
+        events={"customer.created": StartWorkflow(WORKFLOW, input="delivery")},
+    )
+    TriggerSource.objects.sync(registry.declarations())
+    for name in (STRIPE_SOURCE, MANUAL_SOURCE):
+        TriggerSource.objects.set_enabled(name, True)
+        set_secret(name, STRIPE_SECRET)
+    _function_calls.clear()
+    with time_machine.travel(STRIPE_T + 30, tick=False):
+        yield
+    registry.unregister(STRIPE_SOURCE)
+    registry.unregister(MANUAL_SOURCE)
+
+
+def _stripe_entries(shared_fixtures: Path) -> list[dict[str, Any]]:
+    manifest = json.loads((shared_fixtures / "manifest.json").read_text())
+    return list(manifest["stripe"]["events"])
+
+
+def _stripe_example(shared_fixtures: Path, type_: str) -> tuple[bytes, dict[str, str]]:
+    entry = next(e for e in _stripe_entries(shared_fixtures) if e["type"] == type_)
+    return (shared_fixtures / entry["file"]).read_bytes(), dict(entry["example_headers"])
+
+
+def test_every_real_stripe_event_is_accepted(stripe_sources: None, shared_fixtures: Path) -> None:
+    client = Client()
+    entries = _stripe_entries(shared_fixtures)
+    assert len(entries) == 5
+    for entry in entries:
+        body = (shared_fixtures / entry["file"]).read_bytes()
+        response = _post(client, body, entry["example_headers"], url=f"/hooks/{STRIPE_SOURCE}/")
+        assert response.status_code == 202, (entry["file"], response.content)
+        payload = json.loads(body)
+        event = TriggerEvent.objects.get(source_name=STRIPE_SOURCE, delivery_id=payload["id"])
+        assert event.event == entry["type"]
+        assert event.payload == payload
+    paid = TriggerEvent.objects.get(source_name=STRIPE_SOURCE, event="invoice.paid")
+    assert paid.run is not None and paid.run.input == json.loads(
+        _stripe_example(shared_fixtures, "invoice.paid")[0]
+    )
+    assert [d.event for d in _function_calls] == ["charge.succeeded"]
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_a_repeated_stripe_event_is_not_processed_again(
+    stripe_sources: None, shared_fixtures: Path
+) -> None:
+    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    url = f"/hooks/{STRIPE_SOURCE}/"
+    assert _post(Client(), body, headers, url=url).status_code == 202
+    again = _post(Client(), body, headers, url=url)
+    assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_a_stale_stripe_signature_is_a_refused_replay(
+    stripe_sources: None, shared_fixtures: Path
+) -> None:
+    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    with time_machine.travel(STRIPE_T + 301, tick=False):
+        response = _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/")
+    assert response.status_code == 401
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [None, "", f"t={STRIPE_T}", f"t={STRIPE_T},v0={'0' * 64}", f"t={STRIPE_T},v1={'0' * 64}"],
+)
+def test_a_missing_or_bad_stripe_signature_is_401(
+    stripe_sources: None, shared_fixtures: Path, signature: str | None
+) -> None:
+    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    headers.pop("Stripe-Signature")
+    if signature is not None:
+        headers["Stripe-Signature"] = signature
+    assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 401
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"type": "invoice.paid"}', b'{"id": "evt_1"}', b"[]", b"nope", b""]
+)
+def test_a_signed_but_malformed_stripe_body_is_400(stripe_sources: None, body: bytes) -> None:
+    headers = {"Stripe-Signature": stripe_signature(STRIPE_SECRET, body, STRIPE_T)}
+    assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 400
+    _nothing_recorded()
+
+
+def test_a_manual_source_signed_stripes_way(stripe_sources: None, shared_fixtures: Path) -> None:
+    body, headers = _stripe_example(shared_fixtures, "customer.created")
+    response = _post(Client(), body, headers, url=f"/hooks/{MANUAL_SOURCE}/")
+    assert response.status_code == 202, response.content
+    run = WorkflowRun.objects.get()
+    assert run.input["provider"] == "manual"
+    assert run.input["event"] == "customer.created"
+    github_signed = {"X-Hub-Signature-256": github_signature(STRIPE_SECRET, body)}
+    assert _post(Client(), body, github_signed, url=f"/hooks/{MANUAL_SOURCE}/").status_code == 401
+
+
+def test_a_disabled_stripe_source_is_404(stripe_sources: None, shared_fixtures: Path) -> None:
+    TriggerSource.objects.set_enabled(STRIPE_SOURCE, False)
+    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 404
+    _nothing_recorded()
+
+
+def test_the_secret_never_reaches_logs_or_answers(
+    stripe_sources: None, shared_fixtures: Path, caplog: Any
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    url = f"/hooks/{STRIPE_SOURCE}/"
+    answers = [
+        _post(Client(), body, headers, url=url),
+        _post(Client(), body, headers, url=url),
+        _post(Client(), body, {"Stripe-Signature": "t=1,v1=00"}, url=url),
+        _post(
+            Client(),
+            b"[]",
+            {"Stripe-Signature": stripe_signature(STRIPE_SECRET, b"[]", STRIPE_T)},
+            url=url,
+        ),
+    ]
+    assert [a.status_code for a in answers] == [202, 200, 401, 400]
+    for answer in answers:
+        assert STRIPE_SECRET not in answer.content.decode()
+    assert STRIPE_SECRET not in caplog.text
