@@ -145,3 +145,16 @@ def test_start_workflow_handler_calls_start_workflow(monkeypatch: pytest.MonkeyP
 def test_start_workflow_input_must_be_payload_or_delivery() -> None:
     with pytest.raises(ValueError, match="payload"):
         StartWorkflow("wf", input="headers")  # type: ignore[arg-type]
+
+
+def test_any_installed_provider_may_be_declared(cleanup: list[str]) -> None:
+    from django_leases.testing.providers import FakeProvider, installed_provider
+
+    for provider in ("manual", "stripe", "github"):
+        cleanup.append(f"t-{provider}")
+        assert webhook_source(f"t-{provider}", provider=provider, events={}).provider == provider
+    with pytest.raises(ValueError, match="unknown provider 'fake-reg'"):
+        webhook_source("t-fake", provider="fake-reg", events={})
+    with installed_provider(FakeProvider("fake-reg")):
+        cleanup.append("t-fake")
+        assert webhook_source("t-fake", provider="fake-reg", events={}).provider == "fake-reg"

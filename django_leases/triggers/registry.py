@@ -43,10 +43,6 @@ from typing import Any, Literal
 #: Kinds of trigger source. Only webhooks exist so far.
 KINDS = frozenset({"webhook"})
 
-#: Providers a declaration may name. ``github`` receives now; ``manual`` and ``stripe`` come
-#: with the provider lifecycle (issue 4) and are refused until their receivers exist.
-PROVIDERS = frozenset({"github"})
-
 #: Longest source name, in characters (the column width).
 MAX_NAME_LENGTH = 200
 
@@ -143,7 +139,7 @@ class TriggerDeclaration:
 
     Attributes:
         name: unique source name; also the URL segment (``hooks/<name>/``).
-        provider: ``"github"`` (``"manual"`` and ``"stripe"`` later).
+        provider: an installed provider's name (``"github"``, ``"stripe"``, ``"manual"``).
         kind: ``"webhook"``.
         config: non-secret provider config (GitHub: ``{"repository": "owner/repo"}``).
         events: event name → handler (:class:`StartWorkflow` or a function).
@@ -177,6 +173,17 @@ def _check_source_name(name: object) -> str:
             "(it is part of the webhook URL)"
         )
     return name
+
+
+def _check_provider(name: str, provider: object) -> str:
+    from django_leases.triggers.providers import get_provider, provider_names
+
+    if not isinstance(provider, str) or get_provider(provider) is None:
+        raise ValueError(
+            f"Trigger source {name!r}: unknown provider {provider!r} "
+            f"(installed: {', '.join(provider_names())})"
+        )
+    return provider
 
 
 def _check_config(name: str, config: object) -> dict[str, Any]:
@@ -225,7 +232,8 @@ def webhook_source(
 
     Args:
         name: unique source name (``str``, letters, digits, ``-_.``, ≤ 200 characters).
-        provider: ``"github"``.
+        provider: the name of an installed provider: ``"github"``, ``"stripe"``,
+            ``"manual"``, or one added with ``providers.register_provider``.
         events: event name → handler (:class:`StartWorkflow` or a function).
         config: non-secret provider config (keys that look like secrets are refused).
 
@@ -237,11 +245,7 @@ def webhook_source(
             already declared differently.
     """
     _check_source_name(name)
-    if provider not in PROVIDERS:
-        raise ValueError(
-            f"Trigger source {name!r}: unknown provider {provider!r} "
-            f"(known: {', '.join(sorted(PROVIDERS))})"
-        )
+    _check_provider(name, provider)
     declaration = TriggerDeclaration(
         name=name,
         provider=provider,
