@@ -8,9 +8,18 @@
     Worker(concurrency=2).run(once=True)  # until nothing is due, then return
 
 Each thread loops: pick a run whose pass is due and replay it, else claim a due step and
-execute it, else wait ``WORKER_POLL_INTERVAL`` seconds. On PostgreSQL rows are picked with
+execute it, else wait for a wake-up or the poll interval. On PostgreSQL rows are picked with
 ``SKIP LOCKED`` so threads and processes never wait for each other. Recovery of a dead
 worker's step comes from its lease lapsing on the database clock, never from worker identity.
+
+Waking up (:mod:`django_leases.workflows.wakeup`): on PostgreSQL each worker process keeps
+one LISTEN connection, and the store NOTIFYs in every transaction that makes work due now,
+so an idle worker starts a new run's first pass or a newly scheduled step within
+milliseconds. The poll interval then only bounds how late work that becomes due by the
+clock is seen (a lapsed step lease, a retry after ``retry_delay``): it defaults to
+:data:`LISTENING_POLL_INTERVAL` (1 s). Elsewhere (SQLite) idle threads poll every
+:data:`POLLING_POLL_INTERVAL` (0.25 s) by default. ``WORKER_POLL_INTERVAL`` (or the
+``poll_interval`` argument) overrides both.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from django_leases.workflows.engine import (
     run_lease_ttl,
     run_pass,
 )
+from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -41,6 +51,12 @@ EXIT_DATABASE_UNREACHABLE = 2
 #: Exit status when a worker thread died (the other threads were stopped).
 EXIT_THREAD_DIED = 3
 
+#: Default poll interval where LISTEN/NOTIFY wakes idle workers (PostgreSQL), seconds.
+LISTENING_POLL_INTERVAL = 1.0
+#: Default poll interval where idle workers can only poll (SQLite), seconds.
+POLLING_POLL_INTERVAL = 0.25
+#: First back-off after a failed unit of work (doubled per consecutive failure), seconds.
+FAILURE_BACKOFF = 0.1
 #: Longest back-off after a failed unit of work, seconds.
 MAX_BACKOFF = 30.0
 #: Consecutive failures after which ``once`` mode gives up.
@@ -56,8 +72,10 @@ class Worker:
     Args:
         concurrency: number of worker threads (``int`` ≥ 1).
         using: database alias (default: the router's choice for ``WorkflowStep``).
-        poll_interval: seconds an idle thread waits before looking again (default
-            ``WORKER_POLL_INTERVAL``).
+        poll_interval: seconds an idle thread waits before looking again, unless woken
+            earlier by a notification (default ``WORKER_POLL_INTERVAL``; when that is unset,
+            :data:`LISTENING_POLL_INTERVAL` on PostgreSQL, :data:`POLLING_POLL_INTERVAL`
+            elsewhere).
         shutdown_grace: seconds in-flight work may take to finish after a stop request
             (default ``WORKER_SHUTDOWN_GRACE``).
         step_lease_ttl: TTL of a claimed step's lease, seconds (default ``STEP_LEASE_TTL``).
@@ -78,10 +96,13 @@ class Worker:
             raise ValueError(f"concurrency must be an int >= 1, not {concurrency!r}")
         self.concurrency = concurrency
         self.using = using
-        self.poll_interval = _seconds(
-            leases_settings.WORKER_POLL_INTERVAL if poll_interval is None else poll_interval,
-            "poll_interval",
-        )
+        if poll_interval is None:
+            poll_interval = leases_settings.WORKER_POLL_INTERVAL
+        if poll_interval is None:
+            poll_interval = (
+                LISTENING_POLL_INTERVAL if listens(self.alias) else POLLING_POLL_INTERVAL
+            )
+        self.poll_interval = _seconds(poll_interval, "poll_interval")
         self.shutdown_grace = _seconds(
             leases_settings.WORKER_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",
@@ -96,12 +117,26 @@ class Worker:
         self._progress = 0
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
+        #: Wake-ups of idle threads (from the listener, and from a thread that found work).
+        self.wake = WakeSignal(concurrency)
+        #: The LISTEN connection's thread while :meth:`run` runs on PostgreSQL (not in
+        #: ``once`` mode), else ``None``.
+        self.listener: WakeupListener | None = None
+
+    @property
+    def alias(self) -> str:
+        """The database alias the worker uses (``using``, else the router's choice)."""
+        from django_leases.models import WorkflowStep
+
+        return self.using or router.db_for_write(WorkflowStep)
 
     # -- control --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop claiming new work; in-flight work finishes. Safe from any thread."""
+        """Stop claiming new work; in-flight work finishes. Safe from any thread (not from a
+        signal handler: :meth:`run` handles signals itself)."""
         self._stop.set()
+        self.wake.interrupt()
 
     @property
     def stopping(self) -> bool:
@@ -151,15 +186,32 @@ class Worker:
             )
             for i in range(self.concurrency)
         ]
+        alias = self.alias
+        if not once and listens(alias):
+            self.listener = WakeupListener(
+                alias,
+                self.wake.wake,
+                on_reconnect=lambda: self.wake.wake(self.concurrency),
+            )
         logger.info(
-            "Workflow worker started: %d thread(s)%s", self.concurrency, " (once)" if once else ""
+            "Workflow worker started: %d thread(s)%s, %spolling every %.2f s",
+            self.concurrency,
+            " (once)" if once else "",
+            "woken by LISTEN/NOTIFY, " if self.listener else "",
+            self.poll_interval,
         )
         try:
+            if self.listener is not None:
+                self.listener.start()
             for thread in threads:
                 thread.start()
             while any(t.is_alive() for t in threads) and not self._stop.is_set():
                 for thread in threads:
                     thread.join(0.2)
+            # A signal handler only sets the flag; idle threads are woken from here.
+            self.wake.interrupt()
+            if self.listener is not None:
+                self.listener.stop()
             deadline = time.monotonic() + self.shutdown_grace
             for thread in threads:
                 while thread.is_alive() and not self._abandon.is_set():
@@ -169,6 +221,9 @@ class Worker:
                     thread.join(min(remaining, 0.2))
             stuck = [t.name for t in threads if t.is_alive()]
         finally:
+            self.wake.interrupt()
+            if self.listener is not None:
+                self.listener.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)  # type: ignore[arg-type]
         if self._died:
@@ -195,7 +250,7 @@ class Worker:
 
         if self._stop.is_set():
             return False
-        alias = self.using or router.db_for_write(WorkflowStep)
+        alias = self.alias
         picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
         if picked is not None:
             outcome = run_pass(picked.run_id, using=alias)
@@ -226,7 +281,7 @@ class Worker:
             )
             with self._lock:
                 self._died.append(name)
-            self._stop.set()
+            self.stop()
         finally:
             _close_thread_connections()
 
@@ -259,24 +314,27 @@ class Worker:
                 if did:
                     self._progress += 1
                 quiet = self._busy == 0 and self._progress == seen
+            if did:
+                # There may be more: let an idle thread look too (a burst fans out).
+                self.wake.wake_if_waiting()
             if once and not did and not failed and quiet and self._drained(seen):
-                self._stop.set()
+                self.stop()
             if failed:
                 if once and failures >= ONCE_MAX_FAILURES:
                     self._gave_up = True
-                    self._stop.set()
+                    self.stop()
                     break
-                backoff = min(self.poll_interval * 2 ** min(failures, 10), MAX_BACKOFF)
+                backoff = min(FAILURE_BACKOFF * 2 ** min(failures - 1, 10), MAX_BACKOFF)
                 self._stop.wait(backoff)
             elif not did:
-                self._stop.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
+                self.wake.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
 
     def _drained(self, seen: int) -> bool:
         """Nobody is working, nothing finished since the look that found nothing began, and
         nothing is due soon: ``once`` mode is done."""
-        from django_leases.models import WorkflowRun, WorkflowStep
+        from django_leases.models import WorkflowRun
 
-        alias = self.using or router.db_for_write(WorkflowStep)
+        alias = self.alias
         try:
             soon = WorkflowRun.objects.db_manager(alias).work_due_within(ONCE_HORIZON)
         except Exception:

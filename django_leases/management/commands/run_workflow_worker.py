@@ -1,8 +1,12 @@
-"""``manage.py run_workflow_worker [--concurrency N] [--once] [--database ALIAS]``.
+"""``manage.py run_workflow_worker [--concurrency N] [--once] [--database ALIAS]
+[--poll-interval S] [--shutdown-grace S]``.
 
 Runs :class:`django_leases.workflows.worker.Worker`: N threads picking due orchestration passes
-and due workflow steps. SIGTERM / SIGINT stop claiming and give in-flight steps
-``WORKER_SHUTDOWN_GRACE`` seconds to finish (a second signal stops waiting).
+and due workflow steps. On PostgreSQL idle threads are woken by LISTEN/NOTIFY as soon as work
+is due; they also look every ``--poll-interval`` seconds (default ``WORKER_POLL_INTERVAL``, or
+1 s on PostgreSQL and 0.25 s elsewhere). SIGTERM / SIGINT stop claiming and give in-flight
+steps ``--shutdown-grace`` seconds (default ``WORKER_SHUTDOWN_GRACE``) to finish (a second
+signal stops waiting).
 
 Exit status: 0 when stopped cleanly (or, with ``--once``, when nothing was left due);
 1 when in-flight work was still running at the end of the grace (its step leases lapse and
@@ -30,6 +34,19 @@ _EXIT_MESSAGES = {
     EXIT_DATABASE_UNREACHABLE: "the database stayed unreachable",
     EXIT_THREAD_DIED: "a worker thread died (see the log above)",
 }
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -65,11 +82,33 @@ class Command(BaseCommand):
             default=None,
             help="Database alias holding the workflow tables. Default: the router's choice.",
         )
+        parser.add_argument(
+            "--poll-interval",
+            type=_seconds,
+            default=None,
+            metavar="S",
+            help="Seconds an idle thread waits before looking again when not woken earlier "
+            "(default WORKER_POLL_INTERVAL; unset: 1 on PostgreSQL, 0.25 elsewhere).",
+        )
+        parser.add_argument(
+            "--shutdown-grace",
+            type=_seconds,
+            default=None,
+            metavar="S",
+            help="Seconds in-flight work may take to finish after SIGTERM "
+            "(default WORKER_SHUTDOWN_GRACE).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = options["database"]
         if alias is not None and alias not in connections:
             raise CommandError(f"Unknown database alias {alias!r}")
-        code = Worker(options["concurrency"], using=alias).run(once=options["once"])
+        worker = Worker(
+            options["concurrency"],
+            using=alias,
+            poll_interval=options["poll_interval"],
+            shutdown_grace=options["shutdown_grace"],
+        )
+        code = worker.run(once=options["once"])
         if code:
             raise CommandError(_EXIT_MESSAGES.get(code, f"exit status {code}"), returncode=code)

@@ -1,0 +1,71 @@
+"""The chaos test's workflow: three steps, each recording every execution in a table.
+
+``chaos.three-steps`` runs ``first`` → ``second`` → ``third`` with the step function
+``chaos.record``. Each execution inserts a row into :data:`TABLE` (run, step, attempt, worker
+pid, a fresh token, ``started_at`` on the database clock) before it works, sleeps a random
+``CHAOS_STEP_MIN``–``CHAOS_STEP_MAX`` seconds (the environment; default 0.05–0.4), stamps
+``finished_at`` and returns ``{"token", "attempt", "pid"}``. The stored step result therefore
+names the execution that produced it, and the table shows every execution that did not
+land: killed ones never finish, superseded ones finish but their result is refused.
+
+The table is created by the test (:data:`CREATE_TABLE`, PostgreSQL), not by a migration.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from typing import Any
+
+from django.db import connections
+
+from django_leases.workflows import step_function, workflow
+
+TABLE = "chaos_execution"
+CREATE_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id bigserial PRIMARY KEY,
+    run_id uuid NOT NULL,
+    step_name text NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    token text NOT NULL,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz
+)
+"""
+STEPS = ("first", "second", "third")
+
+
+@workflow("chaos.three-steps")
+def three_steps(run: Any, input: Any) -> Any:
+    """Three recorded steps in a row; the output lists the tokens of the results used."""
+    tokens: list[str] = []
+    for name in STEPS:
+        result = run.step(name, "chaos.record", {"n": input["n"], "after": tokens[-1:]}, retries=50)
+        tokens.append(result["token"])
+    return {"n": input["n"], "tokens": tokens}
+
+
+@step_function("chaos.record")
+def record(data: Any, ctx: Any) -> dict[str, Any]:
+    """Record this execution, work a little, stamp its end and return its token."""
+    token = uuid.uuid4().hex
+    pid = os.getpid()
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TABLE} (run_id, step_name, attempt, pid, token, started_at) "
+            "VALUES (%s, %s, %s, %s, %s, statement_timestamp()) RETURNING id",
+            [str(ctx.run_id), ctx.step_name, ctx.attempt, pid, token],
+        )
+        (row_id,) = cursor.fetchone()
+    low = float(os.environ.get("CHAOS_STEP_MIN", "0.05"))
+    high = float(os.environ.get("CHAOS_STEP_MAX", "0.4"))
+    time.sleep(random.uniform(low, high))
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLE} SET finished_at = statement_timestamp() WHERE id = %s", [row_id]
+        )
+    return {"token": token, "attempt": ctx.attempt, "pid": pid}
