@@ -4,6 +4,7 @@ shipped conformance suite (``django_leases.testing.workflows``)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -380,3 +381,203 @@ def test_superseded_error_from_the_store_never_escapes_execute_step() -> None:
         pytest.fail("execute_step let WorkflowStepSupersededError escape")
     assert execute_step(current) == "succeeded"
     assert WorkflowStep.objects.get(run_id=run_id).result == 2
+
+
+# -- operators: resume, cancel, retry_step ------------------------------------------------------
+
+
+@workflow("tests.deployed-later")
+def deployed_later(run: Any, input: Any) -> Any:
+    return run.step("ghost", "tests.deployed-later.fn", {"x": 1}, retries=0)
+
+
+def test_resume_after_deploy_runs_the_missing_step_as_a_new_attempt_granted_extra() -> None:
+    run_id = start_workflow("tests.deployed-later", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.SUSPENDED
+    step_function("tests.deployed-later.fn")(lambda data, ctx: f"ran as attempt {ctx.attempt}")
+    change = WorkflowRun.objects.resume(run_id)
+    assert (change.run_id, change.before, change.after, change.steps) == (
+        run_id,
+        "suspended",
+        "running",
+        ("ghost",),
+    )
+    assert "ghost" in str(change)
+    step = WorkflowStep.objects.get(run_id=run_id)
+    assert (step.retries, step.attempt) == (1, 1), "no extra attempt was granted"
+    assert WorkflowRun.objects.filter(pk=run_id, pass_due_at__lte=Now()).exists()
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output, run.error) == (
+        RunStatus.COMPLETED,
+        "ran as attempt 2",
+        None,
+    )
+    history = WorkflowStep.objects.history(run_id)
+    assert [(h.attempt, h.status) for h in history] == [(1, "failed"), (2, "succeeded")]
+    assert history[0].error["code"] == STEP_FUNCTION_NOT_FOUND
+
+
+def test_resume_of_a_workflow_missing_at_pass_time_replays_it() -> None:
+    run = WorkflowRun.objects.start("tests.deployed-elsewhere-then-here", {})
+    drain()
+    assert run_of(run.id).status == RunStatus.SUSPENDED
+    workflow("tests.deployed-elsewhere-then-here")(lambda r, i: "here now")
+    assert WorkflowRun.objects.resume(run.id).steps == ()
+    drain()
+    assert (run_of(run.id).status, run_of(run.id).output) == (RunStatus.COMPLETED, "here now")
+
+
+def test_resume_of_a_failed_run_gives_its_failed_step_one_more_attempt() -> None:
+    run_id = start_workflow("tests.flaky", {"fail_times": 1, "retries": 0})
+    drain()
+    assert run_of(run_id).status == RunStatus.FAILED
+    change = WorkflowRun.objects.resume(run_id)
+    assert (change.before, change.after, change.steps) == ("failed", "running", ("flaky",))
+    run = run_of(run_id)
+    assert (run.status, run.error, run.finished_at) == (RunStatus.RUNNING, None, None)
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "ok on attempt 2")
+    assert [(h.attempt, h.status) for h in WorkflowStep.objects.history(run_id)] == [
+        (1, "failed"),
+        (2, "succeeded"),
+    ]
+
+
+def test_retry_step_reruns_a_failed_step_and_resumes_its_run() -> None:
+    run_id = start_workflow("tests.flaky", {"fail_times": 1, "retries": 0})
+    drain()
+    change = WorkflowRun.objects.retry_step(run_id, "flaky")
+    assert (change.before, change.after, change.steps) == ("failed", "running", ("flaky",))
+    drain()
+    assert run_of(run_id).output == "ok on attempt 2"
+
+
+def test_retry_step_of_a_running_run_makes_a_waiting_retry_due_now() -> None:
+    run_id = start_workflow("tests.flaky", {"fail_times": 1, "retries": 3})
+    run_pass(run_id)
+    WorkflowStep.objects.filter(run_id=run_id).update(retry_delay=3600)
+    claim = WorkflowStep.objects.claim_due(LEASE)
+    assert claim is not None and execute_step(claim) == "failed"
+    assert WorkflowStep.objects.claim_due(LEASE) is None, "due before its retry delay"
+    change = WorkflowRun.objects.retry_step(run_id, "flaky")
+    assert (change.before, change.after) == ("running", "running")
+    assert WorkflowStep.objects.get(run_id=run_id).retries == 3, "an attempt was granted"
+    again = WorkflowStep.objects.claim_due(LEASE)
+    assert again is not None and again.attempt == 2
+
+
+def test_operator_operations_refuse_wrong_states_and_unknown_ids_writing_nothing() -> None:
+    from django_leases.workflows.store import WorkflowRunStateError
+
+    running = start_workflow("tests.linear", {"x": 1})
+    done = start_workflow("tests.linear", {"x": 1})
+    drain()
+    running = start_workflow("tests.linear", {"x": 1})
+    run_pass(running)
+    before = {r.pk: (r.status, r.pass_requests) for r in WorkflowRun.objects.all()}
+    with pytest.raises(WorkflowRunStateError, match="is running: only a suspended or failed"):
+        WorkflowRun.objects.resume(running)
+    with pytest.raises(WorkflowRunStateError, match="is completed"):
+        WorkflowRun.objects.resume(done)
+    with pytest.raises(WorkflowRunStateError, match="is completed: only a running or suspended"):
+        WorkflowRun.objects.cancel(done)
+    with pytest.raises(WorkflowRunStateError, match="step 'a' is pending; only a failed step"):
+        WorkflowRun.objects.retry_step(running, "a")
+    with pytest.raises(WorkflowRunStateError, match="finished run"):
+        WorkflowRun.objects.retry_step(done, "a")
+    with pytest.raises(WorkflowStep.DoesNotExist, match="no step named 'zz'"):
+        WorkflowRun.objects.retry_step(running, "zz")
+    for operation in (WorkflowRun.objects.resume, WorkflowRun.objects.cancel):
+        with pytest.raises(WorkflowRun.DoesNotExist, match="No workflow run with id"):
+            operation(uuid.uuid4())
+        with pytest.raises(ValueError, match="not a workflow run id"):
+            operation("not-a-uuid")
+    assert {r.pk: (r.status, r.pass_requests) for r in WorkflowRun.objects.all()} == before
+
+
+def test_cancel_stops_a_run_for_good() -> None:
+    run_id = start_workflow("tests.linear", {"x": 1})
+    run_pass(run_id)
+    change = WorkflowRun.objects.cancel(run_id)
+    assert (change.before, change.after, change.steps) == ("running", "cancelled", ())
+    run = run_of(run_id)
+    assert run.status == RunStatus.CANCELLED and run.pass_due_at is None
+    assert run.finished_at is not None and run.error["code"] == "RUN_CANCELLED"
+    assert WorkflowStep.objects.get(run_id=run_id).available_at is None
+    assert WorkflowStep.objects.claim_due(LEASE) is None
+    assert WorkflowRun.objects.claim_due_pass(30) is None
+    assert run_pass(run_id) == "not-running"
+    assert WorkflowRun.objects.request_pass(run_id) is False
+    from django_leases.workflows.store import WorkflowRunStateError
+
+    with pytest.raises(WorkflowRunStateError, match="cancelled"):
+        WorkflowRun.objects.resume(run_id)
+    with pytest.raises(WorkflowRunStateError, match="cancelled"):
+        WorkflowRun.objects.cancel(run_id)
+
+
+def test_a_worker_whose_run_is_cancelled_mid_step_has_its_outcome_refused_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+    name = "tests.blocks-until-released"
+
+    def blocks(data: Any, ctx: Any) -> str:
+        started.set()
+        assert release.wait(60)
+        return "done after the cancel"
+
+    step_function(name)(blocks)
+    run_id, claim = _claim_run("tests.fenced", "charge", name)
+    outcome: list[str] = []
+    worker = threading.Thread(target=lambda: outcome.append(execute_step(claim)))
+    with caplog.at_level(logging.WARNING, logger="django_leases.workflows"):
+        worker.start()
+        assert started.wait(60)
+        change = WorkflowRun.objects.cancel(run_id)
+        assert change.steps == ("charge",)
+        assert not WorkflowStep.objects.refresh_lease(claim.step_id, LEASE, claim.attempt)
+        release.set()
+        worker.join(60)
+    assert outcome == ["superseded"], "the worker's write was not refused cleanly"
+    step = WorkflowStep.objects.get(run_id=run_id)
+    assert (step.status, step.result, step.error["code"]) == ("failed", None, "RUN_CANCELLED")
+    [entry] = WorkflowStep.objects.history(run_id)
+    assert (entry.status, entry.result, entry.error["code"]) == ("failed", None, "RUN_CANCELLED")
+    run = run_of(run_id)
+    assert (run.status, run.pass_due_at) == (RunStatus.CANCELLED, None)
+    assert any("cancelled" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_write_racing_a_cancel_lands_whole_or_not_at_all() -> None:
+    from django_leases.testing.workflows import run_together
+    from django_leases.workflows.store import WorkflowStepCancelledError
+
+    for i in range(16):
+        run_id, claim = _claim_run("tests.fenced", "charge", "tests.add-one")
+
+        def write(claim: Claim = claim) -> str:
+            return WorkflowStep.objects.set_result(claim.step_id, "done", claim.attempt)
+
+        def cancel(run_id: uuid.UUID = run_id) -> Any:
+            return WorkflowRun.objects.cancel(run_id)
+
+        calls = (write, cancel) if i % 2 else (cancel, write)
+        outcomes = dict(zip([c.__name__ for c in calls], run_together(*calls), strict=True))
+        assert outcomes["cancel"][1] is None, f"race {i}: {outcomes['cancel'][1]!r}"
+        run = run_of(run_id)
+        assert (run.status, run.pass_due_at) == (RunStatus.CANCELLED, None), f"race {i}"
+        step = WorkflowStep.objects.get(run_id=run_id)
+        [entry] = WorkflowStep.objects.history(run_id)
+        if outcomes["write"][1] is None:
+            assert (step.status, step.result) == ("succeeded", "done"), f"race {i}"
+            assert (entry.status, entry.result) == ("succeeded", "done"), f"race {i}"
+            assert outcomes["cancel"][0].steps == ()
+        else:
+            assert isinstance(outcomes["write"][1], WorkflowStepCancelledError), f"race {i}"
+            assert (step.status, step.result) == ("failed", None), f"race {i}"
+            assert (entry.status, entry.error["code"]) == ("failed", "RUN_CANCELLED")
+        assert WorkflowStep.objects.claim_due(LEASE) is None

@@ -44,7 +44,13 @@ from django_leases.workflows.states import (
     RunStatus,
     StepStatus,
 )
-from django_leases.workflows.store import Claim, check_json, check_retries, error_json
+from django_leases.workflows.store import (
+    Claim,
+    WorkflowStepCancelledError,
+    check_json,
+    check_retries,
+    error_json,
+)
 
 logger = logging.getLogger("django_leases.workflows")
 
@@ -415,13 +421,16 @@ def _close_connection(alias: str) -> None:
 
 
 def _superseded(claim: Claim, exc: WorkflowStepSupersededError) -> None:
+    if isinstance(exc, WorkflowStepCancelledError):
+        why = "was stopped: its run was cancelled"
+    else:
+        why = f"was superseded (current attempt {exc.current_attempt})"
     logger.warning(
-        "Step %r of run %s: attempt %d was superseded (current attempt %s); "
-        "its outcome was discarded",
+        "Step %r of run %s: attempt %d %s; its outcome was discarded",
         claim.step_name,
         claim.run_id,
         claim.attempt,
-        exc.current_attempt,
+        why,
     )
 
 
