@@ -1,0 +1,150 @@
+"""Races between separate processes, each with its own database connection, on the real
+database with real commits: exactly one of eight claiming processes wins a step, and a stale
+and a current writer racing 25 times in varying order always leave the current attempt's
+result — and only it — in the step and its history.
+
+The same races between threads are part of the shipped conformance suite
+(``django_leases.testing.workflows``: C12 and F6, run by ``test_workflow_conformance.py``).
+Processes are forked, so each child starts from this test's settings and database and opens
+its own connection.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_leases.clock import db_now_plus
+from django_leases.models import WorkflowRun, WorkflowStep
+from django_leases.workflows.store import Claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STEP = "charge"
+FUNCTION = "charge:card"
+LEASE = 60.0
+RACES = 25
+PROCESSES = 8
+_fork = multiprocessing.get_context("fork")
+
+
+def race_in_processes(*calls: Callable[[], Any], timeout: float = 120.0) -> list[tuple[Any, str]]:
+    """Run each call in its own forked process, released together by a barrier.
+
+    Returns ``(value, error)`` per call, in order: ``error`` is ``""`` or the exception's
+    class name and message (with its traceback for anything unexpected).
+    """
+    connections.close_all()  # no connection may be shared across the fork
+    barrier = _fork.Barrier(len(calls))
+    results = _fork.Queue()
+
+    def child(index: int) -> None:
+        try:
+            barrier.wait(timeout)
+            results.put((index, calls[index](), ""))
+        except BaseException as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, AssertionError | ValueError) and "Superseded" not in detail:
+                detail += "\n" + traceback.format_exc()
+            results.put((index, None, detail))
+        finally:
+            connections.close_all()
+            results.close()
+            results.join_thread()
+            os._exit(0)
+
+    processes = [_fork.Process(target=child, args=(i,), daemon=True) for i in range(len(calls))]
+    for process in processes:
+        process.start()
+    outcomes: dict[int, tuple[Any, str]] = {}
+    for _ in processes:
+        index, value, error = results.get(timeout=timeout)
+        outcomes[index] = (value, error)
+    for process in processes:
+        process.join(timeout)
+        assert process.exitcode == 0, f"a racer ended with {process.exitcode}"
+    return [outcomes[i] for i in range(len(calls))]
+
+
+def start_run() -> uuid.UUID:
+    run = WorkflowRun.objects.start("races", {})
+    WorkflowStep.objects.schedule(run.id, STEP, FUNCTION, {}, retries=5)
+    return run.id
+
+
+def claim(run_id: uuid.UUID) -> Claim | None:
+    return WorkflowStep.objects.claim_for_execution(run_id, STEP, FUNCTION, LEASE)
+
+
+def lapse(run_id: uuid.UUID) -> None:
+    WorkflowStep.objects.filter(run_id=run_id).update(lease_expires_at=db_now_plus(-1))
+
+
+def history(run_id: uuid.UUID) -> list[tuple[Any, ...]]:
+    return [(h.attempt, h.status, h.result, h.error) for h in WorkflowStep.objects.history(run_id)]
+
+
+@pytest.mark.parametrize("state", ["pending", "lapsed"])
+def test_exactly_one_of_eight_processes_claims_a_step(state: str) -> None:
+    for round_ in range(3):
+        run_id = start_run()
+        expected = 1
+        if state == "lapsed":
+            assert claim(run_id) is not None
+            lapse(run_id)
+            expected = 2
+        outcomes = race_in_processes(*[lambda run_id=run_id: claim(run_id)] * PROCESSES)
+        assert [error for _, error in outcomes if error] == [], f"round {round_}"
+        winners = [value for value, _ in outcomes if value is not None]
+        assert len(winners) == 1, f"round {round_}: {len(winners)} processes won"
+        assert winners[0].attempt == expected
+        step = WorkflowStep.objects.get(run_id=run_id)
+        assert (step.status, step.attempt) == ("running", expected)
+        assert [h[:2] for h in history(run_id)] == [(n, "running") for n in range(1, expected + 1)]
+
+
+def test_stale_and_current_writers_in_separate_processes_only_the_current_lands() -> None:
+    for i in range(RACES):
+        run_id = start_run()
+        stale = claim(run_id)
+        assert stale is not None
+        lapse(run_id)
+        current = claim(run_id)
+        assert current is not None and current.attempt == stale.attempt + 1
+
+        def stale_write(stale: Claim = stale, i: int = i) -> str:
+            if i % 2:
+                return WorkflowStep.objects.set_error(stale.step_id, "stale", stale.attempt)
+            return WorkflowStep.objects.set_result(stale.step_id, "stale", stale.attempt)
+
+        def current_write(current: Claim = current) -> str:
+            return WorkflowStep.objects.set_result(current.step_id, "fresh", current.attempt)
+
+        if i % 3:
+            (_, stale_error), (written, current_error) = race_in_processes(
+                stale_write, current_write
+            )
+        else:
+            (written, current_error), (_, stale_error) = race_in_processes(
+                current_write, stale_write
+            )
+        assert stale_error.startswith("WorkflowStepSupersededError"), f"race {i}: {stale_error}"
+        assert (written, current_error) == ("succeeded", ""), f"race {i}"
+        step = WorkflowStep.objects.get(run_id=run_id)
+        assert (step.status, step.result, step.error, step.attempt) == (
+            "succeeded",
+            "fresh",
+            None,
+            current.attempt,
+        ), f"race {i}"
+        assert history(run_id) == [
+            (1, "running", None, None),
+            (2, "succeeded", "fresh", None),
+        ], f"race {i}"
