@@ -429,7 +429,10 @@ def test_github_token_from_the_environment(
     assert GitHubProvider().setup(_gh_source(), URL, SIGNING).status == "registered"
 
 
-@pytest.mark.parametrize("config", [{}, {"repository": "no-slash"}, {"repository": "a/b/c"}])
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"repository": "no-slash"}, {"repository": "a/b/c"}, {"repository": "../.."}],
+)
 def test_github_needs_a_repository(github: FakeGitHub, config: dict[str, Any]) -> None:
     source = TriggerSource(name="gh-source", provider="github", config=config)
     with pytest.raises(ProviderError, match="repository"):
@@ -629,3 +632,46 @@ def test_stripe_needs_a_key(settings: Any, declared: None, monkeypatch: pytest.M
     monkeypatch.delenv("DJANGO_LEASES_STRIPE_API_KEY", raising=False)
     with pytest.raises(ProviderError, match="DJANGO_LEASES_STRIPE_API_KEY"):
         StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+
+
+# -- config validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "config", "match"),
+    [
+        (GitHubProvider(), {}, "repository"),
+        (GitHubProvider(), {"repository": "o/r", "api_url": "ftp://x"}, "http"),
+        (GitHubProvider(), {"repository": "o/r", "insecure_ssl": "yes"}, "insecure_ssl"),
+        (StripeProvider(), {"api_url": "nope"}, "http"),
+        (ManualProvider(), {"signature": "md5"}, "signature"),
+    ],
+)
+def test_validate_config_refuses_what_setup_cannot_use(
+    provider: Any, config: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        provider.validate_config(config)
+
+
+def test_validate_config_accepts_good_configs() -> None:
+    GitHubProvider().validate_config({"repository": "octo-org/octo-repo", "insecure_ssl": False})
+    StripeProvider().validate_config({})
+    ManualProvider().validate_config({"signature": "stripe"})
+    ManualProvider().validate_config({})
+
+
+def test_manual_setup_refuses_an_unknown_scheme(declared: None) -> None:
+    source = TriggerSource(name="manual-source", provider="manual", config={"signature": "x"})
+    with pytest.raises(ProviderError, match="signature"):
+        ManualProvider().setup(source, URL, None)
+
+
+@pytest.mark.parametrize("state", [{"endpoint_id": "../v1/customers"}, {"endpoint_id": 5}])
+def test_stripe_ignores_a_state_that_is_not_an_endpoint_id(
+    stripe: FakeStripe, state: dict[str, Any]
+) -> None:
+    StripeProvider().teardown(_stripe_source(state))
+    assert stripe.requests == []
+    with pytest.raises(ProviderError, match="no webhook endpoint is recorded"):
+        StripeProvider().check(_stripe_source(state))

@@ -240,6 +240,10 @@ def test_stripe_verify_through_the_provider_honours_the_tolerance(
         assert not provider.verify("whsec_fixture_secret", body, headers)  # a replay
         settings.DJANGO_LEASES = {"STRIPE_TOLERANCE": 600}
         assert provider.verify("whsec_fixture_secret", body, headers)
+        # A typo cannot switch replay protection off: the default applies.
+        for unusable in (0, -1, "600", None, True):
+            settings.DJANGO_LEASES = {"STRIPE_TOLERANCE": unusable}
+            assert not provider.verify("whsec_fixture_secret", body, headers)
 
 
 def test_stripe_accepts_any_v1_and_ignores_v0() -> None:

@@ -96,6 +96,14 @@ class Provider:
     manages_registration: bool = True
     takes_secret: bool = False
 
+    def validate_config(self, config: Mapping[str, Any]) -> None:
+        """Refuse a declaration's ``config`` this provider cannot work with.
+
+        Called when a source is declared (so a typo fails at import, not at enable time) and
+        again by :meth:`setup`. Raises ``ValueError`` with a message naming the key. The
+        default accepts anything.
+        """
+
     # -- management ------------------------------------------------------------------------
 
     def setup(self, source: TriggerSource, url: str, secret: str | None) -> SetupOutcome:

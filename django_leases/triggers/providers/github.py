@@ -70,11 +70,15 @@ def _token() -> str:
 
 def _repository(config: Mapping[str, Any] | None) -> str:
     repository = (config or {}).get("repository")
-    if not isinstance(repository, str) or not _REPOSITORY.match(repository):
-        raise ProviderError(
-            f"GitHub: the source's config needs a repository as 'owner/repo', not {repository!r}"
-        )
-    return repository
+    if (
+        isinstance(repository, str)
+        and _REPOSITORY.match(repository)
+        and all(part.strip(".") for part in repository.split("/"))  # not "." or ".."
+    ):
+        return repository
+    raise ProviderError(
+        f"GitHub: the source's config needs a repository as 'owner/repo', not {repository!r}"
+    )
 
 
 def _api_url(config: Mapping[str, Any] | None) -> str:
@@ -95,6 +99,18 @@ class GitHubProvider(Provider):
     name = "github"
     manages_registration = True
     takes_secret = True
+
+    def validate_config(self, config: Mapping[str, Any]) -> None:
+        """``repository`` must be ``"owner/repo"``; ``api_url``, when given, an http(s) URL;
+        ``insecure_ssl``, when given, a bool. Raises ``ValueError``."""
+        try:
+            _repository(config)
+            if config.get("api_url") is not None:
+                _api_url(config)
+        except ProviderError as exc:
+            raise ValueError(str(exc)) from None
+        if not isinstance(config.get("insecure_ssl", False), bool):
+            raise ValueError("GitHub: config 'insecure_ssl' must be True or False")
 
     # -- HTTP ------------------------------------------------------------------------------
 

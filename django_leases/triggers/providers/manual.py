@@ -22,6 +22,7 @@ from django_leases.triggers.providers.base import (
     MANUAL,
     ParsedDelivery,
     Provider,
+    ProviderError,
     SetupOutcome,
     declared_events,
     receive_url,
@@ -76,8 +77,25 @@ class ManualProvider(Provider):
         scheme = (config or {}).get("signature", "github")
         return scheme if scheme in SCHEMES else "github"
 
+    def validate_config(self, config: Mapping[str, Any]) -> None:
+        """``signature``, when given, must be ``"github"`` or ``"stripe"``. Raises
+        ``ValueError``."""
+        scheme = config.get("signature", "github")
+        if scheme not in SCHEMES:
+            raise ValueError(
+                f"manual: config 'signature' must be one of {', '.join(sorted(SCHEMES))}, "
+                f"not {scheme!r}"
+            )
+
     def setup(self, source: TriggerSource, url: str, secret: str | None) -> SetupOutcome:
-        """No API call: returns status ``"manual"`` with the instructions; state ``None``."""
+        """No API call: returns status ``"manual"`` with the instructions; state ``None``.
+
+        Raises :class:`ProviderError` for an unknown ``config["signature"]``.
+        """
+        try:
+            self.validate_config(source.config or {})
+        except ValueError as exc:
+            raise ProviderError(str(exc)) from None
         return SetupOutcome(status=MANUAL, state=None, detail=self._instructions(source, url))
 
     def check(self, source: TriggerSource) -> SetupOutcome:

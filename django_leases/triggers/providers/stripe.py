@@ -23,6 +23,7 @@ seconds, default 300); delivery id = the event's ``id``; event name = its ``type
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -67,16 +68,21 @@ def _api_url(config: Mapping[str, Any] | None) -> str:
     return url.rstrip("/")
 
 
+_ENDPOINT_ID = re.compile(r"^[A-Za-z0-9_]{1,100}$")
+
+
 def _endpoint_id(state: Mapping[str, Any] | None) -> str | None:
     endpoint_id = (state or {}).get("endpoint_id")
-    ok = isinstance(endpoint_id, str) and endpoint_id.isascii() and endpoint_id.isprintable()
-    return endpoint_id if ok and endpoint_id and "/" not in endpoint_id else None
+    if isinstance(endpoint_id, str) and _ENDPOINT_ID.match(endpoint_id):
+        return endpoint_id
+    return None
 
 
 def tolerance() -> float:
-    """``DJANGO_LEASES["STRIPE_TOLERANCE"]`` in seconds (300 when unusable)."""
+    """``DJANGO_LEASES["STRIPE_TOLERANCE"]`` in seconds; 300 when it is not a positive
+    number (replay protection cannot be switched off by a typo)."""
     value = leases_settings.STRIPE_TOLERANCE
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return float(STRIPE_DEFAULT_TOLERANCE)
     return float(value)
 
@@ -87,6 +93,14 @@ class StripeProvider(Provider):
     name = "stripe"
     manages_registration = True
     takes_secret = False
+
+    def validate_config(self, config: Mapping[str, Any]) -> None:
+        """``api_url``, when given, must be an http(s) URL. Raises ``ValueError``."""
+        if config.get("api_url") is not None:
+            try:
+                _api_url(config)
+            except ProviderError as exc:
+                raise ValueError(str(exc)) from None
 
     # -- HTTP ------------------------------------------------------------------------------
 
