@@ -1,0 +1,146 @@
+"""``manage.py workflow_runs list|resume|cancel|retry`` and ``start_workflow``'s bad input:
+thin commands over the store's operator methods, with exit codes and errors on stderr."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
+from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows.states import STEP_FUNCTION_NOT_FOUND
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def runs_command(*args: str) -> str:
+    out = StringIO()
+    call_command("workflow_runs", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.fixture
+def runs() -> dict[str, WorkflowRun]:
+    """A running run, a run suspended for a missing step function, and a completed one."""
+    running = WorkflowRun.objects.start("shop.order-paid", {"order": 1})
+    suspended = WorkflowRun.objects.start("previews.build", {})
+    step = WorkflowStep.objects.schedule(suspended.id, "build", "previews.build", retries=0)
+    claim = WorkflowStep.objects.claim_for_execution(suspended.id, "build", "previews.build", 60)
+    assert claim is not None
+    WorkflowStep.objects.suspend_for_missing_function(step.pk, claim.attempt, "previews.build")
+    done = WorkflowRun.objects.start("shop.order-paid", {"order": 2})
+    WorkflowRun.objects.complete(done.id, {"ok": True})
+    return {"running": running, "suspended": suspended, "done": done}
+
+
+def test_list_shows_runs_and_filters_by_status_and_workflow(runs: dict[str, WorkflowRun]) -> None:
+    text = runs_command("list")
+    assert text.splitlines()[0].split() == ["RUN", "ID", "WORKFLOW", "STATUS", "CREATED", "ERROR"]
+    for run in runs.values():
+        assert str(run.id) in text
+    assert STEP_FUNCTION_NOT_FOUND in text
+    suspended = runs_command("list", "--status", "suspended")
+    assert str(runs["suspended"].id) in suspended and str(runs["running"].id) not in suspended
+    shop = runs_command("list", "--workflow", "shop.order-paid")
+    assert str(runs["running"].id) in shop and str(runs["done"].id) in shop
+    assert str(runs["suspended"].id) not in shop
+    assert len(runs_command("list", "--limit", "1").splitlines()) == 2
+    assert runs_command("list", "--workflow", "nope").strip() == "No workflow runs."
+
+
+def test_resume_cancel_and_retry_call_the_store(runs: dict[str, WorkflowRun]) -> None:
+    out = runs_command("resume", str(runs["suspended"].id))
+    assert "suspended → running" in out and "'build'" in out
+    assert WorkflowRun.objects.get(pk=runs["suspended"].id).status == RunStatus.RUNNING
+    out = runs_command("cancel", str(runs["running"].id))
+    assert "running → cancelled" in out
+    assert WorkflowRun.objects.get(pk=runs["running"].id).status == RunStatus.CANCELLED
+    failed = WorkflowRun.objects.start("previews.build", {})
+    WorkflowStep.objects.schedule(failed.id, "build", "previews.build", retries=0)
+    claim = WorkflowStep.objects.claim_for_execution(failed.id, "build", "previews.build", 60)
+    assert claim is not None
+    WorkflowStep.objects.set_error(claim.step_id, "boom", claim.attempt)
+    WorkflowRun.objects.fail(failed.id, "step build failed")
+    out = runs_command("retry", str(failed.id), "build")
+    assert "failed → running" in out
+    assert WorkflowStep.objects.claim_due(60) is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (["resume", "{running}"], "is running", EXIT_WRONG_STATE),
+        (["cancel", "{done}"], "is completed", EXIT_WRONG_STATE),
+        (["retry", "{running}", "nope"], "no step named 'nope'", 1),
+        (["resume", "{unknown}"], "No workflow run with id", 1),
+        (["cancel", "not-a-uuid"], "not a workflow run id", 1),
+        (["cancel", "{running}", "--database", "nope"], "Unknown database alias", 1),
+        (["list", "--limit", "0"], "--limit", 1),
+    ],
+)
+def test_refusals_are_clear_errors_with_their_exit_code(
+    runs: dict[str, WorkflowRun], args: list[str], message: str, code: int
+) -> None:
+    ids = {name: str(run.id) for name, run in runs.items()} | {"unknown": str(uuid.uuid4())}
+    before = sorted(WorkflowRun.objects.values_list("id", "status", "pass_requests"))
+    with pytest.raises(CommandError, match=message) as refused:
+        runs_command(*[arg.format(**ids) for arg in args])
+    assert refused.value.returncode == code
+    assert sorted(WorkflowRun.objects.values_list("id", "status", "pass_requests")) == before
+
+
+def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_as_a_process_errors_go_to_stderr_with_their_exit_code(
+    subprocess_env: dict[str, str],
+) -> None:
+    run = WorkflowRun.objects.start("shop.order-paid", {})
+    wrong_state = manage("workflow_runs", "resume", str(run.id), env=subprocess_env)
+    assert wrong_state.returncode == EXIT_WRONG_STATE
+    assert "is running" in wrong_state.stderr and wrong_state.stdout == ""
+    unknown = manage("workflow_runs", "cancel", str(uuid.uuid4()), env=subprocess_env)
+    assert unknown.returncode == 1 and "No workflow run with id" in unknown.stderr
+    usage = manage("workflow_runs", "frobnicate", env=subprocess_env)
+    assert usage.returncode == 2 and "invalid choice" in usage.stderr
+    done = manage("workflow_runs", "cancel", str(run.id), env=subprocess_env)
+    assert done.returncode == 0, done.stderr
+    assert "running → cancelled" in done.stdout
+    listed = manage("workflow_runs", "list", "--status", "cancelled", env=subprocess_env)
+    assert listed.returncode == 0 and str(run.id) in listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["build-preview", "--input", "{not json"], "--input is not valid JSON"),
+        (["build-preview", "--input", "[" * 100_000], "JSON"),
+        (["no-such-workflow"], "No workflow named 'no-such-workflow'"),
+    ],
+    ids=["not-json", "too-deep", "unknown-workflow"],
+)
+def test_start_workflow_refuses_bad_input_on_stderr_exiting_non_zero(
+    subprocess_env: dict[str, str], args: list[str], message: str
+) -> None:
+    result = manage("start_workflow", *args, env=subprocess_env)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    assert not WorkflowRun.objects.exists()
