@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 lint demo bench clean
+.PHONY: venv test test-sqlite test-postgres test-django6 lint demo bench bench-leases bench-workflows clean
 
 venv: $(VENV)/.installed
 
@@ -46,8 +46,29 @@ lint: venv
 demo: venv
 	$(PY) -m demo_project.tour
 
-bench: venv
-	$(PY) bench/leases.py $(BENCH_ARGS)
+# `make bench` runs both benchmarks. BENCH_ARGS still goes to the lease benchmark;
+# WORKFLOWS_BENCH_ARGS to the workflow one (e.g. "--repeat 1 --latency-samples 10").
+LEASES_BENCH_ARGS ?= $(BENCH_ARGS)
+WORKFLOWS_BENCH_ARGS ?=
+
+bench: bench-leases bench-workflows
+
+bench-leases: venv
+	$(PY) bench/leases.py $(LEASES_BENCH_ARGS)
+
+# The workflow benchmark runs every contender under one Python and one Django: django-ox needs
+# Python >= 3.12 and Django 6, so it gets its own venv with django-leases (editable) and the peers.
+VENVB ?= .venv-bench312
+
+$(VENVB)/.installed: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "bench-workflows needs Python 3.12 (set PYTHON312=...)"; exit 1; }
+	$(PYTHON312) -m venv $(VENVB)
+	$(VENVB)/bin/python -m pip install --quiet --upgrade pip
+	$(VENVB)/bin/python -m pip install --quiet -e '.[bench]' 'Django>=6,<7'
+	touch $@
+
+bench-workflows: $(VENVB)/.installed
+	$(VENVB)/bin/python bench/workflows.py $(WORKFLOWS_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo.sqlite3* .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,54 @@
+"""Settings for the workflow benchmark's harness and its worker processes.
+
+Every contender runs in this one project: the same Django, the same database
+(``BENCH_DATABASE_URL``), the same connection settings: persistent connections
+(``CONN_MAX_AGE=None``), Django's default client-side binding, ``DEBUG=False``. Each process
+names its connection with ``BENCH_APPLICATION_NAME`` so the harness can find the PostgreSQL
+backends serving a worker (their CPU is part of the cost of a task). ``BENCH_COUNT_STATEMENTS``
+(a file path) makes the process count what it sends to PostgreSQL (see :mod:`wfbench.counting`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from demo_project.settings import database_from_url
+
+DATABASE_URL = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/django_leases_bench_workflows"
+)
+
+SECRET_KEY = "bench-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_leases",
+    "django_ox",
+    "django_tasks_db",
+    "procrastinate.contrib.django",
+    "wfbench",
+]
+
+_database = database_from_url(DATABASE_URL)
+_database["CONN_MAX_AGE"] = None
+_database.setdefault("OPTIONS", {})["application_name"] = os.environ.get(
+    "BENCH_APPLICATION_NAME", "wfbench"
+)
+DATABASES = {"default": _database}
+
+# Two django.tasks backends side by side: django-ox on "default", django-tasks-db on "db".
+TASKS = {
+    "default": {"BACKEND": "django_ox.backend.OxBackend"},
+    "db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+}
+
+LOGGING_CONFIG = None
+
+if os.environ.get("BENCH_COUNT_STATEMENTS"):
+    from wfbench.counting import install
+
+    install(os.environ["BENCH_COUNT_STATEMENTS"])

@@ -1,0 +1,976 @@
+"""Workflow benchmark: django-leases' workflow worker beside the task queues a Django user picks.
+
+Run with ``make bench`` (or ``make bench-workflows``; ``python bench/workflows.py --help``). It
+needs Python ≥ 3.12 and Django 6 (django-ox requires them), so the Makefile runs it from its own
+venv, ``.venv-bench312``, where django-leases is installed (editable) beside the peers; every
+contender runs under the same Python, the same Django, the same database and the same
+connection settings (persistent connections, ``CONN_MAX_AGE=None``, Django's default
+client-side binding, ``DEBUG=False``; Procrastinate's worker opens its own psycopg connections
+from Django's settings and keeps them).
+
+Contenders, each one no-op unit of work, enqueued with the library's public API and run by its
+own worker command as real processes (``python -m django <command>``, package defaults):
+
+* ``ours``: ``start_workflow("bench-noop")`` of a one-step workflow whose step function does
+  nothing; ``run_workflow_worker`` (1 thread per process) runs the first pass, the step, and
+  the pass that completes the run;
+* ``django-ox``: a ``django.tasks`` ``@task`` on ``django_ox.backend.OxBackend``, ``ox_worker``;
+* ``procrastinate``: an ``@app.task`` through ``procrastinate.contrib.django``,
+  ``procrastinate worker``;
+* ``django-tasks-db``: a ``django.tasks`` ``@task`` on ``django_tasks_db.DatabaseBackend``,
+  ``db_worker``.
+
+Measured for each, in one run (contenders interleaved, in a rotating order, in each of
+``--repeat`` repetitions; throughputs are the best repetition, latencies pool every sample):
+
+1. **end-to-end**: one worker; this process enqueues ``--e2e-tasks`` items one transaction each
+   (as a web request would) while the worker runs them; items per second from the first
+   enqueue to the last completion;
+2. **drain**: ``--tasks`` items enqueued in one transaction, then run by 1 and by 4 worker
+   processes; items per second from the moment the workers are released to the last
+   completion;
+3. **latency**: one idle worker waiting; one item enqueued at a random moment, the time from
+   the enqueue call until its completion is visible to this process (polled every 2 ms);
+   p50 / p99 over ``--latency-samples`` per repetition.
+
+Idle workers and the drains: a worker that polls sleeps up to its poll interval (1 s for ours,
+django-ox and django-tasks-db) before it sees new work, which is latency (measured in 3), not
+throughput. So the workers are started, warmed up with a few items, left idle, then frozen
+with SIGSTOP while the backlog is committed; after longer than any poll interval they are
+released together with SIGCONT, and every sleeping worker wakes at once (its sleep's
+deadline has passed; Procrastinate reads the NOTIFY that arrived meanwhile). Completion is
+counted by this process every 20 ms (one ``count(*)``). The statements and transactions each
+worker sends are counted below every library (psycopg's cursors and connections, see
+``wfbench/counting.py``), and the CPU of the worker processes and of the PostgreSQL backends
+serving them is read from ``/proc``, per item, during the 1-worker drain.
+
+The bench database (``django_leases_bench_workflows`` by default) is dropped and recreated
+from the current migrations at the start of every run; nothing else is touched. The table goes
+to stdout (each figure with its ratio to the best peer) and the run to
+``bench/results/workflows-<date>.json``. ``--profile`` instead runs ours' worker loop in this
+process under cProfile and counts its statements per run with ``CaptureQueriesContext``.
+Nothing here is a test: timing never fails a build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime as dt
+import io
+import json
+import os
+import platform
+import pstats
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+for _path in (str(ROOT), str(BENCH_DIR)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench_workflows"
+RESULTS_DIR = BENCH_DIR / "results"
+SETTINGS = "wfbench.settings"
+#: ours / best peer, end-to-end and drain throughput (issue 3).
+TARGET = 1.0
+#: How long the workers stay frozen before a drain: longer than any contender's poll interval.
+HOLD_SECONDS = 1.5
+POLL_DONE = 0.02
+POLL_LATENCY = 0.002
+
+
+class BenchError(RuntimeError):
+    """A contender did not do what the measurement assumes (a failed task, a dead worker)."""
+
+
+# -- contenders ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One library: how to enqueue its no-op item, run its worker, and see items finish."""
+
+    name: str
+    description: str
+    worker_command: tuple[str, ...]
+    wakes: str  # how an idle worker learns of new work, with package defaults
+
+    def model(self) -> Any:
+        raise NotImplementedError
+
+    def enqueue(self) -> Any:
+        """Enqueue one no-op item; return its id (the primary key of :meth:`model`'s row)."""
+        raise NotImplementedError
+
+    done_status: str = ""
+    failed_statuses: tuple[str, ...] = ()
+    extra_tables: tuple[str, ...] = ()
+
+    @property
+    def table(self) -> str:
+        return self.model()._meta.db_table
+
+    def tables(self) -> list[str]:
+        return [self.table, *self.extra_tables]
+
+
+class Ours(Contender):
+    def model(self) -> Any:
+        from django_leases.models import WorkflowRun
+
+        return WorkflowRun
+
+    def enqueue(self) -> Any:
+        from django_leases.workflows import start_workflow
+
+        return start_workflow("bench-noop", {})
+
+    def tables(self) -> list[str]:
+        from django_leases.models import Lease, WorkflowStep, WorkflowStepAttempt
+
+        return [
+            self.table,
+            WorkflowStep._meta.db_table,
+            WorkflowStepAttempt._meta.db_table,
+            Lease._meta.db_table,
+        ]
+
+
+class Ox(Contender):
+    def model(self) -> Any:
+        from django_ox.models import OxTask
+
+        return OxTask
+
+    def enqueue(self) -> Any:
+        from wfbench.tasks import ox_noop
+
+        return ox_noop.enqueue().id
+
+
+class Procrastinate(Contender):
+    def model(self) -> Any:
+        from procrastinate.contrib.django.models import ProcrastinateJob
+
+        return ProcrastinateJob
+
+    def enqueue(self) -> Any:
+        from wfbench.tasks import procrastinate_noop
+
+        return procrastinate_noop.defer()
+
+
+class TasksDb(Contender):
+    def model(self) -> Any:
+        from django_tasks_db.models import DBTaskResult
+
+        return DBTaskResult
+
+    def enqueue(self) -> Any:
+        from wfbench.tasks import db_noop
+
+        return db_noop.enqueue().id
+
+
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in (
+        Ours(
+            "ours",
+            "django-leases: start_workflow of a 1-step no-op workflow; "
+            "manage.py run_workflow_worker (1 thread)",
+            ("run_workflow_worker", "--concurrency", "1"),
+            "see the worker's settings (WORKER_POLL_INTERVAL 1 s; LISTEN/NOTIFY where built)",
+            done_status="completed",
+            failed_statuses=("failed", "suspended", "cancelled"),
+        ),
+        Ox(
+            "django-ox",
+            "django-ox: @task (django.tasks) .enqueue(); manage.py ox_worker (concurrency 1)",
+            ("ox_worker",),
+            "polls every 1 s (--interval default)",
+            done_status="SUCCESSFUL",
+            failed_statuses=("FAILED", "LOST"),
+        ),
+        Procrastinate(
+            "procrastinate",
+            "Procrastinate (contrib.django): @app.task .defer(); "
+            "manage.py procrastinate worker (concurrency 1)",
+            ("procrastinate", "worker"),
+            "LISTEN/NOTIFY, polls every 5 s",
+            done_status="succeeded",
+            failed_statuses=("failed", "cancelled", "aborted"),
+            extra_tables=("procrastinate_events",),
+        ),
+        TasksDb(
+            "django-tasks-db",
+            "django-tasks-db: @task (django.tasks, backend 'db') .enqueue(); "
+            "manage.py db_worker --backend db",
+            ("db_worker", "--backend", "db"),
+            "polls every 1 s (--interval default)",
+            done_status="SUCCESSFUL",
+            failed_statuses=("FAILED",),
+        ),
+    )
+}
+PEERS = [name for name in CONTENDERS if name != "ours"]
+
+
+# -- the database -------------------------------------------------------------------------------
+
+
+def libpq_conninfo(database_url: str) -> str:
+    """A libpq URL for psycopg from a django-environ style ``postgres://`` URL."""
+    if database_url.startswith(("postgres://", "postgresql://", "pgsql://")):
+        return "postgresql://" + database_url.split("://", 1)[1]
+    raise SystemExit(f"bench needs a PostgreSQL database URL, not {database_url!r}")
+
+
+def recreate_database(database_url: str) -> str:
+    """Drop and create the bench database (it must be a bench-only one). Returns its name."""
+    import psycopg
+    from psycopg import sql
+
+    conninfo = libpq_conninfo(database_url)
+    name = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("dbname") or "")
+    if "bench" not in name:
+        raise SystemExit(f"refusing to drop {name!r}: the bench database's name must say 'bench'")
+    admin = psycopg.conninfo.make_conninfo(conninfo, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name
+
+
+def setup_django(database_url: str, application_name: str = "wfbench-harness") -> None:
+    import django
+
+    os.environ["BENCH_DATABASE_URL"] = database_url
+    os.environ["BENCH_APPLICATION_NAME"] = application_name
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    django.setup()
+
+
+def scalar(sql: str, params: tuple[Any, ...] = ()) -> Any:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def rows(sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def truncate(contender: Contender) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(contender.tables())} RESTART IDENTITY CASCADE")
+
+
+def count_done(contender: Contender) -> int:
+    return int(
+        scalar(
+            f"SELECT count(*) FROM {contender.table} WHERE status = %s", (contender.done_status,)
+        )
+    )
+
+
+def count_failed(contender: Contender) -> int:
+    if not contender.failed_statuses:
+        return 0
+    marks = ", ".join(["%s"] * len(contender.failed_statuses))
+    return int(
+        scalar(
+            f"SELECT count(*) FROM {contender.table} WHERE status IN ({marks})",
+            contender.failed_statuses,
+        )
+    )
+
+
+def status_of(contender: Contender, item: Any) -> str | None:
+    return scalar(f"SELECT status FROM {contender.table} WHERE id = %s", (item,))
+
+
+# -- worker processes ---------------------------------------------------------------------------
+
+try:
+    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):
+    CLOCK_TICKS = 100
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds used so far by ``pid`` and its reaped children, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class Workers:
+    """``count`` worker processes of one contender, each in its own process group."""
+
+    def __init__(self, contender: Contender, count: int, workdir: Path, database_url: str):
+        self.contender = contender
+        self.count = count
+        self.workdir = workdir
+        self.database_url = database_url
+        self.application_name = f"wfbench-worker-{contender.name}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.count_files: list[Path] = []
+        self.logs: list[Path] = []
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update(
+            BENCH_DATABASE_URL=self.database_url,
+            BENCH_APPLICATION_NAME=self.application_name,
+            DJANGO_SETTINGS_MODULE=SETTINGS,
+            PYTHONPATH=os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
+        )
+        for index in range(self.count):
+            stem = f"{self.contender.name}-{len(self.logs)}"
+            counts = self.workdir / f"{stem}.counts.json"
+            log = self.workdir / f"{stem}.log"
+            counts.unlink(missing_ok=True)
+            env["BENCH_COUNT_STATEMENTS"] = str(counts)
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "django", *self.contender.worker_command],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=ROOT,
+                )
+            self.processes.append(process)
+            self.count_files.append(counts)
+            self.logs.append(log)
+            del index
+
+    def check_alive(self) -> None:
+        for process, log in zip(self.processes, self.logs, strict=True):
+            if process.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise BenchError(
+                    f"{self.contender.name} worker exited with {process.returncode}:\n{tail}"
+                )
+
+    def cpu(self) -> float:
+        return sum(process_cpu_seconds(p.pid) or 0.0 for p in self.processes)
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Wait until every worker is connected and their CPU use has settled."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            connected = scalar(
+                "SELECT count(DISTINCT client_port) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (self.application_name,),
+            )
+            if connected >= self.count:
+                before = self.cpu()
+                time.sleep(0.5)
+                if self.cpu() - before < 0.05 * self.count:
+                    return
+            else:
+                time.sleep(0.2)
+        raise BenchError(f"{self.contender.name} workers did not settle within {timeout:g} s")
+
+    def backend_pids(self) -> list[int]:
+        found = rows(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            (self.application_name,),
+        )
+        return [pid for (pid,) in found]
+
+    def signal(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signum)
+
+    def counted(self) -> dict[str, int]:
+        totals = {"statements": 0, "transactions": 0}
+        for path in self.count_files:
+            try:
+                found = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for key in totals:
+                totals[key] += int(found.get(key, 0))
+        return totals
+
+    def stop(self, grace: float = 30.0) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+
+# -- measurements -------------------------------------------------------------------------------
+
+
+def wait_done(contender: Contender, target: int, timeout: float) -> list[tuple[float, int]]:
+    """Poll the done count every 20 ms until it reaches ``target``; the (time, count) samples."""
+    samples = []
+    deadline = time.perf_counter() + timeout
+    while True:
+        now = time.perf_counter()
+        done = count_done(contender)
+        samples.append((now, done))
+        if done >= target:
+            return samples
+        if now > deadline:
+            raise BenchError(
+                f"{contender.name}: {done} of {target} done after {timeout:g} s "
+                f"({count_failed(contender)} failed)"
+            )
+        time.sleep(POLL_DONE)
+
+
+def warm_up(contender: Contender, workers: Workers, items: int) -> None:
+    """Run ``items`` items through freshly started workers, then let them go idle."""
+    workers.wait_idle()
+    base = count_done(contender)
+    for _ in range(items):
+        contender.enqueue()
+    wait_done(contender, base + items, 60)
+    workers.wait_idle()
+
+
+def check_no_failures(contender: Contender) -> None:
+    failed = count_failed(contender)
+    if failed:
+        raise BenchError(f"{contender.name}: {failed} items failed")
+
+
+def measure_end_to_end(contender: Contender, workers: Workers, items: int) -> dict[str, Any]:
+    """One transaction per enqueue, the worker running meanwhile; items/s first enqueue → last
+    completion. The idle worker is frozen and released at the first enqueue's commit."""
+    base = count_done(contender)
+    workers.signal(signal.SIGSTOP)
+    time.sleep(HOLD_SECONDS)
+    start = time.perf_counter()
+    contender.enqueue()
+    workers.signal(signal.SIGCONT)
+    for _ in range(items - 1):
+        contender.enqueue()
+    enqueued = time.perf_counter()
+    samples = wait_done(contender, base + items, 300 + items)
+    end = samples[-1][0]
+    check_no_failures(contender)
+    return {
+        "rate": items / (end - start),
+        "seconds": end - start,
+        "enqueue_rate": items / (enqueued - start),
+    }
+
+
+def measure_drain(contender: Contender, workers: Workers, items: int) -> dict[str, Any]:
+    """``items`` committed in one transaction while the idle workers are frozen; items/s from
+    their release to the last completion, plus statements, transactions and CPU per item."""
+    from django.db import transaction
+
+    base = count_done(contender)
+    workers.signal(signal.SIGSTOP)
+    frozen = time.perf_counter()
+    time.sleep(0.1)  # let the counters' last write land
+    counted_before = workers.counted()
+    backends = workers.backend_pids()
+    enqueue_start = time.perf_counter()
+    with transaction.atomic():
+        for _ in range(items):
+            contender.enqueue()
+    enqueue_end = time.perf_counter()
+    time.sleep(max(0.2, HOLD_SECONDS - (enqueue_end - frozen)))
+    client_before = workers.cpu()
+    server_before = [process_cpu_seconds(pid) for pid in backends]
+    start = time.perf_counter()
+    workers.signal(signal.SIGCONT)
+    samples = wait_done(contender, base + items, 300 + items)
+    end = samples[-1][0]
+    client = workers.cpu() - client_before
+    server_after = [process_cpu_seconds(pid) for pid in backends]
+    server = sum(
+        (a - b) for a, b in zip(server_after, server_before, strict=True) if a is not None and b
+    )
+    time.sleep(0.15)
+    counted_after = workers.counted()
+    check_no_failures(contender)
+    first = next((t for t, n in samples if n > base), end)
+    return {
+        "rate": items / (end - start),
+        "seconds": end - start,
+        "first_completion_ms": 1e3 * (first - start),
+        "enqueue_rate_one_transaction": items / (enqueue_end - enqueue_start),
+        "statements_per_item": (counted_after["statements"] - counted_before["statements"]) / items,
+        "transactions_per_item": (counted_after["transactions"] - counted_before["transactions"])
+        / items,
+        "worker_cpu_us_per_item": 1e6 * client / items,
+        "server_cpu_us_per_item": 1e6 * server / items if backends else None,
+        "backends": len(backends),
+    }
+
+
+def measure_latency(contender: Contender, workers: Workers, samples: int) -> list[float]:
+    """Milliseconds from the enqueue call to a visible completion, one item at a time, with the
+    worker idle (random gaps, so the items land anywhere in a polling worker's sleep)."""
+    found = []
+    for _ in range(samples):
+        time.sleep(random.uniform(0.2, 0.7))
+        start = time.perf_counter()
+        item = contender.enqueue()
+        deadline = start + 30
+        while status_of(contender, item) != contender.done_status:
+            if time.perf_counter() > deadline:
+                workers.check_alive()
+                raise BenchError(f"{contender.name}: an item was not done within 30 s")
+            time.sleep(POLL_LATENCY)
+        found.append(1e3 * (time.perf_counter() - start))
+    check_no_failures(contender)
+    return found
+
+
+def run_contender(contender: Contender, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One repetition's measurements of one contender (fresh tables, fresh workers)."""
+    out: dict[str, Any] = {}
+    truncate(contender)
+    single = Workers(contender, 1, workdir, args.database_url)
+    single.start()
+    try:
+        warm_up(contender, single, 20)
+        out["end_to_end"] = measure_end_to_end(contender, single, args.e2e_tasks)
+        single.wait_idle()
+        out["drain_1"] = measure_drain(contender, single, args.tasks)
+        single.wait_idle()
+        out["latency_ms"] = measure_latency(contender, single, args.latency_samples)
+    finally:
+        single.stop()
+    truncate(contender)
+    several = Workers(contender, args.workers, workdir, args.database_url)
+    several.start()
+    try:
+        warm_up(contender, several, 4 * args.workers)
+        out[f"drain_{args.workers}"] = measure_drain(contender, several, args.tasks)
+    finally:
+        several.stop()
+    return out
+
+
+# -- facts, report ------------------------------------------------------------------------------
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_at_start": list(os.getloadavg()),
+    }
+
+
+def versions() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    import psycopg
+
+    found: dict[str, Any] = {}
+    for package in (
+        "django",
+        "django-leases",
+        "psycopg",
+        "django-ox",
+        "procrastinate",
+        "django-tasks-db",
+    ):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    found["psycopg_impl"] = psycopg.pq.__impl__
+    found["libpq"] = psycopg.pq.version()
+    try:
+        found["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "django_leases"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        found["django_leases_uncommitted_changes"] = sorted(
+            line[3:] for line in changed.splitlines() if line.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        found["git_commit"] = None
+    return found
+
+
+def server_facts(name: str) -> dict[str, Any]:
+    facts: dict[str, Any] = {"database": name}
+    for setting in ("server_version", "synchronous_commit", "fsync", "shared_buffers"):
+        facts[setting] = scalar(f"SHOW {setting}")
+    return facts
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarise(
+    runs: dict[str, list[dict[str, Any]]], workers: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, float | None]]]:
+    """Best throughput per metric, pooled latency percentiles; ratios ours / best peer."""
+    throughput = ("end_to_end", "drain_1", f"drain_{workers}")
+    figures: dict[str, dict[str, Any]] = {}
+    for name, repetitions in runs.items():
+        found: dict[str, Any] = {}
+        for metric in throughput:
+            best = max(repetitions, key=lambda r, m=metric: r[m]["rate"])[metric]
+            found[metric] = best["rate"]
+            found[f"{metric}_detail"] = best
+        latencies = [ms for r in repetitions for ms in r["latency_ms"]]
+        found["latency_p50_ms"] = percentile(latencies, 0.5)
+        found["latency_p99_ms"] = percentile(latencies, 0.99)
+        found["latency_mean_ms"] = statistics.fmean(latencies)
+        found["latency_samples"] = len(latencies)
+        figures[name] = found
+    ratios: dict[str, dict[str, float | None]] = {}
+    peers = [p for p in figures if p != "ours"]
+    if "ours" in figures and peers:
+        ours = figures["ours"]
+        ratios["ours_vs_best_peer"] = {}
+        for metric in throughput:
+            best_peer = max(peers, key=lambda p, m=metric: figures[p][m])
+            ratios["ours_vs_best_peer"][metric] = ours[metric] / figures[best_peer][metric]
+            ratios["ours_vs_best_peer"][f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
+        for metric in ("latency_p50_ms", "latency_p99_ms"):
+            best_peer = min(peers, key=lambda p, m=metric: figures[p][m])
+            # For latency, lower is better: best peer's latency / ours (≥ 1 means ours is faster).
+            ratios["ours_vs_best_peer"][metric] = figures[best_peer][metric] / ours[metric]
+            ratios["ours_vs_best_peer"][f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
+    return figures, ratios
+
+
+def render_table(figures: dict[str, dict[str, Any]], workers: int) -> str:
+    columns = [
+        ("end_to_end", "e2e items/s", "{:,.0f}"),
+        ("drain_1", "drain 1 worker/s", "{:,.0f}"),
+        (f"drain_{workers}", f"drain {workers} workers/s", "{:,.0f}"),
+        ("latency_p50_ms", "latency p50 ms", "{:,.1f}"),
+        ("latency_p99_ms", "latency p99 ms", "{:,.1f}"),
+    ]
+    peers = [p for p in figures if p != "ours"]
+    best_peer = (
+        {
+            key: (min if key.startswith("latency") else max)(figures[p][key] for p in peers)
+            for key, _, _ in columns
+        }
+        if peers
+        else {}
+    )
+    header = ["contender"] + [label for _, label, _ in columns]
+    lines_ = [header]
+    for name, found in figures.items():
+        row = [name]
+        for key, _, fmt in columns:
+            cell = fmt.format(found[key])
+            if name == "ours" and best_peer:
+                ratio = (
+                    best_peer[key] / found[key]
+                    if key.startswith("latency")
+                    else found[key] / best_peer[key]
+                )
+                cell += f" ({ratio:.2f}×)"
+            row.append(cell)
+        lines_.append(row)
+    widths = [max(len(r[i]) for r in lines_) for i in range(len(header))]
+    out = []
+    for index, row in enumerate(lines_):
+        out.append(
+            "  ".join(
+                [row[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            )
+        )
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def render_costs(figures: dict[str, dict[str, Any]]) -> str:
+    lines_ = [
+        "per item, 1-worker drain: statements sent, explicit transactions (commit/rollback), "
+        "CPU µs in the worker + in its PostgreSQL backends:",
+    ]
+    for name, found in figures.items():
+        d = found["drain_1_detail"]
+        server = d["server_cpu_us_per_item"]
+        lines_.append(
+            f"  {name:<16} {d['statements_per_item']:5.1f} statements  "
+            f"{d['transactions_per_item']:4.1f} transactions  "
+            f"CPU {d['worker_cpu_us_per_item']:6.0f} + "
+            f"{'?' if server is None else f'{server:.0f}'} µs"
+        )
+    return "\n".join(lines_)
+
+
+# -- profiling ours -----------------------------------------------------------------------------
+
+
+def profile_ours(args: argparse.Namespace) -> None:
+    """Ours' worker loop in this process: statements per run (by kind), and a cProfile."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_leases.workflows.worker import Worker
+
+    ours = CONTENDERS["ours"]
+    truncate(ours)
+    worker = Worker(1)
+
+    def drain(items: int) -> None:
+        for _ in range(items):
+            ours.enqueue()
+        while worker.work_once():
+            pass
+
+    drain(20)  # warm
+    with CaptureQueriesContext(connection) as captured:
+        ours.enqueue()
+        enqueue_count = len(captured.captured_queries)
+        while worker.work_once():
+            pass
+    print(
+        f"\nours, one run: {len(captured.captured_queries)} statements "
+        f"({enqueue_count} to start it), in order:"
+    )
+    for query in captured.captured_queries:
+        print(f"  {query['time']:>6}s  {query['sql'][:160]}")
+    empty = CaptureQueriesContext(connection)
+    with empty:
+        worker.work_once()
+    print(f"an idle poll: {len(empty.captured_queries)} statements")
+
+    for _ in range(args.tasks):
+        ours.enqueue()
+    profiler = cProfile.Profile()
+    cpu = time.process_time()
+    start = time.perf_counter()
+    profiler.enable()
+    done = 0
+    while worker.work_once():
+        done += 1
+    profiler.disable()
+    elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    print(
+        f"\n{args.tasks} runs drained in-process under cProfile: "
+        f"{args.tasks / elapsed:,.0f} runs/s, "
+        f"{done} units of work, client CPU {1e6 * cpu / args.tasks:.0f} µs/run (profiler included)"
+    )
+    for sort in ("tottime", "cumulative"):
+        stream = io.StringIO()
+        pstats.Stats(profiler, stream=stream).sort_stats(sort).print_stats(args.profile_top)
+        print(stream.getvalue())
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Benchmark django-leases workflows against django-ox, Procrastinate and "
+        "django-tasks-db (no-op work, PostgreSQL, real worker processes).",
+    )
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_WORKFLOWS_DATABASE_URL", DEFAULT_DATABASE_URL),
+        help="PostgreSQL URL of the bench-only database, dropped and recreated "
+        "(default: $BENCH_WORKFLOWS_DATABASE_URL or %(default)s)",
+    )
+    parser.add_argument("--tasks", type=int, default=1000, help="items per drain")
+    parser.add_argument("--e2e-tasks", type=int, default=500, help="items in the end-to-end run")
+    parser.add_argument("--workers", type=int, default=4, help="processes in the wide drain")
+    parser.add_argument("--latency-samples", type=int, default=30, help="per repetition")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="comma-separated subset of: " + ", ".join(CONTENDERS),
+    )
+    parser.add_argument("--output", type=Path, default=None, help="JSON file to write")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the benchmark: ours' worker loop in-process, statements per run and "
+        "a cProfile of --tasks runs",
+    )
+    parser.add_argument("--profile-top", type=int, default=30)
+    args = parser.parse_args(argv)
+    if min(args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples) < 1:
+        parser.error("--tasks, --e2e-tasks, --workers, --repeat, --latency-samples must be >= 1")
+    chosen = [n.strip() for n in args.contenders.split(",") if n.strip()]
+    unknown = sorted(set(chosen) - set(CONTENDERS))
+    if unknown:
+        parser.error(f"unknown contenders: {', '.join(unknown)}")
+    args.chosen = [n for n in CONTENDERS if n in chosen]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if sys.version_info < (3, 12):
+        raise SystemExit(
+            "bench/workflows.py needs Python >= 3.12 (django-ox): make bench-workflows"
+        )
+    name = recreate_database(args.database_url)
+    setup_django(args.database_url)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+    if args.profile:
+        profile_ours(args)
+        return 0
+
+    machine = machine_facts()
+    started = dt.datetime.now(dt.UTC)
+    database = server_facts(name)
+    print(
+        f"django-leases workflow benchmark: PostgreSQL {database['server_version']} "
+        f"(database {name}), {machine['cpu_count']} CPUs ({machine['cpu']}), "
+        f"Python {machine['python']}, load average {machine['load_average_at_start'][0]:.2f}"
+    )
+    print(
+        "every contender: same database, same Django; persistent connections (CONN_MAX_AGE=None, "
+        "DEBUG=False; Procrastinate's worker keeps its own psycopg connections); workers as real "
+        "processes with package defaults, concurrency 1 each"
+    )
+    for contender in args.chosen:
+        print(f"  {contender:<16} {CONTENDERS[contender].description}")
+    print()
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.chosen}
+    with tempfile.TemporaryDirectory(prefix="wfbench-") as tmp:
+        for repetition in range(args.repeat):
+            shift = repetition % len(args.chosen)
+            for contender_name in args.chosen[shift:] + args.chosen[:shift]:
+                found = run_contender(CONTENDERS[contender_name], args, Path(tmp))
+                runs[contender_name].append(found)
+                wide = found[f"drain_{args.workers}"]
+                print(
+                    f"  [{repetition + 1}/{args.repeat}] {contender_name:<16} "
+                    f"e2e {found['end_to_end']['rate']:6,.0f}/s  "
+                    f"drain×1 {found['drain_1']['rate']:6,.0f}/s  "
+                    f"drain×{args.workers} {wide['rate']:6,.0f}/s  "
+                    f"latency p50 {percentile(found['latency_ms'], 0.5):6.1f} ms "
+                    f"p99 {percentile(found['latency_ms'], 0.99):6.1f} ms",
+                    flush=True,
+                )
+    figures, ratios = summarise(runs, args.workers)
+    print()
+    print(render_table(figures, args.workers))
+    print()
+    print(render_costs(figures))
+    verdict = ratios.get("ours_vs_best_peer")
+    if verdict:
+        print(
+            "\nours / best peer: "
+            + "; ".join(
+                f"{metric} {verdict[metric]:.2f}× (vs {verdict[f'{metric}_best_peer']})"
+                for metric in ("end_to_end", "drain_1", f"drain_{args.workers}")
+            )
+            + f" — target ≥ {TARGET}×"
+        )
+    machine["load_average_at_end"] = list(os.getloadavg())
+    report = {
+        "benchmark": "django-leases workflows",
+        "started_at": started.isoformat(),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(),
+        "machine": machine,
+        "versions": versions(),
+        "postgresql": database,
+        "settings": {
+            "tasks": args.tasks,
+            "e2e_tasks": args.e2e_tasks,
+            "workers": args.workers,
+            "latency_samples_per_repetition": args.latency_samples,
+            "repeat": args.repeat,
+            "hold_seconds": HOLD_SECONDS,
+            "best_of": "throughputs: the best repetition; latencies: every sample pooled",
+            "connections": "same database and Django settings for every contender: "
+            "CONN_MAX_AGE=None, DEBUG=False, client-side binding (Django's default)",
+            "contenders": {n: CONTENDERS[n].description for n in args.chosen},
+            "idle_wake": {n: CONTENDERS[n].wakes for n in args.chosen},
+        },
+        "units": {
+            "end_to_end": "items/s, one worker, enqueued one transaction each meanwhile",
+            "drain_1": "items/s, backlog of --tasks, one worker process",
+            f"drain_{args.workers}": f"items/s, backlog of --tasks, {args.workers} processes",
+            "latency_*_ms": "ms from the enqueue call to a visible completion, idle worker",
+            "statements_per_item": "cursor execute/executemany calls by the worker(s) per item",
+            "transactions_per_item": "explicit commits/rollbacks by the worker(s) per item",
+            "worker_cpu_us_per_item": "CPU µs of the worker processes per item",
+            "server_cpu_us_per_item": "CPU µs of the PostgreSQL backends serving the workers",
+        },
+        "figures": figures,
+        "ratios": ratios,
+        "target": {"ours_vs_best_peer": TARGET},
+        "repetitions": runs,
+    }
+    output = args.output or RESULTS_DIR / f"workflows-{started.date().isoformat()}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+    print(f"\nwrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
