@@ -1,11 +1,15 @@
-"""The read-only admin of workflow runs: list with filters and search, run page with its steps
-and the attempt history, no way to add, change or delete."""
+"""The admin of workflow runs: list with filters and search, run page with its steps and the
+attempt history, no way to add, change or delete; resume, cancel and retry step for operators
+only (a LogEntry and a message each)."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
+from django.contrib.admin.models import CHANGE as CHANGE_FLAG
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
@@ -101,3 +105,159 @@ def test_staff_without_the_view_permission_sees_nothing(
     client.force_login(User.objects.get(pk=user.pk))
     assert client.get(reverse(CHANGELIST)).status_code == 200
     assert client.get(reverse(CHANGE, args=[runs["done"].id])).status_code == 200
+
+
+# -- operators: resume, cancel, retry step -------------------------------------------------------
+
+
+def _staff(client: Client, *codenames: str) -> User:
+    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return user
+
+
+@pytest.fixture
+def operator(client: Client) -> User:
+    return _staff(client, "view_workflowrun", "operate_workflowrun")
+
+
+def _failed_run() -> WorkflowRun:
+    """A failed run whose step ``build`` failed on its last attempt."""
+    run = WorkflowRun.objects.start("build-preview", {})
+    WorkflowStep.objects.schedule(run.id, "build", "previews.build", retries=0)
+    claim = WorkflowStep.objects.claim_for_execution(run.id, "build", "previews.build", 60)
+    assert claim is not None
+    WorkflowStep.objects.set_error(claim.step_id, "compiler crashed", claim.attempt)
+    WorkflowRun.objects.fail(run.id, "step build failed")
+    return run
+
+
+def _operate_url(run: WorkflowRun, operation: str) -> str:
+    return reverse("admin:django_leases_workflowrun_operate", args=[run.pk, operation])
+
+
+def _logged(run: WorkflowRun) -> list[str]:
+    return list(
+        LogEntry.objects.filter(object_id=str(run.pk), action_flag=CHANGE_FLAG)
+        .order_by("id")
+        .values_list("change_message", flat=True)
+    )
+
+
+def _messages(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def test_list_actions_resume_and_cancel_log_and_report_each_run(
+    client: Client, operator: User
+) -> None:
+    failed = _failed_run()
+    running = WorkflowRun.objects.start("build-preview", {})
+    done = WorkflowRun.objects.start("build-preview", {})
+    WorkflowRun.objects.complete(done.id, None)
+    listing = client.get(reverse(CHANGELIST)).content.decode()
+    assert 'value="resume_runs"' in listing and 'value="cancel_runs"' in listing
+    assert "delete_selected" not in listing
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "resume_runs", "_selected_action": [str(failed.pk), str(done.pk)]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    shown = _messages(response)
+    assert any("failed → running" in m and "'build'" in m for m in shown), shown
+    assert any(m.startswith("Nothing changed") and "is completed" in m for m in shown), shown
+    assert WorkflowRun.objects.get(pk=failed.pk).status == "running"
+    assert WorkflowRun.objects.get(pk=done.pk).status == "completed"
+    [logged] = _logged(failed)
+    assert "failed → running" in logged
+    assert _logged(done) == []
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "cancel_runs", "_selected_action": [str(running.pk)]},
+        follow=True,
+    )
+    assert any("running → cancelled" in m for m in _messages(response))
+    assert WorkflowRun.objects.get(pk=running.pk).status == "cancelled"
+    entry = LogEntry.objects.get(object_id=str(running.pk))
+    assert entry.user_id == operator.pk and "cancelled" in entry.change_message
+
+
+def test_the_run_page_offers_an_operator_the_operations_its_state_allows(
+    client: Client, operator: User
+) -> None:
+    failed = _failed_run()
+    text = client.get(reverse(CHANGE, args=[failed.pk])).content.decode()
+    section = text[text.index('id="workflow-operations"') :]
+    assert "Resume run" in section and "Retry step build" in section
+    assert "Cancel run" not in section, "a failed run cannot be cancelled"
+    assert section.count("csrfmiddlewaretoken") == 2
+    assert f'action="{_operate_url(failed, "retry-step")}"' in section
+    done = WorkflowRun.objects.start("build-preview", {})
+    WorkflowRun.objects.complete(done.id, None)
+    text = client.get(reverse(CHANGE, args=[done.pk])).content.decode()
+    assert "Nothing to do: this run is completed" in text
+    assert "Resume run" not in text and "Cancel run" not in text
+
+
+def test_retry_step_from_the_run_page_resumes_the_run_and_logs_it(
+    client: Client, operator: User
+) -> None:
+    failed = _failed_run()
+    response = client.post(_operate_url(failed, "retry-step"), {"step": "build"}, follow=True)
+    assert response.redirect_chain[-1][0] == reverse(CHANGE, args=[failed.pk])
+    assert any("failed → running" in m for m in _messages(response))
+    assert WorkflowRun.objects.get(pk=failed.pk).status == "running"
+    again = WorkflowStep.objects.claim_due(60)
+    assert again is not None and (again.step_name, again.attempt) == ("build", 2)
+    assert len(_logged(failed)) == 1
+    wrong = client.post(_operate_url(failed, "retry-step"), {"step": "nope"}, follow=True)
+    assert any("no step named 'nope'" in m for m in _messages(wrong))
+    assert len(_logged(failed)) == 1, "a refused operation was logged"
+
+
+def test_operations_need_post_and_the_csrf_token(operator: User) -> None:
+    run = WorkflowRun.objects.start("build-preview", {})
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(operator)
+    assert strict.get(_operate_url(run, "cancel")).status_code == 405
+    assert strict.post(_operate_url(run, "cancel")).status_code == 403
+    assert WorkflowRun.objects.get(pk=run.pk).status == "running"
+    page = strict.get(reverse(CHANGE, args=[run.pk]))
+    token = page.cookies["csrftoken"].value
+    done = strict.post(_operate_url(run, "cancel"), {"csrfmiddlewaretoken": token})
+    assert done.status_code == 302
+    assert WorkflowRun.objects.get(pk=run.pk).status == "cancelled"
+
+
+def test_staff_without_the_operate_permission_can_do_none_of_it(client: Client) -> None:
+    _staff(client, "view_workflowrun")
+    failed = _failed_run()
+    running = WorkflowRun.objects.start("build-preview", {})
+    page = client.get(reverse(CHANGE, args=[failed.pk])).content.decode()
+    assert "workflow-operations" not in page and "Retry step" not in page
+    listing = client.get(reverse(CHANGELIST)).content.decode()
+    assert "resume_runs" not in listing and "cancel_runs" not in listing
+    for run, operation, data in (
+        (failed, "resume", {}),
+        (running, "cancel", {}),
+        (failed, "retry-step", {"step": "build"}),
+    ):
+        assert client.post(_operate_url(run, operation), data).status_code == 403
+    for action, run in (("resume_runs", failed), ("cancel_runs", running)):
+        client.post(reverse(CHANGELIST), {"action": action, "_selected_action": [str(run.pk)]})
+    assert WorkflowRun.objects.get(pk=failed.pk).status == "failed"
+    assert WorkflowRun.objects.get(pk=running.pk).status == "running"
+    assert not LogEntry.objects.exists()
+
+
+def test_unknown_runs_and_operations_are_refused(client: Client, operator: User) -> None:
+    run = WorkflowRun.objects.start("build-preview", {})
+    missing = client.post(_operate_url(run, "resume").replace(str(run.pk), str(uuid.uuid4())))
+    assert missing.status_code == 302
+    assert missing.url == reverse(CHANGELIST)
+    assert client.post(_operate_url(run, "delete")).status_code == 403
+    assert client.post(_operate_url(run, "resume").replace(str(run.pk), "junk")).status_code == 302
+    assert WorkflowRun.objects.get(pk=run.pk).status == "running"

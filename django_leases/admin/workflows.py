@@ -1,8 +1,16 @@
-"""Admin for workflow runs (registered on import): read-only for now.
+"""Admin for workflow runs (registered on import; DESIGN §7).
 
 The run list filters by status and workflow and searches by run id; a run's page shows its
 steps inline and the full attempt history (one row per claim, oldest first, superseded
-attempts still ``running``). Operator actions (resume, cancel, retry step) come later.
+attempts still ``running``). Nothing can be added, edited or deleted here.
+
+Operators — users with the ``django_leases.operate_workflowrun`` permission — get three
+operations, each calling the store's method (``WorkflowRun.objects.resume`` / ``cancel`` /
+``retry_step``, one transaction each) and leaving a ``LogEntry`` and a message with the
+outcome: **resume** and **cancel** as list actions and as buttons on the run page, and
+**retry step** as a button beside each failed step on the run page. The buttons post (with
+the CSRF token) to ``<run id>/operate/<operation>/``; a user without the permission gets 403
+there and never sees the actions or the buttons.
 """
 
 from __future__ import annotations
@@ -11,12 +19,20 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from django_leases.models import WorkflowRun, WorkflowStep
+from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows.store import RunChange, WorkflowRunStateError
+
+#: The permission behind resume, cancel and retry step.
+OPERATE_PERMISSION = "django_leases.operate_workflowrun"
+#: The run-page operations and the ``RunChange`` verb each logs.
+OPERATIONS = ("resume", "cancel", "retry-step")
 
 
 def _json(value: Any) -> str:
@@ -88,6 +104,8 @@ class WorkflowRunAdmin(_ReadOnly, admin.ModelAdmin):
     ordering = ("-created_at",)
     date_hierarchy = None
     inlines = (WorkflowStepInline,)
+    actions = ("resume_runs", "cancel_runs")
+    change_form_template = "admin/django_leases/workflowrun/change_form.html"
     fields = (
         "id",
         "workflow",
@@ -102,6 +120,108 @@ class WorkflowRunAdmin(_ReadOnly, admin.ModelAdmin):
         "history",
     )
     readonly_fields = fields
+
+    # -- operators ------------------------------------------------------------------------------
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may resume, cancel and retry (``operate_workflowrun``)."""
+        return bool(request.user.has_perm(OPERATE_PERMISSION))
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the default ones: their ``<path:object_id>/`` would match these too.
+        opts = self.model._meta
+        return [
+            path(
+                "<path:object_id>/operate/<str:operation>/",
+                self.admin_site.admin_view(self.operate_view),
+                name=f"{opts.app_label}_{opts.model_name}_operate",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        run = self._run_or_none(object_id)
+        if run is not None and self.has_operate_permission(request):
+            failed_steps = list(
+                WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
+                .order_by("created_at", "id")
+                .values_list("step_name", flat=True)
+            )
+            finished = run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
+            context["operations"] = {
+                "resume": run.status in (RunStatus.SUSPENDED, RunStatus.FAILED),
+                "cancel": run.status in (RunStatus.RUNNING, RunStatus.SUSPENDED),
+                "retry_steps": [] if finished else failed_steps,
+                "urls": {
+                    op.replace("-", "_"): reverse(
+                        "admin:django_leases_workflowrun_operate", args=[run.pk, op]
+                    )
+                    for op in OPERATIONS
+                },
+            }
+        return super().change_view(request, object_id, form_url, context)
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        """POST ``<run id>/operate/<resume|cancel|retry-step>/`` (``step`` in the form for
+        retry-step): run the operation, log it, say how it went, back to the run page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        if operation not in OPERATIONS:
+            raise PermissionDenied  # no such operation: nothing to offer
+        run = self._run_or_none(object_id)
+        if run is None:
+            self.message_user(request, f"No workflow run with id {object_id!r}.", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:django_leases_workflowrun_changelist"))
+        if operation == "resume":
+            self._operate(request, run, lambda: WorkflowRun.objects.resume(run.pk))
+        elif operation == "cancel":
+            self._operate(request, run, lambda: WorkflowRun.objects.cancel(run.pk))
+        else:
+            step_name = request.POST.get("step", "")
+            self._operate(request, run, lambda: WorkflowRun.objects.retry_step(run.pk, step_name))
+        return HttpResponseRedirect(
+            reverse("admin:django_leases_workflowrun_change", args=[run.pk])
+        )
+
+    @admin.action(description="Resume the selected runs", permissions=["operate"])
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        """Resume each selected suspended or failed run (``WorkflowRun.objects.resume``)."""
+        for run in queryset.order_by("created_at"):
+            self._operate(request, run, lambda run=run: WorkflowRun.objects.resume(run.pk))
+
+    @admin.action(description="Cancel the selected runs", permissions=["operate"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        """Cancel each selected running or suspended run (``WorkflowRun.objects.cancel``)."""
+        for run in queryset.order_by("created_at"):
+            self._operate(request, run, lambda run=run: WorkflowRun.objects.cancel(run.pk))
+
+    def _operate(self, request: HttpRequest, run: WorkflowRun, operation: Any) -> RunChange | None:
+        """Run ``operation`` (a store call returning a ``RunChange``); on success write a
+        ``LogEntry`` and a success message, on a refusal an error message (nothing changed)."""
+        try:
+            change: RunChange = operation()
+        except (WorkflowRunStateError, WorkflowStep.DoesNotExist, ValueError) as exc:
+            self.message_user(request, f"Nothing changed: {exc}.", messages.ERROR)
+            return None
+        self.log_change(request, run, str(change))
+        self.message_user(request, f"{change}.", messages.SUCCESS)
+        return change
+
+    @staticmethod
+    def _run_or_none(object_id: str) -> WorkflowRun | None:
+        try:
+            return WorkflowRun.objects.filter(pk=uuid.UUID(str(object_id))).first()
+        except ValueError:
+            return None
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
