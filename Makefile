@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 lint demo bench bench-leases bench-workflows clean
+.PHONY: venv test test-sqlite test-postgres test-django6 lint docs demo bench bench-leases bench-workflows clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,14 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_leases
+
+# The docs site (MkDocs + Material) into site/; warnings are errors, as in CI.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(VENV)/bin/mkdocs build --strict
 
 demo: venv
 	$(PY) -m demo_project.tour
