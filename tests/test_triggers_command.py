@@ -1,22 +1,52 @@
-"""``manage.py reconcile_trigger_sources``: syncs the declarations and prints the rows."""
+"""``manage.py reconcile_trigger_sources`` and ``manage.py trigger_sources``: thin shells over
+the lifecycle, with its semantics, exit statuses and messages on stderr."""
 
 from __future__ import annotations
 
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from django_leases.models import TriggerSource
-from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration
+from django_leases.testing.providers import FakeProvider, installed_provider
+from django_leases.triggers import credentials, lifecycle, registry
+from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
 
-pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "cmd-hooks"
+BASE = "https://ci.example.com"
+
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _run(*args: str) -> str:
+def _run(command: str, *args: str, **options: object) -> str:
     out = StringIO()
-    call_command("reconcile_trigger_sources", *args, stdout=out)
+    call_command(command, *args, stdout=out, stderr=StringIO(), **options)
     return out.getvalue()
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with installed_provider(FakeProvider("fake")) as provider:
+        webhook_source(SOURCE, provider="fake", events={})
+        try:
+            yield provider
+        finally:
+            registry.unregister(SOURCE)
+
+
+def _row(name: str = SOURCE) -> TriggerSource:
+    return TriggerSource.objects.get(name=name)
+
+
+# -- reconcile_trigger_sources -----------------------------------------------------------------
 
 
 def test_reconcile_syncs_the_declarations_and_lists_them() -> None:
@@ -24,25 +54,180 @@ def test_reconcile_syncs_the_declarations_and_lists_them() -> None:
     TriggerSource.objects.sync([old])
     TriggerSource.objects.set_enabled("removed", True)
 
-    output = _run("--base-url", "https://ci.example.com/", "--label-prefix", "ci")
+    output = _run(
+        "reconcile_trigger_sources", "--base-url", "https://ci.example.com/", "--label-prefix", "ci"
+    )
 
-    lines = output.splitlines()
-    assert len(lines) == 2
-    assert lines[0].split()[:4] == ["github-pushes", "github", "declared", "disabled"]
-    assert "base_url=https://ci.example.com" in lines[0]
-    assert lines[1].split()[:4] == ["removed", "github", "orphan", "enabled"]
+    # One line per row, sorted by name: the demo's declarations, then the orphan.
+    lines = {line.split()[0]: line for line in output.splitlines()}
+    assert list(lines) == sorted(lines)
+    assert set(lines) == {d.name for d in registry.declarations()} | {"removed"}
+    pushes = lines["github-pushes"]
+    assert pushes.split()[:5] == ["github-pushes", "github", "declared", "disabled", "status=off"]
+    assert "base_url=https://ci.example.com" in pushes
+    assert lines["removed"].split()[:4] == ["removed", "github", "orphan", "enabled"]
     row = TriggerSource.objects.get(name="github-pushes")
     assert (row.base_url, row.label_prefix, row.enabled) == ("https://ci.example.com", "ci", False)
     assert TriggerSource.objects.get(name="removed").declared is False
 
 
 def test_reconcile_without_address_keeps_the_known_one() -> None:
-    _run("--base-url", "https://kept.example.com")
-    _run()
+    _run("reconcile_trigger_sources", "--base-url", "https://kept.example.com")
+    _run("reconcile_trigger_sources")
     assert TriggerSource.objects.get(name="github-pushes").base_url == "https://kept.example.com"
 
 
 def test_a_bad_base_url_is_a_command_error_and_writes_nothing() -> None:
-    with pytest.raises(CommandError, match="not an http"):
-        _run("--base-url", "nowhere")
+    with pytest.raises(CommandError, match="not an http") as caught:
+        _run("reconcile_trigger_sources", "--base-url", "nowhere")
+    assert caught.value.returncode == 1
     assert not TriggerSource.objects.exists()
+
+
+def test_reconcile_sets_up_enabled_sources_and_reports_failures(fake: FakeProvider) -> None:
+    _run("reconcile_trigger_sources", "--base-url", BASE)
+    assert fake.calls == []
+    lifecycle.enable(SOURCE)
+    output = _run("reconcile_trigger_sources")
+    assert f"set up {SOURCE}: Hook 1 updated to post to {BASE}/hooks/{SOURCE}/." in output
+    fake.fail_setup = "API down"
+    with pytest.raises(CommandError, match="setup failed: cmd-hooks: Setup at fake failed: API"):
+        _run("reconcile_trigger_sources")
+    assert _row().status == "failed"
+
+
+# -- trigger_sources ---------------------------------------------------------------------------
+
+
+def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> None:
+    assert "No trigger sources" in _run("trigger_sources", "list")
+    lifecycle.reconcile(base_url=BASE)
+    lifecycle.enable(SOURCE)
+    secret = credentials.get_secret(SOURCE)
+    assert secret
+    output = _run("trigger_sources", "list")
+    lines = output.splitlines()
+    assert lines[0].split() == [
+        "NAME",
+        "PROVIDER",
+        "DECLARED",
+        "ENABLED",
+        "STATUS",
+        "URL",
+        "DETAIL",
+    ]
+    [line] = [line for line in lines if line.startswith(SOURCE)]
+    assert line.split()[:6] == [
+        SOURCE,
+        "fake",
+        "declared",
+        "on",
+        "registered",
+        f"{BASE}/hooks/{SOURCE}/",
+    ]
+    assert "Hook 1 registered" in line
+    assert secret not in output
+
+    listed = json.loads(_run("trigger_sources", "list", "--json"))
+    mine = next(item for item in listed if item["name"] == SOURCE)
+    assert mine == {
+        "name": SOURCE,
+        "provider": "fake",
+        "declared": True,
+        "enabled": True,
+        "status": "registered",
+        "url": f"{BASE}/hooks/{SOURCE}/",
+        "state": {"hook_id": 1},
+        "detail": f"Hook 1 registered to post to {BASE}/hooks/{SOURCE}/.",
+    }
+    other = next(item for item in listed if item["name"] == "github-pushes")
+    assert (other["status"], other["enabled"]) == ("off", False)
+
+
+def test_enable_disable_teardown_through_the_command(fake: FakeProvider) -> None:
+    lifecycle.reconcile(base_url=BASE)
+    assert "registered" in _run("trigger_sources", "enable", SOURCE)
+    assert (_row().enabled, _row().status) == (True, "registered")
+    assert "Disabled" in _run("trigger_sources", "disable", SOURCE)
+    assert (_row().enabled, _row().status, _row().state) == (False, "off", None)
+    _run("trigger_sources", "enable", SOURCE)
+    assert "deleted" in _run("trigger_sources", "teardown", SOURCE)
+    assert not TriggerSource.objects.filter(name=SOURCE).exists()
+    assert fake.hooks == {} and fake.created == 2
+
+
+def test_refusals_exit_1_and_change_nothing(fake: FakeProvider) -> None:
+    lifecycle.reconcile()  # no address known
+    with pytest.raises(CommandError, match="no address") as caught:
+        _run("trigger_sources", "enable", SOURCE)
+    assert caught.value.returncode == 1
+    assert _row().enabled is False
+    with pytest.raises(CommandError, match="Unknown trigger source: 'nope'"):
+        _run("trigger_sources", "disable", "nope")
+    with pytest.raises(CommandError, match="still declared"):
+        _run("trigger_sources", "forget", SOURCE)
+    with pytest.raises(CommandError, match="Unknown database alias"):
+        _run("trigger_sources", "list", "--database", "elsewhere")
+    assert fake.calls == []
+
+
+def test_a_failed_provider_step_exits_2(fake: FakeProvider) -> None:
+    lifecycle.reconcile(base_url=BASE)
+    fake.fail_setup = "GitHub answered 401"
+    with pytest.raises(CommandError, match="Setup at fake failed: GitHub answered 401") as caught:
+        _run("trigger_sources", "enable", SOURCE)
+    assert caught.value.returncode == 2
+    assert (_row().enabled, _row().status) == (True, "failed")
+
+
+def test_forget_an_orphan(fake: FakeProvider) -> None:
+    lifecycle.reconcile(base_url=BASE)
+    registry.unregister(SOURCE)
+    lifecycle.reconcile()
+    assert "Forgotten." in _run("trigger_sources", "forget", SOURCE)
+    assert not TriggerSource.objects.filter(name=SOURCE).exists()
+
+
+def test_set_secret_reads_stdin_and_never_echoes(fake: FakeProvider) -> None:
+    lifecycle.reconcile(base_url=BASE)
+    output = _run("trigger_sources", "set-secret", SOURCE, stdin=io.StringIO("s3cret-value\n"))
+    assert "Stored the signing secret" in output and "s3cret" not in output
+    assert credentials.get_secret(SOURCE) == "s3cret-value"
+    with pytest.raises(CommandError, match="No secret"):
+        _run("trigger_sources", "set-secret", SOURCE, stdin=io.StringIO("\n"))
+    with pytest.raises(CommandError, match="Unknown trigger source"):
+        _run("trigger_sources", "set-secret", "nope", stdin=io.StringIO("x\n"))
+    assert credentials.get_secret(SOURCE) == "s3cret-value"
+    assert credentials.get_secret("nope") is None
+
+
+@pytest.mark.slow
+def test_the_real_command_exit_statuses_and_stderr(subprocess_env: dict[str, str]) -> None:
+    def manage(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=subprocess_env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = manage("reconcile_trigger_sources")
+    assert done.returncode == 0, done.stderr
+    missing = manage("trigger_sources", "enable", "github-pushes")
+    assert missing.returncode == 1
+    assert "no address" in missing.stderr and missing.stdout == ""
+    unknown = manage("trigger_sources", "disable", "nope")
+    assert unknown.returncode == 1 and "Unknown trigger source" in unknown.stderr
+    stored = manage("trigger_sources", "set-secret", "github-pushes", stdin="from-stdin\n")
+    assert stored.returncode == 0, stored.stderr
+    assert "from-stdin" not in stored.stdout + stored.stderr
+    assert credentials.get_secret("github-pushes") == "from-stdin"
+    listed = manage("trigger_sources", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    names = [item["name"] for item in json.loads(listed.stdout)]
+    assert "github-pushes" in names and names == sorted(names)
+    helped = manage("trigger_sources", "--help")
+    assert helped.returncode == 0 and "set-secret" in helped.stdout

@@ -515,6 +515,10 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
 
         _fenced(held, using, delete)
         shown = provider.name if provider is not None else row.provider
+        if row.state is None:
+            detail = f"Deleted (nothing was registered at {shown})."
+        else:
+            detail = f"Torn down at {shown} and deleted."
         return LifecycleResult(
             name=name,
             action="teardown",
@@ -522,7 +526,7 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
             changed=True,
             enabled=None,
             status=None,
-            detail=f"Torn down at {shown} and deleted.",
+            detail=detail,
         )
 
 

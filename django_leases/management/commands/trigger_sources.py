@@ -1,0 +1,188 @@
+"""``manage.py trigger_sources list|enable|disable|teardown|forget|set-secret``.
+
+Operators' commands for trigger sources, with the admin's semantics (both call
+:mod:`django_leases.triggers.lifecycle`):
+
+* ``list [--json]`` — every source: name, provider, declared/orphan, on/off, status, the
+  URL it receives on, and the last detail. Never a secret;
+* ``enable NAME`` — turn on, then set up at the provider (needs an address: run
+  ``reconcile_trigger_sources --base-url URL`` first);
+* ``disable NAME`` — turn off (deliveries refused at once), then tear down at the provider;
+* ``teardown NAME`` — turn off, tear down at the provider and delete the row;
+* ``forget NAME`` — delete an orphan's row without asking the provider;
+* ``set-secret NAME`` — store the signing secret of a source (for ``manual`` providers,
+  whose secret an operator chose at the provider), read from stdin (a prompt on a
+  terminal), encrypted in the credential store. It is never echoed.
+
+Options: ``--database ALIAS``, ``--wait S`` (seconds to wait for another operation on the
+same source; default 30). Exit status: 0 done; 1 refused, nothing changed (unknown source,
+orphan, no address, provider not installed, bad input), message on stderr; 2 the provider
+step failed (the change of switch stands and the row says ``failed``; detail on stderr);
+75 another operation held the source for longer than ``--wait``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections, router
+
+from django_leases.exceptions import LeaseError
+from django_leases.models import TriggerSource
+from django_leases.triggers import lifecycle
+from django_leases.triggers.errors import TriggerSourceError, UnknownTriggerSourceError
+
+#: Exit status when the provider step failed (the row records it).
+EXIT_PROVIDER_FAILED = 2
+#: Exit status when another operation held the source too long (``os.EX_TEMPFAIL``).
+EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
+
+_ACTIONS = {
+    "enable": lifecycle.enable,
+    "disable": lifecycle.disable,
+    "teardown": lifecycle.teardown,
+    "forget": lifecycle.forget,
+}
+
+
+def status_of(source: TriggerSource) -> str:
+    """The status shown for ``source``: its recorded one, or ``off`` when none was recorded."""
+    return source.status or "off"
+
+
+def describe(source: TriggerSource) -> dict[str, Any]:
+    """A source as operators see it (JSON-ready; never a secret)."""
+    try:
+        url: str | None = lifecycle.receive_url(source)
+    except TriggerSourceError:
+        url = None
+    return {
+        "name": source.name,
+        "provider": source.provider,
+        "declared": source.declared,
+        "enabled": source.enabled,
+        "status": status_of(source),
+        "url": url,
+        "state": source.state,
+        "detail": source.detail or "",
+    }
+
+
+class Command(BaseCommand):
+    help = (
+        "List trigger sources, enable or disable one (set up / torn down at its provider), "
+        "tear one down and delete it, forget an orphan, or store a source's signing secret."
+    )
+    stealth_options = ("stdin",)
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(
+            dest="action",
+            metavar="{list,enable,disable,teardown,forget,set-secret}",
+            required=True,
+        )
+        listing = actions.add_parser("list", help="Show every trigger source and its status.")
+        listing.add_argument("--json", action="store_true", help="One JSON array, for scripts.")
+        subs = [listing]
+        helps = {
+            "enable": "Turn NAME on, then set it up at its provider.",
+            "disable": "Turn NAME off (deliveries refused at once), then tear it down.",
+            "teardown": "Turn NAME off, tear it down at its provider and delete its row.",
+            "forget": "Delete orphan NAME's row, without asking its provider.",
+            "set-secret": "Store NAME's signing secret, read from stdin (never echoed).",
+        }
+        for action, text in helps.items():
+            sub = actions.add_parser(action, help=text)
+            sub.add_argument("name", help="The trigger source's name.")
+            if action != "set-secret":
+                sub.add_argument(
+                    "--wait",
+                    type=float,
+                    default=lifecycle.DEFAULT_WAIT,
+                    metavar="S",
+                    help="Seconds to wait for another operation on the source "
+                    f"(default {lifecycle.DEFAULT_WAIT:g}).",
+                )
+            subs.append(sub)
+        for sub in subs:
+            sub.add_argument(
+                "--database",
+                default=None,
+                help=f"Database alias of the trigger sources. Default: the router's "
+                f"({DEFAULT_DB_ALIAS}).",
+            )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        using = options["database"]
+        alias = using or router.db_for_write(TriggerSource)
+        if alias not in connections:
+            raise CommandError(f"Unknown database alias {alias!r}")
+        action = options["action"]
+        if action == "list":
+            self._list(alias, as_json=options["json"])
+        elif action == "set-secret":
+            self._set_secret(alias, options["name"], options.get("stdin") or sys.stdin)
+        else:
+            self._run(action, options["name"], alias, options["wait"])
+
+    def _list(self, alias: str, *, as_json: bool) -> None:
+        sources = [describe(row) for row in TriggerSource.objects.using(alias).order_by("name")]
+        if as_json:
+            self.stdout.write(json.dumps(sources, indent=2))
+            return
+        if not sources:
+            self.stdout.write("No trigger sources (run manage.py reconcile_trigger_sources).")
+            return
+        table = [("NAME", "PROVIDER", "DECLARED", "ENABLED", "STATUS", "URL", "DETAIL")]
+        for source in sources:
+            table.append(
+                (
+                    source["name"],
+                    source["provider"],
+                    "declared" if source["declared"] else "orphan",
+                    "on" if source["enabled"] else "off",
+                    source["status"],
+                    source["url"] or "-",
+                    " ".join(source["detail"].split()) or "-",
+                )
+            )
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+        for row in table:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            self.stdout.write("  ".join([*cells, row[-1]]).rstrip())
+
+    def _run(self, action: str, name: str, alias: str, wait: float) -> None:
+        try:
+            result = _ACTIONS[action](name, using=alias, wait=wait)
+        except lifecycle.SourceBusy as exc:
+            raise CommandError(str(exc), returncode=EXIT_BUSY) from None
+        except (TriggerSourceError, UnknownTriggerSourceError, LeaseError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        if not result.ok:
+            raise CommandError(str(result), returncode=EXIT_PROVIDER_FAILED)
+        self.stdout.write(str(result))
+
+    def _set_secret(self, alias: str, name: str, stdin: Any) -> None:
+        from django_leases.triggers import credentials
+
+        try:
+            TriggerSource.objects.using(alias).named(name)
+        except UnknownTriggerSourceError as exc:
+            raise CommandError(str(exc)) from None
+        if getattr(stdin, "isatty", lambda: False)():
+            secret = getpass.getpass(f"Signing secret of {name}: ")
+        else:
+            secret = stdin.read()
+        secret = secret.strip("\r\n")
+        if not secret.strip():
+            raise CommandError("No secret given on stdin; nothing stored.")
+        try:
+            credentials.set_secret(name, secret, using=alias)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"Stored the signing secret of {name} (encrypted).")
