@@ -150,10 +150,8 @@ out["workflow"] = {"status": run.status, "output": run.output}
 
 # A trigger source: reconciled, enabled, sent a signed delivery.
 manage("reconcile_trigger_sources", "--base-url", "https://shop.example.com")
-try:
-    from django_leases.triggers.lifecycle import enable
-except ImportError:  # before the lifecycle module: the store's switch
-    enable = lambda name: TriggerSource.objects.set_enabled(name, True)
+from django_leases.triggers.lifecycle import enable
+
 enable("shop-pushes")
 source = TriggerSource.objects.get(name="shop-pushes")
 out["source"] = {"declared": source.declared, "enabled": source.enabled, "status": source.status}
@@ -312,7 +310,7 @@ def test_a_new_project_uses_leases_workflows_and_trigger_sources(
         "status": "completed",
         "output": {"greeting": "HELLO ADA (ATTEMPT 1)"},
     }
-    assert journey["source"]["declared"] is True and journey["source"]["enabled"] is True
+    assert journey["source"] == {"declared": True, "enabled": True, "status": "manual"}
     assert journey["delivery_status"] == 202
     assert journey["unsigned_status"] == 401
     assert journey["events"] == 1
