@@ -120,3 +120,7 @@ DJANGO_LEASES = {
 # worker's step is taken over within seconds; unset, the library's default applies.
 if env("DEMO_STEP_LEASE_TTL", default=""):
     DJANGO_LEASES["STEP_LEASE_TTL"] = env.float("DEMO_STEP_LEASE_TTL")
+# The tour's local fake of GitHub's API (demo_project/fake_github.py); the token comes from
+# DJANGO_LEASES_GITHUB_TOKEN.
+if env("DEMO_GITHUB_API_URL", default=""):
+    DJANGO_LEASES["GITHUB_API_URL"] = env("DEMO_GITHUB_API_URL")

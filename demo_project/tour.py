@@ -1,30 +1,46 @@
 """``make demo``: a guided tour of django-leases on real input.
 
-Stages (each checks that it did what it says; any failure makes the tour exit 1):
+Stages (each checks what it claims from the database, the HTTP answers and the processes'
+logs; any failure makes the tour exit 1):
 
 1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
    and create an admin user;
-2. sync the trigger-source declarations (``reconcile_trigger_sources``);
-3. start the demo server and a workflow worker (``run_workflow_worker``);
-4. enable the ``github-pushes`` source, as an operator would in the admin;
-5. deliver GitHub push payloads signed as GitHub signs them — the files in
-   ``../shared/fixtures/github/push/`` when that folder exists, else the demo's own samples —
-   and wait for the workflow runs they start to complete, showing each step's attempts;
-6. disable the source and show that a delivery is now answered 404;
-7. start two ``hold_lease`` holder processes on one key, SIGKILL the holder and watch the
-   other take over with a higher fencing token;
-8. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
-   (skipped with ``DEMO_NO_SERVE=1``, which CI uses).
+2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
+   (``github-pushes``, provider ``github``; ``stripe-orders``, provider ``manual``);
+3. start the demo server, two workflow workers (``run_workflow_worker``) and a singleton job
+   under ``manage.py hold_lease`` (with a standby copy waiting for the lease);
+4. enable both sources: ``github-pushes`` registers a hook at the fake GitHub (which pings
+   it), ``stripe-orders`` answers with manual instructions and the operator stores the
+   signing secret Stripe would show;
+5. deliver payloads signed as GitHub and Stripe sign them (``manage.py send_deliveries``) —
+   the files under ``../shared/fixtures/`` when that folder exists, else the demo's own
+   samples — and wait for the workflow runs they start to complete;
+6. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
+   past the step lease, watch the other worker finish the step as attempt 2, SIGCONT the
+   first one and read its refused stale write from the database and its log, then SIGKILL it;
+7. disable ``github-pushes``: the hook is deleted at the fake GitHub, a delivery gets 404;
+8. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
+9. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
+   (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
+   stage did what it said).
+
+The workers run with a 3-second step lease (``DEMO_STEP_LEASE_TTL``) so a paused worker's
+step is taken over within seconds. Each child process logs to a file in a temporary folder
+(printed at the start).
 """
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -34,11 +50,19 @@ from pathlib import Path
 from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-SHARED_PUSHES = BASE_DIR.parent / "shared" / "fixtures" / "github" / "push"
-SAMPLE_PUSHES = Path(__file__).resolve().parent / "previews" / "samples"
-SOURCE = "github-pushes"
+GITHUB = "github-pushes"
+STRIPE = "stripe-orders"
+REPOSITORY = "octo-org/octo-repo"
+SLOW_PUSH = (
+    Path(__file__).resolve().parent / "previews" / "samples" / "slow" / "push-slow-build.json"
+)
+SINGLETON_KEY = "demo-digest"
 ADMIN_USER = os.environ.get("DEMO_ADMIN_USER", "admin")
 ADMIN_PASSWORD = os.environ.get("DEMO_ADMIN_PASSWORD", "admin")
+GITHUB_TOKEN = "demo-github-token"
+STEP_LEASE_TTL = 3.0
+#: How long the ``[slow build]`` build step takes, seconds (longer than the step lease).
+SLOW_BUILD_SECONDS = 5.0
 
 
 class StageFailed(Exception):
@@ -49,7 +73,7 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
     """Poll ``check`` until it returns something truthy; raise StageFailed after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -67,19 +91,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def manage(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
-    """Start ``manage.py ARGS`` as a child process in the demo's environment."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
-    return subprocess.Popen(
-        [sys.executable, str(BASE_DIR / "manage.py"), *args],
-        cwd=BASE_DIR,
-        env=env,
-        text=True,
-        **kwargs,
-    )
-
-
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
@@ -89,48 +100,112 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def command_exists(name: str) -> bool:
+    from django.core.management import get_commands
+
+    return name in get_commands()
+
+
+class Child:
+    """A ``manage.py`` child process whose output goes to a log file."""
+
+    def __init__(self, name: str, args: list[str], logs: Path) -> None:
+        self.name = name
+        self.log_path = logs / f"{name}.log"
+        self._log = self.log_path.open("w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, str(BASE_DIR / "manage.py"), *args],
+            cwd=BASE_DIR,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.pid = self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.alive():
+            try:
+                os.kill(self.pid, signal.SIGCONT)  # a paused child cannot act on SIGTERM
+                self.process.send_signal(signal.SIGTERM)
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
 class Tour:
     """Runs the stages in order and keeps the child processes it started."""
 
-    def __init__(self, serve: bool) -> None:
+    def __init__(self, serve: bool, logs: Path, fake_github: Any) -> None:
         self.serve = serve
+        self.logs = logs
+        self.fake = fake_github
         self.port = 8000 if serve else free_port()
-        self.children: list[subprocess.Popen[str]] = []
+        self.children: dict[str, Child] = {}
+        self.workers: list[Child] = []
+        self.run_ids: list[str] = []
         self.summary: dict[str, Any] = {}
 
     # -- plumbing -----------------------------------------------------------------------------
 
     @property
-    def hook_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hooks/{SOURCE}/"
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *args: str, **kwargs: Any) -> subprocess.Popen[str]:
-        child = manage(*args, **kwargs)
-        self.children.append(child)
+    def hook_url(self, name: str) -> str:
+        return f"{self.base_url}/hooks/{name}/"
+
+    def start(self, name: str, *args: str) -> Child:
+        child = Child(name, list(args), self.logs)
+        self.children[name] = child
         return child
 
+    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run ``manage.py ARGS`` to completion, as an operator would."""
+        return subprocess.run(
+            [sys.executable, str(BASE_DIR / "manage.py"), *args],
+            cwd=BASE_DIR,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     def stop_all(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in self.children:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        for child in reversed(list(self.children.values())):
+            child.stop()
 
     def run(self) -> int:
         stages = [
-            ("Set up the database and an admin user", self.setup),
-            ("Sync the trigger-source declarations", self.reconcile),
-            ("Start the demo server and a workflow worker", self.start_processes),
-            (f"Enable the {SOURCE!r} source", self.enable_source),
-            ("Deliver signed GitHub pushes and run their workflows", self.deliver),
-            (f"Disable {SOURCE!r}: deliveries are refused", self.disable_source),
-            ("Two lease holders on one key: the holder dies, the other takes over", self.takeover),
+            ("Migrate the demo database and create an admin user", self.setup),
+            ("Start a fake GitHub API; reconcile the trigger sources", self.reconcile),
+            (
+                "Start the demo server, two workflow workers and a hold_lease singleton job",
+                self.start_processes,
+            ),
+            ("Enable the sources (an operator's switch)", self.enable_sources),
+            ("Deliver signed GitHub and Stripe payloads; their runs complete", self.deliver),
+            (
+                "Pause a worker mid-step: another finishes it as attempt 2, the stale write "
+                "is refused",
+                self.stale_worker,
+            ),
+            (f"Disable {GITHUB!r}: the hook is removed, deliveries get 404", self.disable_source),
+            ("Kill the singleton's holder: the standby takes over", self.takeover),
         ]
         failed = False
+        say(f"Logs of the demo's processes: {self.logs}")
         try:
             for number, (title, stage) in enumerate(stages, start=1):
                 say(f"\n== {number}. {title}")
@@ -148,6 +223,30 @@ class Tour:
             self.stop_all()
         return 1 if failed else 0
 
+    # -- operators' actions -------------------------------------------------------------------
+
+    def operate(self, action: str, name: str) -> str:
+        """Enable or disable source ``name`` the way an operator does; returns what it said."""
+        from django_leases.models import TriggerSource
+
+        if command_exists("trigger_sources"):
+            done = self.manage("trigger_sources", action, name)
+            if done.returncode != 0:
+                raise StageFailed(
+                    f"trigger_sources {action} {name} exited {done.returncode}: "
+                    f"{(done.stderr or done.stdout).strip()[:500]}"
+                )
+            return done.stdout.strip()
+        try:
+            from django_leases.triggers import lifecycle
+        except ImportError:
+            TriggerSource.objects.set_enabled(name, action == "enable")
+            return f"{name}: {'enabled' if action == 'enable' else 'disabled'}"
+        result = getattr(lifecycle, action)(name)
+        if not result.ok:
+            raise StageFailed(f"{action} {name} failed: {result.detail}")
+        return f"{name}: {result.status or ('on' if result.enabled else 'off')} — {result.detail}"
+
     # -- stages -------------------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -158,27 +257,36 @@ class Tour:
         users = get_user_model()._default_manager
         if not users.filter(username=ADMIN_USER).exists():
             users.create_superuser(ADMIN_USER, "admin@example.com", ADMIN_PASSWORD)
-        say(f"   admin user: {ADMIN_USER} / {ADMIN_PASSWORD}")
+        if not users.get(username=ADMIN_USER).check_password(ADMIN_PASSWORD):
+            raise StageFailed(f"the admin user {ADMIN_USER!r} exists with another password")
+        say(f"   database migrated; admin user: {ADMIN_USER} / {ADMIN_PASSWORD}")
 
     def reconcile(self) -> None:
         from django.core.management import call_command
 
         from django_leases.models import TriggerSource
 
+        say(f"   fake GitHub API on {self.fake.url} (token {GITHUB_TOKEN!r})")
         call_command(
             "reconcile_trigger_sources",
-            base_url=f"http://127.0.0.1:{self.port}",
-            label_prefix="demo",
+            base_url=self.base_url,
+            label_prefix="demo-",
             verbosity=0,
+            stdout=io.StringIO(),
         )
-        source = TriggerSource.objects.filter(name=SOURCE, declared=True).first()
-        if source is None:
-            raise StageFailed(f"the declaration {SOURCE!r} did not become a row")
-        if source.enabled:
-            TriggerSource.objects.set_enabled(SOURCE, False)  # a fresh tour starts switched off
-        say(f"   {SOURCE}: declared, provider {source.provider}, off until enabled")
+        for name in (GITHUB, STRIPE):
+            source = TriggerSource.objects.filter(name=name, declared=True).first()
+            if source is None:
+                raise StageFailed(f"the declaration {name!r} did not become a row")
+            if source.base_url != self.base_url:
+                raise StageFailed(f"{name}: address {source.base_url!r}, not {self.base_url!r}")
+            if source.enabled:  # left on by an earlier tour: a fresh tour starts switched off
+                self.operate("disable", name)
+            say(f"   {name}: declared, provider {source.provider}, off until enabled")
 
     def start_processes(self) -> None:
+        from django_leases.models import Lease
+
         try:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", self.port))
@@ -187,16 +295,11 @@ class Tour:
                 f"port {self.port} is in use: stop whatever listens there (an earlier "
                 "`make demo`?) and run the tour again"
             ) from None
-        server = self.start(
-            "runserver",
-            f"127.0.0.1:{self.port}",
-            "--noreload",
-            stdout=subprocess.DEVNULL,
-        )
+        server = self.start("server", "runserver", f"127.0.0.1:{self.port}", "--noreload")
 
         def server_up() -> bool:
-            if server.poll() is not None:
-                raise StageFailed(f"the server exited with {server.returncode}")
+            if not server.alive():
+                raise StageFailed(f"the server exited: see {server.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                     return True
@@ -204,134 +307,372 @@ class Tour:
                 return False
 
         wait_for("the demo server", server_up, timeout=60)
-        worker = self.start("run_workflow_worker", "--concurrency", "2")
+        for number in (1, 2):
+            self.workers.append(
+                self.start(f"worker-{number}", "run_workflow_worker", "--concurrency", "1")
+            )
+        job = [sys.executable, str(BASE_DIR / "manage.py"), "demo_digest", "--every", "0.5"]
+        holder = self.start("singleton-1", "hold_lease", SINGLETON_KEY, "--ttl", "3", "--", *job)
+        lease = wait_for(
+            "the singleton job's lease", lambda: Lease.objects.current(SINGLETON_KEY), timeout=30
+        )
+        self.start("singleton-2", "hold_lease", SINGLETON_KEY, "--ttl", "3", "--wait", "--", *job)
+        digest = wait_for(
+            "the singleton job's first digest", lambda: self.digest(min_token=lease.token), 30
+        )
         time.sleep(0.5)
-        if worker.poll() is not None:
-            raise StageFailed(f"the worker exited with {worker.returncode}")
-        say(f"   server on http://127.0.0.1:{self.port}/ , worker pid {worker.pid}")
+        for child in self.children.values():
+            if not child.alive():
+                raise StageFailed(f"{child.name} exited: see {child.log_path}")
+        say(f"   server on {self.base_url}/ (pid {server.pid})")
+        say(f"   workers: pids {', '.join(str(w.pid) for w in self.workers)}")
+        say(
+            f"   singleton job: hold_lease {SINGLETON_KEY!r} (pid {holder.pid}) holds token "
+            f"{lease.token}; its child wrote the digest ({digest.runs_completed} runs "
+            "completed so far); a standby copy waits for the lease"
+        )
+        self.summary["singleton token"] = lease.token
 
-    def enable_source(self) -> None:
-        from django_leases.models import TriggerSource
+    def digest(self, min_token: int) -> Any:
+        from demo_project.journal.models import Digest
 
-        TriggerSource.objects.set_enabled(SOURCE, True)
-        if not TriggerSource.objects.get(name=SOURCE).enabled:
-            raise StageFailed("the source did not switch on")
+        return Digest.objects.filter(name="workflow-runs", token__gte=min_token).first()
 
-    def payloads(self) -> list[Path]:
-        if SHARED_PUSHES.is_dir():
-            say(f"   payloads: the real GitHub push payloads in {SHARED_PUSHES}")
-            return sorted(SHARED_PUSHES.glob("*.json"))
-        say(f"   payloads: the demo's own samples in {SAMPLE_PUSHES}")
-        return sorted(SAMPLE_PUSHES.glob("push-*.json"))
+    def enable_sources(self) -> None:
+        from django_leases.models import TriggerEvent, TriggerSource
+        from django_leases.triggers.credentials import get_secret, set_secret, signing_secret
 
-    def signed_push(self, body: bytes) -> dict[str, str]:
-        from django_leases.conf import leases_settings
-        from django_leases.triggers import github_signature
+        pings_before = TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count()
+        say(f"   {self.operate('enable', GITHUB)}")
+        source = TriggerSource.objects.get(name=GITHUB)
+        if not source.enabled:
+            raise StageFailed(f"{GITHUB} did not switch on")
+        hooks = self.fake.hooks(REPOSITORY)
+        if source.status is not None:  # the provider lifecycle registered it
+            if source.status != "registered":
+                raise StageFailed(f"{GITHUB}: status {source.status!r}: {source.detail}")
+            hook_id = (source.state or {}).get("hook_id")
+            mine = [h for h in hooks if h["id"] == hook_id]
+            if not mine or mine[0]["config"]["url"] != self.hook_url(GITHUB):
+                raise StageFailed(f"the fake GitHub has no hook {hook_id} for {GITHUB}: {hooks}")
+            say(
+                f"   the fake GitHub has hook {hook_id} on {REPOSITORY}: posts to "
+                f"{mine[0]['config']['url']} for {', '.join(mine[0]['events'])}"
+            )
+            wait_for(
+                "GitHub's ping of the new hook to be received",
+                lambda: (
+                    TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count()
+                    > pings_before
+                ),
+                timeout=30,
+            )
+            say("   its ping delivery was received and recorded (it starts no workflow)")
+            self.summary["hooks registered at the fake GitHub"] = 1
 
-        secret = leases_settings.WEBHOOK_SECRETS[SOURCE]
-        return {
-            "Content-Type": "application/json",
-            "User-Agent": "GitHub-Hookshot/demo",
-            "X-GitHub-Event": "push",
-            "X-GitHub-Delivery": str(uuid.uuid4()),
-            "X-Hub-Signature-256": github_signature(secret, body),
-        }
+        say(f"   {self.operate('enable', STRIPE)}")
+        stripe = TriggerSource.objects.get(name=STRIPE)
+        if not stripe.enabled:
+            raise StageFailed(f"{STRIPE} did not switch on")
+        if stripe.status is not None and stripe.status != "manual":
+            raise StageFailed(f"{STRIPE}: status {stripe.status!r}, not 'manual'")
+        if get_secret(STRIPE) is None:
+            set_secret(STRIPE, f"whsec_demo{uuid.uuid4().hex}")
+            say(
+                f"   {STRIPE}: the operator stored the signing secret Stripe's dashboard "
+                "showed (encrypted in the credential store)"
+            )
+        if not signing_secret(STRIPE):
+            raise StageFailed(f"{STRIPE} has no signing secret")
 
-    def deliver(self) -> None:
+    def send(self, source: str, *extra: str, expect: tuple[int, ...] = (202,)) -> list[dict]:
+        """Deliver with ``manage.py send_deliveries`` (a separate process, as a provider is)."""
+        args = ["send_deliveries", source, *extra, "--base-url", self.base_url, "--json"]
+        args += ["--expect", *map(str, expect)]
+        done = self.manage(*args)
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        for line in lines:
+            answer = line["answer"]
+            run = answer.get("run_id") if isinstance(answer, dict) else None
+            note = f", run {run}" if run else ""
+            say(f"   {line['file']} ({line['event']}): {line['status']}{note}")
+        if done.returncode != 0:
+            raise StageFailed(
+                f"send_deliveries {source} exited {done.returncode}: {done.stderr.strip()[:500]}"
+            )
+        return lines
+
+    def wait_for_runs(self, run_ids: list[str], timeout: float = 120) -> None:
         from django_leases.models import RunStatus, WorkflowRun
-
-        run_ids = []
-        for path in self.payloads():
-            body = path.read_bytes()
-            status, text = post(self.hook_url, body, self.signed_push(body))
-            if status != 202:
-                raise StageFailed(f"{path.name}: expected 202, got {status}: {text[:200]}")
-            run_id = json.loads(text).get("run_id")
-            if not run_id:
-                raise StageFailed(f"{path.name}: the delivery started no workflow run")
-            run_ids.append(run_id)
-            say(f"   {path.name}: 202, run {run_id}")
 
         def all_finished() -> bool:
             finished = WorkflowRun.objects.filter(id__in=run_ids).exclude(status=RunStatus.RUNNING)
             return finished.count() == len(run_ids)
 
-        wait_for("the workflow runs to finish", all_finished, timeout=120)
-        attempts = 0
+        wait_for("the workflow runs to finish", all_finished, timeout=timeout)
         for run in WorkflowRun.objects.filter(id__in=run_ids).order_by("created_at"):
-            say(f"   run {run.id}: {run.status}")
+            say(f"   run {run.id} ({run.workflow}): {run.status}")
             for step in run.steps.order_by("created_at", "id"):
                 tried = ", ".join(
                     f"#{a.attempt} {a.status}" for a in step.attempts.order_by("attempt")
                 )
-                attempts += step.attempts.count()
-                say(f"      {step.step_name:<10} {step.status:<10} attempts: {tried}")
+                say(f"      {step.step_name:<14} {step.status:<10} attempts: {tried}")
             if run.status != RunStatus.COMPLETED:
                 raise StageFailed(f"run {run.id} ended {run.status}: {run.error}")
-        self.summary["runs completed"] = len(run_ids)
-        self.summary["step attempts"] = attempts
+
+    def deliver(self) -> None:
+        from demo_project.previews.models import PreviewBuild
+        from demo_project.shop.models import Receipt
+        from django_leases.models import TriggerEvent
+
+        pushes = self.send(GITHUB)
+        push_runs = [line["answer"]["run_id"] for line in pushes]
+        if not pushes or not all(push_runs):
+            raise StageFailed("a push delivery started no workflow run")
+        payments = self.send(STRIPE, expect=(202, 200))
+        stripe_runs = []
+        for line in payments:
+            answer = line["answer"]
+            if line["status"] == 202:
+                stripe_runs.append(answer["run_id"])
+            else:  # the same Stripe event id, delivered by an earlier tour on this database
+                say(f"      (already received by an earlier tour: {answer})")
+                event = TriggerEvent.objects.filter(
+                    source_name=STRIPE, delivery_id=line["delivery_id"]
+                ).first()
+                if event is None or event.run_id is None:
+                    raise StageFailed(f"{line['file']}: 200, but no earlier run is recorded")
+        self.wait_for_runs(push_runs + stripe_runs)
+        self.run_ids += push_runs + stripe_runs
+        builds = PreviewBuild.objects.filter(run_id__in=push_runs)
+        receipts = Receipt.objects.filter(
+            order__payment__in=[self.payment_of(line) for line in payments]
+        )
+        if receipts.count() != len(payments):
+            raise StageFailed(f"{receipts.count()} receipts for {len(payments)} paid orders")
+        say(
+            f"   {builds.count()} preview builds and {receipts.count()} receipts recorded "
+            "(pushes that delete a ref build nothing)"
+        )
+        self.summary["deliveries accepted"] = len(push_runs) + len(stripe_runs)
+
+    @staticmethod
+    def payment_of(line: dict) -> str:
+        from demo_project.shop.workflows import paid_order
+
+        path = Path(line["file"])
+        if not path.is_absolute():
+            shared = BASE_DIR.parent / "shared" / "fixtures" / path
+            path = (
+                shared
+                if shared.is_file()
+                else BASE_DIR / "demo_project" / "shop" / "samples" / path
+            )
+        event = json.loads(path.read_bytes())
+        return paid_order(event["type"], event)["payment"]
+
+    def stale_worker(self) -> None:
+        from demo_project.journal.models import Outcome, StepExecution
+        from demo_project.previews.models import PreviewBuild
+        from django_leases.models import WorkflowStep
+
+        [line] = self.send(GITHUB, str(SLOW_PUSH))
+        run_id = line["answer"]["run_id"]
+        self.run_ids.append(run_id)
+        first = wait_for(
+            "the build step's attempt 1 to start",
+            lambda: (
+                StepExecution.objects.filter(run_id=run_id, step_name="build", attempt=1)
+                .exclude(outcome=Outcome.FAILED)
+                .first()
+            ),
+            timeout=60,
+            interval=0.05,
+        )
+        a = next((w for w in self.workers if w.pid == first.pid), None)
+        if a is None:
+            raise StageFailed(f"attempt 1 runs in pid {first.pid}, which is not a tour worker")
+        b = next(w for w in self.workers if w is not a)
+        say(f"   build step of run {run_id}: attempt 1 running on {a.name} (pid {a.pid})")
+        self.pause_quietly(a)
+        say(
+            f"   SIGSTOP to {a.name}: its step lease ({STEP_LEASE_TTL:.0f} s) lapses on the "
+            "database clock"
+        )
+        second = wait_for(
+            f"{b.name} to claim the step as attempt 2",
+            lambda: StepExecution.objects.filter(
+                run_id=run_id, step_name="build", attempt=2
+            ).first(),
+            timeout=60,
+        )
+        if second.pid != b.pid:
+            raise StageFailed(f"attempt 2 ran in pid {second.pid}, not {b.name} ({b.pid})")
+        say(f"   {b.name} (pid {b.pid}) claimed the step as attempt 2")
+        step = wait_for(
+            "attempt 2 to finish the step",
+            lambda: WorkflowStep.objects.filter(
+                run_id=run_id, step_name="build", status="succeeded"
+            ).first(),
+            timeout=60,
+        )
+        if step.attempt != 2:
+            raise StageFailed(f"the step succeeded at attempt {step.attempt}, not 2")
+        build = PreviewBuild.objects.get(run_id=run_id)
+        say(f"   step succeeded at attempt 2; PreviewBuild written by attempt {build.attempt}")
+
+        os.kill(a.pid, signal.SIGCONT)
+        say(f"   SIGCONT to {a.name}: it wakes up with attempt 1's work done")
+        pattern = re.compile(
+            rf"Step 'build' of run {run_id}: attempt 1 was superseded \(current attempt 2\)"
+        )
+        log_line = wait_for(
+            f"{a.name}'s log to report its refused write",
+            lambda: next((ln for ln in a.log().splitlines() if pattern.search(ln)), None),
+            timeout=60,
+        )
+        mine = StepExecution.objects.get(run_id=run_id, step_name="build", attempt=1)
+        wait_for(
+            "attempt 1's journal entry to end",
+            lambda: StepExecution.objects.get(pk=mine.pk).outcome != Outcome.RUNNING,
+            timeout=30,
+        )
+        mine.refresh_from_db()
+        if mine.outcome not in (Outcome.REFUSED, Outcome.STOPPED):
+            raise StageFailed(f"attempt 1's own write ended {mine.outcome!r}")
+        say(f"   {a.name}'s log: {log_line.strip()}")
+        say(f"   attempt 1's own PreviewBuild write: {mine.get_outcome_display()}")
+        os.kill(a.pid, signal.SIGKILL)
+        a.process.wait()
+        say(f"   SIGKILL to {a.name}")
+
+        build.refresh_from_db()
+        step.refresh_from_db()
+        history = [
+            (h.attempt, h.status)
+            for h in WorkflowStep.objects.history(run_id)
+            if h.step_id == step.pk
+        ]
+        if history != [(1, "running"), (2, "succeeded")]:
+            raise StageFailed(f"the build step's attempt history is {history}")
+        if build.attempt != 2 or step.result["build_id"] != build.build_id:
+            raise StageFailed("the stored build does not come from attempt 2")
+        say("   attempt history: #1 running (superseded, nothing of it landed), #2 succeeded")
+        self.wait_for_runs([run_id])
+        replacement = self.start("worker-3", "run_workflow_worker", "--concurrency", "1")
+        self.workers = [b, replacement]
+        self.summary["worker paused and killed mid-step"] = a.name
+
+    def pause_quietly(self, child: Child) -> None:
+        """SIGSTOP ``child`` at a moment it holds no database transaction open (a paused
+        transaction would block the other processes, not just the paused one)."""
+        for _ in range(50):
+            os.kill(child.pid, signal.SIGSTOP)
+            if self.database_quiet():
+                return
+            os.kill(child.pid, signal.SIGCONT)
+            time.sleep(0.05)
+        raise StageFailed(f"could not pause {child.name} outside a transaction")
+
+    @staticmethod
+    def database_quiet() -> bool:
+        from django.db import connection
+
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
+                )
+                return cursor.fetchone()[0] == 0
+        import sqlite3
+
+        probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.5)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            probe.close()
 
     def disable_source(self) -> None:
         from django_leases.models import TriggerEvent, TriggerSource
 
-        TriggerSource.objects.set_enabled(SOURCE, False)
+        say(f"   {self.operate('disable', GITHUB)}")
+        source = TriggerSource.objects.get(name=GITHUB)
+        if source.enabled:
+            raise StageFailed(f"{GITHUB} is still enabled")
+        if self.summary.get("hooks registered at the fake GitHub"):
+            if self.fake.hooks(REPOSITORY):
+                raise StageFailed(f"the fake GitHub still has hooks: {self.fake.hooks()}")
+            say(f"   the fake GitHub has no hook left on {REPOSITORY}")
+            self.summary["hooks deleted at the fake GitHub"] = 1
         before = TriggerEvent.objects.count()
-        body = next(iter(self.payloads())).read_bytes()
-        status, _ = post(self.hook_url, body, self.signed_push(body))
-        if status != 404:
-            raise StageFailed(f"a delivery to the disabled source got {status}, not 404")
+        self.send(GITHUB, str(SLOW_PUSH), expect=(404,))
         if TriggerEvent.objects.count() != before:
             raise StageFailed("a delivery to the disabled source was recorded")
         say("   delivery to the disabled source: 404, nothing recorded")
-        self.summary["deliveries refused (disabled)"] = 1
+        self.summary["deliveries refused (source disabled)"] = 1
 
     def takeover(self) -> None:
         from django_leases.models import Lease
 
-        key = f"demo-singleton-{uuid.uuid4().hex[:6]}"
-        ttl = "3"
-        child = 'echo "holding $DJANGO_LEASES_KEY with token $DJANGO_LEASES_TOKEN"; exec sleep 300'
-        first = self.start("hold_lease", key, "--ttl", ttl, "--", "sh", "-c", child)
-        held = wait_for("the first holder", lambda: Lease.objects.current(key), timeout=30)
-        say(f"   holder A (pid {first.pid}) holds {key!r} with token {held.token}")
-        second = self.start("hold_lease", key, "--ttl", ttl, "--wait", "--", "sh", "-c", child)
-        time.sleep(1.5)
-        if second.poll() is not None:
-            raise StageFailed(f"holder B exited early with {second.returncode}")
-        say(f"   holder B (pid {second.pid}) waits for the key")
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        say("   SIGKILL to holder A")
+        holder, standby = self.children["singleton-1"], self.children["singleton-2"]
+        held = Lease.objects.current(SINGLETON_KEY)
+        if held is None:
+            raise StageFailed("nobody holds the singleton lease")
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.process.wait()
+        say(f"   SIGKILL to the holder (pid {holder.pid}, token {held.token})")
 
         def taken_over() -> Lease | None:
-            lease = Lease.objects.current(key)
+            lease = Lease.objects.current(SINGLETON_KEY)
             return lease if lease is not None and lease.token > held.token else None
 
-        new = wait_for("holder B to take over", taken_over, timeout=30)
-        say(f"   holder B took over with token {new.token} (was {held.token})")
-        second.send_signal(signal.SIGTERM)
-        code = second.wait(timeout=30)
-        if Lease.objects.current(key) is not None:
-            raise StageFailed("holder B did not release the lease when told to stop")
-        say(f"   SIGTERM to holder B: child stopped, lease released (exit {code})")
-        self.summary["lease takeovers"] = 1
-        self.summary["takeover tokens"] = f"{held.token} -> {new.token}"
+        new = wait_for("the standby to take over", taken_over, timeout=30)
+        digest = wait_for(
+            "the new holder's digest", lambda: self.digest(min_token=new.token), timeout=30
+        )
+        if not standby.alive():
+            raise StageFailed("the standby exited")
+        say(
+            f"   the standby (pid {standby.pid}) took over with token {new.token}; its job "
+            f"writes the digest now ({digest.runs_completed} runs completed)"
+        )
+        self.summary["singleton token"] = f"{held.token} -> {new.token}"
 
     # -- the end ------------------------------------------------------------------------------
 
     def print_summary(self, failed: bool) -> None:
+        from django.db.models import Count, Max
+
+        from django_leases.models import RunStatus, WorkflowRun, WorkflowStepAttempt
+
+        runs = WorkflowRun.objects.filter(id__in=self.run_ids)
+        attempts = WorkflowStepAttempt.objects.filter(step__run__in=runs)
+        steps = attempts.values("step").annotate(n=Count("id"), last=Max("attempt"))
+        superseded = attempts.filter(status="running").exclude(step__status="running").count()
+        refusals = sum(len(re.findall(r"was superseded", w.log())) for w in self.children.values())
         say("\n== Summary")
+        completed = runs.filter(status=RunStatus.COMPLETED).count()
+        say(f"   runs completed: {completed} of {runs.count()}")
+        say(f"   step attempts: {attempts.count()} for {steps.count()} steps")
+        say(f"   superseded attempts (stale writes refused): {superseded}")
+        say(f"   refusals reported in the workers' logs: {refusals}")
         for name, value in self.summary.items():
             say(f"   {name}: {value}")
         say("   the tour FAILED" if failed else "   every stage did what it said")
 
     def serve_forever(self) -> None:
         say(
-            f"\nThe admin is at http://127.0.0.1:{self.port}/admin/ "
-            f"(log in as {ADMIN_USER} / {ADMIN_PASSWORD}). Ctrl-C stops the demo."
+            f"\nThe admin is at {self.base_url}/admin/ (log in as {ADMIN_USER} / "
+            f"{ADMIN_PASSWORD}); the fake GitHub API at {self.fake.url}. Ctrl-C stops the demo."
         )
+        server = self.children["server"]
         try:
-            while all(child.poll() is None for child in self.children[:2]):
+            while server.alive():
                 time.sleep(1)
         except KeyboardInterrupt:
             say("\nStopping.")
@@ -346,16 +687,29 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     os.chdir(BASE_DIR)
     sys.path.insert(0, str(BASE_DIR))
+    from demo_project.fake_github import FakeGitHub
+
+    fake = FakeGitHub(token=GITHUB_TOKEN).start()
+    # Settings for this process and every child: the fake GitHub, a short step lease.
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo_project.settings")
+    os.environ["DEMO_GITHUB_API_URL"] = fake.url
+    os.environ["DJANGO_LEASES_GITHUB_TOKEN"] = GITHUB_TOKEN
+    os.environ["DEMO_STEP_LEASE_TTL"] = str(STEP_LEASE_TTL)
+    os.environ["DEMO_SLOW_BUILD_SECONDS"] = str(SLOW_BUILD_SECONDS)
     import django
 
     django.setup()
+    # The tour prints what each stage did; the library's own INFO lines go to the children's logs.
+    logging.getLogger("django_leases").setLevel(logging.WARNING)
     serve = os.environ.get("DEMO_NO_SERVE", "") in ("", "0")
+    logs = Path(tempfile.mkdtemp(prefix="django-leases-demo-"))
     try:
-        return Tour(serve=serve).run()
+        return Tour(serve=serve, logs=logs, fake_github=fake).run()
     except KeyboardInterrupt:
         say("\nInterrupted; the demo's processes were stopped.")
         return 130
+    finally:
+        fake.stop()
 
 
 if __name__ == "__main__":

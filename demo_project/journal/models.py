@@ -134,3 +134,46 @@ class AttemptFenced(models.Model):
 
     class Meta:
         abstract = True
+
+
+class DigestQuerySet(models.QuerySet["Digest"]):
+    def write(self, name: str, token: int, holder: str, **values: Any) -> bool:
+        """Write digest ``name`` on behalf of the lease holder with fencing token ``token``
+        (``int``), unless a holder with a *higher* token already wrote it — the pattern a
+        ``hold_lease`` child uses to fence its own writes. Returns whether it landed."""
+        alias = router.db_for_write(self.model)
+        rows = self.using(alias)
+        with transaction.atomic(using=alias):
+            row = rows.select_for_update().filter(name=name).first()
+            if row is None:
+                try:
+                    with transaction.atomic(using=alias):
+                        rows.create(name=name, token=token, holder=holder, **values)
+                    return True
+                except IntegrityError:
+                    row = rows.select_for_update().get(name=name)
+            if row.token > token:
+                return False  # a newer holder wrote it: this one is stale
+            rows.filter(pk=row.pk).update(
+                token=token, holder=holder, updated_at=timezone.now(), **values
+            )
+            return True
+
+
+class Digest(models.Model):
+    """A summary the demo's singleton job (``manage.py demo_digest`` under ``hold_lease``)
+    keeps up to date, written only by the holder with the highest fencing token."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token = models.PositiveBigIntegerField(
+        help_text="Fencing token of the lease holder that wrote it"
+    )
+    holder = models.CharField(max_length=300)
+    runs_completed = models.PositiveIntegerField(default=0)
+    runs_running = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects: ClassVar[DigestQuerySet] = DigestQuerySet.as_manager()  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return f"{self.name} (token {self.token})"
