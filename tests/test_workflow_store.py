@@ -253,3 +253,47 @@ def test_start_refuses_input_that_is_not_json() -> None:
     with pytest.raises(ValueError):
         WorkflowRun.objects.start("", {})
     assert not WorkflowRun.objects.exists()
+
+
+# -- indexes -------------------------------------------------------------------------------------
+
+
+@pytest.mark.postgres_only
+def test_finding_due_work_can_use_the_partial_indexes() -> None:
+    """The queries a worker sends to find work (``claim_due``, ``claim_due_pass``,
+    ``work_due_within``) can be planned on the partial indexes ``dl_step_running``,
+    ``dl_step_waiting`` and ``dl_run_pass_due`` (sequential scans and sorts off, as a tiny
+    table would otherwise get them). At a million rows the planner picks these indexes on its
+    own: ``bench/explain_workflow_due_work.py``."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    start_run()  # something to find, so every query of claim_due runs
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        WorkflowRun.objects.filter(status="running").update(pass_due_at=db_now_plus(3600))
+        WorkflowStep.objects.update(available_at=db_now_plus(3600))
+        assert WorkflowStep.objects.claim_due(LEASE) is None
+        assert WorkflowRun.objects.claim_due_pass(LEASE) is None
+        assert WorkflowRun.objects.work_due_within(1.0) is False
+        transaction.set_rollback(True)
+    selects = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(selects) == 5, selects
+    plans = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_sort = off")  # as at scale: read in due order
+        for sql in selects:
+            cursor.execute("EXPLAIN " + sql)
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        transaction.set_rollback(True)
+    text = "\n".join(plans)
+    assert "Seq Scan" not in text, text
+    expected = [
+        ("dl_step_running",),  # claim_due: a running step whose lease lapsed
+        ("dl_step_waiting",),  # claim_due: a waiting step now available
+        ("dl_run_pass_due",),  # claim_due_pass, in due order
+        ("Index Scan",),  # work_due_within, any run due soon: any index (tiny tables)
+        ("Index Scan",),  # work_due_within, any step due soon: any index
+    ]
+    for names, plan in zip(expected, plans, strict=True):
+        assert any(name in plan for name in names), plan
