@@ -1,6 +1,6 @@
 """The worker and the commands, end to end: the demo's ``build-preview`` workflow on real GitHub
 push payloads, in process and through ``manage.py`` subprocesses; SIGTERM; the shutdown grace;
-a worker whose database connections are killed."""
+a worker whose database connections are killed; waking idle workers by LISTEN/NOTIFY."""
 
 from __future__ import annotations
 
@@ -20,12 +20,18 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, connections
+from django.db import DatabaseError, connection, connections, transaction
 
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
-from django_leases.workflows.worker import EXIT_ABANDONED, Worker
+from django_leases.workflows.wakeup import WakeSignal, channel_name, listens
+from django_leases.workflows.worker import (
+    EXIT_ABANDONED,
+    LISTENING_POLL_INTERVAL,
+    POLLING_POLL_INTERVAL,
+    Worker,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -198,6 +204,184 @@ def test_a_worker_survives_its_database_connections_being_killed() -> None:
     assert run.output == "attempt 1"
     history = WorkflowStep.objects.history(run_id)
     assert [(h.attempt, h.status) for h in history] == [(1, "succeeded")]
+
+
+# -- waking up -------------------------------------------------------------------------------
+
+
+def test_the_poll_interval_defaults_to_short_polling_unless_notify_wakes_workers(
+    settings: Any, vendor: str
+) -> None:
+    settings.DJANGO_LEASES = {}
+    expected = LISTENING_POLL_INTERVAL if vendor == "postgresql" else POLLING_POLL_INTERVAL
+    assert listens("default") is (vendor == "postgresql")
+    assert Worker().poll_interval == expected
+    settings.DJANGO_LEASES = {"WORKER_POLL_INTERVAL": 2.5}
+    assert Worker().poll_interval == 2.5
+    assert Worker(poll_interval=0.1).poll_interval == 0.1
+    with pytest.raises(ValueError, match="poll_interval"):
+        Worker(poll_interval=-1)
+
+
+def test_a_wake_up_given_while_no_thread_waits_is_kept_for_the_next_wait() -> None:
+    signal_ = WakeSignal(capacity=2)
+    assert signal_.wait(0.01) is False  # nothing given: times out
+    signal_.wake()  # e.g. a notification while the thread was still looking for work
+    assert signal_.wait(30) is True
+    assert signal_.wait(0.01) is False  # one wake-up, one wait
+    for _ in range(5):
+        signal_.wake()
+    assert [signal_.wait(0.01) for _ in range(3)] == [True, True, False]  # at most capacity kept
+    signal_.interrupt()
+    assert signal_.wait(30) is True  # a stopping worker's threads never wait again
+
+
+def test_a_thread_waiting_for_a_wake_up_is_woken() -> None:
+    signal_ = WakeSignal(capacity=1)
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(signal_.wait(60)))
+    waiter.start()
+    wait_for("the thread to wait", lambda: signal_.waiting == 1)
+    signal_.wake_if_waiting()
+    waiter.join(30)
+    assert woken == [True]
+    signal_.wake_if_waiting()  # nobody waits: no wake-up is kept
+    assert signal_.wait(0.01) is False
+
+
+def test_the_channel_belongs_to_one_database(settings: Any) -> None:
+    name = channel_name("default")
+    assert name == channel_name("default") and len(name) <= 63 and name.isidentifier()
+    original = connection.settings_dict["NAME"]
+    try:
+        connection.settings_dict["NAME"] = f"{original}_another_project"
+        assert channel_name("default") != name
+    finally:
+        connection.settings_dict["NAME"] = original
+
+
+def _raw_listener(channel: str) -> Any:
+    import psycopg
+    from psycopg import sql
+
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    return conn
+
+
+def _payloads_until(conn: Any, last: str) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + 30
+    while last not in seen:
+        assert time.monotonic() < deadline, f"no {last!r} notification; got {seen}"
+        seen += [n.payload for n in conn.notifies(timeout=1)]
+    return seen[: seen.index(last)]
+
+
+@pytest.mark.postgres_only
+def test_work_made_due_notifies_at_commit_and_never_on_rollback() -> None:
+    channel = channel_name("default")
+    listener = _raw_listener(channel)
+    try:
+
+        def fence() -> list[str]:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, 'fence')", [channel])
+            return _payloads_until(listener, "fence")
+
+        with pytest.raises(RuntimeError), transaction.atomic():
+            WorkflowRun.objects.start("tests.blocks", {})
+            raise RuntimeError("rolled back")
+        assert fence() == []
+        run = WorkflowRun.objects.start("tests.blocks", {})
+        assert fence() == [""]
+        step = WorkflowStep.objects.schedule(run.pk, "block", "tests.blocks", {})
+        assert fence() == [""]
+        WorkflowStep.objects.schedule(run.pk, "block", "tests.blocks", {})  # exists: not due anew
+        WorkflowRun.objects.request_pass(run.pk, delay=30)  # due later: found by polling
+        assert fence() == []
+        claim = WorkflowStep.objects.claim_due(30)
+        assert claim is not None and claim.step_id == step.pk
+        WorkflowStep.objects.set_result(claim.step_id, "done", claim.attempt)  # a pass is due
+        assert fence() == [""]
+    finally:
+        listener.close()
+
+
+def _kill_other_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@step_function("tests.quick")
+def quick(data: Any, ctx: Any) -> Any:
+    return {"n": data["n"], "attempt": ctx.attempt}
+
+
+@workflow("tests.quick")
+def quick_workflow(run: Any, input: Any) -> Any:
+    first = run.step("first", "tests.quick", {"n": 1})
+    second = run.step("second", "tests.quick", {"n": 2})
+    return [first, second]
+
+
+@pytest.mark.postgres_only
+def test_an_idle_worker_is_woken_by_notify_and_its_listener_survives_being_killed() -> None:
+    """The worker polls only every 10 minutes here, so every pass and step below starts only
+    because a notification woke it. Its connections (persistent, as in production) and its
+    LISTEN connection are killed while it is idle; it reconnects and is woken again."""
+    conn_max_age = connection.settings_dict["CONN_MAX_AGE"]
+    connection.settings_dict["CONN_MAX_AGE"] = None  # new threads' connections persist
+    worker = Worker(concurrency=2, poll_interval=600)
+    runner = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    runner.start()
+    try:
+        wait_for("the listener", lambda: worker.listener is not None)
+        assert worker.listener is not None
+        listener = worker.listener
+        wait_for(
+            "the idle worker", lambda: listener.listening.is_set() and worker.wake.waiting == 2
+        )
+        first = start_workflow("tests.quick", {})
+        wait_for(
+            "a notified run to complete",
+            lambda: WorkflowRun.objects.filter(pk=first, status=RunStatus.COMPLETED).exists(),
+        )
+        killed_pid = listener.backend_pid()
+        wait_for("the idle worker", lambda: worker.wake.waiting == 2)
+        assert _kill_other_backends() >= 2  # the listener and the threads' idle connections
+        connection.close()
+        wait_for(
+            "the listener to reconnect",
+            lambda: (
+                listener.connects >= 2
+                and listener.listening.is_set()
+                and listener.backend_pid() not in (None, killed_pid)
+            ),
+        )
+        wait_for("the idle worker", lambda: worker.wake.waiting == 2)
+        second = start_workflow("tests.quick", {})
+        wait_for(
+            "a run started after the kill to complete",
+            lambda: WorkflowRun.objects.filter(pk=second, status=RunStatus.COMPLETED).exists(),
+        )
+    finally:
+        worker.stop()
+        runner.join(60)
+        connection.settings_dict["CONN_MAX_AGE"] = conn_max_age
+    assert not runner.is_alive()
+    assert worker.listener is not None and not worker.listener.listening.is_set()
+    assert WorkflowRun.objects.get(pk=second).output == [
+        {"n": 1, "attempt": 1},
+        {"n": 2, "attempt": 1},
+    ]
 
 
 # -- commands ----------------------------------------------------------------------------------
