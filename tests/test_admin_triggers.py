@@ -1,38 +1,48 @@
-"""The trigger-source admin through Django's test client: lists, enable/disable, orphans."""
+"""The trigger-source admin through Django's test client: the lists, the per-row switch, bulk
+actions, the Orphans view, the permission, CSRF, log entries, and that no secret shows."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
-from django_leases.models import TriggerSource
-from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration
+from django_leases.models import TriggerEvent, TriggerSource
+from django_leases.testing.providers import FakeProvider, installed_provider
+from django_leases.triggers import credentials, lifecycle, registry
+from django_leases.triggers.registry import webhook_source
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 SOURCES = "admin:django_leases_triggersource_changelist"
 ORPHANS = "admin:django_leases_orphantriggersource_changelist"
-
-
-def _declared(name: str) -> TriggerDeclaration:
-    return TriggerDeclaration(
-        name=name,
-        provider="github",
-        config={"repository": "o/r"},
-        events={"push": StartWorkflow("w")},
-    )
+BASE = "https://app.example.com"
+MINE = ("adm-pushes", "adm-releases", "adm-gone")
 
 
 @pytest.fixture
-def sources() -> None:
-    TriggerSource.objects.sync([_declared("pushes"), _declared("releases"), _declared("gone")])
-    TriggerSource.objects.record("pushes", status="manual", detail="Register the URL by hand")
-    TriggerSource.objects.sync([_declared("pushes"), _declared("releases")])  # "gone" → orphan
+def fake() -> Iterator[FakeProvider]:
+    """Three sources on a fake provider: two declared, one ("adm-gone") an orphan that was
+    enabled (registered at the provider) before its declaration left the code."""
+    with installed_provider(FakeProvider("fake")) as provider:
+        for name in MINE:
+            webhook_source(name, provider="fake", events={})
+        try:
+            lifecycle.reconcile(base_url=BASE)
+            lifecycle.enable("adm-gone")
+            registry.unregister("adm-gone")
+            lifecycle.reconcile()
+            provider.calls.clear()
+            yield provider
+        finally:
+            for name in MINE:
+                registry.unregister(name)
 
 
 def _staff(*codenames: str) -> User:
@@ -44,10 +54,15 @@ def _staff(*codenames: str) -> User:
     return User.objects.get(pk=user.pk)
 
 
-def _client(user: User) -> Client:
-    client = Client()
+def _client(user: User, **kwargs: Any) -> Client:
+    client = Client(**kwargs)
     client.force_login(user)
     return client
+
+
+@pytest.fixture
+def operator() -> Client:
+    return _client(User.objects.create_superuser("root", password="pw"))
 
 
 def _names(response: Any) -> list[str]:
@@ -58,98 +73,296 @@ def _pk(name: str) -> int:
     return TriggerSource.objects.get(name=name).pk
 
 
-def _enabled() -> dict[str, bool]:
-    return dict(TriggerSource.objects.values_list("name", "enabled"))
+def _row(name: str) -> TriggerSource:
+    return TriggerSource.objects.get(name=name)
 
 
-def test_declared_sources_are_listed_and_orphans_apart(admin_client: Client, sources: None) -> None:
-    response = admin_client.get(reverse(SOURCES))
+def _operate(kind: str, name: str, operation: str) -> str:
+    return reverse(f"admin:django_leases_{kind}_operate", args=[_pk(name), operation])
+
+
+def _messages(response: Any) -> list[str]:
+    return [str(message) for message in response.context["messages"]]
+
+
+# -- lists ---------------------------------------------------------------------------------------
+
+
+def test_declared_sources_are_listed_with_switch_badge_address_and_detail(
+    operator: Client, fake: FakeProvider
+) -> None:
+    lifecycle.enable("adm-pushes")
+    response = operator.get(reverse(SOURCES))
     assert response.status_code == 200
-    assert _names(response) == ["pushes", "releases"]
+    names = _names(response)
+    assert "adm-pushes" in names and "adm-releases" in names and "adm-gone" not in names
     html = response.content.decode()
-    assert "Register the URL by hand" in html and "github" in html
-
-    orphans = admin_client.get(reverse(ORPHANS))
-    assert orphans.status_code == 200
-    assert _names(orphans) == ["gone"]
-    # The orphans list is read-only for now: no action at all.
-    assert orphans.context["action_form"] is None or not [
-        name for name, _ in orphans.context["action_form"].fields["action"].choices if name
-    ]
-    assert (
-        admin_client.get(reverse("admin:django_leases_orphantriggersource_add")).status_code == 403
-    )
-
-
-def test_superuser_enables_and_disables(admin_client: Client, sources: None) -> None:
-    response = admin_client.post(
-        reverse(SOURCES),
-        {"action": "enable_sources", "_selected_action": [_pk("pushes"), _pk("releases")]},
-        follow=True,
-    )
-    assert _enabled() == {"pushes": True, "releases": True, "gone": False}
-    messages = [str(message) for message in response.context["messages"]]
-    assert any("Enabled 2 trigger source(s): pushes, releases" in text for text in messages)
-    entries = list(LogEntry.objects.order_by("object_repr"))
-    assert [(entry.object_repr, entry.action_flag) for entry in entries] == [
-        ("pushes", CHANGE),
-        ("releases", CHANGE),
-    ]
-    assert entries[0].change_message == "Enabled the trigger source"
-
-    # Enabling again changes nothing and logs nothing.
-    response = admin_client.post(
-        reverse(SOURCES),
-        {"action": "enable_sources", "_selected_action": [_pk("pushes")]},
-        follow=True,
-    )
-    assert any("Already enabled" in str(message) for message in response.context["messages"])
-    assert LogEntry.objects.count() == 2
-
-    admin_client.post(
-        reverse(SOURCES), {"action": "disable_sources", "_selected_action": [_pk("pushes")]}
-    )
-    assert _enabled() == {"pushes": False, "releases": True, "gone": False}
-    assert LogEntry.objects.filter(change_message="Disabled the trigger source").count() == 1
+    # The switch: a submit button that posts the changelist form (CSRF token included) to
+    # the source's enable / disable view.
+    on = re.search(r'<button[^>]*id="switch-adm-pushes"[^>]*>Turn off</button>', html)
+    off = re.search(r'<button[^>]*id="switch-adm-releases"[^>]*>Turn on</button>', html)
+    assert on and off
+    assert f'formaction="{_operate("triggersource", "adm-pushes", "disable")}"' in on.group(0)
+    assert f'formaction="{_operate("triggersource", "adm-releases", "enable")}"' in off.group(0)
+    assert "csrfmiddlewaretoken" in html
+    assert 'id="status-adm-pushes" data-status="registered"' in html
+    assert 'id="status-adm-releases" data-status="off"' in html
+    assert f"{BASE}/hooks/adm-pushes/" in html
+    assert "Hook 2 registered to post to" in html
+    assert credentials.get_secret("adm-pushes") not in html
 
 
-def test_the_lists_are_read_only(admin_client: Client, sources: None) -> None:
-    assert admin_client.get(reverse("admin:django_leases_triggersource_add")).status_code == 403
-    pk = _pk("pushes")
-    admin_client.post(
+def test_orphans_are_listed_apart_with_their_operations(
+    operator: Client, fake: FakeProvider
+) -> None:
+    response = operator.get(reverse(ORPHANS))
+    assert response.status_code == 200
+    assert _names(response) == ["adm-gone"]
+    html = response.content.decode()
+    assert 'id="forget-adm-gone"' in html
+    assert 'id="teardown-adm-gone"' in html  # provider installed, registration recorded
+    actions = [name for name, _ in response.context["action_form"].fields["action"].choices]
+    assert {"forget_sources", "teardown_sources"} <= set(actions)
+    assert operator.get(reverse("admin:django_leases_orphantriggersource_add")).status_code == 403
+
+    # Without a recorded registration, only "forget" is offered.
+    TriggerSource.objects.filter(name="adm-gone").update(state=None)
+    html = operator.get(reverse(ORPHANS)).content.decode()
+    assert 'id="forget-adm-gone"' in html and 'id="teardown-adm-gone"' not in html
+
+
+def test_the_lists_are_read_only(operator: Client, fake: FakeProvider) -> None:
+    assert operator.get(reverse("admin:django_leases_triggersource_add")).status_code == 403
+    pk = _pk("adm-pushes")
+    operator.post(
         reverse("admin:django_leases_triggersource_change", args=[pk]),
         {"name": "renamed", "enabled": "on"},
     )
-    row = TriggerSource.objects.get(pk=pk)
-    assert (row.name, row.enabled) == ("pushes", False)
+    assert (_row("adm-pushes").name, _row("adm-pushes").enabled) == ("adm-pushes", False)
     delete = reverse("admin:django_leases_triggersource_delete", args=[pk])
-    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
-    assert TriggerSource.objects.count() == 3
+    assert operator.post(delete, {"post": "yes"}).status_code == 403
+    assert TriggerSource.objects.filter(name="adm-pushes").exists()
 
 
-def test_staff_without_the_permission_cannot_toggle(sources: None) -> None:
+# -- the switch ------------------------------------------------------------------------------
+
+
+def test_the_switch_enables_then_disables_through_the_lifecycle(
+    operator: Client, fake: FakeProvider
+) -> None:
+    response = operator.post(_operate("triggersource", "adm-releases", "enable"), follow=True)
+    assert response.redirect_chain[-1][0] == reverse(SOURCES)
+    row = _row("adm-releases")
+    assert (row.enabled, row.status, row.state) == (True, "registered", {"hook_id": 2})
+    assert fake.calls == [("setup", "adm-releases")]
+    assert any(
+        text.startswith("Enable: adm-releases: Hook 2 registered") for text in _messages(response)
+    )
+    entry = LogEntry.objects.get()
+    assert (entry.object_repr, entry.action_flag) == ("adm-releases", CHANGE)
+    assert entry.change_message == "Enabled the trigger source; status registered"
+
+    response = operator.post(_operate("triggersource", "adm-releases", "disable"), follow=True)
+    row = _row("adm-releases")
+    assert (row.enabled, row.status, row.state) == (False, "off", None)
+    assert fake.hooks == {"1": fake.hooks["1"]}  # only the orphan's hook is left
+    assert any("Disable: adm-releases: Disabled" in text for text in _messages(response))
+    assert LogEntry.objects.filter(change_message__startswith="Disabled the trigger").count() == 1
+
+
+def test_the_switch_needs_post_and_the_csrf_token(fake: FakeProvider) -> None:
+    client = _client(User.objects.create_superuser("root", password="pw"), enforce_csrf_checks=True)
+    url = _operate("triggersource", "adm-pushes", "enable")
+    assert client.get(url).status_code == 405
+    assert client.post(url).status_code == 403  # no CSRF token
+    assert _row("adm-pushes").enabled is False
+    page = client.get(reverse(SOURCES)).content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token
+    # What the browser sends when the row's button is pressed: the changelist form's fields.
+    response = client.post(
+        url, {"csrfmiddlewaretoken": token.group(1), "switch": "enable", "action": ""}
+    )
+    assert response.status_code == 302
+    assert _row("adm-pushes").enabled is True
+
+
+def test_a_failed_setup_is_reported_and_logged(operator: Client, fake: FakeProvider) -> None:
+    fake.fail_setup = "API answered 500"
+    response = operator.post(_operate("triggersource", "adm-pushes", "enable"), follow=True)
+    assert any(
+        "Enable: adm-pushes: Setup at fake failed: API answered 500" in text
+        for text in _messages(response)
+    )
+    assert (_row("adm-pushes").enabled, _row("adm-pushes").status) == (True, "failed")
+    assert "the provider step failed" in LogEntry.objects.get().change_message
+
+
+def test_a_refused_enable_changes_and_logs_nothing(operator: Client, fake: FakeProvider) -> None:
+    TriggerSource.objects.filter(name="adm-pushes").update(base_url=None)
+    response = operator.post(_operate("triggersource", "adm-pushes", "enable"), follow=True)
+    assert any("nothing changed" in text and "no address" in text for text in _messages(response))
+    assert _row("adm-pushes").enabled is False
+    assert not LogEntry.objects.exists()
+    assert fake.calls == []
+
+
+def test_an_orphan_cannot_be_switched_from_the_sources_list(
+    operator: Client, fake: FakeProvider
+) -> None:
+    url = _operate("triggersource", "adm-gone", "disable")
+    response = operator.post(url, follow=True)
+    assert any("No such trigger source" in text for text in _messages(response))
+    assert _row("adm-gone").enabled is True
+    operator.post(
+        reverse(SOURCES), {"action": "disable_sources", "_selected_action": [_pk("adm-gone")]}
+    )
+    assert _row("adm-gone").enabled is True
+    assert fake.calls == []
+
+
+# -- bulk actions ----------------------------------------------------------------------------
+
+
+def test_bulk_enable_and_disable(operator: Client, fake: FakeProvider) -> None:
+    chosen = [_pk("adm-pushes"), _pk("adm-releases")]
+    response = operator.post(
+        reverse(SOURCES), {"action": "enable_sources", "_selected_action": chosen}, follow=True
+    )
+    assert all(_row(name).status == "registered" for name in ("adm-pushes", "adm-releases"))
+    texts = _messages(response)
+    assert any(text.startswith("Enable: adm-pushes:") for text in texts)
+    assert any(text.startswith("Enable: adm-releases:") for text in texts)
+    assert LogEntry.objects.filter(action_flag=CHANGE).count() == 2
+
+    # Enabling again sets up again (reusing the hooks) and says it was on already.
+    operator.post(reverse(SOURCES), {"action": "enable_sources", "_selected_action": chosen})
+    assert fake.created == 3  # the orphan's, then one each: none added by the second round
+    assert LogEntry.objects.filter(change_message__contains="on already").count() == 2
+
+    operator.post(reverse(SOURCES), {"action": "disable_sources", "_selected_action": chosen})
+    assert not TriggerSource.objects.filter(name__in=MINE[:2], enabled=True).exists()
+    assert LogEntry.objects.filter(change_message__startswith="Disabled").count() == 2
+
+
+# -- orphans ---------------------------------------------------------------------------------
+
+
+def test_forget_an_orphan(operator: Client, fake: FakeProvider) -> None:
+    response = operator.post(_operate("orphantriggersource", "adm-gone", "forget"), follow=True)
+    assert response.redirect_chain[-1][0] == reverse(ORPHANS)
+    assert not TriggerSource.objects.filter(name="adm-gone").exists()
+    assert any("Forget: adm-gone: Forgotten." in text for text in _messages(response))
+    assert fake.calls == []  # the provider is not asked
+    entry = LogEntry.objects.get()
+    assert (entry.object_repr, entry.action_flag) == ("adm-gone", DELETION)
+
+
+def test_tear_down_an_orphan_at_its_provider(operator: Client, fake: FakeProvider) -> None:
+    response = operator.post(
+        reverse(ORPHANS),
+        {"action": "teardown_sources", "_selected_action": [_pk("adm-gone")]},
+        follow=True,
+    )
+    assert not TriggerSource.objects.filter(name="adm-gone").exists()
+    assert fake.calls == [("teardown", "adm-gone")] and fake.hooks == {}
+    assert any("Torn down at fake and deleted." in text for text in _messages(response))
+    assert LogEntry.objects.get().action_flag == DELETION
+
+
+def test_tear_down_is_refused_without_the_provider(operator: Client, fake: FakeProvider) -> None:
+    TriggerSource.objects.filter(name="adm-gone").update(provider="uninstalled")
+    response = operator.post(
+        reverse(ORPHANS),
+        {"action": "teardown_sources", "_selected_action": [_pk("adm-gone")]},
+        follow=True,
+    )
+    assert any("forget it instead" in text for text in _messages(response))
+    assert TriggerSource.objects.filter(name="adm-gone").exists()
+    assert operator.post(_operate("orphantriggersource", "adm-gone", "teardown")).status_code == 302
+    assert TriggerSource.objects.filter(name="adm-gone").exists()
+    assert not LogEntry.objects.exists()
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+
+def test_a_source_page_shows_recent_deliveries_and_its_operations(
+    operator: Client, fake: FakeProvider
+) -> None:
+    lifecycle.enable("adm-pushes")
+    source = _row("adm-pushes")
+    for index in range(3):
+        TriggerEvent.objects.create(
+            source=source,
+            source_name=source.name,
+            delivery_id=f"d-{index}",
+            event="push",
+            payload={},
+        )
+    url = reverse("admin:django_leases_triggersource_change", args=[source.pk])
+    html = operator.get(url).content.decode()
+    assert 'id="recent-events"' in html
+    assert all(f"d-{index}" in html for index in range(3))
+    assert 'id="trigger-source-operations"' in html
+    assert re.search(r'id="disable-adm-pushes"[^>]*>Turn off</button>', html)
+    assert credentials.get_secret("adm-pushes") not in html
+
+    # The page's button comes back to the page.
+    response = operator.post(_operate("triggersource", "adm-pushes", "disable"), {"next": url})
+    assert response["Location"] == url
+    assert _row("adm-pushes").enabled is False
+
+    orphan_page = operator.get(
+        reverse("admin:django_leases_orphantriggersource_change", args=[_pk("adm-gone")])
+    ).content.decode()
+    assert 'id="forget-adm-gone"' in orphan_page and 'id="teardown-adm-gone"' in orphan_page
+
+
+# -- permission ------------------------------------------------------------------------------
+
+
+def test_staff_without_the_permission_cannot_switch_anything(fake: FakeProvider) -> None:
     client = _client(_staff("view_triggersource", "view_orphantriggersource"))
     response = client.get(reverse(SOURCES))
     assert response.status_code == 200
-    assert _names(response) == ["pushes", "releases"]
-    assert b"Enable the selected" not in response.content
-    client.post(reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("pushes")]})
-    assert _enabled() == {"pushes": False, "releases": False, "gone": False}
-    assert not LogEntry.objects.exists()
-    assert client.get(reverse(ORPHANS)).status_code == 200
-
-
-def test_staff_with_the_permission_can_toggle(sources: None) -> None:
-    client = _client(_staff("view_triggersource", "toggle_triggersource"))
-    client.post(reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("pushes")]})
-    assert _enabled()["pushes"] is True
-    assert LogEntry.objects.count() == 1
-
-
-def test_an_orphan_cannot_be_toggled_from_the_sources_list(
-    admin_client: Client, sources: None
-) -> None:
-    admin_client.post(
-        reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("gone")]}
+    html = response.content.decode()
+    assert "adm-pushes" in _names(response)
+    assert 'id="switch-' not in html and "Enable the selected" not in html
+    # Not by URL…
+    for kind, name, operation in [
+        ("triggersource", "adm-pushes", "enable"),
+        ("triggersource", "adm-pushes", "disable"),
+        ("orphantriggersource", "adm-gone", "forget"),
+        ("orphantriggersource", "adm-gone", "teardown"),
+    ]:
+        assert client.post(_operate(kind, name, operation)).status_code == 403
+    # …nor by action.
+    client.post(
+        reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("adm-pushes")]}
     )
-    assert _enabled()["gone"] is False
+    client.post(
+        reverse(ORPHANS), {"action": "forget_sources", "_selected_action": [_pk("adm-gone")]}
+    )
+    orphans = client.get(reverse(ORPHANS))
+    assert orphans.status_code == 200
+    assert 'id="forget-' not in orphans.content.decode()
+    page = client.get(
+        reverse("admin:django_leases_triggersource_change", args=[_pk("adm-pushes")])
+    ).content.decode()
+    assert "trigger-source-operations" not in page
+    assert _row("adm-pushes").enabled is False
+    assert TriggerSource.objects.filter(name="adm-gone").exists()
+    assert not LogEntry.objects.exists()
+    assert fake.calls == []
+
+
+def test_staff_with_the_permission_can_switch(fake: FakeProvider) -> None:
+    client = _client(_staff("view_triggersource", "toggle_triggersource"))
+    client.post(
+        reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("adm-pushes")]}
+    )
+    assert _row("adm-pushes").enabled is True
+    assert client.post(_operate("triggersource", "adm-pushes", "disable")).status_code == 302
+    assert _row("adm-pushes").enabled is False
+    assert LogEntry.objects.count() == 2

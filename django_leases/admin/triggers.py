@@ -1,20 +1,59 @@
-"""Admin for trigger sources: enable / disable declared sources, and the Orphans view.
+"""Admin for trigger sources: switch declared sources on and off, and the Orphans view.
 
-Rows are written by code only (``reconcile_trigger_sources`` syncs the declarations), so
-both lists are read-only. Operators with ``django_leases.toggle_triggersource`` get the
-enable / disable actions, which call ``TriggerSource.objects.set_enabled`` and write a
-``LogEntry`` per change. No secret is stored in a row, so none can be shown.
+Rows are written by code only (``reconcile_trigger_sources`` syncs the declarations; the
+lifecycle records each provider step), so both lists are read-only. Operators with
+``django_leases.toggle_triggersource`` get:
+
+* on **Trigger sources** (declared rows): an on/off switch per row (a POST with the CSRF
+  token to ``<id>/operate/enable|disable/``), the bulk actions *Enable* / *Disable*, and
+  the same buttons on a source's page;
+* on **Orphaned trigger sources**: *Forget* (delete the row, provider untouched) and *Tear
+  down at provider* (offered when the provider is installed here and a registration is
+  recorded), per row, in bulk and on the page.
+
+Every one of them calls :mod:`django_leases.triggers.lifecycle` (the rules live there), then
+writes a ``LogEntry`` and a message with the outcome. Without the permission nothing can be
+switched, by button, URL or action (403 / the actions are not offered). No secret is kept
+in a row, so none can be shown.
+
+Stable hooks for browser tests: the switch buttons have ids ``switch-<name>`` and the
+labels *Turn on* / *Turn off*; the orphan buttons ``forget-<name>`` / ``teardown-<name>``;
+the badges ``status-<name>`` with ``data-status``; a source page's operations live in
+``#trigger-source-operations``.
 """
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from collections.abc import Callable
+from typing import Any
 
-from django_leases.models import OrphanTriggerSource, TriggerSource
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+
+from django_leases.exceptions import LeaseError
+from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSource
+from django_leases.triggers import lifecycle
+from django_leases.triggers.errors import TriggerSourceError, UnknownTriggerSourceError
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
+
+#: How many deliveries a source's page lists.
+RECENT_EVENTS = 20
+
+_BADGE_COLOURS = {
+    "off": ("#e0e0e0", "#333"),
+    "pending": ("#fff3cd", "#664d03"),
+    "registered": ("#d1e7dd", "#0f5132"),
+    "manual": ("#cfe2ff", "#084298"),
+    "failed": ("#f8d7da", "#842029"),
+}
 
 _FIELDS = (
     "name",
@@ -23,18 +62,34 @@ _FIELDS = (
     "config",
     "declared",
     "enabled",
-    "status",
+    "status_badge",
     "detail",
+    "receive_address",
     "state",
     "base_url",
     "label_prefix",
     "updated_at",
+    "recent_events",
 )
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
+def shown_status(source: TriggerSource) -> str:
+    """The status an operator sees: the recorded one, or ``off`` for a row never set up."""
+    return source.status or "off"
+
+
+class _TriggerSourceAdminBase(admin.ModelAdmin):
+    """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
+
     readonly_fields = _FIELDS
     fields = _FIELDS
+    search_fields = ("name",)
+    change_form_template = "admin/django_leases/triggersource/change_form.html"
+
+    #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
+    operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+
+    # -- permissions ----------------------------------------------------------------------
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -45,71 +100,348 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: TriggerSource | None = None) -> bool:
         return False
 
-
-@admin.register(TriggerSource)
-class TriggerSourceAdmin(_ReadOnlyAdmin):
-    """Declared trigger sources, with enable / disable actions behind a permission."""
-
-    list_display = ("name", "enabled", "status", "provider", "short_detail", "updated_at")
-    list_filter = ("enabled", "provider", "status")
-    search_fields = ("name",)
-    actions = ("enable_sources", "disable_sources")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        return TriggerSource.objects.declared()
-
     def has_toggle_permission(self, request: HttpRequest) -> bool:
-        """Whether the user may enable and disable sources (``toggle_triggersource``)."""
-        return request.user.has_perm(TOGGLE_PERMISSION)
+        """Whether the user may switch, tear down and forget sources (``toggle_triggersource``)."""
+        return bool(request.user.has_perm(TOGGLE_PERMISSION))
+
+    # -- columns and fields ---------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: TriggerSource) -> str:
+        status = shown_status(obj)
+        background, colour = _BADGE_COLOURS.get(status, ("#eee", "#333"))
+        return format_html(
+            '<span class="dl-status" id="status-{}" data-status="{}" style="background:{};'
+            'color:{};padding:1px 8px;border-radius:8px;font-weight:600">{}</span>',
+            obj.name,
+            status,
+            background,
+            colour,
+            status,
+        )
 
     @admin.display(description="detail")
     def short_detail(self, obj: TriggerSource) -> str:
-        detail = obj.detail or ""
-        return detail if len(detail) <= 80 else detail[:79] + "…"
+        detail = " ".join((obj.detail or "").split())
+        return detail if len(detail) <= 100 else detail[:99] + "…"
 
-    def _toggle(
-        self, request: HttpRequest, queryset: QuerySet[TriggerSource], enabled: bool
+    @admin.display(description="receives at")
+    def receive_address(self, obj: TriggerSource) -> str:
+        try:
+            return lifecycle.receive_url(obj)
+        except TriggerSourceError:
+            return "— (no address yet: run reconcile_trigger_sources --base-url)"
+
+    @admin.display(description="recent deliveries")
+    def recent_events(self, obj: TriggerSource) -> str:
+        events = list(
+            TriggerEvent.objects.filter(source_name=obj.name).order_by("-received_at", "-pk")[
+                :RECENT_EVENTS
+            ]
+        )
+        if not events:
+            return "None yet."
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    event.received_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    event.event,
+                    event.delivery_id,
+                    self._run_link(event),
+                )
+                for event in events
+            ),
+        )
+        return format_html(
+            '<table class="dl-recent-events" id="recent-events"><thead><tr><th>received</th>'
+            "<th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @staticmethod
+    def _run_link(event: TriggerEvent) -> str:
+        if event.run_id is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:django_leases_workflowrun_change", args=[event.run_id]),
+            event.run_id,
+        )
+
+    # -- operations -----------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        # Before the default ones: their ``<path:object_id>/`` would match these too.
+        opts = self.model._meta
+        view = transaction.non_atomic_requests(self.admin_site.admin_view(self.operate_view))
+        return [
+            path(
+                "<path:object_id>/operate/<str:operation>/",
+                view,
+                name=f"{opts.app_label}_{opts.model_name}_operate",
+            ),
+            *super().get_urls(),
+        ]
+
+    def operate_url(self, obj: TriggerSource, operation: str) -> str:
+        opts = self.model._meta
+        return reverse(
+            f"admin:{opts.app_label}_{opts.model_name}_operate", args=[obj.pk, operation]
+        )
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        """POST ``<id>/operate/<operation>/``: run one lifecycle operation on one source, log
+        it, say how it went, and go back to the list (or to ``next``, one of ours)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_toggle_permission(request) or operation not in self.operations:
+            raise PermissionDenied
+        source = self.get_object(request, object_id)
+        changelist = reverse(
+            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_changelist"
+        )
+        if source is None:
+            self.message_user(request, f"No such trigger source ({object_id!r}).", messages.ERROR)
+            return HttpResponseRedirect(changelist)
+        self._operate(request, [source], operation)
+        back = request.POST.get("next", "")
+        still_there = self.get_queryset(request).filter(pk=source.pk).exists()
+        if still_there and back.startswith(reverse("admin:index")) and "//" not in back:
+            return HttpResponseRedirect(back)
+        return HttpResponseRedirect(changelist)
+
+    def _operate(self, request: HttpRequest, sources: Any, operation: str) -> None:
+        """Run ``operation`` on each source through the lifecycle; log and report each."""
+        run, _ = self.operations[operation]
+        for source in sources:
+            try:
+                result = run(source.name)
+            except (TriggerSourceError, UnknownTriggerSourceError, LeaseError) as exc:
+                self.message_user(request, f"{source.name}: nothing changed: {exc}", messages.ERROR)
+                continue
+            except RuntimeError as exc:  # inside a transaction (ATOMIC_REQUESTS): no lease
+                self.message_user(request, f"{source.name}: nothing changed: {exc}", messages.ERROR)
+                continue
+            self._log(request, source, operation, result)
+            level = messages.SUCCESS if result.ok else messages.ERROR
+            self.message_user(request, f"{_VERBS[operation]} {result}", level)
+
+    def _log(
+        self,
+        request: HttpRequest,
+        source: TriggerSource,
+        operation: str,
+        result: lifecycle.LifecycleResult,
     ) -> None:
-        word = "Enabled" if enabled else "Disabled"
-        changed: list[str] = []
-        unchanged: list[str] = []
-        for source in queryset.order_by("name"):
-            if TriggerSource.objects.set_enabled(source.name, enabled):
-                changed.append(source.name)
-                self.log_change(request, source, f"{word} the trigger source")
-            else:
-                unchanged.append(source.name)
-        if changed:
-            self.message_user(
-                request,
-                f"{word} {len(changed)} trigger source(s): {', '.join(changed)}.",
-                messages.SUCCESS,
-            )
-        if unchanged:
-            self.message_user(
-                request,
-                f"Already {word.lower()}, nothing changed: {', '.join(unchanged)}.",
-                messages.INFO,
-            )
+        _, said = self.operations[operation]
+        flag = DELETION if result.status is None and result.enabled is None else CHANGE
+        message = f"{said} the trigger source"
+        if not result.changed and operation in ("enable", "disable"):
+            message += f" (it was {'on' if operation == 'enable' else 'off'} already)"
+        if flag == CHANGE:
+            message += f"; status {result.status}"
+        if not result.ok:
+            message += "; the provider step failed"
+        LogEntry.objects.create(
+            user_id=request.user.pk,  # type: ignore[misc]  # a logged-in user: never None
+            content_type=ContentType.objects.get_for_model(TriggerSource, for_concrete_model=True),
+            object_id=str(source.pk),
+            object_repr=str(source)[:200],
+            action_flag=flag,
+            change_message=message,
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        source = self.get_object(request, object_id)
+        if source is not None and self.has_toggle_permission(request):
+            context["trigger_operations"] = [
+                {
+                    "name": name,
+                    "label": label,
+                    "url": self.operate_url(source, name),
+                    "id": f"{name}-{source.name}",
+                }
+                for name, label in self.page_operations(source)
+            ]
+        return super().change_view(request, object_id, form_url, context)
+
+    def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
+        """(operation, button label) offered on ``source``'s page."""
+        return []
+
+
+_VERBS = {
+    "enable": "Enable:",
+    "disable": "Disable:",
+    "teardown": "Tear down:",
+    "forget": "Forget:",
+}
+
+
+@admin.register(TriggerSource)
+class TriggerSourceAdmin(_TriggerSourceAdminBase):
+    """Declared trigger sources: a switch per row and bulk enable / disable."""
+
+    list_display = (
+        "name",
+        "switch",
+        "status_badge",
+        "provider",
+        "receive_address",
+        "short_detail",
+        "updated_at",
+    )
+    list_filter = ("enabled", "provider", "status")
+    actions = ("enable_sources", "disable_sources")
+    operations = {
+        "enable": (lifecycle.enable, "Enabled"),
+        "disable": (lifecycle.disable, "Disabled"),
+    }
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
+        return super().get_queryset(request).filter(declared=True)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        if self.has_toggle_permission(request):
+            return self.list_display
+        return tuple("enabled" if column == "switch" else column for column in self.list_display)
+
+    @admin.display(description="on / off", ordering="enabled")
+    def switch(self, obj: TriggerSource) -> str:
+        """The row's switch: a submit button posting the changelist form (with its CSRF
+        token) to this source's enable / disable view (``formaction``), so no nested form."""
+        operation = "disable" if obj.enabled else "enable"
+        return format_html(
+            '<span class="dl-onoff" data-enabled="{}">{}</span> '
+            '<button type="submit" class="button dl-switch" id="switch-{}" name="switch" '
+            'value="{}" formaction="{}" formmethod="post" title="{} {}">{}</button>',
+            "true" if obj.enabled else "false",
+            "on" if obj.enabled else "off",
+            obj.name,
+            operation,
+            self.operate_url(obj, operation),
+            "Turn off" if obj.enabled else "Turn on",
+            obj.name,
+            "Turn off" if obj.enabled else "Turn on",
+        )
+
+    def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
+        return [("disable", "Turn off")] if source.enabled else [("enable", "Turn on")]
 
     @admin.action(description="Enable the selected trigger sources", permissions=["toggle"])
     def enable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
-        """Turn the selected sources on: they receive deliveries from the next request."""
-        self._toggle(request, queryset, True)
+        """Turn each selected source on and set it up at its provider (``lifecycle.enable``)."""
+        self._operate(request, queryset.order_by("name"), "enable")
 
     @admin.action(description="Disable the selected trigger sources", permissions=["toggle"])
     def disable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
-        """Turn the selected sources off: their deliveries get 404 from the next request."""
-        self._toggle(request, queryset, False)
+        """Turn each selected source off, then tear it down (``lifecycle.disable``)."""
+        self._operate(request, queryset.order_by("name"), "disable")
 
 
 @admin.register(OrphanTriggerSource)
-class OrphanTriggerSourceAdmin(_ReadOnlyAdmin):
-    """Rows whose declaration left the code. A list only, for now."""
+class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
+    """Rows whose declaration left the code: forget them, or tear them down at the provider."""
 
-    list_display = ("name", "enabled", "status", "provider", "detail", "updated_at")
+    list_display = (
+        "name",
+        "orphan_operations",
+        "enabled",
+        "status_badge",
+        "provider",
+        "state",
+        "short_detail",
+        "updated_at",
+    )
     list_filter = ("provider",)
-    search_fields = ("name",)
+    actions = ("forget_sources", "teardown_sources")
+    operations = {
+        "forget": (lifecycle.forget, "Forgot"),
+        "teardown": (lifecycle.teardown, "Tore down"),
+    }
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[OrphanTriggerSource]:
-        return OrphanTriggerSource.objects.filter(declared=False)
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
+        return super().get_queryset(request).filter(declared=False)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        if self.has_toggle_permission(request):
+            return self.list_display
+        return tuple(column for column in self.list_display if column != "orphan_operations")
+
+    @staticmethod
+    def can_tear_down(source: TriggerSource) -> bool:
+        """Whether a teardown at the provider is possible: its provider is installed here
+        and a registration is recorded (``state``)."""
+        from django_leases.triggers.providers import get_provider
+
+        return source.state is not None and get_provider(source.provider) is not None
+
+    @admin.display(description="operations")
+    def orphan_operations(self, obj: TriggerSource) -> str:
+        buttons = [
+            format_html(
+                '<button type="submit" class="button dl-forget" id="forget-{}" '
+                'name="operation" value="forget" formaction="{}" formmethod="post" '
+                'title="Forget {}">Forget</button>',
+                obj.name,
+                self.operate_url(obj, "forget"),
+                obj.name,
+            )
+        ]
+        if self.can_tear_down(obj):
+            buttons.append(
+                format_html(
+                    '<button type="submit" class="button dl-teardown" id="teardown-{}" '
+                    'name="operation" value="teardown" formaction="{}" formmethod="post" '
+                    'title="Tear down {} at {}">Tear down at provider</button>',
+                    obj.name,
+                    self.operate_url(obj, "teardown"),
+                    obj.name,
+                    obj.provider,
+                )
+            )
+        return format_html_join(" ", "{}", ((button,) for button in buttons))
+
+    def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
+        offered = [("forget", "Forget")]
+        if self.can_tear_down(source):
+            offered.append(("teardown", "Tear down at provider"))
+        return offered
+
+    def _operate(self, request: HttpRequest, sources: Any, operation: str) -> None:
+        if operation == "teardown":
+            able = []
+            for source in sources:
+                if self.can_tear_down(source):
+                    able.append(source)
+                else:
+                    self.message_user(
+                        request,
+                        f"{source.name}: not torn down: its provider {source.provider!r} is "
+                        "not installed here or nothing is registered; forget it instead.",
+                        messages.WARNING,
+                    )
+            sources = able
+        super()._operate(request, sources, operation)
+
+    @admin.action(description="Forget the selected orphans", permissions=["toggle"])
+    def forget_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
+        """Delete each selected orphan's row, provider untouched (``lifecycle.forget``)."""
+        self._operate(request, queryset.order_by("name"), "forget")
+
+    @admin.action(
+        description="Tear down the selected orphans at their provider", permissions=["toggle"]
+    )
+    def teardown_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
+        """Tear each selected orphan down at its provider and delete it (``lifecycle.teardown``)."""
+        self._operate(request, queryset.order_by("name"), "teardown")
