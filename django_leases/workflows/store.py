@@ -43,6 +43,7 @@ from django_leases.workflows.states import (
     RunStatus,
     StepStatus,
 )
+from django_leases.workflows.wakeup import notify_work_due
 
 if TYPE_CHECKING:
     from django_leases.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
@@ -1185,15 +1186,9 @@ def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
 
 
 def _wake(alias: str) -> None:
-    """Tell idle workers that work is due now (inside the transaction that made it due; a
-    no-op where nothing listens)."""
-    try:
-        from django_leases.workflows import wakeup
-    except ImportError:
-        return
-    notify = getattr(wakeup, "notify_work_due", None)
-    if notify is not None:
-        notify(alias)
+    """Tell idle workers that work is due now (inside the transaction that made it due: the
+    notification is delivered only if it commits; a no-op where nothing listens)."""
+    notify_work_due(alias)
 
 
 def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
