@@ -31,7 +31,6 @@ step is taken over within seconds. Each child process logs to a file in a tempor
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -100,12 +99,6 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def command_exists(name: str) -> bool:
-    from django.core.management import get_commands
-
-    return name in get_commands()
-
-
 class Child:
     """A ``manage.py`` child process whose output goes to a log file."""
 
@@ -171,12 +164,13 @@ class Tour:
         self.children[name] = child
         return child
 
-    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def manage(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``manage.py ARGS`` to completion, as an operator would."""
         return subprocess.run(
             [sys.executable, str(BASE_DIR / "manage.py"), *args],
             cwd=BASE_DIR,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            input=stdin if stdin is not None else "",
             capture_output=True,
             text=True,
             timeout=120,
@@ -225,27 +219,20 @@ class Tour:
 
     # -- operators' actions -------------------------------------------------------------------
 
-    def operate(self, action: str, name: str) -> str:
-        """Enable or disable source ``name`` the way an operator does; returns what it said."""
-        from django_leases.models import TriggerSource
-
-        if command_exists("trigger_sources"):
-            done = self.manage("trigger_sources", action, name)
-            if done.returncode != 0:
-                raise StageFailed(
-                    f"trigger_sources {action} {name} exited {done.returncode}: "
-                    f"{(done.stderr or done.stdout).strip()[:500]}"
-                )
-            return done.stdout.strip()
-        try:
-            from django_leases.triggers import lifecycle
-        except ImportError:
-            TriggerSource.objects.set_enabled(name, action == "enable")
-            return f"{name}: {'enabled' if action == 'enable' else 'disabled'}"
-        result = getattr(lifecycle, action)(name)
-        if not result.ok:
-            raise StageFailed(f"{action} {name} failed: {result.detail}")
-        return f"{name}: {result.status or ('on' if result.enabled else 'off')} — {result.detail}"
+    def operate(self, *args: str, stdin: str | None = None) -> list[str]:
+        """Run ``manage.py trigger_sources ARGS`` as an operator would; print and return its
+        output lines. Raises StageFailed when it exits non-zero."""
+        done = self.manage("trigger_sources", *args, stdin=stdin)
+        if done.returncode != 0:
+            raise StageFailed(
+                f"trigger_sources {' '.join(args)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[:500]}"
+            )
+        say(f"   $ manage.py trigger_sources {' '.join(args)}")
+        lines = [line for line in done.stdout.splitlines() if line.strip()]
+        for line in lines:
+            say(f"     {line}")
+        return lines
 
     # -- stages -------------------------------------------------------------------------------
 
@@ -262,18 +249,18 @@ class Tour:
         say(f"   database migrated; admin user: {ADMIN_USER} / {ADMIN_PASSWORD}")
 
     def reconcile(self) -> None:
-        from django.core.management import call_command
-
         from django_leases.models import TriggerSource
 
         say(f"   fake GitHub API on {self.fake.url} (token {GITHUB_TOKEN!r})")
-        call_command(
-            "reconcile_trigger_sources",
-            base_url=self.base_url,
-            label_prefix="demo-",
-            verbosity=0,
-            stdout=io.StringIO(),
-        )
+        args = ["reconcile_trigger_sources", "--base-url", self.base_url, "--label-prefix", "demo-"]
+        done = self.manage(*args)
+        if done.returncode != 0:
+            raise StageFailed(
+                f"reconcile_trigger_sources exited {done.returncode}: {done.stderr.strip()[:500]}"
+            )
+        say(f"   $ manage.py {' '.join(args)}")
+        for line in done.stdout.splitlines():
+            say(f"     {line}")
         for name in (GITHUB, STRIPE):
             source = TriggerSource.objects.filter(name=name, declared=True).first()
             if source is None:
@@ -340,50 +327,42 @@ class Tour:
 
     def enable_sources(self) -> None:
         from django_leases.models import TriggerEvent, TriggerSource
-        from django_leases.triggers.credentials import get_secret, set_secret, signing_secret
+        from django_leases.triggers.credentials import signing_secret
 
         pings_before = TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count()
-        say(f"   {self.operate('enable', GITHUB)}")
+        self.operate("enable", GITHUB)
         source = TriggerSource.objects.get(name=GITHUB)
-        if not source.enabled:
-            raise StageFailed(f"{GITHUB} did not switch on")
+        if not source.enabled or source.status != "registered":
+            raise StageFailed(f"{GITHUB}: enabled={source.enabled}, status {source.status!r}")
+        hook_id = (source.state or {}).get("hook_id")
         hooks = self.fake.hooks(REPOSITORY)
-        if source.status is not None:  # the provider lifecycle registered it
-            if source.status != "registered":
-                raise StageFailed(f"{GITHUB}: status {source.status!r}: {source.detail}")
-            hook_id = (source.state or {}).get("hook_id")
-            mine = [h for h in hooks if h["id"] == hook_id]
-            if not mine or mine[0]["config"]["url"] != self.hook_url(GITHUB):
-                raise StageFailed(f"the fake GitHub has no hook {hook_id} for {GITHUB}: {hooks}")
-            say(
-                f"   the fake GitHub has hook {hook_id} on {REPOSITORY}: posts to "
-                f"{mine[0]['config']['url']} for {', '.join(mine[0]['events'])}"
-            )
-            wait_for(
-                "GitHub's ping of the new hook to be received",
-                lambda: (
-                    TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count()
-                    > pings_before
-                ),
-                timeout=30,
-            )
-            say("   its ping delivery was received and recorded (it starts no workflow)")
-            self.summary["hooks registered at the fake GitHub"] = 1
+        mine = [h for h in hooks if h["id"] == hook_id]
+        if len(hooks) != 1 or not mine or mine[0]["config"]["url"] != self.hook_url(GITHUB):
+            raise StageFailed(f"the fake GitHub does not have hook {hook_id} alone: {hooks}")
+        say(
+            f"   the fake GitHub has hook {hook_id} on {REPOSITORY}: posts to "
+            f"{mine[0]['config']['url']} for {', '.join(mine[0]['events'])}"
+        )
+        wait_for(
+            "GitHub's ping of the new hook to be received",
+            lambda: (
+                TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count() > pings_before
+            ),
+            timeout=30,
+        )
+        say("   the fake GitHub pinged the hook; the ping was verified and recorded")
+        self.summary["hooks registered at the fake GitHub"] = 1
 
-        say(f"   {self.operate('enable', STRIPE)}")
+        self.operate("enable", STRIPE)
         stripe = TriggerSource.objects.get(name=STRIPE)
-        if not stripe.enabled:
-            raise StageFailed(f"{STRIPE} did not switch on")
-        if stripe.status is not None and stripe.status != "manual":
-            raise StageFailed(f"{STRIPE}: status {stripe.status!r}, not 'manual'")
-        if get_secret(STRIPE) is None:
-            set_secret(STRIPE, f"whsec_demo{uuid.uuid4().hex}")
-            say(
-                f"   {STRIPE}: the operator stored the signing secret Stripe's dashboard "
-                "showed (encrypted in the credential store)"
-            )
-        if not signing_secret(STRIPE):
-            raise StageFailed(f"{STRIPE} has no signing secret")
+        if not stripe.enabled or stripe.status != "manual":
+            raise StageFailed(f"{STRIPE}: enabled={stripe.enabled}, status {stripe.status!r}")
+        # The operator registers the URL in Stripe's dashboard, which shows a signing secret
+        # once; they store it (read from stdin, encrypted in the credential store).
+        shown_by_stripe = f"whsec_demo{uuid.uuid4().hex}"
+        self.operate("set-secret", STRIPE, stdin=shown_by_stripe + "\n")
+        if signing_secret(STRIPE) != shown_by_stripe:
+            raise StageFailed(f"{STRIPE}: the stored signing secret is not the one given")
 
     def send(self, source: str, *extra: str, expect: tuple[int, ...] = (202,)) -> list[dict]:
         """Deliver with ``manage.py send_deliveries`` (a separate process, as a provider is)."""
@@ -430,19 +409,24 @@ class Tour:
         if not pushes or not all(push_runs):
             raise StageFailed("a push delivery started no workflow run")
         payments = self.send(STRIPE, expect=(202, 200))
-        stripe_runs = []
+        stripe_runs: list[str] = []
+        earlier_runs: list[str] = []
         for line in payments:
             answer = line["answer"]
             if line["status"] == 202:
                 stripe_runs.append(answer["run_id"])
             else:  # the same Stripe event id, delivered by an earlier tour on this database
-                say(f"      (already received by an earlier tour: {answer})")
                 event = TriggerEvent.objects.filter(
                     source_name=STRIPE, delivery_id=line["delivery_id"]
                 ).first()
                 if event is None or event.run_id is None:
                     raise StageFailed(f"{line['file']}: 200, but no earlier run is recorded")
-        self.wait_for_runs(push_runs + stripe_runs)
+                say(
+                    f"      {line['delivery_id']} was already received by an earlier tour: "
+                    "200, not processed again"
+                )
+                earlier_runs.append(str(event.run_id))
+        self.wait_for_runs(push_runs + stripe_runs + earlier_runs)
         self.run_ids += push_runs + stripe_runs
         builds = PreviewBuild.objects.filter(run_id__in=push_runs)
         receipts = Receipt.objects.filter(
@@ -600,15 +584,14 @@ class Tour:
     def disable_source(self) -> None:
         from django_leases.models import TriggerEvent, TriggerSource
 
-        say(f"   {self.operate('disable', GITHUB)}")
+        self.operate("disable", GITHUB)
         source = TriggerSource.objects.get(name=GITHUB)
-        if source.enabled:
-            raise StageFailed(f"{GITHUB} is still enabled")
-        if self.summary.get("hooks registered at the fake GitHub"):
-            if self.fake.hooks(REPOSITORY):
-                raise StageFailed(f"the fake GitHub still has hooks: {self.fake.hooks()}")
-            say(f"   the fake GitHub has no hook left on {REPOSITORY}")
-            self.summary["hooks deleted at the fake GitHub"] = 1
+        if source.enabled or source.state:
+            raise StageFailed(f"{GITHUB}: enabled={source.enabled}, state {source.state!r}")
+        if self.fake.hooks(REPOSITORY):
+            raise StageFailed(f"the fake GitHub still has hooks: {self.fake.hooks()}")
+        say(f"   the fake GitHub has no hook left on {REPOSITORY}")
+        self.summary["hooks deleted at the fake GitHub"] = 1
         before = TriggerEvent.objects.count()
         self.send(GITHUB, str(SLOW_PUSH), expect=(404,))
         if TriggerEvent.objects.count() != before:
