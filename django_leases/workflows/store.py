@@ -556,7 +556,7 @@ class WorkflowRunQuerySet(_Store):
         :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
         """
         alias = self._alias()
-        _, step_model, attempt_model = _models()
+        _, step_model, _ = _models()
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
             if run.status not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
@@ -570,17 +570,20 @@ class WorkflowRunQuerySet(_Store):
                 .order_by("id")
                 .values_list("pk", "attempt", "step_name")
             )
-            for step_id, attempt, _name in running:
-                steps.filter(pk=step_id, attempt=attempt, status=StepStatus.RUNNING).update(
-                    status=StepStatus.FAILED,
-                    error=error,
-                    lease_expires_at=None,
-                    available_at=None,
-                    updated_at=Now(),
+            fence = step_model._default_manager.db_manager(alias).all()
+            for step_id, attempt, _name in running:  # locked above: the fence matches
+                fence._record_outcome(
+                    alias,
+                    step_id,
+                    attempt,
+                    step={
+                        "status": StepStatus.FAILED,
+                        "error": error,
+                        "lease_expires_at": None,
+                        "available_at": None,
+                    },
+                    history={"status": AttemptStatus.FAILED, "error": error},
                 )
-                attempt_model._default_manager.using(alias).filter(
-                    step_id=step_id, attempt=attempt, status=AttemptStatus.RUNNING
-                ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
             steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
             self.model._default_manager.using(alias).filter(pk=run.pk).update(
                 status=RunStatus.CANCELLED,
