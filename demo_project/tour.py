@@ -444,14 +444,7 @@ class Tour:
     def payment_of(line: dict) -> str:
         from demo_project.shop.workflows import paid_order
 
-        path = Path(line["file"])
-        if not path.is_absolute():
-            shared = BASE_DIR.parent / "shared" / "fixtures" / path
-            path = (
-                shared
-                if shared.is_file()
-                else BASE_DIR / "demo_project" / "shop" / "samples" / path
-            )
+        path = Path(line["path"])
         event = json.loads(path.read_bytes())
         return paid_order(event["type"], event)["payment"]
 

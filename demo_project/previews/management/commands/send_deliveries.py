@@ -18,14 +18,17 @@ Without FILEs it sends, for each event the source's declaration handles, the rea
 under ``../shared/fixtures/`` (``github/<event>/*.json`` or ``stripe/events/<event>.json``)
 when that folder exists, else the demo's own samples.
 
-``--base-url`` defaults to the address the source was reconciled with. ``--expect 202 200``
+``--base-url`` defaults to the address the source was reconciled with; ``--wrong-secret``
+signs with a secret that is not the source's (the answer is 401). ``--expect 202 200``
 makes the command exit 1 unless every answer is one of those statuses; ``--json`` prints one
-JSON object per delivery (``file``, ``event``, ``delivery_id``, ``status``, ``answer``).
+JSON object per delivery (``file``, ``path``, ``event``, ``delivery_id``, ``status``,
+``answer``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -39,8 +42,11 @@ from django_leases.triggers.registry import get_declaration
 from django_leases.triggers.signatures import github_signature, stripe_signature
 
 DEMO_DIR = Path(__file__).resolve().parents[3]
-#: ``../shared/fixtures`` beside the checkout.
-SHARED_FIXTURES = Path(settings.BASE_DIR).parent / "shared" / "fixtures"
+#: ``../shared/fixtures`` beside the checkout (``DEMO_SHARED_FIXTURES`` names another folder;
+#: one that does not exist makes the demo use its own samples).
+SHARED_FIXTURES = Path(
+    os.environ.get("DEMO_SHARED_FIXTURES") or Path(settings.BASE_DIR).parent / "shared" / "fixtures"
+)
 SAMPLES = {
     "github": DEMO_DIR / "previews" / "samples",
     "stripe": DEMO_DIR / "shop" / "samples",
@@ -136,6 +142,11 @@ class Command(BaseCommand):
             help="Exit 1 unless every answer is one of these.",
         )
         parser.add_argument("--json", action="store_true", help="One JSON object per delivery.")
+        parser.add_argument(
+            "--wrong-secret",
+            action="store_true",
+            help="Sign with a secret that is not the source's (to see the 401).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         from django_leases.models import TriggerSource
@@ -152,6 +163,8 @@ class Command(BaseCommand):
         secret = signing_secret(name)
         if not secret:
             raise CommandError(f"Source {name!r} has no signing secret yet (enable it first)")
+        if options["wrong_secret"]:
+            secret = f"not-{secret}"
         base_url = options["base_url"] or (row.base_url if row is not None else None)
         if not base_url:
             raise CommandError("No --base-url given and the source has no address")
@@ -197,6 +210,7 @@ class Command(BaseCommand):
                         json.dumps(
                             {
                                 "file": shown,
+                                "path": str(path.resolve()),
                                 "event": event,
                                 "delivery_id": delivery_id,
                                 "status": response.status_code,
