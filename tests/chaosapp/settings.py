@@ -5,18 +5,36 @@ leases read from the environment (seconds):
 * ``CHAOS_RUN_LEASE_TTL`` → ``DEFAULT_TTL``, the run lease of an orchestration pass
   (default 3);
 * ``CHAOS_POLL_INTERVAL`` → ``WORKER_POLL_INTERVAL`` (default 0.5).
+
+Worker connections are persistent (``CONN_MAX_AGE = None``), as in production. ``django_leases``
+logs go to stderr at ``CHAOS_LOG_LEVEL`` (default ``WARNING``: superseded
+writes and lost leases show).
 """
 
 import os
 
 from tests.settings import *  # noqa: F403
-from tests.settings import DJANGO_LEASES, INSTALLED_APPS
+from tests.settings import DATABASES, DJANGO_LEASES, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.chaosapp"]
+# Persistent connections, as a production worker would run: a killed one must be replaced.
+DATABASES["default"]["CONN_MAX_AGE"] = None
 
 DJANGO_LEASES = {
     **DJANGO_LEASES,
     "STEP_LEASE_TTL": float(os.environ.get("CHAOS_STEP_LEASE_TTL", "2")),
     "DEFAULT_TTL": float(os.environ.get("CHAOS_RUN_LEASE_TTL", "3")),
     "WORKER_POLL_INTERVAL": float(os.environ.get("CHAOS_POLL_INTERVAL", "0.5")),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "django_leases": {
+            "handlers": ["console"],
+            "level": os.environ.get("CHAOS_LOG_LEVEL", "WARNING"),
+        }
+    },
 }

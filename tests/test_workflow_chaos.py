@@ -1,0 +1,303 @@
+"""Chaos acceptance test of the workflow worker (PostgreSQL).
+
+Several real ``manage.py run_workflow_worker`` processes run 200+ runs of a three-step workflow
+(``tests/chaosapp``) whose step function records every execution in a table. Meanwhile workers
+are SIGKILLed (and replaced) and SIGSTOPped past their step lease (then SIGCONTed). Then:
+
+* every run completed, none was lost, each with its three steps succeeded;
+* every step's stored result is the one its final attempt produced (the execution table names
+  the execution behind each result), and no earlier attempt's result landed anywhere — neither
+  on the step nor in its history — although stopped workers did finish superseded executions;
+* no attempt was executed twice (exactly one claimer per attempt);
+* a killed worker's step was claimed again within step lease + renewal interval + poll
+  interval (plus a generous slack for a loaded two-core machine), measured on the database
+  clock: the kill is stamped with ``statement_timestamp()`` right after the process is reaped,
+  the new attempt's ``started_at`` is the database's.
+
+The figures (runs, kills, stops, re-claim delays, total time) are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from django.db import connection
+
+from django_leases.models import (
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
+from django_leases.renewal import renewal_interval
+from tests.chaosapp.workflows import CREATE_TABLE, STEPS, TABLE
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RUNS = 200
+WORKERS = 3
+CONCURRENCY = 2
+STEP_LEASE_TTL = 2.0
+RUN_LEASE_TTL = 3.0
+POLL_INTERVAL = 0.5
+#: How long a stopped worker stays stopped: well past its step lease, so its step is claimed
+#: by another worker before it wakes up and finishes a superseded execution.
+STOP_SECONDS = STEP_LEASE_TTL + 3.0
+#: Pause between two chaos actions, seconds (random within).
+CHAOS_PAUSE = (2.5, 4.5)
+#: Acceptance slack on top of the re-claim bound: CPU contention on a loaded two-core machine
+#: (3 workers, the database and the test share it) delays claims, never the bound itself.
+RECLAIM_SLACK = 6.0
+#: Give up on the runs completing after this many seconds.
+DEADLINE = 420.0
+
+
+@dataclass
+class Chaos:
+    tmp: Path
+    env: dict[str, str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
+    kills: list[tuple[int, datetime]] = field(default_factory=list)  # (pid, DB time)
+    stops: list[int] = field(default_factory=list)
+    stopped: dict[int, float] = field(default_factory=dict)  # pid -> monotonic time to CONT
+    started: int = 0
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        log = open(self.tmp / f"worker-{self.started}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "run_workflow_worker",
+                "--concurrency",
+                str(CONCURRENCY),
+                "--shutdown-grace",
+                "10",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def live(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def running(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.live() if p.pid not in self.stopped]
+
+    def cont_due(self, now: float | None = None) -> None:
+        for pid, until in list(self.stopped.items()):
+            if now is None or now >= until:
+                os.kill(pid, signal.SIGCONT)
+                del self.stopped[pid]
+
+    def shutdown(self) -> None:
+        self.cont_due()
+        for proc in self.live():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        (now,) = cursor.fetchone()
+    return now  # type: ignore[no-any-return]
+
+
+def busy_pids() -> set[int]:
+    """Worker pids with an execution in flight (recorded, not finished)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT DISTINCT pid FROM {TABLE} WHERE finished_at IS NULL")
+        return {row[0] for row in cursor.fetchall()}
+
+
+def executions() -> list[dict[str, Any]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT run_id, step_name, attempt, pid, token, started_at, finished_at "
+            f"FROM {TABLE} ORDER BY id"
+        )
+        names = [c[0] for c in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def completed_runs() -> int:
+    return WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count()
+
+
+def chaos_step(chaos: Chaos, rng: random.Random) -> None:
+    """One chaos action: SIGKILL a worker (and start a replacement) or SIGSTOP one."""
+    candidates = chaos.running()
+    if len(candidates) < 2:
+        return  # keep at least one worker running besides the victim's replacement
+    # Only a worker with a step in flight: it has started up, and the action tests recovery.
+    busy = busy_pids()
+    candidates = [p for p in candidates if p.pid in busy]
+    if not candidates:
+        return
+    victim = rng.choice(candidates)
+    if chaos.stopped or rng.random() < 0.55:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        chaos.kills.append((victim.pid, db_now()))
+        chaos.spawn()
+    else:
+        os.kill(victim.pid, signal.SIGSTOP)
+        chaos.stops.append(victim.pid)
+        chaos.stopped[victim.pid] = time.monotonic() + STOP_SECONDS
+
+
+def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded_write(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(CREATE_TABLE)
+        cursor.execute(f"TRUNCATE {TABLE}")
+    env = {
+        **subprocess_env,
+        "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings",
+        "CHAOS_STEP_LEASE_TTL": str(STEP_LEASE_TTL),
+        "CHAOS_RUN_LEASE_TTL": str(RUN_LEASE_TTL),
+        "CHAOS_POLL_INTERVAL": str(POLL_INTERVAL),
+        "CHAOS_STEP_MIN": "0.05",
+        "CHAOS_STEP_MAX": "0.4",
+    }
+    rng = random.Random(os.environ.get("CHAOS_SEED"))
+    chaos = Chaos(tmp_path, env)
+    began = time.monotonic()
+    try:
+        run_ids = [WorkflowRun.objects.start("chaos.three-steps", {"n": n}).pk for n in range(RUNS)]
+        for _ in range(WORKERS):
+            chaos.spawn()
+        deadline = began + DEADLINE
+        next_action = time.monotonic() + rng.uniform(*CHAOS_PAUSE)
+        while completed_runs() < RUNS:
+            now = time.monotonic()
+            assert now < deadline, f"only {completed_runs()} of {RUNS} runs completed in time"
+            chaos.cont_due(now)
+            for proc in chaos.procs:
+                code = proc.poll()
+                # A worker ends only when this test kills it (it is then replaced).
+                assert code is None or code == -signal.SIGKILL, (
+                    f"worker {proc.pid} exited with {code}; see {tmp_path}"
+                )
+            if now >= next_action:
+                chaos_step(chaos, rng)
+                next_action = now + rng.uniform(*CHAOS_PAUSE)
+            time.sleep(0.1)
+        elapsed = time.monotonic() - began
+    finally:
+        chaos.shutdown()
+
+    # -- every run completed, none lost ---------------------------------------------------------
+    runs = {r.pk: r for r in WorkflowRun.objects.filter(pk__in=run_ids)}
+    assert len(runs) == RUNS
+    assert all(r.status == RunStatus.COMPLETED for r in runs.values())
+    assert WorkflowRun.objects.count() == RUNS
+
+    rows = executions()
+    by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_attempt.setdefault((str(row["run_id"]), row["step_name"], row["attempt"]), []).append(
+            row
+        )
+    # Exactly one claimer per attempt: no attempt was executed twice.
+    assert all(len(found) == 1 for found in by_attempt.values()), [
+        key for key, found in by_attempt.items() if len(found) > 1
+    ]
+
+    steps = list(WorkflowStep.objects.filter(run_id__in=run_ids))
+    assert len(steps) == RUNS * len(STEPS)
+    history: dict[int, list[WorkflowStepAttempt]] = {}
+    for entry in WorkflowStepAttempt.objects.filter(step__run_id__in=run_ids).order_by("attempt"):
+        history.setdefault(entry.step_id, []).append(entry)
+
+    superseded_finished = 0
+    for step in steps:
+        key = (str(step.run_id), step.step_name, step.attempt)
+        # -- the stored result is the final attempt's ----------------------------------------
+        assert step.status == StepStatus.SUCCEEDED, (key, step.error)
+        (final,) = by_attempt[key]
+        assert step.result == {
+            "token": final["token"],
+            "attempt": step.attempt,
+            "pid": final["pid"],
+        }, key
+        assert final["finished_at"] is not None
+        # -- no superseded write landed: only the final attempt has an outcome ---------------
+        entries = history[step.pk]
+        assert [e.attempt for e in entries] == list(range(1, step.attempt + 1)), key
+        for entry in entries[:-1]:
+            assert entry.status != "succeeded" and entry.result is None, (key, entry.attempt)
+        assert (entries[-1].status, entries[-1].result) == ("succeeded", step.result)
+        for attempt in range(1, step.attempt):
+            for row in by_attempt.get((str(step.run_id), step.step_name, attempt), []):
+                if row["finished_at"] is not None:
+                    superseded_finished += 1  # finished, yet its result was refused
+        assert runs[step.run_id].output["tokens"][STEPS.index(step.step_name)] == final["token"]
+
+    # -- a killed worker's step was claimed again within the bound ------------------------------
+    attempts_started = {
+        (str(e.step.run_id), e.step.step_name, e.attempt): e.started_at
+        for e in WorkflowStepAttempt.objects.filter(step__run_id__in=run_ids).select_related("step")
+    }
+    delays: list[float] = []
+    for pid, killed_at in chaos.kills:
+        for row in rows:
+            if row["pid"] == pid and row["finished_at"] is None:
+                assert row["started_at"] <= killed_at
+                key = (str(row["run_id"]), row["step_name"], row["attempt"] + 1)
+                retaken = attempts_started[key]
+                if retaken >= killed_at:  # else superseded already (it had been stopped)
+                    delays.append((retaken - killed_at).total_seconds())
+    bound = STEP_LEASE_TTL + renewal_interval(STEP_LEASE_TTL) + POLL_INTERVAL
+    retried = sum(1 for s in steps if s.attempt > 1)
+    print(
+        f"\nchaos: {RUNS} runs × {len(STEPS)} steps, {WORKERS} workers × {CONCURRENCY} threads "
+        f"({chaos.started} processes started); {len(chaos.kills)} SIGKILLs, "
+        f"{len(chaos.stops)} SIGSTOP/SIGCONTs of {STOP_SECONDS:.0f} s; "
+        f"{len(rows)} executions for {len(steps)} steps, {retried} steps needed more than "
+        f"one attempt, {superseded_finished} superseded executions finished and were refused; "
+        f"re-claim after a kill: n={len(delays)} "
+        + (
+            f"max {max(delays):.2f} s, p50 {statistics.median(delays):.2f} s "
+            if delays
+            else "(none) "
+        )
+        + f"(bound {bound:.2f} s + {RECLAIM_SLACK:.0f} s slack); total {elapsed:.1f} s"
+    )
+    # The chaos really happened, and exercised both recoveries.
+    assert len(chaos.kills) >= 3 and len(chaos.stops) >= 3, "too little chaos to prove anything"
+    assert delays, "no worker was killed with a step in flight"
+    assert superseded_finished >= 1, "no stopped worker finished a superseded execution"
+    assert max(delays) <= bound + RECLAIM_SLACK, sorted(delays)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {TABLE}")
