@@ -75,7 +75,7 @@ def _slug(text: str) -> str:
 @pytest.fixture
 def page(browser: Any, live_server: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh browser page (own cookies) whose relative URLs go to the live server."""
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+    context = browser.new_context(base_url=live_server.url, viewport={"width": 1440, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     try:
