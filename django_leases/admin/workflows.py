@@ -7,10 +7,11 @@ attempts still ``running``). Nothing can be added, edited or deleted here.
 Operators — users with the ``django_leases.operate_workflowrun`` permission — get three
 operations, each calling the store's method (``WorkflowRun.objects.resume`` / ``cancel`` /
 ``retry_step``, one transaction each) and leaving a ``LogEntry`` and a message with the
-outcome: **resume** and **cancel** as list actions and as buttons on the run page, and
-**retry step** as a button beside each failed step on the run page. The buttons post (with
-the CSRF token) to ``<run id>/operate/<operation>/``; a user without the permission gets 403
-there and never sees the actions or the buttons.
+outcome: **resume** and **cancel** as list actions and as buttons in the run page's
+"Operate" section, and **retry step** as one "Retry step <name>" button there per failed step.
+Only the operations the run's state allows are offered. The buttons post (with the CSRF
+token) to ``<run id>/operate/<operation>/``; a user without the permission gets 403 there
+and never sees the actions or the buttons.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from django_leases.workflows.store import RunChange, WorkflowRunStateError
 
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
-#: The run-page operations and the ``RunChange`` verb each logs.
+#: The run-page operations (the last path segment of their URLs).
 OPERATIONS = ("resume", "cancel", "retry-step")
 
 
