@@ -99,6 +99,28 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def _die_with_the_tour_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGTERM the child when the tour dies, however the
+    tour dies (SIGKILL included), so no server or worker outlives it; ``None`` elsewhere.
+
+    libc is loaded here, in the tour: the hook runs between fork and exec, where it must not
+    import or allocate (the tour has threads)."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, sigterm)
+
+    return hook
+
+
 class Child:
     """A ``manage.py`` child process whose output goes to a log file."""
 
@@ -114,6 +136,7 @@ class Child:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=_die_with_the_tour_hook(),
         )
         self.pid = self.process.pid
 
@@ -172,6 +195,7 @@ class Tour:
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             input=stdin if stdin is not None else "",
             capture_output=True,
+            preexec_fn=_die_with_the_tour_hook(),
             text=True,
             timeout=120,
         )

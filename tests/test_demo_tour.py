@@ -1,15 +1,19 @@
 """``make demo`` in no-serve mode, as CI runs it: every stage must do what it says.
 
-The tour runs as a subprocess on a fresh SQLite database of its own (whatever database the
-suite runs on), with its own server, workers, singleton job and fake GitHub API.
+The tour runs as a subprocess on a fresh database of its own, of the suite's kind (a SQLite
+file; or a PostgreSQL database created for it on the suite's server), with its own server,
+workers, singleton job and fake GitHub API.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,35 +21,70 @@ from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
-        reason="the tour test runs in the SQLite pass (the tour uses a SQLite file of its own)",
-    ),
-]
+#: Seconds one tour may take (about a minute on an idle machine, several on a busy one).
+TOUR_TIMEOUT = 540
+
+# Two tours per test: pytest-timeout's default (300 s) is too short for a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * TOUR_TIMEOUT + 300)]
 
 
-def run_tour(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+@pytest.fixture
+def database_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database for the tour, of the kind the suite runs on."""
+    default = settings.DATABASES["default"]
+    if default["ENGINE"].endswith("sqlite3"):
+        yield f"sqlite:///{tmp_path / 'demo.sqlite3'}"
+        return
+    import psycopg
+
+    name = "demo_tour" + os.environ.get("DL_TEST_DB_SUFFIX", "")
+    user = default.get("USER") or "postgres"
+    host, port = default.get("HOST") or "127.0.0.1", default.get("PORT") or 5432
+    server = f"host={host} port={port} user={user} dbname=postgres"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgres://{user}@{host}:{port}/{name}"
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_tour(tmp_path: Path, database_url: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
     env.update(
         DEMO_NO_SERVE="1",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        DATABASE_URL=database_url,
         TMPDIR=str(tmp_path),
         PYTHONUNBUFFERED="1",
     )
-    return subprocess.run(
+    tour = subprocess.Popen(
         [sys.executable, "-m", "demo_project.tour"],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
+    try:
+        stdout, stderr = tour.communicate(timeout=TOUR_TIMEOUT)
+    finally:
+        if tour.poll() is None:  # timed out, or the test was interrupted: stop it all
+            tour.send_signal(signal.SIGTERM)  # the tour stops its children
+            try:
+                tour.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                tour.kill()  # its children get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+                tour.communicate()
+    (tmp_path / f"tour-{time.monotonic_ns()}.out").write_text(stdout)
+    return subprocess.CompletedProcess(tour.args, tour.returncode, stdout, stderr)
 
 
-def test_the_tour_does_what_it_says_and_again_on_the_same_database(tmp_path: Path) -> None:
-    done = run_tour(tmp_path)
+def test_the_tour_does_what_it_says_and_again_on_the_same_database(
+    tmp_path: Path, database_url: str
+) -> None:
+    done = run_tour(tmp_path, database_url)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "every stage did what it said" in out
@@ -74,7 +113,7 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(tmp_path: Pat
     # Re-running ``make demo`` keeps working: the admin user exists, the sources are left as
     # the first tour left them, the Stripe events were already received (answered 200 and
     # not processed twice).
-    again = run_tour(tmp_path)
+    again = run_tour(tmp_path, database_url)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "every stage did what it said" in again.stdout
     assert "already received by an earlier tour" in again.stdout

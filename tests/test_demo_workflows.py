@@ -272,3 +272,26 @@ def test_paid_order_refuses_what_is_not_a_paid_order(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         paid_order(event, payload)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "journal/stepexecution",
+        "journal/digest",
+        "previews/previewbuild",
+        "previews/previewcomment",
+        "shop/product",
+        "shop/order",
+        "shop/reservation",
+        "shop/receipt",
+    ],
+)
+def test_the_demo_tables_are_listed_in_the_admin(admin_client: Any, model: str) -> None:
+    push = json.loads((PUSH_SAMPLES / "push-main.json").read_text())
+    start_workflow("build-preview", push)
+    start_workflow("fulfil-order", delivery(STRIPE_SAMPLES / "payment_intent.succeeded.json"))
+    run_all()
+    response = admin_client.get(f"/admin/{model}/")
+    assert response.status_code == 200
+    assert admin_client.get(f"/admin/{model}/add/").status_code in (200, 403)
