@@ -800,6 +800,74 @@ def profile_ours(args: argparse.Namespace) -> None:
         worker.work_once()
     print(f"an idle poll: {len(empty.captured_queries)} statements")
 
+    # Where a run's wall time goes, unit by unit, against what a bare round trip and a bare
+    # thread start + join cost here and now (medians; the machine may be shared).
+    def median_us(action: Any, times: int = 300) -> float:
+        found = []
+        for _ in range(times):
+            began = time.perf_counter()
+            action()
+            found.append(1e6 * (time.perf_counter() - began))
+        return statistics.median(found)
+
+    def round_trip() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+
+    def thread_start_join() -> None:
+        import threading
+
+        thread = threading.Thread(target=lambda: None)
+        thread.start()
+        thread.join()
+
+    rt_us = median_us(round_trip)
+    thread_us = median_us(thread_start_join)
+    units: dict[str, list[tuple[float, int, float]]] = {}
+    for _ in range(args.breakdown_runs):
+        ours.enqueue()
+        while True:
+            with CaptureQueriesContext(connection) as unit:
+                began = time.perf_counter()
+                did = worker.work_once()
+                wall = 1e6 * (time.perf_counter() - began)
+            if not did:
+                break
+            sql = " ".join(q["sql"] for q in unit.captured_queries)
+            kind = (
+                "step"
+                if 'INSERT INTO "django_leases_workflowstepattempt"' in sql
+                else "pass (schedules the step)"
+                if 'INSERT INTO "django_leases_workflowstep"' in sql
+                else "pass (completes the run)"
+                if "'completed'" in sql
+                else "other"
+            )
+            in_sql = 1e6 * sum(float(q["time"]) for q in unit.captured_queries)
+            units.setdefault(kind, []).append((wall, len(unit.captured_queries), in_sql))
+    print(
+        f"\nper unit of work, median of {args.breakdown_runs} runs, one at a time "
+        f"(a bare Django round trip: {rt_us:.0f} µs; a thread start+join: {thread_us:.0f} µs):"
+    )
+    total_wall = 0.0
+    total_statements = 0
+    for kind, found in units.items():
+        wall = statistics.median(w for w, _, _ in found)
+        statements = int(statistics.median(n for _, n, _ in found))
+        in_sql = statistics.median(t for _, _, t in found)
+        total_wall += wall
+        total_statements += statements
+        print(
+            f"  {kind:<28} {statements:3d} statements (incl. BEGIN/COMMIT/SAVEPOINT)  "
+            f"{wall:7.0f} µs wall: {in_sql:7.0f} µs inside the statements "
+            f"(as Django times them), {wall - in_sql:6.0f} µs outside"
+        )
+    print(
+        f"  {'a run, worker side':<28} {total_statements:3d} statements  {total_wall:7.0f} µs wall "
+        f"→ at most {1e6 / total_wall:,.0f} runs/s per worker thread"
+    )
+
     for _ in range(args.tasks):
         ours.enqueue()
     profiler = cProfile.Profile()
@@ -855,6 +923,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a cProfile of --tasks runs",
     )
     parser.add_argument("--profile-top", type=int, default=30)
+    parser.add_argument("--breakdown-runs", type=int, default=50, help="runs timed unit by unit")
     args = parser.parse_args(argv)
     if min(args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples) < 1:
         parser.error("--tasks, --e2e-tasks, --workers, --repeat, --latency-samples must be >= 1")
