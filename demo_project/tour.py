@@ -295,7 +295,11 @@ class Tour:
                 f"port {self.port} is in use: stop whatever listens there (an earlier "
                 "`make demo`?) and run the tour again"
             ) from None
-        server = self.start("server", "runserver", f"127.0.0.1:{self.port}", "--noreload")
+        # --insecure: the demo runs with DEBUG off, so runserver serves the admin's static files
+        # only when asked to (a development server; production serves them otherwise).
+        server = self.start(
+            "server", "runserver", f"127.0.0.1:{self.port}", "--noreload", "--insecure"
+        )
 
         def server_up() -> bool:
             if not server.alive():
