@@ -387,7 +387,7 @@ class Tour:
             raise StageFailed(f"{STRIPE}: enabled={stripe.enabled}, status {stripe.status!r}")
         if signing_secret(STRIPE) != self.stripe_secret:
             raise StageFailed(f"{STRIPE}: the stored signing secret is not the one given")
-        say(f"   {STRIPE}'s signing secret, stored at stage 2, stays stored")
+        say(f"   the signing secret of {STRIPE}, stored at stage 2, is still the one given")
 
     def send(self, source: str, *extra: str, expect: tuple[int, ...] = (202,)) -> list[dict]:
         """Deliver with ``manage.py send_deliveries`` (a separate process, as a provider is)."""
