@@ -88,6 +88,11 @@ class WorkflowStepInline(_ReadOnly, admin.TabularInline):
     )
     readonly_fields = fields
 
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Steps are part of their run: whoever may view the run sees its steps (Django would
+        otherwise also ask for ``view_workflowstep``)."""
+        return request.user.has_perm(f"{WorkflowRun._meta.app_label}.view_workflowrun")
+
     @admin.display(description="result")
     def result_json(self, step: WorkflowStep) -> str:
         return _json(step.result)
