@@ -36,9 +36,9 @@ from django_leases.conf import leases_settings
 from django_leases.validation import ttl_seconds
 from django_leases.workflows.engine import (
     PASS_RETRY_DELAY,
+    drive_run,
     execute_step,
     run_lease_ttl,
-    run_pass,
 )
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
 
@@ -244,6 +244,8 @@ class Worker:
     def work_once(self) -> bool:
         """Do one unit of work on the calling thread: one due pass, else one due step.
 
+        The thread keeps the run it is working on (:func:`drive_run`): a step its pass
+        schedules, it runs at once, and after a step it runs the run's next pass itself.
         Returns ``True`` if there was something to do. Database errors propagate.
         """
         from django_leases.models import WorkflowRun, WorkflowStep
@@ -253,7 +255,7 @@ class Worker:
         alias = self.alias
         picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
         if picked is not None:
-            outcome = run_pass(picked.run_id, using=alias)
+            outcome = self._drive(picked.run_id)
             logger.debug("Run %s: pass %s", picked.run_id, outcome)
             return True
         if self._stop.is_set():
@@ -264,11 +266,27 @@ class Worker:
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
-        outcome = execute_step(claim)
+        going = not self._stop.is_set()
+        outcome = execute_step(claim, hold_pass=run_lease_ttl() if going else None)
         logger.info(
             "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
         )
+        if going and outcome in ("succeeded", "failed"):
+            # The result took the run's next pass for this thread: run it here, or hand it
+            # to the queue (due now) if the worker is stopping meanwhile.
+            if self._stop.is_set():
+                WorkflowRun.objects.db_manager(alias).request_pass(claim.run_id)
+            else:
+                self._drive(claim.run_id)
         return True
+
+    def _drive(self, run_id: object) -> str:
+        return drive_run(
+            run_id,  # type: ignore[arg-type]
+            step_lease_ttl=self.step_lease_ttl,
+            using=self.alias,
+            keep_going=lambda: not self._stop.is_set(),
+        )
 
     def _thread_main(self, once: bool) -> None:
         try:
