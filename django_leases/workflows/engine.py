@@ -30,7 +30,7 @@ from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, WorkflowStepSupersededError
-from django_leases.leases import hold_lease
+from django_leases.leases import _deferred_hold_lease, hold_lease
 from django_leases.renewal import Renewal
 from django_leases.workflows.registry import (
     UnknownWorkflowError,
@@ -257,7 +257,7 @@ def drive_run(
     alias = using or router.db_for_write(WorkflowRun)
     ttl = run_lease_ttl()
     try:
-        with hold_lease(run_lease_key(run_id), ttl=ttl, using=alias) as held:
+        with _deferred_hold_lease(run_lease_key(run_id), ttl=ttl, using=alias) as held:
             while True:
                 held.check()
                 outcome, claim = _replay(run_id, alias, step_lease_ttl if keep_going() else None)
@@ -427,6 +427,7 @@ def execute_step(claim: Claim, *, hold_pass: float | None = None) -> str:
         claim.lease_ttl,
         renew,
         held_since=claim.claimed_at,
+        deferred=True,  # most steps end before their first renewal: no thread for them
     )
     ctx = StepContext(claim, renewal.lost)
     failure: BaseException | None = None
