@@ -170,12 +170,21 @@ class _Holding:
         """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
         handle = self.handle
         assert handle is not None
+        released = False
         try:
             handle._renewal.stop()
             if not body_failed:
                 # The last renewal can be a third of a TTL old: check once more before vouching.
                 try:
-                    held = not handle.lost.is_set() and self._renew()
+                    held: bool | None = None
+                    if handle.lost.is_set():
+                        held = False
+                    elif self._deferred_renewal:
+                        # The check and the release in one statement where the database can.
+                        held = self._objects().release_held(handle.lease)
+                        released = held is not None
+                    if held is None:
+                        held = self._renew()
                 except Exception:
                     logger.warning("Final check of lease %r failed", self.key, exc_info=True)
                     held = False
@@ -183,10 +192,11 @@ class _Holding:
                     handle._renewal.mark_lost("the final check could not vouch for it")
                     raise LeaseLostError(self.key)
         finally:
-            try:
-                self._objects().release(handle.lease)
-            except Exception:
-                logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+            if not released:
+                try:
+                    self._objects().release(handle.lease)
+                except Exception:
+                    logger.warning("Releasing lease %r failed", self.key, exc_info=True)
 
 
 class _Entry:

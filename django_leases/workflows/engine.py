@@ -135,8 +135,11 @@ class RunContext:
         self._using = using
         self._seen: set[str] = set()
         self._claim_ttl = claim_ttl
+        self._pass_requests: int = run.pass_requests
         #: The step this pass scheduled and claimed for its worker (see :func:`drive_run`).
         self.claim: Claim | None = None
+        #: Whether that claim also ended the pass (``finish_pass`` in the same statement).
+        self.pass_finished = False
 
     def step(
         self,
@@ -190,7 +193,9 @@ class RunContext:
                     retries=retries,
                     retry_delay=retry_delay,
                     lease_ttl_seconds=self._claim_ttl,
+                    finish_pass=self._pass_requests,
                 )
+                self.pass_finished = bool(getattr(step, "pass_finished", False))
             self._steps[step_name] = step
         if step.function_name != function_name:
             raise ValueError(
@@ -235,6 +240,7 @@ def drive_run(
     step_lease_ttl: float,
     using: str | None = None,
     keep_going: Callable[[], bool] = lambda: True,
+    run: Any = None,
 ) -> str:
     """Drive run ``run_id`` on the calling thread: its pass, the step that pass schedules,
     the next pass, and so on, all under **one** hold of the run lease ``workflow-run:<id>``.
@@ -249,6 +255,9 @@ def drive_run(
     ordinary rules. Once ``keep_going()`` is false (the worker is stopping) no step is
     claimed and the next pass is handed to the queue (due now).
 
+    ``run``: the run row as the pass claim read it (``PassClaim.run``), which spares the
+    first pass reading it again; ``None`` reads it.
+
     Returns the last pass's outcome (as :func:`run_pass`), or the step's outcome
     (``"suspended"``, ``"superseded"``) when that ended the drive.
     """
@@ -260,7 +269,9 @@ def drive_run(
         with _deferred_hold_lease(run_lease_key(run_id), ttl=ttl, using=alias) as held:
             while True:
                 held.check()
-                outcome, claim = _replay(run_id, alias, step_lease_ttl if keep_going() else None)
+                claim_ttl = step_lease_ttl if keep_going() else None
+                outcome, claim = _replay(run_id, alias, claim_ttl, run)
+                run = None  # later passes read the run afresh
                 if claim is None:
                     return outcome
                 logger.info(
@@ -294,22 +305,23 @@ def drive_run(
 
 
 def _replay(
-    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None = None
+    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None = None, run: Any = None
 ) -> tuple[str, Claim | None]:
     """One pass of the run (the caller holds the run lease). With ``claim_ttl``, a step the
     pass schedules is claimed for the caller (``(outcome, claim)``); else the claim is
-    ``None``."""
-    outcome, ctx = _replay_pass(run_id, alias, claim_ttl)
+    ``None``. ``run``: the run row if the caller just read it with the pass claim."""
+    outcome, ctx = _replay_pass(run_id, alias, claim_ttl, run)
     return outcome, (ctx.claim if ctx is not None else None)
 
 
 def _replay_pass(
-    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None
+    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None, run: Any = None
 ) -> tuple[str, RunContext | None]:
     from django_leases.models import WorkflowRun, WorkflowStep
 
     runs = WorkflowRun.objects.db_manager(alias)
-    run = runs.filter(pk=run_id).first()
+    if run is None:
+        run = runs.filter(pk=run_id).first()
     if run is None or run.status != RunStatus.RUNNING:
         return "not-running", None
     requests = run.pass_requests
@@ -324,7 +336,8 @@ def _replay_pass(
     try:
         output = func(ctx, run.input)
     except _PassEnded:
-        runs.finish_pass(run_id, requests)
+        if not ctx.pass_finished:
+            runs.finish_pass(run_id, requests)
         return "waiting", ctx
     except WorkflowStepFailedError as exc:
         logger.warning("Run %s failed: %s", run_id, exc)

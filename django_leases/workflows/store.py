@@ -85,10 +85,16 @@ class Claim:
 
 @dataclass(frozen=True)
 class PassClaim:
-    """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``)."""
+    """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``).
+
+    ``run``: the picked :class:`~django_leases.models.WorkflowRun` as the pick read it
+    (``id``, ``workflow``, ``status``, ``input``, ``pass_requests`` loaded), where the pick
+    returned it in the same statement (PostgreSQL); else ``None``.
+    """
 
     run_id: uuid.UUID
     using: str
+    run: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,45 @@ class WorkflowRunQuerySet(_Store):
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input")
         alias = self._alias()
+        connection = connections[alias]
+        if connection.vendor == "postgresql":
+            # One statement (atomic on its own, or part of the caller's transaction): the
+            # run, due for its first pass, and the notification (sent when it commits).
+            from django_leases.workflows.wakeup import channel_name
+
+            run = self.model(
+                workflow=workflow,
+                input={} if input is None else input,
+                status=RunStatus.RUNNING,
+                pass_requests=1,
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"""
+                    WITH run AS (
+                        INSERT INTO {self.model._meta.db_table} (
+                            id, workflow, status, input, pass_due_at, pass_requests,
+                            created_at, updated_at
+                        )
+                        VALUES (%s, %s, %s, %s::jsonb, statement_timestamp(), 1,
+                                statement_timestamp(), statement_timestamp())
+                        RETURNING created_at
+                    )
+                    SELECT created_at, pg_notify(%s, '') FROM run
+                    """,
+                    [
+                        run.id,
+                        workflow,
+                        RunStatus.RUNNING.value,
+                        json.dumps(run.input),
+                        channel_name(alias),
+                    ],
+                )
+                created_at = cursor.fetchone()[0]
+            run.created_at = run.updated_at = run.pass_due_at = created_at
+            run._state.adding = False
+            run._state.db = alias
+            return run
         with transaction.atomic(using=alias):
             run = self.model._default_manager.using(alias).create(
                 workflow=workflow,
@@ -419,12 +464,23 @@ class WorkflowRunQuerySet(_Store):
                         LIMIT 1
                         FOR UPDATE SKIP LOCKED
                     ) AND status = %s AND pass_due_at <= statement_timestamp()
-                    RETURNING id
+                    RETURNING id, workflow, status, input::text, pass_requests
                     """,
                     [seconds, RunStatus.RUNNING.value, RunStatus.RUNNING.value],
                 )
                 row = cursor.fetchone()
-            return None if row is None else PassClaim(run_id=parse_run_id(row[0]), using=alias)
+            if row is None:
+                return None
+            run = self.model(
+                id=parse_run_id(row[0]),
+                workflow=row[1],
+                status=row[2],
+                input=json.loads(row[3]),
+                pass_requests=row[4],
+            )
+            run._state.adding = False
+            run._state.db = alias
+            return PassClaim(run_id=run.id, using=alias, run=run)
         with transaction.atomic(using=alias):
             qs = self.model._default_manager.using(alias).filter(
                 status=RunStatus.RUNNING, pass_due_at__lte=Now()
@@ -753,6 +809,7 @@ class WorkflowStepQuerySet(_Store):
         retries: int = 5,
         retry_delay: float = 0.0,
         lease_ttl_seconds: float,
+        finish_pass: int | None = None,
     ) -> tuple[WorkflowStep, Claim | None]:
         """:meth:`schedule`, and claim the step for the caller if this call created it.
 
@@ -767,6 +824,11 @@ class WorkflowStepQuerySet(_Store):
         Returns ``(step, claim)``; ``claim`` is ``None`` when the step already existed, the
         run is not running, or another worker claimed it first. Raises ``ValueError`` as
         :meth:`schedule` does.
+
+        ``finish_pass``: the ``pass_requests`` the calling pass read; with it, a claim on
+        PostgreSQL also ends the pass in the same statement
+        (:meth:`WorkflowRunQuerySet.finish_pass`'s rule), and ``step.pass_finished`` says
+        whether it did (else the caller finishes the pass itself).
         """
         check_identifier(step_name, "Step name")
         check_identifier(function_name, "Step function name")
@@ -779,7 +841,15 @@ class WorkflowStepQuerySet(_Store):
         sent = time.monotonic()
         if connection.vendor == "postgresql":
             step_id = self._insert_claimed_pg(
-                alias, run_id, step_name, function_name, data, retries, retry_delay, seconds
+                alias,
+                run_id,
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                seconds,
+                finish_pass,
             )
             if step_id is None:  # it exists, or the run is not running: the ordinary path
                 return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[
@@ -798,6 +868,7 @@ class WorkflowStepQuerySet(_Store):
             )
             step._state.adding = False
             step._state.db = alias
+            step.pass_finished = finish_pass is not None
             claim = Claim(
                 step_id=step_id,
                 run_id=step.run_id,
@@ -828,12 +899,20 @@ class WorkflowStepQuerySet(_Store):
         retries: int,
         retry_delay: float,
         seconds: float,
+        finish_pass: int | None = None,
     ) -> int | None:
         """PostgreSQL: insert the step ``running`` at attempt 1 with its lease and its attempt
-        row, in one statement, if the run is running and the step does not exist yet.
-        Returns the new step's id, or ``None``."""
+        row, in one statement, if the run is running and the step does not exist yet; with
+        ``finish_pass`` (``pass_requests`` read by the pass), end the pass in it too when the
+        step was inserted. Returns the new step's id, or ``None``."""
         run_model, step_model, attempt_model = _models()
         step_table = step_model._meta.db_table
+        finished = ""
+        if finish_pass is not None:
+            finished = f""", finished AS (
+                UPDATE {run_model._meta.db_table} SET pass_due_at = NULL
+                WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
+            )"""
         sql = f"""
             WITH step AS (
                 INSERT INTO {step_table} (
@@ -850,7 +929,7 @@ class WorkflowStepQuerySet(_Store):
             ), history AS (
                 INSERT INTO {attempt_model._meta.db_table} (step_id, attempt, status, started_at)
                 SELECT id, 1, 'running', statement_timestamp() FROM step
-            )
+            ){finished}
             SELECT id FROM step
         """
         params: list[Any] = [
@@ -862,6 +941,8 @@ class WorkflowStepQuerySet(_Store):
             seconds,
             parse_run_id(run_id),
         ]
+        if finish_pass is not None:
+            params += [parse_run_id(run_id), finish_pass]
         with connections[alias].cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
