@@ -266,8 +266,8 @@ def check_webhook_settings(
                 else "none is stored"
             )
             hint = (
-                f"Store it with django_leases.triggers.credentials.set_secret({name!r}, …) "
-                f'(manage.py trigger_sources), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
+                f"Store it with manage.py trigger_sources set-secret {name} "
+                f'(or credentials.set_secret), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
                 if manual
                 else "Disable and enable the source again: its setup stores a new secret."
             )

@@ -25,7 +25,8 @@ from django_leases.models import Lease, LeaseQuerySet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CYCLES = 50
+CYCLES = 20
+CYCLE_TTL = 1.5
 
 
 def _key() -> str:
@@ -129,15 +130,23 @@ def test_loss_reported_within_ttl_when_renewals_cannot_reconnect() -> None:
 
 
 def _cycle_many(renewals: list[int]) -> None:
+    """Hold and release one key CYCLES times (plus 10 async holds), each hold lasting until
+    its renewal thread has renewed once, so every cycle opened a renewal connection.
+
+    TTL 1.5 s renews every 0.5 s; a cycle waits for its renewal by polling, with a deadline
+    far past the renewal interval, so a loaded machine slows the test down but cannot fail it.
+    """
     key = _key()
     for _ in range(CYCLES):
-        # TTL 0.15 s renews every 0.05 s: each cycle's renewal thread opens a connection.
-        with hold_lease(key, 0.15):
-            time.sleep(0.12)
+        seen = renewals[0]
+        with hold_lease(key, CYCLE_TTL):
+            assert _wait_for(lambda s=seen: renewals[0] > s, 20 * CYCLE_TTL), "no renewal came"
 
     async def async_cycle() -> None:
-        async with ahold_lease(key, 0.15):
-            await _asleep(0.12)
+        seen = renewals[0]
+        async with ahold_lease(key, CYCLE_TTL):
+            while renewals[0] <= seen:
+                await _asleep(0.05)
 
     for _ in range(10):
         async_to_sync(async_cycle)()

@@ -3,6 +3,7 @@
 Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.triggers import webhook_source, StartWorkflow, Delivery
+    from django_leases.triggers import enable, disable, reconcile, teardown, forget
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ _LAZY = {
     "get_declaration": "django_leases.triggers.registry",
     "github_signature": "django_leases.triggers.signatures",
     "verify_github_signature": "django_leases.triggers.signatures",
+    "stripe_signature": "django_leases.triggers.signatures",
+    "verify_stripe_signature": "django_leases.triggers.signatures",
     "UnknownTriggerSourceError": "django_leases.triggers.errors",
+    "reconcile": "django_leases.triggers.lifecycle",
+    "enable": "django_leases.triggers.lifecycle",
+    "disable": "django_leases.triggers.lifecycle",
+    "teardown": "django_leases.triggers.lifecycle",
+    "forget": "django_leases.triggers.lifecycle",
+    "LifecycleResult": "django_leases.triggers.lifecycle",
 }
 
 __all__ = sorted(_LAZY)

@@ -443,7 +443,7 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
         if ok:
             if provider is not None and not provider.manages_registration:
                 message = (
-                    f"Disabled. Remove the webhook you registered by hand at {shown} "
+                    "Disabled. Remove the webhook you registered by hand at the sender "
                     "(its deliveries are refused meanwhile)."
                 )
             else:

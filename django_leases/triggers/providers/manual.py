@@ -69,7 +69,8 @@ class ManualProvider(Provider):
             f"Register a webhook by hand at the sender: POST {where} "
             f"for the events {shown_events}, signed with {SCHEMES[scheme]}. Then store its "
             f"signing secret for source {source.name!r} in the credential store "
-            "(manage.py trigger_sources) or in DJANGO_LEASES['WEBHOOK_SECRETS']."
+            f"(manage.py trigger_sources set-secret {source.name}) or in "
+            "DJANGO_LEASES['WEBHOOK_SECRETS']."
         )
 
     @staticmethod
