@@ -241,6 +241,7 @@ def drive_run(
     using: str | None = None,
     keep_going: Callable[[], bool] = lambda: True,
     run: Any = None,
+    steps: dict[str, Any] | None = None,
 ) -> str:
     """Drive run ``run_id`` on the calling thread: its pass, the step that pass schedules,
     the next pass, and so on, all under **one** hold of the run lease ``workflow-run:<id>``.
@@ -255,8 +256,10 @@ def drive_run(
     ordinary rules. Once ``keep_going()`` is false (the worker is stopping) no step is
     claimed and the next pass is handed to the queue (due now).
 
-    ``run``: the run row as the pass claim read it (``PassClaim.run``), which spares the
-    first pass reading it again; ``None`` reads it.
+    ``run`` and ``steps``: the run row and its steps by name as the pass claim read them
+    (``PassClaim.run`` / ``.steps``), which spares the first pass reading them again;
+    ``None`` reads them. A result recorded while driving hands the next pass the run and
+    steps as that write left them, in the same way.
 
     Returns the last pass's outcome (as :func:`run_pass`), or the step's outcome
     (``"suspended"``, ``"superseded"``) when that ended the drive.
@@ -270,8 +273,8 @@ def drive_run(
             while True:
                 held.check()
                 claim_ttl = step_lease_ttl if keep_going() else None
-                outcome, claim = _replay(run_id, alias, claim_ttl, run)
-                run = None  # later passes read the run afresh
+                outcome, claim = _replay(run_id, alias, claim_ttl, run, steps)
+                run = steps = None
                 if claim is None:
                     return outcome
                 logger.info(
@@ -280,7 +283,9 @@ def drive_run(
                     claim.step_name,
                     claim.attempt,
                 )
-                step_outcome = execute_step(claim, hold_pass=ttl)
+                state: dict[str, Any] = {}
+                step_outcome = execute_step(claim, hold_pass=ttl, pass_state=state)
+                run, steps = state.get("run"), state.get("steps")
                 logger.info(
                     "Run %s: step %r attempt %d %s",
                     claim.run_id,
@@ -305,17 +310,26 @@ def drive_run(
 
 
 def _replay(
-    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None = None, run: Any = None
+    run_id: uuid.UUID | str,
+    alias: str,
+    claim_ttl: float | None = None,
+    run: Any = None,
+    steps: dict[str, Any] | None = None,
 ) -> tuple[str, Claim | None]:
     """One pass of the run (the caller holds the run lease). With ``claim_ttl``, a step the
     pass schedules is claimed for the caller (``(outcome, claim)``); else the claim is
-    ``None``. ``run``: the run row if the caller just read it with the pass claim."""
-    outcome, ctx = _replay_pass(run_id, alias, claim_ttl, run)
+    ``None``. ``run`` / ``steps``: the run row and its steps (by name) if the caller just
+    read them (with the pass claim, or with the step result that took the pass)."""
+    outcome, ctx = _replay_pass(run_id, alias, claim_ttl, run, steps)
     return outcome, (ctx.claim if ctx is not None else None)
 
 
 def _replay_pass(
-    run_id: uuid.UUID | str, alias: str, claim_ttl: float | None, run: Any = None
+    run_id: uuid.UUID | str,
+    alias: str,
+    claim_ttl: float | None,
+    run: Any = None,
+    steps: dict[str, Any] | None = None,
 ) -> tuple[str, RunContext | None]:
     from django_leases.models import WorkflowRun, WorkflowStep
 
@@ -331,7 +345,8 @@ def _replay_pass(
         logger.error("Run %s suspended: %s", run_id, exc)
         runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
         return "suspended", None
-    steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
+    if steps is None:
+        steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
     ctx = RunContext(run, steps, alias, claim_ttl)
     try:
         output = func(ctx, run.input)
@@ -397,7 +412,9 @@ class StepContext:
             raise LeaseLostError(self._key)
 
 
-def execute_step(claim: Claim, *, hold_pass: float | None = None) -> str:
+def execute_step(
+    claim: Claim, *, hold_pass: float | None = None, pass_state: dict[str, Any] | None = None
+) -> str:
     """Run the claimed step's function under its step lease and record the outcome, fenced.
 
     The step lease is renewed every TTL/3 by :class:`~django_leases.renewal.Renewal`, each
@@ -412,7 +429,8 @@ def execute_step(claim: Claim, *, hold_pass: float | None = None) -> str:
 
     ``hold_pass`` (seconds, the run lease's TTL): the caller runs the run's next pass itself
     (:func:`drive_run`); the outcome write takes that pass for it instead of making it due
-    for every worker (see ``set_result``).
+    for every worker (see ``set_result``). ``pass_state``: a dict the result write fills
+    with the run and its steps for that pass, where it can read them in the same statement.
     """
     from django_leases.models import WorkflowStep
 
@@ -468,7 +486,9 @@ def execute_step(claim: Claim, *, hold_pass: float | None = None) -> str:
             return _write_outcome(
                 claim,
                 renewal,
-                lambda: store.set_result(claim.step_id, result, claim.attempt, hold_pass=hold_pass),
+                lambda: store.set_result(
+                    claim.step_id, result, claim.attempt, hold_pass=hold_pass, pass_state=pass_state
+                ),
             )
         error = failure
         return _write_outcome(

@@ -88,13 +88,16 @@ class PassClaim:
     """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``).
 
     ``run``: the picked :class:`~django_leases.models.WorkflowRun` as the pick read it
-    (``id``, ``workflow``, ``status``, ``input``, ``pass_requests`` loaded), where the pick
-    returned it in the same statement (PostgreSQL); else ``None``.
+    (``id``, ``workflow``, ``status``, ``input``, ``pass_requests`` loaded), and ``steps``
+    its steps by name, where the pick returned them in the same statement (PostgreSQL);
+    else ``None``.
     """
 
     run_id: uuid.UUID
     using: str
     run: Any = field(default=None, repr=False, compare=False)
+    #: The run's steps by name, read with ``run`` (else ``None``).
+    steps: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -464,23 +467,15 @@ class WorkflowRunQuerySet(_Store):
                         LIMIT 1
                         FOR UPDATE SKIP LOCKED
                     ) AND status = %s AND pass_due_at <= statement_timestamp()
-                    RETURNING id, workflow, status, input::text, pass_requests
+                    RETURNING {_pass_state_sql(table)}
                     """,
                     [seconds, RunStatus.RUNNING.value, RunStatus.RUNNING.value],
                 )
                 row = cursor.fetchone()
             if row is None:
                 return None
-            run = self.model(
-                id=parse_run_id(row[0]),
-                workflow=row[1],
-                status=row[2],
-                input=json.loads(row[3]),
-                pass_requests=row[4],
-            )
-            run._state.adding = False
-            run._state.db = alias
-            return PassClaim(run_id=run.id, using=alias, run=run)
+            run, steps = _pass_state_from_row(alias, row)
+            return PassClaim(run_id=run.id, using=alias, run=run, steps=steps)
         with transaction.atomic(using=alias):
             qs = self.model._default_manager.using(alias).filter(
                 status=RunStatus.RUNNING, pass_due_at__lte=Now()
@@ -1142,7 +1137,13 @@ class WorkflowStepQuerySet(_Store):
     # -- fenced writes --------------------------------------------------------------------------
 
     def set_result(
-        self, step_id: int, result: Any, attempt: int, *, hold_pass: float | None = None
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        hold_pass: float | None = None,
+        pass_state: dict[str, Any] | None = None,
     ) -> str:
         """Record ``result`` (JSON) for ``attempt`` of the step; returns the step's new status.
 
@@ -1171,7 +1172,7 @@ class WorkflowStepQuerySet(_Store):
             )
         alias = self._alias()
         if connections[alias].vendor == "postgresql":
-            if self._set_result_pg(alias, step_id, result, attempt, hold_pass):
+            if self._set_result_pg(alias, step_id, result, attempt, hold_pass, pass_state):
                 return StepStatus.SUCCEEDED
             # Nothing matched the fence: a repeat of this very write, or a refusal.
             if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
@@ -1196,18 +1197,29 @@ class WorkflowStepQuerySet(_Store):
         return StepStatus.SUCCEEDED
 
     def _set_result_pg(
-        self, alias: str, step_id: int, result: Any, attempt: int, hold_pass: float | None
+        self,
+        alias: str,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        hold_pass: float | None,
+        pass_state: dict[str, Any] | None = None,
     ) -> bool:
         """PostgreSQL: :meth:`set_result`'s writes in one statement (atomic on its own): the
         step through the fence (:meth:`_fence`'s rule: this attempt, still ``running``), its
         attempt row, and the run's pass request (held for the caller with ``hold_pass``,
         else due now with a notification). ``True`` if the fence matched; else nothing was
-        written."""
+        written. With ``hold_pass`` and a ``pass_state`` dict, the run and its steps as this
+        write left them are put in it (``"run"``, ``"steps"``) for the pass that follows."""
         run_model, step_model, attempt_model = _models()
         connection = connections[alias]
         payload = json.dumps(result)
         hold = 0.0 if hold_pass is None else ttl_seconds(hold_pass)
         notify = ", (SELECT pg_notify(%s, '') FROM run) AS woke" if hold_pass is None else ""
+        want_state = hold_pass is not None and pass_state is not None
+        run_table = run_model._meta.db_table
+        returned = _pass_state_sql(run_table) if want_state else "id"
+        state = ", r.* FROM (SELECT 1) AS one LEFT JOIN run AS r ON true" if want_state else ""
         sql = f"""
             WITH step AS (
                 UPDATE {step_model._meta.db_table}
@@ -1224,9 +1236,9 @@ class WorkflowStepQuerySet(_Store):
                 SET pass_due_at = statement_timestamp() + make_interval(secs => %s),
                     pass_requests = pass_requests + 1, updated_at = statement_timestamp()
                 WHERE id IN (SELECT run_id FROM step) AND status = %s
-                RETURNING id
+                RETURNING {returned}
             )
-            SELECT (SELECT count(*) FROM step) AS written{notify}
+            SELECT (SELECT count(*) FROM step) AS written{notify}{state}
         """
         params: list[Any] = [
             StepStatus.SUCCEEDED.value,
@@ -1247,7 +1259,18 @@ class WorkflowStepQuerySet(_Store):
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
-        return bool(row and row[0])
+        written = bool(row and row[0])
+        if written and want_state and row[1] is not None:
+            assert pass_state is not None
+            run, steps = _pass_state_from_row(alias, row[1:])
+            # The steps were read in the statement's snapshot: before its own write.
+            for step in steps.values():
+                if step.pk == step_id:
+                    step.status = StepStatus.SUCCEEDED
+                    step.result = json.loads(payload)
+                    step.error = None
+            pass_state.update(run=run, steps=steps)
+        return written
 
     def set_error(
         self,
@@ -1525,6 +1548,53 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
     if requested and not delay:
         _wake(alias)  # due now (work due later is found by polling)
     return requested
+
+
+def _pass_state_sql(run: str) -> str:
+    """PostgreSQL: what a pass reads, for a ``RETURNING`` or select list over the run table
+    (or alias) ``run``: the run's ``id, workflow, status, input, pass_requests`` and its
+    steps as one JSON array (the fields replay needs), read in the same statement."""
+    _, step_model, _ = _models()
+    fields = ", ".join(
+        f"'{name}', s.{name}"
+        for name in (
+            "id",
+            "step_name",
+            "function_name",
+            "status",
+            "result",
+            "error",
+            "attempt",
+            "retries",
+            "retry_delay",
+        )
+    )
+    return (
+        f"{run}.id, {run}.workflow, {run}.status, {run}.input::text, {run}.pass_requests, "
+        f"(SELECT coalesce(json_agg(json_build_object({fields}) ORDER BY s.id), '[]')::text "
+        f"FROM {step_model._meta.db_table} s WHERE s.run_id = {run}.id)"
+    )
+
+
+def _pass_state_from_row(alias: str, row: Any) -> tuple[WorkflowRun, dict[str, WorkflowStep]]:
+    """The run and its steps (by name) from the columns of :func:`_pass_state_sql`."""
+    run_model, step_model, _ = _models()
+    run = run_model(
+        id=parse_run_id(row[0]),
+        workflow=row[1],
+        status=row[2],
+        input=json.loads(row[3]),
+        pass_requests=row[4],
+    )
+    run._state.adding = False
+    run._state.db = alias
+    steps = {}
+    for values in json.loads(row[5]):
+        step = step_model(run_id=run.id, **values)
+        step._state.adding = False
+        step._state.db = alias
+        steps[step.step_name] = step
+    return run, steps
 
 
 class WorkflowStepAttemptQuerySet(_Store):

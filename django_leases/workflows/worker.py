@@ -255,7 +255,7 @@ class Worker:
         alias = self.alias
         picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
         if picked is not None:
-            outcome = self._drive(picked.run_id, picked.run)
+            outcome = self._drive(picked.run_id, picked.run, picked.steps)
             logger.debug("Run %s: pass %s", picked.run_id, outcome)
             return True
         if self._stop.is_set():
@@ -280,13 +280,14 @@ class Worker:
                 self._drive(claim.run_id)
         return True
 
-    def _drive(self, run_id: object, run: object = None) -> str:
+    def _drive(self, run_id: object, run: object = None, steps: object = None) -> str:
         return drive_run(
             run_id,  # type: ignore[arg-type]
             step_lease_ttl=self.step_lease_ttl,
             using=self.alias,
             keep_going=lambda: not self._stop.is_set(),
             run=run,
+            steps=steps,  # type: ignore[arg-type]
         )
 
     def _thread_main(self, once: bool) -> None:
