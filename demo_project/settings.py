@@ -110,8 +110,9 @@ LOGGING = {
 }
 
 DJANGO_LEASES = {
-    # Walking skeleton: webhook signing secrets by source name (the encrypted credential
-    # store replaces this).
+    # An override of the credential store: github-pushes signs with this secret
+    # (DEMO_GITHUB_WEBHOOK_SECRET changes it) instead of one generated when it is enabled.
+    # stripe-orders' secret is stored encrypted with `trigger_sources set-secret`.
     "WEBHOOK_SECRETS": {
         "github-pushes": env("DEMO_GITHUB_WEBHOOK_SECRET", default="demo-webhook-secret")
     },

@@ -6,18 +6,20 @@ logs; any failure makes the tour exit 1):
 1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
    and create an admin user;
 2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
-   (``github-pushes``, provider ``github``; ``stripe-orders``, provider ``manual``);
+   (``github-pushes``, provider ``github``; ``stripe-orders``, provider ``manual``) and
+   store ``stripe-orders``' signing secret (``trigger_sources set-secret``);
 3. start the demo server, two workflow workers (``run_workflow_worker``) and a singleton job
    under ``manage.py hold_lease`` (with a standby copy waiting for the lease);
 4. enable both sources: ``github-pushes`` registers a hook at the fake GitHub (which pings
-   it), ``stripe-orders`` answers with manual instructions and the operator stores the
-   signing secret Stripe would show;
+   it), ``stripe-orders`` answers with manual instructions (the signing secret Stripe would
+   show was stored at stage 2, before the processes started, so their checks find it);
 5. deliver payloads signed as GitHub and Stripe sign them (``manage.py send_deliveries``) —
    the files under ``../shared/fixtures/`` when that folder exists, else the demo's own
    samples — and wait for the workflow runs they start to complete;
 6. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
    past the step lease, watch the other worker finish the step as attempt 2, SIGCONT the
-   first one and read its refused stale write from the database and its log, then SIGKILL it;
+   first one and read its refused stale write from the database and its log, then SIGKILL it
+   and start a replacement worker (``worker-3``), so two workers run again;
 7. disable ``github-pushes``: the hook is deleted at the fake GitHub, a delivery gets 404;
 8. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
 9. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
@@ -161,6 +163,7 @@ class Tour:
         self.workers: list[Child] = []
         self.run_ids: list[str] = []
         self.summary: dict[str, Any] = {}
+        self.stripe_secret = ""
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -196,7 +199,10 @@ class Tour:
     def run(self) -> int:
         stages = [
             ("Migrate the demo database and create an admin user", self.setup),
-            ("Start a fake GitHub API; reconcile the trigger sources", self.reconcile),
+            (
+                "Start a fake GitHub API; reconcile the trigger sources; store Stripe's secret",
+                self.reconcile,
+            ),
             (
                 "Start the demo server, two workflow workers and a hold_lease singleton job",
                 self.start_processes,
@@ -283,6 +289,11 @@ class Tour:
             if source.enabled:  # left on by an earlier tour: a fresh tour starts switched off
                 self.operate("disable", name)
             say(f"   {name}: declared, provider {source.provider}, off until enabled")
+        # The operator registers the URL in Stripe's dashboard, which shows a signing secret
+        # once; they store it (read from stdin, encrypted in the credential store). Stored
+        # now, before the processes start, so their system checks find it (no W008).
+        self.stripe_secret = f"whsec_demo{uuid.uuid4().hex}"
+        self.operate("set-secret", STRIPE, stdin=self.stripe_secret + "\n")
 
     def start_processes(self) -> None:
         from django_leases.models import Lease
@@ -295,7 +306,11 @@ class Tour:
                 f"port {self.port} is in use: stop whatever listens there (an earlier "
                 "`make demo`?) and run the tour again"
             ) from None
-        server = self.start("server", "runserver", f"127.0.0.1:{self.port}", "--noreload")
+        # --insecure: the demo runs with DEBUG off, so runserver serves the admin's static files
+        # only when asked to (a development server; production serves them otherwise).
+        server = self.start(
+            "server", "runserver", f"127.0.0.1:{self.port}", "--noreload", "--insecure"
+        )
 
         def server_up() -> bool:
             if not server.alive():
@@ -370,12 +385,9 @@ class Tour:
         stripe = TriggerSource.objects.get(name=STRIPE)
         if not stripe.enabled or stripe.status != "manual":
             raise StageFailed(f"{STRIPE}: enabled={stripe.enabled}, status {stripe.status!r}")
-        # The operator registers the URL in Stripe's dashboard, which shows a signing secret
-        # once; they store it (read from stdin, encrypted in the credential store).
-        shown_by_stripe = f"whsec_demo{uuid.uuid4().hex}"
-        self.operate("set-secret", STRIPE, stdin=shown_by_stripe + "\n")
-        if signing_secret(STRIPE) != shown_by_stripe:
+        if signing_secret(STRIPE) != self.stripe_secret:
             raise StageFailed(f"{STRIPE}: the stored signing secret is not the one given")
+        say(f"   {STRIPE}'s signing secret, stored at stage 2, stays stored")
 
     def send(self, source: str, *extra: str, expect: tuple[int, ...] = (202,)) -> list[dict]:
         """Deliver with ``manage.py send_deliveries`` (a separate process, as a provider is)."""
@@ -451,7 +463,11 @@ class Tour:
             f"   {builds.count()} preview builds and {receipts.count()} receipts recorded "
             "(pushes that delete a ref build nothing)"
         )
-        self.summary["deliveries accepted"] = len(push_runs) + len(stripe_runs)
+        self.summary["deliveries accepted (202, each started one of those runs)"] = len(
+            push_runs
+        ) + len(stripe_runs)
+        if earlier_runs:
+            self.summary["deliveries already received by an earlier tour (200)"] = len(earlier_runs)
 
     @staticmethod
     def payment_of(line: dict) -> str:
@@ -469,6 +485,8 @@ class Tour:
         [line] = self.send(GITHUB, str(SLOW_PUSH))
         run_id = line["answer"]["run_id"]
         self.run_ids.append(run_id)
+        accepted = "deliveries accepted (202, each started one of those runs)"
+        self.summary[accepted] = self.summary.get(accepted, 0) + 1
         first = wait_for(
             "the build step's attempt 1 to start",
             lambda: (
@@ -551,7 +569,10 @@ class Tour:
         self.wait_for_runs([run_id])
         replacement = self.start("worker-3", "run_workflow_worker", "--concurrency", "1")
         self.workers = [b, replacement]
-        self.summary["worker paused and killed mid-step"] = a.name
+        say(f"   {replacement.name} (pid {replacement.pid}) started to replace {a.name}")
+        self.summary["worker paused and killed mid-step"] = (
+            f"{a.name}; {replacement.name} replaced it, so two workers run again"
+        )
 
     def pause_quietly(self, child: Child) -> None:
         """SIGSTOP ``child`` at a moment it holds no database transaction open (a paused

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -178,6 +179,26 @@ def test_a_failed_provider_step_exits_2(fake: FakeProvider) -> None:
         _run("trigger_sources", "enable", SOURCE)
     assert caught.value.returncode == 2
     assert (_row().enabled, _row().status) == (True, "failed")
+
+
+def test_the_outcome_is_reported_once_with_switch_and_status(
+    fake: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    lifecycle.reconcile(base_url=BASE)
+    caplog.set_level(logging.INFO, logger="django_leases")
+    fake.fail_setup = "GitHub answered 401"
+    with pytest.raises(CommandError) as caught:
+        _run("trigger_sources", "enable", SOURCE)
+    assert str(caught.value).startswith(f"{SOURCE} (on, status failed): Setup at fake failed")
+    fake.fail_setup = None
+    output = _run("trigger_sources", "enable", SOURCE)
+    assert output.startswith(f"{SOURCE} (on, status registered): Hook ")
+    assert _run("trigger_sources", "disable", SOURCE).startswith(f"{SOURCE} (off): Disabled")
+    # The command printed each outcome; the lifecycle's own record of it was not echoed too.
+    assert not [r for r in caplog.records if SOURCE in r.getMessage()]
+    # Outside the command the lifecycle still logs its outcomes.
+    lifecycle.enable(SOURCE)
+    assert [r for r in caplog.records if f"{SOURCE!r} set up" in r.getMessage()]
 
 
 def test_forget_an_orphan(fake: FakeProvider) -> None:

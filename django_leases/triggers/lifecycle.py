@@ -447,7 +447,7 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
                     "(its deliveries are refused meanwhile)."
                 )
             else:
-                message = f"Disabled; nothing is registered at {shown}."
+                message = f"Disabled; its registration at {shown}, if any, was removed."
             _fenced(
                 held, using, lambda: objects.record(name, status="off", detail=message, state=None)
             )

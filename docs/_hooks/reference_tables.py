@@ -5,6 +5,8 @@
   docstring). A key without a row, or a row without a key, fails the build.
 * ``<!-- checks-table -->`` becomes the table of ids in ``checks.py``'s docstring; an id used
   in the code but missing from the table fails the build.
+* A line ending with ``<!-- unbuilt-note -->`` is for readers of the raw Markdown (on
+  GitHub, where the markers show nothing); the built page drops it.
 """
 
 from __future__ import annotations
@@ -110,7 +112,11 @@ def checks_table() -> str:
 MARKERS = {"<!-- settings-table -->": settings_table, "<!-- checks-table -->": checks_table}
 
 
+UNBUILT_NOTE = re.compile(r"^.*<!-- unbuilt-note -->[ \t]*\n?", re.M)
+
+
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    markdown = UNBUILT_NOTE.sub("", markdown)
     for marker, render in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, render())

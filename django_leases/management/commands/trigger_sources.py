@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -71,6 +74,46 @@ def describe(source: TriggerSource) -> dict[str, Any]:
         "state": source.state,
         "detail": source.detail or "",
     }
+
+
+def outcome(result: lifecycle.LifecycleResult) -> str:
+    """One line for operators: the source, its switch and status afterwards, and the detail
+    (e.g. ``stripe-orders (on, status manual): Register a webhook by hand…``); just the
+    source and the detail once the row is gone."""
+    if result.status is None:
+        return f"{result.name}: {result.detail}"
+    switch = "on" if result.enabled else "off"
+    state = switch if result.status == switch else f"{switch}, status {result.status}"
+    return f"{result.name} ({state}): {result.detail}"
+
+
+class _OutcomeFilter(logging.Filter):
+    """Drops the lifecycle's INFO / WARNING records about one source: the command prints
+    that outcome itself, so a console log handler would otherwise show it twice. Errors
+    (tracebacks of a failed provider call) still pass."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.source = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR or record.module != "lifecycle":
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and args[0] == self.source)
+
+
+@contextmanager
+def _reported_here(name: str) -> Iterator[None]:
+    """While the block runs, the lifecycle's outcome records about ``name`` are left to the
+    command's own output (see :class:`_OutcomeFilter`)."""
+    logger = lifecycle.logger
+    only_once = _OutcomeFilter(name)
+    logger.addFilter(only_once)
+    try:
+        yield
+    finally:
+        logger.removeFilter(only_once)
 
 
 class Command(BaseCommand):
@@ -158,14 +201,15 @@ class Command(BaseCommand):
 
     def _run(self, action: str, name: str, alias: str, wait: float) -> None:
         try:
-            result = _ACTIONS[action](name, using=alias, wait=wait)
+            with _reported_here(name):
+                result = _ACTIONS[action](name, using=alias, wait=wait)
         except lifecycle.SourceBusy as exc:
             raise CommandError(str(exc), returncode=EXIT_BUSY) from None
         except (TriggerSourceError, UnknownTriggerSourceError, LeaseError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         if not result.ok:
-            raise CommandError(str(result), returncode=EXIT_PROVIDER_FAILED)
-        self.stdout.write(str(result))
+            raise CommandError(outcome(result), returncode=EXIT_PROVIDER_FAILED)
+        self.stdout.write(outcome(result))
 
     def _set_secret(self, alias: str, name: str, stdin: Any) -> None:
         from django_leases.triggers import credentials
