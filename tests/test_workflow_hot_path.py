@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_leases.clock import db_now
 from django_leases.models import (
     AttemptStatus,
     RunStatus,
@@ -66,7 +67,12 @@ def test_a_one_step_run_costs_one_statement_to_start_and_six_to_drive() -> None:
     with CaptureQueriesContext(connection) as started:
         run_id = start_workflow("tests.hot-path-one", {})
     assert len(started.captured_queries) == 1, started.captured_queries
-    worker = Worker(1, step_lease_ttl=30)
+    # The worker's look for due steps ahead of new runs (once per poll interval) is spent on
+    # an idle unit of work first, with an interval no test outlasts.
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=None)
+    assert worker.work_once() is False
+    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=db_now())
     with CaptureQueriesContext(connection) as driven:
         assert worker.work_once() is True
     statements = [q["sql"] for q in driven.captured_queries]

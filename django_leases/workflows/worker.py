@@ -117,6 +117,7 @@ class Worker:
         self._progress = 0
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
+        self._steps_first_at = 0.0  # monotonic time of the next look for due steps first
         #: Wake-ups of idle threads (from the listener, and from a thread that found work).
         self.wake = WakeSignal(concurrency)
         #: The LISTEN connection's thread while :meth:`run` runs on PostgreSQL (not in
@@ -248,16 +249,34 @@ class Worker:
         schedules, it runs at once, and after a step it runs the run's next pass itself.
         Returns ``True`` if there was something to do. Database errors propagate.
         """
-        from django_leases.models import WorkflowRun, WorkflowStep
+        from django_leases.models import WorkflowRun
 
         if self._stop.is_set():
             return False
         alias = self.alias
+        # A driven run keeps its thread for all its steps, so due passes (new runs) would
+        # otherwise always come first: once per poll interval a thread looks for a due step
+        # (a lapsed lease first) before taking a new run, which bounds how long a dead
+        # worker's step waits behind a backlog of new runs.
+        with self._lock:
+            steps_first = time.monotonic() >= self._steps_first_at
+            if steps_first:
+                self._steps_first_at = time.monotonic() + self.poll_interval
+        if steps_first and self._run_due_step(alias):
+            return True
         picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
         if picked is not None:
             outcome = self._drive(picked.run_id, picked.run, picked.steps)
             logger.debug("Run %s: pass %s", picked.run_id, outcome)
             return True
+        if self._stop.is_set():
+            return False
+        return self._run_due_step(alias)
+
+    def _run_due_step(self, alias: str) -> bool:
+        """Claim one due step and run it (then drive its run); ``False`` if none is due."""
+        from django_leases.models import WorkflowRun, WorkflowStep
+
         if self._stop.is_set():
             return False
         claim = WorkflowStep.objects.db_manager(alias).claim_due(self.step_lease_ttl)
