@@ -101,6 +101,8 @@ class _Holding:
         holder: str,
         using: str | None,
         on_lost: object = None,
+        *,
+        deferred_renewal: bool = False,
     ) -> None:
         self.key = key
         self.ttl = ttl
@@ -108,6 +110,7 @@ class _Holding:
         self.using = using
         self.handle: LeaseHandle | None = None
         self._on_lost = on_lost
+        self._deferred_renewal = deferred_renewal
 
     def _objects(self) -> LeaseQuerySet:
         from django_leases.models import Lease
@@ -134,7 +137,14 @@ class _Holding:
         lease = self._objects().acquire(self.key, self.holder, self.ttl)
         if lease is None:
             raise LeaseTakenError(self.key)
-        renewal = Renewal(self.key, self.ttl, self._renew, held_since=sent, on_lost=self._lost)
+        renewal = Renewal(
+            self.key,
+            self.ttl,
+            self._renew,
+            held_since=sent,
+            on_lost=self._lost,
+            deferred=self._deferred_renewal,
+        )
         self.handle = LeaseHandle(lease, renewal)
         renewal.start()
         return self.handle
@@ -160,12 +170,21 @@ class _Holding:
         """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
         handle = self.handle
         assert handle is not None
+        released = False
         try:
             handle._renewal.stop()
             if not body_failed:
                 # The last renewal can be a third of a TTL old: check once more before vouching.
                 try:
-                    held = not handle.lost.is_set() and self._renew()
+                    held: bool | None = None
+                    if handle.lost.is_set():
+                        held = False
+                    elif self._deferred_renewal:
+                        # The check and the release in one statement where the database can.
+                        held = self._objects().release_held(handle.lease)
+                        released = held is not None
+                    if held is None:
+                        held = self._renew()
                 except Exception:
                     logger.warning("Final check of lease %r failed", self.key, exc_info=True)
                     held = False
@@ -173,10 +192,11 @@ class _Holding:
                     handle._renewal.mark_lost("the final check could not vouch for it")
                     raise LeaseLostError(self.key)
         finally:
-            try:
-                self._objects().release(handle.lease)
-            except Exception:
-                logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+            if not released:
+                try:
+                    self._objects().release(handle.lease)
+                except Exception:
+                    logger.warning("Releasing lease %r failed", self.key, exc_info=True)
 
 
 class _Entry:
@@ -267,6 +287,9 @@ class hold_lease(ContextDecorator):
         self.using = using
         self._holding: _Holding | None = None
 
+    #: Start the renewal threads only once a first renewal is due (see ``Renewal``).
+    _deferred_renewal = False
+
     def _recreate_cm(self) -> hold_lease:
         # Each decorated call holds the lease afresh.
         return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using)
@@ -282,7 +305,13 @@ class hold_lease(ContextDecorator):
     def __enter__(self) -> LeaseHandle:
         if self._holding is not None:
             raise RuntimeError("hold_lease(...) is not reentrant; create a new one")
-        self._holding = _Holding(self.key, self.ttl, self.holder or new_holder(), self.using)
+        self._holding = _Holding(
+            self.key,
+            self.ttl,
+            self.holder or new_holder(),
+            self.using,
+            deferred_renewal=self._deferred_renewal,
+        )
         try:
             return self._holding.enter()
         except BaseException:
@@ -298,6 +327,14 @@ class hold_lease(ContextDecorator):
         holding, self._holding = self._holding, None
         assert holding is not None
         holding.exit(body_failed=exc_type is not None)
+
+
+class _deferred_hold_lease(hold_lease):
+    """:class:`hold_lease` whose renewal threads start only once a first renewal is due
+    (``Renewal(deferred=True)``): for a hot path that holds many short leases, such as the
+    workflow worker driving runs, where most holds end before their first renewal."""
+
+    _deferred_renewal = True
 
 
 class ahold_lease:

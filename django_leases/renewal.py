@@ -21,7 +21,10 @@ them when it ends; after a failed renewal it closes them too, so the next one re
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +56,12 @@ class Renewal:
             first local deadline is ``held_since + ttl``. Defaults to now.
         on_lost: called once, on a background thread, when the lease is seen lost.
 
+        deferred: start the renewal and deadline threads only once the first renewal is
+            due (``interval`` seconds after :meth:`start`), from the process's one
+            scheduling thread. A unit of work that ends before then (most workflow passes and
+            steps) starts no thread at all, and :meth:`stop` has nothing to wait for. Once
+            started, the threads follow the rules above unchanged.
+
     ``lost`` is a :class:`threading.Event` set when the lease is lost. Call :meth:`start`
     once and :meth:`stop` exactly when done (it is idempotent).
     """
@@ -65,6 +74,7 @@ class Renewal:
         *,
         held_since: float | None = None,
         on_lost: Callable[[], None] | None = None,
+        deferred: bool = False,
     ) -> None:
         self.name = name
         self.ttl = ttl
@@ -83,6 +93,10 @@ class Renewal:
         self._watchdog = threading.Thread(
             target=self._watch_deadline, name=f"lease-deadline:{name}", daemon=True
         )
+        self._deferred = deferred
+        self._threads_lock = threading.Lock()
+        self._threads_started = False
+        self._first_wait = self.interval
 
     @property
     def deadline(self) -> float:
@@ -91,10 +105,22 @@ class Renewal:
             return self._deadline
 
     def start(self) -> Renewal:
-        """Start the renewal and deadline threads; returns ``self``."""
-        self._renewer.start()
-        self._watchdog.start()
+        """Start the renewal and deadline threads (deferred: schedule their start for when the
+        first renewal is due); returns ``self``."""
+        if self._deferred:
+            _SCHEDULE.add(time.monotonic() + self.interval, self)
+        else:
+            self._start_threads(self.interval)
         return self
+
+    def _start_threads(self, first_wait: float) -> None:
+        with self._threads_lock:
+            if self._stopped.is_set() or self._threads_started:
+                return
+            self._threads_started = True
+            self._first_wait = first_wait
+            self._renewer.start()
+            self._watchdog.start()
 
     def stop(self) -> None:
         """Stop renewing, waiting for a renewal in flight to finish. Idempotent.
@@ -104,7 +130,11 @@ class Renewal:
         lost and the hung renewal is left to end on its own. It cannot undo a later release:
         ``refresh`` never extends a released lease.
         """
-        self._stopped.set()
+        with self._threads_lock:
+            self._stopped.set()
+            started = self._threads_started
+        if not started:
+            return  # no renewal ever ran or can run now: nothing to wait for
         with self._cond:
             self._cond.notify_all()
         current = threading.current_thread()
@@ -135,9 +165,11 @@ class Renewal:
 
     def _renew_loop(self) -> None:
         try:
+            wait = self._first_wait
             while not self.lost.is_set():
-                if self._stopped.wait(self.interval):
+                if self._stopped.wait(wait):
                     return
+                wait = self.interval
                 sent = time.monotonic()
                 try:
                     held: bool | None = bool(self._renew())
@@ -175,3 +207,52 @@ class Renewal:
                 conn.close()
             except Exception:
                 logger.debug("closing a renewal connection failed", exc_info=True)
+
+
+class _Schedule:
+    """The process's one scheduling thread for deferred renewals: a heap of
+    ``(when, renewal)`` ordered by when each renewal's first renewal is due. Adding is a
+    push; a stopped renewal is dropped when it comes up (no thread was ever started for it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Renewal]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, when: float, renewal: Renewal) -> None:
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # (again after a fork: threads do not survive it)
+                self._heap = []
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="lease-renewal-schedule", daemon=True
+                )
+                self._thread.start()
+            heapq.heappush(self._heap, (when, next(self._order), renewal))
+            if self._heap[0][2] is renewal:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2]._stopped.is_set():
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    late = time.monotonic() - self._heap[0][0]
+                    if late >= 0:
+                        renewal = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(-late)
+            try:
+                renewal._start_threads(0.0)  # its first renewal is due now
+            except Exception:  # e.g. no thread can be started: the deadline still rules
+                logger.exception("Could not start the renewal of lease %r", renewal.name)
+
+
+_SCHEDULE = _Schedule()

@@ -210,13 +210,15 @@ def test_execute_step_reconnects_and_retries_a_write_that_lost_its_connection(
     real = WorkflowStepQuerySet.set_result
     calls: list[int] = []
 
-    def flaky(self: WorkflowStepQuerySet, step_id: int, result: Any, attempt: int) -> str:
+    def flaky(
+        self: WorkflowStepQuerySet, step_id: int, result: Any, attempt: int, **options: Any
+    ) -> str:
         calls.append(attempt)
         if len(calls) == 1:
             if lands:
-                real(self, step_id, result, attempt)
+                real(self, step_id, result, attempt, **options)
             raise OperationalError("server closed the connection unexpectedly")
-        return real(self, step_id, result, attempt)
+        return real(self, step_id, result, attempt, **options)
 
     monkeypatch.setattr(WorkflowStepQuerySet, "set_result", flaky)
     assert execute_step(claim) == "succeeded"
@@ -233,7 +235,9 @@ def test_a_write_that_keeps_failing_gives_up_at_the_step_lease_deadline(
     run_id, claim = claim_step("x", ttl=1.0)
     calls: list[int] = []
 
-    def down(self: WorkflowStepQuerySet, step_id: int, result: Any, attempt: int) -> str:
+    def down(
+        self: WorkflowStepQuerySet, step_id: int, result: Any, attempt: int, **options: Any
+    ) -> str:
         calls.append(attempt)
         raise OperationalError("database unreachable")
 

@@ -236,6 +236,39 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
             lease_released.send_robust(sender=self.model, lease=lease)
         return bool(released)
 
+    def release_held(self, lease: Lease) -> bool | None:
+        """Release ``lease`` and say whether it was still held up to that moment.
+
+        The final check and the release of a holder that vouches for its body in one round
+        trip: ``True`` when this call released a **live** lease (holder and token match, not
+        released, not lapsed on the database clock); ``False`` when the row matched but had
+        lapsed (it is released all the same, as :meth:`release` would). ``None`` where this
+        takes more than one statement (databases other than PostgreSQL) or when nothing
+        matched (released already, or passed on): the caller checks with :meth:`refresh`
+        and releases with :meth:`release` then. Sends ``lease_released`` as
+        :meth:`release` does. Raises ``ValueError`` when ``lease`` is not a :class:`Lease`.
+        """
+        _check_lease(lease)
+        connection = self._connection()
+        if connection.vendor != "postgresql":
+            return None
+        table = self._table(connection)
+        sql = (
+            f"WITH old AS (SELECT id, expires_at > statement_timestamp() AS live FROM {table} "
+            "WHERE key = %s AND holder = %s AND token = %s AND released_at IS NULL FOR UPDATE) "
+            f"UPDATE {table} AS l SET released_at = statement_timestamp(), "
+            "expires_at = CASE WHEN l.expires_at > statement_timestamp() "
+            "THEN statement_timestamp() ELSE l.expires_at END "
+            "FROM old WHERE l.id = old.id AND l.released_at IS NULL RETURNING old.live"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (lease.key, lease.holder, lease.token))
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        lease_released.send_robust(sender=self.model, lease=lease)
+        return bool(row[0])
+
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
 

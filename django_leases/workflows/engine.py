@@ -30,7 +30,7 @@ from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, WorkflowStepSupersededError
-from django_leases.leases import hold_lease
+from django_leases.leases import _deferred_hold_lease, hold_lease
 from django_leases.renewal import Renewal
 from django_leases.workflows.registry import (
     UnknownWorkflowError,
@@ -125,13 +125,21 @@ class RunContext:
         input: the run's JSON input (also passed as the second argument).
     """
 
-    def __init__(self, run: Any, steps: dict[str, Any], using: str) -> None:
+    def __init__(
+        self, run: Any, steps: dict[str, Any], using: str, claim_ttl: float | None = None
+    ) -> None:
         self.id: uuid.UUID = run.id
         self.workflow: str = run.workflow
         self.input: Any = run.input
         self._steps = steps
         self._using = using
         self._seen: set[str] = set()
+        self._claim_ttl = claim_ttl
+        self._pass_requests: int = run.pass_requests
+        #: The step this pass scheduled and claimed for its worker (see :func:`drive_run`).
+        self.claim: Claim | None = None
+        #: Whether that claim also ended the pass (``finish_pass`` in the same statement).
+        self.pass_finished = False
 
     def step(
         self,
@@ -166,14 +174,28 @@ class RunContext:
         self._seen.add(step_name)
         step = self._steps.get(step_name)
         if step is None:
-            step = WorkflowStep.objects.db_manager(self._using).schedule(
-                self.id,
-                step_name,
-                function_name,
-                data,
-                retries=retries,
-                retry_delay=retry_delay,
-            )
+            store = WorkflowStep.objects.db_manager(self._using)
+            if self._claim_ttl is None:
+                step = store.schedule(
+                    self.id,
+                    step_name,
+                    function_name,
+                    data,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                )
+            else:
+                step, self.claim = store.schedule_claimed(
+                    self.id,
+                    step_name,
+                    function_name,
+                    data,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    lease_ttl_seconds=self._claim_ttl,
+                    finish_pass=self._pass_requests,
+                )
+                self.pass_finished = bool(getattr(step, "pass_finished", False))
             self._steps[step_name] = step
         if step.function_name != function_name:
             raise ValueError(
@@ -201,7 +223,7 @@ def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
     alias = using or router.db_for_write(WorkflowRun)
     try:
         with hold_lease(run_lease_key(run_id), ttl=run_lease_ttl(), using=alias):
-            return _replay(run_id, alias)
+            return _replay(run_id, alias)[0]
     except LeaseTakenError:
         logger.info("Run %s: its lease is taken; another pass in %.0f s", run_id, PASS_RETRY_DELAY)
         WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
@@ -212,27 +234,126 @@ def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
         return "lease-taken"
 
 
-def _replay(run_id: uuid.UUID | str, alias: str) -> str:
+def drive_run(
+    run_id: uuid.UUID | str,
+    *,
+    step_lease_ttl: float,
+    using: str | None = None,
+    keep_going: Callable[[], bool] = lambda: True,
+    run: Any = None,
+    steps: dict[str, Any] | None = None,
+) -> str:
+    """Drive run ``run_id`` on the calling thread: its pass, the step that pass schedules,
+    the next pass, and so on, all under **one** hold of the run lease ``workflow-run:<id>``.
+
+    The caller has taken the run's pass (:meth:`~WorkflowRunQuerySet.claim_due_pass`, or a
+    step result written with ``hold_pass``). A pass that schedules a step due now claims it
+    for this thread at once (``step_lease_ttl`` seconds, see ``schedule_claimed``), runs it
+    with :func:`execute_step`, whose result takes the run's next pass for this thread; that
+    pass runs next. Nothing is handed to the queue while this thread can go on, and no
+    notification is sent for it. Should this thread die, nothing is lost: the step's lease
+    lapses and the held pass becomes due again, and other workers take them over by the
+    ordinary rules. Once ``keep_going()`` is false (the worker is stopping) no step is
+    claimed and the next pass is handed to the queue (due now).
+
+    ``run`` and ``steps``: the run row and its steps by name as the pass claim read them
+    (``PassClaim.run`` / ``.steps``), which spares the first pass reading them again;
+    ``None`` reads them. A result recorded while driving hands the next pass the run and
+    steps as that write left them, in the same way.
+
+    Returns the last pass's outcome (as :func:`run_pass`), or the step's outcome
+    (``"suspended"``, ``"superseded"``) when that ended the drive.
+    """
+    from django_leases.models import WorkflowRun
+
+    alias = using or router.db_for_write(WorkflowRun)
+    ttl = run_lease_ttl()
+    try:
+        with _deferred_hold_lease(run_lease_key(run_id), ttl=ttl, using=alias) as held:
+            while True:
+                held.check()
+                claim_ttl = step_lease_ttl if keep_going() else None
+                outcome, claim = _replay(run_id, alias, claim_ttl, run, steps)
+                run = steps = None
+                if claim is None:
+                    return outcome
+                logger.info(
+                    "Run %s: step %r attempt %d claimed",
+                    claim.run_id,
+                    claim.step_name,
+                    claim.attempt,
+                )
+                state: dict[str, Any] = {}
+                step_outcome = execute_step(claim, hold_pass=ttl, pass_state=state)
+                run, steps = state.get("run"), state.get("steps")
+                logger.info(
+                    "Run %s: step %r attempt %d %s",
+                    claim.run_id,
+                    claim.step_name,
+                    claim.attempt,
+                    step_outcome,
+                )
+                if step_outcome not in ("succeeded", "failed"):
+                    return step_outcome
+                if not keep_going():
+                    # Stopping: the pass the result took for this thread goes to the queue.
+                    WorkflowRun.objects.db_manager(alias).request_pass(run_id)
+                    return "waiting"
+    except LeaseTakenError:
+        logger.info("Run %s: its lease is taken; another pass in %.0f s", run_id, PASS_RETRY_DELAY)
+        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
+        return "lease-taken"
+    except LeaseLostError:
+        logger.warning("Run %s: its lease was lost while driving it; another pass follows", run_id)
+        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
+        return "lease-taken"
+
+
+def _replay(
+    run_id: uuid.UUID | str,
+    alias: str,
+    claim_ttl: float | None = None,
+    run: Any = None,
+    steps: dict[str, Any] | None = None,
+) -> tuple[str, Claim | None]:
+    """One pass of the run (the caller holds the run lease). With ``claim_ttl``, a step the
+    pass schedules is claimed for the caller (``(outcome, claim)``); else the claim is
+    ``None``. ``run`` / ``steps``: the run row and its steps (by name) if the caller just
+    read them (with the pass claim, or with the step result that took the pass)."""
+    outcome, ctx = _replay_pass(run_id, alias, claim_ttl, run, steps)
+    return outcome, (ctx.claim if ctx is not None else None)
+
+
+def _replay_pass(
+    run_id: uuid.UUID | str,
+    alias: str,
+    claim_ttl: float | None,
+    run: Any = None,
+    steps: dict[str, Any] | None = None,
+) -> tuple[str, RunContext | None]:
     from django_leases.models import WorkflowRun, WorkflowStep
 
     runs = WorkflowRun.objects.db_manager(alias)
-    run = runs.filter(pk=run_id).first()
+    if run is None:
+        run = runs.filter(pk=run_id).first()
     if run is None or run.status != RunStatus.RUNNING:
-        return "not-running"
+        return "not-running", None
     requests = run.pass_requests
     try:
         func = get_workflow(run.workflow)
     except UnknownWorkflowError as exc:
         logger.error("Run %s suspended: %s", run_id, exc)
         runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
-        return "suspended"
-    steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
-    ctx = RunContext(run, steps, alias)
+        return "suspended", None
+    if steps is None:
+        steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
+    ctx = RunContext(run, steps, alias, claim_ttl)
     try:
         output = func(ctx, run.input)
     except _PassEnded:
-        runs.finish_pass(run_id, requests)
-        return "waiting"
+        if not ctx.pass_finished:
+            runs.finish_pass(run_id, requests)
+        return "waiting", ctx
     except WorkflowStepFailedError as exc:
         logger.warning("Run %s failed: %s", run_id, exc)
         runs.fail(
@@ -244,7 +365,7 @@ def _replay(run_id: uuid.UUID | str, alias: str) -> str:
                 "step_error": exc.error,
             },
         )
-        return "failed"
+        return "failed", ctx
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
@@ -253,10 +374,14 @@ def _replay(run_id: uuid.UUID | str, alias: str) -> str:
         if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
             error["exception_code"] = error.pop("code")
         runs.fail(run_id, {"code": WORKFLOW_ERROR, **error})
-        return "failed"
-    runs.complete(run_id, output)
-    status = runs.filter(pk=run_id).values_list("status", flat=True).first()
-    return "completed" if status == RunStatus.COMPLETED else "failed"
+        return "failed", ctx
+    try:
+        check_json(output, "Workflow output")
+    except ValueError:
+        runs.complete(run_id, output)  # fails the run with that error
+        return "failed", ctx
+    # A run cancelled meanwhile is not completed (``False``), as before: "failed".
+    return ("completed" if runs.complete(run_id, output) else "failed"), ctx
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -287,7 +412,9 @@ class StepContext:
             raise LeaseLostError(self._key)
 
 
-def execute_step(claim: Claim) -> str:
+def execute_step(
+    claim: Claim, *, hold_pass: float | None = None, pass_state: dict[str, Any] | None = None
+) -> str:
     """Run the claimed step's function under its step lease and record the outcome, fenced.
 
     The step lease is renewed every TTL/3 by :class:`~django_leases.renewal.Renewal`, each
@@ -299,6 +426,11 @@ def execute_step(claim: Claim) -> str:
 
     A :class:`WorkflowStepSupersededError` anywhere ends the dispatch quietly: a warning is
     logged, nothing is written, the run is not suspended, and nothing is raised.
+
+    ``hold_pass`` (seconds, the run lease's TTL): the caller runs the run's next pass itself
+    (:func:`drive_run`); the outcome write takes that pass for it instead of making it due
+    for every worker (see ``set_result``). ``pass_state``: a dict the result write fills
+    with the run and its steps for that pass, where it can read them in the same statement.
     """
     from django_leases.models import WorkflowStep
 
@@ -326,6 +458,7 @@ def execute_step(claim: Claim) -> str:
         claim.lease_ttl,
         renew,
         held_since=claim.claimed_at,
+        deferred=True,  # most steps end before their first renewal: no thread for them
     )
     ctx = StepContext(claim, renewal.lost)
     failure: BaseException | None = None
@@ -351,11 +484,17 @@ def execute_step(claim: Claim) -> str:
     try:
         if failure is None:
             return _write_outcome(
-                claim, renewal, lambda: store.set_result(claim.step_id, result, claim.attempt)
+                claim,
+                renewal,
+                lambda: store.set_result(
+                    claim.step_id, result, claim.attempt, hold_pass=hold_pass, pass_state=pass_state
+                ),
             )
         error = failure
         return _write_outcome(
-            claim, renewal, lambda: store.set_error(claim.step_id, error, claim.attempt)
+            claim,
+            renewal,
+            lambda: store.set_error(claim.step_id, error, claim.attempt, hold_pass=hold_pass),
         )
     except WorkflowStepSupersededError as exc:
         _superseded(claim, exc)
@@ -439,6 +578,7 @@ __all__ = [
     "RunContext",
     "StepContext",
     "WorkflowStepFailedError",
+    "drive_run",
     "execute_step",
     "run_lease_key",
     "run_pass",

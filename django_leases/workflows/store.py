@@ -85,10 +85,19 @@ class Claim:
 
 @dataclass(frozen=True)
 class PassClaim:
-    """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``)."""
+    """A run picked for an orchestration pass: ``run_id`` (``uuid.UUID``).
+
+    ``run``: the picked :class:`~django_leases.models.WorkflowRun` as the pick read it
+    (``id``, ``workflow``, ``status``, ``input``, ``pass_requests`` loaded), and ``steps``
+    its steps by name, where the pick returned them in the same statement (PostgreSQL);
+    else ``None``.
+    """
 
     run_id: uuid.UUID
     using: str
+    run: Any = field(default=None, repr=False, compare=False)
+    #: The run's steps by name, read with ``run`` (else ``None``).
+    steps: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -374,6 +383,45 @@ class WorkflowRunQuerySet(_Store):
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input")
         alias = self._alias()
+        connection = connections[alias]
+        if connection.vendor == "postgresql":
+            # One statement (atomic on its own, or part of the caller's transaction): the
+            # run, due for its first pass, and the notification (sent when it commits).
+            from django_leases.workflows.wakeup import channel_name
+
+            run = self.model(
+                workflow=workflow,
+                input={} if input is None else input,
+                status=RunStatus.RUNNING,
+                pass_requests=1,
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"""
+                    WITH run AS (
+                        INSERT INTO {self.model._meta.db_table} (
+                            id, workflow, status, input, pass_due_at, pass_requests,
+                            created_at, updated_at
+                        )
+                        VALUES (%s, %s, %s, %s::jsonb, statement_timestamp(), 1,
+                                statement_timestamp(), statement_timestamp())
+                        RETURNING created_at
+                    )
+                    SELECT created_at, pg_notify(%s, '') FROM run
+                    """,
+                    [
+                        run.id,
+                        workflow,
+                        RunStatus.RUNNING.value,
+                        json.dumps(run.input),
+                        channel_name(alias),
+                    ],
+                )
+                created_at = cursor.fetchone()[0]
+            run.created_at = run.updated_at = run.pass_due_at = created_at
+            run._state.adding = False
+            run._state.db = alias
+            return run
         with transaction.atomic(using=alias):
             run = self.model._default_manager.using(alias).create(
                 workflow=workflow,
@@ -404,6 +452,30 @@ class WorkflowRunQuerySet(_Store):
         seconds = ttl_seconds(ttl)
         alias = self._alias()
         connection = connections[alias]
+        if connection.vendor == "postgresql":
+            # One statement (autocommit): pick under SKIP LOCKED and push, guarded again.
+            table = self.model._meta.db_table
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"""
+                    UPDATE {table}
+                    SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
+                    WHERE id = (
+                        SELECT id FROM {table}
+                        WHERE status = %s AND pass_due_at <= statement_timestamp()
+                        ORDER BY pass_due_at
+                        LIMIT 1
+                        FOR UPDATE SKIP LOCKED
+                    ) AND status = %s AND pass_due_at <= statement_timestamp()
+                    RETURNING {_pass_state_sql(table)}
+                    """,
+                    [seconds, RunStatus.RUNNING.value, RunStatus.RUNNING.value],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            run, steps = _pass_state_from_row(alias, row)
+            return PassClaim(run_id=run.id, using=alias, run=run, steps=steps)
         with transaction.atomic(using=alias):
             qs = self.model._default_manager.using(alias).filter(
                 status=RunStatus.RUNNING, pass_due_at__lte=Now()
@@ -451,12 +523,12 @@ class WorkflowRunQuerySet(_Store):
         """Clear ``pass_due_at`` unless the run was asked for another pass since ``pass_requests``
         was read. Returns ``True`` if cleared."""
         alias = self._alias()
-        with transaction.atomic(using=alias):
-            return bool(
-                self.model._default_manager.using(alias)
-                .filter(pk=run_id, pass_requests=pass_requests)
-                .update(pass_due_at=None)
-            )
+        # One statement: atomic on its own (autocommit), no transaction around it.
+        return bool(
+            self.model._default_manager.using(alias)
+            .filter(pk=run_id, pass_requests=pass_requests)
+            .update(pass_due_at=None)
+        )
 
     def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
         """Mark a running run ``completed`` with JSON ``output``; ``True`` if it was running.
@@ -493,12 +565,12 @@ class WorkflowRunQuerySet(_Store):
             values["output"] = Value(output, output_field=models.JSONField())
         if status in (RunStatus.COMPLETED, RunStatus.FAILED):
             values["finished_at"] = Now()
-        with transaction.atomic(using=alias):
-            return bool(
-                self.model._default_manager.using(alias)
-                .filter(pk=run_id, status=RunStatus.RUNNING)
-                .update(**values)
-            )
+        # One statement: atomic on its own (autocommit), no transaction around it.
+        return bool(
+            self.model._default_manager.using(alias)
+            .filter(pk=run_id, status=RunStatus.RUNNING)
+            .update(**values)
+        )
 
     # -- operators ------------------------------------------------------------------------------
     #
@@ -688,6 +760,18 @@ class WorkflowStepQuerySet(_Store):
         check_identifier(function_name, "Step function name")
         check_json(data, "Step data")
         retries, retry_delay = check_retries(retries, retry_delay)
+        return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
+
+    def _schedule(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any,
+        retries: int,
+        retry_delay: float,
+    ) -> tuple[WorkflowStep, bool]:
+        """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
         alias = self._alias()
         with transaction.atomic(using=alias):
             step, _created = self.model._default_manager.using(alias).get_or_create(
@@ -708,7 +792,156 @@ class WorkflowStepQuerySet(_Store):
                 f"Step {step_name!r} of run {run_id} was recorded with step function "
                 f"{step.function_name!r}, not {function_name!r}"
             )
-        return step
+        return step, _created
+
+    def schedule_claimed(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+        lease_ttl_seconds: float,
+        finish_pass: int | None = None,
+    ) -> tuple[WorkflowStep, Claim | None]:
+        """:meth:`schedule`, and claim the step for the caller if this call created it.
+
+        For a worker that drives a run itself: the step it schedules is due now, so it runs
+        it straight away instead of leaving it to the queue (no notification is sent). The
+        claim follows :meth:`claim_for_execution`'s rules for a new step — ``running`` at
+        attempt 1 with a ``lease_ttl_seconds`` lease on the database clock, plus its attempt
+        row; if its worker dies, the lease lapses and any worker claims attempt 2. On
+        PostgreSQL creating and claiming is one statement (inserted only while the run is
+        ``running``); elsewhere :meth:`schedule` then :meth:`claim_for_execution`.
+
+        Returns ``(step, claim)``; ``claim`` is ``None`` when the step already existed, the
+        run is not running, or another worker claimed it first. Raises ``ValueError`` as
+        :meth:`schedule` does.
+
+        ``finish_pass``: the ``pass_requests`` the calling pass read; with it, a claim on
+        PostgreSQL also ends the pass in the same statement
+        (:meth:`WorkflowRunQuerySet.finish_pass`'s rule), and ``step.pass_finished`` says
+        whether it did (else the caller finishes the pass itself).
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        check_json(data, "Step data")
+        retries, retry_delay = check_retries(retries, retry_delay)
+        seconds = ttl_seconds(lease_ttl_seconds)
+        alias = self._alias()
+        connection = connections[alias]
+        data = {} if data is None else data
+        sent = time.monotonic()
+        if connection.vendor == "postgresql":
+            step_id = self._insert_claimed_pg(
+                alias,
+                run_id,
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                seconds,
+                finish_pass,
+            )
+            if step_id is None:  # it exists, or the run is not running: the ordinary path
+                return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[
+                    0
+                ], None
+            step = self.model(
+                pk=step_id,
+                run_id=parse_run_id(run_id),
+                step_name=step_name,
+                function_name=function_name,
+                data=data,
+                status=StepStatus.RUNNING,
+                attempt=1,
+                retries=retries,
+                retry_delay=retry_delay,
+            )
+            step._state.adding = False
+            step._state.db = alias
+            step.pass_finished = finish_pass is not None
+            claim = Claim(
+                step_id=step_id,
+                run_id=step.run_id,
+                step_name=step_name,
+                function_name=function_name,
+                attempt=1,
+                data=data,
+                lease_ttl=seconds,
+                claimed_at=sent,
+                using=alias,
+            )
+            return step, claim
+        step, created = self._schedule(run_id, step_name, function_name, data, retries, retry_delay)
+        if not created:
+            return step, None
+        claimed = self.claim_for_execution(run_id, step_name, function_name, seconds)
+        if claimed is not None:
+            step.status = StepStatus.RUNNING
+        return step, claimed
+
+    def _insert_claimed_pg(
+        self,
+        alias: str,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any,
+        retries: int,
+        retry_delay: float,
+        seconds: float,
+        finish_pass: int | None = None,
+    ) -> int | None:
+        """PostgreSQL: insert the step ``running`` at attempt 1 with its lease and its attempt
+        row, in one statement, if the run is running and the step does not exist yet; with
+        ``finish_pass`` (``pass_requests`` read by the pass), end the pass in it too when the
+        step was inserted. Returns the new step's id, or ``None``."""
+        run_model, step_model, attempt_model = _models()
+        step_table = step_model._meta.db_table
+        finished = ""
+        if finish_pass is not None:
+            finished = f""", finished AS (
+                UPDATE {run_model._meta.db_table} SET pass_due_at = NULL
+                WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
+            )"""
+        sql = f"""
+            WITH step AS (
+                INSERT INTO {step_table} (
+                    run_id, step_name, function_name, data, status, attempt, retries,
+                    retry_delay, lease_expires_at, available_at, created_at, updated_at
+                )
+                SELECT r.id, %s, %s, %s::jsonb, 'running', 1, %s, %s,
+                       statement_timestamp() + make_interval(secs => %s),
+                       statement_timestamp(), statement_timestamp(), statement_timestamp()
+                FROM {run_model._meta.db_table} r
+                WHERE r.id = %s AND r.status = 'running'
+                ON CONFLICT (run_id, step_name) DO NOTHING
+                RETURNING id
+            ), history AS (
+                INSERT INTO {attempt_model._meta.db_table} (step_id, attempt, status, started_at)
+                SELECT id, 1, 'running', statement_timestamp() FROM step
+            ){finished}
+            SELECT id FROM step
+        """
+        params: list[Any] = [
+            step_name,
+            function_name,
+            json.dumps(data),
+            retries,
+            retry_delay,
+            seconds,
+            parse_run_id(run_id),
+        ]
+        if finish_pass is not None:
+            params += [parse_run_id(run_id), finish_pass]
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -903,7 +1136,15 @@ class WorkflowStepQuerySet(_Store):
 
     # -- fenced writes --------------------------------------------------------------------------
 
-    def set_result(self, step_id: int, result: Any, attempt: int) -> str:
+    def set_result(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        hold_pass: float | None = None,
+        pass_state: dict[str, Any] | None = None,
+    ) -> str:
         """Record ``result`` (JSON) for ``attempt`` of the step; returns the step's new status.
 
         One conditional ``UPDATE`` on ``attempt`` and ``status = running``; the attempt row
@@ -927,8 +1168,16 @@ class WorkflowStepQuerySet(_Store):
                 step_id,
                 {"code": STEP_RESULT_NOT_JSON, "type": "ValueError", "message": str(exc)},
                 attempt,
+                hold_pass=hold_pass,
             )
         alias = self._alias()
+        if connections[alias].vendor == "postgresql":
+            if self._set_result_pg(alias, step_id, result, attempt, hold_pass, pass_state):
+                return StepStatus.SUCCEEDED
+            # Nothing matched the fence: a repeat of this very write, or a refusal.
+            if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
+                return StepStatus.SUCCEEDED
+            self._refuse(alias, step_id, attempt)
         json_result = Value(result, output_field=models.JSONField())
         with transaction.atomic(using=alias):
             if self._record_outcome(
@@ -944,11 +1193,92 @@ class WorkflowStepQuerySet(_Store):
                 history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
                 repeat_of=(AttemptStatus.SUCCEEDED, result),
             ):
-                _request_pass(alias, Q(steps__pk=step_id))
+                _request_pass(alias, Q(steps__pk=step_id), hold=hold_pass)
         return StepStatus.SUCCEEDED
 
+    def _set_result_pg(
+        self,
+        alias: str,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        hold_pass: float | None,
+        pass_state: dict[str, Any] | None = None,
+    ) -> bool:
+        """PostgreSQL: :meth:`set_result`'s writes in one statement (atomic on its own): the
+        step through the fence (:meth:`_fence`'s rule: this attempt, still ``running``), its
+        attempt row, and the run's pass request (held for the caller with ``hold_pass``,
+        else due now with a notification). ``True`` if the fence matched; else nothing was
+        written. With ``hold_pass`` and a ``pass_state`` dict, the run and its steps as this
+        write left them are put in it (``"run"``, ``"steps"``) for the pass that follows."""
+        run_model, step_model, attempt_model = _models()
+        connection = connections[alias]
+        payload = json.dumps(result)
+        hold = 0.0 if hold_pass is None else ttl_seconds(hold_pass)
+        notify = ", (SELECT pg_notify(%s, '') FROM run) AS woke" if hold_pass is None else ""
+        want_state = hold_pass is not None and pass_state is not None
+        run_table = run_model._meta.db_table
+        returned = _pass_state_sql(run_table) if want_state else "id"
+        state = ", r.* FROM (SELECT 1) AS one LEFT JOIN run AS r ON true" if want_state else ""
+        sql = f"""
+            WITH step AS (
+                UPDATE {step_model._meta.db_table}
+                SET status = %s, result = %s::jsonb, error = NULL, lease_expires_at = NULL,
+                    updated_at = statement_timestamp()
+                WHERE id = %s AND attempt = %s AND status = %s
+                RETURNING id, run_id
+            ), history AS (
+                UPDATE {attempt_model._meta.db_table}
+                SET status = %s, result = %s::jsonb, finished_at = statement_timestamp()
+                WHERE step_id IN (SELECT id FROM step) AND attempt = %s
+            ), run AS (
+                UPDATE {run_model._meta.db_table}
+                SET pass_due_at = statement_timestamp() + make_interval(secs => %s),
+                    pass_requests = pass_requests + 1, updated_at = statement_timestamp()
+                WHERE id IN (SELECT run_id FROM step) AND status = %s
+                RETURNING {returned}
+            )
+            SELECT (SELECT count(*) FROM step) AS written{notify}{state}
+        """
+        params: list[Any] = [
+            StepStatus.SUCCEEDED.value,
+            payload,
+            step_id,
+            attempt,
+            StepStatus.RUNNING.value,
+            AttemptStatus.SUCCEEDED.value,
+            payload,
+            attempt,
+            hold,
+            RunStatus.RUNNING.value,
+        ]
+        if hold_pass is None:
+            from django_leases.workflows.wakeup import channel_name
+
+            params.append(channel_name(alias))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        written = bool(row and row[0])
+        if written and want_state and row[1] is not None:
+            assert pass_state is not None
+            run, steps = _pass_state_from_row(alias, row[1:])
+            # The steps were read in the statement's snapshot: before its own write.
+            for step in steps.values():
+                if step.pk == step_id:
+                    step.status = StepStatus.SUCCEEDED
+                    step.result = json.loads(payload)
+                    step.error = None
+            pass_state.update(run=run, steps=steps)
+        return written
+
     def set_error(
-        self, step_id: int, error: BaseException | Mapping[str, Any] | str, attempt: int
+        self,
+        step_id: int,
+        error: BaseException | Mapping[str, Any] | str,
+        attempt: int,
+        *,
+        hold_pass: float | None = None,
     ) -> str:
         """Record ``error`` for ``attempt`` of the step; returns the step's new status (``failed``).
 
@@ -996,7 +1326,7 @@ class WorkflowStepQuerySet(_Store):
                 )
                 and exhausted
             ):
-                _request_pass(alias, Q(steps__pk=step_id))
+                _request_pass(alias, Q(steps__pk=step_id), hold=hold_pass)
             elif not exhausted and not config["retry_delay"]:
                 _wake(alias)  # the next attempt is due at once
         return StepStatus.FAILED
@@ -1194,13 +1524,18 @@ def _wake(alias: str) -> None:
     notify_work_due(alias)
 
 
-def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
+def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
     """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
 
     Runs inside the caller's transaction (the store methods that finish a step use it so the
-    step's outcome and the run's wake-up commit together).
+    step's outcome and the run's wake-up commit together). ``hold`` (seconds): the caller
+    runs the pass itself straight away, so the pass is taken for it as
+    :meth:`WorkflowRunQuerySet.claim_due_pass` takes one — due only ``hold`` seconds from
+    DB now (when another worker picks it should the caller die) — and nobody is woken.
     """
     run_model, _, _ = _models()
+    if hold is not None:
+        delay = ttl_seconds(hold)
     requested = (
         run_model._default_manager.using(alias)
         .filter(where, status=RunStatus.RUNNING)
@@ -1213,6 +1548,53 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0) -> int:
     if requested and not delay:
         _wake(alias)  # due now (work due later is found by polling)
     return requested
+
+
+def _pass_state_sql(run: str) -> str:
+    """PostgreSQL: what a pass reads, for a ``RETURNING`` or select list over the run table
+    (or alias) ``run``: the run's ``id, workflow, status, input, pass_requests`` and its
+    steps as one JSON array (the fields replay needs), read in the same statement."""
+    _, step_model, _ = _models()
+    fields = ", ".join(
+        f"'{name}', s.{name}"
+        for name in (
+            "id",
+            "step_name",
+            "function_name",
+            "status",
+            "result",
+            "error",
+            "attempt",
+            "retries",
+            "retry_delay",
+        )
+    )
+    return (
+        f"{run}.id, {run}.workflow, {run}.status, {run}.input::text, {run}.pass_requests, "
+        f"(SELECT coalesce(json_agg(json_build_object({fields}) ORDER BY s.id), '[]')::text "
+        f"FROM {step_model._meta.db_table} s WHERE s.run_id = {run}.id)"
+    )
+
+
+def _pass_state_from_row(alias: str, row: Any) -> tuple[WorkflowRun, dict[str, WorkflowStep]]:
+    """The run and its steps (by name) from the columns of :func:`_pass_state_sql`."""
+    run_model, step_model, _ = _models()
+    run = run_model(
+        id=parse_run_id(row[0]),
+        workflow=row[1],
+        status=row[2],
+        input=json.loads(row[3]),
+        pass_requests=row[4],
+    )
+    run._state.adding = False
+    run._state.db = alias
+    steps = {}
+    for values in json.loads(row[5]):
+        step = step_model(run_id=run.id, **values)
+        step._state.adding = False
+        step._state.db = alias
+        steps[step.step_name] = step
+    return run, steps
 
 
 class WorkflowStepAttemptQuerySet(_Store):

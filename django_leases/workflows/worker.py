@@ -36,9 +36,9 @@ from django_leases.conf import leases_settings
 from django_leases.validation import ttl_seconds
 from django_leases.workflows.engine import (
     PASS_RETRY_DELAY,
+    drive_run,
     execute_step,
     run_lease_ttl,
-    run_pass,
 )
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
 
@@ -117,6 +117,7 @@ class Worker:
         self._progress = 0
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
+        self._steps_first_at = 0.0  # monotonic time of the next look for due steps first
         #: Wake-ups of idle threads (from the listener, and from a thread that found work).
         self.wake = WakeSignal(concurrency)
         #: The LISTEN connection's thread while :meth:`run` runs on PostgreSQL (not in
@@ -244,18 +245,38 @@ class Worker:
     def work_once(self) -> bool:
         """Do one unit of work on the calling thread: one due pass, else one due step.
 
+        The thread keeps the run it is working on (:func:`drive_run`): a step its pass
+        schedules, it runs at once, and after a step it runs the run's next pass itself.
         Returns ``True`` if there was something to do. Database errors propagate.
         """
-        from django_leases.models import WorkflowRun, WorkflowStep
+        from django_leases.models import WorkflowRun
 
         if self._stop.is_set():
             return False
         alias = self.alias
+        # A driven run keeps its thread for all its steps, so due passes (new runs) would
+        # otherwise always come first: once per poll interval a thread looks for a due step
+        # (a lapsed lease first) before taking a new run, which bounds how long a dead
+        # worker's step waits behind a backlog of new runs.
+        with self._lock:
+            steps_first = time.monotonic() >= self._steps_first_at
+            if steps_first:
+                self._steps_first_at = time.monotonic() + self.poll_interval
+        if steps_first and self._run_due_step(alias):
+            return True
         picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
         if picked is not None:
-            outcome = run_pass(picked.run_id, using=alias)
+            outcome = self._drive(picked.run_id, picked.run, picked.steps)
             logger.debug("Run %s: pass %s", picked.run_id, outcome)
             return True
+        if self._stop.is_set():
+            return False
+        return self._run_due_step(alias)
+
+    def _run_due_step(self, alias: str) -> bool:
+        """Claim one due step and run it (then drive its run); ``False`` if none is due."""
+        from django_leases.models import WorkflowRun, WorkflowStep
+
         if self._stop.is_set():
             return False
         claim = WorkflowStep.objects.db_manager(alias).claim_due(self.step_lease_ttl)
@@ -264,11 +285,29 @@ class Worker:
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
-        outcome = execute_step(claim)
+        going = not self._stop.is_set()
+        outcome = execute_step(claim, hold_pass=run_lease_ttl() if going else None)
         logger.info(
             "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
         )
+        if going and outcome in ("succeeded", "failed"):
+            # The result took the run's next pass for this thread: run it here, or hand it
+            # to the queue (due now) if the worker is stopping meanwhile.
+            if self._stop.is_set():
+                WorkflowRun.objects.db_manager(alias).request_pass(claim.run_id)
+            else:
+                self._drive(claim.run_id)
         return True
+
+    def _drive(self, run_id: object, run: object = None, steps: object = None) -> str:
+        return drive_run(
+            run_id,  # type: ignore[arg-type]
+            step_lease_ttl=self.step_lease_ttl,
+            using=self.alias,
+            keep_going=lambda: not self._stop.is_set(),
+            run=run,
+            steps=steps,  # type: ignore[arg-type]
+        )
 
     def _thread_main(self, once: bool) -> None:
         try:
