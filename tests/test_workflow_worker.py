@@ -128,6 +128,24 @@ def blocking(run: Any, input: Any) -> Any:
     return run.step("block", "tests.blocks", {})
 
 
+def test_a_second_signal_to_an_idle_worker_abandons_nothing() -> None:
+    """SIGINT then SIGTERM at once (Ctrl-C under a supervisor that also terminates): the
+    idle threads are not "work in flight", so the worker exits 0."""
+    worker = Worker(concurrency=3, poll_interval=5, shutdown_grace=30, step_lease_ttl=30)
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(worker.run(handle_signals=False)))
+    runner.start()
+    try:
+        wait_for("the threads to go idle", lambda: worker.wake.waiting == 3)
+        worker._on_signal(signal.SIGINT, None)
+        worker._on_signal(signal.SIGTERM, None)
+        runner.join(60)
+    finally:
+        worker.stop()
+        runner.join(60)
+    assert codes == [0]
+
+
 def test_a_stopped_worker_gives_up_waiting_after_the_grace_and_says_so() -> None:
     _release.clear()
     _entered.clear()

@@ -146,7 +146,9 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop.is_set():
-            logger.warning("Second %s: not waiting for in-flight work", signal.Signals(signum).name)
+            logger.warning(
+                "Second signal (%s): not waiting for in-flight work", signal.Signals(signum).name
+            )
             self._abandon.set()
             return
         logger.info(
@@ -220,7 +222,11 @@ class Worker:
                     if remaining <= 0:
                         break
                     thread.join(min(remaining, 0.2))
-            stuck = [t.name for t in threads if t.is_alive()]
+            with self._lock:
+                in_flight = self._busy
+            # Threads still alive with nothing in flight are idle ones on their way out (a
+            # second signal can come before they wake): nothing is abandoned.
+            stuck = [t.name for t in threads if t.is_alive()] if in_flight else []
         finally:
             self.wake.interrupt()
             if self.listener is not None:
