@@ -644,18 +644,7 @@ class WorkflowRunQuerySet(_Store):
             )
             fence = step_model._default_manager.db_manager(alias).all()
             for step_id, attempt, _name in running:  # locked above: the fence matches
-                fence._record_outcome(
-                    alias,
-                    step_id,
-                    attempt,
-                    step={
-                        "status": StepStatus.FAILED,
-                        "error": error,
-                        "lease_expires_at": None,
-                        "available_at": None,
-                    },
-                    history={"status": AttemptStatus.FAILED, "error": error},
-                )
+                fence._fail_attempt_for_good(alias, step_id, attempt, error)
             steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
             self.model._default_manager.using(alias).filter(pk=run.pk).update(
                 status=RunStatus.CANCELLED,
@@ -1347,18 +1336,7 @@ class WorkflowStepQuerySet(_Store):
         alias = self._alias()
         run_model, _, _ = _models()
         with transaction.atomic(using=alias):
-            self._record_outcome(
-                alias,
-                step_id,
-                attempt,
-                step={
-                    "status": StepStatus.FAILED,
-                    "error": error,
-                    "lease_expires_at": None,
-                    "available_at": None,
-                },
-                history={"status": AttemptStatus.FAILED, "error": error},
-            )
+            self._fail_attempt_for_good(alias, step_id, attempt, error)
             run_model._default_manager.using(alias).filter(
                 steps__pk=step_id, status=RunStatus.RUNNING
             ).update(status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now())
@@ -1387,6 +1365,24 @@ class WorkflowStepQuerySet(_Store):
         Lease expiry is deliberately not part of it."""
         return self.model._default_manager.using(alias).filter(
             pk=step_id, attempt=attempt, status=StepStatus.RUNNING
+        )
+
+    def _fail_attempt_for_good(
+        self, alias: str, step_id: int, attempt: int, error: dict[str, Any]
+    ) -> bool:
+        """Fail ``attempt`` with ``error`` and no retry due (step and history), through the
+        fence like every outcome; returns what :meth:`_record_outcome` returns."""
+        return self._record_outcome(
+            alias,
+            step_id,
+            attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "lease_expires_at": None,
+                "available_at": None,
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
         )
 
     def _record_outcome(
