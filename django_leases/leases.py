@@ -111,6 +111,7 @@ class _Holding:
         self.handle: LeaseHandle | None = None
         self._on_lost = on_lost
         self._deferred_renewal = deferred_renewal
+        self._released_live: bool | None = None
 
     def _objects(self) -> LeaseQuerySet:
         from django_leases.models import Lease
@@ -137,6 +138,12 @@ class _Holding:
         lease = self._objects().acquire(self.key, self.holder, self.ttl)
         if lease is None:
             raise LeaseTakenError(self.key)
+        return self.adopt(lease, sent)
+
+    def adopt(self, lease: Lease, sent: float) -> LeaseHandle:
+        """Hold ``lease``, granted to this holding's key and holder by a statement that did
+        more than acquire it (``sent``: ``time.monotonic()`` just before that statement was
+        sent): renew it from here on as :meth:`enter` would have."""
         renewal = Renewal(
             self.key,
             self.ttl,
@@ -148,6 +155,12 @@ class _Holding:
         self.handle = LeaseHandle(lease, renewal)
         renewal.start()
         return self.handle
+
+    def released_elsewhere(self, live: bool) -> None:
+        """The lease was released by a statement that did more than release it, and was
+        ``live`` up to that moment: :meth:`exit` only stops renewing, and vouches from
+        ``live`` instead of a final check."""
+        self._released_live = live
 
     def _renew(self) -> bool:
         assert self.handle is not None
@@ -170,10 +183,14 @@ class _Holding:
         """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
         handle = self.handle
         assert handle is not None
-        released = False
+        released = self._released_live is not None
         try:
             handle._renewal.stop()
-            if not body_failed:
+            if released and not body_failed:
+                if not self._released_live:
+                    handle._renewal.mark_lost("it had lapsed when it was released")
+                    raise LeaseLostError(self.key)
+            elif not body_failed:
                 # The last renewal can be a third of a TTL old: check once more before vouching.
                 try:
                     held: bool | None = None
@@ -332,9 +349,40 @@ class hold_lease(ContextDecorator):
 class _deferred_hold_lease(hold_lease):
     """:class:`hold_lease` whose renewal threads start only once a first renewal is due
     (``Renewal(deferred=True)``): for a hot path that holds many short leases, such as the
-    workflow worker driving runs, where most holds end before their first renewal."""
+    workflow worker driving runs, where most holds end before their first renewal.
+
+    ``adopt``: a lease on ``key`` already granted by a statement that did more than acquire
+    it (the worker's pick of a run), with ``sent`` the ``time.monotonic()`` taken just before
+    that statement; it is held from there instead of acquired. :meth:`released_elsewhere`
+    tells the hold that a statement doing more than release it gave the lease back.
+    """
 
     _deferred_renewal = True
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float | timedelta | None = None,
+        *,
+        using: str | None = None,
+        adopt: Lease | None = None,
+        sent: float = 0.0,
+    ) -> None:
+        super().__init__(key, ttl, holder=None if adopt is None else adopt.holder, using=using)
+        self._adopt = adopt
+        self._sent = sent
+
+    def __enter__(self) -> LeaseHandle:
+        if self._adopt is None:
+            return super().__enter__()
+        assert self.holder is not None
+        self._holding = _Holding(self.key, self.ttl, self.holder, self.using, deferred_renewal=True)
+        return self._holding.adopt(self._adopt, self._sent)
+
+    def released_elsewhere(self, live: bool) -> None:
+        """See :meth:`_Holding.released_elsewhere`."""
+        assert self._holding is not None
+        self._holding.released_elsewhere(live)
 
 
 class ahold_lease:

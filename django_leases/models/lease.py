@@ -49,6 +49,56 @@ _RETURNED = (
 )
 
 
+#: The columns an :func:`acquire_statement` returns, in order.
+RETURNED_COLUMNS = _RETURNED
+
+
+def grant_sql(connection: BaseDatabaseWrapper) -> str:
+    """The last five columns of a fresh grant (``token, expires_at, acquired_at,
+    renewed_at, released_at``) for :func:`acquire_statement`'s rows, on the database clock;
+    takes one parameter, the TTL through :func:`~django_leases.clock.seconds_param`."""
+    now = clock.now_sql(connection)
+    return f"1, {clock.now_plus_sql(connection)}, {now}, {now}, NULL"
+
+
+def acquire_statement(connection: BaseDatabaseWrapper, table: str, rows: str) -> str:
+    """The acquire rules (module docstring) as one ``INSERT … ON CONFLICT DO UPDATE … WHERE``
+    over ``rows``: a ``VALUES`` list or ``SELECT`` giving ``key, holder`` followed by
+    :func:`grant_sql`'s columns. It returns the granted rows (``RETURNED_COLUMNS``); a key
+    held live by another holder gives no row. The one place the acquire rule is written for
+    SQL: ``acquire`` uses it, and so does a statement that takes a lease along with other
+    work (the workflow worker's pick of a run, which takes the run lease with it)."""
+    now = clock.now_sql(connection)
+    kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
+    return (
+        f"INSERT INTO {table} AS l "
+        "(key, holder, token, expires_at, acquired_at, renewed_at, released_at) "
+        f"{rows} "
+        "ON CONFLICT (key) DO UPDATE SET "
+        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
+        "holder = excluded.holder, expires_at = excluded.expires_at, "
+        "renewed_at = excluded.renewed_at, released_at = NULL "
+        f"WHERE l.expires_at <= {now} OR l.holder = excluded.holder "
+        f"RETURNING {', '.join(_RETURNED)}"
+    )
+
+
+def release_held_statement(table: str, key_where: str) -> str:
+    """PostgreSQL: :meth:`LeaseQuerySet.release_held` as one statement; ``key_where`` is the
+    condition picking the key (``"key = %s"``, or one that also requires work done in the
+    same statement), followed by two parameters: holder and token. It returns one row,
+    ``live``, when it released the lease."""
+    return (
+        f"WITH old AS (SELECT id, expires_at > statement_timestamp() AS live FROM {table} "
+        f"WHERE {key_where} AND holder = %s AND token = %s AND released_at IS NULL FOR UPDATE) "
+        f"UPDATE {table} AS l SET released_at = statement_timestamp(), "
+        "expires_at = CASE WHEN l.expires_at > statement_timestamp() "
+        "THEN statement_timestamp() ELSE l.expires_at END "
+        "FROM old WHERE l.id = old.id AND l.released_at IS NULL RETURNING old.live"
+    )
+
+
 def _check_lease(lease: object) -> None:
     if not isinstance(lease, Lease):
         raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
@@ -113,27 +163,19 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
     def _acquire_sql(
         self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
     ) -> Lease | None:
-        table = self._table(connection)
-        now = clock.now_sql(connection)
-        later = clock.now_plus_sql(connection)
-        kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
-        sql = (
-            f"INSERT INTO {table} AS l "
-            "(key, holder, token, expires_at, acquired_at, renewed_at, released_at) "
-            f"VALUES (%s, %s, 1, {later}, {now}, {now}, NULL) "
-            "ON CONFLICT (key) DO UPDATE SET "
-            f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
-            f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
-            "holder = excluded.holder, expires_at = excluded.expires_at, "
-            "renewed_at = excluded.renewed_at, released_at = NULL "
-            f"WHERE l.expires_at <= {now} OR l.holder = excluded.holder "
-            f"RETURNING {', '.join(_RETURNED)}"
+        sql = acquire_statement(
+            connection, self._table(connection), f"VALUES (%s, %s, {grant_sql(connection)})"
         )
         params = (key, holder, clock.seconds_param(connection, seconds))
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
+
+    def from_returned(self, connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Lease:
+        """The :class:`Lease` from the columns an :func:`acquire_statement` returned (in
+        ``RETURNED_COLUMNS`` order), e.g. as part of a larger statement's row."""
+        return self._from_row(connection, row)
 
     def _acquire_orm(self, key: str, holder: str, seconds: float) -> Lease | None:
         alias = self._alias()
@@ -252,15 +294,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         connection = self._connection()
         if connection.vendor != "postgresql":
             return None
-        table = self._table(connection)
-        sql = (
-            f"WITH old AS (SELECT id, expires_at > statement_timestamp() AS live FROM {table} "
-            "WHERE key = %s AND holder = %s AND token = %s AND released_at IS NULL FOR UPDATE) "
-            f"UPDATE {table} AS l SET released_at = statement_timestamp(), "
-            "expires_at = CASE WHEN l.expires_at > statement_timestamp() "
-            "THEN statement_timestamp() ELSE l.expires_at END "
-            "FROM old WHERE l.id = old.id AND l.released_at IS NULL RETURNING old.live"
-        )
+        sql = release_held_statement(self._table(connection), "key = %s")
         with connection.cursor() as cursor:
             cursor.execute(sql, (lease.key, lease.holder, lease.token))
             row = cursor.fetchone()
