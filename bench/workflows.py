@@ -13,7 +13,8 @@ own worker command as real processes (``python -m django <command>``, package de
 
 * ``ours``: ``start_workflow("bench-noop")`` of a one-step workflow whose step function does
   nothing; ``run_workflow_worker`` (1 thread per process) runs the first pass, the step, and
-  the pass that completes the run;
+  the pass that completes the run (on PostgreSQL: three statements, the last of which also
+  picks the next run while a backlog lasts);
 * ``django-ox``: a ``django.tasks`` ``@task`` on ``django_ox.backend.OxBackend``, ``ox_worker``;
 * ``procrastinate``: an ``@app.task`` through ``procrastinate.contrib.django``,
   ``procrastinate worker``;
@@ -834,16 +835,8 @@ def profile_ours(args: argparse.Namespace) -> None:
                 wall = 1e6 * (time.perf_counter() - began)
             if not did:
                 break
-            sql = " ".join(q["sql"] for q in unit.captured_queries)
-            kind = (
-                "step"
-                if 'INSERT INTO "django_leases_workflowstepattempt"' in sql
-                else "pass (schedules the step)"
-                if 'INSERT INTO "django_leases_workflowstep"' in sql
-                else "pass (completes the run)"
-                if "'completed'" in sql
-                else "other"
-            )
+            # A worker drives the run it takes: pick, step, completion in one unit of work.
+            kind = "pick + step + completion"
             in_sql = 1e6 * sum(float(q["time"]) for q in unit.captured_queries)
             units.setdefault(kind, []).append((wall, len(unit.captured_queries), in_sql))
     print(

@@ -29,6 +29,9 @@ id                       what it reports
                          lags, so ``current()`` and the admin show stale leases
 ``django_leases.W012``   PostgreSQL above READ COMMITTED: concurrent acquires and renewals raise
                          serialisation errors instead of answering
+``django_leases.W013``   PostgreSQL, migrations applied, but the workflow worker's functions for
+                         this code are missing: the worker sends its statements unplanned-ahead,
+                         slower (a database check: ``check --database``, ``migrate``)
 =======================  ==========================================================================
 """
 
@@ -364,4 +367,43 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
             enabled,
         )
     )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def workflow_functions_check(
+    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W013: on each PostgreSQL database checked that has django-leases' migrations applied,
+    the hot-path functions of the running code (``workflows.pgfunctions``) are installed.
+    Their names carry a hash of their statements: code whose statements changed without a
+    migration that installs them again finds none, and the worker falls back to sending its
+    statements as such."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from django_leases.workflows import pgfunctions
+
+    messages: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        try:
+            applied = MigrationRecorder(connection).applied_migrations()
+            if ("django_leases", pgfunctions.MIGRATION) not in applied:
+                continue  # not migrated yet: migrate installs them
+            ready = pgfunctions.ready(connection)
+        except Exception:  # an unreachable database is reported elsewhere
+            continue
+        if not ready:
+            messages.append(
+                checks.Warning(
+                    f"Database {alias!r}: the workflow worker's PostgreSQL functions for this "
+                    "version of django-leases are not installed; the worker works without "
+                    "them, but slower.",
+                    hint="Run `manage.py migrate`. If no migration is pending, a migration "
+                    "that calls `django_leases.workflows.pgfunctions.install` is missing.",
+                    id="django_leases.W013",
+                )
+            )
     return messages

@@ -1,24 +1,29 @@
-"""The worker keeps the run it drives, and on PostgreSQL each unit is one statement."""
+"""The worker keeps the run it drives; on PostgreSQL a one-step run costs three statements,
+sent as functions (``pgfunctions``) or, where they are missing, as such."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from django_leases.checks import workflow_functions_check
 from django_leases.clock import db_now
+from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import (
     AttemptStatus,
+    Lease,
     RunStatus,
     StepStatus,
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
 )
-from django_leases.workflows import step_function, workflow
-from django_leases.workflows.engine import start_workflow
+from django_leases.workflows import pgfunctions, step_function, workflow
+from django_leases.workflows.engine import run_lease_key, start_workflow
 from django_leases.workflows.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,22 +67,152 @@ def test_one_unit_of_work_drives_a_run_through_all_its_steps() -> None:
     assert worker.work_once() is False, "work was left behind"
 
 
+@pytest.fixture(params=["functions", "statements"])
+def sent_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """PostgreSQL's hot path with its functions (``pgfunctions``, installed by the
+    migrations) and without them (the statements sent as such, as code whose functions are
+    not installed does)."""
+    if request.param == "statements":
+        monkeypatch.setattr(pgfunctions, "ready", lambda connection: False)
+    else:
+        assert pgfunctions.ready(connection), "the migrations did not install the functions"
+    return str(request.param)
+
+
+def _spend_steps_first(worker: Worker, run_ids: list[Any]) -> None:
+    """The worker's look for due steps ahead of new runs (once per poll interval) is spent
+    on an idle unit of work, with an interval no test outlasts."""
+    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=None)
+    assert worker.work_once() is False
+    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=db_now())
+
+
 @pytest.mark.postgres_only
-def test_a_one_step_run_costs_one_statement_to_start_and_six_to_drive() -> None:
+def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive(sent_as: str) -> None:
     with CaptureQueriesContext(connection) as started:
         run_id = start_workflow("tests.hot-path-one", {})
     assert len(started.captured_queries) == 1, started.captured_queries
-    # The worker's look for due steps ahead of new runs (once per poll interval) is spent on
-    # an idle unit of work first, with an interval no test outlasts.
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=None)
-    assert worker.work_once() is False
-    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=db_now())
+    _spend_steps_first(worker, [run_id])
     with CaptureQueriesContext(connection) as driven:
         assert worker.work_once() is True
     statements = [q["sql"] for q in driven.captured_queries]
-    # pass claim (+ run and steps), run lease, step insert+claim (+ end of pass),
-    # result (+ next pass, run and steps), completion, run lease check+release.
-    assert len(statements) == 6, statements
+    # pass claim (+ run and steps, + run lease), step insert+claim (+ end of pass),
+    # result + completion + run lease release (+ the next pass, none here).
+    assert len(statements) == 3, statements
     assert not any(sql.strip().upper() in ("BEGIN", "COMMIT") for sql in statements)
+    called = [sql for sql in statements if sql.startswith("SELECT * FROM dl_")]
+    assert len(called) == (2 if sent_as == "functions" else 0), statements
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": 1, "attempt": 1})
+    lease = Lease.objects.with_state().get(key=run_lease_key(run_id))
+    assert lease.state == "released"
+    attempt = WorkflowStepAttempt.objects.get(step__run_id=run_id)
+    assert (attempt.status, attempt.result) == (AttemptStatus.SUCCEEDED, {"n": 1, "attempt": 1})
+
+
+@pytest.mark.postgres_only
+def test_a_completion_picks_the_next_run_in_the_same_statement(sent_as: str) -> None:
+    run_ids = [start_workflow("tests.hot-path-one", {}) for _ in range(3)]
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, run_ids)
+    with CaptureQueriesContext(connection) as driven:
+        assert worker.work_once() is True
+    # One pick, then per run: the step, and the completion that picks the next run.
+    assert len(driven.captured_queries) == 1 + 2 * 3, driven.captured_queries
+    statuses = set(WorkflowRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
+    assert statuses == {RunStatus.COMPLETED}
+    keys = [run_lease_key(run_id) for run_id in run_ids]
+    states = set(Lease.objects.with_state().filter(key__in=keys).values_list("state", flat=True))
+    assert states == {"released"}
+    assert worker.work_once() is False, "work was left behind"
+
+
+@pytest.mark.postgres_only
+def test_a_pick_that_finds_the_run_lease_taken_retries_the_pass_later(sent_as: str) -> None:
+    run_id = start_workflow("tests.hot-path-one", {})
+    other = Lease.objects.acquire(run_lease_key(run_id), "someone-else", 30)
+    assert other is not None
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, [run_id])
+    assert worker.work_once() is True
+    assert not WorkflowStep.objects.filter(run_id=run_id).exists(), "ran without the lease"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.RUNNING and run.pass_due_at is not None
+    assert worker.work_once() is False, "the pass is retried about a second later, not now"
+    assert Lease.objects.get(key=run_lease_key(run_id)).holder == "someone-else"
+    Lease.objects.release(other)
+    WorkflowRun.objects.filter(pk=run_id).update(pass_due_at=db_now())
+    assert worker.work_once() is True
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+
+
+def _claimed_run() -> tuple[Any, Any, Any]:
+    """A run picked with its lease, its one step claimed as attempt 1: (pick, claim, lease)."""
+    run_id = start_workflow("tests.hot-path-one", {})
+    picked = WorkflowRun.objects.claim_due_pass(30, lease_holder="test-holder")
+    assert picked is not None and picked.run_id == run_id and picked.lease is not None
+    _, claim = WorkflowStep.objects.schedule_claimed(
+        run_id, "only", "tests.hot-path", {"n": 1}, lease_ttl_seconds=30, finish_pass=1
+    )
+    assert claim is not None
+    return picked, claim, picked.lease
+
+
+@pytest.mark.postgres_only
+def test_a_completion_for_a_superseded_attempt_writes_nothing(sent_as: str) -> None:
+    _, claim, lease = _claimed_run()
+    WorkflowStep.objects.filter(pk=claim.step_id).update(
+        lease_expires_at=db_now() - timedelta(seconds=1)
+    )
+    again = WorkflowStep.objects.claim_for_execution(claim.run_id, "only", "tests.hot-path", 30)
+    assert again is not None and again.attempt == 2
+    done = WorkflowStep.objects.set_result_completing_run(
+        claim.step_id, {"stale": True}, 1, output={"stale": True}, lease=lease
+    )
+    assert done is not None
+    assert (done.written, done.completed, done.lease_live) == (False, False, None)
+    run = WorkflowRun.objects.get(pk=claim.run_id)
+    assert run.status == RunStatus.RUNNING and run.output is None
+    step = WorkflowStep.objects.get(pk=claim.step_id)
+    assert (step.status, step.attempt, step.result) == (StepStatus.RUNNING, 2, None)
+    assert [a.status for a in WorkflowStep.objects.history(claim.run_id)] == ["running"] * 2
+    assert Lease.objects.current(run_lease_key(claim.run_id)) is not None, "released anyway"
+    with pytest.raises(WorkflowStepSupersededError):
+        WorkflowStep.objects.set_result(claim.step_id, {"stale": True}, 1)
+
+
+@pytest.mark.postgres_only
+def test_a_completion_says_when_the_run_lease_had_lapsed(sent_as: str) -> None:
+    _, claim, lease = _claimed_run()
+    Lease.objects.filter(pk=lease.pk).update(expires_at=db_now() - timedelta(seconds=1))
+    done = WorkflowStep.objects.set_result_completing_run(
+        claim.step_id, {"n": 1}, 1, output=[1], lease=lease
+    )
+    assert done is not None
+    assert (done.written, done.completed, done.lease_live) == (True, True, False)
+    run = WorkflowRun.objects.get(pk=claim.run_id)
+    assert (run.status, run.output, run.pass_due_at) == (RunStatus.COMPLETED, [1], None)
+    assert Lease.objects.with_state().get(pk=lease.pk).state == "released"
+
+
+@pytest.mark.postgres_only
+def test_the_check_names_missing_functions() -> None:
+    assert workflow_functions_check(databases=["default"]) == []
+    name, _ = pgfunctions.definitions(connection)[pgfunctions.COMPLETE_RUN.short]
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER FUNCTION {name} RENAME TO {name}_old")
+    pgfunctions._installed.clear()
+    try:
+        assert [m.id for m in workflow_functions_check(databases=["default"])] == [
+            "django_leases.W013"
+        ]
+        # The worker goes on without them.
+        run_id = start_workflow("tests.hot-path-one", {})
+        assert Worker(1, step_lease_ttl=30).work_once() is True
+        assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP FUNCTION {name}_old")
+        pgfunctions.install(connection)
+    assert workflow_functions_check(databases=["default"]) == []

@@ -19,6 +19,8 @@ but before the result is recorded).
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 import threading
 import time
@@ -30,7 +32,7 @@ from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, WorkflowStepSupersededError
-from django_leases.leases import _deferred_hold_lease, hold_lease
+from django_leases.leases import LeaseHandle, _deferred_hold_lease, hold_lease, new_holder
 from django_leases.renewal import Renewal
 from django_leases.workflows.registry import (
     UnknownWorkflowError,
@@ -46,6 +48,7 @@ from django_leases.workflows.states import (
 )
 from django_leases.workflows.store import (
     Claim,
+    PassClaim,
     WorkflowStepCancelledError,
     check_json,
     check_retries,
@@ -126,7 +129,13 @@ class RunContext:
     """
 
     def __init__(
-        self, run: Any, steps: dict[str, Any], using: str, claim_ttl: float | None = None
+        self,
+        run: Any,
+        steps: dict[str, Any],
+        using: str,
+        claim_ttl: float | None = None,
+        *,
+        dry: bool = False,
     ) -> None:
         self.id: uuid.UUID = run.id
         self.workflow: str = run.workflow
@@ -140,6 +149,11 @@ class RunContext:
         self.claim: Claim | None = None
         #: Whether that claim also ended the pass (``finish_pass`` in the same statement).
         self.pass_finished = False
+        #: The run row and the steps (by name) this pass read or wrote.
+        self.run = run
+        self.steps = steps
+        #: A dry pass writes nothing: it ends at the first step not succeeded yet.
+        self._dry = dry
 
     def step(
         self,
@@ -173,6 +187,8 @@ class RunContext:
             raise ValueError(f"Step name {step_name!r} is used twice in run {self.id}")
         self._seen.add(step_name)
         step = self._steps.get(step_name)
+        if step is None and self._dry:
+            raise _PassEnded
         if step is None:
             store = WorkflowStep.objects.db_manager(self._using)
             if self._claim_ttl is None:
@@ -240,8 +256,8 @@ def drive_run(
     step_lease_ttl: float,
     using: str | None = None,
     keep_going: Callable[[], bool] = lambda: True,
-    run: Any = None,
-    steps: dict[str, Any] | None = None,
+    picked: PassClaim | None = None,
+    next_passes: list[PassClaim] | None = None,
 ) -> str:
     """Drive run ``run_id`` on the calling thread: its pass, the step that pass schedules,
     the next pass, and so on, all under **one** hold of the run lease ``workflow-run:<id>``.
@@ -256,10 +272,19 @@ def drive_run(
     ordinary rules. Once ``keep_going()`` is false (the worker is stopping) no step is
     claimed and the next pass is handed to the queue (due now).
 
-    ``run`` and ``steps``: the run row and its steps by name as the pass claim read them
-    (``PassClaim.run`` / ``.steps``), which spares the first pass reading them again;
-    ``None`` reads them. A result recorded while driving hands the next pass the run and
-    steps as that write left them, in the same way.
+    When a step succeeds, the run is first replayed in memory with its result (a dry pass,
+    which writes nothing). If the workflow then returns, the result, the run's completion
+    and the release of the run lease are one statement on PostgreSQL
+    (``set_result_completing_run``, fenced like any result); otherwise, or where that
+    statement does not exist, the result is written and the next pass runs as above.
+
+    ``picked``: the pass claim that picked the run: its run row and steps (read with the
+    pick, which spares the first pass reading them again) and the run lease when the pick
+    took it (``PassClaim.lease``, held from there; a pick that found the lease taken is
+    treated as a pass that finds it taken). ``None``: read them, take the lease here.
+
+    ``next_passes``: a list; a completion statement sent while ``keep_going()`` also picks
+    the next due pass with its lease and appends it there, for the caller to drive next.
 
     Returns the last pass's outcome (as :func:`run_pass`), or the step's outcome
     (``"suspended"``, ``"superseded"``) when that ended the drive.
@@ -268,14 +293,22 @@ def drive_run(
 
     alias = using or router.db_for_write(WorkflowRun)
     ttl = run_lease_ttl()
+    run = steps = lease = None
+    sent = 0.0
+    if picked is not None:
+        run, steps, lease, sent = picked.run, picked.steps, picked.lease, picked.sent
+    hold = _deferred_hold_lease(run_lease_key(run_id), ttl=ttl, using=alias, adopt=lease, sent=sent)
     try:
-        with _deferred_hold_lease(run_lease_key(run_id), ttl=ttl, using=alias) as held:
+        if picked is not None and picked.lease_refused:
+            raise LeaseTakenError(run_lease_key(run_id))
+        with hold as held:
             while True:
                 held.check()
                 claim_ttl = step_lease_ttl if keep_going() else None
-                outcome, claim = _replay(run_id, alias, claim_ttl, run, steps)
+                outcome, ctx = _replay_pass(run_id, alias, claim_ttl, run, steps)
                 run = steps = None
-                if claim is None:
+                claim = None if ctx is None else ctx.claim
+                if ctx is None or claim is None:
                     return outcome
                 logger.info(
                     "Run %s: step %r attempt %d claimed",
@@ -284,7 +317,12 @@ def drive_run(
                     claim.attempt,
                 )
                 state: dict[str, Any] = {}
-                step_outcome = execute_step(claim, hold_pass=ttl, pass_state=state)
+                finish = None
+                if connections[alias].vendor == "postgresql":  # see set_result_completing_run
+                    finish = _Completion(
+                        ctx, claim, hold, held, state, next_passes, keep_going, ttl
+                    )
+                step_outcome = execute_step(claim, hold_pass=ttl, pass_state=state, finish=finish)
                 run, steps = state.get("run"), state.get("steps")
                 logger.info(
                     "Run %s: step %r attempt %d %s",
@@ -293,6 +331,8 @@ def drive_run(
                     claim.attempt,
                     step_outcome,
                 )
+                if "outcome" in state:  # the result completed the run in the same statement
+                    return str(state["outcome"])
                 if step_outcome not in ("succeeded", "failed"):
                     return step_outcome
                 if not keep_going():
@@ -307,6 +347,90 @@ def drive_run(
         logger.warning("Run %s: its lease was lost while driving it; another pass follows", run_id)
         WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
         return "lease-taken"
+
+
+class _Completion:
+    """:func:`drive_run`'s ``finish`` for :func:`execute_step`: given the step's result,
+    replay the run dry; if the workflow returns, write the result, the run's completion
+    and the run lease's release in one statement (``set_result_completing_run``).
+    Returns ``"succeeded"`` when that statement wrote the result, else ``None`` (the
+    caller writes the result the ordinary way)."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        claim: Claim,
+        hold: _deferred_hold_lease,
+        held: LeaseHandle,
+        state: dict[str, Any],
+        next_passes: list[PassClaim] | None,
+        keep_going: Callable[[], bool],
+        ttl: float,
+    ) -> None:
+        self.ctx = ctx
+        self.claim = claim
+        self.hold = hold
+        self.held = held
+        self.state = state
+        self.next_passes = next_passes
+        self.keep_going = keep_going
+        self.ttl = ttl
+
+    def __call__(self, result: Any) -> str | None:
+        from django_leases.models import WorkflowStep
+
+        found, output = _dry_replay(self.ctx, self.claim.step_name, result)
+        if not found:
+            return None
+        want_next = self.next_passes is not None and self.keep_going()
+        done = WorkflowStep.objects.db_manager(self.claim.using).set_result_completing_run(
+            self.claim.step_id,
+            result,
+            self.claim.attempt,
+            output=output,
+            lease=self.held.lease,
+            next_pass_holder=new_holder() if want_next else None,
+            next_pass_ttl=self.ttl,
+        )
+        if done is None:
+            return None
+        if done.next_pass is not None:
+            assert self.next_passes is not None
+            self.next_passes.append(done.next_pass)
+        if not done.written:
+            return None
+        if done.lease_live is not None:
+            self.hold.released_elsewhere(done.lease_live)
+        # A run no longer running was not completed: "failed", as a pass would say.
+        self.state["outcome"] = "completed" if done.completed else "failed"
+        return StepStatus.SUCCEEDED.value
+
+
+def _dry_replay(ctx: RunContext, step_name: str, result: Any) -> tuple[bool, Any]:
+    """Replay the run of ``ctx`` in memory as if step ``step_name`` had just succeeded with
+    ``result``, writing nothing. ``(True, output)`` when the workflow returns JSON
+    ``output``; ``(False, None)`` when it does anything else (asks for a step not run yet,
+    raises, returns something not JSON), which the ordinary pass handles for real."""
+    try:
+        check_json(result, "Step result")
+        func = get_workflow(ctx.workflow)
+    except (ValueError, UnknownWorkflowError):
+        return False, None
+    steps = dict(ctx.steps)
+    step = copy.copy(steps[step_name])
+    step.status = StepStatus.SUCCEEDED
+    step.result = json.loads(json.dumps(result))  # as a pass would read it back
+    step.error = None
+    steps[step_name] = step
+    dry = RunContext(ctx.run, steps, ctx._using, dry=True)
+    try:
+        output = func(dry, ctx.run.input)
+        check_json(output, "Workflow output")
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return False, None
+    return True, output
 
 
 def _replay(
@@ -413,7 +537,11 @@ class StepContext:
 
 
 def execute_step(
-    claim: Claim, *, hold_pass: float | None = None, pass_state: dict[str, Any] | None = None
+    claim: Claim,
+    *,
+    hold_pass: float | None = None,
+    pass_state: dict[str, Any] | None = None,
+    finish: Callable[[Any], str | None] | None = None,
 ) -> str:
     """Run the claimed step's function under its step lease and record the outcome, fenced.
 
@@ -483,13 +611,17 @@ def execute_step(
         )
     try:
         if failure is None:
-            return _write_outcome(
-                claim,
-                renewal,
-                lambda: store.set_result(
+
+            def write_result() -> str:
+                if finish is not None:
+                    finished = finish(result)
+                    if finished is not None:
+                        return finished
+                return store.set_result(
                     claim.step_id, result, claim.attempt, hold_pass=hold_pass, pass_state=pass_state
-                ),
-            )
+                )
+
+            return _write_outcome(claim, renewal, write_result)
         error = failure
         return _write_outcome(
             claim,

@@ -98,6 +98,32 @@ class PassClaim:
     run: Any = field(default=None, repr=False, compare=False)
     #: The run's steps by name, read with ``run`` (else ``None``).
     steps: Any = field(default=None, repr=False, compare=False)
+    #: The run lease taken with the pick (``lease_holder`` given), else ``None``.
+    lease: Any = field(default=None, repr=False, compare=False)
+    #: ``time.monotonic()`` just before the pick was sent (the lease's local deadline start).
+    sent: float = field(default=0.0, repr=False, compare=False)
+    #: The pick asked for the run lease and another holder had it live.
+    lease_refused: bool = field(default=False, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RunCompletion:
+    """What :meth:`WorkflowStepQuerySet.set_result_completing_run` did.
+
+    Attributes:
+        written: the step's fence matched and its result was recorded (``bool``); when
+            ``False`` nothing else was written either.
+        completed: the run was ``running`` and is now ``completed`` (``bool``).
+        lease_live: the run lease was released and had been live up to then (``True``),
+            released but lapsed already (``False``), or not released (``None``: the fence
+            refused, or the lease had passed on).
+        next_pass: the next due pass picked with its lease, when asked for (else ``None``).
+    """
+
+    written: bool
+    completed: bool
+    lease_live: bool | None
+    next_pass: PassClaim | None = None
 
 
 @dataclass(frozen=True)
@@ -441,41 +467,34 @@ class WorkflowRunQuerySet(_Store):
         with transaction.atomic(using=alias):
             return bool(_request_pass(alias, Q(pk=run_id), delay))
 
-    def claim_due_pass(self, ttl: float) -> PassClaim | None:
+    def claim_due_pass(self, ttl: float, lease_holder: str | None = None) -> PassClaim | None:
         """Pick one running run whose pass is due (``pass_due_at <= DB now``), or ``None``.
 
         The pick pushes ``pass_due_at`` to DB now + ``ttl`` seconds in the same transaction:
         no other worker picks the run meanwhile, and if this worker dies before the pass
         ends, the run is picked again after ``ttl``. On PostgreSQL the row is picked with
         ``SELECT … FOR UPDATE SKIP LOCKED`` so concurrent workers pick different runs.
+
+        ``lease_holder`` (PostgreSQL): also take the run lease ``workflow-run:<id>`` for
+        that holder for ``ttl`` seconds in the same statement (the acquire rule of
+        ``Lease.objects.acquire``, ``lease_acquired`` is sent); ``PassClaim.lease`` is the
+        granted lease, or ``None`` when another holder has it live (the caller then asks
+        for the pass again later, as a pass that finds the lease taken does). Elsewhere
+        the argument is ignored and the caller takes the lease itself.
         """
         seconds = ttl_seconds(ttl)
         alias = self._alias()
         connection = connections[alias]
         if connection.vendor == "postgresql":
-            # One statement (autocommit): pick under SKIP LOCKED and push, guarded again.
-            table = self.model._meta.db_table
+            sent = time.monotonic()
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"""
-                    UPDATE {table}
-                    SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
-                    WHERE id = (
-                        SELECT id FROM {table}
-                        WHERE status = %s AND pass_due_at <= statement_timestamp()
-                        ORDER BY pass_due_at
-                        LIMIT 1
-                        FOR UPDATE SKIP LOCKED
-                    ) AND status = %s AND pass_due_at <= statement_timestamp()
-                    RETURNING {_pass_state_sql(table)}
-                    """,
-                    [seconds, RunStatus.RUNNING.value, RunStatus.RUNNING.value],
+                    *_pick_pass_sql(connection, self.model._meta.db_table, seconds, lease_holder)
                 )
                 row = cursor.fetchone()
             if row is None:
                 return None
-            run, steps = _pass_state_from_row(alias, row)
-            return PassClaim(run_id=run.id, using=alias, run=run, steps=steps)
+            return _pass_claim_from_row(alias, row, lease_holder, sent)
         with transaction.atomic(using=alias):
             qs = self.model._default_manager.using(alias).filter(
                 status=RunStatus.RUNNING, pass_due_at__lte=Now()
@@ -889,48 +908,26 @@ class WorkflowStepQuerySet(_Store):
         row, in one statement, if the run is running and the step does not exist yet; with
         ``finish_pass`` (``pass_requests`` read by the pass), end the pass in it too when the
         step was inserted. Returns the new step's id, or ``None``."""
-        run_model, step_model, attempt_model = _models()
-        step_table = step_model._meta.db_table
-        finished = ""
-        if finish_pass is not None:
-            finished = f""", finished AS (
-                UPDATE {run_model._meta.db_table} SET pass_due_at = NULL
-                WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
-            )"""
-        sql = f"""
-            WITH step AS (
-                INSERT INTO {step_table} (
-                    run_id, step_name, function_name, data, status, attempt, retries,
-                    retry_delay, lease_expires_at, available_at, created_at, updated_at
-                )
-                SELECT r.id, %s, %s, %s::jsonb, 'running', 1, %s, %s,
-                       statement_timestamp() + make_interval(secs => %s),
-                       statement_timestamp(), statement_timestamp(), statement_timestamp()
-                FROM {run_model._meta.db_table} r
-                WHERE r.id = %s AND r.status = 'running'
-                ON CONFLICT (run_id, step_name) DO NOTHING
-                RETURNING id
-            ), history AS (
-                INSERT INTO {attempt_model._meta.db_table} (step_id, attempt, status, started_at)
-                SELECT id, 1, 'running', statement_timestamp() FROM step
-            ){finished}
-            SELECT id FROM step
-        """
-        params: list[Any] = [
+        from django_leases.workflows import pgfunctions
+
+        args = (
+            parse_run_id(run_id),
             step_name,
             function_name,
             json.dumps(data),
             retries,
             retry_delay,
             seconds,
-            parse_run_id(run_id),
-        ]
-        if finish_pass is not None:
-            params += [parse_run_id(run_id), finish_pass]
-        with connections[alias].cursor() as cursor:
-            cursor.execute(sql, params)
+            finish_pass,
+        )
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            if finish_pass is not None and pgfunctions.ready(connection):
+                cursor.execute(pgfunctions.call(pgfunctions.INSERT_CLAIMED, connection), args)
+            else:
+                cursor.execute(*_insert_claimed_sql(*args))
             row = cursor.fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None or row[0] is None else int(row[0])
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -1200,7 +1197,7 @@ class WorkflowStepQuerySet(_Store):
         else due now with a notification). ``True`` if the fence matched; else nothing was
         written. With ``hold_pass`` and a ``pass_state`` dict, the run and its steps as this
         write left them are put in it (``"run"``, ``"steps"``) for the pass that follows."""
-        run_model, step_model, attempt_model = _models()
+        run_model, _, _ = _models()
         connection = connections[alias]
         payload = json.dumps(result)
         hold = 0.0 if hold_pass is None else ttl_seconds(hold_pass)
@@ -1209,38 +1206,18 @@ class WorkflowStepQuerySet(_Store):
         run_table = run_model._meta.db_table
         returned = _pass_state_sql(run_table) if want_state else "id"
         state = ", r.* FROM (SELECT 1) AS one LEFT JOIN run AS r ON true" if want_state else ""
+        written_ctes, params = _result_ctes(step_id, payload, attempt)
         sql = f"""
-            WITH step AS (
-                UPDATE {step_model._meta.db_table}
-                SET status = %s, result = %s::jsonb, error = NULL, lease_expires_at = NULL,
-                    updated_at = statement_timestamp()
-                WHERE id = %s AND attempt = %s AND status = %s
-                RETURNING id, run_id
-            ), history AS (
-                UPDATE {attempt_model._meta.db_table}
-                SET status = %s, result = %s::jsonb, finished_at = statement_timestamp()
-                WHERE step_id IN (SELECT id FROM step) AND attempt = %s
-            ), run AS (
-                UPDATE {run_model._meta.db_table}
+            WITH {written_ctes}, run AS (
+                UPDATE {run_table}
                 SET pass_due_at = statement_timestamp() + make_interval(secs => %s),
                     pass_requests = pass_requests + 1, updated_at = statement_timestamp()
-                WHERE id IN (SELECT run_id FROM step) AND status = %s
+                WHERE id = (SELECT run_id FROM step) AND status = %s
                 RETURNING {returned}
             )
             SELECT (SELECT count(*) FROM step) AS written{notify}{state}
         """
-        params: list[Any] = [
-            StepStatus.SUCCEEDED.value,
-            payload,
-            step_id,
-            attempt,
-            StepStatus.RUNNING.value,
-            AttemptStatus.SUCCEEDED.value,
-            payload,
-            attempt,
-            hold,
-            RunStatus.RUNNING.value,
-        ]
+        params += [hold, RunStatus.RUNNING.value]
         if hold_pass is None:
             from django_leases.workflows.wakeup import channel_name
 
@@ -1260,6 +1237,80 @@ class WorkflowStepQuerySet(_Store):
                     step.error = None
             pass_state.update(run=run, steps=steps)
         return written
+
+    def set_result_completing_run(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        output: Any,
+        lease: Any,
+        next_pass_holder: str | None = None,
+        next_pass_ttl: float = 30.0,
+    ) -> RunCompletion | None:
+        """PostgreSQL: record ``result`` (JSON) for ``attempt`` of the step **and** complete
+        its run with ``output`` (JSON) **and** release the run lease ``lease`` (a
+        :class:`~django_leases.models.Lease` held by the caller), in one statement.
+
+        For the worker that drives the run: it replayed the run with this result in memory
+        and the workflow returned ``output``, so the pass that would follow the result is
+        already known. Everything is conditional on the step's fence (this attempt, still
+        ``running``, as :meth:`set_result`): when it refuses, nothing is written, the lease
+        is not released, and the caller goes the ordinary way (:meth:`set_result`, which
+        raises or recognises a repeat). The run is completed only while it is ``running``.
+
+        ``next_pass_holder``: also pick the next due pass with its run lease for that
+        holder (``next_pass_ttl`` seconds), as :meth:`WorkflowRunQuerySet.claim_due_pass`
+        does, in the same statement; it is picked whatever the fence said.
+
+        Returns a :class:`RunCompletion`, or ``None`` on other databases (nothing done: use
+        :meth:`set_result`). Raises ``ValueError`` for a bad attempt or non-JSON ``result``
+        or ``output`` (nothing written).
+        """
+        from django_leases.models import Lease
+        from django_leases.signals import lease_released
+
+        _check_attempt(attempt)
+        check_json(result, "Step result")
+        check_json(output, "Workflow output")
+        alias = self._alias()
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            return None
+        from django_leases.workflows import pgfunctions
+
+        args = (
+            step_id,
+            json.dumps(result),
+            attempt,
+            json.dumps(output),
+            lease.key,
+            lease.holder,
+            lease.token,
+            next_pass_holder,
+            ttl_seconds(next_pass_ttl),
+        )
+        sent = time.monotonic()
+        with connection.cursor() as cursor:
+            if pgfunctions.ready(connection):
+                cursor.execute(pgfunctions.call(pgfunctions.COMPLETE_RUN, connection), args)
+            else:
+                cursor.execute(*_completion_sql(connection, *args))
+            row = cursor.fetchone()
+        next_pass = None
+        if next_pass_holder is not None and row[_COMPLETION_COLUMNS] is not None:
+            next_pass = _pass_claim_from_row(
+                alias, row[_COMPLETION_COLUMNS:], next_pass_holder, sent
+            )
+        if row[2] is not None:
+            lease_released.send_robust(sender=Lease, lease=lease)
+        return RunCompletion(
+            written=bool(row[0]),
+            completed=bool(row[1]),
+            lease_live=None if row[2] is None else bool(row[2]),
+            next_pass=next_pass,
+        )
 
     def set_error(
         self,
@@ -1544,6 +1595,236 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
     if requested and not delay:
         _wake(alias)  # due now (work due later is found by polling)
     return requested
+
+
+class Arg:
+    """A placeholder's value that is a PL/pgSQL function's argument (by ``name``) instead of
+    a value: the SQL builders below take either, so one builder gives both the statement
+    sent as such and the body of the function that caches its plan (see ``pgfunctions``)."""
+
+    def __init__(self, name: str, sql_type: str) -> None:
+        self.name = name
+        self.sql_type = sql_type
+
+
+def _insert_claimed_sql(
+    run_id: Any,
+    step_name: Any,
+    function_name: Any,
+    data: Any,
+    retries: Any,
+    retry_delay: Any,
+    seconds: Any,
+    finish_pass: Any,
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: :meth:`WorkflowStepQuerySet._insert_claimed_pg`'s statement (``data`` as
+    JSON text; ``finish_pass`` ``None`` leaves the pass alone) and its parameters."""
+    run_model, step_model, attempt_model = _models()
+    run_table = run_model._meta.db_table
+    finished = ""
+    if finish_pass is not None:
+        finished = f""", finished AS (
+            UPDATE {run_table} SET pass_due_at = NULL
+            WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
+        )"""
+    sql = f"""
+        WITH step AS (
+            INSERT INTO {step_model._meta.db_table} (
+                run_id, step_name, function_name, data, status, attempt, retries,
+                retry_delay, lease_expires_at, available_at, created_at, updated_at
+            )
+            SELECT r.id, %s, %s, %s::jsonb, %s, 1, %s, %s,
+                   statement_timestamp() + make_interval(secs => %s),
+                   statement_timestamp(), statement_timestamp(), statement_timestamp()
+            FROM {run_table} r
+            WHERE r.id = %s AND r.status = %s
+            ON CONFLICT (run_id, step_name) DO NOTHING
+            RETURNING id
+        ), history AS (
+            INSERT INTO {attempt_model._meta.db_table} (step_id, attempt, status, started_at)
+            SELECT id, 1, %s, statement_timestamp() FROM step
+        ){finished}
+        SELECT id FROM step
+    """
+    params: list[Any] = [
+        step_name,
+        function_name,
+        data,
+        StepStatus.RUNNING.value,
+        retries,
+        retry_delay,
+        seconds,
+        run_id,
+        RunStatus.RUNNING.value,
+        AttemptStatus.RUNNING.value,
+    ]
+    if finish_pass is not None:
+        params += [run_id, finish_pass]
+    return sql, params
+
+
+def _completion_sql(
+    connection: Any,
+    step_id: Any,
+    payload: Any,
+    attempt: Any,
+    output: Any,
+    key: Any,
+    holder: Any,
+    token: Any,
+    next_holder: Any,
+    next_ttl: Any,
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: :meth:`WorkflowStepQuerySet.set_result_completing_run`'s statement
+    (``payload`` and ``output`` as JSON text; the lease by ``key``, ``holder``, ``token``;
+    ``next_holder`` ``None`` picks no next pass) and its parameters. Its row: written,
+    completed, live (``_COMPLETION_COLUMNS``), then :func:`_pick_pass_ctes`' columns."""
+    from django_leases.models import Lease
+    from django_leases.models.lease import release_held_statement
+
+    run_model, _, _ = _models()
+    run_table = run_model._meta.db_table
+    written_ctes, params = _result_ctes(step_id, payload, attempt)
+    release = release_held_statement(
+        connection.ops.quote_name(Lease._meta.db_table),
+        "key = %s AND EXISTS (SELECT 1 FROM step)",
+    )
+    ctes = f"""{written_ctes}, done AS (
+        UPDATE {run_table}
+        SET status = %s, output = %s::jsonb, error = NULL, pass_due_at = NULL,
+            updated_at = statement_timestamp(), finished_at = statement_timestamp()
+        WHERE id = (SELECT run_id FROM step) AND status = %s
+        RETURNING id
+    ), released AS ({release})"""
+    params += [
+        RunStatus.COMPLETED.value,
+        output,
+        RunStatus.RUNNING.value,
+        key,
+        holder,
+        token,
+    ]
+    columns = (
+        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released)"
+    )
+    joined = "(SELECT 1) AS one"
+    if next_holder is not None:
+        pick, pick_params, pick_columns, pick_joined = _pick_pass_ctes(
+            connection, run_table, next_ttl, next_holder
+        )
+        ctes += f", {pick}"
+        params += pick_params
+        columns += f", {pick_columns}"
+        joined += f" LEFT JOIN ({pick_joined}) ON true"
+    return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+#: Columns of a :func:`_completion_sql` row before the next pass's.
+_COMPLETION_COLUMNS = 3
+
+
+def _result_ctes(step_id: int, payload: str, attempt: int) -> tuple[str, list[Any]]:
+    """PostgreSQL: a step's result ``payload`` (JSON text) written through the fence
+    (:meth:`WorkflowStepQuerySet._fence`'s rule: this ``attempt``, still ``running``) and on
+    its attempt row, as CTEs ``step`` (the written step's ``id, run_id``; empty when the
+    fence refused) and ``history``, with their parameters. Nothing else in the statement
+    may land when ``step`` is empty: later CTEs test it."""
+    _, step_model, attempt_model = _models()
+    sql = f"""step AS (
+        UPDATE {step_model._meta.db_table}
+        SET status = %s, result = %s::jsonb, error = NULL, lease_expires_at = NULL,
+            updated_at = statement_timestamp()
+        WHERE id = %s AND attempt = %s AND status = %s
+        RETURNING id, run_id
+    ), history AS (
+        UPDATE {attempt_model._meta.db_table}
+        SET status = %s, result = %s::jsonb, finished_at = statement_timestamp()
+        WHERE step_id = (SELECT id FROM step) AND attempt = %s
+    )"""
+    params: list[Any] = [
+        StepStatus.SUCCEEDED.value,
+        payload,
+        step_id,
+        attempt,
+        StepStatus.RUNNING.value,
+        AttemptStatus.SUCCEEDED.value,
+        payload,
+        attempt,
+    ]
+    return sql, params
+
+
+def _pick_pass_ctes(
+    connection: Any, run_table: str, seconds: Any, lease_holder: Any
+) -> tuple[str, list[Any], str, str]:
+    """PostgreSQL: the pick of :meth:`WorkflowRunQuerySet.claim_due_pass` as CTEs for a
+    statement of its own or a larger one: ``picked`` (the run and its pass state, see
+    :func:`_pass_state_sql`) and, with ``lease_holder``, ``granted`` (the run lease, taken by
+    ``Lease``'s acquire rule). Returns ``(ctes, params, columns, joined)``: what goes after
+    ``SELECT`` and what goes after ``FROM`` to read them (``picked.*`` then ``granted.*``)."""
+    from django_leases.models import Lease
+    from django_leases.models.lease import acquire_statement, grant_sql
+    from django_leases.workflows.engine import run_lease_key
+
+    # Where the holder is a function's argument, a NULL one picks nothing.
+    guard = " AND %s::text IS NOT NULL" if isinstance(lease_holder, Arg) else ""
+    ctes = f"""picked AS (
+        UPDATE {run_table}
+        SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
+        WHERE id = (
+            SELECT id FROM {run_table}
+            WHERE status = %s AND pass_due_at <= statement_timestamp(){guard}
+            ORDER BY pass_due_at
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AND status = %s AND pass_due_at <= statement_timestamp()
+        RETURNING {_pass_state_sql(run_table)}
+    )"""
+    params: list[Any] = [seconds, RunStatus.RUNNING.value]
+    if guard:
+        params.append(lease_holder)
+    params.append(RunStatus.RUNNING.value)
+    if lease_holder is None:
+        return ctes, params, "picked.*", "picked"
+    lease_table = connection.ops.quote_name(Lease._meta.db_table)
+    rows = f"SELECT %s || picked.id::text, %s, {grant_sql(connection)} FROM picked"
+    ctes += f", granted AS ({acquire_statement(connection, lease_table, rows)})"
+    params += [run_lease_key(""), lease_holder, seconds]
+    return ctes, params, "picked.*, granted.*", "picked LEFT JOIN granted ON true"
+
+
+def _pick_pass_sql(
+    connection: Any, run_table: str, seconds: float, lease_holder: str | None
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: :func:`_pick_pass_ctes` as a statement of its own."""
+    ctes, params, columns, joined = _pick_pass_ctes(connection, run_table, seconds, lease_holder)
+    return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+#: Columns of the pass state in a row read through :func:`_pick_pass_ctes`.
+_PASS_STATE_COLUMNS = 6
+
+
+def _pass_claim_from_row(alias: str, row: Any, lease_holder: str | None, sent: float) -> PassClaim:
+    """The :class:`PassClaim` from a row of :func:`_pick_pass_ctes`' columns."""
+    from django_leases.models import Lease
+    from django_leases.signals import lease_acquired
+
+    run, steps = _pass_state_from_row(alias, row[:_PASS_STATE_COLUMNS])
+    lease = None
+    if lease_holder is not None and row[_PASS_STATE_COLUMNS] is not None:
+        leases = Lease.objects.db_manager(alias)
+        lease = leases.from_returned(connections[alias], row[_PASS_STATE_COLUMNS:])
+        lease_acquired.send_robust(sender=Lease, lease=lease)
+    return PassClaim(
+        run_id=run.id,
+        using=alias,
+        run=run,
+        steps=steps,
+        lease=lease,
+        sent=sent,
+        lease_refused=lease_holder is not None and lease is None,
+    )
 
 
 def _pass_state_sql(run: str) -> str:

@@ -28,11 +28,13 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from types import FrameType
 
 from django.db import close_old_connections, connections, router
 
 from django_leases.conf import leases_settings
+from django_leases.leases import new_holder
 from django_leases.validation import ttl_seconds
 from django_leases.workflows.engine import (
     PASS_RETRY_DELAY,
@@ -40,6 +42,7 @@ from django_leases.workflows.engine import (
     execute_step,
     run_lease_ttl,
 )
+from django_leases.workflows.store import PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
 
 logger = logging.getLogger("django_leases.worker")
@@ -270,10 +273,16 @@ class Worker:
                 self._steps_first_at = time.monotonic() + self.poll_interval
         if steps_first and self._run_due_step(alias):
             return True
-        picked = WorkflowRun.objects.db_manager(alias).claim_due_pass(run_lease_ttl())
+        runs = WorkflowRun.objects.db_manager(alias)
+        picked = runs.claim_due_pass(run_lease_ttl(), lease_holder=new_holder())
         if picked is not None:
-            outcome = self._drive(picked.run_id, picked.run, picked.steps)
-            logger.debug("Run %s: pass %s", picked.run_id, outcome)
+            # A run's completion picks the next due pass in the same statement (until a
+            # look for due steps is due again, or the worker stops): drive that one next.
+            while picked is not None:
+                chained: list[PassClaim] = []
+                outcome = self._drive(picked, chained if self._may_chain() else None)
+                logger.debug("Run %s: pass %s", picked.run_id, outcome)
+                picked = chained[0] if chained else None
             return True
         if self._stop.is_set():
             return False
@@ -305,14 +314,20 @@ class Worker:
                 self._drive(claim.run_id)
         return True
 
-    def _drive(self, run_id: object, run: object = None, steps: object = None) -> str:
+    def _may_chain(self) -> bool:
+        """Whether a completion may pick the next pass: not stopping, and no look for due
+        steps is due (see :meth:`work_once`)."""
+        with self._lock:
+            return not self._stop.is_set() and time.monotonic() < self._steps_first_at
+
+    def _drive(self, picked: PassClaim | uuid.UUID, chained: list[PassClaim] | None = None) -> str:
         return drive_run(
-            run_id,  # type: ignore[arg-type]
+            picked.run_id if isinstance(picked, PassClaim) else picked,
             step_lease_ttl=self.step_lease_ttl,
             using=self.alias,
             keep_going=lambda: not self._stop.is_set(),
-            run=run,
-            steps=steps,  # type: ignore[arg-type]
+            picked=picked if isinstance(picked, PassClaim) else None,
+            next_passes=chained,
         )
 
     def _thread_main(self, once: bool) -> None:
