@@ -216,3 +216,109 @@ def test_the_check_names_missing_functions() -> None:
             cursor.execute(f"DROP FUNCTION {name}_old")
         pgfunctions.install(connection)
     assert workflow_functions_check(databases=["default"]) == []
+
+
+@pytest.mark.postgres_only
+def test_a_completion_never_picks_its_own_run(sent_as: str) -> None:
+    """A pass asked for while the step ran makes the run due again; the completion that
+    picks the next run must not pick this one (PostgreSQL would apply only one of the two
+    updates of its row, and the completion would be lost)."""
+    _, claim, lease = _claimed_run()
+    assert WorkflowRun.objects.request_pass(claim.run_id)
+    done = WorkflowStep.objects.set_result_completing_run(
+        claim.step_id, {"n": 1}, 1, output=[1], lease=lease, next_pass_holder="next-holder"
+    )
+    assert done is not None
+    assert (done.written, done.completed, done.next_pass) == (True, True, None)
+    run = WorkflowRun.objects.get(pk=claim.run_id)
+    assert (run.status, run.output, run.pass_due_at) == (RunStatus.COMPLETED, [1], None)
+
+
+@step_function("tests.hot-path-asks-for-a-pass")
+def asks_for_a_pass(data: Any, ctx: Any) -> Any:
+    WorkflowRun.objects.request_pass(ctx.run_id)  # as an operator or another step might
+    return "asked"
+
+
+@workflow("tests.hot-path-asks")
+def asks(run: Any, input: Any) -> Any:
+    return run.step("only", "tests.hot-path-asks-for-a-pass")
+
+
+@pytest.mark.postgres_only
+def test_a_run_asked_for_a_pass_during_its_step_completes_at_once(sent_as: str) -> None:
+    run_id = start_workflow("tests.hot-path-asks", {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, [run_id])
+    assert worker.work_once() is True
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "asked")
+
+
+@pytest.mark.postgres_only
+def test_a_completion_retried_after_a_lost_reply_picks_no_second_run(
+    sent_as: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first try committed (and picked a run) but its reply was lost: the retry must not
+    pick another run that nobody would drive either. The run the lost reply picked waits for
+    its run lease to lapse, as any run whose worker died."""
+    from django.db import OperationalError
+
+    from django_leases.workflows.store import WorkflowStepQuerySet
+
+    run_ids = [start_workflow("tests.hot-path-one", {}) for _ in range(3)]
+    real = WorkflowStepQuerySet.set_result_completing_run
+    calls: list[str | None] = []
+
+    def lost_reply(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("next_pass_holder"))
+        done = real(self, *args, **kwargs)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return done
+
+    monkeypatch.setattr(WorkflowStepQuerySet, "set_result_completing_run", lost_reply)
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, run_ids)
+    assert worker.work_once() is True
+    assert calls[0] is not None and calls[1:] == [None] * (len(calls) - 1), calls
+    statuses = dict(WorkflowRun.objects.filter(pk__in=run_ids).values_list("id", "status"))
+    assert sorted(statuses.values()) == [RunStatus.COMPLETED, RunStatus.RUNNING, RunStatus.RUNNING]
+    # The run nobody picked is still due and is driven next; the lost one waits for its lease.
+    assert worker.work_once() is True
+    statuses = dict(WorkflowRun.objects.filter(pk__in=run_ids).values_list("id", "status"))
+    assert sorted(statuses.values()) == [
+        RunStatus.COMPLETED,
+        RunStatus.COMPLETED,
+        RunStatus.RUNNING,
+    ]
+
+
+@step_function("tests.hot-path-unordered")
+def unordered(data: Any, ctx: Any) -> Any:
+    return {"zz": 1, "a": 2, "big": 1e16, "small": 1e-7}
+
+
+@workflow("tests.hot-path-reads-back")
+def reads_back(run: Any, input: Any) -> Any:
+    result = run.step("only", "tests.hot-path-unordered")
+    input["seen"] = input.get("seen", 0) + 1  # a workflow that changes what it was given
+    return {"keys": list(result), "big": type(result["big"]).__name__, "input": input}
+
+
+@pytest.mark.postgres_only
+def test_the_dry_pass_sees_what_a_pass_reading_the_database_sees(sent_as: str) -> None:
+    run_id = start_workflow("tests.hot-path-reads-back", {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, [run_id])
+    assert worker.work_once() is True
+    run = WorkflowRun.objects.get(pk=run_id)
+    stored = WorkflowStep.objects.get(run_id=run_id).result
+    assert run.status == RunStatus.COMPLETED
+    # jsonb's key order and number forms, and the input as stored, not as the pass left it.
+    assert run.output == {
+        "keys": list(stored),
+        "big": type(stored["big"]).__name__,
+        "input": {"seen": 1},
+    }
+    assert run.output["keys"] == ["a", "zz", "big", "small"]

@@ -50,6 +50,7 @@ from django_leases.workflows.store import (
     Claim,
     PassClaim,
     WorkflowStepCancelledError,
+    as_stored,
     check_json,
     check_retries,
     error_json,
@@ -154,6 +155,9 @@ class RunContext:
         self.steps = steps
         #: A dry pass writes nothing: it ends at the first step not succeeded yet.
         self._dry = dry
+        #: The input and the steps' results and errors as this pass read them (JSON text),
+        #: where a dry pass may follow (see :func:`_dry_replay`); else ``None``.
+        self.read: str | None = None
 
     def step(
         self,
@@ -375,6 +379,7 @@ class _Completion:
         self.next_passes = next_passes
         self.keep_going = keep_going
         self.ttl = ttl
+        self.sent = False
 
     def __call__(self, result: Any) -> str | None:
         from django_leases.models import WorkflowStep
@@ -382,7 +387,10 @@ class _Completion:
         found, output = _dry_replay(self.ctx, self.claim.step_name, result)
         if not found:
             return None
-        want_next = self.next_passes is not None and self.keep_going()
+        # A retry (the first try's reply was lost: it may have committed, picking a run
+        # nobody would drive) picks nothing: that run is picked again once its lease lapses.
+        want_next = self.next_passes is not None and self.keep_going() and not self.sent
+        self.sent = True
         done = WorkflowStep.objects.db_manager(self.claim.using).set_result_completing_run(
             self.claim.step_id,
             result,
@@ -408,23 +416,33 @@ class _Completion:
 
 def _dry_replay(ctx: RunContext, step_name: str, result: Any) -> tuple[bool, Any]:
     """Replay the run of ``ctx`` in memory as if step ``step_name`` had just succeeded with
-    ``result``, writing nothing. ``(True, output)`` when the workflow returns JSON
+    ``result``, writing nothing: from what the pass of ``ctx`` read (``ctx.read``), with the
+    result as the database will give it back (:func:`~store.as_stored`), so the workflow
+    sees what a pass reading them would. ``(True, output)`` when the workflow returns JSON
     ``output``; ``(False, None)`` when it does anything else (asks for a step not run yet,
     raises, returns something not JSON), which the ordinary pass handles for real."""
+    if ctx.read is None:
+        return False, None
     try:
         check_json(result, "Step result")
         func = get_workflow(ctx.workflow)
     except (ValueError, UnknownWorkflowError):
         return False, None
-    steps = dict(ctx.steps)
-    step = copy.copy(steps[step_name])
+    input, read = json.loads(ctx.read)
+    steps = {}
+    for name, recorded in ctx.steps.items():
+        step = steps[name] = copy.copy(recorded)
+        if name in read:
+            step.result, step.error = read[name]
+    step = steps[step_name]
     step.status = StepStatus.SUCCEEDED
-    step.result = json.loads(json.dumps(result))  # as a pass would read it back
+    step.result = as_stored(result)
     step.error = None
-    steps[step_name] = step
-    dry = RunContext(ctx.run, steps, ctx._using, dry=True)
+    run = copy.copy(ctx.run)
+    run.input = input
+    dry = RunContext(run, steps, ctx._using, dry=True)
     try:
-        output = func(dry, ctx.run.input)
+        output = func(dry, input)
         check_json(output, "Workflow output")
     except KeyboardInterrupt:
         raise
@@ -472,6 +490,10 @@ def _replay_pass(
     if steps is None:
         steps = {s.step_name: s for s in WorkflowStep.objects.db_manager(alias).filter(run=run)}
     ctx = RunContext(run, steps, alias, claim_ttl)
+    if claim_ttl is not None and connections[alias].vendor == "postgresql":
+        # What this pass reads, as it reads it, for a dry pass after its step (the workflow
+        # may change the input or a result it was given in place).
+        ctx.read = json.dumps([run.input, {name: [s.result, s.error] for name, s in steps.items()}])
     try:
         output = func(ctx, run.input)
     except _PassEnded:
@@ -647,8 +669,9 @@ def _write_outcome(claim: Claim, renewal: Renewal, write: Callable[[], str]) -> 
     Repeating the write is safe: the attempt fence refuses it once the attempt is superseded
     (:class:`WorkflowStepSupersededError`, raised at once, never retried), and a write whose
     first try committed but whose acknowledgement was lost is recognised by the store as
-    already recorded. Past the deadline the error is raised; the lease lapses and another
-    attempt runs the step.
+    already recorded. (A completion that also picked the next run picks none when retried:
+    the run a lost reply picked waits for its run lease to lapse, as after a worker's death.)
+    Past the deadline the error is raised; the lease lapses and another attempt runs the step.
     """
     backoff = WRITE_RETRY_BACKOFF
     tries = 0

@@ -184,7 +184,12 @@ def ready(connection: Any) -> bool:
     if known is None:
         names = [name for name, _ in definitions(connection).values()]
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = ANY(%s)", [names])
+            # Resolved as the calls will be: through the connection's search_path.
+            cursor.execute(
+                "SELECT count(*) FROM unnest(%s::text[]) AS name "
+                "WHERE to_regproc(name) IS NOT NULL",
+                [names],
+            )
             known = cursor.fetchone()[0] == len(names)
         _installed[raw] = known
     return known

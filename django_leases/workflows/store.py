@@ -18,6 +18,7 @@ The fence of a step is its ``attempt`` number:
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -1233,7 +1234,7 @@ class WorkflowStepQuerySet(_Store):
             for step in steps.values():
                 if step.pk == step_id:
                     step.status = StepStatus.SUCCEEDED
-                    step.result = json.loads(payload)
+                    step.result = as_stored(result)
                     step.error = None
             pass_state.update(run=run, steps=steps)
         return written
@@ -1262,7 +1263,9 @@ class WorkflowStepQuerySet(_Store):
 
         ``next_pass_holder``: also pick the next due pass with its run lease for that
         holder (``next_pass_ttl`` seconds), as :meth:`WorkflowRunQuerySet.claim_due_pass`
-        does, in the same statement; it is picked whatever the fence said.
+        does, in the same statement; it is picked whatever the fence said, and is never
+        this step's run (a pass asked for it while the step ran is made moot by the
+        completion).
 
         Returns a :class:`RunCompletion`, or ``None`` on other databases (nothing done: use
         :meth:`set_result`). Raises ``ValueError`` for a bad attempt or non-JSON ``result``
@@ -1710,7 +1713,7 @@ def _completion_sql(
     joined = "(SELECT 1) AS one"
     if next_holder is not None:
         pick, pick_params, pick_columns, pick_joined = _pick_pass_ctes(
-            connection, run_table, next_ttl, next_holder
+            connection, run_table, next_ttl, next_holder, besides="SELECT run_id FROM step"
         )
         ctes += f", {pick}"
         params += pick_params
@@ -1721,6 +1724,24 @@ def _completion_sql(
 
 #: Columns of a :func:`_completion_sql` row before the next pass's.
 _COMPLETION_COLUMNS = 3
+
+
+def as_stored(value: Any) -> Any:
+    """JSON ``value`` as PostgreSQL's ``jsonb`` gives it back once stored: object keys in
+    jsonb's order (shorter first, then bytewise) and a number written with an exponent read
+    back as jsonb prints it (``1e+16`` comes back as the integer ``10000000000000000``). A
+    pass that replays a result in memory must see what a pass reading it would see."""
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda key: (len(key.encode()), key.encode()))
+        return {key: as_stored(value[key]) for key in keys}
+    if isinstance(value, list):
+        return [as_stored(item) for item in value]
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text:
+            plain = format(decimal.Decimal(text), "f")
+            return float(plain) if "." in plain else int(plain)
+    return value
 
 
 def _result_ctes(step_id: int, payload: str, attempt: int) -> tuple[str, list[Any]]:
@@ -1755,19 +1776,23 @@ def _result_ctes(step_id: int, payload: str, attempt: int) -> tuple[str, list[An
 
 
 def _pick_pass_ctes(
-    connection: Any, run_table: str, seconds: Any, lease_holder: Any
+    connection: Any, run_table: str, seconds: Any, lease_holder: Any, *, besides: str = ""
 ) -> tuple[str, list[Any], str, str]:
     """PostgreSQL: the pick of :meth:`WorkflowRunQuerySet.claim_due_pass` as CTEs for a
     statement of its own or a larger one: ``picked`` (the run and its pass state, see
     :func:`_pass_state_sql`) and, with ``lease_holder``, ``granted`` (the run lease, taken by
-    ``Lease``'s acquire rule). Returns ``(ctes, params, columns, joined)``: what goes after
-    ``SELECT`` and what goes after ``FROM`` to read them (``picked.*`` then ``granted.*``)."""
+    ``Lease``'s acquire rule). ``besides``: SQL for a run id never to pick (the run the
+    larger statement writes: PostgreSQL applies only one of two updates of a row in one
+    statement). Returns ``(ctes, params, columns, joined)``: what goes after ``SELECT`` and
+    what goes after ``FROM`` to read them (``picked.*`` then ``granted.*``)."""
     from django_leases.models import Lease
     from django_leases.models.lease import acquire_statement, grant_sql
     from django_leases.workflows.engine import run_lease_key
 
     # Where the holder is a function's argument, a NULL one picks nothing.
     guard = " AND %s::text IS NOT NULL" if isinstance(lease_holder, Arg) else ""
+    if besides:
+        guard += f" AND id IS DISTINCT FROM ({besides})"
     ctes = f"""picked AS (
         UPDATE {run_table}
         SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
@@ -1781,7 +1806,7 @@ def _pick_pass_ctes(
         RETURNING {_pass_state_sql(run_table)}
     )"""
     params: list[Any] = [seconds, RunStatus.RUNNING.value]
-    if guard:
+    if isinstance(lease_holder, Arg):
         params.append(lease_holder)
     params.append(RunStatus.RUNNING.value)
     if lease_holder is None:
