@@ -87,6 +87,15 @@ def _spend_steps_first(worker: Worker, run_ids: list[Any]) -> None:
     WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=db_now())
 
 
+def _run_in_one_unit(workflow_name: str) -> WorkflowRun:
+    """Start a run of ``workflow_name``; one unit of work of a fresh worker drives it."""
+    run_id = start_workflow(workflow_name, {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    _spend_steps_first(worker, [run_id])
+    assert worker.work_once() is True
+    return WorkflowRun.objects.get(pk=run_id)
+
+
 @pytest.mark.postgres_only
 def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive(sent_as: str) -> None:
     with CaptureQueriesContext(connection) as started:
@@ -247,11 +256,7 @@ def asks(run: Any, input: Any) -> Any:
 
 @pytest.mark.postgres_only
 def test_a_run_asked_for_a_pass_during_its_step_completes_at_once(sent_as: str) -> None:
-    run_id = start_workflow("tests.hot-path-asks", {})
-    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, [run_id])
-    assert worker.work_once() is True
-    run = WorkflowRun.objects.get(pk=run_id)
+    run = _run_in_one_unit("tests.hot-path-asks")
     assert (run.status, run.output) == (RunStatus.COMPLETED, "asked")
 
 
@@ -308,12 +313,8 @@ def reads_back(run: Any, input: Any) -> Any:
 
 @pytest.mark.postgres_only
 def test_the_dry_pass_sees_what_a_pass_reading_the_database_sees(sent_as: str) -> None:
-    run_id = start_workflow("tests.hot-path-reads-back", {})
-    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, [run_id])
-    assert worker.work_once() is True
-    run = WorkflowRun.objects.get(pk=run_id)
-    stored = WorkflowStep.objects.get(run_id=run_id).result
+    run = _run_in_one_unit("tests.hot-path-reads-back")
+    stored = WorkflowStep.objects.get(run_id=run.id).result
     assert run.status == RunStatus.COMPLETED
     # jsonb's key order and number forms, and the input as stored, not as the pass left it.
     assert run.output == {
