@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router, transaction
@@ -727,6 +728,63 @@ class WorkflowRunQuerySet(_Store):
             _wake(alias)
         steps = (step_name, *(name for name in others if name != step_name))
         return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
+        """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more
+        than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now, with their
+        steps, attempts and run leases (``workflow-run:<id>``). Returns how many runs.
+
+        Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
+        its row once released, so without pruning the lease table grows by one row per run.
+        Running and suspended runs are never touched, nor a run whose lease is live (a
+        worker still finishing with it; a later prune takes it). Webhook deliveries that
+        started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
+        Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
+        before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
+        ``older_than`` or ``batch_size``.
+        """
+        from django_leases.models import Lease
+        from django_leases.workflows.engine import run_lease_key
+
+        if isinstance(older_than, timedelta):
+            seconds = older_than.total_seconds()
+        elif isinstance(older_than, bool) or not isinstance(older_than, int | float):
+            raise ValueError(f"older_than must be seconds or a timedelta, not {older_than!r}")
+        else:
+            seconds = float(older_than)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"older_than must be a finite number of seconds ≥ 0, not {seconds}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
+        alias = self._alias()
+        runs = self.model._default_manager.using(alias)
+        leases = Lease.objects.db_manager(alias)
+        finished = runs.filter(
+            status__in=[RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED],
+            finished_at__lte=clock.db_now_plus(-seconds),
+        )
+        deleted = 0
+        skipped: set[uuid.UUID] = set()
+        while True:
+            with transaction.atomic(using=alias):
+                ids = list(
+                    _for_update(finished.exclude(pk__in=skipped), alias)
+                    .order_by("finished_at")
+                    .values_list("pk", flat=True)[:batch_size]
+                )
+                if not ids:
+                    return deleted
+                keys = {run_lease_key(run_id): run_id for run_id in ids}
+                live = set(
+                    leases.filter(
+                        key__in=keys, released_at__isnull=True, expires_at__gt=Now()
+                    ).values_list("key", flat=True)
+                )
+                skipped.update(keys[key] for key in live)
+                gone = [run_id for key, run_id in keys.items() if key not in live]
+                leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
+                runs.filter(pk__in=gone).delete()
+                deleted += len(gone)
 
     def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
         """Lock the run's steps, then the run (inside the caller's transaction); the run."""

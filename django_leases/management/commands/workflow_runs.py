@@ -9,6 +9,9 @@
   (``WorkflowRun.objects.cancel``).
 * ``workflow_runs retry RUN_ID STEP`` runs a failed step again as a new attempt
   (``WorkflowRun.objects.retry_step``).
+* ``workflow_runs prune --older-than DAYS [--batch-size N]`` deletes runs that finished
+  (completed, failed or cancelled) more than DAYS days ago, with their steps, attempts and
+  run leases (``WorkflowRun.objects.prune``), and prints how many.
 
 Every action takes ``--database ALIAS``. Exit status: 0 done; 1 an unknown or malformed run
 id, an unknown step or database alias; 2 bad usage; 3 the run's (or step's) state does not
@@ -17,6 +20,7 @@ allow the operation — nothing was changed. Errors go to stderr.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -32,11 +36,11 @@ _COLUMNS = ("RUN ID", "WORKFLOW", "STATUS", "CREATED", "ERROR")
 
 
 class Command(BaseCommand):
-    help = "List workflow runs, or resume, cancel or retry a step of one."
+    help = "List workflow runs, resume, cancel or retry a step of one, or prune old ones."
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
-            dest="action", metavar="{list,resume,cancel,retry}", required=True
+            dest="action", metavar="{list,resume,cancel,retry,prune}", required=True
         )
         listing = actions.add_parser("list", help="Show runs, newest first.")
         listing.add_argument(
@@ -52,7 +56,24 @@ class Command(BaseCommand):
         for sub in (resume, cancel, retry):
             sub.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         retry.add_argument("step_name", metavar="STEP", help="The step's name in the run.")
-        for sub in (listing, resume, cancel, retry):
+        prune = actions.add_parser(
+            "prune", help="Delete runs that finished long ago, with their steps and leases."
+        )
+        prune.add_argument(
+            "--older-than",
+            type=float,
+            required=True,
+            metavar="DAYS",
+            help="Delete runs that finished (completed, failed, cancelled) more than DAYS days "
+            "ago (a number ≥ 0; 0.5 is 12 hours).",
+        )
+        prune.add_argument(
+            "--batch-size",
+            type=int,
+            default=500,
+            help="Runs deleted per transaction (default 500).",
+        )
+        for sub in (listing, resume, cancel, retry, prune):
             sub.add_argument(
                 "--database",
                 default=None,
@@ -68,6 +89,14 @@ class Command(BaseCommand):
         action = options["action"]
         if action == "list":
             self._list(runs, options["status"], options["workflow"], options["limit"])
+            return
+        if action == "prune":
+            days = options["older_than"]
+            try:
+                deleted = runs.prune(timedelta(days=days), batch_size=options["batch_size"])
+            except (ValueError, OverflowError) as exc:
+                raise CommandError(f"--older-than / --batch-size: {exc}") from None
+            self.stdout.write(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
             return
         try:
             if action == "resume":
