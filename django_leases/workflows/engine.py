@@ -244,14 +244,8 @@ def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
     try:
         with hold_lease(run_lease_key(run_id), ttl=run_lease_ttl(), using=alias):
             return _replay(run_id, alias)[0]
-    except LeaseTakenError:
-        logger.info("Run %s: its lease is taken; another pass in %.0f s", run_id, PASS_RETRY_DELAY)
-        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
-        return "lease-taken"
-    except LeaseLostError:
-        logger.warning("Run %s: its lease was lost during a pass; another pass follows", run_id)
-        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
-        return "lease-taken"
+    except (LeaseTakenError, LeaseLostError) as exc:
+        return _pass_later(run_id, alias, exc, "during a pass")
 
 
 def drive_run(
@@ -343,14 +337,24 @@ def drive_run(
                     # Stopping: the pass the result took for this thread goes to the queue.
                     WorkflowRun.objects.db_manager(alias).request_pass(run_id)
                     return "waiting"
-    except LeaseTakenError:
+    except (LeaseTakenError, LeaseLostError) as exc:
+        return _pass_later(run_id, alias, exc, "while driving it")
+
+
+def _pass_later(
+    run_id: uuid.UUID | str, alias: str, exc: LeaseTakenError | LeaseLostError, when: str
+) -> str:
+    """A pass that found the run lease taken, or lost it (``when``: during what), asks for
+    another pass :data:`PASS_RETRY_DELAY` seconds later and never fails the run; returns
+    ``"lease-taken"``."""
+    from django_leases.models import WorkflowRun
+
+    if isinstance(exc, LeaseTakenError):
         logger.info("Run %s: its lease is taken; another pass in %.0f s", run_id, PASS_RETRY_DELAY)
-        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
-        return "lease-taken"
-    except LeaseLostError:
-        logger.warning("Run %s: its lease was lost while driving it; another pass follows", run_id)
-        WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
-        return "lease-taken"
+    else:
+        logger.warning("Run %s: its lease was lost %s; another pass follows", run_id, when)
+    WorkflowRun.objects.db_manager(alias).request_pass(run_id, delay=PASS_RETRY_DELAY)
+    return "lease-taken"
 
 
 class _Completion:
