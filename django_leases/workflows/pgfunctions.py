@@ -31,7 +31,7 @@ from django_leases.workflows import store
 from django_leases.workflows.store import Arg
 
 #: The migration that installs them (the latest that does).
-MIGRATION = "0003_workflow_functions"
+MIGRATION = "0004_workflow_functions_without_jit"
 
 
 class Function:
@@ -60,8 +60,12 @@ class Function:
             # Every row these statements touch is found through an index (a primary key,
             # a unique key, the due-work indexes' order). The cached plan is made when the
             # tables may still be small, where a sequential scan or a sort looks cheaper
-            # and would then stay while the tables grow: so those are ruled out here.
+            # and would then stay while the tables grow: so those are ruled out here. Each
+            # statement has a plan without them (tests/test_hot_path_plans.py); one that
+            # had none would cost ~1e10, so JIT compilation (seconds, for statements that
+            # run in a fraction of a millisecond) is switched off for them as well.
             "SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off "
+            "SET jit = off "
             "AS $dl$\n"
             "#variable_conflict use_column\n"
             "BEGIN\n    RETURN QUERY " + text + ";\nEND\n$dl$"
@@ -104,14 +108,15 @@ class _CompleteRun(Function):
         return store._completion_sql(connection, *self.args)
 
     def returns(self, connection: Any) -> tuple[str, ...]:
-        """written, completed, live; then the next pass's state and its lease."""
+        """written, completed, live; then (picking) the next pass's state and its lease."""
         from django_leases.models import Lease, WorkflowRun
         from django_leases.models.lease import RETURNED_COLUMNS
 
+        written = ("bigint", "bigint", "boolean")
+        if len(self.args) == len(_COMPLETION_ARGS):
+            return written
         return (
-            "bigint",
-            "bigint",
-            "boolean",
+            *written,
             *(_column_type(WorkflowRun, name, connection) for name in ("id", "workflow", "status")),
             "text",  # input::text
             _column_type(WorkflowRun, "pass_requests", connection),
@@ -133,9 +138,7 @@ INSERT_CLAIMED = _InsertClaimed(
     Arg("p_finish_pass", "bigint"),
 )
 
-#: ``set_result_completing_run``; a NULL ``p_next_holder`` picks no next pass.
-COMPLETE_RUN = _CompleteRun(
-    "complete_run",
+_COMPLETION_ARGS = (
     Arg("p_step_id", "bigint"),
     Arg("p_payload", "text"),
     Arg("p_attempt", "bigint"),
@@ -143,11 +146,23 @@ COMPLETE_RUN = _CompleteRun(
     Arg("p_key", "text"),
     Arg("p_holder", "text"),
     Arg("p_token", "bigint"),
+)
+
+#: ``set_result_completing_run`` without a next pass to pick.
+COMPLETE_RUN = _CompleteRun("complete_run", *_COMPLETION_ARGS)
+
+#: ``set_result_completing_run`` that also picks the next due pass with its run lease.
+COMPLETE_RUN_PICKING = _CompleteRun(
+    "complete_run_picking",
+    *_COMPLETION_ARGS,
     Arg("p_next_holder", "text"),
     Arg("p_next_ttl", "double precision"),
 )
 
-FUNCTIONS: tuple[Function, ...] = (INSERT_CLAIMED, COMPLETE_RUN)
+FUNCTIONS: tuple[Function, ...] = (INSERT_CLAIMED, COMPLETE_RUN, COMPLETE_RUN_PICKING)
+
+#: The prefix of every function's name (``dl_<short>_<hash>``); see :func:`install`.
+_PREFIXES = ("dl_insert_claimed_", "dl_complete_run_")
 
 
 def definitions(connection: Any) -> dict[str, tuple[str, str]]:
@@ -196,9 +211,23 @@ def ready(connection: Any) -> bool:
 
 
 def install(connection: Any) -> None:
-    """Create (or replace) the current code's functions in ``connection``'s database
-    (PostgreSQL; what the migrations run)."""
+    """Create (or replace) the current code's functions in ``connection``'s database and drop
+    the ones earlier code installed (PostgreSQL; what the migrations run). Only functions of
+    the schema the current functions are created in are dropped."""
+    current = {name for name, _ in definitions(connection).values()}
     with connection.cursor() as cursor:
         for _, sql in definitions(connection).values():
             cursor.execute(sql)
+        cursor.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p "
+            "WHERE p.pronamespace = (SELECT pronamespace FROM pg_proc WHERE oid = %s::regproc) "
+            "AND p.proname LIKE ANY(%s) AND NOT p.proname = ANY(%s)",
+            [
+                sorted(current)[0],
+                [prefix.replace("_", "\\_") + "%" for prefix in _PREFIXES],
+                sorted(current),
+            ],
+        )
+        for (stale,) in cursor.fetchall():
+            cursor.execute(f"DROP FUNCTION {stale}")
     _installed.clear()

@@ -1341,7 +1341,7 @@ class WorkflowStepQuerySet(_Store):
             return None
         from django_leases.workflows import pgfunctions
 
-        args = (
+        args: tuple[Any, ...] = (
             step_id,
             json.dumps(result),
             attempt,
@@ -1349,13 +1349,19 @@ class WorkflowStepQuerySet(_Store):
             lease.key,
             lease.holder,
             lease.token,
-            next_pass_holder,
-            ttl_seconds(next_pass_ttl),
         )
+        # Two statements, not one whose pick a NULL holder switches off: such a pick is
+        # planned (custom plans: a fresh connection's first calls) as a sort of nothing,
+        # which the function's settings (sorts off) cost at ~1e10, and PostgreSQL then
+        # JIT-compiled it: 1 to 4.5 s per call.
+        function = pgfunctions.COMPLETE_RUN
+        if next_pass_holder is not None:
+            args += (next_pass_holder, ttl_seconds(next_pass_ttl))
+            function = pgfunctions.COMPLETE_RUN_PICKING
         sent = time.monotonic()
         with connection.cursor() as cursor:
             if pgfunctions.ready(connection):
-                cursor.execute(pgfunctions.call(pgfunctions.COMPLETE_RUN, connection), args)
+                cursor.execute(pgfunctions.call(function, connection), args)
             else:
                 cursor.execute(*_completion_sql(connection, *args))
             row = cursor.fetchone()
@@ -1733,8 +1739,8 @@ def _completion_sql(
     key: Any,
     holder: Any,
     token: Any,
-    next_holder: Any,
-    next_ttl: Any,
+    next_holder: Any = None,
+    next_ttl: Any = None,
 ) -> tuple[str, list[Any]]:
     """PostgreSQL: :meth:`WorkflowStepQuerySet.set_result_completing_run`'s statement
     (``payload`` and ``output`` as JSON text; the lease by ``key``, ``holder``, ``token``;
@@ -1847,10 +1853,7 @@ def _pick_pass_ctes(
     from django_leases.models.lease import acquire_statement, grant_sql
     from django_leases.workflows.engine import run_lease_key
 
-    # Where the holder is a function's argument, a NULL one picks nothing.
-    guard = " AND %s::text IS NOT NULL" if isinstance(lease_holder, Arg) else ""
-    if besides:
-        guard += f" AND id IS DISTINCT FROM ({besides})"
+    guard = f" AND id IS DISTINCT FROM ({besides})" if besides else ""
     ctes = f"""picked AS (
         UPDATE {run_table}
         SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
@@ -1863,10 +1866,7 @@ def _pick_pass_ctes(
         ) AND status = %s AND pass_due_at <= statement_timestamp()
         RETURNING {_pass_state_sql(run_table)}
     )"""
-    params: list[Any] = [seconds, RunStatus.RUNNING.value]
-    if isinstance(lease_holder, Arg):
-        params.append(lease_holder)
-    params.append(RunStatus.RUNNING.value)
+    params: list[Any] = [seconds, RunStatus.RUNNING.value, RunStatus.RUNNING.value]
     if lease_holder is None:
         return ctes, params, "picked.*", "picked"
     lease_table = connection.ops.quote_name(Lease._meta.db_table)
