@@ -562,6 +562,101 @@ def measure_latency(contender: Contender, workers: Workers, samples: int) -> lis
     return found
 
 
+class ConnectionKiller:
+    """A thread that terminates every PostgreSQL backend of ``application_name`` each
+    ``every`` seconds (the worker's own connections; the harness's are named otherwise)."""
+
+    def __init__(self, database_url: str, application_name: str, every: float) -> None:
+        import threading
+
+        self.conninfo = libpq_conninfo(database_url)
+        self.application_name = application_name
+        self.every = every
+        self.killed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-killer", daemon=True)
+
+    def __enter__(self) -> ConnectionKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.conninfo, autocommit=True) as connection:
+            while not self._stop.wait(self.every):
+                found = connection.execute(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
+                    "FROM pg_stat_activity WHERE application_name = %s",
+                    (self.application_name,),
+                ).fetchone()
+                self.killed += int(found[0]) if found else 0
+
+
+def measure_fault_latency(
+    contender: Contender, workers: Workers, samples: int, kill_every: float
+) -> dict[str, Any]:
+    """Milliseconds from the enqueue call to a completion visible to this process (so the
+    completing statement has ended and committed), one item at a time, while the worker's
+    connections are terminated every ``kill_every`` seconds (0: never)."""
+    found: list[float] = []
+    killer = ConnectionKiller(workers.database_url, workers.application_name, kill_every or 1e9)
+    started = time.perf_counter()
+    with killer:
+        for _ in range(samples):
+            time.sleep(random.uniform(0.05, 0.2))
+            start = time.perf_counter()
+            item = contender.enqueue()
+            deadline = start + 300
+            while status_of(contender, item) != contender.done_status:
+                if time.perf_counter() > deadline:
+                    workers.check_alive()
+                    raise BenchError(f"{contender.name}: an item was not done within 300 s")
+                time.sleep(POLL_LATENCY)
+            found.append(1e3 * (time.perf_counter() - start))
+    check_no_failures(contender)
+    return {
+        "latency_ms": found,
+        "p50_ms": percentile(found, 0.5),
+        "p99_ms": percentile(found, 0.99),
+        "max_ms": max(found),
+        "over_1s": sum(1 for ms in found if ms > 1000),
+        "connections_killed": killer.killed,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_fault_latency(args: argparse.Namespace) -> dict[str, Any]:
+    """``--fault-latency``: each chosen contender, one worker, ``--latency-samples`` items."""
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="wfbench-") as tmp:
+        for name in args.chosen:
+            contender = CONTENDERS[name]
+            truncate(contender)
+            workers = Workers(contender, 1, Path(tmp), args.database_url)
+            workers.start()
+            try:
+                warm_up(contender, workers, 5)
+                found = measure_fault_latency(
+                    contender, workers, args.latency_samples, args.kill_every
+                )
+            finally:
+                workers.stop()
+            out[name] = found
+            print(
+                f"  {name:<16} p50 {found['p50_ms']:8.1f} ms  p99 {found['p99_ms']:8.1f} ms  "
+                f"max {found['max_ms']:8.1f} ms  over 1 s: {found['over_1s']:3d} of "
+                f"{len(found['latency_ms'])}  ({found['connections_killed']} connections "
+                f"killed in {found['seconds']:.0f} s)",
+                flush=True,
+            )
+    return out
+
+
 def run_contender(contender: Contender, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """One repetition's measurements of one contender (fresh tables, fresh workers)."""
     out: dict[str, Any] = {}
@@ -917,7 +1012,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--profile-top", type=int, default=30)
     parser.add_argument("--breakdown-runs", type=int, default=50, help="runs timed unit by unit")
+    parser.add_argument(
+        "--conn-max-age",
+        default="none",
+        help="CONN_MAX_AGE of every process: seconds, or 'none' (persistent, the default); "
+        "0 is Django's default (a connection per unit of work)",
+    )
+    parser.add_argument(
+        "--fault-latency",
+        action="store_true",
+        help="instead of the benchmark: enqueue-to-visible-completion latency of one worker, "
+        "--latency-samples items one at a time, its connections killed every --kill-every s",
+    )
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=0.0,
+        help="with --fault-latency: seconds between two kills of the worker's connections "
+        "(0: none)",
+    )
     args = parser.parse_args(argv)
+    if args.conn_max_age.strip().lower() != "none":
+        try:
+            float(args.conn_max_age)
+        except ValueError:
+            parser.error("--conn-max-age must be a number of seconds or 'none'")
+    os.environ["BENCH_CONN_MAX_AGE"] = args.conn_max_age
     if min(args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples) < 1:
         parser.error("--tasks, --e2e-tasks, --workers, --repeat, --latency-samples must be >= 1")
     chosen = [n.strip() for n in args.contenders.split(",") if n.strip()]
@@ -942,6 +1062,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile_ours(args)
         return 0
+    if args.fault_latency:
+        started = dt.datetime.now(dt.UTC)
+        machine = machine_facts()
+        print(
+            f"fault latency: CONN_MAX_AGE={args.conn_max_age}, connections killed every "
+            f"{args.kill_every:g} s, load average {machine['load_average_at_start'][0]:.2f}"
+        )
+        found = run_fault_latency(args)
+        machine["load_average_at_end"] = list(os.getloadavg())
+        report = {
+            "benchmark": "django-leases workflows: latency under killed connections",
+            "started_at": started.isoformat(),
+            "machine": machine,
+            "versions": versions(),
+            "postgresql": server_facts(name),
+            "settings": {
+                "conn_max_age": args.conn_max_age,
+                "kill_every_seconds": args.kill_every,
+                "samples": args.latency_samples,
+            },
+            "units": {"*_ms": "ms from the enqueue call to a completion visible to the harness"},
+            "figures": found,
+        }
+        output = args.output or RESULTS_DIR / f"fault-latency-{started.date().isoformat()}.json"
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+        print(f"wrote {output}")
+        return 0
 
     machine = machine_facts()
     started = dt.datetime.now(dt.UTC)
@@ -952,8 +1100,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {machine['python']}, load average {machine['load_average_at_start'][0]:.2f}"
     )
     print(
-        "every contender: same database, same Django; persistent connections (CONN_MAX_AGE=None, "
-        "DEBUG=False; Procrastinate's worker keeps its own psycopg connections); workers as real "
+        f"every contender: same database, same Django; CONN_MAX_AGE={args.conn_max_age}, "
+        "DEBUG=False (Procrastinate's worker keeps its own psycopg connections); workers as real "
         "processes with package defaults, concurrency 1 each"
     )
     for contender in args.chosen:
@@ -1008,7 +1156,8 @@ def main(argv: list[str] | None = None) -> int:
             "hold_seconds": HOLD_SECONDS,
             "best_of": "throughputs: the best repetition; latencies: every sample pooled",
             "connections": "same database and Django settings for every contender: "
-            "CONN_MAX_AGE=None, DEBUG=False, client-side binding (Django's default)",
+            f"CONN_MAX_AGE={args.conn_max_age}, DEBUG=False, client-side binding "
+            "(Django's default)",
             "contenders": {n: CONTENDERS[n].description for n in args.chosen},
             "idle_wake": {n: CONTENDERS[n].wakes for n in args.chosen},
         },

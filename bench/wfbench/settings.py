@@ -2,7 +2,8 @@
 
 Every contender runs in this one project: the same Django, the same database
 (``BENCH_DATABASE_URL``), the same connection settings: persistent connections
-(``CONN_MAX_AGE=None``), Django's default client-side binding, ``DEBUG=False``. Each process
+(``CONN_MAX_AGE=None``; ``BENCH_CONN_MAX_AGE`` changes it for every process), Django's default
+client-side binding, ``DEBUG=False``. Each process
 names its connection with ``BENCH_APPLICATION_NAME`` so the harness can find the PostgreSQL
 backends serving a worker (their CPU is part of the cost of a task). ``BENCH_COUNT_STATEMENTS``
 (a file path) makes the process count what it sends to PostgreSQL (see :mod:`wfbench.counting`).
@@ -34,7 +35,10 @@ INSTALLED_APPS = [
 ]
 
 _database = database_from_url(DATABASE_URL)
-_database["CONN_MAX_AGE"] = None
+# BENCH_CONN_MAX_AGE: seconds, or "none" (persistent connections, the default); "0" is
+# Django's own default (a new connection per request, or per unit of work in a worker).
+_conn_max_age = os.environ.get("BENCH_CONN_MAX_AGE", "none").strip().lower()
+_database["CONN_MAX_AGE"] = None if _conn_max_age in ("", "none") else float(_conn_max_age)
 _database.setdefault("OPTIONS", {})["application_name"] = os.environ.get(
     "BENCH_APPLICATION_NAME", "wfbench"
 )
