@@ -20,9 +20,6 @@ from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Now
 
-#: Vendors for which django-leases has hand-written single-statement SQL.
-FAST_VENDORS = frozenset({"postgresql", "sqlite"})
-
 
 def db_now() -> Now:
     """Django's ``Now()``: statement time on PostgreSQL, ``'now'`` on SQLite."""
@@ -67,4 +64,4 @@ def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | st
     return seconds
 
 
-__all__ = ["FAST_VENDORS", "db_now", "db_now_plus", "now_plus_sql", "now_sql", "seconds_param"]
+__all__ = ["db_now", "db_now_plus", "now_plus_sql", "now_sql", "seconds_param"]

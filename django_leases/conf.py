@@ -59,6 +59,8 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_API_URL": "https://api.stripe.com",
     "STRIPE_API_KEY": None,
     "STRIPE_TOLERANCE": 300,
+    "TUNED_SQL": True,
+    "PREPARED_STATEMENTS": True,
 }
 
 

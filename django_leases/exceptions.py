@@ -1,12 +1,44 @@
-"""Errors raised by django-leases.
+"""Every error django-leases raises, under one root: :class:`DjangoLeasesError`.
 
-Every lease error carries the ``key`` it is about and names it in its message.
+::
+
+    DjangoLeasesError
+    ├── LeaseError (.key)                      LeaseTakenError, LeaseLostError
+    ├── WorkflowError                          WorkflowStepSupersededError
+    │                                          └── WorkflowStepCancelledError
+    │                                          WorkflowStepFailedError
+    │                                          UnknownWorkflowError (also a LookupError)
+    │                                          WorkflowRunStateError (also a ValueError)
+    │                                          WorkflowFunctionsMissing
+    └── TriggerSourceError (.name)             UnknownTriggerSourceError (also a LookupError)
+                                               SourceStillDeclared, SourceOrphaned, NoAddress,
+                                               ProviderNotInstalled, NoReceiveURL, SourceBusy
+                                               ProviderError, CredentialError
+                                               ReceiveError (.status): SourceNotReceiving,
+                                               PayloadTooLarge, SignatureMismatch,
+                                               MalformedDelivery (also a ValueError)
+
+Bad arguments are ``ValueError`` (never truncated or guessed at), raised before anything is
+written. The errors are also importable where they are raised: ``django_leases`` (the lease
+errors), ``django_leases.workflows`` and ``django_leases.triggers`` (and the trigger modules
+that raised them before this module held them all). This module imports nothing of the
+package.
 """
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
 
-class LeaseError(Exception):
+
+class DjangoLeasesError(Exception):
+    """The root of every error django-leases raises (bad arguments aside: ``ValueError``)."""
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+
+class LeaseError(DjangoLeasesError):
     """Base class of the lease errors; ``.key`` is the lease key."""
 
     def __init__(self, key: str, message: str) -> None:
@@ -15,7 +47,7 @@ class LeaseError(Exception):
 
 
 class LeaseTakenError(LeaseError):
-    """The key is held, live, by another holder (``hold_lease`` never waits)."""
+    """The key is held, live, by another holder (``hold_lease`` does not wait unless asked)."""
 
     def __init__(self, key: str) -> None:
         super().__init__(key, f"Lease {key!r} is held by another holder")
@@ -24,16 +56,23 @@ class LeaseTakenError(LeaseError):
 class LeaseLostError(LeaseError):
     """The lease lapsed or passed to another holder before the body finished.
 
-    Raised by ``hold_lease`` / ``ahold_lease`` when it cannot vouch that the body
-    ran alone, by ``LeaseHandle.check()`` once the loss is seen, and by
-    ``Lease.objects.fenced()`` when the lease is no longer held.
+    Raised by ``hold_lease`` / ``ahold_lease`` when it cannot vouch that the body ran alone,
+    by ``HeldLease.check()`` once the loss is seen, and by ``Lease.objects.fenced()`` when
+    the lease is no longer held.
     """
 
     def __init__(self, key: str) -> None:
         super().__init__(key, f"Lease {key!r} was lost before the body finished")
 
 
-class WorkflowStepSupersededError(Exception):
+# -- workflows ----------------------------------------------------------------------------------
+
+
+class WorkflowError(DjangoLeasesError):
+    """Base class of the workflow errors."""
+
+
+class WorkflowStepSupersededError(WorkflowError):
     """A step write came from an attempt that a newer claim has replaced.
 
     Nothing was written. ``.step_id`` and ``.attempt`` name the refused write,
@@ -48,3 +87,236 @@ class WorkflowStepSupersededError(Exception):
         self.step_id = step_id
         self.attempt = attempt
         self.current_attempt = current_attempt
+
+
+class WorkflowStepCancelledError(WorkflowStepSupersededError):
+    """A step write came from an attempt that an operator's cancel of its run stopped.
+
+    A :class:`WorkflowStepSupersededError`, so the engine drops it quietly; nothing was
+    written.
+    """
+
+    def __init__(self, step_id: object, attempt: int) -> None:
+        super().__init__(step_id, attempt, attempt)
+        self.args = (
+            f"Attempt {attempt} of step {step_id} was stopped: its run was cancelled; "
+            "its write was refused",
+        )
+
+
+class WorkflowStepFailedError(WorkflowError):
+    """Raised by ``run.step`` for a step that failed on its last attempt.
+
+    Uncaught, it fails the run with code ``STEP_FAILED``. ``.step_name`` and ``.error`` (the
+    step's JSON error) describe it.
+    """
+
+    def __init__(self, step_name: str, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else error
+        super().__init__(f"Step {step_name!r} failed on its last attempt: {message}")
+        self.step_name = step_name
+        self.error = error
+
+
+class UnknownWorkflowError(WorkflowError, LookupError):
+    """No ``@workflow`` is registered under that name; ``.name`` is the name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"No workflow named {name!r} is registered (is its module imported?)")
+        self.name = name
+
+
+class WorkflowRunStateError(WorkflowError, ValueError):
+    """An operator operation was asked of a run (or step) whose state does not allow it.
+
+    Nothing was written. ``.run_id`` and ``.status`` (the run's status) say which.
+    """
+
+    def __init__(self, run_id: uuid.UUID, status: str, verb: str, rule: str) -> None:
+        super().__init__(f"Run {run_id} is {status}: {rule} {verb}")
+        self.run_id = run_id
+        self.status = status
+
+
+class WorkflowFunctionsMissing(WorkflowError):
+    """The database lacks what the workflow tables' migrations install (``.alias``): the
+    worker refuses to start until ``manage.py migrate`` has run."""
+
+    def __init__(self, alias: str, missing: str) -> None:
+        super().__init__(
+            f"Database {alias!r} lacks {missing}: run 'manage.py migrate' "
+            f"(--database {alias}) before starting workers"
+        )
+        self.alias = alias
+
+
+# -- trigger sources ----------------------------------------------------------------------------
+
+
+class TriggerSourceError(DjangoLeasesError):
+    """Base class of the trigger-source errors. ``.name`` is the source (``None`` where the
+    error is not about one source). The message is meant for operators (the admin's message, a
+    command's stderr) and never holds a secret."""
+
+    def __init__(self, name: str | None, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class UnknownTriggerSourceError(TriggerSourceError, LookupError):
+    """No ``TriggerSource`` row has that name. ``.name`` is the name asked for."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, f"Unknown trigger source: {name!r}")
+
+
+class SourceStillDeclared(TriggerSourceError):
+    """``forget`` of a source that is still declared in code (only orphans are forgotten)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} is still declared in code; only an orphan can be "
+            "forgotten (disable it instead, or remove its declaration and reconcile first)",
+        )
+
+
+class SourceOrphaned(TriggerSourceError):
+    """``enable`` of a source whose declaration left the code (an orphan)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} is an orphan (its declaration left the code); it can "
+            "only be torn down or forgotten",
+        )
+
+
+class NoAddress(TriggerSourceError):
+    """``enable`` of a source with no ``base_url``: there is no URL to register."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} has no address yet: run "
+            "'manage.py reconcile_trigger_sources --base-url https://your.app' first",
+        )
+
+
+class ProviderNotInstalled(TriggerSourceError):
+    """The source's provider is not installed in this process, and it is needed."""
+
+    def __init__(self, name: str, provider: str) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} uses provider {provider!r}, which is not installed here",
+        )
+        self.provider = provider
+
+
+class NoReceiveURL(TriggerSourceError):
+    """The project's URLconf does not include ``django_leases.urls``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            name,
+            f"Cannot build the receiving URL of trigger source {name!r}: add "
+            "path('', include('django_leases.urls')) (any prefix) to your URLconf",
+        )
+
+
+class SourceBusy(TriggerSourceError):
+    """Another operation on the source held its lease for longer than ``wait`` seconds."""
+
+    def __init__(self, name: str, wait: float) -> None:
+        super().__init__(
+            name,
+            f"Trigger source {name!r} is busy: another operation on it did not finish "
+            f"within {wait:g} s; try again",
+        )
+
+
+class ProviderError(TriggerSourceError):
+    """A provider step failed. The message is safe to show operators and to log: it never
+    holds a secret or an API token (only the provider, the step and the HTTP status or
+    network failure)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
+
+
+class CredentialError(TriggerSourceError):
+    """A stored secret cannot be decrypted with the configured keys (the key that encrypted
+    it was dropped, or the row was altered). The message names the secret, never its value;
+    ``.name`` is the secret's name (a source's signing secret: the source's)."""
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(name, message)
+
+
+class ReceiveError(TriggerSourceError):
+    """A delivery was refused; ``.status`` is the HTTP status to answer, nothing was recorded.
+
+    The message (also ``.message``) is safe to send back to the sender: it never holds a
+    secret.
+    """
+
+    status = 400
+
+    def __init__(self, message: str, name: str | None = None) -> None:
+        super().__init__(name, message)
+        self.message = message
+
+
+class SourceNotReceiving(ReceiveError):
+    """Unknown, orphaned (no longer declared) or disabled source: 404."""
+
+    status = 404
+
+
+class PayloadTooLarge(ReceiveError):
+    """The body is over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]``: 413."""
+
+    status = 413
+
+
+class SignatureMismatch(ReceiveError):
+    """The signature header is missing or does not sign the body with the secret: 401."""
+
+    status = 401
+
+
+class MalformedDelivery(ReceiveError, ValueError):
+    """Signed, but not a delivery we can read (body, event or delivery id): 400."""
+
+    status = 400
+
+
+__all__ = [
+    "CredentialError",
+    "DjangoLeasesError",
+    "LeaseError",
+    "LeaseLostError",
+    "LeaseTakenError",
+    "MalformedDelivery",
+    "NoAddress",
+    "NoReceiveURL",
+    "PayloadTooLarge",
+    "ProviderError",
+    "ProviderNotInstalled",
+    "ReceiveError",
+    "SignatureMismatch",
+    "SourceBusy",
+    "SourceNotReceiving",
+    "SourceOrphaned",
+    "SourceStillDeclared",
+    "TriggerSourceError",
+    "UnknownTriggerSourceError",
+    "UnknownWorkflowError",
+    "WorkflowError",
+    "WorkflowFunctionsMissing",
+    "WorkflowRunStateError",
+    "WorkflowStepCancelledError",
+    "WorkflowStepFailedError",
+    "WorkflowStepSupersededError",
+]

@@ -1,46 +1,129 @@
-"""Argument checks shared by every public entry point (one place for each rule)."""
+"""Argument checks shared by every public entry point: one place for each rule.
+
+A leaf module: it imports nothing of the package but the settings. Every check returns the
+value it accepted (normalised where said) or raises ``ValueError`` with a message that names
+what was wrong and never echoes a secret; nothing is ever truncated or guessed at.
+"""
 
 from __future__ import annotations
 
+import decimal
+import json
 import math
+import re
+import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from decimal import Decimal
 from numbers import Real
+from typing import Any
 
 from django_leases.conf import leases_settings
 
-#: Longest key or holder accepted, in characters (the column width).
+#: Longest lease key or holder accepted, in characters (the column width).
 MAX_KEY_LENGTH = 255
+
+#: Longest workflow, step, step-function, trigger-source or credential name, in characters.
+MAX_NAME_LENGTH = 200
 
 #: Shortest TTL accepted, in seconds: the database clock is read to the millisecond.
 MIN_TTL = 0.001
 
+#: Deepest nesting of lists and objects a stored JSON value may have.
+MAX_JSON_DEPTH = 100
 
-def check_name(value: object, what: str) -> str:
-    """Return ``value`` if it is a usable lease key or holder, else raise ``ValueError``.
+#: Most retries a step may ask for (``retries + 1`` attempts).
+MAX_RETRIES = 1000
 
-    A usable name is a non-empty ``str`` of at most 255 characters, without NUL and without
-    lone surrogates (neither PostgreSQL nor SQLite can store them). Longer names are
-    refused, never truncated.
+#: Longest delay between two attempts of a step, seconds (one day).
+MAX_RETRY_DELAY = 86400.0
+
+_UNSTORABLE_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+# -- names --------------------------------------------------------------------------------------
+
+
+def string_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored in a text or JSON column on every supported database
+    (a NUL character, or a lone surrogate), or ``None``."""
+    if "\x00" in text:
+        return "contains a NUL character (PostgreSQL cannot store one)"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "contains a lone surrogate (not valid Unicode; it cannot be stored as UTF-8)"
+    return None
+
+
+def check_name(value: object, what: str, *, max_length: int = MAX_NAME_LENGTH) -> str:
+    """Return ``value`` if it is a usable name, else raise ``ValueError`` naming ``what``.
+
+    A usable name is a non-empty ``str`` of at most ``max_length`` characters (the column
+    width) that can be stored: no NUL character, no lone surrogate. Longer names are refused,
+    never truncated. ``what`` says whose name it is (``"Lease key"``, ``"Step name"``…).
     """
     if not isinstance(value, str):
-        raise ValueError(f"Lease {what} must be a str, not {type(value).__name__}")
+        raise ValueError(f"{what} must be a str, not {type(value).__name__}")
     if not value:
-        raise ValueError(f"Lease {what} must not be empty")
-    if len(value) > MAX_KEY_LENGTH:
-        raise ValueError(
-            f"Lease {what} is {len(value)} characters long; the limit is {MAX_KEY_LENGTH}"
-        )
-    if "\x00" in value:
-        raise ValueError(f"Lease {what} must not contain a NUL character")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"Lease {what} must be valid Unicode text (it contains a lone surrogate)"
-            ) from None
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > max_length:
+        raise ValueError(f"{what} is {len(value)} characters long; the limit is {max_length}")
+    problem = string_problem(value)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}")
     return value
+
+
+def check_lease_name(value: object, what: str) -> str:
+    """:func:`check_name` for a lease ``key`` or ``holder`` (``what``): up to
+    :data:`MAX_KEY_LENGTH` (255) characters."""
+    return check_name(value, f"Lease {what}", max_length=MAX_KEY_LENGTH)
+
+
+def check_identifier(value: object, what: str) -> str:
+    """:func:`check_name` for a workflow, step or step-function name (up to 200 characters)."""
+    return check_name(value, what)
+
+
+# -- numbers of seconds -------------------------------------------------------------------------
+
+
+def seconds(
+    value: object,
+    what: str,
+    *,
+    minimum: float = 0.0,
+    above_minimum: bool = False,
+    maximum: float | None = None,
+) -> float:
+    """``value`` (an ``int``, ``float``, ``Decimal`` or ``timedelta``) as float seconds, the
+    one check of "a number of seconds" for every argument that is one.
+
+    Refused with ``ValueError`` naming ``what``: ``bool`` and strings, NaN and infinities,
+    values below ``minimum`` (or equal to it, with ``above_minimum``), above ``maximum``.
+    """
+    if isinstance(value, timedelta):
+        number = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, Real | Decimal):
+        raise ValueError(
+            f"{what} must be a timedelta or a number of seconds, not {type(value).__name__}"
+        )
+    else:
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf if value > 0 else -math.inf  # type: ignore[operator]
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+    if above_minimum and number <= minimum:
+        raise ValueError(f"{what} must be greater than {minimum:g} seconds, got {number:g}")
+    if number < minimum:
+        raise ValueError(f"{what} must be at least {minimum:g} seconds, got {number:g}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{what} of {number!r} s is longer than the limit of {maximum!r} s")
+    return number
 
 
 def ttl_seconds(ttl: object) -> float:
@@ -51,27 +134,10 @@ def ttl_seconds(ttl: object) -> float:
     database clock's resolution) and for a TTL longer than ``DJANGO_LEASES["MAX_TTL"]``
     (366 days by default).
     """
-    if isinstance(ttl, timedelta):
-        seconds = ttl.total_seconds()
-    elif isinstance(ttl, bool) or not isinstance(ttl, Real | Decimal):
-        raise ValueError(
-            f"Lease ttl must be a timedelta or a number of seconds, not {type(ttl).__name__}"
-        )
-    else:
-        try:
-            seconds = float(ttl)
-        except OverflowError:
-            seconds = math.inf if ttl > 0 else -math.inf  # type: ignore[operator]
-    if not math.isfinite(seconds):
-        raise ValueError(f"Lease ttl must be a finite number of seconds, got {ttl!r}")
-    if seconds <= 0:
-        raise ValueError(f"Lease ttl must be greater than 0 seconds, got {seconds:g}")
-    if seconds < MIN_TTL:
-        raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {seconds:g}")
-    limit = float(leases_settings.MAX_TTL)
-    if seconds > limit:
-        raise ValueError(f"Lease ttl of {seconds!r} s is longer than the limit of {limit!r} s")
-    return seconds
+    number = seconds(ttl, "Lease ttl", above_minimum=True)
+    if number < MIN_TTL:
+        raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {number:g}")
+    return seconds(number, "Lease ttl", maximum=float(leases_settings.MAX_TTL))
 
 
 def renewable_ttl_seconds(ttl: object) -> float:
@@ -80,11 +146,208 @@ def renewable_ttl_seconds(ttl: object) -> float:
     shortest interval (``3 × DJANGO_LEASES["RENEWAL_FLOOR"]``, 0.15 s by default), since
     such a lease would lapse before its first renewal. Raises ``ValueError``.
     """
-    seconds = ttl_seconds(ttl)
+    number = ttl_seconds(ttl)
     shortest = round(3 * float(leases_settings.RENEWAL_FLOOR), 6)
-    if seconds < shortest:
+    if number < shortest:
         raise ValueError(
             f"A renewed lease needs a ttl of at least {shortest!r} s "
-            f"(three renewals at the shortest interval), got {seconds!r}"
+            f"(three renewals at the shortest interval), got {number!r}"
         )
-    return seconds
+    return number
+
+
+# -- workflow arguments -------------------------------------------------------------------------
+
+
+def check_attempt(attempt: object) -> int:
+    """``attempt`` if it is an ``int`` ≥ 1 (a step's fencing number), else ``ValueError``."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise ValueError(f"attempt must be an int >= 1, not {attempt!r}")
+    return attempt
+
+
+def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
+    """Validate a step's ``retries`` and ``retry_delay``; returns them as ``(int, float)``.
+
+    ``retries`` is an ``int`` (not ``bool``) with ``0 <= retries <=`` :data:`MAX_RETRIES`;
+    ``retry_delay`` is a finite number of seconds with ``0 <= retry_delay <=``
+    :data:`MAX_RETRY_DELAY`. Raises ``ValueError`` otherwise.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ValueError(f"retries must be an int from 0 to {MAX_RETRIES}, not {retries!r}")
+    if isinstance(retry_delay, timedelta):
+        raise ValueError(f"retry_delay must be a number of seconds, not {retry_delay!r}")
+    return retries, seconds(retry_delay, "retry_delay", maximum=MAX_RETRY_DELAY)
+
+
+def parse_run_id(run_id: object) -> uuid.UUID:
+    """``run_id`` (a ``uuid.UUID`` or its text) as a ``uuid.UUID``; ``ValueError`` otherwise."""
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    try:
+        return uuid.UUID(str(run_id).strip())
+    except ValueError:
+        raise ValueError(f"{run_id!r} is not a workflow run id (a UUID)") from None
+
+
+# -- JSON ---------------------------------------------------------------------------------------
+
+
+def _json_problem(value: Any, path: str, depth: int) -> str | None:
+    """The first reason ``value`` is not storable JSON, as ``"<path> <reason>"``, or ``None``.
+
+    Recursion is bounded by :data:`MAX_JSON_DEPTH`, so a deep or self-referencing value is
+    refused rather than exhausting the stack.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        problem = string_problem(value)
+        return f"{path} {problem}" if problem else None
+    if isinstance(value, int):
+        try:
+            str(value)
+        except ValueError:  # beyond sys.get_int_max_str_digits()
+            return f"{path} is an integer too large to write as JSON"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r} (not a JSON number)"
+    if isinstance(value, list | tuple | dict):
+        if depth >= MAX_JSON_DEPTH:
+            return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key is not None and not isinstance(key, str | int | float | bool):
+                    return f"{path} has a key of type {type(key).__name__} (keys must be str)"
+                text = key if isinstance(key, str) else json.dumps(key, allow_nan=False)
+                problem = string_problem(text)
+                if problem:
+                    return f"{path} has a key that {problem}"
+                found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
+                if found:
+                    return found
+            return None
+        for index, item in enumerate(value):
+            found = _json_problem(item, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    return f"{path} is of type {type(value).__name__}, which is not JSON"
+
+
+def check_json(value: Any, what: str) -> Any:
+    """Return ``value`` if it can be stored as JSON on every supported database, else raise.
+
+    The one rule for every JSON value the workflow tables hold (run input and output, step
+    data and results): ``None``, ``bool``, ``int``, finite ``float``, ``str``, ``list`` /
+    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one), nested at
+    most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
+    (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
+
+    Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
+    itself is always storable).
+    """
+    try:
+        problem = _json_problem(value, "$", 0)
+        if problem is None:
+            json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        problem = f"$ cannot be written as JSON ({type(exc).__name__})"
+    if problem is not None:
+        raise ValueError(f"{what} must be storable JSON: {clean_text(problem)}")
+    return value
+
+
+def clean_text(text: str) -> str:
+    """``text`` with NUL characters and lone surrogates replaced by U+FFFD (storable)."""
+    return _UNSTORABLE_CHARS.sub("\ufffd", text)
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except (Exception, RecursionError):
+        text = f"<unprintable {type(value).__name__}>"
+    return text if len(text) <= 2000 else text[:1997] + "..."
+
+
+def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
+    """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
+
+    An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
+    attribute, if any); a mapping is kept when it is storable JSON (``message`` added if
+    missing); a string becomes the message. NUL characters and lone surrogates in the
+    message, type and code are replaced by U+FFFD, so the error can always be written.
+    """
+    if isinstance(error, BaseException):
+        try:
+            message = str(error)
+        except Exception:  # a broken __str__ must not stop the error being recorded
+            message = f"<{type(error).__name__}: str() failed>"
+        out: dict[str, Any] = {
+            "type": clean_text(type(error).__name__),
+            "message": clean_text(message),
+        }
+        code = getattr(error, "code", None)
+        if isinstance(code, str):
+            out["code"] = clean_text(code)
+        elif isinstance(code, int) and not isinstance(code, bool):
+            out["code"] = code
+        return out
+    if isinstance(error, Mapping):
+        out = {str(k): v for k, v in error.items()}
+        try:
+            check_json(out, "error")
+        except ValueError:
+            out = {
+                str(k): v
+                for k, v in out.items()
+                if _json_problem(v, "$", 1) is None and string_problem(str(k)) is None
+            }
+            out["message"] = clean_text(str(error.get("message", "")) or _safe_repr(error))
+        if not isinstance(out.get("message"), str):
+            out["message"] = clean_text("" if out.get("message") is None else str(out["message"]))
+        return out
+    return {"message": clean_text(str(error))}
+
+
+def as_stored(value: Any) -> Any:
+    """JSON ``value`` as PostgreSQL's ``jsonb`` gives it back once stored: object keys in
+    jsonb's order (shorter first, then bytewise) and a number written with an exponent read
+    back as jsonb prints it (``1e+16`` comes back as the integer ``10000000000000000``). A
+    pass that replays a result in memory must see what a pass reading it would see."""
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda key: (len(key.encode()), key.encode()))
+        return {key: as_stored(value[key]) for key in keys}
+    if isinstance(value, list):
+        return [as_stored(item) for item in value]
+    if isinstance(value, float):
+        text = repr(value)
+        if "e" in text:
+            plain = format(decimal.Decimal(text), "f")
+            return float(plain) if "." in plain else int(plain)
+    return value
+
+
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "MAX_KEY_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_RETRIES",
+    "MAX_RETRY_DELAY",
+    "MIN_TTL",
+    "as_stored",
+    "check_attempt",
+    "check_identifier",
+    "check_json",
+    "check_lease_name",
+    "check_name",
+    "check_retries",
+    "clean_text",
+    "error_json",
+    "parse_run_id",
+    "renewable_ttl_seconds",
+    "seconds",
+    "string_problem",
+    "ttl_seconds",
+]

@@ -1,0 +1,234 @@
+"""The database layer below the models: routed QuerySets, the one switch between the portable
+ORM path and tuned SQL, prepared statements, and closing a thread's connections.
+
+**The switch.** A rule of the models (``Lease.objects.acquire``, a step's fenced write…) is
+written once as portable ORM code and, where a vendor gives a faster way, once as a tuned
+statement beside it in the same method::
+
+    if db.tuned(connection, "postgresql"):
+        ...  # the tuned statement (django_leases.workflows.sql, or the model module's own)
+    else:
+        ...  # the portable ORM path, with the same rules
+
+:func:`tuned` is the only place that decides: ``DJANGO_LEASES["TUNED_SQL"]`` (default
+``True``) and the vendors the caller names. With ``TUNED_SQL = False`` every rule takes its
+portable path on every database; the test suite runs the conformance suites on PostgreSQL
+both ways, so the portable path meets real row locks too.
+
+**Prepared statements.** Django binds parameters on the client, so PostgreSQL parses and
+plans every statement it receives. :func:`cursor` gives the tuned statements a cursor that
+has the server prepare them instead (psycopg's ``prepare=True``), where that is safe:
+
+* on PostgreSQL with psycopg 3, outside ``transaction.atomic()`` (a statement that fails
+  inside a transaction would abort the caller's transaction);
+* unless ``DJANGO_LEASES["PREPARED_STATEMENTS"]`` is ``False``, or the database's
+  ``DISABLE_SERVER_SIDE_CURSORS`` is ``True`` (Django's documented setting for a pooler in
+  transaction mode, such as PgBouncer before 1.21, which cannot keep prepared statements);
+* and until a statement fails because the server does not know (or already knows) its
+  prepared statement, which is what a transaction-mode pooler does: prepared statements are
+  then switched off for that database alias for the life of the process (logged once), and
+  the statement is sent again unprepared. Nothing ran the first time, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from django.db import connections, models, router
+from django.db.utils import DatabaseError
+
+from django_leases.conf import leases_settings
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper
+
+logger = logging.getLogger("django_leases.db")
+
+#: Vendors that have tuned statements for at least one rule.
+TUNED_VENDORS = frozenset({"postgresql", "sqlite"})
+
+
+def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:
+    """Whether a rule takes its tuned statement on ``connection``: ``TUNED_SQL`` is on and the
+    connection's vendor is one of ``vendors`` (the vendors the statement is written for)."""
+    return bool(leases_settings.TUNED_SQL) and connection.vendor in vendors
+
+
+_M = TypeVar("_M", bound=models.Model)
+
+
+class RoutedQuerySet(models.QuerySet[_M]):
+    """A QuerySet whose domain methods run on the database the router picks for writes (or
+    the one ``using()`` / ``db_manager()`` named)."""
+
+    def write_alias(self) -> str:
+        """The database alias this QuerySet's writes go to."""
+        return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
+
+    def connection(self) -> BaseDatabaseWrapper:
+        """The connection (of the calling thread) for :meth:`write_alias`."""
+        return connections[self.write_alias()]
+
+    def rows(self) -> models.QuerySet[_M]:
+        """Every row, on :meth:`write_alias`, with no filter of this QuerySet applied."""
+        return self.model._default_manager.using(self.write_alias()).all()
+
+    def table(self) -> str:
+        """The model's table name, quoted for :meth:`connection`."""
+        return str(self.connection().ops.quote_name(self.model._meta.db_table))
+
+
+# -- prepared statements ------------------------------------------------------------------------
+
+_unprepared_lock = threading.Lock()
+#: Aliases on which a pooler refused a prepared statement (for the life of the process).
+_unprepared: set[str] = set()
+
+#: SQLSTATEs of "prepared statement does not exist" and "... already exists".
+_POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+
+
+def prepares(connection: BaseDatabaseWrapper) -> bool:
+    """Whether :func:`cursor` has the server prepare statements on ``connection`` now (see
+    the module docstring for the rules)."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False
+    if not leases_settings.PREPARED_STATEMENTS:
+        return False
+    if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return False
+    with _unprepared_lock:
+        return connection.alias not in _unprepared
+
+
+def _pooler_refused(exc: BaseException) -> bool:
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) in _POOLER_SQLSTATES
+
+
+def _stop_preparing(connection: BaseDatabaseWrapper, exc: BaseException) -> None:
+    with _unprepared_lock:
+        first = connection.alias not in _unprepared
+        _unprepared.add(connection.alias)
+    if first:
+        logger.warning(
+            "Database %r refused a prepared statement (%s): a pooler in transaction mode? "
+            "django-leases sends its statements unprepared on it from now on; set "
+            "DISABLE_SERVER_SIDE_CURSORS = True for it (or DJANGO_LEASES"
+            '["PREPARED_STATEMENTS"] = False) to say so up front',
+            connection.alias,
+            exc,
+        )
+
+
+class _Statements:
+    """What :func:`cursor` yields: ``execute`` sends one statement, prepared where
+    :func:`prepares` allows, and the rows are read from it as from a DB-API cursor."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self._connection = connection
+        self._cursor: CursorWrapper | None = None
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Statements:
+        """Send ``sql`` with ``params`` (``%s`` placeholders); returns ``self``."""
+        connection = self._connection
+        self.close()
+        if prepares(connection):
+            try:
+                self._cursor = _preparing_cursor(connection)
+                self._cursor.execute(sql, params)
+                return self
+            except DatabaseError as exc:
+                if not _pooler_refused(exc):
+                    raise
+                _stop_preparing(connection, exc)
+                self.close()
+        self._cursor = connection.cursor()
+        self._cursor.execute(sql, params)
+        return self
+
+    def _current(self) -> CursorWrapper:
+        if self._cursor is None:
+            raise RuntimeError("no statement was executed")
+        return self._cursor
+
+    def fetchone(self) -> Any:
+        return self._current().fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return list(self._current().fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._current().rowcount)
+
+    def close(self) -> None:
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
+
+
+@functools.cache
+def _preparing_class() -> type[Any]:
+    import psycopg
+
+    class PreparingCursor(psycopg.Cursor[Any]):
+        """A server-binding cursor whose every statement is prepared on the server."""
+
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
+        ) -> Any:
+            return super().execute(query, params, prepare=True, **kwargs)
+
+    return PreparingCursor
+
+
+def _preparing_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
+    """A Django cursor (instrumented as Django's own: ``execute_wrapper``, query logging)
+    around a psycopg server-binding cursor that prepares every statement it sends."""
+    connection.ensure_connection()
+    raw = _preparing_class()(connection.connection)
+    return cast("CursorWrapper", connection._prepare_cursor(raw))  # type: ignore[attr-defined]
+
+
+@contextmanager
+def cursor(connection: BaseDatabaseWrapper) -> Iterator[_Statements]:
+    """A cursor for tuned statements on ``connection``: prepared on the server where
+    :func:`prepares` allows, Django's own cursor otherwise. Database errors propagate (as
+    Django's ``DatabaseError`` subclasses), but for a pooler's refusal of a prepared
+    statement, which is handled here."""
+    statements = _Statements(connection)
+    try:
+        yield statements
+    finally:
+        statements.close()
+
+
+# -- threads ------------------------------------------------------------------------------------
+
+
+def close_thread_connections() -> None:
+    """Close every database connection the calling thread opened (Django's connections are
+    per thread); errors while closing are logged and ignored. For threads that end (renewal,
+    worker threads) and for a thread that lost its connection (the next query reconnects)."""
+    for conn in connections.all(initialized_only=True):
+        try:
+            conn.close()
+        except Exception:
+            logger.debug("closing connection %r failed", conn.alias, exc_info=True)
+
+
+__all__ = [
+    "TUNED_VENDORS",
+    "RoutedQuerySet",
+    "close_thread_connections",
+    "cursor",
+    "prepares",
+    "tuned",
+]
