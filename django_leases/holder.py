@@ -65,19 +65,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.db import DatabaseError, connections, router
+from django.db import connections, router
 
 from django_leases.conf import leases_settings
-from django_leases.leases import new_holder
-from django_leases.renewal import Renewal, renewal_interval
-from django_leases.signals import lease_lost
-from django_leases.validation import check_name, renewable_ttl_seconds
-
-if TYPE_CHECKING:
-    from django_leases.models import Lease, LeaseQuerySet
+from django_leases.exceptions import LeaseLostError, LeaseTakenError
+from django_leases.leases import HeldLease
+from django_leases.process import on_stop, signal_name
+from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
 
 logger = logging.getLogger("django_leases.holder")
 
@@ -92,9 +88,6 @@ EXIT_NOT_FOUND = 127
 
 #: Signals the holder forwards to the child's process group.
 FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-#: Longest pause between two acquisition attempts under ``--wait``, seconds.
-WAIT_POLL_MAX = 1.0
 
 #: Longest the supervision loop sleeps without looking around, seconds (a safety net; it is
 #: woken at once by the child's exit, a signal or the loss of the lease).
@@ -151,24 +144,24 @@ class LeaseHolder:
         using: str | None = None,
         report: Report | None = None,
     ) -> None:
-        self.key = check_name(key, "key")
+        self.key = check_lease_name(key, "key")
         self.command = list(command)
         if not self.command or not all(isinstance(part, str) for part in self.command):
             raise ValueError("The command to run must be a non-empty list of strings")
         self.ttl = renewable_ttl_seconds(ttl)
         self.wait = wait
-        self.wait_timeout = None if wait_timeout is None else _seconds(wait_timeout, "wait timeout")
-        self.grace = _seconds(
+        self.wait_timeout = None if wait_timeout is None else seconds(wait_timeout, "wait timeout")
+        self.grace = seconds(
             leases_settings.HOLD_LEASE_KILL_GRACE if grace is None else grace, "grace"
         )
-        from django_leases.models import Lease
+        from django_leases.models.lease import Lease
 
         self.using = using or router.db_for_write(Lease)
         if self.using not in connections:
             raise ValueError(f"Unknown database alias {self.using!r}")
-        self.holder = new_holder()
+        self.held = HeldLease(self.key, self.ttl, using=self.using, on_lost=self._on_lost)
+        self.holder = self.held.holder
         self._report = report
-        self._lease: Lease | None = None
         self._wake = threading.Event()
         self._received: list[int] = []
         self._forwarded = 0
@@ -183,78 +176,71 @@ class LeaseHolder:
         ``wait`` propagate (as ``django.db.DatabaseError``); under ``wait`` they are logged
         and retried.
         """
-        self._install_signal_handlers()
-        try:
-            acquired = self._acquire()
-            if acquired is None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("LeaseHolder.run() must be called from the main thread")
+        with on_stop(self._on_signal, FORWARDED_SIGNALS) as previous:
+            self._previous_handlers = previous
+            if not self._acquire():
                 if self._received:
                     return 128 + self._received[0]
                 return EXIT_TAKEN
-            lease, sent = acquired
             try:
-                return self._run_child(lease, sent)
+                return self._run_child()
             finally:
-                self._release()
-        finally:
-            self._restore_signal_handlers()
+                self.held.finish(vouch=False)  # a no-op once the child's end was vouched for
+                if self.held.released:
+                    self._say(2, f"Released lease {self.key!r} (token {self.held.token}).")
+                else:
+                    self._say(1, f"Could not release lease {self.key!r}; it lapses after its TTL.")
+                connections[self.using].close()
 
     # -- acquisition ---------------------------------------------------------------------
 
-    def _objects(self) -> LeaseQuerySet:
-        from django_leases.models import Lease
-
-        return Lease.objects.db_manager(self.using)  # type: ignore[return-value]
-
-    def _acquire(self) -> tuple[Lease, float] | None:
-        """The granted lease and the monotonic time its request was sent, or ``None``."""
-        interval = min(WAIT_POLL_MAX, renewal_interval(self.ttl))
-        give_up = None if self.wait_timeout is None else time.monotonic() + self.wait_timeout
+    def _acquire(self) -> bool:
+        """Acquire the lease (renewals not started yet); ``False`` when not acquired."""
         announced = False
-        while not self._received:
-            sent = time.monotonic()
-            unreachable = False
-            try:
-                lease = self._objects().acquire(self.key, self.holder, self.ttl)
-            except DatabaseError as exc:
-                if not self.wait:
-                    raise
-                self._say(1, f"Could not reach the database to acquire {self.key!r}: {exc}")
-                connections[self.using].close()
-                lease, unreachable = None, True
-            if lease is not None:
-                self._say(2, f"Acquired lease {self.key!r} with token {lease.token}.")
-                # The child may run for hours: do not keep an idle connection open meanwhile.
-                connections[self.using].close()
-                return lease, sent
-            if not self.wait:
-                self._say(1, f"Lease {self.key!r} is held by another holder; not running.")
-                return None
-            if not announced and not unreachable:
+
+        def observe(event: str, error: BaseException | None) -> None:
+            nonlocal announced
+            if event == "unreachable":
+                self._say(1, f"Could not reach the database to acquire {self.key!r}: {error}")
+            elif self.wait and not announced:
                 self._say(1, f"Lease {self.key!r} is held by another holder; waiting for it.")
                 announced = True
-            pause = interval
-            if give_up is not None:
-                remaining = give_up - time.monotonic()
-                if remaining <= 0:
-                    self._say(1, f"Gave up waiting for lease {self.key!r}; not running.")
-                    return None
-                pause = min(pause, remaining)
-            self._wake.wait(pause)
-            self._wake.clear()
-        self._say(1, f"Stopped by {_signal_name(self._received[0])} before running the command.")
-        return None
+
+        if self._received:
+            self._say(1, f"Stopped by {signal_name(self._received[0])} before running the command.")
+            return False
+        wait = None
+        if self.wait:
+            wait = float("inf") if self.wait_timeout is None else self.wait_timeout
+        try:
+            self.held.acquire(
+                wait=wait, stop=lambda: bool(self._received), observe=observe, renew=False
+            )
+        except LeaseTakenError:
+            if self._received:
+                self._say(
+                    1, f"Stopped by {signal_name(self._received[0])} before running the command."
+                )
+            elif self.wait:
+                self._say(1, f"Gave up waiting for lease {self.key!r}; not running.")
+            else:
+                self._say(1, f"Lease {self.key!r} is held by another holder; not running.")
+            return False
+        self._say(2, f"Acquired lease {self.key!r} with token {self.held.lease.token}.")
+        # The child may run for hours: do not keep an idle connection open meanwhile.
+        connections[self.using].close()
+        return True
 
     # -- the child -----------------------------------------------------------------------
 
-    def _run_child(self, lease: Lease, sent: float) -> int:
-        self._lease = lease
+    def _run_child(self) -> int:
         if self._received:
-            self._say(
-                1, f"Stopped by {_signal_name(self._received[0])} before running the command."
-            )
+            self._say(1, f"Stopped by {signal_name(self._received[0])} before running the command.")
             return 128 + self._received[0]
         try:
-            child = self._start_child(lease)
+            child = self._start_child()
         except FileNotFoundError as exc:
             self._say(1, f"Cannot run {self.command[0]!r}: {exc.strerror}.")
             return EXIT_NOT_FOUND
@@ -267,20 +253,19 @@ class LeaseHolder:
         )
         waiter.daemon = True
         waiter.start()
-        renewal = Renewal(self.key, self.ttl, self._renew, held_since=sent, on_lost=self._on_lost)
         try:
-            renewal.start()
-            lost = self._supervise(child, renewal)
+            self.held.start_renewing()
+            lost = self._supervise(child)
         finally:
-            renewal.stop()
             if child.poll() is None:  # only after an unexpected error: never leave it unfenced
                 self._terminate(child)
         status = _exit_status(child.returncode)
-        if lost or renewal.lost.is_set():
+        if lost or self.held.lost.is_set():
             self._say(1, f"Lease {self.key!r} was lost while the command ran (exit {EXIT_LOST}).")
             return EXIT_LOST
-        if not self._final_check():
-            renewal.mark_lost("the final check could not vouch for it")
+        try:
+            self.held.finish(vouch=True)
+        except LeaseLostError:
             self._say(
                 1,
                 f"Lease {self.key!r} could not be confirmed after the command ended "
@@ -290,7 +275,8 @@ class LeaseHolder:
         self._say(2, f"The command exited with status {status}.")
         return status
 
-    def _start_child(self, lease: Lease) -> subprocess.Popen[bytes]:
+    def _start_child(self) -> subprocess.Popen[bytes]:
+        lease = self.held.lease
         env = dict(os.environ)
         env["DJANGO_LEASES_KEY"] = lease.key
         env["DJANGO_LEASES_TOKEN"] = str(lease.token)
@@ -306,7 +292,7 @@ class LeaseHolder:
         child.wait()
         self._wake.set()
 
-    def _supervise(self, child: subprocess.Popen[bytes], renewal: Renewal) -> bool:
+    def _supervise(self, child: subprocess.Popen[bytes]) -> bool:
         """Wait for the child to end, forwarding signals; returns whether the lease was lost."""
         kill_at: float | None = None
         while True:
@@ -314,7 +300,7 @@ class LeaseHolder:
             self._wake.wait(timeout)
             self._wake.clear()
             self._forward_signals(child)
-            if kill_at is None and renewal.lost.is_set():
+            if kill_at is None and self.held.lost.is_set():
                 self._say(
                     1,
                     f"Lease {self.key!r} was lost: sending SIGTERM to the command "
@@ -357,64 +343,13 @@ class LeaseHolder:
             return False
         return True
 
-    # -- renewal and release ----------------------------------------------------------------
-
-    def _renew(self) -> bool:
-        """Called on the renewal thread: refresh the lease; ``False`` once it is not held."""
-        assert self._lease is not None
-        refreshed = self._objects().refresh(self._lease, self.ttl)
-        if refreshed is None:
-            return False
-        self._lease = refreshed
-        return True
-
     def _on_lost(self) -> None:
-        from django_leases.models import Lease
-
-        # Wake the supervisor first: a failing receiver must not delay stopping the child.
+        # Wake the supervisor: the child is stopped from there.
         self._wake.set()
-        lease_lost.send_robust(sender=Lease, key=self.key, lease=self._lease)
-
-    def _final_check(self) -> bool:
-        """One last refresh after the child ended: could the lease be vouched for?"""
-        try:
-            return self._renew()
-        except Exception:
-            logger.warning("Final check of lease %r failed", self.key, exc_info=True)
-            return False
-
-    def _release(self) -> None:
-        lease = self._lease
-        if lease is None:
-            return
-        try:
-            self._objects().release(lease)
-        except Exception:
-            logger.warning("Releasing lease %r failed", self.key, exc_info=True)
-            self._say(1, f"Could not release lease {self.key!r}; it lapses after its TTL.")
-        else:
-            self._say(2, f"Released lease {self.key!r} (token {lease.token}).")
-        finally:
-            connections[self.using].close()
 
     # -- signals ---------------------------------------------------------------------------
 
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("LeaseHolder.run() must be called from the main thread")
-        for signum in FORWARDED_SIGNALS:
-            previous = signal.getsignal(signum)
-            if previous == signal.SIG_IGN:
-                continue  # started with it ignored (nohup, a background job): keep it so
-            self._previous_handlers[signum] = signal.SIG_DFL if previous is None else previous
-            signal.signal(signum, self._on_signal)
-
-    def _restore_signal_handlers(self) -> None:
-        for signum, previous in self._previous_handlers.items():
-            signal.signal(signum, previous)
-        self._previous_handlers.clear()
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         # Runs on the main thread between bytecodes: only record and wake the loop.
         self._received.append(signum)
         self._wake.set()
@@ -424,7 +359,7 @@ class LeaseHolder:
             signum = self._received[self._forwarded]
             self._forwarded += 1
             if child.poll() is None:
-                self._say(1, f"Forwarding {_signal_name(signum)} to the command.")
+                self._say(1, f"Forwarding {signal_name(signum)} to the command.")
                 self._signal_group(child, signum)
 
     def _say(self, level: int, message: str) -> None:
@@ -432,23 +367,6 @@ class LeaseHolder:
             self._report(level, message)
         else:
             logger.log(logging.INFO if level <= 1 else logging.DEBUG, message)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _seconds(value: object, what: str) -> float:
-    """``value`` as float seconds if it is a finite number ≥ 0, else ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"The {what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"The {what} must be a finite number of seconds ≥ 0, got {value!r}")
-    return seconds
 
 
 def _child_setup(parent_pid: int, prctl: Any, handled: dict[int, Any]) -> Callable[[], None]:

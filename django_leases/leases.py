@@ -11,6 +11,15 @@ Follows the reference ``holdLease`` (rules L9–L15) plus DESIGN §4's L16–L18
 
     @hold_lease("rebuild-index", ttl=30)  # each call holds the lease afresh
     def rebuild() -> None: ...
+
+    with hold_lease("migrate", wait=120):  # wait up to 2 minutes for another holder
+        ...
+
+Every holder in the package — ``hold_lease``, ``ahold_lease``, the ``hold_lease`` command
+(:mod:`django_leases.holder`), the workflow engine's run lease and the trigger-source
+lifecycle — follows one protocol, :class:`HeldLease`: acquire (or adopt a lease granted by a
+larger statement), renew every TTL/3 on :class:`~django_leases.renewal.Renewal`, vouch with a
+final check, always release.
 """
 
 from __future__ import annotations
@@ -31,20 +40,28 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections, router
 
+from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
-from django_leases.renewal import Renewal
+from django_leases.renewal import Renewal, renewal_interval
 from django_leases.signals import lease_lost
-from django_leases.validation import check_name, renewable_ttl_seconds
+from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
 
 if TYPE_CHECKING:
-    from django_leases.models import Lease, LeaseQuerySet
+    from django_leases.models.lease import Lease, LeaseQuerySet
 
 logger = logging.getLogger("django_leases.leases")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _R = TypeVar("_R")
+
+#: First pause between two tries for a taken lease, seconds (doubled up to the longest).
+WAIT_FIRST_PAUSE = 0.02
+#: Longest pause between two tries for a taken lease, seconds (also at most a renewal
+#: interval of the lease asked for).
+WAIT_MAX_PAUSE = 1.0
 
 #: Clean-up tasks that must outlive the task that started them (asyncio keeps only weak
 #: references to tasks).
@@ -62,23 +79,73 @@ def new_holder() -> str:
     return f"{socket.gethostname()[:180]}:{os.getpid()}:{secrets.token_hex(8)}"
 
 
-class LeaseHandle:
-    """What the body of ``hold_lease`` gets.
+def _wait_seconds(wait: object) -> float | None:
+    """``wait`` (``None``: do not wait; seconds ≥ 0, ``math.inf`` for ever) checked."""
+    if wait is None:
+        return None
+    if isinstance(wait, float) and wait == float("inf"):
+        return wait
+    return seconds(wait, "wait")
+
+
+class HeldLease:
+    """One hold of a lease: what a ``hold_lease`` body gets, and the protocol every holder
+    follows (acquire or adopt → renew every TTL/3 → final check → release).
+
+    Args:
+        key: the lease key (``str``, 1–255 characters).
+        ttl: the lease's TTL in seconds (``float``, already checked by the caller).
+        holder: the holder name (default: a fresh ``host:pid:random``).
+        using: the database alias (default: the router's choice for ``Lease``).
+        on_lost: called once, on a background thread, when the lease is seen lost (before
+            the ``lease_lost`` signal is sent).
+        deferred_renewal: start the renewal threads only once a first renewal is due, and
+            vouch and release in one statement (for hot paths holding many short leases).
 
     Attributes:
-        key: the lease key (``str``).
-        lease: the latest :class:`~django_leases.models.Lease` row (updated by each renewal).
+        key: the lease key; ``holder``: the holder name; ``ttl``: seconds.
+        lease: the latest :class:`~django_leases.models.Lease` row (updated by each
+            renewal).
         lost: a :class:`threading.Event`, set as soon as the lease is seen lost.
     """
 
-    def __init__(self, lease: Lease, renewal: Renewal) -> None:
-        self.key: str = lease.key
-        self.lease = lease
-        self._renewal = renewal
+    def __init__(
+        self,
+        key: str,
+        ttl: float,
+        *,
+        holder: str | None = None,
+        using: str | None = None,
+        on_lost: Callable[[], None] | None = None,
+        deferred_renewal: bool = False,
+    ) -> None:
+        self.key = key
+        self.ttl = ttl
+        self.holder = holder or new_holder()
+        self.using = using
+        self._lease: Lease | None = None
+        self.lost = threading.Event()
+        self._on_lost = on_lost
+        self._deferred = deferred_renewal
+        self._renewal: Renewal | None = None
+        self._released_live: bool | None = None
+        #: ``None`` until :meth:`finish` ran; then whether the lease was given back.
+        self.released: bool | None = None
+
+    # -- what a body uses -----------------------------------------------------------------------
 
     @property
-    def lost(self) -> threading.Event:
-        return self._renewal.lost
+    def lease(self) -> Lease:
+        """The latest :class:`~django_leases.models.Lease` row (each renewal updates it).
+        Raises ``RuntimeError`` before the lease is acquired."""
+        if self._lease is None:
+            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+        return self._lease
+
+    @property
+    def acquired(self) -> bool:
+        """Whether the lease was acquired (or adopted)."""
+        return self._lease is not None
 
     @property
     def token(self) -> int:
@@ -90,41 +157,53 @@ class LeaseHandle:
         if self.lost.is_set():
             raise LeaseLostError(self.key)
 
+    @property
+    def deadline(self) -> float:
+        """The local deadline (``time.monotonic()``) the lease is vouched for until."""
+        if self._renewal is None:
+            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+        return self._renewal.deadline
 
-class _Holding:
-    """One acquisition: acquire, renew in the background, final check, release."""
-
-    def __init__(
-        self,
-        key: str,
-        ttl: float,
-        holder: str,
-        using: str | None,
-        on_lost: object = None,
-        *,
-        deferred_renewal: bool = False,
-    ) -> None:
-        self.key = key
-        self.ttl = ttl
-        self.holder = holder
-        self.using = using
-        self.handle: LeaseHandle | None = None
-        self._on_lost = on_lost
-        self._deferred_renewal = deferred_renewal
-        self._released_live: bool | None = None
+    # -- the protocol ---------------------------------------------------------------------------
 
     def _objects(self) -> LeaseQuerySet:
-        from django_leases.models import Lease
+        from django_leases.models.lease import Lease
 
-        manager = Lease.objects
-        return manager.db_manager(self.using) if self.using else manager  # type: ignore[return-value]
+        return Lease.objects.db_manager(self.alias)  # type: ignore[return-value]
 
-    def enter(self) -> LeaseHandle:
-        from django.db import connections, router
+    @property
+    def alias(self) -> str:
+        """The database alias the lease lives on."""
+        from django_leases.models.lease import Lease
 
-        from django_leases.models import Lease
+        return self.using or router.db_for_write(Lease)
 
-        alias = self.using or router.db_for_write(Lease)
+    def acquire(
+        self,
+        *,
+        wait: float | None = None,
+        stop: Callable[[], bool] | None = None,
+        observe: Callable[[str, BaseException | None], None] | None = None,
+        renew: bool = True,
+    ) -> HeldLease:
+        """Acquire the lease and start renewing it (unless ``renew`` is false: then call
+        :meth:`start_renewing`); returns ``self``.
+
+        ``wait`` (seconds, ``math.inf`` for ever; ``None``, the default, does not wait): while
+        another holder has the key live, try again with a back-off of 20 ms doubling up to
+        ``min(1 s, TTL/3)``; a database error while waiting is logged and tried again too.
+        ``stop()`` (checked between tries) ends the wait early. ``observe(event, error)`` is
+        told ``"taken"`` on each refusal and ``"unreachable"`` (with the error) on each
+        database error while waiting.
+
+        Raises:
+            LeaseTakenError: another holder has the key (after ``wait`` seconds, or when
+                ``stop()`` turned true).
+            RuntimeError: inside ``transaction.atomic()`` on the lease database (the grant
+                would be invisible to others until that transaction commits).
+            DatabaseError: without ``wait``, as the acquire statement raised it.
+        """
+        alias = self.alias
         if connections[alias].in_atomic_block:
             # The grant would stay invisible to everyone else until the outer transaction
             # commits, and the renewal thread (its own connection) would wait on the row lock.
@@ -134,71 +213,109 @@ class _Holding:
                 "Take the lease outside the transaction (in tests, use TransactionTestCase "
                 "or django_db(transaction=True))."
             )
-        sent = time.monotonic()
-        lease = self._objects().acquire(self.key, self.holder, self.ttl)
-        if lease is None:
-            raise LeaseTakenError(self.key)
-        return self.adopt(lease, sent)
+        limit = _wait_seconds(wait)
+        give_up = None if limit is None else time.monotonic() + limit
+        pause = WAIT_FIRST_PAUSE
+        longest = min(WAIT_MAX_PAUSE, renewal_interval(self.ttl))
+        while True:
+            sent = time.monotonic()
+            try:
+                lease = self._objects().acquire(self.key, self.holder, self.ttl)
+            except DatabaseError as exc:
+                if give_up is None:
+                    raise
+                logger.warning("Could not reach the database to acquire %r: %s", self.key, exc)
+                if observe is not None:
+                    observe("unreachable", exc)
+                db.close_thread_connections()
+                lease = None
+            else:
+                if lease is not None:
+                    return self.adopt(lease, sent, renew=renew)
+                if observe is not None:
+                    observe("taken", None)
+            left = 0.0 if give_up is None else give_up - time.monotonic()
+            if left <= 0 or (stop is not None and stop()):
+                raise LeaseTakenError(self.key)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, longest)
 
-    def adopt(self, lease: Lease, sent: float) -> LeaseHandle:
-        """Hold ``lease``, granted to this holding's key and holder by a statement that did
-        more than acquire it (``sent``: ``time.monotonic()`` just before that statement was
-        sent): renew it from here on as :meth:`enter` would have."""
-        renewal = Renewal(
+    def adopt(self, lease: Lease, sent: float, *, renew: bool = True) -> HeldLease:
+        """Hold ``lease``, granted to this key and holder by a statement that may have done more
+        than acquire it (``sent``: ``time.monotonic()`` just before that statement was sent,
+        where the local deadline starts); renew it from here on. Returns ``self``."""
+        self._lease = lease
+        self._renewal = Renewal(
             self.key,
             self.ttl,
             self._renew,
             held_since=sent,
             on_lost=self._lost,
-            deferred=self._deferred_renewal,
+            deferred=self._deferred,
+            lost=self.lost,
         )
-        self.handle = LeaseHandle(lease, renewal)
-        renewal.start()
-        return self.handle
+        if renew:
+            self._renewal.start()
+        return self
+
+    def start_renewing(self) -> None:
+        """Start the renewals of a lease acquired with ``renew=False`` (a holder that must start
+        a child process before any thread exists)."""
+        if self._renewal is None:
+            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+        self._renewal.start()
 
     def released_elsewhere(self, live: bool) -> None:
         """The lease was released by a statement that did more than release it, and was
-        ``live`` up to that moment: :meth:`exit` only stops renewing, and vouches from
+        ``live`` up to that moment: :meth:`finish` only stops renewing, and vouches from
         ``live`` instead of a final check."""
         self._released_live = live
 
+    def mark_lost(self, reason: str) -> None:
+        """Count the lease lost (once): set :attr:`lost`, tell ``on_lost``, log ``reason``."""
+        if self._renewal is not None:
+            self._renewal.mark_lost(reason)
+        else:
+            self.lost.set()
+
     def _renew(self) -> bool:
-        assert self.handle is not None
-        refreshed = self._objects().refresh(self.handle.lease, self.ttl)
+        refreshed = self._objects().refresh(self.lease, self.ttl)
         if refreshed is None:
             return False
-        self.handle.lease = refreshed
+        self._lease = refreshed
         return True
 
     def _lost(self) -> None:
-        assert self.handle is not None
-        from django_leases.models import Lease
+        from django_leases.models.lease import Lease
 
         # Tell the body first: a failing signal receiver must not keep it from being told.
-        if callable(self._on_lost):
+        if self._on_lost is not None:
             self._on_lost()
-        lease_lost.send_robust(sender=Lease, key=self.key, lease=self.handle.lease)
+        lease_lost.send_robust(sender=Lease, key=self.key, lease=self._lease)
 
-    def exit(self, body_failed: bool) -> None:
-        """Stop renewing; unless the body failed, vouch with one last refresh; always release."""
-        handle = self.handle
-        assert handle is not None
+    def finish(self, *, vouch: bool) -> None:
+        """Stop renewing; with ``vouch``, check once more that the lease is still held and
+        raise :class:`LeaseLostError` if that cannot be confirmed; always release (a release
+        that fails is logged, never raised: the lease then lapses after its TTL)."""
+        if self.released is not None or self._renewal is None:
+            return
+        self.released = False
         released = self._released_live is not None
         try:
-            handle._renewal.stop()
-            if released and not body_failed:
+            self._renewal.stop()
+            if released and vouch:
                 if not self._released_live:
-                    handle._renewal.mark_lost("it had lapsed when it was released")
+                    self.mark_lost("it had lapsed when it was released")
                     raise LeaseLostError(self.key)
-            elif not body_failed:
+            elif vouch:
                 # The last renewal can be a third of a TTL old: check once more before vouching.
                 try:
                     held: bool | None = None
-                    if handle.lost.is_set():
+                    if self.lost.is_set():
                         held = False
-                    elif self._deferred_renewal:
-                        # The check and the release in one statement where the database can.
-                        held = self._objects().release_held(handle.lease)
+                    elif self._deferred:
+                        # The check and the release in one statement.
+                        held = self._release_held()
                         released = held is not None
                     if held is None:
                         held = self._renew()
@@ -206,14 +323,37 @@ class _Holding:
                     logger.warning("Final check of lease %r failed", self.key, exc_info=True)
                     held = False
                 if not held:
-                    handle._renewal.mark_lost("the final check could not vouch for it")
+                    self.mark_lost("the final check could not vouch for it")
                     raise LeaseLostError(self.key)
         finally:
-            if not released:
-                try:
-                    self._objects().release(handle.lease)
-                except Exception:
-                    logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+            self.released = True if released else self._release()
+
+    def _release_held(self) -> bool | None:
+        return self._objects().release_held(self.lease)
+
+    def _release(self) -> bool:
+        """Release; ``False`` when that failed (logged: the lease then lapses after its TTL).
+        A release whose connection failed is tried once more on a fresh connection: a killed
+        connection must not cost the key its TTL."""
+        assert self.lease is not None
+        for tries_left in (1, 0):
+            try:
+                self._objects().release(self.lease)
+                return True
+            except DatabaseError as exc:
+                if not tries_left:
+                    logger.warning("Releasing lease %r failed: %s", self.key, exc)
+                    return False
+                logger.info("Releasing lease %r failed (%s); trying again", self.key, exc)
+                connections[self.alias].close()
+            except Exception:
+                logger.warning("Releasing lease %r failed", self.key, exc_info=True)
+                return False
+        return False  # pragma: no cover - the loop always returns
+
+
+#: The handle's former name.
+LeaseHandle = HeldLease
 
 
 class _Entry:
@@ -225,20 +365,21 @@ class _Entry:
     so this holds even if the loop shuts down first.
     """
 
-    def __init__(self, holding: _Holding) -> None:
-        self.holding = holding
+    def __init__(self, held: HeldLease, wait: float | None) -> None:
+        self.held = held
+        self.wait = wait
         self._lock = threading.Lock()
         self._entered = False
         self._abandoned = False
 
-    def run(self) -> LeaseHandle:
-        handle = self.holding.enter()
+    def run(self) -> HeldLease:
+        self.held.acquire(wait=self.wait, stop=lambda: self._abandoned)
         with self._lock:
             self._entered = True
             abandoned = self._abandoned
         if abandoned:
             self._give_back()
-        return handle
+        return self.held
 
     def abandon(self) -> None:
         with self._lock:
@@ -249,16 +390,24 @@ class _Entry:
 
     def _give_back(self, close: bool = False) -> None:
         try:
-            self.holding.exit(body_failed=True)
+            self.held.finish(vouch=False)
         except Exception:
-            logger.warning(
-                "Giving back lease %r after a cancelled acquire failed", self.holding.key
-            )
+            logger.warning("Giving back lease %r after a cancelled acquire failed", self.held.key)
         finally:
             if close:
-                from django.db import connections
-
                 connections.close_all()
+
+
+def _arguments(
+    key: object, ttl: object, holder: object, wait: object
+) -> tuple[str, float, str | None, float | None]:
+    """``hold_lease`` / ``ahold_lease``'s arguments, checked (``ValueError``)."""
+    return (
+        check_lease_name(key, "key"),
+        renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl),
+        None if holder is None else check_lease_name(holder, "holder"),
+        _wait_seconds(wait),
+    )
 
 
 class hold_lease(ContextDecorator):
@@ -271,12 +420,14 @@ class hold_lease(ContextDecorator):
             renewed every ``ttl / 3``.
         holder: the holder name; defaults to a fresh ``host:pid:random``.
         using: the database alias; defaults to the router's choice for ``Lease``.
+        wait: seconds to wait for another holder to give the key up (``math.inf``: for
+            ever); ``None``, the default, does not wait.
 
-    ``with hold_lease(...) as held`` gives a :class:`LeaseHandle`.
+    ``with hold_lease(...) as held`` gives a :class:`HeldLease`.
 
     Raises:
-        ValueError: bad key, holder or TTL (nothing written).
-        LeaseTakenError: another holder has the key live (raised at once; never waits).
+        ValueError: bad key, holder, TTL or wait (nothing written).
+        LeaseTakenError: another holder has the key live (at once, or after ``wait``).
         LeaseLostError: the lease was lost while the body ran, or the final check after a
             normally finished body could not confirm it was still held. The body is *not*
             interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
@@ -297,19 +448,15 @@ class hold_lease(ContextDecorator):
         *,
         holder: str | None = None,
         using: str | None = None,
+        wait: float | None = None,
     ) -> None:
-        self.key = check_name(key, "key")
-        self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
-        self.holder = None if holder is None else check_name(holder, "holder")
+        self.key, self.ttl, self.holder, self.wait = _arguments(key, ttl, holder, wait)
         self.using = using
-        self._holding: _Holding | None = None
-
-    #: Start the renewal threads only once a first renewal is due (see ``Renewal``).
-    _deferred_renewal = False
+        self._held: HeldLease | None = None
 
     def _recreate_cm(self) -> hold_lease:
         # Each decorated call holds the lease afresh.
-        return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using)
+        return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using, wait=self.wait)
 
     def __call__(self, func: _F) -> _F:
         if inspect.iscoroutinefunction(func):
@@ -319,21 +466,13 @@ class hold_lease(ContextDecorator):
             )
         return super().__call__(func)
 
-    def __enter__(self) -> LeaseHandle:
-        if self._holding is not None:
+    def __enter__(self) -> HeldLease:
+        if self._held is not None:
             raise RuntimeError("hold_lease(...) is not reentrant; create a new one")
-        self._holding = _Holding(
-            self.key,
-            self.ttl,
-            self.holder or new_holder(),
-            self.using,
-            deferred_renewal=self._deferred_renewal,
-        )
-        try:
-            return self._holding.enter()
-        except BaseException:
-            self._holding = None
-            raise
+        held = HeldLease(self.key, self.ttl, holder=self.holder, using=self.using)
+        held.acquire(wait=self.wait)
+        self._held = held
+        return held
 
     def __exit__(
         self,
@@ -341,48 +480,9 @@ class hold_lease(ContextDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        holding, self._holding = self._holding, None
-        assert holding is not None
-        holding.exit(body_failed=exc_type is not None)
-
-
-class _deferred_hold_lease(hold_lease):
-    """:class:`hold_lease` whose renewal threads start only once a first renewal is due
-    (``Renewal(deferred=True)``): for a hot path that holds many short leases, such as the
-    workflow worker driving runs, where most holds end before their first renewal.
-
-    ``adopt``: a lease on ``key`` already granted by a statement that did more than acquire
-    it (the worker's pick of a run), with ``sent`` the ``time.monotonic()`` taken just before
-    that statement; it is held from there instead of acquired. :meth:`released_elsewhere`
-    tells the hold that a statement doing more than release it gave the lease back.
-    """
-
-    _deferred_renewal = True
-
-    def __init__(
-        self,
-        key: str,
-        ttl: float | timedelta | None = None,
-        *,
-        using: str | None = None,
-        adopt: Lease | None = None,
-        sent: float = 0.0,
-    ) -> None:
-        super().__init__(key, ttl, holder=None if adopt is None else adopt.holder, using=using)
-        self._adopt = adopt
-        self._sent = sent
-
-    def __enter__(self) -> LeaseHandle:
-        if self._adopt is None:
-            return super().__enter__()
-        assert self.holder is not None
-        self._holding = _Holding(self.key, self.ttl, self.holder, self.using, deferred_renewal=True)
-        return self._holding.adopt(self._adopt, self._sent)
-
-    def released_elsewhere(self, live: bool) -> None:
-        """See :meth:`_Holding.released_elsewhere`."""
-        assert self._holding is not None
-        self._holding.released_elsewhere(live)
+        held, self._held = self._held, None
+        assert held is not None
+        held.finish(vouch=exc_type is None)
 
 
 class ahold_lease:
@@ -395,7 +495,8 @@ class ahold_lease:
 
     Also a decorator for ``async def`` functions (each call holds the lease afresh);
     decorating a plain function raises ``TypeError``. A task cancelled while the lease is
-    being acquired still gives the lease back once the acquisition has finished.
+    being acquired (or waited for) still gives the lease back once the acquisition has
+    finished.
     """
 
     def __init__(
@@ -405,12 +506,11 @@ class ahold_lease:
         *,
         holder: str | None = None,
         using: str | None = None,
+        wait: float | None = None,
     ) -> None:
-        self.key = check_name(key, "key")
-        self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
-        self.holder = None if holder is None else check_name(holder, "holder")
+        self.key, self.ttl, self.holder, self.wait = _arguments(key, ttl, holder, wait)
         self.using = using
-        self._holding: _Holding | None = None
+        self._held: HeldLease | None = None
         self._task: asyncio.Task[object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cancelled = False
@@ -425,7 +525,9 @@ class ahold_lease:
 
         @functools.wraps(func)
         async def held_call(*args: Any, **kwargs: Any) -> _R:
-            async with ahold_lease(self.key, self.ttl, holder=self.holder, using=self.using):
+            async with ahold_lease(
+                self.key, self.ttl, holder=self.holder, using=self.using, wait=self.wait
+            ):
                 return await func(*args, **kwargs)
 
         return held_call
@@ -440,30 +542,30 @@ class ahold_lease:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._cancel_body)
 
-    async def __aenter__(self) -> LeaseHandle:
-        if self._holding is not None:
+    async def __aenter__(self) -> HeldLease:
+        if self._held is not None:
             raise RuntimeError("ahold_lease(...) is not reentrant; create a new one")
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False
-        holding = _Holding(
+        held = HeldLease(
             self.key,
             self.ttl,
-            self.holder or new_holder(),
-            self.using,
+            holder=self.holder,
+            using=self.using,
             on_lost=self._lost_from_thread,
         )
-        entry = _Entry(holding)
+        entry = _Entry(held, self.wait)
         entering = _keep(asyncio.ensure_future(sync_to_async(entry.run)()))
         try:
-            handle = await asyncio.shield(entering)
+            await asyncio.shield(entering)
         except asyncio.CancelledError:
             # The acquisition goes on in its thread; whatever it gets is given back (else
             # its renewal thread would keep the lease alive for a task that is gone).
             entry.abandon()
             raise
-        self._holding = holding
-        return handle
+        self._held = held
+        return held
 
     async def __aexit__(
         self,
@@ -472,13 +574,11 @@ class ahold_lease:
         tb: TracebackType | None,
     ) -> None:
         self._exiting = True
-        holding, self._holding = self._holding, None
-        assert holding is not None
+        held, self._held = self._held, None
+        assert held is not None
         ours = self._cancelled and exc_type is asyncio.CancelledError
         # Shielded: a cancellation cannot cut the final check and release short.
-        finishing = _keep(
-            asyncio.ensure_future(sync_to_async(holding.exit)(body_failed=exc_type is not None))
-        )
+        finishing = _keep(asyncio.ensure_future(sync_to_async(held.finish)(vouch=exc_type is None)))
         while not finishing.done():
             try:
                 await asyncio.shield(finishing)
@@ -496,3 +596,6 @@ class ahold_lease:
         if ours:
             raise LeaseLostError(self.key) from exc
         finishing.result()
+
+
+__all__ = ["HeldLease", "LeaseHandle", "ahold_lease", "hold_lease", "new_holder"]

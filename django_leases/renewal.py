@@ -29,8 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from django.db import connections
-
+from django_leases import db
 from django_leases.conf import leases_settings
 
 logger = logging.getLogger("django_leases.renewal")
@@ -55,6 +54,8 @@ class Renewal:
         held_since: ``time.monotonic()`` taken just before the acquisition was sent; the
             first local deadline is ``held_since + ttl``. Defaults to now.
         on_lost: called once, on a background thread, when the lease is seen lost.
+        lost: the :class:`threading.Event` to set when the lease is lost (default: a new one;
+            a holder passes its own, which exists before the renewal does).
 
         deferred: start the renewal and deadline threads only once the first renewal is
             due (``interval`` seconds after :meth:`start`), from the process's one
@@ -75,11 +76,12 @@ class Renewal:
         held_since: float | None = None,
         on_lost: Callable[[], None] | None = None,
         deferred: bool = False,
+        lost: threading.Event | None = None,
     ) -> None:
         self.name = name
         self.ttl = ttl
         self.interval = renewal_interval(ttl)
-        self.lost = threading.Event()
+        self.lost = threading.Event() if lost is None else lost
         self._renew = renew
         self._on_lost = on_lost
         self._deadline = (time.monotonic() if held_since is None else held_since) + ttl
@@ -202,11 +204,7 @@ class Renewal:
     @staticmethod
     def _close_connections() -> None:
         # Django's connections are per thread: this closes only the renewal thread's own.
-        for conn in connections.all(initialized_only=True):
-            try:
-                conn.close()
-            except Exception:
-                logger.debug("closing a renewal connection failed", exc_info=True)
+        db.close_thread_connections()
 
 
 class _Schedule:

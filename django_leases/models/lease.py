@@ -10,11 +10,13 @@ Rules (DESIGN §4, reference lease-service tests L1–L8):
   cannot be refreshed even if nobody took it; a stale release is a silent no-op;
 * every "live / lapsed" decision is made on the database clock inside the statement.
 
-On PostgreSQL and SQLite each of acquire, refresh and release is **one statement** in
+Each rule is written twice, side by side in its method behind :func:`django_leases.db.tuned`:
+on PostgreSQL and SQLite each of acquire, refresh and release is **one statement** in
 autocommit (an ``INSERT … ON CONFLICT DO UPDATE … WHERE`` upsert, or a guarded ``UPDATE``);
 the row lock the statement takes makes it a compare-and-set, so exactly one of many
-concurrent acquirers wins. Other vendors use a portable ORM path (``SELECT … FOR UPDATE``
-then ``UPDATE`` in one transaction) with the same rules.
+concurrent acquirers wins. Elsewhere, or with ``DJANGO_LEASES["TUNED_SQL"] = False``, a
+portable ORM path (``SELECT … FOR UPDATE`` then ``UPDATE`` in one transaction) keeps the same
+rules; the conformance suite runs both on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
-from django.db import connections, models, router, transaction
+from django.db import connections, models, transaction
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
 from django.db.models.functions import Now
 
-from django_leases import clock
+from django_leases import clock, db
 from django_leases.exceptions import LeaseLostError
 from django_leases.signals import lease_acquired, lease_released
-from django_leases.validation import MAX_KEY_LENGTH, check_name, ttl_seconds
+from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, ttl_seconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -112,19 +114,23 @@ class LeaseState(models.TextChoices):
     RELEASED = "released", "released"
 
 
-class LeaseQuerySet(models.QuerySet["Lease"]):
+#: The vendors with one-statement acquire, refresh and release.
+_TUNED = ("postgresql", "sqlite")
+
+
+class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
     """Domain methods of ``Lease.objects``. Each opens whatever transaction it needs."""
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _alias(self) -> str:
-        return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
+        return self.write_alias()
 
     def _connection(self) -> BaseDatabaseWrapper:
-        return connections[self._alias()]
+        return connections[self.write_alias()]
 
     def _table(self, connection: BaseDatabaseWrapper) -> str:
-        return connection.ops.quote_name(self.model._meta.db_table)
+        return str(connection.ops.quote_name(self.model._meta.db_table))
 
     def _from_row(self, connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Lease:
         values = list(row)
@@ -146,11 +152,11 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
 
         Raises ``ValueError`` for a bad key, holder or TTL, before anything is written.
         """
-        check_name(key, "key")
-        check_name(holder, "holder")
+        check_lease_name(key, "key")
+        check_lease_name(holder, "holder")
         seconds = ttl_seconds(ttl)
         connection = self._connection()
-        if connection.vendor in clock.FAST_VENDORS:
+        if db.tuned(connection, *_TUNED):
             lease = self._acquire_sql(connection, key, holder, seconds)
         else:
             lease = self._acquire_orm(key, holder, seconds)
@@ -191,9 +197,10 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
             )
             live = ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
             current = qs.select_for_update().annotate(live=live).get(key=key)
-            if current.live and current.holder != holder:
+            is_live = bool(current.live)  # type: ignore[attr-defined]  # the annotation
+            if is_live and current.holder != holder:
                 return None
-            kept = current.live and current.holder == holder
+            kept = is_live and current.holder == holder
             updates: dict[str, Any] = {
                 "holder": holder,
                 "expires_at": expiry,
@@ -217,7 +224,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         _check_lease(lease)
         seconds = ttl_seconds(ttl)
         connection = self._connection()
-        if connection.vendor not in clock.FAST_VENDORS:
+        if not db.tuned(connection, *_TUNED):
             alias = self._alias()
             qs = self.model._default_manager.using(alias)
             held = qs.filter(
@@ -257,7 +264,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         """
         _check_lease(lease)
         connection = self._connection()
-        if connection.vendor in clock.FAST_VENDORS:
+        if db.tuned(connection, *_TUNED):
             now = clock.now_sql(connection)
             sql = (
                 f"UPDATE {self._table(connection)} SET released_at = {now}, "
@@ -281,34 +288,59 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
     def release_held(self, lease: Lease) -> bool | None:
         """Release ``lease`` and say whether it was still held up to that moment.
 
-        The final check and the release of a holder that vouches for its body in one round
-        trip: ``True`` when this call released a **live** lease (holder and token match, not
-        released, not lapsed on the database clock); ``False`` when the row matched but had
-        lapsed (it is released all the same, as :meth:`release` would). ``None`` where this
-        takes more than one statement (databases other than PostgreSQL) or when nothing
-        matched (released already, or passed on): the caller checks with :meth:`refresh`
-        and releases with :meth:`release` then. Sends ``lease_released`` as
-        :meth:`release` does. Raises ``ValueError`` when ``lease`` is not a :class:`Lease`.
+        The final check and the release of a holder that vouches for its body, in one round
+        trip where the database allows: ``True`` when this call released a **live** lease
+        (holder and token match, not released, not lapsed on the database clock); ``False``
+        when the row matched but had lapsed (it is released all the same, as :meth:`release`
+        would); ``None`` when nothing matched (released already, or passed on). Sends
+        ``lease_released`` as :meth:`release` does. Tuned (PostgreSQL): one statement;
+        elsewhere a locked read and a guarded update in one transaction. Raises
+        ``ValueError`` when ``lease`` is not a :class:`Lease`.
         """
         _check_lease(lease)
         connection = self._connection()
-        if connection.vendor != "postgresql":
-            return None
-        sql = release_held_statement(self._table(connection), "key = %s")
-        with connection.cursor() as cursor:
-            cursor.execute(sql, (lease.key, lease.holder, lease.token))
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        lease_released.send_robust(sender=self.model, lease=lease)
-        return bool(row[0])
+        if db.tuned(connection, "postgresql"):
+            sql = release_held_statement(self._table(connection), "key = %s")
+            with connection.cursor() as cursor:
+                cursor.execute(sql, (lease.key, lease.holder, lease.token))
+                row = cursor.fetchone()
+            live = None if row is None else bool(row[0])
+        else:
+            alias = self._alias()
+            with transaction.atomic(using=alias):
+                held = (
+                    self.rows()
+                    .select_for_update()
+                    .filter(
+                        key=lease.key,
+                        holder=lease.holder,
+                        token=lease.token,
+                        released_at__isnull=True,
+                    )
+                    .annotate(
+                        live=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
+                    )
+                    .values_list("pk", "live")
+                    .first()
+                )
+                if held is not None:
+                    self.rows().filter(pk=held[0], released_at__isnull=True).update(
+                        released_at=Now(),
+                        expires_at=Case(
+                            When(expires_at__gt=Now(), then=Now()), default=F("expires_at")
+                        ),
+                    )
+            live = None if held is None else bool(held[1])
+        if live is not None:
+            lease_released.send_robust(sender=self.model, lease=lease)
+        return live
 
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
 
         Raises ``ValueError`` for a bad key.
         """
-        check_name(key, "key")
+        check_lease_name(key, "key")
         return self.filter(key=key, released_at__isnull=True, expires_at__gt=Now()).first()
 
     @contextmanager
@@ -358,7 +390,7 @@ class LeaseQuerySet(models.QuerySet["Lease"]):
         The token keeps rising for the next holder, and the ex-holder's next refresh or
         ``fenced()`` block fails. Returns ``True`` if a live lease was released.
         """
-        check_name(key, "key")
+        check_lease_name(key, "key")
         lease = self.current(key)
         if lease is None:
             return False
