@@ -29,9 +29,9 @@ id                       what it reports
                          lags, so ``current()`` and the admin show stale leases
 ``django_leases.W012``   PostgreSQL above READ COMMITTED: concurrent acquires and renewals raise
                          serialisation errors instead of answering
-``django_leases.W013``   PostgreSQL, migrations applied, but the workflow worker's functions for
-                         this code are missing: the worker sends its statements unplanned-ahead,
-                         slower (a database check: ``check --database``, ``migrate``)
+``django_leases.E013``   PostgreSQL with ``TUNED_SQL`` on, migrations applied, but the workflow
+                         worker's functions for this code are missing: workers refuse to start
+                         (a database check: ``check --database``, ``migrate``)
 =======================  ==========================================================================
 """
 
@@ -374,36 +374,36 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
 def workflow_functions_check(
     app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """W013: on each PostgreSQL database checked that has django-leases' migrations applied,
-    the hot-path functions of the running code (``workflows.pgfunctions``) are installed.
+    """E013: on each PostgreSQL database checked that has django-leases' migrations applied,
+    the hot-path functions of the running code (``models.workflow.functions``) are installed.
     Their names carry a hash of their statements: code whose statements changed without a
-    migration that installs them again finds none, and the worker falls back to sending its
-    statements as such."""
+    migration that installs them finds none, and workers refuse to start."""
     from django.db.migrations.recorder import MigrationRecorder
 
-    from django_leases.workflows import pgfunctions
+    from django_leases import db
+    from django_leases.models.workflow import FUNCTIONS_MIGRATION, missing_functions
 
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():
         connection = connections[alias]
-        if connection.vendor != "postgresql":
+        if not db.tuned(connection, "postgresql"):
             continue
         try:
             applied = MigrationRecorder(connection).applied_migrations()
-            if ("django_leases", pgfunctions.MIGRATION) not in applied:
+            if ("django_leases", FUNCTIONS_MIGRATION) not in applied:
                 continue  # not migrated yet: migrate installs them
-            ready = pgfunctions.ready(connection)
+            missing = missing_functions(connection)
         except Exception:  # an unreachable database is reported elsewhere
             continue
-        if not ready:
+        if missing:
             messages.append(
-                checks.Warning(
+                checks.Error(
                     f"Database {alias!r}: the workflow worker's PostgreSQL functions for this "
-                    "version of django-leases are not installed; the worker works without "
-                    "them, but slower.",
-                    hint="Run `manage.py migrate`. If no migration is pending, a migration "
-                    "that calls `django_leases.workflows.pgfunctions.install` is missing.",
-                    id="django_leases.W013",
+                    f"version of django-leases are not installed ({', '.join(missing)}); "
+                    "workers refuse to start.",
+                    hint="Run `manage.py migrate`. If no migration is pending, the migration "
+                    "that installs these functions is missing from this version.",
+                    id="django_leases.E013",
                 )
             )
     return messages

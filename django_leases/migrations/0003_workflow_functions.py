@@ -1,22 +1,15 @@
-"""PostgreSQL: the workflow worker's hot-path functions (see ``workflows.pgfunctions``).
+"""PostgreSQL: the workflow worker's first hot-path functions, now installed by ``0004``.
 
-Elsewhere this migration does nothing. It installs the functions of the code that runs it;
-a later change to those statements comes with a migration of its own that installs them
-again (``django_leases.W013`` says when one is missing).
+This migration used to install the functions of the code that ran it. Migrations must not
+build their SQL from live code, so it does nothing now: ``0004_workflow_functions`` installs
+the functions as frozen text and drops the ones this migration installed on databases that
+ran it before.
 """
 
 from django.db import migrations
 
 
-def install(apps, schema_editor):  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor != "postgresql":
-        return
-    from django_leases.workflows import pgfunctions
-
-    pgfunctions.install(schema_editor.connection)
-
-
 class Migration(migrations.Migration):
     dependencies = [("django_leases", "0002_trigger_secrets")]
 
-    operations = [migrations.RunPython(install, migrations.RunPython.noop, elidable=False)]
+    operations = [migrations.RunPython(migrations.RunPython.noop, migrations.RunPython.noop)]

@@ -1,34 +1,1536 @@
-"""Workflow runs, their steps and each step's attempts (DESIGN §5).
+"""Workflow runs, their steps and each step's attempts, with the rules that govern them
+(DESIGN §5, reference rules F1–F10): ``WorkflowRun.objects``, ``WorkflowStep.objects``,
+``WorkflowStepAttempt.objects``.
 
-The domain methods live on the QuerySets in :mod:`django_leases.workflows.store`
-(``WorkflowRun.objects``, ``WorkflowStep.objects``, ``WorkflowStepAttempt.objects``); this
-module holds the tables so the migration stays in one place.
+Every method opens the transaction it needs (``transaction.atomic(using=...)``), never
+assuming one from its caller, and every "live / lapsed / due" decision is made on the
+database clock inside the statement (``Now()``; see :mod:`django_leases.clock`).
+
+The fence of a step is its ``attempt`` number (:func:`fence_q`, the rule in one place):
+
+* a **claim** that starts a new attempt raises ``attempt`` in the same guarded ``UPDATE``
+  that grants the step lease, so exactly one claimer can own an attempt;
+* a result, an error or a lease renewal is one ``UPDATE`` through the fence (this attempt,
+  still ``running``); when it matches nothing, the writer was **superseded** and
+  :class:`~django_leases.exceptions.WorkflowStepSupersededError` is raised with nothing
+  written — neither the step nor its attempt row (the history);
+* lease expiry is *not* the fence: a slow worker that nobody replaced may still finish.
+
+Where a rule has a tuned statement (PostgreSQL: :mod:`django_leases.workflows.sql`), it sits
+beside the portable ORM path in the same method, behind :func:`django_leases.db.tuned`. The
+worker's three hot statements run as PL/pgSQL functions that the migrations install
+(:func:`functions`); with the tuned path on, they must be installed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 import uuid
-from typing import ClassVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.db import models
-from django.db.models import Q
+from django.db import connections, models, transaction
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from django_leases.workflows.states import AttemptStatus, RunStatus, StepStatus
-from django_leases.workflows.store import (
-    WorkflowRunQuerySet,
-    WorkflowStepAttemptQuerySet,
-    WorkflowStepQuerySet,
+from django_leases import clock, db
+from django_leases.exceptions import (
+    WorkflowRunStateError,
+    WorkflowStepCancelledError,
+    WorkflowStepSupersededError,
+)
+from django_leases.models.lease import (
+    Lease,
+    acquire_statement,
+    grant_sql,
+    release_held_statement,
+)
+from django_leases.signals import lease_acquired, lease_released
+from django_leases.validation import (
+    MAX_NAME_LENGTH,
+    as_stored,
+    check_attempt,
+    check_identifier,
+    check_json,
+    check_retries,
+    error_json,
+    parse_run_id,
+    seconds,
+    ttl_seconds,
+)
+from django_leases.workflows import sql
+from django_leases.workflows.values import (
+    FINISHED_RUN_STATUSES,
+    RUN_CANCELLED,
+    STEP_FUNCTION_NOT_FOUND,
+    STEP_LEASE_LAPSED,
+    STEP_RESULT_NOT_JSON,
+    WAITING_STEP_STATUSES,
+    AttemptStatus,
+    Claim,
+    PassClaim,
+    PassState,
+    RunChange,
+    RunCompletion,
+    RunStatus,
+    StepStatus,
+    StepWrite,
+    run_lease_key,
 )
 
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
 __all__ = [
+    "FUNCTIONS_MIGRATION",
     "AttemptStatus",
     "RunStatus",
+    "Scheduled",
     "StepStatus",
     "WorkflowRun",
+    "WorkflowRunQuerySet",
     "WorkflowStep",
     "WorkflowStepAttempt",
+    "WorkflowStepAttemptQuerySet",
+    "WorkflowStepQuerySet",
+    "channel_name",
+    "fence_q",
+    "functions",
+    "missing_functions",
+    "notify_work_due",
 ]
+
+#: Prefix of the notification channel idle workers LISTEN on (the rest is a digest).
+CHANNEL_PREFIX = "django_leases_work_"
+
+#: The latest migration that installs the :func:`functions` (a test checks it holds exactly
+#: their definitions).
+FUNCTIONS_MIGRATION = "0004_workflow_functions"
+
+
+# -- wake-ups -----------------------------------------------------------------------------------
+
+
+def channel_name(using: str) -> str:
+    """The notification channel of the workflow tables on database alias ``using``.
+
+    A ``str`` of at most 63 characters (PostgreSQL's identifier limit): :data:`CHANNEL_PREFIX`
+    and a digest of the database name, its ``OPTIONS["options"]`` (where a ``search_path``
+    would be set) and the step table's name, so two projects on one server — or one database
+    with a schema each — never wake each other's workers, while every process of one project,
+    whatever its alias, shares one channel.
+    """
+    settings_dict = connections[using].settings_dict
+    parts = (
+        str(settings_dict.get("NAME") or ""),
+        str((settings_dict.get("OPTIONS") or {}).get("options") or ""),
+        WorkflowStep._meta.db_table,
+    )
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    return CHANNEL_PREFIX + digest
+
+
+def notify_work_due(using: str) -> None:
+    """Tell idle workers that workflow work is due now; call it inside the transaction that
+    makes the work due (``using`` is that transaction's database alias).
+
+    PostgreSQL: ``SELECT pg_notify(<channel>, '')`` on the caller's connection; the
+    notification is delivered at commit and dropped on rollback. Other databases: nothing
+    (their workers poll). Database errors propagate (the caller's transaction is failing).
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [channel_name(using)])
+
+
+# -- shared pieces ------------------------------------------------------------------------------
+
+
+def fence_q(step_id: Any, attempt: Any) -> Q:
+    """The fence rule, in one place: the step row, only while ``attempt`` is its **running**
+    attempt. Every write a claim makes after the claim (result, error, suspension, lease
+    renewal or release) goes through it — as an ORM filter, or compiled into a tuned
+    statement (:func:`_fence_sql`) — so a superseded attempt, a finished one, or one stopped
+    by a cancel matches no row. Lease expiry is deliberately not part of it."""
+    return Q(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+
+
+def _fence_sql(alias: str, step_id: Any, attempt: Any) -> tuple[str, list[Any]]:
+    """:func:`fence_q` compiled into SQL for ``alias``'s database (values or SQL
+    expressions: a function's arguments)."""
+    rows = WorkflowStep._default_manager.using(alias).filter(fence_q(step_id, attempt))
+    compiler = rows.query.get_compiler(using=alias)
+    where, params = compiler.compile(rows.query.where)
+    return where, list(params)
+
+
+def _tables(connection: BaseDatabaseWrapper) -> sql.Tables:
+    quote = connection.ops.quote_name
+    return sql.Tables(
+        run=quote(WorkflowRun._meta.db_table),
+        step=quote(WorkflowStep._meta.db_table),
+        attempt=quote(WorkflowStepAttempt._meta.db_table),
+        lease=quote(Lease._meta.db_table),
+    )
+
+
+def _acquire(connection: BaseDatabaseWrapper) -> Any:
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    return lambda rows: acquire_statement(connection, table, rows)
+
+
+def _release(connection: BaseDatabaseWrapper) -> Any:
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    return lambda where: release_held_statement(table, where)
+
+
+def _arg(name: str, sql_type: str) -> sql.Arg:
+    return sql.Arg(name, sql_type)
+
+
+def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
+    """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
+    (PostgreSQL), by short name: ``pick_pass``, ``insert_claimed``, ``complete_run`` and
+    ``complete_run_picking``. The migrations install them as frozen text; a test checks the
+    latest one matches these definitions."""
+    t = _tables(connection)
+    acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
+    step_id, attempt = _arg("p_step_id", "bigint"), _arg("p_attempt", "bigint")
+    fence, fence_params = _fence_sql(
+        connection.alias, RawSQL(step_id.name, ()), RawSQL(attempt.name, ())
+    )
+    completion_args = (
+        step_id,
+        _arg("p_payload", "text"),
+        attempt,
+        _arg("p_output", "text"),
+        _arg("p_key", "text"),
+        _arg("p_holder", "text"),
+        _arg("p_token", "bigint"),
+    )
+    _, payload, _, output, key, holder, token = completion_args
+    ttl, pick_holder = _arg("p_seconds", "double precision"), _arg("p_holder", "text")
+    next_ttl, next_holder = _arg("p_next_ttl", "double precision"), _arg("p_next_holder", "text")
+    insert_args = (
+        _arg("p_run_id", "uuid"),
+        _arg("p_step_name", "text"),
+        _arg("p_function_name", "text"),
+        _arg("p_data", "text"),
+        _arg("p_retries", "bigint"),
+        _arg("p_retry_delay", "double precision"),
+        _arg("p_seconds", "double precision"),
+        _arg("p_finish_pass", "bigint"),
+    )
+    completed = ("bigint", "bigint", "boolean")
+    picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
+    found = (
+        sql.Function(
+            "pick_pass",
+            (ttl, pick_holder),
+            picked,
+            sql.pick_pass_alone(t, acquire, grant, ttl, pick_holder),
+        ),
+        sql.Function(
+            "insert_claimed", insert_args, ("bigint",), sql.insert_claimed(t, *insert_args)
+        ),
+        sql.Function(
+            "complete_run",
+            completion_args,
+            completed,
+            sql.completion(
+                t, fence, fence_params, release, payload, attempt, output, key, holder, token
+            ),
+        ),
+        sql.Function(
+            "complete_run_picking",
+            (*completion_args, next_holder, next_ttl),
+            (*completed, *picked),
+            sql.completion(
+                t,
+                fence,
+                fence_params,
+                release,
+                payload,
+                attempt,
+                output,
+                key,
+                holder,
+                token,
+                pick=(acquire, grant, next_ttl, next_holder),
+            ),
+        ),
+    )
+    return {function.short: function for function in found}
+
+
+def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
+    """Names of the current code's :func:`functions` that ``connection``'s database lacks
+    (looked up through its ``search_path``, as the calls are); ``[]`` elsewhere than on
+    PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return []
+    names = [function.name for function in functions(connection).values()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regproc(name) IS NULL",
+            [names],
+        )
+        return [name for (name,) in cursor.fetchall()]
+
+
+_calls: dict[tuple[str, str], str] = {}
+
+
+def _call(connection: BaseDatabaseWrapper, short: str) -> str:
+    """The statement calling function ``short`` on ``connection`` (built once per alias)."""
+    key = (connection.alias, short)
+    found = _calls.get(key)
+    if found is None:
+        found = _calls[key] = functions(connection)[short].call()
+    return found
+
+
+def _live() -> ExpressionWrapper:
+    """``lease_expires_at > now`` on the database clock."""
+    return ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
+
+
+def _due_q() -> Q:
+    """``available_at`` unset or passed, on the database clock."""
+    return Q(available_at__isnull=True) | Q(available_at__lte=Now())
+
+
+def _due() -> ExpressionWrapper:
+    return ExpressionWrapper(_due_q(), output_field=BooleanField())
+
+
+def _for_update(qs: models.QuerySet[Any], alias: str) -> models.QuerySet[Any]:
+    """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
+    block the key-share lock an insert of a step takes on its run)."""
+    if connections[alias].features.has_select_for_no_key_update:
+        return qs.select_for_update(no_key=True)
+    return qs.select_for_update()
+
+
+def _pass_state_from_row(alias: str, row: Any) -> PassState:
+    """The :class:`PassState` from the columns of :func:`sql.pass_state`."""
+    run = WorkflowRun(
+        id=parse_run_id(row[0]),
+        workflow=row[1],
+        status=row[2],
+        input=json.loads(row[3]),
+        pass_requests=row[4],
+    )
+    run._state.adding = False
+    run._state.db = alias
+    steps = {}
+    for values in json.loads(row[5]):
+        step = WorkflowStep(run_id=run.id, **values)
+        step._state.adding = False
+        step._state.db = alias
+        steps[step.step_name] = step
+    return PassState(run=run, steps=steps)
+
+
+def _pass_claim(
+    alias: str, row: Any, holder: str, sent: float, connection: BaseDatabaseWrapper
+) -> PassClaim:
+    """The :class:`PassClaim` from a row of :func:`sql.pick_pass`'s columns."""
+    width = len(sql.PASS_STATE_TYPES)
+    state = _pass_state_from_row(alias, row[:width])
+    lease = None
+    if row[width] is not None:
+        lease = Lease.objects.db_manager(alias).from_returned(connection, row[width:])
+        lease_acquired.send_robust(sender=Lease, lease=lease)
+    return PassClaim(
+        run_id=state.run.id,
+        using=alias,
+        state=state,
+        lease=lease,
+        lease_refused=lease is None,
+        sent=sent,
+    )
+
+
+def _wake(alias: str) -> None:
+    """Tell idle workers that work is due now (inside the transaction that made it due)."""
+    notify_work_due(alias)
+
+
+# -- runs ---------------------------------------------------------------------------------------
+
+
+class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
+    """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
+
+    def start(self, workflow: str, input: Any = None) -> WorkflowRun:
+        """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
+
+        Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
+        outer transaction. Raises ``ValueError`` for a bad name or non-JSON input.
+        """
+        check_identifier(workflow, "Workflow name")
+        check_json(input, "Workflow input")
+        alias = self.write_alias()
+        connection = connections[alias]
+        value = {} if input is None else input
+        if db.tuned(connection, "postgresql"):
+            # One statement (atomic on its own, or part of the caller's transaction): the
+            # run, due for its first pass, and the notification (sent when it commits).
+            run = self.model(
+                workflow=workflow, input=value, status=RunStatus.RUNNING, pass_requests=1
+            )
+            params: list[Any] = [run.id, workflow, json.dumps(value), channel_name(alias)]
+            with connection.cursor() as cursor:
+                cursor.execute(sql.start_run(_tables(connection)), params)
+                created_at = cursor.fetchone()[0]
+            run.created_at = run.updated_at = run.pass_due_at = created_at
+            run._state.adding = False
+            run._state.db = alias
+            return run
+        with transaction.atomic(using=alias):
+            run = self.rows().create(
+                workflow=workflow, input=value, pass_due_at=Now(), pass_requests=1
+            )
+            _wake(alias)
+            return run
+
+    def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
+        """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.
+
+        Returns ``True`` if the run is running (and now due), ``False`` otherwise.
+        """
+        delay = seconds(delay, "delay")
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            return bool(_request_pass(alias, Q(pk=run_id), delay))
+
+    def claim_due_pass(self, ttl: float, lease_holder: str | None = None) -> PassClaim | None:
+        """Pick one running run whose pass is due (``pass_due_at <= DB now``), with its run
+        lease ``workflow-run:<id>`` for ``lease_holder``; ``None`` when no pass is due.
+
+        The pick pushes ``pass_due_at`` to DB now + ``ttl`` seconds: no other worker picks the
+        run meanwhile, and if this worker dies before the pass ends, the run is picked again
+        after ``ttl``. Rows are picked with ``SKIP LOCKED`` where the database has it, so
+        concurrent workers pick different runs. The lease is taken by the acquire rule of
+        ``Lease.objects.acquire`` (``lease_acquired`` is sent) for ``ttl`` seconds:
+        ``PassClaim.lease`` is the granted lease, or ``None`` with ``lease_refused`` when
+        another holder has it live (the caller asks for the pass again later, as a pass that
+        finds the lease taken does). Without ``lease_holder`` no lease is taken (the caller
+        takes it) and ``lease_refused`` is ``False``. ``PassClaim.state`` holds the run and
+        its steps as the pick read them. Tuned (PostgreSQL, with a holder): all of it is one
+        statement.
+        """
+        ttl = ttl_seconds(ttl)
+        alias = self.write_alias()
+        connection = connections[alias]
+        sent = time.monotonic()
+        if lease_holder is not None and db.tuned(connection, "postgresql"):
+            with db.cursor(connection) as cursor:
+                row = cursor.execute(_call(connection, "pick_pass"), [ttl, lease_holder]).fetchone()
+            return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
+        with transaction.atomic(using=alias):
+            due = self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=Now())
+            if connection.features.has_select_for_update_skip_locked:
+                due = due.select_for_update(skip_locked=True)
+            run_id = due.order_by("pass_due_at").values_list("pk", flat=True).first()
+            if run_id is None:
+                return None
+            # Guarded, so the pick stays exclusive even where the SELECT locks nothing.
+            picked = (
+                self.rows()
+                .filter(pk=run_id, status=RunStatus.RUNNING, pass_due_at__lte=Now())
+                .update(pass_due_at=clock.db_now_plus(ttl))
+            )
+            state = self.pass_state(run_id) if picked else None
+        if state is None:
+            return None
+        lease = None
+        if lease_holder is not None:
+            key = run_lease_key(run_id)
+            lease = Lease.objects.db_manager(alias).acquire(key, lease_holder, ttl)
+        return PassClaim(
+            run_id=run_id,
+            using=alias,
+            state=state,
+            lease=lease,
+            lease_refused=lease_holder is not None and lease is None,
+            sent=sent,
+        )
+
+    def pass_state(self, run_id: uuid.UUID | str) -> PassState | None:
+        """The run (``id``, ``workflow``, ``status``, ``input``, ``pass_requests``) and its
+        steps by name, read in one transaction; ``None`` for an unknown run."""
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            run = (
+                self.rows()
+                .filter(pk=run_id)
+                .only("id", "workflow", "status", "input", "pass_requests")
+                .first()
+            )
+            if run is None:
+                return None
+            steps = WorkflowStep.objects.db_manager(alias).filter(run_id=run.pk).order_by("id")
+            return PassState(run=run, steps={step.step_name: step for step in steps})
+
+    def work_due_within(self, horizon: float) -> bool:
+        """Whether a pass or a waiting step of a running run is due within ``horizon``
+        seconds of DB now.
+
+        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left (running
+        steps become due only when their lease lapses, which is not foreseen here).
+        """
+        alias = self.write_alias()
+        until = clock.db_now_plus(horizon)
+        if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
+            return True
+        return (
+            WorkflowStep.objects.db_manager(alias)
+            .filter(
+                run__status=RunStatus.RUNNING,
+                status__in=WAITING_STEP_STATUSES,
+                available_at__lte=until,
+            )
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .exists()
+        )
+
+    def finish_pass(self, run_id: uuid.UUID | str, pass_requests: int) -> bool:
+        """Clear ``pass_due_at`` unless the run was asked for another pass since
+        ``pass_requests`` was read. Returns ``True`` if cleared."""
+        # One statement: atomic on its own (autocommit), no transaction around it.
+        return bool(
+            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=None)
+        )
+
+    def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
+        """Mark a running run ``completed`` with JSON ``output``; ``True`` if it was running.
+
+        A non-JSON ``output`` fails the run instead, with a clear error.
+        """
+        try:
+            check_json(output, "Workflow output")
+        except ValueError as exc:
+            return self._finish(run_id, RunStatus.FAILED, error=error_json(exc))
+        return self._finish(run_id, RunStatus.COMPLETED, output=output)
+
+    def fail(self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str) -> bool:
+        """Mark a running run ``failed`` with ``error``; ``True`` if it was running."""
+        return self._finish(run_id, RunStatus.FAILED, error=error_json(error))
+
+    def suspend(
+        self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str
+    ) -> bool:
+        """Mark a running run ``suspended`` (waits for an operator); ``True`` if it was running."""
+        return self._finish(run_id, RunStatus.SUSPENDED, error=error_json(error))
+
+    def _finish(
+        self, run_id: uuid.UUID | str, status: str, *, output: Any = None, error: Any = None
+    ) -> bool:
+        values: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "pass_due_at": None,
+            "updated_at": Now(),
+        }
+        if status == RunStatus.COMPLETED:
+            values["output"] = Value(output, output_field=models.JSONField())
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            values["finished_at"] = Now()
+        # One statement: atomic on its own (autocommit), no transaction around it.
+        return bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
+
+    # -- operators ------------------------------------------------------------------------------
+    #
+    # resume / cancel / retry_step, used by the admin actions and ``manage.py workflow_runs``.
+    # Each opens one transaction and locks, in this order, the run's steps (by id) and then
+    # the run row: the same order as a worker's writes (a step, then its run), so an operator
+    # and a worker never deadlock, and a claim or fenced write committed just before is seen.
+
+    def resume(self, run_id: uuid.UUID | str) -> RunChange:
+        """Set a ``suspended`` or ``failed`` run running again, due for a pass at once.
+
+        * **suspended** (a step function or the workflow was missing from the deployed
+          code): every step suspended for a missing step function (code
+          ``STEP_FUNCTION_NOT_FOUND``) becomes due again as a **new attempt**, and is granted
+          one extra attempt (``retries + 1``), since the attempt that found no function never
+          ran it;
+        * **failed**: the run is replayed; every step that failed on its last attempt (a
+          raised error, or a lost worker) gets one more attempt and is due at once. A run that
+          failed because its workflow function raised is simply replayed (after a deploy that
+          fixed it). ``error``, ``output`` and ``finished_at`` are cleared.
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` for an unknown id,
+        ``ValueError`` for something that is not a run id, and :class:`WorkflowRunStateError`
+        for a run that is ``running``, ``completed`` or ``cancelled`` (nothing written).
+        """
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            run.require("resume")
+            steps = _reopen_missing_function_steps(alias, run.pk)
+            if run.status == RunStatus.FAILED:
+                steps += _grant_last_attempts(alias, Q(run_id=run.pk))
+            _reopen_run(alias, run.pk)
+            _wake(alias)
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, tuple(steps))
+
+    def cancel(self, run_id: uuid.UUID | str) -> RunChange:
+        """Stop a ``running`` or ``suspended`` run for good: status ``cancelled``.
+
+        No further pass runs and no step of it is claimed again. A step **running** at that
+        moment is stopped: the step and its attempt are marked ``failed`` with code
+        ``RUN_CANCELLED``, so the worker's renewals return ``False`` (its
+        ``ctx.lease_lost`` is set) and its result or error is refused with
+        :class:`WorkflowStepCancelledError` — which the engine, as for any superseded
+        write, logs and drops. A worker's write that committed just before the cancel stays
+        recorded on its step (the work was done) but starts no pass. Waiting steps are taken
+        out of the due-work index (``available_at`` cleared). Cancelled is final: such a run
+        cannot be resumed.
+
+        Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
+        ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
+        :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
+        """
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            run.require("cancel")
+            error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+            stepping = WorkflowStep.objects.db_manager(alias)
+            steps = stepping.filter(run_id=run.pk)
+            running = list(
+                steps.filter(status=StepStatus.RUNNING)
+                .order_by("id")
+                .values_list("pk", "attempt", "step_name")
+            )
+            for step_id, attempt, _name in running:  # locked above: the fence matches
+                stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
+            steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
+            self.rows().filter(pk=run.pk).update(
+                status=RunStatus.CANCELLED,
+                error=error,
+                pass_due_at=None,
+                finished_at=Now(),
+                updated_at=Now(),
+            )
+        return RunChange(
+            run.pk, run.status, RunStatus.CANCELLED, tuple(name for _, _, name in running)
+        )
+
+    def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:
+        """Run the ``failed`` step ``step_name`` again as a new attempt, due at once.
+
+        A step that failed on its last attempt is granted one more. A ``failed`` or
+        ``suspended`` run is set running again as by :meth:`resume` (the other steps of a
+        suspended run that miss their step function are made due too, or the run could
+        never finish); a ``running`` run just gets its step due now (ahead of its retry
+        delay).
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
+        for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
+        step, and :class:`WorkflowRunStateError` when the step is not ``failed`` or the run
+        is ``completed`` or ``cancelled`` (nothing written).
+        """
+        check_identifier(step_name, "Step name")
+        alias = self.write_alias()
+        stepping = WorkflowStep.objects.db_manager(alias)
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            step = stepping.filter(run_id=run.pk, step_name=step_name).values("status").first()
+            if step is None:
+                raise WorkflowStep.DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
+            run.require("retry")
+            if step["status"] != StepStatus.FAILED:
+                raise WorkflowRunStateError(
+                    run.pk,
+                    run.status,
+                    "retried",
+                    f"step {step_name!r} is {step['status']}; only a failed step can be",
+                )
+            others: list[str] = []
+            if run.status == RunStatus.SUSPENDED:
+                others = _reopen_missing_function_steps(alias, run.pk)
+            _grant_last_attempts(alias, Q(run_id=run.pk, step_name=step_name))
+            stepping.filter(run_id=run.pk, step_name=step_name, status=StepStatus.FAILED).update(
+                available_at=Now(), updated_at=Now()
+            )
+            if run.status != RunStatus.RUNNING:
+                _reopen_run(alias, run.pk)
+            _wake(alias)
+        steps = (step_name, *(name for name in others if name != step_name))
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
+        """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more
+        than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now, with their
+        steps, attempts and run leases (``workflow-run:<id>``). Returns how many runs.
+
+        Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
+        its row once released, so without pruning the lease table grows by one row per run.
+        Running and suspended runs are never touched, nor a run whose lease is live (a
+        worker still finishing with it; a later prune takes it). Webhook deliveries that
+        started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
+        Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
+        before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
+        ``older_than`` or ``batch_size``.
+        """
+        cutoff = seconds(older_than, "older_than")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
+        alias = self.write_alias()
+        runs = self.rows()
+        leases = Lease.objects.db_manager(alias)
+        finished = runs.filter(
+            status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+        )
+        deleted = 0
+        skipped: set[uuid.UUID] = set()
+        while True:
+            with transaction.atomic(using=alias):
+                ids = list(
+                    _for_update(finished.exclude(pk__in=skipped), alias)
+                    .order_by("finished_at")
+                    .values_list("pk", flat=True)[:batch_size]
+                )
+                if not ids:
+                    return deleted
+                keys = {run_lease_key(run_id): run_id for run_id in ids}
+                live = set(
+                    leases.filter(
+                        key__in=keys, released_at__isnull=True, expires_at__gt=Now()
+                    ).values_list("key", flat=True)
+                )
+                skipped.update(keys[key] for key in live)
+                gone = [run_id for key, run_id in keys.items() if key not in live]
+                leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
+                runs.filter(pk__in=gone).delete()
+                deleted += len(gone)
+
+    def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Lock the run's steps, then the run (inside the caller's transaction); the run."""
+        pk = parse_run_id(run_id)
+        steps = WorkflowStep._default_manager.using(alias).filter(run_id=pk)
+        list(_for_update(steps, alias).order_by("id").values_list("pk", flat=True))
+        run = _for_update(self.rows().filter(pk=pk), alias).first()
+        if run is None:
+            raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
+        return run
+
+
+def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
+    """Make the run's steps suspended for a missing step function due again, each granted one
+    extra attempt (the attempt that found no function never ran it). Returns their names."""
+    steps = WorkflowStep._default_manager.using(alias).filter(
+        run_id=run_id, status=StepStatus.FAILED, error__code=STEP_FUNCTION_NOT_FOUND
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("retries") + 1, available_at=Now(), updated_at=Now())
+    return names
+
+
+def _grant_last_attempts(alias: str, where: Q) -> list[str]:
+    """Give each failed step matching ``where`` that is out of attempts one more, due now.
+    Returns their names."""
+    steps = WorkflowStep._default_manager.using(alias).filter(
+        where, status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("attempt"), available_at=Now(), updated_at=Now())
+    return names
+
+
+def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
+    """Set the run ``running``, its error, output and end cleared, due for a pass now."""
+    WorkflowRun._default_manager.using(alias).filter(pk=run_id).update(
+        status=RunStatus.RUNNING,
+        error=None,
+        output=None,
+        finished_at=None,
+        pass_due_at=Now(),
+        pass_requests=F("pass_requests") + 1,
+        updated_at=Now(),
+    )
+
+
+def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
+    """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
+
+    Runs inside the caller's transaction (the methods that finish a step use it so the
+    step's outcome and the run's wake-up commit together). ``hold`` (seconds): the caller
+    runs the pass itself straight away, so the pass is taken for it as
+    :meth:`WorkflowRunQuerySet.claim_due_pass` takes one — due only ``hold`` seconds from
+    DB now (when another worker picks it should the caller die) — and nobody is woken.
+    """
+    if hold is not None:
+        delay = ttl_seconds(hold)
+    requested = (
+        WorkflowRun._default_manager.using(alias)
+        .filter(where, status=RunStatus.RUNNING)
+        .update(
+            pass_due_at=clock.db_now_plus(delay) if delay else Now(),
+            pass_requests=F("pass_requests") + 1,
+            updated_at=Now(),
+        )
+    )
+    if requested and not delay:
+        _wake(alias)  # due now (work due later is found by polling)
+    return requested
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
+
+    Attributes:
+        step: the step row (``WorkflowStep``), created by this call or found.
+        claim: the claim of the step for the caller (:class:`~values.Claim`), when this call
+            created it and claimed it; else ``None``.
+        pass_finished: the claim also ended the caller's pass (``finish_pass``).
+    """
+
+    step: WorkflowStep
+    claim: Claim | None
+    pass_finished: bool = False
+
+
+class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
+    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history."""
+
+    def schedule(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> WorkflowStep:
+        """Create step ``step_name`` of a run, due now, unless it exists; return the row.
+
+        Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
+        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` (seconds), or an
+        existing step recorded with a different ``function_name``.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        check_json(data, "Step data")
+        retries, retry_delay = check_retries(retries, retry_delay)
+        return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
+
+    def _schedule(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any,
+        retries: int,
+        retry_delay: float,
+    ) -> tuple[WorkflowStep, bool]:
+        """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            step, created = self.rows().get_or_create(
+                run_id=parse_run_id(run_id),
+                step_name=step_name,
+                defaults={
+                    "function_name": function_name,
+                    "data": {} if data is None else data,
+                    "retries": retries,
+                    "retry_delay": retry_delay,
+                    "available_at": Now(),
+                },
+            )
+            if created:
+                _wake(alias)
+        if step.function_name != function_name:
+            raise ValueError(
+                f"Step {step_name!r} of run {run_id} was recorded with step function "
+                f"{step.function_name!r}, not {function_name!r}"
+            )
+        return step, created
+
+    def schedule_claimed(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+        lease_ttl_seconds: float,
+        finish_pass: int,
+    ) -> Scheduled:
+        """:meth:`schedule`, and claim the step for the caller if this call created it.
+
+        For a worker that drives a run itself: the step it schedules is due now, so it runs
+        it straight away instead of leaving it to the queue (no notification is sent). The
+        claim follows :meth:`claim_for_execution`'s rules for a new step — ``running`` at
+        attempt 1 with a ``lease_ttl_seconds`` lease on the database clock, plus its attempt
+        row; if its worker dies, the lease lapses and any worker claims attempt 2. A claim
+        also ends the caller's pass (:meth:`WorkflowRunQuerySet.finish_pass`'s rule, with
+        ``finish_pass`` the ``pass_requests`` the pass read). Tuned (PostgreSQL): creating,
+        claiming and ending the pass are one statement, inserting only while the run is
+        ``running``.
+
+        Returns a :class:`Scheduled`; its ``claim`` is ``None`` when the step already
+        existed, the run is not running, or another worker claimed it first. Raises
+        ``ValueError`` as :meth:`schedule` does.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        check_json(data, "Step data")
+        retries, retry_delay = check_retries(retries, retry_delay)
+        ttl = ttl_seconds(lease_ttl_seconds)
+        alias = self.write_alias()
+        connection = connections[alias]
+        data = {} if data is None else data
+        sent = time.monotonic()
+        if not db.tuned(connection, "postgresql"):
+            step, created = self._schedule(
+                run_id, step_name, function_name, data, retries, retry_delay
+            )
+            if not created:
+                return Scheduled(step, None)
+            claim = self.claim_for_execution(run_id, step_name, function_name, ttl)
+            if claim is None:
+                return Scheduled(step, None)
+            step.status = StepStatus.RUNNING
+            finished = WorkflowRun.objects.db_manager(alias).finish_pass(run_id, finish_pass)
+            return Scheduled(step, claim, finished)
+        run_id = parse_run_id(run_id)
+        args = [run_id, step_name, function_name, json.dumps(data), retries, retry_delay, ttl]
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(
+                _call(connection, "insert_claimed"), [*args, finish_pass]
+            ).fetchone()
+        if row is None or row[0] is None:  # it exists, or the run is not running
+            step, _ = self._schedule(run_id, step_name, function_name, data, retries, retry_delay)
+            return Scheduled(step, None)
+        step = self.model(
+            pk=int(row[0]),
+            run_id=run_id,
+            step_name=step_name,
+            function_name=function_name,
+            data=data,
+            status=StepStatus.RUNNING,
+            attempt=1,
+            retries=retries,
+            retry_delay=retry_delay,
+        )
+        step._state.adding = False
+        step._state.db = alias
+        claim = Claim(
+            step_id=step.pk,
+            run_id=run_id,
+            step_name=step_name,
+            function_name=function_name,
+            attempt=1,
+            data=data,
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+        )
+        return Scheduled(step, claim, True)
+
+    # -- claims ---------------------------------------------------------------------------------
+
+    def claim_for_execution(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        lease_ttl_seconds: float,
+    ) -> Claim | None:
+        """Claim step ``step_name`` of a run for execution under a ``lease_ttl_seconds`` lease.
+
+        Rules (DESIGN §5, all judged on the database clock, one transaction, row locked):
+
+        * ``function_name`` differs from the recorded one → ``ValueError`` before any write;
+        * the run is not ``running``, the step ``succeeded``, the step ``running`` with a live
+          lease, or not yet due (``available_at`` in the future) → ``None``;
+        * ``pending`` / ``scheduled`` → ``running`` at the **same** attempt, lease granted;
+        * ``failed`` with attempts left, or ``running`` with a **lapsed** lease →
+          ``attempt + 1`` in the same guarded ``UPDATE`` that grants the lease, plus an
+          attempt row; every write of an earlier attempt is refused from then on;
+        * ``failed`` with no attempts left → ``None``; ``running``, lapsed and out of attempts
+          → the step fails with a "lost its worker on every attempt" error and the run is
+          asked for a pass; ``None``.
+
+        Exactly one of many concurrent claimers gets a :class:`Claim`.
+
+        Raises:
+            ValueError: bad names or TTL, or a function name mismatch (nothing written).
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        ttl = ttl_seconds(lease_ttl_seconds)
+        alias = self.write_alias()
+        sent = time.monotonic()
+        with transaction.atomic(using=alias):
+            step = (
+                self._locking(alias, skip_locked=False)
+                .filter(run_id=run_id, step_name=step_name)
+                .first()
+            )
+            if step is None:
+                raise self.model.DoesNotExist(f"Run {run_id} has no step named {step_name!r}")
+            if step.function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} of run {run_id} runs step function "
+                    f"{step.function_name!r}, not {function_name!r}"
+                )
+            return self._claim_locked(alias, step, ttl, sent)
+
+    def claim_due(self, lease_ttl_seconds: float) -> Claim | None:
+        """Claim one due step of a running run for a worker, or ``None`` if none is due.
+
+        Due: ``running`` with a lapsed lease (taken first), or ``pending`` / ``scheduled`` /
+        ``failed``-with-attempts-left whose ``available_at`` has passed. Rows are picked with
+        ``SKIP LOCKED`` where the database has it. The claim follows
+        :meth:`claim_for_execution`'s rules; a lapsed step out of attempts is failed on the
+        way and the next one tried.
+        """
+        ttl = ttl_seconds(lease_ttl_seconds)
+        alias = self.write_alias()
+        for _ in range(20):
+            sent = time.monotonic()
+            with transaction.atomic(using=alias):
+                step = self._next_due(alias)
+                if step is None:
+                    return None
+                claim = self._claim_locked(alias, step, ttl, sent)
+            if claim is not None:
+                return claim
+        return None
+
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[Any]:
+        qs = self.rows().annotate(lease_live=_live(), due=_due(), run_status=F("run__status"))
+        features = connections[alias].features
+        if skip_locked and features.has_select_for_update_skip_locked:
+            return qs.select_for_update(skip_locked=True, of=("self",))
+        if features.has_select_for_update_of:
+            return qs.select_for_update(of=("self",))
+        return qs.select_for_update()
+
+    def _next_due(self, alias: str) -> WorkflowStep | None:
+        base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        lapsed = (
+            base.filter(
+                Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+                status=StepStatus.RUNNING,
+            )
+            .order_by("lease_expires_at")
+            .first()
+        )
+        if lapsed is not None:
+            return lapsed
+        return (
+            base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=Now())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .order_by("available_at")
+            .first()
+        )
+
+    def _claim_locked(self, alias: str, step: Any, ttl: float, sent: float) -> Claim | None:
+        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction)."""
+        if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
+            return None
+        if step.status == StepStatus.RUNNING and step.lease_live:
+            return None
+        # Guarded on what was read, and on the run still running: a cancel that committed
+        # while this claim waited for the step row is seen here (a new statement).
+        rows = self.rows().filter(
+            pk=step.pk, attempt=step.attempt, status=step.status, run__status=RunStatus.RUNNING
+        )
+        lease = clock.db_now_plus(ttl)
+        if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
+            if not step.due:
+                return None
+            attempt = step.attempt
+            granted = rows.filter(_due_q()).update(
+                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=Now()
+            )
+        else:  # failed, or running with a lapsed lease
+            exhausted = step.attempt >= step.retries + 1
+            lapsed_q = Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True)
+            if exhausted:
+                if step.status == StepStatus.RUNNING:
+                    self._fail_lost_worker(alias, step, rows.filter(lapsed_q))
+                return None
+            if step.status == StepStatus.FAILED and not step.due:
+                return None
+            guard = _due_q() if step.status == StepStatus.FAILED else lapsed_q
+            attempt = step.attempt + 1
+            # The new attempt and the lease in one guarded UPDATE: from here on, every write
+            # carrying an earlier attempt matches no row.
+            granted = rows.filter(guard).update(
+                status=StepStatus.RUNNING,
+                attempt=F("attempt") + 1,
+                lease_expires_at=lease,
+                result=None,
+                error=None,
+                updated_at=Now(),
+            )
+        if granted != 1:
+            return None
+        WorkflowStepAttempt._default_manager.using(alias).update_or_create(
+            step_id=step.pk,
+            attempt=attempt,
+            defaults={
+                "status": AttemptStatus.RUNNING,
+                "result": None,
+                "error": None,
+                "finished_at": None,
+            },
+        )
+        return Claim(
+            step_id=step.pk,
+            run_id=step.run_id,
+            step_name=step.step_name,
+            function_name=step.function_name,
+            attempt=attempt,
+            data=step.data,
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+        )
+
+    def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:
+        error = {
+            "code": STEP_LEASE_LAPSED,
+            "message": (
+                f"Step {step.step_name!r} lost its worker on every attempt "
+                f"({step.attempt} of {step.retries + 1}): its lease lapsed each time"
+            ),
+        }
+        failed = rows.update(
+            status=StepStatus.FAILED,
+            error=error,
+            lease_expires_at=None,
+            available_at=None,
+            updated_at=Now(),
+        )
+        if failed:
+            WorkflowStepAttempt._default_manager.using(alias).filter(
+                step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
+            ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            _request_pass(alias, Q(pk=step.run_id))
+
+    # -- fenced writes --------------------------------------------------------------------------
+
+    def set_result(
+        self, step_id: int, result: Any, attempt: int, *, hold_pass_seconds: float | None = None
+    ) -> StepWrite:
+        """Record ``result`` (JSON) for ``attempt`` of the step; returns a :class:`StepWrite`.
+
+        One conditional write through the fence (this attempt, still ``running``); the attempt
+        row is updated in the same transaction, and the run is asked for a pass: due now
+        (idle workers are woken) or, with ``hold_pass_seconds`` (seconds, the run lease's TTL), taken
+        for the caller, who runs it next — then ``StepWrite.state`` is the run and its steps
+        as the write left them. A result that is not JSON is not stored: the attempt fails
+        with a ``STEP_RESULT_NOT_JSON`` error instead (as :meth:`set_error`, so retries
+        apply). Writing again the result this attempt already recorded returns a
+        ``StepWrite`` with ``written=False`` (safe to retry after a lost acknowledgement).
+        Tuned (PostgreSQL): one statement.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: ``attempt`` is not an int ≥ 1.
+        """
+        check_attempt(attempt)
+        try:
+            check_json(result, "Step result")
+        except ValueError as exc:
+            return self.set_error(
+                step_id,
+                {"code": STEP_RESULT_NOT_JSON, "type": "ValueError", "message": str(exc)},
+                attempt,
+                hold_pass_seconds=hold_pass_seconds,
+            )
+        hold = None if hold_pass_seconds is None else ttl_seconds(hold_pass_seconds)
+        alias = self.write_alias()
+        connection = connections[alias]
+        if db.tuned(connection, "postgresql"):
+            fence, fence_params = _fence_sql(alias, step_id, attempt)
+            statement, params = sql.set_result(
+                _tables(connection),
+                fence,
+                fence_params,
+                json.dumps(result),
+                attempt,
+                hold=hold,
+                channel=channel_name(alias),
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                row = cursor.fetchone()
+            if row[0]:
+                state = None
+                if hold is not None and row[1] is not None:
+                    state = _pass_state_from_row(alias, row[1:])
+                    # The steps were read in the statement's snapshot: before its own write.
+                    for step in state.steps.values():
+                        if step.pk == step_id:
+                            step.status = StepStatus.SUCCEEDED
+                            step.result = self.stored_json(result)
+                            step.error = None
+                return StepWrite(StepStatus.SUCCEEDED, state=state)
+            # Nothing matched the fence: a repeat of this very write, or a refusal.
+            if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
+                return StepWrite(StepStatus.SUCCEEDED, written=False)
+            self._refuse(alias, step_id, attempt)
+        json_result = Value(result, output_field=models.JSONField())
+        with transaction.atomic(using=alias):
+            written = self._record_outcome(
+                alias,
+                step_id,
+                attempt,
+                step={
+                    "status": StepStatus.SUCCEEDED,
+                    "result": json_result,
+                    "error": None,
+                    "lease_expires_at": None,
+                },
+                history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+                repeat_of=(AttemptStatus.SUCCEEDED, result),
+            )
+            if written:
+                _request_pass(alias, Q(steps__pk=step_id), hold=hold)
+        return StepWrite(StepStatus.SUCCEEDED, written, self._state_after(alias, step_id, hold))
+
+    def _state_after(self, alias: str, step_id: int, hold: float | None) -> PassState | None:
+        """The pass state of the step's run after a write that took its pass (``hold``)."""
+        if hold is None:
+            return None
+        run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).first()
+        if run_id is None:
+            return None
+        state = WorkflowRun.objects.db_manager(alias).pass_state(run_id)
+        return state if state is not None and state.run.status == RunStatus.RUNNING else None
+
+    def set_result_completing_run(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        output: Any,
+        lease: Lease,
+        next_pass_holder: str | None = None,
+        next_pass_ttl: float = 30.0,
+    ) -> RunCompletion:
+        """Record ``result`` (JSON) for ``attempt`` of the step **and** complete its run with
+        ``output`` (JSON) **and** release the run lease ``lease`` (held by the caller).
+
+        For the worker that drives the run: it replayed the run with this result in memory
+        and the workflow returned ``output``, so the pass that would follow the result is
+        already known. Everything is conditional on the step's fence (this attempt, still
+        ``running``, as :meth:`set_result`): when it refuses, nothing is written, the lease
+        is not released, and the caller goes the ordinary way (:meth:`set_result`, which
+        raises or recognises a repeat). The run is completed only while it is ``running``.
+
+        ``next_pass_holder``: also pick the next due pass with its run lease for that
+        holder (``next_pass_ttl`` seconds), as :meth:`WorkflowRunQuerySet.claim_due_pass`
+        does; it is picked whatever the fence said, and is never this step's run. Tuned
+        (PostgreSQL): all of it is one statement; elsewhere one transaction, then the pick.
+
+        Returns a :class:`RunCompletion`. Raises ``ValueError`` for a bad attempt or non-JSON
+        ``result`` or ``output`` (nothing written).
+        """
+        check_attempt(attempt)
+        check_json(result, "Step result")
+        check_json(output, "Workflow output")
+        next_ttl = ttl_seconds(next_pass_ttl)
+        alias = self.write_alias()
+        connection = connections[alias]
+        if not db.tuned(connection, "postgresql"):
+            return self._complete_run_portably(
+                alias, step_id, result, attempt, output, lease, next_pass_holder, next_ttl
+            )
+        args: list[Any] = [
+            step_id,
+            json.dumps(result),
+            attempt,
+            json.dumps(output),
+            lease.key,
+            lease.holder,
+            lease.token,
+        ]
+        short = "complete_run"
+        if next_pass_holder is not None:
+            args += [next_pass_holder, next_ttl]
+            short = "complete_run_picking"
+        sent = time.monotonic()
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(_call(connection, short), args).fetchone()
+        width = sql.COMPLETION_COLUMNS
+        next_pass = None
+        if next_pass_holder is not None and row[width] is not None:
+            next_pass = _pass_claim(alias, row[width:], next_pass_holder, sent, connection)
+        if row[2] is not None:
+            lease_released.send_robust(sender=Lease, lease=lease)
+        return RunCompletion(
+            written=bool(row[0]),
+            completed=bool(row[1]),
+            lease_live=None if row[2] is None else bool(row[2]),
+            next_pass=next_pass,
+        )
+
+    def _complete_run_portably(
+        self,
+        alias: str,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        output: Any,
+        lease: Lease,
+        next_holder: str | None,
+        next_ttl: float,
+    ) -> RunCompletion:
+        """:meth:`set_result_completing_run`'s portable path: one transaction, then the pick."""
+        json_result = Value(result, output_field=models.JSONField())
+        live: bool | None = None
+        completed = False
+        with transaction.atomic(using=alias):
+            written = bool(
+                self.rows()
+                .filter(fence_q(step_id, attempt))
+                .update(
+                    status=StepStatus.SUCCEEDED,
+                    result=json_result,
+                    error=None,
+                    lease_expires_at=None,
+                    updated_at=Now(),
+                )
+            )
+            if written:
+                WorkflowStepAttempt._default_manager.using(alias).filter(
+                    step_id=step_id, attempt=attempt
+                ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=Now())
+                run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
+                completed = WorkflowRun.objects.db_manager(alias).complete(run_id, output)
+                live = Lease.objects.db_manager(alias).release_held(lease)
+        next_pass = None
+        if next_holder is not None:
+            next_pass = WorkflowRun.objects.db_manager(alias).claim_due_pass(next_ttl, next_holder)
+        return RunCompletion(
+            written=written, completed=completed, lease_live=live, next_pass=next_pass
+        )
+
+    def set_error(
+        self,
+        step_id: int,
+        error: BaseException | Mapping[str, Any] | str,
+        attempt: int,
+        *,
+        hold_pass_seconds: float | None = None,
+    ) -> StepWrite:
+        """Record ``error`` for ``attempt`` of the step; returns a :class:`StepWrite` (status
+        ``failed``).
+
+        One conditional write through the fence. With attempts left, the next attempt becomes
+        due ``retry_delay`` seconds from DB now (``available_at``); without, the run is asked
+        for a pass (which fails it) — taken for the caller with ``hold_pass_seconds`` (seconds), who
+        then gets the run's state in ``StepWrite.state``. The attempt row is updated in the
+        same transaction. ``error`` is an exception, a JSON mapping or a message. Writing
+        again the error this attempt already recorded returns ``written=False`` (safe to
+        retry after a lost acknowledgement).
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        check_attempt(attempt)
+        payload = error_json(error)
+        hold = None if hold_pass_seconds is None else ttl_seconds(hold_pass_seconds)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            config = self.rows().filter(pk=step_id).values("retries", "retry_delay").first()
+            if config is None:
+                raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+            exhausted = attempt >= config["retries"] + 1
+            written = self._record_outcome(
+                alias,
+                step_id,
+                attempt,
+                step={
+                    "status": StepStatus.FAILED,
+                    "error": payload,
+                    "result": None,
+                    "lease_expires_at": None,
+                    "available_at": (
+                        None if exhausted else clock.db_now_plus(config["retry_delay"])
+                    ),
+                },
+                history={"status": AttemptStatus.FAILED, "error": payload},
+                repeat_of=(AttemptStatus.FAILED, payload),
+            )
+            if written and exhausted:
+                _request_pass(alias, Q(steps__pk=step_id), hold=hold)
+            elif not exhausted and not config["retry_delay"]:
+                _wake(alias)  # the next attempt is due at once
+        state = self._state_after(alias, step_id, hold) if written and exhausted else None
+        return StepWrite(StepStatus.FAILED, written, state)
+
+    def suspend_for_missing_function(self, step_id: int, attempt: int, function_name: str) -> None:
+        """The step function is not registered here: fail ``attempt`` with code
+        ``STEP_FUNCTION_NOT_FOUND`` and suspend the run with the same error, fenced on
+        ``attempt`` like :meth:`set_error`. The step is not due again until the run is resumed.
+
+        Raises :class:`WorkflowStepSupersededError` (nothing written) for a stale attempt.
+        """
+        check_attempt(attempt)
+        error = {
+            "code": STEP_FUNCTION_NOT_FOUND,
+            "message": f"No step function named {function_name!r} is registered in this process",
+            "function_name": function_name,
+        }
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            self._fail_attempt_for_good(alias, step_id, attempt, error)
+            WorkflowRun._default_manager.using(alias).filter(
+                steps__pk=step_id, status=RunStatus.RUNNING
+            ).update(status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now())
+
+    def refresh_lease(self, step_id: int, ttl: float | None, attempt: int) -> bool:
+        """Extend the step lease to DB now + ``ttl`` seconds, or release it (``ttl=None``).
+
+        Fenced: lands only while ``attempt`` is the step's running attempt (lease expiry is
+        not checked — a slow worker nobody replaced still owns its attempt). Returns ``True``
+        if it landed, ``False`` for a superseded or finished attempt (nothing written).
+        Raises ``ValueError`` for a bad TTL or attempt.
+        """
+        check_attempt(attempt)
+        expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
+        # One statement: atomic on its own.
+        return bool(self.rows().filter(fence_q(step_id, attempt)).update(lease_expires_at=expiry))
+
+    def _fail_attempt_for_good(
+        self, alias: str, step_id: int, attempt: int, error: dict[str, Any]
+    ) -> bool:
+        """Fail ``attempt`` with ``error`` and no retry due (step and history), through the
+        fence like every outcome; returns what :meth:`_record_outcome` returns."""
+        return self._record_outcome(
+            alias,
+            step_id,
+            attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "lease_expires_at": None,
+                "available_at": None,
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
+        )
+
+    def _record_outcome(
+        self,
+        alias: str,
+        step_id: int,
+        attempt: int,
+        *,
+        step: dict[str, Any],
+        history: dict[str, Any],
+        repeat_of: tuple[str, Any] | None = None,
+    ) -> bool:
+        """Write ``attempt``'s outcome through the fence: ``step`` values on the step row,
+        then ``history`` values on the attempt row (``finished_at`` set), inside the caller's
+        transaction. Returns ``True`` when written, ``False`` when the attempt had already
+        recorded exactly ``repeat_of`` (``(attempt status, result or error)``: a retried write
+        whose acknowledgement was lost). Otherwise nothing is written and
+        :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
+        fenced = WorkflowStep._default_manager.using(alias).filter(fence_q(step_id, attempt))
+        if not fenced.update(**step, updated_at=Now()):
+            if repeat_of is not None and self._already_recorded(
+                alias, step_id, attempt, *repeat_of
+            ):
+                return False
+            self._refuse(alias, step_id, attempt)
+        WorkflowStepAttempt._default_manager.using(alias).filter(
+            step_id=step_id, attempt=attempt
+        ).update(**history, finished_at=Now())
+        return True
+
+    def _already_recorded(
+        self, alias: str, step_id: int, attempt: int, status: str, outcome: Any
+    ) -> bool:
+        """Whether ``attempt`` already recorded exactly this outcome (``status`` with this
+        result / error): a retried write whose first try committed but whose acknowledgement
+        was lost (a dropped connection). Decided on the attempt row, which only the owner of
+        the attempt writes and which keeps its outcome after the step moves on; a superseded
+        attempt's row stays ``running``, so it never matches."""
+        field = "result" if status == AttemptStatus.SUCCEEDED else "error"
+        row = (
+            WorkflowStepAttempt._default_manager.using(alias)
+            .filter(step_id=step_id, attempt=attempt)
+            .values("status", field)
+            .first()
+        )
+        if row is None or row["status"] != status:
+            return False
+        return bool(row[field] == json.loads(json.dumps(outcome)))
+
+    def _refuse(self, alias: str, step_id: int, attempt: int) -> None:
+        row = (
+            WorkflowStep._default_manager.using(alias)
+            .filter(pk=step_id)
+            .values_list("attempt", "run__status")
+            .first()
+        )
+        if row is None:
+            raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+        current, run_status = row
+        if current == attempt and run_status == RunStatus.CANCELLED:
+            raise WorkflowStepCancelledError(step_id, attempt)
+        raise WorkflowStepSupersededError(step_id, attempt, current)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def stored_json(self, value: Any) -> Any:
+        """JSON ``value`` as this database gives it back once stored: PostgreSQL's ``jsonb``
+        orders keys and rewrites numbers (:func:`~django_leases.validation.as_stored`);
+        elsewhere the JSON text round-trips. A pass that replays a result in memory must see
+        what a pass reading it would."""
+        if self.connection().vendor == "postgresql":
+            return as_stored(value)
+        return json.loads(json.dumps(value))
+
+    def history(self, run_id: uuid.UUID | str) -> list[WorkflowStepAttempt]:
+        """The run's history: one :class:`WorkflowStepAttempt` per claim, oldest first.
+
+        Each entry has its ``step`` loaded (``entry.step.step_name``). A superseded attempt
+        keeps ``status == "running"`` and never shows the result or error it was refused.
+        """
+        return list(WorkflowStepAttempt.objects.db_manager(self.write_alias()).for_run(run_id))
+
+
+class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
+    """``WorkflowStepAttempt.objects``: read through :meth:`WorkflowStepQuerySet.history`."""
+
+    def for_run(self, run_id: uuid.UUID | str) -> WorkflowStepAttemptQuerySet:
+        """The run's attempts, oldest first, with their steps loaded."""
+        return self.filter(step__run_id=parse_run_id(run_id)).select_related("step").order_by("id")
+
+
+# -- the models ---------------------------------------------------------------------------------
 
 
 class WorkflowRun(models.Model):
@@ -41,7 +1543,7 @@ class WorkflowRun(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    workflow = models.CharField(max_length=200, db_index=True)
+    workflow = models.CharField(max_length=MAX_NAME_LENGTH, db_index=True)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
     input = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
@@ -70,6 +1572,45 @@ class WorkflowRun(models.Model):
     def __str__(self) -> str:
         return f"{self.workflow} {self.id}"
 
+    #: Which operator operation a run in each status allows, and the rule that says so.
+    OPERATIONS: ClassVar[dict[str, tuple[tuple[str, ...], str, str]]] = {
+        "resume": (
+            (RunStatus.SUSPENDED, RunStatus.FAILED),
+            "resumed",
+            "only a suspended or failed run can be",
+        ),
+        "cancel": (
+            (RunStatus.RUNNING, RunStatus.SUSPENDED),
+            "cancelled",
+            "only a running or suspended run can be",
+        ),
+        "retry": (
+            (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED),
+            "retried",
+            "a step of a finished run cannot be",
+        ),
+    }
+
+    def allowed_operations(self) -> list[str]:
+        """The operator operations (``"resume"``, ``"cancel"``, ``"retry"`` — of a failed
+        step) this run's status allows, in that order: what the admin offers and the
+        QuerySet methods accept."""
+        return [
+            name for name, (statuses, _, _) in self.OPERATIONS.items() if self.status in statuses
+        ]
+
+    def require(self, operation: str) -> None:
+        """Raise :class:`WorkflowRunStateError` unless this run's status allows
+        ``operation`` (one of :attr:`OPERATIONS`)."""
+        statuses, verb, rule = self.OPERATIONS[operation]
+        if self.status not in statuses:
+            raise WorkflowRunStateError(self.pk, self.status, verb, rule)
+
+    @property
+    def lease_key(self) -> str:
+        """The key of the run lease its passes hold (``workflow-run:<id>``)."""
+        return run_lease_key(self.pk)
+
 
 class WorkflowStep(models.Model):
     """A step of a run, claimed by one worker at a time under a lease and an ``attempt``.
@@ -80,8 +1621,8 @@ class WorkflowStep(models.Model):
     """
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
-    step_name = models.CharField(max_length=200)
-    function_name = models.CharField(max_length=200)
+    step_name = models.CharField(max_length=MAX_NAME_LENGTH)
+    function_name = models.CharField(max_length=MAX_NAME_LENGTH)
     data = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
     result = models.JSONField(null=True, blank=True)

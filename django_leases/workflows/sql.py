@@ -1,0 +1,404 @@
+"""The workflow tables' tuned statements (PostgreSQL), beside nothing else.
+
+Every statement here is one QuerySet method's tuned path (:mod:`django_leases.models.workflow`
+has the portable ORM path of the same rule beside it, behind :func:`django_leases.db.tuned`).
+This module imports no model: the methods pass in the quoted table names (:class:`Tables`),
+and the SQL of rules that belong to other methods — the step fence, compiled from its ORM
+filter; the lease acquire and release statements of :mod:`django_leases.models.lease` — so
+that each rule is written once.
+
+Statements take ``%s`` placeholders with a parameter list. The three statements of the
+worker's hot path are installed as PL/pgSQL functions (:class:`Function`) so that each server
+connection caches their plans: a function's body is its statement with the function's
+arguments (:class:`Arg`) in place of parameters. Migrations install them as frozen text
+(a test fails when this module's definitions and the latest migration's differ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django_leases.workflows.values import (
+    RUN_LEASE_PREFIX,
+    AttemptStatus,
+    RunStatus,
+    StepStatus,
+)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The quoted names of the tables the statements touch."""
+
+    run: str
+    step: str
+    attempt: str
+    lease: str
+
+
+class Arg:
+    """A function's argument, by ``name`` and SQL type, where a statement takes a parameter.
+
+    A builder given an ``Arg`` for a value gives the body of the function that caches the
+    statement's plan (see :class:`Function`)."""
+
+    def __init__(self, name: str, sql_type: str) -> None:
+        self.name = name
+        self.sql_type = sql_type
+
+    def __repr__(self) -> str:
+        return f"Arg({self.name!r}, {self.sql_type!r})"
+
+
+def literal(value: Any) -> str:
+    """``value`` written into SQL text: an :class:`Arg` as its name, else an SQL literal."""
+    if isinstance(value, Arg):
+        return value.name
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
+def _text(status: str) -> str:
+    return literal(str(status))
+
+
+# -- statements ---------------------------------------------------------------------------------
+
+
+def start_run(t: Tables) -> str:
+    """:meth:`WorkflowRunQuerySet.start`: the run, due for its first pass, and the wake-up
+    notification (sent when it commits), in one statement. Parameters: run id, workflow,
+    input (JSON text), notification channel. Returns ``created_at``."""
+    return f"""
+        WITH run AS (
+            INSERT INTO {t.run} (
+                id, workflow, status, input, pass_due_at, pass_requests, created_at, updated_at
+            )
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, statement_timestamp(), 1,
+                    statement_timestamp(), statement_timestamp())
+            RETURNING created_at
+        )
+        SELECT created_at, pg_notify(%s, '') FROM run
+    """
+
+
+def pass_state(run: str, step_table: str) -> str:
+    """What a pass reads, for a ``RETURNING`` or select list over the run table (or its
+    alias) ``run``: the run's ``id, workflow, status, input, pass_requests`` and its steps as
+    one JSON array (the fields replay needs), read in the same statement."""
+    fields = ", ".join(
+        f"'{name}', s.{name}"
+        for name in (
+            "id",
+            "step_name",
+            "function_name",
+            "status",
+            "result",
+            "error",
+            "attempt",
+            "retries",
+            "retry_delay",
+        )
+    )
+    return (
+        f"{run}.id, {run}.workflow, {run}.status, {run}.input::text, {run}.pass_requests, "
+        f"(SELECT coalesce(json_agg(json_build_object({fields}) ORDER BY s.id), '[]')::text "
+        f"FROM {step_table} s WHERE s.run_id = {run}.id)"
+    )
+
+
+#: Columns of :func:`pass_state`, and their SQL types (for a function's result).
+PASS_STATE_TYPES = ("uuid", "varchar", "varchar", "text", "bigint", "text")
+
+#: SQL types of the columns a lease acquire statement returns (``id, key, holder, token,
+#: expires_at, acquired_at, renewed_at, released_at``).
+LEASE_TYPES = (
+    "bigint",
+    "varchar",
+    "varchar",
+    "bigint",
+    "timestamptz",
+    "timestamptz",
+    "timestamptz",
+    "timestamptz",
+)
+
+
+def pick_pass(
+    t: Tables,
+    acquire: Callable[[str], str],
+    grant: str,
+    seconds: Any,
+    holder: Any,
+    *,
+    besides: str = "",
+) -> tuple[str, list[Any], str, str]:
+    """:meth:`WorkflowRunQuerySet.claim_due_pass` with ``lease_holder``, as CTEs for a
+    statement of its own or a larger one: ``picked`` (the oldest due run of a running
+    workflow, its pass pushed ``seconds`` ahead, with its pass state) and ``granted`` (its
+    run lease for ``holder``, by the acquire rule: ``acquire(rows)`` is that statement over
+    ``rows``, whose lease columns ``grant`` writes). ``besides``: SQL for a run id never to
+    pick (the run a larger statement writes: PostgreSQL applies only one of two updates of a
+    row in one statement). Returns ``(ctes, params, columns, joined)``: what goes after
+    ``WITH``, its parameters, and what goes after ``SELECT`` and ``FROM`` to read
+    ``picked.*, granted.*``."""
+    guard = f" AND id IS DISTINCT FROM ({besides})" if besides else ""
+    running = _text(RunStatus.RUNNING)
+    rows = f"SELECT %s || picked.id::text, %s, {grant} FROM picked"
+    ctes = f"""picked AS (
+        UPDATE {t.run}
+        SET pass_due_at = statement_timestamp() + make_interval(secs => %s)
+        WHERE id = (
+            SELECT id FROM {t.run}
+            WHERE status = {running} AND pass_due_at <= statement_timestamp(){guard}
+            ORDER BY pass_due_at
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AND status = {running} AND pass_due_at <= statement_timestamp()
+        RETURNING {pass_state(t.run, t.step)}
+    ), granted AS ({acquire(rows)})"""
+    params = [seconds, RUN_LEASE_PREFIX, holder, seconds]
+    return ctes, params, "picked.*, granted.*", "picked LEFT JOIN granted ON true"
+
+
+def pick_pass_alone(
+    t: Tables, acquire: Callable[[str], str], grant: str, seconds: Any, holder: Any
+) -> tuple[str, list[Any]]:
+    """:func:`pick_pass` as a statement of its own."""
+    ctes, params, columns, joined = pick_pass(t, acquire, grant, seconds, holder)
+    return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+def insert_claimed(
+    t: Tables,
+    run_id: Any,
+    step_name: Any,
+    function_name: Any,
+    data: Any,
+    retries: Any,
+    retry_delay: Any,
+    seconds: Any,
+    finish_pass: Any,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.schedule_claimed`: insert the step ``running`` at attempt 1
+    with its lease and its attempt row, if the run is running and the step does not exist
+    yet, and end the pass (``finish_pass``: the ``pass_requests`` the pass read) when it was
+    inserted. ``data`` is JSON text. Returns the new step's id, or no row."""
+    sql = f"""
+        WITH step AS (
+            INSERT INTO {t.step} (
+                run_id, step_name, function_name, data, status, attempt, retries,
+                retry_delay, lease_expires_at, available_at, created_at, updated_at
+            )
+            SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s,
+                   statement_timestamp() + make_interval(secs => %s),
+                   statement_timestamp(), statement_timestamp(), statement_timestamp()
+            FROM {t.run} r
+            WHERE r.id = %s AND r.status = {_text(RunStatus.RUNNING)}
+            ON CONFLICT (run_id, step_name) DO NOTHING
+            RETURNING id
+        ), history AS (
+            INSERT INTO {t.attempt} (step_id, attempt, status, started_at)
+            SELECT id, 1, {_text(AttemptStatus.RUNNING)}, statement_timestamp() FROM step
+        ), finished AS (
+            UPDATE {t.run} SET pass_due_at = NULL
+            WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
+        )
+        SELECT id FROM step
+    """
+    params = [step_name, function_name, data, retries, retry_delay, seconds, run_id]
+    return sql, [*params, run_id, finish_pass]
+
+
+def _result(
+    t: Tables, fence: str, fence_params: Sequence[Any], payload: Any, attempt: Any
+) -> tuple[str, list[Any]]:
+    """A step's result ``payload`` (JSON text) written through the fence (``fence``: the
+    step's WHERE for this attempt, still ``running``) and on its attempt row, as CTEs ``step``
+    (the written step's ``id, run_id``; empty when the fence refused) and ``history``.
+    Nothing else in a statement may land when ``step`` is empty: later CTEs test it."""
+    sql = f"""step AS (
+        UPDATE {t.step}
+        SET status = {_text(StepStatus.SUCCEEDED)}, result = %s::jsonb, error = NULL,
+            lease_expires_at = NULL, updated_at = statement_timestamp()
+        WHERE {fence}
+        RETURNING id, run_id
+    ), history AS (
+        UPDATE {t.attempt}
+        SET status = {_text(AttemptStatus.SUCCEEDED)}, result = %s::jsonb,
+            finished_at = statement_timestamp()
+        WHERE step_id = (SELECT id FROM step) AND attempt = %s
+    )"""
+    return sql, [payload, *fence_params, payload, attempt]
+
+
+def set_result(
+    t: Tables,
+    fence: str,
+    fence_params: Sequence[Any],
+    payload: Any,
+    attempt: Any,
+    *,
+    hold: Any = None,
+    channel: Any = None,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.set_result`: the fenced result, its attempt row, and the
+    run's pass request, in one statement. With ``hold`` (seconds), the pass is taken for the
+    caller (due only ``hold`` seconds from now, no notification) and the run's pass state as
+    the write left it is returned; else it is due now and ``channel`` is notified. Its row:
+    written (0 or 1), then the pass state (``hold``) or the notification."""
+    written, params = _result(t, fence, fence_params, payload, attempt)
+    returned = pass_state("r", t.step) if hold is not None else "r.id"
+    sql = f"""
+        WITH {written}, run AS (
+            UPDATE {t.run} AS r
+            SET pass_due_at = statement_timestamp() + make_interval(secs => %s),
+                pass_requests = pass_requests + 1, updated_at = statement_timestamp()
+            WHERE id = (SELECT run_id FROM step) AND status = {_text(RunStatus.RUNNING)}
+            RETURNING {returned}
+        )
+    """
+    params.append(0.0 if hold is None else hold)
+    if hold is None:
+        sql += "SELECT (SELECT count(*) FROM step), (SELECT pg_notify(%s, '') FROM run)"
+        params.append(channel)
+    else:
+        sql += "SELECT (SELECT count(*) FROM step), run.* FROM (SELECT 1) AS one "
+        sql += "LEFT JOIN run ON true"
+    return sql, params
+
+
+def completion(
+    t: Tables,
+    fence: str,
+    fence_params: Sequence[Any],
+    release: Callable[[str], str],
+    payload: Any,
+    attempt: Any,
+    output: Any,
+    key: Any,
+    holder: Any,
+    token: Any,
+    *,
+    pick: tuple[Callable[[str], str], str, Any, Any] | None = None,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.set_result_completing_run`: the fenced result, the run's
+    completion with ``output`` (JSON text), the release of the run lease (``release(where)``
+    is the lease's release-held statement for a key condition ``where``, taking the holder
+    and token) and, with ``pick`` (``(acquire, grant, seconds, holder)`` as for
+    :func:`pick_pass`), the pick of the next due run with its lease, never this step's run.
+    Everything but the pick depends on the fence. Its row: written, completed, live (see
+    :data:`COMPLETION_COLUMNS`), then the picked pass."""
+    written, params = _result(t, fence, fence_params, payload, attempt)
+    ctes = f"""{written}, done AS (
+        UPDATE {t.run}
+        SET status = {_text(RunStatus.COMPLETED)}, output = %s::jsonb, error = NULL,
+            pass_due_at = NULL, updated_at = statement_timestamp(),
+            finished_at = statement_timestamp()
+        WHERE id = (SELECT run_id FROM step) AND status = {_text(RunStatus.RUNNING)}
+        RETURNING id
+    ), released AS ({release("key = %s AND EXISTS (SELECT 1 FROM step)")})"""
+    params += [output, key, holder, token]
+    columns = (
+        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released)"
+    )
+    joined = "(SELECT 1) AS one"
+    if pick is not None:
+        acquire, grant, seconds, next_holder = pick
+        picked, pick_params, pick_columns, pick_joined = pick_pass(
+            t, acquire, grant, seconds, next_holder, besides="SELECT run_id FROM step"
+        )
+        ctes += f", {picked}"
+        params += pick_params
+        columns += f", {pick_columns}"
+        joined += f" LEFT JOIN ({pick_joined}) ON true"
+    return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+#: Columns of a :func:`completion` row before the picked pass's.
+COMPLETION_COLUMNS = 3
+
+
+# -- functions ----------------------------------------------------------------------------------
+
+#: Settings every function runs its statements with. The cached plan is made when the tables
+#: may still be small, where a sequential scan or a sort looks cheaper and would then stay
+#: while the tables grow: every row these statements touch is found through an index (a
+#: primary key, a unique key, the due-work index's order), so those are ruled out. Each
+#: statement has a plan without them (``tests/test_hot_path_plans.py`` EXPLAINs them); one
+#: that had none would cost ~1e10, so JIT compilation is off too (it cost 1-4.5 s a call).
+FUNCTION_SETTINGS = (
+    "SET enable_seqscan = off SET enable_bitmapscan = off SET enable_sort = off SET jit = off"
+)
+
+#: Prefix of every function's name: ``dl_<short>_<hash of its definition>``.
+FUNCTION_PREFIX = "dl_"
+
+
+@dataclass(frozen=True)
+class Function:
+    """One PL/pgSQL function: ``short`` name, arguments, result column types and its body
+    (a statement with the arguments in place of its parameters)."""
+
+    short: str
+    args: tuple[Arg, ...]
+    returns: tuple[str, ...]
+    statement: tuple[str, list[Any]]
+
+    def definition(self) -> tuple[str, str]:
+        """``(name, CREATE OR REPLACE FUNCTION …)``: the name ends with a hash of the
+        definition, so code whose statement changed never calls a function installed for
+        another."""
+        sql, params = self.statement
+        text = " ".join((sql % tuple(literal(p) for p in params)).split())
+        signature = ", ".join(f"{arg.name} {arg.sql_type}" for arg in self.args)
+        columns = ", ".join(f"r{n} {sql_type}" for n, sql_type in enumerate(self.returns))
+        template = (
+            "CREATE OR REPLACE FUNCTION {name}(" + signature + ") "
+            "RETURNS TABLE(" + columns + ") LANGUAGE plpgsql VOLATILE "
+            f"{FUNCTION_SETTINGS} AS $dl$\n"
+            "#variable_conflict use_column\n"
+            "BEGIN\n    RETURN QUERY " + text + ";\nEND\n$dl$"
+        )
+        digest = hashlib.sha256(template.encode()).hexdigest()[:12]
+        name = f"{FUNCTION_PREFIX}{self.short}_{digest}"
+        return name, template.replace("{name}", name, 1)
+
+    @property
+    def name(self) -> str:
+        """The function's name (with its hash)."""
+        return self.definition()[0]
+
+    def call(self) -> str:
+        """``SELECT * FROM <name>(%s, …)``: the statement that calls it."""
+        return f"SELECT * FROM {self.name}({', '.join(['%s'] * len(self.args))})"
+
+
+__all__ = [
+    "COMPLETION_COLUMNS",
+    "FUNCTION_PREFIX",
+    "FUNCTION_SETTINGS",
+    "LEASE_TYPES",
+    "PASS_STATE_TYPES",
+    "Arg",
+    "Function",
+    "Tables",
+    "completion",
+    "insert_claimed",
+    "literal",
+    "pass_state",
+    "pick_pass",
+    "pick_pass_alone",
+    "set_result",
+    "start_run",
+]

@@ -1,0 +1,226 @@
+"""The values the workflow layers pass each other: statuses, error codes and result types.
+
+A leaf module (it imports no model), so the models, the tuned statements
+(:mod:`django_leases.workflows.sql`), the driver and the engine all speak the same words.
+:mod:`django_leases.models` re-exports the statuses.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    """A run is ``running`` until its workflow returns (``completed``) or raises (``failed``).
+
+    ``suspended`` waits for an operator (e.g. a step function missing from the deployed code);
+    ``cancelled`` was stopped by an operator.
+    """
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    """``pending``: created by a pass, never claimed. ``scheduled``: waiting to be claimed again
+    at the same attempt (e.g. after a resume). ``running``: claimed under a step lease.
+    ``succeeded`` / ``failed``: the current attempt's outcome (a failed step with retries left
+    is claimed again as attempt + 1 once ``available_at`` has passed).
+    """
+
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class AttemptStatus(models.TextChoices):
+    """One attempt's outcome. A superseded attempt stays ``running`` for ever."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+#: Statuses of a step waiting to be claimed (a failed one only while it has attempts left).
+WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
+
+#: Statuses of a run that has finished for good (or until an operator resumes a failed one).
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+#: Error code of a run suspended because a step function is not registered in this process.
+STEP_FUNCTION_NOT_FOUND = "STEP_FUNCTION_NOT_FOUND"
+#: Error code of a run suspended because its workflow is not registered in this process.
+WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
+#: Error code of a step whose every attempt lost its worker (lease lapsed).
+STEP_LEASE_LAPSED = "STEP_LEASE_LAPSED"
+#: Error code of a step whose function returned something that is not JSON.
+STEP_RESULT_NOT_JSON = "STEP_RESULT_NOT_JSON"
+#: Error code of a run failed because a step failed on its last attempt.
+STEP_FAILED = "STEP_FAILED"
+#: Error code of a run whose workflow function raised.
+WORKFLOW_ERROR = "WORKFLOW_ERROR"
+#: Error code of a run stopped by an operator, and of the step attempt it stopped.
+RUN_CANCELLED = "RUN_CANCELLED"
+
+#: Prefix of the lease key an orchestration pass of a run holds.
+RUN_LEASE_PREFIX = "workflow-run:"
+
+
+def run_lease_key(run_id: uuid.UUID | str) -> str:
+    """The key of the lease an orchestration pass of run ``run_id`` holds:
+    ``workflow-run:<id>``."""
+    return f"{RUN_LEASE_PREFIX}{run_id}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A step claimed for execution: the claimer owns attempt ``attempt`` until superseded.
+
+    Attributes:
+        step_id: primary key of the :class:`~django_leases.models.WorkflowStep` (``int``).
+        run_id: the run's ``uuid.UUID``.
+        step_name: the step's name within its run.
+        function_name: the ``@step_function`` to call.
+        attempt: the fencing number every write of this claim must carry (``int`` ≥ 1).
+        data: the step's JSON input.
+        lease_ttl: the step lease's TTL in seconds (``float``).
+        claimed_at: ``time.monotonic()`` taken just before the claim was sent (the start of
+            the local lease deadline for the renewal loop).
+        using: the database alias the claim was made on.
+    """
+
+    step_id: int
+    run_id: uuid.UUID
+    step_name: str
+    function_name: str
+    attempt: int
+    data: Any = field(repr=False)
+    lease_ttl: float
+    claimed_at: float
+    using: str
+
+
+@dataclass(frozen=True)
+class PassState:
+    """What an orchestration pass reads: the run (``id``, ``workflow``, ``status``, ``input``,
+    ``pass_requests`` loaded) and its steps by name, as one statement read them."""
+
+    run: Any = field(repr=False)
+    steps: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PassClaim:
+    """A run picked for an orchestration pass.
+
+    Attributes:
+        run_id: the run's ``uuid.UUID``.
+        using: the database alias.
+        state: the run and its steps, read with the pick (:class:`PassState`).
+        lease: the run lease taken with the pick (a ``Lease``), when the pick asked for it
+            and got it; else ``None``.
+        lease_refused: the pick asked for the run lease and another holder had it live.
+        sent: ``time.monotonic()`` just before the pick was sent (the lease's local deadline
+            starts there).
+    """
+
+    run_id: uuid.UUID
+    using: str
+    state: PassState = field(repr=False, compare=False)
+    lease: Any = field(default=None, repr=False, compare=False)
+    lease_refused: bool = field(default=False, repr=False, compare=False)
+    sent: float = field(default=0.0, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class StepWrite:
+    """What a step's fenced result or error write did.
+
+    Attributes:
+        status: the step's status now (``"succeeded"`` or ``"failed"``).
+        written: ``False`` when the write repeated what this attempt had already recorded
+            (its first try committed but its acknowledgement was lost); nothing was written.
+        state: with ``hold_pass_seconds``, the run and its steps as the write left them, for the pass
+            the caller runs next (``None`` where none was taken or the run is not running).
+    """
+
+    status: str
+    written: bool = True
+    state: PassState | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class RunCompletion:
+    """What ``WorkflowStep.objects.set_result_completing_run`` did.
+
+    Attributes:
+        written: the step's fence matched and its result was recorded (``bool``); when
+            ``False`` nothing else was written either.
+        completed: the run was ``running`` and is now ``completed`` (``bool``).
+        lease_live: the run lease was released and had been live up to then (``True``),
+            released but lapsed already (``False``), or not released (``None``: the fence
+            refused, or the lease had passed on).
+        next_pass: the next due pass picked with its lease, when asked for (else ``None``).
+    """
+
+    written: bool
+    completed: bool
+    lease_live: bool | None
+    next_pass: PassClaim | None = None
+
+
+@dataclass(frozen=True)
+class RunChange:
+    """What an operator operation (``resume``, ``cancel``, ``retry_step``) did to a run.
+
+    Attributes:
+        run_id: the run's ``uuid.UUID``.
+        before: the run's status before the operation (``str``).
+        after: its status now (``str``).
+        steps: names of the steps made due again (resume, retry) or stopped (cancel).
+    """
+
+    run_id: uuid.UUID
+    before: str
+    after: str
+    steps: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"Run {self.run_id}: {self.before} → {self.after}"
+        if self.steps:
+            verb = "stopped" if self.after == RunStatus.CANCELLED else "due again as a new attempt"
+            text += f"; step(s) {', '.join(repr(s) for s in self.steps)} {verb}"
+        return text
+
+
+__all__ = [
+    "FINISHED_RUN_STATUSES",
+    "RUN_CANCELLED",
+    "RUN_LEASE_PREFIX",
+    "STEP_FAILED",
+    "STEP_FUNCTION_NOT_FOUND",
+    "STEP_LEASE_LAPSED",
+    "STEP_RESULT_NOT_JSON",
+    "WAITING_STEP_STATUSES",
+    "WORKFLOW_ERROR",
+    "WORKFLOW_NOT_FOUND",
+    "AttemptStatus",
+    "Claim",
+    "PassClaim",
+    "PassState",
+    "RunChange",
+    "RunCompletion",
+    "RunStatus",
+    "StepStatus",
+    "StepWrite",
+    "run_lease_key",
+]
