@@ -1,30 +1,51 @@
 """Durable workflows whose steps run under fenced leases (DESIGN §5).
 
-Public API (imported lazily)::
+Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.workflows import workflow, step_function, start_workflow
 
 ``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
-``WorkflowStepFailedError`` (raised by ``run.step`` for a step out of attempts) are here too.
+the workflow errors (``WorkflowStepFailedError``, raised by ``run.step`` for a step out of
+attempts, and the others of :mod:`django_leases.exceptions`) are here too.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "workflow": "django_leases.workflows.registry",
     "step_function": "django_leases.workflows.registry",
-    "UnknownWorkflowError": "django_leases.workflows.registry",
     "start_workflow": "django_leases.workflows.engine",
     "execute_step": "django_leases.workflows.engine",
-    "run_pass": "django_leases.workflows.engine",
-    "WorkflowStepFailedError": "django_leases.workflows.engine",
+    "StepContext": "django_leases.workflows.engine",
+    "run_pass": "django_leases.workflows.driver",
+    "RunContext": "django_leases.workflows.driver",
     "Worker": "django_leases.workflows.worker",
+    "WorkflowError": "django_leases.exceptions",
+    "UnknownWorkflowError": "django_leases.exceptions",
+    "WorkflowStepFailedError": "django_leases.exceptions",
+    "WorkflowStepSupersededError": "django_leases.exceptions",
+    "WorkflowStepCancelledError": "django_leases.exceptions",
+    "WorkflowRunStateError": "django_leases.exceptions",
 }
 
 __all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from django_leases.exceptions import (  # noqa: F401
+        UnknownWorkflowError,
+        WorkflowError,
+        WorkflowRunStateError,
+        WorkflowStepCancelledError,
+        WorkflowStepFailedError,
+        WorkflowStepSupersededError,
+    )
+    from django_leases.workflows.driver import RunContext, run_pass  # noqa: F401
+    from django_leases.workflows.engine import StepContext, execute_step, start_workflow  # noqa: F401
+    from django_leases.workflows.registry import step_function, workflow  # noqa: F401
+    from django_leases.workflows.worker import Worker  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -8,23 +8,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django_leases.exceptions import UnknownWorkflowError
+from django_leases.validation import check_name
+
+__all__ = [
+    "UnknownWorkflowError",
+    "get_step_function",
+    "get_workflow",
+    "step_function",
+    "workflow",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _workflows: dict[str, Callable[..., Any]] = {}
 _step_functions: dict[str, Callable[..., Any]] = {}
 
 
-class UnknownWorkflowError(LookupError):
-    """No ``@workflow`` is registered under that name."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"No workflow named {name!r} is registered (is its module imported?)")
-        self.name = name
-
-
 def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise ValueError(f"A {kind} name must be a non-empty str of at most 200 characters")
+    check_name(name, f"A {kind} name")
 
     def decorate(func: F) -> F:
         existing = table.get(name)

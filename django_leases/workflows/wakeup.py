@@ -17,15 +17,12 @@ fallback on PostgreSQL, for work that becomes due by the clock rather than by a 
 step whose lease lapsed, a retry after its ``retry_delay``, a pass retried a second later —
 and while the listener is disconnected.
 
-The channel name is derived from the database name, its connection ``options`` (where a
-``search_path`` would be set) and the workflow tables' name, so two projects on one server —
-or one database with a schema each — never wake each other's workers, while every process of
-one project, whatever its database alias, shares one channel.
+The channel is :func:`~django_leases.models.workflow.channel_name`: two projects on one
+server never wake each other's workers.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -34,10 +31,10 @@ from typing import Any
 
 from django.db import connections
 
+from django_leases.models.workflow import channel_name, notify_work_due
+
 logger = logging.getLogger("django_leases.worker")
 
-#: Prefix of the notification channel (the rest is a digest, see :func:`channel_name`).
-CHANNEL_PREFIX = "django_leases_work_"
 #: Seconds the listener waits for notifications before it looks at its stop flag again.
 LISTEN_TICK = 0.5
 #: Seconds between two liveness pings of an idle listener connection (a dead TCP peer
@@ -53,39 +50,6 @@ CONNECT_TIMEOUT = 10
 def listens(using: str) -> bool:
     """Whether database alias ``using`` (``str``) supports LISTEN/NOTIFY (PostgreSQL)."""
     return bool(connections[using].vendor == "postgresql")
-
-
-def channel_name(using: str) -> str:
-    """The notification channel of the workflow tables on database alias ``using``.
-
-    A ``str`` of at most 63 characters (PostgreSQL's identifier limit): :data:`CHANNEL_PREFIX`
-    and a digest of the database name, its ``OPTIONS["options"]`` and the step table's name.
-    """
-    from django_leases.models import WorkflowStep
-
-    settings_dict = connections[using].settings_dict
-    parts = (
-        str(settings_dict.get("NAME") or ""),
-        str((settings_dict.get("OPTIONS") or {}).get("options") or ""),
-        WorkflowStep._meta.db_table,
-    )
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
-    return CHANNEL_PREFIX + digest
-
-
-def notify_work_due(using: str) -> None:
-    """Tell idle workers that workflow work is due now; call it inside the transaction that
-    makes the work due (``using`` is that transaction's database alias).
-
-    PostgreSQL: ``SELECT pg_notify(<channel>, '')`` on the caller's connection; the
-    notification is delivered at commit and dropped on rollback. Other databases: nothing
-    (their workers poll). Database errors propagate (the caller's transaction is failing).
-    """
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [channel_name(using)])
 
 
 class WakeSignal:
@@ -191,9 +155,9 @@ class WakeupListener:
         )
 
     def _connection_params(self) -> dict[str, Any]:
+        # The options Django was given, as Django passes them (``prepare_threshold=None``
+        # among them: behind a pooler in transaction mode a prepared keep-alive would fail).
         params: dict[str, Any] = dict(connections[self.using].get_connection_params())
-        for key in ("cursor_factory", "context", "prepare_threshold"):
-            params.pop(key, None)
         params.setdefault("connect_timeout", CONNECT_TIMEOUT)
         params["application_name"] = f"django_leases worker wake-up ({self.using})"
         return params

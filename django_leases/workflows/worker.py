@@ -24,25 +24,23 @@ clock is seen (a lapsed step lease, a retry after ``retry_delay``): it defaults 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import signal
 import threading
 import time
 import uuid
-from types import FrameType
 
 from django.db import close_old_connections, connections, router
 
+from django_leases import db
 from django_leases.conf import leases_settings
+from django_leases.exceptions import WorkflowFunctionsMissing
 from django_leases.leases import new_holder
-from django_leases.validation import ttl_seconds
-from django_leases.workflows.engine import (
-    PASS_RETRY_DELAY,
-    drive_run,
-    execute_step,
-    run_lease_ttl,
-)
-from django_leases.workflows.store import PassClaim
+from django_leases.process import on_stop, signal_name
+from django_leases.validation import seconds, ttl_seconds
+from django_leases.workflows.driver import PASS_RETRY_DELAY, RunDriver, run_lease_ttl
+from django_leases.workflows.engine import execute_step
+from django_leases.workflows.values import PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
 
 logger = logging.getLogger("django_leases.worker")
@@ -105,8 +103,8 @@ class Worker:
             poll_interval = (
                 LISTENING_POLL_INTERVAL if listens(self.alias) else POLLING_POLL_INTERVAL
             )
-        self.poll_interval = _seconds(poll_interval, "poll_interval")
-        self.shutdown_grace = _seconds(
+        self.poll_interval = seconds(poll_interval, "poll_interval")
+        self.shutdown_grace = seconds(
             leases_settings.WORKER_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",
         )
@@ -130,7 +128,7 @@ class Worker:
     @property
     def alias(self) -> str:
         """The database alias the worker uses (``using``, else the router's choice)."""
-        from django_leases.models import WorkflowStep
+        from django_leases.models.workflow import WorkflowStep
 
         return self.using or router.db_for_write(WorkflowStep)
 
@@ -147,16 +145,16 @@ class Worker:
         """``True`` once the worker stopped claiming (stop request, signal or drained)."""
         return self._stop.is_set()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         if self._stop.is_set():
             logger.warning(
-                "Second signal (%s): not waiting for in-flight work", signal.Signals(signum).name
+                "Second signal (%s): not waiting for in-flight work", signal_name(signum)
             )
             self._abandon.set()
             return
         logger.info(
             "%s: stopping; in-flight work has %.0f s to finish",
-            signal.Signals(signum).name,
+            signal_name(signum),
             self.shutdown_grace,
         )
         self._stop.set()
@@ -182,10 +180,11 @@ class Worker:
         thread died (it is logged; the other threads are stopped as on :meth:`stop`, so a
         supervisor restarts the process rather than it running on short-handed).
         """
-        previous: dict[signal.Signals, object] = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
+        with on_stop(self._on_signal) if handle_signals else contextlib.nullcontext():
+            return self._run(once)
+
+    def _run(self, once: bool) -> int:
+        self._check_ready()
         threads = [
             threading.Thread(
                 target=self._thread_main, args=(once,), name=f"workflow-worker-{i}", daemon=True
@@ -234,8 +233,6 @@ class Worker:
             self.wake.interrupt()
             if self.listener is not None:
                 self.listener.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
         if self._died:
             logger.error("Workflow worker stopped because %s died", ", ".join(sorted(self._died)))
             return EXIT_THREAD_DIED
@@ -251,14 +248,27 @@ class Worker:
         logger.info("Workflow worker stopped")
         return 0
 
+    def _check_ready(self) -> None:
+        """Refuse to start where the tuned statements' functions are missing (the migrations
+        install them): every unit of work would fail."""
+        from django_leases.models.workflow import missing_functions
+
+        connection = connections[self.alias]
+        if db.tuned(connection, "postgresql"):
+            missing = missing_functions(connection)
+            if missing:
+                raise WorkflowFunctionsMissing(
+                    self.alias, f"the workflow functions {', '.join(missing)}"
+                )
+
     def work_once(self) -> bool:
         """Do one unit of work on the calling thread: one due pass, else one due step.
 
-        The thread keeps the run it is working on (:func:`drive_run`): a step its pass
-        schedules, it runs at once, and after a step it runs the run's next pass itself.
+        The thread keeps the run it is working on (:class:`~driver.RunDriver`): a step its
+        pass schedules, it runs at once, and after a step it runs the run's next pass itself.
         Returns ``True`` if there was something to do. Database errors propagate.
         """
-        from django_leases.models import WorkflowRun
+        from django_leases.models.workflow import WorkflowRun
 
         if self._stop.is_set():
             return False
@@ -275,22 +285,20 @@ class Worker:
             return True
         runs = WorkflowRun.objects.db_manager(alias)
         picked = runs.claim_due_pass(run_lease_ttl(), lease_holder=new_holder())
-        if picked is not None:
-            # A run's completion picks the next due pass in the same statement (until a
-            # look for due steps is due again, or the worker stops): drive that one next.
-            while picked is not None:
-                chained: list[PassClaim] = []
-                outcome = self._drive(picked, chained if self._may_chain() else None)
-                logger.debug("Run %s: pass %s", picked.run_id, outcome)
-                picked = chained[0] if chained else None
-            return True
-        if self._stop.is_set():
-            return False
-        return self._run_due_step(alias)
+        if picked is None:
+            return False if self._stop.is_set() else self._run_due_step(alias)
+        # A run's completion picks the next due pass in the same statement (until a look for
+        # due steps is due again, or the worker stops): drive that one next.
+        following: PassClaim | None = picked
+        while following is not None:
+            driver = self._driver(following.run_id, following, chain=self._may_chain())
+            logger.debug("Run %s: pass %s", following.run_id, driver.drive())
+            following = driver.next_pass
+        return True
 
     def _run_due_step(self, alias: str) -> bool:
         """Claim one due step and run it (then drive its run); ``False`` if none is due."""
-        from django_leases.models import WorkflowRun, WorkflowStep
+        from django_leases.models.workflow import WorkflowRun, WorkflowStep
 
         if self._stop.is_set():
             return False
@@ -301,7 +309,7 @@ class Worker:
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
         going = not self._stop.is_set()
-        outcome = execute_step(claim, hold_pass=run_lease_ttl() if going else None)
+        outcome = execute_step(claim, hold_pass_seconds=run_lease_ttl() if going else None)
         logger.info(
             "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
         )
@@ -311,7 +319,7 @@ class Worker:
             if self._stop.is_set():
                 WorkflowRun.objects.db_manager(alias).request_pass(claim.run_id)
             else:
-                self._drive(claim.run_id)
+                self._driver(claim.run_id).drive()
         return True
 
     def _may_chain(self) -> bool:
@@ -320,14 +328,16 @@ class Worker:
         with self._lock:
             return not self._stop.is_set() and time.monotonic() < self._steps_first_at
 
-    def _drive(self, picked: PassClaim | uuid.UUID, chained: list[PassClaim] | None = None) -> str:
-        return drive_run(
-            picked.run_id if isinstance(picked, PassClaim) else picked,
-            step_lease_ttl=self.step_lease_ttl,
+    def _driver(
+        self, run_id: uuid.UUID, picked: PassClaim | None = None, *, chain: bool = False
+    ) -> RunDriver:
+        return RunDriver(
+            run_id,
             using=self.alias,
+            step_lease_ttl=self.step_lease_ttl,
             keep_going=lambda: not self._stop.is_set(),
-            picked=picked if isinstance(picked, PassClaim) else None,
-            next_passes=chained,
+            picked=picked,
+            chain=chain,
         )
 
     def _thread_main(self, once: bool) -> None:
@@ -343,7 +353,7 @@ class Worker:
                 self._died.append(name)
             self.stop()
         finally:
-            _close_thread_connections()
+            db.close_thread_connections()
 
     def _loop(self, once: bool) -> None:
         failures = 0
@@ -363,12 +373,12 @@ class Worker:
                 failed = True
                 failures += 1
                 logger.exception("Workflow worker: a unit of work failed; backing off")
-                _close_thread_connections()
+                db.close_thread_connections()
             finally:
                 try:
                     close_old_connections()
                 except Exception:
-                    _close_thread_connections()
+                    db.close_thread_connections()
             with self._lock:
                 self._busy -= 1
                 if did:
@@ -392,32 +402,17 @@ class Worker:
     def _drained(self, seen: int) -> bool:
         """Nobody is working, nothing finished since the look that found nothing began, and
         nothing is due soon: ``once`` mode is done."""
-        from django_leases.models import WorkflowRun
+        from django_leases.models.workflow import WorkflowRun
 
         alias = self.alias
         try:
             soon = WorkflowRun.objects.db_manager(alias).work_due_within(ONCE_HORIZON)
         except Exception:
             logger.warning("Workflow worker: could not look for work due soon", exc_info=True)
-            _close_thread_connections()
+            db.close_thread_connections()
             return False
         with self._lock:
             return not soon and self._busy == 0 and self._progress == seen
-
-
-def _seconds(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{what} must be a number of seconds >= 0, not {value!r}")
-    return float(value)
-
-
-def _close_thread_connections() -> None:
-    # Django's connections are per thread: this closes only the calling thread's own.
-    for conn in connections.all(initialized_only=True):
-        try:
-            conn.close()
-        except Exception:
-            logger.debug("closing a worker connection failed", exc_info=True)
 
 
 __all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "EXIT_THREAD_DIED", "Worker"]

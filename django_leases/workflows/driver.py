@@ -1,0 +1,503 @@
+"""Orchestration passes: a ``@workflow`` replayed from the start, and the driver that takes a
+run from pass to step to pass under one hold of its run lease.
+
+A ``@workflow`` function is called **from the start on every orchestration pass**::
+
+    @workflow("build-preview")
+    def build_preview(run, payload):
+        source = run.step("checkout", "previews.checkout", {"ref": payload["ref"]})
+        build = run.step("build", "previews.build", source, retries=3, retry_delay=5)
+        return {"build": build["build_id"]}
+
+``run.step(...)`` returns the recorded result of a succeeded step; the first step that has not
+succeeded yet is created (idempotently) and the pass ends there — a worker claims the step,
+runs its ``@step_function`` under a step lease, records the result fenced to its attempt, and
+asks the run for another pass. The workflow's return value completes the run. So workflow
+functions must be deterministic and side-effect free outside ``run.step``; step functions
+should be idempotent, as a step may run more than once (its worker can die after the work
+but before the result is recorded).
+
+:class:`RunDriver` is how a worker thread keeps the run it took: the pass, the step that pass
+schedules (claimed for this thread at once), the pass after it, and so on, all under one hold
+of the run lease ``workflow-run:<id>``. When a step succeeds, the run is first replayed in
+memory with its result (a dry pass, which writes nothing); if the workflow then returns, the
+result, the run's completion and the release of the run lease are one write
+(``set_result_completing_run``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import router
+
+from django_leases.conf import leases_settings
+from django_leases.exceptions import (
+    LeaseLostError,
+    LeaseTakenError,
+    UnknownWorkflowError,
+    WorkflowStepFailedError,
+)
+from django_leases.leases import HeldLease, new_holder
+from django_leases.validation import (
+    check_identifier,
+    check_json,
+    check_retries,
+    error_json,
+)
+from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
+from django_leases.workflows.registry import get_workflow
+from django_leases.workflows.values import (
+    STEP_FAILED,
+    WORKFLOW_ERROR,
+    WORKFLOW_NOT_FOUND,
+    Claim,
+    PassClaim,
+    PassState,
+    RunStatus,
+    StepStatus,
+    run_lease_key,
+)
+
+logger = logging.getLogger("django_leases.workflows")
+
+#: Seconds after which a pass that found the run lease taken is tried again.
+PASS_RETRY_DELAY = 1.0
+
+
+def run_lease_ttl() -> float:
+    """TTL (seconds) of the run lease, and how long a picked pass waits before it is re-picked
+    should its worker die: ``DJANGO_LEASES["DEFAULT_TTL"]``."""
+    return float(leases_settings.DEFAULT_TTL)
+
+
+# -- one pass -----------------------------------------------------------------------------------
+
+
+class _PassEnded(BaseException):
+    """Ends an orchestration pass at the first step that has not succeeded yet.
+
+    A ``BaseException`` so a workflow's ``except Exception:`` cannot swallow it.
+    """
+
+
+class _Pass:
+    """One replay of a run: what it read, and the step it scheduled (and claimed)."""
+
+    def __init__(
+        self, state: PassState, using: str, claim_ttl: float | None, *, dry: bool = False
+    ) -> None:
+        self.run = state.run
+        self.steps = state.steps
+        self.using = using
+        #: Seconds of the step lease a scheduled step is claimed under (``None``: not claimed).
+        self.claim_ttl = claim_ttl
+        #: A dry pass writes nothing: it ends at the first step not succeeded yet.
+        self.dry = dry
+        self.seen: set[str] = set()
+        #: The step this pass scheduled and claimed for its driver, if any.
+        self.claim: Claim | None = None
+        #: Whether that claim also ended the pass.
+        self.pass_finished = False
+        #: The input and the steps' results and errors as this pass read them (JSON text),
+        #: for a dry pass after its step (the workflow may change what it was given in place).
+        self.read: str | None = None
+        if claim_ttl is not None:
+            self.read = json.dumps(
+                [self.run.input, {name: [s.result, s.error] for name, s in self.steps.items()}]
+            )
+
+    def step(
+        self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
+    ) -> Any:
+        from django_leases.models.workflow import WorkflowStep
+
+        if step_name in self.seen:
+            raise ValueError(f"Step name {step_name!r} is used twice in run {self.run.id}")
+        self.seen.add(step_name)
+        step = self.steps.get(step_name)
+        if step is None:
+            if self.dry:
+                raise _PassEnded
+            store = WorkflowStep.objects.db_manager(self.using)
+            if self.claim_ttl is None:
+                step = store.schedule(
+                    self.run.id,
+                    step_name,
+                    function_name,
+                    data,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                )
+            else:
+                scheduled = store.schedule_claimed(
+                    self.run.id,
+                    step_name,
+                    function_name,
+                    data,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    lease_ttl_seconds=self.claim_ttl,
+                    finish_pass=self.run.pass_requests,
+                )
+                step, self.claim = scheduled.step, scheduled.claim
+                self.pass_finished = scheduled.pass_finished
+            self.steps[step_name] = step
+        if step.function_name != function_name:
+            raise ValueError(
+                f"Step {step_name!r} was recorded with step function {step.function_name!r}; "
+                f"the workflow now asks for {function_name!r}"
+            )
+        if step.status == StepStatus.SUCCEEDED:
+            return step.result
+        if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+            raise WorkflowStepFailedError(step_name, step.error)
+        raise _PassEnded
+
+
+class RunContext:
+    """What a ``@workflow`` function gets as ``run``.
+
+    Attributes:
+        id: the run id (``uuid.UUID``).
+        workflow: the workflow name.
+        input: the run's JSON input (also passed as the second argument).
+    """
+
+    def __init__(self, replay: _Pass) -> None:
+        self.id: uuid.UUID = replay.run.id
+        self.workflow: str = replay.run.workflow
+        self.input: Any = replay.run.input
+        self._pass = replay
+
+    def step(
+        self,
+        step_name: str,
+        function_name: str,
+        data: Any = None,
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> Any:
+        """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
+
+        Returns the step's recorded result once it succeeded. Otherwise the step is created
+        (on the first pass that reaches it) and the pass ends here; a worker runs it and the
+        run is replayed once it finishes. ``retries`` (int ≥ 0) allows ``retries + 1``
+        attempts, ``retry_delay`` seconds apart.
+
+        Raises:
+            WorkflowStepFailedError: the step failed on its last attempt.
+            ValueError: bad arguments, a step name used twice in one run, or a step recorded
+                with another step function (the workflow changed under a running run).
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        retries, retry_delay = check_retries(retries, retry_delay)
+        check_json(data, f"Data of step {step_name!r}")
+        return self._pass.step(step_name, function_name, data, retries, retry_delay)
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What one pass came to: ``outcome`` (``"waiting"``, ``"completed"``, ``"failed"``,
+    ``"suspended"``, ``"not-running"``) and the pass itself (``None`` where no replay ran),
+    whose ``claim`` is the step it claimed for its driver."""
+
+    outcome: str
+    replay: _Pass | None = None
+
+    @property
+    def claim(self) -> Claim | None:
+        return None if self.replay is None else self.replay.claim
+
+
+def replay(
+    run_id: uuid.UUID | str, using: str, state: PassState | None, claim_ttl: float | None
+) -> Replayed:
+    """One pass of the run (the caller holds the run lease): replay its workflow from the
+    start on ``state`` (the run and its steps as just read; ``None``: read them here). With
+    ``claim_ttl`` (seconds), a step the pass schedules is claimed for the caller."""
+    from django_leases.models.workflow import WorkflowRun
+
+    runs = WorkflowRun.objects.db_manager(using)
+    if state is None:
+        state = runs.pass_state(run_id)
+    if state is None or state.run.status != RunStatus.RUNNING:
+        return Replayed("not-running")
+    run = state.run
+    try:
+        func = get_workflow(run.workflow)
+    except UnknownWorkflowError as exc:
+        logger.error("Run %s suspended: %s", run_id, exc)
+        runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
+        return Replayed("suspended")
+    this = _Pass(state, using, claim_ttl)
+    try:
+        output = func(RunContext(this), run.input)
+    except _PassEnded:
+        if not this.pass_finished:
+            runs.finish_pass(run_id, run.pass_requests)
+        return Replayed("waiting", this)
+    except WorkflowStepFailedError as exc:
+        logger.warning("Run %s failed: %s", run_id, exc)
+        runs.fail(
+            run_id,
+            {
+                "code": STEP_FAILED,
+                "message": str(exc),
+                "step_name": exc.step_name,
+                "step_error": exc.error,
+            },
+        )
+        return Replayed("failed", this)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
+        logger.warning("Run %s failed: its workflow raised", run_id, exc_info=True)
+        error = error_json(exc)
+        if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
+            error["exception_code"] = error.pop("code")
+        runs.fail(run_id, {"code": WORKFLOW_ERROR, **error})
+        return Replayed("failed", this)
+    # A non-JSON output fails the run (``complete`` says so); a run cancelled meanwhile is
+    # not completed either: "failed", as before.
+    try:
+        check_json(output, "Workflow output")
+    except ValueError:
+        runs.complete(run_id, output)
+        return Replayed("failed", this)
+    return Replayed("completed" if runs.complete(run_id, output) else "failed", this)
+
+
+def dry_replay(this: _Pass, step_name: str, result: Any) -> tuple[bool, Any]:
+    """Replay the run of pass ``this`` in memory as if step ``step_name`` had just succeeded
+    with ``result``, writing nothing: from what the pass read (``this.read``), with the result
+    as the database will give it back (``stored_json``), so the workflow sees what a pass
+    reading them would. ``(True, output)`` when the workflow returns JSON ``output``;
+    ``(False, None)`` when it does anything else (asks for a step not run yet, raises,
+    returns something not JSON), which the ordinary pass handles for real."""
+    from django_leases.models.workflow import WorkflowStep
+
+    if this.read is None:
+        return False, None
+    try:
+        check_json(result, "Step result")
+        func = get_workflow(this.run.workflow)
+    except (ValueError, UnknownWorkflowError):
+        return False, None
+    input, read = json.loads(this.read)
+    steps = {}
+    for name, recorded in this.steps.items():
+        step = steps[name] = copy.copy(recorded)
+        if name in read:
+            step.result, step.error = read[name]
+    step = steps[step_name]
+    step.status = StepStatus.SUCCEEDED
+    step.result = WorkflowStep.objects.db_manager(this.using).stored_json(result)
+    step.error = None
+    run = copy.copy(this.run)
+    run.input = input
+    dry = _Pass(PassState(run, steps), this.using, None, dry=True)
+    try:
+        output = func(RunContext(dry), input)
+        check_json(output, "Workflow output")
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return False, None
+    return True, output
+
+
+# -- the driver ---------------------------------------------------------------------------------
+
+
+class RunDriver:
+    """Drives one run on the calling thread under one hold of its run lease: its pass, the
+    step that pass schedules, the next pass, and so on.
+
+    Args:
+        run_id: the run (``uuid.UUID`` or its text).
+        using: database alias (default: the router's choice for ``WorkflowRun``).
+        step_lease_ttl: seconds of the step lease a step this driver schedules is claimed
+            under, for this thread to run at once; ``None``: steps are scheduled for the
+            queue and the drive ends after one pass.
+        keep_going: while it answers true, steps are claimed and run here; once false (the
+            worker is stopping) no step is claimed and the next pass goes to the queue.
+        picked: the pass claim that picked the run (its state spares the first pass a read;
+            its run lease is held from there). ``None``: the lease is acquired here.
+        chain: a completion also picks the next due run with its lease, for the caller to
+            drive next (:attr:`next_pass`).
+
+    Should this thread die, nothing is lost: the step's lease lapses and the held pass becomes
+    due again, and other workers take them over by the ordinary rules.
+    """
+
+    def __init__(
+        self,
+        run_id: uuid.UUID | str,
+        *,
+        using: str | None = None,
+        step_lease_ttl: float | None = None,
+        keep_going: Callable[[], bool] = lambda: True,
+        picked: PassClaim | None = None,
+        chain: bool = False,
+    ) -> None:
+        from django_leases.models.workflow import WorkflowRun
+
+        self.run_id = run_id
+        self.alias = using or router.db_for_write(WorkflowRun)
+        self.step_lease_ttl = step_lease_ttl
+        self.keep_going = keep_going
+        self.picked = picked
+        self.chain = chain
+        self.lease_ttl = run_lease_ttl()
+        #: The next due run a completion picked with its lease (with ``chain``).
+        self.next_pass: PassClaim | None = None
+        self._state = None if picked is None else picked.state
+        self._completion_sent = False
+
+    def drive(self) -> str:
+        """Drive the run until it waits, ends, or the worker stops. Returns the last pass's
+        outcome (``"waiting"``, ``"completed"``, ``"failed"``, ``"suspended"``,
+        ``"not-running"``), the step's when that ended the drive (``"suspended"``,
+        ``"superseded"``), or ``"lease-taken"`` when the run lease was taken or lost (another
+        pass is then asked for about a second later; the run never fails for it)."""
+        key = run_lease_key(self.run_id)
+        picked = self.picked
+        holder = None if picked is None or picked.lease is None else picked.lease.holder
+        held = HeldLease(
+            key, self.lease_ttl, holder=holder, using=self.alias, deferred_renewal=True
+        )
+        try:
+            if picked is not None and picked.lease_refused:
+                raise LeaseTakenError(key)
+            if picked is not None and picked.lease is not None:
+                held.adopt(picked.lease, picked.sent)
+            else:
+                held.acquire()
+            try:
+                outcome = self._passes(held)
+            except BaseException:
+                held.finish(vouch=False)
+                raise
+            held.finish(vouch=True)
+            return outcome
+        except (LeaseTakenError, LeaseLostError) as exc:
+            return self._pass_later(exc)
+
+    def _passes(self, held: HeldLease) -> str:
+        from django_leases.models.workflow import WorkflowRun
+
+        while True:
+            held.check()
+            claim_ttl = self.step_lease_ttl if self.keep_going() else None
+            replayed = replay(self.run_id, self.alias, self._state, claim_ttl)
+            self._state = None
+            claim = replayed.claim
+            if claim is None or replayed.replay is None:
+                return replayed.outcome
+            logger.info(
+                "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
+            )
+            this = replayed.replay
+            recorded = record_step(
+                run_step_function(claim),
+                hold_pass_seconds=self.lease_ttl,
+                complete=functools.partial(self._complete, this, claim, held),
+            )
+            logger.info(
+                "Run %s: step %r attempt %d %s",
+                claim.run_id,
+                claim.step_name,
+                claim.attempt,
+                recorded.outcome,
+            )
+            if recorded.run_outcome is not None:  # the result completed the run with it
+                return recorded.run_outcome
+            if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
+                return recorded.outcome
+            if not self.keep_going():
+                # Stopping: the pass the result took for this thread goes to the queue.
+                WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
+                return "waiting"
+            self._state = recorded.state
+
+    def _complete(
+        self, this: _Pass, claim: Claim, held: HeldLease, result: Any
+    ) -> StepRecorded | None:
+        """The result and the run's completion in one write, when a dry pass with the result
+        shows the workflow returns; ``None`` sends the result the ordinary way."""
+        from django_leases.models.workflow import WorkflowStep
+
+        found, output = dry_replay(this, claim.step_name, result)
+        if not found:
+            return None
+        # A retry (the first try's reply was lost: it may have committed, picking a run
+        # nobody would drive) picks nothing: that run is picked again once its lease lapses.
+        want_next = self.chain and self.keep_going() and not self._completion_sent
+        self._completion_sent = True
+        done = WorkflowStep.objects.db_manager(claim.using).set_result_completing_run(
+            claim.step_id,
+            result,
+            claim.attempt,
+            output=output,
+            lease=held.lease,
+            next_pass_holder=new_holder() if want_next else None,
+            next_pass_ttl=self.lease_ttl,
+        )
+        if done.next_pass is not None:
+            self.next_pass = done.next_pass
+        if not done.written:
+            return None
+        if done.lease_live is not None:
+            held.released_elsewhere(done.lease_live)
+        # A run no longer running was not completed: "failed", as a pass would say.
+        return StepRecorded(
+            StepStatus.SUCCEEDED, run_outcome="completed" if done.completed else "failed"
+        )
+
+    def _pass_later(self, exc: LeaseTakenError | LeaseLostError) -> str:
+        """The run lease was taken, or lost: ask for another pass :data:`PASS_RETRY_DELAY`
+        seconds later (never failing the run); returns ``"lease-taken"``."""
+        from django_leases.models.workflow import WorkflowRun
+
+        if isinstance(exc, LeaseTakenError):
+            logger.info(
+                "Run %s: its lease is taken; another pass in %.0f s", self.run_id, PASS_RETRY_DELAY
+            )
+        else:
+            logger.warning("Run %s: its lease was lost; another pass follows", self.run_id)
+        WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id, PASS_RETRY_DELAY)
+        return "lease-taken"
+
+
+def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
+    """Run one orchestration pass of run ``run_id`` under the run lease ``workflow-run:<id>``,
+    scheduling the step it reaches for any worker (not running it here).
+
+    Returns what happened: ``"waiting"`` (a step is not finished yet), ``"completed"``,
+    ``"failed"``, ``"suspended"`` (the workflow is not registered here: code
+    ``WORKFLOW_NOT_FOUND``), ``"not-running"`` or ``"lease-taken"`` (the run lease was taken
+    or lost: another pass follows about a second later; the run never fails for it).
+    """
+    return RunDriver(run_id, using=using).drive()
+
+
+__all__ = [
+    "PASS_RETRY_DELAY",
+    "Replayed",
+    "RunContext",
+    "RunDriver",
+    "dry_replay",
+    "replay",
+    "run_lease_ttl",
+    "run_pass",
+]
