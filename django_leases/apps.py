@@ -13,6 +13,7 @@ class DjangoLeasesConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from django_leases import checks  # noqa: F401  (registers the checks)
+        from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")

@@ -1,15 +1,603 @@
-"""Trigger sources and the deliveries they received (DESIGN §6).
+"""Trigger sources, the deliveries they received and their encrypted secrets, with the rules
+that govern them (DESIGN §6): ``TriggerSource.objects``, ``TriggerEvent.objects``,
+``TriggerSecret.objects``.
 
-Domain methods live on the QuerySets in :mod:`django_leases.triggers.store`.
+The source store follows the reference ``TriggerSourceStore``:
+
+* ``sync(declared)`` upserts the declared rows and marks every other row ``declared=False``
+  (an orphan) without deleting it; it never touches ``enabled`` (off by default), ``status``
+  or ``state``, and keeps a known ``base_url`` / ``label_prefix`` when none is given;
+* ``record(name, …)`` replaces ``state`` only when one is given and always overwrites
+  ``detail``; ``set_enabled(name, …)`` flips the switch; ``forget(name)`` deletes an
+  orphan's row and ``remove(name)`` any row (the reference ``deleteTriggerSource``, used
+  once the provider's registration is torn down); an unknown name is an
+  :class:`~django_leases.exceptions.UnknownTriggerSourceError`.
+
+Statuses: :data:`~django_leases.triggers.values.STATUSES`. These methods are the storage
+rules only; the provider calls and the lease that keeps two operators apart live in
+:mod:`django_leases.triggers.lifecycle`.
+
+Secrets (a source's webhook signing secret, stored under the source's name) are Fernet tokens
+(``cryptography``'s ``MultiFernet``: AES-128-CBC with HMAC-SHA256, authenticated). The plain
+secret is never written to a log, a message, the admin, ``state`` or ``detail``;
+``TriggerSecret.objects`` is the only way to it. Keys, newest first (the first encrypts; every
+one decrypts):
+
+* ``DJANGO_LEASES["SECRET_KEYS"]`` — a list of Fernet keys (``Fernet.generate_key()``:
+  32 bytes, URL-safe base64). To rotate: put a new key first, keep the old ones after it,
+  run ``manage.py rotate_trigger_secrets``, then drop the old keys.
+* otherwise, keys derived from Django's ``SECRET_KEY`` and then each of
+  ``SECRET_KEY_FALLBACKS`` with HKDF-SHA256 (salt ``django-leases``, info
+  ``trigger-secrets``). Rotating Django's ``SECRET_KEY`` the documented way (old key into
+  ``SECRET_KEY_FALLBACKS``) keeps the stored secrets readable; run ``rotate_trigger_secrets``
+  before dropping the fallback.
+
+``DJANGO_LEASES["WEBHOOK_SECRETS"]`` (source name → secret) is an override read from
+settings, for ``manual`` sources whose secret comes from the environment: when it names a
+source, ``signing_secret`` and ``ensure_secret`` answer it instead of the store.
+
+Each method opens its own transaction on the database the router picks for writes.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+import base64
+import json
+import secrets as _secrets
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Protocol
 
-from django.db import models
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.validators import URLValidator
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models.functions import Now
 
-from django_leases.triggers.store import TriggerEventQuerySet, TriggerSourceQuerySet
+from django_leases import db
+from django_leases.conf import leases_settings
+from django_leases.exceptions import (
+    CredentialError,
+    SourceNotReceiving,
+    SourceStillDeclared,
+    UnknownTriggerSourceError,
+)
+from django_leases.triggers.values import (
+    STATUSES,
+    UNSET,
+    Accepted,
+    Delivery,
+    Handler,
+    ParsedDelivery,
+)
+from django_leases.validation import MAX_NAME_LENGTH, check_name
+
+__all__ = [
+    "STATUSES",
+    "UNSET",
+    "OrphanTriggerSource",
+    "TriggerEvent",
+    "TriggerEventQuerySet",
+    "TriggerSecret",
+    "TriggerSecretQuerySet",
+    "TriggerSource",
+    "TriggerSourceQuerySet",
+]
+
+
+class DeclaredSource(Protocol):
+    """What ``sync`` needs of a declaration (a :class:`TriggerDeclaration` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def config(self) -> Any: ...
+
+
+_MAX_ADDRESS = 500
+_MAX_LABEL_PREFIX = 200
+
+
+def _check_base_url(base_url: object) -> str:
+    if not isinstance(base_url, str):
+        raise ValueError(f"base_url must be a str, not {type(base_url).__name__}")
+    if len(base_url) > _MAX_ADDRESS:
+        raise ValueError(f"base_url is longer than {_MAX_ADDRESS} characters")
+    try:
+        URLValidator(schemes=["http", "https"])(base_url)
+    except ValidationError:
+        raise ValueError(
+            f"base_url {base_url!r} is not an http(s) URL (e.g. https://example.com)"
+        ) from None
+    return base_url.rstrip("/")
+
+
+def _check_label_prefix(label_prefix: object) -> str:
+    if not isinstance(label_prefix, str):
+        raise ValueError(f"label_prefix must be a str, not {type(label_prefix).__name__}")
+    if len(label_prefix) > _MAX_LABEL_PREFIX:
+        raise ValueError(f"label_prefix is longer than {_MAX_LABEL_PREFIX} characters")
+    if not label_prefix.isprintable():
+        raise ValueError("label_prefix must not hold control characters")
+    return label_prefix
+
+
+#: The PostgreSQL advisory lock id that serialises ``sync`` (the bytes of "dl_trigs").
+SYNC_LOCK_ID = 0x646C5F7472696773  # "dl_trigs"
+
+
+def _serialise_syncs(alias: str) -> None:
+    """Make concurrent syncs take turns, for the length of the current transaction.
+
+    Row locks alone cannot order them: each sync also inserts rows the others cannot see
+    yet (the unique index makes a second insert of a name wait for the first transaction),
+    and those waits interleave with the row locks into deadlocks. PostgreSQL gets one
+    transaction-scoped advisory lock; SQLite's IMMEDIATE transaction already holds the
+    database's write lock; other databases rely on the row locks taken next.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SYNC_LOCK_ID])
+
+
+class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
+    """Domain methods of ``TriggerSource.objects``. Each opens the transaction it needs."""
+
+    def _alias(self) -> str:
+        return self.write_alias()
+
+    def _rows(self, alias: str) -> models.QuerySet[Any]:
+        return self.model._default_manager.using(alias).all()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def declared(self) -> TriggerSourceQuerySet:
+        """Rows whose declaration is in the code."""
+        return self.filter(declared=True)
+
+    def orphaned(self) -> TriggerSourceQuerySet:
+        """Rows whose declaration left the code (orphans)."""
+        return self.filter(declared=False)
+
+    def named(self, name: str) -> TriggerSource:
+        """The row of ``name``. Raises :class:`UnknownTriggerSourceError` when there is none."""
+        row = self.filter(name=name).first() if isinstance(name, str) else None
+        if row is None:
+            raise UnknownTriggerSourceError(name)
+        return row
+
+    def receivable(self, name: str) -> TriggerSource | None:
+        """The row of ``name`` if it is declared **and** enabled, else ``None``."""
+        if not isinstance(name, str):
+            return None
+        return self.filter(name=name, declared=True, enabled=True).first()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def sync(
+        self,
+        declared: Iterable[DeclaredSource],
+        *,
+        base_url: str | None = None,
+        label_prefix: str | None = None,
+    ) -> list[TriggerSource]:
+        """Make the rows match the declarations in code.
+
+        Args:
+            declared: the declarations (e.g. ``registry.declarations()``).
+            base_url: where the app is served (``http(s)://…``; a trailing ``/`` is dropped);
+                ``None`` keeps each row's known address.
+            label_prefix: how the app labels provider endpoints; ``None`` keeps the known one.
+
+        Upserts each declared row (``kind``, ``provider``, ``config``, ``declared=True``);
+        new rows start disabled. Every other row becomes an orphan (``declared=False``); no
+        row is deleted. ``enabled``, ``status`` and ``state`` are never touched. Concurrent
+        syncs leave exactly one row per name.
+
+        Returns every row (declared and orphaned), sorted by name.
+
+        Raises:
+            ValueError: a duplicate or unusable name, a bad ``base_url`` or ``label_prefix``;
+                nothing is written.
+        """
+        sources = sorted(declared, key=lambda source: source.name)
+        names = [source.name for source in sources]
+        if len(set(names)) != len(names):
+            raise ValueError("sync() got two declarations with the same name")
+        for source in sources:
+            try:
+                check_name(source.name, "A trigger source name")
+            except ValueError as exc:
+                raise ValueError(f"Unusable trigger source name {source.name!r}: {exc}") from None
+        address: dict[str, Any] = {}
+        if base_url is not None:
+            address["base_url"] = _check_base_url(base_url)
+        if label_prefix is not None:
+            address["label_prefix"] = _check_label_prefix(label_prefix)
+
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            rows = self._rows(alias)
+            _serialise_syncs(alias)
+            # Then lock the existing rows in name order: record / set_enabled on one row
+            # wait here rather than in the middle of the sync.
+            list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
+            rows.bulk_create(
+                [
+                    self.model(
+                        name=source.name,
+                        kind=source.kind,
+                        provider=source.provider,
+                        config=dict(source.config),
+                        declared=True,
+                        enabled=False,
+                        **address,
+                    )
+                    for source in sources
+                ],
+                ignore_conflicts=True,
+            )
+            rows.filter(name__in=names, declared=False).update(declared=True, updated_at=Now())
+            for source in sources:
+                rows.filter(name=source.name).update(
+                    kind=source.kind,
+                    provider=source.provider,
+                    config=dict(source.config),
+                    **address,
+                )
+            rows.filter(declared=True).exclude(name__in=names).update(
+                declared=False, updated_at=Now()
+            )
+            return list(rows.order_by("name"))
+
+    def set_enabled(self, name: str, enabled: bool) -> bool:
+        """Turn source ``name`` on or off. Returns ``True`` if the switch changed.
+
+        Only the ``enabled`` flag (and ``updated_at``) is written. The source row is locked
+        first, the same lock :meth:`TriggerEventQuerySet.accept` takes, so the two serialise:
+        once this returns, no delivery is recorded for a disabled source, in any process,
+        also one whose body was still arriving; a delivery being recorded at that moment
+        commits first and this waits for it. Raises
+        :class:`UnknownTriggerSourceError` for an unknown name, ``ValueError`` for a
+        non-bool ``enabled``.
+        """
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be a bool, not {type(enabled).__name__}")
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            rows = self._rows(alias)
+            row = rows.select_for_update().filter(name=name).first()
+            if row is None:
+                raise UnknownTriggerSourceError(name)
+            if row.enabled == enabled:
+                return False
+            rows.filter(pk=row.pk).update(enabled=enabled, updated_at=Now())
+            return True
+
+    def record(
+        self,
+        name: str,
+        *,
+        status: str | None,
+        detail: str | None = None,
+        state: Any = UNSET,
+    ) -> None:
+        """Record the outcome of a provider step for source ``name``.
+
+        Args:
+            name: the source.
+            status: one of :data:`STATUSES` or ``None``; stored as given.
+            detail: the last instructions or error (``str``); always overwritten, ``None``
+                clearing it.
+            state: provider identifiers (a JSON-serialisable ``dict``) or ``None``; replaced
+                only when given (the default, :data:`UNSET`, keeps the stored state).
+
+        Raises:
+            UnknownTriggerSourceError: no row has that name (nothing written).
+            ValueError: an unknown status, a non-``str`` detail or a state that is not a
+                JSON object (nothing written).
+        """
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"Unknown trigger source status {status!r} (known: {STATUSES})")
+        if detail is not None and not isinstance(detail, str):
+            raise ValueError(f"detail must be a str or None, not {type(detail).__name__}")
+        updates: dict[str, Any] = {"status": status, "detail": detail, "updated_at": Now()}
+        if state is not UNSET:
+            if state is not None and not isinstance(state, dict):
+                raise ValueError(f"state must be a dict or None, not {type(state).__name__}")
+            if state is not None:
+                try:
+                    json.dumps(state)
+                except (TypeError, ValueError):
+                    raise ValueError("state must be JSON-serialisable") from None
+            updates["state"] = state
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            if not self._rows(alias).filter(name=name).update(**updates):
+                raise UnknownTriggerSourceError(name)
+
+    def forget(self, name: str) -> None:
+        """Delete the row of orphan ``name`` (its declaration left the code).
+
+        Nothing is asked of the provider: a registration it still holds stays there (tear it
+        down first when the provider is installed). Deliveries already recorded are kept
+        (their ``source`` becomes ``NULL``; ``source_name`` stays).
+
+        Raises:
+            UnknownTriggerSourceError: no row has that name.
+            SourceStillDeclared: the source is declared in code (a sync would bring the row
+                back at once; disable it instead). Nothing is deleted.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            rows = self._rows(alias)
+            declared = rows.select_for_update().filter(name=name).values_list("declared", flat=True)
+            found = list(declared)
+            if not found:
+                raise UnknownTriggerSourceError(name)
+            if found[0]:
+                raise SourceStillDeclared(name)
+            rows.filter(name=name, declared=False).delete()
+
+    def remove(self, name: str) -> None:
+        """Delete the row of ``name``, declared or not (the reference ``deleteTriggerSource``).
+
+        Used once a source is torn down at its provider; a declared source comes back, off,
+        at the next sync. Raises :class:`UnknownTriggerSourceError` for an unknown name.
+        """
+        alias = self._alias()
+        with transaction.atomic(using=alias):
+            deleted, _ = self._rows(alias).filter(name=name).delete()
+            if not deleted:
+                raise UnknownTriggerSourceError(name)
+
+
+class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
+    """Domain methods of ``TriggerEvent.objects``."""
+
+    def accept(
+        self, source: TriggerSource, parsed: ParsedDelivery, handler: Handler | None
+    ) -> Accepted:
+        """Record a verified delivery and run its handler, in one transaction.
+
+        The ``TriggerEvent`` row and whatever the handler writes (a workflow run) commit
+        together: if the handler raises, nothing is kept and the error propagates. A
+        delivery id already recorded for this source is not processed again
+        (``created=False``), also when two copies arrive at once.
+
+        The source row is locked first (``SELECT … FOR UPDATE``; on SQLite the IMMEDIATE
+        transaction's write lock) and read again: a source disabled or orphaned since the
+        caller looked it up raises :class:`SourceNotReceiving` and nothing is recorded.
+        :meth:`TriggerSourceQuerySet.set_enabled` takes the same lock, so a delivery is
+        either recorded before the switch flips or refused after it (DESIGN §6).
+        """
+        alias = self.write_alias()
+        rows = self.model._default_manager.using(alias)
+        sources = source._meta.model._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            current = (
+                sources.select_for_update()
+                .filter(pk=source.pk)
+                .values_list("declared", "enabled")
+                .first()
+            )
+            if current != (True, True):
+                raise SourceNotReceiving(f"No enabled trigger source named {source.name!r}")
+            try:
+                with transaction.atomic(using=alias):
+                    event = rows.create(
+                        source=source,
+                        source_name=source.name,
+                        delivery_id=parsed.delivery_id,
+                        event=parsed.event,
+                        payload=parsed.payload,
+                    )
+            except IntegrityError:
+                existing = rows.filter(
+                    source_name=source.name, delivery_id=parsed.delivery_id
+                ).first()
+                if existing is None:  # the unique constraint was not the cause
+                    raise
+                return Accepted(event=existing, created=False, run_id=existing.run_id)
+            run_id = None
+            if handler is not None:
+                delivery = Delivery(
+                    source=source.name,
+                    provider=source.provider,
+                    event=parsed.event,
+                    delivery_id=parsed.delivery_id,
+                    payload=parsed.payload,
+                    using=alias,
+                )
+                returned = handler(delivery)
+                if isinstance(returned, uuid.UUID):
+                    run_id = returned
+                    rows.filter(pk=event.pk).update(run_id=run_id)
+                    event.run_id = run_id
+            return Accepted(event=event, created=True, run_id=run_id)
+
+
+# -- secrets ------------------------------------------------------------------------------------
+
+#: Longest secret accepted, characters.
+MAX_SECRET_LENGTH = 4096
+#: Bytes of randomness in a generated secret (256 bits, 43 URL-safe characters).
+GENERATED_BYTES = 32
+
+
+def _derive(secret_key: str | bytes) -> bytes:
+    material = secret_key.encode("utf-8") if isinstance(secret_key, str) else secret_key
+    derived = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=b"django-leases", info=b"trigger-secrets"
+    ).derive(material)
+    return base64.urlsafe_b64encode(derived)
+
+
+def _keys() -> list[bytes]:
+    configured = leases_settings.SECRET_KEYS
+    if configured is not None:
+        if isinstance(configured, str | bytes) or not isinstance(configured, list | tuple):
+            raise ImproperlyConfigured(
+                'DJANGO_LEASES["SECRET_KEYS"] must be a list of Fernet keys, newest first'
+            )
+        keys = [k.encode("ascii") if isinstance(k, str) else k for k in configured]
+        if not keys:
+            raise ImproperlyConfigured('DJANGO_LEASES["SECRET_KEYS"] is empty')
+        return keys
+    primary = getattr(django_settings, "SECRET_KEY", None)
+    if not primary:
+        raise ImproperlyConfigured(
+            'Set SECRET_KEY or DJANGO_LEASES["SECRET_KEYS"] to store trigger secrets'
+        )
+    fallbacks = list(getattr(django_settings, "SECRET_KEY_FALLBACKS", []) or [])
+    return [_derive(key) for key in [primary, *fallbacks] if key]
+
+
+def fernet() -> MultiFernet:
+    """The configured keys as a ``MultiFernet`` (the first key encrypts).
+
+    Raises ``ImproperlyConfigured`` when no key is configured or one is not a Fernet key
+    (the message never quotes a key).
+    """
+    try:
+        return MultiFernet([Fernet(key) for key in _keys()])
+    except (ValueError, TypeError):
+        raise ImproperlyConfigured(
+            'DJANGO_LEASES["SECRET_KEYS"] holds a value that is not a Fernet key '
+            "(32 bytes, URL-safe base64: Fernet.generate_key())"
+        ) from None
+
+
+def _check_secret(secret: object) -> str:
+    if not isinstance(secret, str) or not secret.strip():
+        raise ValueError("A secret must be a non-empty str")
+    if len(secret) > MAX_SECRET_LENGTH:
+        raise ValueError(f"A secret must be at most {MAX_SECRET_LENGTH} characters")
+    if not secret.isprintable():
+        raise ValueError("A secret must not hold control characters")
+    return secret
+
+
+def _decrypt(name: str, ciphertext: str, box: MultiFernet) -> str:
+    try:
+        return box.decrypt(ciphertext.encode("ascii")).decode("utf-8")
+    except (InvalidToken, UnicodeError):
+        raise CredentialError(
+            f"The stored secret {name!r} cannot be decrypted with the configured keys "
+            '(DJANGO_LEASES["SECRET_KEYS"] or SECRET_KEY/SECRET_KEY_FALLBACKS)',
+            name,
+        ) from None
+
+
+def _override(name: str) -> str | None:
+    configured = leases_settings.WEBHOOK_SECRETS
+    if not isinstance(configured, Mapping):
+        return None
+    value = configured.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+class TriggerSecretQuerySet(db.RoutedQuerySet["TriggerSecret"]):
+    """Domain methods of ``TriggerSecret.objects``: the encrypted credential store."""
+
+    def get_secret(self, name: str) -> str | None:
+        """The stored secret ``name`` (``str``), or ``None`` when none is stored.
+
+        Raises :class:`CredentialError` when it cannot be decrypted, ``ImproperlyConfigured``
+        for unusable keys.
+        """
+        if not isinstance(name, str):
+            return None
+        row = self.rows().filter(name=name).values_list("ciphertext", flat=True).first()
+        return None if row is None else _decrypt(name, row, fernet())
+
+    def set_secret(self, name: str, secret: str) -> None:
+        """Store ``secret`` (``str``) under ``name``, encrypted with the primary key, replacing
+        any stored one.
+
+        Raises ``ValueError`` for an empty, overlong (> 4096 characters) or control-character
+        secret or a bad name (nothing stored; the message never quotes the secret).
+        """
+        check_name(name, "A credential name")
+        _check_secret(secret)
+        ciphertext = fernet().encrypt(secret.encode("utf-8")).decode("ascii")
+        with transaction.atomic(using=self.write_alias()):
+            self.rows().update_or_create(name=name, defaults={"ciphertext": ciphertext})
+
+    def ensure_secret(self, name: str) -> str:
+        """The signing secret of ``name``, creating one when there is none; returns it.
+
+        ``DJANGO_LEASES["WEBHOOK_SECRETS"][name]`` wins when set (nothing is stored then);
+        otherwise the stored secret; otherwise a new one (:func:`secrets.token_urlsafe`, 256
+        bits) is stored and returned. Concurrent callers get the same secret.
+        """
+        check_name(name, "A credential name")
+        override = _override(name)
+        if override is not None:
+            return override
+        with transaction.atomic(using=self.write_alias()):
+            box = fernet()
+            candidate = _secrets.token_urlsafe(GENERATED_BYTES)
+            row, _created = self.rows().get_or_create(
+                name=name,
+                defaults={"ciphertext": box.encrypt(candidate.encode("utf-8")).decode("ascii")},
+            )
+            return _decrypt(name, row.ciphertext, box)
+
+    def delete_secret(self, name: str) -> None:
+        """Delete the stored secret ``name``; none stored is a no-op."""
+        if not isinstance(name, str):
+            return
+        with transaction.atomic(using=self.write_alias()):
+            self.rows().filter(name=name).delete()
+
+    def signing_secret(self, name: str) -> str | None:
+        """The secret deliveries to source ``name`` must be signed with, or ``None``.
+
+        ``DJANGO_LEASES["WEBHOOK_SECRETS"][name]`` when set, else the stored one. Raises
+        :class:`CredentialError` when the stored one cannot be decrypted.
+        """
+        override = _override(name) if isinstance(name, str) else None
+        return override if override is not None else self.get_secret(name)
+
+    def stored_names(self) -> set[str]:
+        """The names with a stored secret."""
+        return set(self.rows().values_list("name", flat=True))
+
+    def rotate_keys(self) -> int:
+        """Re-encrypt every stored secret with the current primary key; returns how many.
+
+        Run after putting a new key first (in ``SECRET_KEYS``, or a new ``SECRET_KEY`` with
+        the old one in ``SECRET_KEY_FALLBACKS``); afterwards the old keys can be dropped. One
+        transaction: a secret that no configured key decrypts raises :class:`CredentialError`
+        and nothing is changed.
+        """
+        box = fernet()
+        count = 0
+        with transaction.atomic(using=self.write_alias()):
+            for row in self.rows().select_for_update().order_by("name"):
+                try:
+                    rotated = box.rotate(row.ciphertext.encode("ascii")).decode("ascii")
+                except (InvalidToken, UnicodeError):
+                    raise CredentialError(
+                        f"The stored secret {row.name!r} cannot be decrypted with the "
+                        "configured keys; nothing was re-encrypted",
+                        row.name,
+                    ) from None
+                self.rows().filter(pk=row.pk).update(ciphertext=rotated)
+                count += 1
+        return count
+
+
+# -- the models ---------------------------------------------------------------------------------
 
 
 class TriggerSource(models.Model):
@@ -20,7 +608,7 @@ class TriggerSource(models.Model):
     secrets never live here.
     """
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=MAX_NAME_LENGTH, unique=True)
     kind = models.CharField(max_length=32, default="webhook")
     provider = models.CharField(max_length=64)
     config = models.JSONField(default=dict, blank=True, help_text="Non-secret provider config.")
@@ -88,14 +676,16 @@ class TriggerEvent(models.Model):
 class TriggerSecret(models.Model):
     """A secret (a trigger source's webhook signing secret), encrypted with Fernet.
 
-    Only :mod:`django_leases.triggers.credentials` reads and writes it; ``ciphertext`` is a
-    Fernet token under one of the keys of ``DJANGO_LEASES["SECRET_KEYS"]`` (or the keys
-    derived from ``SECRET_KEY``). The plain secret is never stored, logged or shown.
+    Only ``TriggerSecret.objects`` reads and writes it; ``ciphertext`` is a Fernet token
+    under one of the keys of ``DJANGO_LEASES["SECRET_KEYS"]`` (or the keys derived from
+    ``SECRET_KEY``). The plain secret is never stored, logged or shown.
     """
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=MAX_NAME_LENGTH, unique=True)
     ciphertext = models.TextField()
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects: ClassVar[TriggerSecretQuerySet] = TriggerSecretQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"

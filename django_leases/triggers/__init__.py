@@ -4,17 +4,20 @@ Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.triggers import webhook_source, StartWorkflow, Delivery
     from django_leases.triggers import enable, disable, reconcile, teardown, forget
+
+The trigger-source errors (``TriggerSourceError`` and the others of
+:mod:`django_leases.exceptions`) are here too.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "webhook_source": "django_leases.triggers.registry",
     "StartWorkflow": "django_leases.triggers.registry",
-    "Delivery": "django_leases.triggers.registry",
+    "Delivery": "django_leases.triggers.values",
     "TriggerDeclaration": "django_leases.triggers.registry",
     "declarations": "django_leases.triggers.registry",
     "get_declaration": "django_leases.triggers.registry",
@@ -22,16 +25,63 @@ _LAZY = {
     "verify_github_signature": "django_leases.triggers.signatures",
     "stripe_signature": "django_leases.triggers.signatures",
     "verify_stripe_signature": "django_leases.triggers.signatures",
-    "UnknownTriggerSourceError": "django_leases.triggers.errors",
     "reconcile": "django_leases.triggers.lifecycle",
     "enable": "django_leases.triggers.lifecycle",
     "disable": "django_leases.triggers.lifecycle",
     "teardown": "django_leases.triggers.lifecycle",
     "forget": "django_leases.triggers.lifecycle",
     "LifecycleResult": "django_leases.triggers.lifecycle",
+    "TriggerSourceError": "django_leases.exceptions",
+    "UnknownTriggerSourceError": "django_leases.exceptions",
+    "SourceStillDeclared": "django_leases.exceptions",
+    "SourceOrphaned": "django_leases.exceptions",
+    "NoAddress": "django_leases.exceptions",
+    "ProviderNotInstalled": "django_leases.exceptions",
+    "NoReceiveURL": "django_leases.exceptions",
+    "SourceBusy": "django_leases.exceptions",
+    "ProviderError": "django_leases.exceptions",
+    "CredentialError": "django_leases.exceptions",
+    "ReceiveError": "django_leases.exceptions",
 }
 
 __all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from django_leases.exceptions import (  # noqa: F401
+        CredentialError,
+        NoAddress,
+        NoReceiveURL,
+        ProviderError,
+        ProviderNotInstalled,
+        ReceiveError,
+        SourceBusy,
+        SourceOrphaned,
+        SourceStillDeclared,
+        TriggerSourceError,
+        UnknownTriggerSourceError,
+    )
+    from django_leases.triggers.lifecycle import (  # noqa: F401
+        LifecycleResult,
+        disable,
+        enable,
+        forget,
+        reconcile,
+        teardown,
+    )
+    from django_leases.triggers.registry import (  # noqa: F401
+        StartWorkflow,
+        TriggerDeclaration,
+        declarations,
+        get_declaration,
+        webhook_source,
+    )
+    from django_leases.triggers.signatures import (  # noqa: F401
+        github_signature,
+        stripe_signature,
+        verify_github_signature,
+        verify_stripe_signature,
+    )
+    from django_leases.triggers.values import Delivery  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

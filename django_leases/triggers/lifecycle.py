@@ -32,23 +32,33 @@ anything, and provider calls are network calls that must not hold a transaction 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import router
 from django.urls import NoReverseMatch, get_script_prefix, reverse
 
-from django_leases.exceptions import LeaseTakenError
-from django_leases.leases import LeaseHandle, hold_lease
-from django_leases.triggers.errors import TriggerSourceError
+from django_leases.exceptions import (
+    LeaseTakenError,
+    NoAddress,
+    NoReceiveURL,
+    ProviderError,
+    ProviderNotInstalled,
+    SourceBusy,
+    SourceOrphaned,
+    TriggerSourceError,
+)
+from django_leases.leases import HeldLease, hold_lease
+from django_leases.models.lease import Lease
+from django_leases.models.trigger import TriggerSecret, TriggerSource, TriggerSourceQuerySet
+from django_leases.triggers import providers
+from django_leases.triggers.registry import declarations
+from django_leases.validation import seconds
 
 if TYPE_CHECKING:
-    from django_leases.models import TriggerSource
     from django_leases.triggers.providers import Provider
-    from django_leases.triggers.store import TriggerSourceQuerySet
 
 logger = logging.getLogger("django_leases.triggers")
 
@@ -59,64 +69,6 @@ DEFAULT_WAIT = 30.0
 
 #: Prefix of the lease key each source's operations hold (``trigger-source:<name>``).
 LEASE_PREFIX = "trigger-source:"
-
-#: Longest pause between two tries for a busy source's lease, seconds.
-_MAX_PAUSE = 0.5
-
-
-class SourceOrphaned(TriggerSourceError):
-    """``enable`` of a source whose declaration left the code (an orphan)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            name,
-            f"Trigger source {name!r} is an orphan (its declaration left the code); it can "
-            "only be torn down or forgotten",
-        )
-
-
-class NoAddress(TriggerSourceError):
-    """``enable`` of a source with no ``base_url``: there is no URL to register."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            name,
-            f"Trigger source {name!r} has no address yet: run "
-            "'manage.py reconcile_trigger_sources --base-url https://your.app' first",
-        )
-
-
-class ProviderNotInstalled(TriggerSourceError):
-    """The source's provider is not installed in this process, and it is needed."""
-
-    def __init__(self, name: str, provider: str) -> None:
-        super().__init__(
-            name,
-            f"Trigger source {name!r} uses provider {provider!r}, which is not installed here",
-        )
-        self.provider = provider
-
-
-class NoReceiveURL(TriggerSourceError):
-    """The project's URLconf does not include ``django_leases.urls``."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            name,
-            f"Cannot build the receiving URL of trigger source {name!r}: add "
-            "path('', include('django_leases.urls')) (any prefix) to your URLconf",
-        )
-
-
-class SourceBusy(TriggerSourceError):
-    """Another operation on the source held its lease for longer than ``wait`` seconds."""
-
-    def __init__(self, name: str, wait: float) -> None:
-        super().__init__(
-            name,
-            f"Trigger source {name!r} is busy: another operation on it did not finish "
-            f"within {wait:g} s; try again",
-        )
 
 
 @dataclass(frozen=True)
@@ -185,43 +137,33 @@ def receive_url(source: TriggerSource) -> str:
 
 
 def _objects(using: str | None) -> TriggerSourceQuerySet:
-    from django_leases.models import TriggerSource
-
     rows = TriggerSource.objects.all()
     return rows.using(using) if using else rows
 
 
-def _provider(name: str) -> Provider | None:
-    from django_leases.triggers import providers
+def _secrets(using: str | None) -> Any:
+    return TriggerSecret.objects.db_manager(using or router.db_for_write(TriggerSecret))
 
+
+def _provider(name: str) -> Provider | None:
     return providers.get_provider(name)
 
 
 @contextmanager
-def _source_lease(name: str, using: str | None, wait: float) -> Iterator[LeaseHandle]:
+def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLease]:
     """Hold ``trigger-source:<name>``, waiting up to ``wait`` s for another holder."""
-    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not wait >= 0:
-        raise ValueError(f"wait must be a number of seconds >= 0, not {wait!r}")
-    give_up = time.monotonic() + wait
-    pause = 0.02
-    with ExitStack() as stack:
-        while True:
-            try:
-                held = stack.enter_context(hold_lease(lease_key(name), using=using))
-                break
-            except LeaseTakenError:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    raise SourceBusy(name, wait) from None
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, _MAX_PAUSE)
-        yield held
+    seconds(wait, "wait")
+    try:
+        with hold_lease(lease_key(name), using=using, wait=wait) as held:
+            yield held
+    except LeaseTakenError as exc:
+        if exc.key != lease_key(name):
+            raise
+        raise SourceBusy(name, wait) from None
 
 
-def _fenced(held: LeaseHandle, using: str | None, write: Callable[[], _T]) -> _T:
+def _fenced(held: HeldLease, using: str | None, write: Callable[[], _T]) -> _T:
     """Run ``write`` in a transaction that commits only while ``held`` is still ours."""
-    from django_leases.models import Lease
-
     alias = using or router.db_for_write(Lease)
     with Lease.objects.using(alias).fenced(held.lease):
         return write()
@@ -246,14 +188,12 @@ def _secret_for(provider: Provider, name: str, using: str | None) -> str | None:
     """Our signing secret for providers that take one (created on first use), else ``None``."""
     if not provider.takes_secret:
         return None
-    from django_leases.triggers import credentials
-
-    return credentials.ensure_secret(name, using=using)
+    return str(_secrets(using).ensure_secret(name))
 
 
 def _set_up(
     objects: TriggerSourceQuerySet,
-    held: LeaseHandle,
+    held: HeldLease,
     using: str | None,
     name: str,
     provider: Provider,
@@ -270,8 +210,6 @@ def _set_up(
         lambda: objects.record(name, status="pending", detail=f"Setting up at {provider.name}…"),
     )
     row = objects.named(name)
-    from django_leases.triggers.providers import ProviderError
-
     try:
         url = receive_url(row)
         outcome = provider.setup(row, url, secret)
@@ -293,9 +231,7 @@ def _set_up(
 
         def keep() -> None:
             if outcome.secret:
-                from django_leases.triggers import credentials
-
-                credentials.set_secret(name, outcome.secret, using=using)
+                _secrets(using).set_secret(name, outcome.secret)
             objects.record(name, status=outcome.status, detail=outcome.detail, state=outcome.state)
 
         _fenced(held, using, keep)
@@ -329,8 +265,6 @@ def reconcile(
     Raises:
         ValueError: a bad ``base_url`` or ``label_prefix`` (nothing written).
     """
-    from django_leases.triggers.registry import declarations
-
     objects = _objects(using)
     rows = objects.sync(declarations(), base_url=base_url, label_prefix=label_prefix)
     results: list[LifecycleResult] = []
@@ -466,8 +400,6 @@ def _tear_down(row: TriggerSource, provider: Provider | None) -> tuple[bool, str
             f"provider {row.provider!r} is not installed, so its registration was not torn "
             "down; the state is kept"
         )
-    from django_leases.triggers.providers import ProviderError
-
     try:
         provider.teardown(row)
     except ProviderError as exc:
@@ -573,6 +505,4 @@ def _identifiers(state: Any) -> str:
 
 
 def _delete_secret(name: str, using: str | None) -> None:
-    from django_leases.triggers import credentials
-
-    credentials.delete_secret(name, using=using)
+    _secrets(using).delete_secret(name)

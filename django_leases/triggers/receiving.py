@@ -28,13 +28,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from django_leases.conf import leases_settings
-from django_leases.triggers.credentials import CredentialError, signing_secret
-from django_leases.triggers.errors import (
+from django_leases.exceptions import (
+    CredentialError,
     MalformedDelivery,
     PayloadTooLarge,
     SignatureMismatch,
     SourceNotReceiving,
 )
+from django_leases.models.trigger import TriggerEvent, TriggerSecret, TriggerSource
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.registry import get_declaration
 
@@ -105,8 +106,6 @@ def receive(
     makes us read a body, and again under its row lock by ``TriggerEvent.objects.accept``,
     so one disabled (or orphaned) while the body was arriving is still refused (404).
     """
-    from django_leases.models import TriggerEvent, TriggerSource
-
     declaration = get_declaration(name)
     source = TriggerSource.objects.receivable(name) if declaration is not None else None
     provider = get_provider(declaration.provider) if declaration is not None else None
@@ -122,7 +121,7 @@ def receive(
 
     lowered = {key.lower(): value for key, value in headers.items()}
     try:
-        secret = signing_secret(name, using=source._state.db)
+        secret = TriggerSecret.objects.db_manager(source._state.db).signing_secret(name)
     except CredentialError:
         logger.error(
             "Trigger source %r: its stored signing secret cannot be decrypted with the "

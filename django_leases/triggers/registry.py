@@ -35,69 +35,25 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from django_leases.triggers.values import Delivery, Handler
+from django_leases.validation import MAX_NAME_LENGTH
+
+if TYPE_CHECKING:
+    from django_leases.triggers.providers.base import Provider
 
 #: Kinds of trigger source. Only webhooks exist so far.
 KINDS = frozenset({"webhook"})
-
-#: Longest source name, in characters (the column width).
-MAX_NAME_LENGTH = 200
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 # Config keys that would carry a secret. Config is stored in the database and shown in the
 # admin, so secrets are refused here; they belong to the credential store.
 _SECRET_WORDS = ("secret", "password", "token", "private_key", "api_key")
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One verified, parsed delivery, as a handler sees it.
-
-    Attributes:
-        source: the trigger source's name (``str``).
-        provider: the provider that sent it (``"github"``).
-        event: the event name (GitHub's ``X-GitHub-Event``, e.g. ``"push"``).
-        delivery_id: the provider's delivery id (GitHub's ``X-GitHub-Delivery``).
-        payload: the decoded JSON body (a ``dict``).
-        using: the database alias the delivery is being recorded on; handlers that write
-            must write there, inside the current transaction.
-    """
-
-    source: str
-    provider: str
-    event: str
-    delivery_id: str
-    payload: dict[str, Any]
-    using: str = "default"
-
-    @property
-    def action(self) -> str | None:
-        """The payload's ``action`` (GitHub: ``"opened"``, ``"closed"``…), if it has one."""
-        action = self.payload.get("action")
-        return action if isinstance(action, str) else None
-
-    def as_input(self) -> dict[str, Any]:
-        """The workflow input ``StartWorkflow(..., input="delivery")`` passes (JSON)::
-
-        {"source": str, "provider": str, "event": str, "action": str | None,
-         "delivery_id": str, "payload": dict}
-        """
-        return {
-            "source": self.source,
-            "provider": self.provider,
-            "event": self.event,
-            "action": self.action,
-            "delivery_id": self.delivery_id,
-            "payload": self.payload,
-        }
-
-
-#: What a handler is: called with the :class:`Delivery`; may return a workflow run id.
-Handler = Callable[[Delivery], "uuid.UUID | None"]
 
 
 @dataclass(frozen=True)
@@ -127,7 +83,7 @@ class StartWorkflow:
 
     def __call__(self, delivery: Delivery) -> uuid.UUID:
         """Start the run; returns its id. Raises what ``start_workflow`` raises."""
-        from django_leases.workflows.engine import start_workflow
+        from django_leases.workflows.engine import start_workflow  # the engine imports us
 
         value = delivery.payload if self.input == "payload" else delivery.as_input()
         return start_workflow(self.workflow, value, using=delivery.using)
@@ -175,9 +131,48 @@ def _check_source_name(name: object) -> str:
     return name
 
 
-def _check_provider(name: str, provider: object) -> str:
-    from django_leases.triggers.providers import get_provider, provider_names
+# -- the provider table: filled by django_leases.triggers.providers (imported by the app) -----
 
+_providers: dict[str, Provider] = {}
+_built_in: dict[str, Provider] = {}
+
+
+def get_provider(name: str) -> Provider | None:
+    """The provider named ``name`` (``str``), or ``None`` when none is installed under it."""
+    return _providers.get(name) if isinstance(name, str) else None
+
+
+def provider_names() -> list[str]:
+    """Names of the installed providers, sorted."""
+    return sorted(_providers)
+
+
+def register_provider(provider: Provider, *, built_in: bool = False) -> Provider:
+    """Install ``provider`` under ``provider.name`` (replacing one of that name); returns it.
+    ``built_in``: one of the package's own (:func:`unregister_provider` brings it back).
+
+    Raises ``ValueError`` when ``provider`` has no name or lacks a provider's methods.
+    """
+    name = getattr(provider, "name", None)
+    methods = ("setup", "check", "teardown", "verify", "parse")
+    if not isinstance(name, str) or not name or not all(
+        callable(getattr(provider, method, None)) for method in methods
+    ):
+        raise ValueError("register_provider() needs a Provider instance with a name")
+    _providers[provider.name] = provider
+    if built_in:
+        _built_in[provider.name] = provider
+    return provider
+
+
+def unregister_provider(name: str) -> None:
+    """Remove provider ``name``; a built-in one comes back as built. Unknown: no-op."""
+    _providers.pop(name, None)
+    if name in _built_in:
+        _providers[name] = _built_in[name]
+
+
+def _check_provider(name: str, provider: object) -> str:
     if not isinstance(provider, str) or get_provider(provider) is None:
         raise ValueError(
             f"Trigger source {name!r}: unknown provider {provider!r} "

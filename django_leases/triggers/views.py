@@ -7,7 +7,7 @@ import logging
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from django_leases.triggers.errors import ReceiveError
+from django_leases.exceptions import ReceiveError
 from django_leases.triggers.receiving import receive
 
 logger = logging.getLogger("django_leases.triggers")

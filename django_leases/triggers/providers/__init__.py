@@ -1,20 +1,20 @@
 """Webhook providers: ``manual``, ``github`` and ``stripe`` (DESIGN §6).
 
 Each is a :class:`Provider` (management: setup / check / teardown; receiving: verify /
-parse). Look one up with :func:`get_provider`; tests and projects may add their own with
-:func:`register_provider`.
+parse). Importing this package installs the three in the provider table of
+:mod:`django_leases.triggers.registry` (the app does so when Django starts). Look one up with
+:func:`get_provider`; tests and projects may add their own with :func:`register_provider`.
 """
 
 from __future__ import annotations
 
+from django_leases.exceptions import ProviderError
 from django_leases.triggers.providers.base import (
     MANUAL,
     MAX_HEADER_VALUE,
     MAX_PAYLOAD_DEPTH,
     REGISTERED,
-    ParsedDelivery,
     Provider,
-    ProviderError,
     SetupOutcome,
     WebhookProvider,
     decode_json_object,
@@ -22,6 +22,13 @@ from django_leases.triggers.providers.base import (
 from django_leases.triggers.providers.github import GitHubProvider
 from django_leases.triggers.providers.manual import ManualProvider
 from django_leases.triggers.providers.stripe import StripeProvider
+from django_leases.triggers.registry import (
+    get_provider,
+    provider_names,
+    register_provider,
+    unregister_provider,
+)
+from django_leases.triggers.values import ParsedDelivery
 
 __all__ = [
     "MANUAL",
@@ -43,39 +50,5 @@ __all__ = [
     "unregister_provider",
 ]
 
-_BUILT_IN: dict[str, Provider] = {
-    "manual": ManualProvider(),
-    "github": GitHubProvider(),
-    "stripe": StripeProvider(),
-}
-_providers: dict[str, Provider] = dict(_BUILT_IN)
-
-
-def get_provider(name: str) -> Provider | None:
-    """The provider named ``name`` (``str``), or ``None`` when none is installed under it."""
-    return _providers.get(name) if isinstance(name, str) else None
-
-
-def provider_names() -> list[str]:
-    """Names of the installed providers, sorted."""
-    return sorted(_providers)
-
-
-def register_provider(provider: Provider) -> Provider:
-    """Install ``provider`` under ``provider.name`` (replacing one of that name); returns it.
-
-    Raises ``ValueError`` when ``provider`` is not a :class:`Provider` or has no name.
-    """
-    if not isinstance(provider, Provider) or not isinstance(provider.name, str):
-        raise ValueError("register_provider() needs a Provider instance with a name")
-    if not provider.name:
-        raise ValueError("register_provider() needs a Provider instance with a name")
-    _providers[provider.name] = provider
-    return provider
-
-
-def unregister_provider(name: str) -> None:
-    """Remove provider ``name``; a built-in one comes back as built. Unknown: no-op."""
-    _providers.pop(name, None)
-    if name in _BUILT_IN:
-        _providers[name] = _BUILT_IN[name]
+for _built_in in (ManualProvider(), GitHubProvider(), StripeProvider()):
+    register_provider(_built_in, built_in=True)

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django_leases.triggers.errors import MalformedDelivery
+from django_leases.exceptions import MalformedDelivery, ProviderError
+from django_leases.triggers.values import ParsedDelivery
 
 if TYPE_CHECKING:
     from django_leases.models import TriggerSource
@@ -36,15 +37,6 @@ MAX_HEADER_VALUE = 200
 REGISTERED = "registered"
 #: ``SetupOutcome.status`` when an operator must register the webhook by hand.
 MANUAL = "manual"
-
-
-@dataclass(frozen=True)
-class ParsedDelivery:
-    """What a provider reads from a delivery: event name, delivery id and JSON payload."""
-
-    event: str
-    delivery_id: str
-    payload: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -73,12 +65,6 @@ class SetupOutcome:
             f"SetupOutcome(status={self.status!r}, state={self.state!r}, "
             f"detail={self.detail!r}, secret={shown})"
         )
-
-
-class ProviderError(Exception):
-    """A provider step failed. The message is safe to show operators and to log: it never
-    holds a secret or an API token (only the provider, the step and the HTTP status or
-    network failure)."""
 
 
 class Provider:
@@ -276,3 +262,22 @@ def receive_url(source: TriggerSource) -> str | None:
     except NoReverseMatch:
         path = f"/hooks/{source.name}/"
     return source.base_url.rstrip("/") + path
+
+
+__all__ = [
+    "MANUAL",
+    "MAX_HEADER_VALUE",
+    "MAX_PAYLOAD_DEPTH",
+    "REGISTERED",
+    "ParsedDelivery",
+    "Provider",
+    "ProviderError",
+    "SetupOutcome",
+    "WebhookProvider",
+    "checked_identifier",
+    "declared_events",
+    "decode_json_object",
+    "header_value",
+    "label_for",
+    "receive_url",
+]

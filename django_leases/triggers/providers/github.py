@@ -36,7 +36,7 @@ from urllib.parse import parse_qs
 import httpx
 
 from django_leases.conf import leases_settings
-from django_leases.triggers.errors import MalformedDelivery
+from django_leases.exceptions import MalformedDelivery
 from django_leases.triggers.providers import http
 from django_leases.triggers.providers.base import (
     REGISTERED,

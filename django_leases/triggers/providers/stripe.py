@@ -31,7 +31,7 @@ import httpx
 from django.db import router
 
 from django_leases.conf import leases_settings
-from django_leases.triggers.errors import MalformedDelivery
+from django_leases.exceptions import MalformedDelivery
 from django_leases.triggers.providers import http
 from django_leases.triggers.providers.base import (
     REGISTERED,

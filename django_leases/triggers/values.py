@@ -1,0 +1,102 @@
+"""The values the trigger-source layers pass each other: deliveries, statuses, outcomes.
+
+A leaf module (it imports no model), so the models, the providers, the registry and the
+receiving side all speak the same words; ``django_leases.triggers`` re-exports
+:class:`Delivery`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: What ``TriggerSource.status`` may hold (besides ``None``, a row never set up): ``off``
+#: (nothing registered), ``pending`` (a setup or teardown is under way, or was interrupted),
+#: ``registered`` (the provider's API holds our endpoint), ``manual`` (registration is the
+#: operator's job; ``detail`` says how), ``failed`` (the last setup or teardown failed;
+#: ``detail`` says why).
+STATUSES = ("off", "pending", "registered", "manual", "failed")
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: ``TriggerSource.objects.record(..., state=UNSET)`` (the default) keeps the stored state.
+UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class ParsedDelivery:
+    """What a provider reads from a delivery: event name, delivery id and JSON payload."""
+
+    event: str
+    delivery_id: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One verified, parsed delivery, as a handler sees it.
+
+    Attributes:
+        source: the trigger source's name (``str``).
+        provider: the provider that sent it (``"github"``).
+        event: the event name (GitHub's ``X-GitHub-Event``, e.g. ``"push"``).
+        delivery_id: the provider's delivery id (GitHub's ``X-GitHub-Delivery``).
+        payload: the decoded JSON body (a ``dict``).
+        using: the database alias the delivery is being recorded on; handlers that write
+            must write there, inside the current transaction.
+    """
+
+    source: str
+    provider: str
+    event: str
+    delivery_id: str
+    payload: dict[str, Any]
+    using: str = "default"
+
+    @property
+    def action(self) -> str | None:
+        """The payload's ``action`` (GitHub: ``"opened"``, ``"closed"``…), if it has one."""
+        action = self.payload.get("action")
+        return action if isinstance(action, str) else None
+
+    def as_input(self) -> dict[str, Any]:
+        """The workflow input ``StartWorkflow(..., input="delivery")`` passes (JSON)::
+
+        {"source": str, "provider": str, "event": str, "action": str | None,
+         "delivery_id": str, "payload": dict}
+        """
+        return {
+            "source": self.source,
+            "provider": self.provider,
+            "event": self.event,
+            "action": self.action,
+            "delivery_id": self.delivery_id,
+            "payload": self.payload,
+        }
+
+
+#: What a handler is: called with the :class:`Delivery`; may return a workflow run id.
+Handler = Callable[[Delivery], "uuid.UUID | None"]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """Outcome of ``TriggerEvent.objects.accept``.
+
+    ``event`` is the ``TriggerEvent`` row; ``created`` is ``False`` for a repeated delivery
+    id (nothing was processed again); ``run_id`` is the workflow run the delivery started
+    (``None`` when it started none).
+    """
+
+    event: Any
+    created: bool
+    run_id: uuid.UUID | None
+
+
+__all__ = ["STATUSES", "UNSET", "Accepted", "Delivery", "Handler", "ParsedDelivery"]
