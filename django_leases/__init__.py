@@ -17,7 +17,9 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "hold_lease": "django_leases.leases",
     "ahold_lease": "django_leases.leases",
+    "HeldLease": "django_leases.leases",
     "LeaseHandle": "django_leases.leases",
+    "DjangoLeasesError": "django_leases.exceptions",
     "LeaseError": "django_leases.exceptions",
     "LeaseTakenError": "django_leases.exceptions",
     "LeaseLostError": "django_leases.exceptions",
@@ -27,13 +29,14 @@ _LAZY = {
 __all__ = ["__version__", *sorted(_LAZY)]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from django_leases.exceptions import (  # noqa: F401  # noqa: F401
+    from django_leases.exceptions import (  # noqa: F401
+        DjangoLeasesError,
         LeaseError,
         LeaseLostError,
         LeaseTakenError,
         WorkflowStepSupersededError,
     )
-    from django_leases.leases import LeaseHandle, ahold_lease, hold_lease  # noqa: F401  # noqa: F401
+    from django_leases.leases import HeldLease, LeaseHandle, ahold_lease, hold_lease  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

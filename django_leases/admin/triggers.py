@@ -37,10 +37,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from django_leases.exceptions import LeaseError
+from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSource
 from django_leases.triggers import lifecycle
-from django_leases.triggers.errors import TriggerSourceError, UnknownTriggerSourceError
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
 

@@ -27,8 +27,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
-from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
-from django_leases.workflows.store import RunChange, WorkflowRunStateError
+from django_leases.exceptions import WorkflowRunStateError
+from django_leases.models import StepStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows.values import RunChange
 
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
@@ -155,16 +156,16 @@ class WorkflowRunAdmin(_ReadOnly, admin.ModelAdmin):
         context = dict(extra_context or {})
         run = self._run_or_none(object_id)
         if run is not None and self.has_operate_permission(request):
+            allowed = run.allowed_operations()
             failed_steps = list(
                 WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
                 .order_by("created_at", "id")
                 .values_list("step_name", flat=True)
             )
-            finished = run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED)
             context["operations"] = {
-                "resume": run.status in (RunStatus.SUSPENDED, RunStatus.FAILED),
-                "cancel": run.status in (RunStatus.RUNNING, RunStatus.SUSPENDED),
-                "retry_steps": [] if finished else failed_steps,
+                "resume": "resume" in allowed,
+                "cancel": "cancel" in allowed,
+                "retry_steps": failed_steps if "retry" in allowed else [],
                 "urls": {
                     op.replace("-", "_"): reverse(
                         "admin:django_leases_workflowrun_operate", args=[run.pk, op]

@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from django_leases.triggers.errors import SourceStillDeclared, UnknownTriggerSourceError
+from django_leases.exceptions import SourceStillDeclared, UnknownTriggerSourceError
 
 if TYPE_CHECKING:
-    from django_leases.models import TriggerSource
-    from django_leases.triggers.store import TriggerSourceQuerySet
+    from django_leases.models.trigger import TriggerSource, TriggerSourceQuerySet
 
 
 @dataclass(frozen=True)

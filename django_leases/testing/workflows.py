@@ -58,8 +58,12 @@ from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.workflows.registry import step_function
 
 if TYPE_CHECKING:
-    from django_leases.models import WorkflowStep
-    from django_leases.workflows.store import Claim, WorkflowRunQuerySet, WorkflowStepQuerySet
+    from django_leases.models.workflow import (
+        WorkflowRunQuerySet,
+        WorkflowStep,
+        WorkflowStepQuerySet,
+    )
+    from django_leases.workflows.values import Claim
 
 #: The step every scenario claims, and its step function.
 STEP = "charge"
@@ -269,7 +273,7 @@ class WorkflowFencingConformanceTests:
         run_id = self.start_run(retries=2, retry_delay=3600)
         first = self.claim(run_id)
         assert first is not None
-        self.assertEqual(self.steps.set_error(first.step_id, "declined", 1), "failed")
+        self.assertEqual(self.steps.set_error(first.step_id, "declined", 1).status, "failed")
         self.assertIsNone(self.claim(run_id), "claimed before its retry delay passed")
         self.steps.filter(run_id=run_id).update(available_at=db_now_plus(-1))
         second = self.claim(run_id)

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_leases.models import Lease, LeaseQuerySet, LeaseState
-from django_leases.validation import check_name
+from django_leases.validation import check_lease_name
 
 _COLUMNS = ("KEY", "STATE", "HOLDER", "TOKEN", "SECONDS LEFT")
 
@@ -83,7 +83,7 @@ class Command(BaseCommand):
 
     def _release(self, leases: LeaseQuerySet, key: str) -> None:
         try:
-            check_name(key, "key")
+            check_lease_name(key, "key")
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         released = leases.force_release(key)

@@ -22,6 +22,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from django_leases.exceptions import WorkflowFunctionsMissing
 from django_leases.workflows.worker import (
     EXIT_ABANDONED,
     EXIT_DATABASE_UNREACHABLE,
@@ -109,6 +110,9 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             shutdown_grace=options["shutdown_grace"],
         )
-        code = worker.run(once=options["once"])
+        try:
+            code = worker.run(once=options["once"])
+        except WorkflowFunctionsMissing as exc:
+            raise CommandError(str(exc)) from None
         if code:
             raise CommandError(_EXIT_MESSAGES.get(code, f"exit status {code}"), returncode=code)

@@ -35,10 +35,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
-from django_leases.exceptions import LeaseError
+from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import TriggerSource
 from django_leases.triggers import lifecycle
-from django_leases.triggers.errors import TriggerSourceError, UnknownTriggerSourceError
 
 #: Exit status when the provider step failed (the row records it).
 EXIT_PROVIDER_FAILED = 2

@@ -26,8 +26,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
+from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
-from django_leases.workflows.store import WorkflowRunQuerySet, WorkflowRunStateError
+from django_leases.models.workflow import WorkflowRunQuerySet
 
 #: Exit status when the run's or step's state does not allow the operation.
 EXIT_WRONG_STATE = 3
