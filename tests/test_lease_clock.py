@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from unittest import mock
 
 import pytest
 import time_machine
@@ -21,8 +20,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_leases import clock, hold_lease
+from django_leases import hold_lease
 from django_leases.models import Lease, LeaseState
+from tests.helpers import tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +37,7 @@ NEAR = timedelta(minutes=5)
 def path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run on the single-statement SQL path, then again on the portable ORM fallback."""
     if request.param == "orm":
-        with mock.patch.object(clock, "FAST_VENDORS", frozenset()):
+        with tuned_sql(False):
             yield "orm"
     else:
         yield "sql"

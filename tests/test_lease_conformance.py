@@ -1,8 +1,8 @@
 """The shipped lease conformance suite (rules L1–L18), run on this suite's database.
 
 It runs twice: on the hand-written single-statement SQL that PostgreSQL and SQLite get, and
-again with that path switched off (``clock.FAST_VENDORS`` emptied) so the portable ORM
-fallback that other vendors use is proven on both backends too.
+again with that path switched off (``DJANGO_LEASES["TUNED_SQL"] = False``) so the portable ORM
+path that other vendors use is proven on both backends too.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from unittest import mock
 
 from django.test import TransactionTestCase
 
-from django_leases import clock
 from django_leases.testing import LeaseConformanceTests
+from tests.helpers import tuned_sql
 
 
 class TestLeaseConformance(LeaseConformanceTests, TransactionTestCase):
@@ -24,9 +24,7 @@ class TestLeaseConformanceOrmFallback(LeaseConformanceTests, TransactionTestCase
 
     def setUp(self) -> None:
         super().setUp()
-        patcher = mock.patch.object(clock, "FAST_VENDORS", frozenset())
-        patcher.start()
-        self.addCleanup(patcher.stop)
+        self.enterContext(tuned_sql(False))
 
     def test_fallback_path_is_the_one_running(self) -> None:
         """The patch really routes acquire through ``_acquire_orm`` (else this run proves

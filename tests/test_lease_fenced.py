@@ -13,13 +13,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 import pytest
 from django.db import connections
 
-from django_leases import LeaseLostError, clock
+from django_leases import LeaseLostError
 from django_leases.models import Lease
+from tests.helpers import tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +31,7 @@ LAPSE = 2.0 * TTL
 def path(request: pytest.FixtureRequest) -> Iterator[str]:
     """The takeover runs on the single-statement SQL path, then on the ORM fallback."""
     if request.param == "orm":
-        with mock.patch.object(clock, "FAST_VENDORS", frozenset()):
+        with tuned_sql(False):
             yield "orm"
     else:
         yield "sql"

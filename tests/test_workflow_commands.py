@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
-from django_leases.workflows.states import STEP_FUNCTION_NOT_FOUND
+from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

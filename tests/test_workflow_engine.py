@@ -15,24 +15,20 @@ from django.db import transaction
 from django.db.models.functions import Now
 
 from django_leases.clock import db_now_plus
-from django_leases.exceptions import WorkflowStepSupersededError
+from django_leases.exceptions import UnknownWorkflowError, WorkflowStepSupersededError
 from django_leases.leases import hold_lease
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import step_function, workflow
-from django_leases.workflows.engine import (
-    execute_step,
-    run_lease_key,
-    run_pass,
-    start_workflow,
-)
-from django_leases.workflows.registry import UnknownWorkflowError
-from django_leases.workflows.states import (
+from django_leases.workflows.driver import run_pass
+from django_leases.workflows.engine import execute_step, start_workflow
+from django_leases.workflows.values import (
     STEP_FAILED,
     STEP_FUNCTION_NOT_FOUND,
     WORKFLOW_ERROR,
     WORKFLOW_NOT_FOUND,
+    Claim,
+    run_lease_key,
 )
-from django_leases.workflows.store import Claim
 from django_leases.workflows.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -470,7 +466,7 @@ def test_retry_step_of_a_running_run_makes_a_waiting_retry_due_now() -> None:
 
 
 def test_operator_operations_refuse_wrong_states_and_unknown_ids_writing_nothing() -> None:
-    from django_leases.workflows.store import WorkflowRunStateError
+    from django_leases.exceptions import WorkflowRunStateError
 
     running = start_workflow("tests.linear", {"x": 1})
     done = start_workflow("tests.linear", {"x": 1})
@@ -511,7 +507,7 @@ def test_cancel_stops_a_run_for_good() -> None:
     assert WorkflowRun.objects.claim_due_pass(30) is None
     assert run_pass(run_id) == "not-running"
     assert WorkflowRun.objects.request_pass(run_id) is False
-    from django_leases.workflows.store import WorkflowRunStateError
+    from django_leases.exceptions import WorkflowRunStateError
 
     with pytest.raises(WorkflowRunStateError, match="cancelled"):
         WorkflowRun.objects.resume(run_id)
@@ -553,8 +549,8 @@ def test_a_worker_whose_run_is_cancelled_mid_step_has_its_outcome_refused_quietl
 
 
 def test_a_worker_write_racing_a_cancel_lands_whole_or_not_at_all() -> None:
+    from django_leases.exceptions import WorkflowStepCancelledError
     from django_leases.testing.workflows import run_together
-    from django_leases.workflows.store import WorkflowStepCancelledError
 
     for i in range(16):
         run_id, claim = _claim_run("tests.fenced", "charge", "tests.add-one")

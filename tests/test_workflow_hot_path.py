@@ -1,8 +1,10 @@
-"""The worker keeps the run it drives; on PostgreSQL a one-step run costs three statements,
-sent as functions (``pgfunctions``) or, where they are missing, as such."""
+"""The worker keeps the run it drives; on PostgreSQL a one-step run costs three statements
+(two of them calls of the functions the migrations install). Each test runs on the tuned
+statements and again on the portable ORM path (``TUNED_SQL`` off), which keeps the rules."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_leases.checks import workflow_functions_check
 from django_leases.clock import db_now
-from django_leases.exceptions import WorkflowStepSupersededError
+from django_leases.exceptions import WorkflowFunctionsMissing, WorkflowStepSupersededError
 from django_leases.models import (
     AttemptStatus,
     Lease,
@@ -22,9 +24,12 @@ from django_leases.models import (
     WorkflowStep,
     WorkflowStepAttempt,
 )
-from django_leases.workflows import pgfunctions, step_function, workflow
-from django_leases.workflows.engine import run_lease_key, start_workflow
+from django_leases.models.workflow import functions
+from django_leases.workflows import step_function, workflow
+from django_leases.workflows.engine import start_workflow
+from django_leases.workflows.values import run_lease_key
 from django_leases.workflows.worker import Worker
+from tests.helpers import tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,16 +72,12 @@ def test_one_unit_of_work_drives_a_run_through_all_its_steps() -> None:
     assert worker.work_once() is False, "work was left behind"
 
 
-@pytest.fixture(params=["functions", "statements"])
-def sent_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """PostgreSQL's hot path with its functions (``pgfunctions``, installed by the
-    migrations) and without them (the statements sent as such, as code whose functions are
-    not installed does)."""
-    if request.param == "statements":
-        monkeypatch.setattr(pgfunctions, "ready", lambda connection: False)
-    else:
-        assert pgfunctions.ready(connection), "the migrations did not install the functions"
-    return str(request.param)
+@pytest.fixture(params=["tuned", "portable"])
+def sent_as(request: pytest.FixtureRequest) -> Iterator[str]:
+    """PostgreSQL's hot path on its tuned statements (the functions the migrations install),
+    then on the portable ORM path (``TUNED_SQL`` off)."""
+    with tuned_sql(request.param == "tuned"):
+        yield str(request.param)
 
 
 def _spend_steps_first(worker: Worker, run_ids: list[Any]) -> None:
@@ -97,7 +98,7 @@ def _run_in_one_unit(workflow_name: str) -> WorkflowRun:
 
 
 @pytest.mark.postgres_only
-def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive(sent_as: str) -> None:
+def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive() -> None:
     with CaptureQueriesContext(connection) as started:
         run_id = start_workflow("tests.hot-path-one", {})
     assert len(started.captured_queries) == 1, started.captured_queries
@@ -111,13 +112,20 @@ def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive(sent_as:
     assert len(statements) == 3, statements
     assert not any(sql.strip().upper() in ("BEGIN", "COMMIT") for sql in statements)
     called = [sql for sql in statements if sql.startswith("SELECT * FROM dl_")]
-    assert len(called) == (2 if sent_as == "functions" else 0), statements
+    assert len(called) == 3, statements
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": 1, "attempt": 1})
     lease = Lease.objects.with_state().get(key=run_lease_key(run_id))
     assert lease.state == "released"
     attempt = WorkflowStepAttempt.objects.get(step__run_id=run_id)
     assert (attempt.status, attempt.result) == (AttemptStatus.SUCCEEDED, {"n": 1, "attempt": 1})
+
+
+def test_a_run_drives_the_same_on_the_portable_path(sent_as: str) -> None:
+    run = _run_in_one_unit("tests.hot-path-two")
+    assert run.status == RunStatus.COMPLETED, "the worker handed the run to the queue"
+    assert run.output == [{"n": 1, "attempt": 1}, {"n": 2, "attempt": 1}]
+    assert Lease.objects.with_state().get(key=run_lease_key(run.id)).state == "released"
 
 
 @pytest.mark.postgres_only
@@ -127,8 +135,9 @@ def test_a_completion_picks_the_next_run_in_the_same_statement(sent_as: str) -> 
     _spend_steps_first(worker, run_ids)
     with CaptureQueriesContext(connection) as driven:
         assert worker.work_once() is True
-    # One pick, then per run: the step, and the completion that picks the next run.
-    assert len(driven.captured_queries) == 1 + 2 * 3, driven.captured_queries
+    if sent_as == "tuned":
+        # One pick, then per run: the step, and the completion that picks the next run.
+        assert len(driven.captured_queries) == 1 + 2 * 3, driven.captured_queries
     statuses = set(WorkflowRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
     assert statuses == {RunStatus.COMPLETED}
     keys = [run_lease_key(run_id) for run_id in run_ids]
@@ -161,9 +170,9 @@ def _claimed_run() -> tuple[Any, Any, Any]:
     run_id = start_workflow("tests.hot-path-one", {})
     picked = WorkflowRun.objects.claim_due_pass(30, lease_holder="test-holder")
     assert picked is not None and picked.run_id == run_id and picked.lease is not None
-    _, claim = WorkflowStep.objects.schedule_claimed(
+    claim = WorkflowStep.objects.schedule_claimed(
         run_id, "only", "tests.hot-path", {"n": 1}, lease_ttl_seconds=30, finish_pass=1
-    )
+    ).claim
     assert claim is not None
     return picked, claim, picked.lease
 
@@ -206,24 +215,27 @@ def test_a_completion_says_when_the_run_lease_had_lapsed(sent_as: str) -> None:
 
 
 @pytest.mark.postgres_only
-def test_the_check_names_missing_functions() -> None:
+def test_a_missing_function_is_an_error_and_workers_refuse_to_start() -> None:
+    """No silent fallback: without the functions this code calls, the check says so and a
+    worker refuses to start (until ``migrate`` installs them)."""
     assert workflow_functions_check(databases=["default"]) == []
-    name, _ = pgfunctions.definitions(connection)[pgfunctions.COMPLETE_RUN.short]
+    name = functions(connection)["complete_run"].name
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER FUNCTION {name} RENAME TO {name}_old")
-    pgfunctions._installed.clear()
     try:
         assert [m.id for m in workflow_functions_check(databases=["default"])] == [
-            "django_leases.W013"
+            "django_leases.E013"
         ]
-        # The worker goes on without them.
-        run_id = start_workflow("tests.hot-path-one", {})
-        assert Worker(1, step_lease_ttl=30).work_once() is True
-        assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+        with pytest.raises(WorkflowFunctionsMissing, match=r"run 'manage\.py migrate'"):
+            Worker(1, step_lease_ttl=30).run(once=True, handle_signals=False)
+        with tuned_sql(False):  # the portable path needs no function
+            assert workflow_functions_check(databases=["default"]) == []
+            run_id = start_workflow("tests.hot-path-one", {})
+            assert Worker(1, step_lease_ttl=30).work_once() is True
+            assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"DROP FUNCTION {name}_old")
-        pgfunctions.install(connection)
+            cursor.execute(f"ALTER FUNCTION {name}_old RENAME TO {name}")
     assert workflow_functions_check(databases=["default"]) == []
 
 
@@ -269,7 +281,7 @@ def test_a_completion_retried_after_a_lost_reply_picks_no_second_run(
     its run lease to lapse, as any run whose worker died."""
     from django.db import OperationalError
 
-    from django_leases.workflows.store import WorkflowStepQuerySet
+    from django_leases.models.workflow import WorkflowStepQuerySet
 
     run_ids = [start_workflow("tests.hot-path-one", {}) for _ in range(3)]
     real = WorkflowStepQuerySet.set_result_completing_run

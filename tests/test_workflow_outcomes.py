@@ -21,10 +21,11 @@ from django.urls import reverse
 from django_leases.admin.workflows import _json
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.models.workflow import WorkflowStepQuerySet
+from django_leases.validation import check_json, error_json
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
-from django_leases.workflows.states import STEP_FAILED, STEP_RESULT_NOT_JSON, WORKFLOW_ERROR
-from django_leases.workflows.store import WorkflowStepQuerySet, check_json, error_json
+from django_leases.workflows.values import STEP_FAILED, STEP_RESULT_NOT_JSON, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -176,8 +177,8 @@ def test_repeating_an_outcome_the_attempt_already_recorded_is_not_refused() -> N
     report the outcome, not "superseded"; a different outcome is still refused."""
     _, claim = claim_step()
     store = WorkflowStep.objects
-    assert store.set_result(claim.step_id, {"n": [1, 2.5]}, claim.attempt) == "succeeded"
-    assert store.set_result(claim.step_id, {"n": (1, 2.5)}, claim.attempt) == "succeeded"
+    assert store.set_result(claim.step_id, {"n": [1, 2.5]}, claim.attempt).status == "succeeded"
+    assert store.set_result(claim.step_id, {"n": (1, 2.5)}, claim.attempt).status == "succeeded"
     with pytest.raises(WorkflowStepSupersededError):
         store.set_result(claim.step_id, {"n": "other"}, claim.attempt)
     with pytest.raises(WorkflowStepSupersededError):
@@ -185,12 +186,12 @@ def test_repeating_an_outcome_the_attempt_already_recorded_is_not_refused() -> N
 
     run_id, claim = claim_step()
     error = ValueError("nope")
-    assert store.set_error(claim.step_id, error, claim.attempt) == "failed"
-    assert store.set_error(claim.step_id, error, claim.attempt) == "failed"
+    assert store.set_error(claim.step_id, error, claim.attempt).status == "failed"
+    assert store.set_error(claim.step_id, error, claim.attempt).status == "failed"
     # Even after the next attempt took the step over, attempt 1's own outcome stands.
     second = store.claim_for_execution(run_id, "s", "tests.outcomes.returns", LEASE)
     assert second is not None and second.attempt == 2
-    assert store.set_error(claim.step_id, error, claim.attempt) == "failed"
+    assert store.set_error(claim.step_id, error, claim.attempt).status == "failed"
     with pytest.raises(WorkflowStepSupersededError):
         store.set_result(claim.step_id, "x", claim.attempt)
     # A superseded attempt's retry is still refused.

@@ -19,7 +19,7 @@ from django_leases.models import (
     WorkflowStep,
     WorkflowStepAttempt,
 )
-from django_leases.workflows.engine import run_lease_key
+from django_leases.workflows.values import run_lease_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

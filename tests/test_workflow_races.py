@@ -23,7 +23,7 @@ from django.db import connections
 
 from django_leases.clock import db_now_plus
 from django_leases.models import WorkflowRun, WorkflowStep
-from django_leases.workflows.store import Claim
+from django_leases.workflows.values import Claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -121,11 +121,11 @@ def test_stale_and_current_writers_in_separate_processes_only_the_current_lands(
 
         def stale_write(stale: Claim = stale, i: int = i) -> str:
             if i % 2:
-                return WorkflowStep.objects.set_error(stale.step_id, "stale", stale.attempt)
-            return WorkflowStep.objects.set_result(stale.step_id, "stale", stale.attempt)
+                return WorkflowStep.objects.set_error(stale.step_id, "stale", stale.attempt).status
+            return WorkflowStep.objects.set_result(stale.step_id, "stale", stale.attempt).status
 
         def current_write(current: Claim = current) -> str:
-            return WorkflowStep.objects.set_result(current.step_id, "fresh", current.attempt)
+            return WorkflowStep.objects.set_result(current.step_id, "fresh", current.attempt).status
 
         if i % 3:
             (_, stale_error), (written, current_error) = race_in_processes(

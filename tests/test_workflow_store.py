@@ -23,8 +23,7 @@ from django_leases.models import (
     WorkflowStep,
     WorkflowStepAttempt,
 )
-from django_leases.workflows.states import STEP_RESULT_NOT_JSON
-from django_leases.workflows.store import Claim
+from django_leases.workflows.values import STEP_RESULT_NOT_JSON, Claim
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,7 +153,7 @@ def test_a_result_that_is_not_json_fails_the_step_with_a_clear_error(result: Any
     run_id = start_run()
     got = claim(run_id)
     assert got is not None
-    assert WorkflowStep.objects.set_result(got.step_id, result, got.attempt) == "failed"
+    assert WorkflowStep.objects.set_result(got.step_id, result, got.attempt).status == "failed"
     step = step_of(run_id)
     assert step.status == StepStatus.FAILED
     assert step.result is None

@@ -23,9 +23,10 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, connections, transaction
 
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.models.workflow import channel_name
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
-from django_leases.workflows.wakeup import WakeSignal, channel_name, listens
+from django_leases.workflows.wakeup import WakeSignal, listens
 from django_leases.workflows.worker import (
     EXIT_ABANDONED,
     LISTENING_POLL_INTERVAL,
@@ -137,8 +138,8 @@ def test_a_second_signal_to_an_idle_worker_abandons_nothing() -> None:
     runner.start()
     try:
         wait_for("the threads to go idle", lambda: worker.wake.waiting == 3)
-        worker._on_signal(signal.SIGINT, None)
-        worker._on_signal(signal.SIGTERM, None)
+        worker._on_signal(signal.SIGINT)
+        worker._on_signal(signal.SIGTERM)
         runner.join(60)
     finally:
         worker.stop()

@@ -31,7 +31,7 @@ from django_leases.triggers import credentials, lifecycle, registry
 from django_leases.triggers.registry import StartWorkflow, webhook_source
 from django_leases.workflows import registry as workflow_registry
 from django_leases.workflows import step_function, workflow
-from django_leases.workflows.states import STEP_FUNCTION_NOT_FOUND
+from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
 from django_leases.workflows.worker import Worker
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,0 +1,168 @@
+"""The package's import graph: no cycles, and the models below what runs them (DESIGN §2).
+
+Read from the source with ``ast``: every ``import`` of a ``django_leases`` module, at module
+level **and inside functions** (a deferred import still ties two modules together), but not
+those under ``if TYPE_CHECKING:`` (never executed). ``from a.b import c`` is an edge to
+``a.b.c`` when that is a module, else to ``a.b``. Only explicit imports count: a package's
+``__init__`` is a node like any other (the lazy public API of ``django_leases/__init__.py``,
+``workflows/__init__.py`` and ``triggers/__init__.py`` imports by name at attribute access).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_leases"
+
+#: What nothing under ``django_leases/models/`` may import (DESIGN §2: the models hold the
+#: rules; the engine, the worker, the lifecycle, the providers and the registries use them).
+ABOVE_THE_MODELS = (
+    "django_leases.workflows.driver",
+    "django_leases.workflows.engine",
+    "django_leases.workflows.worker",
+    "django_leases.workflows.wakeup",
+    "django_leases.workflows.registry",
+    "django_leases.triggers.lifecycle",
+    "django_leases.triggers.providers",
+    "django_leases.triggers.registry",
+    "django_leases.triggers.receiving",
+    "django_leases.leases",
+    "django_leases.holder",
+    "django_leases.admin",
+    "django_leases.management",
+)
+
+#: Leaves: modules that import nothing of the package but these.
+LEAVES = {
+    "django_leases.exceptions": set(),
+    "django_leases.conf": set(),
+    "django_leases.signals": set(),
+    "django_leases.clock": set(),
+    "django_leases.process": set(),
+    "django_leases.validation": {"django_leases.conf"},
+    "django_leases.workflows.values": set(),
+    "django_leases.triggers.values": set(),
+    "django_leases.workflows.sql": {"django_leases.workflows.values"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _executed(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``tree`` but those under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for branch in node.orelse for n in _executed_in(branch))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _executed(node)
+
+
+def _executed_in(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _executed(node)
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the ``django_leases`` modules it imports (see the module docstring)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _executed(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = _package_of(name, path).split(".")
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                    for alias in node.names
+                ]
+            for target in targets:
+                if target in modules and target != name:
+                    edges[name].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_is_in_an_import_cycle() -> None:
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The measure is real: a graph with a cycle is reported."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_models_import_nothing_that_runs_them() -> None:
+    edges = graph()
+    wrong = {
+        (module, target)
+        for module, targets in edges.items()
+        if module.startswith("django_leases.models")
+        for target in targets
+        if target.startswith(ABOVE_THE_MODELS)
+    }
+    assert wrong == set()
+
+
+def test_the_leaves_import_only_leaves() -> None:
+    edges = graph()
+    for leaf, allowed in LEAVES.items():
+        assert edges[leaf] <= allowed, (leaf, edges[leaf] - allowed)
