@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -33,12 +32,6 @@ def payload_set(request: pytest.FixtureRequest) -> payload_sets.PayloadSet:
     payloads in ``../shared/fixtures/``: skipped when absent on a user's machine, a failure
     under ``CI=true``)."""
     return payload_sets.payload_set(request.param)
-
-
-@pytest.fixture
-def shared_fixtures() -> Path:
-    """``../shared/fixtures``; skipped when absent on a user's machine, a failure under CI."""
-    return payload_sets.shared().root
 
 
 @pytest.fixture
