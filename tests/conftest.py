@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
-#: ``../shared`` beside the checkout: real webhook payloads and the reference tests.
-SHARED_DIR = Path(__file__).resolve().parent.parent.parent / "shared"
+from tests import payloads as payload_sets
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -23,14 +21,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def shared_fixtures() -> Path:
-    """``../shared/fixtures``; skipped when absent on a user's machine, a failure under CI."""
-    path = SHARED_DIR / "fixtures"
-    if not path.is_dir():
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{path} is missing under CI: the fixture-based tests cannot run")
-        pytest.skip(f"{path} is not present on this machine")
-    return path
+def payloads() -> payload_sets.PayloadSet:
+    """Our own webhook deliveries (``tests/fixtures/``), signed; see ``tests/payloads.py``."""
+    return payload_sets.ours()
+
+
+@pytest.fixture(params=payload_sets.SET_NAMES)
+def payload_set(request: pytest.FixtureRequest) -> payload_sets.PayloadSet:
+    """Each payload set in turn: ``ours`` (``tests/fixtures/``), then ``shared`` (the real
+    payloads in ``../shared/fixtures/``: skipped when absent on a user's machine, a failure
+    under ``CI=true``)."""
+    return payload_sets.payload_set(request.param)
 
 
 @pytest.fixture

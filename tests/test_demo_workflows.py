@@ -25,6 +25,7 @@ from demo_project.shop.models import DEMO_SKU, Order, Product, Receipt, Reservat
 from demo_project.shop.workflows import paid_order
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import Worker, execute_step, run_pass, start_workflow
+from tests.payloads import PayloadSet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -219,12 +220,12 @@ def test_fulfil_order_reserves_stock_and_sends_one_receipt(name: str) -> None:
     assert set(outcomes) == {Outcome.DONE}
 
 
-def test_fulfil_order_runs_the_real_stripe_events(shared_fixtures: Path) -> None:
-    events = sorted((shared_fixtures / "stripe" / "events").glob("*.json"))
+def test_fulfil_order_runs_the_paid_stripe_events(payload_set: PayloadSet) -> None:
+    # Ours and, when ../shared is there, the real events: two payments, one order each.
     paid = [
-        delivery(p)
-        for p in events
-        if p.stem in ("checkout.session.completed", "payment_intent.succeeded")
+        {"source": "stripe-orders", "event": sample.event, "payload": sample.payload}
+        for type_ in ("checkout.session.completed", "payment_intent.succeeded")
+        for sample in payload_set.stripe(type_)
     ]
     assert len(paid) == 2
     before = stock()

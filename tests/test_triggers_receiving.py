@@ -1,7 +1,10 @@
-"""``POST hooks/<name>/``: the receiving matrix over real GitHub payloads, both backends.
+"""``POST hooks/<name>/``: the receiving matrix over GitHub and Stripe deliveries, both backends.
 
-Deliveries are signed as GitHub signs them (``X-Hub-Signature-256`` over the exact file
-bytes) and, where possible, sent with the very headers listed in the fixtures' manifest.
+Deliveries are our own payloads (``tests/fixtures/``), signed as the providers sign them
+(``X-Hub-Signature-256`` over the exact file bytes, ``Stripe-Signature`` over ``t.body``) and
+sent with the headers the providers send (``tests/payloads.py``). The tests that take every
+payload of a kind run once more over the real payloads in ``../shared/fixtures/``, with the
+example headers of that folder's manifest.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,9 +31,10 @@ from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_sou
 from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
+from tests.payloads import PayloadSet, ours
 
 SOURCE = "test-pushes"
-SECRET = "fixture-secret"  # the manifest's example headers are signed with it
+SECRET = ours().github_secret  # our deliveries are signed with it
 WORKFLOW = "test-trigger-build"
 URL = f"/hooks/{SOURCE}/"
 
@@ -49,7 +53,7 @@ def _on_issue(delivery: Delivery) -> None:
 
 @pytest.fixture
 def source(settings: Any, db: None) -> Iterator[str]:
-    """The test source: declared, synced, enabled, with the fixtures' GitHub secret."""
+    """The test source: declared, synced, enabled, with our deliveries' GitHub secret."""
     webhook_source(
         SOURCE,
         provider="github",
@@ -68,14 +72,15 @@ def source(settings: Any, db: None) -> Iterator[str]:
     registry.unregister(SOURCE)
 
 
-def _manifest_files(shared_fixtures: Path, event: str) -> list[dict[str, Any]]:
-    manifest = json.loads((shared_fixtures / "manifest.json").read_text())
-    return manifest["github"]["events"][event]["files"]
+def _example(name: str = "push/to-main") -> tuple[bytes, dict[str, str]]:
+    """One of our GitHub deliveries (``tests/fixtures/github/<name>.json``): body, headers."""
+    sample = ours().one(f"github/{name}.json")
+    return sample.body, sample.header_copy()
 
 
-def _example(shared_fixtures: Path, event: str = "push", index: int = 0) -> tuple[bytes, dict]:
-    entry = _manifest_files(shared_fixtures, event)[index]
-    return (shared_fixtures / entry["file"]).read_bytes(), dict(entry["example_headers"])
+def _use_secret_of(payloads: PayloadSet, settings: Any) -> None:
+    """The test source verifies with the secret ``payloads`` are signed with."""
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: payloads.github_secret}}
 
 
 def _post(
@@ -105,75 +110,73 @@ def _nothing_recorded() -> None:
 # -- accepted deliveries ------------------------------------------------------------------------
 
 
-def test_every_real_push_starts_one_run(source: str, shared_fixtures: Path) -> None:
+def test_every_push_starts_one_run(source: str, payload_set: PayloadSet, settings: Any) -> None:
+    _use_secret_of(payload_set, settings)
     client = Client()
-    files = _manifest_files(shared_fixtures, "push")
-    assert len(files) == 6
-    for entry in files:
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        response = _post(client, body, entry["example_headers"])
-        assert response.status_code == 202, response.content
+    pushes = payload_set.github("push")
+    assert len(pushes) >= 4
+    for push in pushes:
+        response = _post(client, push.body, push.headers)
+        assert response.status_code == 202, (push.name, response.content)
         answer = response.json()
-        delivery_id = entry["example_headers"]["X-GitHub-Delivery"]
         assert answer["status"] == "accepted"
-        assert answer["delivery"] == delivery_id
-        event = TriggerEvent.objects.get(source_name=SOURCE, delivery_id=delivery_id)
+        assert answer["delivery"] == push.delivery_id
+        event = TriggerEvent.objects.get(source_name=SOURCE, delivery_id=push.delivery_id)
         assert answer["event_id"] == event.pk
         assert event.event == "push"
-        assert event.payload == json.loads(body)
+        assert event.payload == push.payload
         assert event.source == TriggerSource.objects.get(name=SOURCE)
         run = WorkflowRun.objects.get(pk=answer["run_id"])
         assert event.run_id == run.pk
         assert run.workflow == WORKFLOW
-        assert run.input == json.loads(body)
-    assert TriggerEvent.objects.count() == 6
-    assert WorkflowRun.objects.count() == 6
+        assert run.input == push.payload
+    assert TriggerEvent.objects.count() == len(pushes)
+    assert WorkflowRun.objects.count() == len(pushes)
 
 
-def test_a_run_can_get_the_whole_delivery_as_input(source: str, shared_fixtures: Path) -> None:
-    entry = _manifest_files(shared_fixtures, "release")[0]
-    body = (shared_fixtures / entry["file"]).read_bytes()
-    response = _post(Client(), body, entry["example_headers"])
+def test_a_run_can_get_the_whole_delivery_as_input(source: str, payloads: PayloadSet) -> None:
+    release = payloads.one("github/release/published.json")
+    response = _post(Client(), release.body, release.headers)
     assert response.status_code == 202
     run = WorkflowRun.objects.get(pk=response.json()["run_id"])
     assert run.input == {
         "source": SOURCE,
         "provider": "github",
         "event": "release",
-        "action": entry["action"],
-        "delivery_id": entry["example_headers"]["X-GitHub-Delivery"],
-        "payload": json.loads(body),
+        "action": "published",
+        "delivery_id": release.delivery_id,
+        "payload": release.payload,
     }
 
 
 def test_an_event_without_handler_is_recorded_and_starts_nothing(
-    source: str, shared_fixtures: Path
+    source: str, payload_set: PayloadSet, settings: Any
 ) -> None:
-    for entry in _manifest_files(shared_fixtures, "ping"):
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        response = _post(Client(), body, entry["example_headers"])
-        assert response.status_code == 202
+    _use_secret_of(payload_set, settings)
+    pings = payload_set.github("ping")
+    assert len(pings) >= 3
+    for ping in pings:
+        response = _post(Client(), ping.body, ping.headers)
+        assert response.status_code == 202, (ping.name, response.content)
         assert response.json()["run_id"] is None
-    assert TriggerEvent.objects.filter(event="ping", run__isnull=True).count() == 3
+    assert TriggerEvent.objects.filter(event="ping", run__isnull=True).count() == len(pings)
     assert WorkflowRun.objects.count() == 0
 
 
-def test_a_function_handler_gets_the_delivery(source: str, shared_fixtures: Path) -> None:
-    entry = _manifest_files(shared_fixtures, "issues")[0]
-    body = (shared_fixtures / entry["file"]).read_bytes()
-    headers = entry["example_headers"]
-    response = _post(Client(), body, headers)
+def test_a_function_handler_gets_the_delivery(source: str, payloads: PayloadSet) -> None:
+    opened = payloads.one("github/issues/opened.json")
+    response = _post(Client(), opened.body, opened.headers)
     assert response.status_code == 202
-    assert [call.delivery_id for call in _function_calls] == [headers["X-GitHub-Delivery"]]
-    assert _function_calls[0].action == entry["action"] == json.loads(body)["action"]
-    assert _function_calls[0].payload == json.loads(body)
+    assert [call.delivery_id for call in _function_calls] == [opened.delivery_id]
+    assert _function_calls[0].action == opened.action == opened.payload["action"] == "opened"
+    assert _function_calls[0].payload == opened.payload
     assert TriggerEvent.objects.get().run_id is None
 
 
-def test_githubs_form_content_type_is_accepted(source: str, shared_fixtures: Path) -> None:
+def test_githubs_form_content_type_is_accepted(source: str) -> None:
     from urllib.parse import urlencode
 
-    raw, _ = _example(shared_fixtures)
+    raw, _ = _example()
     body = urlencode({"payload": raw.decode()}).encode()
     headers = {**_signed(body), "Content-Type": "application/x-www-form-urlencoded"}
     response = _post(Client(), body, headers)
@@ -181,8 +184,8 @@ def test_githubs_form_content_type_is_accepted(source: str, shared_fixtures: Pat
     assert TriggerEvent.objects.get().payload == json.loads(raw)
 
 
-def test_a_repeated_delivery_is_not_processed_again(source: str, shared_fixtures: Path) -> None:
-    body, headers = _example(shared_fixtures)
+def test_a_repeated_delivery_is_not_processed_again(source: str) -> None:
+    body, headers = _example()
     first = _post(Client(), body, headers)
     second = _post(Client(), body, headers)
     assert first.status_code == 202
@@ -194,10 +197,10 @@ def test_a_repeated_delivery_is_not_processed_again(source: str, shared_fixtures
 
 
 def test_a_body_over_djangos_upload_limit_but_under_ours_is_accepted(
-    source: str, shared_fixtures: Path, settings: Any
+    source: str, settings: Any
 ) -> None:
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert len(body) > 100
     assert _post(Client(), body, headers).status_code == 202
 
@@ -205,36 +208,34 @@ def test_a_body_over_djangos_upload_limit_but_under_ours_is_accepted(
 # -- refused deliveries: nothing recorded --------------------------------------------------------
 
 
-def test_unknown_source_is_404(source: str, shared_fixtures: Path) -> None:
-    body, headers = _example(shared_fixtures)
+def test_unknown_source_is_404(source: str) -> None:
+    body, headers = _example()
     response = _post(Client(), body, headers, url="/hooks/no-such-source/")
     assert response.status_code == 404
     assert "error" in response.json()
     _nothing_recorded()
 
 
-def test_disabled_source_is_404_at_once(source: str, shared_fixtures: Path) -> None:
+def test_disabled_source_is_404_at_once(source: str) -> None:
     TriggerSource.objects.set_enabled(SOURCE, False)
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 404
     _nothing_recorded()
     TriggerSource.objects.set_enabled(SOURCE, True)
     assert _post(Client(), body, headers).status_code == 202
 
 
-def test_orphaned_source_is_404_even_when_enabled(source: str, shared_fixtures: Path) -> None:
+def test_orphaned_source_is_404_even_when_enabled(source: str) -> None:
     TriggerSource.objects.sync([])  # the declaration left the code (as far as the rows know)
     assert TriggerSource.objects.get(name=SOURCE).enabled is True
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 404
     _nothing_recorded()
 
 
-def test_a_row_without_declaration_in_this_process_is_404(
-    source: str, shared_fixtures: Path
-) -> None:
+def test_a_row_without_declaration_in_this_process_is_404(source: str) -> None:
     registry.unregister(SOURCE)
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 404
     _nothing_recorded()
 
@@ -250,8 +251,8 @@ def test_other_methods_are_405_with_a_json_answer(source: str) -> None:
     _nothing_recorded()
 
 
-def test_over_the_limit_is_413(source: str, shared_fixtures: Path, settings: Any) -> None:
-    body, headers = _example(shared_fixtures)
+def test_over_the_limit_is_413(source: str, settings: Any) -> None:
+    body, headers = _example()
     settings.DJANGO_LEASES = {
         "WEBHOOK_SECRETS": {SOURCE: SECRET},
         "WEBHOOK_MAX_BODY": len(body) - 1,
@@ -262,12 +263,10 @@ def test_over_the_limit_is_413(source: str, shared_fixtures: Path, settings: Any
     assert _post(Client(), body, headers).status_code == 202
 
 
-def test_the_bytes_sent_count_not_only_content_length(
-    source: str, shared_fixtures: Path, settings: Any
-) -> None:
+def test_the_bytes_sent_count_not_only_content_length(source: str, settings: Any) -> None:
     # A sender that gives no Content-Length (or an ASGI server passing the whole stream):
     # the body actually read is measured.
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}, "WEBHOOK_MAX_BODY": 1000}
     request = RequestFactory().post(
         URL, data=b"", content_type="application/json", headers=_strip_ct(headers)
@@ -279,10 +278,8 @@ def test_the_bytes_sent_count_not_only_content_length(
     _nothing_recorded()
 
 
-def test_a_lying_content_length_is_measured_too(
-    source: str, shared_fixtures: Path, settings: Any
-) -> None:
-    body, headers = _example(shared_fixtures)
+def test_a_lying_content_length_is_measured_too(source: str, settings: Any) -> None:
+    body, headers = _example()
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}, "WEBHOOK_MAX_BODY": 1000}
     request = RequestFactory().post(
         URL, data=b"", content_type="application/json", headers=_strip_ct(headers)
@@ -315,10 +312,8 @@ def test_a_bad_content_length_is_400(source: str, length: str) -> None:
         "garbage",
     ],
 )
-def test_missing_or_bad_signature_is_401(
-    source: str, shared_fixtures: Path, signature: str | None
-) -> None:
-    body, headers = _example(shared_fixtures)
+def test_missing_or_bad_signature_is_401(source: str, signature: str | None) -> None:
+    body, headers = _example()
     headers.pop("X-Hub-Signature-256")
     if signature is not None:
         headers["X-Hub-Signature-256"] = signature
@@ -328,17 +323,19 @@ def test_missing_or_bad_signature_is_401(
     _nothing_recorded()
 
 
-def test_a_tampered_body_or_another_secret_is_401(source: str, shared_fixtures: Path) -> None:
-    body, headers = _example(shared_fixtures)
-    assert _post(Client(), body.replace(b"Codertocat", b"Mallory"), headers).status_code == 401
+def test_a_tampered_body_or_another_secret_is_401(source: str) -> None:
+    body, headers = _example()
+    tampered = body.replace(b'"mara-quill"', b'"mallory"')
+    assert tampered != body
+    assert _post(Client(), tampered, headers).status_code == 401
     other = {**headers, "X-Hub-Signature-256": github_signature("other-secret", body)}
     assert _post(Client(), body, other).status_code == 401
     _nothing_recorded()
 
 
-def test_no_configured_secret_is_401(source: str, shared_fixtures: Path, settings: Any) -> None:
+def test_no_configured_secret_is_401(source: str, settings: Any) -> None:
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {}}
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 401
     _nothing_recorded()
 
@@ -364,8 +361,8 @@ def test_signed_but_malformed_body_is_400(source: str, body: bytes) -> None:
 
 
 @pytest.mark.parametrize("header", ["X-GitHub-Event", "X-GitHub-Delivery"])
-def test_signed_but_missing_header_is_400(source: str, shared_fixtures: Path, header: str) -> None:
-    body, headers = _example(shared_fixtures)
+def test_signed_but_missing_header_is_400(source: str, header: str) -> None:
+    body, headers = _example()
     headers.pop(header)
     response = _post(Client(), body, headers)
     assert response.status_code == 400
@@ -378,7 +375,7 @@ def test_signed_but_missing_header_is_400(source: str, shared_fixtures: Path, he
 
 @pytest.mark.django_db(transaction=True)
 def test_a_failure_while_starting_the_run_leaves_nothing(
-    source: str, shared_fixtures: Path, monkeypatch: pytest.MonkeyPatch
+    source: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from django_leases.workflows import engine
 
@@ -389,7 +386,7 @@ def test_a_failure_while_starting_the_run_leaves_nothing(
         raise RuntimeError("the database went away")  # …and then starting fails
 
     monkeypatch.setattr(engine, "start_workflow", start_then_fail)
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     response = _post(Client(), body, headers)
     assert response.status_code == 500
     assert "nothing was kept" in response.json()["error"]
@@ -403,15 +400,13 @@ def test_a_failure_while_starting_the_run_leaves_nothing(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_workflow_missing_from_the_code_leaves_nothing(
-    shared_fixtures: Path, settings: Any
-) -> None:
+def test_a_workflow_missing_from_the_code_leaves_nothing(settings: Any) -> None:
     webhook_source("test-missing-wf", provider="github", events={"push": StartWorkflow("nope")})
     try:
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"test-missing-wf": SECRET}}
         TriggerSource.objects.sync(registry.declarations())
         TriggerSource.objects.set_enabled("test-missing-wf", True)
-        body, headers = _example(shared_fixtures)
+        body, headers = _example()
         response = _post(Client(), body, headers, url="/hooks/test-missing-wf/")
         assert response.status_code == 500
         _nothing_recorded()
@@ -420,10 +415,8 @@ def test_a_workflow_missing_from_the_code_leaves_nothing(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_simultaneous_copies_of_one_delivery_start_one_run(
-    source: str, shared_fixtures: Path
-) -> None:
-    body, headers = _example(shared_fixtures)
+def test_simultaneous_copies_of_one_delivery_start_one_run(source: str) -> None:
+    body, headers = _example()
     rounds = 3 if connection.vendor == "sqlite" else 10
     copies = 8
     for round_number in range(rounds):
@@ -513,7 +506,7 @@ def _http_answer(sock: Any) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_source_disabled_while_the_body_arrives_is_404(
-    source: str, shared_fixtures: Path, live_server: Any, monkeypatch: pytest.MonkeyPatch
+    source: str, live_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Over a real socket: the headers and the first bytes of the body are sent, the source is
     # switched off (committed) once the receiver has looked it up, then the rest is sent.
@@ -521,7 +514,7 @@ def test_a_source_disabled_while_the_body_arrives_is_404(
     from urllib.parse import urlsplit
 
     checked = _after_the_early_check(monkeypatch)
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     address = urlsplit(live_server.url)
     head = "".join(
         [
@@ -545,10 +538,8 @@ def test_a_source_disabled_while_the_body_arrives_is_404(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_source_orphaned_while_the_body_arrives_is_404(
-    source: str, shared_fixtures: Path
-) -> None:
-    body, headers = _example(shared_fixtures)
+def test_a_source_orphaned_while_the_body_arrives_is_404(source: str) -> None:
+    body, headers = _example()
 
     class ArrivingBody(io.BytesIO):
         def read(self, size: int | None = -1) -> bytes:
@@ -569,9 +560,9 @@ def test_a_source_orphaned_while_the_body_arrives_is_404(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_repeated_delivery_to_a_source_disabled_meanwhile_is_404(
-    source: str, shared_fixtures: Path, monkeypatch: pytest.MonkeyPatch
+    source: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 202
     checked = _after_the_early_check(monkeypatch)
 
@@ -591,9 +582,7 @@ def test_a_repeated_delivery_to_a_source_disabled_meanwhile_is_404(
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_disabling_waits_for_a_delivery_being_recorded(
-    shared_fixtures: Path, settings: Any
-) -> None:
+def test_disabling_waits_for_a_delivery_being_recorded(settings: Any) -> None:
     # The other half of the rule: a delivery already being recorded (its handler running)
     # commits first; set_enabled(False) waits for it on the source row's lock and returns
     # after it. SQLite gets the same order from its IMMEDIATE write lock.
@@ -638,7 +627,7 @@ def test_disabling_waits_for_a_delivery_being_recorded(
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {name: SECRET}}
         TriggerSource.objects.sync(registry.declarations())
         TriggerSource.objects.set_enabled(name, True)
-        body, headers = _example(shared_fixtures, "issues")
+        body, headers = _example("issues/opened")
         response = _post(Client(), body, headers, url=f"/hooks/{name}/")
         state["thread"].join()
         assert state["waited"] is True, "set_enabled did not wait for the delivery"
@@ -655,7 +644,7 @@ def test_disabling_waits_for_a_delivery_being_recorded(
 # -- the demo's own source ----------------------------------------------------------------------
 
 
-def test_the_demo_source_starts_build_preview(db: None, shared_fixtures: Path) -> None:
+def test_the_demo_source_starts_build_preview(db: None) -> None:
     from django.conf import settings as django_settings
 
     from django_leases.workflows.registry import get_workflow
@@ -664,7 +653,7 @@ def test_the_demo_source_starts_build_preview(db: None, shared_fixtures: Path) -
     secret = django_settings.DJANGO_LEASES["WEBHOOK_SECRETS"]["github-pushes"]
     TriggerSource.objects.sync(registry.declarations())
     url = "/hooks/github-pushes/"
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     headers["X-Hub-Signature-256"] = github_signature(secret, body)
     assert _post(Client(), body, headers, url=url).status_code == 404  # off until enabled
     TriggerSource.objects.set_enabled("github-pushes", True)
@@ -677,18 +666,16 @@ def test_the_demo_source_starts_build_preview(db: None, shared_fixtures: Path) -
 # -- the signing secret from the credential store ----------------------------------------------
 
 
-def test_a_secret_from_the_credential_store_verifies(
-    source: str, shared_fixtures: Path, settings: Any
-) -> None:
+def test_a_secret_from_the_credential_store_verifies(source: str, settings: Any) -> None:
     settings.DJANGO_LEASES = {}
     set_secret(SOURCE, SECRET)
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 202
 
 
-def test_the_settings_secret_wins_over_the_stored_one(source: str, shared_fixtures: Path) -> None:
+def test_the_settings_secret_wins_over_the_stored_one(source: str) -> None:
     set_secret(SOURCE, "stored-but-overridden")
-    body, headers = _example(shared_fixtures)  # signed with SECRET, the settings' one
+    body, headers = _example()  # signed with SECRET, the settings' one
     assert _post(Client(), body, headers).status_code == 202
     stored_signed = {**headers, "X-GitHub-Delivery": str(uuid.uuid4())}
     stored_signed["X-Hub-Signature-256"] = github_signature("stored-but-overridden", body)
@@ -696,12 +683,12 @@ def test_the_settings_secret_wins_over_the_stored_one(source: str, shared_fixtur
 
 
 def test_an_undecryptable_stored_secret_is_401_not_500(
-    source: str, shared_fixtures: Path, settings: Any, caplog: Any
+    source: str, settings: Any, caplog: Any
 ) -> None:
     settings.DJANGO_LEASES = {"SECRET_KEYS": [Fernet.generate_key().decode()]}
     set_secret(SOURCE, SECRET)
     settings.DJANGO_LEASES = {"SECRET_KEYS": [Fernet.generate_key().decode()]}
-    body, headers = _example(shared_fixtures)
+    body, headers = _example()
     assert _post(Client(), body, headers).status_code == 401
     assert "cannot be decrypted" in caplog.text
     _nothing_recorded()
@@ -711,12 +698,14 @@ def test_an_undecryptable_stored_secret_is_401_not_500(
 
 STRIPE_SOURCE = "test-payments"
 MANUAL_SOURCE = "test-manual-stripe"
-STRIPE_SECRET = "whsec_fixture_secret"  # the manifest's Stripe example headers use it
-STRIPE_T = 1679493232  # every Stripe event fixture's "created", and its signature's t
+STRIPE_SECRET = ours().stripe_secret  # our Stripe deliveries are signed with it
+STRIPE_T = ours().stripe_time  # the t of their signatures
 
 
-@pytest.fixture
-def stripe_sources(db: None, settings: Any) -> Iterator[None]:
+@contextmanager
+def _stripe_sources_for(payloads: PayloadSet, settings: Any) -> Iterator[None]:
+    """A ``stripe`` and a ``manual`` (signed Stripe's way) source with the secret ``payloads``
+    are signed with, the clock just after they were signed."""
     settings.DJANGO_LEASES = {}
     webhook_source(
         STRIPE_SOURCE,
@@ -729,51 +718,59 @@ def stripe_sources(db: None, settings: Any) -> Iterator[None]:
         config={"signature": "stripe"},
         events={"customer.created": StartWorkflow(WORKFLOW, input="delivery")},
     )
-    TriggerSource.objects.sync(registry.declarations())
-    for name in (STRIPE_SOURCE, MANUAL_SOURCE):
-        TriggerSource.objects.set_enabled(name, True)
-        set_secret(name, STRIPE_SECRET)
-    _function_calls.clear()
-    with time_machine.travel(STRIPE_T + 30, tick=False):
+    try:
+        TriggerSource.objects.sync(registry.declarations())
+        for name in (STRIPE_SOURCE, MANUAL_SOURCE):
+            TriggerSource.objects.set_enabled(name, True)
+            set_secret(name, payloads.stripe_secret)
+        _function_calls.clear()
+        with time_machine.travel(payloads.stripe_time + 30, tick=False):
+            yield
+    finally:
+        registry.unregister(STRIPE_SOURCE)
+        registry.unregister(MANUAL_SOURCE)
+
+
+@pytest.fixture
+def stripe_sources(db: None, settings: Any, payloads: PayloadSet) -> Iterator[None]:
+    with _stripe_sources_for(payloads, settings):
         yield
-    registry.unregister(STRIPE_SOURCE)
-    registry.unregister(MANUAL_SOURCE)
 
 
-def _stripe_entries(shared_fixtures: Path) -> list[dict[str, Any]]:
-    manifest = json.loads((shared_fixtures / "manifest.json").read_text())
-    return list(manifest["stripe"]["events"])
+def _stripe_example(type_: str) -> tuple[bytes, dict[str, str]]:
+    """Our Stripe delivery of event type ``type_``: body, headers."""
+    sample = ours().stripe_event(type_)
+    return sample.body, sample.header_copy()
 
 
-def _stripe_example(shared_fixtures: Path, type_: str) -> tuple[bytes, dict[str, str]]:
-    entry = next(e for e in _stripe_entries(shared_fixtures) if e["type"] == type_)
-    return (shared_fixtures / entry["file"]).read_bytes(), dict(entry["example_headers"])
-
-
-def test_every_real_stripe_event_is_accepted(stripe_sources: None, shared_fixtures: Path) -> None:
+def test_every_stripe_event_is_accepted(db: None, settings: Any, payload_set: PayloadSet) -> None:
     client = Client()
-    entries = _stripe_entries(shared_fixtures)
-    assert len(entries) == 5
-    for entry in entries:
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        response = _post(client, body, entry["example_headers"], url=f"/hooks/{STRIPE_SOURCE}/")
-        assert response.status_code == 202, (entry["file"], response.content)
-        payload = json.loads(body)
-        event = TriggerEvent.objects.get(source_name=STRIPE_SOURCE, delivery_id=payload["id"])
-        assert event.event == entry["type"]
-        assert event.payload == payload
-    paid = TriggerEvent.objects.get(source_name=STRIPE_SOURCE, event="invoice.paid")
-    assert paid.run is not None and paid.run.input == json.loads(
-        _stripe_example(shared_fixtures, "invoice.paid")[0]
-    )
-    assert [d.event for d in _function_calls] == ["charge.succeeded"]
-    assert WorkflowRun.objects.count() == 1
+    events = payload_set.stripe()
+    assert {e.event for e in events} == {
+        "charge.succeeded",
+        "checkout.session.completed",
+        "customer.created",
+        "invoice.paid",
+        "payment_intent.succeeded",
+    }
+    with _stripe_sources_for(payload_set, settings):
+        for sample in events:
+            response = _post(client, sample.body, sample.headers, url=f"/hooks/{STRIPE_SOURCE}/")
+            assert response.status_code == 202, (sample.name, response.content)
+            event = TriggerEvent.objects.get(
+                source_name=STRIPE_SOURCE, delivery_id=sample.payload["id"]
+            )
+            assert event.event == sample.event
+            assert event.payload == sample.payload
+        paid = TriggerEvent.objects.get(source_name=STRIPE_SOURCE, event="invoice.paid")
+        assert paid.run is not None
+        assert paid.run.input == payload_set.stripe_event("invoice.paid").payload
+        assert [d.event for d in _function_calls] == ["charge.succeeded"]
+        assert WorkflowRun.objects.count() == 1
 
 
-def test_a_repeated_stripe_event_is_not_processed_again(
-    stripe_sources: None, shared_fixtures: Path
-) -> None:
-    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+def test_a_repeated_stripe_event_is_not_processed_again(stripe_sources: None) -> None:
+    body, headers = _stripe_example("invoice.paid")
     url = f"/hooks/{STRIPE_SOURCE}/"
     assert _post(Client(), body, headers, url=url).status_code == 202
     again = _post(Client(), body, headers, url=url)
@@ -781,10 +778,8 @@ def test_a_repeated_stripe_event_is_not_processed_again(
     assert WorkflowRun.objects.count() == 1
 
 
-def test_a_stale_stripe_signature_is_a_refused_replay(
-    stripe_sources: None, shared_fixtures: Path
-) -> None:
-    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+def test_a_stale_stripe_signature_is_a_refused_replay(stripe_sources: None) -> None:
+    body, headers = _stripe_example("invoice.paid")
     with time_machine.travel(STRIPE_T + 301, tick=False):
         response = _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/")
     assert response.status_code == 401
@@ -796,9 +791,9 @@ def test_a_stale_stripe_signature_is_a_refused_replay(
     [None, "", f"t={STRIPE_T}", f"t={STRIPE_T},v0={'0' * 64}", f"t={STRIPE_T},v1={'0' * 64}"],
 )
 def test_a_missing_or_bad_stripe_signature_is_401(
-    stripe_sources: None, shared_fixtures: Path, signature: str | None
+    stripe_sources: None, signature: str | None
 ) -> None:
-    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    body, headers = _stripe_example("invoice.paid")
     headers.pop("Stripe-Signature")
     if signature is not None:
         headers["Stripe-Signature"] = signature
@@ -815,8 +810,8 @@ def test_a_signed_but_malformed_stripe_body_is_400(stripe_sources: None, body: b
     _nothing_recorded()
 
 
-def test_a_manual_source_signed_stripes_way(stripe_sources: None, shared_fixtures: Path) -> None:
-    body, headers = _stripe_example(shared_fixtures, "customer.created")
+def test_a_manual_source_signed_stripes_way(stripe_sources: None) -> None:
+    body, headers = _stripe_example("customer.created")
     response = _post(Client(), body, headers, url=f"/hooks/{MANUAL_SOURCE}/")
     assert response.status_code == 202, response.content
     run = WorkflowRun.objects.get()
@@ -826,18 +821,16 @@ def test_a_manual_source_signed_stripes_way(stripe_sources: None, shared_fixture
     assert _post(Client(), body, github_signed, url=f"/hooks/{MANUAL_SOURCE}/").status_code == 401
 
 
-def test_a_disabled_stripe_source_is_404(stripe_sources: None, shared_fixtures: Path) -> None:
+def test_a_disabled_stripe_source_is_404(stripe_sources: None) -> None:
     TriggerSource.objects.set_enabled(STRIPE_SOURCE, False)
-    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    body, headers = _stripe_example("invoice.paid")
     assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 404
     _nothing_recorded()
 
 
-def test_the_secret_never_reaches_logs_or_answers(
-    stripe_sources: None, shared_fixtures: Path, caplog: Any
-) -> None:
+def test_the_secret_never_reaches_logs_or_answers(stripe_sources: None, caplog: Any) -> None:
     caplog.set_level(logging.DEBUG)
-    body, headers = _stripe_example(shared_fixtures, "invoice.paid")
+    body, headers = _stripe_example("invoice.paid")
     url = f"/hooks/{STRIPE_SOURCE}/"
     answers = [
         _post(Client(), body, headers, url=url),

@@ -1,10 +1,12 @@
-"""GitHub and Stripe signatures and delivery parsing, against the worked examples and the
-real payloads (with the manifest's example headers)."""
+"""GitHub and Stripe signatures and delivery parsing, against the worked examples and every
+payload: ours (``tests/fixtures/``), then the real ones in ``../shared/fixtures/`` with its
+manifest's example headers, which were signed there, not by our signer."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,22 +27,29 @@ from django_leases.triggers.signatures import (
     verify_github_signature,
     verify_stripe_signature,
 )
+from tests.payloads import PayloadSet
+
+#: The GitHub events both payload sets hold deliveries of.
+GITHUB_EVENTS = {"push", "ping", "issues", "pull_request", "release", "workflow_run", "check_run"}
+STRIPE_TYPES = {
+    "charge.succeeded",
+    "checkout.session.completed",
+    "customer.created",
+    "invoice.paid",
+    "payment_intent.succeeded",
+}
 
 
-def _manifest(shared_fixtures: Path) -> dict[str, Any]:
-    return json.loads((shared_fixtures / "manifest.json").read_text())
-
-
-def _github_files(shared_fixtures: Path) -> list[dict[str, Any]]:
-    events = _manifest(shared_fixtures)["github"]["events"]
-    return [entry for event in events.values() for entry in event["files"]]
+def _hmac_hex(secret: str, message: bytes) -> str:
+    """HMAC-SHA256 straight from the standard library, to check our signer against."""
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
 
 
 # -- the signer ------------------------------------------------------------------------------
 
 
 def test_signer_matches_githubs_documented_vector() -> None:
-    # GitHub's "Validating webhook deliveries" example, quoted in the fixtures README.
+    # GitHub's "Validating webhook deliveries" example (also in ../shared/fixtures/README.md).
     assert github_signature("It's a Secret to Everybody", b"Hello, World!") == (
         "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
     )
@@ -53,16 +62,15 @@ def test_signer_matches_the_readmes_second_vector() -> None:
     )
 
 
-def test_signer_matches_every_example_header_in_the_manifest(shared_fixtures: Path) -> None:
-    manifest = _manifest(shared_fixtures)
-    secret = manifest["signing_examples"]["github_secret"]
-    files = _github_files(shared_fixtures)
-    assert len(files) >= 20
-    for entry in files:
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        expected = entry["example_headers"]["X-Hub-Signature-256"]
-        assert github_signature(secret, body) == expected, entry["file"]
-        assert verify_github_signature(secret, body, expected)
+def test_signer_matches_every_signed_header(payload_set: PayloadSet) -> None:
+    secret = payload_set.github_secret
+    samples = payload_set.github()
+    assert {s.event for s in samples} >= GITHUB_EVENTS
+    for sample in samples:
+        header = sample.headers["X-Hub-Signature-256"]
+        assert header == "sha256=" + _hmac_hex(secret, sample.body), sample.name
+        assert github_signature(secret, sample.body) == header, sample.name
+        assert verify_github_signature(secret, sample.body, header)
 
 
 def test_signer_refuses_an_empty_secret() -> None:
@@ -108,22 +116,20 @@ def _headers(event: str | None = "push", delivery: str | None = "d-1", **extra: 
     return headers
 
 
-def test_parse_reads_every_real_payload(shared_fixtures: Path) -> None:
+def test_parse_reads_every_payload(payload_set: PayloadSet) -> None:
     provider = GitHubProvider()
-    for entry in _github_files(shared_fixtures):
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        example = {key.lower(): value for key, value in entry["example_headers"].items()}
-        parsed = provider.parse(body, example)
-        assert parsed.event == entry["example_headers"]["X-GitHub-Event"]
-        assert parsed.delivery_id == entry["example_headers"]["X-GitHub-Delivery"]
-        assert parsed.payload == json.loads(body)
-        assert parsed.payload.get("action") == entry["action"]
+    for sample in payload_set.github():
+        parsed = provider.parse(sample.body, sample.lower_headers())
+        assert parsed.event == sample.event == sample.headers["X-GitHub-Event"]
+        assert parsed.delivery_id == sample.delivery_id == sample.headers["X-GitHub-Delivery"]
+        assert parsed.payload == json.loads(sample.body)
+        assert parsed.payload.get("action") == sample.action, sample.name
 
 
-def test_parse_reads_githubs_form_content_type(shared_fixtures: Path) -> None:
+def test_parse_reads_githubs_form_content_type(payloads: PayloadSet) -> None:
     from urllib.parse import urlencode
 
-    raw = (shared_fixtures / "github/push/payload.json").read_bytes()
+    raw = payloads.one("github/push/to-main.json").body
     body = urlencode({"payload": raw.decode()}).encode()
     headers = _headers(**{"content-type": "application/x-www-form-urlencoded"})
     assert GitHubProvider().parse(body, headers).payload == json.loads(raw)
@@ -187,10 +193,6 @@ def test_decode_keeps_unicode_and_big_numbers_exactly() -> None:
 STRIPE_T = 1679493232
 
 
-def _stripe_files(shared_fixtures: Path) -> list[dict[str, Any]]:
-    return list(_manifest(shared_fixtures)["stripe"]["events"])
-
-
 def test_stripe_signer_matches_the_readmes_worked_example() -> None:
     body = b'{"id":"evt_test","object":"event"}'
     expected = "t=1679493232,v1=cab847bfbee51ad086efc71a020aba4a0a7c73649c93dc6169558a45e9da93ba"
@@ -198,52 +200,47 @@ def test_stripe_signer_matches_the_readmes_worked_example() -> None:
     assert verify_stripe_signature("whsec_test_secret", body, expected, now=STRIPE_T)
 
 
-def test_stripe_signer_matches_every_example_header_in_the_manifest(
-    shared_fixtures: Path,
-) -> None:
-    secret = _manifest(shared_fixtures)["signing_examples"]["stripe_secret"]
-    files = _stripe_files(shared_fixtures)
-    assert len(files) == 5
-    for entry in files:
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        created = json.loads(body)["created"]
-        header = entry["example_headers"]["Stripe-Signature"]
-        assert stripe_signature(secret, body, created) == header, entry["file"]
-        assert verify_stripe_signature(secret, body, header, now=created + 60)
-        assert not verify_stripe_signature("whsec_other", body, header, now=created)
-        assert not verify_stripe_signature(secret, body + b" ", header, now=created)
+def test_stripe_signer_matches_every_signed_header(payload_set: PayloadSet) -> None:
+    secret = payload_set.stripe_secret
+    samples = payload_set.stripe()
+    assert {s.event for s in samples} == STRIPE_TYPES
+    for sample in samples:
+        header, t = sample.headers["Stripe-Signature"], sample.signed_at
+        assert header == f"t={t},v1=" + _hmac_hex(secret, b"%d." % t + sample.body), sample.name
+        assert stripe_signature(secret, sample.body, t) == header, sample.name
+        assert verify_stripe_signature(secret, sample.body, header, now=t + 60)
+        assert not verify_stripe_signature("whsec_other", sample.body, header, now=t)
+        assert not verify_stripe_signature(secret, sample.body + b" ", header, now=t)
 
 
-def test_stripe_parse_reads_every_real_event(shared_fixtures: Path) -> None:
+def test_stripe_parse_reads_every_event(payload_set: PayloadSet) -> None:
     provider = StripeProvider()
-    for entry in _stripe_files(shared_fixtures):
-        body = (shared_fixtures / entry["file"]).read_bytes()
-        headers = {k.lower(): v for k, v in entry["example_headers"].items()}
-        parsed = provider.parse(body, headers)
-        payload = json.loads(body)
-        assert parsed.event == entry["type"] == payload["type"]
+    for sample in payload_set.stripe():
+        parsed = provider.parse(sample.body, sample.lower_headers())
+        payload = json.loads(sample.body)
+        assert parsed.event == sample.event == payload["type"]
         assert parsed.delivery_id == payload["id"]
         assert parsed.delivery_id.startswith("evt_")
         assert parsed.payload == payload
 
 
 def test_stripe_verify_through_the_provider_honours_the_tolerance(
-    shared_fixtures: Path, settings: Any
+    payloads: PayloadSet, settings: Any
 ) -> None:
-    entry = _stripe_files(shared_fixtures)[0]
-    body = (shared_fixtures / entry["file"]).read_bytes()
-    headers = {k.lower(): v for k, v in entry["example_headers"].items()}
+    sample = payloads.stripe_event("invoice.paid")
+    body, headers, t = sample.body, sample.lower_headers(), sample.signed_at
+    secret = payloads.stripe_secret
     provider = StripeProvider()
-    with time_machine.travel(STRIPE_T + 299, tick=False):
-        assert provider.verify("whsec_fixture_secret", body, headers)
-    with time_machine.travel(STRIPE_T + 301, tick=False):
-        assert not provider.verify("whsec_fixture_secret", body, headers)  # a replay
+    with time_machine.travel(t + 299, tick=False):
+        assert provider.verify(secret, body, headers)
+    with time_machine.travel(t + 301, tick=False):
+        assert not provider.verify(secret, body, headers)  # a replay
         settings.DJANGO_LEASES = {"STRIPE_TOLERANCE": 600}
-        assert provider.verify("whsec_fixture_secret", body, headers)
+        assert provider.verify(secret, body, headers)
         # A typo cannot switch replay protection off: the default applies.
         for unusable in (0, -1, "600", None, True):
             settings.DJANGO_LEASES = {"STRIPE_TOLERANCE": unusable}
-            assert not provider.verify("whsec_fixture_secret", body, headers)
+            assert not provider.verify(secret, body, headers)
 
 
 def test_stripe_accepts_any_v1_and_ignores_v0() -> None:
@@ -313,13 +310,12 @@ def test_stripe_parse_refuses_what_is_not_an_event(body: bytes) -> None:
         StripeProvider().parse(body, {})
 
 
-def test_manual_with_stripe_scheme_verifies_and_parses_like_stripe(shared_fixtures: Path) -> None:
-    entry = _stripe_files(shared_fixtures)[0]
-    body = (shared_fixtures / entry["file"]).read_bytes()
-    headers = {k.lower(): v for k, v in entry["example_headers"].items()}
+def test_manual_with_stripe_scheme_verifies_and_parses_like_stripe(payloads: PayloadSet) -> None:
+    sample = payloads.stripe_event("customer.created")
+    body, headers, secret = sample.body, sample.lower_headers(), payloads.stripe_secret
     manual = ManualProvider().for_config({"signature": "stripe"})
-    with time_machine.travel(STRIPE_T + 1, tick=False):
-        assert manual.verify("whsec_fixture_secret", body, headers)
+    with time_machine.travel(sample.signed_at + 1, tick=False):
+        assert manual.verify(secret, body, headers)
         # GitHub's scheme (the default) does not accept a Stripe signature.
-        assert not ManualProvider().verify("whsec_fixture_secret", body, headers)
-    assert manual.parse(body, headers).event == entry["type"]
+        assert not ManualProvider().verify(secret, body, headers)
+    assert manual.parse(body, headers).event == "customer.created"

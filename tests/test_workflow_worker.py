@@ -1,6 +1,7 @@
-"""The worker and the commands, end to end: the demo's ``build-preview`` workflow on real GitHub
-push payloads, in process and through ``manage.py`` subprocesses; SIGTERM; the shutdown grace;
-a worker whose database connections are killed; waking idle workers by LISTEN/NOTIFY."""
+"""The worker and the commands, end to end: the demo's ``build-preview`` workflow on GitHub
+push payloads (ours, and the real ones when ``../shared`` is there), in process and through
+``manage.py`` subprocesses; SIGTERM; the shutdown grace; a worker whose database connections
+are killed; waking idle workers by LISTEN/NOTIFY."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from django_leases.workflows.worker import (
     POLLING_POLL_INTERVAL,
     Worker,
 )
+from tests.payloads import PayloadSet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,15 +90,12 @@ def assert_preview_run(run_id: uuid.UUID, push: dict[str, Any]) -> None:
 # -- in process --------------------------------------------------------------------------------
 
 
-def test_the_demo_workflow_runs_real_github_pushes_to_completion(
-    shared_fixtures: Path, settings: Any
+def test_the_demo_workflow_runs_github_pushes_to_completion(
+    payload_set: PayloadSet, settings: Any
 ) -> None:
     settings.DEMO_STEP_SECONDS = 0
-    pushes = [
-        json.loads(path.read_text())
-        for path in sorted((shared_fixtures / "github" / "push").glob("*.json"))
-    ]
-    assert pushes, "no push payloads in the shared fixtures"
+    pushes = [sample.payload for sample in payload_set.github("push")]
+    assert pushes, f"no push payloads in the {payload_set.name!r} set"
     run_ids = [start_workflow("build-preview", push) for push in pushes]
     assert Worker(concurrency=3, poll_interval=0.05).run(once=True, handle_signals=False) == 0
     for run_id, push in zip(run_ids, pushes, strict=True):
