@@ -1,13 +1,16 @@
-"""``django_leases.management.base``: the plumbing every command shares."""
+"""``django_leases.management.base``: the plumbing every command shares, and the docs hook
+that renders (and checks) the exit-code tables from it."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import importlib.util
 import json
 import uuid
 from datetime import UTC, datetime
 from io import StringIO
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from django.core.management import CommandError
@@ -28,6 +31,8 @@ from django_leases.management.base import (
 )
 from django_leases.management.commands.leases import Command as LeasesCommand
 from django_leases.models import Lease
+
+HOOK = Path(__file__).resolve().parent.parent / "docs" / "_hooks" / "reference_tables.py"
 
 COLUMNS = (
     Column("NAME", "name"),
@@ -208,3 +213,35 @@ def test_a_computed_status_needs_its_source_named(monkeypatch: pytest.MonkeyPatc
     assert exit_code_problems("hold_lease") == [
         "command 'hold_lease' has no exit-code table in EXIT_CODES"
     ]
+
+
+# -- the docs hook ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hook() -> ModuleType:
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("reference_tables", HOOK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_docs_hook_renders_the_table_at_its_marker(hook: ModuleType) -> None:
+    page = "Before.\n\n<!-- exit-codes: workflow_runs -->\n*On GitHub.* <!-- unbuilt-note -->\n"
+    rendered = hook.on_page_markdown(page)
+    assert rendered == "Before.\n\n" + exit_codes_markdown("workflow_runs") + "\n"
+
+
+def test_the_docs_build_fails_on_a_missing_exit_code(
+    hook: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mkdocs.exceptions import PluginError
+
+    monkeypatch.setitem(EXIT_CODES, "workflow_runs", _without("workflow_runs", EXIT_WRONG_STATE))
+    with pytest.raises(PluginError, match="workflow_runs exits with 3, which its exit-code table"):
+        hook.on_page_markdown("<!-- exit-codes: leases -->")
+    monkeypatch.undo()
+    with pytest.raises(PluginError, match="no exit-code table for the command 'nope'"):
+        hook.on_page_markdown("<!-- exit-codes: nope -->")
