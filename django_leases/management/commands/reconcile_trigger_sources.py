@@ -22,6 +22,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_leases.management import base
 from django_leases.management.base import EXIT_SETUP_FAILED
+from django_leases.management.commands.trigger_sources import add_wait_argument
 from django_leases.models import TriggerSource
 from django_leases.triggers import lifecycle
 
@@ -51,14 +52,7 @@ class Command(base.LeasesCommand):
             "--label-prefix",
             help="Label for endpoints registered at providers; kept if omitted.",
         )
-        parser.add_argument(
-            "--wait",
-            type=float,
-            default=lifecycle.DEFAULT_WAIT,
-            metavar="S",
-            help="Seconds to wait for another operation on a source before reporting it "
-            f"busy (default {lifecycle.DEFAULT_WAIT:g}).",
-        )
+        add_wait_argument(parser)
         base.add_format_argument(parser)
         base.add_database_argument(parser, TriggerSource)
 

@@ -57,6 +57,22 @@ _COLUMNS = base.columns(
 )
 
 
+def add_wait_argument(parser: CommandParser) -> None:
+    """Add ``--wait S``: how long an operation on a source waits for another one to end.
+
+    Args:
+        parser: a trigger-source command's parser, or one of its subcommands'.
+    """
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=lifecycle.DEFAULT_WAIT,
+        metavar="S",
+        help="Seconds to wait for another operation on a source before reporting it busy "
+        f"(default {lifecycle.DEFAULT_WAIT:g}).",
+    )
+
+
 def status_of(source: TriggerSource) -> str:
     """The status shown for ``source``: its recorded one, or ``off`` when none was recorded."""
     return source.status or "off"
@@ -153,14 +169,7 @@ class Command(base.LeasesCommand):
             sub = self.add_subcommand(actions, action, help=text)
             sub.add_argument("name", help="The trigger source's name.")
             if action != "set-secret":
-                sub.add_argument(
-                    "--wait",
-                    type=float,
-                    default=lifecycle.DEFAULT_WAIT,
-                    metavar="S",
-                    help="Seconds to wait for another operation on the source "
-                    f"(default {lifecycle.DEFAULT_WAIT:g}).",
-                )
+                add_wait_argument(sub)
             subs.append(sub)
         for sub in subs:
             base.add_database_argument(sub, TriggerSource)
