@@ -6,24 +6,11 @@ with the lease in its environment, keeps the lease alive with the shared
 :class:`~django_leases.renewal.Renewal` loop (every TTL/3), and releases it when the child
 has ended — always, in a ``finally``.
 
-Exit codes (:meth:`LeaseHolder.run` returns them; the command exits with them):
-
-====================  ====================================================================
-code                  meaning
-====================  ====================================================================
-the child's           the child ran under the lease and exited with that code; a child
-                      killed by signal N gives 128 + N, as shells report it
-``75`` (EX_TEMPFAIL)  :data:`EXIT_TAKEN`: the key is held by another holder (or
-                      ``--wait-timeout`` passed); the child was not started
-``76``                :data:`EXIT_LOST`: the lease was lost while the child ran (renewals
-                      answered "not held", or none succeeded within the TTL), or the final
-                      check after the child ended could not vouch for it. The child was
-                      sent SIGTERM, and SIGKILL after the grace period
-``126`` / ``127``     :data:`EXIT_CANNOT_EXECUTE` / :data:`EXIT_NOT_FOUND`: the program could
-                      not be started (as shells report it); the lease was released
-128 + N               the holder got signal N (SIGTERM, SIGINT, SIGHUP) before the child
-                      was started; nothing ran
-====================  ====================================================================
+Exit codes: :meth:`LeaseHolder.run` returns the child's code, or :data:`EXIT_TAKEN`,
+:data:`EXIT_LOST`, :data:`EXIT_CANNOT_EXECUTE`, :data:`EXIT_NOT_FOUND`, or 128 + N for a
+signal N received before the child was started; the command exits with it. What each means
+is written once, in ``EXIT_CODES["hold_lease"]`` (:mod:`django_leases.management.base`),
+which renders ``hold_lease --help`` and the documentation.
 
 A child that itself exits with 75 or 76 is indistinguishable from those outcomes; pick
 other codes in programs run under ``hold_lease``.

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from django_leases.holder import EXIT_LOST, EXIT_NOT_FOUND, EXIT_TAKEN
+from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, LeaseState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -434,3 +435,15 @@ def test_help_documents_the_exit_codes(holders: Holders) -> None:
     assert code == 0
     for text in ("-- CMD", "75", "76", "DJANGO_LEASES_TOKEN", "PR_SET_PDEATHSIG"):
         assert text in output
+    epilog = output.split("exit codes:\n", 1)[1]
+    rows = [line[2:].split("  ")[0] for line in epilog.splitlines() if line[2:3].strip()]
+    assert rows == [row.shown for row in EXIT_CODES["hold_lease"].rows]
+    assert rows == ["the child's", "75", "76", "126 / 127", "128 + N", "1", "2"]
+
+
+def test_an_unknown_database_is_bad_usage_and_runs_nothing(holders: Holders) -> None:
+    code, output = holders.run("cron:db", "--database", "typo", "--", *holders.child("never"))
+    assert code == USAGE_ERROR, output
+    assert "Unknown database alias 'typo'" in output and "Traceback" not in output
+    assert not holders.marker("never").exists()
+    assert not Lease.objects.exists()

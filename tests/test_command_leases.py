@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, LeaseState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,9 +124,64 @@ def test_bad_arguments_fail_clearly(subprocess_env: dict[str, str]) -> None:
     empty = leases(subprocess_env, "release", "")
     assert empty.returncode == 1
     assert "key" in empty.stderr and "Traceback" not in empty.stderr
-    unknown_db = leases(subprocess_env, "list", "--database", "nope")
-    assert unknown_db.returncode == 1
-    assert "nope" in unknown_db.stderr
+    for action in (["list"], ["release", "k"]):
+        unknown_db = leases(subprocess_env, *action, "--database", "nope")
+        assert unknown_db.returncode == USAGE_ERROR == 2, unknown_db.stderr
+        assert "Unknown database alias 'nope' (configured: 'default')" in unknown_db.stderr
+        assert "Traceback" not in unknown_db.stderr
     no_action = leases(subprocess_env)
     assert no_action.returncode != 0
     assert "list" in no_action.stderr
+
+
+def test_list_as_json_has_typed_fields(subprocess_env: dict[str, str]) -> None:
+    for key, holder in [("json:live", "live-holder"), ("json:released", "gone-holder")]:
+        assert Lease.objects.acquire(key, holder, ttl=600) is not None
+    Lease.objects.release(Lease.objects.get(key="json:released"))
+
+    result = leases(subprocess_env, "list", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["key"]: row for row in json.loads(result.stdout)}
+    assert set(rows) == {"json:live", "json:released"}
+    for row in rows.values():
+        assert list(row) == ["key", "state", "holder", "token", "seconds_left", "expires_at"]
+    first = rows["json:live"]
+    assert (first["state"], first["holder"], first["token"]) == ("live", "live-holder", 1)
+    assert isinstance(first["seconds_left"], float) and 0 < first["seconds_left"] <= 600
+    assert datetime.fromisoformat(first["expires_at"]).tzinfo is not None
+    second = rows["json:released"]
+    assert (second["state"], second["token"], second["seconds_left"]) == ("released", 1, None)
+
+    only_live = leases(subprocess_env, "list", "--state", "live", "--format", "json")
+    assert [row["key"] for row in json.loads(only_live.stdout)] == ["json:live"]
+    as_table = leases(subprocess_env, "list", "--format", "table")
+    assert set(table(as_table.stdout)) == {"json:live", "json:released"}
+
+
+def test_an_empty_list_as_json_is_an_empty_array(subprocess_env: dict[str, str]) -> None:
+    result = leases(subprocess_env, "list", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+    lapsed = leases(subprocess_env, "list", "--state", "lapsed")
+    assert lapsed.stdout.strip() == "No lapsed leases."
+    bad = leases(subprocess_env, "list", "--format", "xml")
+    assert bad.returncode == 2 and "invalid choice: 'xml'" in bad.stderr
+
+
+def test_django_options_work_after_the_subcommand(subprocess_env: dict[str, str]) -> None:
+    # The environment names no usable settings: only --settings after "list" can work.
+    env = {**subprocess_env, "DJANGO_SETTINGS_MODULE": "no_such_settings_module"}
+    result = leases(env, "list", "--settings", "tests.settings", "--pythonpath", ".", "-v", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "No leases."
+    before = leases(env, "--settings", "tests.settings", "release", "nope", "--traceback")
+    assert before.returncode == 1 and "Traceback" in before.stderr
+
+
+def test_help_ends_with_the_exit_codes(subprocess_env: dict[str, str]) -> None:
+    result = leases(subprocess_env, "--help")
+    assert result.returncode == 0, result.stderr
+    epilog = result.stdout.split("exit codes:\n", 1)[1]
+    shown = [line.split()[0] for line in epilog.splitlines() if not line.startswith("     ")]
+    assert shown == [row.shown for row in EXIT_CODES["leases"].rows] == ["0", "1", "2"]
+    assert "unknown --database alias" in " ".join(epilog.split())

@@ -17,6 +17,7 @@ from django.db.migrations.recorder import MigrationRecorder
 
 from django_leases import health
 from django_leases.clock import db_now_plus
+from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, WorkflowRun, WorkflowStep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +107,8 @@ def test_a_migrated_idle_database_is_healthy() -> None:
     code, out = run_command()
     assert code == 0
     assert out.startswith("django-leases: healthy")
+    # "table" is the documented spelling; "text", the older one, prints the same report.
+    assert run_command("--format", "table") == run_command("--format", "text") == (0, out)
 
 
 @pytest.mark.django_db
@@ -125,6 +128,14 @@ def test_json_format_is_the_report() -> None:
 
 
 # -- databases --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_unknown_alias_is_bad_usage_not_unreachable() -> None:
+    for args in (["--database", "typo"], ["--database", "default", "--database", "typo"]):
+        with pytest.raises(CommandError, match="Unknown database alias 'typo'") as refused:
+            call_command("leases_check", *args, stdout=StringIO())
+        assert refused.value.returncode == USAGE_ERROR == 2
 
 
 @pytest.mark.django_db
@@ -358,6 +369,14 @@ def test_the_command_exit_status_as_a_process(subprocess_env: dict[str, str]) ->
 
     healthy = check()
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    typo = check("--database", "typo")
+    assert typo.returncode == USAGE_ERROR, typo.stdout + typo.stderr
+    assert "Unknown database alias 'typo' (configured: 'default')" in typo.stderr
+    assert typo.stdout == ""
+    helped = check("--help")
+    epilog = helped.stdout.split("exit codes:\n", 1)[1]
+    shown = [line.split()[0] for line in epilog.splitlines() if line[2:3].strip()]
+    assert shown == [row.shown for row in EXIT_CODES["leases_check"].rows] == ["0", "3", "4", "2"]
     run = make_run(pass_due_at=None)
     age(run, 1000)
     stuck = check("--stuck-after", "300", "--format", "json")

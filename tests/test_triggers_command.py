@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_leases.management.base import EXIT_BUSY, EXIT_CODES, USAGE_ERROR
 from django_leases.models import TriggerSource
 from django_leases.testing.providers import FakeProvider, installed_provider
 from django_leases.triggers import credentials, lifecycle, registry
@@ -59,17 +60,68 @@ def test_reconcile_syncs_the_declarations_and_lists_them() -> None:
         "reconcile_trigger_sources", "--base-url", "https://ci.example.com/", "--label-prefix", "ci"
     )
 
-    # One line per row, sorted by name: the demo's declarations, then the orphan.
-    lines = {line.split()[0]: line for line in output.splitlines()}
+    # A header, then one line per row, sorted by name: the demo's declarations, the orphan.
+    header, *rows = output.splitlines()
+    assert header.split() == ["NAME", "PROVIDER", "DECLARED", "ENABLED", "STATUS", "BASE", "URL"]
+    lines = {line.split()[0]: line.split() for line in rows}
     assert list(lines) == sorted(lines)
     assert set(lines) == {d.name for d in registry.declarations()} | {"removed"}
-    pushes = lines["github-pushes"]
-    assert pushes.split()[:5] == ["github-pushes", "github", "declared", "disabled", "status=off"]
-    assert "base_url=https://ci.example.com" in pushes
-    assert lines["removed"].split()[:4] == ["removed", "github", "orphan", "enabled"]
+    assert lines["github-pushes"] == [
+        "github-pushes",
+        "github",
+        "declared",
+        "disabled",
+        "off",
+        "https://ci.example.com",
+    ]
+    assert lines["removed"] == ["removed", "github", "orphan", "enabled", "off", "-"]
     row = TriggerSource.objects.get(name="github-pushes")
     assert (row.base_url, row.label_prefix, row.enabled) == ("https://ci.example.com", "ci", False)
     assert TriggerSource.objects.get(name="removed").declared is False
+
+
+def test_reconcile_as_json_has_typed_fields_and_each_setup(fake: FakeProvider) -> None:
+    _run("reconcile_trigger_sources", "--base-url", BASE)
+    lifecycle.enable(SOURCE)
+    rows = {
+        row["name"]: row
+        for row in json.loads(_run("reconcile_trigger_sources", "--format", "json"))
+    }
+    for row in rows.values():
+        assert list(row) == [
+            "name",
+            "provider",
+            "declared",
+            "enabled",
+            "status",
+            "base_url",
+            "setup",
+        ]
+    assert rows[SOURCE] == {
+        "name": SOURCE,
+        "provider": "fake",
+        "declared": True,
+        "enabled": True,
+        "status": "registered",
+        "base_url": BASE,
+        "setup": {"ok": True, "detail": f"Hook 1 updated to post to {BASE}/hooks/{SOURCE}/."},
+    }
+    pushes = rows["github-pushes"]
+    assert (pushes["enabled"], pushes["status"], pushes["setup"]) == (False, "off", None)
+
+    fake.fail_setup = "API down"
+    out = StringIO()
+    with pytest.raises(CommandError, match="setup failed: cmd-hooks") as caught:
+        call_command("reconcile_trigger_sources", "--format", "json", stdout=out)
+    assert caught.value.returncode == 2
+    failed = {row["name"]: row for row in json.loads(out.getvalue())}[SOURCE]["setup"]
+    assert failed["ok"] is False and "API down" in failed["detail"]
+
+
+def test_reconcile_with_nothing_declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "declarations", lambda: [])
+    assert _run("reconcile_trigger_sources").strip() == "No trigger sources are declared."
+    assert json.loads(_run("reconcile_trigger_sources", "--format", "json")) == []
 
 
 def test_reconcile_without_address_keeps_the_known_one() -> None:
@@ -102,6 +154,7 @@ def test_reconcile_sets_up_enabled_sources_and_reports_failures(fake: FakeProvid
 
 def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> None:
     assert "No trigger sources" in _run("trigger_sources", "list")
+    assert json.loads(_run("trigger_sources", "list", "--format", "json")) == []
     lifecycle.reconcile(base_url=BASE)
     lifecycle.enable(SOURCE)
     secret = credentials.get_secret(SOURCE)
@@ -129,7 +182,9 @@ def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> 
     assert "Hook 1 registered" in line
     assert secret not in output
 
-    listed = json.loads(_run("trigger_sources", "list", "--json"))
+    assert _run("trigger_sources", "list", "--format", "table") == output
+    listed = json.loads(_run("trigger_sources", "list", "--format", "json"))
+    assert json.loads(_run("trigger_sources", "list", "--json")) == listed  # the old spelling
     mine = next(item for item in listed if item["name"] == SOURCE)
     assert mine == {
         "name": SOURCE,
@@ -167,8 +222,14 @@ def test_refusals_exit_1_and_change_nothing(fake: FakeProvider) -> None:
         _run("trigger_sources", "disable", "nope")
     with pytest.raises(CommandError, match="still declared"):
         _run("trigger_sources", "forget", SOURCE)
-    with pytest.raises(CommandError, match="Unknown database alias"):
-        _run("trigger_sources", "list", "--database", "elsewhere")
+    for args in (["list"], ["disable", SOURCE], ["set-secret", SOURCE]):
+        with pytest.raises(CommandError, match="Unknown database alias 'elsewhere'") as caught:
+            _run("trigger_sources", *args, "--database", "elsewhere")
+        assert caught.value.returncode == USAGE_ERROR
+    with pytest.raises(CommandError, match="Unknown database alias 'elsewhere'") as caught:
+        _run("reconcile_trigger_sources", "--database", "elsewhere")
+    assert caught.value.returncode == USAGE_ERROR
+    assert _row().enabled is False
     assert fake.calls == []
 
 
@@ -252,3 +313,16 @@ def test_the_real_command_exit_statuses_and_stderr(subprocess_env: dict[str, str
     assert "github-pushes" in names and names == sorted(names)
     helped = manage("trigger_sources", "--help")
     assert helped.returncode == 0 and "set-secret" in helped.stdout
+    unknown_db = manage("trigger_sources", "list", "--database", "elsewhere")
+    assert unknown_db.returncode == USAGE_ERROR
+    assert "Unknown database alias 'elsewhere'" in unknown_db.stderr
+    rotated = manage("rotate_trigger_secrets", "--database", "elsewhere")
+    assert rotated.returncode == USAGE_ERROR and "Traceback" not in rotated.stderr
+    assert "Unknown database alias 'elsewhere'" in rotated.stderr
+    for command in ("trigger_sources", "reconcile_trigger_sources", "rotate_trigger_secrets"):
+        helped = manage(command, "--help")
+        epilog = helped.stdout.split("exit codes:\n", 1)[1]
+        shown = [line.split()[0] for line in epilog.splitlines() if line[2:3].strip()]
+        assert shown == [row.shown for row in EXIT_CODES[command].rows], command
+        if command == "trigger_sources":
+            assert str(EXIT_BUSY) in shown

@@ -3,15 +3,18 @@ thin commands over the store's operator methods, with exit codes and errors on s
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
+from datetime import datetime
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
@@ -56,6 +59,47 @@ def test_list_shows_runs_and_filters_by_status_and_workflow(runs: dict[str, Work
     assert runs_command("list", "--workflow", "nope").strip() == "No workflow runs."
 
 
+def test_list_as_json_has_typed_fields(runs: dict[str, WorkflowRun]) -> None:
+    listed = json.loads(runs_command("list", "--format", "json"))
+    assert [row["id"] for row in listed] == [
+        str(runs[name].id) for name in ("done", "suspended", "running")
+    ]
+    for row in listed:
+        assert list(row) == ["id", "workflow", "status", "created_at", "error"]
+        run = WorkflowRun.objects.get(pk=row["id"])
+        assert datetime.fromisoformat(row["created_at"]) == run.created_at
+    done, suspended, running = listed
+    assert (done["workflow"], done["status"], done["error"]) == (
+        "shop.order-paid",
+        "completed",
+        None,
+    )
+    assert (running["status"], running["error"]) == ("running", None)
+    assert suspended["status"] == "suspended"
+    assert suspended["error"] == WorkflowRun.objects.get(pk=runs["suspended"].id).error
+    assert suspended["error"]["code"] == STEP_FUNCTION_NOT_FOUND
+    limited = json.loads(runs_command("list", "--format", "json", "--limit", "1"))
+    assert [row["id"] for row in limited] == [str(runs["done"].id)]
+    assert json.loads(runs_command("list", "--workflow", "nope", "--format", "json")) == []
+
+
+def test_list_as_a_table_keeps_its_columns(runs: dict[str, WorkflowRun]) -> None:
+    lines = runs_command("list", "--format", "table").splitlines()
+    assert lines == runs_command("list").splitlines()
+    header, *rows = lines
+    assert header.split() == ["RUN", "ID", "WORKFLOW", "STATUS", "CREATED", "ERROR"]
+    assert header.index("WORKFLOW") == rows[0].index("shop.order-paid")
+    cells = {row.split()[0]: row.split()[1:] for row in rows}
+    created = WorkflowRun.objects.get(pk=runs["done"].id).created_at
+    assert cells[str(runs["done"].id)] == [
+        "shop.order-paid",
+        "completed",
+        created.isoformat(timespec="seconds"),
+        "-",
+    ]
+    assert cells[str(runs["suspended"].id)][-1] == STEP_FUNCTION_NOT_FOUND
+
+
 def test_resume_cancel_and_retry_call_the_store(runs: dict[str, WorkflowRun]) -> None:
     out = runs_command("resume", str(runs["suspended"].id))
     assert "suspended → running" in out and "'build'" in out
@@ -82,7 +126,8 @@ def test_resume_cancel_and_retry_call_the_store(runs: dict[str, WorkflowRun]) ->
         (["retry", "{running}", "nope"], "no step named 'nope'", 1),
         (["resume", "{unknown}"], "No workflow run with id", 1),
         (["cancel", "not-a-uuid"], "not a workflow run id", 1),
-        (["cancel", "{running}", "--database", "nope"], "Unknown database alias", 1),
+        (["cancel", "{running}", "--database", "nope"], "Unknown database alias 'nope'", 2),
+        (["list", "--database", "nope"], "Unknown database alias 'nope'", USAGE_ERROR),
         (["list", "--limit", "0"], "--limit", 1),
     ],
 )
@@ -124,6 +169,29 @@ def test_as_a_process_errors_go_to_stderr_with_their_exit_code(
     assert "running → cancelled" in done.stdout
     listed = manage("workflow_runs", "list", "--status", "cancelled", env=subprocess_env)
     assert listed.returncode == 0 and str(run.id) in listed.stdout
+    unknown_db = manage("workflow_runs", "list", "--database", "nope", env=subprocess_env)
+    assert unknown_db.returncode == USAGE_ERROR
+    assert "Unknown database alias 'nope'" in unknown_db.stderr
+    assert "Traceback" not in unknown_db.stderr and unknown_db.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["workflow_runs", "start_workflow", "run_workflow_worker"])
+def test_help_ends_with_the_exit_codes(subprocess_env: dict[str, str], command: str) -> None:
+    result = manage(command, "--help", env=subprocess_env)
+    assert result.returncode == 0, result.stderr
+    epilog = result.stdout.split("exit codes:\n", 1)[1]
+    shown = [line.split()[0] for line in epilog.splitlines() if line[2:3].strip()]
+    assert shown == [row.shown for row in EXIT_CODES[command].rows]
+    assert "2" in shown
+
+
+def test_start_workflow_refuses_an_unknown_database_as_usage(
+    subprocess_env: dict[str, str],
+) -> None:
+    result = manage("start_workflow", "build-preview", "--database", "nope", env=subprocess_env)
+    assert result.returncode == USAGE_ERROR
+    assert "Unknown database alias 'nope'" in result.stderr
+    assert not WorkflowRun.objects.exists()
 
 
 @pytest.mark.parametrize(

@@ -1140,7 +1140,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
 
         One conditional write through the fence (this attempt, still ``running``); the attempt
         row is updated in the same transaction, and the run is asked for a pass: due now
-        (idle workers are woken) or, with ``hold_pass_seconds`` (seconds, the run lease's TTL), taken
+        (idle workers are woken) or, with ``hold_pass_seconds`` (the run lease's TTL), taken
         for the caller, who runs it next — then ``StepWrite.state`` is the run and its steps
         as the write left them. A result that is not JSON is not stored: the attempt fails
         with a ``STEP_RESULT_NOT_JSON`` error instead (as :meth:`set_error`, so retries

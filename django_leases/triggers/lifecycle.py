@@ -53,8 +53,7 @@ from django_leases.exceptions import (
 from django_leases.leases import HeldLease, hold_lease
 from django_leases.models.lease import Lease
 from django_leases.models.trigger import TriggerSecret, TriggerSource, TriggerSourceQuerySet
-from django_leases.triggers import providers
-from django_leases.triggers.registry import declarations
+from django_leases.triggers import providers, registry
 from django_leases.validation import seconds
 
 if TYPE_CHECKING:
@@ -266,7 +265,7 @@ def reconcile(
         ValueError: a bad ``base_url`` or ``label_prefix`` (nothing written).
     """
     objects = _objects(using)
-    rows = objects.sync(declarations(), base_url=base_url, label_prefix=label_prefix)
+    rows = objects.sync(registry.declarations(), base_url=base_url, label_prefix=label_prefix)
     results: list[LifecycleResult] = []
     for row in rows:
         if not (row.declared and row.enabled):

@@ -155,8 +155,10 @@ def register_provider(provider: Provider, *, built_in: bool = False) -> Provider
     """
     name = getattr(provider, "name", None)
     methods = ("setup", "check", "teardown", "verify", "parse")
-    if not isinstance(name, str) or not name or not all(
-        callable(getattr(provider, method, None)) for method in methods
+    if (
+        not isinstance(name, str)
+        or not name
+        or not all(callable(getattr(provider, method, None)) for method in methods)
     ):
         raise ValueError("register_provider() needs a Provider instance with a name")
     _providers[provider.name] = provider

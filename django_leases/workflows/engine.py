@@ -121,8 +121,8 @@ class StepRecorded:
     Attributes:
         outcome: ``"succeeded"``, ``"failed"``, ``"suspended"`` (the step function is missing
             here: the run is suspended) or ``"superseded"`` (nothing written).
-        state: with ``hold_pass_seconds``, the run and its steps as the write left them, for the pass
-            the caller runs next (``None`` otherwise, or when the run is not running).
+        state: with ``hold_pass_seconds``, the run and its steps as the write left them, for
+            the pass the caller runs next (``None`` otherwise, or when the run is not running).
         run_outcome: the run's outcome when the write also ended the run (a completion
             statement): ``"completed"``, or ``"failed"`` for a run no longer running.
     """
@@ -229,7 +229,9 @@ def record_step(
         failure = ran.failure
 
         def write_error() -> StepRecorded:
-            wrote = store.set_error(claim.step_id, failure, claim.attempt, hold_pass_seconds=hold_pass_seconds)
+            wrote = store.set_error(
+                claim.step_id, failure, claim.attempt, hold_pass_seconds=hold_pass_seconds
+            )
             return StepRecorded(wrote.status, wrote.state)
 
         return _write_outcome(ran, write_error)

@@ -149,8 +149,9 @@ class StepWrite:
         status: the step's status now (``"succeeded"`` or ``"failed"``).
         written: ``False`` when the write repeated what this attempt had already recorded
             (its first try committed but its acknowledgement was lost); nothing was written.
-        state: with ``hold_pass_seconds``, the run and its steps as the write left them, for the pass
-            the caller runs next (``None`` where none was taken or the run is not running).
+        state: with ``hold_pass_seconds``, the run and its steps as the write left them, for
+            the pass the caller runs next (``None`` where none was taken or the run is not
+            running).
     """
 
     status: str

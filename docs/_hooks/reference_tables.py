@@ -5,6 +5,10 @@
   docstring). A key without a row, or a row without a key, fails the build.
 * ``<!-- checks-table -->`` becomes the table of ids in ``checks.py``'s docstring; an id used
   in the code but missing from the table fails the build.
+* ``<!-- exit-codes: NAME -->`` becomes the exit-code table of command NAME, rendered from
+  ``EXIT_CODES`` in ``django_leases/management/base.py`` (which also renders each command's
+  ``--help``). A status the command's code exits with but its table lacks, or a command
+  without a table, fails the build.
 * A line ending with ``<!-- unbuilt-note -->`` is for readers of the raw Markdown (on
   GitHub, where the markers show nothing); the built page drops it.
 """
@@ -109,7 +113,36 @@ def checks_table() -> str:
     return "\n".join(lines)
 
 
+def _django() -> None:
+    """Django set up enough to import the commands (their models), when nothing else did."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["django.contrib.contenttypes", "django_leases"],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+            USE_TZ=True,
+        )
+        django.setup()
+
+
+def exit_codes_table(name: str) -> str:
+    _django()
+    from django_leases.management import base
+
+    problems = [
+        problem for command in base.command_names() for problem in base.exit_code_problems(command)
+    ]
+    if name not in base.EXIT_CODES:
+        problems.append(f"no exit-code table for the command {name!r} named in the docs")
+    if problems:
+        raise PluginError("exit codes: " + "; ".join(problems))
+    return base.exit_codes_markdown(name)
+
+
 MARKERS = {"<!-- settings-table -->": settings_table, "<!-- checks-table -->": checks_table}
+EXIT_CODES_MARKER = re.compile(r"<!-- exit-codes: (\w+) -->")
 
 
 UNBUILT_NOTE = re.compile(r"^.*<!-- unbuilt-note -->[ \t]*\n?", re.M)
@@ -120,4 +153,4 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     for marker, render in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, render())
-    return markdown
+    return EXIT_CODES_MARKER.sub(lambda match: exit_codes_table(match[1]), markdown)

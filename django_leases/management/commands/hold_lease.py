@@ -2,15 +2,9 @@
 
 A distributed cron singleton or leader: run it from every node, only one copy of CMD runs.
 The loop lives in :class:`django_leases.holder.LeaseHolder`, whose docstring describes the
-signals, the child's environment and ``PR_SET_PDEATHSIG``. Exit codes:
-
-* the child's exit code (a child killed by signal N → 128 + N);
-* 75 (``EX_TEMPFAIL``): the key is held by another holder, or ``--wait-timeout`` passed;
-  CMD was not started;
-* 76: the lease was lost while CMD ran; CMD got SIGTERM, then SIGKILL after ``--grace``;
-* 126 / 127: CMD could not be executed / was not found;
-* 128 + N: the holder got signal N before CMD was started;
-* 1: bad arguments (key, TTL, missing CMD…) or a database error; 2: unknown options.
+signals, the child's environment and ``PR_SET_PDEATHSIG``. The exit codes (the child's, or
+the holder's ``EXIT_*``) are ``EXIT_CODES["hold_lease"]`` in
+:mod:`django_leases.management.base`, shown by ``--help``.
 
 From code: ``call_command("hold_lease", "KEY", ttl="60", command=["prog", "arg"])`` returns
 when the exit code is 0 and raises ``SystemExit(code)`` otherwise.
@@ -18,47 +12,29 @@ when the exit code is 0 and raises ``SystemExit(code)`` otherwise.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from typing import Any
 
-from django.core.management.base import (
-    BaseCommand,
-    CommandError,
-    CommandParser,
-    DjangoHelpFormatter,
-)
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.core.management.base import CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_leases.conf import leases_settings
-from django_leases.holder import EXIT_LOST, EXIT_TAKEN, LeaseHolder
-
-EXIT_CODES_HELP = f"""\
-The child gets DJANGO_LEASES_KEY, DJANGO_LEASES_TOKEN (the fencing token) and
-DJANGO_LEASES_HOLDER in its environment. SIGTERM, SIGINT and SIGHUP are forwarded to
-the child's process group; the lease is released once the child has ended. If the
-holder dies, Linux sends the child SIGTERM (PR_SET_PDEATHSIG).
-
-exit codes:
-  the child's   CMD ran under the lease (killed by signal N: 128 + N)
-  {EXIT_TAKEN:<13} the key is held by another holder (or --wait-timeout passed);
-                CMD was not started
-  {EXIT_LOST:<13} the lease was lost while CMD ran: CMD got SIGTERM, SIGKILL after --grace
-  126 / 127     CMD could not be executed / was not found
-  128 + N       the holder got signal N before CMD was started
-  1             bad arguments or a database error
-"""
+from django_leases.holder import EXIT_TAKEN, LeaseHolder
+from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.models import Lease
 
 
-class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Django's option order, with the exit-code table kept as written."""
-
-
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Run CMD as a child process while holding the lease KEY (a cron singleton or\n"
         "leader). The lease is renewed every TTL/3 and released when CMD ends."
+    )
+    epilog_intro = (
+        "The child gets DJANGO_LEASES_KEY, DJANGO_LEASES_TOKEN (the fencing token) and\n"
+        "DJANGO_LEASES_HOLDER in its environment. SIGTERM, SIGINT and SIGHUP are forwarded to\n"
+        "the child's process group; the lease is released once the child has ended. If the\n"
+        "holder dies, Linux sends the child SIGTERM (PR_SET_PDEATHSIG).\n"
     )
     # From code, pass the program as command=[...]; on the command line it follows "--".
     stealth_options = ("command",)
@@ -68,10 +44,8 @@ class Command(BaseCommand):
         self._argv_command: list[str] = []
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        kwargs.setdefault("formatter_class", _HelpFormatter)
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         parser.usage = parser.format_usage().removeprefix("usage: ").rstrip() + " -- CMD [ARG ...]"
-        parser.epilog = EXIT_CODES_HELP
         return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -87,13 +61,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--wait",
             action="store_true",
-            help="When the key is taken, wait for it instead of exiting with 75.",
+            help=f"When the key is taken, wait for it instead of exiting with {EXIT_TAKEN}.",
         )
         parser.add_argument(
             "--wait-timeout",
             default=None,
             metavar="S",
-            help="With --wait, give up (exit 75) after S seconds. Implies --wait.",
+            help=f"With --wait, give up (exit {EXIT_TAKEN}) after S seconds. Implies --wait.",
         )
         parser.add_argument(
             "--grace",
@@ -104,11 +78,7 @@ class Command(BaseCommand):
                 f"{leases_settings.HOLD_LEASE_KILL_GRACE:g} (HOLD_LEASE_KILL_GRACE)."
             ),
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help=f"Database alias holding the leases. Default: the router's ({DEFAULT_DB_ALIAS}).",
-        )
+        add_database_argument(parser, Lease)
 
     def run_from_argv(self, argv: list[str]) -> None:
         # Everything after the first "--" is the child's command line, untouched (argparse
@@ -141,7 +111,7 @@ class Command(BaseCommand):
                 wait=bool(options["wait"]) or wait_timeout is not None,
                 wait_timeout=wait_timeout,
                 grace=_number(options["grace"], "--grace"),
-                using=options["database"],
+                using=database_alias(options, Lease),
                 report=lambda level, message: self._report(verbosity, level, message),
             )
         except ValueError as exc:

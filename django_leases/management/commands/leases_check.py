@@ -1,10 +1,15 @@
 """``manage.py leases_check``: is this django-leases installation healthy?
 
 Reports database reachability, unapplied migrations, workflow workers alive, lapsed steps and
-stuck runs (the rules are in :mod:`django_leases.health`), as text or ``--format json``.
+stuck runs (the rules are in :mod:`django_leases.health`).
 
-Exit status: 0 healthy; 3 at least one problem; 4 a database is unreachable (takes
-precedence); 1 or 2 bad arguments (Django's usual).
+``--format table`` (the default; ``text``, its older spelling, is still accepted) prints the
+report of :func:`~django_leases.health.format_text`: a verdict line, then one aligned row per
+check and alias (status, check, message) with the runs, steps or migrations behind a problem
+listed under it. ``--format json`` prints the report as one object, not an array of rows:
+``{"healthy", "exit_code", "checks": [...]}``, since monitoring reads the verdict first.
+
+Exit codes: ``EXIT_CODES["leases_check"]`` in :mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
@@ -15,9 +20,15 @@ import math
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from django_leases import health
+from django_leases.management.base import (
+    LeasesCommand,
+    add_database_argument,
+    add_format_argument,
+    database_aliases,
+)
 
 
 def _positive_seconds(text: str) -> float:
@@ -30,26 +41,17 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = (
         "Check django-leases: databases reachable, migrations applied, workflow workers alive, "
-        "no lapsed steps left unclaimed, no stuck runs. Exit 0 healthy, 3 problems, "
-        "4 database unreachable."
+        "no lapsed steps left unclaimed, no stuck runs."
     )
     requires_system_checks: list[str] = []  # a health probe must answer even when checks fail
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--format", choices=["text", "json"], default="text", help="Output format."
-        )
-        parser.add_argument(
-            "--database",
-            action="append",
-            dest="databases",
-            metavar="ALIAS",
-            help="Check this alias (repeatable). Default: every alias django-leases writes to.",
-        )
+        add_format_argument(parser, aliases={"text": "table"})
+        add_database_argument(parser, None, repeatable=True)
         parser.add_argument(
             "--overdue-after",
             type=_positive_seconds,
@@ -69,7 +71,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = health.run_checks(
-            options["databases"],
+            database_aliases(options),
             overdue_after=options["overdue_after"],
             stuck_after=options["stuck_after"],
         )

@@ -1,4 +1,4 @@
-"""``manage.py reconcile_trigger_sources [--base-url URL] [--label-prefix P]``.
+"""``manage.py reconcile_trigger_sources [--base-url URL] [--label-prefix P] [--format F]``.
 
 For deploy pipelines (run it after ``migrate``): syncs the trigger sources declared in code
 into ``TriggerSource`` rows — new rows start **off**, rows whose declaration left the code
@@ -8,26 +8,34 @@ registration exists and posts to the current address. Disabled sources and orpha
 provider call. It never enables, disables or deletes a source
 (:func:`django_leases.triggers.lifecycle.reconcile`).
 
-Prints every row, then one line per setup. Exit status: 0 done; 1 bad input
-(``--base-url`` not an http(s) URL, a bad ``--label-prefix``), nothing written; 2 some
-setup failed (the rows say ``failed``; the sources stay on; the lines on stderr).
+Prints every row, then one line per setup (``--format json``: one JSON array of the rows,
+each with its ``setup``: ``null`` when none was due, else ``{"ok", "detail"}``). A failed
+setup is also reported on stderr. Exit codes: ``EXIT_CODES["reconcile_trigger_sources"]`` in
+:mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.core.management.base import CommandError, CommandParser
 
+from django_leases.management import base
+from django_leases.management.base import EXIT_SETUP_FAILED
+from django_leases.management.commands.trigger_sources import add_wait_argument
 from django_leases.models import TriggerSource
 from django_leases.triggers import lifecycle
 
-#: Exit status when at least one enabled source's setup failed.
-EXIT_SETUP_FAILED = 2
+_COLUMNS = base.columns(
+    ("name", "provider", "declared", "enabled", "status", "base_url"),
+    text={
+        "declared": base.either("declared", "orphan"),
+        "enabled": base.either("enabled", "disabled"),
+    },
+)
 
 
-class Command(BaseCommand):
+class Command(base.LeasesCommand):
     help = (
         "Sync the trigger sources declared in code (each app's triggers.py) into the "
         "database and set up the enabled ones at their providers. Never enables, disables "
@@ -44,24 +52,12 @@ class Command(BaseCommand):
             "--label-prefix",
             help="Label for endpoints registered at providers; kept if omitted.",
         )
-        parser.add_argument(
-            "--wait",
-            type=float,
-            default=lifecycle.DEFAULT_WAIT,
-            metavar="S",
-            help="Seconds to wait for another operation on a source before reporting it "
-            f"busy (default {lifecycle.DEFAULT_WAIT:g}).",
-        )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help=f"Database alias (default: the router's choice, usually {DEFAULT_DB_ALIAS!r}).",
-        )
+        add_wait_argument(parser)
+        base.add_format_argument(parser)
+        base.add_database_argument(parser, TriggerSource)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"] or router.db_for_write(TriggerSource)
-        if alias not in connections:
-            raise CommandError(f"Unknown database alias {alias!r}")
+        alias = base.database_alias(options, TriggerSource)
         try:
             reconciled = lifecycle.reconcile(
                 base_url=options["base_url"],
@@ -71,21 +67,30 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        if not reconciled.sources:
-            self.stdout.write("No trigger sources are declared.")
-            return
-        width = max(len(row.name) for row in reconciled.sources)
-        for row in reconciled.sources:
-            self.stdout.write(
-                f"{row.name:<{width}}  {row.provider:<8}  "
-                f"{'declared' if row.declared else 'orphan':<8}  "
-                f"{'enabled' if row.enabled else 'disabled':<8}  "
-                f"status={row.status or 'off'}  base_url={row.base_url or '-'}"
-            )
+        setups = {result.name: result for result in reconciled.results}
+        rows = [
+            {
+                "name": row.name,
+                "provider": row.provider,
+                "declared": row.declared,
+                "enabled": row.enabled,
+                "status": row.status or "off",
+                "base_url": row.base_url or None,
+                "setup": (
+                    {"ok": setups[row.name].ok, "detail": setups[row.name].detail}
+                    if row.name in setups
+                    else None
+                ),
+            }
+            for row in reconciled.sources
+        ]
+        empty = "No trigger sources are declared."
+        base.write_rows(self.stdout, options["format"], _COLUMNS, rows, empty=empty)
+        if options["format"] != "json":
+            for result in reconciled.results:
+                if result.ok:
+                    self.stdout.write(f"set up {result}")
         failed = [result for result in reconciled.results if not result.ok]
-        for result in reconciled.results:
-            if result.ok:
-                self.stdout.write(f"set up {result}")
         if failed:
             raise CommandError(
                 "\n".join(f"setup failed: {result}" for result in failed),

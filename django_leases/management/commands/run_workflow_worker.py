@@ -8,21 +8,19 @@ is due; they also look every ``--poll-interval`` seconds (default ``WORKER_POLL_
 steps ``--shutdown-grace`` seconds (default ``WORKER_SHUTDOWN_GRACE``) to finish (a second
 signal stops waiting).
 
-Exit status: 0 when stopped cleanly (or, with ``--once``, when nothing was left due);
-1 when in-flight work was still running at the end of the grace (its step leases lapse and
-another worker takes the steps over); 2 when ``--once`` gave up on an unreachable database;
-3 when a worker thread died (logged; the other threads are stopped so a supervisor restarts
-the process).
+Exit codes (the worker's :data:`~django_leases.workflows.worker.EXIT_ABANDONED` and
+others): ``EXIT_CODES["run_workflow_worker"]`` in :mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.core.management.base import CommandError, CommandParser
 
 from django_leases.exceptions import WorkflowFunctionsMissing
+from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.models import WorkflowStep
 from django_leases.workflows.worker import (
     EXIT_ABANDONED,
     EXIT_DATABASE_UNREACHABLE,
@@ -62,7 +60,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = "Run workflow passes and steps until SIGTERM (or, with --once, until nothing is due)."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -78,11 +76,7 @@ class Command(BaseCommand):
             action="store_true",
             help="Exit 0 as soon as no pass and no step is due (now or within ~2 s).",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the workflow tables. Default: the router's choice.",
-        )
+        add_database_argument(parser, WorkflowStep)
         parser.add_argument(
             "--poll-interval",
             type=_seconds,
@@ -101,12 +95,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in connections:
-            raise CommandError(f"Unknown database alias {alias!r}")
         worker = Worker(
             options["concurrency"],
-            using=alias,
+            using=database_alias(options, WorkflowStep),
             poll_interval=options["poll_interval"],
             shutdown_grace=options["shutdown_grace"],
         )

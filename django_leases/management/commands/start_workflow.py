@@ -2,7 +2,8 @@
 
 Prints the new run's id. A worker (``run_workflow_worker``) then runs it. Unknown workflow
 names and input that is not storable JSON (see ``check_json``: no lone surrogates or NUL
-characters, bounded nesting) are refused with a clear error and nothing written.
+characters, bounded nesting) are refused with a clear error and nothing written. Exit codes:
+``EXIT_CODES["start_workflow"]`` in :mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.core.management.base import CommandError, CommandParser
 
+from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.models import WorkflowRun
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.registry import UnknownWorkflowError
 
 
-class Command(BaseCommand):
+class Command(LeasesCommand):
     help = "Start a run of a registered workflow and print its id."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -28,16 +30,10 @@ class Command(BaseCommand):
             metavar="JSON",
             help="The run's input, a JSON document (default {}).",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="Database alias holding the workflow tables. Default: the router's choice.",
-        )
+        add_database_argument(parser, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
-        if alias is not None and alias not in connections:
-            raise CommandError(f"Unknown database alias {alias!r}")
+        alias = database_alias(options, WorkflowRun)
         try:
             data = json.loads(options["input"])
         except json.JSONDecodeError as exc:

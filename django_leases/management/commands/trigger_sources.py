@@ -3,8 +3,9 @@
 Operators' commands for trigger sources, with the admin's semantics (both call
 :mod:`django_leases.triggers.lifecycle`):
 
-* ``list [--json]`` — every source: name, provider, declared/orphan, on/off, status, the
-  URL it receives on, and the last detail. Never a secret;
+* ``list [--format table|json]`` — every source: name, provider, declared/orphan, on/off,
+  status, the URL it receives on, and the last detail (``json``: also its provider state).
+  Never a secret;
 * ``enable NAME`` — turn on, then set up at the provider (needs an address: run
   ``reconcile_trigger_sources --base-url URL`` first);
 * ``disable NAME`` — turn off (deliveries refused at once), then tear down at the provider;
@@ -15,34 +16,27 @@ Operators' commands for trigger sources, with the admin's semantics (both call
   terminal), encrypted in the credential store. It is never echoed.
 
 Options: ``--database ALIAS``, ``--wait S`` (seconds to wait for another operation on the
-same source; default 30). Exit status: 0 done; 1 refused, nothing changed (unknown source,
-orphan, no address, provider not installed, bad input), message on stderr; 2 the provider
-step failed (the change of switch stands and the row says ``failed``; detail on stderr);
-75 another operation held the source for longer than ``--wait``.
+same source; default 30). Messages go to stderr; the exit codes are
+``EXIT_CODES["trigger_sources"]`` in :mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
 
+import argparse
 import getpass
-import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.core.management.base import CommandError, CommandParser
 
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
+from django_leases.management import base
+from django_leases.management.base import EXIT_BUSY, EXIT_PROVIDER_FAILED
 from django_leases.models import TriggerSource
 from django_leases.triggers import lifecycle
-
-#: Exit status when the provider step failed (the row records it).
-EXIT_PROVIDER_FAILED = 2
-#: Exit status when another operation held the source too long (``os.EX_TEMPFAIL``).
-EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -50,6 +44,32 @@ _ACTIONS = {
     "teardown": lifecycle.teardown,
     "forget": lifecycle.forget,
 }
+
+
+_COLUMNS = base.columns(
+    ("name", "provider", "declared", "enabled", "status", "url", "detail"),
+    text={
+        "declared": base.either("declared", "orphan"),
+        "enabled": base.either("on", "off"),
+        "detail": lambda detail: " ".join(detail.split()) or "-",
+    },
+)
+
+
+def add_wait_argument(parser: CommandParser) -> None:
+    """Add ``--wait S``: how long an operation on a source waits for another one to end.
+
+    Args:
+        parser: a trigger-source command's parser, or one of its subcommands'.
+    """
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=lifecycle.DEFAULT_WAIT,
+        metavar="S",
+        help="Seconds to wait for another operation on a source before reporting it busy "
+        f"(default {lifecycle.DEFAULT_WAIT:g}).",
+    )
 
 
 def status_of(source: TriggerSource) -> str:
@@ -115,7 +135,7 @@ def _reported_here(name: str) -> Iterator[None]:
         logger.removeFilter(only_once)
 
 
-class Command(BaseCommand):
+class Command(base.LeasesCommand):
     help = (
         "List trigger sources, enable or disable one (set up / torn down at its provider), "
         "tear one down and delete it, forget an orphan, or store a source's signing secret."
@@ -128,8 +148,14 @@ class Command(BaseCommand):
             metavar="{list,enable,disable,teardown,forget,set-secret}",
             required=True,
         )
-        listing = actions.add_parser("list", help="Show every trigger source and its status.")
-        listing.add_argument("--json", action="store_true", help="One JSON array, for scripts.")
+        listing = self.add_subcommand(
+            actions, "list", help="Show every trigger source and its status."
+        )
+        base.add_format_argument(listing)
+        # The spelling before --format json, still accepted.
+        listing.add_argument(
+            "--json", action="store_const", const="json", dest="format", help=argparse.SUPPRESS
+        )
         subs = [listing]
         helps = {
             "enable": "Turn NAME on, then set it up at its provider.",
@@ -139,64 +165,28 @@ class Command(BaseCommand):
             "set-secret": "Store NAME's signing secret, read from stdin (never echoed).",
         }
         for action, text in helps.items():
-            sub = actions.add_parser(action, help=text)
+            sub = self.add_subcommand(actions, action, help=text)
             sub.add_argument("name", help="The trigger source's name.")
             if action != "set-secret":
-                sub.add_argument(
-                    "--wait",
-                    type=float,
-                    default=lifecycle.DEFAULT_WAIT,
-                    metavar="S",
-                    help="Seconds to wait for another operation on the source "
-                    f"(default {lifecycle.DEFAULT_WAIT:g}).",
-                )
+                add_wait_argument(sub)
             subs.append(sub)
         for sub in subs:
-            sub.add_argument(
-                "--database",
-                default=None,
-                help=f"Database alias of the trigger sources. Default: the router's "
-                f"({DEFAULT_DB_ALIAS}).",
-            )
+            base.add_database_argument(sub, TriggerSource)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        using = options["database"]
-        alias = using or router.db_for_write(TriggerSource)
-        if alias not in connections:
-            raise CommandError(f"Unknown database alias {alias!r}")
+        alias = base.database_alias(options, TriggerSource)
         action = options["action"]
         if action == "list":
-            self._list(alias, as_json=options["json"])
+            self._list(alias, options["format"])
         elif action == "set-secret":
             self._set_secret(alias, options["name"], options.get("stdin") or sys.stdin)
         else:
             self._run(action, options["name"], alias, options["wait"])
 
-    def _list(self, alias: str, *, as_json: bool) -> None:
+    def _list(self, alias: str, output_format: str) -> None:
         sources = [describe(row) for row in TriggerSource.objects.using(alias).order_by("name")]
-        if as_json:
-            self.stdout.write(json.dumps(sources, indent=2))
-            return
-        if not sources:
-            self.stdout.write("No trigger sources (run manage.py reconcile_trigger_sources).")
-            return
-        table = [("NAME", "PROVIDER", "DECLARED", "ENABLED", "STATUS", "URL", "DETAIL")]
-        for source in sources:
-            table.append(
-                (
-                    source["name"],
-                    source["provider"],
-                    "declared" if source["declared"] else "orphan",
-                    "on" if source["enabled"] else "off",
-                    source["status"],
-                    source["url"] or "-",
-                    " ".join(source["detail"].split()) or "-",
-                )
-            )
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-        for row in table:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-            self.stdout.write("  ".join([*cells, row[-1]]).rstrip())
+        empty = "No trigger sources (run manage.py reconcile_trigger_sources)."
+        base.write_rows(self.stdout, output_format, _COLUMNS, sources, empty=empty)
 
     def _run(self, action: str, name: str, alias: str, wait: float) -> None:
         try:

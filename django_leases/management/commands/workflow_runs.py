@@ -1,7 +1,8 @@
 """``manage.py workflow_runs list|resume|cancel|retry``: operators' view of workflow runs.
 
-* ``workflow_runs list [--status S] [--workflow NAME] [--limit N]`` prints one line per run,
-  newest first: id, workflow, status, created, and the error code or message if any.
+* ``workflow_runs list [--status S] [--workflow NAME] [--limit N] [--format table|json]``
+  prints one line per run, newest first: id, workflow, status, created, and the error code or
+  message if any (``json``: the stored error itself, ``null`` when none).
 * ``workflow_runs resume RUN_ID`` sets a suspended or failed run running again
   (``WorkflowRun.objects.resume``: a step that missed its step function, or that failed on
   its last attempt, runs again as a new attempt).
@@ -13,9 +14,8 @@
   (completed, failed or cancelled) more than DAYS days ago, with their steps, attempts and
   run leases (``WorkflowRun.objects.prune``), and prints how many.
 
-Every action takes ``--database ALIAS``. Exit status: 0 done; 1 an unknown or malformed run
-id, an unknown step or database alias; 2 bad usage; 3 the run's (or step's) state does not
-allow the operation — nothing was changed. Errors go to stderr.
+Every action takes ``--database ALIAS``. Errors go to stderr; the exit codes are
+``EXIT_CODES["workflow_runs"]`` in :mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
@@ -23,27 +23,42 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.core.management.base import CommandError, CommandParser
 
 from django_leases.exceptions import WorkflowRunStateError
+from django_leases.management import base
+from django_leases.management.base import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.models.workflow import WorkflowRunQuerySet
 
-#: Exit status when the run's or step's state does not allow the operation.
-EXIT_WRONG_STATE = 3
 
-_COLUMNS = ("RUN ID", "WORKFLOW", "STATUS", "CREATED", "ERROR")
+def _error_text(error: Any) -> str:
+    """An error's code, else its message (one line, at most 60 characters); ``-`` if none."""
+    if not error:
+        return "-"
+    if isinstance(error, dict):
+        text = str(error.get("code") or error.get("message") or error)
+    else:
+        text = str(error)
+    text = " ".join(text.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-class Command(BaseCommand):
+_COLUMNS = base.columns(
+    ("id", "workflow", "status", "created_at", "error"),
+    headers={"id": "RUN ID", "created_at": "CREATED"},
+    text={"error": _error_text},
+)
+
+
+class Command(base.LeasesCommand):
     help = "List workflow runs, resume, cancel or retry a step of one, or prune old ones."
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
             dest="action", metavar="{list,resume,cancel,retry,prune}", required=True
         )
-        listing = actions.add_parser("list", help="Show runs, newest first.")
+        listing = self.add_subcommand(actions, "list", help="Show runs, newest first.")
         listing.add_argument(
             "--status", choices=list(RunStatus.values), help="Only runs in this status."
         )
@@ -51,14 +66,23 @@ class Command(BaseCommand):
         listing.add_argument(
             "--limit", type=int, default=100, help="Show at most this many runs (default 100)."
         )
-        resume = actions.add_parser("resume", help="Set a suspended or failed run running again.")
-        cancel = actions.add_parser("cancel", help="Stop a running or suspended run for good.")
-        retry = actions.add_parser("retry", help="Run a failed step again as a new attempt.")
+        base.add_format_argument(listing)
+        resume = self.add_subcommand(
+            actions, "resume", help="Set a suspended or failed run running again."
+        )
+        cancel = self.add_subcommand(
+            actions, "cancel", help="Stop a running or suspended run for good."
+        )
+        retry = self.add_subcommand(
+            actions, "retry", help="Run a failed step again as a new attempt."
+        )
         for sub in (resume, cancel, retry):
             sub.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         retry.add_argument("step_name", metavar="STEP", help="The step's name in the run.")
-        prune = actions.add_parser(
-            "prune", help="Delete runs that finished long ago, with their steps and leases."
+        prune = self.add_subcommand(
+            actions,
+            "prune",
+            help="Delete runs that finished long ago, with their steps and leases.",
         )
         prune.add_argument(
             "--older-than",
@@ -75,21 +99,14 @@ class Command(BaseCommand):
             help="Runs deleted per transaction (default 500).",
         )
         for sub in (listing, resume, cancel, retry, prune):
-            sub.add_argument(
-                "--database",
-                default=None,
-                help=f"Database alias holding the workflow tables. Default: the router's "
-                f"({DEFAULT_DB_ALIAS}).",
-            )
+            base.add_database_argument(sub, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"] or router.db_for_write(WorkflowRun)
-        if alias not in connections:
-            raise CommandError(f"Unknown database alias {alias!r}")
+        alias = base.database_alias(options, WorkflowRun)
         runs: WorkflowRunQuerySet = WorkflowRun.objects.db_manager(alias).all()
         action = options["action"]
         if action == "list":
-            self._list(runs, options["status"], options["workflow"], options["limit"])
+            self._list(runs, options)
             return
         if action == "prune":
             days = options["older_than"]
@@ -112,46 +129,22 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         self.stdout.write(str(change))
 
-    def _list(
-        self, runs: WorkflowRunQuerySet, status: str | None, workflow: str | None, limit: int
-    ) -> None:
-        if limit < 1:
+    def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
+        if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
         rows = runs.order_by("-created_at")
-        if status:
-            rows = rows.filter(status=status)
-        if workflow:
-            rows = rows.filter(workflow=workflow)
-        table = [_COLUMNS]
-        for run in rows[:limit]:
-            table.append(
-                (
-                    str(run.id),
-                    run.workflow,
-                    run.status,
-                    run.created_at.isoformat(timespec="seconds"),
-                    _error_text(run.error),
-                )
-            )
-        if len(table) == 1:
-            self.stdout.write("No workflow runs.")
-            return
-        widths = [max(len(row[i]) for row in table) for i in range(len(_COLUMNS))]
-        for row in table:
-            self.stdout.write(
-                "  ".join(
-                    cell.ljust(width) for cell, width in zip(row, widths, strict=True)
-                ).rstrip()
-            )
-
-
-def _error_text(error: Any) -> str:
-    """An error's code, else its message (one line, at most 60 characters); ``-`` if none."""
-    if not error:
-        return "-"
-    if isinstance(error, dict):
-        text = str(error.get("code") or error.get("message") or error)
-    else:
-        text = str(error)
-    text = " ".join(text.split()).encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= 60 else text[:57] + "..."
+        if options["status"]:
+            rows = rows.filter(status=options["status"])
+        if options["workflow"]:
+            rows = rows.filter(workflow=options["workflow"])
+        listed = [
+            {
+                "id": str(run.id),
+                "workflow": run.workflow,
+                "status": run.status,
+                "created_at": run.created_at,
+                "error": run.error,
+            }
+            for run in rows[: options["limit"]]
+        ]
+        base.write_rows(self.stdout, options["format"], _COLUMNS, listed, empty="No workflow runs.")

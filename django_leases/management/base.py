@@ -1,0 +1,739 @@
+"""The rules every django-leases management command follows, each written once.
+
+* ``--database ALIAS``: :func:`add_database_argument` adds the option with one help text,
+  :func:`database_alias` resolves its default through the router for the command's model and
+  refuses an alias that is not configured with a usage error (exit :data:`USAGE_ERROR`, as
+  argparse exits), never "unreachable". :func:`database_aliases` is the repeatable form.
+* ``--format table|json`` on every command that prints rows: :func:`add_format_argument`
+  and :func:`write_rows` (aligned columns under a header, or one JSON array of objects with
+  stable keys and JSON-typed values: numbers, booleans, ``null``, ISO 8601 timestamps).
+* Exit codes: :data:`EXIT_CODES` is the one table, command by command, of what each exit
+  status means. It renders each command's ``--help`` epilog (:func:`exit_codes_help`) and the
+  documentation's tables (:func:`exit_codes_markdown`, through the MkDocs hook, which fails
+  the build when :func:`exit_code_problems` finds a status a command uses but its table lacks).
+* :class:`LeasesCommand`, the commands' base class: the epilog, a help formatter that keeps
+  hand-broken text as written, and :meth:`~LeasesCommand.add_subcommand`, whose subcommands
+  also accept Django's own options (``--settings``, ``--pythonpath``, ``-v``…) after the
+  subcommand's name (``manage.py leases list --settings mysite.settings``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import textwrap
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from types import ModuleType
+from typing import Any, ClassVar, TextIO
+
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+    OutputWrapper,
+)
+from django.db import connections, router
+from django.db.models import Model
+
+from django_leases import health, holder
+from django_leases.workflows import worker
+
+#: Exit status of a ``CommandError`` raised without a ``returncode`` (Django's default).
+COMMAND_ERROR = 1
+#: Exit status of bad usage: what argparse exits with, and an unknown ``--database`` alias.
+USAGE_ERROR = 2
+
+#: ``reconcile_trigger_sources``: at least one enabled source's setup failed.
+EXIT_SETUP_FAILED = 2
+#: ``trigger_sources``: the provider step failed (the row records it).
+EXIT_PROVIDER_FAILED = 2
+#: ``trigger_sources``: another operation held the source too long (``os.EX_TEMPFAIL``).
+EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
+#: ``workflow_runs``: the run's or step's state does not allow the operation.
+EXIT_WRONG_STATE = 3
+
+#: The package holding the commands (one module per command, named as the command).
+COMMANDS_PACKAGE = "django_leases.management.commands"
+
+#: The output formats of a listing.
+FORMATS = ("table", "json")
+
+
+# -- --database -------------------------------------------------------------------------------
+
+
+def add_database_argument(
+    parser: argparse.ArgumentParser, model: type[Model] | None, *, repeatable: bool = False
+) -> None:
+    """Add ``--database ALIAS`` to ``parser``, with the help text every command shares.
+
+    Args:
+        parser: the command's parser, or one subcommand's.
+        model: the model whose writes the router places; its choice is the default alias.
+            ``None`` only with ``repeatable``.
+        repeatable: ``--database`` may be given several times (a list in ``options``); the
+            default is then every alias django-leases writes to.
+
+    Raises:
+        ValueError: ``model`` is ``None`` without ``repeatable``.
+    """
+    if repeatable:
+        parser.add_argument(
+            "--database",
+            action="append",
+            metavar="ALIAS",
+            help="Database alias to use; repeat for several. Default: every alias "
+            "django-leases writes to (the router's choice for each of its models).",
+        )
+        return
+    if model is None:
+        raise ValueError("a single --database needs the model whose router choice is its default")
+    parser.add_argument(
+        "--database",
+        default=None,
+        metavar="ALIAS",
+        help=f"Database alias to use. Default: the router's choice for "
+        f"{model.__name__} ({router.db_for_write(model)!r}).",
+    )
+
+
+def database_alias(options: Mapping[str, Any], model: type[Model]) -> str:
+    """The alias a command works on: ``--database``, else the router's choice for ``model``.
+
+    Args:
+        options: the command's options (``options["database"]``: a string or ``None``).
+        model: the model whose writes the router places.
+
+    Returns:
+        A configured database alias.
+
+    Raises:
+        CommandError: with ``returncode`` :data:`USAGE_ERROR`, when the alias is not in
+            ``DATABASES``.
+    """
+    return _configured(options.get("database") or router.db_for_write(model))
+
+
+def database_aliases(options: Mapping[str, Any]) -> list[str] | None:
+    """The aliases of a repeatable ``--database``: each checked, or ``None`` when none given.
+
+    Args:
+        options: the command's options (``options["database"]``: a list or ``None``).
+
+    Returns:
+        The configured aliases given, in order, or ``None`` (the command picks its default).
+
+    Raises:
+        CommandError: with ``returncode`` :data:`USAGE_ERROR`, for an alias that is not in
+            ``DATABASES``.
+    """
+    given = options.get("database")
+    if not given:
+        return None
+    return [_configured(alias) for alias in given]
+
+
+def _configured(alias: str) -> str:
+    if alias not in connections:
+        known = ", ".join(repr(name) for name in connections)
+        raise CommandError(
+            f"Unknown database alias {alias!r} (configured: {known})", returncode=USAGE_ERROR
+        )
+    return alias
+
+
+# -- --format table|json ----------------------------------------------------------------------
+
+
+def add_format_argument(
+    parser: argparse.ArgumentParser, *, aliases: Mapping[str, str] | None = None
+) -> None:
+    """Add ``--format table|json`` (default ``table``) to ``parser``.
+
+    Args:
+        parser: the parser of a command, or subcommand, that prints rows.
+        aliases: older spellings accepted and turned into a format (``{"text": "table"}``);
+            the help and the error for a bad value name only ``table`` and ``json``.
+    """
+    spellings = dict(aliases or {})
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="table",
+        type=lambda value: spellings.get(value, value),
+        help="table: aligned columns under a header (default); json: one JSON document.",
+    )
+
+
+def cell_text(value: Any) -> str:
+    """A value as a table cell: ``-`` for none, ISO 8601 to the second for a timestamp.
+
+    Args:
+        value: a row's value.
+
+    Returns:
+        The cell's text.
+    """
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a listing.
+
+    Attributes:
+        header: its title in ``table`` form (``"SECONDS LEFT"``).
+        key: the key of its value in each row, which is the row's key in ``json`` form.
+        text: how the value shows in a table cell (default :func:`cell_text`).
+    """
+
+    header: str
+    key: str
+    text: Callable[[Any], str] = cell_text
+
+
+def columns(
+    keys: Sequence[str],
+    *,
+    headers: Mapping[str, str] | None = None,
+    text: Mapping[str, Callable[[Any], str]] | None = None,
+) -> tuple[Column, ...]:
+    """A listing's columns, by their keys.
+
+    Args:
+        keys: the rows' keys, in column order.
+        headers: a header other than the key in capitals (``created_at`` → ``CREATED AT``).
+        text: how a column's values show, where not :func:`cell_text`.
+
+    Returns:
+        One :class:`Column` per key.
+
+    Raises:
+        ValueError: ``headers`` or ``text`` names a key that is not a column.
+    """
+    headers = dict(headers or {})
+    text = dict(text or {})
+    unknown = (set(headers) | set(text)) - set(keys)
+    if unknown:
+        raise ValueError(f"not a column: {sorted(unknown)}")
+    return tuple(
+        Column(headers.get(key, key.replace("_", " ").upper()), key, text.get(key, cell_text))
+        for key in keys
+    )
+
+
+def either(true: str, false: str) -> Callable[[Any], str]:
+    """How a boolean column shows: ``true`` or ``false`` (``either("on", "off")``).
+
+    Args:
+        true: the text of a true value.
+        false: the text of a false value.
+
+    Returns:
+        The cell formatter.
+    """
+    return lambda value: true if value else false
+
+
+def write_rows(
+    out: OutputWrapper | TextIO,
+    output_format: str,
+    columns: Sequence[Column],
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    empty: str,
+) -> None:
+    """Print ``rows`` as a table or as a JSON array.
+
+    Args:
+        out: where to write: a command's ``self.stdout``, or a text stream (each write then
+            ends with a newline, as on ``self.stdout``).
+        output_format: ``"json"`` for one JSON array of the rows (every key of each row,
+            timestamps and UUIDs as strings); anything else for a table: a header line, then
+            one line per row, columns two spaces apart, the last one not padded.
+        columns: the table's columns.
+        rows: the rows, each a mapping of JSON-ready values (and timestamps, UUIDs).
+        empty: the line printed instead of a table without rows (``json`` prints ``[]``).
+    """
+    if not isinstance(out, OutputWrapper):
+        out = OutputWrapper(out)  # one line per write, as a command's stdout
+    rows = list(rows)
+    if output_format == "json":
+        out.write(json.dumps([dict(row) for row in rows], indent=2, default=_json_value))
+        return
+    if not rows:
+        out.write(empty)
+        return
+    table = [[column.header for column in columns]]
+    table += [[column.text(row[column.key]) for column in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
+    for line in table:
+        cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        out.write("  ".join([*cells, line[-1]]).rstrip())
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+# -- exit codes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    """One row of a command's exit-code table.
+
+    Attributes:
+        codes: the exit statuses the row is about (``(126, 127)``); empty for a status the
+            row describes in words (``label``).
+        meaning: what it means, in Markdown (backquoted code is shown bare in ``--help``).
+        label: shown instead of the codes (``"the child's"``, ``"128 + N"``).
+    """
+
+    codes: tuple[int, ...]
+    meaning: str
+    label: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The exit code column: the label, else the codes (``126 / 127``)."""
+        return self.label or " / ".join(str(code) for code in self.codes)
+
+
+@dataclass(frozen=True)
+class ExitCodeTable:
+    """A command's exit codes.
+
+    Attributes:
+        rows: its rows, in the order shown.
+        forwards: the modules whose ``EXIT_*`` statuses the command exits with as it gets
+            them (``sys.exit(holder.run())``); each of those must have a row.
+    """
+
+    rows: tuple[ExitCode, ...]
+    forwards: tuple[ModuleType, ...] = ()
+
+    @property
+    def codes(self) -> set[int]:
+        """Every status a row is about."""
+        return {code for row in self.rows for code in row.codes}
+
+
+def _table(
+    *rows: tuple[int | tuple[int, ...] | str, str], forwards: Sequence[ModuleType] = ()
+) -> ExitCodeTable:
+    # (code, meaning), ((code, code), meaning) or ("label", meaning) → an ExitCodeTable.
+    made = []
+    for code, meaning in rows:
+        if isinstance(code, str):
+            made.append(ExitCode((), meaning, label=code))
+        else:
+            made.append(ExitCode(code if isinstance(code, tuple) else (code,), meaning))
+    return ExitCodeTable(tuple(made), tuple(forwards))
+
+
+_USAGE = (
+    USAGE_ERROR,
+    "bad usage: an unknown option or subcommand, a malformed value, or an unknown "
+    "`--database` alias; nothing was done",
+)
+
+#: Every command's exit codes, by command name.
+EXIT_CODES: dict[str, ExitCodeTable] = {
+    "hold_lease": _table(
+        (
+            "the child's",
+            "CMD ran under the lease and exited with that code (a child killed by signal N: "
+            "128 + N, as shells report it)",
+        ),
+        (
+            holder.EXIT_TAKEN,
+            "the key is held by another holder (or `--wait-timeout` passed); CMD was not started",
+        ),
+        (
+            holder.EXIT_LOST,
+            'the lease was lost while CMD ran (renewals answered "not held", or none '
+            "succeeded within the TTL), or the final check after CMD ended could not confirm "
+            "it; CMD got SIGTERM, then SIGKILL after `--grace`",
+        ),
+        (
+            (holder.EXIT_CANNOT_EXECUTE, holder.EXIT_NOT_FOUND),
+            "CMD could not be executed / was not found (as shells report it); the lease was "
+            "released",
+        ),
+        (
+            "128 + N",
+            "the holder got signal N (SIGTERM, SIGINT, SIGHUP) before CMD was started; nothing ran",
+        ),
+        (COMMAND_ERROR, "bad arguments (key, `--ttl`, missing CMD…) or a database error"),
+        _USAGE,
+        forwards=[holder],
+    ),
+    "leases": _table(
+        (0, "done"),
+        (
+            COMMAND_ERROR,
+            "`release`: no live lease on KEY (none, or it is lapsed or released), or a "
+            "malformed key; nothing changed",
+        ),
+        _USAGE,
+    ),
+    "leases_check": _table(
+        (health.EXIT_OK, "healthy"),
+        (health.EXIT_PROBLEMS, "at least one problem"),
+        (
+            health.EXIT_UNREACHABLE,
+            f"a database is unreachable (takes precedence over {health.EXIT_PROBLEMS})",
+        ),
+        _USAGE,
+        forwards=[health],
+    ),
+    "reconcile_trigger_sources": _table(
+        (0, "done (also when nothing is declared)"),
+        (
+            COMMAND_ERROR,
+            "a bad `--base-url` (not an http(s) URL) or `--label-prefix`; nothing written",
+        ),
+        (
+            EXIT_SETUP_FAILED,
+            "some setup failed: those rows say `failed` and the sources stay on; the errors "
+            "are on stderr",
+        ),
+        _USAGE,
+    ),
+    "rotate_trigger_secrets": _table(
+        (0, "done: every stored secret is encrypted with the primary key"),
+        (
+            COMMAND_ERROR,
+            "a stored secret cannot be decrypted with the configured keys, or the keys are "
+            "not usable; nothing changed",
+        ),
+        _USAGE,
+    ),
+    "run_workflow_worker": _table(
+        (0, "stopped cleanly (with `--once`: nothing was left due)"),
+        (
+            worker.EXIT_ABANDONED,
+            "in-flight work was still running at the end of the shutdown grace: its step "
+            "leases lapse and another worker takes the steps over as new attempts",
+        ),
+        (
+            worker.EXIT_DATABASE_UNREACHABLE,
+            "`--once` gave up on an unreachable database (10 failures in a row)",
+        ),
+        _USAGE,
+        (
+            worker.EXIT_THREAD_DIED,
+            "a worker thread died (logged); the other threads were stopped so that a "
+            "supervisor restarts the process rather than it running short-handed",
+        ),
+        forwards=[worker],
+    ),
+    "start_workflow": _table(
+        (0, "started; the run's id is printed"),
+        (
+            COMMAND_ERROR,
+            "an unknown workflow, or input that is not JSON (or not storable: lone "
+            "surrogates, NUL characters, nested too deep); nothing written",
+        ),
+        _USAGE,
+    ),
+    "trigger_sources": _table(
+        (0, "done"),
+        (
+            COMMAND_ERROR,
+            "refused, nothing changed: an unknown source, `enable` of an orphan, no address, "
+            "provider not installed, `forget` of a declared source, an empty or unusable "
+            "secret; the reason on stderr",
+        ),
+        (
+            EXIT_PROVIDER_FAILED,
+            "the provider step failed: the switch change stands and the row says `failed`; "
+            "the detail on stderr",
+        ),
+        _USAGE,
+        (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
+    ),
+    "workflow_runs": _table(
+        (0, "done; what changed is printed"),
+        (
+            COMMAND_ERROR,
+            "an unknown or malformed run id, an unknown step, `--limit` below 1, or a bad "
+            "`--older-than` / `--batch-size`",
+        ),
+        _USAGE,
+        (
+            EXIT_WRONG_STATE,
+            "the run's (or step's) state does not allow the operation; nothing changed",
+        ),
+    ),
+}
+
+
+def exit_codes_help(name: str, *, width: int = 79) -> str:
+    """A command's exit codes as plain text, for its ``--help`` epilog.
+
+    Args:
+        name: the command's name (a key of :data:`EXIT_CODES`).
+        width: the longest line.
+
+    Returns:
+        ``exit codes:`` then one row per code, meanings wrapped under themselves.
+
+    Raises:
+        KeyError: no table for ``name``.
+    """
+    rows = EXIT_CODES[name].rows
+    column = max(len(row.shown) for row in rows) + 4
+    lines = ["exit codes:"]
+    for row in rows:
+        lines += textwrap.wrap(
+            row.meaning.replace("`", ""),
+            width,
+            initial_indent=f"  {row.shown}".ljust(column),
+            subsequent_indent=" " * column,
+        )
+    return "\n".join(lines)
+
+
+def exit_codes_markdown(name: str) -> str:
+    """A command's exit codes as a Markdown table, for the documentation.
+
+    Args:
+        name: the command's name (a key of :data:`EXIT_CODES`).
+
+    Returns:
+        The table: a ``| exit code | meaning |`` header, then one row per code.
+
+    Raises:
+        KeyError: no table for ``name``.
+    """
+    lines = ["| exit code | meaning |", "|---|---|"]
+    for row in EXIT_CODES[name].rows:
+        meaning = row.meaning.replace("|", "\\|")  # a pipe would end the cell
+        lines.append(f"| {row.shown} | {meaning} |")
+    return "\n".join(lines)
+
+
+def command_names() -> list[str]:
+    """The names of django-leases' management commands (its command modules), sorted."""
+    package = importlib.import_module(COMMANDS_PACKAGE)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__))
+
+
+def exit_code_problems(name: str) -> list[str]:
+    """What the exit-code table of command ``name`` lacks, read from the command's code.
+
+    A command exits with :data:`USAGE_ERROR` (argparse, an unknown ``--database``); with
+    :data:`COMMAND_ERROR` where it raises ``CommandError`` without a ``returncode``; with the
+    status given to ``returncode=`` or ``sys.exit()`` where it is a number or a name for one;
+    and, where that status is computed, with every ``EXIT_*`` status of the modules its table
+    :attr:`~ExitCodeTable.forwards`.
+
+    Args:
+        name: the command's name.
+
+    Returns:
+        One sentence per problem (a status without a row, a computed status whose source the
+        table does not name, no table at all); empty when the table is complete.
+    """
+    table = EXIT_CODES.get(name)
+    if table is None:
+        return [f"command {name!r} has no exit-code table in EXIT_CODES"]
+    module = importlib.import_module(f"{COMMANDS_PACKAGE}.{name}")
+    used, computed = _exits(module)
+    problems = []
+    if computed and not table.forwards:
+        problems.append(
+            f"{name} exits with a computed status ({', '.join(computed)}) but its table "
+            "names no module it comes from (forwards)"
+        )
+    for source in table.forwards:
+        used |= {
+            value
+            for key, value in vars(source).items()
+            if key.startswith("EXIT_") and isinstance(value, int)
+        }
+    problems += [
+        f"{name} exits with {code}, which its exit-code table lacks"
+        for code in sorted(used - table.codes)
+    ]
+    return problems
+
+
+def _exits(module: ModuleType) -> tuple[set[int], list[str]]:
+    """The statuses ``module`` exits with, and the source text of those it computes."""
+    used = {USAGE_ERROR}
+    computed = []
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = ast.unparse(node.func)
+        given = [kw.value for kw in node.keywords if kw.arg == "returncode"]
+        if callee in ("sys.exit", "SystemExit") and node.args:
+            given.append(node.args[0])
+        elif callee == "CommandError" and not given:
+            used.add(COMMAND_ERROR)
+        for expr in given:
+            value = _value(expr, module)
+            if isinstance(value, int):
+                used.add(value)
+            else:
+                computed.append(ast.unparse(expr))
+    return used, computed
+
+
+def _value(expr: ast.expr, module: ModuleType) -> Any:
+    """A literal or a (dotted) module-level name's value; ``None`` for anything computed."""
+    if isinstance(expr, ast.Constant):
+        return expr.value
+    if isinstance(expr, ast.Name):
+        return getattr(module, expr.id, None)
+    if isinstance(expr, ast.Attribute):
+        owner = _value(expr.value, module)
+        return getattr(owner, expr.attr, None) if isinstance(owner, ModuleType) else None
+    return None
+
+
+# -- the commands' base class -----------------------------------------------------------------
+
+
+class HelpFormatter(DjangoHelpFormatter):
+    """Django's option order; text with line breaks of its own (an epilog, a description
+    broken by hand) is kept as written, other text is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+#: Django's options that mean nothing to repeat after a subcommand.
+_TOP_LEVEL_ONLY = frozenset({"--version"})
+
+
+class LeasesCommand(BaseCommand):
+    """Base class of django-leases' commands.
+
+    Its ``--help`` ends with :attr:`epilog_intro`, then the command's exit codes from
+    :data:`EXIT_CODES` (the command's name is its module's). Subcommands made with
+    :meth:`add_subcommand` accept Django's options after their name as well.
+    """
+
+    #: Text shown in ``--help`` before the exit codes (line breaks kept).
+    epilog_intro: ClassVar[str] = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._base_arguments: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        super().__init__(*args, **kwargs)
+
+    @property
+    def command_name(self) -> str:
+        """The command's name: its module's (``…commands.leases`` → ``leases``)."""
+        return type(self).__module__.rsplit(".", 1)[-1]
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Django's parser, with :class:`HelpFormatter` and the exit codes as its epilog.
+
+        Args:
+            prog_name: the program (``manage.py``).
+            subcommand: the command's name as invoked.
+            kwargs: passed to Django's ``create_parser``.
+
+        Returns:
+            The parser.
+        """
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        self._base_arguments = []
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parts = [self.epilog_intro.strip("\n")]
+        if self.command_name in EXIT_CODES:
+            parts.append(exit_codes_help(self.command_name))
+        parser.epilog = "\n\n".join(part for part in parts if part) + "\n"
+        return parser
+
+    def add_base_argument(self, parser: CommandParser, *args: Any, **kwargs: Any) -> None:
+        """Add one of Django's options, remembered so that subcommands accept it too.
+
+        Args:
+            parser: the command's parser.
+            args: the option strings.
+            kwargs: ``add_argument``'s keyword arguments.
+        """
+        if not set(args) & _TOP_LEVEL_ONLY:
+            self._base_arguments.append((args, dict(kwargs)))
+        super().add_base_argument(parser, *args, **kwargs)
+
+    def add_subcommand(self, actions: Any, name: str, *, help: str) -> CommandParser:
+        """A subcommand's parser that also takes Django's options (``--settings``,
+        ``--pythonpath``, ``-v``, ``--traceback``, ``--skip-checks``…) after its name.
+
+        Those options default to nothing on the subcommand, so a value given before the
+        subcommand's name (or Django's default) stands when it is not repeated after.
+
+        Args:
+            actions: what ``parser.add_subparsers()`` returned.
+            name: the subcommand's name.
+            help: its one-line help.
+
+        Returns:
+            The subcommand's parser.
+        """
+        sub: CommandParser = actions.add_parser(name, help=help, formatter_class=HelpFormatter)
+        for args, kwargs in self._base_arguments:
+            super().add_base_argument(sub, *args, **{**kwargs, "default": argparse.SUPPRESS})
+        if self.requires_system_checks:  # Django adds it apart from the others
+            sub.add_argument(
+                "--skip-checks",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="Skip system checks.",
+            )
+        return sub
+
+
+__all__ = [
+    "COMMAND_ERROR",
+    "EXIT_BUSY",
+    "EXIT_CODES",
+    "EXIT_PROVIDER_FAILED",
+    "EXIT_SETUP_FAILED",
+    "EXIT_WRONG_STATE",
+    "FORMATS",
+    "USAGE_ERROR",
+    "Column",
+    "ExitCode",
+    "ExitCodeTable",
+    "HelpFormatter",
+    "LeasesCommand",
+    "add_database_argument",
+    "add_format_argument",
+    "cell_text",
+    "columns",
+    "command_names",
+    "database_alias",
+    "database_aliases",
+    "either",
+    "exit_code_problems",
+    "exit_codes_help",
+    "exit_codes_markdown",
+    "write_rows",
+]
