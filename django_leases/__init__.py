@@ -10,6 +10,7 @@ before the app registry is ready::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0.dev0"
@@ -39,8 +40,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from django_leases.leases import HeldLease, LeaseHandle, ahold_lease, hold_lease  # noqa: F401
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_leases' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+def lazy_attributes(package: str, table: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``package`` that imports each name of ``table`` (name →
+    module) from its module on first access, so importing the package touches no model."""
+
+    def __getattr__(name: str) -> Any:
+        module = table.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(module), name)
+
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -33,6 +33,14 @@ key                            default    meaning
                                           ``DJANGO_LEASES_STRIPE_API_KEY`` variable
 ``STRIPE_TOLERANCE``           ``300``    seconds a Stripe signature's timestamp may lie in the
                                           past before the delivery is refused as a replay
+``TUNED_SQL``                  ``True``   send each rule's hand-written statement where the
+                                          database has one (PostgreSQL, SQLite); ``False``:
+                                          the portable ORM path everywhere (same rules, more
+                                          round trips; for debugging and the test suite)
+``PREPARED_STATEMENTS``        ``True``   have PostgreSQL prepare the worker's hot statements
+                                          (outside ``atomic()``); off by itself behind a pooler
+                                          that refuses them, or where the database sets
+                                          ``DISABLE_SERVER_SIDE_CURSORS``
 =============================  =========  =====================================================
 """
 

@@ -398,19 +398,30 @@ class _Entry:
                 connections.close_all()
 
 
-def _arguments(
-    key: object, ttl: object, holder: object, wait: object
-) -> tuple[str, float, str | None, float | None]:
-    """``hold_lease`` / ``ahold_lease``'s arguments, checked (``ValueError``)."""
-    return (
-        check_lease_name(key, "key"),
-        renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl),
-        None if holder is None else check_lease_name(holder, "holder"),
-        _wait_seconds(wait),
-    )
+class _HoldArguments:
+    """``hold_lease`` / ``ahold_lease``'s arguments, checked (``ValueError``) and kept."""
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float | timedelta | None = None,
+        *,
+        holder: str | None = None,
+        using: str | None = None,
+        wait: float | None = None,
+    ) -> None:
+        self.key = check_lease_name(key, "key")
+        self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
+        self.holder = None if holder is None else check_lease_name(holder, "holder")
+        self.using = using
+        self.wait = _wait_seconds(wait)
+        self._held: HeldLease | None = None
+
+    def _held_lease(self, on_lost: Callable[[], None] | None = None) -> HeldLease:
+        return HeldLease(self.key, self.ttl, holder=self.holder, using=self.using, on_lost=on_lost)
 
 
-class hold_lease(ContextDecorator):
+class hold_lease(_HoldArguments, ContextDecorator):
     """Hold ``key`` for the duration of a ``with`` block or a decorated call.
 
     Args:
@@ -441,19 +452,6 @@ class hold_lease(ContextDecorator):
     :class:`ahold_lease` there.
     """
 
-    def __init__(
-        self,
-        key: str,
-        ttl: float | timedelta | None = None,
-        *,
-        holder: str | None = None,
-        using: str | None = None,
-        wait: float | None = None,
-    ) -> None:
-        self.key, self.ttl, self.holder, self.wait = _arguments(key, ttl, holder, wait)
-        self.using = using
-        self._held: HeldLease | None = None
-
     def _recreate_cm(self) -> hold_lease:
         # Each decorated call holds the lease afresh.
         return hold_lease(self.key, self.ttl, holder=self.holder, using=self.using, wait=self.wait)
@@ -469,7 +467,7 @@ class hold_lease(ContextDecorator):
     def __enter__(self) -> HeldLease:
         if self._held is not None:
             raise RuntimeError("hold_lease(...) is not reentrant; create a new one")
-        held = HeldLease(self.key, self.ttl, holder=self.holder, using=self.using)
+        held = self._held_lease()
         held.acquire(wait=self.wait)
         self._held = held
         return held
@@ -485,7 +483,7 @@ class hold_lease(ContextDecorator):
         held.finish(vouch=exc_type is None)
 
 
-class ahold_lease:
+class ahold_lease(_HoldArguments):
     """The asyncio form of :class:`hold_lease`: ``async with ahold_lease(key, ttl) as held``.
 
     Same arguments, errors and handle. On loss the body's task is **cancelled** and the
@@ -508,9 +506,7 @@ class ahold_lease:
         using: str | None = None,
         wait: float | None = None,
     ) -> None:
-        self.key, self.ttl, self.holder, self.wait = _arguments(key, ttl, holder, wait)
-        self.using = using
-        self._held: HeldLease | None = None
+        super().__init__(key, ttl, holder=holder, using=using, wait=wait)
         self._task: asyncio.Task[object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cancelled = False
@@ -548,13 +544,7 @@ class ahold_lease:
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False
-        held = HeldLease(
-            self.key,
-            self.ttl,
-            holder=self.holder,
-            using=self.using,
-            on_lost=self._lost_from_thread,
-        )
+        held = self._held_lease(on_lost=self._lost_from_thread)
         entry = _Entry(held, self.wait)
         entering = _keep(asyncio.ensure_future(sync_to_async(entry.run)()))
         try:

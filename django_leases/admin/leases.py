@@ -15,6 +15,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from django_leases.models import Lease, LeaseState
+from django_leases.models.lease import RETURNED_COLUMNS
 
 FORCE_RELEASE_PERMISSION = "django_leases.force_release_lease"
 
@@ -53,15 +54,7 @@ class LeaseAdmin(admin.ModelAdmin):
     search_fields = ("key",)
     ordering = ("key",)
     actions = ("force_release",)
-    readonly_fields = (
-        "key",
-        "holder",
-        "token",
-        "expires_at",
-        "acquired_at",
-        "renewed_at",
-        "released_at",
-    )
+    readonly_fields = RETURNED_COLUMNS[1:]  # every column but the id
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
         return Lease.objects.with_state()

@@ -106,6 +106,18 @@ def _check_lease(lease: object) -> None:
         raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
 
 
+def _held_q(lease: Lease, *, live: bool = False) -> Q:
+    """The row of ``lease`` while its holder still has it: key, holder and token match and
+    it was not released (and, with ``live``, has not lapsed on the database clock)."""
+    held = Q(key=lease.key, holder=lease.holder, token=lease.token, released_at__isnull=True)
+    return held & Q(expires_at__gt=Now()) if live else held
+
+
+def _released_expiry() -> Case:
+    """``expires_at`` of a release: a live lease ends now; a lapsed one keeps its expiry."""
+    return Case(When(expires_at__gt=Now(), then=Now()), default=F("expires_at"))
+
+
 class LeaseState(models.TextChoices):
     """What an operator sees: held now, expired on the database clock, or given back."""
 
@@ -227,13 +239,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         if not db.tuned(connection, *_TUNED):
             alias = self._alias()
             qs = self.model._default_manager.using(alias)
-            held = qs.filter(
-                key=lease.key,
-                holder=lease.holder,
-                token=lease.token,
-                released_at__isnull=True,
-                expires_at__gt=Now(),
-            )
+            held = qs.filter(_held_q(lease, live=True))
             with transaction.atomic(using=alias):
                 updated = held.update(expires_at=clock.db_now_plus(seconds), renewed_at=Now())
                 return qs.get(key=lease.key) if updated else None
@@ -275,11 +281,10 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 cursor.execute(sql, (lease.key, lease.holder, lease.token))
                 released = cursor.rowcount
         else:
-            released = self.filter(
-                key=lease.key, holder=lease.holder, token=lease.token, released_at__isnull=True
-            ).update(
-                released_at=Now(),
-                expires_at=Case(When(expires_at__gt=Now(), then=Now()), default=F("expires_at")),
+            released = (
+                self.rows()
+                .filter(_held_q(lease))
+                .update(released_at=Now(), expires_at=_released_expiry())
             )
         if released:
             lease_released.send_robust(sender=self.model, lease=lease)
@@ -311,12 +316,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 held = (
                     self.rows()
                     .select_for_update()
-                    .filter(
-                        key=lease.key,
-                        holder=lease.holder,
-                        token=lease.token,
-                        released_at__isnull=True,
-                    )
+                    .filter(_held_q(lease))
                     .annotate(
                         live=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
                     )
@@ -325,10 +325,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 )
                 if held is not None:
                     self.rows().filter(pk=held[0], released_at__isnull=True).update(
-                        released_at=Now(),
-                        expires_at=Case(
-                            When(expires_at__gt=Now(), then=Now()), default=F("expires_at")
-                        ),
+                        released_at=Now(), expires_at=_released_expiry()
                     )
             live = None if held is None else bool(held[1])
         if live is not None:
@@ -359,13 +356,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             row = (
                 self.model._default_manager.using(alias)
                 .select_for_update()
-                .filter(
-                    key=lease.key,
-                    holder=lease.holder,
-                    token=lease.token,
-                    released_at__isnull=True,
-                    expires_at__gt=Now(),
-                )
+                .filter(_held_q(lease, live=True))
                 .first()
             )
             if row is None:

@@ -789,6 +789,16 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
 # -- steps --------------------------------------------------------------------------------------
 
 
+def _check_step(
+    step_name: object, function_name: object, data: Any, retries: object, retry_delay: object
+) -> tuple[int, float]:
+    """A step's arguments checked (``ValueError``); its retries and retry delay."""
+    check_identifier(step_name, "Step name")
+    check_identifier(function_name, "Step function name")
+    check_json(data, "Step data")
+    return check_retries(retries, retry_delay)
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
@@ -824,10 +834,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` (seconds), or an
         existing step recorded with a different ``function_name``.
         """
-        check_identifier(step_name, "Step name")
-        check_identifier(function_name, "Step function name")
-        check_json(data, "Step data")
-        retries, retry_delay = check_retries(retries, retry_delay)
+        retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
 
     def _schedule(
@@ -890,10 +897,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         existed, the run is not running, or another worker claimed it first. Raises
         ``ValueError`` as :meth:`schedule` does.
         """
-        check_identifier(step_name, "Step name")
-        check_identifier(function_name, "Step function name")
-        check_json(data, "Step data")
-        retries, retry_delay = check_retries(retries, retry_delay)
+        retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]

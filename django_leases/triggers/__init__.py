@@ -11,8 +11,9 @@ The trigger-source errors (``TriggerSourceError`` and the others of
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from django_leases import lazy_attributes
 
 _LAZY = {
     "webhook_source": "django_leases.triggers.registry",
@@ -84,8 +85,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from django_leases.triggers.values import Delivery  # noqa: F401
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_leases.triggers' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

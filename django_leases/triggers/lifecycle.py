@@ -450,15 +450,7 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
             detail = f"Deleted (nothing was registered at {shown})."
         else:
             detail = f"Torn down at {shown} and deleted."
-        return LifecycleResult(
-            name=name,
-            action="teardown",
-            ok=True,
-            changed=True,
-            enabled=None,
-            status=None,
-            detail=detail,
-        )
+        return _deleted(name, "teardown", detail)
 
 
 def forget(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -> LifecycleResult:
@@ -486,15 +478,14 @@ def forget(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -
                 f" Its registration at {row.provider} ({_identifiers(row.state)}) was not "
                 "torn down; remove it there by hand if it still exists."
             )
-        return LifecycleResult(
-            name=name,
-            action="forget",
-            ok=True,
-            changed=True,
-            enabled=None,
-            status=None,
-            detail=detail,
-        )
+        return _deleted(name, "forget", detail)
+
+
+def _deleted(name: str, action: str, detail: str) -> LifecycleResult:
+    """The result of an operation that deleted the source's row (it has no state now)."""
+    return LifecycleResult(
+        name=name, action=action, ok=True, changed=True, enabled=None, status=None, detail=detail
+    )
 
 
 def _identifiers(state: Any) -> str:

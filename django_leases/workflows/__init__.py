@@ -11,8 +11,9 @@ attempts, and the others of :mod:`django_leases.exceptions`) are here too.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from django_leases import lazy_attributes
 
 _LAZY = {
     "workflow": "django_leases.workflows.registry",
@@ -48,8 +49,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from django_leases.workflows.worker import Worker  # noqa: F401
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_leases.workflows' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

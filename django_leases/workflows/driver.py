@@ -127,21 +127,12 @@ class _Pass:
             if self.dry:
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
+            args = (self.run.id, step_name, function_name, data)
             if self.claim_ttl is None:
-                step = store.schedule(
-                    self.run.id,
-                    step_name,
-                    function_name,
-                    data,
-                    retries=retries,
-                    retry_delay=retry_delay,
-                )
+                step = store.schedule(*args, retries=retries, retry_delay=retry_delay)
             else:
                 scheduled = store.schedule_claimed(
-                    self.run.id,
-                    step_name,
-                    function_name,
-                    data,
+                    *args,
                     retries=retries,
                     retry_delay=retry_delay,
                     lease_ttl_seconds=self.claim_ttl,
