@@ -32,9 +32,13 @@ has the server prepare them instead (psycopg's ``prepare=True``), where that is 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import os
+import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -184,7 +188,21 @@ def _preparing_class() -> type[Any]:
         def execute(
             self, query: Any, params: Any = None, *, prepare: bool | None = None, **kwargs: Any
         ) -> Any:
-            return super().execute(query, params, prepare=True, **kwargs)
+            # Django connects with prepare_threshold=None, which psycopg reads as "never
+            # prepare" even when asked to; lifted for this statement only (Django's own
+            # client-side-binding cursors never prepare anyway).
+            owner = self.connection
+            threshold = owner.prepare_threshold
+            if threshold is None:
+                owner.prepare_threshold = 2**31 - 1
+            try:
+                done = super().execute(query, params, prepare=True, **kwargs)
+            finally:
+                owner.prepare_threshold = threshold
+            if self._query is None:  # what Django logs the statement as (DEBUG, tests)
+                with contextlib.suppress(Exception):
+                    self._query = self._convert_query(query, params)
+            return done
 
     return PreparingCursor
 
@@ -210,6 +228,70 @@ def cursor(connection: BaseDatabaseWrapper) -> Iterator[_Statements]:
         statements.close()
 
 
+# -- bounded statements -------------------------------------------------------------------------
+
+
+def _cut(connection: BaseDatabaseWrapper, why: str) -> None:
+    """Shut the socket of ``connection`` down (both ways), from another thread: the statement
+    its owner waits on fails at once with a connection error; the owner reconnects later."""
+    raw = getattr(connection, "connection", None)
+    pgconn = getattr(raw, "pgconn", None)
+    fd = getattr(pgconn, "socket", -1) if pgconn is not None else -1
+    if fd < 0:
+        return
+    logger.warning("Cutting database connection %r: %s", connection.alias, why)
+    try:
+        with socket.socket(fileno=os.dup(fd)) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        logger.debug("cutting connection %r failed", connection.alias, exc_info=True)
+
+
+class Bound:
+    """What :func:`bounded` yields: ``cut`` turns ``True`` when it cut the connection."""
+
+    def __init__(self) -> None:
+        self.cut = False
+
+
+@contextmanager
+def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Iterator[Bound]:
+    """Give the statements of the block at most ``seconds`` (``float``) on ``connection``.
+
+    A server that stops answering — a black-holed network, a frozen server — leaves a client
+    waiting for a reply for as long as TCP keeps the connection, which can be many minutes.
+    Past ``seconds``, the connection's socket is shut down from the process's timer thread,
+    so the waiting statement raises a connection error (``django.db.OperationalError`` /
+    ``InterfaceError``) and the caller handles it as any lost connection. ``what`` names the
+    statements for the log. PostgreSQL only (SQLite has no network); elsewhere, or for a
+    connection not yet open, nothing is armed. A connection attempt itself is bounded by
+    ``connect_timeout`` (psycopg's default is 130 s; ``OPTIONS["connect_timeout"]`` sets it).
+    """
+    from django_leases.process import TIMERS
+
+    bound = Bound()
+    if connection.vendor != "postgresql":
+        yield bound
+        return
+    connection.ensure_connection()
+    lock = threading.Lock()
+    running = [True]
+
+    def cut() -> None:
+        with lock:  # never once the block is over: the connection may be in use again
+            if running[0]:
+                bound.cut = True
+                _cut(connection, f"{what} had no answer within {seconds:g} s")
+
+    timer = TIMERS.at(time.monotonic() + seconds, cut)
+    try:
+        yield bound
+    finally:
+        with lock:
+            running[0] = False
+        timer.cancel()
+
+
 # -- threads ------------------------------------------------------------------------------------
 
 
@@ -226,7 +308,9 @@ def close_thread_connections() -> None:
 
 __all__ = [
     "TUNED_VENDORS",
+    "Bound",
     "RoutedQuerySet",
+    "bounded",
     "close_thread_connections",
     "cursor",
     "prepares",

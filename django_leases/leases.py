@@ -63,6 +63,12 @@ WAIT_FIRST_PAUSE = 0.02
 #: interval of the lease asked for).
 WAIT_MAX_PAUSE = 1.0
 
+#: Shortest time the final check of a hold may take before its connection is cut, seconds
+#: (it may otherwise take until the lease's local deadline).
+FINAL_CHECK_MIN = 1.0
+#: Longest time a release may take before its connection is cut (at most the TTL), seconds.
+RELEASE_TIMEOUT = 10.0
+
 #: Clean-up tasks that must outlive the task that started them (asyncio keeps only weak
 #: references to tasks).
 _background: set[asyncio.Future[Any]] = set()
@@ -129,6 +135,7 @@ class HeldLease:
         self._deferred = deferred_renewal
         self._renewal: Renewal | None = None
         self._released_live: bool | None = None
+        self._unresponsive = False
         #: ``None`` until :meth:`finish` ran; then whether the lease was given back.
         self.released: bool | None = None
 
@@ -279,7 +286,8 @@ class HeldLease:
             self.lost.set()
 
     def _renew(self) -> bool:
-        refreshed = self._objects().refresh(self.lease, self.ttl)
+        with db.bounded(connections[self.alias], self.ttl, f"renewal of {self.key!r}"):
+            refreshed = self._objects().refresh(self.lease, self.ttl)
         if refreshed is None:
             return False
         self._lease = refreshed
@@ -296,7 +304,9 @@ class HeldLease:
     def finish(self, *, vouch: bool) -> None:
         """Stop renewing; with ``vouch``, check once more that the lease is still held and
         raise :class:`LeaseLostError` if that cannot be confirmed; always release (a release
-        that fails is logged, never raised: the lease then lapses after its TTL)."""
+        that fails is logged, never raised: the lease then lapses after its TTL). None of it
+        waits on a database that stopped answering for longer than the local deadline and
+        :data:`RELEASE_TIMEOUT`: its connection is cut (``db.bounded``)."""
         if self.released is not None or self._renewal is None:
             return
         self.released = False
@@ -309,24 +319,31 @@ class HeldLease:
                     raise LeaseLostError(self.key)
             elif vouch:
                 # The last renewal can be a third of a TTL old: check once more before vouching.
-                try:
-                    held: bool | None = None
-                    if self.lost.is_set():
-                        held = False
-                    elif self._deferred:
-                        # The check and the release in one statement.
-                        held = self._release_held()
-                        released = held is not None
-                    if held is None:
-                        held = self._renew()
-                except Exception:
-                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
-                    held = False
+                held, released = self._final_check()
                 if not held:
                     self.mark_lost("the final check could not vouch for it")
                     raise LeaseLostError(self.key)
         finally:
             self.released = True if released else self._release()
+
+    def _final_check(self) -> tuple[bool, bool]:
+        """Whether the lease was still held, and whether that check also released it."""
+        if self.lost.is_set():
+            return False, False
+        # No later than the local deadline (a second at least): past it a database that
+        # stopped answering has its connection cut, and cannot vouch.
+        limit = max(FINAL_CHECK_MIN, self.deadline - time.monotonic())
+        with db.bounded(connections[self.alias], limit, f"lease {self.key!r}") as bound:
+            try:
+                if self._deferred:  # the check and the release in one statement
+                    held = self._release_held()
+                    if held is not None:
+                        return held, True
+                return self._renew(), False
+            except Exception:
+                logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                self._unresponsive = bound.cut
+                return False, False
 
     def _release_held(self) -> bool | None:
         return self._objects().release_held(self.lease)
@@ -335,13 +352,19 @@ class HeldLease:
         """Release; ``False`` when that failed (logged: the lease then lapses after its TTL).
         A release whose connection failed is tried once more on a fresh connection: a killed
         connection must not cost the key its TTL."""
-        assert self.lease is not None
-        for tries_left in (1, 0):
+        limit = max(FINAL_CHECK_MIN, min(self.ttl, RELEASE_TIMEOUT))
+        # A database that did not answer the final check gets one try, which fails at once
+        # on the cut connection: a new connection to it could wait for minutes.
+        for tries_left in (0,) if self._unresponsive else (1, 0):
+            bound: db.Bound | None = None
             try:
-                self._objects().release(self.lease)
+                with db.bounded(
+                    connections[self.alias], limit, f"release of {self.key!r}"
+                ) as bound:
+                    self._objects().release(self.lease)
                 return True
             except DatabaseError as exc:
-                if not tries_left:
+                if not tries_left or (bound is not None and bound.cut):
                     logger.warning("Releasing lease %r failed: %s", self.key, exc)
                     return False
                 logger.info("Releasing lease %r failed (%s); trying again", self.key, exc)

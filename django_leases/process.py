@@ -1,17 +1,28 @@
-"""Process plumbing shared by the long-lived commands: the one signal scope.
+"""Process plumbing shared by the long-lived parts: the one signal scope and the one timer
+thread.
 
-:func:`on_stop` is how the workflow worker and the ``hold_lease`` command take SIGTERM,
-SIGINT (and, for the holder, SIGHUP): a handler that only records the signal and wakes the
-loop, installed for the length of a block and taken away after it.
+* :func:`on_stop` is how the workflow worker and the ``hold_lease`` command take SIGTERM,
+  SIGINT (and, for the holder, SIGHUP): a handler that only records the signal and wakes the
+  loop, installed for the length of a block and taken away after it.
+* :data:`TIMERS` runs actions at a ``time.monotonic()`` moment on one thread per process
+  (started on first use, again after a fork): the deferred start of renewal threads, and the
+  deadline that cuts a database connection which stopped answering (``db.bounded``).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+logger = logging.getLogger("django_leases.process")
 
 #: The signals that ask a process to stop.
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
@@ -62,4 +73,69 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-__all__ = ["STOP_SIGNALS", "on_stop", "signal_name"]
+class Timer:
+    r"""An action :class:`Timers` runs at ``when`` unless :meth:`cancel`\ led first."""
+
+    def __init__(self, when: float, action: Callable[[], None]) -> None:
+        self.when = when
+        self.action = action
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Do not run the action (a no-op once it ran)."""
+        self.cancelled = True
+
+
+class Timers:
+    """One thread running timed actions, in order of their moment (a heap). An action runs
+    on that thread and must be quick; one that raises is logged and the next runs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Timer]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def at(self, when: float, action: Callable[[], None]) -> Timer:
+        """Run ``action`` at ``time.monotonic()`` moment ``when``; returns its :class:`Timer`."""
+        timer = Timer(when, action)
+        with self._cond:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # (again after a fork: threads do not survive it)
+                self._heap = []
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="dl-timers", daemon=True)
+                self._thread.start()
+            heapq.heappush(self._heap, (when, next(self._order), timer))
+            if self._heap[0][2] is timer:
+                self._cond.notify()
+        return timer
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2].cancelled:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    late = time.monotonic() - self._heap[0][0]
+                    if late >= 0:
+                        timer = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(-late)
+            if timer.cancelled:
+                continue
+            try:
+                timer.action()
+            except Exception:
+                logger.exception("A timed action failed")
+
+
+#: The process's timer thread.
+TIMERS = Timers()
+
+
+__all__ = ["STOP_SIGNALS", "TIMERS", "Timer", "Timers", "on_stop", "signal_name"]

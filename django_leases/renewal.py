@@ -21,16 +21,14 @@ them when it ends; after a failed renewal it closes them too, so the next one re
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
 from django_leases import db
 from django_leases.conf import leases_settings
+from django_leases.process import TIMERS, Timer
 
 logger = logging.getLogger("django_leases.renewal")
 
@@ -58,10 +56,11 @@ class Renewal:
             a holder passes its own, which exists before the renewal does).
 
         deferred: start the renewal and deadline threads only once the first renewal is
-            due (``interval`` seconds after :meth:`start`), from the process's one
-            scheduling thread. A unit of work that ends before then (most workflow passes and
-            steps) starts no thread at all, and :meth:`stop` has nothing to wait for. Once
-            started, the threads follow the rules above unchanged.
+            due (``interval`` seconds after :meth:`start`), from the process's one timer
+            thread (:data:`~django_leases.process.TIMERS`). A unit of work that ends before
+            then (most workflow passes and steps) starts no thread at all, and :meth:`stop`
+            has nothing to wait for. Once started, the threads follow the rules above
+            unchanged.
 
     ``lost`` is a :class:`threading.Event` set when the lease is lost. Call :meth:`start`
     once and :meth:`stop` exactly when done (it is idempotent).
@@ -99,6 +98,7 @@ class Renewal:
         self._threads_lock = threading.Lock()
         self._threads_started = False
         self._first_wait = self.interval
+        self._timer: Timer | None = None
 
     @property
     def deadline(self) -> float:
@@ -110,10 +110,17 @@ class Renewal:
         """Start the renewal and deadline threads (deferred: schedule their start for when the
         first renewal is due); returns ``self``."""
         if self._deferred:
-            _SCHEDULE.add(time.monotonic() + self.interval, self)
+            self._timer = TIMERS.at(time.monotonic() + self.interval, self._start_now)
         else:
             self._start_threads(self.interval)
         return self
+
+    def _start_now(self) -> None:
+        """The first renewal is due (deferred start, on the timer thread)."""
+        try:
+            self._start_threads(0.0)
+        except Exception:  # e.g. no thread can be started: the deadline still rules
+            logger.exception("Could not start the renewal of lease %r", self.name)
 
     def _start_threads(self, first_wait: float) -> None:
         with self._threads_lock:
@@ -135,6 +142,8 @@ class Renewal:
         with self._threads_lock:
             self._stopped.set()
             started = self._threads_started
+        if self._timer is not None:
+            self._timer.cancel()
         if not started:
             return  # no renewal ever ran or can run now: nothing to wait for
         with self._cond:
@@ -205,52 +214,3 @@ class Renewal:
     def _close_connections() -> None:
         # Django's connections are per thread: this closes only the renewal thread's own.
         db.close_thread_connections()
-
-
-class _Schedule:
-    """The process's one scheduling thread for deferred renewals: a heap of
-    ``(when, renewal)`` ordered by when each renewal's first renewal is due. Adding is a
-    push; a stopped renewal is dropped when it comes up (no thread was ever started for it)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Renewal]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    def add(self, when: float, renewal: Renewal) -> None:
-        with self._cond:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                # (again after a fork: threads do not survive it)
-                self._heap = []
-                self._pid = os.getpid()
-                self._thread = threading.Thread(
-                    target=self._run, name="lease-renewal-schedule", daemon=True
-                )
-                self._thread.start()
-            heapq.heappush(self._heap, (when, next(self._order), renewal))
-            if self._heap[0][2] is renewal:
-                self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    while self._heap and self._heap[0][2]._stopped.is_set():
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    late = time.monotonic() - self._heap[0][0]
-                    if late >= 0:
-                        renewal = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(-late)
-            try:
-                renewal._start_threads(0.0)  # its first renewal is due now
-            except Exception:  # e.g. no thread can be started: the deadline still rules
-                logger.exception("Could not start the renewal of lease %r", renewal.name)
-
-
-_SCHEDULE = _Schedule()
