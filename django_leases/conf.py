@@ -13,6 +13,10 @@ key                            default    meaning
 ``WORKER_POLL_INTERVAL``       ``None``   seconds an idle workflow worker waits between polls;
                                           ``None``: 1.0 on PostgreSQL (LISTEN/NOTIFY wakes it
                                           at once), 0.25 elsewhere
+``WORKER_WAKEUP``              ``"auto"`` how idle workers learn of new work: ``"auto"`` LISTEN/
+                                          NOTIFY on PostgreSQL unless the database sets
+                                          ``DISABLE_SERVER_SIDE_CURSORS`` (a pooler in
+                                          transaction mode), else polling; ``"poll"`` always poll
 ``WORKER_SHUTDOWN_GRACE``      ``30``     seconds a worker lets in-flight steps finish on SIGTERM
 ``HOLD_LEASE_KILL_GRACE``      ``10``     seconds ``manage.py hold_lease`` waits after SIGTERM
                                           before it SIGKILLs a child whose lease was lost
@@ -56,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TTL": 366 * 24 * 3600.0,
     "STEP_LEASE_TTL": 30.0,
     "WORKER_POLL_INTERVAL": None,
+    "WORKER_WAKEUP": "auto",
     "WORKER_SHUTDOWN_GRACE": 30.0,
     "HOLD_LEASE_KILL_GRACE": 10.0,
     "WEBHOOK_MAX_BODY": 1024 * 1024,

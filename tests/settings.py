@@ -8,7 +8,10 @@ import os
 import tempfile
 
 from demo_project.settings import *  # noqa: F403
-from demo_project.settings import database_from_url, env
+from demo_project.settings import INSTALLED_APPS, database_from_url, env
+
+# Workflows every process of the suite registers (workers run as child processes use them).
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.workapp"]
 
 DATABASES = {
     "default": database_from_url(

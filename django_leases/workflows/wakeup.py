@@ -10,7 +10,10 @@ thread per notification (a thread that finds work wakes the next, so a burst fan
 all threads). If the listener's connection is killed it reconnects, and wakes every thread
 once, as notifications sent while it was away are lost.
 
-Elsewhere (SQLite) :func:`notify_work_due` does nothing and workers poll: an idle thread
+Behind a pooler in transaction mode (the alias's ``DISABLE_SERVER_SIDE_CURSORS`` set, as
+Django asks for one) or with ``DJANGO_LEASES["WORKER_WAKEUP"] = "poll"`` workers do not
+LISTEN and poll instead (:func:`listens`). Elsewhere (SQLite) :func:`notify_work_due` does
+nothing and workers poll: an idle thread
 looks again every poll interval (``WORKER_POLL_INTERVAL``; see
 :class:`~django_leases.workflows.worker.Worker` for the defaults). Polling also stays the
 fallback on PostgreSQL, for work that becomes due by the clock rather than by a write — a
@@ -31,6 +34,7 @@ from typing import Any
 
 from django.db import connections
 
+from django_leases.conf import leases_settings
 from django_leases.models.workflow import channel_name, notify_work_due
 
 logger = logging.getLogger("django_leases.worker")
@@ -48,8 +52,30 @@ CONNECT_TIMEOUT = 10
 
 
 def listens(using: str) -> bool:
-    """Whether database alias ``using`` (``str``) supports LISTEN/NOTIFY (PostgreSQL)."""
-    return bool(connections[using].vendor == "postgresql")
+    """Whether workers on database alias ``using`` (``str``) are woken by LISTEN/NOTIFY:
+    PostgreSQL, unless the alias is behind a pooler in transaction mode (its
+    ``DISABLE_SERVER_SIDE_CURSORS`` is ``True``, as Django asks for one), which delivers a
+    notification to whichever client holds the server connection at that moment, or
+    ``DJANGO_LEASES["WORKER_WAKEUP"]`` is ``"poll"``."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or leases_settings.WORKER_WAKEUP == "poll":
+        return False
+    return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+
+
+def wakeup_method(using: str, poll_interval: float) -> str:
+    """How idle workers on ``using`` learn of new work, in words (for the worker's first
+    line): LISTEN/NOTIFY, or polling every ``poll_interval`` seconds and why."""
+    connection = connections[using]
+    if listens(using):
+        return f"woken by LISTEN/NOTIFY, polling every {poll_interval:g} s for work due later"
+    if connection.vendor != "postgresql":
+        why = f"{connection.vendor} has no notifications"
+    elif leases_settings.WORKER_WAKEUP == "poll":
+        why = 'WORKER_WAKEUP is "poll"'
+    else:
+        why = "DISABLE_SERVER_SIDE_CURSORS: a pooler in transaction mode delivers none"
+    return f"polling every {poll_interval:g} s ({why})"
 
 
 class WakeSignal:
@@ -258,4 +284,5 @@ __all__ = [
     "channel_name",
     "listens",
     "notify_work_due",
+    "wakeup_method",
 ]

@@ -41,7 +41,7 @@ from django_leases.validation import seconds, ttl_seconds
 from django_leases.workflows.driver import PASS_RETRY_DELAY, RunDriver, run_lease_ttl
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import PassClaim
-from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens
+from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, wakeup_method
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -198,13 +198,7 @@ class Worker:
                 self.wake.wake,
                 on_reconnect=lambda: self.wake.wake(self.concurrency),
             )
-        logger.info(
-            "Workflow worker started: %d thread(s)%s, %spolling every %.2f s",
-            self.concurrency,
-            " (once)" if once else "",
-            "woken by LISTEN/NOTIFY, " if self.listener else "",
-            self.poll_interval,
-        )
+        logger.info("%s", self.describe(once))
         try:
             if self.listener is not None:
                 self.listener.start()
@@ -247,6 +241,14 @@ class Worker:
             return EXIT_DATABASE_UNREACHABLE
         logger.info("Workflow worker stopped")
         return 0
+
+    def describe(self, once: bool = False) -> str:
+        """The worker's first line: threads, database, how it is woken."""
+        return (
+            f"Workflow worker started: {self.concurrency} thread(s){' (once)' if once else ''} "
+            f"on database {self.alias!r}, "
+            f"{wakeup_method(self.alias, self.poll_interval) if not once else 'until drained'}"
+        )
 
     def _check_ready(self) -> None:
         """Refuse to start where the tuned statements' functions are missing (the migrations

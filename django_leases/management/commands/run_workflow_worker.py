@@ -101,6 +101,9 @@ class Command(LeasesCommand):
             poll_interval=options["poll_interval"],
             shutdown_grace=options["shutdown_grace"],
         )
+        if options["verbosity"] >= 1:
+            self.stdout.write(worker.describe(options["once"]))
+            self.stdout.flush()
         try:
             code = worker.run(once=options["once"])
         except WorkflowFunctionsMissing as exc:

@@ -1,0 +1,246 @@
+"""Behind PgBouncer in transaction mode: workers, ``hold_lease``, migrations and the admin.
+
+The test starts Debian's ``pgbouncer`` on a private port (``pool_mode = transaction``, a small
+pool so server connections are shared) in front of the suite's PostgreSQL, and runs the
+commands through it as child processes. Two ways to be there:
+
+* as Django asks, with ``DISABLE_SERVER_SIDE_CURSORS = True``: django-leases then neither
+  prepares statements nor LISTENs, and workers say at start that they poll;
+* without it: the first prepared statement the pooler refuses switches prepared statements off
+  for the alias (logged once) and the statement is sent again; nothing fails.
+
+PgBouncer (``apt-get install pgbouncer``) is needed: without it the test is skipped on a
+user's machine and fails under ``CI=true`` (``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_leases.models import Lease, RunStatus, WorkflowRun
+from django_leases.workflows.engine import start_workflow
+from tests.helpers import unique_key, wait_until
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pgbouncer() -> Iterator[int]:
+    """A PgBouncer in transaction mode in front of 127.0.0.1:5432; yields its port."""
+    if not os.path.exists(PGBOUNCER):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("pgbouncer is not installed: the pooler tests must run under CI")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    port = _free_port()
+    folder = Path(tempfile.mkdtemp(prefix="dl-pgbouncer-"))
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    (folder / "pgbouncer.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [databases]
+            * = host=127.0.0.1 port=5432
+            [pgbouncer]
+            listen_addr = 127.0.0.1
+            listen_port = {port}
+            unix_socket_dir =
+            auth_type = trust
+            auth_file = {folder}/users.txt
+            pool_mode = transaction
+            default_pool_size = 3
+            max_client_conn = 200
+            ignore_startup_parameters = extra_float_digits,options
+            logfile = {folder}/pgbouncer.log
+            pidfile = {folder}/pgbouncer.pid
+            """
+        )
+    )
+    user = "postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        for path in (folder, *folder.iterdir()):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    command = [PGBOUNCER, *(["-u", user] if user else []), str(folder / "pgbouncer.ini")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout else ""
+            raise AssertionError(f"pgbouncer exited with {process.returncode}: {output}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    wait_until(accepting, 30, what="pgbouncer accepting connections")
+    try:
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _env(base: dict[str, str], port: int, *, declared: bool) -> dict[str, str]:
+    """The child's environment: its default database is the test database, through the
+    pooler; ``declared``: with ``DISABLE_SERVER_SIDE_CURSORS``."""
+    env = dict(base)
+    url = f"postgres://postgres@127.0.0.1:{port}/{connection.settings_dict['NAME']}"
+    env["DATABASE_URL"] = url + ("?disable_server_side_cursors=true" if declared else "")
+    env["LEASES_LOG_LEVEL"] = "INFO"
+    return env
+
+
+def _manage(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_a_worker_behind_the_pooler_runs_every_run(
+    pgbouncer: int, subprocess_env: dict[str, str], declared: bool
+) -> None:
+    run_ids = [start_workflow("tests.sub.two-steps", {}) for _ in range(5)]
+    done = _manage(
+        _env(subprocess_env, pgbouncer, declared=declared), "run_workflow_worker", "--once"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    statuses = set(WorkflowRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
+    assert statuses == {RunStatus.COMPLETED}, done.stdout + done.stderr
+    # A refusal of a prepared statement (the pooler's server connection already has one of
+    # that name, or does not know it) is handled and said once; nothing else about it.
+    refusals = done.stderr.count("refused a prepared statement")
+    assert refusals == (0 if declared else refusals) and refusals <= 1, done.stderr
+    others = done.stderr.replace("refused a prepared statement", "")
+    assert "Traceback" not in done.stderr and "failed" not in others, done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_behind_a_declared_pooler_says_it_polls(
+    pgbouncer: int, subprocess_env: dict[str, str]
+) -> None:
+    env = _env(subprocess_env, pgbouncer, declared=True)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "run_workflow_worker", "--poll-interval", "0.2"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        first = worker.stdout.readline()
+        assert "polling every 0.2 s" in first and "DISABLE_SERVER_SIDE_CURSORS" in first, first
+        run_id = start_workflow("tests.sub.two-steps", {})
+        wait_until(
+            lambda: WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED,
+            60,
+            what="the run completing through the pooler",
+        )
+    finally:
+        worker.terminate()
+        _, errors = worker.communicate(timeout=60)
+    assert worker.returncode == 0, errors
+    assert "prepared statement" not in errors, errors
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_hold_lease_behind_the_pooler_holds_and_releases(
+    pgbouncer: int, subprocess_env: dict[str, str], declared: bool
+) -> None:
+    key = unique_key("pooled")
+    script = "import os; print(os.environ['DJANGO_LEASES_TOKEN'])"
+    done = _manage(
+        _env(subprocess_env, pgbouncer, declared=declared),
+        "hold_lease",
+        key,
+        "--ttl",
+        "3",
+        "--",
+        sys.executable,
+        "-c",
+        f"import time; time.sleep(2.5); {script}",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "1"
+    lease = Lease.objects.with_state().get(key=key)
+    assert lease.state == "released"  # type: ignore[attr-defined]
+    assert lease.renewed_at > lease.acquired_at, "it was never renewed through the pooler"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrations_and_the_admin_work_behind_the_pooler(
+    pgbouncer: int, subprocess_env: dict[str, str]
+) -> None:
+    env = _env(subprocess_env, pgbouncer, declared=True)
+    backwards = _manage(env, "migrate", "django_leases", "0003", "--verbosity", "0")
+    assert backwards.returncode == 0, backwards.stderr
+    forwards = _manage(env, "migrate", "--verbosity", "0")
+    assert forwards.returncode == 0, forwards.stderr
+    check = _manage(env, "check", "--database", "default")
+    assert check.returncode == 0 and "E013" not in check.stderr, check.stderr
+    admin = _manage(
+        env,
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; from django.test import Client; "
+        "user = User.objects.create_superuser('pooled-admin', 'a@example.com', 'pw'); "
+        "client = Client(); client.force_login(user); "
+        "print(*(client.get(f'/admin/django_leases/{m}/').status_code "
+        "for m in ('lease', 'workflowrun', 'triggersource')))",
+    )
+    assert admin.returncode == 0, admin.stderr
+    assert admin.stdout.splitlines()[-1].split() == ["200", "200", "200"], admin.stdout
+
+
+def test_the_wakeup_listener_keeps_the_options_django_was_given(pgbouncer: int) -> None:
+    """The listener's keep-alive must not become a prepared statement: it kept every option
+    Django connects with but ``prepare_threshold=None``, and psycopg's default prepares a
+    query on its fifth run, which a transaction pooler then fails on (another client's
+    server connection does not know it, or already has it)."""
+    import psycopg
+
+    from django_leases.workflows.wakeup import WakeupListener
+
+    listener = WakeupListener("default", lambda: None)
+    params = dict(listener._params)
+    assert "prepare_threshold" in params and params["prepare_threshold"] is None
+    params.update(host="127.0.0.1", port=pgbouncer)
+    with psycopg.connect(**params, autocommit=True) as pooled:
+        assert pooled.prepare_threshold is None
+        for _ in range(12):  # more than psycopg's default threshold of five
+            pooled.execute("SELECT 1")
+        left = pooled.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+        assert left is not None and left[0] == 0, "a prepared statement was left on the server"
