@@ -9,16 +9,13 @@ Five checks, each judged on the **database clock** where time matters:
     No migration is unapplied on that alias, for django-leases or any other installed app
     (the plan ``migrate`` would run).
 ``workers``
-    Evidence that workflow workers are alive. The worker keeps no registry of its own, so the
-    check reads what workers leave behind: steps running under a live step lease, live run
-    leases (``workflow-run:<id>``, held during an orchestration pass), the latest step claim,
-    and live *heartbeat* leases under ``workflow-worker:`` if workers record them. It is a
-    problem when work has been **due for longer than** ``overdue_after`` seconds (a pass due,
-    or a waiting step available) and nobody took it: workers are down, or too few for the
-    load. An idle installation with no worker running cannot be told apart from one with idle
-    workers; counting live ``workflow-worker:`` heartbeat leases (one per worker process,
-    renewed like any ``hold_lease``) would make the count exact, and this check already
-    reports them when they exist.
+    The workflow worker processes alive now: each holds a heartbeat lease
+    (``workflow-worker:<host>:<pid>``, renewed every TTL/3 like any hold, lapsing after its TTL
+    when the process dies) and records its threads and units in flight (``WorkflowWorker``).
+    It is a problem when work has been **due for longer than** ``overdue_after`` seconds (a
+    pass due, or a waiting step available) and nobody took it: no worker is running, or too
+    few for the load. Also reported: steps running under a live step lease, live run leases
+    and the time since the latest step claim.
 ``lapsed_steps``
     Steps still ``running`` whose step lease lapsed more than ``overdue_after`` seconds ago:
     their worker died and no other worker has reclaimed them (a worker would run them again
@@ -35,6 +32,7 @@ is what the command exits with (:data:`EXIT_OK`, :data:`EXIT_PROBLEMS`,
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +44,7 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Exists, F, Max, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest, Now
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 
 from django_leases import clock
 
@@ -64,8 +63,6 @@ DEFAULT_STUCK_AFTER = 300.0
 
 #: Key prefix of the lease an orchestration pass holds (see ``workflows.engine.run_lease_key``).
 RUN_LEASE_PREFIX = "workflow-run:"
-#: Key prefix of per-worker heartbeat leases, counted when workers record them.
-WORKER_HEARTBEAT_PREFIX = "workflow-worker:"
 
 OK = "ok"
 PROBLEM = "problem"
@@ -187,6 +184,24 @@ def _tables_exist(alias: str) -> bool:
     return ("django_leases", "0001_initial") in executor.loader.applied_migrations
 
 
+#: alias -> (``time.monotonic()`` of the reading, the migrations finding, tables exist).
+_migrations_seen: dict[str, tuple[float, Finding, bool]] = {}
+
+
+def _migrations(alias: str, max_age: float) -> tuple[Finding, bool]:
+    """The migrations finding and whether django_leases' tables exist on ``alias``, read
+    afresh, or (``max_age`` > 0) as read within the last ``max_age`` seconds by this process:
+    loading the migration graph is the costly part of the checks."""
+    now = time.monotonic()
+    seen = _migrations_seen.get(alias)
+    if max_age > 0 and seen is not None and now - seen[0] < max_age:
+        return seen[1], seen[2]
+    finding = _guarded("migrations", alias, lambda: check_migrations(alias))
+    exist = _tables_exist(alias)
+    _migrations_seen[alias] = (now, finding, exist)
+    return finding, exist
+
+
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
 
 
@@ -226,6 +241,12 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     overdue_steps = steps.filter(
         _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
     )
+    worker_model = models["WorkflowWorker"]
+    alive = list(
+        worker_model._default_manager.using(router.db_for_write(worker_model))
+        .live()
+        .order_by("host", "pid")
+    )
     latest = attempt_model._default_manager.using(alias).aggregate(
         latest=Max("started_at"), db_now=Max(Now())
     )
@@ -234,9 +255,11 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
             status="running", lease_expires_at__gt=Now()
         ).count(),
         "live_run_leases": live_leases.filter(key__startswith=RUN_LEASE_PREFIX).count(),
-        "live_worker_heartbeats": live_leases.filter(
-            key__startswith=WORKER_HEARTBEAT_PREFIX
-        ).count(),
+        "live_workers": len(alive),
+        "workers": [
+            f"{w.host}:{w.pid} ({w.concurrency} thread(s), {w.in_flight} in flight)"
+            for w in alive[:MAX_LISTED]
+        ],
         "seconds_since_last_claim": _seconds_between(latest["latest"], latest["db_now"]),
         "overdue_passes": overdue_passes.count(),
         "overdue_steps": overdue_steps.count(),
@@ -257,16 +280,18 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
             alias,
             PROBLEM,
             f"{overdue} piece{'s' if overdue != 1 else ''} of work due for over "
-            f"{overdue_after:g} s and not picked up: no workflow worker is running, or too few "
-            f"({busy} busy now)",
+            f"{overdue_after:g} s and not picked up: "
+            + (
+                f"too few workers ({len(alive)} alive, {busy} busy now)"
+                if alive
+                else "no workflow worker is running"
+            ),
             details,
         )
-    if details["live_worker_heartbeats"]:
-        message = f"{details['live_worker_heartbeats']} worker(s) alive (heartbeat leases)"
-    elif busy:
-        message = f"workers busy: {busy} step or pass lease(s) live; no overdue work"
+    if alive:
+        message = f"{len(alive)} worker(s) alive; no overdue work"
     else:
-        message = "no overdue work (idle: whether a worker is running cannot be seen)"
+        message = "no workflow worker is running; no work is overdue"
     return Finding("workers", alias, OK, message, details)
 
 
@@ -370,6 +395,7 @@ def run_checks(
     *,
     overdue_after: float = DEFAULT_OVERDUE_AFTER,
     stuck_after: float = DEFAULT_STUCK_AFTER,
+    migrations_max_age: float = 0.0,
 ) -> HealthReport:
     """Run every check and return the report.
 
@@ -378,6 +404,8 @@ def run_checks(
             run on each alias that holds the workflow tables' writes, or on every alias given.
         overdue_after: seconds (> 0) due work may wait before it is a problem.
         stuck_after: seconds (> 0) a running run may sit unmoving before it is stuck.
+        migrations_max_age: seconds a migrations reading of this process may be reused
+            (0, the default: read afresh); the health view uses it to stay cheap.
 
     Raises ``ValueError`` for a threshold that is not a positive number. Database errors are
     findings, never exceptions.
@@ -396,10 +424,11 @@ def run_checks(
             for name in ("migrations", "workers", "lapsed_steps", "stuck_runs"):
                 findings.append(Finding(name, alias, SKIPPED, "skipped: database unreachable"))
             continue
-        findings.append(_guarded("migrations", alias, lambda a=alias: check_migrations(a)))
+        migrations, tables_exist = _migrations(alias, migrations_max_age)
+        findings.append(migrations)
         if not explicit and alias != workflow_alias:
             continue
-        if not _tables_exist(alias):
+        if not tables_exist:
             for name in ("workers", "lapsed_steps", "stuck_runs"):
                 findings.append(
                     Finding(name, alias, SKIPPED, "skipped: django_leases is not migrated here")
@@ -462,3 +491,28 @@ __all__ = [
     "run_checks",
     "write_aliases",
 ]
+
+
+# -- the HTTP view --------------------------------------------------------------------------------
+
+#: Seconds the health view reuses a process's reading of the migrations.
+VIEW_MIGRATIONS_MAX_AGE = 60.0
+
+
+def health_view(request: HttpRequest) -> HttpResponse:
+    """``GET health/`` (``include("django_leases.urls")``): what ``leases_check`` answers, as
+    JSON, with status 200 when healthy and 503 otherwise — for a load balancer or an uptime
+    check. Anyone gets ``healthy``, ``exit_code`` and each check's status; staff users get
+    the details too (counts, run ids, workers). The migrations are read at most once a
+    minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe costs a few queries."""
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    report = run_checks(migrations_max_age=VIEW_MIGRATIONS_MAX_AGE)
+    body = report.as_dict()
+    user = getattr(request, "user", None)
+    if not (user is not None and user.is_active and user.is_staff):
+        body["checks"] = [
+            {"check": c["check"], "alias": c["alias"], "status": c["status"]}
+            for c in body["checks"]
+        ]
+    return JsonResponse(body, status=200 if report.healthy else 503)

@@ -1,14 +1,17 @@
 """URLs of django-leases: ``include("django_leases.urls")`` in your project's urls.py.
 
-``hooks/<name>/`` receives webhook deliveries for trigger source ``name`` (POST only).
+``hooks/<name>/`` receives webhook deliveries for trigger source ``name`` (POST only);
+``health/`` answers what ``manage.py leases_check`` answers (GET; 200 healthy, 503 not).
 """
 
 from django.urls import path
 
+from django_leases.health import health_view
 from django_leases.triggers.views import receive_webhook
 
 app_name = "django_leases"
 
 urlpatterns = [
     path("hooks/<str:name>/", receive_webhook, name="receive-webhook"),
+    path("health/", health_view, name="health"),
 ]

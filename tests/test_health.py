@@ -102,7 +102,7 @@ def test_a_migrated_idle_database_is_healthy() -> None:
     assert [f.status for f in report.findings] == ["ok"] * 5, health.format_text(report)
     assert set(checks) == {"database", "migrations", "workers", "lapsed_steps", "stuck_runs"}
     assert report.exit_code == health.EXIT_OK == 0
-    assert "idle" in checks["workers"].message
+    assert "no workflow worker is running" in checks["workers"].message
 
     code, out = run_command()
     assert code == 0
@@ -253,19 +253,36 @@ def test_live_leases_are_evidence_of_busy_workers() -> None:
     assert finding.status == "ok"
     assert finding.details["steps_running_under_live_lease"] == 1
     assert finding.details["live_run_leases"] == 1
-    assert "busy" in finding.message
 
 
 @pytest.mark.django_db
-def test_worker_heartbeat_leases_are_counted() -> None:
-    for n in range(2):
-        assert Lease.objects.acquire(f"workflow-worker:host:{n}", f"host:{n}", ttl=300)
-    stale = Lease.objects.acquire("workflow-worker:host:9", "host:9", ttl=300)
-    assert stale is not None
-    Lease.objects.release(stale)
+def test_live_workers_are_counted_exactly_from_their_heartbeat_leases() -> None:
+    from django_leases.models import WorkflowWorker
+
+    for n in range(3):
+        key = f"workflow-worker:host:{n}"
+        WorkflowWorker.objects.register(
+            key, host="host", pid=n, concurrency=2, queues=[], wakeup="polling"
+        )
+        lease = Lease.objects.acquire(key, f"host:{n}", ttl=300)
+        assert lease is not None
+        if n == 2:
+            Lease.objects.release(lease)  # a worker that stopped
     finding = by_check(health.run_checks())["workers"]
-    assert finding.details["live_worker_heartbeats"] == 2
+    assert finding.details["live_workers"] == 2
+    assert finding.details["workers"] == [
+        "host:0 (2 thread(s), 0 in flight)",
+        "host:1 (2 thread(s), 0 in flight)",
+    ]
     assert finding.message.startswith("2 worker(s) alive")
+
+
+@pytest.mark.django_db
+def test_no_worker_running_is_said_exactly() -> None:
+    finding = by_check(health.run_checks())["workers"]
+    assert finding.status == "ok"
+    assert finding.details["live_workers"] == 0
+    assert finding.message == "no workflow worker is running; no work is overdue"
 
 
 # -- lapsed steps -----------------------------------------------------------------------------
@@ -383,3 +400,35 @@ def test_the_command_exit_status_as_a_process(subprocess_env: dict[str, str]) ->
     assert stuck.returncode == 3, stuck.stdout + stuck.stderr
     findings = {c["check"]: c for c in json.loads(stuck.stdout)["checks"]}
     assert findings["stuck_runs"]["details"]["runs"] == [str(run.pk)]
+
+
+# -- the HTTP view ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_health_view_answers_200_when_healthy_with_statuses_only(client: Any) -> None:
+    response = client.get("/health/")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["healthy"] is True and body["exit_code"] == 0
+    assert {c["check"] for c in body["checks"]} >= {"database", "migrations", "workers"}
+    assert all(set(c) == {"check", "alias", "status"} for c in body["checks"]), body
+
+
+@pytest.mark.django_db
+def test_the_health_view_answers_503_on_a_problem_and_details_for_staff(
+    client: Any, admin_user: Any
+) -> None:
+    make_run(pass_due_at=db_now_plus(-3600))  # a pass due an hour ago: no worker took it
+    response = client.get("/health/")
+    assert response.status_code == 503
+    assert response.json()["healthy"] is False
+    assert "details" not in response.json()["checks"][0]
+    client.force_login(admin_user)
+    workers = next(c for c in client.get("/health/").json()["checks"] if c["check"] == "workers")
+    assert workers["status"] == "problem" and workers["details"]["overdue_passes"] == 1
+
+
+@pytest.mark.django_db
+def test_the_health_view_takes_only_get(client: Any) -> None:
+    assert client.post("/health/").status_code == 405

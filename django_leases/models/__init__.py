@@ -12,6 +12,7 @@ from django_leases.models.workflow import (
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
+    WorkflowWorker,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "WorkflowRun",
     "WorkflowStep",
     "WorkflowStepAttempt",
+    "WorkflowWorker",
 ]

@@ -38,7 +38,7 @@ from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from django_leases import clock, db
+from django_leases import clock, db, signals
 from django_leases.exceptions import (
     WorkflowRunStateError,
     WorkflowStepCancelledError,
@@ -52,6 +52,7 @@ from django_leases.models.lease import (
 )
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
+    MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
     as_stored,
     check_attempt,
@@ -67,6 +68,7 @@ from django_leases.workflows import sql
 from django_leases.workflows.values import (
     FINISHED_RUN_STATUSES,
     RUN_CANCELLED,
+    RUN_LEASE_PREFIX,
     STEP_FUNCTION_NOT_FOUND,
     STEP_LEASE_LAPSED,
     STEP_RESULT_NOT_JSON,
@@ -98,6 +100,8 @@ __all__ = [
     "WorkflowStepAttempt",
     "WorkflowStepAttemptQuerySet",
     "WorkflowStepQuerySet",
+    "WorkflowWorker",
+    "WorkflowWorkerQuerySet",
     "channel_name",
     "fence_q",
     "functions",
@@ -364,6 +368,47 @@ def _wake(alias: str) -> None:
     notify_work_due(alias)
 
 
+def _run_reached(alias: str, run_id: uuid.UUID | str, status: str, **details: Any) -> None:
+    """Send the signal of a run that reached ``status`` (once its transaction commits)."""
+    signal = signals.RUN_STATUS_SIGNALS[status]
+    try:
+        pk = parse_run_id(run_id)
+    except ValueError:  # not a run's lease: nothing to tell
+        return
+    transaction.on_commit(
+        lambda: signal.send_robust(sender=WorkflowRun, run_id=pk, using=alias, **details),
+        using=alias,
+    )
+
+
+def _attempt_started(claim: Claim) -> Claim:
+    signals.step_attempt_started.send_robust(
+        sender=WorkflowStep,
+        step_id=claim.step_id,
+        run_id=claim.run_id,
+        step_name=claim.step_name,
+        attempt=claim.attempt,
+        using=claim.using,
+    )
+    return claim
+
+
+def _attempt_finished(
+    alias: str, step_id: int, attempt: int, status: str, run_id: uuid.UUID | None = None
+) -> None:
+    transaction.on_commit(
+        lambda: signals.step_attempt_finished.send_robust(
+            sender=WorkflowStep,
+            step_id=step_id,
+            run_id=run_id,
+            attempt=attempt,
+            status=status,
+            using=alias,
+        ),
+        using=alias,
+    )
+
+
 # -- runs ---------------------------------------------------------------------------------------
 
 
@@ -394,13 +439,20 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             run.created_at = run.updated_at = run.pass_due_at = created_at
             run._state.adding = False
             run._state.db = alias
-            return run
-        with transaction.atomic(using=alias):
-            run = self.rows().create(
-                workflow=workflow, input=value, pass_due_at=Now(), pass_requests=1
-            )
-            _wake(alias)
-            return run
+        else:
+            with transaction.atomic(using=alias):
+                run = self.rows().create(
+                    workflow=workflow, input=value, pass_due_at=Now(), pass_requests=1
+                )
+                _wake(alias)
+        run_id = run.id
+        transaction.on_commit(
+            lambda: signals.run_started.send_robust(
+                sender=WorkflowRun, run_id=run_id, workflow=workflow, using=alias
+            ),
+            using=alias,
+        )
+        return run
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.
@@ -546,7 +598,11 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         if status in (RunStatus.COMPLETED, RunStatus.FAILED):
             values["finished_at"] = Now()
         # One statement: atomic on its own (autocommit), no transaction around it.
-        return bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
+        finished = bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
+        if finished:
+            details = {"output": output} if status == RunStatus.COMPLETED else {"error": error}
+            _run_reached(self.write_alias(), run_id, status, **details)
+        return finished
 
     # -- operators ------------------------------------------------------------------------------
     #
@@ -622,6 +678,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 finished_at=Now(),
                 updated_at=Now(),
             )
+            _run_reached(alias, run.pk, RunStatus.CANCELLED)
         return RunChange(
             run.pk, run.status, RunStatus.CANCELLED, tuple(name for _, _, name in running)
         )
@@ -948,7 +1005,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             claimed_at=sent,
             using=alias,
         )
-        return Scheduled(step, claim, True)
+        return Scheduled(step, _attempt_started(claim), True)
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -1102,7 +1159,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 "finished_at": None,
             },
         )
-        return Claim(
+        claim = Claim(
             step_id=step.pk,
             run_id=step.run_id,
             step_name=step.step_name,
@@ -1113,6 +1170,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             claimed_at=sent,
             using=alias,
         )
+        transaction.on_commit(lambda: _attempt_started(claim), using=alias)
+        return claim
 
     def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:
         error = {
@@ -1133,6 +1192,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             WorkflowStepAttempt._default_manager.using(alias).filter(
                 step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
             ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            _attempt_finished(alias, step.pk, step.attempt, StepStatus.FAILED, step.run_id)
             _request_pass(alias, Q(pk=step.run_id))
 
     # -- fenced writes --------------------------------------------------------------------------
@@ -1195,6 +1255,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                             step.status = StepStatus.SUCCEEDED
                             step.result = self.stored_json(result)
                             step.error = None
+                _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 return StepWrite(StepStatus.SUCCEEDED, state=state)
             # Nothing matched the fence: a repeat of this very write, or a refusal.
             if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
@@ -1290,6 +1351,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             next_pass = _pass_claim(alias, row[width:], next_pass_holder, sent, connection)
         if row[2] is not None:
             lease_released.send_robust(sender=Lease, lease=lease)
+        if row[0]:
+            _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
+        if row[1]:
+            run_id = lease.key.removeprefix(RUN_LEASE_PREFIX)
+            _run_reached(alias, run_id, RunStatus.COMPLETED, output=output)
         return RunCompletion(
             written=bool(row[0]),
             completed=bool(row[1]),
@@ -1328,6 +1394,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 WorkflowStepAttempt._default_manager.using(alias).filter(
                     step_id=step_id, attempt=attempt
                 ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=Now())
+                _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
                 completed = WorkflowRun.objects.db_manager(alias).complete(run_id, output)
                 live = Lease.objects.db_manager(alias).release_held(lease)
@@ -1410,9 +1477,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             self._fail_attempt_for_good(alias, step_id, attempt, error)
-            WorkflowRun._default_manager.using(alias).filter(
+            runs = WorkflowRun._default_manager.using(alias).filter(
                 steps__pk=step_id, status=RunStatus.RUNNING
-            ).update(status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now())
+            )
+            run_id = runs.values_list("pk", flat=True).first()
+            if run_id is not None and runs.update(
+                status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now()
+            ):
+                _run_reached(alias, run_id, RunStatus.SUSPENDED, error=error)
 
     def refresh_lease(self, step_id: int, ttl: float | None, attempt: int) -> bool:
         """Extend the step lease to DB now + ``ttl`` seconds, or release it (``ttl=None``).
@@ -1471,6 +1543,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         WorkflowStepAttempt._default_manager.using(alias).filter(
             step_id=step_id, attempt=attempt
         ).update(**history, finished_at=Now())
+        _attempt_finished(alias, step_id, attempt, history["status"])
         return True
 
     def _already_recorded(
@@ -1502,6 +1575,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if row is None:
             raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
         current, run_status = row
+        signals.step_attempt_superseded.send_robust(
+            sender=WorkflowStep,
+            step_id=step_id,
+            attempt=attempt,
+            current_attempt=current,
+            using=alias,
+        )
         if current == attempt and run_status == RunStatus.CANCELLED:
             raise WorkflowStepCancelledError(step_id, attempt)
         raise WorkflowStepSupersededError(step_id, attempt, current)
@@ -1698,3 +1778,103 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
+    """Domain methods of ``WorkflowWorker.objects``: the worker processes and their heartbeat.
+
+    A worker process is alive while its heartbeat lease (``lease_key``) is live on the
+    database clock: the worker renews it every TTL/3 as any hold, and a killed worker's lease
+    lapses after its TTL. The row says what the process is (host, pid, threads, queues, how it
+    is woken) and how many units of work it had in flight at its last heartbeat.
+    """
+
+    def register(
+        self,
+        lease_key: str,
+        *,
+        host: str,
+        pid: int,
+        concurrency: int,
+        queues: list[str],
+        wakeup: str,
+    ) -> WorkflowWorker:
+        """Record (or re-record, for a reused pid) the worker holding ``lease_key``."""
+        row, _ = self.rows().update_or_create(
+            lease_key=lease_key,
+            defaults={
+                "host": host,
+                "pid": pid,
+                "concurrency": concurrency,
+                "queues": list(queues),
+                "wakeup": wakeup,
+                "in_flight": 0,
+                "started_at": Now(),
+                "beat_at": Now(),
+                "stopped_at": None,
+            },
+        )
+        return row
+
+    def beat(self, lease_key: str, in_flight: int) -> None:
+        """The worker's units of work in flight now (``int``), with the heartbeat's time."""
+        self.rows().filter(lease_key=lease_key).update(in_flight=in_flight, beat_at=Now())
+
+    def stopped(self, lease_key: str) -> None:
+        """The worker holding ``lease_key`` stopped (its heartbeat lease is released)."""
+        self.rows().filter(lease_key=lease_key).update(in_flight=0, beat_at=Now(), stopped_at=Now())
+
+    @staticmethod
+    def _alive() -> models.Exists:
+        """The heartbeat lease is live on the database clock."""
+        return models.Exists(
+            Lease.objects.filter(
+                key=models.OuterRef("lease_key"), released_at__isnull=True, expires_at__gt=Now()
+            )
+        )
+
+    def with_liveness(self) -> WorkflowWorkerQuerySet:
+        """Annotate ``live``: the heartbeat lease is live on the database clock."""
+        return self.annotate(live=self._alive())
+
+    def live(self) -> WorkflowWorkerQuerySet:
+        """The worker processes alive now."""
+        return self.filter(self._alive())
+
+    def forget_gone(self, older_than: float | timedelta) -> int:
+        """Delete the rows of workers whose heartbeat lease is not live and whose last beat
+        was more than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now;
+        returns how many."""
+        cutoff = seconds(older_than, "older_than")
+        gone = self.filter(~self._alive(), beat_at__lte=clock.db_now_plus(-cutoff))
+        deleted, _ = self.rows().filter(pk__in=list(gone.values_list("pk", flat=True))).delete()
+        return int(deleted)
+
+
+class WorkflowWorker(models.Model):
+    """A workflow worker process, as its heartbeat recorded it (DESIGN §5; ``leases_check``
+    and the admin's Workers page read it). Alive while its heartbeat lease is live."""
+
+    lease_key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True)
+    host = models.CharField(max_length=MAX_KEY_LENGTH)
+    pid = models.PositiveIntegerField()
+    concurrency = models.PositiveIntegerField(default=1)
+    queues = models.JSONField(default=list, blank=True, help_text="Empty: every queue.")
+    wakeup = models.CharField(max_length=MAX_KEY_LENGTH, blank=True, default="")
+    in_flight = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(db_default=Now())
+    beat_at = models.DateTimeField(db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[WorkflowWorkerQuerySet] = WorkflowWorkerQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("-started_at",)
+        verbose_name = "workflow worker"
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"

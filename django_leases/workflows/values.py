@@ -73,6 +73,8 @@ RUN_CANCELLED = "RUN_CANCELLED"
 
 #: Prefix of the lease key an orchestration pass of a run holds.
 RUN_LEASE_PREFIX = "workflow-run:"
+#: Prefix of a worker process's heartbeat lease: ``workflow-worker:<host>:<pid>``.
+WORKER_LEASE_PREFIX = "workflow-worker:"
 
 
 def run_lease_key(run_id: uuid.UUID | str) -> str:
@@ -212,6 +214,7 @@ __all__ = [
     "STEP_LEASE_LAPSED",
     "STEP_RESULT_NOT_JSON",
     "WAITING_STEP_STATUSES",
+    "WORKER_LEASE_PREFIX",
     "WORKFLOW_ERROR",
     "WORKFLOW_NOT_FOUND",
     "AttemptStatus",

@@ -35,12 +35,12 @@ from django.db import close_old_connections, connections, router
 from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import WorkflowFunctionsMissing
-from django_leases.leases import new_holder
+from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
 from django_leases.workflows.driver import PASS_RETRY_DELAY, RunDriver, run_lease_ttl
 from django_leases.workflows.engine import execute_step
-from django_leases.workflows.values import PassClaim
+from django_leases.workflows.values import WORKER_LEASE_PREFIX, PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, wakeup_method
 
 logger = logging.getLogger("django_leases.worker")
@@ -65,6 +65,89 @@ ONCE_MAX_FAILURES = 10
 #: ``once`` mode also waits for work due within this many seconds: a pass retried because
 #: the run lease was still held by the pass before it, or a step retried without delay.
 ONCE_HORIZON = PASS_RETRY_DELAY + 1.0
+
+
+class _Heartbeat:
+    """The worker process's heartbeat lease (``workflow-worker:<host>:<pid>``) and its
+    ``WorkflowWorker`` row: taken when the worker starts (and again whenever it is not held:
+    the database was unreachable, or the lease was lost), renewed every TTL/3 by the lease's
+    own renewal thread, its units in flight written every TTL/3, released when the worker
+    stops. Never fatal: without a database the worker runs on, unseen."""
+
+    _lock = threading.Lock()
+    _running: set[str] = set()
+
+    def __init__(self, worker: Worker) -> None:
+        import os
+        import socket
+
+        self.worker = worker
+        self.ttl = run_lease_ttl()
+        self.host = socket.gethostname()[:200]
+        self.pid = os.getpid()
+        base = f"{WORKER_LEASE_PREFIX}{self.host}:{self.pid}"
+        with self._lock:  # several workers in one process each get a key
+            self.key = base
+            number = 1
+            while self.key in self._running:
+                number += 1
+                self.key = f"{base}:{number}"
+            self._running.add(self.key)
+        self.held: HeldLease | None = None
+        self._next_try = 0.0
+        self._next_beat = 0.0
+        self._in_flight = -1
+
+    def tick(self, in_flight: int) -> None:
+        """From the worker's main loop: hold the lease, and write the units in flight."""
+        from django_leases.models.workflow import WorkflowWorker
+
+        now = time.monotonic()
+        try:
+            if self.held is None or self.held.lost.is_set():
+                if now < self._next_try:
+                    return
+                self._next_try = now + min(self.ttl / 3, 5.0)
+                self._release()
+                held = HeldLease(self.key, self.ttl, using=self.worker.alias)
+                held.acquire()
+                self.held = held
+                WorkflowWorker.objects.db_manager(self.worker.alias).register(
+                    self.key,
+                    host=self.host,
+                    pid=self.pid,
+                    concurrency=self.worker.concurrency,
+                    queues=[],
+                    wakeup=self.worker.wakeup,
+                )
+                self._in_flight, self._next_beat = 0, now + self.ttl / 3
+            if in_flight != self._in_flight or now >= self._next_beat:
+                WorkflowWorker.objects.db_manager(self.worker.alias).beat(self.key, in_flight)
+                self._in_flight, self._next_beat = in_flight, now + self.ttl / 3
+        except Exception as exc:  # taken (a reused pid's lease), unreachable: later
+            logger.info("Workflow worker heartbeat %r: %s; trying again later", self.key, exc)
+        finally:
+            db.close_thread_connections()
+
+    def _release(self) -> None:
+        if self.held is not None:
+            self.held.finish(vouch=False)
+            self.held = None
+
+    def stop(self) -> None:
+        """Release the lease and record the stop (best effort)."""
+        from django_leases.models.workflow import WorkflowWorker
+
+        try:
+            if self.held is not None:
+                self._release()
+                WorkflowWorker.objects.db_manager(self.worker.alias).stopped(self.key)
+        except Exception as exc:
+            logger.info("Workflow worker heartbeat %r: %s", self.key, exc)
+        finally:
+            db.close_thread_connections()
+            with self._lock:
+                self._running.discard(self.key)
 
 
 class Worker:
@@ -124,6 +207,8 @@ class Worker:
         #: The LISTEN connection's thread while :meth:`run` runs on PostgreSQL (not in
         #: ``once`` mode), else ``None``.
         self.listener: WakeupListener | None = None
+        #: The heartbeat of the process while :meth:`run` runs (``None`` before).
+        self.heartbeat: _Heartbeat | None = None
 
     @property
     def alias(self) -> str:
@@ -199,12 +284,17 @@ class Worker:
                 on_reconnect=lambda: self.wake.wake(self.concurrency),
             )
         logger.info("%s", self.describe(once))
+        heartbeat = _Heartbeat(self)
+        self.heartbeat = heartbeat
         try:
             if self.listener is not None:
                 self.listener.start()
             for thread in threads:
                 thread.start()
             while any(t.is_alive() for t in threads) and not self._stop.is_set():
+                with self._lock:
+                    in_flight = self._busy
+                heartbeat.tick(in_flight)
                 for thread in threads:
                     thread.join(0.2)
             # A signal handler only sets the flag; idle threads are woken from here.
@@ -227,6 +317,7 @@ class Worker:
             self.wake.interrupt()
             if self.listener is not None:
                 self.listener.stop()
+            heartbeat.stop()
         if self._died:
             logger.error("Workflow worker stopped because %s died", ", ".join(sorted(self._died)))
             return EXIT_THREAD_DIED
@@ -242,12 +333,16 @@ class Worker:
         logger.info("Workflow worker stopped")
         return 0
 
+    @property
+    def wakeup(self) -> str:
+        """How this worker's idle threads learn of new work, in words."""
+        return wakeup_method(self.alias, self.poll_interval)
+
     def describe(self, once: bool = False) -> str:
         """The worker's first line: threads, database, how it is woken."""
         return (
             f"Workflow worker started: {self.concurrency} thread(s){' (once)' if once else ''} "
-            f"on database {self.alias!r}, "
-            f"{wakeup_method(self.alias, self.poll_interval) if not once else 'until drained'}"
+            f"on database {self.alias!r}, {'until drained' if once else self.wakeup}"
         )
 
     def _check_ready(self) -> None:
