@@ -12,8 +12,9 @@ class DjangoLeasesConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from django_leases import checks  # noqa: F401  (registers the checks)
+        from django_leases import checks, metrics  # noqa: F401  (registers the checks)
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
+        metrics.install()  # a no-op without prometheus-client
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")

@@ -35,6 +35,18 @@ logger = logging.getLogger("django_leases.renewal")
 #: How many renewals fit in one lease.
 RENEWALS_PER_LEASE = 3
 
+#: Called with each renewal's outcome (``"held"``, ``"lost"``, ``"failed"``), on the renewal
+#: thread: the metrics count them. Observers must be quick and must not raise.
+observers: list[Callable[[str], None]] = []
+
+
+def _observed(outcome: str) -> None:
+    for observer in observers:
+        try:
+            observer(outcome)
+        except Exception:
+            logger.debug("a renewal observer failed", exc_info=True)
+
 
 def renewal_interval(ttl: float) -> float:
     """Seconds between renewals of a ``ttl``-second lease: ``max(ttl / 3, RENEWAL_FLOOR)``."""
@@ -188,6 +200,7 @@ class Renewal:
                     held = None
                     logger.warning("Renewal of lease %r failed: %s", self.name, exc)
                     self._close_connections()
+                _observed("failed" if held is None else "held" if held else "lost")
                 if held:
                     with self._cond:
                         self._deadline = max(self._deadline, sent + self.ttl)

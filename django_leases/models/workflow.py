@@ -381,13 +381,16 @@ def _run_reached(alias: str, run_id: uuid.UUID | str, status: str, **details: An
     )
 
 
-def _attempt_started(claim: Claim) -> Claim:
+def _attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
+    """Say a claim started an attempt; ``waited``: seconds the step was due before it (on the
+    database clock; ``None`` for a lapsed lease taken over)."""
     signals.step_attempt_started.send_robust(
         sender=WorkflowStep,
         step_id=claim.step_id,
         run_id=claim.run_id,
         step_name=claim.step_name,
         attempt=claim.attempt,
+        waited=waited,
         using=claim.using,
     )
     return claim
@@ -1080,7 +1083,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         return None
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[Any]:
-        qs = self.rows().annotate(lease_live=_live(), due=_due(), run_status=F("run__status"))
+        qs = self.rows().annotate(
+            lease_live=_live(), due=_due(), run_status=F("run__status"), db_now=Now()
+        )
         features = connections[alias].features
         if skip_locked and features.has_select_for_update_skip_locked:
             return qs.select_for_update(skip_locked=True, of=("self",))
@@ -1170,7 +1175,10 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             claimed_at=sent,
             using=alias,
         )
-        transaction.on_commit(lambda: _attempt_started(claim), using=alias)
+        waited = None
+        if step.available_at is not None and step.status != StepStatus.RUNNING:
+            waited = (step.db_now - step.available_at).total_seconds()
+        transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
         return claim
 
     def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:

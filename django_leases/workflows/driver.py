@@ -38,6 +38,7 @@ from typing import Any
 
 from django.db import router
 
+from django_leases import tracing
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     LeaseLostError,
@@ -390,7 +391,11 @@ class RunDriver:
         while True:
             held.check()
             claim_ttl = self.step_lease_ttl if self.keep_going() else None
-            replayed = replay(self.run_id, self.alias, self._state, claim_ttl)
+            with tracing.span("django_leases.pass", **{"workflow.run_id": self.run_id}) as span:
+                replayed = replay(self.run_id, self.alias, self._state, claim_ttl)
+                span.set("workflow.outcome", replayed.outcome)
+                if replayed.replay is not None:
+                    span.set("workflow.name", replayed.replay.run.workflow)
             self._state = None
             claim = replayed.claim
             if claim is None or replayed.replay is None:

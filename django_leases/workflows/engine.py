@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, router
 
-from django_leases import db
+from django_leases import db, tracing
 from django_leases.exceptions import (
     LeaseLostError,
     WorkflowStepCancelledError,
@@ -156,15 +156,23 @@ def run_step_function(claim: Claim) -> StepRun:
         deferred=True,  # most steps end before their first renewal: no thread for them
     )
     ran = StepRun(claim, renewal)
-    renewal.start()
-    try:
-        ran.result = func(claim.data, StepContext(claim, renewal.lost))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
-        ran.failure = exc
-    finally:
-        renewal.stop()
+    attributes = {
+        "workflow.run_id": claim.run_id,
+        "workflow.step": claim.step_name,
+        "workflow.function": claim.function_name,
+        "workflow.attempt": claim.attempt,
+    }
+    with tracing.span("django_leases.step", **attributes) as span:
+        renewal.start()
+        try:
+            ran.result = func(claim.data, StepContext(claim, renewal.lost))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
+            ran.failure = exc
+        finally:
+            renewal.stop()
+        span.set("workflow.outcome", "failed" if ran.failure is not None else "returned")
     if ran.failure is not None:
         logger.warning(
             "Step %r of run %s (attempt %d) raised: %s",

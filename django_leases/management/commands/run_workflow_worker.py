@@ -86,6 +86,19 @@ class Command(LeasesCommand):
             "(default WORKER_POLL_INTERVAL; unset: 1 on PostgreSQL, 0.25 elsewhere).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve this worker's Prometheus metrics on PORT (needs prometheus-client).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="The address --metrics-port listens on (default 127.0.0.1).",
+        )
+        parser.add_argument(
             "--shutdown-grace",
             type=_seconds,
             default=None,
@@ -95,6 +108,13 @@ class Command(LeasesCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["metrics_port"] is not None:
+            from django_leases import metrics
+
+            try:
+                metrics.serve(options["metrics_port"], options["metrics_addr"])
+            except (ValueError, OSError) as exc:
+                raise CommandError(f"--metrics-port: {exc}") from None
         worker = Worker(
             options["concurrency"],
             using=database_alias(options, WorkflowStep),
