@@ -973,7 +973,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         Exactly one of many concurrent claimers gets a :class:`Claim`.
 
         Raises:
-            ValueError: bad names or TTL, or a function name mismatch (nothing written).
+            ValueError: bad names, run id or TTL, or a function name mismatch (nothing written).
             WorkflowStep.DoesNotExist: no such step.
         """
         check_identifier(step_name, "Step name")
@@ -984,7 +984,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         with transaction.atomic(using=alias):
             step = (
                 self._locking(alias, skip_locked=False)
-                .filter(run_id=run_id, step_name=step_name)
+                .filter(run_id=parse_run_id(run_id), step_name=step_name)
                 .first()
             )
             if step is None:
