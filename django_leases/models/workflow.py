@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
@@ -85,6 +85,16 @@ from django_leases.workflows.values import (
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django_stubs_ext import WithAnnotations
+
+    class _LockingAnnotations(TypedDict):
+        """What :meth:`WorkflowStepQuerySet._locking` annotates a step with."""
+
+        lease_live: bool | None  # NULL while the step has no lease
+        due: bool
+        run_status: str
+
+    _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
 __all__ = [
     "FUNCTIONS_MIGRATION",
@@ -297,7 +307,7 @@ def _call(connection: BaseDatabaseWrapper, short: str) -> str:
     return found
 
 
-def _live() -> ExpressionWrapper:
+def _live() -> ExpressionWrapper[Q]:
     """``lease_expires_at > now`` on the database clock."""
     return ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
 
@@ -307,11 +317,14 @@ def _due_q() -> Q:
     return Q(available_at__isnull=True) | Q(available_at__lte=Now())
 
 
-def _due() -> ExpressionWrapper:
+def _due() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(_due_q(), output_field=BooleanField())
 
 
-def _for_update(qs: models.QuerySet[Any], alias: str) -> models.QuerySet[Any]:
+_QS = TypeVar("_QS", bound=models.QuerySet[Any])
+
+
+def _for_update(qs: _QS, alias: str) -> _QS:
     """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
     block the key-share lock an insert of a step takes on its run)."""
     if connections[alias].features.has_select_for_no_key_update:
@@ -1018,7 +1031,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
         return None
 
-    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[Any]:
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         qs = self.rows().annotate(lease_live=_live(), due=_due(), run_status=F("run__status"))
         features = connections[alias].features
         if skip_locked and features.has_select_for_update_skip_locked:
@@ -1027,7 +1040,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             return qs.select_for_update(of=("self",))
         return qs.select_for_update()
 
-    def _next_due(self, alias: str) -> WorkflowStep | None:
+    def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
         lapsed = (
             base.filter(
@@ -1046,7 +1059,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             .first()
         )
 
-    def _claim_locked(self, alias: str, step: Any, ttl: float, sent: float) -> Claim | None:
+    def _claim_locked(self, alias: str, step: _LockedStep, ttl: float, sent: float) -> Claim | None:
         """Decide and write a claim of the locked, annotated ``step`` (inside a transaction)."""
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
@@ -1110,7 +1123,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             using=alias,
         )
 
-    def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:
+    def _fail_lost_worker(
+        self, alias: str, step: WorkflowStep, rows: models.QuerySet[WorkflowStep]
+    ) -> None:
         error = {
             "code": STEP_LEASE_LAPSED,
             "message": (
