@@ -45,6 +45,7 @@ from django.db.utils import DatabaseError
 from django_leases.conf import leases_settings
 
 if TYPE_CHECKING:
+    import psycopg
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
 
@@ -175,7 +176,7 @@ class _Statements:
 
 
 @functools.cache
-def _preparing_class() -> type[Any]:
+def _preparing_class() -> type[psycopg.Cursor[Any]]:
     import psycopg
 
     class PreparingCursor(psycopg.Cursor[Any]):

@@ -28,14 +28,14 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
-from django.db.models.expressions import RawSQL
+from django.db.models.expressions import Expression, RawSQL
 from django.db.models.functions import Now
 
 from django_leases import clock, db
@@ -163,7 +163,7 @@ def notify_work_due(using: str) -> None:
 # -- shared pieces ------------------------------------------------------------------------------
 
 
-def fence_q(step_id: Any, attempt: Any) -> Q:
+def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
     """The fence rule, in one place: the step row, only while ``attempt`` is its **running**
     attempt. Every write a claim makes after the claim (result, error, suspension, lease
     renewal or release) goes through it — as an ORM filter, or compiled into a tuned
@@ -172,7 +172,9 @@ def fence_q(step_id: Any, attempt: Any) -> Q:
     return Q(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
 
 
-def _fence_sql(alias: str, step_id: Any, attempt: Any) -> tuple[str, list[Any]]:
+def _fence_sql(
+    alias: str, step_id: int | Expression, attempt: int | Expression
+) -> tuple[str, list[Any]]:
     """:func:`fence_q` compiled into SQL for ``alias``'s database (values or SQL
     expressions: a function's arguments)."""
     rows = WorkflowStep._default_manager.using(alias).filter(fence_q(step_id, attempt))
@@ -191,12 +193,12 @@ def _tables(connection: BaseDatabaseWrapper) -> sql.Tables:
     )
 
 
-def _acquire(connection: BaseDatabaseWrapper) -> Any:
+def _acquire(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
     table = connection.ops.quote_name(Lease._meta.db_table)
     return lambda rows: acquire_statement(connection, table, rows)
 
 
-def _release(connection: BaseDatabaseWrapper) -> Any:
+def _release(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
     table = connection.ops.quote_name(Lease._meta.db_table)
     return lambda where: release_held_statement(table, where)
 
