@@ -36,10 +36,10 @@ is what the command exits with (:data:`EXIT_OK`, :data:`EXIT_PROBLEMS`,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
@@ -48,6 +48,10 @@ from django.db.models import Exists, F, Max, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest, Now
 
 from django_leases import clock
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+    from django.db.models.expressions import Combinable
 
 #: Exit status: every check passed.
 EXIT_OK = 0
@@ -122,7 +126,7 @@ class HealthReport:
         }
 
 
-def _models() -> dict[str, Any]:
+def _models() -> dict[str, type[Model]]:
     return {model.__name__: model for model in apps.get_app_config("django_leases").get_models()}
 
 
@@ -190,7 +194,7 @@ def _tables_exist(alias: str) -> bool:
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
 
 
-def _ago(seconds: float) -> Any:
+def _ago(seconds: float) -> Combinable:
     """An ORM expression for *database now - seconds*."""
     return clock.db_now_plus(-seconds)
 
@@ -415,7 +419,7 @@ def run_checks(
     return HealthReport(findings)
 
 
-def _guarded(name: str, alias: str, check: Any) -> Finding:
+def _guarded(name: str, alias: str, check: Callable[..., Finding]) -> Finding:
     """Run ``check()`` in a savepoint; a database error becomes a ``problem`` finding."""
     try:
         with transaction.atomic(using=alias):

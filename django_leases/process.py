@@ -11,6 +11,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 #: The signals that ask a process to stop.
@@ -47,8 +48,8 @@ def on_stop(
             signal.signal(signum, old)
 
 
-def _calling(handler: Callable[[int], None]) -> Callable[[int, Any], None]:
-    def received(signum: int, frame: Any) -> None:
+def _calling(handler: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
+    def received(signum: int, frame: FrameType | None) -> None:
         handler(signum)
 
     return received

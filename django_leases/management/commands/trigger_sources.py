@@ -28,7 +28,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 from django.core.management.base import CommandError, CommandParser
 
@@ -205,7 +205,7 @@ class Command(base.LeasesCommand):
             raise CommandError(outcome(result), returncode=EXIT_PROVIDER_FAILED)
         self.stdout.write(outcome(result))
 
-    def _set_secret(self, alias: str, name: str, stdin: Any) -> None:
+    def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
         from django_leases.triggers import credentials
 
         try:
