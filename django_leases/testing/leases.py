@@ -51,6 +51,8 @@ from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.leases import ahold_lease, hold_lease
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from django_leases.models import Lease, LeaseQuerySet
 
 
@@ -100,7 +102,7 @@ class SimulatedOutage:
 
         real_refresh = LeaseQuerySet.refresh
 
-        def refresh(queryset: LeaseQuerySet, lease: Lease, ttl: Any) -> Lease | None:
+        def refresh(queryset: LeaseQuerySet, lease: Lease, ttl: float | timedelta) -> Lease | None:
             with self._lock:
                 failing = self._failures_left > 0
                 if failing:
