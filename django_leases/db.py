@@ -70,6 +70,7 @@ class RoutedQuerySet(models.QuerySet[_M]):
 
     def write_alias(self) -> str:
         """The database alias this QuerySet's writes go to."""
+        # _db is the alias using() set: Django's own attribute, not in the stubs.
         return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
 
     def connection(self) -> BaseDatabaseWrapper:
@@ -195,6 +196,7 @@ def _preparing_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     around a psycopg server-binding cursor that prepares every statement it sends."""
     connection.ensure_connection()
     raw = _preparing_class()(connection.connection)
+    # Django's private wrapping of a new cursor (not in the stubs): the same as its own cursors.
     return cast("CursorWrapper", connection._prepare_cursor(raw))  # type: ignore[attr-defined]
 
 

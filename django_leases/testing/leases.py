@@ -160,6 +160,7 @@ class LeaseConformanceTests:
         """``Lease.objects`` on :attr:`lease_database`."""
         from django_leases.models import Lease
 
+        # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
         return Lease.objects.db_manager(self.lease_database)  # type: ignore[return-value]
 
     def new_key(self) -> str:
