@@ -38,12 +38,18 @@ id                       what it reports
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core import checks
 from django.db import connections, router
+
+if TYPE_CHECKING:
+    from django.apps import AppConfig
+    from django.db.models import Model
+
+    from django_leases.triggers.registry import TriggerDeclaration
 
 #: Shortest busy timeout (seconds) that lets a writer wait out another's transaction.
 MIN_BUSY_TIMEOUT = 5.0
@@ -56,7 +62,7 @@ def sqlite_version() -> tuple[int, ...]:
     return tuple(sqlite3.sqlite_version_info)
 
 
-def _our_models() -> list[Any]:
+def _our_models() -> list[type[Model]]:
     return list(apps.get_app_config("django_leases").get_models())
 
 
@@ -217,7 +223,7 @@ def _check_isolation(alias: str, settings_dict: Mapping[str, Any]) -> list[check
 
 
 def check_webhook_settings(
-    declared: Iterable[Any],
+    declared: Iterable[TriggerDeclaration],
     secrets: object,
     max_body: object,
     workflow_registered: Callable[[str], bool],
@@ -296,7 +302,7 @@ def check_webhook_settings(
     return messages
 
 
-def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.CheckMessage]:
+def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
     for model in models:
@@ -337,7 +343,9 @@ def _stored_secrets() -> tuple[set[str] | None, set[str] | None]:
 
 
 @checks.register("django_leases")
-def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def django_leases_checks(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     """The registered entry point: every check above against the running settings."""
     from django_leases.conf import leases_settings
     from django_leases.triggers.registry import declarations
@@ -372,7 +380,9 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
 
 @checks.register(checks.Tags.database)
 def workflow_functions_check(
-    app_configs: Any = None, databases: Iterable[str] | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
 ) -> list[checks.CheckMessage]:
     """E013: on each PostgreSQL database checked that has django-leases' migrations applied,
     the hot-path functions of the running code (``models.workflow.functions``) are installed.

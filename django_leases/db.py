@@ -49,6 +49,7 @@ from django.db.utils import DatabaseError
 from django_leases.conf import leases_settings
 
 if TYPE_CHECKING:
+    import psycopg
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
 
@@ -73,6 +74,7 @@ class RoutedQuerySet(models.QuerySet[_M]):
 
     def write_alias(self) -> str:
         """The database alias this QuerySet's writes go to."""
+        # _db is the alias using() set: Django's own attribute, not in the stubs.
         return self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
 
     def connection(self) -> BaseDatabaseWrapper:
@@ -179,7 +181,7 @@ class _Statements:
 
 
 @functools.cache
-def _preparing_class() -> type[Any]:
+def _preparing_class() -> type[psycopg.Cursor[Any]]:
     import psycopg
 
     class PreparingCursor(psycopg.Cursor[Any]):
@@ -212,6 +214,7 @@ def _preparing_cursor(connection: BaseDatabaseWrapper) -> CursorWrapper:
     around a psycopg server-binding cursor that prepares every statement it sends."""
     connection.ensure_connection()
     raw = _preparing_class()(connection.connection)
+    # Django's private wrapping of a new cursor (not in the stubs): the same as its own cursors.
     return cast("CursorWrapper", connection._prepare_cursor(raw))  # type: ignore[attr-defined]
 
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
@@ -47,6 +47,10 @@ from django.db.models.functions import Coalesce, Greatest, Now
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 
 from django_leases import clock
+
+if TYPE_CHECKING:
+    from django.db.models import Model
+    from django.db.models.expressions import Combinable
 
 #: Exit status: every check passed.
 EXIT_OK = 0
@@ -119,7 +123,7 @@ class HealthReport:
         }
 
 
-def _models() -> dict[str, Any]:
+def _models() -> dict[str, type[Model]]:
     return {model.__name__: model for model in apps.get_app_config("django_leases").get_models()}
 
 
@@ -205,7 +209,7 @@ def _migrations(alias: str, max_age: float) -> tuple[Finding, bool]:
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
 
 
-def _ago(seconds: float) -> Any:
+def _ago(seconds: float) -> Combinable:
     """An ORM expression for *database now - seconds*."""
     return clock.db_now_plus(-seconds)
 
@@ -241,9 +245,10 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     overdue_steps = steps.filter(
         _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
     )
-    worker_model = models["WorkflowWorker"]
+    from django_leases.models.workflow import WorkflowWorker
+
     alive = list(
-        worker_model._default_manager.using(router.db_for_write(worker_model))
+        WorkflowWorker.objects.db_manager(router.db_for_write(WorkflowWorker))
         .live()
         .order_by("host", "pid")
     )
@@ -444,7 +449,7 @@ def run_checks(
     return HealthReport(findings)
 
 
-def _guarded(name: str, alias: str, check: Any) -> Finding:
+def _guarded(name: str, alias: str, check: Callable[..., Finding]) -> Finding:
     """Run ``check()`` in a savepoint; a database error becomes a ``problem`` finding."""
     try:
         with transaction.atomic(using=alias):

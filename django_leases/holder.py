@@ -85,7 +85,7 @@ _PR_SET_PDEATHSIG = 1
 Report = Callable[[int, str], None]
 
 
-def _load_prctl() -> Any:
+def _load_prctl() -> Callable[..., int] | None:
     """``prctl`` from the C library on Linux, else ``None``. Loaded before any fork."""
     if not sys.platform.startswith("linux"):
         return None
@@ -356,7 +356,9 @@ class LeaseHolder:
             logger.log(logging.INFO if level <= 1 else logging.DEBUG, message)
 
 
-def _child_setup(parent_pid: int, prctl: Any, handled: dict[int, Any]) -> Callable[[], None]:
+def _child_setup(
+    parent_pid: int, prctl: Callable[..., int] | None, handled: dict[int, Any]
+) -> Callable[[], None]:
     """The function the child runs between ``fork`` and ``exec``.
 
     It gives the forwarded signals their default action back (a signal arriving before

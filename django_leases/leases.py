@@ -176,6 +176,7 @@ class HeldLease:
     def _objects(self) -> LeaseQuerySet:
         from django_leases.models.lease import Lease
 
+        # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
         return Lease.objects.db_manager(self.alias)  # type: ignore[return-value]
 
     @property

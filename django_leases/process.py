@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 logger = logging.getLogger("django_leases.process")
@@ -58,8 +59,8 @@ def on_stop(
             signal.signal(signum, old)
 
 
-def _calling(handler: Callable[[int], None]) -> Callable[[int, Any], None]:
-    def received(signum: int, frame: Any) -> None:
+def _calling(handler: Callable[[int], None]) -> Callable[[int, FrameType | None], None]:
+    def received(signum: int, frame: FrameType | None) -> None:
         handler(signum)
 
     return received

@@ -114,6 +114,7 @@ def seconds(
         try:
             number = float(value)
         except OverflowError:
+            # The stubs' numbers.Real has no ">"; every real number has one.
             number = math.inf if value > 0 else -math.inf  # type: ignore[operator]
     if not math.isfinite(number):
         raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")

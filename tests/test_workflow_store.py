@@ -79,6 +79,15 @@ def test_claim_bad_input_is_refused() -> None:
     assert step_of(run_id).status == StepStatus.PENDING
 
 
+def test_claim_takes_a_run_id_as_text_as_every_other_method_does() -> None:
+    run_id = start_run()
+    with pytest.raises(ValueError, match="not a workflow run id"):
+        WorkflowStep.objects.claim_for_execution("not-a-uuid", STEP, FUNCTION, LEASE)
+    assert step_of(run_id).status == StepStatus.PENDING
+    got = WorkflowStep.objects.claim_for_execution(f" {run_id} ", STEP, FUNCTION, LEASE)
+    assert got is not None and got.run_id == run_id
+
+
 def test_claim_due_skips_what_is_not_due_yet_out_of_attempts_or_not_running() -> None:
     """The worker's pick (``claim_due``) follows the claim rules: a retry waits for its
     delay, a step out of attempts and a step of a run that is not running are left alone."""

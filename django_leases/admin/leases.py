@@ -8,7 +8,7 @@ write is the "force release" action, offered only to users with the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -19,6 +19,11 @@ from django_leases.models.lease import RETURNED_COLUMNS
 
 FORCE_RELEASE_PERMISSION = "django_leases.force_release_lease"
 
+if TYPE_CHECKING:
+    _LeaseModelAdmin = admin.ModelAdmin[Lease]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _LeaseModelAdmin = admin.ModelAdmin
+
 
 class LeaseStateFilter(admin.SimpleListFilter):
     """Filter on the ``state`` annotation (live / lapsed / released, on the DB clock)."""
@@ -26,7 +31,9 @@ class LeaseStateFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Lease]
+    ) -> list[tuple[str, str]]:
         return [(state.value, str(state.label)) for state in LeaseState]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
@@ -37,7 +44,7 @@ class LeaseStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(admin.ModelAdmin):
+class LeaseAdmin(_LeaseModelAdmin):
     """Read-only list of leases; "force release" behind its own permission."""
 
     list_display = (

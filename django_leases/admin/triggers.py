@@ -24,8 +24,8 @@ the badges ``status-<name>`` with ``data-status``; a source page's operations li
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -42,6 +42,11 @@ from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSourc
 from django_leases.triggers import lifecycle
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
+
+if TYPE_CHECKING:
+    _SourceModelAdmin = admin.ModelAdmin[TriggerSource]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _SourceModelAdmin = admin.ModelAdmin
 
 #: How many deliveries a source's page lists.
 RECENT_EVENTS = 20
@@ -77,7 +82,7 @@ def shown_status(source: TriggerSource) -> str:
     return source.status or "off"
 
 
-class _TriggerSourceAdminBase(admin.ModelAdmin):
+class _TriggerSourceAdminBase(_SourceModelAdmin):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
     readonly_fields = _FIELDS
@@ -212,7 +217,9 @@ class _TriggerSourceAdminBase(admin.ModelAdmin):
             return HttpResponseRedirect(back)
         return HttpResponseRedirect(changelist)
 
-    def _operate(self, request: HttpRequest, sources: Any, operation: str) -> None:
+    def _operate(
+        self, request: HttpRequest, sources: Iterable[TriggerSource], operation: str
+    ) -> None:
         """Run ``operation`` on each source through the lifecycle; log and report each."""
         run, _ = self.operations[operation]
         for source in sources:
@@ -291,7 +298,7 @@ _VERBS = {
 class TriggerSourceAdmin(_TriggerSourceAdminBase):
     """Declared trigger sources: a switch per row and bulk enable / disable."""
 
-    list_display = (
+    list_display: tuple[str, ...] = (
         "name",
         "switch",
         "status_badge",
@@ -310,7 +317,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
         return super().get_queryset(request).filter(declared=True)
 
-    def get_list_display(self, request: HttpRequest) -> Any:
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_toggle_permission(request):
             return self.list_display
         return tuple("enabled" if column == "switch" else column for column in self.list_display)
@@ -352,7 +359,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
 class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     """Rows whose declaration left the code: forget them, or tear them down at the provider."""
 
-    list_display = (
+    list_display: tuple[str, ...] = (
         "name",
         "orphan_operations",
         "enabled",
@@ -372,7 +379,7 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
         return super().get_queryset(request).filter(declared=False)
 
-    def get_list_display(self, request: HttpRequest) -> Any:
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_toggle_permission(request):
             return self.list_display
         return tuple(column for column in self.list_display if column != "orphan_operations")
@@ -417,7 +424,9 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
             offered.append(("teardown", "Tear down at provider"))
         return offered
 
-    def _operate(self, request: HttpRequest, sources: Any, operation: str) -> None:
+    def _operate(
+        self, request: HttpRequest, sources: Iterable[TriggerSource], operation: str
+    ) -> None:
         if operation == "teardown":
             able = []
             for source in sources:

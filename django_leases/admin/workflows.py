@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -35,6 +36,13 @@ from django_leases.workflows.values import RunChange
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
 #: The run-page operations (the last path segment of their URLs).
 OPERATIONS = ("resume", "cancel", "retry-step")
+
+if TYPE_CHECKING:
+    _StepInline = admin.TabularInline[WorkflowStep, WorkflowRun]
+    _RunModelAdmin = admin.ModelAdmin[WorkflowRun]
+else:  # Django's admin classes take no type parameters at run time
+    _StepInline = admin.TabularInline
+    _RunModelAdmin = admin.ModelAdmin
 
 
 def _json(value: Any) -> str:
@@ -60,17 +68,17 @@ def _json(value: Any) -> str:
 class _ReadOnly:
     """No adding, changing or deleting through the admin; viewing only."""
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         return False
 
 
-class WorkflowStepInline(_ReadOnly, admin.TabularInline):
+class WorkflowStepInline(_ReadOnly, _StepInline):
     model = WorkflowStep
     extra = 0
     can_delete = False
@@ -89,7 +97,7 @@ class WorkflowStepInline(_ReadOnly, admin.TabularInline):
     )
     readonly_fields = fields
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         """Steps are part of their run: whoever may view the run sees its steps (Django would
         otherwise also ask for ``view_workflowstep``)."""
         return request.user.has_perm(f"{WorkflowRun._meta.app_label}.view_workflowrun")
@@ -104,7 +112,7 @@ class WorkflowStepInline(_ReadOnly, admin.TabularInline):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(_ReadOnly, admin.ModelAdmin):
+class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
     list_display = ("id", "workflow", "status", "created_at", "finished_at", "pass_due_at")
     list_filter = ("status", "workflow")
     search_fields = ("=id",)
@@ -211,7 +219,9 @@ class WorkflowRunAdmin(_ReadOnly, admin.ModelAdmin):
         for run in queryset.order_by("created_at"):
             self._operate(request, run, lambda run=run: WorkflowRun.objects.cancel(run.pk))
 
-    def _operate(self, request: HttpRequest, run: WorkflowRun, operation: Any) -> RunChange | None:
+    def _operate(
+        self, request: HttpRequest, run: WorkflowRun, operation: Callable[..., RunChange]
+    ) -> RunChange | None:
         """Run ``operation`` (a store call returning a ``RunChange``); on success write a
         ``LogEntry`` and a success message, on a refusal an error message (nothing changed)."""
         try:

@@ -682,7 +682,9 @@ class LeasesCommand(BaseCommand):
             self._base_arguments.append((args, dict(kwargs)))
         super().add_base_argument(parser, *args, **kwargs)
 
-    def add_subcommand(self, actions: Any, name: str, *, help: str) -> CommandParser:
+    def add_subcommand(
+        self, actions: argparse._SubParsersAction[CommandParser], name: str, *, help: str
+    ) -> CommandParser:
         """A subcommand's parser that also takes Django's options (``--settings``,
         ``--pythonpath``, ``-v``, ``--traceback``, ``--skip-checks``…) after its name.
 

@@ -98,7 +98,7 @@ class DeclaredSource(Protocol):
     @property
     def provider(self) -> str: ...
     @property
-    def config(self) -> Any: ...
+    def config(self) -> Mapping[str, Any]: ...
 
 
 _MAX_ADDRESS = 500
@@ -154,7 +154,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
     def _alias(self) -> str:
         return self.write_alias()
 
-    def _rows(self, alias: str) -> models.QuerySet[Any]:
+    def _rows(self, alias: str) -> models.QuerySet[TriggerSource]:
         return self.model._default_manager.using(alias).all()
 
     # -- reading ------------------------------------------------------------------------------

@@ -28,14 +28,14 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
-from django.db.models.expressions import RawSQL
+from django.db.models.expressions import Expression, RawSQL
 from django.db.models.functions import Now
 
 from django_leases import clock, db, signals
@@ -87,6 +87,17 @@ from django_leases.workflows.values import (
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django_stubs_ext import WithAnnotations
+
+    class _LockingAnnotations(TypedDict):
+        """What :meth:`WorkflowStepQuerySet._locking` annotates a step with."""
+
+        lease_live: bool | None  # NULL while the step has no lease
+        due: bool
+        run_status: str
+        db_now: datetime  # the database clock, when the step was read
+
+    _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
 __all__ = [
     "FUNCTIONS_MIGRATION",
@@ -157,7 +168,7 @@ def notify_work_due(using: str) -> None:
 # -- shared pieces ------------------------------------------------------------------------------
 
 
-def fence_q(step_id: Any, attempt: Any) -> Q:
+def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
     """The fence rule, in one place: the step row, only while ``attempt`` is its **running**
     attempt. Every write a claim makes after the claim (result, error, suspension, lease
     renewal or release) goes through it — as an ORM filter, or compiled into a tuned
@@ -166,7 +177,9 @@ def fence_q(step_id: Any, attempt: Any) -> Q:
     return Q(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
 
 
-def _fence_sql(alias: str, step_id: Any, attempt: Any) -> tuple[str, list[Any]]:
+def _fence_sql(
+    alias: str, step_id: int | Expression, attempt: int | Expression
+) -> tuple[str, list[Any]]:
     """:func:`fence_q` compiled into SQL for ``alias``'s database (values or SQL
     expressions: a function's arguments)."""
     rows = WorkflowStep._default_manager.using(alias).filter(fence_q(step_id, attempt))
@@ -185,12 +198,12 @@ def _tables(connection: BaseDatabaseWrapper) -> sql.Tables:
     )
 
 
-def _acquire(connection: BaseDatabaseWrapper) -> Any:
+def _acquire(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
     table = connection.ops.quote_name(Lease._meta.db_table)
     return lambda rows: acquire_statement(connection, table, rows)
 
 
-def _release(connection: BaseDatabaseWrapper) -> Any:
+def _release(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
     table = connection.ops.quote_name(Lease._meta.db_table)
     return lambda where: release_held_statement(table, where)
 
@@ -301,7 +314,7 @@ def _call(connection: BaseDatabaseWrapper, short: str) -> str:
     return found
 
 
-def _live() -> ExpressionWrapper:
+def _live() -> ExpressionWrapper[Q]:
     """``lease_expires_at > now`` on the database clock."""
     return ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
 
@@ -311,11 +324,14 @@ def _due_q() -> Q:
     return Q(available_at__isnull=True) | Q(available_at__lte=Now())
 
 
-def _due() -> ExpressionWrapper:
+def _due() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(_due_q(), output_field=BooleanField())
 
 
-def _for_update(qs: models.QuerySet[Any], alias: str) -> models.QuerySet[Any]:
+_QS = TypeVar("_QS", bound=models.QuerySet[Any])
+
+
+def _for_update(qs: _QS, alias: str) -> _QS:
     """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
     block the key-share lock an insert of a step takes on its run)."""
     if connections[alias].features.has_select_for_no_key_update:
@@ -1037,7 +1053,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         Exactly one of many concurrent claimers gets a :class:`Claim`.
 
         Raises:
-            ValueError: bad names or TTL, or a function name mismatch (nothing written).
+            ValueError: bad names, run id or TTL, or a function name mismatch (nothing written).
             WorkflowStep.DoesNotExist: no such step.
         """
         check_identifier(step_name, "Step name")
@@ -1048,7 +1064,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         with transaction.atomic(using=alias):
             step = (
                 self._locking(alias, skip_locked=False)
-                .filter(run_id=run_id, step_name=step_name)
+                .filter(run_id=parse_run_id(run_id), step_name=step_name)
                 .first()
             )
             if step is None:
@@ -1082,7 +1098,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
         return None
 
-    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[Any]:
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         qs = self.rows().annotate(
             lease_live=_live(), due=_due(), run_status=F("run__status"), db_now=Now()
         )
@@ -1093,7 +1109,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             return qs.select_for_update(of=("self",))
         return qs.select_for_update()
 
-    def _next_due(self, alias: str) -> WorkflowStep | None:
+    def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
         lapsed = (
             base.filter(
@@ -1112,7 +1128,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             .first()
         )
 
-    def _claim_locked(self, alias: str, step: Any, ttl: float, sent: float) -> Claim | None:
+    def _claim_locked(self, alias: str, step: _LockedStep, ttl: float, sent: float) -> Claim | None:
         """Decide and write a claim of the locked, annotated ``step`` (inside a transaction)."""
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
@@ -1181,7 +1197,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
         return claim
 
-    def _fail_lost_worker(self, alias: str, step: Any, rows: models.QuerySet[Any]) -> None:
+    def _fail_lost_worker(
+        self, alias: str, step: WorkflowStep, rows: models.QuerySet[WorkflowStep]
+    ) -> None:
         error = {
             "code": STEP_LEASE_LAPSED,
             "message": (

@@ -51,6 +51,8 @@ from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.leases import ahold_lease, hold_lease
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from django_leases.models import Lease, LeaseQuerySet
 
 
@@ -100,7 +102,7 @@ class SimulatedOutage:
 
         real_refresh = LeaseQuerySet.refresh
 
-        def refresh(queryset: LeaseQuerySet, lease: Lease, ttl: Any) -> Lease | None:
+        def refresh(queryset: LeaseQuerySet, lease: Lease, ttl: float | timedelta) -> Lease | None:
             with self._lock:
                 failing = self._failures_left > 0
                 if failing:
@@ -158,6 +160,7 @@ class LeaseConformanceTests:
         """``Lease.objects`` on :attr:`lease_database`."""
         from django_leases.models import Lease
 
+        # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
         return Lease.objects.db_manager(self.lease_database)  # type: ignore[return-value]
 
     def new_key(self) -> str:

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_leases.triggers.providers import (
     ParsedDelivery,
@@ -44,6 +44,8 @@ from django_leases.triggers.providers.base import header_value
 
 if TYPE_CHECKING:
     from django_leases.models import TriggerSource
+
+_P = TypeVar("_P", bound=Provider)
 
 
 class FakeProvider(Provider):
@@ -214,7 +216,7 @@ class FakeProvider(Provider):
 
 
 @contextmanager
-def installed_provider(provider: Provider) -> Iterator[Any]:
+def installed_provider(provider: _P) -> Iterator[_P]:
     """Install ``provider`` under its name for the ``with`` block; yields it.
 
     Whatever was installed under that name before (a built-in provider, say) comes back

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
         WorkflowStep,
         WorkflowStepQuerySet,
     )
+    from django_leases.workflows.engine import StepContext
     from django_leases.workflows.values import Claim
 
 #: The step every scenario claims, and its step function.
@@ -77,11 +78,11 @@ CLAIMERS = 8
 
 #: Step function the F9/F10 dispatches run; it calls the callback its data names.
 TAKEN_WHILE_RUNNING = "django_leases.conformance.taken-while-running"
-_callbacks: dict[str, Callable[[Any], Any]] = {}
+_callbacks: dict[str, Callable[[StepContext], Any]] = {}
 
 
 @step_function(TAKEN_WHILE_RUNNING)
-def _taken_while_running(data: dict[str, Any], ctx: Any) -> Any:
+def _taken_while_running(data: dict[str, Any], ctx: StepContext) -> Any:
     """Hands the call to the scenario that scheduled it (see ``_dispatch_stale``)."""
     return _callbacks[data["callback"]](ctx)
 
@@ -520,7 +521,7 @@ class WorkflowFencingConformanceTests:
     # -- superseded dispatches F8–F10 -------------------------------------------------------
 
     @contextmanager
-    def _callback(self, callback: Callable[[Any], Any]) -> Iterator[str]:
+    def _callback(self, callback: Callable[[StepContext], Any]) -> Iterator[str]:
         key = uuid.uuid4().hex
         _callbacks[key] = callback
         try:
@@ -548,7 +549,7 @@ class WorkflowFencingConformanceTests:
 
         taken: list[Claim] = []
 
-        def lose_the_step_then(ctx: Any) -> Any:
+        def lose_the_step_then(ctx: StepContext) -> Any:
             self.lapse_step_lease(ctx.run_id, ctx.step_name)
             newer = self.steps.claim_for_execution(
                 ctx.run_id, ctx.step_name, TAKEN_WHILE_RUNNING, LEASE
@@ -580,7 +581,7 @@ class WorkflowFencingConformanceTests:
         taken: list[Claim] = []
         real_lookup = engine.get_step_function
 
-        def lookup_while_losing_the_step(name: str) -> Any:
+        def lookup_while_losing_the_step(name: str) -> Callable[..., Any] | None:
             self.lapse_step_lease(run_id, STEP)
             newer = self.claim(run_id, missing)
             assert newer is not None

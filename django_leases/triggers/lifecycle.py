@@ -52,7 +52,12 @@ from django_leases.exceptions import (
 )
 from django_leases.leases import HeldLease, hold_lease
 from django_leases.models.lease import Lease
-from django_leases.models.trigger import TriggerSecret, TriggerSource, TriggerSourceQuerySet
+from django_leases.models.trigger import (
+    TriggerSecret,
+    TriggerSecretQuerySet,
+    TriggerSource,
+    TriggerSourceQuerySet,
+)
 from django_leases.triggers import providers, registry
 from django_leases.validation import seconds
 
@@ -140,8 +145,9 @@ def _objects(using: str | None) -> TriggerSourceQuerySet:
     return rows.using(using) if using else rows
 
 
-def _secrets(using: str | None) -> Any:
-    return TriggerSecret.objects.db_manager(using or router.db_for_write(TriggerSecret))
+def _secrets(using: str | None) -> TriggerSecretQuerySet:
+    # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
+    return TriggerSecret.objects.db_manager(using or router.db_for_write(TriggerSecret))  # type: ignore[return-value]
 
 
 def _provider(name: str) -> Provider | None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations only: this module imports no model
+    from django_leases.models import TriggerEvent
 
 #: What ``TriggerSource.status`` may hold (besides ``None``, a row never set up): ``off``
 #: (nothing registered), ``pending`` (a setup or teardown is under way, or was interrupted),
@@ -94,7 +97,7 @@ class Accepted:
     (``None`` when it started none).
     """
 
-    event: Any
+    event: TriggerEvent
     created: bool
     run_id: uuid.UUID | None
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
+
+if TYPE_CHECKING:  # for annotations only: this module imports no model
+    from django_leases.models import Lease, WorkflowRun, WorkflowStep
 
 
 class RunStatus(models.TextChoices):
@@ -116,8 +119,8 @@ class PassState:
     """What an orchestration pass reads: the run (``id``, ``workflow``, ``status``, ``input``,
     ``pass_requests`` loaded) and its steps by name, as one statement read them."""
 
-    run: Any = field(repr=False)
-    steps: dict[str, Any] = field(repr=False)
+    run: WorkflowRun = field(repr=False)
+    steps: dict[str, WorkflowStep] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class PassClaim:
     run_id: uuid.UUID
     using: str
     state: PassState = field(repr=False, compare=False)
-    lease: Any = field(default=None, repr=False, compare=False)
+    lease: Lease | None = field(default=None, repr=False, compare=False)
     lease_refused: bool = field(default=False, repr=False, compare=False)
     sent: float = field(default=0.0, repr=False, compare=False)
 

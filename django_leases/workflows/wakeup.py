@@ -30,12 +30,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from django_leases.conf import leases_settings
 from django_leases.models.workflow import channel_name, notify_work_due
+
+if TYPE_CHECKING:  # psycopg is imported when a listener connects (PostgreSQL only)
+    import psycopg
+    from psycopg.rows import TupleRow
 
 logger = logging.getLogger("django_leases.worker")
 
@@ -174,7 +178,7 @@ class WakeupListener:
         self._on_reconnect = on_reconnect
         self._stop = threading.Event()
         self._params = self._connection_params()
-        self._conn: Any = None
+        self._conn: psycopg.Connection[TupleRow] | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._main, name=f"workflow-wakeup:{using}", daemon=True
@@ -210,7 +214,7 @@ class WakeupListener:
         except Exception:
             return None
 
-    def _connect(self) -> Any:
+    def _connect(self) -> psycopg.Connection[TupleRow]:
         import psycopg
         from psycopg import sql
 
@@ -266,7 +270,7 @@ class WakeupListener:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_RECONNECT_BACKOFF)
 
-    def _listen(self, conn: Any) -> None:
+    def _listen(self, conn: psycopg.Connection[TupleRow]) -> None:
         last_ping = time.monotonic()
         while not self._stop.is_set():
             for _notify in conn.notifies(timeout=LISTEN_TICK):

@@ -63,6 +63,7 @@ class Command(base.LeasesCommand):
         rows = leases.with_state().order_by("key")
         if state:
             rows = rows.filter(state=state)  # type: ignore[misc]  # an annotation
+        # state and db_now are with_state()'s annotations, unknown to the stubs: the ignores.
         listed = [
             {
                 "key": lease.key,
@@ -87,6 +88,7 @@ class Command(base.LeasesCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         released = leases.force_release(key)
+        # row.state is with_state()'s annotation, unknown to the stubs: the ignores below.
         row = leases.with_state().filter(key=key).first()
         if not released:
             if row is None:

@@ -28,11 +28,16 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
+from django_leases.exceptions import (
+    LeaseError,
+    SourceBusy,
+    TriggerSourceError,
+    UnknownTriggerSourceError,
+)
 from django_leases.management import base
 from django_leases.management.base import EXIT_BUSY, EXIT_PROVIDER_FAILED
 from django_leases.models import TriggerSource
@@ -192,7 +197,7 @@ class Command(base.LeasesCommand):
         try:
             with _reported_here(name):
                 result = _ACTIONS[action](name, using=alias, wait=wait)
-        except lifecycle.SourceBusy as exc:
+        except SourceBusy as exc:
             raise CommandError(str(exc), returncode=EXIT_BUSY) from None
         except (TriggerSourceError, UnknownTriggerSourceError, LeaseError, ValueError) as exc:
             raise CommandError(str(exc)) from None
@@ -200,7 +205,7 @@ class Command(base.LeasesCommand):
             raise CommandError(outcome(result), returncode=EXIT_PROVIDER_FAILED)
         self.stdout.write(outcome(result))
 
-    def _set_secret(self, alias: str, name: str, stdin: Any) -> None:
+    def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
         from django_leases.triggers import credentials
 
         try:
