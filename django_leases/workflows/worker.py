@@ -351,6 +351,15 @@ class Worker:
         from django_leases.models.workflow import missing_functions
 
         connection = connections[self.alias]
+        if connection.in_atomic_block:
+            # Its threads have connections of their own: they would never see this
+            # transaction's rows (a TestCase's), and wait for work that is not there.
+            raise RuntimeError(
+                f"A workflow worker cannot run inside transaction.atomic() on database "
+                f"{self.alias!r} (a TestCase runs each test in one): its threads use their own "
+                "connections and cannot see this transaction's rows. In tests, use "
+                "TransactionTestCase or django_db(transaction=True)."
+            )
         if db.tuned(connection, "postgresql"):
             missing = missing_functions(connection)
             if missing:

@@ -126,7 +126,7 @@ class Command(LeasesCommand):
             self.stdout.flush()
         try:
             code = worker.run(once=options["once"])
-        except WorkflowFunctionsMissing as exc:
+        except (WorkflowFunctionsMissing, RuntimeError) as exc:
             raise CommandError(str(exc)) from None
         if code:
             raise CommandError(_EXIT_MESSAGES.get(code, f"exit status {code}"), returncode=code)
