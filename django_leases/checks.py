@@ -8,8 +8,11 @@ id                       what it reports
 =======================  ==========================================================================
 ``django_leases.W001``   SQLite without ``transaction_mode`` IMMEDIATE (or EXCLUSIVE): read-decide-
                          write blocks are not serialised (``select_for_update()`` is a no-op there)
-``django_leases.W002``   SQLite without a busy timeout of at least 5 s: concurrent writers fail
-                         with "database is locked" instead of waiting, so renewals fail
+``django_leases.W002``   SQLite with a busy timeout (``timeout``, or ``PRAGMA busy_timeout``)
+                         shorter than Python's default of 5 s: a writer waits at most that
+                         long for another's transaction, then fails with "database is locked"
+                         (at once with 0), so renewals and claims fail under load. No
+                         ``timeout`` means the 5 s default, which is not reported
 ``django_leases.E003``   SQLite older than 3.35: no ``RETURNING``, which acquire/refresh need
 ``django_leases.W004``   ``ATOMIC_REQUESTS`` on the lease database: a lease taken in a request is
                          invisible to the renewal thread until the request ends
@@ -45,8 +48,12 @@ from django.apps import apps
 from django.core import checks
 from django.db import connections, router
 
-#: Shortest busy timeout (seconds) that lets a writer wait out another's transaction.
-MIN_BUSY_TIMEOUT = 5.0
+#: Python's ``sqlite3`` busy timeout, seconds: what a connection whose ``OPTIONS`` set no
+#: ``timeout`` gets (``PRAGMA busy_timeout`` reads 5000 on such a connection).
+SQLITE_DEFAULT_TIMEOUT = 5.0
+#: Shortest busy timeout (seconds) W002 accepts: the default every Django project has. A
+#: shorter one was chosen on purpose, and makes writers give up sooner than by default.
+MIN_BUSY_TIMEOUT = SQLITE_DEFAULT_TIMEOUT
 #: Oldest SQLite with ``RETURNING`` (which the single-statement lease operations use).
 MIN_SQLITE = (3, 35, 0)
 
@@ -99,14 +106,25 @@ def check_sqlite_settings(
             )
         )
     timeout = _busy_timeout(options)
-    if timeout is None or timeout < MIN_BUSY_TIMEOUT:
-        have = "none" if timeout is None else f"{timeout:g} s"
+    if timeout is None:
         messages.append(
             checks.Warning(
-                f"SQLite database {alias!r} has no busy timeout of at least "
-                f"{MIN_BUSY_TIMEOUT:g} s (found: {have}): a writer that meets another's "
-                "transaction fails at once, so lease renewals and claims fail under load.",
+                f"SQLite database {alias!r} has OPTIONS['timeout'] = {options['timeout']!r}, "
+                "not a number of seconds: Python's sqlite3 refuses to connect with it.",
                 hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["timeout"] = 20 (seconds).',
+                id="django_leases.W002",
+            )
+        )
+    elif timeout < MIN_BUSY_TIMEOUT:
+        waits = "fails at once" if timeout <= 0 else f"waits at most {timeout:g} s, then fails"
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} has a busy timeout of {timeout:g} s, shorter than "
+                f"Python's default of {SQLITE_DEFAULT_TIMEOUT:g} s: a writer that meets "
+                f"another connection's transaction {waits} with 'database is locked', so "
+                "lease renewals and claims fail under load.",
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["timeout"] = 20 (seconds), or '
+                f"leave it out for the {SQLITE_DEFAULT_TIMEOUT:g} s default.",
                 id="django_leases.W002",
             )
         )
@@ -137,13 +155,16 @@ def check_sqlite_settings(
 
 
 def _busy_timeout(options: Mapping[str, Any]) -> float | None:
-    """Seconds of busy timeout from ``timeout`` or a ``PRAGMA busy_timeout`` init command."""
-    found: float | None = None
-    if options.get("timeout") is not None:
-        try:
-            found = float(options["timeout"])
-        except (TypeError, ValueError):
-            found = 0.0
+    """Seconds of busy timeout a connection with ``options`` gets: a ``PRAGMA busy_timeout``
+    in ``init_command`` (run after connecting, so it wins), else ``timeout``, else Python's
+    default (:data:`SQLITE_DEFAULT_TIMEOUT`). ``None``: a ``timeout`` that is not a number,
+    with which ``sqlite3.connect`` refuses to connect."""
+    found = SQLITE_DEFAULT_TIMEOUT
+    if "timeout" in options:
+        value = options["timeout"]
+        if not isinstance(value, int | float):
+            return None
+        found = float(value)
     init = str(options.get("init_command") or "").lower().replace(" ", "")
     marker = "busy_timeout="
     if marker in init:

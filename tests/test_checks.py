@@ -70,20 +70,58 @@ def test_w001_sqlite_without_immediate(options: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "fires"),
+    ("options", "said"),
     [
-        ({"transaction_mode": "IMMEDIATE"}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 0}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 1}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": "soon"}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 5}, False),
-        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout = 20000;"}, False),
-        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout=100"}, True),
+        # No timeout: Python's sqlite3 default of 5 s, which is what the check asks for.
+        ({"transaction_mode": "IMMEDIATE"}, None),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 0}, "fails at once"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 1}, "waits at most 1 s, then fails"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 4.5}, "waits at most 4.5 s"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": "soon"}, "refuses to connect"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": "20"}, "refuses to connect"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 5}, None),
+        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout = 20000;"}, None),
+        (
+            {"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout=100"},
+            "waits at most 0.1 s",
+        ),
+        # The PRAGMA runs after connecting, so it wins over the timeout.
+        (
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA busy_timeout=0",
+            },
+            "fails at once",
+        ),
     ],
 )
-def test_w002_sqlite_without_busy_timeout(options: dict[str, Any], fires: bool) -> None:
+def test_w002_sqlite_with_a_short_busy_timeout(options: dict[str, Any], said: str | None) -> None:
     messages = checks.check_database_settings("default", "sqlite", _sqlite(OPTIONS=options))
-    assert _ids(messages) == (["django_leases.W002"] if fires else [])
+    assert _ids(messages) == (["django_leases.W002"] if said else [])
+    if said:
+        assert said in messages[0].msg
+        assert "no busy timeout" not in messages[0].msg
+
+
+def test_w002_default_is_what_a_connection_without_timeout_gets(tmp_path: Any) -> None:
+    # The check's premise, measured on a real connection through Django's backend.
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+
+    settings_dict = dict(connection.settings_dict)
+    settings_dict.update(
+        ENGINE="django.db.backends.sqlite3",
+        NAME=str(tmp_path / "w002.sqlite3"),
+        OPTIONS={"transaction_mode": "IMMEDIATE"},
+    )
+    wrapper = DatabaseWrapper(settings_dict, alias="w002")
+    # The DB-API connection Django's backend opens (below pytest-django's access guard).
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        (milliseconds,) = raw.execute("PRAGMA busy_timeout").fetchone()
+    finally:
+        raw.close()
+    assert milliseconds / 1000 == checks.SQLITE_DEFAULT_TIMEOUT == checks.MIN_BUSY_TIMEOUT
 
 
 def test_e003_sqlite_without_returning(monkeypatch: pytest.MonkeyPatch) -> None:
