@@ -24,7 +24,7 @@ id                       what it reports
                          commit, so no other process sees them
 ``django_leases.W008``   a declared trigger source has no signing secret: every delivery gets 401
                          (none in ``WEBHOOK_SECRETS`` nor in the credential store, for a
-                         ``manual`` source or an enabled one; or the store cannot be read)
+                         ``manual`` source or an enabled one)
 ``django_leases.W009``   a trigger source starts a workflow that no code registers: its deliveries
                          fail and are not recorded
 ``django_leases.E010``   ``WEBHOOK_MAX_BODY`` or ``WEBHOOK_SECRETS`` is not usable
@@ -35,6 +35,9 @@ id                       what it reports
 ``django_leases.E013``   PostgreSQL with ``TUNED_SQL`` on, migrations applied, but the workflow
                          worker's functions for this code are missing: workers refuse to start
                          (a database check: ``check --database``, ``migrate``)
+``django_leases.W014``   the credential store cannot be read (the database is unreachable, not
+                         migrated yet, or refused the query): whether each declared source
+                         without a ``WEBHOOK_SECRETS`` entry has a signing secret is unknown
 =======================  ==========================================================================
 """
 
@@ -244,13 +247,16 @@ def check_webhook_settings(
     workflow_registered: Callable[[str], bool],
     stored: set[str] | None = None,
     enabled: set[str] | None = None,
+    unreadable: str = "the credential store could not be read",
 ) -> list[checks.CheckMessage]:
-    """W008, W009 and E010 for the trigger-source declarations and webhook settings.
+    """W008, W009, W014 and E010 for the trigger-source declarations and webhook settings.
 
-    ``stored``: names with a secret in the credential store (``None``: the store could not
-    be read). ``enabled``: names of enabled sources. A source whose provider registers the
-    webhook itself (GitHub, Stripe) gets its secret at setup, so only an enabled one without
-    it is reported; a ``manual`` one needs an operator to store it.
+    ``stored``: names with a secret in the credential store; ``None`` when the store could
+    not be read, ``unreadable`` saying why (W014 then, for each source that has no
+    ``WEBHOOK_SECRETS`` entry: nothing is known either way). ``enabled``: names of enabled
+    sources. A source whose provider registers the webhook itself (GitHub, Stripe) gets its
+    secret at setup, so only an enabled one without it is reported; a ``manual`` one needs
+    an operator to store it.
     """
     from django_leases.triggers.providers import get_provider
 
@@ -280,29 +286,11 @@ def check_webhook_settings(
         name = declaration.name
         provider = get_provider(declaration.provider)
         manual = provider is None or not provider.manages_registration
-        missing = usable_secrets and not known.get(name)
-        if missing and stored is not None:
-            missing = name not in stored and (manual or name in (enabled or set()))
-        if missing:
-            where = (
-                "the credential store could not be read to confirm one"
-                if stored is None
-                else "none is stored"
-            )
-            hint = (
-                f"Store it with manage.py trigger_sources set-secret {name} "
-                f'(or credentials.set_secret), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
-                if manual
-                else "Disable and enable the source again: its setup stores a new secret."
-            )
-            messages.append(
-                checks.Warning(
-                    f"Trigger source {name!r} has no signing secret ({where}): every "
-                    "delivery to it will be refused with 401.",
-                    hint=hint,
-                    id="django_leases.W008",
-                )
-            )
+        if usable_secrets and not known.get(name):
+            if stored is None:
+                messages.append(_unknown_secret(name, manual, unreadable))
+            elif name not in stored and (manual or name in (enabled or set())):
+                messages.append(_missing_secret(name, manual))
         for name in declaration.started_workflows():
             if not workflow_registered(name):
                 messages.append(
@@ -315,6 +303,38 @@ def check_webhook_settings(
                     )
                 )
     return messages
+
+
+def _missing_secret(name: str, manual: bool) -> checks.CheckMessage:
+    """W008: source ``name`` has no signing secret anywhere."""
+    hint = (
+        f"Store it with manage.py trigger_sources set-secret {name} "
+        f'(or credentials.set_secret), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
+        if manual
+        else "Disable and enable the source again: its setup stores a new secret."
+    )
+    return checks.Warning(
+        f"Trigger source {name!r} has no signing secret (none is stored): every delivery "
+        "to it will be refused with 401.",
+        hint=hint,
+        id="django_leases.W008",
+    )
+
+
+def _unknown_secret(name: str, manual: bool, unreadable: str) -> checks.CheckMessage:
+    """W014: whether source ``name`` has a signing secret cannot be told (``unreadable``)."""
+    needs = (
+        "A manual source needs one stored by an operator"
+        if manual
+        else "Its provider's setup stores one when the source is enabled"
+    )
+    return checks.Warning(
+        f"Could not check whether trigger source {name!r} has a signing secret: "
+        f"{unreadable}. {needs}.",
+        hint="Make the database reachable and apply the migrations (manage.py migrate), "
+        "then run manage.py check again. A secret already stored is kept as it is.",
+        id="django_leases.W014",
+    )
 
 
 def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.CheckMessage]:
@@ -336,25 +356,24 @@ def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.Check
     return messages
 
 
-def _stored_secrets() -> tuple[set[str] | None, set[str] | None]:
-    """Names with a stored secret and names of enabled sources; ``(None, None)`` when the
-    database cannot be read (not migrated yet, unreachable, or not allowed here)."""
+def _stored_secrets() -> tuple[set[str] | None, set[str] | None, str]:
+    """Names with a stored secret and names of enabled sources, or ``(None, None, why)``
+    when the database cannot be read (unreachable, not migrated yet, or not allowed here)."""
     from django_leases.models import TriggerSecret, TriggerSource
 
+    alias = router.db_for_read(TriggerSecret)
     try:
-        stored = set(
-            TriggerSecret.objects.using(router.db_for_read(TriggerSecret)).values_list(
-                "name", flat=True
-            )
-        )
+        stored = set(TriggerSecret.objects.using(alias).values_list("name", flat=True))
         enabled = set(
             TriggerSource.objects.using(router.db_for_read(TriggerSource))
             .filter(enabled=True)
             .values_list("name", flat=True)
         )
-    except Exception:  # any failure only means the store cannot be consulted now
-        return None, None
-    return stored, enabled
+    except Exception as exc:  # any failure only means the store cannot be consulted now
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        shown = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+        return None, None, f"the credential store on database {alias!r} could not be read ({shown})"
+    return stored, enabled, ""
 
 
 @checks.register("django_leases")
@@ -377,7 +396,7 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_routing(_our_models(), aliases))
     declared = declarations()
-    stored, enabled = _stored_secrets() if declared else (None, None)
+    stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
     messages.extend(
         check_webhook_settings(
             declared,
@@ -386,6 +405,7 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
             registered,
             stored,
             enabled,
+            unreadable,
         )
     )
     return messages

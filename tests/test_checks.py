@@ -43,10 +43,9 @@ def _registered() -> list[django_checks.CheckMessage]:
 
 
 def _database_ids(messages: list[django_checks.CheckMessage]) -> list[str]:
-    # The trigger checks (W008/W009) depend on which workflows the demo has; leave them out.
-    return [
-        id_ for id_ in _ids(messages) if id_ not in ("django_leases.W008", "django_leases.W009")
-    ]
+    # The trigger checks (W008/W009/W014) depend on the demo's sources; leave them out.
+    trigger_ids = ("django_leases.W008", "django_leases.W009", "django_leases.W014")
+    return [id_ for id_ in _ids(messages) if id_ not in trigger_ids]
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -260,7 +259,9 @@ def test_webhook_settings_quiet_when_complete() -> None:
 
 def test_w008_source_without_secret() -> None:
     for secrets in ({}, {"hooks": ""}, {"other": "s"}):
-        messages = checks.check_webhook_settings([_declaration()], secrets, 1024, _known)
+        messages = checks.check_webhook_settings(
+            [_declaration()], secrets, 1024, _known, stored=set(), enabled={"hooks"}
+        )
         assert _ids(messages) == ["django_leases.W008"]
         assert "'hooks'" in messages[0].msg
 
@@ -282,6 +283,94 @@ def test_e010_unusable_webhook_settings(secrets: Any, max_body: Any) -> None:
     assert _ids(messages) == ["django_leases.E010"]
 
 
+# -- W014: the credential store cannot be read -------------------------------------------------
+
+STORE_ALIAS = "checks_store"
+
+
+class StoreReadsRouter:
+    """Reads of trigger sources and secrets go to :data:`STORE_ALIAS`."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        if model._meta.label in ("django_leases.TriggerSecret", "django_leases.TriggerSource"):
+            return STORE_ALIAS
+        return None
+
+
+@pytest.fixture
+def store_alias(settings: Any, django_db_blocker: Any) -> Any:
+    """Add :data:`STORE_ALIAS` (a SQLite file named by the test) and route store reads there.
+
+    The test takes no ``django_db``: the check must meet the alias's real error, not Django's
+    test-case guard, and nothing it reads is routed to ``default``.
+    """
+    from django.db import connections
+
+    def use(name: str) -> None:
+        config = dict(connections.settings["default"])
+        config.update(ENGINE="django.db.backends.sqlite3", NAME=name, OPTIONS={}, TEST={})
+        connections.settings[STORE_ALIAS] = config
+        settings.DATABASE_ROUTERS = [f"{__name__}.StoreReadsRouter"]
+
+    with django_db_blocker.unblock():
+        yield use
+    try:
+        connections[STORE_ALIAS].close()
+        del connections[STORE_ALIAS]
+    except Exception:
+        pass
+    connections.settings.pop(STORE_ALIAS, None)
+
+
+def _secret_messages(*names: str) -> list[django_checks.CheckMessage]:
+    return [
+        m
+        for m in _registered()
+        if m.id in ("django_leases.W008", "django_leases.W014")
+        and any(f"{name!r}" in m.msg for name in names)
+    ]
+
+
+@pytest.fixture
+def two_sources() -> Any:
+    webhook_source("checks-manual-src", provider="manual", events={})
+    webhook_source("checks-github-src", provider="github", events={}, config={"repository": "o/r"})
+    yield ("checks-manual-src", "checks-github-src")
+    registry.unregister("checks-manual-src")
+    registry.unregister("checks-github-src")
+
+
+def _assert_could_not_check(messages: list[django_checks.CheckMessage], why: str) -> None:
+    assert _ids(messages) == ["django_leases.W014", "django_leases.W014"]
+    for message in messages:
+        assert message.msg.startswith("Could not check whether trigger source ")
+        assert f"the credential store on database {STORE_ALIAS!r} could not be read" in message.msg
+        assert why in message.msg
+        assert "Disable and enable" not in (message.hint or "")
+        assert "migrate" in (message.hint or "")
+
+
+def test_w014_when_the_store_database_is_unreachable(store_alias: Any, two_sources: Any) -> None:
+    store_alias("/nonexistent-django-leases-dir/store.sqlite3")
+    _assert_could_not_check(_secret_messages(*two_sources), "unable to open database file")
+
+
+def test_w014_when_the_store_database_is_not_migrated(
+    store_alias: Any, two_sources: Any, tmp_path: Any
+) -> None:
+    store_alias(str(tmp_path / "unmigrated.sqlite3"))
+    _assert_could_not_check(_secret_messages(*two_sources), "no such table")
+
+
+@pytest.mark.django_db
+def test_w008_when_the_store_is_read_and_holds_no_secret(two_sources: Any) -> None:
+    manual, _github = two_sources
+    messages = _secret_messages(*two_sources)
+    # The manual source needs one; the GitHub one is off, so its setup has not run yet.
+    assert [(m.id, f"{manual!r}" in m.msg) for m in messages] == [("django_leases.W008", True)]
+    assert "has no signing secret" in messages[0].msg
+
+
 @workflow("checks-known-workflow")
 def _known_workflow(run: Any, input: Any) -> None:
     return None
@@ -296,7 +385,8 @@ def test_registered_check_sees_declarations(settings: Any) -> None:
     try:
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {}}
         messages = [m for m in _registered() if "'checks-source'" in m.msg]
-        assert _ids(messages) == ["django_leases.W008", "django_leases.W009"]
+        # No database access in this test: the store cannot be read.
+        assert _ids(messages) == ["django_leases.W009", "django_leases.W014"]
         assert "'nope'" in next(m for m in messages if m.id == "django_leases.W009").msg
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"checks-source": "s"}}
         messages = [m for m in _registered() if "'checks-source'" in m.msg]
