@@ -38,16 +38,24 @@ id                       what it reports
 ``django_leases.W014``   the credential store cannot be read (the database is unreachable, not
                          migrated yet, or refused the query): whether each declared source
                          without a ``WEBHOOK_SECRETS`` entry has a signing secret is unknown
+``django_leases.E015``   ``DJANGO_LEASES`` is not a dict, or has a key django-leases does not
+                         know (a misspelling): it is ignored and the setting keeps its default.
+                         The message names the key meant where one is close
+``django_leases.E016``   a ``DJANGO_LEASES`` value of the wrong type or range (a TTL or timeout
+                         not above 0, ``WORKER_WAKEUP`` not ``"auto"`` / ``"poll"``,
+                         ``TUNED_SQL`` not a bool…), which would be misread or refused at use
 =======================  ==========================================================================
 """
 
 from __future__ import annotations
 
+import difflib
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections, router
 
@@ -337,6 +345,176 @@ def _unknown_secret(name: str, manual: bool, unreadable: str) -> checks.CheckMes
     )
 
 
+# -- DJANGO_LEASES -------------------------------------------------------------------------------
+
+
+def _number(value: object, what: str, *, above_zero: bool = True) -> None:
+    """An ``int`` or ``float`` (not ``bool``) of seconds, above 0 (or at least 0)."""
+    from django_leases.validation import seconds
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds(value, what, above_minimum=above_zero)
+
+
+def _optional(rule: Callable[[object, str], None]) -> Callable[[object, str], None]:
+    def check(value: object, what: str) -> None:
+        if value is not None:
+            rule(value, what)
+
+    return check
+
+
+def _boolean(value: object, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be True or False, not {value!r}")
+
+
+def _wakeup(value: object, what: str) -> None:
+    if value not in ("auto", "poll"):
+        raise ValueError(f'{what} must be "auto" or "poll", not {value!r}')
+
+
+def _api_url(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ValueError(f"{what} must be an http(s) URL, not {value!r}")
+
+
+def _credential(value: object, what: str) -> None:
+    # Never quoted: the value is a token or a key.
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty str, not {type(value).__name__}")
+
+
+def _secret_keys(value: object, what: str) -> None:
+    # Never quoted: the values are keys.
+    from cryptography.fernet import Fernet
+
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(f"{what} must be a list of Fernet keys, newest first")
+    if not value:
+        raise ValueError(f"{what} is empty: nothing could decrypt the stored secrets")
+    for position, key in enumerate(value, 1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"{what} item {position} is not a Fernet key (32 bytes, URL-safe base64: "
+                "Fernet.generate_key())"
+            ) from None
+
+
+def _grace(value: object, what: str) -> None:
+    _number(value, what, above_zero=False)  # 0: no grace at all
+
+
+def _lease_ttl(value: object, what: str) -> None:
+    from django_leases.validation import renewable_ttl_seconds
+
+    renewable_ttl_seconds(value)
+
+
+def _step_ttl(value: object, what: str) -> None:
+    from django_leases.validation import ttl_seconds
+
+    ttl_seconds(value)
+
+
+#: The rule each ``DJANGO_LEASES`` key's value must follow (E016): a callable that raises
+#: ``ValueError`` saying what is wrong. ``WEBHOOK_MAX_BODY`` and ``WEBHOOK_SECRETS`` are
+#: E010's (:func:`check_webhook_settings`).
+SETTING_RULES: dict[str, Callable[[object, str], None]] = {
+    "DEFAULT_TTL": _lease_ttl,
+    "RENEWAL_FLOOR": _number,
+    "MAX_TTL": _number,
+    "STEP_LEASE_TTL": _step_ttl,
+    "WORKER_POLL_INTERVAL": _optional(_number),
+    "WORKER_WAKEUP": _wakeup,
+    "WORKER_SHUTDOWN_GRACE": _grace,
+    "HOLD_LEASE_KILL_GRACE": _grace,
+    "SECRET_KEYS": _optional(_secret_keys),
+    "PROVIDER_TIMEOUT": _number,
+    "GITHUB_API_URL": _api_url,
+    "GITHUB_TOKEN": _optional(_credential),
+    "STRIPE_API_URL": _api_url,
+    "STRIPE_API_KEY": _optional(_credential),
+    "STRIPE_TOLERANCE": _number,
+    "TUNED_SQL": _boolean,
+    "PREPARED_STATEMENTS": _boolean,
+}
+
+#: Keys whose values are secrets: a message about them never quotes the value.
+_SECRET_SETTINGS = frozenset({"GITHUB_TOKEN", "STRIPE_API_KEY", "SECRET_KEYS", "WEBHOOK_SECRETS"})
+
+
+def _meant(key: object, known: Iterable[str]) -> str | None:
+    """The known key ``key`` most likely misspells (``difflib``), or ``None``."""
+    if not isinstance(key, str):
+        return None
+    names = list(known)
+    upper = key.strip().upper().replace("-", "_").replace(" ", "_")
+    if upper in names:
+        return upper
+    close = difflib.get_close_matches(upper, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def check_leases_settings(configured: object) -> list[checks.CheckMessage]:
+    """E015 and E016 for ``settings.DJANGO_LEASES`` (``configured``; ``None`` when unset)."""
+    from django_leases.conf import DEFAULTS
+
+    if configured is None:
+        return []
+    if not isinstance(configured, Mapping):
+        return [
+            checks.Error(
+                f"DJANGO_LEASES must be a dict, not {type(configured).__name__}: "
+                "every django-leases setting keeps its default.",
+                hint='E.g. DJANGO_LEASES = {"DEFAULT_TTL": 30}.',
+                id="django_leases.E015",
+            )
+        ]
+    messages: list[checks.CheckMessage] = []
+    for key, value in configured.items():
+        if key not in DEFAULTS:
+            meant = _meant(key, DEFAULTS)
+            hint = (
+                f"Did you mean {meant!r}?"
+                if meant
+                else "The keys are listed in the settings reference: "
+                + ", ".join(sorted(DEFAULTS))
+                + "."
+            )
+            messages.append(
+                checks.Error(
+                    f"DJANGO_LEASES has an unknown key {key!r}: django-leases ignores it, "
+                    "and the setting it was meant to change keeps its default.",
+                    hint=hint,
+                    id="django_leases.E015",
+                )
+            )
+            continue
+        rule = SETTING_RULES.get(key)
+        if rule is None:
+            continue
+        what = f"DJANGO_LEASES[{key!r}]"
+        try:
+            rule(value, what)
+        except ValueError as exc:
+            problem = str(exc)
+            if key not in _SECRET_SETTINGS and what not in problem:
+                problem = f"{what} = {value!r}: {problem}"
+            messages.append(
+                checks.Error(
+                    problem,
+                    hint=f"Fix the value, or remove the key for the default "
+                    f"({'unset' if DEFAULTS[key] is None else repr(DEFAULTS[key])}).",
+                    id="django_leases.E016",
+                )
+            )
+    return messages
+
+
 def check_routing(models: Iterable[Any], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -391,6 +569,7 @@ def django_leases_checks(app_configs: Any = None, **kwargs: Any) -> list[checks.
         return True
 
     aliases, messages = _write_aliases()
+    messages.extend(check_leases_settings(getattr(django_settings, "DJANGO_LEASES", None)))
     for alias in sorted(aliases):
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))

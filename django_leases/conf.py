@@ -1,7 +1,9 @@
 """Settings of django-leases, read lazily from ``settings.DJANGO_LEASES``.
 
 ``DJANGO_LEASES`` is an optional dict; every key has a default. Values are read on each
-access, so ``override_settings`` works in tests.
+access, so ``override_settings`` works in tests. System check ``django_leases.E015`` reports a
+key not in this table (naming the one meant, where one is close) and ``django_leases.E016`` a
+value of the wrong type or range (the rules: ``checks.SETTING_RULES``).
 
 =============================  =========  =====================================================
 key                            default    meaning

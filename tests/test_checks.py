@@ -393,3 +393,113 @@ def test_registered_check_sees_declarations(settings: Any) -> None:
         assert _ids(messages) == ["django_leases.W009"]
     finally:
         registry.unregister("checks-source")
+
+
+# -- DJANGO_LEASES: unknown keys (E015) and unusable values (E016) -----------------------------
+
+
+def test_every_setting_has_a_rule_and_its_default_follows_it() -> None:
+    from django_leases.conf import DEFAULTS
+
+    webhook_keys = {"WEBHOOK_MAX_BODY", "WEBHOOK_SECRETS"}  # E010's
+    assert set(checks.SETTING_RULES) | webhook_keys == set(DEFAULTS)
+    assert checks.check_leases_settings(dict(DEFAULTS)) == []
+    assert checks.check_leases_settings(None) == []
+    assert checks.check_leases_settings({}) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("DEFAULT_TLL", "DEFAULT_TTL"),
+        ("default_ttl", "DEFAULT_TTL"),
+        ("STEP_LEASE_TIMEOUT", "STEP_LEASE_TTL"),
+        ("WEBHOOK_SECRET", "WEBHOOK_SECRETS"),
+        ("PREPARED_STATEMENT", "PREPARED_STATEMENTS"),
+        ("WORKER-WAKEUP", "WORKER_WAKEUP"),
+        ("NOTHING_LIKE_IT", None),
+        (42, None),
+    ],
+)
+def test_e015_names_an_unknown_key_and_the_key_meant(key: Any, meant: str | None) -> None:
+    (message,) = checks.check_leases_settings({key: 1, "DEFAULT_TTL": 30})
+    assert message.id == "django_leases.E015"
+    assert isinstance(message, django_checks.Error)
+    assert f"unknown key {key!r}" in message.msg
+    if meant:
+        assert message.hint == f"Did you mean {meant!r}?"
+    else:
+        assert "DEFAULT_TTL" in (message.hint or "") and "Did you mean" not in (message.hint or "")
+
+
+def test_e015_django_leases_that_is_not_a_dict() -> None:
+    (message,) = checks.check_leases_settings([("DEFAULT_TTL", 30)])
+    assert message.id == "django_leases.E015"
+    assert "must be a dict, not list" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("DEFAULT_TTL", 0, "greater than 0"),
+        ("DEFAULT_TTL", "30", "not str"),
+        ("DEFAULT_TTL", 0.1, "at least 0.15"),  # shorter than three renewals
+        ("RENEWAL_FLOOR", 0, "greater than 0"),
+        ("RENEWAL_FLOOR", -1.0, "greater than 0"),
+        ("MAX_TTL", 0, "greater than 0"),
+        ("STEP_LEASE_TTL", -5, "greater than 0"),
+        ("STEP_LEASE_TTL", True, "not bool"),
+        ("WORKER_POLL_INTERVAL", 0, "greater than 0"),
+        ("WORKER_POLL_INTERVAL", "1", "not str"),
+        ("WORKER_SHUTDOWN_GRACE", -1, "at least 0"),
+        ("HOLD_LEASE_KILL_GRACE", "10", "not str"),
+        ("PROVIDER_TIMEOUT", 0, "greater than 0"),
+        ("STRIPE_TOLERANCE", 0, "greater than 0"),
+        ("STRIPE_TOLERANCE", float("nan"), "finite"),
+        ("WORKER_WAKEUP", "Poll", 'must be "auto" or "poll"'),
+        ("WORKER_WAKEUP", "listen", 'must be "auto" or "poll"'),
+        ("TUNED_SQL", "false", "must be True or False"),
+        ("TUNED_SQL", 0, "must be True or False"),
+        ("PREPARED_STATEMENTS", "no", "must be True or False"),
+        ("GITHUB_API_URL", "api.github.com", "http(s) URL"),
+        ("STRIPE_API_URL", None, "http(s) URL"),
+        ("GITHUB_TOKEN", "", "non-empty str"),
+        ("STRIPE_API_KEY", 123, "non-empty str"),
+        ("SECRET_KEYS", "one-key", "list of Fernet keys"),
+        ("SECRET_KEYS", [], "empty"),
+        ("SECRET_KEYS", ["not-a-fernet-key"], "item 1 is not a Fernet key"),
+    ],
+)
+def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str) -> None:
+    (message,) = checks.check_leases_settings({key: value})
+    assert message.id == "django_leases.E016"
+    assert isinstance(message, django_checks.Error)
+    assert f"DJANGO_LEASES[{key!r}]" in message.msg
+    assert said in message.msg
+    if key in ("GITHUB_TOKEN", "STRIPE_API_KEY", "SECRET_KEYS") and value:
+        assert repr(value) not in message.msg  # a secret is never quoted
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DEFAULT_TTL", 5),
+        ("WORKER_POLL_INTERVAL", None),
+        ("WORKER_POLL_INTERVAL", 0.5),
+        ("WORKER_SHUTDOWN_GRACE", 0),  # no grace is a choice
+        ("WORKER_WAKEUP", "poll"),
+        ("TUNED_SQL", False),
+        ("GITHUB_TOKEN", "ghp_x"),
+        ("SECRET_KEYS", ["jW0Jb6eRWSWgwzGsX8bPJ6qyjM0kqwSFQrYfbTK9lvE="]),
+        ("WEBHOOK_SECRETS", {"a": "s"}),
+    ],
+)
+def test_e016_quiet_for_usable_values(key: str, value: Any) -> None:
+    assert checks.check_leases_settings({key: value}) == []
+
+
+def test_registered_check_reads_django_leases(settings: Any) -> None:
+    settings.DJANGO_LEASES = {"DEFAULT_TLL": 60, "TUNED_SQL": "false"}
+    messages = [m for m in _registered() if m.id in ("django_leases.E015", "django_leases.E016")]
+    assert _ids(messages) == ["django_leases.E015", "django_leases.E016"]
+    assert "Did you mean 'DEFAULT_TTL'?" in [m.hint for m in messages]
