@@ -404,6 +404,15 @@ def _secret_keys(value: object, what: str) -> None:
             ) from None
 
 
+def _stripe_version(value: object, what: str) -> None:
+    from django_leases.triggers.providers.stripe import check_api_version
+
+    try:
+        check_api_version(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
 def _grace(value: object, what: str) -> None:
     _number(value, what, above_zero=False)  # 0: no grace at all
 
@@ -439,6 +448,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "STRIPE_API_URL": _api_url,
     "STRIPE_API_KEY": _optional(_credential),
     "STRIPE_TOLERANCE": _number,
+    "STRIPE_API_VERSION": _optional(_stripe_version),
     "TUNED_SQL": _boolean,
     "PREPARED_STATEMENTS": _boolean,
 }

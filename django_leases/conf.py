@@ -39,6 +39,9 @@ key                            default    meaning
                                           ``DJANGO_LEASES_STRIPE_API_KEY`` variable
 ``STRIPE_TOLERANCE``           ``300``    seconds a Stripe signature's timestamp may lie in the
                                           past before the delivery is refused as a replay
+``STRIPE_API_VERSION``         ``None``   the ``Stripe-Version`` every Stripe API call sends;
+                                          ``None``: the version the provider is written
+                                          against (``providers.stripe.API_VERSION``)
 ``TUNED_SQL``                  ``True``   send each rule's hand-written statement where the
                                           database has one (PostgreSQL, SQLite); ``False``:
                                           the portable ORM path everywhere (same rules, more
@@ -74,6 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_API_URL": "https://api.stripe.com",
     "STRIPE_API_KEY": None,
     "STRIPE_TOLERANCE": 300,
+    "STRIPE_API_VERSION": None,
     "TUNED_SQL": True,
     "PREPARED_STATEMENTS": True,
 }

@@ -468,6 +468,8 @@ def test_e015_django_leases_that_is_not_a_dict() -> None:
         ("SECRET_KEYS", "one-key", "list of Fernet keys"),
         ("SECRET_KEYS", [], "empty"),
         ("SECRET_KEYS", ["not-a-fernet-key"], "item 1 is not a Fernet key"),
+        ("STRIPE_API_VERSION", "latest", "a Stripe API version looks like"),
+        ("STRIPE_API_VERSION", 20250331, "a Stripe API version looks like"),
     ],
 )
 def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str) -> None:
@@ -492,6 +494,8 @@ def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str
         ("GITHUB_TOKEN", "ghp_x"),
         ("SECRET_KEYS", ["jW0Jb6eRWSWgwzGsX8bPJ6qyjM0kqwSFQrYfbTK9lvE="]),
         ("WEBHOOK_SECRETS", {"a": "s"}),
+        ("STRIPE_API_VERSION", "2020-08-27"),
+        ("STRIPE_API_VERSION", "2025-03-31.basil"),
     ],
 )
 def test_e016_quiet_for_usable_values(key: str, value: Any) -> None:
