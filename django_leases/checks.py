@@ -413,6 +413,15 @@ def _stripe_version(value: object, what: str) -> None:
         raise ValueError(f"{what}: {exc}") from None
 
 
+def _base_url(value: object, what: str) -> None:
+    from django_leases.models.trigger import check_base_url
+
+    try:
+        check_base_url(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
 def _grace(value: object, what: str) -> None:
     _number(value, what, above_zero=False)  # 0: no grace at all
 
@@ -441,6 +450,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "WORKER_WAKEUP": _wakeup,
     "WORKER_SHUTDOWN_GRACE": _grace,
     "HOLD_LEASE_KILL_GRACE": _grace,
+    "BASE_URL": _optional(_base_url),
     "SECRET_KEYS": _optional(_secret_keys),
     "PROVIDER_TIMEOUT": _number,
     "GITHUB_API_URL": _api_url,

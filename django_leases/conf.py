@@ -26,6 +26,11 @@ key                            default    meaning
 ``WEBHOOK_SECRETS``            ``{}``     source name -> signing secret; when set it wins over
                                           the encrypted credential store (for ``manual``
                                           sources whose secret comes from the environment)
+``BASE_URL``                   ``None``   where the project's URLconf root is served
+                                          (``https://app.example.com``): the address trigger
+                                          sources are registered at. Set, every reconcile uses
+                                          it (``--base-url`` still wins for that run); ``None``:
+                                          the last address a reconcile was given
 ``SECRET_KEYS``                ``None``   Fernet keys (urlsafe base64, 32 bytes) encrypting stored
                                           secrets, newest first; ``None`` derives them from
                                           ``SECRET_KEY`` + ``SECRET_KEY_FALLBACKS`` (HKDF)
@@ -70,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "HOLD_LEASE_KILL_GRACE": 10.0,
     "WEBHOOK_MAX_BODY": 1024 * 1024,
     "WEBHOOK_SECRETS": {},
+    "BASE_URL": None,
     "SECRET_KEYS": None,
     "PROVIDER_TIMEOUT": 10.0,
     "GITHUB_API_URL": "https://api.github.com",

@@ -469,6 +469,8 @@ def test_e015_django_leases_that_is_not_a_dict() -> None:
         ("SECRET_KEYS", [], "empty"),
         ("SECRET_KEYS", ["not-a-fernet-key"], "item 1 is not a Fernet key"),
         ("STRIPE_API_VERSION", "latest", "a Stripe API version looks like"),
+        ("BASE_URL", "app.example.com", "not an http(s) URL"),
+        ("BASE_URL", "", "not an http(s) URL"),
         ("STRIPE_API_VERSION", 20250331, "a Stripe API version looks like"),
     ],
 )
@@ -495,6 +497,8 @@ def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str
         ("SECRET_KEYS", ["jW0Jb6eRWSWgwzGsX8bPJ6qyjM0kqwSFQrYfbTK9lvE="]),
         ("WEBHOOK_SECRETS", {"a": "s"}),
         ("STRIPE_API_VERSION", "2020-08-27"),
+        ("BASE_URL", None),
+        ("BASE_URL", "https://app.example.com/prefix/"),
         ("STRIPE_API_VERSION", "2025-03-31.basil"),
     ],
 )
