@@ -8,8 +8,11 @@ id                       what it reports
 =======================  ==========================================================================
 ``django_leases.W001``   SQLite without ``transaction_mode`` IMMEDIATE (or EXCLUSIVE): read-decide-
                          write blocks are not serialised (``select_for_update()`` is a no-op there)
-``django_leases.W002``   SQLite without a busy timeout of at least 5 s: concurrent writers fail
-                         with "database is locked" instead of waiting, so renewals fail
+``django_leases.W002``   SQLite with a busy timeout (``timeout``, or ``PRAGMA busy_timeout``)
+                         shorter than Python's default of 5 s: a writer waits at most that
+                         long for another's transaction, then fails with "database is locked"
+                         (at once with 0), so renewals and claims fail under load. No
+                         ``timeout`` means the 5 s default, which is not reported
 ``django_leases.E003``   SQLite older than 3.35: no ``RETURNING``, which acquire/refresh need
 ``django_leases.W004``   ``ATOMIC_REQUESTS`` on the lease database: a lease taken in a request is
                          invisible to the renewal thread until the request ends
@@ -21,7 +24,7 @@ id                       what it reports
                          commit, so no other process sees them
 ``django_leases.W008``   a declared trigger source has no signing secret: every delivery gets 401
                          (none in ``WEBHOOK_SECRETS`` nor in the credential store, for a
-                         ``manual`` source or an enabled one; or the store cannot be read)
+                         ``manual`` source or an enabled one)
 ``django_leases.W009``   a trigger source starts a workflow that no code registers: its deliveries
                          fail and are not recorded
 ``django_leases.E010``   ``WEBHOOK_MAX_BODY`` or ``WEBHOOK_SECRETS`` is not usable
@@ -32,16 +35,27 @@ id                       what it reports
 ``django_leases.E013``   PostgreSQL with ``TUNED_SQL`` on, migrations applied, but the workflow
                          worker's functions for this code are missing: workers refuse to start
                          (a database check: ``check --database``, ``migrate``)
+``django_leases.W014``   the credential store cannot be read (the database is unreachable, not
+                         migrated yet, or refused the query): whether each declared source
+                         without a ``WEBHOOK_SECRETS`` entry has a signing secret is unknown
+``django_leases.E015``   ``DJANGO_LEASES`` is not a dict, or has a key django-leases does not
+                         know (a misspelling): it is ignored and the setting keeps its default.
+                         The message names the key meant where one is close
+``django_leases.E016``   a ``DJANGO_LEASES`` value of the wrong type or range (a TTL or timeout
+                         not above 0, ``WORKER_WAKEUP`` not ``"auto"`` / ``"poll"``,
+                         ``TUNED_SQL`` not a bool…), which would be misread or refused at use
 =======================  ==========================================================================
 """
 
 from __future__ import annotations
 
+import difflib
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections, router
 
@@ -51,8 +65,12 @@ if TYPE_CHECKING:
 
     from django_leases.triggers.registry import TriggerDeclaration
 
-#: Shortest busy timeout (seconds) that lets a writer wait out another's transaction.
-MIN_BUSY_TIMEOUT = 5.0
+#: Python's ``sqlite3`` busy timeout, seconds: what a connection whose ``OPTIONS`` set no
+#: ``timeout`` gets (``PRAGMA busy_timeout`` reads 5000 on such a connection).
+SQLITE_DEFAULT_TIMEOUT = 5.0
+#: Shortest busy timeout (seconds) W002 accepts: the default every Django project has. A
+#: shorter one was chosen on purpose, and makes writers give up sooner than by default.
+MIN_BUSY_TIMEOUT = SQLITE_DEFAULT_TIMEOUT
 #: Oldest SQLite with ``RETURNING`` (which the single-statement lease operations use).
 MIN_SQLITE = (3, 35, 0)
 
@@ -105,14 +123,25 @@ def check_sqlite_settings(
             )
         )
     timeout = _busy_timeout(options)
-    if timeout is None or timeout < MIN_BUSY_TIMEOUT:
-        have = "none" if timeout is None else f"{timeout:g} s"
+    if timeout is None:
         messages.append(
             checks.Warning(
-                f"SQLite database {alias!r} has no busy timeout of at least "
-                f"{MIN_BUSY_TIMEOUT:g} s (found: {have}): a writer that meets another's "
-                "transaction fails at once, so lease renewals and claims fail under load.",
+                f"SQLite database {alias!r} has OPTIONS['timeout'] = {options['timeout']!r}, "
+                "not a number of seconds: Python's sqlite3 refuses to connect with it.",
                 hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["timeout"] = 20 (seconds).',
+                id="django_leases.W002",
+            )
+        )
+    elif timeout < MIN_BUSY_TIMEOUT:
+        waits = "fails at once" if timeout <= 0 else f"waits at most {timeout:g} s, then fails"
+        messages.append(
+            checks.Warning(
+                f"SQLite database {alias!r} has a busy timeout of {timeout:g} s, shorter than "
+                f"Python's default of {SQLITE_DEFAULT_TIMEOUT:g} s: a writer that meets "
+                f"another connection's transaction {waits} with 'database is locked', so "
+                "lease renewals and claims fail under load.",
+                hint=f'Set DATABASES[{alias!r}]["OPTIONS"]["timeout"] = 20 (seconds), or '
+                f"leave it out for the {SQLITE_DEFAULT_TIMEOUT:g} s default.",
                 id="django_leases.W002",
             )
         )
@@ -143,13 +172,16 @@ def check_sqlite_settings(
 
 
 def _busy_timeout(options: Mapping[str, Any]) -> float | None:
-    """Seconds of busy timeout from ``timeout`` or a ``PRAGMA busy_timeout`` init command."""
-    found: float | None = None
-    if options.get("timeout") is not None:
-        try:
-            found = float(options["timeout"])
-        except (TypeError, ValueError):
-            found = 0.0
+    """Seconds of busy timeout a connection with ``options`` gets: a ``PRAGMA busy_timeout``
+    in ``init_command`` (run after connecting, so it wins), else ``timeout``, else Python's
+    default (:data:`SQLITE_DEFAULT_TIMEOUT`). ``None``: a ``timeout`` that is not a number,
+    with which ``sqlite3.connect`` refuses to connect."""
+    found = SQLITE_DEFAULT_TIMEOUT
+    if "timeout" in options:
+        value = options["timeout"]
+        if not isinstance(value, int | float):
+            return None
+        found = float(value)
     init = str(options.get("init_command") or "").lower().replace(" ", "")
     marker = "busy_timeout="
     if marker in init:
@@ -229,13 +261,16 @@ def check_webhook_settings(
     workflow_registered: Callable[[str], bool],
     stored: set[str] | None = None,
     enabled: set[str] | None = None,
+    unreadable: str = "the credential store could not be read",
 ) -> list[checks.CheckMessage]:
-    """W008, W009 and E010 for the trigger-source declarations and webhook settings.
+    """W008, W009, W014 and E010 for the trigger-source declarations and webhook settings.
 
-    ``stored``: names with a secret in the credential store (``None``: the store could not
-    be read). ``enabled``: names of enabled sources. A source whose provider registers the
-    webhook itself (GitHub, Stripe) gets its secret at setup, so only an enabled one without
-    it is reported; a ``manual`` one needs an operator to store it.
+    ``stored``: names with a secret in the credential store; ``None`` when the store could
+    not be read, ``unreadable`` saying why (W014 then, for each source that has no
+    ``WEBHOOK_SECRETS`` entry: nothing is known either way). ``enabled``: names of enabled
+    sources. A source whose provider registers the webhook itself (GitHub, Stripe) gets its
+    secret at setup, so only an enabled one without it is reported; a ``manual`` one needs
+    an operator to store it.
     """
     from django_leases.triggers.providers import get_provider
 
@@ -265,29 +300,11 @@ def check_webhook_settings(
         name = declaration.name
         provider = get_provider(declaration.provider)
         manual = provider is None or not provider.manages_registration
-        missing = usable_secrets and not known.get(name)
-        if missing and stored is not None:
-            missing = name not in stored and (manual or name in (enabled or set()))
-        if missing:
-            where = (
-                "the credential store could not be read to confirm one"
-                if stored is None
-                else "none is stored"
-            )
-            hint = (
-                f"Store it with manage.py trigger_sources set-secret {name} "
-                f'(or credentials.set_secret), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
-                if manual
-                else "Disable and enable the source again: its setup stores a new secret."
-            )
-            messages.append(
-                checks.Warning(
-                    f"Trigger source {name!r} has no signing secret ({where}): every "
-                    "delivery to it will be refused with 401.",
-                    hint=hint,
-                    id="django_leases.W008",
-                )
-            )
+        if usable_secrets and not known.get(name):
+            if stored is None:
+                messages.append(_unknown_secret(name, manual, unreadable))
+            elif name not in stored and (manual or name in (enabled or set())):
+                messages.append(_missing_secret(name, manual))
         for name in declaration.started_workflows():
             if not workflow_registered(name):
                 messages.append(
@@ -299,6 +316,228 @@ def check_webhook_settings(
                         id="django_leases.W009",
                     )
                 )
+    return messages
+
+
+def _missing_secret(name: str, manual: bool) -> checks.CheckMessage:
+    """W008: source ``name`` has no signing secret anywhere."""
+    hint = (
+        f"Store it with manage.py trigger_sources set-secret {name} "
+        f'(or credentials.set_secret), or add DJANGO_LEASES["WEBHOOK_SECRETS"][{name!r}].'
+        if manual
+        else "Disable and enable the source again: its setup stores a new secret."
+    )
+    return checks.Warning(
+        f"Trigger source {name!r} has no signing secret (none is stored): every delivery "
+        "to it will be refused with 401.",
+        hint=hint,
+        id="django_leases.W008",
+    )
+
+
+def _unknown_secret(name: str, manual: bool, unreadable: str) -> checks.CheckMessage:
+    """W014: whether source ``name`` has a signing secret cannot be told (``unreadable``)."""
+    needs = (
+        "A manual source needs one stored by an operator"
+        if manual
+        else "Its provider's setup stores one when the source is enabled"
+    )
+    return checks.Warning(
+        f"Could not check whether trigger source {name!r} has a signing secret: "
+        f"{unreadable}. {needs}.",
+        hint="Make the database reachable and apply the migrations (manage.py migrate), "
+        "then run manage.py check again. A secret already stored is kept as it is.",
+        id="django_leases.W014",
+    )
+
+
+# -- DJANGO_LEASES -------------------------------------------------------------------------------
+
+
+def _number(value: object, what: str, *, above_zero: bool = True) -> None:
+    """An ``int`` or ``float`` (not ``bool``) of seconds, above 0 (or at least 0)."""
+    from django_leases.validation import seconds
+
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds(value, what, above_minimum=above_zero)
+
+
+def _optional(rule: Callable[[object, str], None]) -> Callable[[object, str], None]:
+    def check(value: object, what: str) -> None:
+        if value is not None:
+            rule(value, what)
+
+    return check
+
+
+def _boolean(value: object, what: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be True or False, not {value!r}")
+
+
+def _wakeup(value: object, what: str) -> None:
+    if value not in ("auto", "poll"):
+        raise ValueError(f'{what} must be "auto" or "poll", not {value!r}')
+
+
+def _api_url(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ValueError(f"{what} must be an http(s) URL, not {value!r}")
+
+
+def _credential(value: object, what: str) -> None:
+    # Never quoted: the value is a token or a key.
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty str, not {type(value).__name__}")
+
+
+def _secret_keys(value: object, what: str) -> None:
+    # Never quoted: the values are keys.
+    from cryptography.fernet import Fernet
+
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValueError(f"{what} must be a list of Fernet keys, newest first")
+    if not value:
+        raise ValueError(f"{what} is empty: nothing could decrypt the stored secrets")
+    for position, key in enumerate(value, 1):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"{what} item {position} is not a Fernet key (32 bytes, URL-safe base64: "
+                "Fernet.generate_key())"
+            ) from None
+
+
+def _stripe_version(value: object, what: str) -> None:
+    from django_leases.triggers.providers.stripe import check_api_version
+
+    try:
+        check_api_version(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _base_url(value: object, what: str) -> None:
+    from django_leases.models.trigger import check_base_url
+
+    try:
+        check_base_url(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def _grace(value: object, what: str) -> None:
+    _number(value, what, above_zero=False)  # 0: no grace at all
+
+
+def _lease_ttl(value: object, what: str) -> None:
+    from django_leases.validation import renewable_ttl_seconds
+
+    renewable_ttl_seconds(value)
+
+
+def _step_ttl(value: object, what: str) -> None:
+    from django_leases.validation import ttl_seconds
+
+    ttl_seconds(value)
+
+
+#: The rule each ``DJANGO_LEASES`` key's value must follow (E016): a callable that raises
+#: ``ValueError`` saying what is wrong. ``WEBHOOK_MAX_BODY`` and ``WEBHOOK_SECRETS`` are
+#: E010's (:func:`check_webhook_settings`).
+SETTING_RULES: dict[str, Callable[[object, str], None]] = {
+    "DEFAULT_TTL": _lease_ttl,
+    "RENEWAL_FLOOR": _number,
+    "MAX_TTL": _number,
+    "STEP_LEASE_TTL": _step_ttl,
+    "WORKER_POLL_INTERVAL": _optional(_number),
+    "WORKER_WAKEUP": _wakeup,
+    "WORKER_SHUTDOWN_GRACE": _grace,
+    "HOLD_LEASE_KILL_GRACE": _grace,
+    "BASE_URL": _optional(_base_url),
+    "SECRET_KEYS": _optional(_secret_keys),
+    "PROVIDER_TIMEOUT": _number,
+    "GITHUB_API_URL": _api_url,
+    "GITHUB_TOKEN": _optional(_credential),
+    "STRIPE_API_URL": _api_url,
+    "STRIPE_API_KEY": _optional(_credential),
+    "STRIPE_TOLERANCE": _number,
+    "STRIPE_API_VERSION": _optional(_stripe_version),
+    "TUNED_SQL": _boolean,
+    "PREPARED_STATEMENTS": _boolean,
+}
+
+#: Keys whose values are secrets: a message about them never quotes the value.
+_SECRET_SETTINGS = frozenset({"GITHUB_TOKEN", "STRIPE_API_KEY", "SECRET_KEYS", "WEBHOOK_SECRETS"})
+
+
+def _meant(key: object, known: Iterable[str]) -> str | None:
+    """The known key ``key`` most likely misspells (``difflib``), or ``None``."""
+    if not isinstance(key, str):
+        return None
+    names = list(known)
+    upper = key.strip().upper().replace("-", "_").replace(" ", "_")
+    if upper in names:
+        return upper
+    close = difflib.get_close_matches(upper, names, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def check_leases_settings(configured: object) -> list[checks.CheckMessage]:
+    """E015 and E016 for ``settings.DJANGO_LEASES`` (``configured``; ``None`` when unset)."""
+    from django_leases.conf import DEFAULTS
+
+    if configured is None:
+        return []
+    if not isinstance(configured, Mapping):
+        return [
+            checks.Error(
+                f"DJANGO_LEASES must be a dict, not {type(configured).__name__}: "
+                "every django-leases setting keeps its default.",
+                hint='E.g. DJANGO_LEASES = {"DEFAULT_TTL": 30}.',
+                id="django_leases.E015",
+            )
+        ]
+    messages: list[checks.CheckMessage] = []
+    for key, value in configured.items():
+        if key not in DEFAULTS:
+            meant = _meant(key, DEFAULTS)
+            hint = (
+                f"Did you mean {meant!r}?"
+                if meant
+                else "The keys are listed in the settings reference: "
+                + ", ".join(sorted(DEFAULTS))
+                + "."
+            )
+            messages.append(
+                checks.Error(
+                    f"DJANGO_LEASES has an unknown key {key!r}: django-leases ignores it, "
+                    "and the setting it was meant to change keeps its default.",
+                    hint=hint,
+                    id="django_leases.E015",
+                )
+            )
+            continue
+        rule = SETTING_RULES.get(key)
+        if rule is None:
+            continue
+        what = f"DJANGO_LEASES[{key!r}]"
+        try:
+            rule(value, what)
+        except ValueError as exc:
+            problem = str(exc)
+            if key not in _SECRET_SETTINGS and what not in problem:
+                problem = f"{what} = {value!r}: {problem}"
+            messages.append(
+                checks.Error(
+                    problem,
+                    hint=f"Fix the value, or remove the key for the default "
+                    f"({'unset' if DEFAULTS[key] is None else repr(DEFAULTS[key])}).",
+                    id="django_leases.E016",
+                )
+            )
     return messages
 
 
@@ -321,25 +560,24 @@ def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[chec
     return messages
 
 
-def _stored_secrets() -> tuple[set[str] | None, set[str] | None]:
-    """Names with a stored secret and names of enabled sources; ``(None, None)`` when the
-    database cannot be read (not migrated yet, unreachable, or not allowed here)."""
+def _stored_secrets() -> tuple[set[str] | None, set[str] | None, str]:
+    """Names with a stored secret and names of enabled sources, or ``(None, None, why)``
+    when the database cannot be read (unreachable, not migrated yet, or not allowed here)."""
     from django_leases.models import TriggerSecret, TriggerSource
 
+    alias = router.db_for_read(TriggerSecret)
     try:
-        stored = set(
-            TriggerSecret.objects.using(router.db_for_read(TriggerSecret)).values_list(
-                "name", flat=True
-            )
-        )
+        stored = set(TriggerSecret.objects.using(alias).values_list("name", flat=True))
         enabled = set(
             TriggerSource.objects.using(router.db_for_read(TriggerSource))
             .filter(enabled=True)
             .values_list("name", flat=True)
         )
-    except Exception:  # any failure only means the store cannot be consulted now
-        return None, None
-    return stored, enabled
+    except Exception as exc:  # any failure only means the store cannot be consulted now
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        shown = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+        return None, None, f"the credential store on database {alias!r} could not be read ({shown})"
+    return stored, enabled, ""
 
 
 @checks.register("django_leases")
@@ -359,12 +597,13 @@ def django_leases_checks(
         return True
 
     aliases, messages = _write_aliases()
+    messages.extend(check_leases_settings(getattr(django_settings, "DJANGO_LEASES", None)))
     for alias in sorted(aliases):
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_routing(_our_models(), aliases))
     declared = declarations()
-    stored, enabled = _stored_secrets() if declared else (None, None)
+    stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
     messages.extend(
         check_webhook_settings(
             declared,
@@ -373,6 +612,7 @@ def django_leases_checks(
             registered,
             stored,
             enabled,
+            unreadable,
         )
     )
     return messages

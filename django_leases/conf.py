@@ -1,7 +1,9 @@
 """Settings of django-leases, read lazily from ``settings.DJANGO_LEASES``.
 
 ``DJANGO_LEASES`` is an optional dict; every key has a default. Values are read on each
-access, so ``override_settings`` works in tests.
+access, so ``override_settings`` works in tests. System check ``django_leases.E015`` reports a
+key not in this table (naming the one meant, where one is close) and ``django_leases.E016`` a
+value of the wrong type or range (the rules: ``checks.SETTING_RULES``).
 
 =============================  =========  =====================================================
 key                            default    meaning
@@ -24,6 +26,11 @@ key                            default    meaning
 ``WEBHOOK_SECRETS``            ``{}``     source name -> signing secret; when set it wins over
                                           the encrypted credential store (for ``manual``
                                           sources whose secret comes from the environment)
+``BASE_URL``                   ``None``   where the project's URLconf root is served
+                                          (``https://app.example.com``): the address trigger
+                                          sources are registered at. Set, every reconcile uses
+                                          it (``--base-url`` still wins for that run); ``None``:
+                                          the last address a reconcile was given
 ``SECRET_KEYS``                ``None``   Fernet keys (urlsafe base64, 32 bytes) encrypting stored
                                           secrets, newest first; ``None`` derives them from
                                           ``SECRET_KEY`` + ``SECRET_KEY_FALLBACKS`` (HKDF)
@@ -37,6 +44,9 @@ key                            default    meaning
                                           ``DJANGO_LEASES_STRIPE_API_KEY`` variable
 ``STRIPE_TOLERANCE``           ``300``    seconds a Stripe signature's timestamp may lie in the
                                           past before the delivery is refused as a replay
+``STRIPE_API_VERSION``         ``None``   the ``Stripe-Version`` every Stripe API call sends;
+                                          ``None``: the version the provider is written
+                                          against (``providers.stripe.API_VERSION``)
 ``TUNED_SQL``                  ``True``   send each rule's hand-written statement where the
                                           database has one (PostgreSQL, SQLite); ``False``:
                                           the portable ORM path everywhere (same rules, more
@@ -65,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
     "HOLD_LEASE_KILL_GRACE": 10.0,
     "WEBHOOK_MAX_BODY": 1024 * 1024,
     "WEBHOOK_SECRETS": {},
+    "BASE_URL": None,
     "SECRET_KEYS": None,
     "PROVIDER_TIMEOUT": 10.0,
     "GITHUB_API_URL": "https://api.github.com",
@@ -72,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_API_URL": "https://api.stripe.com",
     "STRIPE_API_KEY": None,
     "STRIPE_TOLERANCE": 300,
+    "STRIPE_API_VERSION": None,
     "TUNED_SQL": True,
     "PREPARED_STATEMENTS": True,
 }

@@ -43,10 +43,9 @@ def _registered() -> list[django_checks.CheckMessage]:
 
 
 def _database_ids(messages: list[django_checks.CheckMessage]) -> list[str]:
-    # The trigger checks (W008/W009) depend on which workflows the demo has; leave them out.
-    return [
-        id_ for id_ in _ids(messages) if id_ not in ("django_leases.W008", "django_leases.W009")
-    ]
+    # The trigger checks (W008/W009/W014) depend on the demo's sources; leave them out.
+    trigger_ids = ("django_leases.W008", "django_leases.W009", "django_leases.W014")
+    return [id_ for id_ in _ids(messages) if id_ not in trigger_ids]
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -70,20 +69,58 @@ def test_w001_sqlite_without_immediate(options: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "fires"),
+    ("options", "said"),
     [
-        ({"transaction_mode": "IMMEDIATE"}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 0}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 1}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": "soon"}, True),
-        ({"transaction_mode": "IMMEDIATE", "timeout": 5}, False),
-        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout = 20000;"}, False),
-        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout=100"}, True),
+        # No timeout: Python's sqlite3 default of 5 s, which is what the check asks for.
+        ({"transaction_mode": "IMMEDIATE"}, None),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 0}, "fails at once"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 1}, "waits at most 1 s, then fails"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 4.5}, "waits at most 4.5 s"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": "soon"}, "refuses to connect"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": "20"}, "refuses to connect"),
+        ({"transaction_mode": "IMMEDIATE", "timeout": 5}, None),
+        ({"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout = 20000;"}, None),
+        (
+            {"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA busy_timeout=100"},
+            "waits at most 0.1 s",
+        ),
+        # The PRAGMA runs after connecting, so it wins over the timeout.
+        (
+            {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA busy_timeout=0",
+            },
+            "fails at once",
+        ),
     ],
 )
-def test_w002_sqlite_without_busy_timeout(options: dict[str, Any], fires: bool) -> None:
+def test_w002_sqlite_with_a_short_busy_timeout(options: dict[str, Any], said: str | None) -> None:
     messages = checks.check_database_settings("default", "sqlite", _sqlite(OPTIONS=options))
-    assert _ids(messages) == (["django_leases.W002"] if fires else [])
+    assert _ids(messages) == (["django_leases.W002"] if said else [])
+    if said:
+        assert said in messages[0].msg
+        assert "no busy timeout" not in messages[0].msg
+
+
+def test_w002_default_is_what_a_connection_without_timeout_gets(tmp_path: Any) -> None:
+    # The check's premise, measured on a real connection through Django's backend.
+    from django.db.backends.sqlite3.base import DatabaseWrapper
+
+    settings_dict = dict(connection.settings_dict)
+    settings_dict.update(
+        ENGINE="django.db.backends.sqlite3",
+        NAME=str(tmp_path / "w002.sqlite3"),
+        OPTIONS={"transaction_mode": "IMMEDIATE"},
+    )
+    wrapper = DatabaseWrapper(settings_dict, alias="w002")
+    # The DB-API connection Django's backend opens (below pytest-django's access guard).
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        (milliseconds,) = raw.execute("PRAGMA busy_timeout").fetchone()
+    finally:
+        raw.close()
+    assert milliseconds / 1000 == checks.SQLITE_DEFAULT_TIMEOUT == checks.MIN_BUSY_TIMEOUT
 
 
 def test_e003_sqlite_without_returning(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +259,9 @@ def test_webhook_settings_quiet_when_complete() -> None:
 
 def test_w008_source_without_secret() -> None:
     for secrets in ({}, {"hooks": ""}, {"other": "s"}):
-        messages = checks.check_webhook_settings([_declaration()], secrets, 1024, _known)
+        messages = checks.check_webhook_settings(
+            [_declaration()], secrets, 1024, _known, stored=set(), enabled={"hooks"}
+        )
         assert _ids(messages) == ["django_leases.W008"]
         assert "'hooks'" in messages[0].msg
 
@@ -244,6 +283,94 @@ def test_e010_unusable_webhook_settings(secrets: Any, max_body: Any) -> None:
     assert _ids(messages) == ["django_leases.E010"]
 
 
+# -- W014: the credential store cannot be read -------------------------------------------------
+
+STORE_ALIAS = "checks_store"
+
+
+class StoreReadsRouter:
+    """Reads of trigger sources and secrets go to :data:`STORE_ALIAS`."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        if model._meta.label in ("django_leases.TriggerSecret", "django_leases.TriggerSource"):
+            return STORE_ALIAS
+        return None
+
+
+@pytest.fixture
+def store_alias(settings: Any, django_db_blocker: Any) -> Any:
+    """Add :data:`STORE_ALIAS` (a SQLite file named by the test) and route store reads there.
+
+    The test takes no ``django_db``: the check must meet the alias's real error, not Django's
+    test-case guard, and nothing it reads is routed to ``default``.
+    """
+    from django.db import connections
+
+    def use(name: str) -> None:
+        config = dict(connections.settings["default"])
+        config.update(ENGINE="django.db.backends.sqlite3", NAME=name, OPTIONS={}, TEST={})
+        connections.settings[STORE_ALIAS] = config
+        settings.DATABASE_ROUTERS = [f"{__name__}.StoreReadsRouter"]
+
+    with django_db_blocker.unblock():
+        yield use
+    try:
+        connections[STORE_ALIAS].close()
+        del connections[STORE_ALIAS]
+    except Exception:
+        pass
+    connections.settings.pop(STORE_ALIAS, None)
+
+
+def _secret_messages(*names: str) -> list[django_checks.CheckMessage]:
+    return [
+        m
+        for m in _registered()
+        if m.id in ("django_leases.W008", "django_leases.W014")
+        and any(f"{name!r}" in m.msg for name in names)
+    ]
+
+
+@pytest.fixture
+def two_sources() -> Any:
+    webhook_source("checks-manual-src", provider="manual", events={})
+    webhook_source("checks-github-src", provider="github", events={}, config={"repository": "o/r"})
+    yield ("checks-manual-src", "checks-github-src")
+    registry.unregister("checks-manual-src")
+    registry.unregister("checks-github-src")
+
+
+def _assert_could_not_check(messages: list[django_checks.CheckMessage], why: str) -> None:
+    assert _ids(messages) == ["django_leases.W014", "django_leases.W014"]
+    for message in messages:
+        assert message.msg.startswith("Could not check whether trigger source ")
+        assert f"the credential store on database {STORE_ALIAS!r} could not be read" in message.msg
+        assert why in message.msg
+        assert "Disable and enable" not in (message.hint or "")
+        assert "migrate" in (message.hint or "")
+
+
+def test_w014_when_the_store_database_is_unreachable(store_alias: Any, two_sources: Any) -> None:
+    store_alias("/nonexistent-django-leases-dir/store.sqlite3")
+    _assert_could_not_check(_secret_messages(*two_sources), "unable to open database file")
+
+
+def test_w014_when_the_store_database_is_not_migrated(
+    store_alias: Any, two_sources: Any, tmp_path: Any
+) -> None:
+    store_alias(str(tmp_path / "unmigrated.sqlite3"))
+    _assert_could_not_check(_secret_messages(*two_sources), "no such table")
+
+
+@pytest.mark.django_db
+def test_w008_when_the_store_is_read_and_holds_no_secret(two_sources: Any) -> None:
+    manual, _github = two_sources
+    messages = _secret_messages(*two_sources)
+    # The manual source needs one; the GitHub one is off, so its setup has not run yet.
+    assert [(m.id, f"{manual!r}" in m.msg) for m in messages] == [("django_leases.W008", True)]
+    assert "has no signing secret" in messages[0].msg
+
+
 @workflow("checks-known-workflow")
 def _known_workflow(run: Any, input: Any) -> None:
     return None
@@ -258,10 +385,129 @@ def test_registered_check_sees_declarations(settings: Any) -> None:
     try:
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {}}
         messages = [m for m in _registered() if "'checks-source'" in m.msg]
-        assert _ids(messages) == ["django_leases.W008", "django_leases.W009"]
+        # No database access in this test: the store cannot be read.
+        assert _ids(messages) == ["django_leases.W009", "django_leases.W014"]
         assert "'nope'" in next(m for m in messages if m.id == "django_leases.W009").msg
         settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"checks-source": "s"}}
         messages = [m for m in _registered() if "'checks-source'" in m.msg]
         assert _ids(messages) == ["django_leases.W009"]
     finally:
         registry.unregister("checks-source")
+
+
+# -- DJANGO_LEASES: unknown keys (E015) and unusable values (E016) -----------------------------
+
+
+def test_every_setting_has_a_rule_and_its_default_follows_it() -> None:
+    from django_leases.conf import DEFAULTS
+
+    webhook_keys = {"WEBHOOK_MAX_BODY", "WEBHOOK_SECRETS"}  # E010's
+    assert set(checks.SETTING_RULES) | webhook_keys == set(DEFAULTS)
+    assert checks.check_leases_settings(dict(DEFAULTS)) == []
+    assert checks.check_leases_settings(None) == []
+    assert checks.check_leases_settings({}) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("DEFAULT_TLL", "DEFAULT_TTL"),
+        ("default_ttl", "DEFAULT_TTL"),
+        ("STEP_LEASE_TIMEOUT", "STEP_LEASE_TTL"),
+        ("WEBHOOK_SECRET", "WEBHOOK_SECRETS"),
+        ("PREPARED_STATEMENT", "PREPARED_STATEMENTS"),
+        ("WORKER-WAKEUP", "WORKER_WAKEUP"),
+        ("NOTHING_LIKE_IT", None),
+        (42, None),
+    ],
+)
+def test_e015_names_an_unknown_key_and_the_key_meant(key: Any, meant: str | None) -> None:
+    (message,) = checks.check_leases_settings({key: 1, "DEFAULT_TTL": 30})
+    assert message.id == "django_leases.E015"
+    assert isinstance(message, django_checks.Error)
+    assert f"unknown key {key!r}" in message.msg
+    if meant:
+        assert message.hint == f"Did you mean {meant!r}?"
+    else:
+        assert "DEFAULT_TTL" in (message.hint or "") and "Did you mean" not in (message.hint or "")
+
+
+def test_e015_django_leases_that_is_not_a_dict() -> None:
+    (message,) = checks.check_leases_settings([("DEFAULT_TTL", 30)])
+    assert message.id == "django_leases.E015"
+    assert "must be a dict, not list" in message.msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("DEFAULT_TTL", 0, "greater than 0"),
+        ("DEFAULT_TTL", "30", "not str"),
+        ("DEFAULT_TTL", 0.1, "at least 0.15"),  # shorter than three renewals
+        ("RENEWAL_FLOOR", 0, "greater than 0"),
+        ("RENEWAL_FLOOR", -1.0, "greater than 0"),
+        ("MAX_TTL", 0, "greater than 0"),
+        ("STEP_LEASE_TTL", -5, "greater than 0"),
+        ("STEP_LEASE_TTL", True, "not bool"),
+        ("WORKER_POLL_INTERVAL", 0, "greater than 0"),
+        ("WORKER_POLL_INTERVAL", "1", "not str"),
+        ("WORKER_SHUTDOWN_GRACE", -1, "at least 0"),
+        ("HOLD_LEASE_KILL_GRACE", "10", "not str"),
+        ("PROVIDER_TIMEOUT", 0, "greater than 0"),
+        ("STRIPE_TOLERANCE", 0, "greater than 0"),
+        ("STRIPE_TOLERANCE", float("nan"), "finite"),
+        ("WORKER_WAKEUP", "Poll", 'must be "auto" or "poll"'),
+        ("WORKER_WAKEUP", "listen", 'must be "auto" or "poll"'),
+        ("TUNED_SQL", "false", "must be True or False"),
+        ("TUNED_SQL", 0, "must be True or False"),
+        ("PREPARED_STATEMENTS", "no", "must be True or False"),
+        ("GITHUB_API_URL", "api.github.com", "http(s) URL"),
+        ("STRIPE_API_URL", None, "http(s) URL"),
+        ("GITHUB_TOKEN", "", "non-empty str"),
+        ("STRIPE_API_KEY", 123, "non-empty str"),
+        ("SECRET_KEYS", "one-key", "list of Fernet keys"),
+        ("SECRET_KEYS", [], "empty"),
+        ("SECRET_KEYS", ["not-a-fernet-key"], "item 1 is not a Fernet key"),
+        ("STRIPE_API_VERSION", "latest", "a Stripe API version looks like"),
+        ("BASE_URL", "app.example.com", "not an http(s) URL"),
+        ("BASE_URL", "", "not an http(s) URL"),
+        ("STRIPE_API_VERSION", 20250331, "a Stripe API version looks like"),
+    ],
+)
+def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str) -> None:
+    (message,) = checks.check_leases_settings({key: value})
+    assert message.id == "django_leases.E016"
+    assert isinstance(message, django_checks.Error)
+    assert f"DJANGO_LEASES[{key!r}]" in message.msg
+    assert said in message.msg
+    if key in ("GITHUB_TOKEN", "STRIPE_API_KEY", "SECRET_KEYS") and value:
+        assert repr(value) not in message.msg  # a secret is never quoted
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DEFAULT_TTL", 5),
+        ("WORKER_POLL_INTERVAL", None),
+        ("WORKER_POLL_INTERVAL", 0.5),
+        ("WORKER_SHUTDOWN_GRACE", 0),  # no grace is a choice
+        ("WORKER_WAKEUP", "poll"),
+        ("TUNED_SQL", False),
+        ("GITHUB_TOKEN", "ghp_x"),
+        ("SECRET_KEYS", ["jW0Jb6eRWSWgwzGsX8bPJ6qyjM0kqwSFQrYfbTK9lvE="]),
+        ("WEBHOOK_SECRETS", {"a": "s"}),
+        ("STRIPE_API_VERSION", "2020-08-27"),
+        ("BASE_URL", None),
+        ("BASE_URL", "https://app.example.com/prefix/"),
+        ("STRIPE_API_VERSION", "2025-03-31.basil"),
+    ],
+)
+def test_e016_quiet_for_usable_values(key: str, value: Any) -> None:
+    assert checks.check_leases_settings({key: value}) == []
+
+
+def test_registered_check_reads_django_leases(settings: Any) -> None:
+    settings.DJANGO_LEASES = {"DEFAULT_TLL": 60, "TUNED_SQL": "false"}
+    messages = [m for m in _registered() if m.id in ("django_leases.E015", "django_leases.E016")]
+    assert _ids(messages) == ["django_leases.E015", "django_leases.E016"]
+    assert "Did you mean 'DEFAULT_TTL'?" in [m.hint for m in messages]

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -128,6 +129,54 @@ def test_reconcile_without_address_keeps_the_known_one() -> None:
     _run("reconcile_trigger_sources", "--base-url", "https://kept.example.com")
     _run("reconcile_trigger_sources")
     assert TriggerSource.objects.get(name="github-pushes").base_url == "https://kept.example.com"
+
+
+LATER = "cmd-hooks-later"
+
+
+def _hook_urls(fake: FakeProvider) -> dict[str, str]:
+    return {hook["source"]: hook["url"] for hook in fake.hooks.values()}
+
+
+def test_a_source_added_in_a_later_deploy_gets_the_known_address(fake: FakeProvider) -> None:
+    # Deploy 1: the address is given; an operator enables the source.
+    _run("reconcile_trigger_sources", "--base-url", BASE, "--label-prefix", "ci ")
+    _run("trigger_sources", "enable", SOURCE)
+    # Deploy 2 declares another source and, as the docs allow, omits --base-url.
+    webhook_source(LATER, provider="fake", events={})
+    try:
+        _run("reconcile_trigger_sources")
+        later = _row(LATER)
+        assert (later.base_url, later.label_prefix, later.enabled) == (BASE, "ci ", False)
+        _run("trigger_sources", "enable", LATER)
+        assert _row(LATER).status == "registered"
+        assert _hook_urls(fake) == {
+            SOURCE: f"{BASE}/hooks/{SOURCE}/",
+            LATER: f"{BASE}/hooks/{LATER}/",
+        }
+    finally:
+        registry.unregister(LATER)
+
+
+def test_the_base_url_setting_is_the_address_unless_the_command_names_one(
+    fake: FakeProvider, settings: Any
+) -> None:
+    settings.DJANGO_LEASES = {"BASE_URL": "https://configured.example.com/"}
+    _run("reconcile_trigger_sources")
+    assert _row().base_url == "https://configured.example.com"
+    _run("trigger_sources", "enable", SOURCE)
+    assert _hook_urls(fake) == {SOURCE: f"https://configured.example.com/hooks/{SOURCE}/"}
+    # --base-url wins for its run, and is what a reconcile without either keeps.
+    _run("reconcile_trigger_sources", "--base-url", BASE)
+    assert _row().base_url == BASE
+    assert _hook_urls(fake) == {SOURCE: f"{BASE}/hooks/{SOURCE}/"}
+    settings.DJANGO_LEASES = {}
+    webhook_source(LATER, provider="fake", events={})
+    try:
+        _run("reconcile_trigger_sources")
+        assert (_row().base_url, _row(LATER).base_url) == (BASE, BASE)
+    finally:
+        registry.unregister(LATER)
 
 
 def test_a_bad_base_url_is_a_command_error_and_writes_nothing() -> None:

@@ -191,8 +191,9 @@ def _w008(declaration: TriggerDeclaration, **kwargs: Any) -> list[str]:
 def test_w008_looks_in_the_store() -> None:
     manual = TriggerDeclaration(name="m", provider="manual", events={})
     github = TriggerDeclaration(name="g", provider="github", events={})
-    # The store cannot be read: no secret can be confirmed.
-    assert _w008(manual) == ["django_leases.W008"]
+    # The store cannot be read: nothing is known either way (W014, not W008).
+    assert _w008(manual) == ["django_leases.W014"]
+    assert _w008(github) == ["django_leases.W014"]
     # A manual source needs an operator to store its secret.
     assert _w008(manual, stored=set(), enabled=set()) == ["django_leases.W008"]
     assert _w008(manual, stored={"m"}, enabled=set()) == []
@@ -200,6 +201,24 @@ def test_w008_looks_in_the_store() -> None:
     assert _w008(github, stored=set(), enabled=set()) == []
     assert _w008(github, stored=set(), enabled={"g"}) == ["django_leases.W008"]
     assert _w008(github, stored={"g"}, enabled={"g"}) == []
+
+
+def test_w014_says_the_store_could_not_be_read_and_suggests_no_rotation() -> None:
+    for provider in ("manual", "github", "stripe"):
+        declaration = TriggerDeclaration(name="src", provider=provider, events={})
+        (message,) = checks.check_webhook_settings(
+            [declaration], {}, 1024, _known, unreadable="the store is away"
+        )
+        assert message.id == "django_leases.W014"
+        assert message.msg.startswith(
+            "Could not check whether trigger source 'src' has a signing secret: the store is away."
+        )
+        assert "has no signing secret" not in message.msg
+        hint = (message.hint or "").lower()
+        assert "migrate" in hint
+        assert "disable" not in hint and "enable" not in hint and "new secret" not in hint
+        # A secret from the settings needs no store: nothing to report.
+        assert checks.check_webhook_settings([declaration], {"src": "s"}, 1024, _known) == []
 
 
 def test_w008_registered_check_reads_the_store() -> None:

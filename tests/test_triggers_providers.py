@@ -34,6 +34,7 @@ from django_leases.triggers.providers import (
     get_provider,
     provider_names,
 )
+from django_leases.triggers.providers import stripe as stripe_provider
 from django_leases.triggers.registry import StartWorkflow, webhook_source
 
 TOKEN = "ghp_test_token_never_shown_0123456789"
@@ -128,11 +129,14 @@ class FakeStripe:
     def __init__(self) -> None:
         self.endpoints: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        #: The ``Stripe-Version`` header of each request (``None`` when absent), in order.
+        self.versions: list[str | None] = []
         self.fail: tuple[int, dict[str, Any]] | None = None
 
     def handle(self, request: Request) -> Response:
         form = parse_qs(request.get_data(as_text=True))
         self.requests.append((request.method, request.path, form))
+        self.versions.append(request.headers.get("Stripe-Version"))
         expected = "Basic " + base64.b64encode(f"{STRIPE_KEY}:".encode()).decode()
         if request.headers.get("Authorization") != expected:
             return _json({"error": {"message": "Invalid API Key provided: sk_test_****"}}, 401)
@@ -625,6 +629,58 @@ def test_stripe_timeout_is_a_provider_error(
     finally:
         released.set()
     _no_secret_in(caught.value)
+
+
+def _every_stripe_call(stripe: FakeStripe) -> set[tuple[str, str]]:
+    """Make the provider send each kind of request it has; returns (method, path) sent."""
+    provider = StripeProvider()
+    first = provider.setup(_stripe_source(), STRIPE_URL, None)  # list, create
+    # No secret stored for it: retrieve, delete, list, create.
+    second = provider.setup(_stripe_source(first.state), STRIPE_URL, None)
+    set_secret("stripe-source", second.secret or "")
+    provider.setup(_stripe_source(second.state), STRIPE_URL, None)  # retrieve, update
+    provider.check(_stripe_source(second.state))  # retrieve
+    provider.teardown(_stripe_source(second.state))  # delete
+    return {(method, re.sub(r"we_\w+", "ID", path)) for method, path, _ in stripe.requests}
+
+
+def test_every_stripe_call_pins_the_api_version(stripe: FakeStripe) -> None:
+    sent = _every_stripe_call(stripe)
+    assert sent == {
+        ("GET", "/v1/webhook_endpoints"),
+        ("POST", "/v1/webhook_endpoints"),
+        ("GET", "/v1/webhook_endpoints/ID"),
+        ("POST", "/v1/webhook_endpoints/ID"),
+        ("DELETE", "/v1/webhook_endpoints/ID"),
+    }
+    assert stripe.versions == [stripe_provider.API_VERSION] * len(stripe.requests)
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}\.[a-z]+", stripe_provider.API_VERSION)
+    # The endpoint's own event version is left to the account (no api_version parameter).
+    assert not any("api_version" in form for _, _, form in stripe.requests)
+
+
+def test_the_docs_name_the_pinned_stripe_api_version() -> None:
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "howto" / "trigger-sources.md"
+    assert f"`Stripe-Version: {stripe_provider.API_VERSION}`" in page.read_text(encoding="utf-8")
+
+
+def test_the_stripe_api_version_setting_overrides_the_pin(
+    stripe: FakeStripe, settings: Any
+) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "STRIPE_API_VERSION": "2025-03-31.basil"}
+    _every_stripe_call(stripe)
+    assert set(stripe.versions) == {"2025-03-31.basil"}
+
+
+def test_a_stripe_api_version_that_is_not_one_sends_nothing(
+    stripe: FakeStripe, settings: Any
+) -> None:
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "STRIPE_API_VERSION": "latest"}
+    with pytest.raises(ProviderError, match="STRIPE_API_VERSION"):
+        StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+    assert stripe.requests == []
 
 
 def test_stripe_needs_a_key(settings: Any, declared: None, monkeypatch: pytest.MonkeyPatch) -> None:

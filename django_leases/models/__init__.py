@@ -4,6 +4,7 @@ from django_leases.models.trigger import (
     TriggerEvent,
     TriggerSecret,
     TriggerSource,
+    TriggerSourceDefaults,
 )
 from django_leases.models.workflow import (
     AttemptStatus,
@@ -26,6 +27,7 @@ __all__ = [
     "TriggerEvent",
     "TriggerSecret",
     "TriggerSource",
+    "TriggerSourceDefaults",
     "WorkflowRun",
     "WorkflowStep",
     "WorkflowStepAttempt",

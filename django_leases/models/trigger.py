@@ -6,7 +6,10 @@ The source store follows the reference ``TriggerSourceStore``:
 
 * ``sync(declared)`` upserts the declared rows and marks every other row ``declared=False``
   (an orphan) without deleting it; it never touches ``enabled`` (off by default), ``status``
-  or ``state``, and keeps a known ``base_url`` / ``label_prefix`` when none is given;
+  or ``state``, and keeps a known ``base_url`` / ``label_prefix`` when none is given. The
+  last ones a sync was given are also kept project-wide (:class:`TriggerSourceDefaults`,
+  one row), and a row without its own — a source declared in a later deploy — gets them;
+  the reference store leaves such a row without an address, so it could not be enabled;
 * ``record(name, …)`` replaces ``state`` only when one is given and always overwrites
   ``detail``; ``set_enabled(name, …)`` flips the switch; ``forget(name)`` deletes an
   orphan's row and ``remove(name)`` any row (the reference ``deleteTriggerSource``, used
@@ -84,6 +87,7 @@ __all__ = [
     "TriggerSecret",
     "TriggerSecretQuerySet",
     "TriggerSource",
+    "TriggerSourceDefaults",
     "TriggerSourceQuerySet",
 ]
 
@@ -103,6 +107,12 @@ class DeclaredSource(Protocol):
 
 _MAX_ADDRESS = 500
 _MAX_LABEL_PREFIX = 200
+
+
+def check_base_url(base_url: object) -> str:
+    """``base_url`` without a trailing ``/`` if it is an http(s) URL of at most 500
+    characters; ``ValueError`` otherwise (the one rule for a source's address)."""
+    return _check_base_url(base_url)
 
 
 def _check_base_url(base_url: object) -> str:
@@ -230,6 +240,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             # Then lock the existing rows in name order: record / set_enabled on one row
             # wait here rather than in the middle of the sync.
             list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
+            known = TriggerSourceDefaults.objects.remember(alias, **address)
             rows.bulk_create(
                 [
                     self.model(
@@ -256,6 +267,13 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             rows.filter(declared=True).exclude(name__in=names).update(
                 declared=False, updated_at=Now()
             )
+            # A declared row with no address of its own (new, or older than any address)
+            # gets the project's last one.
+            for field, value in known.items():
+                if value is not None and field not in address:
+                    rows.filter(name__in=names, **{f"{field}__isnull": True}).update(
+                        **{field: value}
+                    )
             return list(rows.order_by("name"))
 
     def set_enabled(self, name: str, enabled: bool) -> bool:
@@ -632,6 +650,53 @@ class TriggerSource(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TriggerSourceDefaultsQuerySet(db.RoutedQuerySet["TriggerSourceDefaults"]):
+    """Domain methods of ``TriggerSourceDefaults.objects``."""
+
+    def remember(
+        self, alias: str, *, base_url: str | None = None, label_prefix: str | None = None
+    ) -> dict[str, str | None]:
+        """Store the ``base_url`` / ``label_prefix`` given (``None``: keep the known one) on
+        database ``alias``; returns both as now known. Called by ``sync`` in its transaction."""
+        rows = self.model._default_manager.using(alias)
+        row, _ = rows.select_for_update().get_or_create(pk=1)
+        given = {
+            field: value
+            for field, value in (("base_url", base_url), ("label_prefix", label_prefix))
+            if value is not None
+        }
+        if given:
+            rows.filter(pk=1).update(**given, updated_at=Now())
+        return {
+            "base_url": given.get("base_url", row.base_url),
+            "label_prefix": given.get("label_prefix", row.label_prefix),
+        }
+
+    def known(self) -> TriggerSourceDefaults | None:
+        """The project's last address and label prefix, or ``None`` before any sync."""
+        return self.rows().filter(pk=1).first()
+
+
+class TriggerSourceDefaults(models.Model):
+    """The project-wide address (``base_url``) and ``label_prefix`` the last sync was given:
+    one row (``pk=1``). A source declared later gets them, so a deploy's reconcile without
+    ``--base-url`` still gives a new source the known address."""
+
+    base_url = models.CharField(max_length=500, null=True, blank=True)
+    label_prefix = models.CharField(max_length=200, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects: ClassVar[TriggerSourceDefaultsQuerySet] = TriggerSourceDefaultsQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        verbose_name = "trigger-source defaults"
+        verbose_name_plural = "trigger-source defaults"
+
+    def __str__(self) -> str:
+        return self.base_url or "(no address yet)"
 
 
 class OrphanTriggerSource(TriggerSource):

@@ -167,14 +167,18 @@ class TriggerSourceStoreConformanceTests:
         self.assertEqual((row.provider, row.config), ("stripe", {"repository": "o/moved"}))
 
     def test_t5_sync_keeps_a_known_address_when_none_is_given(self) -> None:
-        """T5: a sync without base_url / label_prefix keeps each row's known ones; a new row
-        gets none; a sync with them sets them on every declared row (trailing / dropped)."""
+        """T5: a sync without base_url / label_prefix keeps each row's known ones, and a new
+        row gets the last ones a sync was given, kept project-wide (the reference store gives
+        it none, so a source declared in a later deploy could not be enabled); a sync with
+        them sets them on every declared row (trailing / dropped)."""
         self.sources.sync([Declared("a")], base_url="https://app.example.com/", label_prefix="p")
         self.sources.sync([Declared("a"), Declared("b")])
         self.assertEqual(
             (self.row("a").base_url, self.row("a").label_prefix), ("https://app.example.com", "p")
         )
-        self.assertEqual((self.row("b").base_url, self.row("b").label_prefix), (None, None))
+        self.assertEqual(
+            (self.row("b").base_url, self.row("b").label_prefix), ("https://app.example.com", "p")
+        )
         self.sources.sync([Declared("a"), Declared("b")], base_url="http://127.0.0.1:8000")
         self.assertEqual(self.row("a").base_url, "http://127.0.0.1:8000")
         self.assertEqual(self.row("b").base_url, "http://127.0.0.1:8000")
@@ -200,6 +204,10 @@ class TriggerSourceStoreConformanceTests:
             list(self.sources.values_list("name", "base_url", "declared")),
             [("a", "https://kept.example.com", True)],
         )
+        from django_leases.models import TriggerSourceDefaults
+
+        known = TriggerSourceDefaults.objects.using(self.trigger_database).known()
+        self.assertEqual(known.base_url if known else None, "https://kept.example.com")
 
     # -- record / set_enabled --------------------------------------------------------------
 

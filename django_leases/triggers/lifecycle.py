@@ -13,7 +13,9 @@ The admin, the commands and your own code all call these functions; the rules li
 only. Each follows the reference lifecycle:
 
 * :func:`reconcile` syncs the declarations (and the address) into rows, then sets up the
-  enabled, declared sources; a disabled source gets no provider call at all;
+  enabled, declared sources; a disabled source gets no provider call at all. The address is
+  the ``base_url`` given, else ``DJANGO_LEASES["BASE_URL"]``, else the last one a reconcile
+  was given (kept project-wide, so a source declared in a later deploy gets it too);
 * :func:`enable` needs an address (checked before anything changes), flips the source on,
   then sets it up. A failed setup leaves it **on** with status ``failed`` and the error as
   detail, the earlier ``state`` kept, so a retry reuses the registration;
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import router
 from django.urls import NoReverseMatch, get_script_prefix, reverse
 
+from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     LeaseTakenError,
     NoAddress,
@@ -258,7 +261,9 @@ def reconcile(
 
     Args:
         base_url: where the project is served (``https://app.example.com``); ``None``
-            keeps each row's known address.
+            takes ``DJANGO_LEASES["BASE_URL"]`` when set, else keeps each row's known
+            address and gives a row without one (a new source) the last address a
+            reconcile was given.
         label_prefix: how endpoints are labelled at providers; ``None`` keeps the known one.
         using: the database alias (default: the router's choice).
         wait: seconds to wait for another operation on a source before skipping it.
@@ -271,6 +276,8 @@ def reconcile(
         ValueError: a bad ``base_url`` or ``label_prefix`` (nothing written).
     """
     objects = _objects(using)
+    if base_url is None:
+        base_url = leases_settings.BASE_URL
     rows = objects.sync(registry.declarations(), base_url=base_url, label_prefix=label_prefix)
     results: list[LifecycleResult] = []
     for row in rows:

@@ -2,10 +2,11 @@
 
 For deploy pipelines (run it after ``migrate``): syncs the trigger sources declared in code
 into ``TriggerSource`` rows — new rows start **off**, rows whose declaration left the code
-become orphans, and ``--base-url`` / ``--label-prefix`` are stored (kept from the last run
-when omitted) — then sets up again every enabled, declared source at its provider, so its
-registration exists and posts to the current address. Disabled sources and orphans get no
-provider call. It never enables, disables or deletes a source
+become orphans, and ``--base-url`` / ``--label-prefix`` are stored (when omitted: the address
+is ``DJANGO_LEASES["BASE_URL"]`` if set, else each is kept from the last run, project-wide, so
+a source declared since gets them too) — then sets up again every enabled, declared source at
+its provider, so its registration exists and posts to the current address. Disabled sources
+and orphans get no provider call. It never enables, disables or deletes a source
 (:func:`django_leases.triggers.lifecycle.reconcile`).
 
 Prints every row, then one line per setup (``--format json``: one JSON array of the rows,
@@ -45,8 +46,9 @@ class Command(base.LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--base-url",
-            help="Where this project is served (http(s)://…, the URLconf's root); kept from "
-            "the last run if omitted.",
+            help="Where this project is served (http(s)://…, the URLconf's root). If "
+            'omitted: DJANGO_LEASES["BASE_URL"] when set, else the last run\'s, which a '
+            "source declared since gets too.",
         )
         parser.add_argument(
             "--label-prefix",

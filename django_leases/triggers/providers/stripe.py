@@ -16,6 +16,15 @@ endpoint deleted behind our back, or one never recorded, is looked for by URL fi
 for the same reason, as we cannot have its secret) and then created: a source never owns two
 endpoints.
 
+Every call sends ``Stripe-Version``: :data:`API_VERSION`, the version these requests and the
+fields read from the answers (``id``, ``url``, ``secret``, ``enabled_events``, ``status``, a
+list's ``data``) are written against, unless ``DJANGO_LEASES["STRIPE_API_VERSION"]`` names
+another (as a Django project pins the version its Stripe SDK calls use). Without it, Stripe
+would answer in the account's default version, which differs between accounts and changes when
+someone upgrades it in the Dashboard. The endpoint is created without ``api_version``, so the
+events Stripe sends to it are rendered in the account's default version, as for an endpoint
+added in the Dashboard: the pin changes how we talk to the API, not what your handlers receive.
+
 Receiving: ``Stripe-Signature`` (``t=…,v1=…``, tolerance ``DJANGO_LEASES["STRIPE_TOLERANCE"]``
 seconds, default 300); delivery id = the event's ``id``; event name = its ``type``.
 """
@@ -50,6 +59,33 @@ if TYPE_CHECKING:
     from django_leases.models import TriggerSource
 
 KEY_VARIABLE = "DJANGO_LEASES_STRIPE_API_KEY"
+
+#: The Stripe API version every call pins (``Stripe-Version``): the current version in Stripe's
+#: API-versioning documentation when this provider was last checked against it.
+API_VERSION = "2026-09-30.endive"
+
+#: What a Stripe API version looks like: a release date, and the release's name since 2024
+#: (``2024-09-30.acacia``; older ones are bare dates, ``2020-08-27``).
+_API_VERSION_FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}(\.[a-z]+)?$")
+
+
+def check_api_version(value: object) -> str:
+    """``value`` if it is a Stripe API version (``2026-09-30.endive``), else ``ValueError``."""
+    if not isinstance(value, str) or not _API_VERSION_FORMAT.match(value):
+        raise ValueError(f"a Stripe API version looks like {API_VERSION!r}, not {value!r}")
+    return value
+
+
+def api_version() -> str:
+    """The ``Stripe-Version`` sent: ``DJANGO_LEASES["STRIPE_API_VERSION"]``, else
+    :data:`API_VERSION`. Raises :class:`ProviderError` for a value that is not a version."""
+    value = leases_settings.STRIPE_API_VERSION
+    if value is None:
+        return API_VERSION
+    try:
+        return check_api_version(value)
+    except ValueError as exc:
+        raise ProviderError(f'Stripe: DJANGO_LEASES["STRIPE_API_VERSION"]: {exc}') from None
 
 
 def _key() -> str:
@@ -107,7 +143,10 @@ class StripeProvider(Provider):
     def _call(
         self, step: str, method: str, api: str, path: str, key: str, **kwargs: Any
     ) -> httpx.Response:
-        return http.call("Stripe", step, method, api + path, auth=(key, ""), **kwargs)
+        headers = {"Stripe-Version": api_version()}
+        return http.call(
+            "Stripe", step, method, api + path, auth=(key, ""), headers=headers, **kwargs
+        )
 
     @staticmethod
     def _fail(step: str, response: httpx.Response, *secrets: str | None) -> ProviderError:
