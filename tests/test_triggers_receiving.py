@@ -323,6 +323,24 @@ def test_missing_or_bad_signature_is_401(source: str, signature: str | None) -> 
     _nothing_recorded()
 
 
+@pytest.mark.parametrize(
+    "around",
+    [("", "\x0b"), ("\x0b", ""), ("", "\x0c"), ("\xa0", "")],
+    ids=["trailing-vertical-tab", "leading-vertical-tab", "trailing-form-feed", "no-break-space"],
+)
+def test_a_right_signature_with_a_character_around_it_is_401(
+    source: str, around: tuple[str, str]
+) -> None:
+    # The test client hands the value to the view as written (a server may strip some).
+    body, headers = _example()
+    before, after = around
+    headers["X-Hub-Signature-256"] = before + headers["X-Hub-Signature-256"] + after
+    assert _post(Client(), body, headers).status_code == 401
+    _nothing_recorded()
+    headers["X-Hub-Signature-256"] = " " + headers["X-Hub-Signature-256"].strip("\x0b\x0c\xa0")
+    assert _post(Client(), body, headers).status_code == 202
+
+
 def test_a_tampered_body_or_another_secret_is_401(source: str) -> None:
     body, headers = _example()
     tampered = body.replace(b'"mara-quill"', b'"mallory"')
@@ -799,6 +817,29 @@ def test_a_missing_or_bad_stripe_signature_is_401(
         headers["Stripe-Signature"] = signature
     assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 401
     _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        lambda signed: signed + "\x0b",
+        lambda signed: "\x0b" + signed,
+        lambda signed: signed + "\x0c",
+        lambda signed: signed.replace(",v1=", ", v1="),
+    ],
+    ids=["trailing-vertical-tab", "leading-vertical-tab", "trailing-form-feed", "inner-space"],
+)
+def test_a_right_stripe_signature_written_otherwise_is_401(
+    stripe_sources: None, rewrite: Any
+) -> None:
+    body, headers = _stripe_example("invoice.paid")
+    signed = headers["Stripe-Signature"]
+    url = f"/hooks/{STRIPE_SOURCE}/"
+    headers["Stripe-Signature"] = rewrite(signed)
+    assert _post(Client(), body, headers, url=url).status_code == 401
+    _nothing_recorded()
+    headers["Stripe-Signature"] = f" {signed}\t"  # HTTP's own whitespace around it is fine
+    assert _post(Client(), body, headers, url=url).status_code == 202
 
 
 @pytest.mark.parametrize(
