@@ -303,6 +303,47 @@ def test_a_bad_content_length_is_400(source: str, length: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "written",
+    ["+{n}", " {n}", "{n} ", "\t{n}", "{n}\x0b", "0x{x}", "{n}.0", "{n},{n}", "{u}", "{s}"],
+    ids=[
+        "plus",
+        "space-before",
+        "space-after",
+        "tab",
+        "vertical-tab",
+        "hex",
+        "decimal-point",
+        "two-headers",
+        "underscore",
+        "other-digits",
+    ],
+)
+def test_a_content_length_that_is_not_plain_digits_is_400(source: str, written: str) -> None:
+    # Each of these is the right length of a rightly signed delivery, written the way int()
+    # (or a lenient server) would still read.
+    body, headers = _example()
+    n = len(body)
+    length = written.format(
+        n=n,
+        x=f"{n:x}",
+        u=f"{str(n)[:1]}_{str(n)[1:]}",
+        s=str(n).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),
+    )
+    response = _post(Client(), body, headers, CONTENT_LENGTH=length)
+    assert response.status_code == 400, (length, response.content)
+    assert "Content-Length" in response.json()["error"]
+    _nothing_recorded()
+    assert _post(Client(), body, headers, CONTENT_LENGTH=f"000{n}").status_code == 202
+
+
+def test_a_content_length_of_thousands_of_digits_is_413(source: str) -> None:
+    body, headers = _example()
+    response = _post(Client(), body, headers, CONTENT_LENGTH="9" * 5000)
+    assert response.status_code == 413
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
     "signature",
     [
         None,
