@@ -31,6 +31,7 @@ from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_sou
 from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
+from tests.helpers import raw_request
 from tests.payloads import PayloadSet, ours
 
 SOURCE = "test-pushes"
@@ -427,6 +428,37 @@ def test_signed_but_missing_header_is_400(source: str, header: str) -> None:
     assert response.status_code == 400
     assert header in response.json()["error"]
     _nothing_recorded()
+
+
+# -- a header sent twice ------------------------------------------------------------------------
+#
+# WSGI servers and Django's ASGI handler join a repeated header into one value with ",". The
+# test client sends that joined value as such; the live server gets two header lines.
+
+_SINGLE_VALUED = ["X-GitHub-Delivery", "X-GitHub-Event", "X-Hub-Signature-256"]
+
+
+@pytest.mark.parametrize("header", [*_SINGLE_VALUED, "Content-Type"])
+def test_a_single_valued_header_holding_a_comma_is_400(source: str, header: str) -> None:
+    body, headers = _example()
+    headers[header] = f"{headers[header]},{headers[header]}"
+    response = _post(Client(), body, headers)
+    assert response.status_code == 400, response.content
+    assert header in response.json()["error"]
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("header", _SINGLE_VALUED)
+def test_a_header_sent_twice_over_http_is_400(source: str, live_server: Any, header: str) -> None:
+    # (Content-Type cannot be tried so: wsgiref keeps the first one and drops the other.)
+    body, headers = _example()
+    again = str(uuid.uuid4()) if header == "X-GitHub-Delivery" else headers[header]
+    answer = raw_request(live_server.url, "POST", URL, [*headers.items(), (header, again)], body)
+    assert answer.status == 400, answer
+    assert header in json.loads(answer.body)["error"]
+    _nothing_recorded()
+    assert raw_request(live_server.url, "POST", URL, list(headers.items()), body).status == 202
 
 
 # -- one transaction ----------------------------------------------------------------------------
@@ -890,6 +922,30 @@ def test_a_signed_but_malformed_stripe_body_is_400(stripe_sources: None, body: b
     headers = {"Stripe-Signature": stripe_signature(STRIPE_SECRET, body, STRIPE_T)}
     assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 400
     _nothing_recorded()
+
+
+def test_a_stripe_signature_joined_with_another_is_400(stripe_sources: None) -> None:
+    body, headers = _stripe_example("invoice.paid")
+    signed = headers["Stripe-Signature"]
+    headers["Stripe-Signature"] = f"{signed},{signed}"
+    response = _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/")
+    assert response.status_code == 400
+    assert "Stripe-Signature" in response.json()["error"]
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", [STRIPE_SOURCE, MANUAL_SOURCE])
+def test_a_stripe_signature_sent_twice_over_http_is_400(
+    stripe_sources: None, live_server: Any, name: str
+) -> None:
+    body, headers = _stripe_example("customer.created")
+    twice = [*headers.items(), ("Stripe-Signature", headers["Stripe-Signature"])]
+    answer = raw_request(live_server.url, "POST", f"/hooks/{name}/", twice, body)
+    assert answer.status == 400, answer
+    _nothing_recorded()
+    once = list(headers.items())
+    assert raw_request(live_server.url, "POST", f"/hooks/{name}/", once, body).status == 202
 
 
 def test_a_manual_source_signed_stripes_way(stripe_sources: None) -> None:

@@ -8,7 +8,12 @@ In order, so that nothing is read or recorded for a delivery that will be refuse
 2. a ``Content-Length`` that is not a plain decimal integer (ASCII digits only: no sign, no
    space) → 400; body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length``
    or by the bytes actually sent → 413 (read by us, so Django's
-   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part);
+   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part); a header the provider reads that takes
+   one value (``X-GitHub-Delivery``, ``X-GitHub-Event``, ``X-Hub-Signature-256``,
+   ``Stripe-Signature``, …) sent more than once → 400. WSGI servers and Django's ASGI handler
+   join repeated headers with ``,``, so a comma where the value never has one (or a second
+   ``t=`` in ``Stripe-Signature``) is how a repeat is told
+   (:meth:`~django_leases.triggers.providers.base.Provider.refuse_repeated_headers`);
 3. missing or wrong signature (or no signing secret for the source) → 401, verified the
    provider's way (GitHub ``X-Hub-Signature-256``; Stripe ``Stripe-Signature`` within its
    timestamp tolerance; a ``manual`` source with its ``config["signature"]`` scheme) against
@@ -122,11 +127,12 @@ def receive(
 
     limit = max_body()
     _declared_length(content_length, limit)
+    lowered = {key.lower(): value for key, value in headers.items()}
+    provider.refuse_repeated_headers(lowered)
     body = read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
 
-    lowered = {key.lower(): value for key, value in headers.items()}
     try:
         secret = TriggerSecret.objects.db_manager(source._state.db).signing_secret(name)
     except CredentialError:

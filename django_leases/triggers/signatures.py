@@ -163,6 +163,24 @@ def parse_stripe_header(header: str) -> tuple[int, list[str]] | None:
     return int(timestamps[0]), signatures
 
 
+def stripe_header_repeated(header: str) -> bool:
+    """Whether a ``Stripe-Signature`` value is two or more headers joined into one.
+
+    WSGI servers and Django's ASGI handler join a header sent twice into one value with
+    ``,``, which is also Stripe's element separator. Stripe sends one ``t`` per header, so a
+    value with more than one ``t=`` element (however the rest is written) was repeated.
+
+    Args:
+        header: the received header value (``str``).
+
+    Returns ``True`` or ``False``; never raises for bad input.
+    """
+    if not isinstance(header, str):
+        return False
+    keys = (element.partition("=")[0].strip(_HTTP_WHITESPACE) for element in header.split(","))
+    return sum(key == "t" for key in keys) > 1
+
+
 def verify_stripe_signature(
     secret: str,
     body: bytes,
