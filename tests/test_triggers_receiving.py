@@ -206,6 +206,39 @@ def test_a_body_over_djangos_upload_limit_but_under_ours_is_accepted(
     assert _post(Client(), body, headers).status_code == 202
 
 
+@pytest.mark.parametrize(
+    ("append_slash", "debug"),
+    [(True, False), (True, True), (False, False)],
+    ids=["append-slash", "append-slash-debug", "no-append-slash"],
+)
+def test_the_address_without_the_slash_receives_alike(
+    source: str, settings: Any, append_slash: bool, debug: bool
+) -> None:
+    # No redirect: a webhook sender does not follow one (and a 301 turns a POST into a GET);
+    # under DEBUG, CommonMiddleware raises for a POST it would redirect.
+    settings.APPEND_SLASH = append_slash
+    settings.DEBUG = debug
+    body, headers = _example()
+    client = Client()
+    first = _post(client, body, headers, url=URL.rstrip("/"))
+    assert first.status_code == 202, (first.status_code, first.get("Location"))
+    assert _post(client, body, headers, url=URL.rstrip("/")).status_code == 200
+    assert _post(client, body, headers, url=URL).status_code == 200  # the same delivery
+    unknown = _post(client, body, headers, url="/hooks/no-such-source")
+    assert (unknown.status_code, "error" in unknown.json()) == (404, True)
+    assert client.get(URL.rstrip("/")).status_code == 405
+    tampered = {**headers, "X-Hub-Signature-256": "sha256=" + "0" * 64}
+    assert _post(client, body, tampered, url=URL.rstrip("/")).status_code == 401
+    assert TriggerEvent.objects.count() == 1
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_the_registered_address_keeps_its_slash() -> None:
+    from django.urls import reverse
+
+    assert reverse("django_leases:receive-webhook", args=[SOURCE]) == URL
+
+
 # -- refused deliveries: nothing recorded --------------------------------------------------------
 
 
