@@ -494,6 +494,22 @@ def test_a_header_sent_twice_over_http_is_400(source: str, live_server: Any, hea
     assert raw_request(live_server.url, "POST", URL, list(headers.items()), body).status == 202
 
 
+@pytest.mark.parametrize("header", ["X-GitHub-Event", "X-GitHub-Delivery"])
+@pytest.mark.parametrize("around", [("", "\x0b"), ("\x0c", ""), ("", "\xa0")])
+def test_an_event_or_delivery_id_with_a_character_around_it_is_400(
+    source: str, header: str, around: tuple[str, str]
+) -> None:
+    body, headers = _example()
+    value = headers[header]
+    headers[header] = around[0] + value + around[1]
+    response = _post(Client(), body, headers)
+    assert response.status_code == 400, response.content
+    assert header in response.json()["error"]
+    _nothing_recorded()
+    headers[header] = f" {value}\t"  # HTTP's own whitespace around it is taken off
+    assert _post(Client(), body, headers).status_code == 202
+
+
 # -- one transaction ----------------------------------------------------------------------------
 
 

@@ -184,12 +184,16 @@ def repeated_header(shown: str) -> MalformedDelivery:
 
 
 def header_value(headers: Mapping[str, str], name: str, shown: str) -> str:
-    """The stripped value of header ``name`` (lower case key); ``shown`` names it in errors.
+    """The value of header ``name`` (lower case key); ``shown`` names it in errors.
+
+    Only spaces and tabs around it are taken off (HTTP's optional whitespace): any other
+    character before or after it — a vertical tab, a form feed, a no-break space — stays, so
+    the value is refused as holding control characters instead of read as another.
 
     Raises :class:`MalformedDelivery` when it is missing, too long or holds control
     characters.
     """
-    value = (headers.get(name) or "").strip()
+    value = (headers.get(name) or "").strip(" \t")
     if not value:
         raise MalformedDelivery(f"The {shown} header is missing")
     return checked_identifier(value, f"The {shown} header")
