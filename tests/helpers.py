@@ -158,9 +158,10 @@ def raw_request(
         timeout: seconds for connecting and for each read.
 
     Returns a :class:`RawAnswer`, the body read by the answer's ``Content-Length``. Raises
-    ``AssertionError`` when the server closes without a complete answer. A server that
-    answers before reading the whole body may close its side early: sending stops then, and
-    the answer already sent is read.
+    ``AssertionError`` when the server closes without a complete answer. The sending side is
+    shut once everything is sent, so a body declared longer than sent ends there. A server
+    that answers before reading the whole body may close early: sending stops then, and the
+    answer already sent is read.
     """
     address = urlsplit(base_url)
     lines = [f"{method} {path} HTTP/1.1", f"Host: {address.netloc}", "Connection: close"]
@@ -173,6 +174,10 @@ def raw_request(
         # A server that answered and closed before taking everything has its answer waiting.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(head + body)
+        with contextlib.suppress(OSError):
+            # Nothing more comes: a server waiting for the rest of a declared body (Django's
+            # development server drains it before it closes) sees its end.
+            sock.shutdown(socket.SHUT_WR)
         raw = b""
         answer = None
         while answer is None:
@@ -184,8 +189,6 @@ def raw_request(
             answer = _complete_answer(raw, ended=not chunk)
             if not chunk:
                 break
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)  # lets a server still draining the body see its end
     assert answer is not None, f"no complete answer to {method} {path}: {raw[:200]!r}"
     return answer
 
