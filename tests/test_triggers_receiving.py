@@ -510,6 +510,36 @@ def test_an_event_or_delivery_id_with_a_character_around_it_is_400(
     assert _post(Client(), body, headers).status_code == 202
 
 
+def _asgi_request(headers: list[tuple[str, str]], body: bytes) -> Any:
+    """The request Django's ASGI handler makes of these header lines (names may repeat)."""
+    from django.core.handlers.asgi import ASGIRequest
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": URL,
+        "query_string": b"",
+        "headers": [(name.lower().encode(), value.encode("latin-1")) for name, value in headers],
+    }
+    return ASGIRequest(scope, io.BytesIO(body))
+
+
+@pytest.mark.parametrize(
+    ("header", "again"), [("X-GitHub-Delivery", "other"), ("Content-Length", "")]
+)
+def test_a_header_sent_twice_through_asgi_is_400(source: str, header: str, again: str) -> None:
+    # Django's ASGI handler joins repeated header lines with "," as WSGI servers do.
+    body, headers = _example()
+    lines = [*headers.items(), ("Content-Length", str(len(body)))]
+    lines.append((header, again or str(len(body))))
+    request = _asgi_request(lines, body)
+    response = receive_webhook(request, SOURCE)
+    assert response.status_code == 400, response.content
+    assert header in json.loads(response.content)["error"]
+    _nothing_recorded()
+    assert receive_webhook(_asgi_request(lines[:-1], body), SOURCE).status_code == 202
+
+
 # -- one transaction ----------------------------------------------------------------------------
 
 
