@@ -8,18 +8,24 @@
   instead of waiting for it;
 * :func:`wait_until_blocked` — wait until a PostgreSQL backend is blocked behind another
   (``pg_blocking_pids()``), to order threads without sleeps;
-* :func:`race` — start callables on threads released together by a barrier.
+* :func:`race` — start callables on threads released together by a barrier;
+* :func:`raw_request` — one HTTP request written byte for byte (repeated headers, any value
+  a client library would refuse) to a live server, and its answer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import connection, connections
@@ -118,3 +124,89 @@ def race(calls: Sequence[Callable[[], Any]], *, timeout: float = 60.0) -> list[A
         if thread.is_alive():
             raise AssertionError(f"a raced call did not finish within {timeout:g} s")
     return results
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """What a server answered to :func:`raw_request`: status, headers (lower-case names), body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def raw_request(
+    base_url: str,
+    method: str,
+    path: str,
+    headers: Sequence[tuple[str, str]] = (),
+    body: bytes = b"",
+    *,
+    content_length: str | None = "",
+    timeout: float = 30.0,
+) -> RawAnswer:
+    """Send one HTTP/1.1 request, written exactly as given, on a connection of its own.
+
+    Args:
+        base_url: the server, e.g. ``live_server.url``.
+        method, path: the request line's method and target (sent as they are).
+        headers: ``(name, value)`` pairs in order, a name may repeat; values are sent as
+            latin-1, so any character a header can carry (``\x0b``, ``\xa0``) goes through.
+        body: the bytes sent after the head (all of them, whatever the declared length).
+        content_length: the ``Content-Length`` value to declare; ``""`` (default) declares
+            ``len(body)``, ``None`` declares none.
+        timeout: seconds for connecting and for each read.
+
+    Returns a :class:`RawAnswer`, the body read by the answer's ``Content-Length``. Raises
+    ``AssertionError`` when the server closes without a complete answer. The sending side is
+    shut once everything is sent, so a body declared longer than sent ends there. A server
+    that answers before reading the whole body may close early: sending stops then, and the
+    answer already sent is read.
+    """
+    address = urlsplit(base_url)
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {address.netloc}", "Connection: close"]
+    if content_length is not None:
+        lines.append(f"Content-Length: {content_length or len(body)}")
+    lines.extend(f"{name}: {value}" for name, value in headers)
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    assert address.hostname is not None and address.port is not None
+    with socket.create_connection((address.hostname, address.port), timeout=timeout) as sock:
+        # A server that answered and closed before taking everything has its answer waiting.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(head + body)
+        with contextlib.suppress(OSError):
+            # Nothing more comes: a server waiting for the rest of a declared body (Django's
+            # development server drains it before it closes) sees its end.
+            sock.shutdown(socket.SHUT_WR)
+        raw = b""
+        answer = None
+        while answer is None:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                chunk = b""
+            raw += chunk
+            answer = _complete_answer(raw, ended=not chunk)
+            if not chunk:
+                break
+    assert answer is not None, f"no complete answer to {method} {path}: {raw[:200]!r}"
+    return answer
+
+
+def _complete_answer(raw: bytes, *, ended: bool) -> RawAnswer | None:
+    """``raw`` read as an HTTP answer, or ``None`` while its head or body is incomplete
+    (an answer without ``Content-Length`` is complete when the connection has ``ended``)."""
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" not in headers:
+        return RawAnswer(int(status_line.split(" ", 2)[1]), headers, rest) if ended else None
+    length = int(headers["content-length"])
+    if len(rest) < length:
+        return None
+    return RawAnswer(int(status_line.split(" ", 2)[1]), headers, rest[:length])

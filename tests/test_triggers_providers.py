@@ -35,6 +35,7 @@ from django_leases.triggers.providers import (
     provider_names,
 )
 from django_leases.triggers.providers import stripe as stripe_provider
+from django_leases.triggers.providers.http import MIN_MASKED_RUN, mask
 from django_leases.triggers.registry import StartWorkflow, webhook_source
 
 TOKEN = "ghp_test_token_never_shown_0123456789"
@@ -262,10 +263,17 @@ def _stripe_source(state: dict[str, Any] | None = None) -> TriggerSource:
     )
 
 
+def _pieces(secret: str, size: int = MIN_MASKED_RUN) -> list[str]:
+    """Every run of ``size`` consecutive characters of ``secret``."""
+    return [secret[i : i + size] for i in range(len(secret) - size + 1)]
+
+
 def _no_secret_in(*texts: object) -> None:
+    """None of ``texts`` shows a secret, nor any 8 consecutive characters of one."""
     for text in texts:
         for secret in (TOKEN, STRIPE_KEY, SIGNING):
-            assert secret not in str(text)
+            for piece in _pieces(secret):
+                assert piece.lower() not in str(text).lower(), (piece, str(text))
 
 
 # -- the registry of providers ----------------------------------------------------------------
@@ -688,6 +696,76 @@ def test_stripe_needs_a_key(settings: Any, declared: None, monkeypatch: pytest.M
     monkeypatch.delenv("DJANGO_LEASES_STRIPE_API_KEY", raising=False)
     with pytest.raises(ProviderError, match="DJANGO_LEASES_STRIPE_API_KEY"):
         StripeProvider().setup(_stripe_source(), STRIPE_URL, None)
+
+
+# -- what an error may show of a secret -------------------------------------------------------
+
+_CUTS = {
+    "whole": lambda secret: secret,
+    "all-but-the-last-3": lambda secret: secret[:-3],
+    "all-but-the-first-3": lambda secret: secret[3:],
+    "prefix-of-8": lambda secret: secret[:8],
+    "suffix-of-8": lambda secret: secret[-8:],
+    "inner-12": lambda secret: secret[6:18],
+    "upper-case": lambda secret: secret.upper(),
+}
+
+
+@pytest.mark.parametrize("cut", list(_CUTS.values()), ids=list(_CUTS))
+@pytest.mark.parametrize("secret", [TOKEN, STRIPE_KEY, SIGNING], ids=["token", "key", "signing"])
+def test_mask_hides_any_run_of_8_characters_of_a_secret(secret: str, cut: Any) -> None:
+    text = f"Validation failed: '{cut(secret)}' is not valid"
+    assert mask(text, secret) == "Validation failed: '***' is not valid"
+    assert mask(text, None, "", "unrelated-secret", secret) == mask(text, secret)
+
+
+def test_mask_shows_a_run_of_7_and_joins_runs_that_touch() -> None:
+    assert mask(f"near {TOKEN[:7]} miss", TOKEN) == f"near {TOKEN[:7]} miss"
+    # Two pieces of one secret side by side, or of two secrets: one ***, nothing between.
+    assert mask(f"x {TOKEN[:10]}{TOKEN[12:]} y", TOKEN) == "x *** y"
+    assert mask(f"x {TOKEN[:9]}{SIGNING[-9:]} y", TOKEN, SIGNING) == "x *** y"
+    # A character whose lower case is longer does not shift what is hidden.
+    assert mask(f"İ{SIGNING[2:12]}İ", SIGNING) == "İ***İ"
+
+
+def test_mask_hides_a_secret_shorter_than_8_only_whole() -> None:
+    short = "s3cr3t!"
+    assert mask(f"a {short} b {short.upper()} c", short) == "a *** b *** c"
+    assert mask(f"a {short[:6]} b", short) == f"a {short[:6]} b"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_quoting_most_of_a_secret_stays_out_of_detail_and_output(
+    github: FakeGitHub,
+) -> None:
+    # GitHub's answer quotes all but the last 3 characters of the token and all but the first
+    # 3 of the signing secret: neither reaches the stored detail or the command's output.
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from django_leases.triggers import lifecycle
+
+    github.fail = (422, {"message": f"Bad hook: token {TOKEN[:-3]}, secret {SIGNING[3:]}"})
+    lifecycle.reconcile(base_url="https://app.example.com")
+    set_secret("gh-source", SIGNING)
+    result = lifecycle.enable("gh-source")
+    assert result.ok is False
+    detail = TriggerSource.objects.get(name="gh-source").detail
+    assert "422" in detail and "Bad hook: token ***, secret ***" in detail
+    output = StringIO()
+    for format_ in ("table", "json"):
+        call_command("trigger_sources", "list", "--format", format_, stdout=output)
+    assert "Bad hook: token ***" in output.getvalue()
+    _no_secret_in(result.detail, detail, output.getvalue())
+
+
+def test_stripe_errors_quoting_part_of_the_key_are_masked(stripe: FakeStripe) -> None:
+    stripe.fail = (401, {"error": {"message": f"Invalid API Key provided: {STRIPE_KEY[3:]}"}})
+    with pytest.raises(ProviderError, match="401") as caught:
+        StripeProvider().check(_stripe_source({"endpoint_id": "we_1"}))
+    assert str(caught.value).endswith("Invalid API Key provided: ***")
+    _no_secret_in(caught.value)
 
 
 # -- config validation ------------------------------------------------------------------------

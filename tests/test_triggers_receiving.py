@@ -31,6 +31,7 @@ from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_sou
 from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
+from tests.helpers import raw_request
 from tests.payloads import PayloadSet, ours
 
 SOURCE = "test-pushes"
@@ -205,6 +206,39 @@ def test_a_body_over_djangos_upload_limit_but_under_ours_is_accepted(
     assert _post(Client(), body, headers).status_code == 202
 
 
+@pytest.mark.parametrize(
+    ("append_slash", "debug"),
+    [(True, False), (True, True), (False, False)],
+    ids=["append-slash", "append-slash-debug", "no-append-slash"],
+)
+def test_the_address_without_the_slash_receives_alike(
+    source: str, settings: Any, append_slash: bool, debug: bool
+) -> None:
+    # No redirect: a webhook sender does not follow one (and a 301 turns a POST into a GET);
+    # under DEBUG, CommonMiddleware raises for a POST it would redirect.
+    settings.APPEND_SLASH = append_slash
+    settings.DEBUG = debug
+    body, headers = _example()
+    client = Client()
+    first = _post(client, body, headers, url=URL.rstrip("/"))
+    assert first.status_code == 202, (first.status_code, first.get("Location"))
+    assert _post(client, body, headers, url=URL.rstrip("/")).status_code == 200
+    assert _post(client, body, headers, url=URL).status_code == 200  # the same delivery
+    unknown = _post(client, body, headers, url="/hooks/no-such-source")
+    assert (unknown.status_code, "error" in unknown.json()) == (404, True)
+    assert client.get(URL.rstrip("/")).status_code == 405
+    tampered = {**headers, "X-Hub-Signature-256": "sha256=" + "0" * 64}
+    assert _post(client, body, tampered, url=URL.rstrip("/")).status_code == 401
+    assert TriggerEvent.objects.count() == 1
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_the_registered_address_keeps_its_slash() -> None:
+    from django.urls import reverse
+
+    assert reverse("django_leases:receive-webhook", args=[SOURCE]) == URL
+
+
 # -- refused deliveries: nothing recorded --------------------------------------------------------
 
 
@@ -303,6 +337,47 @@ def test_a_bad_content_length_is_400(source: str, length: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "written",
+    ["+{n}", " {n}", "{n} ", "\t{n}", "{n}\x0b", "0x{x}", "{n}.0", "{n},{n}", "{u}", "{s}"],
+    ids=[
+        "plus",
+        "space-before",
+        "space-after",
+        "tab",
+        "vertical-tab",
+        "hex",
+        "decimal-point",
+        "two-headers",
+        "underscore",
+        "other-digits",
+    ],
+)
+def test_a_content_length_that_is_not_plain_digits_is_400(source: str, written: str) -> None:
+    # Each of these is the right length of a rightly signed delivery, written the way int()
+    # (or a lenient server) would still read.
+    body, headers = _example()
+    n = len(body)
+    length = written.format(
+        n=n,
+        x=f"{n:x}",
+        u=f"{str(n)[:1]}_{str(n)[1:]}",
+        s=str(n).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),
+    )
+    response = _post(Client(), body, headers, CONTENT_LENGTH=length)
+    assert response.status_code == 400, (length, response.content)
+    assert "Content-Length" in response.json()["error"]
+    _nothing_recorded()
+    assert _post(Client(), body, headers, CONTENT_LENGTH=f"000{n}").status_code == 202
+
+
+def test_a_content_length_of_thousands_of_digits_is_413(source: str) -> None:
+    body, headers = _example()
+    response = _post(Client(), body, headers, CONTENT_LENGTH="9" * 5000)
+    assert response.status_code == 413
+    _nothing_recorded()
+
+
+@pytest.mark.parametrize(
     "signature",
     [
         None,
@@ -321,6 +396,24 @@ def test_missing_or_bad_signature_is_401(source: str, signature: str | None) -> 
     assert response.status_code == 401
     assert "secret" not in response.content.decode().lower().replace("signature", "")
     _nothing_recorded()
+
+
+@pytest.mark.parametrize(
+    "around",
+    [("", "\x0b"), ("\x0b", ""), ("", "\x0c"), ("\xa0", "")],
+    ids=["trailing-vertical-tab", "leading-vertical-tab", "trailing-form-feed", "no-break-space"],
+)
+def test_a_right_signature_with_a_character_around_it_is_401(
+    source: str, around: tuple[str, str]
+) -> None:
+    # The test client hands the value to the view as written (a server may strip some).
+    body, headers = _example()
+    before, after = around
+    headers["X-Hub-Signature-256"] = before + headers["X-Hub-Signature-256"] + after
+    assert _post(Client(), body, headers).status_code == 401
+    _nothing_recorded()
+    headers["X-Hub-Signature-256"] = " " + headers["X-Hub-Signature-256"].strip("\x0b\x0c\xa0")
+    assert _post(Client(), body, headers).status_code == 202
 
 
 def test_a_tampered_body_or_another_secret_is_401(source: str) -> None:
@@ -368,6 +461,83 @@ def test_signed_but_missing_header_is_400(source: str, header: str) -> None:
     assert response.status_code == 400
     assert header in response.json()["error"]
     _nothing_recorded()
+
+
+# -- a header sent twice ------------------------------------------------------------------------
+#
+# WSGI servers and Django's ASGI handler join a repeated header into one value with ",". The
+# test client sends that joined value as such; the live server gets two header lines.
+
+_SINGLE_VALUED = ["X-GitHub-Delivery", "X-GitHub-Event", "X-Hub-Signature-256"]
+
+
+@pytest.mark.parametrize("header", [*_SINGLE_VALUED, "Content-Type"])
+def test_a_single_valued_header_holding_a_comma_is_400(source: str, header: str) -> None:
+    body, headers = _example()
+    headers[header] = f"{headers[header]},{headers[header]}"
+    response = _post(Client(), body, headers)
+    assert response.status_code == 400, response.content
+    assert header in response.json()["error"]
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("header", _SINGLE_VALUED)
+def test_a_header_sent_twice_over_http_is_400(source: str, live_server: Any, header: str) -> None:
+    # (Content-Type cannot be tried so: wsgiref keeps the first one and drops the other.)
+    body, headers = _example()
+    again = str(uuid.uuid4()) if header == "X-GitHub-Delivery" else headers[header]
+    answer = raw_request(live_server.url, "POST", URL, [*headers.items(), (header, again)], body)
+    assert answer.status == 400, answer
+    assert header in json.loads(answer.body)["error"]
+    _nothing_recorded()
+    assert raw_request(live_server.url, "POST", URL, list(headers.items()), body).status == 202
+
+
+@pytest.mark.parametrize("header", ["X-GitHub-Event", "X-GitHub-Delivery"])
+@pytest.mark.parametrize("around", [("", "\x0b"), ("\x0c", ""), ("", "\xa0")])
+def test_an_event_or_delivery_id_with_a_character_around_it_is_400(
+    source: str, header: str, around: tuple[str, str]
+) -> None:
+    body, headers = _example()
+    value = headers[header]
+    headers[header] = around[0] + value + around[1]
+    response = _post(Client(), body, headers)
+    assert response.status_code == 400, response.content
+    assert header in response.json()["error"]
+    _nothing_recorded()
+    headers[header] = f" {value}\t"  # HTTP's own whitespace around it is taken off
+    assert _post(Client(), body, headers).status_code == 202
+
+
+def _asgi_request(headers: list[tuple[str, str]], body: bytes) -> Any:
+    """The request Django's ASGI handler makes of these header lines (names may repeat)."""
+    from django.core.handlers.asgi import ASGIRequest
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": URL,
+        "query_string": b"",
+        "headers": [(name.lower().encode(), value.encode("latin-1")) for name, value in headers],
+    }
+    return ASGIRequest(scope, io.BytesIO(body))
+
+
+@pytest.mark.parametrize(
+    ("header", "again"), [("X-GitHub-Delivery", "other"), ("Content-Length", "")]
+)
+def test_a_header_sent_twice_through_asgi_is_400(source: str, header: str, again: str) -> None:
+    # Django's ASGI handler joins repeated header lines with "," as WSGI servers do.
+    body, headers = _example()
+    lines = [*headers.items(), ("Content-Length", str(len(body)))]
+    lines.append((header, again or str(len(body))))
+    request = _asgi_request(lines, body)
+    response = receive_webhook(request, SOURCE)
+    assert response.status_code == 400, response.content
+    assert header in json.loads(response.content)["error"]
+    _nothing_recorded()
+    assert receive_webhook(_asgi_request(lines[:-1], body), SOURCE).status_code == 202
 
 
 # -- one transaction ----------------------------------------------------------------------------
@@ -802,12 +972,59 @@ def test_a_missing_or_bad_stripe_signature_is_401(
 
 
 @pytest.mark.parametrize(
+    "rewrite",
+    [
+        lambda signed: signed + "\x0b",
+        lambda signed: "\x0b" + signed,
+        lambda signed: signed + "\x0c",
+        lambda signed: signed.replace(",v1=", ", v1="),
+    ],
+    ids=["trailing-vertical-tab", "leading-vertical-tab", "trailing-form-feed", "inner-space"],
+)
+def test_a_right_stripe_signature_written_otherwise_is_401(
+    stripe_sources: None, rewrite: Any
+) -> None:
+    body, headers = _stripe_example("invoice.paid")
+    signed = headers["Stripe-Signature"]
+    url = f"/hooks/{STRIPE_SOURCE}/"
+    headers["Stripe-Signature"] = rewrite(signed)
+    assert _post(Client(), body, headers, url=url).status_code == 401
+    _nothing_recorded()
+    headers["Stripe-Signature"] = f" {signed}\t"  # HTTP's own whitespace around it is fine
+    assert _post(Client(), body, headers, url=url).status_code == 202
+
+
+@pytest.mark.parametrize(
     "body", [b'{"type": "invoice.paid"}', b'{"id": "evt_1"}', b"[]", b"nope", b""]
 )
 def test_a_signed_but_malformed_stripe_body_is_400(stripe_sources: None, body: bytes) -> None:
     headers = {"Stripe-Signature": stripe_signature(STRIPE_SECRET, body, STRIPE_T)}
     assert _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/").status_code == 400
     _nothing_recorded()
+
+
+def test_a_stripe_signature_joined_with_another_is_400(stripe_sources: None) -> None:
+    body, headers = _stripe_example("invoice.paid")
+    signed = headers["Stripe-Signature"]
+    headers["Stripe-Signature"] = f"{signed},{signed}"
+    response = _post(Client(), body, headers, url=f"/hooks/{STRIPE_SOURCE}/")
+    assert response.status_code == 400
+    assert "Stripe-Signature" in response.json()["error"]
+    _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", [STRIPE_SOURCE, MANUAL_SOURCE])
+def test_a_stripe_signature_sent_twice_over_http_is_400(
+    stripe_sources: None, live_server: Any, name: str
+) -> None:
+    body, headers = _stripe_example("customer.created")
+    twice = [*headers.items(), ("Stripe-Signature", headers["Stripe-Signature"])]
+    answer = raw_request(live_server.url, "POST", f"/hooks/{name}/", twice, body)
+    assert answer.status == 400, answer
+    _nothing_recorded()
+    once = list(headers.items())
+    assert raw_request(live_server.url, "POST", f"/hooks/{name}/", once, body).status == 202
 
 
 def test_a_manual_source_signed_stripes_way(stripe_sources: None) -> None:

@@ -104,6 +104,51 @@ def test_verify_refuses_a_tampered_body_and_another_secret() -> None:
     assert not verify_github_signature("", b"body", header)
 
 
+#: GitHub's documented vector: "Hello, World!" signed with "It's a Secret to Everybody".
+_VECTOR = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        " " + _VECTOR,
+        _VECTOR + " ",
+        "\t " + _VECTOR + " \t",
+        "sha256=" + _VECTOR.removeprefix("sha256=").upper(),
+    ],
+)
+def test_verify_allows_only_http_whitespace_around_the_value(header: str) -> None:
+    assert verify_github_signature("It's a Secret to Everybody", b"Hello, World!", header)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        _VECTOR + "\x0b",  # vertical tab: str.strip() would take it off
+        "\x0b" + _VECTOR,
+        _VECTOR + "\x0c",
+        _VECTOR + "\r",
+        _VECTOR + "\n",
+        _VECTOR + "\r\n",
+        _VECTOR + "\x00",
+        _VECTOR + "\x85",  # NEL, a latin-1 header byte str.strip() takes for whitespace
+        "\xa0" + _VECTOR,  # no-break space
+        _VECTOR + "\u3000",
+        "sha256= " + _VECTOR.removeprefix("sha256="),
+        "sha256=\t" + _VECTOR.removeprefix("sha256="),
+        _VECTOR[:20] + " " + _VECTOR[20:],
+        _VECTOR[:20] + "\x0b" + _VECTOR[20:],
+        "SHA256=" + _VECTOR.removeprefix("sha256="),
+        "sha256 =" + _VECTOR.removeprefix("sha256="),
+        _VECTOR + "0",
+        _VECTOR + ",",
+        _VECTOR + ";",
+    ],
+)
+def test_verify_refuses_any_other_character_around_or_inside(header: str) -> None:
+    assert not verify_github_signature("It's a Secret to Everybody", b"Hello, World!", header)
+
+
 # -- parsing ---------------------------------------------------------------------------------
 
 
@@ -281,6 +326,72 @@ def test_stripe_signed_timestamp_is_part_of_the_signature() -> None:
 )
 def test_stripe_verify_refuses_malformed_headers(header: str | None) -> None:
     assert not verify_stripe_signature("whsec_a", b"{}", header, now=STRIPE_T)
+
+
+def _stripe_example() -> tuple[str, str]:
+    """The README's worked example: its signed header, and its v1 digest."""
+    header = "t=1679493232,v1=cab847bfbee51ad086efc71a020aba4a0a7c73649c93dc6169558a45e9da93ba"
+    return header, header.split("v1=")[1]
+
+
+_STRIPE_BODY = b'{"id":"evt_test","object":"event"}'
+
+
+#: Stripe-Signature values as written, ``{h}`` the signed header, ``{t}`` its timestamp, ``{d}``
+#: its digest (``{D}`` in upper case), ``{z}`` a wrong digest, ``{short}`` one digit short.
+_STRIPE_READ = [
+    "{h}",
+    " {h}\t",
+    "t={t},v1={d},v0={d}",
+    "v1={d},t={t}",
+    "t={t},v1={z},v1={d}",
+    "t={t},v1={D}",
+    "t={t},v1={d},v0=Zm9vYmFy==",
+    "t={t},v1={d},v9=x",
+]
+_STRIPE_REFUSED = [
+    "{h}\x0b",
+    "\x0b{h}",
+    "{h}\x0c",
+    "{h}\r\n",
+    "{h}\x00",
+    "{h}\x85",
+    "\xa0{h}",
+    "t={t}, v1={d}",
+    "t={t} ,v1={d}",
+    "t ={t},v1={d}",
+    "t= {t},v1={d}",
+    "t={t},v1= {d}",
+    "t={t},\tv1={d}",
+    "t={t},v1={d},",
+    ",t={t},v1={d}",
+    "t={t},,v1={d}",
+    "t={t};v1={d}",
+    "T={t},v1={d}",
+    "t={t},V1={d}",
+    "t={t},v1={d},x=1",
+    "t={t},v1={d},v0",
+    "t={t},v1={d},v0=a b",
+    "t={t},v1={d},v0=é",
+    "t={t},v1={d}0",
+    "t={t},v1={short}",
+    "t=+{t},v1={d}",
+    "t={t}\u0660,v1={d}",
+]
+
+
+@pytest.mark.parametrize(
+    ("header", "accepted"),
+    [*((header, True) for header in _STRIPE_READ), *((h, False) for h in _STRIPE_REFUSED)],
+)
+def test_stripe_verify_reads_only_the_documented_format(header: str, accepted: bool) -> None:
+    signed, digest = _stripe_example()
+    value = header.format(
+        h=signed, t=STRIPE_T, d=digest, D=digest.upper(), z="0" * 64, short=digest[:-1]
+    )
+    assert (
+        verify_stripe_signature("whsec_test_secret", _STRIPE_BODY, value, now=STRIPE_T) is accepted
+    )
 
 
 def test_stripe_verify_refuses_an_empty_secret() -> None:

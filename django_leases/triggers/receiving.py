@@ -5,8 +5,15 @@ In order, so that nothing is read or recorded for a delivery that will be refuse
 1. unknown, orphaned (no longer declared) or disabled source → 404, checked before the body
    is read and again, under the source row's lock, in the transaction that records the
    delivery (so a source disabled while a body is still arriving records nothing);
-2. body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length`` or by the bytes
-   actually sent → 413 (read by us, so Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part);
+2. a ``Content-Length`` that is not a plain decimal integer (ASCII digits only: no sign, no
+   space) → 400; body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length``
+   or by the bytes actually sent → 413 (read by us, so Django's
+   ``DATA_UPLOAD_MAX_MEMORY_SIZE`` plays no part); a header the provider reads that takes
+   one value (``X-GitHub-Delivery``, ``X-GitHub-Event``, ``X-Hub-Signature-256``,
+   ``Stripe-Signature``, …) sent more than once → 400. WSGI servers and Django's ASGI handler
+   join repeated headers with ``,``, so a comma where the value never has one (or a second
+   ``t=`` in ``Stripe-Signature``) is how a repeat is told
+   (:meth:`~django_leases.triggers.providers.base.Provider.refuse_repeated_headers`);
 3. missing or wrong signature (or no signing secret for the source) → 401, verified the
    provider's way (GitHub ``X-Hub-Signature-256``; Stripe ``Stripe-Signature`` within its
    timestamp tolerance; a ``manual`` source with its ``config["signature"]`` scheme) against
@@ -72,15 +79,20 @@ def max_body() -> int:
 
 
 def _declared_length(content_length: str | None, limit: int) -> None:
-    if content_length in (None, ""):
+    """Refuse a ``Content-Length`` that is not a plain decimal integer (400) or is over ``limit``.
+
+    Plain means ASCII digits and nothing else, as HTTP defines it (``1*DIGIT``): no sign, no
+    space, no ``_``, no other script's digits — all of which :func:`int` would take. Two
+    ``Content-Length`` headers joined with ``,`` (as Django's ASGI handler does) are not plain
+    either. An empty or absent value means no length was declared (WSGI's rule).
+    """
+    if not content_length:
         return
-    try:
-        length = int(content_length)
-    except (TypeError, ValueError):
-        raise MalformedDelivery("The Content-Length header is not a number") from None
-    if length < 0:
-        raise MalformedDelivery("The Content-Length header is negative")
-    if length > limit:
+    if not (content_length.isascii() and content_length.isdigit()):
+        raise MalformedDelivery("The Content-Length header is not a plain decimal number")
+    digits = content_length.lstrip("0") or "0"
+    # A number of more digits than the limit is over it, however long (no int() of it).
+    if len(digits) > len(str(limit)) or int(digits) > limit:
         raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
 
 
@@ -115,11 +127,12 @@ def receive(
 
     limit = max_body()
     _declared_length(content_length, limit)
+    lowered = {key.lower(): value for key, value in headers.items()}
+    provider.refuse_repeated_headers(lowered)
     body = read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
 
-    lowered = {key.lower(): value for key, value in headers.items()}
     try:
         secret = TriggerSecret.objects.db_manager(source._state.db).signing_secret(name)
     except CredentialError:

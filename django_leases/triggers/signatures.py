@@ -11,6 +11,20 @@ secret) and a ``v0`` entry, which is ignored; any matching ``v1`` accepts. A tim
 than the tolerance (default 300 s, ``DJANGO_LEASES["STRIPE_TOLERANCE"]``) is refused as a
 replay, as Stripe's own libraries do.
 
+A signature header is read exactly in its documented format, or refused:
+
+* GitHub: ``sha256=`` (lower case) and 64 hex digits (either case: the same digest);
+* Stripe: comma-separated ``key=value`` elements with nothing between them — one
+  ``t=<1 to 12 digits>``, one or more ``v1=<64 hex digits>``, and other schemes ``v<digits>=``
+  (``v0``) whose value is visible ASCII without a comma, which are ignored. Any other key, an
+  empty element or a space around ``,`` or ``=`` is refused, as Stripe's own libraries do.
+
+The only whitespace allowed is around the whole value: spaces and horizontal tabs, the
+optional whitespace HTTP puts around a field value (RFC 9110 §5.5), which servers usually strip
+before the application sees the header. Any other character before, inside or after — a
+vertical tab, a form feed, CR, LF, NUL, a no-break space, any non-ASCII — makes the header
+unreadable, so the delivery is refused.
+
 Every comparison is constant-time (:func:`hmac.compare_digest`).
 """
 
@@ -18,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import time
 
 GITHUB_SIGNATURE_HEADER = "X-Hub-Signature-256"
@@ -29,6 +44,16 @@ STRIPE_DEFAULT_TOLERANCE = 300
 
 #: Longest ``Stripe-Signature`` header read, characters (a few dozen ``v1`` entries).
 _MAX_STRIPE_HEADER = 4096
+
+#: What HTTP allows around a field value (RFC 9110 §5.5: OWS is SP / HTAB), and nothing else.
+_HTTP_WHITESPACE = " \t"
+
+_GITHUB_FORMAT = re.compile(r"sha256=[0-9a-fA-F]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
+_STRIPE_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_STRIPE_SCHEME = re.compile(r"v[0-9]+")
+#: The value of a scheme we ignore (``v0``): visible ASCII but the element separator.
+_STRIPE_OTHER_VALUE = re.compile(r"[!-+\--~]+")
 
 
 def _check_secret(secret: object) -> bytes:
@@ -53,17 +78,26 @@ def github_signature(secret: str, body: bytes) -> str:
 def verify_github_signature(secret: str, body: bytes, header: str | None) -> bool:
     """Whether ``header`` (the received ``X-Hub-Signature-256``) signs ``body`` with ``secret``.
 
-    Compares in constant time (:func:`hmac.compare_digest`). A missing or malformed header,
-    or an empty secret, is ``False``; never raises for bad input.
+    Args:
+        secret: the webhook secret (``str``).
+        body: the exact request body (``bytes``).
+        header: the received header value, or ``None``.
+
+    Returns ``True`` only for ``sha256=<64 hex digits>`` (the hex in either case; spaces and
+    tabs around the whole value allowed, nothing else: see the module docstring) holding the
+    right digest, compared in constant time (:func:`hmac.compare_digest`). A missing or
+    malformed header, or an empty secret, is ``False``; never raises for bad input.
     """
     if not header or not isinstance(header, str) or not isinstance(secret, str) or not secret:
         return False
     if not isinstance(body, bytes):
         return False
+    value = header.strip(_HTTP_WHITESPACE)
+    if not _GITHUB_FORMAT.fullmatch(value):
+        return False
     expected = github_signature(secret, body).encode("ascii")
-    # Headers arrive as latin-1 text; compare bytes so a non-ASCII value is simply unequal.
     # GitHub sends lower-case hex; upper-case hex from another sender is the same digest.
-    received = header.strip().lower().encode("utf-8", "replace")
+    received = (_GITHUB_PREFIX + value.removeprefix(_GITHUB_PREFIX).lower()).encode("ascii")
     return hmac.compare_digest(expected, received)
 
 
@@ -88,30 +122,63 @@ def stripe_signature(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={_stripe_digest(secret, timestamp, body)}"
 
 
+def _stripe_elements(header: str) -> list[tuple[str, str]] | None:
+    """The ``(key, value)`` elements of a ``Stripe-Signature`` value, ``None`` if unreadable."""
+    elements: list[tuple[str, str]] = []
+    for element in header.strip(_HTTP_WHITESPACE).split(","):
+        key, sep, value = element.partition("=")
+        if not sep:
+            return None
+        if key == "t":
+            if not _STRIPE_TIMESTAMP.fullmatch(value):
+                return None
+        elif key == "v1":
+            if not _HEX_DIGEST.fullmatch(value):
+                return None
+        elif not (_STRIPE_SCHEME.fullmatch(key) and _STRIPE_OTHER_VALUE.fullmatch(value)):
+            return None
+        elements.append((key, value))
+    return elements
+
+
 def parse_stripe_header(header: str) -> tuple[int, list[str]] | None:
     """Split a ``Stripe-Signature`` value into its timestamp and its ``v1`` signatures.
 
-    Returns ``(t, [v1, …])``, or ``None`` when there is no single usable ``t`` or no ``v1``.
-    Other schemes (``v0``) and unknown elements are ignored.
+    Args:
+        header: the received header value (``str``).
+
+    Returns ``(t, [v1, …])``, or ``None`` when the value is not exactly in the documented
+    format (see the module docstring), holds no single ``t`` or no ``v1``, or is longer than
+    4,096 characters. Other schemes (``v0``) are ignored. Never raises for bad input.
     """
     if not isinstance(header, str) or len(header) > _MAX_STRIPE_HEADER:
         return None
-    timestamps: list[str] = []
-    signatures: list[str] = []
-    for element in header.split(","):
-        key, sep, value = element.strip().partition("=")
-        if not sep:
-            continue
-        if key == "t":
-            timestamps.append(value.strip())
-        elif key == "v1":
-            signatures.append(value.strip())
+    elements = _stripe_elements(header)
+    if elements is None:
+        return None
+    timestamps = [value for key, value in elements if key == "t"]
+    signatures = [value for key, value in elements if key == "v1"]
     if len(timestamps) != 1 or not signatures:
         return None
-    text = timestamps[0]
-    if not text.isascii() or not text.isdigit() or len(text) > 12:
-        return None
-    return int(text), signatures
+    return int(timestamps[0]), signatures
+
+
+def stripe_header_repeated(header: str) -> bool:
+    """Whether a ``Stripe-Signature`` value is two or more headers joined into one.
+
+    WSGI servers and Django's ASGI handler join a header sent twice into one value with
+    ``,``, which is also Stripe's element separator. Stripe sends one ``t`` per header, so a
+    value with more than one ``t=`` element (however the rest is written) was repeated.
+
+    Args:
+        header: the received header value (``str``).
+
+    Returns ``True`` or ``False``; never raises for bad input.
+    """
+    if not isinstance(header, str):
+        return False
+    keys = (element.partition("=")[0].strip(_HTTP_WHITESPACE) for element in header.split(","))
+    return sum(key == "t" for key in keys) > 1
 
 
 def verify_stripe_signature(
@@ -132,7 +199,8 @@ def verify_stripe_signature(
             replay and refused. A value ``<= 0`` turns the check off (as in stripe-python).
         now: the current Unix time in seconds (default: :func:`time.time`; for tests).
 
-    Accepts when any ``v1`` entry matches (constant-time comparison of each); ``v0`` is
+    Returns ``True`` when the header is exactly in the documented format (see the module
+    docstring) and any ``v1`` entry matches (constant-time comparison of each); ``v0`` is
     ignored. Missing or malformed header, empty secret, stale timestamp: ``False``. Never
     raises for bad input.
     """

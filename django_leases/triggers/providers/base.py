@@ -81,6 +81,9 @@ class Provider:
     name: str = ""
     manages_registration: bool = True
     takes_secret: bool = False
+    #: The headers :meth:`verify` and :meth:`parse` read that take one value, none of which
+    #: holds a comma (see :meth:`refuse_repeated_headers`).
+    single_valued_headers: tuple[str, ...] = ()
 
     def validate_config(self, config: Mapping[str, Any]) -> None:
         """Refuse a declaration's ``config`` this provider cannot work with.
@@ -133,6 +136,24 @@ class Provider:
         """
         return self
 
+    def refuse_repeated_headers(self, headers: Mapping[str, str]) -> None:
+        """Refuse a delivery in which a header that takes one value was sent more than once.
+
+        A WSGI server (``wsgiref``, gunicorn, …) and Django's ASGI handler both hand a header
+        sent twice to the application as one value, the two joined with ``,``; nothing else
+        tells the two apart. None of :attr:`single_valued_headers` ever holds a comma (a
+        delivery id is a GUID, an event name a word, a signature ``sha256=<hex>``, a media
+        type has no comma), so a comma in one of them is read as that header sent twice.
+
+        Args:
+            headers: the request headers, keys in lower case.
+
+        Raises :class:`MalformedDelivery` naming the header. Called before the body is read.
+        """
+        for name in self.single_valued_headers:
+            if "," in headers.get(name.lower(), ""):
+                raise repeated_header(name)
+
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
         """Whether the delivery's signature matches ``secret``. Never raises for bad input.
 
@@ -155,13 +176,24 @@ class Provider:
 WebhookProvider = Provider
 
 
+def repeated_header(shown: str) -> MalformedDelivery:
+    """The error for header ``shown`` sent more than once (the one message for every provider)."""
+    return MalformedDelivery(
+        f"The {shown} header was sent more than once (its values arrived joined with ',')"
+    )
+
+
 def header_value(headers: Mapping[str, str], name: str, shown: str) -> str:
-    """The stripped value of header ``name`` (lower case key); ``shown`` names it in errors.
+    """The value of header ``name`` (lower case key); ``shown`` names it in errors.
+
+    Only spaces and tabs around it are taken off (HTTP's optional whitespace): any other
+    character before or after it — a vertical tab, a form feed, a no-break space — stays, so
+    the value is refused as holding control characters instead of read as another.
 
     Raises :class:`MalformedDelivery` when it is missing, too long or holds control
     characters.
     """
-    value = (headers.get(name) or "").strip()
+    value = (headers.get(name) or "").strip(" \t")
     if not value:
         raise MalformedDelivery(f"The {shown} header is missing")
     return checked_identifier(value, f"The {shown} header")
@@ -280,4 +312,5 @@ __all__ = [
     "header_value",
     "label_for",
     "receive_url",
+    "repeated_header",
 ]

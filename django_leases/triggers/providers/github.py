@@ -99,6 +99,12 @@ class GitHubProvider(Provider):
     name = "github"
     manages_registration = True
     takes_secret = True
+    single_valued_headers = (
+        "X-Hub-Signature-256",
+        "X-GitHub-Event",
+        "X-GitHub-Delivery",
+        "Content-Type",
+    )
 
     def validate_config(self, config: Mapping[str, Any]) -> None:
         """``repository`` must be ``"owner/repo"``; ``api_url``, when given, an http(s) URL;

@@ -66,24 +66,75 @@ def call(
         ) from None
 
 
+#: The shortest run of a secret's characters :func:`mask` hides wherever it appears.
+MIN_MASKED_RUN = 8
+
+
+def _folded(text: str) -> str:
+    """``text`` in lower case, character for character (a character whose lower case is
+    longer, such as ``İ``, stays), so that positions in it are positions in ``text``."""
+    return "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+
+
+def _hidden_spans(text: str, secret: str) -> list[tuple[int, int]]:
+    """Where ``text`` holds what :func:`mask` hides of ``secret``: ``(start, end)`` pairs."""
+    folded, key = _folded(text), _folded(secret)
+    if len(key) < MIN_MASKED_RUN:
+        spans, start = [], folded.find(key)
+        while start != -1:
+            spans.append((start, start + len(key)))
+            start = folded.find(key, start + 1)
+        return spans
+    # Every run of MIN_MASKED_RUN or more characters shared with the secret is a chain of
+    # MIN_MASKED_RUN-long windows each found in it, so marking those windows marks the runs.
+    windows = {key[i : i + MIN_MASKED_RUN] for i in range(len(key) - MIN_MASKED_RUN + 1)}
+    return [
+        (i, i + MIN_MASKED_RUN)
+        for i in range(len(folded) - MIN_MASKED_RUN + 1)
+        if folded[i : i + MIN_MASKED_RUN] in windows
+    ]
+
+
 def mask(text: str, *secrets: str | None) -> str:
-    """``text`` with every non-empty one of ``secrets`` replaced by ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """``text`` with whatever could give one of ``secrets`` away replaced by ``***``.
+
+    Args:
+        text: a message that may quote a provider's answer.
+        secrets: the secrets it must not show (API tokens and keys, signing secrets);
+            ``None`` and empty ones are skipped.
+
+    Returns the masked text. For a secret of :data:`MIN_MASKED_RUN` (8) characters or more,
+    every run of 8 or more of its consecutive characters found in ``text`` is hidden: the whole
+    secret, a prefix, a suffix or an inner piece of it, compared without regard to case. Runs
+    that touch or overlap become one ``***``. A secret shorter than 8 characters is hidden
+    where it appears whole (its shorter pieces would hide ordinary words, and pieces of a
+    secret that short give little away). Never raises.
+    """
+    spans = sorted(span for secret in secrets if secret for span in _hidden_spans(text, secret))
+    merged: list[list[int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    pieces, shown = [], 0
+    for start, end in merged:
+        pieces += [text[shown:start], "***"]
+        shown = end
+    return "".join([*pieces, text[shown:]])
 
 
 def masked(error: ProviderError, *secrets: str | None) -> ProviderError:
-    """``error`` again, its message masked (:func:`mask`) — the last guard before a message
-    leaves a provider step."""
+    """``error`` again, its message masked (:func:`mask`: any run of 8 or more characters of
+    one of ``secrets``) — the last guard before a message leaves a provider step."""
     return ProviderError(mask(str(error), *secrets))
 
 
 def quoted_message(response: httpx.Response, *secrets: str | None) -> str:
     """A short, safe excerpt of an API error body (its ``message``), for operators.
 
-    Any of ``secrets`` that appears in it is masked; the excerpt is cut at 300 characters.
+    Whatever could give one of ``secrets`` away is masked first (:func:`mask`: any run of 8 or
+    more of a secret's characters); the excerpt is then cut at 300 characters.
     """
     message = ""
     try:

@@ -113,6 +113,10 @@ class ManualProvider(Provider):
         scheme = self._scheme_of(config)
         return self if scheme == self.scheme else ManualProvider(scheme)
 
+    def refuse_repeated_headers(self, headers: Mapping[str, str]) -> None:
+        """As the scheme's provider does (GitHub's or Stripe's headers)."""
+        self._receiver.refuse_repeated_headers(headers)
+
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
         return self._receiver.verify(secret, body, headers)
 

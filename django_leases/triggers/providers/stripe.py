@@ -52,8 +52,13 @@ from django_leases.triggers.providers.base import (
     declared_events,
     decode_json_object,
     label_for,
+    repeated_header,
 )
-from django_leases.triggers.signatures import STRIPE_DEFAULT_TOLERANCE, verify_stripe_signature
+from django_leases.triggers.signatures import (
+    STRIPE_DEFAULT_TOLERANCE,
+    stripe_header_repeated,
+    verify_stripe_signature,
+)
 
 if TYPE_CHECKING:
     from django_leases.models import TriggerSource
@@ -313,6 +318,12 @@ class StripeProvider(Provider):
         self._delete(_api_url(source.config or {}), endpoint_id, _key())
 
     # -- receiving -------------------------------------------------------------------------
+
+    def refuse_repeated_headers(self, headers: Mapping[str, str]) -> None:
+        """``Stripe-Signature`` sent twice: its value holds more than one ``t=`` (a comma is
+        its own separator, so it tells nothing). Raises :class:`MalformedDelivery`."""
+        if stripe_header_repeated(headers.get("stripe-signature", "")):
+            raise repeated_header("Stripe-Signature")
 
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
         return verify_stripe_signature(
