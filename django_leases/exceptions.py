@@ -258,38 +258,50 @@ class ReceiveError(TriggerSourceError):
     """A delivery was refused; ``.status`` is the HTTP status to answer, nothing was recorded.
 
     The message (also ``.message``) is safe to send back to the sender: it never holds a
-    secret.
+    secret. ``.reason`` says why, in the words of
+    :data:`~django_leases.triggers.values.REFUSAL_REASONS` (each class has its usual one; a
+    raise site may name another, as ``reason=``).
     """
 
     status = 400
+    reason = "bad_request"
 
-    def __init__(self, message: str, name: str | None = None) -> None:
+    def __init__(self, message: str, name: str | None = None, *, reason: str | None = None) -> None:
         super().__init__(name, message)
         self.message = message
+        if reason is not None:
+            self.reason = reason
 
 
 class SourceNotReceiving(ReceiveError):
     """Unknown, orphaned (no longer declared) or disabled source: 404."""
 
     status = 404
+    reason = "not_receiving"
 
 
 class PayloadTooLarge(ReceiveError):
     """The body is over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]``: 413."""
 
     status = 413
+    reason = "too_large"
 
 
 class SignatureMismatch(ReceiveError):
-    """The signature header is missing or does not sign the body with the secret: 401."""
+    """The signature header is missing or does not sign the body with the secret (or the
+    source has no signing secret, ``reason="no_secret"``): 401."""
 
     status = 401
+    reason = "bad_signature"
 
 
 class MalformedDelivery(ReceiveError, ValueError):
-    """Signed, but not a delivery we can read (body, event or delivery id): 400."""
+    """Not a delivery we can read: 400. Signed, but its body, event or delivery id cannot be
+    read (``reason="malformed"``); or, before the signature is checked, a ``Content-Length``
+    that is not a number or a one-value header sent twice (``reason="bad_request"``)."""
 
     status = 400
+    reason = "malformed"
 
 
 __all__ = [

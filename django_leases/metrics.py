@@ -31,6 +31,10 @@ from django.db import DatabaseError, router
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from django_leases import renewal, signals
+from django_leases.triggers.registry import get_declaration
+
+#: The ``source`` label of a delivery refused for a name no source declares.
+UNDECLARED = "(undeclared)"
 
 try:  # pragma: no cover - the import itself is what is optional
     import prometheus_client
@@ -116,7 +120,10 @@ def _connect() -> None:
         _installed["deliveries"].labels(source, "duplicate" if duplicate else "accepted").inc()
 
     def refused(sender: Any, source: str, reason: str, **kwargs: Any) -> None:
-        _installed["deliveries"].labels(source, reason).inc()
+        # A name from the URL that no source declares is one label, not one per name: a
+        # scan of random addresses must not grow the exposition without bound.
+        shown = source if get_declaration(source) is not None else UNDECLARED
+        _installed["deliveries"].labels(shown, reason).inc()
 
     on(signals.delivery_accepted, accepted)
     on(signals.delivery_refused, refused)

@@ -80,6 +80,58 @@ def test_a_scrape_counts_what_ran_and_reads_the_gauges(client: Any, path_mode: s
     assert "django_leases_workers" in after
 
 
+urlpatterns += [path("", include("django_leases.urls"))]
+
+
+@pytest.mark.urls("tests.test_metrics")
+def test_deliveries_are_counted_by_source_and_outcome(client: Any, settings: Any) -> None:
+    """Accepted, repeated and refused deliveries by source and outcome; a name no source
+    declares is one label, however many names are tried."""
+    from django_leases.models import TriggerSource
+    from django_leases.triggers import registry
+    from django_leases.triggers.registry import webhook_source
+    from django_leases.triggers.signatures import github_signature
+
+    assert metrics.install()
+    secret = "metrics-signing-secret-0123456789"
+    webhook_source("test-metrics-hooks", provider="github", events={"push": lambda d: None})
+    try:
+        settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"test-metrics-hooks": secret}}
+        TriggerSource.objects.sync(registry.declarations())
+        TriggerSource.objects.set_enabled("test-metrics-hooks", True)
+        before = _scrape(client)
+        body = b'{"ref": "refs/heads/main"}'
+        headers = {
+            "X-GitHub-Event": "push",
+            "X-GitHub-Delivery": "metrics-1",
+            "X-Hub-Signature-256": github_signature(secret, body),
+        }
+
+        def post(url: str, **changed: str) -> int:
+            return int(
+                client.post(
+                    url, body, content_type="application/json", headers={**headers, **changed}
+                ).status_code
+            )
+
+        assert post("/hooks/test-metrics-hooks/") == 202
+        assert post("/hooks/test-metrics-hooks/") == 200
+        assert post("/hooks/test-metrics-hooks/", **{"X-Hub-Signature-256": "sha256=00"}) == 401
+        for n in range(3):
+            assert post(f"/hooks/scan-{n}/") == 404
+        after = _scrape(client)
+    finally:
+        registry.unregister("test-metrics-hooks")
+    name = "django_leases_deliveries_total"
+    mine = 'source="test-metrics-hooks"'  # the exposition sorts labels by name
+    assert _delta(before, after, f'{name}{{outcome="accepted",{mine}}}') == 1
+    assert _delta(before, after, f'{name}{{outcome="duplicate",{mine}}}') == 1
+    assert _delta(before, after, f'{name}{{outcome="bad_signature",{mine}}}') == 1
+    unknown = f'{name}{{outcome="not_receiving",source="{metrics.UNDECLARED}"}}'
+    assert _delta(before, after, unknown) == 3
+    assert not any("scan-" in key for key in after)
+
+
 @pytest.mark.urls("tests.test_metrics")
 def test_without_prometheus_client_the_view_is_a_404(
     client: Any, monkeypatch: pytest.MonkeyPatch

@@ -17,7 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_leases.management.base import EXIT_BUSY, EXIT_CODES, USAGE_ERROR
-from django_leases.models import TriggerSource
+from django_leases.models import TriggerRefusal, TriggerSource
 from django_leases.testing.providers import FakeProvider, installed_provider
 from django_leases.triggers import credentials, lifecycle, registry
 from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
@@ -217,16 +217,18 @@ def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> 
         "ENABLED",
         "STATUS",
         "URL",
+        "REFUSED",
         "DETAIL",
     ]
     [line] = [line for line in lines if line.startswith(SOURCE)]
-    assert line.split()[:6] == [
+    assert line.split()[:7] == [
         SOURCE,
         "fake",
         "declared",
         "on",
         "registered",
         f"{BASE}/hooks/{SOURCE}/",
+        "-",
     ]
     assert "Hook 1 registered" in line
     assert secret not in output
@@ -242,11 +244,26 @@ def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> 
         "enabled": True,
         "status": "registered",
         "url": f"{BASE}/hooks/{SOURCE}/",
+        "refused": {},
         "state": {"hook_id": 1},
         "detail": f"Hook 1 registered to post to {BASE}/hooks/{SOURCE}/.",
     }
     other = next(item for item in listed if item["name"] == "github-pushes")
     assert (other["status"], other["enabled"]) == ("off", False)
+
+    # Refused deliveries show by reason; a name without a source row adds nothing.
+    for _ in range(2):
+        TriggerRefusal.objects.tally(SOURCE, "bad_signature", 401)
+    TriggerRefusal.objects.tally(SOURCE, "not_receiving", 404)
+    TriggerRefusal.objects.tally("no-such-source", "not_receiving", 404)
+    [line] = [
+        line for line in _run("trigger_sources", "list").splitlines() if line.startswith(SOURCE)
+    ]
+    assert "bad_signature 2, not_receiving 1" in line
+    listed = json.loads(_run("trigger_sources", "list", "--format", "json"))
+    mine = next(item for item in listed if item["name"] == SOURCE)
+    assert mine["refused"] == {"bad_signature": 2, "not_receiving": 1}
+    assert all(item["refused"] == {} for item in listed if item["name"] != SOURCE)
 
 
 def test_enable_disable_teardown_through_the_command(fake: FakeProvider) -> None:

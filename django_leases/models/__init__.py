@@ -2,6 +2,7 @@ from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
 from django_leases.models.trigger import (
     OrphanTriggerSource,
     TriggerEvent,
+    TriggerRefusal,
     TriggerSecret,
     TriggerSource,
     TriggerSourceDefaults,
@@ -25,6 +26,7 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "TriggerEvent",
+    "TriggerRefusal",
     "TriggerSecret",
     "TriggerSource",
     "TriggerSourceDefaults",

@@ -58,6 +58,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
+from django.db.models import F
 from django.db.models.functions import Now
 
 from django_leases import db
@@ -69,6 +70,7 @@ from django_leases.exceptions import (
     UnknownTriggerSourceError,
 )
 from django_leases.triggers.values import (
+    REFUSAL_REASONS,
     STATUSES,
     UNSET,
     Accepted,
@@ -84,6 +86,8 @@ __all__ = [
     "OrphanTriggerSource",
     "TriggerEvent",
     "TriggerEventQuerySet",
+    "TriggerRefusal",
+    "TriggerRefusalQuerySet",
     "TriggerSecret",
     "TriggerSecretQuerySet",
     "TriggerSource",
@@ -736,6 +740,84 @@ class TriggerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source_name} {self.event} {self.delivery_id}"
+
+
+class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
+    """Domain methods of ``TriggerRefusal.objects``."""
+
+    def tally(self, source_name: str, reason: str, status: int) -> bool:
+        """Count one refused delivery to source ``source_name`` for ``reason``.
+
+        Args:
+            source_name: the source name the delivery was sent to (from the URL).
+            reason: one of :data:`~django_leases.triggers.values.REFUSAL_REASONS`.
+            status: the HTTP status answered.
+
+        Returns ``True`` when counted, ``False`` when no source row has that name (a name
+        never declared: not counted, so refusals cannot add rows without bound). One
+        ``UPDATE`` of the (source, reason) row in the common case; the first refusal of a
+        reason inserts it, and an insert lost to a concurrent one is counted by updating.
+
+        Raises ``ValueError`` for a reason not in ``REFUSAL_REASONS``; database errors
+        propagate (the receiver logs them and answers as it would have).
+        """
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"Unknown refusal reason {reason!r}")
+        alias = self.write_alias()
+        rows = self.model._default_manager.using(alias)
+        bump = {"count": F("count") + 1, "last_status": status, "last_refused_at": Now()}
+        for _ in range(2):
+            if rows.filter(source__name=source_name, reason=reason).update(**bump):
+                return True
+            source = TriggerSource._default_manager.using(alias).filter(name=source_name).first()
+            if source is None:
+                return False
+            try:
+                with transaction.atomic(using=alias):
+                    rows.create(source=source, reason=reason, last_status=status)
+                return True
+            except IntegrityError:  # a concurrent first refusal inserted it: update it
+                continue
+        return False
+
+    def by_source(self, names: Iterable[str] | None = None) -> dict[str, dict[str, TriggerRefusal]]:
+        """The tallies, by source name and then reason (one query; reasons never seen and
+        sources never refused are absent). ``names``: only these sources (default all)."""
+        rows = self.rows().select_related("source")
+        if names is not None:
+            rows = rows.filter(source__name__in=list(names))
+        tallies: dict[str, dict[str, TriggerRefusal]] = {}
+        for row in rows:
+            tallies.setdefault(row.source.name, {})[row.reason] = row
+        return tallies
+
+
+class TriggerRefusal(models.Model):
+    """How many deliveries to a source were refused for one reason: counts only, no bodies
+    or headers kept. One row per (source, reason); deleted with its source."""
+
+    source = models.ForeignKey(TriggerSource, on_delete=models.CASCADE, related_name="refusals")
+    reason = models.CharField(
+        max_length=32, choices=[(key, text) for key, (_, text) in REFUSAL_REASONS.items()]
+    )
+    count = models.BigIntegerField(default=1)
+    last_status = models.PositiveSmallIntegerField()
+    first_refused_at = models.DateTimeField(auto_now_add=True)
+    last_refused_at = models.DateTimeField(auto_now_add=True)
+
+    objects: ClassVar[TriggerRefusalQuerySet] = TriggerRefusalQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("source", "reason")
+        verbose_name = "refused deliveries"
+        verbose_name_plural = "refused deliveries"
+        constraints = (
+            models.UniqueConstraint(fields=["source", "reason"], name="dl_refusal_unique_reason"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.count}"
 
 
 class TriggerSecret(models.Model):

@@ -24,7 +24,12 @@ In order, so that nothing is read or recorded for a delivery that will be refuse
 6. otherwise the delivery is recorded as a ``TriggerEvent`` and its handler's workflow run
    is created in the same transaction → 202.
 
-Refusals raise a :class:`~django_leases.triggers.errors.ReceiveError` carrying the status.
+Refusals raise a :class:`~django_leases.exceptions.ReceiveError` carrying the status and a
+reason (:data:`~django_leases.triggers.values.REFUSAL_REASONS`). Every refusal — and a
+delivery that could not be recorded (``not_recorded``, 500) — is counted per source and
+reason (``TriggerRefusal``; a name no source row has is not counted) and sent as signal
+``delivery_refused``; a recorded delivery (and a repeated one) sends ``delivery_accepted``.
+Neither keeps anything of a refused body or its headers.
 """
 
 from __future__ import annotations
@@ -34,15 +39,22 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from django_leases import signals
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     CredentialError,
     MalformedDelivery,
     PayloadTooLarge,
+    ReceiveError,
     SignatureMismatch,
     SourceNotReceiving,
 )
-from django_leases.models.trigger import TriggerEvent, TriggerSecret, TriggerSource
+from django_leases.models.trigger import (
+    TriggerEvent,
+    TriggerRefusal,
+    TriggerSecret,
+    TriggerSource,
+)
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.registry import get_declaration
 
@@ -89,7 +101,9 @@ def _declared_length(content_length: str | None, limit: int) -> None:
     if not content_length:
         return
     if not (content_length.isascii() and content_length.isdigit()):
-        raise MalformedDelivery("The Content-Length header is not a plain decimal number")
+        raise MalformedDelivery(
+            "The Content-Length header is not a plain decimal number", reason="bad_request"
+        )
     digits = content_length.lstrip("0") or "0"
     # A number of more digits than the limit is over it, however long (no int() of it).
     if len(digits) > len(str(limit)) or int(digits) > limit:
@@ -112,12 +126,57 @@ def receive(
         content_length: the raw ``Content-Length`` value, or ``None``.
 
     Returns a :class:`Reception`. Raises a ``ReceiveError`` subclass for a refused
-    delivery (nothing recorded), and whatever the handler raises (nothing recorded).
+    delivery (nothing recorded), and whatever the handler or the database raised (nothing
+    recorded). Either way the refusal is counted and signalled (see the module's doc) before
+    the error propagates; a failure to count it is logged, never raised instead.
 
     The source is looked up twice: cheaply here, so an unknown or disabled source never
     makes us read a body, and again under its row lock by ``TriggerEvent.objects.accept``,
     so one disabled (or orphaned) while the body was arriving is still refused (404).
     """
+    try:
+        reception = _receive(name, read=read, headers=headers, content_length=content_length)
+    except ReceiveError as exc:
+        _refused(name, exc.reason, exc.status)
+        raise
+    except Exception:
+        _refused(name, "not_recorded", 500)
+        raise
+    signals.delivery_accepted.send_robust(
+        sender=TriggerEvent,
+        source=name,
+        event=reception.event,
+        delivery_id=reception.delivery_id,
+        run_id=reception.run_id,
+        duplicate=reception.duplicate,
+    )
+    return reception
+
+
+def _refused(name: str, reason: str, status: int) -> None:
+    """Count and signal one refused delivery; a failure to count is logged, not raised."""
+    try:
+        TriggerRefusal.objects.tally(name, reason, status)
+    except Exception:
+        logger.warning(
+            "Trigger source %r: a refused delivery (%s) could not be counted",
+            name,
+            reason,
+            exc_info=True,
+        )
+    signals.delivery_refused.send_robust(
+        sender=TriggerEvent, source=name, reason=reason, status=status
+    )
+
+
+def _receive(
+    name: str,
+    *,
+    read: Callable[[int], bytes],
+    headers: Mapping[str, str],
+    content_length: str | None,
+) -> Reception:
+    """:func:`receive` without the counting and the signals."""
     declaration = get_declaration(name)
     source = TriggerSource.objects.receivable(name) if declaration is not None else None
     provider = get_provider(declaration.provider) if declaration is not None else None
@@ -146,7 +205,7 @@ def receive(
         logger.warning(
             "Trigger source %r has no signing secret configured; refusing its delivery", name
         )
-        raise SignatureMismatch("The delivery's signature cannot be verified")
+        raise SignatureMismatch("The delivery's signature cannot be verified", reason="no_secret")
     if not provider.verify(secret, body, lowered):
         raise SignatureMismatch("The delivery's signature is missing or does not match")
 

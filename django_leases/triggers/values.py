@@ -22,6 +22,19 @@ if TYPE_CHECKING:  # for annotations only: this module imports no model
 #: ``detail`` says why).
 STATUSES = ("off", "pending", "registered", "manual", "failed")
 
+#: Why a delivery was refused, with the HTTP status answered: the ``reason`` of signal
+#: ``delivery_refused``, of the refused-delivery tallies (``TriggerRefusal``) and of the
+#: ``django_leases_deliveries_total`` metric.
+REFUSAL_REASONS: dict[str, tuple[int, str]] = {
+    "not_receiving": (404, "unknown, orphaned or disabled source"),
+    "bad_request": (400, "bad Content-Length, or a one-value header sent twice"),
+    "too_large": (413, "body over WEBHOOK_MAX_BODY"),
+    "no_secret": (401, "the source has no usable signing secret"),
+    "bad_signature": (401, "signature missing or not matching"),
+    "malformed": (400, "signed, but not a delivery that can be read"),
+    "not_recorded": (500, "the handler or the database failed; nothing was kept"),
+}
+
 
 class _Unset:
     def __repr__(self) -> str:

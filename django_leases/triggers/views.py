@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -14,6 +15,7 @@ logger = logging.getLogger("django_leases.triggers")
 
 
 @csrf_exempt
+@transaction.non_atomic_requests
 def receive_webhook(request: HttpRequest, name: str) -> JsonResponse:
     """Receive one webhook delivery for trigger source ``name``.
 
@@ -21,6 +23,9 @@ def receive_webhook(request: HttpRequest, name: str) -> JsonResponse:
     id), 404, 413, 401 or 400 (JSON ``{"error": …}``, nothing recorded), 405 with
     ``Allow: POST`` for other methods (JSON too, nothing read), and 500 only when recording
     itself failed (nothing was kept; the sender may deliver again).
+
+    Never inside ``ATOMIC_REQUESTS``' transaction: a 202 means the delivery is committed,
+    and a refusal's tally is kept although the answer is an error.
     """
     if request.method != "POST":
         response = JsonResponse(

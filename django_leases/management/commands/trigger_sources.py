@@ -26,7 +26,7 @@ import argparse
 import getpass
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -40,7 +40,7 @@ from django_leases.exceptions import (
 )
 from django_leases.management import base
 from django_leases.management.base import EXIT_BUSY, EXIT_PROVIDER_FAILED
-from django_leases.models import TriggerSource
+from django_leases.models import TriggerRefusal, TriggerSource
 from django_leases.triggers import lifecycle
 
 _ACTIONS = {
@@ -52,10 +52,13 @@ _ACTIONS = {
 
 
 _COLUMNS = base.columns(
-    ("name", "provider", "declared", "enabled", "status", "url", "detail"),
+    ("name", "provider", "declared", "enabled", "status", "url", "refused", "detail"),
     text={
         "declared": base.either("declared", "orphan"),
         "enabled": base.either("on", "off"),
+        "refused": lambda counts: (
+            ", ".join(f"{reason} {count}" for reason, count in counts.items()) or "-"
+        ),
         "detail": lambda detail: " ".join(detail.split()) or "-",
     },
 )
@@ -82,8 +85,9 @@ def status_of(source: TriggerSource) -> str:
     return source.status or "off"
 
 
-def describe(source: TriggerSource) -> dict[str, Any]:
-    """A source as operators see it (JSON-ready; never a secret)."""
+def describe(source: TriggerSource, refused: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """A source as operators see it (JSON-ready; never a secret). ``refused``: its refused
+    deliveries counted by reason (``TriggerRefusal``)."""
     try:
         url: str | None = lifecycle.receive_url(source)
     except TriggerSourceError:
@@ -95,6 +99,7 @@ def describe(source: TriggerSource) -> dict[str, Any]:
         "enabled": source.enabled,
         "status": status_of(source),
         "url": url,
+        "refused": dict(refused or {}),
         "state": source.state,
         "detail": source.detail or "",
     }
@@ -189,7 +194,11 @@ class Command(base.LeasesCommand):
             self._run(action, options["name"], alias, options["wait"])
 
     def _list(self, alias: str, output_format: str) -> None:
-        sources = [describe(row) for row in TriggerSource.objects.using(alias).order_by("name")]
+        refused = TriggerRefusal.objects.using(alias).by_source()
+        sources = [
+            describe(row, {reason: r.count for reason, r in refused.get(row.name, {}).items()})
+            for row in TriggerSource.objects.using(alias).order_by("name")
+        ]
         empty = "No trigger sources (run manage.py reconcile_trigger_sources)."
         base.write_rows(self.stdout, output_format, _COLUMNS, sources, empty=empty)
 

@@ -179,7 +179,8 @@ WebhookProvider = Provider
 def repeated_header(shown: str) -> MalformedDelivery:
     """The error for header ``shown`` sent more than once (the one message for every provider)."""
     return MalformedDelivery(
-        f"The {shown} header was sent more than once (its values arrived joined with ',')"
+        f"The {shown} header was sent more than once (its values arrived joined with ',')",
+        reason="bad_request",
     )
 
 
