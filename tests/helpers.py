@@ -9,11 +9,14 @@
 * :func:`wait_until_blocked` — wait until a PostgreSQL backend is blocked behind another
   (``pg_blocking_pids()``), to order threads without sleeps; :func:`start_blocked` — start a
   call on a thread and return once it waits on a lock the calling thread holds;
+* :func:`on_another_thread` — run a call on a thread (and connection) of its own;
 * :func:`race` — start callables on threads released together by a barrier;
   :func:`race_in_processes` / :func:`in_processes` — the same with forked processes;
 * :func:`terminate_other_backends` — kill every other connection to the test database
   (PostgreSQL), as a failover would;
-* :func:`manage` — run ``python manage.py …`` as a child process, to the end.
+* :func:`manage` — run ``python manage.py …`` as a child process, to the end;
+  :func:`start_process` / :func:`run_at_once` — child processes with their output piped;
+* :func:`fake_sources` / :func:`make_orphan` — trigger sources on a fake provider.
 """
 
 from __future__ import annotations
@@ -194,6 +197,30 @@ def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
     return blocked
 
 
+def on_another_thread(call: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Run ``call`` on a thread of its own (its own connection: it sees only committed rows,
+    and what it writes is committed) and return its result, or raise what it raised."""
+    outcome: list[tuple[Any, BaseException | None]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((call(), None))
+        except BaseException as exc:  # handed back to the caller
+            outcome.append((None, exc))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"the call did not finish within {timeout:g} s")
+    value, error = outcome[0]
+    if error is not None:
+        raise error
+    return value
+
+
 def race(calls: Sequence[Callable[[], Any]], *, timeout: float = 60.0) -> list[Any]:
     """Run each of ``calls`` on its own thread, all released at once by a barrier; returns
     their results in order (an exception a call raised is its result). Each thread closes its
@@ -303,13 +330,17 @@ def terminate_other_backends() -> int:
         return int(cursor.fetchone()[0])
 
 
+#: The command line of ``python manage.py`` (run in :data:`ROOT`), to put a command after.
+MANAGE_PY = (sys.executable, "manage.py")
+
+
 def manage(
     *args: str, env: dict[str, str], stdin: str | None = None, timeout: float = 120.0
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python manage.py *args`` in the project's root with ``env`` (the
     ``subprocess_env`` fixture: this test's database) to the end; its output as text."""
     return subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [*MANAGE_PY, *args],
         cwd=ROOT,
         env=env,
         input=stdin,
@@ -317,3 +348,61 @@ def manage(
         text=True,
         timeout=timeout,
     )
+
+
+def start_process(
+    argv: Sequence[str], *, env: dict[str, str], stdin: bool = False
+) -> subprocess.Popen[str]:
+    """Start ``argv`` in the project's root with ``env``, its stdout and stderr (and its
+    stdin, when ``stdin``) piped as text."""
+    return subprocess.Popen(
+        list(argv),
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_at_once(
+    commands: Sequence[Sequence[str]], *, env: dict[str, str], timeout: float = 300.0
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start every command at once (:func:`start_process`), then wait for them all; their
+    outcomes in order."""
+    processes = [start_process(argv, env=env) for argv in commands]
+    done = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return done
+
+
+@contextmanager
+def fake_sources(*names: str, **options: Any) -> Iterator[Any]:
+    """A fake provider ``fake`` installed (``FakeProvider("fake", **options)``, yielded) and
+    trigger sources ``names`` declared on it, not synced; the declarations are withdrawn
+    at the end."""
+    from django_leases.testing.providers import FakeProvider, installed_provider
+    from django_leases.triggers import registry
+    from django_leases.triggers.registry import webhook_source
+
+    with installed_provider(FakeProvider("fake", **options)) as provider:
+        for name in names:
+            webhook_source(name, provider="fake", events={})
+        try:
+            yield provider
+        finally:
+            for name in names:
+                registry.unregister(name)
+
+
+def make_orphan(name: str) -> None:
+    """Turn declared source ``name`` into an orphan: enabled (registered at its provider),
+    then its declaration withdrawn and the sources reconciled."""
+    from django_leases.triggers import lifecycle, registry
+
+    lifecycle.enable(name)
+    registry.unregister(name)
+    lifecycle.reconcile()
