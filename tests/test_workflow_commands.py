@@ -4,12 +4,9 @@ thin commands over the store's operator methods, with exit codes and errors on s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from datetime import datetime
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -18,10 +15,9 @@ from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
+from tests.helpers import manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def runs_command(*args: str) -> str:
@@ -140,17 +136,6 @@ def test_refusals_are_clear_errors_with_their_exit_code(
         runs_command(*[arg.format(**ids) for arg in args])
     assert refused.value.returncode == code
     assert sorted(WorkflowRun.objects.values_list("id", "status", "pass_requests")) == before
-
-
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_as_a_process_errors_go_to_stderr_with_their_exit_code(
