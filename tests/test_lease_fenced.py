@@ -25,17 +25,14 @@ from django.db.models.functions import Now
 
 from django_leases import LeaseLostError
 from django_leases.models import Lease, LeaseQuerySet
-from tests.helpers import lapse_lease, race, start_blocked, unique_key
+from tests.helpers import lapse_lease, on_another_thread, start_blocked, unique_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _exists(key: str) -> bool:
-    """Whether a lease on ``key`` is committed: read on a thread of its own, which sees only
-    committed rows."""
-    [found] = race([lambda: Lease.objects.filter(key=key).exists()])
-    assert isinstance(found, bool), found
-    return found
+    """Whether a lease on ``key`` is committed (read on a thread of its own)."""
+    return bool(on_another_thread(lambda: Lease.objects.filter(key=key).exists()))
 
 
 def test_writes_inside_fenced_commit() -> None:
