@@ -16,7 +16,8 @@
   (PostgreSQL), as a failover would;
 * :func:`manage` — run ``python manage.py …`` as a child process, to the end;
   :func:`start_process` / :func:`run_at_once` — child processes with their output piped;
-* :func:`fake_sources` / :func:`make_orphan` — trigger sources on a fake provider.
+* :func:`fake_sources` / :func:`make_orphan` — trigger sources on a fake provider;
+  :func:`failed_run` — a workflow run that failed on its step's last attempt.
 """
 
 from __future__ import annotations
@@ -328,6 +329,20 @@ def terminate_other_backends() -> int:
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
+
+
+def failed_run(workflow: str, step: str, function: str, error: Any = "boom") -> Any:
+    """A failed run of ``workflow`` whose step ``step`` (function ``function``) failed with
+    ``error`` on its only attempt."""
+    from django_leases.models import WorkflowRun, WorkflowStep
+
+    run = WorkflowRun.objects.start(workflow, {})
+    WorkflowStep.objects.schedule(run.id, step, function, retries=0)
+    claim = WorkflowStep.objects.claim_for_execution(run.id, step, function, 60)
+    assert claim is not None
+    WorkflowStep.objects.set_error(claim.step_id, error, claim.attempt)
+    WorkflowRun.objects.fail(run.id, f"step {step} failed")
+    return run
 
 
 #: The command line of ``python manage.py`` (run in :data:`ROOT`), to put a command after.

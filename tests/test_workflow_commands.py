@@ -15,7 +15,7 @@ from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
-from tests.helpers import manage
+from tests.helpers import failed_run, manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,12 +103,7 @@ def test_resume_cancel_and_retry_call_the_store(runs: dict[str, WorkflowRun]) ->
     out = runs_command("cancel", str(runs["running"].id))
     assert "running → cancelled" in out
     assert WorkflowRun.objects.get(pk=runs["running"].id).status == RunStatus.CANCELLED
-    failed = WorkflowRun.objects.start("previews.build", {})
-    WorkflowStep.objects.schedule(failed.id, "build", "previews.build", retries=0)
-    claim = WorkflowStep.objects.claim_for_execution(failed.id, "build", "previews.build", 60)
-    assert claim is not None
-    WorkflowStep.objects.set_error(claim.step_id, "boom", claim.attempt)
-    WorkflowRun.objects.fail(failed.id, "step build failed")
+    failed = failed_run("previews.build", "build", "previews.build")
     out = runs_command("retry", str(failed.id), "build")
     assert "failed → running" in out
     assert WorkflowStep.objects.claim_due(60) is not None
