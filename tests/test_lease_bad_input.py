@@ -211,7 +211,10 @@ def test_max_ttl_follows_the_setting(settings: Any, unchanged: None) -> None:
 
 @pytest.mark.parametrize("ttl", [1, 2.5, Decimal("2.5"), timedelta(seconds=3), 366 * 24 * 3600])
 def test_good_ttls_are_accepted(ttl: Any) -> None:
-    lease = Lease.objects.acquire(unique_key("bad-input"), "holder", ttl)
+    # A fresh key is always granted, and the refresh is of a 60 s lease: a stall between the
+    # two calls cannot make a 1 s TTL lapse in between and the refresh fail.
+    assert Lease.objects.acquire(unique_key("bad-input"), "holder", ttl) is not None
+    lease = Lease.objects.acquire(unique_key("bad-input"), "holder", 60)
     assert lease is not None
     assert Lease.objects.refresh(lease, ttl) is not None
 
