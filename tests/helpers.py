@@ -124,12 +124,26 @@ def _blockers(pid: int) -> list[int]:
         return list(cursor.fetchone()[0])
 
 
-def wait_until_blocked(pid: int, timeout: float = 30.0) -> list[int]:
-    """Wait until PostgreSQL backend ``pid`` is blocked by another backend (a lock wait);
-    returns the blocking pids. Read on a connection of its own (this thread's, so call it from
-    a thread that is not the blocked one)."""
-    what = f"backend {pid} waiting on a lock"
-    return list(wait_until(lambda: _blockers(pid), timeout, what=what))
+def wait_until_blocked(
+    pid: int,
+    timeout: float = 30.0,
+    *,
+    by: int | None = None,
+    unless: Callable[[], bool] | None = None,
+) -> list[int]:
+    """Wait until PostgreSQL backend ``pid`` is blocked by another backend (a lock wait; by
+    backend ``by``, if given); returns the blocking pids, or ``[]`` as soon as ``unless()``
+    holds (the waiter finished without waiting). Read on a connection of its own (this
+    thread's, so call it from a thread that is not the blocked one)."""
+
+    def seen() -> tuple[list[int]] | None:
+        if unless is not None and unless():
+            return ([],)
+        found = _blockers(pid)
+        return (found,) if found and (by is None or by in found) else None
+
+    what = f"backend {pid} waiting on a lock" + (f" held by backend {by}" if by else "")
+    return list(wait_until(seen, timeout, what=what)[0])
 
 
 class Blocked:
@@ -187,14 +201,21 @@ def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
     blocked = Blocked(thread, outcome)
     thread.start()
 
-    def state() -> str:
-        if not thread.is_alive():
-            return "finished"
-        if on_postgres:
-            return "waiting" if theirs and ours in _blockers(theirs[0]) else ""
-        return "waiting" if began.is_set() else ""
+    def finished() -> bool:
+        return not thread.is_alive()
 
-    blocked.waited = wait_until(state, timeout, what="the call to wait on a lock") == "waiting"
+    if on_postgres:
+        wait_until(lambda: theirs or finished(), timeout, what="the call's connection")
+        blocked.waited = bool(
+            theirs and wait_until_blocked(theirs[0], timeout, by=ours, unless=finished)
+        )
+    else:
+        state = wait_until(
+            lambda: "finished" if finished() else began.is_set() and "began",
+            timeout,
+            what="the call to begin a statement",
+        )
+        blocked.waited = state == "began"
     return blocked
 
 
