@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 
 from tests import payloads as payload_sets
+from tests.helpers import tuned_sql
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,6 +34,14 @@ def payload_set(request: pytest.FixtureRequest) -> payload_sets.PayloadSet:
     payloads in ``../shared/fixtures/``: skipped when absent on a user's machine, a failure
     under ``CI=true``)."""
     return payload_sets.payload_set(request.param)
+
+
+@pytest.fixture(params=["tuned", "portable"])
+def sql_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each path of the rules in turn: ``tuned`` (the hand-written statements PostgreSQL and
+    SQLite get), then ``portable`` (``TUNED_SQL = False``: the ORM path other vendors take)."""
+    with tuned_sql(request.param == "tuned"):
+        yield str(request.param)
 
 
 @pytest.fixture

@@ -7,8 +7,17 @@
 * :func:`lapse_lease` / :func:`lapse_step_lease` — make a lease lapse on the database clock,
   instead of waiting for it;
 * :func:`wait_until_blocked` — wait until a PostgreSQL backend is blocked behind another
-  (``pg_blocking_pids()``), to order threads without sleeps;
+  (``pg_blocking_pids()``), to order threads without sleeps; :func:`start_blocked` — start a
+  call on a thread and return once it waits on a lock the calling thread holds;
+* :func:`on_another_thread` — run a call on a thread (and connection) of its own;
 * :func:`race` — start callables on threads released together by a barrier;
+  :func:`race_in_processes` / :func:`in_processes` — the same with forked processes;
+* :func:`terminate_other_backends` — kill every other connection to the test database
+  (PostgreSQL), as a failover would;
+* :func:`manage` — run ``python manage.py …`` as a child process, to the end;
+  :func:`start_process` / :func:`run_at_once` — child processes with their output piped;
+* :func:`fake_sources` / :func:`make_orphan` — trigger sources on a fake provider;
+  :func:`failed_run` — a workflow run that failed on its step's last attempt.
 * :func:`raw_request` — one HTTP request written byte for byte (repeated headers, any value
   a client library would refuse) to a live server, and its answer.
 """
@@ -16,14 +25,20 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +47,9 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from django_leases.clock import db_now
+
+#: The project's root: where ``manage.py`` is.
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
@@ -63,19 +81,40 @@ def wait_until(
 
 
 def lapse_lease(key: str, *, using: str = "default") -> None:
-    """Make the lease on ``key`` lapse now, on the database clock (its expiry a second ago)."""
+    """Make the lease on ``key`` lapse now, on the database clock (its expiry a second ago).
+    ``AssertionError`` if there is no lease on ``key`` (a lapse that lapses nothing)."""
     from django_leases.models import Lease
 
-    Lease.objects.using(using).filter(key=key).update(expires_at=db_now() - timedelta(seconds=1))
+    updated = (
+        Lease.objects.using(using)
+        .filter(key=key)
+        .update(expires_at=db_now() - timedelta(seconds=1))
+    )
+    assert updated == 1, f"no lease on {key!r} to lapse"
 
 
-def lapse_step_lease(step_id: int, *, using: str = "default") -> None:
-    """Make the step lease of step ``step_id`` lapse now, on the database clock."""
+def lapse_step_lease(
+    step_id: int | None = None,
+    *,
+    run_id: uuid.UUID | str | None = None,
+    step_name: str | None = None,
+    using: str = "default",
+) -> None:
+    """Make a step lease lapse now, on the database clock, as when its worker died: step
+    ``step_id``, or the steps of run ``run_id`` (only ``step_name`` if given).
+    ``AssertionError`` if no step matches."""
     from django_leases.models import WorkflowStep
 
-    WorkflowStep.objects.using(using).filter(pk=step_id).update(
-        lease_expires_at=db_now() - timedelta(seconds=1)
-    )
+    steps = WorkflowStep.objects.using(using)
+    if step_id is not None:
+        steps = steps.filter(pk=step_id)
+    if run_id is not None:
+        steps = steps.filter(run_id=run_id)
+    if step_name is not None:
+        steps = steps.filter(step_name=step_name)
+    assert step_id is not None or run_id is not None, "which step? (step_id or run_id)"
+    updated = steps.update(lease_expires_at=db_now() - timedelta(seconds=1))
+    assert updated, f"no step to lapse (step {step_id}, run {run_id}, {step_name!r})"
 
 
 def backend_pid() -> int:
@@ -85,17 +124,129 @@ def backend_pid() -> int:
         return int(cursor.fetchone()[0])
 
 
-def wait_until_blocked(pid: int, timeout: float = 30.0) -> list[int]:
-    """Wait until PostgreSQL backend ``pid`` is blocked by another backend (a lock wait);
-    returns the blocking pids. Read on a connection of its own (this thread's, so call it from
-    a thread that is not the blocked one)."""
+def _blockers(pid: int) -> list[int]:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_blocking_pids(%s)", [pid])
+        return list(cursor.fetchone()[0])
 
-    def blockers() -> list[int]:
-        with connections["default"].cursor() as cursor:
-            cursor.execute("SELECT pg_blocking_pids(%s)", [pid])
-            return list(cursor.fetchone()[0])
 
-    return list(wait_until(blockers, timeout, what=f"backend {pid} waiting on a lock"))
+def wait_until_blocked(
+    pid: int,
+    timeout: float = 30.0,
+    *,
+    by: int | None = None,
+    unless: Callable[[], bool] | None = None,
+) -> list[int]:
+    """Wait until PostgreSQL backend ``pid`` is blocked by another backend (a lock wait; by
+    backend ``by``, if given); returns the blocking pids, or ``[]`` as soon as ``unless()``
+    holds (the waiter finished without waiting). Read on a connection of its own (this
+    thread's, so call it from a thread that is not the blocked one)."""
+
+    def seen() -> tuple[list[int]] | None:
+        if unless is not None and unless():
+            return ([],)
+        found = _blockers(pid)
+        return (found,) if found and (by is None or by in found) else None
+
+    what = f"backend {pid} waiting on a lock" + (f" held by backend {by}" if by else "")
+    return list(wait_until(seen, timeout, what=what)[0])
+
+
+class Blocked:
+    """A call :func:`start_blocked` started on a thread of its own."""
+
+    def __init__(self, thread: threading.Thread, outcome: list[tuple[Any, BaseException | None]]):
+        self._thread = thread
+        self._outcome = outcome
+        #: Whether the call was seen waiting on the starting thread's lock (``False``: it
+        #: finished without waiting).
+        self.waited = False
+
+    def result(self, timeout: float = 60.0) -> Any:
+        """Wait for the call to end; return its value, or raise what it raised."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the blocked call did not finish within {timeout:g} s")
+        value, error = self._outcome[0]
+        if error is not None:
+            raise error
+        return value
+
+
+def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
+    """Start ``call`` on a thread (with its own connection); return once it waits on a lock
+    held by the calling thread's transaction, or once it finished without waiting
+    (:attr:`Blocked.waited` tells which). So a test orders two threads without sleeping: what
+    the call does cannot happen before the caller commits, and the caller knows it tried.
+
+    PostgreSQL: the call's backend is blocked by this thread's (``pg_blocking_pids()``).
+    SQLite, which cannot show a waiting connection: the call has begun a statement while this
+    thread holds the write lock (an IMMEDIATE transaction), so a write it makes waits for the
+    commit; a test must still check that the call's effect came after the commit.
+    """
+    on_postgres = connection.vendor == "postgresql"
+    ours = backend_pid() if on_postgres else None
+    began = threading.Event()
+    theirs: list[int] = []
+    outcome: list[tuple[Any, BaseException | None]] = []
+
+    def run() -> None:
+        try:
+            if on_postgres:
+                theirs.append(backend_pid())
+            else:
+                connection.ensure_connection()
+                connection.connection.set_trace_callback(lambda statement: began.set())
+            outcome.append((call(), None))
+        except BaseException as exc:  # handed to Blocked.result()
+            outcome.append((None, exc))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    blocked = Blocked(thread, outcome)
+    thread.start()
+
+    def finished() -> bool:
+        return not thread.is_alive()
+
+    if on_postgres:
+        wait_until(lambda: theirs or finished(), timeout, what="the call's connection")
+        blocked.waited = bool(
+            theirs and wait_until_blocked(theirs[0], timeout, by=ours, unless=finished)
+        )
+    else:
+        state = wait_until(
+            lambda: "finished" if finished() else began.is_set() and "began",
+            timeout,
+            what="the call to begin a statement",
+        )
+        blocked.waited = state == "began"
+    return blocked
+
+
+def on_another_thread(call: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Run ``call`` on a thread of its own (its own connection: it sees only committed rows,
+    and what it writes is committed) and return its result, or raise what it raised."""
+    outcome: list[tuple[Any, BaseException | None]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((call(), None))
+        except BaseException as exc:  # handed back to the caller
+            outcome.append((None, exc))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"the call did not finish within {timeout:g} s")
+    value, error = outcome[0]
+    if error is not None:
+        raise error
+    return value
 
 
 def race(calls: Sequence[Callable[[], Any]], *, timeout: float = 60.0) -> list[Any]:
@@ -210,3 +361,176 @@ def _complete_answer(raw: bytes, *, ended: bool) -> RawAnswer | None:
     if len(rest) < length:
         return None
     return RawAnswer(int(status_line.split(" ", 2)[1]), headers, rest[:length])
+
+
+#: Processes are forked: each child starts from the test's settings and database (no Django
+#: set-up to repeat) and opens connections of its own.
+_fork = multiprocessing.get_context("fork")
+
+
+def in_processes(
+    calls: Sequence[Callable[[], Any]],
+    *,
+    while_running: Callable[[], Any] | None = None,
+    timeout: float = 120.0,
+) -> list[tuple[Any, str]]:
+    """Run each of ``calls`` in its own forked process (``while_running``, if given, runs here
+    meanwhile); returns ``(value, error)`` per call, in order: ``error`` is ``""``, or the
+    exception's class and message (with its traceback but for an ``AssertionError`` or
+    ``ValueError``, and the store's ``…SupersededError``). Values must pickle.
+
+    This thread's connections are closed first: no connection is shared across the fork. A
+    child ends with ``os._exit``, so it never closes what it inherited from other threads.
+    """
+    connections.close_all()
+    results = _fork.Queue()
+
+    def child(index: int) -> None:
+        try:
+            results.put((index, calls[index](), ""))
+        except BaseException as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, AssertionError | ValueError) and "Superseded" not in detail:
+                detail += "\n" + traceback.format_exc()
+            results.put((index, None, detail))
+        finally:
+            connections.close_all()
+            results.close()
+            results.join_thread()
+            os._exit(0)
+
+    processes = [_fork.Process(target=child, args=(i,), daemon=True) for i in range(len(calls))]
+    for process in processes:
+        process.start()
+    try:
+        if while_running is not None:
+            while_running()
+        outcomes: dict[int, tuple[Any, str]] = {}
+        for _ in processes:
+            index, value, error = results.get(timeout=timeout)
+            outcomes[index] = (value, error)
+    finally:
+        for process in processes:
+            process.join(timeout)
+            if process.is_alive():
+                process.kill()
+    for process in processes:
+        assert process.exitcode == 0, f"a process ended with {process.exitcode}"
+    return [outcomes[i] for i in range(len(calls))]
+
+
+def race_in_processes(*calls: Callable[[], Any], timeout: float = 120.0) -> list[tuple[Any, str]]:
+    """:func:`in_processes`, the processes released together by a barrier."""
+    barrier = _fork.Barrier(len(calls))
+
+    def released(call: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            barrier.wait(timeout)
+            return call()
+
+        return run
+
+    return in_processes([released(call) for call in calls], timeout=timeout)
+
+
+def terminate_other_backends() -> int:
+    """Kill every other connection to the test database (PostgreSQL), as a failover would;
+    returns how many were killed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def failed_run(workflow: str, step: str, function: str, error: Any = "boom") -> Any:
+    """A failed run of ``workflow`` whose step ``step`` (function ``function``) failed with
+    ``error`` on its only attempt."""
+    from django_leases.models import WorkflowRun, WorkflowStep
+
+    run = WorkflowRun.objects.start(workflow, {})
+    WorkflowStep.objects.schedule(run.id, step, function, retries=0)
+    claim = WorkflowStep.objects.claim_for_execution(run.id, step, function, 60)
+    assert claim is not None
+    WorkflowStep.objects.set_error(claim.step_id, error, claim.attempt)
+    WorkflowRun.objects.fail(run.id, f"step {step} failed")
+    return run
+
+
+#: The command line of ``python manage.py`` (run in :data:`ROOT`), to put a command after.
+MANAGE_PY = (sys.executable, "manage.py")
+
+
+def manage(
+    *args: str, env: dict[str, str], stdin: str | None = None, timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python manage.py *args`` in the project's root with ``env`` (the
+    ``subprocess_env`` fixture: this test's database) to the end; its output as text."""
+    return subprocess.run(
+        [*MANAGE_PY, *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start_process(
+    argv: Sequence[str], *, env: dict[str, str], stdin: bool = False
+) -> subprocess.Popen[str]:
+    """Start ``argv`` in the project's root with ``env``, its stdout and stderr (and its
+    stdin, when ``stdin``) piped as text."""
+    return subprocess.Popen(
+        list(argv),
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_at_once(
+    commands: Sequence[Sequence[str]], *, env: dict[str, str], timeout: float = 300.0
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start every command at once (:func:`start_process`), then wait for them all; their
+    outcomes in order."""
+    processes = [start_process(argv, env=env) for argv in commands]
+    done = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=timeout)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return done
+
+
+@contextmanager
+def fake_sources(*names: str, **options: Any) -> Iterator[Any]:
+    """A fake provider ``fake`` installed (``FakeProvider("fake", **options)``, yielded) and
+    trigger sources ``names`` declared on it, not synced; the declarations are withdrawn
+    at the end."""
+    from django_leases.testing.providers import FakeProvider, installed_provider
+    from django_leases.triggers import registry
+    from django_leases.triggers.registry import webhook_source
+
+    with installed_provider(FakeProvider("fake", **options)) as provider:
+        for name in names:
+            webhook_source(name, provider="fake", events={})
+        try:
+            yield provider
+        finally:
+            for name in names:
+                registry.unregister(name)
+
+
+def make_orphan(name: str) -> None:
+    """Turn declared source ``name`` into an orphan: enabled (registered at its provider),
+    then its declaration withdrawn and the sources reconciled."""
+    from django_leases.triggers import lifecycle, registry
+
+    lifecycle.enable(name)
+    registry.unregister(name)
+    lifecycle.reconcile()

@@ -14,9 +14,9 @@ from django.test import Client
 from django.urls import reverse
 
 from django_leases.models import TriggerEvent, TriggerSource
-from django_leases.testing.providers import FakeProvider, installed_provider
-from django_leases.triggers import credentials, lifecycle, registry
-from django_leases.triggers.registry import webhook_source
+from django_leases.testing.providers import FakeProvider
+from django_leases.triggers import credentials, lifecycle
+from tests.helpers import fake_sources, make_orphan
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,19 +30,11 @@ MINE = ("adm-pushes", "adm-releases", "adm-gone")
 def fake() -> Iterator[FakeProvider]:
     """Three sources on a fake provider: two declared, one ("adm-gone") an orphan that was
     enabled (registered at the provider) before its declaration left the code."""
-    with installed_provider(FakeProvider("fake")) as provider:
-        for name in MINE:
-            webhook_source(name, provider="fake", events={})
-        try:
-            lifecycle.reconcile(base_url=BASE)
-            lifecycle.enable("adm-gone")
-            registry.unregister("adm-gone")
-            lifecycle.reconcile()
-            provider.calls.clear()
-            yield provider
-        finally:
-            for name in MINE:
-                registry.unregister(name)
+    with fake_sources(*MINE) as provider:
+        lifecycle.reconcile(base_url=BASE)
+        make_orphan("adm-gone")
+        provider.calls.clear()
+        yield provider
 
 
 def _staff(*codenames: str) -> User:

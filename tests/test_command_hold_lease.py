@@ -3,8 +3,9 @@
 Each test starts ``python manage.py hold_lease …`` with the test database in its environment
 (``subprocess_env``) and a small child program (``CHILD`` below) that records what it saw —
 its pid, the lease variables and any signal it got — in files under ``tmp_path``. Waits are
-generous (TTLs of 2–3 s, waits of several TTLs) and nothing asserts how fast something was,
+generous (3 s TTLs, waits of a minute, polled) and nothing asserts how fast something was,
 except the takeover bound the feature promises (TTL + TTL/3, plus slack for process start-up).
+A lease that must lapse (a stopped holder's) is lapsed on the database clock.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import pytest
 from django_leases.holder import EXIT_LOST, EXIT_NOT_FOUND, EXIT_TAKEN
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, LeaseState
+from tests.helpers import MANAGE_PY, ROOT, lapse_lease, manage, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 TTL = 3.0
 #: Upper bound for anything that should happen "soon" (process start-up on a loaded machine).
 PATIENCE = 60.0
@@ -70,18 +71,6 @@ if "--hold" in flags:
 """
 
 
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = PATIENCE) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` is a running process (a zombie counts as gone)."""
     try:
@@ -111,7 +100,7 @@ class Holders:
         log = self.dir / f"holder-{len(self.procs)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "manage.py", "hold_lease", *args],
+                [*MANAGE_PY, "hold_lease", *args],
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,
@@ -136,7 +125,7 @@ class Holders:
     def info(self, name: str) -> dict[str, Any]:
         """What child ``name`` recorded at start (waits for it)."""
         path = self.marker(name)
-        wait_until(f"child {name} to start", path.exists)
+        wait_until(path.exists, PATIENCE, what=f"child {name} to start")
         return json.loads(path.read_text())
 
     def signals(self, name: str) -> list[int]:
@@ -180,7 +169,11 @@ def test_two_at_once_one_runs_the_other_exits_75(holders: Holders) -> None:
         name: holders.start(key, "--ttl", str(TTL), "--", *holders.child(name, "--hold"))
         for name in ("first", "second")
     }
-    wait_until("one holder to give up", lambda: any(p.poll() is not None for p in procs.values()))
+    wait_until(
+        lambda: any(p.poll() is not None for p in procs.values()),
+        PATIENCE,
+        what="one holder to give up",
+    )
     loser = next(name for name, p in procs.items() if p.poll() is not None)
     winner = next(name for name in procs if name != loser)
     assert procs[loser].returncode == EXIT_TAKEN, holders.log(procs[loser])
@@ -232,7 +225,7 @@ def test_sigkilled_holder_is_taken_over_by_a_waiting_holder_and_its_child_stops(
     first = holders.start(key, "--ttl", str(TTL), "--", *holders.child("a", "--hold"))
     a = holders.info("a")
     second = holders.start(key, "--ttl", str(TTL), "--wait", "--", *holders.child("b"))
-    wait_until("the second holder to wait", lambda: "waiting" in holders.log(second))
+    wait_until(lambda: "waiting" in holders.log(second), PATIENCE, what="the second holder to wait")
     assert not holders.marker("b").exists()
 
     killed_at = time.monotonic()
@@ -247,7 +240,7 @@ def test_sigkilled_holder_is_taken_over_by_a_waiting_holder_and_its_child_stops(
     assert second.wait(timeout=PATIENCE) == 0, holders.log(second)
 
     # PR_SET_PDEATHSIG: the dead holder's child got SIGTERM and is gone.
-    wait_until("the orphaned child to stop", lambda: not pid_alive(a["pid"]))
+    wait_until(lambda: not pid_alive(a["pid"]), PATIENCE, what="the orphaned child to stop")
     assert holders.signals("a") == [signal.SIGTERM]
 
 
@@ -258,14 +251,14 @@ def test_sigstopped_holder_past_its_ttl_loses_the_lease_and_stops_its_child(
     holders: Holders,
 ) -> None:
     key = "leader:sigstop"
-    ttl = 2.0
     holder = holders.start(
-        key, "--ttl", str(ttl), "--grace", "5", "--", *holders.child("a", "--hold")
+        key, "--ttl", str(TTL), "--grace", "5", "--", *holders.child("a", "--hold")
     )
     a = holders.info("a")
     holder.send_signal(signal.SIGSTOP)
     try:
-        wait_until("the lease to lapse", lambda: Lease.objects.current(key) is None, 5 * ttl)
+        lapse_lease(key)  # the stopped holder outlives its lease, on the database clock
+        assert Lease.objects.current(key) is None
         intruder = Lease.objects.acquire(key, "intruder", ttl=120)
         assert intruder is not None and intruder.token > int(a["token"])
         assert pid_alive(a["pid"])  # the child ran on while its holder was stopped
@@ -273,7 +266,7 @@ def test_sigstopped_holder_past_its_ttl_loses_the_lease_and_stops_its_child(
         holder.send_signal(signal.SIGCONT)
     assert holder.wait(timeout=PATIENCE) == EXIT_LOST, holders.log(holder)
     assert "lost" in holders.log(holder)
-    wait_until("the old child to stop", lambda: not pid_alive(a["pid"]))
+    wait_until(lambda: not pid_alive(a["pid"]), PATIENCE, what="the old child to stop")
     assert holders.signals("a") == [signal.SIGTERM]
     # The old holder's release was a no-op: the intruder still holds the key.
     current = Lease.objects.current(key)
@@ -289,18 +282,11 @@ def test_force_released_lease_stops_a_child_that_ignores_sigterm_with_sigkill(
         key, "--ttl", str(TTL), "--grace", "1", "--", *holders.child("a", "--hold", "--ignore-term")
     )
     a = holders.info("a")
-    released = subprocess.run(
-        [sys.executable, "manage.py", "leases", "release", key],
-        cwd=ROOT,
-        env=holders.env,
-        capture_output=True,
-        text=True,
-        timeout=PATIENCE,
-    )
+    released = manage("leases", "release", key, env=holders.env, timeout=PATIENCE)
     assert released.returncode == 0, released.stderr
     assert holder.wait(timeout=PATIENCE) == EXIT_LOST, holders.log(holder)
     assert holders.signals("a") == [signal.SIGTERM]  # it got SIGTERM, ignored it …
-    wait_until("the stubborn child to be killed", lambda: not pid_alive(a["pid"]))  # … SIGKILL
+    wait_until(lambda: not pid_alive(a["pid"]), PATIENCE, what="the child to be SIGKILLed")
     assert "SIGKILL" in holders.log(holder)
     row = lease_row(key)
     assert row.state == LeaseState.RELEASED
@@ -334,7 +320,7 @@ def test_sigterm_while_waiting_exits_without_running(holders: Holders) -> None:
     key = "leader:term-while-waiting"
     assert Lease.objects.acquire(key, "someone-else", ttl=120) is not None
     holder = holders.start(key, "--ttl", str(TTL), "--wait", "--", *holders.child("never"))
-    wait_until("the holder to wait", lambda: "waiting" in holders.log(holder))
+    wait_until(lambda: "waiting" in holders.log(holder), PATIENCE, what="the holder to wait")
     holder.send_signal(signal.SIGTERM)
     assert holder.wait(timeout=PATIENCE) == 128 + signal.SIGTERM
     assert not holders.marker("never").exists()

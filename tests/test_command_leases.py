@@ -4,30 +4,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, LeaseState
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import lapse_lease, manage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 
 def leases(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "leases", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return manage("leases", *args, env=env, timeout=60)
 
 
 def table(stdout: str) -> dict[str, list[str]]:
@@ -41,12 +30,10 @@ def table(stdout: str) -> dict[str, list[str]]:
 
 
 def make_lapsed(key: str) -> Lease:
-    lease = Lease.objects.acquire(key, "lapsed-holder", ttl=1)
+    """A lease on ``key`` lapsed on the database clock (nobody released it)."""
+    lease = Lease.objects.acquire(key, "lapsed-holder", ttl=60)
     assert lease is not None
-    deadline = time.monotonic() + 30
-    while Lease.objects.current(key) is not None:
-        assert time.monotonic() < deadline, "the lease did not lapse"
-        time.sleep(0.1)
+    lapse_lease(key)
     return lease
 
 

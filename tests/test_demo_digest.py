@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from demo_project.journal.models import Digest
 from django_leases.models import Lease
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import MANAGE_PY, start_process, wait_until
 
 
 @pytest.mark.django_db
@@ -37,33 +32,18 @@ def test_the_job_refuses_to_run_without_a_lease(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_under_hold_lease_it_writes_with_the_lease_token(subprocess_env: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "manage.py",
-            "hold_lease",
-            "demo-digest-test",
-            "--ttl",
-            "5",
-            "--",
-            sys.executable,
-            "manage.py",
-            "demo_digest",
-            "--every",
-            "0.2",
-        ],
-        cwd=ROOT,
+    job = [*MANAGE_PY, "demo_digest", "--every", "0.2"]
+    proc = start_process(
+        [*MANAGE_PY, "hold_lease", "demo-digest-test", "--ttl", "5", "--", *job],
         env=subprocess_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
+
+    def written() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        return Digest.objects.filter(name="workflow-runs").exists()
+
     try:
-        deadline = time.monotonic() + 60
-        while not Digest.objects.filter(name="workflow-runs").exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no digest written"
-            time.sleep(0.1)
+        wait_until(written, 60, what="a digest written")
         lease = Lease.objects.current("demo-digest-test")
         assert lease is not None
         assert Digest.objects.get(name="workflow-runs").token == lease.token

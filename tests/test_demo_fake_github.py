@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from demo_project.fake_github import FakeGitHub
 from django_leases.models import TriggerSource
 from django_leases.triggers.providers import ProviderError, get_provider
+from tests.helpers import wait_until
 
 TOKEN = "t0ken-for-tests"
 REPO = "octo-org/octo-repo"
@@ -133,9 +133,7 @@ def test_a_created_hook_is_pinged_signed_with_its_secret() -> None:
             json={"config": {"url": url, "content_type": "json", "secret": "pssst"}},
         )
         assert created.status_code == 201
-        deadline = time.monotonic() + 30
-        while not fake.pings and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: fake.pings, 30, what="the hook's ping")
         assert [(p.hook_id, p.status) for p in fake.pings] == [(created.json()["id"], 202)]
         [(headers, body)] = _Receiver.received
         assert headers["x-github-event"] == "ping"

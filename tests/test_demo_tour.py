@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import start_process
 
 #: Seconds one tour may take (about a minute on an idle machine, several on a busy one).
 TOUR_TIMEOUT = 540
@@ -59,14 +59,7 @@ def run_tour(tmp_path: Path, database_url: str) -> subprocess.CompletedProcess[s
         TMPDIR=str(tmp_path),
         PYTHONUNBUFFERED="1",
     )
-    tour = subprocess.Popen(
-        [sys.executable, "-m", "demo_project.tour"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    tour = start_process([sys.executable, "-m", "demo_project.tour"], env=env)
     try:
         stdout, stderr = tour.communicate(timeout=TOUR_TIMEOUT)
     finally:

@@ -9,15 +9,11 @@ payment. Every execution is journalled (``StepExecution``).
 from __future__ import annotations
 
 import json
-import threading
 import uuid
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
-from django.utils import timezone
 
 from demo_project.journal.models import Outcome, StepExecution
 from demo_project.previews.models import PreviewBuild, PreviewComment
@@ -25,6 +21,7 @@ from demo_project.shop.models import DEMO_SKU, Order, Product, Receipt, Reservat
 from demo_project.shop.workflows import paid_order
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import Worker, execute_step, run_pass, start_workflow
+from tests.helpers import lapse_step_lease, race
 from tests.payloads import PayloadSet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,13 +78,6 @@ def _claim_build_attempt(run_id: uuid.UUID, ttl: float = 30.0) -> Any:
     return claim
 
 
-def _lapse(run_id: uuid.UUID, step_name: str) -> None:
-    # An hour in the past: lapsed on any database clock.
-    WorkflowStep.objects.filter(run_id=run_id, step_name=step_name).update(
-        lease_expires_at=timezone.now() - timedelta(hours=1)
-    )
-
-
 def test_a_stale_build_attempt_has_its_write_and_its_result_refused(settings: Any) -> None:
     """Attempt 1 is paused past its step lease; attempt 2 runs the step and lands; attempt 1
     then finishes: its own write and its result are both refused, and nothing of it shows."""
@@ -101,7 +91,7 @@ def test_a_stale_build_attempt_has_its_write_and_its_result_refused(settings: An
     assert run_pass(run_id) == "waiting"
 
     first = _claim_build_attempt(run_id)
-    _lapse(run_id, "build")
+    lapse_step_lease(run_id=run_id, step_name="build")
     second = _claim_build_attempt(run_id)
     assert (first.attempt, second.attempt) == (1, 2)
     assert execute_step(second) == "succeeded"
@@ -144,24 +134,15 @@ def test_the_fenced_record_refuses_an_older_attempt_and_accepts_the_same_or_newe
 
 def _race_fenced_writes(run_id: uuid.UUID, attempts: list[int]) -> dict[int, bool]:
     fields = {"repository": "o/r", "ref": "refs/heads/x", "sha": "a" * 40, "artifact": "x"}
-    barrier = threading.Barrier(len(attempts))
-    landed: dict[int, bool] = {}
 
-    def write(attempt: int) -> None:
-        try:
-            barrier.wait(30)
-            landed[attempt] = PreviewBuild.objects.record(
-                run_id, attempt, written_by=str(attempt), build_id=str(attempt), **fields
-            )
-        finally:
-            connection.close()
+    def write(attempt: int) -> bool:
+        return PreviewBuild.objects.record(
+            run_id, attempt, written_by=str(attempt), build_id=str(attempt), **fields
+        )
 
-    threads = [threading.Thread(target=write, args=(a,)) for a in attempts]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return landed
+    landed = race([lambda attempt=attempt: write(attempt) for attempt in attempts])
+    assert all(isinstance(answer, bool) for answer in landed), landed  # no write raised
+    return dict(zip(attempts, landed, strict=True))
 
 
 def test_racing_fenced_records_leave_the_highest_attempt() -> None:

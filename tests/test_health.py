@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +17,8 @@ from django_leases import health
 from django_leases.clock import db_now_plus
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, WorkflowRun, WorkflowStep
+from tests.helpers import manage
 
-ROOT = Path(__file__).resolve().parent.parent
 BOGUS = "bogus_health"
 
 
@@ -375,14 +373,7 @@ def test_the_command_refuses_bad_thresholds(bad: str) -> None:
 @pytest.mark.timeout(120)
 def test_the_command_exit_status_as_a_process(subprocess_env: dict[str, str]) -> None:
     def check(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", "leases_check", *args],
-            cwd=ROOT,
-            env=subprocess_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return manage("leases_check", *args, env=subprocess_env, timeout=60)
 
     healthy = check()
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-import time
-import uuid
 from typing import Any
 from unittest import mock
 
@@ -15,12 +12,9 @@ from asgiref.sync import async_to_sync
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
+from tests.helpers import unique_key, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _key() -> str:
-    return f"hold:{uuid.uuid4().hex[:12]}"
 
 
 def _renewal_threads(key: str) -> list[threading.Thread]:
@@ -30,12 +24,12 @@ def _renewal_threads(key: str) -> list[threading.Thread]:
 def test_hold_lease_refuses_to_decorate_a_coroutine_function() -> None:
     with pytest.raises(TypeError, match="use ahold_lease"):
 
-        @hold_lease(_key(), 60)
+        @hold_lease(unique_key("hold"), 60)
         async def body() -> None: ...
 
 
 def test_ahold_lease_decorates_coroutine_functions() -> None:
-    key = _key()
+    key = unique_key("hold")
     seen: list[int] = []
 
     @ahold_lease(key, 60)
@@ -55,72 +49,76 @@ def test_ahold_lease_decorates_coroutine_functions() -> None:
 def test_ahold_lease_refuses_to_decorate_a_plain_function() -> None:
     with pytest.raises(TypeError, match="use hold_lease"):
 
-        @ahold_lease(_key(), 60)
+        @ahold_lease(unique_key("hold"), 60)
         def body() -> None: ...
 
 
 def test_cancelled_while_acquiring_gives_the_lease_back() -> None:
     """A task cancelled while its acquire is in flight must not leave the lease held (and
     renewed forever) by nobody."""
-    key = _key()
+    key = unique_key("hold")
     real_acquire = LeaseQuerySet.acquire
-    acquiring = threading.Event()
+    acquiring, cancelled = threading.Event(), threading.Event()
 
-    def slow_acquire(queryset: LeaseQuerySet, *args: Any, **kwargs: Any) -> Any:
+    def acquire_once_cancelled(queryset: LeaseQuerySet, *args: Any, **kwargs: Any) -> Any:
         acquiring.set()
-        time.sleep(0.5)
+        assert cancelled.wait(60), "the task was never cancelled"
         return real_acquire(queryset, *args, **kwargs)
 
     ran: list[bool] = []
 
     async def scenario() -> None:
         async def body() -> None:
-            async with ahold_lease(key, 1.0):
+            async with ahold_lease(key, 60):
                 ran.append(True)
 
         task = asyncio.ensure_future(body())
-        await asyncio.to_thread(acquiring.wait, 5)
+        await asyncio.to_thread(acquiring.wait, 60)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        cancelled.set()  # only now does the acquisition in flight go on
 
-    with mock.patch.object(LeaseQuerySet, "acquire", slow_acquire):
+    with mock.patch.object(LeaseQuerySet, "acquire", acquire_once_cancelled):
         async_to_sync(scenario)()  # returns as soon as the task is cancelled
-    assert ran == []
-    # The acquisition finishes in its thread, which then gives the lease back.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if Lease.objects.filter(key=key, released_at__isnull=False).exists():
-            break
-        time.sleep(0.05)
-    lease = Lease.objects.get(key=key)
-    assert lease.released_at is not None, "the lease was left held"
+        assert ran == []
+        # The acquisition finishes in its thread, which then gives the lease back.
+        wait_until(
+            lambda: Lease.objects.filter(key=key, released_at__isnull=False).exists(),
+            60,
+            what="the lease to be given back",
+        )
     assert Lease.objects.current(key) is None
-    time.sleep(1.0)  # well past a renewal interval: nothing renews it behind our back
+    # No renewal was left running: nothing can extend the lease behind our back.
+    wait_until(lambda: not _renewal_threads(key), 60, what="no renewal thread for the key")
     assert Lease.objects.current(key) is None
-    assert not _renewal_threads(key)
 
 
 def test_body_swallowing_the_cancellation_still_gets_lease_lost_error() -> None:
     """A body that catches the cancellation and returns is still not vouched for, and the
     task is not left with a pending cancellation."""
-    key = _key()
+    key = unique_key("hold")
     cancelling: list[int] = []
+    swallowed: list[bool] = []
 
     async def scenario() -> None:
         task = asyncio.current_task()
         assert task is not None
         try:
+            # A short TTL: the renewal thread sees the loss (its subject) within a second.
             async with ahold_lease(key, 1.0) as held:
                 await asyncio.to_thread(Lease.objects.release, held.lease)
                 await asyncio.to_thread(Lease.objects.acquire, key, "other", 60)
-                with contextlib.suppress(asyncio.CancelledError):  # swallowed
-                    await asyncio.sleep(10)
+                try:
+                    await asyncio.sleep(60)  # until the renewal thread cancels the body
+                except asyncio.CancelledError:
+                    swallowed.append(True)
         finally:
             cancelling.append(task.cancelling())
 
     with pytest.raises(LeaseLostError):
         async_to_sync(scenario)()
+    assert swallowed == [True], "the loss did not cancel the body"
     assert cancelling == [0]
     current = Lease.objects.current(key)
     assert current is not None and current.holder == "other"
@@ -133,14 +131,14 @@ def test_hold_lease_refuses_to_run_inside_an_atomic_block() -> None:
     with (
         transaction.atomic(),
         pytest.raises(RuntimeError, match=r"inside transaction\.atomic"),
-        hold_lease(f"atomic-{uuid.uuid4().hex}", 60),
+        hold_lease(unique_key("atomic"), 60),
     ):
         pytest.fail("the body ran")
-    assert not Lease.objects.filter(key__startswith="atomic-").exists()
+    assert not Lease.objects.filter(key__startswith="atomic:").exists()
 
 
 def test_force_release_reports_its_own_release_even_if_the_key_is_retaken() -> None:
-    key = f"force-{uuid.uuid4().hex}"
+    key = unique_key("force")
     assert Lease.objects.acquire(key, "a", 60) is not None
     retake = Lease.objects.acquire
     calls: list[Any] = []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import unicodedata
-import uuid
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -19,6 +18,7 @@ from asgiref.sync import async_to_sync
 from django_leases import ahold_lease, hold_lease
 from django_leases.conf import leases_settings
 from django_leases.models import Lease
+from tests.helpers import unique_key
 
 # No threads here beyond renewal threads that never fire (60 s TTLs), so each test can run
 # in a rolled-back transaction.
@@ -81,10 +81,6 @@ BAD_TTL_IDS = [
 ]
 
 
-def _key() -> str:
-    return f"bad-input:{uuid.uuid4().hex[:12]}"
-
-
 def _snapshot() -> list[tuple[Any, ...]]:
     return list(Lease.objects.order_by("key").values_list("key", "holder", "token", "expires_at"))
 
@@ -111,7 +107,7 @@ def test_acquire_refuses_bad_key(unchanged: None, name: Any, message: str) -> No
 @pytest.mark.parametrize(("name", "message"), BAD_NAMES, ids=BAD_NAME_IDS)
 def test_acquire_refuses_bad_holder(unchanged: None, name: Any, message: str) -> None:
     with pytest.raises(ValueError, match="Lease holder") as caught:
-        Lease.objects.acquire(_key(), name, 60)
+        Lease.objects.acquire(unique_key("bad-input"), name, 60)
     assert message in str(caught.value)
 
 
@@ -133,7 +129,10 @@ def test_hold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, messa
     with pytest.raises(ValueError, match="Lease key"), hold_lease(name, 60):
         ran.append(True)
     if name is not None:  # holder=None asks for a fresh holder name
-        with pytest.raises(ValueError, match="Lease holder"), hold_lease(_key(), 60, holder=name):
+        with (
+            pytest.raises(ValueError, match="Lease holder"),
+            hold_lease(unique_key("bad-input"), 60, holder=name),
+        ):
             ran.append(True)
     assert ran == []
 
@@ -150,7 +149,7 @@ def test_ahold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, mess
         async_to_sync(scenario)(key=name, ttl=60)
     if name is not None:  # holder=None asks for a fresh holder name
         with pytest.raises(ValueError, match=message):
-            async_to_sync(scenario)(key=_key(), ttl=60, holder=name)
+            async_to_sync(scenario)(key=unique_key("bad-input"), ttl=60, holder=name)
     assert ran == []
 
 
@@ -160,13 +159,13 @@ def test_ahold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, mess
 @pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
 def test_acquire_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) -> None:
     with pytest.raises(ValueError, match="Lease ttl") as caught:
-        Lease.objects.acquire(_key(), "holder", ttl)
+        Lease.objects.acquire(unique_key("bad-input"), "holder", ttl)
     assert message in str(caught.value)
 
 
 @pytest.mark.parametrize(("ttl", "message"), BAD_TTLS, ids=BAD_TTL_IDS)
 def test_refresh_refuses_bad_ttl(ttl: Any, message: str) -> None:
-    lease = Lease.objects.acquire(_key(), "holder", 3600)
+    lease = Lease.objects.acquire(unique_key("bad-input"), "holder", 3600)
     assert lease is not None
     before = _snapshot()
     with pytest.raises(ValueError, match=message):
@@ -183,7 +182,7 @@ BAD_HOLD_TTLS = [case for case in zip(BAD_TTLS, BAD_TTL_IDS, strict=True) if cas
 )
 def test_hold_lease_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) -> None:
     ran = []
-    with pytest.raises(ValueError, match=message), hold_lease(_key(), ttl):
+    with pytest.raises(ValueError, match=message), hold_lease(unique_key("bad-input"), ttl):
         ran.append(True)
     assert ran == []
 
@@ -195,7 +194,7 @@ def test_ahold_lease_refuses_bad_ttl(unchanged: None, ttl: Any, message: str) ->
     ran = []
 
     async def scenario() -> None:
-        async with ahold_lease(_key(), ttl):
+        async with ahold_lease(unique_key("bad-input"), ttl):
             ran.append(True)
 
     with pytest.raises(ValueError, match=message):
@@ -207,12 +206,15 @@ def test_max_ttl_follows_the_setting(settings: Any, unchanged: None) -> None:
     settings.DJANGO_LEASES = {**getattr(settings, "DJANGO_LEASES", {}), "MAX_TTL": 10}
     assert leases_settings.MAX_TTL == 10
     with pytest.raises(ValueError, match=r"longer than the limit of 10\.0 s"):
-        Lease.objects.acquire(_key(), "holder", 11)
+        Lease.objects.acquire(unique_key("bad-input"), "holder", 11)
 
 
 @pytest.mark.parametrize("ttl", [1, 2.5, Decimal("2.5"), timedelta(seconds=3), 366 * 24 * 3600])
 def test_good_ttls_are_accepted(ttl: Any) -> None:
-    lease = Lease.objects.acquire(_key(), "holder", ttl)
+    # A fresh key is always granted, and the refresh is of a 60 s lease: a stall between the
+    # two calls cannot make a 1 s TTL lapse in between and the refresh fail.
+    assert Lease.objects.acquire(unique_key("bad-input"), "holder", ttl) is not None
+    lease = Lease.objects.acquire(unique_key("bad-input"), "holder", 60)
     assert lease is not None
     assert Lease.objects.refresh(lease, ttl) is not None
 
@@ -280,6 +282,6 @@ def test_renewed_leases_refuse_a_ttl_shorter_than_three_renewals(
 ) -> None:
     """Renewals run at most every RENEWAL_FLOOR seconds: a shorter lease could never be kept."""
     with pytest.raises(ValueError, match="three renewals"):
-        hold_lease(_key(), ttl)
+        hold_lease(unique_key("bad-input"), ttl)
     with pytest.raises(ValueError, match="three renewals"):
-        ahold_lease(_key(), ttl)
+        ahold_lease(unique_key("bad-input"), ttl)

@@ -5,12 +5,14 @@ ahead or behind with time-machine; the database's is left alone. Acquire, refres
 takeover, ``current`` and ``with_state`` must behave exactly as with a true clock. They must
 also be correct with ``USE_TZ = False`` (naive datetimes, in a zone with daylight saving).
 Each runs on the single-statement SQL path and on the portable ORM fallback.
+
+Leases lapse on the database clock (:func:`tests.helpers.lapse_lease`), never by waiting; the
+one test whose subject is the renewal thread polls until the database clock has passed the
+lease's first expiry with the lease still held.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -22,25 +24,16 @@ from django.utils import timezone
 
 from django_leases import hold_lease
 from django_leases.models import Lease, LeaseState
-from tests.helpers import tuned_sql
+from tests.helpers import lapse_lease, unique_key, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TTL = 1.0
-LAPSE = 2.5 * TTL
+TTL = 60.0
+#: The renewal test's TTL: renewed every second, so a starved renewal thread has two seconds.
+RENEWED_TTL = 3.0
 #: How far a timestamp written by the database may be from the database's own "now" when
 #: read back at once: generous, and far below the hour the application clock is moved by.
 NEAR = timedelta(minutes=5)
-
-
-@pytest.fixture(params=["sql", "orm"])
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Run on the single-statement SQL path, then again on the portable ORM fallback."""
-    if request.param == "orm":
-        with tuned_sql(False):
-            yield "orm"
-    else:
-        yield "sql"
 
 
 @pytest.fixture(params=[timedelta(hours=1), timedelta(hours=-1)], ids=["ahead", "behind"])
@@ -51,10 +44,6 @@ def skewed_app_clock(request: pytest.FixtureRequest) -> Iterator[timedelta]:
     with time_machine.travel(real_now + shift, tick=True):
         assert abs(timezone.now() - (real_now + shift)) < NEAR  # the travel took effect
         yield shift
-
-
-def _key() -> str:
-    return f"clock:{uuid.uuid4().hex[:12]}"
 
 
 def _db_now() -> datetime:
@@ -86,7 +75,8 @@ def _exercise_lease_rules(key: str) -> None:
     assert refreshed is not None and refreshed.token == 1
     assert refreshed.expires_at >= first.expires_at
 
-    time.sleep(LAPSE)
+    lapse_lease(key)
+    lapsed_at = Lease.objects.get(key=key).expires_at
     assert Lease.objects.current(key) is None
     assert _state(key) == (LeaseState.LAPSED, 0.0)
     # Lapsed on the database clock: no refresh, even though nobody took it.
@@ -94,7 +84,7 @@ def _exercise_lease_rules(key: str) -> None:
 
     second = Lease.objects.acquire(key, "b", 60)
     assert second is not None and (second.holder, second.token) == ("b", 2)
-    assert second.renewed_at >= first.expires_at
+    assert second.renewed_at >= lapsed_at
     assert Lease.objects.refresh(first, 60) is None
     Lease.objects.release(second)
     assert _state(key)[0] == LeaseState.RELEASED
@@ -103,30 +93,31 @@ def _exercise_lease_rules(key: str) -> None:
     assert third is not None and third.token == 3
 
 
-def test_skewed_app_clock_changes_nothing(skewed_app_clock: timedelta, path: str) -> None:
-    _exercise_lease_rules(_key())
+def test_skewed_app_clock_changes_nothing(skewed_app_clock: timedelta, sql_path: str) -> None:
+    _exercise_lease_rules(unique_key("clock"))
 
 
-def test_refresh_refused_once_lapsed_on_db_clock_while_app_clock_lags(path: str) -> None:
+def test_refresh_refused_once_lapsed_on_db_clock_while_app_clock_lags(sql_path: str) -> None:
     """The application clock an hour behind thinks the lease has long to live; the
     database says it lapsed, and the database wins."""
-    key = _key()
+    key = unique_key("clock")
     with time_machine.travel(datetime.now(UTC) - timedelta(hours=1), tick=True):
         lease = Lease.objects.acquire(key, "a", TTL)
         assert lease is not None
         assert lease.expires_at > timezone.now()  # by the lagging app clock it is "live"
-        time.sleep(LAPSE)
-        assert lease.expires_at > timezone.now()
+        lapse_lease(key)
+        # Even the lapsed expiry is an hour ahead of the lagging app clock.
+        assert Lease.objects.get(key=key).expires_at > timezone.now()
         assert Lease.objects.refresh(lease, 60) is None
         assert Lease.objects.current(key) is None
         taken = Lease.objects.acquire(key, "b", 60)
         assert taken is not None and taken.token == lease.token + 1
 
 
-def test_app_clock_ahead_does_not_lapse_a_live_lease(path: str) -> None:
+def test_app_clock_ahead_does_not_lapse_a_live_lease(sql_path: str) -> None:
     """The application clock an hour ahead thinks the lease lapsed long ago; the database
     says it is live, so it refreshes and others are refused."""
-    key = _key()
+    key = unique_key("clock")
     with time_machine.travel(datetime.now(UTC) + timedelta(hours=1), tick=True):
         lease = Lease.objects.acquire(key, "a", 60)
         assert lease is not None
@@ -136,9 +127,15 @@ def test_app_clock_ahead_does_not_lapse_a_live_lease(path: str) -> None:
 
 
 def test_hold_lease_renews_under_a_skewed_app_clock(skewed_app_clock: timedelta) -> None:
-    key = _key()
-    with hold_lease(key, TTL) as held:
-        time.sleep(LAPSE)
+    """The renewal thread keeps the lease past its first expiry on the database clock."""
+    key = unique_key("clock")
+    with hold_lease(key, RENEWED_TTL) as held:
+        first_expiry = held.lease.expires_at
+        wait_until(
+            lambda: Lease.objects.filter(key=key, renewed_at__gt=first_expiry).exists(),
+            60,
+            what="a renewal after the lease's first expiry",
+        )
         assert not held.lost.is_set()
         current = Lease.objects.current(key)
         assert current is not None and current.holder == held.lease.holder
@@ -156,10 +153,10 @@ def naive_datetimes() -> Iterator[None]:
     connection.close()
 
 
-def test_use_tz_false(naive_datetimes: None, path: str) -> None:
-    key = _key()
+def test_use_tz_false(naive_datetimes: None, sql_path: str) -> None:
+    key = unique_key("clock")
     _exercise_lease_rules(key)
-    lease = Lease.objects.acquire(_key(), "a", 60)
+    lease = Lease.objects.acquire(unique_key("clock"), "a", 60)
     assert lease is not None
     for value in (lease.expires_at, lease.renewed_at, lease.acquired_at):
         assert value is not None and timezone.is_naive(value)
@@ -177,10 +174,10 @@ def test_use_tz_false(naive_datetimes: None, path: str) -> None:
     assert Lease.objects.get(pk=lease.pk).expires_at == refreshed.expires_at
 
 
-def test_aware_results_match_what_the_orm_reads(path: str) -> None:
+def test_aware_results_match_what_the_orm_reads(sql_path: str) -> None:
     """With ``USE_TZ = True`` acquire and refresh return aware UTC datetimes equal to the
     stored ones."""
-    lease = Lease.objects.acquire(_key(), "a", 60)
+    lease = Lease.objects.acquire(unique_key("clock"), "a", 60)
     assert lease is not None
     assert timezone.is_aware(lease.expires_at)
     stored = Lease.objects.get(pk=lease.pk)

@@ -4,87 +4,61 @@ Writes inside the block commit with the holder/token/liveness check or not at al
 on a lease that is no longer held raises ``LeaseLostError`` and writes nothing; a takeover
 attempted while a block runs waits until the block commits (PostgreSQL: the row lock;
 SQLite: the IMMEDIATE transaction's write lock).
+
+The takeover test orders its threads without sleeping: the takeover is started while the
+block holds its lock, and the block goes on only once the takeover is seen waiting on it
+(:func:`tests.helpers.start_blocked`). A fence broken on purpose (it neither locks nor checks,
+or it checks but does not lock) makes the same test fail: see
+``test_the_takeover_test_fails_when_the_fence_is_broken`` (PostgreSQL, where a lock wait can
+be seen, so the broken fence is caught every time rather than in most interleavings).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import transaction
+from django.db.models.functions import Now
 
 from django_leases import LeaseLostError
-from django_leases.models import Lease
-from tests.helpers import tuned_sql
+from django_leases.models import Lease, LeaseQuerySet
+from tests.helpers import lapse_lease, on_another_thread, start_blocked, unique_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TTL = 1.0
-LAPSE = 2.0 * TTL
-
-
-@pytest.fixture(params=["sql", "orm"])
-def path(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The takeover runs on the single-statement SQL path, then on the ORM fallback."""
-    if request.param == "orm":
-        with tuned_sql(False):
-            yield "orm"
-    else:
-        yield "sql"
-
-
-def _key() -> str:
-    return f"fenced:{uuid.uuid4().hex[:12]}"
-
-
-def _on_other_connection(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a thread with its own connection (so it sees only committed rows)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    return box["value"]
-
 
 def _exists(key: str) -> bool:
-    return Lease.objects.filter(key=key).exists()
+    """Whether a lease on ``key`` is committed (read on a thread of its own)."""
+    return bool(on_another_thread(lambda: Lease.objects.filter(key=key).exists()))
 
 
 def test_writes_inside_fenced_commit() -> None:
-    lease = Lease.objects.acquire(_key(), "a", 60)
+    lease = Lease.objects.acquire(unique_key("fenced"), "a", 60)
     assert lease is not None
-    marker = _key()
+    marker = unique_key("fenced")
     with Lease.objects.fenced(lease) as row:
         assert (row.key, row.holder, row.token) == (lease.key, "a", lease.token)
         Lease.objects.acquire(marker, "written-under-the-fence", 60)
-    assert _on_other_connection(lambda: _exists(marker))
+    assert _exists(marker)
 
 
 def test_body_error_rolls_the_writes_back() -> None:
-    lease = Lease.objects.acquire(_key(), "a", 60)
+    lease = Lease.objects.acquire(unique_key("fenced"), "a", 60)
     assert lease is not None
-    marker = _key()
+    marker = unique_key("fenced")
     with pytest.raises(RuntimeError, match="boom"), Lease.objects.fenced(lease):
         Lease.objects.acquire(marker, "x", 60)
         raise RuntimeError("boom")
-    assert not _on_other_connection(lambda: _exists(marker))
+    assert not _exists(marker)
 
 
 def _lapsed(key: str) -> Lease:
-    lease = Lease.objects.acquire(key, "a", TTL)
+    lease = Lease.objects.acquire(key, "a", 60)
     assert lease is not None
-    time.sleep(LAPSE)
+    lapse_lease(key)
     return lease
 
 
@@ -109,49 +83,79 @@ def _stale_token_same_holder(key: str) -> Lease:
 
 @pytest.mark.parametrize("lose", [_lapsed, _released, _taken_over, _stale_token_same_holder])
 def test_fenced_on_a_lost_lease_raises_and_writes_nothing(lose: Callable[[str], Lease]) -> None:
-    key = _key()
+    key = unique_key("fenced")
     lease = lose(key)
     before = list(Lease.objects.order_by("key").values_list())
     ran = []
     with pytest.raises(LeaseLostError) as caught, Lease.objects.fenced(lease):
         ran.append(True)
-        Lease.objects.acquire(_key(), "x", 60)
+        Lease.objects.acquire(unique_key("fenced"), "x", 60)
     assert caught.value.key == key
     assert ran == []
     assert list(Lease.objects.order_by("key").values_list()) == before
 
 
-def test_takeover_waits_for_a_fenced_block_to_commit(path: str) -> None:
-    """The block starts while the lease is live and runs on past its expiry; a takeover
-    attempted then must wait for the block's commit, and only then win (token + 1)."""
-    key, marker = _key(), _key()
-    lease = Lease.objects.acquire(key, "a", TTL)
+def _takeover_waits_for_the_block() -> None:
+    """The block starts while the lease is live; a takeover is attempted from another thread
+    and seen waiting on the block's lock; the block then runs on past the lease's expiry (it
+    lapses on the database clock) and writes; only after its commit does the takeover go on,
+    and it wins with token + 1. ``AssertionError`` if the takeover did not wait."""
+    key, marker = unique_key("fenced"), unique_key("fenced")
+    lease = Lease.objects.acquire(key, "a", 60)
     assert lease is not None
-    attempting = threading.Event()
-    block_finished = threading.Event()
-    seen: dict[str, Any] = {}
+    committed = [False]
 
-    def take_over() -> None:
-        try:
-            attempting.set()
-            seen["lease"] = Lease.objects.acquire(key, "b", 60)
-            seen["block_finished_first"] = block_finished.is_set()
-        finally:
-            connections.close_all()
+    def take_over() -> tuple[Lease | None, bool]:
+        return Lease.objects.acquire(key, "b", 60), committed[0]
 
-    taker = threading.Thread(target=take_over)
     with Lease.objects.fenced(lease):
-        time.sleep(LAPSE)  # lapsed on the database clock, but the block still runs
-        taker.start()
-        assert attempting.wait(10)
-        time.sleep(0.5)  # the takeover is now waiting (or, if unfenced, already done)
+        takeover = start_blocked(take_over)
+        assert takeover.waited, "the takeover did not wait for the fenced block"
+        lapse_lease(key)  # in the block's own transaction: the block outlives the lease
         Lease.objects.acquire(marker, "written-under-the-fence", 60)
-        block_finished.set()
-    taker.join(30)
-    assert not taker.is_alive()
-    assert seen["block_finished_first"], "the takeover did not wait for the fenced block"
-    taken = seen["lease"]
+        committed[0] = True  # set just before the commit: nothing else happens in between
+    taken, after_the_commit = takeover.result()
+    assert after_the_commit, "the takeover did not wait for the fenced block"
     assert taken is not None and (taken.holder, taken.token) == ("b", lease.token + 1)
     assert _exists(marker)
     with pytest.raises(LeaseLostError), Lease.objects.fenced(lease):
         pass
+
+
+def test_takeover_waits_for_a_fenced_block_to_commit(sql_path: str) -> None:
+    _takeover_waits_for_the_block()
+
+
+@contextmanager
+def _unlocked(manager: LeaseQuerySet, lease: Lease) -> Iterator[Lease]:
+    """A broken fence: no transaction, no lock, no check — the block runs in autocommit."""
+    yield manager.model._default_manager.get(key=lease.key)
+
+
+@contextmanager
+def _checked_but_unlocked(manager: LeaseQuerySet, lease: Lease) -> Iterator[Lease]:
+    """A broken fence: the transaction and the check, but no ``select_for_update()``."""
+    with transaction.atomic():
+        row = manager.model._default_manager.filter(
+            key=lease.key,
+            holder=lease.holder,
+            token=lease.token,
+            released_at__isnull=True,
+            expires_at__gt=Now(),
+        ).first()
+        if row is None:
+            raise LeaseLostError(lease.key)
+        yield row
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("broken", [_unlocked, _checked_but_unlocked])
+def test_the_takeover_test_fails_when_the_fence_is_broken(
+    sql_path: str, broken: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The takeover test can fail: with the fence's lock gone, the takeover does not wait
+    for the block (``pg_blocking_pids()`` never names the block's backend), and the test
+    says so."""
+    monkeypatch.setattr(LeaseQuerySet, "fenced", broken)
+    with pytest.raises(AssertionError, match="the takeover did not wait for the fenced block"):
+        _takeover_waits_for_the_block()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_leases.models import Lease
+from tests.helpers import unique_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,7 +19,7 @@ def _statements(fn: object) -> list[str]:
 
 
 def test_acquire_refresh_release_are_one_statement_each() -> None:
-    key = f"hot:{uuid.uuid4().hex[:12]}"
+    key = unique_key("hot")
     box: dict[str, Lease | None] = {}
     assert len(_statements(lambda: box.update(lease=Lease.objects.acquire(key, "a", 60)))) == 1
     lease = box["lease"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 from django_leases.renewal import Renewal, renewal_interval
+from tests.helpers import unique_key, wait_until
 
 #: Generous bound for polling a condition (never a timed assertion).
 DEADLINE = 60.0
+#: A renewal that must not be lost: renewed every second, so a starved renewal thread has two
+#: seconds before its deadline (0.6 s left it 0.4 s).
+RENEWED_TTL = 3.0
 
 
 def _threads(name: str) -> list[threading.Thread]:
@@ -20,15 +23,8 @@ def _threads(name: str) -> list[threading.Thread]:
     ]
 
 
-def _wait_for(condition: object, what: str) -> None:
-    give_up = time.monotonic() + DEADLINE
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < give_up, what
-        time.sleep(0.01)
-
-
 def test_a_deferred_renewal_stopped_before_its_first_renewal_starts_no_thread() -> None:
-    name = f"deferred:{uuid.uuid4().hex[:8]}"
+    name = unique_key("deferred")
     calls: list[int] = []
     renewal = Renewal(name, 3600.0, lambda: bool(calls.append(1)) or True, deferred=True)
     renewal.start()
@@ -41,8 +37,8 @@ def test_a_deferred_renewal_stopped_before_its_first_renewal_starts_no_thread() 
 
 
 def test_a_deferred_renewal_renews_every_interval_once_due() -> None:
-    name = f"deferred:{uuid.uuid4().hex[:8]}"
-    ttl = 0.6
+    name = unique_key("deferred")
+    ttl = RENEWED_TTL
     calls: list[float] = []
 
     def renew() -> bool:
@@ -51,7 +47,7 @@ def test_a_deferred_renewal_renews_every_interval_once_due() -> None:
 
     renewal = Renewal(name, ttl, renew, deferred=True).start()
     try:
-        _wait_for(lambda: len(calls) >= 3, "three renewals")
+        wait_until(lambda: len(calls) >= 3, DEADLINE, what="three renewals")
         assert not renewal.lost.is_set()
         assert renewal_interval(ttl) > 0
     finally:
@@ -62,19 +58,19 @@ def test_a_deferred_renewal_renews_every_interval_once_due() -> None:
 
 
 def test_a_deferred_renewal_answered_not_held_marks_the_lease_lost() -> None:
-    name = f"deferred:{uuid.uuid4().hex[:8]}"
+    name = unique_key("deferred")
     told: list[bool] = []
     renewal = Renewal(name, 0.6, lambda: False, deferred=True, on_lost=lambda: told.append(True))
     renewal.start()
     try:
-        _wait_for(renewal.lost.is_set, "the lease seen lost")
+        wait_until(renewal.lost.is_set, DEADLINE, what="the lease seen lost")
         assert told == [True]
     finally:
         renewal.stop()
 
 
 def test_a_deferred_renewal_that_keeps_failing_is_lost_at_its_deadline() -> None:
-    name = f"deferred:{uuid.uuid4().hex[:8]}"
+    name = unique_key("deferred")
 
     def renew() -> bool:
         raise OSError("database unreachable")
@@ -82,7 +78,9 @@ def test_a_deferred_renewal_that_keeps_failing_is_lost_at_its_deadline() -> None
     began = time.monotonic()
     renewal = Renewal(name, 0.6, renew, deferred=True).start()
     try:
-        _wait_for(renewal.lost.is_set, "the lease seen lost once its deadline passed")
+        wait_until(
+            renewal.lost.is_set, DEADLINE, what="the lease seen lost once its deadline passed"
+        )
         assert time.monotonic() >= began + 0.6, "lost before its deadline"
     finally:
         renewal.stop()

@@ -7,10 +7,8 @@ import io
 import json
 import logging
 import subprocess
-import sys
 from collections.abc import Iterator
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +16,11 @@ from django.core.management import CommandError, call_command
 
 from django_leases.management.base import EXIT_BUSY, EXIT_CODES, USAGE_ERROR
 from django_leases.models import TriggerRefusal, TriggerSource
-from django_leases.testing.providers import FakeProvider, installed_provider
+from django_leases.testing.providers import FakeProvider
 from django_leases.triggers import credentials, lifecycle, registry
 from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
+from tests.helpers import fake_sources, manage
 
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "cmd-hooks"
 BASE = "https://ci.example.com"
 
@@ -37,12 +35,8 @@ def _run(command: str, *args: str, **options: object) -> str:
 
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
-    with installed_provider(FakeProvider("fake")) as provider:
-        webhook_source(SOURCE, provider="fake", events={})
-        try:
-            yield provider
-        finally:
-            registry.unregister(SOURCE)
+    with fake_sources(SOURCE) as provider:
+        yield provider
 
 
 def _row(name: str = SOURCE) -> TriggerSource:
@@ -351,42 +345,34 @@ def test_set_secret_reads_stdin_and_never_echoes(fake: FakeProvider) -> None:
 
 @pytest.mark.slow
 def test_the_real_command_exit_statuses_and_stderr(subprocess_env: dict[str, str]) -> None:
-    def manage(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=subprocess_env,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return manage(*args, env=subprocess_env, stdin=stdin)
 
-    done = manage("reconcile_trigger_sources")
+    done = run("reconcile_trigger_sources")
     assert done.returncode == 0, done.stderr
-    missing = manage("trigger_sources", "enable", "github-pushes")
+    missing = run("trigger_sources", "enable", "github-pushes")
     assert missing.returncode == 1
     assert "no address" in missing.stderr and missing.stdout == ""
-    unknown = manage("trigger_sources", "disable", "nope")
+    unknown = run("trigger_sources", "disable", "nope")
     assert unknown.returncode == 1 and "Unknown trigger source" in unknown.stderr
-    stored = manage("trigger_sources", "set-secret", "github-pushes", stdin="from-stdin\n")
+    stored = run("trigger_sources", "set-secret", "github-pushes", stdin="from-stdin\n")
     assert stored.returncode == 0, stored.stderr
     assert "from-stdin" not in stored.stdout + stored.stderr
     assert credentials.get_secret("github-pushes") == "from-stdin"
-    listed = manage("trigger_sources", "list", "--json")
+    listed = run("trigger_sources", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     names = [item["name"] for item in json.loads(listed.stdout)]
     assert "github-pushes" in names and names == sorted(names)
-    helped = manage("trigger_sources", "--help")
+    helped = run("trigger_sources", "--help")
     assert helped.returncode == 0 and "set-secret" in helped.stdout
-    unknown_db = manage("trigger_sources", "list", "--database", "elsewhere")
+    unknown_db = run("trigger_sources", "list", "--database", "elsewhere")
     assert unknown_db.returncode == USAGE_ERROR
     assert "Unknown database alias 'elsewhere'" in unknown_db.stderr
-    rotated = manage("rotate_trigger_secrets", "--database", "elsewhere")
+    rotated = run("rotate_trigger_secrets", "--database", "elsewhere")
     assert rotated.returncode == USAGE_ERROR and "Traceback" not in rotated.stderr
     assert "Unknown database alias 'elsewhere'" in rotated.stderr
     for command in ("trigger_sources", "reconcile_trigger_sources", "rotate_trigger_secrets"):
-        helped = manage(command, "--help")
+        helped = run(command, "--help")
         epilog = helped.stdout.split("exit codes:\n", 1)[1]
         shown = [line.split()[0] for line in epilog.splitlines() if line[2:3].strip()]
         assert shown == [row.shown for row in EXIT_CODES[command].rows], command

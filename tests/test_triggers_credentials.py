@@ -25,6 +25,7 @@ from django_leases.triggers.credentials import (
     signing_secret,
 )
 from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
+from tests.helpers import race
 
 pytestmark = pytest.mark.django_db
 
@@ -242,29 +243,7 @@ def test_w008_registered_check_reads_the_store() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_ensure_secret_agrees_on_one_secret() -> None:
-    import threading
-
-    from django.db import connections
-
-    barrier = threading.Barrier(6)
-    results: list[str] = []
-    errors: list[BaseException] = []
-
-    def worker() -> None:
-        try:
-            barrier.wait(timeout=30)
-            results.append(ensure_secret("raced"))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert errors == []
-    assert len(results) == 6
+    results = race([lambda: ensure_secret("raced")] * 6)
+    assert all(isinstance(result, str) for result in results), results
     assert set(results) == {get_secret("raced")}
     assert TriggerSecret.objects.filter(name="raced").count() == 1

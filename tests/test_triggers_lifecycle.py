@@ -5,7 +5,6 @@ and between processes on real commits."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 import threading
@@ -26,8 +25,8 @@ from django_leases.triggers.lifecycle import (
     SourceOrphaned,
 )
 from django_leases.triggers.registry import webhook_source
+from tests.helpers import fake_sources, race, run_at_once, start_process
 
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "lc-hooks"
 BASE = "https://app.example.com"
 
@@ -37,12 +36,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
     """A fake provider ``fake`` and a declared source ``lc-hooks`` using it (not synced)."""
-    with installed_provider(FakeProvider("fake")) as provider:
-        webhook_source(SOURCE, provider="fake", events={})
-        try:
-            yield provider
-        finally:
-            registry.unregister(SOURCE)
+    with fake_sources(SOURCE) as provider:
+        yield provider
 
 
 def _row(name: str = SOURCE) -> TriggerSource:
@@ -399,20 +394,6 @@ def test_a_busy_source_is_reported_after_the_wait(fake: FakeProvider) -> None:
 def test_concurrent_enables_in_threads_register_once(fake: FakeProvider) -> None:
     _synced()
     count = 4
-    barrier = threading.Barrier(count)
-    results: list[object] = []
-    errors: list[BaseException] = []
-
-    def enable() -> None:
-        from django.db import connection as own
-
-        try:
-            barrier.wait(30)
-            results.append(lifecycle.enable(SOURCE, wait=120))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            own.close()
 
     # Widen the race: a setup waits (up to 2 s) for every thread to be in setup too. Without
     # the lease they all would be, each seeing no registration yet; with it, none is.
@@ -428,13 +409,8 @@ def test_concurrent_enables_in_threads_register_once(fake: FakeProvider) -> None
         return original(source, url, secret)
 
     fake.setup = setup  # type: ignore[method-assign]
-    threads = [threading.Thread(target=enable) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
-    assert errors == []
-    assert len(results) == count
+    results = race([lambda: lifecycle.enable(SOURCE, wait=120)] * count, timeout=180)
+    assert not [r for r in results if isinstance(r, BaseException)], results
     assert fake.created == 1 and len(fake.hooks) == 1
     assert inside[0] == count  # each one set up, the later ones reusing the hook
     assert _row().status == "registered"
@@ -462,27 +438,12 @@ def test_concurrent_enables_in_processes_register_once(
     subprocess_env: dict[str, str], tmp_path: Path
 ) -> None:
     ledger = tmp_path / "fake-provider.json"
-    with installed_provider(FakeProvider("fake", ledger=ledger)) as shared:
-        webhook_source(SOURCE, provider="fake", events={})
-        try:
-            _synced()
-            processes = [
-                subprocess.Popen(
-                    [sys.executable, "-c", _ENABLE_CHILD, str(ledger)],
-                    cwd=ROOT,
-                    env=subprocess_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                for _ in range(4)
-            ]
-            outputs = [process.communicate(timeout=300) for process in processes]
-        finally:
-            registry.unregister(SOURCE)
-        for process, (stdout, stderr) in zip(processes, outputs, strict=True):
-            assert process.returncode == 0, stderr
-            assert stdout.strip() == "registered"
+    enable = [sys.executable, "-c", _ENABLE_CHILD, str(ledger)]
+    with fake_sources(SOURCE, ledger=ledger) as shared:
+        _synced()
+        for child in run_at_once([enable] * 4, env=subprocess_env):
+            assert child.returncode == 0, child.stderr
+            assert child.stdout.strip() == "registered"
         assert shared.created == 1 and len(shared.hooks) == 1
     row = _row()
     assert (row.enabled, row.status, row.state) == (True, "registered", {"hook_id": 1})
@@ -528,14 +489,8 @@ def test_disabling_stops_receiving_in_another_process_at_once(
     lifecycle.enable(SOURCE)
     secret = credentials.get_secret(SOURCE)
     assert secret
-    child = subprocess.Popen(
-        [sys.executable, "-c", _RECEIVER_CHILD, secret],
-        cwd=ROOT,
-        env=subprocess_env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    child = start_process(
+        [sys.executable, "-c", _RECEIVER_CHILD, secret], env=subprocess_env, stdin=True
     )
     try:
         assert child.stdin is not None and child.stdout is not None

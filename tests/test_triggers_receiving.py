@@ -31,7 +31,7 @@ from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_sou
 from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
-from tests.helpers import raw_request
+from tests.helpers import on_another_thread, race, raw_request, start_blocked
 from tests.payloads import PayloadSet, ours
 
 SOURCE = "test-pushes"
@@ -591,34 +591,11 @@ def test_simultaneous_copies_of_one_delivery_start_one_run(source: str) -> None:
     copies = 8
     for round_number in range(rounds):
         delivery_headers = {**headers, "X-GitHub-Delivery": f"race-{round_number}"}
-        barrier = threading.Barrier(copies)
-        statuses: list[int] = []
-        lock = threading.Lock()
 
-        def deliver(
-            barrier: threading.Barrier,
-            delivery_headers: dict[str, str],
-            statuses: list[int],
-            lock: threading.Lock,
-        ) -> None:
-            from django.db import connection as own
+        def deliver(delivery_headers: dict[str, str] = delivery_headers) -> int:
+            return _post(Client(), body, delivery_headers).status_code
 
-            try:
-                barrier.wait()
-                status = _post(Client(), body, delivery_headers).status_code
-                with lock:
-                    statuses.append(status)
-            finally:
-                own.close()
-
-        threads = [
-            threading.Thread(target=deliver, args=(barrier, delivery_headers, statuses, lock))
-            for _ in range(copies)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        statuses = race([deliver] * copies)
         assert sorted(statuses) == [200] * (copies - 1) + [202], statuses
     assert TriggerEvent.objects.count() == rounds
     assert WorkflowRun.objects.count() == rounds
@@ -640,29 +617,6 @@ def _after_the_early_check(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(receiving, "max_body", max_body)
     return checked
-
-
-def _in_another_thread(work: Any) -> Any:
-    """Run ``work()`` on its own thread (so its own connection, committed) and return its result."""
-    results: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        from django.db import connection as own
-
-        try:
-            results.append(work())
-        except BaseException as exc:  # handed back to the test
-            errors.append(exc)
-        finally:
-            own.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return results[0]
 
 
 def _http_answer(sock: Any) -> tuple[int, dict[str, Any]]:
@@ -715,7 +669,7 @@ def test_a_source_orphaned_while_the_body_arrives_is_404(source: str) -> None:
         def read(self, size: int | None = -1) -> bytes:
             # By the time the body is read the source was found receivable; now another
             # process syncs code where its declaration is gone.
-            _in_another_thread(lambda: TriggerSource.objects.sync([]))
+            on_another_thread(lambda: TriggerSource.objects.sync([]))
             return super().read(size)
 
     request = RequestFactory().post(
@@ -738,7 +692,7 @@ def test_a_repeated_delivery_to_a_source_disabled_meanwhile_is_404(
 
     def disable_once_checked(size: int) -> bytes:
         assert checked.is_set()
-        assert _in_another_thread(lambda: TriggerSource.objects.set_enabled(SOURCE, False))
+        assert on_another_thread(lambda: TriggerSource.objects.set_enabled(SOURCE, False))
         return body
 
     request = RequestFactory().post(
@@ -756,41 +710,12 @@ def test_disabling_waits_for_a_delivery_being_recorded(settings: Any) -> None:
     # The other half of the rule: a delivery already being recorded (its handler running)
     # commits first; set_enabled(False) waits for it on the source row's lock and returns
     # after it. SQLite gets the same order from its IMMEDIATE write lock.
-    import time
-
-    from django.db import connection as ours
-
     name = "test-waits"
     state: dict[str, Any] = {}
 
     def handler(delivery: Delivery) -> None:
-        recording = ours.connection.info.backend_pid
-        started = threading.Event()
-
-        def disable() -> None:
-            from django.db import connection as own
-
-            try:
-                own.ensure_connection()
-                state["disabler"] = own.connection.info.backend_pid
-                started.set()
-                state["changed"] = TriggerSource.objects.set_enabled(name, False)
-            finally:
-                own.close()
-
-        thread = threading.Thread(target=disable)
-        thread.start()
-        state["thread"] = thread
-        assert started.wait(timeout=60)
-        deadline = time.monotonic() + 60
-        with ours.cursor() as cursor:
-            while thread.is_alive() and time.monotonic() < deadline:
-                cursor.execute("SELECT pg_blocking_pids(%s)", [state["disabler"]])
-                if recording in cursor.fetchone()[0]:
-                    state["waited"] = True
-                    return
-                time.sleep(0.01)  # polling for a condition, not timing it
-        state["waited"] = False
+        # Seen blocked by this (the recording) transaction's backend: pg_blocking_pids().
+        state["disable"] = start_blocked(lambda: TriggerSource.objects.set_enabled(name, False))
 
     webhook_source(name, provider="github", events={"issues": handler})
     try:
@@ -799,10 +724,10 @@ def test_disabling_waits_for_a_delivery_being_recorded(settings: Any) -> None:
         TriggerSource.objects.set_enabled(name, True)
         body, headers = _example("issues/opened")
         response = _post(Client(), body, headers, url=f"/hooks/{name}/")
-        state["thread"].join()
-        assert state["waited"] is True, "set_enabled did not wait for the delivery"
+        changed = state["disable"].result()
+        assert state["disable"].waited, "set_enabled did not wait for the delivery"
         assert response.status_code == 202, response.content
-        assert state["changed"] is True
+        assert changed is True
         assert TriggerEvent.objects.filter(source_name=name).count() == 1
         assert TriggerSource.objects.get(name=name).enabled is False
         again = {**headers, "X-GitHub-Delivery": str(uuid.uuid4())}

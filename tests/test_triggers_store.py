@@ -3,17 +3,14 @@ real declarations, and syncs racing from several processes."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from django_leases.models import TriggerEvent, TriggerSource
 from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import MANAGE_PY, run_at_once
 
 
 def _declared(name: str, **config: str) -> TriggerDeclaration:
@@ -76,21 +73,10 @@ def test_concurrent_syncs_from_processes_leave_one_row_per_name(
     subprocess_env: dict[str, str],
 ) -> None:
     children = 4
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", _SYNC_CHILD, str(i), "10"],
-            cwd=ROOT,
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(children)
-    ]
-    outputs = [process.communicate(timeout=300) for process in processes]
-    for process, (stdout, stderr) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, stderr
-        assert stdout.strip() == "synced"
+    syncs = [[sys.executable, "-c", _SYNC_CHILD, str(i), "10"] for i in range(children)]
+    for child in run_at_once(syncs, env=subprocess_env):
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.strip() == "synced"
     names = list(TriggerSource.objects.order_by("name").values_list("name", flat=True))
     # Exactly one row per name, nothing lost: the "only-i" rows stay (declared or orphaned).
     assert names == sorted(
@@ -107,22 +93,13 @@ def test_concurrent_syncs_from_processes_leave_one_row_per_name(
 
 @pytest.mark.slow
 def test_concurrent_reconcile_commands_in_processes(subprocess_env: dict[str, str]) -> None:
-    command = [sys.executable, "manage.py", "reconcile_trigger_sources"]
-    processes = [
-        subprocess.Popen(
-            [*command, "--base-url", f"https://p{i}.example.com"],
-            cwd=ROOT,
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    reconciles = [
+        [*MANAGE_PY, "reconcile_trigger_sources", "--base-url", f"https://p{i}.example.com"]
         for i in range(4)
     ]
-    outputs = [process.communicate(timeout=120) for process in processes]
-    for process, (stdout, stderr) in zip(processes, outputs, strict=True):
-        assert process.returncode == 0, stderr
-        assert "github-pushes" in stdout
+    for child in run_at_once(reconciles, env=subprocess_env, timeout=120):
+        assert child.returncode == 0, child.stderr
+        assert "github-pushes" in child.stdout
     from django_leases.triggers.registry import declarations
 
     names = list(TriggerSource.objects.order_by("name").values_list("name", flat=True))

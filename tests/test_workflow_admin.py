@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from django_leases.clock import db_now_plus
 from django_leases.models import WorkflowRun, WorkflowStep
+from tests.helpers import failed_run
 
 pytestmark = pytest.mark.django_db
 
@@ -128,13 +129,7 @@ def operator(client: Client) -> User:
 
 def _failed_run() -> WorkflowRun:
     """A failed run whose step ``build`` failed on its last attempt."""
-    run = WorkflowRun.objects.start("build-preview", {})
-    WorkflowStep.objects.schedule(run.id, "build", "previews.build", retries=0)
-    claim = WorkflowStep.objects.claim_for_execution(run.id, "build", "previews.build", 60)
-    assert claim is not None
-    WorkflowStep.objects.set_error(claim.step_id, "compiler crashed", claim.attempt)
-    WorkflowRun.objects.fail(run.id, "step build failed")
-    return run
+    return failed_run("build-preview", "build", "previews.build", "compiler crashed")
 
 
 def _operate_url(run: WorkflowRun, operation: str) -> str:

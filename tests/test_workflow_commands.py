@@ -4,12 +4,9 @@ thin commands over the store's operator methods, with exit codes and errors on s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from datetime import datetime
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -18,10 +15,9 @@ from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
+from tests.helpers import failed_run, manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def runs_command(*args: str) -> str:
@@ -107,12 +103,7 @@ def test_resume_cancel_and_retry_call_the_store(runs: dict[str, WorkflowRun]) ->
     out = runs_command("cancel", str(runs["running"].id))
     assert "running → cancelled" in out
     assert WorkflowRun.objects.get(pk=runs["running"].id).status == RunStatus.CANCELLED
-    failed = WorkflowRun.objects.start("previews.build", {})
-    WorkflowStep.objects.schedule(failed.id, "build", "previews.build", retries=0)
-    claim = WorkflowStep.objects.claim_for_execution(failed.id, "build", "previews.build", 60)
-    assert claim is not None
-    WorkflowStep.objects.set_error(claim.step_id, "boom", claim.attempt)
-    WorkflowRun.objects.fail(failed.id, "step build failed")
+    failed = failed_run("previews.build", "build", "previews.build")
     out = runs_command("retry", str(failed.id), "build")
     assert "failed → running" in out
     assert WorkflowStep.objects.claim_due(60) is not None
@@ -140,17 +131,6 @@ def test_refusals_are_clear_errors_with_their_exit_code(
         runs_command(*[arg.format(**ids) for arg in args])
     assert refused.value.returncode == code
     assert sorted(WorkflowRun.objects.values_list("id", "status", "pass_requests")) == before
-
-
-def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_as_a_process_errors_go_to_stderr_with_their_exit_code(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -30,6 +29,7 @@ from django_leases.workflows.values import (
     run_lease_key,
 )
 from django_leases.workflows.worker import Worker
+from tests.helpers import lapse_step_lease, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,17 +107,26 @@ def catches(run: Any, input: Any) -> Any:
 
 _slow_seen: dict[str, Any] = {}
 
+#: The step lease of the renewal test: renewed every second, so it survives two seconds of a
+#: starved renewal thread (a loaded machine), where a 1 s lease did not survive 0.7 s.
+RENEWED_TTL = 3.0
+
 
 @step_function("tests.outlives-its-ttl")
 def outlives_its_ttl(data: dict[str, Any], ctx: Any) -> str:
-    """Runs for 3 step-lease TTLs, then checks nobody could take the step meanwhile."""
-    time.sleep(data["seconds"])
+    """Runs until the database clock is past the step lease's expiry as it was when the
+    function started (it outlived its TTL), then checks nobody could take the step."""
+    mine = WorkflowStep.objects.filter(run_id=ctx.run_id, step_name=ctx.step_name)
+    first_expiry = mine.values_list("lease_expires_at", flat=True).get()
+    wait_until(
+        lambda: mine.alias(now=Now()).filter(now__gt=first_expiry).exists(),
+        60,
+        what="the database clock to pass the step lease's first expiry",
+    )
+    _slow_seen["live"] = mine.filter(lease_expires_at__gt=Now()).exists()
     _slow_seen["competitor"] = WorkflowStep.objects.claim_for_execution(
         ctx.run_id, ctx.step_name, "tests.outlives-its-ttl", 30
     )
-    _slow_seen["live"] = WorkflowStep.objects.filter(
-        run_id=ctx.run_id, step_name=ctx.step_name, lease_expires_at__gt=Now()
-    ).exists()
     _slow_seen["lost"] = ctx.lease_lost.is_set()
     return "done"
 
@@ -142,12 +151,6 @@ def drain(worker: Worker | None = None, limit: int = 100) -> int:
 
 def run_of(run_id: uuid.UUID) -> WorkflowRun:
     return WorkflowRun.objects.get(pk=run_id)
-
-
-def lapse(run_id: uuid.UUID, step: str) -> None:
-    WorkflowStep.objects.filter(run_id=run_id, step_name=step).update(
-        lease_expires_at=db_now_plus(-1)
-    )
 
 
 # -- replay ------------------------------------------------------------------------------------
@@ -346,13 +349,13 @@ def test_a_missing_step_function_suspends_the_run_and_the_step_is_left_alone() -
 
 def test_the_step_lease_is_renewed_while_the_function_outlives_its_ttl() -> None:
     _slow_seen.clear()
-    run_id = start_workflow("tests.slow", {"seconds": 3.5})
-    drain(Worker(step_lease_ttl=1.0))
+    run_id = start_workflow("tests.slow", {})
+    drain(Worker(step_lease_ttl=RENEWED_TTL))
+    assert _slow_seen["live"] is True, "the step lease lapsed while its function ran"
+    assert _slow_seen["competitor"] is None, "the step was taken from a worker still renewing"
+    assert _slow_seen["lost"] is False
     run = run_of(run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, "done")
-    assert _slow_seen["competitor"] is None, "the step was taken from a worker still renewing"
-    assert _slow_seen["live"] is True
-    assert _slow_seen["lost"] is False
     assert [(h.attempt, h.status) for h in WorkflowStep.objects.history(run_id)] == [
         (1, "succeeded")
     ]
@@ -368,7 +371,7 @@ def _claim_run(name: str, step: str, function: str) -> tuple[uuid.UUID, Claim]:
 
 def test_superseded_error_from_the_store_never_escapes_execute_step() -> None:
     run_id, stale = _claim_run("tests.fenced", "charge", "tests.add-one")
-    lapse(run_id, "charge")
+    lapse_step_lease(run_id=run_id, step_name="charge")
     current = WorkflowStep.objects.claim_for_execution(run_id, "charge", "tests.add-one", LEASE)
     assert current is not None
     try:

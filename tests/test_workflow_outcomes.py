@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
-from django.db import OperationalError, connection
+from django.db import OperationalError
 from django.test import Client
 from django.urls import reverse
 
@@ -27,6 +27,7 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
 from django_leases.workflows.values import STEP_FAILED, STEP_RESULT_NOT_JSON, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
+from tests.helpers import terminate_other_backends
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -233,7 +234,9 @@ def test_execute_step_reconnects_and_retries_a_write_that_lost_its_connection(
 def test_a_write_that_keeps_failing_gives_up_at_the_step_lease_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    run_id, claim = claim_step("x", ttl=1.0)
+    # The retries run until the step lease's local deadline: a 3 s lease leaves room for
+    # several, however slowly the machine gets to the first one.
+    run_id, claim = claim_step("x", ttl=3.0)
     calls: list[int] = []
 
     def down(
@@ -265,16 +268,6 @@ def waiting(run: Any, input: Any) -> Any:
     return run.step("wait", "tests.outcomes.waits", {}, retries=3)
 
 
-def _terminate_other_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        row = cursor.fetchone()
-    return int(row[0])
-
-
 @pytest.mark.postgres_only
 def test_terminating_the_workers_connections_during_a_step_keeps_its_result() -> None:
     _entered.clear()
@@ -289,7 +282,7 @@ def test_terminating_the_workers_connections_during_a_step_keeps_its_result() ->
     try:
         assert _entered.wait(60), "the step never started"
         # The worker thread's (idle) connection and the renewal's, as a failover would.
-        assert _terminate_other_backends() >= 1
+        assert terminate_other_backends() >= 1
         _release.set()
         runner.join(120)
     finally:

@@ -5,25 +5,20 @@ result — and only it — in the step and its history.
 
 The same races between threads are part of the shipped conformance suite
 (``django_leases.testing.workflows``: C12 and F6, run by ``test_workflow_conformance.py``).
-Processes are forked, so each child starts from this test's settings and database and opens
-its own connection.
+Processes are forked (:func:`tests.helpers.race_in_processes`), so each child starts from this
+test's settings and database and opens its own connection.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import traceback
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connections
 
-from django_leases.clock import db_now_plus
 from django_leases.models import WorkflowRun, WorkflowStep
 from django_leases.workflows.values import Claim
+from tests.helpers import lapse_step_lease, race_in_processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,45 +27,6 @@ FUNCTION = "charge:card"
 LEASE = 60.0
 RACES = 25
 PROCESSES = 8
-_fork = multiprocessing.get_context("fork")
-
-
-def race_in_processes(*calls: Callable[[], Any], timeout: float = 120.0) -> list[tuple[Any, str]]:
-    """Run each call in its own forked process, released together by a barrier.
-
-    Returns ``(value, error)`` per call, in order: ``error`` is ``""`` or the exception's
-    class name and message (with its traceback for anything unexpected).
-    """
-    connections.close_all()  # no connection may be shared across the fork
-    barrier = _fork.Barrier(len(calls))
-    results = _fork.Queue()
-
-    def child(index: int) -> None:
-        try:
-            barrier.wait(timeout)
-            results.put((index, calls[index](), ""))
-        except BaseException as exc:
-            detail = f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, AssertionError | ValueError) and "Superseded" not in detail:
-                detail += "\n" + traceback.format_exc()
-            results.put((index, None, detail))
-        finally:
-            connections.close_all()
-            results.close()
-            results.join_thread()
-            os._exit(0)
-
-    processes = [_fork.Process(target=child, args=(i,), daemon=True) for i in range(len(calls))]
-    for process in processes:
-        process.start()
-    outcomes: dict[int, tuple[Any, str]] = {}
-    for _ in processes:
-        index, value, error = results.get(timeout=timeout)
-        outcomes[index] = (value, error)
-    for process in processes:
-        process.join(timeout)
-        assert process.exitcode == 0, f"a racer ended with {process.exitcode}"
-    return [outcomes[i] for i in range(len(calls))]
 
 
 def start_run() -> uuid.UUID:
@@ -81,10 +37,6 @@ def start_run() -> uuid.UUID:
 
 def claim(run_id: uuid.UUID) -> Claim | None:
     return WorkflowStep.objects.claim_for_execution(run_id, STEP, FUNCTION, LEASE)
-
-
-def lapse(run_id: uuid.UUID) -> None:
-    WorkflowStep.objects.filter(run_id=run_id).update(lease_expires_at=db_now_plus(-1))
 
 
 def history(run_id: uuid.UUID) -> list[tuple[Any, ...]]:
@@ -98,7 +50,7 @@ def test_exactly_one_of_eight_processes_claims_a_step(state: str) -> None:
         expected = 1
         if state == "lapsed":
             assert claim(run_id) is not None
-            lapse(run_id)
+            lapse_step_lease(run_id=run_id)
             expected = 2
         outcomes = race_in_processes(*[lambda run_id=run_id: claim(run_id)] * PROCESSES)
         assert [error for _, error in outcomes if error] == [], f"round {round_}"
@@ -115,7 +67,7 @@ def test_stale_and_current_writers_in_separate_processes_only_the_current_lands(
         run_id = start_run()
         stale = claim(run_id)
         assert stale is not None
-        lapse(run_id)
+        lapse_step_lease(run_id=run_id)
         current = claim(run_id)
         assert current is not None and current.attempt == stale.attempt + 1
 

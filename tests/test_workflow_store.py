@@ -24,6 +24,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.workflows.values import STEP_RESULT_NOT_JSON, Claim
+from tests.helpers import lapse_step_lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,13 +46,6 @@ def start_run(*, retries: int = 5, retry_delay: float = 0.0, step: str = STEP) -
 
 def claim(run_id: uuid.UUID, step: str = STEP, ttl: float = LEASE) -> Claim | None:
     return WorkflowStep.objects.claim_for_execution(run_id, step, FUNCTION, ttl)
-
-
-def lapse(run_id: uuid.UUID, step: str = STEP) -> None:
-    """Make the step lease read as lapsed on the database clock, as when its worker died."""
-    WorkflowStep.objects.filter(run_id=run_id, step_name=step).update(
-        lease_expires_at=db_now_plus(-1)
-    )
 
 
 def step_of(run_id: uuid.UUID, step: str = STEP) -> WorkflowStep:
@@ -112,7 +106,7 @@ def test_claim_due_takes_a_lapsed_step_as_its_next_attempt() -> None:
     run_id = start_run()
     assert WorkflowStep.objects.claim_due(LEASE) is not None
     assert WorkflowStep.objects.claim_due(LEASE) is None, "a live step was picked"
-    lapse(run_id)
+    lapse_step_lease(run_id=run_id, step_name=STEP)
     again = WorkflowStep.objects.claim_due(LEASE)
     assert again is not None and again.attempt == 2
 
@@ -182,7 +176,7 @@ def test_history_has_one_entry_per_attempt_oldest_first() -> None:
     WorkflowStep.objects.set_error(a1.step_id, "boom", a1.attempt)
     a2 = claim(run.id, "first")
     assert a2 is not None
-    lapse(run.id, "first")
+    lapse_step_lease(run_id=run.id, step_name="first")
     a3 = claim(run.id, "first")
     assert a3 is not None
     WorkflowStep.objects.set_result(a3.step_id, "ok", a3.attempt)

@@ -9,8 +9,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,7 +19,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.models.workflow import channel_name
@@ -34,6 +32,14 @@ from django_leases.workflows.worker import (
     POLLING_POLL_INTERVAL,
     Worker,
 )
+from tests.helpers import (
+    MANAGE_PY,
+    manage,
+    on_another_thread,
+    start_process,
+    terminate_other_backends,
+    wait_until,
+)
 from tests.payloads import PayloadSet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,15 +49,17 @@ SAMPLES = ROOT / "demo_project" / "previews" / "samples"
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """:func:`tests.helpers.wait_until`, reconnecting when the check's connection was killed
+    under it (the connection-kill tests)."""
+
+    def reconnecting() -> bool:
         try:
-            if check():
-                return
+            return check()
         except DatabaseError:
-            connection.close()  # killed under us (the connection-kill test): reconnect
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
+            connection.close()
+            return False
+
+    wait_until(reconnecting, timeout, what=what)
 
 
 def expected_build_id(push: dict[str, Any]) -> str:
@@ -176,21 +184,7 @@ def kills_connections(data: Any, ctx: Any) -> str:
     """On its first attempt, terminate every other backend of this database (the worker's own
     connection and the step lease's renewal connection among them), as a failover would."""
     if ctx.attempt == 1:
-
-        def kill() -> None:
-            try:
-                with connections["default"].cursor() as cursor:
-                    cursor.execute(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
-                    _kills.append(cursor.fetchone()[0])
-            finally:
-                connections.close_all()
-
-        killer = threading.Thread(target=kill)
-        killer.start()
-        killer.join()
+        _kills.append(on_another_thread(terminate_other_backends))
     return f"attempt {ctx.attempt}"
 
 
@@ -329,15 +323,6 @@ def test_work_made_due_notifies_at_commit_and_never_on_rollback() -> None:
         listener.close()
 
 
-def _kill_other_backends() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        return int(cursor.fetchone()[0])
-
-
 @step_function("tests.quick")
 def quick(data: Any, ctx: Any) -> Any:
     return {"n": data["n"], "attempt": ctx.attempt}
@@ -374,7 +359,7 @@ def test_an_idle_worker_is_woken_by_notify_and_its_listener_survives_being_kille
         )
         killed_pid = listener.backend_pid()
         wait_for("the idle worker", lambda: worker.wake.waiting == 2)
-        assert _kill_other_backends() >= 2  # the listener and the threads' idle connections
+        assert terminate_other_backends() >= 2  # the listener and the threads' idle connections
         connection.close()
         wait_for(
             "the listener to reconnect",
@@ -438,19 +423,6 @@ def test_run_workflow_worker_refuses_a_bad_concurrency() -> None:
         call_command("run_workflow_worker", "--concurrency", "0", "--once")
 
 
-def manage(
-    *args: str, env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_the_worker_command_runs_the_demo_workflow_in_a_subprocess(
     subprocess_env: dict[str, str],
 ) -> None:
@@ -470,14 +442,7 @@ def test_sigterm_stops_claiming_and_lets_the_step_in_flight_finish(
     push = json.loads((SAMPLES / "push-main.json").read_text())
     run_id = start_workflow("build-preview", push)
     env = {**subprocess_env, "DEMO_STEP_SECONDS": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "run_workflow_worker"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_process([*MANAGE_PY, "run_workflow_worker"], env=env)
     try:
         wait_for(
             "the build step to start",

@@ -16,9 +16,9 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 
 from django_leases.models import TriggerSource
-from django_leases.testing.providers import FakeProvider, installed_provider
-from django_leases.triggers import lifecycle, registry
-from django_leases.triggers.registry import webhook_source
+from django_leases.testing.providers import FakeProvider
+from django_leases.triggers import lifecycle
+from tests.helpers import fake_sources, make_orphan
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,19 +31,11 @@ MINE = ("br-pushes", "br-releases", "br-gone")
 def fake(live_server: Any) -> Iterator[FakeProvider]:
     """Two declared sources (off) and one orphan ("br-gone") that was registered at the
     provider before its declaration left the code, all on a fake provider."""
-    with installed_provider(FakeProvider("fake")) as provider:
-        for name in MINE:
-            webhook_source(name, provider="fake", events={})
-        try:
-            lifecycle.reconcile(base_url=live_server.url)
-            lifecycle.enable("br-gone")
-            registry.unregister("br-gone")
-            lifecycle.reconcile()
-            provider.calls.clear()
-            yield provider
-        finally:
-            for name in MINE:
-                registry.unregister(name)
+    with fake_sources(*MINE) as provider:
+        lifecycle.reconcile(base_url=live_server.url)
+        make_orphan("br-gone")
+        provider.calls.clear()
+        yield provider
 
 
 def operator(username: str = "operator", *, toggle: bool = True) -> User:
