@@ -9,10 +9,12 @@ are SIGKILLed (and replaced) and SIGSTOPped past their step lease (then SIGCONTe
   the execution behind each result), and no earlier attempt's result landed anywhere — neither
   on the step nor in its history — although stopped workers did finish superseded executions;
 * no attempt was executed twice (exactly one claimer per attempt);
-* a killed worker's step was claimed again within step lease + renewal interval + poll
-  interval (plus a generous slack for a loaded two-core machine), measured on the database
-  clock: the kill is stamped with ``statement_timestamp()`` right after the process is reaped,
-  the new attempt's ``started_at`` is the database's.
+* a killed worker's step in flight was claimed again by another attempt.
+
+How soon (the re-claim delay, on the database clock: the kill is stamped with
+``statement_timestamp()`` right after the process is reaped, the new attempt's ``started_at``
+is the database's) is printed against its worst case (step lease + renewal interval + poll
+interval) but not asserted: latency is the benchmark's (``bench/workflows.py``), not a test's.
 
 The figures (runs, kills, stops, re-claim delays, total time) are printed (``pytest -s``).
 """
@@ -59,9 +61,6 @@ POLL_INTERVAL = 0.5
 STOP_SECONDS = STEP_LEASE_TTL + 3.0
 #: Pause between two chaos actions, seconds (random within).
 CHAOS_PAUSE = (1.5, 3.0)
-#: Acceptance slack on top of the re-claim bound: CPU contention on a loaded two-core machine
-#: (3 workers, the database and the test share it) delays claims, never the bound itself.
-RECLAIM_SLACK = 6.0
 #: Give up on the runs completing after this many seconds.
 DEADLINE = 420.0
 
@@ -266,7 +265,7 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
                     superseded_finished += 1  # finished, yet its result was refused
         assert runs[step.run_id].output["tokens"][STEPS.index(step.step_name)] == final["token"]
 
-    # -- a killed worker's step was claimed again within the bound ------------------------------
+    # -- a killed worker's step was claimed again --------------------------------------------
     attempts_started = {
         (str(e.step.run_id), e.step.step_name, e.attempt): e.started_at
         for e in WorkflowStepAttempt.objects.filter(step__run_id__in=run_ids).select_related("step")
@@ -294,12 +293,11 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
             if delays
             else "(none) "
         )
-        + f"(bound {bound:.2f} s + {RECLAIM_SLACK:.0f} s slack); total {elapsed:.1f} s"
+        + f"(worst case without contention {bound:.2f} s); total {elapsed:.1f} s"
     )
     # The chaos really happened, and exercised both recoveries.
     assert len(chaos.kills) >= 3 and len(chaos.stops) >= 3, "too little chaos to prove anything"
     assert delays, "no worker was killed with a step in flight"
     assert superseded_finished >= 1, "no stopped worker finished a superseded execution"
-    assert max(delays) <= bound + RECLAIM_SLACK, sorted(delays)
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE {TABLE}")
