@@ -46,13 +46,10 @@ import contextlib
 import cProfile
 import datetime as dt
 import io
-import json
 import multiprocessing as mp
 import os
-import platform
 import pstats
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -65,19 +62,25 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    RESULTS_DIR,
+    BenchError,
+    libpq_conninfo,
+    load_average,
+    machine_facts,
+    process_cpu_seconds,
+    versions,
+    write_report,
+)
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 FLOOR_TABLE = "bench_floor_lease"
 
 CYCLE_KEY = "bench:acquire-release"
 RENEW_KEY = "bench:renew"
 TARGET = 0.7  # ours / floor, for acquire+release and renewals (issue 2)
 CONTENDED_KEY = "bench:contended"
-
-
-class BenchError(RuntimeError):
-    """A contender did not do what the measurement assumes (e.g. a refresh was refused)."""
 
 
 # -- contenders ------------------------------------------------------------------------------
@@ -322,7 +325,7 @@ class FloorClient(Client):
         super().__init__(spec, config, holder)
         import psycopg
 
-        self.connection = psycopg.connect(_libpq_conninfo(config.database_url), autocommit=True)
+        self.connection = psycopg.connect(libpq_conninfo(config.database_url), autocommit=True)
         self.cursor = self.connection.cursor()
         self.ttl = dt.timedelta(seconds=config.ttl)
         self.executed = 0
@@ -566,23 +569,6 @@ def run_for(operation: Callable[[], Any], seconds: float) -> tuple[int, float]:
     return calls, now - start
 
 
-try:
-    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-except (AttributeError, ValueError, OSError):
-    CLOCK_TICKS = 100
-
-
-def process_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds used so far by process ``pid`` (Linux ``/proc``), or None."""
-    if pid is None:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def timed(operation: Callable[[], Any], seconds: float, server_pid: int | None) -> dict[str, Any]:
     """Run ``operation`` for ``seconds``: its rate, and wall and CPU microseconds per call.
 
@@ -699,13 +685,6 @@ def measure_contended(spec: Spec, config: Config, processes: int) -> dict[str, f
 # -- set-up, facts about the machine ----------------------------------------------------------
 
 
-def _libpq_conninfo(database_url: str) -> str:
-    """A libpq URL for psycopg from a django-environ style ``postgres://`` URL."""
-    if database_url.startswith(("postgres://", "postgresql://", "pgsql://")):
-        return "postgresql://" + database_url.split("://", 1)[1]
-    raise SystemExit(f"bench needs a PostgreSQL DATABASE URL, not {database_url!r}")
-
-
 def prepare_database(config: Config) -> dict[str, Any]:
     """Create the bench database if missing, migrate it, create the floor's table.
 
@@ -714,7 +693,7 @@ def prepare_database(config: Config) -> dict[str, Any]:
     import psycopg
     from psycopg import sql
 
-    conninfo = _libpq_conninfo(config.database_url)
+    conninfo = libpq_conninfo(config.database_url)
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
     name = str(params.get("dbname") or "")
     if not name:
@@ -771,57 +750,6 @@ def redis_facts(config: Config) -> dict[str, Any]:
         return {"url": config.redis_url, "redis_version": info.get("redis_version")}
     finally:
         client.close()
-
-
-def machine_facts() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    facts: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    if hasattr(os, "getloadavg"):
-        facts["load_average_at_start"] = list(os.getloadavg())
-    return facts
-
-
-def versions() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import psycopg
-
-    found: dict[str, Any] = {}
-    for package in ("django", "django-leases", "psycopg", "django-pglock", "redis"):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = None
-    found["psycopg_impl"] = psycopg.pq.__impl__
-    found["libpq"] = psycopg.pq.version()
-    try:
-        found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--", "django_leases"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        found["django_leases_uncommitted_changes"] = bool(changed.strip())
-    except (OSError, subprocess.CalledProcessError):
-        found["git_commit"] = None
-    return found
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -1116,7 +1044,7 @@ def _breakdown(config: Config) -> dict[str, Any]:
     def reuse(cursor: Any) -> Callable[[], Any]:
         return lambda: contextlib.nullcontext(cursor)
 
-    raw = psycopg.connect(_libpq_conninfo(config.database_url), autocommit=True)
+    raw = psycopg.connect(libpq_conninfo(config.database_url), autocommit=True)
     floor = FloorClient(SPECS["floor"], config, holder)
 
     def via_manager(alias: str, key: str) -> Loops:
@@ -1343,7 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "django-leases leases",
         "started_at": started.isoformat(),
         "machine": machine,
-        "versions": versions(),
+        "versions": versions(("django-pglock", "redis")),
         "postgresql": database,
         "redis": redis_info,
         "settings": {
@@ -1379,11 +1307,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.breakdown or args.breakdown_only:
         report["breakdown"] = run_breakdown(config, context)
 
-    machine["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    machine["load_average_at_end"] = load_average()
     report["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
     output = args.output or RESULTS_DIR / f"leases-{started.date().isoformat()}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    write_report(output, report)
     print(f"\nwrote {output}")
     return 0
 

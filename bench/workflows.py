@@ -61,11 +61,9 @@ import datetime as dt
 import io
 import json
 import os
-import platform
 import pstats
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -81,8 +79,18 @@ for _path in (str(ROOT), str(BENCH_DIR)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from bench.common import (  # noqa: E402
+    RESULTS_DIR,
+    BenchError,
+    libpq_conninfo,
+    load_average,
+    machine_facts,
+    process_cpu_seconds,
+    versions,
+    write_report,
+)
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench_workflows"
-RESULTS_DIR = BENCH_DIR / "results"
 SETTINGS = "wfbench.settings"
 #: ours / best peer, end-to-end and drain throughput (issue 3).
 TARGET = 1.0
@@ -90,10 +98,6 @@ TARGET = 1.0
 HOLD_SECONDS = 1.5
 POLL_DONE = 0.02
 POLL_LATENCY = 0.002
-
-
-class BenchError(RuntimeError):
-    """A contender did not do what the measurement assumes (a failed task, a dead worker)."""
 
 
 # -- contenders ---------------------------------------------------------------------------------
@@ -232,13 +236,6 @@ PEERS = [name for name in CONTENDERS if name != "ours"]
 # -- the database -------------------------------------------------------------------------------
 
 
-def libpq_conninfo(database_url: str) -> str:
-    """A libpq URL for psycopg from a django-environ style ``postgres://`` URL."""
-    if database_url.startswith(("postgres://", "postgresql://", "pgsql://")):
-        return "postgresql://" + database_url.split("://", 1)[1]
-    raise SystemExit(f"bench needs a PostgreSQL database URL, not {database_url!r}")
-
-
 def recreate_database(database_url: str) -> str:
     """Drop and create the bench database (it must be a bench-only one). Returns its name."""
     import psycopg
@@ -316,20 +313,6 @@ def status_of(contender: Contender, item: Any) -> str | None:
 
 # -- worker processes ---------------------------------------------------------------------------
 
-try:
-    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-except (AttributeError, ValueError, OSError):
-    CLOCK_TICKS = 100
-
-
-def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds used so far by ``pid`` and its reaped children, or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return sum(int(fields[i]) for i in (11, 12, 13, 14)) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
 
 class Workers:
     """``count`` worker processes of one contender, each in its own process group."""
@@ -381,7 +364,7 @@ class Workers:
                 )
 
     def cpu(self) -> float:
-        return sum(process_cpu_seconds(p.pid) or 0.0 for p in self.processes)
+        return sum(process_cpu_seconds(p.pid, with_children=True) or 0.0 for p in self.processes)
 
     def wait_idle(self, timeout: float = 60.0) -> None:
         """Wait until every worker is connected and their CPU use has settled."""
@@ -515,13 +498,13 @@ def measure_drain(contender: Contender, workers: Workers, items: int) -> dict[st
     enqueue_end = time.perf_counter()
     time.sleep(max(0.2, HOLD_SECONDS - (enqueue_end - frozen)))
     client_before = workers.cpu()
-    server_before = [process_cpu_seconds(pid) for pid in backends]
+    server_before = [process_cpu_seconds(pid, with_children=True) for pid in backends]
     start = time.perf_counter()
     workers.signal(signal.SIGCONT)
     samples = wait_done(contender, base + items, 300 + items)
     end = samples[-1][0]
     client = workers.cpu() - client_before
-    server_after = [process_cpu_seconds(pid) for pid in backends]
+    server_after = [process_cpu_seconds(pid, with_children=True) for pid in backends]
     server = sum(
         (a - b) for a, b in zip(server_after, server_before, strict=True) if a is not None and b
     )
@@ -684,64 +667,6 @@ def run_contender(contender: Contender, args: argparse.Namespace, workdir: Path)
 
 
 # -- facts, report ------------------------------------------------------------------------------
-
-
-def machine_facts() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "load_average_at_start": list(os.getloadavg()),
-    }
-
-
-def versions() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import psycopg
-
-    found: dict[str, Any] = {}
-    for package in (
-        "django",
-        "django-leases",
-        "psycopg",
-        "django-ox",
-        "procrastinate",
-        "django-tasks-db",
-    ):
-        try:
-            found[package] = version(package)
-        except PackageNotFoundError:
-            found[package] = None
-    found["psycopg_impl"] = psycopg.pq.__impl__
-    found["libpq"] = psycopg.pq.version()
-    try:
-        found["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--", "django_leases"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        found["django_leases_uncommitted_changes"] = sorted(
-            line[3:] for line in changed.splitlines() if line.strip()
-        )
-    except (OSError, subprocess.CalledProcessError):
-        found["git_commit"] = None
-    return found
 
 
 def server_facts(name: str) -> dict[str, Any]:
@@ -1070,12 +995,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.kill_every:g} s, load average {machine['load_average_at_start'][0]:.2f}"
         )
         found = run_fault_latency(args)
-        machine["load_average_at_end"] = list(os.getloadavg())
+        machine["load_average_at_end"] = load_average()
         report = {
             "benchmark": "django-leases workflows: latency under killed connections",
             "started_at": started.isoformat(),
             "machine": machine,
-            "versions": versions(),
+            "versions": versions(("django-ox", "procrastinate", "django-tasks-db")),
             "postgresql": server_facts(name),
             "settings": {
                 "conn_max_age": args.conn_max_age,
@@ -1087,7 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         output = args.output or RESULTS_DIR / f"fault-latency-{started.date().isoformat()}.json"
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+        write_report(output, report)
         print(f"wrote {output}")
         return 0
 
@@ -1139,13 +1064,13 @@ def main(argv: list[str] | None = None) -> int:
             )
             + f" — target ≥ {TARGET}×"
         )
-    machine["load_average_at_end"] = list(os.getloadavg())
+    machine["load_average_at_end"] = load_average()
     report = {
         "benchmark": "django-leases workflows",
         "started_at": started.isoformat(),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
         "machine": machine,
-        "versions": versions(),
+        "versions": versions(("django-ox", "procrastinate", "django-tasks-db")),
         "postgresql": database,
         "settings": {
             "tasks": args.tasks,
@@ -1178,7 +1103,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     output = args.output or RESULTS_DIR / f"workflows-{started.date().isoformat()}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+    write_report(output, report)
     print(f"\nwrote {output}")
     return 0
 
