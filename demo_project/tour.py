@@ -56,6 +56,9 @@ SLOW_PUSH = (
     Path(__file__).resolve().parent / "previews" / "samples" / "slow" / "push-slow-build.json"
 )
 SINGLETON_KEY = "demo-digest"
+#: The singleton job's lease TTL, seconds: short enough that the takeover is quick to watch,
+#: long enough that renewals every TTL/3 survive a busy SQLite database on a loaded machine.
+SINGLETON_TTL = 6
 ADMIN_USER = os.environ.get("DEMO_ADMIN_USER", "admin")
 ADMIN_PASSWORD = os.environ.get("DEMO_ADMIN_PASSWORD", "admin")
 GITHUB_TOKEN = "demo-github-token"
@@ -327,11 +330,22 @@ class Tour:
                 self.start(f"worker-{number}", "run_workflow_worker", "--concurrency", "1")
             )
         job = [sys.executable, str(BASE_DIR / "manage.py"), "demo_digest", "--every", "0.5"]
-        holder = self.start("singleton-1", "hold_lease", SINGLETON_KEY, "--ttl", "3", "--", *job)
+        holder = self.start(
+            "singleton-1", "hold_lease", SINGLETON_KEY, "--ttl", str(SINGLETON_TTL), "--", *job
+        )
         lease = wait_for(
             "the singleton job's lease", lambda: Lease.objects.current(SINGLETON_KEY), timeout=30
         )
-        self.start("singleton-2", "hold_lease", SINGLETON_KEY, "--ttl", "3", "--wait", "--", *job)
+        self.start(
+            "singleton-2",
+            "hold_lease",
+            SINGLETON_KEY,
+            "--ttl",
+            str(SINGLETON_TTL),
+            "--wait",
+            "--",
+            *job,
+        )
         digest = wait_for(
             "the singleton job's first digest", lambda: self.digest(min_token=lease.token), 30
         )
