@@ -6,23 +6,48 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 lint docs demo bench bench-leases bench-workflows clean
+.PHONY: venv test test-sqlite test-postgres test-django6 coverage-erase coverage-report lint docs \
+	demo bench bench-leases bench-workflows clean
+
+# One venv, filled as far as the task needs: `make demo` installs the package and the one
+# library the demo's settings read the environment with; `make test`, `lint` and `docs` add
+# the test, lint and docs tools; the benchmarks add their peers.
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[demo,dev]'
+	touch $@
+
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $@
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	touch $@
+# The suite on every backend, each pass measured by coverage (branch), then one combined report
+# that fails under the level in pyproject.toml ([tool.coverage.report] fail_under).
+test: coverage-erase test-sqlite test-postgres coverage-report
 
-test: test-sqlite test-postgres
+COVERAGE := $(PY) -m coverage
+
+coverage-erase: venv
+	$(COVERAGE) erase
+
+coverage-report: venv
+	$(COVERAGE) combine --quiet
+	$(COVERAGE) report
 
 test-sqlite: venv
-	DATABASE_URL='$(SQLITE_URL)' $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL='$(SQLITE_URL)' $(COVERAGE) run -m pytest $(PYTEST_ARGS)
 
 test-postgres: venv
-	DATABASE_URL='$(PG_URL)' $(PY) -m pytest $(PYTEST_ARGS)
+	DATABASE_URL='$(PG_URL)' $(COVERAGE) run -m pytest $(PYTEST_ARGS)
 
 # Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))
@@ -51,7 +76,7 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 docs: $(VENV)/.docs-installed
 	$(VENV)/bin/mkdocs build --strict
 
-demo: venv
+demo: $(VENV)/.demo-installed
 	$(PY) -m demo_project.tour
 
 # `make bench` runs both benchmarks. BENCH_ARGS still goes to the lease benchmark;
@@ -61,7 +86,7 @@ WORKFLOWS_BENCH_ARGS ?=
 
 bench: bench-leases bench-workflows
 
-bench-leases: venv
+bench-leases: $(VENV)/.bench-installed
 	$(PY) bench/leases.py $(LEASES_BENCH_ARGS)
 
 # The workflow benchmark runs every contender under one Python and one Django: django-ox needs
@@ -79,4 +104,5 @@ bench-workflows: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/workflows.py $(WORKFLOWS_BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) demo.sqlite3* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV6) $(VENVB) site demo.sqlite3* .coverage .coverage.* .pytest_cache \
+		.mypy_cache .ruff_cache

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from tests import payloads as payload_sets
-from tests.helpers import tuned_sql
+from tests.helpers import reap_started_processes, tuned_sql
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -69,3 +69,10 @@ def subprocess_env(transactional_db: None) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@pytest.fixture(autouse=True)
+def _reap_started_processes() -> Iterator[None]:
+    """No test leaves a process it started, or its pipes, behind."""
+    yield
+    reap_started_processes()

@@ -225,6 +225,22 @@ def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
     return blocked
 
 
+def start_thread(call: Callable[[], Any], *, name: str | None = None) -> threading.Thread:
+    """Start ``call`` on a daemon thread that closes its own database connections at its end
+    (a thread that ends with one open leaves it to the garbage collector, and the server
+    session open); returns the thread, for the test to join."""
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def on_another_thread(call: Callable[[], Any], timeout: float = 60.0) -> Any:
     """Run ``call`` on a thread of its own (its own connection: it sees only committed rows,
     and what it writes is committed) and return its result, or raise what it raised."""
@@ -482,8 +498,12 @@ def start_process(
     argv: Sequence[str], *, env: dict[str, str], stdin: bool = False
 ) -> subprocess.Popen[str]:
     """Start ``argv`` in the project's root with ``env``, its stdout and stderr (and its
-    stdin, when ``stdin``) piped as text."""
-    return subprocess.Popen(
+    stdin, when ``stdin``) piped as text.
+
+    The process is reaped at the end of the test (:func:`reap_started_processes`): killed if
+    still running, its pipes closed.
+    """
+    process = subprocess.Popen(
         list(argv),
         cwd=ROOT,
         env=env,
@@ -492,6 +512,25 @@ def start_process(
         stderr=subprocess.PIPE,
         text=True,
     )
+    _STARTED.append(process)
+    return process
+
+
+#: Processes :func:`start_process` started in the current test.
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+def reap_started_processes() -> None:
+    """Kill every process :func:`start_process` started that still runs, wait for it, and
+    close its pipes (so no test leaves a process or an open file behind)."""
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=60)
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def run_at_once(

@@ -31,7 +31,7 @@ from django.db import connection
 
 from django_leases.models import Lease, RunStatus, WorkflowRun
 from django_leases.workflows.engine import start_workflow
-from tests.helpers import unique_key, wait_until
+from tests.helpers import start_process, unique_key, wait_until
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
 
@@ -99,6 +99,8 @@ def pgbouncer() -> Iterator[int]:
     finally:
         process.terminate()
         process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -181,23 +183,34 @@ def test_hold_lease_behind_the_pooler_holds_and_releases(
     pgbouncer: int, subprocess_env: dict[str, str], declared: bool
 ) -> None:
     key = unique_key("pooled")
-    script = "import os; print(os.environ['DJANGO_LEASES_TOKEN'])"
-    done = _manage(
-        _env(subprocess_env, pgbouncer, declared=declared),
-        "hold_lease",
-        key,
-        "--ttl",
-        "3",
-        "--",
-        sys.executable,
-        "-c",
-        f"import time; time.sleep(2.5); {script}",
+    go_on = Path(tempfile.mkdtemp(prefix="dl-pooled-")) / "go-on"
+    # The child holds the lease until the test has seen a renewal land through the pooler.
+    child = (
+        "import os, pathlib, sys, time\n"
+        "while not pathlib.Path(sys.argv[1]).exists():\n"
+        "    time.sleep(0.05)\n"
+        "print(os.environ['DJANGO_LEASES_TOKEN'])\n"
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "1"
+    python_child = [sys.executable, "-c", child, str(go_on)]
+    holder = start_process(
+        [sys.executable, "manage.py", "hold_lease", key, "--ttl", "3", "--", *python_child],
+        env=_env(subprocess_env, pgbouncer, declared=declared),
+    )
+
+    def renewed() -> bool:
+        assert holder.poll() is None, holder.communicate()
+        lease = Lease.objects.filter(key=key).first()
+        return lease is not None and lease.renewed_at > lease.acquired_at
+
+    wait_until(renewed, 60, what="a renewal through the pooler")
+    go_on.touch()
+    stdout, stderr = holder.communicate(timeout=60)
+    shutil.rmtree(go_on.parent, ignore_errors=True)
+    assert holder.returncode == 0, stdout + stderr
+    assert stdout.strip().splitlines()[-1] == "1"
     lease = Lease.objects.with_state().get(key=key)
     assert lease.state == "released"  # type: ignore[attr-defined]
-    assert lease.renewed_at > lease.acquired_at, "it was never renewed through the pooler"
+    assert lease.renewed_at > lease.acquired_at
 
 
 @pytest.mark.django_db(transaction=True)

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.db import connection
 
 from django_leases.models import Lease, TriggerEvent, TriggerSource
 from django_leases.testing.providers import FakeProvider, installed_provider
@@ -25,7 +24,7 @@ from django_leases.triggers.lifecycle import (
     SourceOrphaned,
 )
 from django_leases.triggers.registry import webhook_source
-from tests.helpers import fake_sources, race, run_at_once, start_process
+from tests.helpers import fake_sources, race, run_at_once, start_process, start_thread
 
 SOURCE = "lc-hooks"
 BASE = "https://app.example.com"
@@ -373,14 +372,7 @@ def test_a_busy_source_is_reported_after_the_wait(fake: FakeProvider) -> None:
     gate = threading.Event()
     fake.setup_gate = gate
 
-    def enable() -> None:
-        try:
-            lifecycle.enable(SOURCE)
-        finally:
-            connection.close()  # this thread's own connection
-
-    first = threading.Thread(target=enable)
-    first.start()
+    first = start_thread(lambda: lifecycle.enable(SOURCE))
     try:
         assert fake.setup_entered.wait(60)
         with pytest.raises(SourceBusy, match="busy"):

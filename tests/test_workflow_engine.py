@@ -29,7 +29,7 @@ from django_leases.workflows.values import (
     run_lease_key,
 )
 from django_leases.workflows.worker import Worker
-from tests.helpers import lapse_step_lease, wait_until
+from tests.helpers import lapse_step_lease, start_thread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -532,9 +532,8 @@ def test_a_worker_whose_run_is_cancelled_mid_step_has_its_outcome_refused_quietl
     step_function(name)(blocks)
     run_id, claim = _claim_run("tests.fenced", "charge", name)
     outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(execute_step(claim)))
     with caplog.at_level(logging.WARNING, logger="django_leases.workflows"):
-        worker.start()
+        worker = start_thread(lambda: outcome.append(execute_step(claim)))
         assert started.wait(60)
         change = WorkflowRun.objects.cancel(run_id)
         assert change.steps == ("charge",)

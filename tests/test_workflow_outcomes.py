@@ -27,7 +27,7 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
 from django_leases.workflows.values import STEP_FAILED, STEP_RESULT_NOT_JSON, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
-from tests.helpers import terminate_other_backends
+from tests.helpers import start_thread, terminate_other_backends
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -275,10 +275,7 @@ def test_terminating_the_workers_connections_during_a_step_keeps_its_result() ->
     run_id = start_workflow("tests.outcomes.waits", {})
     worker = Worker(concurrency=1, poll_interval=0.1, step_lease_ttl=30)
     codes: list[int] = []
-    runner = threading.Thread(
-        target=lambda: codes.append(worker.run(once=True, handle_signals=False))
-    )
-    runner.start()
+    runner = start_thread(lambda: codes.append(worker.run(once=True, handle_signals=False)))
     try:
         assert _entered.wait(60), "the step never started"
         # The worker thread's (idle) connection and the renewal's, as a failover would.

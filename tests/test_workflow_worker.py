@@ -37,6 +37,7 @@ from tests.helpers import (
     manage,
     on_another_thread,
     start_process,
+    start_thread,
     terminate_other_backends,
     wait_until,
 )
@@ -141,8 +142,7 @@ def test_a_second_signal_to_an_idle_worker_abandons_nothing() -> None:
     idle threads are not "work in flight", so the worker exits 0."""
     worker = Worker(concurrency=3, poll_interval=5, shutdown_grace=30, step_lease_ttl=30)
     codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(worker.run(handle_signals=False)))
-    runner.start()
+    runner = start_thread(lambda: codes.append(worker.run(handle_signals=False)))
     try:
         wait_for("the threads to go idle", lambda: worker.wake.waiting == 3)
         worker._on_signal(signal.SIGINT)
@@ -160,8 +160,7 @@ def test_a_stopped_worker_gives_up_waiting_after_the_grace_and_says_so() -> None
     run_id = start_workflow("tests.blocks", {})
     worker = Worker(concurrency=1, poll_interval=0.05, shutdown_grace=0.5, step_lease_ttl=30)
     codes: list[int] = []
-    runner = threading.Thread(target=lambda: codes.append(worker.run(handle_signals=False)))
-    runner.start()
+    runner = start_thread(lambda: codes.append(worker.run(handle_signals=False)))
     try:
         assert _entered.wait(30), "the step never started"
         worker.stop()
@@ -198,8 +197,7 @@ def test_a_worker_survives_its_database_connections_being_killed() -> None:
     _kills.clear()
     run_id = start_workflow("tests.kills-connections", {})
     worker = Worker(concurrency=2, poll_interval=0.1, step_lease_ttl=5.0)
-    runner = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
-    runner.start()
+    runner = start_thread(lambda: worker.run(handle_signals=False))
     try:
         wait_for(
             "the run to complete after its connections were killed",
@@ -343,8 +341,7 @@ def test_an_idle_worker_is_woken_by_notify_and_its_listener_survives_being_kille
     conn_max_age = connection.settings_dict["CONN_MAX_AGE"]
     connection.settings_dict["CONN_MAX_AGE"] = None  # new threads' connections persist
     worker = Worker(concurrency=2, poll_interval=600)
-    runner = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
-    runner.start()
+    runner = start_thread(lambda: worker.run(handle_signals=False))
     try:
         wait_for("the listener", lambda: worker.listener is not None)
         assert worker.listener is not None
