@@ -13,8 +13,10 @@ lifecycle records each provider step), so both lists are read-only. Operators wi
 
 Every one of them calls :mod:`django_leases.triggers.lifecycle` (the rules live there), then
 writes a ``LogEntry`` and a message with the outcome. Without the permission nothing can be
-switched, by button, URL or action (403 / the actions are not offered). No secret is kept
-in a row, so none can be shown.
+switched, by button, URL or action (403 / the actions are not offered); as for Django's
+own actions, an operate URL also needs the list's view permission (``view_triggersource``,
+or ``view_orphantriggersource`` for the Orphans view) — a user missing either gets 403.
+No secret is kept in a row, so none can be shown.
 
 Stable hooks for browser tests: the switch buttons have ids ``switch-<name>`` and the
 labels *Turn on* / *Turn off*; the orphan buttons ``forget-<name>`` / ``teardown-<name>``;
@@ -201,7 +203,11 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         it, say how it went, and go back to the list (or to ``next``, one of ours)."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_toggle_permission(request) or operation not in self.operations:
+        # As for Django's actions: this list's view permission *and* the toggle one, checked
+        # before the row is looked up, so an id's existence is not revealed either.
+        if not (self.has_view_permission(request) and self.has_toggle_permission(request)):
+            raise PermissionDenied
+        if operation not in self.operations:
             raise PermissionDenied
         source = self.get_object(request, object_id)
         changelist = reverse(

@@ -10,8 +10,9 @@ operations, each calling the store's method (``WorkflowRun.objects.resume`` / ``
 outcome: **resume** and **cancel** as list actions and as buttons in the run page's
 "Operate" section, and **retry step** as one "Retry step <name>" button there per failed step.
 Only the operations the run's state allows are offered. The buttons post (with the CSRF
-token) to ``<run id>/operate/<operation>/``; a user without the permission gets 403 there
-and never sees the actions or the buttons.
+token) to ``<run id>/operate/<operation>/``; as for Django's own actions, that URL needs the
+``view_workflowrun`` permission **and** the operate one — a user missing either gets 403
+there (before the run is looked up) and never sees the actions or the buttons.
 """
 
 from __future__ import annotations
@@ -188,7 +189,9 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
         retry-step): run the operation, log it, say how it went, back to the run page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_operate_permission(request):
+        # As for Django's actions: the view permission *and* the operate one, checked before
+        # the run is looked up, so an id's existence is not revealed either.
+        if not (self.has_view_permission(request) and self.has_operate_permission(request)):
             raise PermissionDenied
         if operation not in OPERATIONS:
             raise PermissionDenied  # no such operation: nothing to offer
