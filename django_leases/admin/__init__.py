@@ -1,3 +1,3 @@
-"""Operators' admin: leases, workflow runs and trigger sources (DESIGN §7)."""
+"""Operators' admin: leases, workflow runs, workers and trigger sources (DESIGN §7)."""
 
-from django_leases.admin import leases, triggers, workflows  # noqa: F401  (registers)
+from django_leases.admin import leases, triggers, workers, workflows  # noqa: F401  (registers)
