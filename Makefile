@@ -6,7 +6,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 lint docs demo bench bench-leases bench-workflows clean
+.PHONY: venv test test-sqlite test-postgres test-django6 lint docs docs-images demo bench bench-leases bench-workflows clean
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,10 @@ test-sqlite: venv
 
 test-postgres: venv
 	DATABASE_URL='$(PG_URL)' $(PY) -m pytest $(PYTEST_ARGS)
+
+# The admin screenshots in docs/img/ come from the browser tests (Debian's chromium).
+docs-images: venv
+	DL_DOCS_IMAGES=1 DATABASE_URL='$(SQLITE_URL)' $(PY) -m pytest tests/browser -p no:cacheprovider
 
 # Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))

@@ -1,33 +1,38 @@
 """How the django-leases admin pages show values: one time format, badges, whole-word cuts.
 
-Times: every time on these pages is shown in the current time zone (Django's
-``TIME_ZONE``, or the one a middleware activated) as ``2026-12-01 13:12:05 UTC`` — with
-seconds, which an attempt history needs, and the same everywhere (lists, pages, tables). The
-element is a ``<time>`` whose ``datetime`` attribute holds the ISO 8601 value.
+Times: every time on these pages is shown as Django's admin shows a date and time — in the
+current time zone (``TIME_ZONE``, or the one a middleware activated) and the active
+language's ``DATETIME_FORMAT`` (``formats.localize``) — so the tables this app renders and the
+fields Django renders read the same. The element is a ``<time>`` whose ``datetime`` attribute
+holds the ISO 8601 value and whose tooltip (``title``) the exact time, to the millisecond
+(the localized formats of most languages stop at the minute).
+
+Stylesheet: :data:`MEDIA_CSS` (``django_leases/admin.css``), which lets the run page's tables
+fit the page at 1280 px.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from django.utils import timezone
-from django.utils.dateformat import format as date_format
+from django.utils import formats, timezone
 from django.utils.html import format_html
 
-#: The one format of times on the admin pages (Django's date-format characters).
-TIME_FORMAT = "Y-m-d H:i:s T"
+#: The stylesheet every django-leases admin page includes (``ModelAdmin.Media.css``).
+MEDIA_CSS = {"all": ("django_leases/admin.css",)}
 
 
 def local_time(value: datetime | None) -> str:
-    """``value`` (a ``datetime``, aware or naive, or ``None``) as safe HTML in the current time
-    zone and :data:`TIME_FORMAT`; ``"—"`` for ``None``."""
+    """``value`` (a ``datetime``, aware or naive, or ``None``) as safe HTML: a ``<time>`` in
+    the current time zone and the localized ``DATETIME_FORMAT``; ``"—"`` for ``None``."""
     if value is None:
         return "—"
     shown = timezone.localtime(value) if timezone.is_aware(value) else value
     return format_html(
-        '<time class="dl-time" datetime="{}">{}</time>',
+        '<time class="dl-time" datetime="{}" title="{}">{}</time>',
         shown.isoformat(),
-        date_format(shown, TIME_FORMAT),
+        shown.isoformat(sep=" ", timespec="milliseconds"),
+        formats.localize(shown),
     )
 
 
@@ -54,6 +59,6 @@ def cut_at_word(text: str, limit: int) -> str:
         return flat
     head = flat[: limit - 1]
     space = head.rfind(" ")
-    if space > 0:
+    if flat[limit - 1] != " " and space > 0:  # the cut falls inside a word: drop that word
         head = head[:space]
     return head.rstrip(" ,;:.") + "…"

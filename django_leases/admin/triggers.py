@@ -39,6 +39,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSource
 from django_leases.triggers import lifecycle
@@ -52,6 +53,8 @@ else:  # Django's ModelAdmin takes no type parameter at run time
 
 #: How many deliveries a source's page lists.
 RECENT_EVENTS = 20
+#: Characters of a source's detail its list shows (whole words, then "…"; the page shows all).
+DETAIL_SHOWN = 100
 
 _BADGE_COLOURS = {
     "off": ("#e0e0e0", "#333"),
@@ -92,6 +95,9 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
     search_fields = ("name",)
     change_form_template = "admin/django_leases/triggersource/change_form.html"
 
+    class Media:
+        css = MEDIA_CSS
+
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
 
@@ -128,8 +134,7 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
 
     @admin.display(description="detail")
     def short_detail(self, obj: TriggerSource) -> str:
-        detail = " ".join((obj.detail or "").split())
-        return detail if len(detail) <= 100 else detail[:99] + "…"
+        return cut_at_word(obj.detail or "", DETAIL_SHOWN)
 
     @admin.display(description="receives at")
     def receive_address(self, obj: TriggerSource) -> str:
@@ -152,7 +157,7 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    event.received_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    local_time(event.received_at),
                     event.event,
                     event.delivery_id,
                     self._run_link(event),
@@ -161,8 +166,8 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
             ),
         )
         return format_html(
-            '<table class="dl-recent-events" id="recent-events"><thead><tr><th>received</th>'
-            "<th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
+            '<table class="dl-recent-events dl-table" id="recent-events"><thead><tr>'
+            "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
         )

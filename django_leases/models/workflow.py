@@ -1639,6 +1639,16 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
         """The run's attempts, oldest first, with their steps loaded."""
         return self.filter(step__run_id=parse_run_id(run_id)).select_related("step").order_by("id")
 
+    def with_superseded(self) -> WorkflowStepAttemptQuerySet:
+        """Annotate ``superseded`` (``bool``): the attempt still says ``running`` but a later
+        attempt of its step was claimed, so its result, error and renewals are refused."""
+        return self.annotate(
+            superseded=ExpressionWrapper(
+                Q(status=AttemptStatus.RUNNING, attempt__lt=F("step__attempt")),
+                output_field=BooleanField(),
+            )
+        )
+
 
 # -- the models ---------------------------------------------------------------------------------
 
