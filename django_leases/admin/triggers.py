@@ -26,7 +26,7 @@ the badges ``status-<name>`` with ``data-status``; a source page's operations li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -41,7 +41,7 @@ from django.utils.html import format_html, format_html_join
 
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
-from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSource
+from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSecret, TriggerSource
 from django_leases.triggers import lifecycle
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
@@ -74,6 +74,8 @@ _FIELDS = (
     "status_badge",
     "detail",
     "receive_address",
+    "signing_secret",
+    "sender_headers",
     "state",
     "base_url",
     "label_prefix",
@@ -116,7 +118,51 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         """Whether the user may switch, tear down and forget sources (``toggle_triggersource``)."""
         return bool(request.user.has_perm(TOGGLE_PERMISSION))
 
+    def get_fields(self, request: HttpRequest, obj: TriggerSource | None = None) -> Sequence[str]:  # type: ignore[override]  # Django's stubs: a wider union
+        """The page's fields; *sender headers* only for a source registered by hand (the
+        ``manual`` provider): GitHub and Stripe send theirs themselves."""
+        fields = list(_FIELDS)
+        if obj is None or obj.provider != "manual":
+            fields.remove("sender_headers")
+        return fields
+
     # -- columns and fields ---------------------------------------------------------------
+
+    @admin.display(description="signing secret")
+    def signing_secret(self, obj: TriggerSource) -> str:
+        """Whether deliveries can be checked: where the secret comes from, never the secret."""
+        origin = TriggerSecret.objects.secret_origin(obj.name)
+        if origin == "settings":
+            return "set in DJANGO_LEASES['WEBHOOK_SECRETS'] (it wins over a stored one)"
+        if origin == "stored":
+            return "stored (encrypted, in the credential store)"
+        return format_html(
+            '<strong id="no-secret-{}">none stored</strong>: deliveries are refused (401) until '
+            "one is: <code>manage.py trigger_sources set-secret {}</code>",
+            obj.name,
+            obj.name,
+        )
+
+    @admin.display(description="the sender must send")
+    def sender_headers(self, obj: TriggerSource) -> str:
+        """The headers a sender registered by hand must send (the provider's list)."""
+        from django_leases.triggers.providers import get_provider
+
+        provider = get_provider(obj.provider)
+        if provider is None:
+            return "— (the provider is not installed here)"
+        headers = provider.for_config(obj.config or {}).sender_headers
+        if not headers:
+            return "—"
+        rows = format_html_join(
+            "", '<tr><td class="dl-name"><code>{}</code></td><td>{}</td></tr>', headers
+        )
+        return format_html(
+            '<table class="dl-table" id="sender-headers"><thead><tr><th>header</th>'
+            "<th>holds</th></tr></thead><tbody>{}</tbody></table>"
+            "<p>POST to the address above; the body is what is signed, byte for byte.</p>",
+            rows,
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: TriggerSource) -> str:

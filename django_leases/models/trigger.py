@@ -590,6 +590,15 @@ class TriggerSecretQuerySet(db.RoutedQuerySet["TriggerSecret"]):
         override = _override(name) if isinstance(name, str) else None
         return override if override is not None else self.get_secret(name)
 
+    def secret_origin(self, name: str) -> str | None:
+        """Where the secret deliveries to source ``name`` are checked with comes from, without
+        reading it: ``"settings"`` (``DJANGO_LEASES["WEBHOOK_SECRETS"][name]``, which wins),
+        ``"stored"`` (the credential store), or ``None`` when there is none — deliveries are
+        then refused (401)."""
+        if _override(name) is not None:
+            return "settings"
+        return "stored" if self.rows().filter(name=name).exists() else None
+
     def stored_names(self) -> set[str]:
         """The names with a stored secret."""
         return set(self.rows().values_list("name", flat=True))
