@@ -38,6 +38,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
@@ -196,8 +197,14 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
                 :RECENT_EVENTS
             ]
         )
+        every = format_html(
+            '<p><a href="{}?{}" id="all-deliveries">All deliveries to {}</a></p>',
+            reverse("admin:django_leases_triggerevent_changelist"),
+            urlencode({"source": obj.name}),
+            obj.name,
+        )
         if not events:
-            return "None yet."
+            return format_html("None yet.{}", every)
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -214,8 +221,9 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         return format_html(
             '<table class="dl-recent-events dl-table" id="recent-events"><thead><tr>'
             "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            "<tbody>{}</tbody></table>{}",
             rows,
+            every,
         )
 
     @staticmethod

@@ -58,8 +58,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Now
 
 from django_leases import db
 from django_leases.conf import leases_settings
@@ -382,8 +382,20 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                 raise UnknownTriggerSourceError(name)
 
 
+#: A delivery's outcome when it started no workflow run (its handler called a function, or
+#: its run was deleted since); otherwise the outcome is its run's status.
+NO_RUN = "no-run"
+
+
 class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
     """Domain methods of ``TriggerEvent.objects``."""
+
+    def with_outcome(self) -> TriggerEventQuerySet:
+        """Annotate ``outcome``: what came of each accepted delivery — :data:`NO_RUN`, or the
+        status of the workflow run it started (``running``, ``completed``, ``failed``, …)."""
+        return self.annotate(
+            outcome=Coalesce(F("run__status"), Value(NO_RUN), output_field=models.CharField())
+        )
 
     def accept(
         self, source: TriggerSource, parsed: ParsedDelivery, handler: Handler | None
