@@ -30,8 +30,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
@@ -40,6 +38,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
+from django_leases.admin import history
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSecret, TriggerSource
@@ -307,22 +306,11 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         operation: str,
         result: lifecycle.LifecycleResult,
     ) -> None:
-        _, said = self.operations[operation]
-        flag = DELETION if result.status is None and result.enabled is None else CHANGE
-        message = f"{said} the trigger source"
-        if not result.changed and operation in ("enable", "disable"):
-            message += f" (it was {'on' if operation == 'enable' else 'off'} already)"
-        if flag == CHANGE:
-            message += f"; status {result.status}"
-        if not result.ok:
-            message += "; the provider step failed"
-        LogEntry.objects.create(
-            user_id=request.user.pk,  # type: ignore[misc]  # a logged-in user: never None
-            content_type=ContentType.objects.get_for_model(TriggerSource, for_concrete_model=True),
-            object_id=str(source.pk),
-            object_repr=str(source)[:200],
-            action_flag=flag,
-            change_message=message,
+        history.log_change(
+            source,
+            history.lifecycle_message(operation, result),
+            flag=history.lifecycle_flag(result),
+            user_id=request.user.pk,
         )
 
     def change_view(
