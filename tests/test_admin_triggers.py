@@ -425,3 +425,40 @@ def test_only_manual_sources_list_the_headers_to_send(operator: Client, fake: Fa
     assert 'id="sender-headers"' not in html
     assert "stored (encrypted, in the credential store)" in html
     assert credentials.get_secret("adm-pushes") not in html
+
+
+# -- refused deliveries ------------------------------------------------------------------------
+
+
+def test_a_source_page_and_the_list_show_the_refused_delivery_tallies(
+    operator: Client, fake: FakeProvider
+) -> None:
+    lifecycle.enable("adm-pushes")
+    hooks = Client()
+    headers = {
+        "content_type": "application/json",
+        "HTTP_X_FAKE_EVENT": "push",
+        "HTTP_X_FAKE_DELIVERY": "d-1",
+    }
+    for _ in range(3):
+        wrong = FakeProvider.sign("not-the-secret", b"{}")
+        answer = hooks.post("/hooks/adm-pushes/", b"{}", HTTP_X_FAKE_SIGNATURE=wrong, **headers)
+        assert answer.status_code == 401
+    assert hooks.post("/hooks/adm-releases/", b"{}", **headers).status_code == 404  # off
+    html = _page(operator, "adm-pushes")
+    table = html[html.index('id="refusals"') :]
+    table = table[: table.index("</table>")]
+    row = re.search(r'<tr id="refused-bad_signature">(.*?)</tr>', table, re.S)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    assert cells[0] == "<code>bad_signature</code>" and cells[2:4] == ["3", "401"]
+    assert "signature missing or not matching" in cells[1]
+    assert 'class="dl-time"' in cells[4] and 'class="dl-time"' in cells[5]
+    assert "not_receiving" not in table, "another source's refusal"
+    assert re.search(r'<tr id="refused-not_receiving">', _page(operator, "adm-releases"))
+    # The list: the total per source.
+    listing = operator.get(reverse(SOURCES)).content.decode()
+    assert 'data-refused="3">3<' in listing and 'data-refused="1">1<' in listing
+    orphan = reverse("admin:django_leases_orphantriggersource_change", args=[_pk("adm-gone")])
+    orphan_page = operator.get(orphan).content.decode()
+    assert 'id="refusals"' not in orphan_page and "Refused deliveries" in orphan_page

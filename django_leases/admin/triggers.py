@@ -27,7 +27,7 @@ the badges ``status-<name>`` with ``data-status``; a source page's operations li
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -41,12 +41,21 @@ from django.utils.http import urlencode
 from django_leases.admin import history
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
-from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSecret, TriggerSource
+from django_leases.models import (
+    OrphanTriggerSource,
+    TriggerEvent,
+    TriggerRefusal,
+    TriggerSecret,
+    TriggerSource,
+)
 from django_leases.triggers import lifecycle
+from django_leases.triggers.values import REFUSAL_REASONS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
 
 if TYPE_CHECKING:
+    from django_leases.models.trigger import TriggerSourceQuerySet
+
     _SourceModelAdmin = admin.ModelAdmin[TriggerSource]
 else:  # Django's ModelAdmin takes no type parameter at run time
     _SourceModelAdmin = admin.ModelAdmin
@@ -81,6 +90,7 @@ _FIELDS = (
     "label_prefix",
     "updated_at",
     "recent_events",
+    "refusals",
 )
 
 
@@ -102,6 +112,10 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
 
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
+        rows = super().get_queryset(request)
+        return cast("TriggerSourceQuerySet", rows).with_refused()
 
     # -- permissions ----------------------------------------------------------------------
 
@@ -188,6 +202,45 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
             return lifecycle.receive_url(obj)
         except TriggerSourceError:
             return "— (no address yet: run reconcile_trigger_sources --base-url)"
+
+    @admin.display(description="refused", ordering="refused")
+    def refused_count(self, obj: TriggerSource) -> str:
+        """Deliveries refused so far, all reasons (the page has them by reason)."""
+        count = int(getattr(obj, "refused", 0) or 0)
+        if not count:
+            return "0"
+        return format_html('<span class="dl-refused" data-refused="{}">{}</span>', count, count)
+
+    @admin.display(description="refused deliveries")
+    def refusals(self, obj: TriggerSource) -> str:
+        """The source's refused-delivery tallies by reason (``TriggerRefusal.objects``):
+        counts only — nothing of a refused request is kept."""
+        tallies = TriggerRefusal.objects.by_source([obj.name]).get(obj.name, {})
+        if not tallies:
+            return "None."
+        rows = format_html_join(
+            "",
+            '<tr id="refused-{}"><td class="dl-name"><code>{}</code></td><td>{}</td>'
+            '<td class="dl-count">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    reason,
+                    reason,
+                    REFUSAL_REASONS.get(reason, (0, ""))[1],
+                    tally.count,
+                    tally.last_status,
+                    local_time(tally.first_refused_at),
+                    local_time(tally.last_refused_at),
+                )
+                for reason, tally in sorted(tallies.items())
+            ),
+        )
+        return format_html(
+            '<table class="dl-table" id="refusals"><thead><tr><th>reason</th><th>meaning</th>'
+            "<th>count</th><th>last answer</th><th>first</th><th>last</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            rows,
+        )
 
     @admin.display(description="recent deliveries")
     def recent_events(self, obj: TriggerSource) -> str:
@@ -358,6 +411,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         "provider",
         "receive_address",
         "short_detail",
+        "refused_count",
         "updated_at",
     )
     list_filter = ("enabled", "provider", "status")

@@ -168,6 +168,22 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
     def _alias(self) -> str:
         return self.write_alias()
 
+    def with_refused(self) -> TriggerSourceQuerySet:
+        """Annotate ``refused``: how many deliveries to each source were refused, all reasons
+        together (``0`` when none; the tallies are :class:`TriggerRefusal`'s)."""
+        total = (
+            TriggerRefusal.objects.filter(source=models.OuterRef("pk"))
+            .order_by()
+            .values("source")
+            .annotate(total=models.Sum("count"))
+            .values("total")
+        )
+        return self.annotate(
+            refused=Coalesce(
+                models.Subquery(total), Value(0), output_field=models.BigIntegerField()
+            )
+        )
+
     def _rows(self, alias: str) -> models.QuerySet[TriggerSource]:
         return self.model._default_manager.using(alias).all()
 
