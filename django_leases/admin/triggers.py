@@ -407,12 +407,10 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     list_display: tuple[str, ...] = (
         "name",
         "switch",
-        "status_badge",
         "provider",
         "receive_address",
         "short_detail",
         "refused_count",
-        "updated_at",
     )
     list_filter = ("enabled", "provider", "status")
     actions = ("enable_sources", "disable_sources")
@@ -427,19 +425,23 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_toggle_permission(request):
             return self.list_display
-        return tuple("enabled" if column == "switch" else column for column in self.list_display)
+        shown: list[str] = []
+        for column in self.list_display:
+            shown.extend(("enabled", "status_badge") if column == "switch" else (column,))
+        return tuple(shown)
 
-    @admin.display(description="on / off", ordering="enabled")
+    @admin.display(description="status · on / off", ordering="enabled")
     def switch(self, obj: TriggerSource) -> str:
-        """The row's switch: a submit button posting the changelist form (with its CSRF
-        token) to this source's enable / disable view (``formaction``), so no nested form."""
+        """The row's status badge over its switch: a submit button posting the changelist
+        form (with its CSRF token) to this source's enable / disable view (``formaction``),
+        so no nested form."""
         operation = "disable" if obj.enabled else "enable"
         return format_html(
-            '<span class="dl-onoff" data-enabled="{}">{}</span> '
+            '<span class="dl-onoff" data-enabled="{}">{}</span>'
             '<button type="submit" class="button dl-switch" id="switch-{}" name="switch" '
             'value="{}" formaction="{}" formmethod="post" title="{} {}">{}</button>',
             "true" if obj.enabled else "false",
-            "on" if obj.enabled else "off",
+            self.status_badge(obj),
             obj.name,
             operation,
             self.operate_url(obj, operation),
@@ -469,14 +471,12 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     list_display: tuple[str, ...] = (
         "name",
         "orphan_operations",
-        "enabled",
         "status_badge",
         "provider",
         "state",
         "short_detail",
-        "updated_at",
     )
-    list_filter = ("provider",)
+    list_filter = ("enabled", "provider")
     actions = ("forget_sources", "teardown_sources")
     operations = {
         "forget": (lifecycle.forget, "Forgot"),

@@ -20,7 +20,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from django_leases.admin.display import badge, local_time
+from django_leases.admin.display import MEDIA_CSS, badge, local_time
 from django_leases.models import WorkerState, WorkflowWorker
 
 if TYPE_CHECKING:
@@ -62,15 +62,12 @@ class WorkflowWorkerAdmin(_WorkerModelAdmin):
         "pid",
         "state_badge",
         "queue_names",
-        "concurrency",
-        "in_flight",
-        "wakeup",
+        "work",
         "since",
         "last_heartbeat",
-        "heartbeat_expires",
     )
-    list_display_links = None
-    list_filter = (WorkerStateFilter, "host")
+    list_display_links = ("host",)
+    list_filter = (WorkerStateFilter,)
     search_fields = ("host", "=pid")
     actions = None
     fields = (
@@ -88,6 +85,9 @@ class WorkflowWorkerAdmin(_WorkerModelAdmin):
         "stopped",
     )
     readonly_fields = fields
+
+    class Media:
+        css = MEDIA_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowWorker]:
         return WorkflowWorker.objects.with_state()
@@ -124,6 +124,11 @@ class WorkflowWorkerAdmin(_WorkerModelAdmin):
     def queue_names(self, obj: WorkflowWorker) -> str:
         queues = [str(queue) for queue in (obj.queues or [])]
         return ", ".join(queues) if queues else "every queue"
+
+    @admin.display(description="in flight", ordering="in_flight")
+    def work(self, obj: WorkflowWorker) -> str:
+        """Units of work in flight at the last heartbeat, of the worker's threads."""
+        return f"{obj.in_flight} of {obj.concurrency}"
 
     @admin.display(description="since", ordering="started_at")
     def since(self, obj: WorkflowWorker) -> str:

@@ -131,3 +131,26 @@ def docs_image() -> Callable[[Path, str], None]:
             shutil.copyfile(path, DOCS_IMG / name)
 
     return keep
+
+
+#: Elements of the page's content wider than the window, or scrolling sideways inside.
+OVERFLOW_JS = """() => {
+  const root = document.documentElement;
+  const width = root.clientWidth;
+  const found = [];
+  if (root.scrollWidth > width) found.push('page ' + root.scrollWidth);
+  for (const el of document.querySelectorAll('#content *')) {
+    const box = el.getBoundingClientRect();
+    const name = el.tagName + '.' + el.className;
+    if (box.width === 0 || el.closest('.visually-hidden')) continue;  // screen readers only
+    if (box.right > width + 1) found.push(name + ' right=' + box.right);
+    else if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
+      found.push(name + ' scrolls ' + el.scrollWidth + '>' + el.clientWidth);
+  }
+  return found.slice(0, 10);
+}"""
+
+
+def overflowing(page: Any) -> list[str]:
+    """What on ``page``'s content is wider than the window or scrolls sideways (empty: fits)."""
+    return list(page.evaluate(OVERFLOW_JS))

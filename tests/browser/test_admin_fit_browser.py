@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 
 from django_leases.clock import db_now_plus
 from django_leases.models import WorkflowRun, WorkflowStep
+from tests.browser.conftest import overflowing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,23 +56,6 @@ def busy_run() -> WorkflowRun:
     WorkflowRun.objects.fail(run.id, LONG_ERROR)
     return run
 
-
-#: Elements on the page that are wider than the window, or scroll sideways inside.
-OVERFLOW = """() => {
-  const root = document.documentElement;
-  const width = root.clientWidth;
-  const found = [];
-  if (root.scrollWidth > width) found.push('page ' + root.scrollWidth);
-  for (const el of document.querySelectorAll('#content *')) {
-    const box = el.getBoundingClientRect();
-    const name = el.tagName + '.' + el.className;
-    if (box.width === 0) continue;
-    if (box.right > width + 1) found.push(name + ' right=' + box.right);
-    else if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
-      found.push(name + ' scrolls ' + el.scrollWidth + '>' + el.clientWidth);
-  }
-  return found.slice(0, 10);
-}"""
 
 #: Table cells (but JSON values) whose text wraps onto more than one line inside a word.
 BROKEN_WORDS = """() => {
@@ -118,7 +102,7 @@ def test_the_run_page_fits_1280_pixels(
     admin_login("root", "pw")
     page.goto(f"/admin/django_leases/workflowrun/{run.pk}/change/")
     page.wait_for_selector("div.field-history table")
-    assert page.evaluate(OVERFLOW) == []
+    assert overflowing(page) == []
     assert page.evaluate(BROKEN_WORDS) == []
 
     history = page.locator("div.field-history table tbody tr")
