@@ -7,7 +7,7 @@ SQLITE_URL ?=
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-sqlite test-postgres test-django6 coverage-erase coverage-report lint docs \
-	demo bench bench-leases bench-workflows clean
+	docs-images demo bench bench-leases bench-workflows clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package and the one
 # library the demo's settings read the environment with; `make test`, `lint` and `docs` add
@@ -48,6 +48,10 @@ test-sqlite: venv
 
 test-postgres: venv
 	DATABASE_URL='$(PG_URL)' $(COVERAGE) run -m pytest $(PYTEST_ARGS)
+
+# The admin screenshots in docs/img/ come from the browser tests (Debian's chromium).
+docs-images: venv
+	DL_DOCS_IMAGES=1 DATABASE_URL='$(SQLITE_URL)' $(PY) -m pytest tests/browser -p no:cacheprovider
 
 # Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))

@@ -358,3 +358,107 @@ def test_staff_with_the_permission_can_switch(fake: FakeProvider) -> None:
     assert client.post(_operate("triggersource", "adm-pushes", "disable")).status_code == 302
     assert _row("adm-pushes").enabled is False
     assert LogEntry.objects.count() == 2
+
+
+# -- a source registered by hand ---------------------------------------------------------------
+
+
+@pytest.fixture
+def manual_sources() -> Iterator[None]:
+    """Two manual sources: one signed GitHub's way (the default), one Stripe's."""
+    from django_leases.triggers import registry
+    from django_leases.triggers.registry import webhook_source
+
+    webhook_source("adm-by-hand", provider="manual", events={})
+    webhook_source(
+        "adm-by-hand-stripe", provider="manual", events={}, config={"signature": "stripe"}
+    )
+    try:
+        lifecycle.reconcile(base_url=BASE)
+        yield
+    finally:
+        registry.unregister("adm-by-hand")
+        registry.unregister("adm-by-hand-stripe")
+
+
+def _page(client: Client, name: str) -> str:
+    url = reverse("admin:django_leases_triggersource_change", args=[_pk(name)])
+    response = client.get(url)
+    assert response.status_code == 200
+    return str(response.content.decode())
+
+
+def test_a_manual_source_page_says_whether_a_secret_is_stored_and_what_to_send(
+    operator: Client, manual_sources: None, settings: Any
+) -> None:
+    html = _page(operator, "adm-by-hand")
+    assert 'id="no-secret-adm-by-hand"' in html and "set-secret adm-by-hand" in html
+    headers = html[html.index('id="sender-headers"') :]
+    headers = headers[: headers.index("</table>")]
+    for header in ("Content-Type", "X-GitHub-Event", "X-GitHub-Delivery", "X-Hub-Signature-256"):
+        assert f"<code>{header}</code>" in headers, header
+    assert "Stripe-Signature" not in headers
+    assert f"{BASE}/hooks/adm-by-hand/" in html
+
+    credentials.set_secret("adm-by-hand", "a-secret-the-operator-chose-123")
+    html = _page(operator, "adm-by-hand")
+    assert "stored (encrypted, in the credential store)" in html
+    assert 'id="no-secret-' not in html
+    assert "a-secret-the-operator-chose-123" not in html
+
+    settings.DJANGO_LEASES = {
+        **settings.DJANGO_LEASES,
+        "WEBHOOK_SECRETS": {"adm-by-hand": "s" * 20},
+    }
+    html = _page(operator, "adm-by-hand")
+    assert "set in DJANGO_LEASES[&#x27;WEBHOOK_SECRETS&#x27;]" in html and "s" * 20 not in html
+
+    stripe = _page(operator, "adm-by-hand-stripe")
+    headers = stripe[stripe.index('id="sender-headers"') :]
+    assert "<code>Stripe-Signature</code>" in headers[: headers.index("</table>")]
+    assert "X-Hub-Signature-256" not in headers[: headers.index("</table>")]
+
+
+def test_only_manual_sources_list_the_headers_to_send(operator: Client, fake: FakeProvider) -> None:
+    lifecycle.enable("adm-pushes")  # the fake provider generates and stores a secret
+    html = _page(operator, "adm-pushes")
+    assert 'id="sender-headers"' not in html
+    assert "stored (encrypted, in the credential store)" in html
+    assert credentials.get_secret("adm-pushes") not in html
+
+
+# -- refused deliveries ------------------------------------------------------------------------
+
+
+def test_a_source_page_and_the_list_show_the_refused_delivery_tallies(
+    operator: Client, fake: FakeProvider
+) -> None:
+    lifecycle.enable("adm-pushes")
+    hooks = Client()
+    headers = {
+        "content_type": "application/json",
+        "HTTP_X_FAKE_EVENT": "push",
+        "HTTP_X_FAKE_DELIVERY": "d-1",
+    }
+    for _ in range(3):
+        wrong = FakeProvider.sign("not-the-secret", b"{}")
+        answer = hooks.post("/hooks/adm-pushes/", b"{}", HTTP_X_FAKE_SIGNATURE=wrong, **headers)
+        assert answer.status_code == 401
+    assert hooks.post("/hooks/adm-releases/", b"{}", **headers).status_code == 404  # off
+    html = _page(operator, "adm-pushes")
+    table = html[html.index('id="refusals"') :]
+    table = table[: table.index("</table>")]
+    row = re.search(r'<tr id="refused-bad_signature">(.*?)</tr>', table, re.S)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    assert cells[0] == "<code>bad_signature</code>" and cells[2:4] == ["3", "401"]
+    assert "signature missing or not matching" in cells[1]
+    assert 'class="dl-time"' in cells[4] and 'class="dl-time"' in cells[5]
+    assert "not_receiving" not in table, "another source's refusal"
+    assert re.search(r'<tr id="refused-not_receiving">', _page(operator, "adm-releases"))
+    # The list: the total per source.
+    listing = operator.get(reverse(SOURCES)).content.decode()
+    assert 'data-refused="3">3<' in listing and 'data-refused="1">1<' in listing
+    orphan = reverse("admin:django_leases_orphantriggersource_change", args=[_pk("adm-gone")])
+    orphan_page = operator.get(orphan).content.decode()
+    assert 'id="refusals"' not in orphan_page and "Refused deliveries" in orphan_page

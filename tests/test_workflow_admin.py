@@ -4,6 +4,7 @@ only (a LogEntry and a message each)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -76,9 +77,15 @@ def test_the_run_page_shows_steps_and_every_attempt_escaped(
     text = page.content.decode()
     assert "checkout" in text and "previews.checkout" in text
     assert "Attempt history" in text
-    history = text[text.index("Attempt history") :]
-    assert history.count("<tr><td>checkout</td>") == 2, "one row per attempt"
-    assert "<td>running</td>" in history and "<td>succeeded</td>" in history
+    history = text[text.index('id="attempt-history"') :]
+    history = history[: history.index("</table>")]
+    cells = [
+        re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[:3]
+        for row in re.findall(r"<tr class=\"dl-attempt.*?</tr>", history, re.S)
+    ]
+    # One row per attempt; the first, replaced by attempt 2, says so (its row says running).
+    assert cells == [["checkout", "1", "superseded"], ["checkout", "2", "succeeded"]]
+    assert 'class="dl-time"' in history
     assert "&lt;abc&gt;" in text and "<abc>" not in text
     assert "https://previews.example.test/x/" in text
 

@@ -1,3 +1,9 @@
-"""Operators' admin: leases, workflow runs and trigger sources (DESIGN §7)."""
+"""Operators' admin: leases, workflow runs, workers, trigger sources and deliveries (DESIGN §7)."""
 
-from django_leases.admin import leases, triggers, workflows  # noqa: F401  (registers)
+from django_leases.admin import (  # noqa: F401  (registers)
+    deliveries,
+    leases,
+    triggers,
+    workers,
+    workflows,
+)

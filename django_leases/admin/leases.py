@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 
+from django_leases.admin.display import MEDIA_CSS, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
 
@@ -53,9 +55,7 @@ class LeaseAdmin(_LeaseModelAdmin):
         "holder",
         "token",
         "time_left",
-        "expires_at",
-        "renewed_at",
-        "released_at",
+        "expiry",
     )
     list_filter = (LeaseStateFilter,)
     search_fields = ("key",)
@@ -83,6 +83,18 @@ class LeaseAdmin(_LeaseModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: Lease) -> str:
         return str(getattr(obj, "state", ""))
+
+    class Media:
+        css = MEDIA_CSS
+
+    @admin.display(description="expires / released", ordering="expires_at")
+    def expiry(self, obj: Lease) -> str:
+        """When a released lease was released, else when it expires (or expired); the page
+        shows every time."""
+        if obj.released_at is not None:
+            return format_html("released {}", local_time(obj.released_at))
+        lapsed = getattr(obj, "state", None) == LeaseState.LAPSED
+        return format_html("{} {}", "expired" if lapsed else "expires", local_time(obj.expires_at))
 
     @admin.display(description="time left")
     def time_left(self, obj: Lease) -> str:

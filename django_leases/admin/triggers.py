@@ -13,8 +13,10 @@ lifecycle records each provider step), so both lists are read-only. Operators wi
 
 Every one of them calls :mod:`django_leases.triggers.lifecycle` (the rules live there), then
 writes a ``LogEntry`` and a message with the outcome. Without the permission nothing can be
-switched, by button, URL or action (403 / the actions are not offered). No secret is kept
-in a row, so none can be shown.
+switched, by button, URL or action (403 / the actions are not offered); as for Django's
+own actions, an operate URL also needs the list's view permission (``view_triggersource``,
+or ``view_orphantriggersource`` for the Orphans view) — a user missing either gets 403.
+No secret is kept in a row, so none can be shown.
 
 Stable hooks for browser tests: the switch buttons have ids ``switch-<name>`` and the
 labels *Turn on* / *Turn off*; the orphan buttons ``forget-<name>`` / ``teardown-<name>``;
@@ -24,32 +26,44 @@ the badges ``status-<name>`` with ``data-status``; a source page's operations li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 
+from django_leases.admin import history
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
-from django_leases.models import OrphanTriggerSource, TriggerEvent, TriggerSource
+from django_leases.models import (
+    OrphanTriggerSource,
+    TriggerEvent,
+    TriggerRefusal,
+    TriggerSecret,
+    TriggerSource,
+)
 from django_leases.triggers import lifecycle
+from django_leases.triggers.values import REFUSAL_REASONS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
 
 if TYPE_CHECKING:
+    from django_leases.models.trigger import TriggerSourceQuerySet
+
     _SourceModelAdmin = admin.ModelAdmin[TriggerSource]
 else:  # Django's ModelAdmin takes no type parameter at run time
     _SourceModelAdmin = admin.ModelAdmin
 
 #: How many deliveries a source's page lists.
 RECENT_EVENTS = 20
+#: Characters of a source's detail its list shows (whole words, then "…"; the page shows all).
+DETAIL_SHOWN = 100
 
 _BADGE_COLOURS = {
     "off": ("#e0e0e0", "#333"),
@@ -69,11 +83,14 @@ _FIELDS = (
     "status_badge",
     "detail",
     "receive_address",
+    "signing_secret",
+    "sender_headers",
     "state",
     "base_url",
     "label_prefix",
     "updated_at",
     "recent_events",
+    "refusals",
 )
 
 
@@ -90,8 +107,15 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
     search_fields = ("name",)
     change_form_template = "admin/django_leases/triggersource/change_form.html"
 
+    class Media:
+        css = MEDIA_CSS
+
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
+        rows = super().get_queryset(request)
+        return cast("TriggerSourceQuerySet", rows).with_refused()
 
     # -- permissions ----------------------------------------------------------------------
 
@@ -108,7 +132,51 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         """Whether the user may switch, tear down and forget sources (``toggle_triggersource``)."""
         return bool(request.user.has_perm(TOGGLE_PERMISSION))
 
+    def get_fields(self, request: HttpRequest, obj: TriggerSource | None = None) -> Sequence[str]:  # type: ignore[override]  # Django's stubs: a wider union
+        """The page's fields; *sender headers* only for a source registered by hand (the
+        ``manual`` provider): GitHub and Stripe send theirs themselves."""
+        fields = list(_FIELDS)
+        if obj is None or obj.provider != "manual":
+            fields.remove("sender_headers")
+        return fields
+
     # -- columns and fields ---------------------------------------------------------------
+
+    @admin.display(description="signing secret")
+    def signing_secret(self, obj: TriggerSource) -> str:
+        """Whether deliveries can be checked: where the secret comes from, never the secret."""
+        origin = TriggerSecret.objects.secret_origin(obj.name)
+        if origin == "settings":
+            return "set in DJANGO_LEASES['WEBHOOK_SECRETS'] (it wins over a stored one)"
+        if origin == "stored":
+            return "stored (encrypted, in the credential store)"
+        return format_html(
+            '<strong id="no-secret-{}">none stored</strong>: deliveries are refused (401) until '
+            "one is: <code>manage.py trigger_sources set-secret {}</code>",
+            obj.name,
+            obj.name,
+        )
+
+    @admin.display(description="the sender must send")
+    def sender_headers(self, obj: TriggerSource) -> str:
+        """The headers a sender registered by hand must send (the provider's list)."""
+        from django_leases.triggers.providers import get_provider
+
+        provider = get_provider(obj.provider)
+        if provider is None:
+            return "— (the provider is not installed here)"
+        headers = provider.for_config(obj.config or {}).sender_headers
+        if not headers:
+            return "—"
+        rows = format_html_join(
+            "", '<tr><td class="dl-name"><code>{}</code></td><td>{}</td></tr>', headers
+        )
+        return format_html(
+            '<table class="dl-table" id="sender-headers"><thead><tr><th>header</th>'
+            "<th>holds</th></tr></thead><tbody>{}</tbody></table>"
+            "<p>POST to the address above; the body is what is signed, byte for byte.</p>",
+            rows,
+        )
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: TriggerSource) -> str:
@@ -126,8 +194,7 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
 
     @admin.display(description="detail")
     def short_detail(self, obj: TriggerSource) -> str:
-        detail = " ".join((obj.detail or "").split())
-        return detail if len(detail) <= 100 else detail[:99] + "…"
+        return cut_at_word(obj.detail or "", DETAIL_SHOWN)
 
     @admin.display(description="receives at")
     def receive_address(self, obj: TriggerSource) -> str:
@@ -136,6 +203,45 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         except TriggerSourceError:
             return "— (no address yet: run reconcile_trigger_sources --base-url)"
 
+    @admin.display(description="refused", ordering="refused")
+    def refused_count(self, obj: TriggerSource) -> str:
+        """Deliveries refused so far, all reasons (the page has them by reason)."""
+        count = int(getattr(obj, "refused", 0) or 0)
+        if not count:
+            return "0"
+        return format_html('<span class="dl-refused" data-refused="{}">{}</span>', count, count)
+
+    @admin.display(description="refused deliveries")
+    def refusals(self, obj: TriggerSource) -> str:
+        """The source's refused-delivery tallies by reason (``TriggerRefusal.objects``):
+        counts only — nothing of a refused request is kept."""
+        tallies = TriggerRefusal.objects.by_source([obj.name]).get(obj.name, {})
+        if not tallies:
+            return "None."
+        rows = format_html_join(
+            "",
+            '<tr id="refused-{}"><td class="dl-name"><code>{}</code></td><td>{}</td>'
+            '<td class="dl-count">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    reason,
+                    reason,
+                    REFUSAL_REASONS.get(reason, (0, ""))[1],
+                    tally.count,
+                    tally.last_status,
+                    local_time(tally.first_refused_at),
+                    local_time(tally.last_refused_at),
+                )
+                for reason, tally in sorted(tallies.items())
+            ),
+        )
+        return format_html(
+            '<table class="dl-table" id="refusals"><thead><tr><th>reason</th><th>meaning</th>'
+            "<th>count</th><th>last answer</th><th>first</th><th>last</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            rows,
+        )
+
     @admin.display(description="recent deliveries")
     def recent_events(self, obj: TriggerSource) -> str:
         events = list(
@@ -143,14 +249,20 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
                 :RECENT_EVENTS
             ]
         )
+        every = format_html(
+            '<p><a href="{}?{}" id="all-deliveries">All deliveries to {}</a></p>',
+            reverse("admin:django_leases_triggerevent_changelist"),
+            urlencode({"source": obj.name}),
+            obj.name,
+        )
         if not events:
-            return "None yet."
+            return format_html("None yet.{}", every)
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
-                    event.received_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    local_time(event.received_at),
                     event.event,
                     event.delivery_id,
                     self._run_link(event),
@@ -159,10 +271,11 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
             ),
         )
         return format_html(
-            '<table class="dl-recent-events" id="recent-events"><thead><tr><th>received</th>'
-            "<th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
+            '<table class="dl-recent-events dl-table" id="recent-events"><thead><tr>'
+            "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
+            "<tbody>{}</tbody></table>{}",
             rows,
+            every,
         )
 
     @staticmethod
@@ -201,7 +314,11 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         it, say how it went, and go back to the list (or to ``next``, one of ours)."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_toggle_permission(request) or operation not in self.operations:
+        # As for Django's actions: this list's view permission *and* the toggle one, checked
+        # before the row is looked up, so an id's existence is not revealed either.
+        if not (self.has_view_permission(request) and self.has_toggle_permission(request)):
+            raise PermissionDenied
+        if operation not in self.operations:
             raise PermissionDenied
         source = self.get_object(request, object_id)
         changelist = reverse(
@@ -242,22 +359,11 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         operation: str,
         result: lifecycle.LifecycleResult,
     ) -> None:
-        _, said = self.operations[operation]
-        flag = DELETION if result.status is None and result.enabled is None else CHANGE
-        message = f"{said} the trigger source"
-        if not result.changed and operation in ("enable", "disable"):
-            message += f" (it was {'on' if operation == 'enable' else 'off'} already)"
-        if flag == CHANGE:
-            message += f"; status {result.status}"
-        if not result.ok:
-            message += "; the provider step failed"
-        LogEntry.objects.create(
-            user_id=request.user.pk,  # type: ignore[misc]  # a logged-in user: never None
-            content_type=ContentType.objects.get_for_model(TriggerSource, for_concrete_model=True),
-            object_id=str(source.pk),
-            object_repr=str(source)[:200],
-            action_flag=flag,
-            change_message=message,
+        history.log_change(
+            source,
+            history.lifecycle_message(operation, result),
+            flag=history.lifecycle_flag(result),
+            user_id=request.user.pk,
         )
 
     def change_view(
@@ -301,11 +407,10 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     list_display: tuple[str, ...] = (
         "name",
         "switch",
-        "status_badge",
         "provider",
         "receive_address",
         "short_detail",
-        "updated_at",
+        "refused_count",
     )
     list_filter = ("enabled", "provider", "status")
     actions = ("enable_sources", "disable_sources")
@@ -320,19 +425,23 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
         if self.has_toggle_permission(request):
             return self.list_display
-        return tuple("enabled" if column == "switch" else column for column in self.list_display)
+        shown: list[str] = []
+        for column in self.list_display:
+            shown.extend(("enabled", "status_badge") if column == "switch" else (column,))
+        return tuple(shown)
 
-    @admin.display(description="on / off", ordering="enabled")
+    @admin.display(description="status · on / off", ordering="enabled")
     def switch(self, obj: TriggerSource) -> str:
-        """The row's switch: a submit button posting the changelist form (with its CSRF
-        token) to this source's enable / disable view (``formaction``), so no nested form."""
+        """The row's status badge over its switch: a submit button posting the changelist
+        form (with its CSRF token) to this source's enable / disable view (``formaction``),
+        so no nested form."""
         operation = "disable" if obj.enabled else "enable"
         return format_html(
-            '<span class="dl-onoff" data-enabled="{}">{}</span> '
+            '<span class="dl-onoff" data-enabled="{}">{}</span>'
             '<button type="submit" class="button dl-switch" id="switch-{}" name="switch" '
             'value="{}" formaction="{}" formmethod="post" title="{} {}">{}</button>',
             "true" if obj.enabled else "false",
-            "on" if obj.enabled else "off",
+            self.status_badge(obj),
             obj.name,
             operation,
             self.operate_url(obj, operation),
@@ -362,14 +471,12 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     list_display: tuple[str, ...] = (
         "name",
         "orphan_operations",
-        "enabled",
         "status_badge",
         "provider",
         "state",
         "short_detail",
-        "updated_at",
     )
-    list_filter = ("provider",)
+    list_filter = ("enabled", "provider")
     actions = ("forget_sources", "teardown_sources")
     operations = {
         "forget": (lifecycle.forget, "Forgot"),

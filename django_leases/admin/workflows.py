@@ -10,8 +10,9 @@ operations, each calling the store's method (``WorkflowRun.objects.resume`` / ``
 outcome: **resume** and **cancel** as list actions and as buttons in the run page's
 "Operate" section, and **retry step** as one "Retry step <name>" button there per failed step.
 Only the operations the run's state allows are offered. The buttons post (with the CSRF
-token) to ``<run id>/operate/<operation>/``; a user without the permission gets 403 there
-and never sees the actions or the buttons.
+token) to ``<run id>/operate/<operation>/``; as for Django's own actions, that URL needs the
+``view_workflowrun`` permission **and** the operate one — a user missing either gets 403
+there (before the run is looked up) and never sees the actions or the buttons.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import WorkflowRunStateError
-from django_leases.models import StepStatus, WorkflowRun, WorkflowStep
+from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from django_leases.workflows.values import RunChange
 
 #: The permission behind resume, cancel and retry step.
@@ -45,15 +47,13 @@ else:  # Django's admin classes take no type parameters at run time
     _RunModelAdmin = admin.ModelAdmin
 
 
-def _json(value: Any) -> str:
-    """A short JSON rendering of a stored value that can always be sent as UTF-8.
+def _json_text(value: Any) -> str:
+    """A JSON rendering of a stored value that can always be sent as UTF-8.
 
     Stored data is shown whatever it holds: lone surrogates (which SQLite can hold but
     UTF-8 cannot encode) are shown as ``\\udXXX`` escapes, and anything ``json.dumps``
     refuses falls back to its ``repr``.
     """
-    if value is None:
-        return "—"
     try:
         text = json.dumps(value, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
@@ -61,8 +61,21 @@ def _json(value: Any) -> str:
             text = repr(value)
         except (Exception, RecursionError):
             text = f"<unprintable {type(value).__name__}>"
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= 300 else text[:297] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json(value: Any) -> str:
+    """A stored value as safe HTML: its JSON, cut at a word boundary after
+    :data:`JSON_SHOWN` characters, in a ``dl-json`` span that wraps; ``"—"`` for ``None``."""
+    if value is None:
+        return "—"
+    return format_html(
+        '<span class="dl-json">{}</span>', cut_at_word(_json_text(value), JSON_SHOWN)
+    )
+
+
+#: Characters of a stored JSON value the run page shows (whole words, then "…").
+JSON_SHOWN = 300
 
 
 class _ReadOnly:
@@ -88,14 +101,30 @@ class WorkflowStepInline(_ReadOnly, _StepInline):
         "step_name",
         "function_name",
         "status",
-        "attempt",
-        "retries",
-        "lease_expires_at",
-        "available_at",
+        "attempts",
+        "timing",
         "result_json",
         "error_json",
     )
     readonly_fields = fields
+
+    @admin.display(description="attempt")
+    def attempts(self, step: WorkflowStep) -> str:
+        """The current attempt and the most there can be (``retries`` + 1)."""
+        return f"{step.attempt} of {step.retries + 1}"
+
+    @admin.display(description="lease / due")
+    def timing(self, step: WorkflowStep) -> str:
+        """A running step's lease expiry, or when a waiting step (or a failed step's next
+        attempt) is due."""
+        if step.status == StepStatus.RUNNING and step.lease_expires_at is not None:
+            return format_html("lease until {}", local_time(step.lease_expires_at))
+        if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED) and step.available_at:
+            return format_html("due {}", local_time(step.available_at))
+        retry_left = step.attempt <= step.retries
+        if step.status == StepStatus.FAILED and retry_left and step.available_at:
+            return format_html("retry due {}", local_time(step.available_at))
+        return "—"
 
     def has_view_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         """Steps are part of their run: whoever may view the run sees its steps (Django would
@@ -121,6 +150,10 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
     inlines = (WorkflowStepInline,)
     actions = ("resume_runs", "cancel_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
+
+    class Media:
+        css = MEDIA_CSS
+
     fields = (
         "id",
         "workflow",
@@ -188,7 +221,9 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
         retry-step): run the operation, log it, say how it went, back to the run page."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_operate_permission(request):
+        # As for Django's actions: the view permission *and* the operate one, checked before
+        # the run is looked up, so an id's existence is not revealed either.
+        if not (self.has_view_permission(request) and self.has_operate_permission(request)):
             raise PermissionDenied
         if operation not in OPERATIONS:
             raise PermissionDenied  # no such operation: nothing to offer
@@ -266,27 +301,35 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
 
     @admin.display(description="attempt history")
     def history(self, run: WorkflowRun) -> str:
-        entries = WorkflowStep.objects.history(run.pk)
+        """Every attempt of every step, oldest first (``WorkflowStepAttempt.objects``); an
+        attempt a later one replaced says *superseded* (its row still says ``running``)."""
+        entries = list(WorkflowStepAttempt.objects.for_run(run.pk).with_superseded())
         if not entries:
             return "—"
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            '<tr class="dl-attempt dl-attempt-{}"><td class="dl-name">{}</td>'
+            '<td class="dl-name">{}</td><td class="dl-name">{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td></tr>",
             (
                 (
+                    shown,
                     entry.step.step_name,
                     entry.attempt,
-                    entry.status,
-                    entry.started_at,
-                    entry.finished_at or "—",
+                    shown,
+                    local_time(entry.started_at),
+                    local_time(entry.finished_at),
                     _json(entry.result),
                     _json(entry.error),
                 )
                 for entry in entries
+                for shown in ["superseded" if getattr(entry, "superseded", False) else entry.status]
             ),
         )
         return format_html(
-            "<table><thead><tr><th>step</th><th>attempt</th><th>status</th><th>started</th>"
-            "<th>finished</th><th>result</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+            '<table class="dl-table" id="attempt-history"><thead><tr><th>step</th>'
+            "<th>attempt</th><th>status</th><th>started</th><th>finished</th>"
+            '<th class="dl-json-column">result</th><th class="dl-json-column">error</th></tr>'
+            "</thead><tbody>{}</tbody></table>",
             rows,
         )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from types import ModuleType
-from typing import Any, ClassVar, TextIO
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
 from django.core.management.base import (
     BaseCommand,
@@ -47,6 +47,9 @@ from django.db.models import Model
 
 from django_leases import health, holder
 from django_leases.workflows import worker
+
+if TYPE_CHECKING:
+    from django_leases.triggers.lifecycle import LifecycleResult
 
 #: Exit status of a ``CommandError`` raised without a ``returncode`` (Django's default).
 COMMAND_ERROR = 1
@@ -710,6 +713,39 @@ class LeasesCommand(BaseCommand):
                 help="Skip system checks.",
             )
         return sub
+
+    def record_in_admin_history(
+        self, subcommand: str, obj: Model, message: str | LifecycleResult
+    ) -> None:
+        """Write the change this command just made to ``obj`` into the admin's history
+        (``LogEntry``, as the system user; :mod:`django_leases.admin.history`).
+
+        Args:
+            subcommand: the subcommand that made it (``"enable"``), said in the entry.
+            obj: the row changed (or deleted: its ``pk`` still set).
+            message: what was done (never a secret), or a trigger-source lifecycle result
+                (``subcommand`` is then its operation): worded as the admin words it, a
+                ``DELETION`` entry when the row is gone.
+
+        Without ``django.contrib.admin`` installed nothing is written; an entry that cannot be
+        written is reported on stderr. The change stands either way.
+        """
+        from django.apps import apps
+
+        if not apps.is_installed("django.contrib.admin"):
+            return
+        from django_leases.admin import history
+
+        flag = history.CHANGE
+        if not isinstance(message, str):
+            flag = history.lifecycle_flag(message)
+            message = history.lifecycle_message(subcommand, message)
+        command = f"{self.command_name} {subcommand}"
+        if history.log_change(obj, message, flag=flag, command=command) is None:
+            self.stderr.write(
+                "Warning: this change could not be recorded in the admin's history "
+                f"(as the system user {history.SYSTEM_USERNAME!r}); see the log."
+            )
 
 
 __all__ = [

@@ -58,8 +58,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F
-from django.db.models.functions import Now
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce, Now
 
 from django_leases import db
 from django_leases.conf import leases_settings
@@ -167,6 +167,22 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
 
     def _alias(self) -> str:
         return self.write_alias()
+
+    def with_refused(self) -> TriggerSourceQuerySet:
+        """Annotate ``refused``: how many deliveries to each source were refused, all reasons
+        together (``0`` when none; the tallies are :class:`TriggerRefusal`'s)."""
+        total = (
+            TriggerRefusal.objects.filter(source=models.OuterRef("pk"))
+            .order_by()
+            .values("source")
+            .annotate(total=models.Sum("count"))
+            .values("total")
+        )
+        return self.annotate(
+            refused=Coalesce(
+                models.Subquery(total), Value(0), output_field=models.BigIntegerField()
+            )
+        )
 
     def _rows(self, alias: str) -> models.QuerySet[TriggerSource]:
         return self.model._default_manager.using(alias).all()
@@ -382,8 +398,20 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                 raise UnknownTriggerSourceError(name)
 
 
+#: A delivery's outcome when it started no workflow run (its handler called a function, or
+#: its run was deleted since); otherwise the outcome is its run's status.
+NO_RUN = "no-run"
+
+
 class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
     """Domain methods of ``TriggerEvent.objects``."""
+
+    def with_outcome(self) -> TriggerEventQuerySet:
+        """Annotate ``outcome``: what came of each accepted delivery — :data:`NO_RUN`, or the
+        status of the workflow run it started (``running``, ``completed``, ``failed``, …)."""
+        return self.annotate(
+            outcome=Coalesce(F("run__status"), Value(NO_RUN), output_field=models.CharField())
+        )
 
     def accept(
         self, source: TriggerSource, parsed: ParsedDelivery, handler: Handler | None
@@ -589,6 +617,15 @@ class TriggerSecretQuerySet(db.RoutedQuerySet["TriggerSecret"]):
         """
         override = _override(name) if isinstance(name, str) else None
         return override if override is not None else self.get_secret(name)
+
+    def secret_origin(self, name: str) -> str | None:
+        """Where the secret deliveries to source ``name`` are checked with comes from, without
+        reading it: ``"settings"`` (``DJANGO_LEASES["WEBHOOK_SECRETS"][name]``, which wins),
+        ``"stored"`` (the credential store), or ``None`` when there is none — deliveries are
+        then refused (401)."""
+        if _override(name) is not None:
+            return "settings"
+        return "stored" if self.rows().filter(name=name).exists() else None
 
     def stored_names(self) -> set[str]:
         """The names with a stored secret."""

@@ -1639,6 +1639,16 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
         """The run's attempts, oldest first, with their steps loaded."""
         return self.filter(step__run_id=parse_run_id(run_id)).select_related("step").order_by("id")
 
+    def with_superseded(self) -> WorkflowStepAttemptQuerySet:
+        """Annotate ``superseded`` (``bool``): the attempt still says ``running`` but a later
+        attempt of its step was claimed, so its result, error and renewals are refused."""
+        return self.annotate(
+            superseded=ExpressionWrapper(
+                Q(status=AttemptStatus.RUNNING, attempt__lt=F("step__attempt")),
+                output_field=BooleanField(),
+            )
+        )
+
 
 # -- the models ---------------------------------------------------------------------------------
 
@@ -1809,6 +1819,15 @@ class WorkflowStepAttempt(models.Model):
 # -- workers ------------------------------------------------------------------------------------
 
 
+class WorkerState(models.TextChoices):
+    """What an operator sees of a worker process: its heartbeat lease is live, it said it
+    stopped, or its lease lapsed without a word (killed, frozen or cut off)."""
+
+    LIVE = "live", "live"
+    LAPSED = "lapsed", "lapsed"
+    STOPPED = "stopped", "stopped"
+
+
 class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
     """Domain methods of ``WorkflowWorker.objects``: the worker processes and their heartbeat.
 
@@ -1869,6 +1888,35 @@ class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
     def live(self) -> WorkflowWorkerQuerySet:
         """The worker processes alive now."""
         return self.filter(self._alive())
+
+    def with_state(self) -> WorkflowWorkerQuerySet:
+        """Annotate what an operator sees of each worker, on the database clock.
+
+        ``state`` is a :class:`WorkerState` value: ``live`` while the heartbeat lease is
+        live, ``stopped`` once the worker said it stopped (and its lease is not live), else
+        ``lapsed`` (killed or cut off: its lease expired). ``heartbeat_expires_at`` is the
+        heartbeat lease's expiry (``None`` when it has no lease row) and ``db_now`` the
+        database's time. Live workers come first, then the most recently started.
+        """
+        lease = Lease.objects.filter(key=models.OuterRef("lease_key"))
+        return self.annotate(
+            state=models.Case(
+                models.When(self._alive(), then=Value(WorkerState.LIVE.value)),
+                models.When(stopped_at__isnull=False, then=Value(WorkerState.STOPPED.value)),
+                default=Value(WorkerState.LAPSED.value),
+                output_field=models.CharField(),
+            ),
+            heartbeat_expires_at=models.Subquery(lease.values("expires_at")[:1]),
+            db_now=Now(),
+        ).order_by(
+            models.Case(
+                models.When(self._alive(), then=Value(0)),
+                default=Value(1),
+                output_field=models.IntegerField(),
+            ),
+            "-started_at",
+            "-pk",
+        )
 
     def forget_gone(self, older_than: float | timedelta) -> int:
         """Delete the rows of workers whose heartbeat lease is not live and whose last beat

@@ -6,6 +6,8 @@
   and **fail** under CI (``CI=true``), so CI cannot go green without them.
 * Screenshots go to ``test-artifacts/screenshots/`` (gitignored): ``screenshot("name")`` in a
   test saves ``<test name>-<name>.png``; a failing test gets ``<test name>-failed.png``.
+  ``docs_image(path, "name.png")`` marks a screenshot as the one the docs show: with
+  ``DL_DOCS_IMAGES=1`` (``make docs-images``) it is copied to ``docs/img/``.
 * Playwright's sync API keeps an event loop running in the test thread, so Django would
   refuse ORM calls there as "async-unsafe"; ``DJANGO_ALLOW_ASYNC_UNSAFE`` is set only while a
   browser module runs (module-scoped), never for the rest of the suite.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
+DOCS_IMG = ROOT / "docs" / "img"
 CHROMIUM = os.environ.get("DL_CHROMIUM", "/usr/bin/chromium")
 
 #: Generous: a loaded 2-core machine can be slow to render the admin.
@@ -114,3 +118,39 @@ def admin_login(page: Any) -> Callable[[str, str], None]:
         page.wait_for_url("**/admin/")
 
     return login
+
+
+@pytest.fixture
+def docs_image() -> Callable[[Path, str], None]:
+    """``docs_image(screenshot_path, "name.png")``: with ``DL_DOCS_IMAGES=1``, copy the
+    screenshot to ``docs/img/name.png`` (the docs' images come from the browser tests)."""
+
+    def keep(path: Path, name: str) -> None:
+        assert path.is_file(), path
+        if os.environ.get("DL_DOCS_IMAGES") == "1":
+            shutil.copyfile(path, DOCS_IMG / name)
+
+    return keep
+
+
+#: Elements of the page's content wider than the window, or scrolling sideways inside.
+OVERFLOW_JS = """() => {
+  const root = document.documentElement;
+  const width = root.clientWidth;
+  const found = [];
+  if (root.scrollWidth > width) found.push('page ' + root.scrollWidth);
+  for (const el of document.querySelectorAll('#content *')) {
+    const box = el.getBoundingClientRect();
+    const name = el.tagName + '.' + el.className;
+    if (box.width === 0 || el.closest('.visually-hidden')) continue;  // screen readers only
+    if (box.right > width + 1) found.push(name + ' right=' + box.right);
+    else if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
+      found.push(name + ' scrolls ' + el.scrollWidth + '>' + el.clientWidth);
+  }
+  return found.slice(0, 10);
+}"""
+
+
+def overflowing(page: Any) -> list[str]:
+    """What on ``page``'s content is wider than the window or scrolls sideways (empty: fits)."""
+    return list(page.evaluate(OVERFLOW_JS))

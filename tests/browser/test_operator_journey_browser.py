@@ -33,6 +33,7 @@ from django_leases.workflows import registry as workflow_registry
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
 from django_leases.workflows.worker import Worker
+from tests.browser.conftest import overflowing
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,8 +135,10 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     sources: FakeProvider,
     admin_login: Callable[[str, str], None],
     screenshot: Callable[[str], Path],
+    docs_image: Callable[[Path, str], None],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    page.set_viewport_size({"width": 1280, "height": 900})  # every page fits a laptop
     assert Lease.objects.acquire("reports:nightly", "host-a:1:aa", ttl=3600) is not None
     Lease.objects.create(
         key="index:rebuild",
@@ -145,6 +148,7 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     )
     operator()
     admin_login("operator", "pw")
+    assert overflowing(page) == [], "admin-index"
     screenshot("admin-index")
 
     # Leases, each with its state.
@@ -156,6 +160,7 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert lease_rows.filter(has_text="index:rebuild").locator(
         "td.field-state_display"
     ).inner_text() == ("lapsed")
+    assert overflowing(page) == [], "leases"
     screenshot("leases")
 
     # Enable the source: registered at the provider, at this server's address.
@@ -168,6 +173,7 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert page.get_attribute(f"#status-{SOURCE}", "data-status") == "registered"
     assert credentials.signing_secret(SOURCE), "enabling stored a signing secret"
     assert {hook["source"]: hook["url"] for hook in sources.hooks.values()}[SOURCE] == hooks_url
+    assert overflowing(page) == [], "source-enabled"
     screenshot("source-enabled")
 
     # A signed delivery, accepted and recorded with the run it started.
@@ -185,7 +191,8 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     recent = page.locator("#recent-events tbody tr", has_text=delivery)
     assert recent.count() == 1
     assert "push" in recent.inner_text()
-    screenshot("source-recent-deliveries")
+    assert overflowing(page) == [], "source-recent-deliveries"
+    docs_image(screenshot("source-recent-deliveries"), "admin-source-deliveries.png")
     recent.locator("a").click()
     page.wait_for_url(f"**/admin/django_leases/workflowrun/{event.run_id}/change/")
     assert field(page, "workflow") == WORKFLOW
@@ -201,7 +208,8 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
         ["checkout", "1", "succeeded"],
         ["announce", "1", "failed"],
     ]
-    screenshot("run-suspended")
+    assert overflowing(page) == [], "run-suspended"
+    docs_image(screenshot("run-suspended"), "admin-run-suspended.png")
 
     # The missing function is deployed; the operator resumes the run, a worker finishes it.
     monkeypatch.setitem(workflow_registry._step_functions, ANNOUNCE, announce)
@@ -218,6 +226,7 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
         ["announce", "2", "succeeded"],
     ], "the resumed step ran again as attempt 2; the first attempt stays in the history"
     assert "Nothing to do: this run is completed." in page.inner_text("#workflow-operations")
+    assert overflowing(page) == [], "run-completed"
     screenshot("run-completed")
 
     # Disable the source: off at once, torn down, and deliveries are answered 404.
@@ -227,14 +236,17 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert page.get_attribute(f"#status-{SOURCE}", "data-status") == "off"
     assert SOURCE not in {hook["source"] for hook in sources.hooks.values()}
     assert deliver(hooks_url, {"after": "1" * 40}, str(uuid.uuid4())).status_code == 404
+    assert overflowing(page) == [], "source-disabled"
     screenshot("source-disabled")
 
     # Forget the orphan.
     page.goto("/admin/django_leases/orphantriggersource/")
     assert page.get_attribute(f"#status-{ORPHAN}", "data-status") == "registered"
-    screenshot("orphans")
+    assert overflowing(page) == [], "orphans"
+    docs_image(screenshot("orphans"), "admin-orphans.png")
     page.click(f"#forget-{ORPHAN}")
     assert "Forget:" in messages(page)
     assert page.locator(f"#forget-{ORPHAN}").count() == 0
     assert not TriggerSource.objects.filter(name=ORPHAN).exists()
+    assert overflowing(page) == [], "orphan-forgotten"
     screenshot("orphan-forgotten")

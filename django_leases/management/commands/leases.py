@@ -101,4 +101,6 @@ class Command(base.LeasesCommand):
             detail = f"token {row.token}, held by {row.holder}"
         else:
             detail = "another holder has taken it since"
+        if row is not None:
+            self.record_in_admin_history("release", row, f"Force-released ({detail})")
         self.stdout.write(f"Released the live lease on {key!r} ({detail}).")

@@ -203,6 +203,7 @@ class Command(base.LeasesCommand):
         base.write_rows(self.stdout, output_format, _COLUMNS, sources, empty=empty)
 
     def _run(self, action: str, name: str, alias: str, wait: float) -> None:
+        row = TriggerSource.objects.using(alias).filter(name=name).first()
         try:
             with _reported_here(name):
                 result = _ACTIONS[action](name, using=alias, wait=wait)
@@ -210,6 +211,8 @@ class Command(base.LeasesCommand):
             raise CommandError(str(exc), returncode=EXIT_BUSY) from None
         except (TriggerSourceError, UnknownTriggerSourceError, LeaseError, ValueError) as exc:
             raise CommandError(str(exc)) from None
+        if row is not None:
+            self.record_in_admin_history(action, row, result)
         if not result.ok:
             raise CommandError(outcome(result), returncode=EXIT_PROVIDER_FAILED)
         self.stdout.write(outcome(result))
@@ -232,4 +235,7 @@ class Command(base.LeasesCommand):
             credentials.set_secret(name, secret, using=alias)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        source = TriggerSource.objects.using(alias).filter(name=name).first()
+        if source is not None:
+            self.record_in_admin_history("set-secret", source, "Stored a new signing secret")
         self.stdout.write(f"Stored the signing secret of {name} (encrypted).")

@@ -127,6 +127,10 @@ class Command(base.LeasesCommand):
             raise CommandError(str(exc), returncode=EXIT_WRONG_STATE) from None
         except (WorkflowRun.DoesNotExist, WorkflowStep.DoesNotExist, ValueError) as exc:
             raise CommandError(str(exc)) from None
+        run = runs.filter(pk=change.run_id).first()
+        if run is not None:
+            subcommand = "retry" if action not in ("resume", "cancel") else action
+            self.record_in_admin_history(subcommand, run, str(change))
         self.stdout.write(str(change))
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:

@@ -84,6 +84,9 @@ class Provider:
     #: The headers :meth:`verify` and :meth:`parse` read that take one value, none of which
     #: holds a comma (see :meth:`refuse_repeated_headers`).
     single_valued_headers: tuple[str, ...] = ()
+    #: What a sender must send with each delivery: ``(header, what it holds)`` pairs, in the
+    #: order an operator reads them (shown on a source's admin page, for manual sources).
+    sender_headers: tuple[tuple[str, str], ...] = ()
 
     def validate_config(self, config: Mapping[str, Any]) -> None:
         """Refuse a declaration's ``config`` this provider cannot work with.

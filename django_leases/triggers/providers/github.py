@@ -105,6 +105,18 @@ class GitHubProvider(Provider):
         "X-GitHub-Delivery",
         "Content-Type",
     )
+    sender_headers = (
+        (
+            "Content-Type",
+            "application/json (or application/x-www-form-urlencoded with one 'payload' field)",
+        ),
+        ("X-GitHub-Event", "the event's name: one of the declared events"),
+        ("X-GitHub-Delivery", "an id unique to the delivery (a repeated id is not processed)"),
+        (
+            "X-Hub-Signature-256",
+            "sha256= then the hex HMAC-SHA256 of the raw body, keyed with the signing secret",
+        ),
+    )
 
     def validate_config(self, config: Mapping[str, Any]) -> None:
         """``repository`` must be ``"owner/repo"``; ``api_url``, when given, an http(s) URL;

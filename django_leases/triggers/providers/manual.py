@@ -113,6 +113,11 @@ class ManualProvider(Provider):
         scheme = self._scheme_of(config)
         return self if scheme == self.scheme else ManualProvider(scheme)
 
+    @property
+    def sender_headers(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
+        """The headers of the scheme's provider (GitHub's or Stripe's)."""
+        return self._receiver.sender_headers
+
     def refuse_repeated_headers(self, headers: Mapping[str, str]) -> None:
         """As the scheme's provider does (GitHub's or Stripe's headers)."""
         self._receiver.refuse_repeated_headers(headers)

@@ -134,6 +134,14 @@ class StripeProvider(Provider):
     name = "stripe"
     manages_registration = True
     takes_secret = False
+    sender_headers = (
+        ("Content-Type", "application/json: a Stripe event, with its 'id' and 'type'"),
+        (
+            "Stripe-Signature",
+            "t=<Unix time>,v1=<hex HMAC-SHA256 of '<t>.<raw body>', keyed with the signing "
+            "secret>; at most the tolerance old",
+        ),
+    )
 
     def validate_config(self, config: Mapping[str, Any]) -> None:
         """``api_url``, when given, must be an http(s) URL. Raises ``ValueError``."""

@@ -1,0 +1,170 @@
+"""Admin for deliveries: every accepted webhook delivery (``TriggerEvent``), read-only.
+
+The list filters by source, outcome and event and searches by delivery id; the outcome is
+``TriggerEvent.objects.with_outcome()``'s — the status of the workflow run the delivery
+started, or *no run*. A delivery's page shows its payload (escaped; the first
+:data:`PAYLOAD_SHOWN` characters). Refused deliveries are not kept: they are counted per
+source and reason, on the source's page.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from django_leases.admin.display import MEDIA_CSS, local_time
+from django_leases.models import RunStatus, TriggerEvent
+from django_leases.models.trigger import NO_RUN
+
+if TYPE_CHECKING:
+    _EventModelAdmin = admin.ModelAdmin[TriggerEvent]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _EventModelAdmin = admin.ModelAdmin
+
+#: Characters of a payload a delivery's page shows.
+PAYLOAD_SHOWN = 20_000
+
+#: Outcomes, as the filter offers them.
+OUTCOMES = [(NO_RUN, "no run"), *((status.value, f"run {status.value}") for status in RunStatus)]
+
+
+class _DistinctValueFilter(admin.SimpleListFilter):
+    """Filter on one column's values as the table holds them (sources, events)."""
+
+    field = ""
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[TriggerEvent]
+    ) -> list[tuple[str, str]]:
+        values = (
+            TriggerEvent.objects.order_by(self.field).values_list(self.field, flat=True).distinct()
+        )
+        return [(value, value) for value in values[:200]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+
+class SourceFilter(_DistinctValueFilter):
+    title = "source"
+    parameter_name = "source"
+    field = "source_name"
+
+
+class EventFilter(_DistinctValueFilter):
+    title = "event"
+    parameter_name = "event"
+    field = "event"
+
+
+class OutcomeFilter(admin.SimpleListFilter):
+    """Filter on the ``outcome`` annotation (no run, or the run's status)."""
+
+    title = "outcome"
+    parameter_name = "outcome"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[TriggerEvent]
+    ) -> list[tuple[str, str]]:
+        return OUTCOMES
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in dict(OUTCOMES):
+            return queryset.filter(outcome=value)
+        return queryset
+
+
+@admin.register(TriggerEvent)
+class DeliveryAdmin(_EventModelAdmin):
+    """Accepted deliveries, newest first; read-only."""
+
+    list_display = ("received", "source_link", "event", "delivery_id", "outcome_shown", "run_link")
+    list_display_links = ("received",)
+    list_filter = (SourceFilter, OutcomeFilter, EventFilter)
+    search_fields = ("=delivery_id",)
+    ordering = ("-received_at", "-pk")
+    actions = None
+    list_select_related = ("run", "source")
+    fields = (
+        "received",
+        "source_link",
+        "event",
+        "delivery_id",
+        "outcome_shown",
+        "run_link",
+        "payload_json",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = MEDIA_CSS
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerEvent]:
+        return TriggerEvent.objects.with_outcome().select_related("run", "source")
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {"title": "Deliveries", **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: TriggerEvent | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: TriggerEvent | None = None) -> bool:
+        return False
+
+    @admin.display(description="received", ordering="received_at")
+    def received(self, obj: TriggerEvent) -> str:
+        return local_time(obj.received_at)
+
+    @admin.display(description="source", ordering="source_name")
+    def source_link(self, obj: TriggerEvent) -> str:
+        """The source's name, linked to its page while it is declared."""
+        source = obj.source
+        if source is None:
+            return obj.source_name
+        model = "triggersource" if source.declared else "orphantriggersource"
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse(f"admin:django_leases_{model}_change", args=[source.pk]),
+            obj.source_name,
+        )
+
+    @admin.display(description="outcome", ordering="outcome")
+    def outcome_shown(self, obj: TriggerEvent) -> str:
+        outcome = str(getattr(obj, "outcome", NO_RUN))
+        return format_html(
+            '<span class="dl-outcome" data-outcome="{}">{}</span>',
+            outcome,
+            dict(OUTCOMES).get(outcome, outcome),
+        )
+
+    @admin.display(description="workflow run")
+    def run_link(self, obj: TriggerEvent) -> str:
+        if obj.run_id is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:django_leases_workflowrun_change", args=[obj.run_id]),
+            obj.run_id,
+        )
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: TriggerEvent) -> str:
+        text = json.dumps(obj.payload, ensure_ascii=False, indent=2, sort_keys=True)
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        if len(text) > PAYLOAD_SHOWN:
+            text = text[:PAYLOAD_SHOWN] + f"\n… ({len(text) - PAYLOAD_SHOWN} more characters)"
+        return format_html('<pre class="dl-json" id="delivery-payload">{}</pre>', text)

@@ -1,0 +1,64 @@
+"""How the django-leases admin pages show values: one time format, badges, whole-word cuts.
+
+Times: every time on these pages is shown as Django's admin shows a date and time — in the
+current time zone (``TIME_ZONE``, or the one a middleware activated) and the active
+language's ``DATETIME_FORMAT`` (``formats.localize``) — so the tables this app renders and the
+fields Django renders read the same. The element is a ``<time>`` whose ``datetime`` attribute
+holds the ISO 8601 value and whose tooltip (``title``) the exact time, to the millisecond
+(the localized formats of most languages stop at the minute).
+
+Stylesheet: :data:`MEDIA_CSS` (``django_leases/admin.css``), which lets the run page's tables
+fit the page at 1280 px.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.utils import formats, timezone
+from django.utils.html import format_html
+
+#: The stylesheet every django-leases admin page includes (``ModelAdmin.Media.css``).
+MEDIA_CSS = {"all": ("django_leases/admin.css",)}
+
+
+def local_time(value: datetime | None) -> str:
+    """``value`` (a ``datetime``, aware or naive, or ``None``) as safe HTML: a ``<time>`` in
+    the current time zone and the localized ``DATETIME_FORMAT``; ``"—"`` for ``None``."""
+    if value is None:
+        return "—"
+    shown = timezone.localtime(value) if timezone.is_aware(value) else value
+    return format_html(
+        '<time class="dl-time" datetime="{}" title="{}">{}</time>',
+        shown.isoformat(),
+        shown.isoformat(sep=" ", timespec="milliseconds"),
+        formats.localize(shown),
+    )
+
+
+def badge(element_id: str, data_name: str, value: str, background: str, colour: str) -> str:
+    """A coloured status badge (safe HTML): ``<span id=element_id data_name=value>value</span>``."""
+    return format_html(
+        '<span class="dl-status" id="{}" {}="{}" style="background:{};color:{};'
+        'padding:1px 8px;border-radius:8px;font-weight:600;white-space:nowrap">{}</span>',
+        element_id,
+        data_name,
+        value,
+        background,
+        colour,
+        value,
+    )
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """``text`` with its whitespace collapsed, cut to at most ``limit`` characters (an ``int``
+    ≥ 2) at a word boundary with ``…`` appended when it was longer. A single word longer than
+    the limit is cut inside (nothing better exists)."""
+    flat = " ".join((text or "").split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[: limit - 1]
+    space = head.rfind(" ")
+    if flat[limit - 1] != " " and space > 0:  # the cut falls inside a word: drop that word
+        head = head[:space]
+    return head.rstrip(" ,;:.") + "…"

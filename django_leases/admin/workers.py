@@ -1,0 +1,156 @@
+"""Admin for workflow workers: a read-only list of the worker processes (DESIGN §7, §5).
+
+Each ``run_workflow_worker`` process holds a heartbeat lease (``workflow-worker:<host>:<pid>``)
+and keeps a ``WorkflowWorker`` row; this page lists them with what
+``WorkflowWorker.objects.with_state()`` says, on the database clock: **live** (the heartbeat
+lease is live), **stopped** (the worker said so at its exit) or **lapsed** (its lease expired
+without a word: killed, frozen or cut off). Nothing can be added, changed or deleted here;
+rows of workers long gone are deleted with ``WorkflowWorker.objects.forget_gone(seconds)``.
+
+Stable hooks for browser tests: the state badges have ids ``worker-state-<pk>`` and
+``data-state``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from django_leases.admin.display import MEDIA_CSS, badge, local_time
+from django_leases.models import WorkerState, WorkflowWorker
+
+if TYPE_CHECKING:
+    _WorkerModelAdmin = admin.ModelAdmin[WorkflowWorker]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _WorkerModelAdmin = admin.ModelAdmin
+
+_STATE_COLOURS = {
+    WorkerState.LIVE.value: ("#d1e7dd", "#0f5132"),
+    WorkerState.STOPPED.value: ("#e0e0e0", "#333"),
+    WorkerState.LAPSED.value: ("#f8d7da", "#842029"),
+}
+
+
+class WorkerStateFilter(admin.SimpleListFilter):
+    """Filter on the ``state`` annotation (live / stopped / lapsed, on the DB clock)."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[WorkflowWorker]
+    ) -> list[tuple[str, str]]:
+        return [(state.value, str(state.label)) for state in WorkerState]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in WorkerState.values:
+            return queryset.filter(state=value)
+        return queryset
+
+
+@admin.register(WorkflowWorker)
+class WorkflowWorkerAdmin(_WorkerModelAdmin):
+    """Read-only list of worker processes and their heartbeat."""
+
+    list_display = (
+        "host",
+        "pid",
+        "state_badge",
+        "queue_names",
+        "work",
+        "since",
+        "last_heartbeat",
+    )
+    list_display_links = ("host",)
+    list_filter = (WorkerStateFilter,)
+    search_fields = ("host", "=pid")
+    actions = None
+    fields = (
+        "lease_key",
+        "host",
+        "pid",
+        "state_badge",
+        "queue_names",
+        "concurrency",
+        "in_flight",
+        "wakeup",
+        "since",
+        "last_heartbeat",
+        "heartbeat_expires",
+        "stopped",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = MEDIA_CSS
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowWorker]:
+        return WorkflowWorker.objects.with_state()
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowWorker], search_term: str
+    ) -> tuple[QuerySet[WorkflowWorker], bool]:
+        # ``=pid`` on a non-number would be a database error on PostgreSQL: host only then.
+        term = search_term.strip()
+        if term and not term.isdigit():
+            return queryset.filter(host__icontains=term), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(
+        self, request: HttpRequest, obj: WorkflowWorker | None = None
+    ) -> bool:
+        return False
+
+    def has_delete_permission(
+        self, request: HttpRequest, obj: WorkflowWorker | None = None
+    ) -> bool:
+        return False
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj: WorkflowWorker) -> str:
+        state = str(getattr(obj, "state", ""))
+        background, colour = _STATE_COLOURS.get(state, ("#eee", "#333"))
+        return badge(f"worker-state-{obj.pk}", "data-state", state, background, colour)
+
+    @admin.display(description="queues")
+    def queue_names(self, obj: WorkflowWorker) -> str:
+        queues = [str(queue) for queue in (obj.queues or [])]
+        return ", ".join(queues) if queues else "every queue"
+
+    @admin.display(description="in flight", ordering="in_flight")
+    def work(self, obj: WorkflowWorker) -> str:
+        """Units of work in flight at the last heartbeat, of the worker's threads."""
+        return f"{obj.in_flight} of {obj.concurrency}"
+
+    @admin.display(description="since", ordering="started_at")
+    def since(self, obj: WorkflowWorker) -> str:
+        return local_time(obj.started_at)
+
+    @admin.display(description="last heartbeat", ordering="beat_at")
+    def last_heartbeat(self, obj: WorkflowWorker) -> str:
+        return local_time(obj.beat_at)
+
+    @admin.display(description="heartbeat lease")
+    def heartbeat_expires(self, obj: WorkflowWorker) -> str:
+        expires = getattr(obj, "heartbeat_expires_at", None)
+        db_now = getattr(obj, "db_now", None)
+        if expires is None or db_now is None:
+            return "—"
+        state = getattr(obj, "state", None)
+        if state == WorkerState.LIVE.value:
+            return format_html("expires in {} s", f"{(expires - db_now).total_seconds():.0f}")
+        if state == WorkerState.STOPPED.value:
+            return "released"
+        return format_html("lapsed {}", local_time(expires))
+
+    @admin.display(description="stopped at")
+    def stopped(self, obj: WorkflowWorker) -> str:
+        return local_time(obj.stopped_at)
