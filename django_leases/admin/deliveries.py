@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, local_time
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
@@ -64,26 +65,16 @@ class EventFilter(_DistinctValueFilter):
     field = "event"
 
 
-class OutcomeFilter(admin.SimpleListFilter):
+class OutcomeFilter(AnnotationFilter):
     """Filter on the ``outcome`` annotation (no run, or the run's status)."""
 
     title = "outcome"
     parameter_name = "outcome"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[TriggerEvent]
-    ) -> list[tuple[str, str]]:
-        return OUTCOMES
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        if value in dict(OUTCOMES):
-            return queryset.filter(outcome=value)
-        return queryset
+    options = OUTCOMES
 
 
 @admin.register(TriggerEvent)
-class DeliveryAdmin(_EventModelAdmin):
+class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
     """Accepted deliveries, newest first; read-only."""
 
     list_display = ("received", "source_link", "event", "delivery_id", "outcome_shown", "run_link")
@@ -115,15 +106,6 @@ class DeliveryAdmin(_EventModelAdmin):
     ) -> HttpResponse:
         context = {"title": "Deliveries", **(extra_context or {})}
         return super().changelist_view(request, context)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: TriggerEvent | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: TriggerEvent | None = None) -> bool:
-        return False
 
     @admin.display(description="received", ordering="received_at")
     def received(self, obj: TriggerEvent) -> str:

@@ -8,13 +8,14 @@ write is the "force release" action, offered only to users with the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
@@ -27,26 +28,16 @@ else:  # Django's ModelAdmin takes no type parameter at run time
     _LeaseModelAdmin = admin.ModelAdmin
 
 
-class LeaseStateFilter(admin.SimpleListFilter):
+class LeaseStateFilter(AnnotationFilter):
     """Filter on the ``state`` annotation (live / lapsed / released, on the DB clock)."""
 
     title = "state"
     parameter_name = "state"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Lease]
-    ) -> list[tuple[str, str]]:
-        return [(state.value, str(state.label)) for state in LeaseState]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        if value in LeaseState.values:
-            return queryset.filter(state=value)
-        return queryset
+    states = LeaseState
 
 
 @admin.register(Lease)
-class LeaseAdmin(_LeaseModelAdmin):
+class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
     """Read-only list of leases; "force release" behind its own permission."""
 
     list_display = (
@@ -65,16 +56,6 @@ class LeaseAdmin(_LeaseModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lease]:
         return Lease.objects.with_state()
-
-    # Read-only: viewing needs the view permission; nothing is added, changed or deleted.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Lease | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Lease | None = None) -> bool:
-        return False
 
     def has_force_release_permission(self, request: HttpRequest) -> bool:
         """Whether the user may force-release leases (``force_release_lease``)."""

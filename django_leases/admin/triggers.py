@@ -39,6 +39,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from django_leases.admin import history
+from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import (
@@ -99,7 +100,7 @@ def shown_status(source: TriggerSource) -> str:
     return source.status or "off"
 
 
-class _TriggerSourceAdminBase(_SourceModelAdmin):
+class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
     readonly_fields = _FIELDS
@@ -118,15 +119,6 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
         return cast("TriggerSourceQuerySet", rows).with_refused()
 
     # -- permissions ----------------------------------------------------------------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: TriggerSource | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: TriggerSource | None = None) -> bool:
-        return False
 
     def has_toggle_permission(self, request: HttpRequest) -> bool:
         """Whether the user may switch, tear down and forget sources (``toggle_triggersource``)."""

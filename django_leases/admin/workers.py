@@ -13,13 +13,14 @@ Stable hooks for browser tests: the state badges have ids ``worker-state-<pk>`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, badge, local_time
 from django_leases.models import WorkerState, WorkflowWorker
 
@@ -35,26 +36,16 @@ _STATE_COLOURS = {
 }
 
 
-class WorkerStateFilter(admin.SimpleListFilter):
+class WorkerStateFilter(AnnotationFilter):
     """Filter on the ``state`` annotation (live / stopped / lapsed, on the DB clock)."""
 
     title = "state"
     parameter_name = "state"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[WorkflowWorker]
-    ) -> list[tuple[str, str]]:
-        return [(state.value, str(state.label)) for state in WorkerState]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        value = self.value()
-        if value in WorkerState.values:
-            return queryset.filter(state=value)
-        return queryset
+    states = WorkerState
 
 
 @admin.register(WorkflowWorker)
-class WorkflowWorkerAdmin(_WorkerModelAdmin):
+class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
     """Read-only list of worker processes and their heartbeat."""
 
     list_display = (
@@ -100,19 +91,6 @@ class WorkflowWorkerAdmin(_WorkerModelAdmin):
         if term and not term.isdigit():
             return queryset.filter(host__icontains=term), False
         return super().get_search_results(request, queryset, search_term)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(
-        self, request: HttpRequest, obj: WorkflowWorker | None = None
-    ) -> bool:
-        return False
-
-    def has_delete_permission(
-        self, request: HttpRequest, obj: WorkflowWorker | None = None
-    ) -> bool:
-        return False
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: WorkflowWorker) -> str:

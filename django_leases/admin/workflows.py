@@ -29,6 +29,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
+from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowStepAttempt
@@ -78,20 +79,7 @@ def _json(value: Any) -> str:
 JSON_SHOWN = 300
 
 
-class _ReadOnly:
-    """No adding, changing or deleting through the admin; viewing only."""
-
-    def has_add_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
-        return False
-
-
-class WorkflowStepInline(_ReadOnly, _StepInline):
+class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
     model = WorkflowStep
     extra = 0
     can_delete = False
@@ -141,7 +129,7 @@ class WorkflowStepInline(_ReadOnly, _StepInline):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
+class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
     list_display = ("id", "workflow", "status", "created_at", "finished_at", "pass_due_at")
     list_filter = ("status", "workflow")
     search_fields = ("=id",)

@@ -1,0 +1,53 @@
+"""What several django-leases admin pages share: read-only lists and annotation filters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from django.contrib import admin
+from django.db import models
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+
+class ReadOnlyAdmin:
+    """Mixin for a ``ModelAdmin`` or inline: no adding, changing or deleting; viewing needs
+    the model's view permission, as Django's admin asks."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AnnotationFilter(admin.SimpleListFilter):
+    """A list filter on an annotation the list's queryset carries, named ``parameter_name``.
+
+    Subclasses set ``title``, ``parameter_name`` and either ``states`` (a ``TextChoices``: its
+    values and labels are the options) or ``options`` (``(value, label)`` pairs). A value that
+    is not one of the options filters nothing.
+    """
+
+    states: ClassVar[type[models.TextChoices] | None] = None
+    options: ClassVar[Sequence[tuple[str, str]]] = ()
+
+    def _options(self) -> list[tuple[str, str]]:
+        if self.states is not None:
+            return [(state.value, str(state.label)) for state in self.states]
+        return list(self.options)
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        return self._options()
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value in dict(self._options()):
+            return queryset.filter(**{str(self.parameter_name): value})
+        return queryset
