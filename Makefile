@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
+MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 lint docs demo bench bench-leases bench-workflows clean
+.PHONY: venv test test-sqlite test-postgres test-mariadb test-django6 lint docs demo bench bench-leases bench-workflows clean
 
 venv: $(VENV)/.installed
 
@@ -16,13 +17,25 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-test: test-sqlite test-postgres
+test: test-sqlite test-postgres test-mariadb
 
 test-sqlite: venv
 	DATABASE_URL='$(SQLITE_URL)' $(PY) -m pytest $(PYTEST_ARGS)
 
 test-postgres: venv
 	DATABASE_URL='$(PG_URL)' $(PY) -m pytest $(PYTEST_ARGS)
+
+# mysqlclient builds from source: it needs pkg-config and the MariaDB (or MySQL) client
+# library's headers (Debian: apt-get install pkg-config libmariadb-dev; .ci/run does it).
+$(VENV)/.mysql-installed: $(VENV)/.installed pyproject.toml
+	@$(PY) -m pip install --quiet -e '.[mysql]' || { \
+	  echo "mysqlclient could not be installed: it needs pkg-config and the MariaDB client" \
+	    "headers (Debian: apt-get install pkg-config libmariadb-dev)" >&2; exit 1; }
+	touch $@
+
+# A MariaDB that does not answer fails this pass (the test database cannot be created).
+test-mariadb: $(VENV)/.mysql-installed
+	DATABASE_URL='$(MARIADB_URL)' $(PY) -m pytest $(PYTEST_ARGS)
 
 # Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))

@@ -46,8 +46,9 @@ id                       what it reports
                          ``TUNED_SQL`` not a bool…), which would be misread or refused at use
 ``django_leases.E017``   MariaDB / MySQL at an isolation level other than READ COMMITTED (in
                          ``OPTIONS["isolation_level"]``, or the session's, with ``--database``):
-                         REPEATABLE READ's gap locks deadlock concurrent first acquires and
-                         claims, and its snapshot shows a block stale rows
+                         under REPEATABLE READ a read inside a transaction (``current()``…)
+                         shows its first read's snapshot: a lease since passed on keeps its
+                         old holder and token
 ``django_leases.E018``   MariaDB / MySQL ``OPTIONS["client_flag"]`` without ``CLIENT.FOUND_ROWS``:
                          an UPDATE then counts changed rows, not matched ones, so a renewal
                          within the same microsecond (a no-op) reads as "lease lost"
@@ -258,9 +259,11 @@ MYSQL_FOUND_ROWS = 2
 
 def _mysql_isolation_error(alias: str, level: str) -> checks.CheckMessage:
     return checks.Error(
-        f"MariaDB / MySQL database {alias!r} runs at isolation level {level.upper()}: its "
-        "gap locks make concurrent first acquires and claims deadlock, and a transaction's "
-        "snapshot shows rows other sessions have since changed.",
+        f"MariaDB / MySQL database {alias!r} runs at isolation level {level.upper()}: a "
+        "read inside a transaction (Lease.objects.current(), your reads in a fenced() block) "
+        "shows the snapshot of the transaction's first read, so a lease that has since "
+        "passed on still shows its old holder and token (READ UNCOMMITTED: a takeover that "
+        "may yet roll back).",
         hint='Use READ COMMITTED (Django\'s default): OPTIONS["isolation_level"] = '
         '"read committed", or leave it unset.',
         id="django_leases.E017",

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test import override_settings
 
 from django_leases import checks, clock
 from django_leases.models import Lease
-from tests.helpers import race, tuned_sql, unique_key
+from tests.helpers import on_another_thread, race, tuned_sql, unique_key
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -295,3 +295,29 @@ def test_concurrent_acquires_under_read_committed_admit_exactly_one(sql_path: st
     results = race([lambda i=i: Lease.objects.acquire(key, f"h{i}", 60) for i in range(8)])
     assert not [r for r in results if isinstance(r, BaseException)]
     assert len([r for r in results if r is not None]) == 1
+
+
+@pytest.mark.parametrize(("level", "stale"), [("read committed", False), ("repeatable read", True)])
+def test_what_repeatable_read_does_to_a_read_inside_a_transaction(level: str, stale: bool) -> None:
+    """Why E017 asks for READ COMMITTED: under REPEATABLE READ, ``current()`` inside a
+    transaction answers from the snapshot of the transaction's first read, so a lease that
+    passed on meanwhile still shows its old holder and token. A locking read (what fenced(),
+    claims and the guarded UPDATEs do) sees the new holder at either level."""
+    key = unique_key("mysql")
+    first = Lease.objects.acquire(key, "a", 60)
+    assert first is not None
+
+    def pass_on() -> Lease | None:
+        Lease.objects.release(first)
+        return Lease.objects.acquire(key, "b", 60)
+
+    with _options(isolation_level=level), transaction.atomic():
+        before = Lease.objects.current(key)
+        assert before is not None and before.holder == "a"
+        taken = on_another_thread(pass_on)
+        assert taken is not None and (taken.holder, taken.token) == ("b", 2)
+        seen = Lease.objects.current(key)
+        locked = Lease.objects.select_for_update().get(key=key)
+    assert seen is not None
+    assert (seen.holder, seen.token) == (("a", 1) if stale else ("b", 2))
+    assert (locked.holder, locked.token) == ("b", 2)

@@ -1099,15 +1099,25 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         return None
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
-        qs = self.rows().annotate(
-            lease_live=_live(), due=_due(), run_status=F("run__status"), db_now=DbNow()
-        )
         features = connections[alias].features
+        run_status: Any = F("run__status")
+        of: tuple[str, ...] = ("self",)
+        if not features.has_select_for_update_of:
+            # No FOR UPDATE OF (MariaDB, SQLite): read the run's status in a subquery, whose
+            # rows a locking read leaves unlocked (a join's would be locked too, so steps of
+            # one run could not be claimed side by side).
+            of = ()
+            run_status = models.Subquery(
+                WorkflowRun._default_manager.using(alias)
+                .filter(pk=models.OuterRef("run_id"))
+                .values("status")[:1]
+            )
+        qs = self.rows().annotate(
+            lease_live=_live(), due=_due(), run_status=run_status, db_now=DbNow()
+        )
         if skip_locked and features.has_select_for_update_skip_locked:
-            return qs.select_for_update(skip_locked=True, of=("self",))
-        if features.has_select_for_update_of:
-            return qs.select_for_update(of=("self",))
-        return qs.select_for_update()
+            return qs.select_for_update(skip_locked=True, of=of)
+        return qs.select_for_update(of=of)
 
     def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
