@@ -13,6 +13,8 @@ Rules (DESIGN §4, reference lease-service tests L1–L8):
 Each rule is written twice, side by side in its method behind :func:`django_leases.db.tuned`:
 on PostgreSQL and SQLite each of acquire, refresh and release is **one statement** in
 autocommit (an ``INSERT … ON CONFLICT DO UPDATE … WHERE`` upsert, or a guarded ``UPDATE``);
+on MariaDB / MySQL acquire is one ``INSERT … ON DUPLICATE KEY UPDATE`` and refresh a guarded
+``UPDATE`` followed by a read of the row, in autocommit (release is one ``UPDATE`` either way);
 the row lock the statement takes makes it a compare-and-set, so exactly one of many
 concurrent acquirers wins. Elsewhere, or with ``DJANGO_LEASES["TUNED_SQL"] = False``, a
 portable ORM path (``SELECT … FOR UPDATE`` then ``UPDATE`` in one transaction) keeps the same
@@ -299,6 +301,8 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         _check_lease(lease)
         seconds = ttl_seconds(ttl)
         connection = self._connection()
+        if db.tuned(connection, "mysql"):
+            return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
             alias = self._alias()
             qs = self.model._default_manager.using(alias)
@@ -320,6 +324,32 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         params = (clock.seconds_param(connection, seconds), lease.key, lease.holder, lease.token)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else self._from_row(connection, row)
+
+    def _refresh_mysql(
+        self, connection: BaseDatabaseWrapper, lease: Lease, seconds: float
+    ) -> Lease | None:
+        """MariaDB / MySQL: the guarded UPDATE in autocommit, then the row read back (no
+        RETURNING on UPDATE there): two round trips where the portable path's transaction
+        takes five. The count is of *matched* rows (Django connects with CLIENT.FOUND_ROWS),
+        so a renewal that writes the values already there is a success."""
+        q = connection.ops.quote_name
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        held = f"{q('key')} = %s AND {q('holder')} = %s AND {q('token')} = %s"
+        sql = (
+            f"UPDATE {table} SET {q('expires_at')} = {clock.now_plus_sql(connection)}, "
+            f"{q('renewed_at')} = {now} "
+            f"WHERE {held} AND {q('released_at')} IS NULL AND {q('expires_at')} > {now}"
+        )
+        guard = (lease.key, lease.holder, lease.token)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (clock.seconds_param(connection, seconds), *guard))
+            if cursor.rowcount != 1:
+                return None
+            returned = ", ".join(q(column) for column in _RETURNED)
+            cursor.execute(f"SELECT {returned} FROM {table} WHERE {held}", guard)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
 
