@@ -223,21 +223,6 @@ def test_the_test_database_passes_every_mysql_check() -> None:
     assert checks.check_mysql_settings("default", connection.settings_dict) == []
 
 
-@pytest.mark.parametrize(
-    ("level", "fires"),
-    [
-        ("read committed", False),
-        ("READ COMMITTED", False),
-        ("repeatable read", True),
-        ("serializable", True),
-        ("read uncommitted", True),
-    ],
-)
-def test_e017_isolation_level_setting(level: str, fires: bool) -> None:
-    messages = checks.check_mysql_settings("default", {"OPTIONS": {"isolation_level": level}})
-    assert [m.id for m in messages] == (["django_leases.E017"] if fires else [])
-
-
 def test_e017_session_isolation_level() -> None:
     with _session("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"):
         assert [m.id for m in checks.check_mysql_database(connection)] == ["django_leases.E017"]
