@@ -263,15 +263,22 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         # takes the takeover path below and comes out with token 1.
         long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
         placeholder = [self.model(key=key, holder=holder, token=0, expires_at=long_ago)]
+
+        def ensure_row() -> None:
+            # Only for a key never seen: InnoDB's duplicate-key check of an insert takes a
+            # shared lock on an existing row, which a takeover does not need.
+            if not qs.filter(key=key).exists():
+                qs.bulk_create(placeholder, ignore_conflicts=True)
+
         outside = not connections[alias].in_atomic_block
         if outside:
-            # Its own statement, committed at once: InnoDB's duplicate-key check takes a
-            # shared lock on an existing row that, kept to the locking read below, would
-            # deadlock two acquirers (each holding it, each waiting to lock the row).
-            qs.bulk_create(placeholder, ignore_conflicts=True)
+            # Its own statement, committed at once: that shared lock, kept to the locking
+            # read below, would deadlock two acquirers (each holding it, each waiting to lock
+            # the row).
+            ensure_row()
         with transaction.atomic(using=alias):
             if not outside:
-                qs.bulk_create(placeholder, ignore_conflicts=True)
+                ensure_row()
             live = ExpressionWrapper(Q(expires_at__gt=DbNow()), output_field=BooleanField())
             current = qs.select_for_update().annotate(live=live).get(key=key)
             is_live = bool(current.live)  # type: ignore[attr-defined]  # the annotation

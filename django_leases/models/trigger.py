@@ -60,7 +60,7 @@ from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F
 
-from django_leases import db
+from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
@@ -154,12 +154,25 @@ def _serialise_syncs(alias: str) -> None:
     yet (the unique index makes a second insert of a name wait for the first transaction),
     and those waits interleave with the row locks into deadlocks. PostgreSQL gets one
     transaction-scoped advisory lock; SQLite's IMMEDIATE transaction already holds the
-    database's write lock; other databases rely on the row locks taken next.
+    database's write lock; MariaDB / MySQL lock the one row of TriggerSourceDefaults; other
+    databases rely on the row locks taken next.
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SYNC_LOCK_ID])
+    elif connection.vendor == "mysql":
+        # No transaction-scoped advisory lock there (GET_LOCK outlives the transaction). An
+        # upsert locks the row at once, creating it if need be; a plain insert's duplicate-key
+        # check would take a shared lock first, and two syncs upgrading theirs would deadlock.
+        q = connection.ops.quote_name
+        meta = TriggerSourceDefaults._meta
+        pk = q(str(meta.pk.column))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {q(meta.db_table)} ({pk}, {q('updated_at')}) "
+                f"VALUES (1, {clock.now_sql(connection)}) ON DUPLICATE KEY UPDATE {pk} = {pk}"
+            )
 
 
 class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
