@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PG_URL ?= postgres://postgres@127.0.0.1:5432/django_leases
+MARIADB_URL ?= mysql://root@127.0.0.1:3306/django_leases
 SQLITE_URL ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-sqlite test-postgres test-django6 coverage-erase coverage-report lint docs \
-	docs-images demo bench bench-leases bench-workflows clean
+.PHONY: venv test test-sqlite test-postgres test-mariadb test-django6 coverage-erase \
+	coverage-report lint docs docs-images demo bench bench-leases bench-workflows clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package and the one
 # library the demo's settings read the environment with; `make test`, `lint` and `docs` add
@@ -32,7 +33,7 @@ venv: $(VENV)/.installed
 
 # The suite on every backend, each pass measured by coverage (branch), then one combined report
 # that fails under the level in pyproject.toml ([tool.coverage.report] fail_under).
-test: coverage-erase test-sqlite test-postgres coverage-report
+test: coverage-erase test-sqlite test-postgres test-mariadb coverage-report
 
 COVERAGE := $(PY) -m coverage
 
@@ -52,6 +53,18 @@ test-postgres: venv
 # The admin screenshots in docs/img/ come from the browser tests (Debian's chromium).
 docs-images: venv
 	DL_DOCS_IMAGES=1 DATABASE_URL='$(SQLITE_URL)' $(PY) -m pytest tests/browser -p no:cacheprovider
+
+# mysqlclient builds from source: it needs pkg-config and the MariaDB (or MySQL) client
+# library's headers (Debian: apt-get install pkg-config libmariadb-dev; .ci/run does it).
+$(VENV)/.mysql-installed: $(VENV)/.installed pyproject.toml
+	@$(PY) -m pip install --quiet -e '.[mysql]' || { \
+	  echo "mysqlclient could not be installed: it needs pkg-config and the MariaDB client" \
+	    "headers (Debian: apt-get install pkg-config libmariadb-dev)" >&2; exit 1; }
+	touch $@
+
+# A MariaDB that does not answer fails this pass (the test database cannot be created).
+test-mariadb: $(VENV)/.mysql-installed
+	DATABASE_URL='$(MARIADB_URL)' $(COVERAGE) run -m pytest $(PYTEST_ARGS)
 
 # Django 6.x needs Python >= 3.12: a second venv, the SQLite suite on the newest Django 6.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12 2>/dev/null))

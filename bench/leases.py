@@ -518,9 +518,135 @@ class RedisClient(Client):
         self.redis.close()
 
 
+def is_mysql(database_url: str) -> bool:
+    """Whether ``database_url`` names a MariaDB / MySQL database (``mysql://``)."""
+    return database_url.startswith(("mysql://", "mysql2://", "mariadb://"))
+
+
+def _mysqldb_connect(database_url: str, database: bool = True) -> Any:
+    """A raw MySQLdb connection (autocommit, utf8mb4, matched rows counted, as Django's)."""
+    from urllib.parse import unquote, urlsplit
+
+    import MySQLdb
+    from MySQLdb.constants import CLIENT
+
+    url = urlsplit(database_url)
+    options: dict[str, Any] = {
+        "host": url.hostname or "127.0.0.1",
+        "port": url.port or 3306,
+        "user": unquote(url.username or "root"),
+        "password": unquote(url.password or ""),
+        "charset": "utf8mb4",
+        "client_flag": CLIENT.FOUND_ROWS,
+        "autocommit": True,
+    }
+    if database:
+        options["database"] = url.path.lstrip("/")
+    return MySQLdb.connect(**options)
+
+
+class MysqlFloorClient(FloorClient):
+    """The MariaDB floor: raw MySQLdb, one ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING
+    token`` to acquire and one guarded ``UPDATE`` to refresh and to release, autocommit, one
+    reused cursor, on its own minimal table (key, holder, token, expires_at)."""
+
+    NOW = "UTC_TIMESTAMP(6)"
+    _GRANT = f"(expires_at <= {NOW} OR holder = VALUES(holder))"
+    ACQUIRE = (
+        f"INSERT INTO {FLOOR_TABLE} (`key`, holder, token, expires_at) "
+        f"VALUES (%s, %s, 1, {NOW} + INTERVAL %s MICROSECOND) ON DUPLICATE KEY UPDATE "
+        f"token = IF({_GRANT}, IF(holder = VALUES(holder) AND expires_at > {NOW}, token, "
+        "token + 1), token), "
+        f"holder = IF({_GRANT}, VALUES(holder), holder), "
+        "expires_at = IF(holder = VALUES(holder), VALUES(expires_at), expires_at) "
+        "RETURNING token, holder"
+    )
+    REFRESH = (
+        f"UPDATE {FLOOR_TABLE} SET expires_at = {NOW} + INTERVAL %s MICROSECOND "
+        f"WHERE `key` = %s AND holder = %s AND token = %s AND expires_at > {NOW}"
+    )
+    RELEASE = (
+        f"UPDATE {FLOOR_TABLE} SET expires_at = {NOW} "
+        f"WHERE `key` = %s AND holder = %s AND token = %s AND expires_at > {NOW}"
+    )
+
+    def __init__(self, spec: Spec, config: Config, holder: str) -> None:
+        Client.__init__(self, spec, config, holder)
+        self.connection = _mysqldb_connect(config.database_url)
+        self.cursor = self.connection.cursor()
+        self.ttl = round(config.ttl * 1_000_000)  # type: ignore[assignment]
+        self.executed = 0
+        self.held = None
+
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> None:
+        self.executed += 1
+        self.cursor.execute(sql, params)
+
+    def acquire(self, key: str) -> int | None:
+        self._execute(self.ACQUIRE, (key, self.holder, self.ttl))
+        row = self.cursor.fetchone()
+        return None if row is None or row[1] != self.holder else int(row[0])
+
+    def server_pid(self) -> int | None:
+        return None  # mysqld serves every connection from one process: no per-connection CPU
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def prepare_mysql_database(config: Config) -> dict[str, Any]:
+    """MariaDB / MySQL: create the bench database if missing (utf8mb4, binary NO PAD), migrate
+    it, create the floor's table; returns the server's version and settings."""
+    name = config.database_url.rsplit("/", 1)[1].partition("?")[0]
+    if not name:
+        raise SystemExit("the bench database URL must name a database")
+    with contextlib.closing(_mysqldb_connect(config.database_url, database=False)) as server:
+        cursor = server.cursor()
+        cursor.execute("SELECT @@version, @@version_comment")
+        version, comment = cursor.fetchone()
+        collation = (
+            "utf8mb4_nopad_bin"
+            if "mariadb" in f"{version} {comment}".lower()
+            else ("utf8mb4_0900_bin")
+        )
+        cursor.execute(
+            f"CREATE DATABASE IF NOT EXISTS `{name}` CHARACTER SET utf8mb4 COLLATE {collation}"
+        )
+    configure_django(config.database_url, {})
+    from django.core.management import call_command
+    from django.db import connection as django_connection
+
+    call_command("migrate", "django_leases", "zero", verbosity=0, interactive=False)
+    call_command("migrate", verbosity=0, interactive=False)
+    django_connection.close()
+    with contextlib.closing(_mysqldb_connect(config.database_url)) as connection:
+        cursor = connection.cursor()
+        cursor.execute(
+            f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} (`key` varchar(255) PRIMARY KEY, "
+            "holder varchar(255) NOT NULL, token bigint NOT NULL, expires_at datetime(6) NOT "
+            "NULL) ENGINE=InnoDB"
+        )
+        cursor.execute(f"TRUNCATE {FLOOR_TABLE}")
+        facts: dict[str, Any] = {"database": name, "server_version": version}
+        for setting in (
+            "innodb_flush_log_at_trx_commit",
+            "innodb_buffer_pool_size",
+            "max_connections",
+            "tx_isolation" if "mariadb" in str(version).lower() else "transaction_isolation",
+        ):
+            cursor.execute(f"SELECT @@GLOBAL.{setting}")
+            facts[setting] = cursor.fetchone()[0]
+    from urllib.parse import urlsplit
+
+    url = urlsplit(config.database_url)
+    facts.update(host=url.hostname, port=url.port or 3306, user=url.username or "root")
+    return facts
+
+
 CLIENTS: dict[str, type[Client]] = {
     "django": OursClient,
     "floor": FloorClient,
+    "mysqlfloor": MysqlFloorClient,
     "pglock": PglockClient,
     "redis": RedisClient,
 }
@@ -542,6 +668,8 @@ def _django_backend_pid(alias: str = "default") -> int | None:
     from django.db import connections
 
     connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return None
     connection.ensure_connection()
     info = connection.connection.info
     return _local_pid(info.backend_pid, "postgres", info.host)
@@ -690,6 +818,8 @@ def prepare_database(config: Config) -> dict[str, Any]:
 
     Returns the server's version and settings that matter for the figures.
     """
+    if is_mysql(config.database_url):
+        return prepare_mysql_database(config)
     import psycopg
     from psycopg import sql
 
@@ -1145,6 +1275,9 @@ def _breakdown(config: Config) -> dict[str, Any]:
 # -- main ----------------------------------------------------------------------------------------
 
 
+DEFAULT_CONTENDERS = ",".join(SPECS)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Benchmark django-leases against a raw-SQL floor, django-pglock and Redis.",
@@ -1152,7 +1285,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL),
-        help="PostgreSQL URL of the bench database, created if missing "
+        help="PostgreSQL (or MariaDB / MySQL: mysql://...) URL of the bench database, "
+        "created if missing "
         "(default: $BENCH_DATABASE_URL or %(default)s)",
     )
     parser.add_argument(
@@ -1167,8 +1301,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ttl", type=float, default=30.0, help="lease TTL in seconds")
     parser.add_argument(
         "--contenders",
-        default=",".join(SPECS),
-        help="comma-separated subset of: " + ", ".join(SPECS) + " (floor is always run)",
+        default=DEFAULT_CONTENDERS,
+        help="comma-separated subset of: " + ", ".join(SPECS) + " (floor is always run; "
+        "on MariaDB / MySQL only floor and ours)",
     )
     parser.add_argument(
         "--output",
@@ -1212,6 +1347,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             tree=tree,
         )
         args.contenders += ",candidate"
+    if is_mysql(args.database_url):
+        # MariaDB / MySQL: ours against the raw MySQLdb floor (the other contenders are
+        # PostgreSQL's or Redis's).
+        SPECS["floor"] = Spec(
+            "floor",
+            "mysqlfloor",
+            "raw MySQLdb, one statement per operation on a minimal table, autocommit "
+            "(INSERT … ON DUPLICATE KEY UPDATE … RETURNING, guarded UPDATEs)",
+            role="floor",
+        )
+        for name in list(SPECS):
+            if name not in ("floor", "ours", "candidate"):
+                del SPECS[name]
+        if args.contenders == DEFAULT_CONTENDERS:
+            args.contenders = "floor,ours" + (",candidate" if args.candidate else "")
     chosen = [name.strip() for name in args.contenders.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SPECS))
     if unknown:
@@ -1255,7 +1405,9 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     started = dt.datetime.now(dt.UTC)
     print(
-        f"django-leases lease benchmark: PostgreSQL {database['server_version']} at "
+        f"django-leases lease benchmark: "
+        f"{'MariaDB/MySQL' if is_mysql(config.database_url) else 'PostgreSQL'} "
+        f"{database['server_version']} at "
         f"{database['host']}:{database['port']}/{database['database']} (user {database['user']}), "
         f"Redis {redis_info['redis_version'] if redis_info else 'skipped'}; "
         f"{machine['cpu_count']} CPUs ({machine['cpu']}), Python {machine['python']}, "
@@ -1271,8 +1423,8 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "django-leases leases",
         "started_at": started.isoformat(),
         "machine": machine,
-        "versions": versions(("django-pglock", "redis")),
-        "postgresql": database,
+        "versions": versions(("django-pglock", "redis", "mysqlclient")),
+        ("mysql" if is_mysql(config.database_url) else "postgresql"): database,
         "redis": redis_info,
         "settings": {
             "seconds": args.seconds,
@@ -1309,7 +1461,8 @@ def main(argv: list[str] | None = None) -> int:
 
     machine["load_average_at_end"] = load_average()
     report["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
-    output = args.output or RESULTS_DIR / f"leases-{started.date().isoformat()}.json"
+    vendor = "-mysql" if is_mysql(config.database_url) else ""
+    output = args.output or RESULTS_DIR / f"leases{vendor}-{started.date().isoformat()}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)
     print(f"\nwrote {output}")

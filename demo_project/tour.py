@@ -610,6 +610,15 @@ class Tour:
                     "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()"
                 )
                 return cursor.fetchone()[0] == 0
+        if connection.vendor == "mysql":
+            # A session idle in a transaction: an InnoDB transaction whose connection sleeps.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
+                    "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                    "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID() AND p.COMMAND = 'Sleep'"
+                )
+                return cursor.fetchone()[0] == 0
         import sqlite3
 
         probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.5)

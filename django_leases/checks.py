@@ -44,7 +44,28 @@ id                       what it reports
 ``django_leases.E016``   a ``DJANGO_LEASES`` value of the wrong type or range (a TTL or timeout
                          not above 0, ``WORKER_WAKEUP`` not ``"auto"`` / ``"poll"``,
                          ``TUNED_SQL`` not a bool…), which would be misread or refused at use
+``django_leases.E017``   MariaDB / MySQL at an isolation level other than READ COMMITTED (in
+                         ``OPTIONS["isolation_level"]``, or the session's, with ``--database``):
+                         under REPEATABLE READ a read inside a transaction (``current()``…)
+                         shows its first read's snapshot: a lease since passed on keeps its
+                         old holder and token
+``django_leases.E018``   MariaDB / MySQL ``OPTIONS["client_flag"]`` without ``CLIENT.FOUND_ROWS``:
+                         an UPDATE then counts changed rows, not matched ones, so a renewal
+                         within the same microsecond (a no-op) reads as "lease lost"
+``django_leases.E019``   MariaDB / MySQL: a django-leases table (or, before ``migrate``, the
+                         default storage engine) is not InnoDB: no transactions, no row locks
+``django_leases.W020``   MariaDB / MySQL session ``sql_mode`` without ``STRICT_TRANS_TABLES``: a
+                         value that does not fit is cut or zeroed with a warning, not refused
+``django_leases.E021``   MariaDB / MySQL: Django stores datetimes in a named time zone there
+                         (``TIME_ZONE`` with ``USE_TZ = False``, or ``DATABASES[...]["TIME_ZONE"]``)
+                         and the server's time zone tables do not know it: the database clock
+                         (``CONVERT_TZ``) would be NULL
+``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
+                         insensitive, or pads spaces: "a", "A" and "a " would be one lease
 =======================  ==========================================================================
+
+E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
+``migrate`` and the test runner.
 """
 
 from __future__ import annotations
@@ -225,7 +246,158 @@ def check_database_settings(
         )
     if vendor == "postgresql":
         messages.extend(_check_isolation(alias, settings_dict))
+    if vendor == "mysql":
+        messages.extend(check_mysql_settings(alias, settings_dict))
     return messages
+
+
+#: The isolation level leases need on MariaDB / MySQL (Django's default there).
+MYSQL_ISOLATION = "read committed"
+#: ``MySQLdb.constants.CLIENT.FOUND_ROWS``: UPDATE reports matched rows, not changed ones.
+MYSQL_FOUND_ROWS = 2
+
+
+def _mysql_isolation_error(alias: str, level: str) -> checks.CheckMessage:
+    return checks.Error(
+        f"MariaDB / MySQL database {alias!r} runs at isolation level {level.upper()}: a "
+        "read inside a transaction (Lease.objects.current(), your reads in a fenced() block) "
+        "shows the snapshot of the transaction's first read, so a lease that has since "
+        "passed on still shows its old holder and token (READ UNCOMMITTED: a takeover that "
+        "may yet roll back).",
+        hint='Use READ COMMITTED (Django\'s default): OPTIONS["isolation_level"] = '
+        '"read committed", or leave it unset.',
+        id="django_leases.E017",
+    )
+
+
+def check_mysql_settings(alias: str, settings_dict: Mapping[str, Any]) -> list[checks.CheckMessage]:
+    """E017 (the setting) and E018 for one MariaDB / MySQL alias, from its settings alone."""
+    messages: list[checks.CheckMessage] = []
+    options = settings_dict.get("OPTIONS") or {}
+    level = options.get("isolation_level", MYSQL_ISOLATION)
+    if level and str(level).lower() != MYSQL_ISOLATION:
+        messages.append(_mysql_isolation_error(alias, str(level)))
+    flags = options.get("client_flag")
+    if flags is not None and not int(flags) & MYSQL_FOUND_ROWS:
+        messages.append(
+            checks.Error(
+                f'OPTIONS["client_flag"] of MariaDB / MySQL database {alias!r} lacks '
+                "CLIENT.FOUND_ROWS: an UPDATE then counts the rows it changed, not the rows "
+                "it matched, so a renewal or fenced write that changes nothing (within the "
+                "same microsecond) is taken for a lost lease or a stale attempt.",
+                hint="Include MySQLdb.constants.CLIENT.FOUND_ROWS in client_flag (Django sets "
+                "it when client_flag is not given).",
+                id="django_leases.E018",
+            )
+        )
+    return messages
+
+
+def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
+    """E017 (the session's level), E019, W020, E021 and W022 for one MariaDB / MySQL
+    connection, by asking the server. Database errors propagate."""
+    from django_leases import clock
+    from django_leases.models import Lease
+
+    alias = connection.alias
+    messages: list[checks.CheckMessage] = []
+    with connection.cursor() as cursor:
+        variable = "tx_isolation" if connection.mysql_is_mariadb else "transaction_isolation"
+        if connection.mysql_is_mariadb and connection.mysql_version >= (11, 1):
+            variable = "transaction_isolation"
+        cursor.execute(f"SELECT @@SESSION.{variable}, @@SESSION.sql_mode")
+        level, sql_mode = cursor.fetchone()
+        level = str(level).replace("-", " ").lower()
+        if level != MYSQL_ISOLATION:
+            messages.append(_mysql_isolation_error(alias, level))
+        if "STRICT_TRANS_TABLES" not in str(sql_mode).upper().split(","):
+            messages.append(
+                checks.Warning(
+                    f"MariaDB / MySQL database {alias!r} runs without STRICT_TRANS_TABLES in "
+                    "its sql_mode: a value that does not fit a column is cut or zeroed with "
+                    "a warning instead of refused.",
+                    hint='Add "init_command": "SET sql_mode = \'STRICT_TRANS_TABLES\'" to its '
+                    "OPTIONS (or set it on the server).",
+                    id="django_leases.W020",
+                )
+            )
+        tables = [model._meta.db_table for model in _our_models()]
+        cursor.execute(
+            "SELECT TABLE_NAME, ENGINE FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN "
+            f"({', '.join(['%s'] * len(tables))})",
+            tables,
+        )
+        engines = {name: str(engine or "") for name, engine in cursor.fetchall()}
+        if not engines:
+            cursor.execute("SELECT @@SESSION.default_storage_engine")
+            default = str(cursor.fetchone()[0])
+            other = {"(default_storage_engine)": default} if default.lower() != "innodb" else {}
+        else:
+            other = {name: engine for name, engine in engines.items() if engine.lower() != "innodb"}
+        if other:
+            listed = ", ".join(f"{name} ({engine})" for name, engine in sorted(other.items()))
+            messages.append(
+                checks.Error(
+                    f"MariaDB / MySQL database {alias!r}: not InnoDB: {listed}. Without "
+                    "InnoDB there are no transactions and no row locks, so fencing and "
+                    "exactly-one-winner acquires do not hold.",
+                    hint="Convert the tables (ALTER TABLE ... ENGINE=InnoDB) or set "
+                    "default_storage_engine = InnoDB before migrating.",
+                    id="django_leases.E019",
+                )
+            )
+        zone = clock.mysql_zone(connection)
+        if zone is not None:
+            cursor.execute("SELECT CONVERT_TZ('2000-01-01 00:00:00', '+00:00', %s)", [zone])
+            if cursor.fetchone()[0] is None:
+                messages.append(
+                    checks.Error(
+                        f"MariaDB / MySQL database {alias!r}: Django stores datetimes there "
+                        f"in time zone {zone!r}, which the server's time zone tables do not "
+                        "know: the database clock (CONVERT_TZ(UTC_TIMESTAMP(6), ...)) would "
+                        "be NULL, and no lease could be taken.",
+                        hint="Load the time zone tables (mysql_tzinfo_to_sql /usr/share/zoneinfo"
+                        " | mysql mysql), or store datetimes in UTC (USE_TZ = True without "
+                        "a database TIME_ZONE).",
+                        id="django_leases.E021",
+                    )
+                )
+        cursor.execute(
+            "SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
+            "DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'key'",
+            [Lease._meta.db_table],
+        )
+        found = cursor.fetchone()
+        collation = str(found[0]) if found and found[0] else ""
+        if collation and not _exact_collation(cursor, connection, collation):
+            messages.append(
+                checks.Warning(
+                    f"MariaDB / MySQL database {alias!r}: lease keys are compared with "
+                    f"collation {collation}, which ignores case or accents or pads spaces: "
+                    '"a", "A" and "a " would be one lease.',
+                    hint="Create the database with a binary NO PAD collation (MariaDB "
+                    "utf8mb4_nopad_bin, MySQL 8 utf8mb4_0900_bin), or convert the "
+                    "django_leases tables to it.",
+                    id="django_leases.W022",
+                )
+            )
+    return messages
+
+
+def _exact_collation(cursor: Any, connection: Any, collation: str) -> bool:
+    """Whether ``collation`` tells every distinct string apart (binary and NO PAD)."""
+    name = collation.lower()
+    if not (name.endswith("_bin") or name == "binary"):
+        return False
+    if connection.mysql_is_mariadb:
+        return "nopad" in name
+    cursor.execute(
+        "SELECT PAD_ATTRIBUTE FROM information_schema.COLLATIONS WHERE COLLATION_NAME = %s",
+        [collation],
+    )
+    found = cursor.fetchone()
+    return bool(found) and str(found[0]).upper() == "NO PAD"
 
 
 def _check_isolation(alias: str, settings_dict: Mapping[str, Any]) -> list[checks.CheckMessage]:
@@ -624,7 +796,9 @@ def workflow_functions_check(
     databases: Iterable[str] | None = None,
     **kwargs: Any,
 ) -> list[checks.CheckMessage]:
-    """E013: on each PostgreSQL database checked that has django-leases' migrations applied,
+    """E013, and E017–W022 on MariaDB / MySQL (:func:`check_mysql_database`).
+
+    E013: on each PostgreSQL database checked that has django-leases' migrations applied,
     the hot-path functions of the running code (``models.workflow.functions``) are installed.
     Their names carry a hash of their statements: code whose statements changed without a
     migration that installs them finds none, and workers refuse to start."""
@@ -636,6 +810,9 @@ def workflow_functions_check(
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():
         connection = connections[alias]
+        if connection.vendor == "mysql":
+            messages.extend(check_mysql_database(connection))
+            continue
         if not db.tuned(connection, "postgresql"):
             continue
         try:

@@ -1,35 +1,91 @@
 """The database clock: every lease and step-lease comparison is judged by it.
 
 Application servers' clocks may disagree by seconds; the database is the one clock.
-Expressions here are evaluated inside the statement that uses them:
+Expressions here are evaluated inside the statement that uses them, at **statement time**
+(one value for the whole statement, so a comparison and the expiry it writes agree):
 
 * PostgreSQL: ``statement_timestamp()`` (what Django's ``Now()`` compiles to), never the
   transaction-start ``now()``;
 * SQLite: ``strftime('%Y-%m-%d %H:%M:%f', 'now')``, millisecond precision, constant within
-  one statement, in the text form Django stores datetimes in.
+  one statement, in the text form Django stores datetimes in;
+* MariaDB / MySQL: ``UTC_TIMESTAMP(6)``, microseconds, in the zone Django stores datetimes in
+  on that connection (:func:`mysql_zone`): UTC unless ``DATABASES[...]["TIME_ZONE"]`` (with
+  ``USE_TZ = True``) or ``TIME_ZONE`` (with ``USE_TZ = False``) names another zone, which is
+  then reached with ``CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '<zone>')`` and needs the
+  server's time zone tables (a system check says when they are missing).
 
-The ORM side uses :func:`db_now` (Django's ``Now()``) and :func:`db_now_plus`.
+  MariaDB and MySQL have two kinds of clock function. ``NOW()``, ``CURRENT_TIMESTAMP``,
+  ``UTC_TIMESTAMP()`` and ``UNIX_TIMESTAMP()`` give the time the statement **began** (the
+  calling statement's, inside a trigger or stored routine; frozen by ``SET timestamp``);
+  ``SYSDATE()`` gives the time of its own **evaluation**, a new value on every call. Django's
+  ``Now()`` is ``CURRENT_TIMESTAMP(6)``, statement time but in the *session* time zone, which
+  is the server's unless set, so it is not used. ``SYSDATE()`` is not used either: it has no
+  UTC form (it is session-local, ambiguous in a daylight-saving fall-back hour), a statement
+  that writes ``expires_at = now + ttl`` and checks ``expires_at > now`` would see two
+  different "nows", the optimizer cannot use it to bound an index range (the worker's
+  due-work scans), and statement-based replication marks it unsafe. So every comparison uses
+  statement time, as on PostgreSQL: a statement that waited for a row lock re-reads the row
+  (READ COMMITTED) and judges it against the time it began, which can only refuse a
+  takeover that became possible during the wait, never grant one early; the holder, token
+  and ``released_at`` guards are re-checked on the latest row.
+
+The ORM side uses :func:`db_now` (:class:`DbNow`) and :func:`db_now_plus`.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Now
 
+#: What a time zone name may contain to be written into SQL (IANA names, ``+hh:mm``).
+_ZONE_NAME = re.compile(r"[A-Za-z0-9/_+:-]+")
 
-def db_now() -> Now:
-    """Django's ``Now()``: statement time on PostgreSQL, ``'now'`` on SQLite."""
-    return Now()
+
+def mysql_zone(connection: BaseDatabaseWrapper) -> str | None:
+    """The zone Django stores naive datetimes in on a MariaDB / MySQL ``connection``
+    (Django's ``connection.timezone_name``), or ``None`` when that is UTC.
+
+    Raises ``ValueError`` for a name that is not a time zone name."""
+    name = str(connection.timezone_name)
+    if name.upper() in {"UTC", "ETC/UTC", "+00:00", "Z"}:
+        return None
+    if not _ZONE_NAME.fullmatch(name):
+        raise ValueError(f"Not a time zone name: {name!r}")
+    return name
+
+
+def _mysql_now(connection: BaseDatabaseWrapper) -> str:
+    zone = mysql_zone(connection)
+    if zone is None:
+        return "UTC_TIMESTAMP(6)"
+    return f"CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '{zone}')"
+
+
+class DbNow(Now):
+    """Django's ``Now()``, but on MariaDB / MySQL ``UTC_TIMESTAMP(6)`` (in the connection's
+    storage zone, see :func:`mysql_zone`) instead of the session-local
+    ``CURRENT_TIMESTAMP(6)``. The same SQL as ``Now()`` everywhere else."""
+
+    def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template=_mysql_now(connection), **extra)
+
+
+def db_now() -> DbNow:
+    """The database's current time as an ORM expression (statement time; see the module
+    docstring for each vendor's SQL)."""
+    return DbNow()
 
 
 def db_now_plus(seconds: float) -> Combinable:
-    """An ORM expression for *database now + seconds* (a ``DateTimeField`` value)."""
+    """An ORM expression for *database now + seconds* (``float``; a ``DateTimeField`` value)."""
     return ExpressionWrapper(
-        Now() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
+        DbNow() + Value(timedelta(seconds=seconds)), output_field=DateTimeField()
     )
 
 
@@ -42,6 +98,8 @@ def now_sql(connection: BaseDatabaseWrapper) -> str:
         return "statement_timestamp()"
     if connection.vendor == "sqlite":
         return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    if connection.vendor == "mysql":
+        return _mysql_now(connection)
     raise NotImplementedError(connection.vendor)
 
 
@@ -54,14 +112,27 @@ def now_plus_sql(connection: BaseDatabaseWrapper) -> str:
         return "(statement_timestamp() + make_interval(secs => %s))"
     if connection.vendor == "sqlite":
         return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+    if connection.vendor == "mysql":
+        return f"({_mysql_now(connection)} + INTERVAL %s MICROSECOND)"
     raise NotImplementedError(connection.vendor)
 
 
-def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | str:
-    """The parameter :func:`now_plus_sql` expects for ``seconds``."""
+def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | int | str:
+    """The parameter :func:`now_plus_sql` expects for ``seconds`` (``float``): a modifier
+    text on SQLite, whole microseconds on MariaDB / MySQL, the seconds elsewhere."""
     if connection.vendor == "sqlite":
         return f"{seconds:+.3f} seconds"
+    if connection.vendor == "mysql":
+        return round(seconds * 1_000_000)
     return seconds
 
 
-__all__ = ["db_now", "db_now_plus", "now_plus_sql", "now_sql", "seconds_param"]
+__all__ = [
+    "DbNow",
+    "db_now",
+    "db_now_plus",
+    "mysql_zone",
+    "now_plus_sql",
+    "now_sql",
+    "seconds_param",
+]

@@ -43,10 +43,11 @@ from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Exists, F, Max, OuterRef, Q
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.functions import Coalesce, Greatest
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 
 from django_leases import clock
+from django_leases.clock import DbNow
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -239,7 +240,7 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     runs = run_model._default_manager.using(alias)
     steps = step_model._default_manager.using(alias)
     leases = lease_model._default_manager.using(router.db_for_write(lease_model))
-    live_leases = leases.filter(expires_at__gt=Now(), released_at__isnull=True)
+    live_leases = leases.filter(expires_at__gt=DbNow(), released_at__isnull=True)
 
     overdue_passes = runs.filter(status="running", pass_due_at__lte=_ago(overdue_after))
     overdue_steps = steps.filter(
@@ -253,11 +254,11 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
         .order_by("host", "pid")
     )
     latest = attempt_model._default_manager.using(alias).aggregate(
-        latest=Max("started_at"), db_now=Max(Now())
+        latest=Max("started_at"), db_now=Max(DbNow())
     )
     details: dict[str, Any] = {
         "steps_running_under_live_lease": steps.filter(
-            status="running", lease_expires_at__gt=Now()
+            status="running", lease_expires_at__gt=DbNow()
         ).count(),
         "live_run_leases": live_leases.filter(key__startswith=RUN_LEASE_PREFIX).count(),
         "live_workers": len(alive),
@@ -311,7 +312,7 @@ def check_lapsed_steps(alias: str, overdue_after: float) -> Finding:
     and those lapsed more recently (awaiting a worker's claim, fine)."""
     step_model = _models()["WorkflowStep"]
     lapsed = step_model._default_manager.using(alias).filter(
-        Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+        Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True),
         status="running",
         run__status="running",
     )
@@ -373,7 +374,7 @@ def check_stuck_runs(alias: str, stuck_after: float) -> Finding:
         keys = {f"{RUN_LEASE_PREFIX}{run_id}": run_id for run_id in candidate_ids}
         held = set(
             lease_model._default_manager.using(router.db_for_write(lease_model))
-            .filter(key__in=list(keys), expires_at__gt=Now(), released_at__isnull=True)
+            .filter(key__in=list(keys), expires_at__gt=DbNow(), released_at__isnull=True)
             .values_list("key", flat=True)
         )
         candidate_ids = [run_id for key, run_id in keys.items() if key not in held]

@@ -1,4 +1,5 @@
-"""Shared fixtures. The suite runs on SQLite and on PostgreSQL (``make test`` does both)."""
+"""Shared fixtures. The suite runs on SQLite, PostgreSQL and MariaDB (``make test`` does all
+three)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from tests.helpers import reap_started_processes, tuned_sql
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 
-    on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
+    engine = settings.DATABASES["default"]["ENGINE"]
+    on_postgres = engine.endswith("postgresql")
+    on_mysql = engine.endswith("mysql")
     skip = pytest.mark.skip(reason="needs PostgreSQL (run with DATABASE_URL=postgres://...)")
+    skip_mysql = pytest.mark.skip(
+        reason="needs MariaDB or MySQL (run with DATABASE_URL=mysql://...)"
+    )
     for item in items:
         if "postgres_only" in item.keywords and not on_postgres:
             item.add_marker(skip)
+        if "mysql_only" in item.keywords and not on_mysql:
+            item.add_marker(skip_mysql)
 
 
 @pytest.fixture
@@ -46,7 +54,7 @@ def sql_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def vendor() -> str:
-    """``"postgresql"`` or ``"sqlite"``: the database the suite runs on."""
+    """``"postgresql"``, ``"sqlite"`` or ``"mysql"``: the database the suite runs on."""
     return connection.vendor
 
 
@@ -61,6 +69,12 @@ def subprocess_env(transactional_db: None) -> dict[str, str]:
     env = dict(os.environ)
     if connection.vendor == "sqlite":
         env["DATABASE_URL"] = f"sqlite:///{settings_dict['NAME']}"
+    elif connection.vendor == "mysql":
+        user = settings_dict.get("USER") or "root"
+        password = f":{settings_dict['PASSWORD']}" if settings_dict.get("PASSWORD") else ""
+        host = settings_dict.get("HOST") or "127.0.0.1"
+        port = settings_dict.get("PORT") or 3306
+        env["DATABASE_URL"] = f"mysql://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
     else:
         user = settings_dict.get("USER") or "postgres"
         host = settings_dict.get("HOST") or "127.0.0.1"

@@ -6,8 +6,9 @@
 * :func:`wait_until` — poll a predicate until it holds, or fail after a timeout;
 * :func:`lapse_lease` / :func:`lapse_step_lease` — make a lease lapse on the database clock,
   instead of waiting for it;
-* :func:`wait_until_blocked` — wait until a PostgreSQL backend is blocked behind another
-  (``pg_blocking_pids()``), to order threads without sleeps; :func:`start_blocked` — start a
+* :func:`wait_until_blocked` — wait until a PostgreSQL backend (or MariaDB / MySQL
+  connection) is blocked behind another (``pg_blocking_pids()``, InnoDB's lock waits),
+  to order threads without sleeps; :func:`start_blocked` — start a
   call on a thread and return once it waits on a lock the calling thread holds;
 * :func:`on_another_thread` — run a call on a thread (and connection) of its own;
 * :func:`race` — start callables on threads released together by a barrier;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -118,16 +120,58 @@ def lapse_step_lease(
 
 
 def backend_pid() -> int:
-    """The PostgreSQL backend pid of the calling thread's connection."""
+    """The server's id of the calling thread's connection: the PostgreSQL backend pid, the
+    MariaDB / MySQL ``CONNECTION_ID()``."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
+        if connection.vendor == "mysql":
+            cursor.execute("SELECT CONNECTION_ID()")
+        else:
+            cursor.execute("SELECT pg_backend_pid()")
         return int(cursor.fetchone()[0])
 
 
 def _blockers(pid: int) -> list[int]:
     with connections["default"].cursor() as cursor:
+        if connections["default"].vendor == "mysql":
+            # InnoDB's lock waits: the connections whose transactions hold what ``pid`` waits
+            # for. MariaDB: information_schema's tables (what the sys schema's slower view
+            # reads); MySQL 8 keeps them in performance_schema, read through sys.
+            if connections["default"].mysql_is_mariadb:
+                cursor.execute(
+                    "SELECT b.trx_mysql_thread_id FROM information_schema.INNODB_LOCK_WAITS w "
+                    "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
+                    "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
+                    "WHERE r.trx_mysql_thread_id = %s",
+                    [pid],
+                )
+                found = [int(row[0]) for row in cursor.fetchall()]
+                return found or _mariadb_status_blockers(cursor, pid)
+            else:
+                cursor.execute(
+                    "SELECT blocking_pid FROM sys.innodb_lock_waits WHERE waiting_pid = %s", [pid]
+                )
+            return [int(row[0]) for row in cursor.fetchall()]
         cursor.execute("SELECT pg_blocking_pids(%s)", [pid])
         return list(cursor.fetchone()[0])
+
+
+def _mariadb_status_blockers(cursor: Any, pid: int) -> list[int]:
+    """MariaDB: a locking read that waits while the optimizer reads a row by a unique key
+    (state "Statistics") is missing from information_schema.INNODB_LOCK_WAITS, but
+    ``SHOW ENGINE INNODB STATUS`` shows it in LOCK WAIT. The status names no holder: the
+    candidates are the other transactions holding row locks, none of them waiting."""
+    cursor.execute("SHOW ENGINE INNODB STATUS")
+    status = str(cursor.fetchone()[2])
+    waiting, holders = False, []
+    for block in status.split("---TRANSACTION ")[1:]:
+        thread = re.search(r"thread id (\d+),", block)
+        if thread is None:
+            continue
+        if int(thread.group(1)) == pid:
+            waiting = "LOCK WAIT" in block
+        elif "LOCK WAIT" not in block and re.search(r"[1-9]\d* row lock\(s\)", block):
+            holders.append(int(thread.group(1)))
+    return holders if waiting else []
 
 
 def wait_until_blocked(
@@ -179,12 +223,15 @@ def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
     (:attr:`Blocked.waited` tells which). So a test orders two threads without sleeping: what
     the call does cannot happen before the caller commits, and the caller knows it tried.
 
-    PostgreSQL: the call's backend is blocked by this thread's (``pg_blocking_pids()``).
+    PostgreSQL: the call's backend is blocked by this thread's (``pg_blocking_pids()``);
+    MariaDB / MySQL: the call's connection waits for an InnoDB lock of this thread's
+    transaction (``information_schema.INNODB_LOCK_WAITS``, ``sys.innodb_lock_waits``).
     SQLite, which cannot show a waiting connection: the call has begun a statement while this
     thread holds the write lock (an IMMEDIATE transaction), so a write it makes waits for the
     commit; a test must still check that the call's effect came after the commit.
     """
-    on_postgres = connection.vendor == "postgresql"
+    # MariaDB / MySQL show lock waits too (sys.innodb_lock_waits): ordered as on PostgreSQL.
+    on_postgres = connection.vendor in {"postgresql", "mysql"}
     ours = backend_pid() if on_postgres else None
     began = threading.Event()
     theirs: list[int] = []
@@ -450,9 +497,22 @@ def race_in_processes(*calls: Callable[[], Any], timeout: float = 120.0) -> list
 
 
 def terminate_other_backends() -> int:
-    """Kill every other connection to the test database (PostgreSQL), as a failover would;
-    returns how many were killed."""
+    """Kill every other connection to the test database (PostgreSQL, MariaDB / MySQL), as a
+    failover would; returns how many were killed."""
     with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT id FROM information_schema.PROCESSLIST "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            )
+            killed = 0
+            for (pid,) in cursor.fetchall():
+                try:
+                    cursor.execute(f"KILL CONNECTION {int(pid)}")
+                    killed += 1
+                except Exception:  # it ended meanwhile
+                    pass
+            return killed
         cursor.execute(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"

@@ -156,7 +156,7 @@ def test_sqlite_checks_leave_postgresql_alone() -> None:
 # -- any database ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("vendor", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
 def test_w004_atomic_requests(vendor: str) -> None:
     settings_dict = _sqlite(ATOMIC_REQUESTS=True)
     messages = checks.check_database_settings("default", vendor, settings_dict)
@@ -165,7 +165,7 @@ def test_w004_atomic_requests(vendor: str) -> None:
     assert checks.check_database_settings("default", vendor, _sqlite(ATOMIC_REQUESTS=False)) == []
 
 
-@pytest.mark.parametrize("vendor", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("vendor", ["sqlite", "postgresql", "mysql"])
 def test_e007_autocommit_off(vendor: str) -> None:
     messages = checks.check_database_settings("default", vendor, _sqlite(AUTOCOMMIT=False))
     assert _ids(messages) == ["django_leases.E007"]
@@ -183,6 +183,33 @@ def test_w012_postgresql_isolation_above_read_committed() -> None:
         settings_dict = {"NAME": "app", "OPTIONS": {"isolation_level": level}}
         messages = checks.check_database_settings("default", "postgresql", settings_dict)
         assert _ids(messages) == (["django_leases.W012"] if fires else []), level
+
+
+# -- MariaDB / MySQL settings (the database's own answers: tests/test_mysql_backend.py) ------
+
+
+@pytest.mark.parametrize(
+    ("level", "fires"),
+    [
+        ("read committed", False),
+        ("READ COMMITTED", False),
+        ("repeatable read", True),
+        ("serializable", True),
+        ("read uncommitted", True),
+    ],
+)
+def test_e017_mysql_isolation_level_setting(level: str, fires: bool) -> None:
+    messages = checks.check_mysql_settings("default", {"OPTIONS": {"isolation_level": level}})
+    assert [m.id for m in messages] == (["django_leases.E017"] if fires else [])
+
+
+def test_e018_mysql_client_flag_without_found_rows() -> None:
+    assert _ids(checks.check_mysql_settings("default", {"OPTIONS": {"client_flag": 0}})) == [
+        "django_leases.E018"
+    ]
+    found_rows = {"OPTIONS": {"client_flag": checks.MYSQL_FOUND_ROWS | 1}}
+    assert checks.check_mysql_settings("default", found_rows) == []
+    assert checks.check_mysql_settings("default", {"OPTIONS": {}}) == []
 
 
 # -- routing -----------------------------------------------------------------------------------

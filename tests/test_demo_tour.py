@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -35,6 +36,9 @@ def database_url(tmp_path: Path) -> Iterator[str]:
     if default["ENGINE"].endswith("sqlite3"):
         yield f"sqlite:///{tmp_path / 'demo.sqlite3'}"
         return
+    if default["ENGINE"].endswith("mysql"):
+        yield from _mysql_database(default)
+        return
     import psycopg
 
     name = "demo_tour" + os.environ.get("DL_TEST_DB_SUFFIX", "")
@@ -49,6 +53,34 @@ def database_url(tmp_path: Path) -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _mysql_database(default: dict[str, Any]) -> Iterator[str]:
+    """MariaDB / MySQL: ``<test database>_tour``, created as the test database is."""
+    name = f"{default['NAME']}_tour"
+    charset = default["TEST"].get("CHARSET") or "utf8mb4"
+    collation = default["TEST"].get("COLLATION") or "utf8mb4_nopad_bin"
+    user, password = default.get("USER") or "root", default.get("PASSWORD") or ""
+    host, port = default.get("HOST") or "127.0.0.1", int(default.get("PORT") or 3306)
+
+    def admin(*statements: str) -> None:
+        import MySQLdb
+
+        server = MySQLdb.connect(host=host, port=port, user=user, password=password)
+        try:
+            for statement in statements:
+                server.cursor().execute(statement)
+        finally:
+            server.close()
+
+    admin(
+        f"DROP DATABASE IF EXISTS `{name}`",
+        f"CREATE DATABASE `{name}` CHARACTER SET {charset} COLLATE {collation}",
+    )
+    try:
+        yield f"mysql://{user}{':' + password if password else ''}@{host}:{port}/{name}"
+    finally:
+        admin(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 def run_tour(tmp_path: Path, database_url: str) -> subprocess.CompletedProcess[str]:

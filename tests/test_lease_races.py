@@ -51,11 +51,11 @@ Grant = dict[str, Any]
 
 
 def _rounds(vendor: str) -> int:
-    return 200 if vendor == "postgresql" else 30
+    return 200 if vendor in ("postgresql", "mysql") else 30
 
 
 def _grants(vendor: str) -> int:
-    return 60 if vendor == "postgresql" else 40
+    return 60 if vendor in ("postgresql", "mysql") else 40
 
 
 def _plan(rounds: int) -> list[tuple[int, bool]]:

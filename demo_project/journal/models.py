@@ -107,19 +107,23 @@ class AttemptFencedQuerySet(models.QuerySet[Any]):
         """
         alias = router.db_for_write(self.model)
         rows = self.using(alias)
-        with transaction.atomic(using=alias):
-            row = rows.select_for_update().filter(run_id=run_id).first()
-            if row is None:
-                try:
-                    with transaction.atomic(using=alias):
+        # A concurrent first insert ends this transaction and decides again in a new one:
+        # InnoDB keeps the shared lock of the failed insert's duplicate-key check to the end
+        # of the transaction, so locking the row in the same one would deadlock two writers.
+        for _ in range(3):
+            try:
+                with transaction.atomic(using=alias):
+                    row = rows.select_for_update().filter(run_id=run_id).first()
+                    if row is None:
                         rows.create(run_id=run_id, attempt=attempt, **values)
+                        return True
+                    if row.attempt > attempt:
+                        return False
+                    rows.filter(pk=row.pk).update(attempt=attempt, **values)
                     return True
-                except IntegrityError:  # another attempt inserted first: decide on its row
-                    row = rows.select_for_update().get(run_id=run_id)
-            if row.attempt > attempt:
-                return False
-            rows.filter(pk=row.pk).update(attempt=attempt, **values)
-            return True
+            except IntegrityError:  # another attempt inserted first: decide on its row
+                continue
+        raise RuntimeError(f"the row of run {run_id} could not be written")
 
 
 class AttemptFenced(models.Model):
@@ -143,21 +147,23 @@ class DigestQuerySet(models.QuerySet["Digest"]):
         ``hold_lease`` child uses to fence its own writes. Returns whether it landed."""
         alias = router.db_for_write(self.model)
         rows = self.using(alias)
-        with transaction.atomic(using=alias):
-            row = rows.select_for_update().filter(name=name).first()
-            if row is None:
-                try:
-                    with transaction.atomic(using=alias):
+        # A concurrent first insert: decide again in a new transaction (see record() above).
+        for _ in range(3):
+            try:
+                with transaction.atomic(using=alias):
+                    row = rows.select_for_update().filter(name=name).first()
+                    if row is None:
                         rows.create(name=name, token=token, holder=holder, **values)
+                        return True
+                    if row.token > token:
+                        return False  # a newer holder wrote it: this one is stale
+                    rows.filter(pk=row.pk).update(
+                        token=token, holder=holder, updated_at=timezone.now(), **values
+                    )
                     return True
-                except IntegrityError:
-                    row = rows.select_for_update().get(name=name)
-            if row.token > token:
-                return False  # a newer holder wrote it: this one is stale
-            rows.filter(pk=row.pk).update(
-                token=token, holder=holder, updated_at=timezone.now(), **values
-            )
-            return True
+            except IntegrityError:
+                continue
+        raise RuntimeError(f"digest {name!r} could not be written")
 
 
 class Digest(models.Model):

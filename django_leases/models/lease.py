@@ -13,6 +13,8 @@ Rules (DESIGN §4, reference lease-service tests L1–L8):
 Each rule is written twice, side by side in its method behind :func:`django_leases.db.tuned`:
 on PostgreSQL and SQLite each of acquire, refresh and release is **one statement** in
 autocommit (an ``INSERT … ON CONFLICT DO UPDATE … WHERE`` upsert, or a guarded ``UPDATE``);
+on MariaDB / MySQL acquire is one ``INSERT … ON DUPLICATE KEY UPDATE`` and refresh a guarded
+``UPDATE`` followed by a read of the row, in autocommit (release is one ``UPDATE`` either way);
 the row lock the statement takes makes it a compare-and-set, so exactly one of many
 concurrent acquirers wins. Elsewhere, or with ``DJANGO_LEASES["TUNED_SQL"] = False``, a
 portable ORM path (``SELECT … FOR UPDATE`` then ``UPDATE`` in one transaction) keeps the same
@@ -29,9 +31,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
-from django.db.models.functions import Now
 
 from django_leases import clock, db
+from django_leases.clock import DbNow
 from django_leases.exceptions import LeaseLostError
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, ttl_seconds
@@ -86,6 +88,35 @@ def acquire_statement(connection: BaseDatabaseWrapper, table: str, rows: str) ->
     )
 
 
+def mysql_acquire_statement(connection: BaseDatabaseWrapper, table: str) -> str:
+    """MariaDB / MySQL: the acquire rules (module docstring) as one ``INSERT … ON DUPLICATE
+    KEY UPDATE`` taking four parameters: key, holder and the TTL twice (through
+    :func:`~django_leases.clock.seconds_param`). It has no ``WHERE``: a key held live by
+    another holder keeps every column as it was, so its holder is not the caller's.
+
+    MySQL assigns left to right, each assignment seeing the columns already assigned: the
+    token, times and ``released_at`` are decided first on the old holder and expiry, then
+    the holder, then the expiry (whose test then sees the new holder on a grant, the old one
+    on a refusal). MariaDB appends ``RETURNING`` (:data:`RETURNED_COLUMNS`) to it."""
+    q = connection.ops.quote_name
+    now = clock.now_sql(connection)
+    grant = f"({q('expires_at')} <= {now} OR {q('holder')} = VALUES({q('holder')}))"
+    kept = f"({q('holder')} = VALUES({q('holder')}) AND {q('expires_at')} > {now})"
+    columns = ", ".join(q(c) for c in _RETURNED[1:])
+    return (
+        f"INSERT INTO {table} ({columns}) "
+        f"VALUES (%s, %s, 1, {clock.now_plus_sql(connection)}, {now}, {now}, NULL) "
+        "ON DUPLICATE KEY UPDATE "
+        f"{q('token')} = IF({grant}, IF({kept}, {q('token')}, {q('token')} + 1), {q('token')}), "
+        f"{q('acquired_at')} = IF({grant}, IF({kept}, {q('acquired_at')}, {now}), "
+        f"{q('acquired_at')}), "
+        f"{q('renewed_at')} = IF({grant}, {now}, {q('renewed_at')}), "
+        f"{q('released_at')} = IF({grant}, NULL, {q('released_at')}), "
+        f"{q('holder')} = IF({grant}, VALUES({q('holder')}), {q('holder')}), "
+        f"{q('expires_at')} = IF({grant}, {clock.now_plus_sql(connection)}, {q('expires_at')})"
+    )
+
+
 def release_held_statement(table: str, key_where: str) -> str:
     """PostgreSQL: :meth:`LeaseQuerySet.release_held` as one statement; ``key_where`` is the
     condition picking the key (``"key = %s"``, or one that also requires work done in the
@@ -110,12 +141,12 @@ def _held_q(lease: Lease, *, live: bool = False) -> Q:
     """The row of ``lease`` while its holder still has it: key, holder and token match and
     it was not released (and, with ``live``, has not lapsed on the database clock)."""
     held = Q(key=lease.key, holder=lease.holder, token=lease.token, released_at__isnull=True)
-    return held & Q(expires_at__gt=Now()) if live else held
+    return held & Q(expires_at__gt=DbNow()) if live else held
 
 
 def _released_expiry() -> Case:
     """``expires_at`` of a release: a live lease ends now; a lapsed one keeps its expiry."""
-    return Case(When(expires_at__gt=Now(), then=Now()), default=F("expires_at"))
+    return Case(When(expires_at__gt=DbNow(), then=DbNow()), default=F("expires_at"))
 
 
 class LeaseState(models.TextChoices):
@@ -146,8 +177,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
 
     def _from_row(self, connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Lease:
         values = list(row)
-        if connection.vendor == "sqlite":
-            # The raw cursor returns SQLite's text timestamps; convert as Django's field does.
+        # The raw cursor returns SQLite's text timestamps, and MySQL's naive ones; convert
+        # as Django's field does (MySQL: only with USE_TZ, as Django's own converter).
+        if connection.vendor == "sqlite" or (connection.vendor == "mysql" and settings.USE_TZ):
             convert = connection.ops.convert_datetimefield_value  # type: ignore[attr-defined]
             for index in range(4, 8):
                 if values[index] is not None:
@@ -168,7 +200,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         check_lease_name(holder, "holder")
         seconds = ttl_seconds(ttl)
         connection = self._connection()
-        if db.tuned(connection, *_TUNED):
+        if db.tuned(connection, "mysql"):
+            lease = self._acquire_mysql(connection, key, holder, seconds)
+        elif db.tuned(connection, *_TUNED):
             lease = self._acquire_sql(connection, key, holder, seconds)
         else:
             lease = self._acquire_orm(key, holder, seconds)
@@ -190,6 +224,32 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
 
+    def _acquire_mysql(
+        self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
+    ) -> Lease | None:
+        sql = mysql_acquire_statement(connection, self._table(connection))
+        ttl = clock.seconds_param(connection, seconds)
+        params = (key, holder, ttl, ttl)
+        returned = ", ".join(connection.ops.quote_name(c) for c in _RETURNED)
+        if connection.mysql_is_mariadb:  # type: ignore[attr-defined]  # Django's MySQL backend
+            # One statement: MariaDB returns the row as the upsert left it.
+            with connection.cursor() as cursor:
+                cursor.execute(f"{sql} RETURNING {returned}", params)
+                row = cursor.fetchone()
+        else:
+            # MySQL 8 has no RETURNING: the row is read under the lock the upsert took.
+            with transaction.atomic(using=self._alias()), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                cursor.execute(
+                    f"SELECT {returned} FROM {self._table(connection)} "
+                    f"WHERE {connection.ops.quote_name('key')} = %s",
+                    [key],
+                )
+                row = cursor.fetchone()
+        if row is None or row[_RETURNED.index("holder")] != holder:
+            return None  # held live by another holder: the upsert changed nothing
+        return self._from_row(connection, row)
+
     def from_returned(self, connection: BaseDatabaseWrapper, row: Sequence[Any]) -> Lease:
         """The :class:`Lease` from the columns an :func:`acquire_statement` returned (in
         ``RETURNED_COLUMNS`` order), e.g. as part of a larger statement's row."""
@@ -198,16 +258,28 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
     def _acquire_orm(self, key: str, holder: str, seconds: float) -> Lease | None:
         alias = self._alias()
         expiry = clock.db_now_plus(seconds)
+        qs = self.model._default_manager.using(alias)
+        # A placeholder row (token 0, lapsed long ago) so there is a row to lock; it then
+        # takes the takeover path below and comes out with token 1.
+        long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+        placeholder = [self.model(key=key, holder=holder, token=0, expires_at=long_ago)]
+
+        def ensure_row() -> None:
+            # Only for a key never seen: InnoDB's duplicate-key check of an insert takes a
+            # shared lock on an existing row, which a takeover does not need.
+            if not qs.filter(key=key).exists():
+                qs.bulk_create(placeholder, ignore_conflicts=True)
+
+        outside = not connections[alias].in_atomic_block
+        if outside:
+            # Its own statement, committed at once: that shared lock, kept to the locking
+            # read below, would deadlock two acquirers (each holding it, each waiting to lock
+            # the row).
+            ensure_row()
         with transaction.atomic(using=alias):
-            qs = self.model._default_manager.using(alias)
-            # A placeholder row (token 0, lapsed long ago) so there is a row to lock; it then
-            # takes the takeover path below and comes out with token 1.
-            long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
-            qs.bulk_create(
-                [self.model(key=key, holder=holder, token=0, expires_at=long_ago)],
-                ignore_conflicts=True,
-            )
-            live = ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
+            if not outside:
+                ensure_row()
+            live = ExpressionWrapper(Q(expires_at__gt=DbNow()), output_field=BooleanField())
             current = qs.select_for_update().annotate(live=live).get(key=key)
             is_live = bool(current.live)  # type: ignore[attr-defined]  # the annotation
             if is_live and current.holder != holder:
@@ -216,12 +288,12 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             updates: dict[str, Any] = {
                 "holder": holder,
                 "expires_at": expiry,
-                "renewed_at": Now(),
+                "renewed_at": DbNow(),
                 "released_at": None,
             }
             if not kept:
                 updates["token"] = F("token") + 1
-                updates["acquired_at"] = Now()
+                updates["acquired_at"] = DbNow()
             qs.filter(pk=current.pk).update(**updates)
             return qs.get(pk=current.pk)
 
@@ -236,12 +308,14 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         _check_lease(lease)
         seconds = ttl_seconds(ttl)
         connection = self._connection()
+        if db.tuned(connection, "mysql"):
+            return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
             alias = self._alias()
             qs = self.model._default_manager.using(alias)
             held = qs.filter(_held_q(lease, live=True))
             with transaction.atomic(using=alias):
-                updated = held.update(expires_at=clock.db_now_plus(seconds), renewed_at=Now())
+                updated = held.update(expires_at=clock.db_now_plus(seconds), renewed_at=DbNow())
                 return qs.get(key=lease.key) if updated else None
         now = clock.now_sql(connection)
         # ``released_at IS NULL``: a renewal that was already waiting for the row lock when
@@ -257,6 +331,32 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         params = (clock.seconds_param(connection, seconds), lease.key, lease.holder, lease.token)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
+            row = cursor.fetchone()
+        return None if row is None else self._from_row(connection, row)
+
+    def _refresh_mysql(
+        self, connection: BaseDatabaseWrapper, lease: Lease, seconds: float
+    ) -> Lease | None:
+        """MariaDB / MySQL: the guarded UPDATE in autocommit, then the row read back (no
+        RETURNING on UPDATE there): two round trips where the portable path's transaction
+        takes five. The count is of *matched* rows (Django connects with CLIENT.FOUND_ROWS),
+        so a renewal that writes the values already there is a success."""
+        q = connection.ops.quote_name
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        held = f"{q('key')} = %s AND {q('holder')} = %s AND {q('token')} = %s"
+        sql = (
+            f"UPDATE {table} SET {q('expires_at')} = {clock.now_plus_sql(connection)}, "
+            f"{q('renewed_at')} = {now} "
+            f"WHERE {held} AND {q('released_at')} IS NULL AND {q('expires_at')} > {now}"
+        )
+        guard = (lease.key, lease.holder, lease.token)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, (clock.seconds_param(connection, seconds), *guard))
+            if cursor.rowcount != 1:
+                return None
+            returned = ", ".join(q(column) for column in _RETURNED)
+            cursor.execute(f"SELECT {returned} FROM {table} WHERE {held}", guard)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
 
@@ -284,7 +384,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             released = (
                 self.rows()
                 .filter(_held_q(lease))
-                .update(released_at=Now(), expires_at=_released_expiry())
+                .update(released_at=DbNow(), expires_at=_released_expiry())
             )
         if released:
             lease_released.send_robust(sender=self.model, lease=lease)
@@ -318,14 +418,16 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                     .select_for_update()
                     .filter(_held_q(lease))
                     .annotate(
-                        live=ExpressionWrapper(Q(expires_at__gt=Now()), output_field=BooleanField())
+                        live=ExpressionWrapper(
+                            Q(expires_at__gt=DbNow()), output_field=BooleanField()
+                        )
                     )
                     .values_list("pk", "live")
                     .first()
                 )
                 if held is not None:
                     self.rows().filter(pk=held[0], released_at__isnull=True).update(
-                        released_at=Now(), expires_at=_released_expiry()
+                        released_at=DbNow(), expires_at=_released_expiry()
                     )
             live = None if held is None else bool(held[1])
         if live is not None:
@@ -338,7 +440,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         Raises ``ValueError`` for a bad key.
         """
         check_lease_name(key, "key")
-        return self.filter(key=key, released_at__isnull=True, expires_at__gt=Now()).first()
+        return self.filter(key=key, released_at__isnull=True, expires_at__gt=DbNow()).first()
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[Lease]:
@@ -368,11 +470,11 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         return self.annotate(
             state=Case(
                 When(released_at__isnull=False, then=Value(LeaseState.RELEASED.value)),
-                When(expires_at__gt=Now(), then=Value(LeaseState.LIVE.value)),
+                When(expires_at__gt=DbNow(), then=Value(LeaseState.LIVE.value)),
                 default=Value(LeaseState.LAPSED.value),
                 output_field=models.CharField(),
             ),
-            db_now=Now(),
+            db_now=DbNow(),
         )
 
     def force_release(self, key: str) -> bool:

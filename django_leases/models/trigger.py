@@ -59,9 +59,10 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce
 
-from django_leases import db
+from django_leases import clock, db
+from django_leases.clock import DbNow
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     CredentialError,
@@ -154,12 +155,25 @@ def _serialise_syncs(alias: str) -> None:
     yet (the unique index makes a second insert of a name wait for the first transaction),
     and those waits interleave with the row locks into deadlocks. PostgreSQL gets one
     transaction-scoped advisory lock; SQLite's IMMEDIATE transaction already holds the
-    database's write lock; other databases rely on the row locks taken next.
+    database's write lock; MariaDB / MySQL lock the one row of TriggerSourceDefaults; other
+    databases rely on the row locks taken next.
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SYNC_LOCK_ID])
+    elif connection.vendor == "mysql":
+        # No transaction-scoped advisory lock there (GET_LOCK outlives the transaction). An
+        # upsert locks the row at once, creating it if need be; a plain insert's duplicate-key
+        # check would take a shared lock first, and two syncs upgrading theirs would deadlock.
+        q = connection.ops.quote_name
+        meta = TriggerSourceDefaults._meta
+        pk = q(str(meta.pk.column))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {q(meta.db_table)} ({pk}, {q('updated_at')}) "
+                f"VALUES (1, {clock.now_sql(connection)}) ON DUPLICATE KEY UPDATE {pk} = {pk}"
+            )
 
 
 class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
@@ -276,7 +290,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                 ],
                 ignore_conflicts=True,
             )
-            rows.filter(name__in=names, declared=False).update(declared=True, updated_at=Now())
+            rows.filter(name__in=names, declared=False).update(declared=True, updated_at=DbNow())
             for source in sources:
                 rows.filter(name=source.name).update(
                     kind=source.kind,
@@ -285,7 +299,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                     **address,
                 )
             rows.filter(declared=True).exclude(name__in=names).update(
-                declared=False, updated_at=Now()
+                declared=False, updated_at=DbNow()
             )
             # A declared row with no address of its own (new, or older than any address)
             # gets the project's last one.
@@ -317,7 +331,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                 raise UnknownTriggerSourceError(name)
             if row.enabled == enabled:
                 return False
-            rows.filter(pk=row.pk).update(enabled=enabled, updated_at=Now())
+            rows.filter(pk=row.pk).update(enabled=enabled, updated_at=DbNow())
             return True
 
     def record(
@@ -347,7 +361,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             raise ValueError(f"Unknown trigger source status {status!r} (known: {STATUSES})")
         if detail is not None and not isinstance(detail, str):
             raise ValueError(f"detail must be a str or None, not {type(detail).__name__}")
-        updates: dict[str, Any] = {"status": status, "detail": detail, "updated_at": Now()}
+        updates: dict[str, Any] = {"status": status, "detail": detail, "updated_at": DbNow()}
         if state is not UNSET:
             if state is not None and not isinstance(state, dict):
                 raise ValueError(f"state must be a dict or None, not {type(state).__name__}")
@@ -709,7 +723,7 @@ class TriggerSourceDefaultsQuerySet(db.RoutedQuerySet["TriggerSourceDefaults"]):
             if value is not None
         }
         if given:
-            rows.filter(pk=1).update(**given, updated_at=Now())
+            rows.filter(pk=1).update(**given, updated_at=DbNow())
         return {
             "base_url": given.get("base_url", row.base_url),
             "label_prefix": given.get("label_prefix", row.label_prefix),
@@ -802,7 +816,7 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
             raise ValueError(f"Unknown refusal reason {reason!r}")
         alias = self.write_alias()
         rows = self.model._default_manager.using(alias)
-        bump = {"count": F("count") + 1, "last_status": status, "last_refused_at": Now()}
+        bump = {"count": F("count") + 1, "last_status": status, "last_refused_at": DbNow()}
         for _ in range(2):
             if rows.filter(source__name=source_name, reason=reason).update(**bump):
                 return True

@@ -4,7 +4,7 @@
 
 Every method opens the transaction it needs (``transaction.atomic(using=...)``), never
 assuming one from its caller, and every "live / lapsed / due" decision is made on the
-database clock inside the statement (``Now()``; see :mod:`django_leases.clock`).
+database clock inside the statement (``DbNow()``; see :mod:`django_leases.clock`).
 
 The fence of a step is its ``attempt`` number (:func:`fence_q`, the rule in one place):
 
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import Expression, RawSQL
-from django.db.models.functions import Now
 
 from django_leases import clock, db, signals
+from django_leases.clock import DbNow
 from django_leases.exceptions import (
     WorkflowRunStateError,
     WorkflowStepCancelledError,
@@ -316,12 +316,12 @@ def _call(connection: BaseDatabaseWrapper, short: str) -> str:
 
 def _live() -> ExpressionWrapper[Q]:
     """``lease_expires_at > now`` on the database clock."""
-    return ExpressionWrapper(Q(lease_expires_at__gt=Now()), output_field=BooleanField())
+    return ExpressionWrapper(Q(lease_expires_at__gt=DbNow()), output_field=BooleanField())
 
 
 def _due_q() -> Q:
     """``available_at`` unset or passed, on the database clock."""
-    return Q(available_at__isnull=True) | Q(available_at__lte=Now())
+    return Q(available_at__isnull=True) | Q(available_at__lte=DbNow())
 
 
 def _due() -> ExpressionWrapper[Q]:
@@ -461,7 +461,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         else:
             with transaction.atomic(using=alias):
                 run = self.rows().create(
-                    workflow=workflow, input=value, pass_due_at=Now(), pass_requests=1
+                    workflow=workflow, input=value, pass_due_at=DbNow(), pass_requests=1
                 )
                 _wake(alias)
         run_id = run.id
@@ -508,7 +508,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 row = cursor.execute(_call(connection, "pick_pass"), [ttl, lease_holder]).fetchone()
             return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
         with transaction.atomic(using=alias):
-            due = self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=Now())
+            due = self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=DbNow())
             if connection.features.has_select_for_update_skip_locked:
                 due = due.select_for_update(skip_locked=True)
             run_id = due.order_by("pass_due_at").values_list("pk", flat=True).first()
@@ -517,7 +517,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             # Guarded, so the pick stays exclusive even where the SELECT locks nothing.
             picked = (
                 self.rows()
-                .filter(pk=run_id, status=RunStatus.RUNNING, pass_due_at__lte=Now())
+                .filter(pk=run_id, status=RunStatus.RUNNING, pass_due_at__lte=DbNow())
                 .update(pass_due_at=clock.db_now_plus(ttl))
             )
             state = self.pass_state(run_id) if picked else None
@@ -610,12 +610,12 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             "status": status,
             "error": error,
             "pass_due_at": None,
-            "updated_at": Now(),
+            "updated_at": DbNow(),
         }
         if status == RunStatus.COMPLETED:
             values["output"] = Value(output, output_field=models.JSONField())
         if status in (RunStatus.COMPLETED, RunStatus.FAILED):
-            values["finished_at"] = Now()
+            values["finished_at"] = DbNow()
         # One statement: atomic on its own (autocommit), no transaction around it.
         finished = bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
         if finished:
@@ -689,13 +689,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             )
             for step_id, attempt, _name in running:  # locked above: the fence matches
                 stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
-            steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
+            steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
             self.rows().filter(pk=run.pk).update(
                 status=RunStatus.CANCELLED,
                 error=error,
                 pass_due_at=None,
-                finished_at=Now(),
-                updated_at=Now(),
+                finished_at=DbNow(),
+                updated_at=DbNow(),
             )
             _run_reached(alias, run.pk, RunStatus.CANCELLED)
         return RunChange(
@@ -737,7 +737,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 others = _reopen_missing_function_steps(alias, run.pk)
             _grant_last_attempts(alias, Q(run_id=run.pk, step_name=step_name))
             stepping.filter(run_id=run.pk, step_name=step_name, status=StepStatus.FAILED).update(
-                available_at=Now(), updated_at=Now()
+                available_at=DbNow(), updated_at=DbNow()
             )
             if run.status != RunStatus.RUNNING:
                 _reopen_run(alias, run.pk)
@@ -782,7 +782,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 keys = {run_lease_key(run_id): run_id for run_id in ids}
                 live = set(
                     leases.filter(
-                        key__in=keys, released_at__isnull=True, expires_at__gt=Now()
+                        key__in=keys, released_at__isnull=True, expires_at__gt=DbNow()
                     ).values_list("key", flat=True)
                 )
                 skipped.update(keys[key] for key in live)
@@ -809,7 +809,7 @@ def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
         run_id=run_id, status=StepStatus.FAILED, error__code=STEP_FUNCTION_NOT_FOUND
     )
     names = list(steps.order_by("id").values_list("step_name", flat=True))
-    steps.update(retries=F("retries") + 1, available_at=Now(), updated_at=Now())
+    steps.update(retries=F("retries") + 1, available_at=DbNow(), updated_at=DbNow())
     return names
 
 
@@ -820,7 +820,7 @@ def _grant_last_attempts(alias: str, where: Q) -> list[str]:
         where, status=StepStatus.FAILED, attempt__gte=F("retries") + 1
     )
     names = list(steps.order_by("id").values_list("step_name", flat=True))
-    steps.update(retries=F("attempt"), available_at=Now(), updated_at=Now())
+    steps.update(retries=F("attempt"), available_at=DbNow(), updated_at=DbNow())
     return names
 
 
@@ -831,9 +831,9 @@ def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
         error=None,
         output=None,
         finished_at=None,
-        pass_due_at=Now(),
+        pass_due_at=DbNow(),
         pass_requests=F("pass_requests") + 1,
-        updated_at=Now(),
+        updated_at=DbNow(),
     )
 
 
@@ -852,9 +852,9 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
         WorkflowRun._default_manager.using(alias)
         .filter(where, status=RunStatus.RUNNING)
         .update(
-            pass_due_at=clock.db_now_plus(delay) if delay else Now(),
+            pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
             pass_requests=F("pass_requests") + 1,
-            updated_at=Now(),
+            updated_at=DbNow(),
         )
     )
     if requested and not delay:
@@ -933,7 +933,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "data": {} if data is None else data,
                     "retries": retries,
                     "retry_delay": retry_delay,
-                    "available_at": Now(),
+                    "available_at": DbNow(),
                 },
             )
             if created:
@@ -1099,21 +1099,31 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         return None
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
-        qs = self.rows().annotate(
-            lease_live=_live(), due=_due(), run_status=F("run__status"), db_now=Now()
-        )
         features = connections[alias].features
+        run_status: Any = F("run__status")
+        of: tuple[str, ...] = ("self",)
+        if not features.has_select_for_update_of:
+            # No FOR UPDATE OF (MariaDB, SQLite): read the run's status in a subquery, whose
+            # rows a locking read leaves unlocked (a join's would be locked too, so steps of
+            # one run could not be claimed side by side).
+            of = ()
+            run_status = models.Subquery(
+                WorkflowRun._default_manager.using(alias)
+                .filter(pk=models.OuterRef("run_id"))
+                .values("status")[:1]
+            )
+        qs = self.rows().annotate(
+            lease_live=_live(), due=_due(), run_status=run_status, db_now=DbNow()
+        )
         if skip_locked and features.has_select_for_update_skip_locked:
-            return qs.select_for_update(skip_locked=True, of=("self",))
-        if features.has_select_for_update_of:
-            return qs.select_for_update(of=("self",))
-        return qs.select_for_update()
+            return qs.select_for_update(skip_locked=True, of=of)
+        return qs.select_for_update(of=of)
 
     def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
         lapsed = (
             base.filter(
-                Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+                Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True),
                 status=StepStatus.RUNNING,
             )
             .order_by("lease_expires_at")
@@ -1122,7 +1132,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if lapsed is not None:
             return lapsed
         return (
-            base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=Now())
+            base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
             .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
             .order_by("available_at")
             .first()
@@ -1145,11 +1155,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return None
             attempt = step.attempt
             granted = rows.filter(_due_q()).update(
-                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=Now()
+                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=DbNow()
             )
         else:  # failed, or running with a lapsed lease
             exhausted = step.attempt >= step.retries + 1
-            lapsed_q = Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True)
+            lapsed_q = Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True)
             if exhausted:
                 if step.status == StepStatus.RUNNING:
                     self._fail_lost_worker(alias, step, rows.filter(lapsed_q))
@@ -1166,7 +1176,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 lease_expires_at=lease,
                 result=None,
                 error=None,
-                updated_at=Now(),
+                updated_at=DbNow(),
             )
         if granted != 1:
             return None
@@ -1212,12 +1222,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             error=error,
             lease_expires_at=None,
             available_at=None,
-            updated_at=Now(),
+            updated_at=DbNow(),
         )
         if failed:
             WorkflowStepAttempt._default_manager.using(alias).filter(
                 step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
-            ).update(status=AttemptStatus.FAILED, error=error, finished_at=Now())
+            ).update(status=AttemptStatus.FAILED, error=error, finished_at=DbNow())
             _attempt_finished(alias, step.pk, step.attempt, StepStatus.FAILED, step.run_id)
             _request_pass(alias, Q(pk=step.run_id))
 
@@ -1413,13 +1423,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     result=json_result,
                     error=None,
                     lease_expires_at=None,
-                    updated_at=Now(),
+                    updated_at=DbNow(),
                 )
             )
             if written:
                 WorkflowStepAttempt._default_manager.using(alias).filter(
                     step_id=step_id, attempt=attempt
-                ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=Now())
+                ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=DbNow())
                 _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
                 completed = WorkflowRun.objects.db_manager(alias).complete(run_id, output)
@@ -1508,7 +1518,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             )
             run_id = runs.values_list("pk", flat=True).first()
             if run_id is not None and runs.update(
-                status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=Now()
+                status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=DbNow()
             ):
                 _run_reached(alias, run_id, RunStatus.SUSPENDED, error=error)
 
@@ -1560,7 +1570,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         whose acknowledgement was lost). Otherwise nothing is written and
         :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
         fenced = WorkflowStep._default_manager.using(alias).filter(fence_q(step_id, attempt))
-        if not fenced.update(**step, updated_at=Now()):
+        if not fenced.update(**step, updated_at=DbNow()):
             if repeat_of is not None and self._already_recorded(
                 alias, step_id, attempt, *repeat_of
             ):
@@ -1568,7 +1578,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             self._refuse(alias, step_id, attempt)
         WorkflowStepAttempt._default_manager.using(alias).filter(
             step_id=step_id, attempt=attempt
-        ).update(**history, finished_at=Now())
+        ).update(**history, finished_at=DbNow())
         _attempt_finished(alias, step_id, attempt, history["status"])
         return True
 
@@ -1800,7 +1810,7 @@ class WorkflowStepAttempt(models.Model):
     )
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    started_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(db_default=DbNow())
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[WorkflowStepAttemptQuerySet] = WorkflowStepAttemptQuerySet.as_manager()  # type: ignore[assignment]
@@ -1857,8 +1867,8 @@ class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
                 "queues": list(queues),
                 "wakeup": wakeup,
                 "in_flight": 0,
-                "started_at": Now(),
-                "beat_at": Now(),
+                "started_at": DbNow(),
+                "beat_at": DbNow(),
                 "stopped_at": None,
             },
         )
@@ -1866,18 +1876,20 @@ class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
 
     def beat(self, lease_key: str, in_flight: int) -> None:
         """The worker's units of work in flight now (``int``), with the heartbeat's time."""
-        self.rows().filter(lease_key=lease_key).update(in_flight=in_flight, beat_at=Now())
+        self.rows().filter(lease_key=lease_key).update(in_flight=in_flight, beat_at=DbNow())
 
     def stopped(self, lease_key: str) -> None:
         """The worker holding ``lease_key`` stopped (its heartbeat lease is released)."""
-        self.rows().filter(lease_key=lease_key).update(in_flight=0, beat_at=Now(), stopped_at=Now())
+        self.rows().filter(lease_key=lease_key).update(
+            in_flight=0, beat_at=DbNow(), stopped_at=DbNow()
+        )
 
     @staticmethod
     def _alive() -> models.Exists:
         """The heartbeat lease is live on the database clock."""
         return models.Exists(
             Lease.objects.filter(
-                key=models.OuterRef("lease_key"), released_at__isnull=True, expires_at__gt=Now()
+                key=models.OuterRef("lease_key"), released_at__isnull=True, expires_at__gt=DbNow()
             )
         )
 
@@ -1907,7 +1919,7 @@ class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
                 output_field=models.CharField(),
             ),
             heartbeat_expires_at=models.Subquery(lease.values("expires_at")[:1]),
-            db_now=Now(),
+            db_now=DbNow(),
         ).order_by(
             models.Case(
                 models.When(self._alive(), then=Value(0)),
@@ -1939,8 +1951,8 @@ class WorkflowWorker(models.Model):
     queues = models.JSONField(default=list, blank=True, help_text="Empty: every queue.")
     wakeup = models.CharField(max_length=MAX_KEY_LENGTH, blank=True, default="")
     in_flight = models.PositiveIntegerField(default=0)
-    started_at = models.DateTimeField(db_default=Now())
-    beat_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(db_default=DbNow())
+    beat_at = models.DateTimeField(db_default=DbNow())
     stopped_at = models.DateTimeField(null=True, blank=True)
 
     objects: ClassVar[WorkflowWorkerQuerySet] = WorkflowWorkerQuerySet.as_manager()  # type: ignore[assignment]

@@ -50,10 +50,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from unittest import mock
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models.functions import Now
 from django.utils import timezone
 
-from django_leases.clock import db_now_plus
+from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.workflows.registry import step_function
 
@@ -201,7 +200,9 @@ class WorkflowFencingConformanceTests:
         return self.steps.get(run_id=run_id, step_name=STEP)
 
     def lease_is_live(self, run_id: uuid.UUID) -> bool:
-        return self.steps.filter(run_id=run_id, step_name=STEP, lease_expires_at__gt=Now()).exists()
+        return self.steps.filter(
+            run_id=run_id, step_name=STEP, lease_expires_at__gt=DbNow()
+        ).exists()
 
     def history_of(self, run_id: uuid.UUID) -> list[tuple[Any, ...]]:
         """``(attempt, status, result, error, finished)`` per attempt row, oldest first."""

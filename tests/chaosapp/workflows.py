@@ -8,7 +8,8 @@ pid, a fresh token, ``started_at`` on the database clock) before it works, sleep
 names the execution that produced it, and the table shows every execution that did not
 land: killed ones never finish, superseded ones finish but their result is refused.
 
-The table is created by the test (:data:`CREATE_TABLE`, PostgreSQL), not by a migration.
+The table is created by the test (:func:`create_table_sql`, PostgreSQL or MariaDB / MySQL), not
+by a migration; its times come from the database clock (:func:`now_sql`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,31 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     finished_at timestamptz
 )
 """
+#: MariaDB / MySQL: the same table (UTC times, the run id as text).
+CREATE_TABLE_MYSQL = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id bigint AUTO_INCREMENT PRIMARY KEY,
+    run_id char(36) NOT NULL,
+    step_name varchar(255) NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    token varchar(64) NOT NULL,
+    started_at datetime(6) NOT NULL,
+    finished_at datetime(6)
+) ENGINE=InnoDB
+"""
+
+
+def create_table_sql(connection: Any) -> str:
+    """The execution table's ``CREATE TABLE`` for ``connection``'s database."""
+    return CREATE_TABLE_MYSQL if connection.vendor == "mysql" else CREATE_TABLE
+
+
+def now_sql(connection: Any) -> str:
+    """The database clock in SQL: statement time (UTC on MariaDB / MySQL)."""
+    return "UTC_TIMESTAMP(6)" if connection.vendor == "mysql" else "statement_timestamp()"
+
+
 STEPS = ("first", "second", "third")
 
 
@@ -54,18 +80,23 @@ def record(data: Any, ctx: Any) -> dict[str, Any]:
     """Record this execution, work a little, stamp its end and return its token."""
     token = uuid.uuid4().hex
     pid = os.getpid()
-    with connections["default"].cursor() as cursor:
-        cursor.execute(
+    connection = connections["default"]
+    now = now_sql(connection)
+    with connection.cursor() as cursor:
+        insert = (
             f"INSERT INTO {TABLE} (run_id, step_name, attempt, pid, token, started_at) "
-            "VALUES (%s, %s, %s, %s, %s, statement_timestamp()) RETURNING id",
-            [str(ctx.run_id), ctx.step_name, ctx.attempt, pid, token],
+            f"VALUES (%s, %s, %s, %s, %s, {now})"
         )
-        (row_id,) = cursor.fetchone()
+        params = [str(ctx.run_id), ctx.step_name, ctx.attempt, pid, token]
+        if connection.vendor == "mysql":
+            cursor.execute(insert, params)
+            row_id = cursor.lastrowid
+        else:
+            cursor.execute(f"{insert} RETURNING id", params)
+            (row_id,) = cursor.fetchone()
     low = float(os.environ.get("CHAOS_STEP_MIN", "0.05"))
     high = float(os.environ.get("CHAOS_STEP_MAX", "0.4"))
     time.sleep(random.uniform(low, high))
-    with connections["default"].cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {TABLE} SET finished_at = statement_timestamp() WHERE id = %s", [row_id]
-        )
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET finished_at = {now} WHERE id = %s", [row_id])
     return {"token": token, "attempt": ctx.attempt, "pid": pid}
