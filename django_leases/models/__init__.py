@@ -14,6 +14,7 @@ from django_leases.models.workflow import (
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
+    WorkflowWait,
     WorkflowWorker,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "WorkflowRun",
     "WorkflowStep",
     "WorkflowStepAttempt",
+    "WorkflowWait",
     "WorkflowWorker",
 ]

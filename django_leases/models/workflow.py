@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import Expression, RawSQL
 from django.db.models.functions import Now
 
 from django_leases import clock, db, signals
 from django_leases.exceptions import (
+    WorkflowEventRefusedError,
     WorkflowRunStateError,
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
@@ -63,6 +64,7 @@ from django_leases.validation import (
     parse_run_id,
     seconds,
     ttl_seconds,
+    wait_seconds,
 )
 from django_leases.workflows import sql
 from django_leases.workflows.values import (
@@ -82,6 +84,8 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     StepWrite,
+    WaitKind,
+    WaitStatus,
     run_lease_key,
 )
 
@@ -105,12 +109,16 @@ __all__ = [
     "RunStatus",
     "Scheduled",
     "StepStatus",
+    "WaitKind",
+    "WaitStatus",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowStep",
     "WorkflowStepAttempt",
     "WorkflowStepAttemptQuerySet",
     "WorkflowStepQuerySet",
+    "WorkflowWait",
+    "WorkflowWaitQuerySet",
     "WorkflowWorker",
     "WorkflowWorkerQuerySet",
     "channel_name",
@@ -574,12 +582,17 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             .exists()
         )
 
-    def finish_pass(self, run_id: uuid.UUID | str, pass_requests: int) -> bool:
-        """Clear ``pass_due_at`` unless the run was asked for another pass since
-        ``pass_requests`` was read. Returns ``True`` if cleared."""
+    def finish_pass(
+        self, run_id: uuid.UUID | str, pass_requests: int, due_at: datetime | None = None
+    ) -> bool:
+        """End a pass: clear ``pass_due_at`` — or set it to ``due_at`` (a ``datetime`` from
+        the database clock: when the wait the pass ended at needs the next pass, a sleep's
+        end or an event's timeout) — unless the run was asked for another pass since
+        ``pass_requests`` was read (that pass will see the wait again). Returns ``True`` if
+        written."""
         # One statement: atomic on its own (autocommit), no transaction around it.
         return bool(
-            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=None)
+            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=due_at)
         )
 
     def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
@@ -1640,6 +1653,153 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
         return self.filter(step__run_id=parse_run_id(run_id)).select_related("step").order_by("id")
 
 
+class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
+    """Domain methods of ``WorkflowWait.objects``: a run's durable waits (DESIGN §5a).
+
+    A wait is recorded like a step — one row per name and run, replayed by name — so a pass
+    that reaches it either finds its outcome or ends there; no thread ever sleeps on one.
+    Its outcome is decided once, by a compare-and-set from ``waiting`` (an event arriving,
+    a timeout passing): every later pass replays that recorded outcome. Times are the
+    database clock's.
+    """
+
+    def for_pass(self, run_id: uuid.UUID | str) -> dict[str, WorkflowWait]:
+        """The run's waits by name, each annotated ``over`` (``due_at`` has passed on the
+        database clock; ``None`` without a ``due_at``)."""
+        rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
+        return {wait.name: wait for wait in rows.order_by("id")}
+
+    def _one(self, wait_id: int) -> WorkflowWait:
+        return self.rows().annotate(over=_over()).get(pk=wait_id)
+
+    def reach(
+        self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
+    ) -> WorkflowWait:
+        """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
+        find it: on first reach the row is created ``waiting`` with ``due_at`` = database
+        now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
+        arrived first already has its row (``done``); it is marked reached. Returns the row
+        (annotated as :meth:`for_pass`).
+
+        Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
+        of another kind in this run (nothing written).
+        """
+        check_identifier(name, "Wait name")
+        if seconds is not None:
+            seconds = wait_seconds(seconds, "Wait seconds")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait, created = self.rows().get_or_create(
+                run_id=pk,
+                name=name,
+                defaults={
+                    "kind": kind,
+                    "status": WaitStatus.WAITING,
+                    "due_at": None if seconds is None else clock.db_now_plus(seconds),
+                    "reached_at": Now(),
+                },
+            )
+            if not created:
+                _same_kind(wait, kind)
+                if wait.reached_at is None:
+                    self.rows().filter(pk=wait.pk).update(reached_at=Now())
+        return self._one(wait.pk)
+
+    def settle(self, wait: WorkflowWait) -> WorkflowWait:
+        """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
+        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``, so
+        an event sent at the same moment either landed first (and is the outcome) or is
+        refused. Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=Now()).update(
+            status=outcome, done_at=Now()
+        )
+        return self._one(wait.pk)
+
+    def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
+        """Deliver event ``name`` with JSON ``payload`` to a run, exactly once.
+
+        One transaction, the run row locked: the run must be ``running`` or ``suspended``.
+        If the run waits at ``run.wait_for_event(name)``, the wait becomes ``done`` with the
+        payload; if it has not reached the wait yet, the event is kept (a ``done`` wait not
+        yet reached) and consumed when it does. Either way the run is asked for a pass (its
+        idle workers are woken), in the same transaction. Returns the wait row.
+
+        Raises:
+            WorkflowRun.DoesNotExist: no such run (nothing written).
+            WorkflowRunStateError: the run is completed, failed or cancelled.
+            WorkflowEventRefusedError: the wait already has its event, timed out, or
+                ``name`` is another kind of wait (nothing written).
+            ValueError: a bad run id or name, or a payload that is not JSON.
+        """
+        check_identifier(name, "Event name")
+        check_json(payload, f"Payload of event {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        runs = WorkflowRun._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            status = _for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
+            found = status.first()
+            if found is None:
+                raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
+            if found not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                raise WorkflowRunStateError(
+                    pk, found, "sent an event", "only a running or suspended run can be"
+                )
+            waits = self.rows().filter(run_id=pk, name=name)
+            wait = waits.first()
+            if wait is None:
+                try:
+                    with transaction.atomic(using=alias):
+                        wait = self.rows().create(
+                            run_id=pk,
+                            name=name,
+                            kind=WaitKind.EVENT,
+                            status=WaitStatus.DONE,
+                            payload=payload,
+                            done_at=Now(),
+                        )
+                except IntegrityError:  # the run reached the wait meanwhile
+                    wait = waits.get()
+                else:
+                    _request_pass(alias, Q(pk=pk))
+                    return self._one(wait.pk)
+            if wait.kind != WaitKind.EVENT:
+                raise WorkflowEventRefusedError(
+                    pk, name, f"{name!r} is a {wait.kind} wait of this run, not an event"
+                )
+            landed = waits.filter(status=WaitStatus.WAITING).update(
+                status=WaitStatus.DONE,
+                payload=Value(payload, output_field=models.JSONField()),
+                done_at=Now(),
+            )
+            if not landed:
+                wait = waits.get()
+                reason = (
+                    "the wait timed out before it arrived"
+                    if wait.status == WaitStatus.TIMED_OUT
+                    else "that event was already sent (an event is delivered once)"
+                )
+                raise WorkflowEventRefusedError(pk, name, reason)
+            _request_pass(alias, Q(pk=pk))
+        return self._one(wait.pk)
+
+
+def _over() -> ExpressionWrapper[Q]:
+    """``due_at <= now`` on the database clock (``NULL`` without a due time)."""
+    return ExpressionWrapper(Q(due_at__lte=Now()), output_field=BooleanField())
+
+
+def _same_kind(wait: WorkflowWait, kind: str) -> None:
+    if wait.kind != kind:
+        raise ValueError(
+            f"Wait {wait.name!r} of run {wait.run_id} was recorded as a {wait.kind} wait; "
+            f"the workflow now uses it as a {kind} wait"
+        )
+
+
 # -- the models ---------------------------------------------------------------------------------
 
 
@@ -1804,6 +1964,61 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+
+class WorkflowWait(models.Model):
+    """A durable wait of a run (DESIGN §5a): a ``run.sleep`` (``due_at``: when it ends), a
+    ``run.wait_for_event`` (``due_at``: its timeout, if any; ``payload``: the event's) or
+    a ``run.child``. One row per name and run, recorded when the run first reaches it — or,
+    for an event sent before that, when the event arrives (``reached_at`` still empty).
+    Times come from the database clock."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="waits")
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    kind = models.CharField(max_length=16, choices=WaitKind.choices)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="A sleep's end, or an event's timeout."
+    )
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    reached_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[WorkflowWaitQuerySet] = WorkflowWaitQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("id",)
+        verbose_name = "workflow wait"
+        constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_wait_unique_name"),)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.status})"
+
+    def is_over(self) -> bool:
+        """Whether ``due_at`` had passed on the database clock when the row was read (rows
+        read through ``WorkflowWait.objects``, which annotate ``over``)."""
+        return bool(getattr(self, "over", False))
+
+    def describe(self) -> str:
+        """What the run waits for, for operators: "sleeping until …", "waiting for event
+        …", "waiting for child …", or how it ended."""
+        if self.kind == WaitKind.SLEEP:
+            if self.status == WaitStatus.DONE:
+                return f"slept until {self.due_at:%Y-%m-%d %H:%M:%S}"
+            return f"sleeping until {self.due_at:%Y-%m-%d %H:%M:%S}"
+        if self.kind == WaitKind.EVENT:
+            if self.status == WaitStatus.DONE:
+                return f"event {self.name!r} received"
+            if self.status == WaitStatus.TIMED_OUT:
+                return f"event {self.name!r} timed out"
+            until = "" if self.due_at is None else f" until {self.due_at:%Y-%m-%d %H:%M:%S}"
+            return f"waiting for event {self.name!r}{until}"
+        child = getattr(self, "child_id", None)
+        if self.status == WaitStatus.DONE:
+            return f"child {child} finished"
+        return f"waiting for child {child}"
 
 
 # -- workers ------------------------------------------------------------------------------------

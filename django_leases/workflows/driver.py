@@ -34,7 +34,8 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import router
 
@@ -44,6 +45,7 @@ from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
     UnknownWorkflowError,
+    WorkflowEventTimeout,
     WorkflowStepFailedError,
 )
 from django_leases.leases import HeldLease, new_holder
@@ -52,6 +54,7 @@ from django_leases.validation import (
     check_json,
     check_retries,
     error_json,
+    wait_seconds,
 )
 from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
 from django_leases.workflows.registry import get_workflow
@@ -64,10 +67,16 @@ from django_leases.workflows.values import (
     PassState,
     RunStatus,
     StepStatus,
+    WaitKind,
+    WaitStatus,
     run_lease_key,
 )
 
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowWait
+
 logger = logging.getLogger("django_leases.workflows")
+
 
 #: Seconds after which a pass that found the run lease taken is tried again.
 PASS_RETRY_DELAY = 1.0
@@ -103,6 +112,9 @@ class _Pass:
         #: A dry pass writes nothing: it ends at the first step not succeeded yet.
         self.dry = dry
         self.seen: set[str] = set()
+        #: When the wait this pass ended at needs the next pass (database clock).
+        self.next_due: datetime | None = None
+        self._waits: dict[str, WorkflowWait] | None = None
         #: The step this pass scheduled and claimed for its driver, if any.
         self.claim: Claim | None = None
         #: Whether that claim also ended the pass.
@@ -115,14 +127,69 @@ class _Pass:
                 [self.run.input, {name: [s.result, s.error] for name, s in self.steps.items()}]
             )
 
+    def see(self, name: str) -> None:
+        """Note that the workflow used step or wait ``name`` in this pass (``ValueError``
+        the second time: names are how a replay finds what it recorded)."""
+        if name in self.seen:
+            raise ValueError(f"Step or wait name {name!r} is used twice in run {self.run.id}")
+        self.seen.add(name)
+
+    def waits(self) -> dict[str, WorkflowWait]:
+        """The run's waits by name, read once per pass, on the first wait it reaches."""
+        from django_leases.models.workflow import WorkflowWait
+
+        if self._waits is None:
+            self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
+        return self._waits
+
+    def reach(self, name: str, kind: str, seconds: float | None = None) -> WorkflowWait:
+        """The wait ``name`` as recorded, recorded now if this is the first pass to reach it.
+        A dry pass ends at any wait (the ordinary pass that follows decides it for real)."""
+        from django_leases.models.workflow import WorkflowWait
+
+        self.see(name)
+        if self.dry:
+            raise _PassEnded
+        waits = self.waits()
+        wait = waits.get(name)
+        if wait is None or wait.kind != kind or wait.reached_at is None:
+            store = WorkflowWait.objects.db_manager(self.using)
+            wait = waits[name] = store.reach(self.run.id, name, kind, seconds=seconds)
+        return wait
+
+    def wait_until(self, due_at: datetime | None) -> NoReturn:
+        """End the pass at a wait; the run's next pass is due at ``due_at`` (``None``: only
+        when something asks for one — an event sent, a child finished)."""
+        self.next_due = due_at
+        raise _PassEnded
+
+    def sleep(self, name: str, seconds: float) -> None:
+        from django_leases.models.workflow import WorkflowWait
+
+        wait = self.reach(name, WaitKind.SLEEP, seconds)
+        if wait.status == WaitStatus.WAITING and wait.is_over():
+            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        if wait.status != WaitStatus.DONE:
+            self.wait_until(wait.due_at)
+
+    def wait_for_event(self, name: str, timeout: float | None) -> Any:
+        from django_leases.models.workflow import WorkflowWait
+
+        wait = self.reach(name, WaitKind.EVENT, timeout)
+        if wait.status == WaitStatus.WAITING and wait.is_over():
+            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        if wait.status == WaitStatus.DONE:
+            return wait.payload
+        if wait.status == WaitStatus.TIMED_OUT:
+            raise WorkflowEventTimeout(name, timeout)
+        self.wait_until(wait.due_at)
+
     def step(
         self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
-        if step_name in self.seen:
-            raise ValueError(f"Step name {step_name!r} is used twice in run {self.run.id}")
-        self.seen.add(step_name)
+        self.see(step_name)
         step = self.steps.get(step_name)
         if step is None:
             if self.dry:
@@ -196,6 +263,43 @@ class RunContext:
         check_json(data, f"Data of step {step_name!r}")
         return self._pass.step(step_name, function_name, data, retries, retry_delay)
 
+    def sleep(self, name: str, seconds: float | timedelta) -> None:
+        """A durable timer: the run sleeps ``seconds`` (a number ≥ 0 or a ``timedelta``)
+        from the first pass that reaches wait ``name``, on the database clock.
+
+        The end is recorded then (database now + ``seconds``) and never recomputed on
+        replay; the pass ends here and the run's next pass is due at that time. No worker
+        thread sleeps, and a long sleep costs one row. Returns ``None`` once the time has
+        passed.
+
+        Raises:
+            ValueError: a bad name, negative or non-finite seconds, a name used twice in
+                one run, or a name recorded as another kind of wait.
+        """
+        check_identifier(name, "Wait name")
+        delay = wait_seconds(seconds, f"Seconds of sleep {name!r}")
+        self._pass.sleep(name, delay)
+
+    def wait_for_event(self, name: str, *, timeout: float | timedelta | None = None) -> Any:
+        """Wait for event ``name`` (sent with ``send_event(run_id, name, payload)``, the
+        ``workflow_runs send-event`` command, the admin, or a ``SendEvent`` webhook
+        handler); returns its JSON payload.
+
+        An event sent before the run got here was kept and is returned at once. Otherwise
+        the pass ends here; the event's arrival asks for the next pass. ``timeout`` (seconds
+        ≥ 0 or a ``timedelta``; ``None``: wait for ever) is counted from the first pass
+        that reaches the wait, on the database clock.
+
+        Raises:
+            WorkflowEventTimeout: ``timeout`` passed first (catchable; every later replay
+                raises it again: the outcome is recorded).
+            ValueError: a bad name or timeout, a name used twice in one run, or a name
+                recorded as another kind of wait.
+        """
+        check_identifier(name, "Event name")
+        limit = None if timeout is None else wait_seconds(timeout, f"Timeout of event {name!r}")
+        return self._pass.wait_for_event(name, limit)
+
 
 @dataclass(frozen=True)
 class Replayed:
@@ -236,7 +340,7 @@ def replay(
         output = func(RunContext(this), run.input)
     except _PassEnded:
         if not this.pass_finished:
-            runs.finish_pass(run_id, run.pass_requests)
+            runs.finish_pass(run_id, run.pass_requests, this.next_due)
         return Replayed("waiting", this)
     except WorkflowStepFailedError as exc:
         logger.warning("Run %s failed: %s", run_id, exc)

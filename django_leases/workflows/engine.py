@@ -64,6 +64,27 @@ def start_workflow(name: str, input: Any = None, *, using: str | None = None) ->
     return WorkflowRun.objects.db_manager(alias).start(name, input).id
 
 
+def send_event(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, using: str | None = None
+) -> None:
+    """Send event ``name`` with JSON ``payload`` to run ``run_id``, for its
+    ``run.wait_for_event(name)``: delivered exactly once, with the run's wake-up, in one
+    transaction (joining the caller's, if any). An event sent before the run reaches the
+    wait is kept until it does. ``using``: database alias (default: the router's choice).
+
+    Raises:
+        WorkflowRun.DoesNotExist: no such run (nothing written).
+        WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
+        WorkflowEventRefusedError: the wait already has its event, timed out, or is
+            another kind of wait (nothing written).
+        ValueError: a bad run id or name, or a payload that is not JSON (nothing written).
+    """
+    from django_leases.models.workflow import WorkflowWait
+
+    alias = using or router.db_for_write(WorkflowWait)
+    WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)
+
+
 # -- steps --------------------------------------------------------------------------------------
 
 
@@ -321,5 +342,6 @@ __all__ = [
     "execute_step",
     "record_step",
     "run_step_function",
+    "send_event",
     "start_workflow",
 ]

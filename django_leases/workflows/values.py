@@ -53,6 +53,24 @@ class AttemptStatus(models.TextChoices):
     FAILED = "failed"
 
 
+class WaitKind(models.TextChoices):
+    """What a run waits for at a wait (``run.sleep``, ``run.wait_for_event``, ``run.child``)."""
+
+    SLEEP = "sleep"
+    EVENT = "event"
+    CHILD = "child"
+
+
+class WaitStatus(models.TextChoices):
+    """``waiting``: the run reached the wait and its outcome is not known yet. ``done``: the
+    sleep elapsed, the event arrived (possibly before the run reached the wait) or the child
+    run finished. ``timed_out``: the event's timeout passed before it arrived (final)."""
+
+    WAITING = "waiting"
+    DONE = "done"
+    TIMED_OUT = "timed_out"
+
+
 #: Statuses of a step waiting to be claimed (a failed one only while it has attempts left).
 WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
 
@@ -229,5 +247,7 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "StepWrite",
+    "WaitKind",
+    "WaitStatus",
     "run_lease_key",
 ]
