@@ -10,6 +10,9 @@
   (``WorkflowRun.objects.cancel``).
 * ``workflow_runs retry RUN_ID STEP`` runs a failed step again as a new attempt
   (``WorkflowRun.objects.retry_step``).
+* ``workflow_runs send-event RUN_ID NAME [--payload JSON]`` sends event NAME (payload: JSON
+  text, default ``null``) to a running or suspended run, for its ``run.wait_for_event(NAME)``
+  (``WorkflowWait.objects.send_event``: delivered once; a second one is refused).
 * ``workflow_runs prune --older-than DAYS [--batch-size N]`` deletes runs that finished
   (completed, failed or cancelled) more than DAYS days ago, with their steps, attempts and
   run leases (``WorkflowRun.objects.prune``), and prints how many.
@@ -20,15 +23,16 @@ Every action takes ``--database ALIAS``. Errors go to stderr; the exit codes are
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.exceptions import WorkflowRunStateError
+from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.management import base
 from django_leases.management.base import EXIT_WRONG_STATE
-from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.workflow import WorkflowRunQuerySet
 
 
@@ -56,7 +60,7 @@ class Command(base.LeasesCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
-            dest="action", metavar="{list,resume,cancel,retry,prune}", required=True
+            dest="action", metavar="{list,resume,cancel,retry,send-event,prune}", required=True
         )
         listing = self.add_subcommand(actions, "list", help="Show runs, newest first.")
         listing.add_argument(
@@ -79,6 +83,14 @@ class Command(base.LeasesCommand):
         for sub in (resume, cancel, retry):
             sub.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         retry.add_argument("step_name", metavar="STEP", help="The step's name in the run.")
+        sending = self.add_subcommand(
+            actions, "send-event", help="Send an event to a run waiting for it (once)."
+        )
+        sending.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
+        sending.add_argument("name", metavar="NAME", help="The event's name.")
+        sending.add_argument(
+            "--payload", default="null", metavar="JSON", help="The event's payload (JSON text)."
+        )
         prune = self.add_subcommand(
             actions,
             "prune",
@@ -98,7 +110,7 @@ class Command(base.LeasesCommand):
             default=500,
             help="Runs deleted per transaction (default 500).",
         )
-        for sub in (listing, resume, cancel, retry, prune):
+        for sub in (listing, resume, cancel, retry, sending, prune):
             base.add_database_argument(sub, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -116,6 +128,9 @@ class Command(base.LeasesCommand):
                 raise CommandError(f"--older-than / --batch-size: {exc}") from None
             self.stdout.write(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
             return
+        if action == "send-event":
+            self._send_event(alias, options)
+            return
         try:
             if action == "resume":
                 change = runs.resume(options["run_id"])
@@ -128,6 +143,20 @@ class Command(base.LeasesCommand):
         except (WorkflowRun.DoesNotExist, WorkflowStep.DoesNotExist, ValueError) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(change))
+
+    def _send_event(self, alias: str, options: dict[str, Any]) -> None:
+        try:
+            payload = json.loads(options["payload"])
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}") from None
+        name = options["name"]
+        try:
+            WorkflowWait.objects.db_manager(alias).send_event(options["run_id"], name, payload)
+        except (WorkflowRunStateError, WorkflowEventRefusedError) as exc:
+            raise CommandError(str(exc), returncode=EXIT_WRONG_STATE) from None
+        except (WorkflowRun.DoesNotExist, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"Event {name!r} sent to run {options['run_id']}.")
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         if options["limit"] < 1:
