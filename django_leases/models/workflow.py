@@ -59,6 +59,7 @@ from django_leases.validation import (
     check_attempt,
     check_identifier,
     check_json,
+    check_name,
     check_retries,
     error_json,
     parse_run_id,
@@ -442,36 +443,57 @@ def _attempt_finished(
 class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
     """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
 
-    def start(self, workflow: str, input: Any = None) -> WorkflowRun:
+    def start(self, workflow: str, input: Any = None, *, key: str | None = None) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
 
+        ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent:
+        while a run of ``workflow`` with that key exists, that run is returned and nothing is
+        written — enforced by a unique constraint on ``(workflow, key)``, so concurrent starts
+        with one key create one run. ``run.started`` tells them apart: ``False`` for a run
+        found by its key.
+
         Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
-        outer transaction. Raises ``ValueError`` for a bad name or non-JSON input.
+        outer transaction. Raises ``ValueError`` for a bad name or key, or non-JSON input.
         """
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input")
+        if key is not None:
+            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
         if db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
-            # run, due for its first pass, and the notification (sent when it commits).
+            # run, due for its first pass, and the notification (sent when it commits); a
+            # key already taken inserts nothing and notifies nobody.
             run = self.model(
-                workflow=workflow, input=value, status=RunStatus.RUNNING, pass_requests=1
+                workflow=workflow, input=value, status=RunStatus.RUNNING, pass_requests=1, key=key
             )
-            params: list[Any] = [run.id, workflow, json.dumps(value), channel_name(alias)]
+            params: list[Any] = [run.id, workflow, json.dumps(value), key, channel_name(alias)]
             with connection.cursor() as cursor:
                 cursor.execute(sql.start_run(_tables(connection)), params)
-                created_at = cursor.fetchone()[0]
-            run.created_at = run.updated_at = run.pass_due_at = created_at
+                row = cursor.fetchone()
+            if row is None:
+                return self._keyed(workflow, key)
+            run.created_at = run.updated_at = run.pass_due_at = row[0]
             run._state.adding = False
             run._state.db = alias
         else:
-            with transaction.atomic(using=alias):
-                run = self.rows().create(
-                    workflow=workflow, input=value, pass_due_at=Now(), pass_requests=1
-                )
-                _wake(alias)
+            try:
+                with transaction.atomic(using=alias):
+                    run = self.rows().create(
+                        workflow=workflow,
+                        input=value,
+                        key=key,
+                        pass_due_at=Now(),
+                        pass_requests=1,
+                    )
+                    _wake(alias)
+            except IntegrityError:
+                if key is None:
+                    raise
+                return self._keyed(workflow, key)
+        run.started = True
         run_id = run.id
         transaction.on_commit(
             lambda: signals.run_started.send_robust(
@@ -480,6 +502,17 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             using=alias,
         )
         return run
+
+    def _keyed(self, workflow: str, key: str | None) -> WorkflowRun:
+        """The run of ``workflow`` holding ``key`` (a start that found it), ``started=False``."""
+        run = self.rows().get(workflow=workflow, key=key)
+        run.started = False
+        return run
+
+    def id_for_key(self, workflow: str, key: str) -> uuid.UUID | None:
+        """The id of the run of ``workflow`` started with ``key``, or ``None``."""
+        found = self.rows().filter(workflow=workflow, key=key).values_list("pk", flat=True)
+        return found.first()
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.
@@ -1820,9 +1853,19 @@ class WorkflowRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     pass_due_at = models.DateTimeField(null=True, blank=True)
     pass_requests = models.PositiveBigIntegerField(default=0)
+    key = models.CharField(
+        max_length=MAX_KEY_LENGTH,
+        null=True,
+        blank=True,
+        help_text="Idempotency key: one run per workflow and key.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    #: Set by ``WorkflowRun.objects.start``: whether that call created the run (``False``:
+    #: a run with the same key existed).
+    started: bool = True
 
     objects: ClassVar[WorkflowRunQuerySet] = WorkflowRunQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -1830,6 +1873,10 @@ class WorkflowRun(models.Model):
         app_label = "django_leases"
         ordering = ("-created_at",)
         permissions = (("operate_workflowrun", "Can resume, cancel and retry workflow runs"),)
+        constraints = (
+            # NULL keys never collide (on every backend): only keyed starts are unique.
+            models.UniqueConstraint(fields=["workflow", "key"], name="dl_run_unique_key"),
+        )
         indexes = (
             models.Index(
                 fields=["pass_due_at"],

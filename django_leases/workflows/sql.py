@@ -78,14 +78,17 @@ def _text(status: str) -> str:
 def start_run(t: Tables) -> str:
     """:meth:`WorkflowRunQuerySet.start`: the run, due for its first pass, and the wake-up
     notification (sent when it commits), in one statement. Parameters: run id, workflow,
-    input (JSON text), notification channel. Returns ``created_at``."""
+    input (JSON text), key (or ``NULL``), notification channel. Returns ``created_at``, or no
+    row when a run of the workflow already holds the key (nothing inserted, nobody woken)."""
     return f"""
         WITH run AS (
             INSERT INTO {t.run} (
-                id, workflow, status, input, pass_due_at, pass_requests, created_at, updated_at
+                id, workflow, status, input, key, pass_due_at, pass_requests, created_at,
+                updated_at
             )
-            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, statement_timestamp(), 1,
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, statement_timestamp(), 1,
                     statement_timestamp(), statement_timestamp())
+            ON CONFLICT (workflow, key) DO NOTHING
             RETURNING created_at
         )
         SELECT created_at, pg_notify(%s, '') FROM run
