@@ -147,20 +147,21 @@ class _TriggerSourceAdminBase(_SourceModelAdmin):
             return "None yet."
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     event.received_at.strftime("%Y-%m-%d %H:%M:%S"),
                     event.event,
                     event.delivery_id,
                     self._run_link(event),
+                    event.outcome or "—",
                 )
                 for event in events
             ),
         )
         return format_html(
             '<table class="dl-recent-events" id="recent-events"><thead><tr><th>received</th>'
-            "<th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
+            "<th>event</th><th>delivery</th><th>workflow run</th><th>outcome</th></tr></thead>"
             "<tbody>{}</tbody></table>",
             rows,
         )
