@@ -28,7 +28,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
@@ -958,6 +958,60 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
+
+    def schedule_many(
+        self,
+        run_id: uuid.UUID | str,
+        calls: Sequence[tuple[str, str, Any]],
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> dict[str, WorkflowStep]:
+        """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
+        function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
+        insert (existing ones are left untouched); idle workers are woken once. Returns
+        every step of ``calls`` by name, as now stored.
+
+        Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
+        given twice.
+        """
+        names = [call[0] for call in calls]
+        if len(set(names)) != len(names):
+            raise ValueError("run.parallel: a step name is given twice")
+        for step_name, function_name, data in calls:
+            retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        rows = self.rows()
+        with transaction.atomic(using=alias):
+            rows.bulk_create(
+                [
+                    self.model(
+                        run_id=pk,
+                        step_name=step_name,
+                        function_name=function_name,
+                        data={} if data is None else data,
+                        retries=retries,
+                        retry_delay=retry_delay,
+                    )
+                    for step_name, function_name, data in calls
+                ],
+                batch_size=500,
+                ignore_conflicts=True,  # recorded already (by another pass): left as it is
+            )
+            # Due on the database clock (bulk_create writes values, not expressions).
+            rows.filter(
+                run_id=pk, step_name__in=names, status=StepStatus.PENDING, available_at=None
+            ).update(available_at=Now())
+            _wake(alias)
+            found = {step.step_name: step for step in rows.filter(run_id=pk, step_name__in=names)}
+        for step_name, function_name, _ in calls:
+            if found[step_name].function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} of run {run_id} was recorded with step function "
+                    f"{found[step_name].function_name!r}, not {function_name!r}"
+                )
+        return found
 
     def _schedule(
         self,

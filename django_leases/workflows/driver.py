@@ -32,7 +32,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -184,6 +184,40 @@ class _Pass:
             raise WorkflowEventTimeout(name, timeout)
         self.wait_until(wait.due_at)
 
+    def parallel(
+        self, calls: list[tuple[str, str, Any]], retries: int, retry_delay: float
+    ) -> list[Any]:
+        from django_leases.models.workflow import WorkflowStep
+
+        for step_name, _, _ in calls:
+            self.see(step_name)
+        missing = [call for call in calls if call[0] not in self.steps]
+        if missing:
+            if self.dry:
+                raise _PassEnded
+            store = WorkflowStep.objects.db_manager(self.using)
+            self.steps.update(
+                store.schedule_many(self.run.id, missing, retries=retries, retry_delay=retry_delay)
+            )
+        results = []
+        unfinished = False
+        for step_name, function_name, _ in calls:
+            step = self.steps[step_name]
+            if step.function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} was recorded with step function "
+                    f"{step.function_name!r}; the workflow now asks for {function_name!r}"
+                )
+            if step.status == StepStatus.SUCCEEDED:
+                results.append(step.result)
+            elif step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+                raise WorkflowStepFailedError(step_name, step.error)
+            else:
+                unfinished = True
+        if unfinished:
+            raise _PassEnded
+        return results
+
     def step(
         self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
     ) -> Any:
@@ -262,6 +296,43 @@ class RunContext:
         retries, retry_delay = check_retries(retries, retry_delay)
         check_json(data, f"Data of step {step_name!r}")
         return self._pass.step(step_name, function_name, data, retries, retry_delay)
+
+    def parallel(
+        self,
+        calls: Sequence[tuple[str, str, Any]],
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> list[Any]:
+        """Run several steps at once: ``calls`` is a sequence of ``(step_name, function_name,
+        data)``; returns their results, in the order of ``calls``.
+
+        The first pass that reaches it schedules every step of ``calls`` not recorded yet in
+        one write (any number: 1,000 steps are one insert); any workers claim and run them
+        concurrently, each under its own lease and attempt fence like any step. The pass
+        ends here until all have finished. ``retries`` and ``retry_delay`` (seconds) apply to
+        each step, as for :meth:`step`.
+
+        Raises:
+            WorkflowStepFailedError: a step failed on its last attempt (the first in the
+                order of ``calls``), as soon as a pass sees it.
+            ValueError: bad arguments, a name used twice, or a step recorded with another
+                step function.
+        """
+        checked = []
+        for index, call in enumerate(calls):
+            if not isinstance(call, tuple | list) or len(call) != 3:
+                raise ValueError(
+                    f"run.parallel: call {index} must be (step_name, function_name, data), "
+                    f"not {call!r}"
+                )
+            step_name, function_name, data = call
+            check_identifier(step_name, "Step name")
+            check_identifier(function_name, "Step function name")
+            check_json(data, f"Data of step {step_name!r}")
+            checked.append((step_name, function_name, data))
+        retries, retry_delay = check_retries(retries, retry_delay)
+        return self._pass.parallel(checked, retries, retry_delay)
 
     def sleep(self, name: str, seconds: float | timedelta) -> None:
         """A durable timer: the run sleeps ``seconds`` (a number ≥ 0 or a ``timedelta``)
