@@ -132,6 +132,9 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
         "updated_at",
         "finished_at",
         "pass_due_at",
+        "key",
+        "parent_link",
+        "children_links",
         "waits",
         "history",
     )
@@ -230,6 +233,37 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
             return
         self.log_change(request, run, f"Sent event {name!r}")
         self.message_user(request, f"Event {name!r} sent to run {run.pk}.", messages.SUCCESS)
+
+    @staticmethod
+    def _link(run_id: uuid.UUID, text: str) -> str:
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:django_leases_workflowrun_change", args=[run_id]),
+            text,
+        )
+
+    @admin.display(description="parent run")
+    def parent_link(self, run: WorkflowRun) -> str:
+        """The run that started this one with ``run.child``, linked."""
+        if run.parent_id is None:
+            return "—"
+        return self._link(run.parent_id, str(run.parent_id))
+
+    @admin.display(description="child runs")
+    def children_links(self, run: WorkflowRun) -> str:
+        """The runs this one started with ``run.child``, linked, with their status."""
+        children = list(
+            WorkflowRun.objects.filter(parent_id=run.pk)
+            .order_by("created_at", "id")
+            .values_list("pk", "workflow", "status")
+        )
+        if not children:
+            return "—"
+        return format_html_join(
+            format_html("<br>"),
+            "{} {} ({})",
+            ((self._link(pk, str(pk)), workflow, status) for pk, workflow, status in children),
+        )
 
     @admin.display(description="waits")
     def waits(self, run: WorkflowRun) -> str:

@@ -134,7 +134,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0004_workflow_functions"
+FUNCTIONS_MIGRATION = "0012_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -443,14 +443,22 @@ def _attempt_finished(
 class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
     """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
 
-    def start(self, workflow: str, input: Any = None, *, key: str | None = None) -> WorkflowRun:
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        key: str | None = None,
+        parent: uuid.UUID | None = None,
+    ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
 
         ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent:
         while a run of ``workflow`` with that key exists, that run is returned and nothing is
         written — enforced by a unique constraint on ``(workflow, key)``, so concurrent starts
         with one key create one run. ``run.started`` tells them apart: ``False`` for a run
-        found by its key.
+        found by its key. ``parent``: the id of the run this one is a child of
+        (``run.child``); the parent is asked for a pass when this run finishes.
 
         Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
         outer transaction. Raises ``ValueError`` for a bad name or key, or non-JSON input.
@@ -467,9 +475,21 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             # run, due for its first pass, and the notification (sent when it commits); a
             # key already taken inserts nothing and notifies nobody.
             run = self.model(
-                workflow=workflow, input=value, status=RunStatus.RUNNING, pass_requests=1, key=key
+                workflow=workflow,
+                input=value,
+                status=RunStatus.RUNNING,
+                pass_requests=1,
+                key=key,
+                parent_id=parent,
             )
-            params: list[Any] = [run.id, workflow, json.dumps(value), key, channel_name(alias)]
+            params: list[Any] = [
+                run.id,
+                workflow,
+                json.dumps(value),
+                key,
+                parent,
+                channel_name(alias),
+            ]
             with connection.cursor() as cursor:
                 cursor.execute(sql.start_run(_tables(connection)), params)
                 row = cursor.fetchone()
@@ -485,6 +505,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                         workflow=workflow,
                         input=value,
                         key=key,
+                        parent_id=parent,
                         pass_due_at=Now(),
                         pass_requests=1,
                     )
@@ -662,11 +683,16 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             values["output"] = Value(output, output_field=models.JSONField())
         if status in (RunStatus.COMPLETED, RunStatus.FAILED):
             values["finished_at"] = Now()
-        # One statement: atomic on its own (autocommit), no transaction around it.
-        finished = bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            finished = bool(
+                self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values)
+            )
+            if finished and status != RunStatus.SUSPENDED:
+                _wake_parent(alias, run_id)
         if finished:
             details = {"output": output} if status == RunStatus.COMPLETED else {"error": error}
-            _run_reached(self.write_alias(), run_id, status, **details)
+            _run_reached(alias, run_id, status, **details)
         return finished
 
     # -- operators ------------------------------------------------------------------------------
@@ -717,36 +743,76 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         out of the due-work index (``available_at`` cleared). Cancelled is final: such a run
         cannot be resumed.
 
+        Its child runs (``run.child``) that are running or suspended are cancelled with it,
+        and theirs, in the same transaction (each child locked before its parent, the order
+        in which a finishing child wakes its parent). A cancelled child's parent is asked
+        for a pass (``run.child`` then raises ``WorkflowChildFailedError`` there).
+
         Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
         """
         alias = self.write_alias()
+        pk = parse_run_id(run_id)
+        error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+        cascaded = {
+            "code": RUN_CANCELLED,
+            "message": f"The run was cancelled with its parent run {pk}",
+        }
         with transaction.atomic(using=alias):
-            run = self._lock_for_operator(alias, run_id)
+            for child_id in self._live_descendants(alias, pk):  # deepest first
+                child = self._lock_for_operator(alias, child_id)
+                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                    self._cancel_locked(alias, child, cascaded)
+            run = self._lock_for_operator(alias, pk)
             run.require("cancel")
-            error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
-            stepping = WorkflowStep.objects.db_manager(alias)
-            steps = stepping.filter(run_id=run.pk)
-            running = list(
-                steps.filter(status=StepStatus.RUNNING)
-                .order_by("id")
-                .values_list("pk", "attempt", "step_name")
+            running = self._cancel_locked(alias, run, error)
+            # A child its last pass started while the cancel looked for them.
+            for child_id in self._live_descendants(alias, pk):
+                child = self._lock_for_operator(alias, child_id)
+                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                    self._cancel_locked(alias, child, cascaded)
+            _wake_parent(alias, pk)
+        return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+
+    def _live_descendants(self, alias: str, run_id: uuid.UUID) -> list[uuid.UUID]:
+        """The running or suspended runs below ``run_id`` (children, their children…),
+        deepest first."""
+        found: list[uuid.UUID] = []
+        level = [run_id]
+        live = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+        while level:
+            level = list(
+                self.rows()
+                .filter(parent_id__in=level, status__in=live)
+                .order_by("created_at", "id")
+                .values_list("pk", flat=True)
             )
-            for step_id, attempt, _name in running:  # locked above: the fence matches
-                stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
-            steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
-            self.rows().filter(pk=run.pk).update(
-                status=RunStatus.CANCELLED,
-                error=error,
-                pass_due_at=None,
-                finished_at=Now(),
-                updated_at=Now(),
-            )
-            _run_reached(alias, run.pk, RunStatus.CANCELLED)
-        return RunChange(
-            run.pk, run.status, RunStatus.CANCELLED, tuple(name for _, _, name in running)
+            found = level + found
+        return found
+
+    def _cancel_locked(self, alias: str, run: WorkflowRun, error: dict[str, Any]) -> list[str]:
+        """Cancel the locked ``run`` (inside the caller's transaction); the names of the
+        running steps it stopped."""
+        stepping = WorkflowStep.objects.db_manager(alias)
+        steps = stepping.filter(run_id=run.pk)
+        running = list(
+            steps.filter(status=StepStatus.RUNNING)
+            .order_by("id")
+            .values_list("pk", "attempt", "step_name")
         )
+        for step_id, attempt, _name in running:  # locked: the fence matches
+            stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
+        steps.exclude(available_at=None).update(available_at=None, updated_at=Now())
+        self.rows().filter(pk=run.pk).update(
+            status=RunStatus.CANCELLED,
+            error=error,
+            pass_due_at=None,
+            finished_at=Now(),
+            updated_at=Now(),
+        )
+        _run_reached(alias, run.pk, RunStatus.CANCELLED)
+        return [name for _, _, name in running]
 
     def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:
         """Run the ``failed`` step ``step_name`` again as a new attempt, due at once.
@@ -881,6 +947,13 @@ def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
         pass_requests=F("pass_requests") + 1,
         updated_at=Now(),
     )
+
+
+def _wake_parent(alias: str, run_id: uuid.UUID | str) -> None:
+    """Ask the parent of run ``run_id`` (a child started by ``run.child``) for a pass now,
+    inside the caller's transaction: the child just finished."""
+    parent = WorkflowRun._default_manager.using(alias).filter(pk=run_id).values("parent_id")
+    _request_pass(alias, Q(pk__in=parent))
 
 
 def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
@@ -1752,12 +1825,12 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
 
     def for_pass(self, run_id: uuid.UUID | str) -> dict[str, WorkflowWait]:
         """The run's waits by name, each annotated ``over`` (``due_at`` has passed on the
-        database clock; ``None`` without a ``due_at``)."""
+        database clock; ``None`` without a ``due_at``), with their child runs loaded."""
         rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
-        return {wait.name: wait for wait in rows.order_by("id")}
+        return {wait.name: wait for wait in rows.select_related("child").order_by("id")}
 
     def _one(self, wait_id: int) -> WorkflowWait:
-        return self.rows().annotate(over=_over()).get(pk=wait_id)
+        return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)
 
     def reach(
         self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
@@ -1792,6 +1865,52 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 if wait.reached_at is None:
                     self.rows().filter(pk=wait.pk).update(reached_at=Now())
         return self._one(wait.pk)
+
+    def start_child(
+        self, run_id: uuid.UUID | str, name: str, workflow: str, input: Any = None
+    ) -> WorkflowWait:
+        """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
+        the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
+        are created in one transaction; later, the wait is found. Returns the wait, its child
+        loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
+        completes, fails or is cancelled.
+
+        Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
+        kind of wait, or when its child is of another workflow (nothing written).
+        """
+        check_identifier(name, "Wait name")
+        check_identifier(workflow, "Workflow name")
+        check_json(input, f"Input of child run {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
+            if wait is None:
+                child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
+                wait = self.rows().create(
+                    run_id=pk,
+                    name=name,
+                    kind=WaitKind.CHILD,
+                    status=WaitStatus.WAITING,
+                    child=child,
+                    reached_at=Now(),
+                )
+            else:
+                _same_kind(wait, WaitKind.CHILD)
+                if wait.child is not None and wait.child.workflow != workflow:
+                    raise ValueError(
+                        f"Child run {name!r} of run {pk} is a run of {wait.child.workflow!r}; "
+                        f"the workflow now asks for {workflow!r}"
+                    )
+        return self._one(wait.pk)
+
+    def settle_child(self, wait: WorkflowWait) -> None:
+        """Mark a child wait ``done`` once its child run has finished (for operators; the
+        outcome itself is the child's status)."""
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
+            status=WaitStatus.DONE, done_at=Now()
+        )
 
     def settle(self, wait: WorkflowWait) -> WorkflowWait:
         """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
@@ -1912,6 +2031,14 @@ class WorkflowRun(models.Model):
         null=True,
         blank=True,
         help_text="Idempotency key: one run per workflow and key.",
+    )
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        help_text="The run that started this one with run.child.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -2082,6 +2209,14 @@ class WorkflowWait(models.Model):
         null=True, blank=True, help_text="A sleep's end, or an event's timeout."
     )
     payload = models.JSONField(null=True, blank=True)
+    child = models.ForeignKey(
+        WorkflowRun,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The child run a run.child wait started.",
+    )
     created_at = models.DateTimeField(db_default=Now())
     reached_at = models.DateTimeField(null=True, blank=True)
     done_at = models.DateTimeField(null=True, blank=True)

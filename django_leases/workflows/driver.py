@@ -45,6 +45,7 @@ from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
     UnknownWorkflowError,
+    WorkflowChildFailedError,
     WorkflowEventTimeout,
     WorkflowStepFailedError,
 )
@@ -218,6 +219,33 @@ class _Pass:
             raise _PassEnded
         return results
 
+    def child(self, name: str, workflow: str, input: Any) -> Any:
+        from django_leases.models.workflow import WorkflowWait
+
+        self.see(name)
+        if self.dry:
+            raise _PassEnded
+        waits = self.waits()
+        wait = waits.get(name)
+        store = WorkflowWait.objects.db_manager(self.using)
+        if wait is None or wait.kind != WaitKind.CHILD or wait.child_id is None:
+            get_workflow(workflow)  # UnknownWorkflowError fails this run, starting nothing
+            wait = waits[name] = store.start_child(self.run.id, name, workflow, input)
+        elif wait.child is not None and wait.child.workflow != workflow:
+            wait = store.start_child(self.run.id, name, workflow, input)  # raises ValueError
+        child = wait.child
+        if child is None:  # pruned from under its parent
+            raise WorkflowChildFailedError(name, None, "missing", "the child run was deleted")
+        if child.status == RunStatus.COMPLETED:
+            if wait.status == WaitStatus.WAITING:
+                store.settle_child(wait)
+            return child.output
+        if child.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            if wait.status == WaitStatus.WAITING:
+                store.settle_child(wait)
+            raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
+        self.wait_until(None)  # the child's end asks for the next pass
+
     def step(
         self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
     ) -> Any:
@@ -333,6 +361,25 @@ class RunContext:
             checked.append((step_name, function_name, data))
         retries, retry_delay = check_retries(retries, retry_delay)
         return self._pass.parallel(checked, retries, retry_delay)
+
+    def child(self, name: str, workflow: str, input: Any = None) -> Any:
+        """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that
+        reaches wait ``name``) and return its output once it completed.
+
+        The child is an ordinary run (``parent`` is this run; it has its own passes, steps
+        and waits, on any workers); the pass ends here until it finishes, and its end asks
+        this run for a pass. Cancelling this run cancels the child (and its children).
+
+        Raises:
+            WorkflowChildFailedError: the child failed or was cancelled (catchable).
+            UnknownWorkflowError: no workflow ``workflow`` is registered (nothing started).
+            ValueError: bad arguments, a name used twice, a name recorded as another kind of
+                wait, or a child recorded as a run of another workflow.
+        """
+        check_identifier(name, "Wait name")
+        check_identifier(workflow, "Workflow name")
+        check_json(input, f"Input of child run {name!r}")
+        return self._pass.child(name, workflow, input)
 
     def sleep(self, name: str, seconds: float | timedelta) -> None:
         """A durable timer: the run sleeps ``seconds`` (a number ≥ 0 or a ``timedelta``)
