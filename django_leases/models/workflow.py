@@ -55,6 +55,7 @@ from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
+    MAX_WAIT_SECONDS,
     as_stored,
     check_attempt,
     check_identifier,
@@ -75,6 +76,7 @@ from django_leases.workflows.values import (
     STEP_FUNCTION_NOT_FOUND,
     STEP_LEASE_LAPSED,
     STEP_RESULT_NOT_JSON,
+    STEP_TIMED_OUT,
     WAITING_STEP_STATUSES,
     AttemptStatus,
     Claim,
@@ -625,13 +627,11 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         until = clock.db_now_plus(horizon)
         if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
             return True
+        steps = WorkflowStep.objects.db_manager(alias).filter(run__status=RunStatus.RUNNING)
+        if steps.filter(status=StepStatus.RUNNING, deadline_at__lte=until).exists():
+            return True  # an attempt times out
         return (
-            WorkflowStep.objects.db_manager(alias)
-            .filter(
-                run__status=RunStatus.RUNNING,
-                status__in=WAITING_STEP_STATUSES,
-                available_at__lte=until,
-            )
+            steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=until)
             .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
             .exists()
         )
@@ -994,6 +994,13 @@ def _check_step(
     return check_retries(retries, retry_delay)
 
 
+def _check_timeout(timeout: object) -> float | None:
+    """A step's ``timeout``: ``None`` or seconds > 0, finite (``ValueError``)."""
+    if timeout is None:
+        return None
+    return seconds(timeout, "Step timeout", above_minimum=True, maximum=MAX_WAIT_SECONDS)
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
@@ -1022,15 +1029,23 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
     ) -> WorkflowStep:
         """Create step ``step_name`` of a run, due now, unless it exists; return the row.
 
+        ``timeout`` (seconds > 0, or ``None``): an attempt running longer is failed with a
+        ``STEP_TIMED_OUT`` error (and retried if attempts remain) by the next claim that
+        looks for due work; its late writes are refused by the attempt fence.
+
         Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
-        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` (seconds), or an
-        existing step recorded with a different ``function_name``.
+        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` / ``timeout``
+        (seconds), or an existing step recorded with a different ``function_name``.
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
-        return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
+        timeout = _check_timeout(timeout)
+        return self._schedule(
+            run_id, step_name, function_name, data, retries, retry_delay, timeout
+        )[0]
 
     def schedule_many(
         self,
@@ -1094,6 +1109,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         data: Any,
         retries: int,
         retry_delay: float,
+        timeout: float | None = None,
     ) -> tuple[WorkflowStep, bool]:
         """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
         alias = self.write_alias()
@@ -1106,6 +1122,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "data": {} if data is None else data,
                     "retries": retries,
                     "retry_delay": retry_delay,
+                    "timeout": timeout,
                     "available_at": Now(),
                 },
             )
@@ -1127,6 +1144,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
         lease_ttl_seconds: float,
         finish_pass: int,
     ) -> Scheduled:
@@ -1147,14 +1165,16 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ``ValueError`` as :meth:`schedule` does.
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        timeout = _check_timeout(timeout)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]
         data = {} if data is None else data
         sent = time.monotonic()
-        if not db.tuned(connection, "postgresql"):
+        # A step with a timeout takes the portable path: the tuned statement sets no deadline.
+        if not db.tuned(connection, "postgresql") or timeout is not None:
             step, created = self._schedule(
-                run_id, step_name, function_name, data, retries, retry_delay
+                run_id, step_name, function_name, data, retries, retry_delay, timeout
             )
             if not created:
                 return Scheduled(step, None)
@@ -1284,9 +1304,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
 
     def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        # Running steps whose lease lapsed, or whose attempt ran past its timeout.
         lapsed = (
             base.filter(
-                Q(lease_expires_at__lte=Now()) | Q(lease_expires_at__isnull=True),
+                Q(lease_expires_at__lte=Now())
+                | Q(lease_expires_at__isnull=True)
+                | Q(deadline_at__lte=Now()),
                 status=StepStatus.RUNNING,
             )
             .order_by("lease_expires_at")
@@ -1306,6 +1329,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
         if step.status == StepStatus.RUNNING and step.lease_live:
+            if step.deadline_at is not None and step.deadline_at <= step.db_now:
+                self._time_out(alias, step)
             return None
         # Guarded on what was read, and on the run still running: a cancel that committed
         # while this claim waited for the step row is seen here (a new statement).
@@ -1313,12 +1338,16 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             pk=step.pk, attempt=step.attempt, status=step.status, run__status=RunStatus.RUNNING
         )
         lease = clock.db_now_plus(ttl)
+        deadline = None if step.timeout is None else clock.db_now_plus(step.timeout)
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
             if not step.due:
                 return None
             attempt = step.attempt
             granted = rows.filter(_due_q()).update(
-                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=Now()
+                status=StepStatus.RUNNING,
+                lease_expires_at=lease,
+                deadline_at=deadline,
+                updated_at=Now(),
             )
         else:  # failed, or running with a lapsed lease
             exhausted = step.attempt >= step.retries + 1
@@ -1337,6 +1366,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 status=StepStatus.RUNNING,
                 attempt=F("attempt") + 1,
                 lease_expires_at=lease,
+                deadline_at=deadline,
                 result=None,
                 error=None,
                 updated_at=Now(),
@@ -1369,6 +1399,39 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             waited = (step.db_now - step.available_at).total_seconds()
         transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
         return claim
+
+    def _time_out(self, alias: str, step: WorkflowStep) -> None:
+        """Fail the locked ``step``'s running attempt, past its ``timeout`` on the database
+        clock, with a ``STEP_TIMED_OUT`` error, through the fence (inside the caller's
+        transaction), as :meth:`set_error` would: retried after ``retry_delay`` if attempts
+        remain, else the run is asked for a pass. Its worker's renewals, result and error
+        are refused from then on."""
+        error = {
+            "code": STEP_TIMED_OUT,
+            "message": (
+                f"Step {step.step_name!r} attempt {step.attempt} ran longer than its timeout "
+                f"of {step.timeout:g} s"
+            ),
+        }
+        exhausted = step.attempt >= step.retries + 1
+        self._record_outcome(
+            alias,
+            step.pk,
+            step.attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "result": None,
+                "lease_expires_at": None,
+                "deadline_at": None,
+                "available_at": None if exhausted else clock.db_now_plus(step.retry_delay),
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
+        )
+        if exhausted:
+            _request_pass(alias, Q(pk=step.run_id))
+        elif not step.retry_delay:
+            _wake(alias)
 
     def _fail_lost_worker(
         self, alias: str, step: WorkflowStep, rows: models.QuerySet[WorkflowStep]
@@ -2128,6 +2191,12 @@ class WorkflowStep(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     retries = models.PositiveIntegerField(default=5)
     retry_delay = models.FloatField(default=0.0, help_text="Seconds between attempts.")
+    timeout = models.FloatField(
+        null=True, blank=True, help_text="Seconds an attempt may run before it is failed."
+    )
+    deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the running attempt times out (its timeout)."
+    )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

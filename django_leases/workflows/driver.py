@@ -55,6 +55,7 @@ from django_leases.validation import (
     check_json,
     check_retries,
     error_json,
+    seconds,
     wait_seconds,
 )
 from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
@@ -247,7 +248,13 @@ class _Pass:
         self.wait_until(None)  # the child's end asks for the next pass
 
     def step(
-        self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
+        self,
+        step_name: str,
+        function_name: str,
+        data: Any,
+        retries: int,
+        retry_delay: float,
+        timeout: float | None = None,
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
@@ -259,12 +266,15 @@ class _Pass:
             store = WorkflowStep.objects.db_manager(self.using)
             args = (self.run.id, step_name, function_name, data)
             if self.claim_ttl is None:
-                step = store.schedule(*args, retries=retries, retry_delay=retry_delay)
+                step = store.schedule(
+                    *args, retries=retries, retry_delay=retry_delay, timeout=timeout
+                )
             else:
                 scheduled = store.schedule_claimed(
                     *args,
                     retries=retries,
                     retry_delay=retry_delay,
+                    timeout=timeout,
                     lease_ttl_seconds=self.claim_ttl,
                     finish_pass=self.run.pass_requests,
                 )
@@ -306,13 +316,18 @@ class RunContext:
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
     ) -> Any:
         """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
 
         Returns the step's recorded result once it succeeded. Otherwise the step is created
         (on the first pass that reaches it) and the pass ends here; a worker runs it and the
         run is replayed once it finishes. ``retries`` (int ≥ 0) allows ``retries + 1``
-        attempts, ``retry_delay`` seconds apart.
+        attempts, ``retry_delay`` seconds apart. ``timeout`` (seconds > 0; ``None``: none)
+        bounds each attempt on the database clock: one running longer is failed with code
+        ``STEP_TIMED_OUT`` (and retried if attempts remain) by the next worker that looks
+        for due work; whatever it returns later is refused by the attempt fence. The
+        ``timeout`` is recorded with the step on first reach.
 
         Raises:
             WorkflowStepFailedError: the step failed on its last attempt.
@@ -323,7 +338,9 @@ class RunContext:
         check_identifier(function_name, "Step function name")
         retries, retry_delay = check_retries(retries, retry_delay)
         check_json(data, f"Data of step {step_name!r}")
-        return self._pass.step(step_name, function_name, data, retries, retry_delay)
+        if timeout is not None:
+            timeout = seconds(timeout, "Step timeout", above_minimum=True)
+        return self._pass.step(step_name, function_name, data, retries, retry_delay, timeout)
 
     def parallel(
         self,

@@ -85,6 +85,8 @@ WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
 STEP_LEASE_LAPSED = "STEP_LEASE_LAPSED"
 #: Error code of a step whose function returned something that is not JSON.
 STEP_RESULT_NOT_JSON = "STEP_RESULT_NOT_JSON"
+#: Error code of a step attempt that ran longer than the step's ``timeout``.
+STEP_TIMED_OUT = "STEP_TIMED_OUT"
 #: Error code of a run failed because a step failed on its last attempt.
 STEP_FAILED = "STEP_FAILED"
 #: Error code of a run whose workflow function raised.
@@ -234,6 +236,7 @@ __all__ = [
     "STEP_FUNCTION_NOT_FOUND",
     "STEP_LEASE_LAPSED",
     "STEP_RESULT_NOT_JSON",
+    "STEP_TIMED_OUT",
     "WAITING_STEP_STATUSES",
     "WORKER_LEASE_PREFIX",
     "WORKFLOW_ERROR",
