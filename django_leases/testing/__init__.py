@@ -7,8 +7,10 @@
 fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
+:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 
+from django_leases.testing.driving import drive
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.workflows import WorkflowFencingConformanceTests
@@ -18,4 +20,5 @@ __all__ = [
     "SimulatedOutage",
     "TriggerSourceStoreConformanceTests",
     "WorkflowFencingConformanceTests",
+    "drive",
 ]
