@@ -9,8 +9,10 @@ from typing import Any
 
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import TestCase
 
+from django_leases.exceptions import WorkflowEventTimeout
 from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowWait
 from django_leases.testing import drive
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
@@ -39,6 +41,15 @@ def everything(run: Any, input: dict[str, Any]) -> Any:
     return {"first": first, "sums": sums, "child": from_child}
 
 
+@workflow("tests.drive.timeout")
+def with_timeout(run: Any, input: Any) -> Any:
+    try:
+        run.wait_for_event("approval", timeout=3600)
+    except WorkflowEventTimeout:
+        return {"timed_out": True}
+    return {"timed_out": False}
+
+
 class DriveInATestCase(TestCase):
     def test_a_workflow_with_every_kind_of_wait_runs_to_the_end(self) -> None:
         self.assertTrue(connection.in_atomic_block, "TestCase: one transaction")
@@ -58,6 +69,15 @@ class DriveInATestCase(TestCase):
         self.assertEqual(WorkflowRun.objects.get(parent_id=run_id).status, RunStatus.COMPLETED)
         self.assertEqual(threading.active_count(), threads, "no worker thread was started")
         self.assertTrue(Lease.objects.filter(key=f"workflow-run:{run_id}").exists())
+
+    def test_an_event_timeout_is_tested_as_the_docs_say(self) -> None:
+        run_id = start_workflow("tests.drive.timeout", {})
+        drive(run_id)
+        WorkflowWait.objects.filter(run_id=run_id, name="approval").update(due_at=Now())
+        WorkflowRun.objects.request_pass(run_id)
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.output, {"timed_out": True})
 
     def test_without_skip_sleeps_it_stops_at_the_sleep(self) -> None:
         run_id = start_workflow("tests.drive.everything", {})
