@@ -123,3 +123,39 @@ def test_a_finished_run_offers_no_send_event_form(client: Client) -> None:
     WorkflowRun.objects.complete(run.id, None)
     page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
     assert 'id="send-event"' not in page
+
+
+# -- what a run waits for: workflow_runs show and the run page -----------------------------------
+
+
+def test_show_prints_status_steps_and_waits_as_text_and_json() -> None:
+    import json as jsonlib
+
+    from django_leases.models import WorkflowStep
+
+    run = _run()
+    WorkflowStep.objects.schedule_many(
+        run.id, [("a", "tests.sub.echo", {}), ("b", "tests.sub.echo", {})]
+    )
+    WorkflowWait.objects.reach(run.id, "nap", WaitKind.SLEEP, seconds=60)
+    text = _command("show", str(run.id))
+    assert f"Run {run.id}  tests.waits.approval  running" in text
+    assert "now waiting for event 'approved'" in text
+    assert "now sleeping until" in text
+    assert "now waiting for 2 parallel steps" in text
+    assert "approved" in text and "nap" in text and "tests.sub.echo" in text
+    shown = jsonlib.loads(_command("show", str(run.id), "--format", "json"))
+    assert shown["id"] == str(run.id) and shown["status"] == "running"
+    assert [w["name"] for w in shown["waits"]] == ["approved", "nap"]
+    assert [s["name"] for s in shown["steps"]] == ["a", "b"]
+    assert "waiting for event 'approved'" in shown["waiting_on"]
+    with pytest.raises(CommandError, match="No workflow run"):
+        _command("show", str(uuid.uuid4()))
+    with pytest.raises(CommandError, match="run id"):
+        _command("show", "nope")
+
+
+def test_the_run_page_says_what_the_run_waits_for(admin_client: Client) -> None:
+    run = _run()
+    page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+    assert "waiting on" in page.lower() and "waiting for event &#x27;approved&#x27;" in page

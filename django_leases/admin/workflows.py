@@ -135,6 +135,7 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
         "key",
         "parent_link",
         "children_links",
+        "waiting_on",
         "waits",
         "history",
     )
@@ -263,6 +264,14 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
             format_html("<br>"),
             "{} {} ({})",
             ((self._link(pk, str(pk)), workflow, status) for pk, workflow, status in children),
+        )
+
+    @admin.display(description="waiting on")
+    def waiting_on(self, run: WorkflowRun) -> str:
+        """What a running run waits for now (``WorkflowRun.waiting_on``)."""
+        return (
+            format_html_join(format_html("<br>"), "{}", ((line,) for line in run.waiting_on()))
+            or "—"
         )
 
     @admin.display(description="waits")

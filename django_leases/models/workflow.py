@@ -2172,6 +2172,89 @@ class WorkflowRun(models.Model):
         """The key of the run lease its passes hold (``workflow-run:<id>``)."""
         return run_lease_key(self.pk)
 
+    def waiting_on(self) -> list[str]:
+        """What a running run waits for now, for operators (the admin's run page and
+        ``workflow_runs show``): each ``waiting`` wait as :meth:`WorkflowWait.describe` says
+        it, and its unfinished steps ("waiting for step 'x'", or "waiting for N parallel
+        steps"). Empty for a run that is not running."""
+        if self.status != RunStatus.RUNNING:
+            return []
+        alias = self._state.db or "default"
+        found = [
+            wait.describe()
+            for wait in WorkflowWait.objects.db_manager(alias).filter(
+                run_id=self.pk, status=WaitStatus.WAITING
+            )
+        ]
+        steps = (
+            WorkflowStep.objects.db_manager(alias)
+            .filter(run_id=self.pk)
+            .filter(
+                Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
+                | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+            )
+        )
+        names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])
+        if len(names) == 1:
+            found.append(f"waiting for step {names[0]!r}")
+        elif names:
+            found.append(f"waiting for {steps.count()} parallel steps")
+        return found
+
+    def overview(self) -> dict[str, Any]:
+        """The run, its steps and its waits as one JSON-ready ``dict`` (timestamps and ids
+        left as ``datetime`` / ``UUID``): what ``workflow_runs show`` prints."""
+        alias = self._state.db or "default"
+        steps = WorkflowStep.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
+        waits = WorkflowWait.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
+        return {
+            "id": self.pk,
+            "workflow": self.workflow,
+            "status": self.status,
+            "key": self.key,
+            "parent": self.parent_id,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "pass_due_at": self.pass_due_at,
+            "input": self.input,
+            "output": self.output,
+            "error": self.error,
+            "waiting_on": self.waiting_on(),
+            "steps": [
+                {
+                    "name": step.step_name,
+                    "function": step.function_name,
+                    "status": step.status,
+                    "attempt": step.attempt,
+                    "max_attempts": step.max_attempts,
+                    "available_at": step.available_at,
+                    "result": step.result,
+                    "error": step.error,
+                }
+                for step in steps
+            ],
+            "waits": [
+                {
+                    "name": wait.name,
+                    "kind": wait.kind,
+                    "status": wait.status,
+                    "what": wait.describe(),
+                    "child": wait.child_id,
+                    "reached_at": wait.reached_at,
+                    "due_at": wait.due_at,
+                    "done_at": wait.done_at,
+                    "payload": wait.payload,
+                }
+                for wait in waits
+            ],
+            "children": list(
+                WorkflowRun.objects.db_manager(alias)
+                .filter(parent_id=self.pk)
+                .order_by("created_at", "id")
+                .values("id", "workflow", "status")
+            ),
+        }
+
 
 class WorkflowStep(models.Model):
     """A step of a run, claimed by one worker at a time under a lease and an ``attempt``.
