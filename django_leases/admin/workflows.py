@@ -27,6 +27,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
@@ -261,7 +262,7 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
         if not children:
             return "—"
         return format_html_join(
-            format_html("<br>"),
+            mark_safe("<br>"),
             "{} {} ({})",
             ((self._link(pk, str(pk)), workflow, status) for pk, workflow, status in children),
         )
@@ -270,8 +271,7 @@ class WorkflowRunAdmin(_ReadOnly, _RunModelAdmin):
     def waiting_on(self, run: WorkflowRun) -> str:
         """What a running run waits for now (``WorkflowRun.waiting_on``)."""
         return (
-            format_html_join(format_html("<br>"), "{}", ((line,) for line in run.waiting_on()))
-            or "—"
+            format_html_join(mark_safe("<br>"), "{}", ((line,) for line in run.waiting_on())) or "—"
         )
 
     @admin.display(description="waits")
