@@ -25,9 +25,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "NAME": os.path.join(tempfile.gettempdir(), f"django_leases_test_{os.getpid()}.sqlite3")
     }
 else:
-    # DL_TEST_DB_SUFFIX lets two suites run on one PostgreSQL server at once.
+    # PostgreSQL: the test database is named after DATABASE_URL's (``django_leases`` gives
+    # ``test_django_leases``), so suites on differently named databases of one server never
+    # drop each other's; DL_TEST_DB_SUFFIX separates two suites on the same name.
     DATABASES["default"]["TEST"] = {
-        "NAME": "test_django_leases" + os.environ.get("DL_TEST_DB_SUFFIX", "")
+        "NAME": f"test_{DATABASES['default']['NAME']}" + os.environ.get("DL_TEST_DB_SUFFIX", "")
     }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}

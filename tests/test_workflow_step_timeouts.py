@@ -145,3 +145,12 @@ def test_a_bad_timeout_fails_the_run_clearly_with_no_step(bad: Any) -> None:
         WorkflowStep.objects.schedule(run_id, "work", "tests.timeouts.quick", timeout=bad)
     assert not WorkflowStep.objects.filter(run_id=run_id).exists()
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.RUNNING
+
+
+def test_an_attempt_about_to_time_out_counts_as_work_due_soon() -> None:
+    """``run_workflow_worker --once`` must not stop while an attempt is about to time out."""
+    run_id = start_workflow("tests.timeouts.bounded", {"retries": 1, "timeout": 3600})
+    started(run_id)
+    assert not WorkflowRun.objects.work_due_within(60)
+    WorkflowStep.objects.filter(run_id=run_id).update(deadline_at=db_now_plus(30))
+    assert WorkflowRun.objects.work_due_within(60)

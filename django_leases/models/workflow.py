@@ -620,19 +620,21 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         """Whether a pass or a waiting step of a running run is due within ``horizon``
         seconds of DB now.
 
-        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left (running
-        steps become due only when their lease lapses, which is not foreseen here).
+        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left; a
+        running step counts when its attempt's ``timeout`` ends within the horizon (a lease
+        lapsing is not foreseen here).
         """
         alias = self.write_alias()
         until = clock.db_now_plus(horizon)
         if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
             return True
-        steps = WorkflowStep.objects.db_manager(alias).filter(run__status=RunStatus.RUNNING)
-        if steps.filter(status=StepStatus.RUNNING, deadline_at__lte=until).exists():
-            return True  # an attempt times out
+        waiting = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~Q(
+            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        )
+        timing_out = Q(status=StepStatus.RUNNING, deadline_at__lte=until)  # a step timeout
         return (
-            steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=until)
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            WorkflowStep.objects.db_manager(alias)
+            .filter(waiting | timing_out, run__status=RunStatus.RUNNING)
             .exists()
         )
 
