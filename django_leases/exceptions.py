@@ -118,6 +118,46 @@ class WorkflowStepFailedError(WorkflowError):
         self.error = error
 
 
+class WorkflowEventTimeout(WorkflowError):
+    """Raised by ``run.wait_for_event`` inside the workflow when its ``timeout`` passed
+    before the event arrived. Catchable: a workflow may go on without the event; uncaught,
+    it fails the run. ``.name`` is the wait's name, ``.timeout`` its timeout in seconds."""
+
+    def __init__(self, name: str, timeout: float | None) -> None:
+        after = "" if timeout is None else f" within {timeout:g} s"
+        super().__init__(f"Event {name!r} did not arrive{after}")
+        self.name = name
+        self.timeout = timeout
+
+
+class WorkflowEventRefusedError(WorkflowError, ValueError):
+    """``send_event`` refused an event: the wait of that name already has its event, timed
+    out, or is another kind of wait. Nothing was written. ``.run_id``, ``.name`` and
+    ``.reason`` say which."""
+
+    def __init__(self, run_id: uuid.UUID, name: str, reason: str) -> None:
+        super().__init__(f"Event {name!r} for run {run_id} was refused: {reason}")
+        self.run_id = run_id
+        self.name = name
+        self.reason = reason
+
+
+class WorkflowChildFailedError(WorkflowError):
+    """Raised by ``run.child`` in the parent when the child run failed or was cancelled.
+
+    Uncaught, it fails the parent run. ``.name`` (the wait's name), ``.child_id``,
+    ``.status`` (``"failed"`` or ``"cancelled"``) and ``.error`` (the child's JSON error)
+    describe it."""
+
+    def __init__(self, name: str, child_id: uuid.UUID | None, status: str, error: Any) -> None:
+        message = error.get("message") if isinstance(error, dict) else error
+        super().__init__(f"Child run {name!r} ({child_id}) ended {status}: {message}")
+        self.name = name
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+
+
 class UnknownWorkflowError(WorkflowError, LookupError):
     """No ``@workflow`` is registered under that name; ``.name`` is the name."""
 
@@ -325,7 +365,10 @@ __all__ = [
     "TriggerSourceError",
     "UnknownTriggerSourceError",
     "UnknownWorkflowError",
+    "WorkflowChildFailedError",
     "WorkflowError",
+    "WorkflowEventRefusedError",
+    "WorkflowEventTimeout",
     "WorkflowFunctionsMissing",
     "WorkflowRunStateError",
     "WorkflowStepCancelledError",

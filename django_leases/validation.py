@@ -127,6 +127,16 @@ def seconds(
     return number
 
 
+#: Longest wait a workflow's sleep or event timeout may ask for, seconds (about 100 years).
+MAX_WAIT_SECONDS = 100 * 366 * 86400.0
+
+
+def wait_seconds(value: object, what: str) -> float:
+    """A workflow wait's seconds (a sleep, an event's timeout), checked as :func:`seconds`
+    does, at most :data:`MAX_WAIT_SECONDS`."""
+    return seconds(value, what, maximum=MAX_WAIT_SECONDS)
+
+
 def ttl_seconds(ttl: object) -> float:
     """Return a TTL given as ``timedelta`` or seconds (a real number) as float seconds.
 
@@ -336,6 +346,7 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_RETRIES",
     "MAX_RETRY_DELAY",
+    "MAX_WAIT_SECONDS",
     "MIN_TTL",
     "as_stored",
     "check_attempt",
@@ -351,4 +362,5 @@ __all__ = [
     "seconds",
     "string_problem",
     "ttl_seconds",
+    "wait_seconds",
 ]

@@ -52,8 +52,10 @@ def _listed(client: Client, **query: str) -> list[str]:
     return sorted(event.delivery_id for event in response.context["cl"].result_list)
 
 
-def test_with_outcome_is_the_runs_status_or_no_run(deliveries: dict[str, TriggerEvent]) -> None:
-    outcomes = dict(TriggerEvent.objects.with_outcome().values_list("delivery_id", "outcome"))
+def test_with_run_outcome_is_the_runs_status_or_no_run(deliveries: dict[str, TriggerEvent]) -> None:
+    outcomes = dict(
+        TriggerEvent.objects.with_run_outcome().values_list("delivery_id", "run_outcome")
+    )
     assert outcomes == {"d-1": "completed", "d-2": "failed", "d-3": NO_RUN, "d-4": NO_RUN}
 
 

@@ -128,17 +128,21 @@ def test_start_workflow_handler_calls_start_workflow(monkeypatch: pytest.MonkeyP
     calls: list[tuple] = []
     run_id = uuid.uuid4()
 
-    def fake(name: str, input: object = None, *, using: str | None = None) -> uuid.UUID:
-        calls.append((name, input, using))
+    def fake(
+        name: str, input: object = None, *, key: str | None = None, using: str | None = None
+    ) -> uuid.UUID:
+        calls.append((name, input, key, using))
         return run_id
 
     monkeypatch.setattr(engine, "start_workflow", fake)
     delivery = _delivery(using="other")
     assert StartWorkflow("wf")(delivery) == run_id
     assert StartWorkflow("wf", input="delivery")(delivery) == run_id
+    assert StartWorkflow("wf", key=lambda d: f"k-{d.event}")(delivery) == run_id
     assert calls == [
-        ("wf", delivery.payload, "other"),
-        ("wf", delivery.as_input(), "other"),
+        ("wf", delivery.payload, None, "other"),
+        ("wf", delivery.as_input(), None, "other"),
+        ("wf", delivery.payload, f"k-{delivery.event}", "other"),
     ]
 
 

@@ -316,3 +316,120 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
     assert superseded_finished >= 1, "no stopped worker finished a superseded execution"
     with connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE {TABLE}")
+
+
+#: Runs of ``chaos.waits`` in the waits chaos test (each starts one child run).
+WAIT_RUNS = 40
+
+
+def test_workflows_that_wait_fan_out_and_start_children_survive_the_chaos(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same chaos (SIGKILL, SIGSTOP/SIGCONT of workers) over runs that fan out, sleep,
+    wait for an event sent during the chaos (some before the run reaches the wait, some
+    after; a second copy of each is sent and must be refused) and start a child run: 0 runs
+    lost, 0 events lost or consumed twice, 0 superseded writes landed."""
+    from django_leases.exceptions import WorkflowEventRefusedError
+    from django_leases.models import WorkflowWait
+    from django_leases.workflows.engine import send_event
+
+    with connection.cursor() as cursor:
+        cursor.execute(create_table_sql(connection))
+        cursor.execute(f"TRUNCATE {TABLE}")
+    env = {
+        **subprocess_env,
+        "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings",
+        "CHAOS_STEP_LEASE_TTL": str(STEP_LEASE_TTL),
+        "CHAOS_RUN_LEASE_TTL": str(RUN_LEASE_TTL),
+        "CHAOS_POLL_INTERVAL": str(POLL_INTERVAL),
+        "CHAOS_STEP_MIN": "0.05",
+        "CHAOS_STEP_MAX": "0.4",
+        "CHAOS_SLEEP": "0.5",
+    }
+    rng = random.Random(os.environ.get("CHAOS_SEED"))
+    chaos = Chaos(tmp_path, env)
+    began = time.monotonic()
+    parents = [WorkflowRun.objects.start("chaos.waits", {"n": n}).pk for n in range(WAIT_RUNS)]
+    unsent = list(parents)
+    rng.shuffle(unsent)
+    sent: dict[Any, int] = {}
+    refused = 0
+    try:
+        for _ in range(WORKERS):
+            chaos.spawn()
+        deadline = began + DEADLINE
+        next_action = time.monotonic() + rng.uniform(*CHAOS_PAUSE)
+        while WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count() < 2 * WAIT_RUNS:
+            now = time.monotonic()
+            done = WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count()
+            assert now < deadline, f"only {done} of {2 * WAIT_RUNS} runs completed in time"
+            chaos.cont_due(now)
+            for proc in chaos.procs:
+                code = proc.poll()
+                assert code is None or code == -signal.SIGKILL, (
+                    f"worker {proc.pid} exited with {code}; see {tmp_path}"
+                )
+            if unsent and rng.random() < 0.3:  # events arrive during the chaos
+                run_id = unsent.pop()
+                token = rng.randrange(10**9)
+                send_event(run_id, "go", {"token": token})
+                sent[run_id] = token
+                try:
+                    send_event(run_id, "go", {"token": -1})
+                except WorkflowEventRefusedError:
+                    refused += 1
+            if now >= next_action:
+                chaos_step(chaos, rng)
+                next_action = now + rng.uniform(*CHAOS_PAUSE)
+            time.sleep(0.1)
+        elapsed = time.monotonic() - began
+    finally:
+        chaos.shutdown()
+
+    # -- 0 runs lost: every parent and its one child completed ----------------------------------
+    runs = {r.pk: r for r in WorkflowRun.objects.all()}
+    assert len(runs) == 2 * WAIT_RUNS
+    assert all(r.status == RunStatus.COMPLETED for r in runs.values())
+    children = {r.parent_id: r for r in runs.values() if r.parent_id is not None}
+    assert set(children) == set(parents)
+    # -- 0 events lost or consumed twice ---------------------------------------------------------
+    assert refused == WAIT_RUNS, "every second copy of an event was refused"
+    for run_id in parents:
+        assert runs[run_id].output["event"] == {"token": sent[run_id]}
+        wait = WorkflowWait.objects.get(run_id=run_id, name="go")
+        assert (wait.status, wait.payload) == ("done", {"token": sent[run_id]})
+        assert runs[run_id].output["child"] == children[run_id].output["tokens"]
+    # -- 0 superseded writes landed: each stored result is its final attempt's -------------------
+    rows = executions()
+    by_attempt: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        key = (str(row["run_id"]), row["step_name"], row["attempt"])
+        by_attempt.setdefault(key, []).append(row)
+    assert all(len(found) == 1 for found in by_attempt.values()), "an attempt ran twice"
+    steps = list(WorkflowStep.objects.all())
+    assert len(steps) == WAIT_RUNS * (3 + len(STEPS))
+    for step in steps:
+        key = (str(step.run_id), step.step_name, step.attempt)
+        assert step.status == StepStatus.SUCCEEDED, (key, step.error)
+        (final,) = by_attempt[key]
+        assert step.result == {
+            "token": final["token"],
+            "attempt": step.attempt,
+            "pid": final["pid"],
+        }
+        earlier = WorkflowStepAttempt.objects.filter(step=step, attempt__lt=step.attempt)
+        assert not earlier.filter(status="succeeded").exists(), key
+    for run_id in parents:
+        fanned = [
+            WorkflowStep.objects.get(run_id=run_id, step_name=f"fan-{i}").result["token"]
+            for i in range(3)
+        ]
+        assert runs[run_id].output["fanned"] == fanned
+    print(
+        f"\nchaos (waits): {WAIT_RUNS} runs (+ {WAIT_RUNS} children), {len(chaos.kills)} "
+        f"SIGKILLs, {len(chaos.stops)} SIGSTOP/SIGCONTs; {len(rows)} executions for "
+        f"{len(steps)} steps; {refused} duplicate events refused; total {elapsed:.1f} s"
+    )
+    assert len(chaos.kills) >= 1 and len(chaos.stops) >= 1, "too little chaos to prove anything"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {TABLE}")

@@ -28,11 +28,13 @@ class ReadOnlyAdmin:
 class AnnotationFilter(admin.SimpleListFilter):
     """A list filter on an annotation the list's queryset carries, named ``parameter_name``.
 
-    Subclasses set ``title``, ``parameter_name`` and either ``states`` (a ``TextChoices``: its
+    Subclasses set ``title``, ``parameter_name`` (also the annotation's name, unless
+    ``annotation`` names it) and either ``states`` (a ``TextChoices``: its
     values and labels are the options) or ``options`` (``(value, label)`` pairs). A value that
     is not one of the options filters nothing.
     """
 
+    annotation: ClassVar[str | None] = None
     states: ClassVar[type[models.TextChoices] | None] = None
     options: ClassVar[Sequence[tuple[str, str]]] = ()
 
@@ -49,5 +51,5 @@ class AnnotationFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
         if value in dict(self._options()):
-            return queryset.filter(**{str(self.parameter_name): value})
+            return queryset.filter(**{str(self.annotation or self.parameter_name): value})
         return queryset

@@ -1,10 +1,12 @@
 """Admin for deliveries: every accepted webhook delivery (``TriggerEvent``), read-only.
 
 The list filters by source, outcome and event and searches by delivery id; the outcome is
-``TriggerEvent.objects.with_outcome()``'s — the status of the workflow run the delivery
-started, or *no run*. A delivery's page shows its payload (escaped; the first
-:data:`PAYLOAD_SHOWN` characters). Refused deliveries are not kept: they are counted per
-source and reason, on the source's page.
+``TriggerEvent.objects.with_run_outcome()``'s — the status of the workflow run the delivery
+started, or *no run* — followed by what the handler said, when it said something (a
+``SendEvent`` handler says which run got the event, or that no run was waiting). A
+delivery's page shows its payload (escaped; the first :data:`PAYLOAD_SHOWN` characters).
+Refused deliveries are not kept: they are counted per source and reason, on the source's
+page.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, local_time
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
 
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     _EventModelAdmin = admin.ModelAdmin[TriggerEvent]
 else:  # Django's ModelAdmin takes no type parameter at run time
     _EventModelAdmin = admin.ModelAdmin
+
+#: Characters of what a handler said that the list shows.
+HANDLER_SAID_SHOWN = 120
 
 #: Characters of a payload a delivery's page shows.
 PAYLOAD_SHOWN = 20_000
@@ -70,6 +75,7 @@ class OutcomeFilter(AnnotationFilter):
 
     title = "outcome"
     parameter_name = "outcome"
+    annotation = "run_outcome"
     options = OUTCOMES
 
 
@@ -99,7 +105,7 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
         css = MEDIA_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerEvent]:
-        return TriggerEvent.objects.with_outcome().select_related("run", "source")
+        return TriggerEvent.objects.with_run_outcome().select_related("run", "source")
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -124,14 +130,17 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
             obj.source_name,
         )
 
-    @admin.display(description="outcome", ordering="outcome")
+    @admin.display(description="outcome", ordering="run_outcome")
     def outcome_shown(self, obj: TriggerEvent) -> str:
-        outcome = str(getattr(obj, "outcome", NO_RUN))
-        return format_html(
+        outcome = str(getattr(obj, "run_outcome", NO_RUN))
+        shown = format_html(
             '<span class="dl-outcome" data-outcome="{}">{}</span>',
             outcome,
             dict(OUTCOMES).get(outcome, outcome),
         )
+        if obj.outcome:
+            shown = format_html("{}<br>{}", shown, cut_at_word(obj.outcome, HANDLER_SAID_SHOWN))
+        return shown
 
     @admin.display(description="workflow run")
     def run_link(self, obj: TriggerEvent) -> str:

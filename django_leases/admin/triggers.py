@@ -251,21 +251,22 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             return format_html("None yet.{}", every)
         rows = format_html_join(
             "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             (
                 (
                     local_time(event.received_at),
                     event.event,
                     event.delivery_id,
                     self._run_link(event),
+                    event.outcome or "—",
                 )
                 for event in events
             ),
         )
         return format_html(
             '<table class="dl-recent-events dl-table" id="recent-events"><thead><tr>'
-            "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th></tr></thead>"
-            "<tbody>{}</tbody></table>{}",
+            "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th>"
+            "<th>outcome</th></tr></thead><tbody>{}</tbody></table>{}",
             rows,
             every,
         )

@@ -28,17 +28,25 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
-from django_leases.exceptions import WorkflowRunStateError
-from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowStepAttempt
+from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.models import (
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+    WorkflowWait,
+)
 from django_leases.workflows.values import RunChange
 
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
 #: The run-page operations (the last path segment of their URLs).
-OPERATIONS = ("resume", "cancel", "retry-step")
+OPERATIONS = ("resume", "cancel", "retry-step", "send-event")
 
 if TYPE_CHECKING:
     _StepInline = admin.TabularInline[WorkflowStep, WorkflowRun]
@@ -153,6 +161,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         "updated_at",
         "finished_at",
         "pass_due_at",
+        "key",
+        "parent_link",
+        "children_links",
+        "waiting_on",
+        "waits",
         "history",
     )
     readonly_fields = fields
@@ -195,6 +208,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                 "resume": "resume" in allowed,
                 "cancel": "cancel" in allowed,
                 "retry_steps": failed_steps if "retry" in allowed else [],
+                "send_event": run.status in (RunStatus.RUNNING, RunStatus.SUSPENDED),
                 "urls": {
                     op.replace("-", "_"): reverse(
                         "admin:django_leases_workflowrun_operate", args=[run.pk, op]
@@ -223,11 +237,99 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             self._operate(request, run, lambda: WorkflowRun.objects.resume(run.pk))
         elif operation == "cancel":
             self._operate(request, run, lambda: WorkflowRun.objects.cancel(run.pk))
+        elif operation == "send-event":
+            self._send_event(request, run)
         else:
             step_name = request.POST.get("step", "")
             self._operate(request, run, lambda: WorkflowRun.objects.retry_step(run.pk, step_name))
         return HttpResponseRedirect(
             reverse("admin:django_leases_workflowrun_change", args=[run.pk])
+        )
+
+    def _send_event(self, request: HttpRequest, run: WorkflowRun) -> None:
+        """Send the event named in the form (``name``, ``payload`` as JSON text, empty for
+        ``null``) to the run (``WorkflowWait.objects.send_event``); log it, say how it went."""
+        name = request.POST.get("name", "").strip()
+        text = request.POST.get("payload", "").strip()
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError as exc:
+            self.message_user(
+                request, f"Nothing sent: the payload is not JSON ({exc}).", messages.ERROR
+            )
+            return
+        try:
+            WorkflowWait.objects.send_event(run.pk, name, payload)
+        except (WorkflowEventRefusedError, WorkflowRunStateError, ValueError) as exc:
+            self.message_user(request, f"Nothing sent: {exc}.", messages.ERROR)
+            return
+        self.log_change(request, run, f"Sent event {name!r}")
+        self.message_user(request, f"Event {name!r} sent to run {run.pk}.", messages.SUCCESS)
+
+    @staticmethod
+    def _link(run_id: uuid.UUID, text: str) -> str:
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:django_leases_workflowrun_change", args=[run_id]),
+            text,
+        )
+
+    @admin.display(description="parent run")
+    def parent_link(self, run: WorkflowRun) -> str:
+        """The run that started this one with ``run.child``, linked."""
+        if run.parent_id is None:
+            return "—"
+        return self._link(run.parent_id, str(run.parent_id))
+
+    @admin.display(description="child runs")
+    def children_links(self, run: WorkflowRun) -> str:
+        """The runs this one started with ``run.child``, linked, with their status."""
+        children = list(
+            WorkflowRun.objects.filter(parent_id=run.pk)
+            .order_by("created_at", "id")
+            .values_list("pk", "workflow", "status")
+        )
+        if not children:
+            return "—"
+        return format_html_join(
+            mark_safe("<br>"),
+            "{} {} ({})",
+            ((self._link(pk, str(pk)), workflow, status) for pk, workflow, status in children),
+        )
+
+    @admin.display(description="waiting on")
+    def waiting_on(self, run: WorkflowRun) -> str:
+        """What a running run waits for now (``WorkflowRun.waiting_on``)."""
+        return (
+            format_html_join(mark_safe("<br>"), "{}", ((line,) for line in run.waiting_on())) or "—"
+        )
+
+    @admin.display(description="waits")
+    def waits(self, run: WorkflowRun) -> str:
+        """Each wait of the run: what it waits for, and its timestamps."""
+        rows = WorkflowWait.objects.filter(run=run).order_by("id")
+        if not rows:
+            return "—"
+        return format_html(
+            "<table><thead><tr><th>name</th><th>kind</th><th>status</th><th>what</th>"
+            "<th>reached</th><th>due</th><th>done</th></tr></thead><tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td></tr>",
+                (
+                    (
+                        wait.name,
+                        wait.kind,
+                        wait.status,
+                        wait.describe(),
+                        wait.reached_at or "—",
+                        wait.due_at or "—",
+                        wait.done_at or "—",
+                    )
+                    for wait in rows
+                ),
+            ),
         )
 
     @admin.action(description="Resume the selected runs", permissions=["operate"])

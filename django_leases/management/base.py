@@ -276,7 +276,7 @@ def write_rows(
         out = OutputWrapper(out)  # one line per write, as a command's stdout
     rows = list(rows)
     if output_format == "json":
-        out.write(json.dumps([dict(row) for row in rows], indent=2, default=_json_value))
+        out.write(json.dumps([dict(row) for row in rows], indent=2, default=json_value))
         return
     if not rows:
         out.write(empty)
@@ -289,7 +289,9 @@ def write_rows(
         out.write("  ".join([*cells, line[-1]]).rstrip())
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for command output: timestamps as ISO 8601 text, UUIDs
+    and decimals as strings; ``TypeError`` for anything else."""
     if isinstance(value, datetime | date):
         return value.isoformat()
     if isinstance(value, uuid.UUID | Decimal):

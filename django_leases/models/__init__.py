@@ -15,6 +15,7 @@ from django_leases.models.workflow import (
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
+    WorkflowWait,
     WorkflowWorker,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "WorkflowRun",
     "WorkflowStep",
     "WorkflowStepAttempt",
+    "WorkflowWait",
     "WorkflowWorker",
 ]

@@ -76,6 +76,7 @@ from django_leases.triggers.values import (
     UNSET,
     Accepted,
     Delivery,
+    Handled,
     Handler,
     ParsedDelivery,
 )
@@ -420,11 +421,12 @@ NO_RUN = "no-run"
 class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
     """Domain methods of ``TriggerEvent.objects``."""
 
-    def with_outcome(self) -> TriggerEventQuerySet:
-        """Annotate ``outcome``: what came of each accepted delivery — :data:`NO_RUN`, or the
-        status of the workflow run it started (``running``, ``completed``, ``failed``, …)."""
+    def with_run_outcome(self) -> TriggerEventQuerySet:
+        """Annotate ``run_outcome``: what came of each accepted delivery's run — :data:`NO_RUN`,
+        or the status of the workflow run it started (``running``, ``completed``, ``failed``,
+        …). What the handler itself said is the ``outcome`` field."""
         return self.annotate(
-            outcome=Coalesce(F("run__status"), Value(NO_RUN), output_field=models.CharField())
+            run_outcome=Coalesce(F("run__status"), Value(NO_RUN), output_field=models.CharField())
         )
 
     def accept(
@@ -482,10 +484,14 @@ class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
                     using=alias,
                 )
                 returned = handler(delivery)
-                if isinstance(returned, uuid.UUID):
+                outcome = ""
+                if isinstance(returned, Handled):
+                    run_id, outcome = returned.run_id, returned.outcome[:OUTCOME_LENGTH]
+                elif isinstance(returned, uuid.UUID):
                     run_id = returned
-                    rows.filter(pk=event.pk).update(run_id=run_id)
-                    event.run_id = run_id
+                if run_id is not None or outcome:
+                    rows.filter(pk=event.pk).update(run_id=run_id, outcome=outcome)
+                    event.run_id, event.outcome = run_id, outcome
             return Accepted(event=event, created=True, run_id=run_id)
 
 
@@ -763,6 +769,10 @@ class OrphanTriggerSource(TriggerSource):
         verbose_name = "orphaned trigger source"
 
 
+#: Longest outcome a ``TriggerEvent`` keeps (longer ones are cut).
+OUTCOME_LENGTH = 500
+
+
 class TriggerEvent(models.Model):
     """A delivery accepted from a trigger source (deduplicated by delivery id)."""
 
@@ -775,6 +785,12 @@ class TriggerEvent(models.Model):
     payload = models.JSONField()
     run = models.ForeignKey(
         "django_leases.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    outcome = models.CharField(
+        max_length=OUTCOME_LENGTH,
+        blank=True,
+        default="",
+        help_text="What the handler did with the delivery, when it said so.",
     )
     received_at = models.DateTimeField(auto_now_add=True)
 

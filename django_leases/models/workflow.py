@@ -28,18 +28,19 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
-from django.db import connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 from django.db.models.expressions import Expression, RawSQL
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow
 from django_leases.exceptions import (
+    WorkflowEventRefusedError,
     WorkflowRunStateError,
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
@@ -54,15 +55,18 @@ from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
+    MAX_WAIT_SECONDS,
     as_stored,
     check_attempt,
     check_identifier,
     check_json,
+    check_name,
     check_retries,
     error_json,
     parse_run_id,
     seconds,
     ttl_seconds,
+    wait_seconds,
 )
 from django_leases.workflows import sql
 from django_leases.workflows.values import (
@@ -72,6 +76,7 @@ from django_leases.workflows.values import (
     STEP_FUNCTION_NOT_FOUND,
     STEP_LEASE_LAPSED,
     STEP_RESULT_NOT_JSON,
+    STEP_TIMED_OUT,
     WAITING_STEP_STATUSES,
     AttemptStatus,
     Claim,
@@ -82,6 +87,8 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     StepWrite,
+    WaitKind,
+    WaitStatus,
     run_lease_key,
 )
 
@@ -105,12 +112,16 @@ __all__ = [
     "RunStatus",
     "Scheduled",
     "StepStatus",
+    "WaitKind",
+    "WaitStatus",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowStep",
     "WorkflowStepAttempt",
     "WorkflowStepAttemptQuerySet",
     "WorkflowStepQuerySet",
+    "WorkflowWait",
+    "WorkflowWaitQuerySet",
     "WorkflowWorker",
     "WorkflowWorkerQuerySet",
     "channel_name",
@@ -125,7 +136,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0004_workflow_functions"
+FUNCTIONS_MIGRATION = "0012_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -434,36 +445,78 @@ def _attempt_finished(
 class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
     """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
 
-    def start(self, workflow: str, input: Any = None) -> WorkflowRun:
+    def start(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        key: str | None = None,
+        parent: uuid.UUID | None = None,
+    ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
 
+        ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent:
+        while a run of ``workflow`` with that key exists, that run is returned and nothing is
+        written — enforced by a unique constraint on ``(workflow, key)``, so concurrent starts
+        with one key create one run. ``run.started`` tells them apart: ``False`` for a run
+        found by its key. ``parent``: the id of the run this one is a child of
+        (``run.child``); the parent is asked for a pass when this run finishes.
+
         Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
-        outer transaction. Raises ``ValueError`` for a bad name or non-JSON input.
+        outer transaction. Raises ``ValueError`` for a bad name or key, or non-JSON input.
         """
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input")
+        if key is not None:
+            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
         if db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
-            # run, due for its first pass, and the notification (sent when it commits).
+            # run, due for its first pass, and the notification (sent when it commits); a
+            # key already taken inserts nothing and notifies nobody.
             run = self.model(
-                workflow=workflow, input=value, status=RunStatus.RUNNING, pass_requests=1
+                workflow=workflow,
+                input=value,
+                status=RunStatus.RUNNING,
+                pass_requests=1,
+                key=key,
+                parent_id=parent,
             )
-            params: list[Any] = [run.id, workflow, json.dumps(value), channel_name(alias)]
+            params: list[Any] = [
+                run.id,
+                workflow,
+                json.dumps(value),
+                key,
+                parent,
+                channel_name(alias),
+            ]
             with connection.cursor() as cursor:
                 cursor.execute(sql.start_run(_tables(connection)), params)
-                created_at = cursor.fetchone()[0]
-            run.created_at = run.updated_at = run.pass_due_at = created_at
+                row = cursor.fetchone()
+            if row is None:
+                return self._keyed(workflow, key)
+            run.created_at = run.updated_at = run.pass_due_at = row[0]
             run._state.adding = False
             run._state.db = alias
         else:
-            with transaction.atomic(using=alias):
-                run = self.rows().create(
-                    workflow=workflow, input=value, pass_due_at=DbNow(), pass_requests=1
-                )
-                _wake(alias)
+            try:
+                with transaction.atomic(using=alias):
+                    run = self.rows().create(
+                        workflow=workflow,
+                        input=value,
+                        key=key,
+                        parent_id=parent,
+                        pass_due_at=DbNow(),
+                        pass_requests=1,
+                    )
+                    _wake(alias)
+            except IntegrityError:
+                if key is None:
+                    raise
+                return self._keyed(workflow, key)
+        run.started = True
         run_id = run.id
         transaction.on_commit(
             lambda: signals.run_started.send_robust(
@@ -472,6 +525,17 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             using=alias,
         )
         return run
+
+    def _keyed(self, workflow: str, key: str | None) -> WorkflowRun:
+        """The run of ``workflow`` holding ``key`` (a start that found it), ``started=False``."""
+        run = self.rows().get(workflow=workflow, key=key)
+        run.started = False
+        return run
+
+    def id_for_key(self, workflow: str, key: str) -> uuid.UUID | None:
+        """The id of the run of ``workflow`` started with ``key``, or ``None``."""
+        found = self.rows().filter(workflow=workflow, key=key).values_list("pk", flat=True)
+        return found.first()
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.
@@ -556,30 +620,35 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         """Whether a pass or a waiting step of a running run is due within ``horizon``
         seconds of DB now.
 
-        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left (running
-        steps become due only when their lease lapses, which is not foreseen here).
+        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left; a
+        running step counts when its attempt's ``timeout`` ends within the horizon (a lease
+        lapsing is not foreseen here).
         """
         alias = self.write_alias()
         until = clock.db_now_plus(horizon)
         if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
             return True
+        waiting = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~Q(
+            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        )
+        timing_out = Q(status=StepStatus.RUNNING, deadline_at__lte=until)  # a step timeout
         return (
             WorkflowStep.objects.db_manager(alias)
-            .filter(
-                run__status=RunStatus.RUNNING,
-                status__in=WAITING_STEP_STATUSES,
-                available_at__lte=until,
-            )
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .filter(waiting | timing_out, run__status=RunStatus.RUNNING)
             .exists()
         )
 
-    def finish_pass(self, run_id: uuid.UUID | str, pass_requests: int) -> bool:
-        """Clear ``pass_due_at`` unless the run was asked for another pass since
-        ``pass_requests`` was read. Returns ``True`` if cleared."""
+    def finish_pass(
+        self, run_id: uuid.UUID | str, pass_requests: int, due_at: datetime | None = None
+    ) -> bool:
+        """End a pass: clear ``pass_due_at`` — or set it to ``due_at`` (a ``datetime`` from
+        the database clock: when the wait the pass ended at needs the next pass, a sleep's
+        end or an event's timeout) — unless the run was asked for another pass since
+        ``pass_requests`` was read (that pass will see the wait again). Returns ``True`` if
+        written."""
         # One statement: atomic on its own (autocommit), no transaction around it.
         return bool(
-            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=None)
+            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=due_at)
         )
 
     def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
@@ -616,11 +685,16 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             values["output"] = Value(output, output_field=models.JSONField())
         if status in (RunStatus.COMPLETED, RunStatus.FAILED):
             values["finished_at"] = DbNow()
-        # One statement: atomic on its own (autocommit), no transaction around it.
-        finished = bool(self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values))
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            finished = bool(
+                self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values)
+            )
+            if finished and status != RunStatus.SUSPENDED:
+                _wake_parent(alias, run_id)
         if finished:
             details = {"output": output} if status == RunStatus.COMPLETED else {"error": error}
-            _run_reached(self.write_alias(), run_id, status, **details)
+            _run_reached(alias, run_id, status, **details)
         return finished
 
     # -- operators ------------------------------------------------------------------------------
@@ -671,36 +745,76 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         out of the due-work index (``available_at`` cleared). Cancelled is final: such a run
         cannot be resumed.
 
+        Its child runs (``run.child``) that are running or suspended are cancelled with it,
+        and theirs, in the same transaction (each child locked before its parent, the order
+        in which a finishing child wakes its parent). A cancelled child's parent is asked
+        for a pass (``run.child`` then raises ``WorkflowChildFailedError`` there).
+
         Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
         """
         alias = self.write_alias()
+        pk = parse_run_id(run_id)
+        error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+        cascaded = {
+            "code": RUN_CANCELLED,
+            "message": f"The run was cancelled with its parent run {pk}",
+        }
         with transaction.atomic(using=alias):
-            run = self._lock_for_operator(alias, run_id)
+            for child_id in self._live_descendants(alias, pk):  # deepest first
+                child = self._lock_for_operator(alias, child_id)
+                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                    self._cancel_locked(alias, child, cascaded)
+            run = self._lock_for_operator(alias, pk)
             run.require("cancel")
-            error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
-            stepping = WorkflowStep.objects.db_manager(alias)
-            steps = stepping.filter(run_id=run.pk)
-            running = list(
-                steps.filter(status=StepStatus.RUNNING)
-                .order_by("id")
-                .values_list("pk", "attempt", "step_name")
+            running = self._cancel_locked(alias, run, error)
+            # A child its last pass started while the cancel looked for them.
+            for child_id in self._live_descendants(alias, pk):
+                child = self._lock_for_operator(alias, child_id)
+                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                    self._cancel_locked(alias, child, cascaded)
+            _wake_parent(alias, pk)
+        return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+
+    def _live_descendants(self, alias: str, run_id: uuid.UUID) -> list[uuid.UUID]:
+        """The running or suspended runs below ``run_id`` (children, their children…),
+        deepest first."""
+        found: list[uuid.UUID] = []
+        level = [run_id]
+        live = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+        while level:
+            level = list(
+                self.rows()
+                .filter(parent_id__in=level, status__in=live)
+                .order_by("created_at", "id")
+                .values_list("pk", flat=True)
             )
-            for step_id, attempt, _name in running:  # locked above: the fence matches
-                stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
-            steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
-            self.rows().filter(pk=run.pk).update(
-                status=RunStatus.CANCELLED,
-                error=error,
-                pass_due_at=None,
-                finished_at=DbNow(),
-                updated_at=DbNow(),
-            )
-            _run_reached(alias, run.pk, RunStatus.CANCELLED)
-        return RunChange(
-            run.pk, run.status, RunStatus.CANCELLED, tuple(name for _, _, name in running)
+            found = level + found
+        return found
+
+    def _cancel_locked(self, alias: str, run: WorkflowRun, error: dict[str, Any]) -> list[str]:
+        """Cancel the locked ``run`` (inside the caller's transaction); the names of the
+        running steps it stopped."""
+        stepping = WorkflowStep.objects.db_manager(alias)
+        steps = stepping.filter(run_id=run.pk)
+        running = list(
+            steps.filter(status=StepStatus.RUNNING)
+            .order_by("id")
+            .values_list("pk", "attempt", "step_name")
         )
+        for step_id, attempt, _name in running:  # locked: the fence matches
+            stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
+        steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
+        self.rows().filter(pk=run.pk).update(
+            status=RunStatus.CANCELLED,
+            error=error,
+            pass_due_at=None,
+            finished_at=DbNow(),
+            updated_at=DbNow(),
+        )
+        _run_reached(alias, run.pk, RunStatus.CANCELLED)
+        return [name for _, _, name in running]
 
     def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:
         """Run the ``failed`` step ``step_name`` again as a new attempt, due at once.
@@ -837,6 +951,13 @@ def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
     )
 
 
+def _wake_parent(alias: str, run_id: uuid.UUID | str) -> None:
+    """Ask the parent of run ``run_id`` (a child started by ``run.child``) for a pass now,
+    inside the caller's transaction: the child just finished."""
+    parent = WorkflowRun._default_manager.using(alias).filter(pk=run_id).values("parent_id")
+    _request_pass(alias, Q(pk__in=parent))
+
+
 def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
     """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
 
@@ -875,6 +996,13 @@ def _check_step(
     return check_retries(retries, retry_delay)
 
 
+def _check_timeout(timeout: object) -> float | None:
+    """A step's ``timeout``: ``None`` or seconds > 0, finite (``ValueError``)."""
+    if timeout is None:
+        return None
+    return seconds(timeout, "Step timeout", above_minimum=True, maximum=MAX_WAIT_SECONDS)
+
+
 @dataclass(frozen=True)
 class Scheduled:
     """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
@@ -903,15 +1031,77 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
     ) -> WorkflowStep:
         """Create step ``step_name`` of a run, due now, unless it exists; return the row.
 
+        ``timeout`` (seconds > 0, or ``None``): an attempt running longer is failed with a
+        ``STEP_TIMED_OUT`` error (and retried if attempts remain) by the next claim that
+        looks for due work; its late writes are refused by the attempt fence.
+
         Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
-        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` (seconds), or an
-        existing step recorded with a different ``function_name``.
+        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` / ``timeout``
+        (seconds), or an existing step recorded with a different ``function_name``.
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
-        return self._schedule(run_id, step_name, function_name, data, retries, retry_delay)[0]
+        timeout = _check_timeout(timeout)
+        return self._schedule(
+            run_id, step_name, function_name, data, retries, retry_delay, timeout
+        )[0]
+
+    def schedule_many(
+        self,
+        run_id: uuid.UUID | str,
+        calls: Sequence[tuple[str, str, Any]],
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> dict[str, WorkflowStep]:
+        """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
+        function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
+        insert (existing ones are left untouched); idle workers are woken once. Returns
+        every step of ``calls`` by name, as now stored.
+
+        Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
+        given twice.
+        """
+        names = [call[0] for call in calls]
+        if len(set(names)) != len(names):
+            raise ValueError("run.parallel: a step name is given twice")
+        for step_name, function_name, data in calls:
+            retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        rows = self.rows()
+        with transaction.atomic(using=alias):
+            rows.bulk_create(
+                [
+                    self.model(
+                        run_id=pk,
+                        step_name=step_name,
+                        function_name=function_name,
+                        data={} if data is None else data,
+                        retries=retries,
+                        retry_delay=retry_delay,
+                    )
+                    for step_name, function_name, data in calls
+                ],
+                batch_size=500,
+                ignore_conflicts=True,  # recorded already (by another pass): left as it is
+            )
+            # Due on the database clock (bulk_create writes values, not expressions).
+            rows.filter(
+                run_id=pk, step_name__in=names, status=StepStatus.PENDING, available_at=None
+            ).update(available_at=DbNow())
+            _wake(alias)
+            found = {step.step_name: step for step in rows.filter(run_id=pk, step_name__in=names)}
+        for step_name, function_name, _ in calls:
+            if found[step_name].function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} of run {run_id} was recorded with step function "
+                    f"{found[step_name].function_name!r}, not {function_name!r}"
+                )
+        return found
 
     def _schedule(
         self,
@@ -921,6 +1111,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         data: Any,
         retries: int,
         retry_delay: float,
+        timeout: float | None = None,
     ) -> tuple[WorkflowStep, bool]:
         """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
         alias = self.write_alias()
@@ -933,6 +1124,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "data": {} if data is None else data,
                     "retries": retries,
                     "retry_delay": retry_delay,
+                    "timeout": timeout,
                     "available_at": DbNow(),
                 },
             )
@@ -954,6 +1146,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
         lease_ttl_seconds: float,
         finish_pass: int,
     ) -> Scheduled:
@@ -974,14 +1167,16 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ``ValueError`` as :meth:`schedule` does.
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        timeout = _check_timeout(timeout)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]
         data = {} if data is None else data
         sent = time.monotonic()
-        if not db.tuned(connection, "postgresql"):
+        # A step with a timeout takes the portable path: the tuned statement sets no deadline.
+        if not db.tuned(connection, "postgresql") or timeout is not None:
             step, created = self._schedule(
-                run_id, step_name, function_name, data, retries, retry_delay
+                run_id, step_name, function_name, data, retries, retry_delay, timeout
             )
             if not created:
                 return Scheduled(step, None)
@@ -1121,9 +1316,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
 
     def _next_due(self, alias: str) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        # Running steps whose lease lapsed, or whose attempt ran past its timeout.
         lapsed = (
             base.filter(
-                Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True),
+                Q(lease_expires_at__lte=DbNow())
+                | Q(lease_expires_at__isnull=True)
+                | Q(deadline_at__lte=DbNow()),
                 status=StepStatus.RUNNING,
             )
             .order_by("lease_expires_at")
@@ -1143,6 +1341,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
         if step.status == StepStatus.RUNNING and step.lease_live:
+            if step.deadline_at is not None and step.deadline_at <= step.db_now:
+                self._time_out(alias, step)
             return None
         # Guarded on what was read, and on the run still running: a cancel that committed
         # while this claim waited for the step row is seen here (a new statement).
@@ -1150,12 +1350,16 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             pk=step.pk, attempt=step.attempt, status=step.status, run__status=RunStatus.RUNNING
         )
         lease = clock.db_now_plus(ttl)
+        deadline = None if step.timeout is None else clock.db_now_plus(step.timeout)
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
             if not step.due:
                 return None
             attempt = step.attempt
             granted = rows.filter(_due_q()).update(
-                status=StepStatus.RUNNING, lease_expires_at=lease, updated_at=DbNow()
+                status=StepStatus.RUNNING,
+                lease_expires_at=lease,
+                deadline_at=deadline,
+                updated_at=DbNow(),
             )
         else:  # failed, or running with a lapsed lease
             exhausted = step.attempt >= step.retries + 1
@@ -1174,6 +1378,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 status=StepStatus.RUNNING,
                 attempt=F("attempt") + 1,
                 lease_expires_at=lease,
+                deadline_at=deadline,
                 result=None,
                 error=None,
                 updated_at=DbNow(),
@@ -1206,6 +1411,39 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             waited = (step.db_now - step.available_at).total_seconds()
         transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
         return claim
+
+    def _time_out(self, alias: str, step: WorkflowStep) -> None:
+        """Fail the locked ``step``'s running attempt, past its ``timeout`` on the database
+        clock, with a ``STEP_TIMED_OUT`` error, through the fence (inside the caller's
+        transaction), as :meth:`set_error` would: retried after ``retry_delay`` if attempts
+        remain, else the run is asked for a pass. Its worker's renewals, result and error
+        are refused from then on."""
+        error = {
+            "code": STEP_TIMED_OUT,
+            "message": (
+                f"Step {step.step_name!r} attempt {step.attempt} ran longer than its timeout "
+                f"of {step.timeout:g} s"
+            ),
+        }
+        exhausted = step.attempt >= step.retries + 1
+        self._record_outcome(
+            alias,
+            step.pk,
+            step.attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "result": None,
+                "lease_expires_at": None,
+                "deadline_at": None,
+                "available_at": None if exhausted else clock.db_now_plus(step.retry_delay),
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
+        )
+        if exhausted:
+            _request_pass(alias, Q(pk=step.run_id))
+        elif not step.retry_delay:
+            _wake(alias)
 
     def _fail_lost_worker(
         self, alias: str, step: WorkflowStep, rows: models.QuerySet[WorkflowStep]
@@ -1660,6 +1898,199 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
         )
 
 
+class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
+    """Domain methods of ``WorkflowWait.objects``: a run's durable waits (DESIGN §5a).
+
+    A wait is recorded like a step — one row per name and run, replayed by name — so a pass
+    that reaches it either finds its outcome or ends there; no thread ever sleeps on one.
+    Its outcome is decided once, by a compare-and-set from ``waiting`` (an event arriving,
+    a timeout passing): every later pass replays that recorded outcome. Times are the
+    database clock's.
+    """
+
+    def for_pass(self, run_id: uuid.UUID | str) -> dict[str, WorkflowWait]:
+        """The run's waits by name, each annotated ``over`` (``due_at`` has passed on the
+        database clock; ``None`` without a ``due_at``), with their child runs loaded."""
+        rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
+        return {wait.name: wait for wait in rows.select_related("child").order_by("id")}
+
+    def _one(self, wait_id: int) -> WorkflowWait:
+        return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)
+
+    def reach(
+        self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
+    ) -> WorkflowWait:
+        """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
+        find it: on first reach the row is created ``waiting`` with ``due_at`` = database
+        now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
+        arrived first already has its row (``done``); it is marked reached. Returns the row
+        (annotated as :meth:`for_pass`).
+
+        Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
+        of another kind in this run (nothing written).
+        """
+        check_identifier(name, "Wait name")
+        if seconds is not None:
+            seconds = wait_seconds(seconds, "Wait seconds")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait, created = self.rows().get_or_create(
+                run_id=pk,
+                name=name,
+                defaults={
+                    "kind": kind,
+                    "status": WaitStatus.WAITING,
+                    "due_at": None if seconds is None else clock.db_now_plus(seconds),
+                    "reached_at": DbNow(),
+                },
+            )
+            if not created:
+                _same_kind(wait, kind)
+                if wait.reached_at is None:
+                    self.rows().filter(pk=wait.pk).update(reached_at=DbNow())
+        return self._one(wait.pk)
+
+    def start_child(
+        self, run_id: uuid.UUID | str, name: str, workflow: str, input: Any = None
+    ) -> WorkflowWait:
+        """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
+        the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
+        are created in one transaction; later, the wait is found. Returns the wait, its child
+        loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
+        completes, fails or is cancelled.
+
+        Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
+        kind of wait, or when its child is of another workflow (nothing written).
+        """
+        check_identifier(name, "Wait name")
+        check_identifier(workflow, "Workflow name")
+        check_json(input, f"Input of child run {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
+            if wait is None:
+                child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
+                wait = self.rows().create(
+                    run_id=pk,
+                    name=name,
+                    kind=WaitKind.CHILD,
+                    status=WaitStatus.WAITING,
+                    child=child,
+                    reached_at=DbNow(),
+                )
+            else:
+                _same_kind(wait, WaitKind.CHILD)
+                if wait.child is not None and wait.child.workflow != workflow:
+                    raise ValueError(
+                        f"Child run {name!r} of run {pk} is a run of {wait.child.workflow!r}; "
+                        f"the workflow now asks for {workflow!r}"
+                    )
+        return self._one(wait.pk)
+
+    def settle_child(self, wait: WorkflowWait) -> None:
+        """Mark a child wait ``done`` once its child run has finished (for operators; the
+        outcome itself is the child's status)."""
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
+            status=WaitStatus.DONE, done_at=DbNow()
+        )
+
+    def settle(self, wait: WorkflowWait) -> WorkflowWait:
+        """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
+        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``, so
+        an event sent at the same moment either landed first (and is the outcome) or is
+        refused. Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
+            status=outcome, done_at=DbNow()
+        )
+        return self._one(wait.pk)
+
+    def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
+        """Deliver event ``name`` with JSON ``payload`` to a run, exactly once.
+
+        One transaction, the run row locked: the run must be ``running`` or ``suspended``.
+        If the run waits at ``run.wait_for_event(name)``, the wait becomes ``done`` with the
+        payload; if it has not reached the wait yet, the event is kept (a ``done`` wait not
+        yet reached) and consumed when it does. Either way the run is asked for a pass (its
+        idle workers are woken), in the same transaction. Returns the wait row.
+
+        Raises:
+            WorkflowRun.DoesNotExist: no such run (nothing written).
+            WorkflowRunStateError: the run is completed, failed or cancelled.
+            WorkflowEventRefusedError: the wait already has its event, timed out, or
+                ``name`` is another kind of wait (nothing written).
+            ValueError: a bad run id or name, or a payload that is not JSON.
+        """
+        check_identifier(name, "Event name")
+        check_json(payload, f"Payload of event {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        runs = WorkflowRun._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            status = _for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
+            found = status.first()
+            if found is None:
+                raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
+            if found not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                raise WorkflowRunStateError(
+                    pk, found, "sent an event", "only a running or suspended run can be"
+                )
+            waits = self.rows().filter(run_id=pk, name=name)
+            wait = waits.first()
+            if wait is None:
+                try:
+                    with transaction.atomic(using=alias):
+                        wait = self.rows().create(
+                            run_id=pk,
+                            name=name,
+                            kind=WaitKind.EVENT,
+                            status=WaitStatus.DONE,
+                            payload=payload,
+                            done_at=DbNow(),
+                        )
+                except IntegrityError:  # the run reached the wait meanwhile
+                    wait = waits.get()
+                else:
+                    _request_pass(alias, Q(pk=pk))
+                    return self._one(wait.pk)
+            if wait.kind != WaitKind.EVENT:
+                raise WorkflowEventRefusedError(
+                    pk, name, f"{name!r} is a {wait.kind} wait of this run, not an event"
+                )
+            landed = waits.filter(status=WaitStatus.WAITING).update(
+                status=WaitStatus.DONE,
+                payload=Value(payload, output_field=models.JSONField()),
+                done_at=DbNow(),
+            )
+            if not landed:
+                wait = waits.get()
+                reason = (
+                    "the wait timed out before it arrived"
+                    if wait.status == WaitStatus.TIMED_OUT
+                    else "that event was already sent (an event is delivered once)"
+                )
+                raise WorkflowEventRefusedError(pk, name, reason)
+            _request_pass(alias, Q(pk=pk))
+        return self._one(wait.pk)
+
+
+def _over() -> ExpressionWrapper[Q]:
+    """``due_at <= now`` on the database clock (``NULL`` without a due time)."""
+    return ExpressionWrapper(Q(due_at__lte=DbNow()), output_field=BooleanField())
+
+
+def _same_kind(wait: WorkflowWait, kind: str) -> None:
+    if wait.kind != kind:
+        raise ValueError(
+            f"Wait {wait.name!r} of run {wait.run_id} was recorded as a {wait.kind} wait; "
+            f"the workflow now uses it as a {kind} wait"
+        )
+
+
 # -- the models ---------------------------------------------------------------------------------
 
 
@@ -1680,9 +2111,27 @@ class WorkflowRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     pass_due_at = models.DateTimeField(null=True, blank=True)
     pass_requests = models.PositiveBigIntegerField(default=0)
+    key = models.CharField(
+        max_length=MAX_KEY_LENGTH,
+        null=True,
+        blank=True,
+        help_text="Idempotency key: one run per workflow and key.",
+    )
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        help_text="The run that started this one with run.child.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    #: Set by ``WorkflowRun.objects.start``: whether that call created the run (``False``:
+    #: a run with the same key existed).
+    started: bool = True
 
     objects: ClassVar[WorkflowRunQuerySet] = WorkflowRunQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -1690,6 +2139,10 @@ class WorkflowRun(models.Model):
         app_label = "django_leases"
         ordering = ("-created_at",)
         permissions = (("operate_workflowrun", "Can resume, cancel and retry workflow runs"),)
+        constraints = (
+            # NULL keys never collide (on every backend): only keyed starts are unique.
+            models.UniqueConstraint(fields=["workflow", "key"], name="dl_run_unique_key"),
+        )
         indexes = (
             models.Index(
                 fields=["pass_due_at"],
@@ -1741,6 +2194,89 @@ class WorkflowRun(models.Model):
         """The key of the run lease its passes hold (``workflow-run:<id>``)."""
         return run_lease_key(self.pk)
 
+    def waiting_on(self) -> list[str]:
+        """What a running run waits for now, for operators (the admin's run page and
+        ``workflow_runs show``): each ``waiting`` wait as :meth:`WorkflowWait.describe` says
+        it, and its unfinished steps ("waiting for step 'x'", or "waiting for N parallel
+        steps"). Empty for a run that is not running."""
+        if self.status != RunStatus.RUNNING:
+            return []
+        alias = self._state.db or "default"
+        found = [
+            wait.describe()
+            for wait in WorkflowWait.objects.db_manager(alias).filter(
+                run_id=self.pk, status=WaitStatus.WAITING
+            )
+        ]
+        steps = (
+            WorkflowStep.objects.db_manager(alias)
+            .filter(run_id=self.pk)
+            .filter(
+                Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
+                | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+            )
+        )
+        names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])
+        if len(names) == 1:
+            found.append(f"waiting for step {names[0]!r}")
+        elif names:
+            found.append(f"waiting for {steps.count()} parallel steps")
+        return found
+
+    def overview(self) -> dict[str, Any]:
+        """The run, its steps and its waits as one JSON-ready ``dict`` (timestamps and ids
+        left as ``datetime`` / ``UUID``): what ``workflow_runs show`` prints."""
+        alias = self._state.db or "default"
+        steps = WorkflowStep.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
+        waits = WorkflowWait.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
+        return {
+            "id": self.pk,
+            "workflow": self.workflow,
+            "status": self.status,
+            "key": self.key,
+            "parent": self.parent_id,
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+            "pass_due_at": self.pass_due_at,
+            "input": self.input,
+            "output": self.output,
+            "error": self.error,
+            "waiting_on": self.waiting_on(),
+            "steps": [
+                {
+                    "name": step.step_name,
+                    "function": step.function_name,
+                    "status": step.status,
+                    "attempt": step.attempt,
+                    "max_attempts": step.max_attempts,
+                    "available_at": step.available_at,
+                    "result": step.result,
+                    "error": step.error,
+                }
+                for step in steps
+            ],
+            "waits": [
+                {
+                    "name": wait.name,
+                    "kind": wait.kind,
+                    "status": wait.status,
+                    "what": wait.describe(),
+                    "child": wait.child_id,
+                    "reached_at": wait.reached_at,
+                    "due_at": wait.due_at,
+                    "done_at": wait.done_at,
+                    "payload": wait.payload,
+                }
+                for wait in waits
+            ],
+            "children": list(
+                WorkflowRun.objects.db_manager(alias)
+                .filter(parent_id=self.pk)
+                .order_by("created_at", "id")
+                .values("id", "workflow", "status")
+            ),
+        }
+
 
 class WorkflowStep(models.Model):
     """A step of a run, claimed by one worker at a time under a lease and an ``attempt``.
@@ -1760,6 +2296,12 @@ class WorkflowStep(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     retries = models.PositiveIntegerField(default=5)
     retry_delay = models.FloatField(default=0.0, help_text="Seconds between attempts.")
+    timeout = models.FloatField(
+        null=True, blank=True, help_text="Seconds an attempt may run before it is failed."
+    )
+    deadline_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the running attempt times out (its timeout)."
+    )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -1824,6 +2366,69 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+
+class WorkflowWait(models.Model):
+    """A durable wait of a run (DESIGN §5a): a ``run.sleep`` (``due_at``: when it ends), a
+    ``run.wait_for_event`` (``due_at``: its timeout, if any; ``payload``: the event's) or
+    a ``run.child``. One row per name and run, recorded when the run first reaches it — or,
+    for an event sent before that, when the event arrives (``reached_at`` still empty).
+    Times come from the database clock."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="waits")
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    kind = models.CharField(max_length=16, choices=WaitKind.choices)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="A sleep's end, or an event's timeout."
+    )
+    payload = models.JSONField(null=True, blank=True)
+    child = models.ForeignKey(
+        WorkflowRun,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The child run a run.child wait started.",
+    )
+    created_at = models.DateTimeField(db_default=DbNow())
+    reached_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[WorkflowWaitQuerySet] = WorkflowWaitQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("id",)
+        verbose_name = "workflow wait"
+        constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_wait_unique_name"),)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.status})"
+
+    def is_over(self) -> bool:
+        """Whether ``due_at`` had passed on the database clock when the row was read (rows
+        read through ``WorkflowWait.objects``, which annotate ``over``)."""
+        return bool(getattr(self, "over", False))
+
+    def describe(self) -> str:
+        """What the run waits for, for operators: "sleeping until …", "waiting for event
+        …", "waiting for child …", or how it ended."""
+        if self.kind == WaitKind.SLEEP:
+            if self.status == WaitStatus.DONE:
+                return f"slept until {self.due_at:%Y-%m-%d %H:%M:%S}"
+            return f"sleeping until {self.due_at:%Y-%m-%d %H:%M:%S}"
+        if self.kind == WaitKind.EVENT:
+            if self.status == WaitStatus.DONE:
+                return f"event {self.name!r} received"
+            if self.status == WaitStatus.TIMED_OUT:
+                return f"event {self.name!r} timed out"
+            until = "" if self.due_at is None else f" until {self.due_at:%Y-%m-%d %H:%M:%S}"
+            return f"waiting for event {self.name!r}{until}"
+        child = getattr(self, "child_id", None)
+        if self.status == WaitStatus.DONE:
+            return f"child {child} finished"
+        return f"waiting for child {child}"
 
 
 # -- workers ------------------------------------------------------------------------------------

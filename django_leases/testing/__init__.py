@@ -7,10 +7,15 @@
 fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
+``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
+fan-out, child runs, idempotent starts and step timeouts (W1–W7, P1–P2, K1–K2, H1–H3, T1).
+:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 
+from django_leases.testing.driving import drive
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
+from django_leases.testing.waits import WorkflowWaitConformanceTests
 from django_leases.testing.workflows import WorkflowFencingConformanceTests
 
 __all__ = [
@@ -18,4 +23,6 @@ __all__ = [
     "SimulatedOutage",
     "TriggerSourceStoreConformanceTests",
     "WorkflowFencingConformanceTests",
+    "WorkflowWaitConformanceTests",
+    "drive",
 ]

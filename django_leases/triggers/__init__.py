@@ -2,7 +2,7 @@
 
 Public API (imported lazily, so importing this package touches no model)::
 
-    from django_leases.triggers import webhook_source, StartWorkflow, Delivery
+    from django_leases.triggers import webhook_source, StartWorkflow, SendEvent, Delivery
     from django_leases.triggers import enable, disable, reconcile, teardown, forget
 
 The trigger-source errors (``TriggerSourceError`` and the others of
@@ -18,7 +18,10 @@ from django_leases import lazy_attributes
 _LAZY = {
     "webhook_source": "django_leases.triggers.registry",
     "StartWorkflow": "django_leases.triggers.registry",
+    "SendEvent": "django_leases.triggers.registry",
+    "run_for_key": "django_leases.triggers.registry",
     "Delivery": "django_leases.triggers.values",
+    "Handled": "django_leases.triggers.values",
     "TriggerDeclaration": "django_leases.triggers.registry",
     "declarations": "django_leases.triggers.registry",
     "get_declaration": "django_leases.triggers.registry",
@@ -70,10 +73,12 @@ if TYPE_CHECKING:  # pragma: no cover
         teardown,
     )
     from django_leases.triggers.registry import (  # noqa: F401
+        SendEvent,
         StartWorkflow,
         TriggerDeclaration,
         declarations,
         get_declaration,
+        run_for_key,
         webhook_source,
     )
     from django_leases.triggers.signatures import (  # noqa: F401
@@ -82,7 +87,7 @@ if TYPE_CHECKING:  # pragma: no cover
         verify_github_signature,
         verify_stripe_signature,
     )
-    from django_leases.triggers.values import Delivery  # noqa: F401
+    from django_leases.triggers.values import Delivery, Handled  # noqa: F401
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

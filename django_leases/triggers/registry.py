@@ -23,10 +23,15 @@ Handlers map an event name (GitHub's ``X-GitHub-Event``) to what a delivery does
   created in the transaction that records the delivery, so an accepted delivery is never
   lost. The payload form lets the same workflow be started by hand with a saved payload
   (``manage.py start_workflow NAME --input "$(cat payload.json)"``);
-* a plain function ``handler(delivery: Delivery) -> uuid.UUID | None``. It is called inside
-  that same transaction, so its database writes commit with the delivery or not at all; it
-  must therefore be short (no network calls, no waiting). If it returns a run id (it started
-  a workflow itself), the delivery is linked to that run. Long work belongs in a workflow.
+* :class:`SendEvent` — send an event to the run the delivery names (a run waiting in
+  ``run.wait_for_event``), in that same transaction; a delivery for no waiting run is
+  recorded with that outcome;
+* a plain function ``handler(delivery: Delivery) -> uuid.UUID | Handled | None``. It is
+  called inside that same transaction, so its database writes commit with the delivery or
+  not at all; it must therefore be short (no network calls, no waiting). If it returns a run
+  id (it started a workflow itself), the delivery is linked to that run; a
+  :class:`~django_leases.triggers.values.Handled` also records what it did (``outcome``).
+  Long work belongs in a workflow.
 
 An event without a handler (GitHub's ``ping``, say) is still recorded, and starts nothing.
 """
@@ -35,12 +40,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from django_leases.triggers.values import Delivery, Handler
+from django_leases.triggers.values import Delivery, Handled, Handler
 from django_leases.validation import MAX_NAME_LENGTH
 
 if TYPE_CHECKING:
@@ -63,6 +68,10 @@ class StartWorkflow:
     ``input`` picks the run's input: ``"payload"`` (default) — the decoded JSON body the
     provider sent (for GitHub, exactly the webhook payload); ``"delivery"`` — the envelope
     of :meth:`Delivery.as_input` (source, provider, event, action, delivery id, payload).
+    ``key`` (a callable on the :class:`Delivery` returning a ``str``, or ``None`` for no
+    key) gives the run an idempotency key — e.g. the pull request's number — so a second
+    delivery for the same thing starts nothing, and a :class:`SendEvent` handler can find
+    the run by its key.
 
     The run is created with :func:`django_leases.workflows.start_workflow` inside the
     transaction that records the delivery. The workflow does not need to be registered when
@@ -72,6 +81,7 @@ class StartWorkflow:
 
     workflow: str
     input: Literal["payload", "delivery"] = "payload"
+    key: Callable[[Delivery], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.workflow, str) or not self.workflow:
@@ -80,13 +90,74 @@ class StartWorkflow:
             raise ValueError(
                 f"StartWorkflow input must be 'payload' or 'delivery', not {self.input!r}"
             )
+        if self.key is not None and not callable(self.key):
+            raise ValueError("StartWorkflow key must be a callable on the delivery, or None")
 
     def __call__(self, delivery: Delivery) -> uuid.UUID:
-        """Start the run; returns its id. Raises what ``start_workflow`` raises."""
+        """Start the run (or find the one with the same key); returns its id. Raises what
+        ``start_workflow`` raises."""
         from django_leases.workflows.engine import start_workflow  # the engine imports us
 
         value = delivery.payload if self.input == "payload" else delivery.as_input()
-        return start_workflow(self.workflow, value, using=delivery.using)
+        key = None if self.key is None else self.key(delivery)
+        return start_workflow(self.workflow, value, key=key, using=delivery.using)
+
+
+@dataclass(frozen=True)
+class SendEvent:
+    """Handler that turns each delivery into event ``name`` for the run it names.
+
+    ``run`` is a callable on the :class:`Delivery` that returns the run's id (a
+    ``uuid.UUID`` or its text), or ``None`` when the delivery is for no run — for a run
+    started with a key, ``lambda d: run_for_key("pr-review", str(d.payload["number"]))``
+    (:func:`run_for_key`). ``payload`` picks the event's payload: ``"payload"`` (default,
+    the decoded JSON body) or ``"delivery"`` (:meth:`Delivery.as_input`).
+
+    The event is sent with ``WorkflowWait.objects.send_event`` inside the transaction that
+    records the delivery, so the delivery, the event and the run's wake-up commit together.
+    A delivery that names no run, an unknown or finished run, or a wait that already has
+    its event (or timed out), is still recorded — with that outcome on its row, never as an
+    error (a provider would only send it again).
+    """
+
+    name: str
+    run: Callable[[Delivery], uuid.UUID | str | None]
+    payload: Literal["payload", "delivery"] = "payload"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("SendEvent needs an event name (a non-empty str)")
+        if not callable(self.run):
+            raise ValueError("SendEvent run must be a callable on the delivery")
+        if self.payload not in ("payload", "delivery"):
+            raise ValueError(
+                f"SendEvent payload must be 'payload' or 'delivery', not {self.payload!r}"
+            )
+
+    def __call__(self, delivery: Delivery) -> Handled:
+        """Send the event; returns what came of it (never raises for a refused event)."""
+        from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+        from django_leases.models.workflow import WorkflowRun, WorkflowWait
+
+        run_id = self.run(delivery)
+        if run_id is None:
+            return Handled(None, f"event {self.name!r}: the delivery names no run")
+        value = delivery.payload if self.payload == "payload" else delivery.as_input()
+        store = WorkflowWait.objects.db_manager(delivery.using)
+        try:
+            wait = store.send_event(run_id, self.name, value)
+        except (WorkflowRun.DoesNotExist, WorkflowRunStateError, WorkflowEventRefusedError) as exc:
+            return Handled(None, f"event {self.name!r} not delivered: {exc}")
+        return Handled(wait.run_id, f"event {self.name!r} sent to run {wait.run_id}")
+
+
+def run_for_key(workflow: str, key: str, *, using: str | None = None) -> uuid.UUID | None:
+    """The id of the run of ``workflow`` started with ``key`` (``start_workflow(...,
+    key=...)``), or ``None``: for a :class:`SendEvent`'s ``run``."""
+    from django_leases.models.workflow import WorkflowRun
+
+    runs = WorkflowRun.objects if using is None else WorkflowRun.objects.db_manager(using)
+    return runs.id_for_key(workflow, key)
 
 
 @dataclass(frozen=True)
@@ -211,8 +282,8 @@ def _check_events(name: str, events: object) -> dict[str, Handler]:
             )
         if not callable(handler):
             raise ValueError(
-                f"Trigger source {name!r}: the handler of {event!r} must be StartWorkflow(...) "
-                "or a function"
+                f"Trigger source {name!r}: the handler of {event!r} must be StartWorkflow(...), "
+                "SendEvent(...) or a function"
             )
         checked[event] = handler
     return checked

@@ -97,8 +97,19 @@ class Delivery:
         }
 
 
-#: What a handler is: called with the :class:`Delivery`; may return a workflow run id.
-Handler = Callable[[Delivery], "uuid.UUID | None"]
+@dataclass(frozen=True)
+class Handled:
+    """What a handler may return to say what it did with a delivery, recorded on the
+    ``TriggerEvent`` row: ``run_id`` (the run it started or sent an event to, linked to the
+    delivery; ``None``: no run) and ``outcome`` (a short sentence for operators)."""
+
+    run_id: uuid.UUID | None
+    outcome: str
+
+
+#: What a handler is: called with the :class:`Delivery`; may return a workflow run id, or
+#: a :class:`Handled` that also says what came of the delivery.
+Handler = Callable[[Delivery], "uuid.UUID | Handled | None"]
 
 
 @dataclass(frozen=True)
@@ -115,4 +126,12 @@ class Accepted:
     run_id: uuid.UUID | None
 
 
-__all__ = ["STATUSES", "UNSET", "Accepted", "Delivery", "Handler", "ParsedDelivery"]
+__all__ = [
+    "STATUSES",
+    "UNSET",
+    "Accepted",
+    "Delivery",
+    "Handled",
+    "Handler",
+    "ParsedDelivery",
+]

@@ -2,7 +2,7 @@
 
 Public API (imported lazily, so importing this package touches no model)::
 
-    from django_leases.workflows import workflow, step_function, start_workflow
+    from django_leases.workflows import workflow, step_function, start_workflow, send_event
 
 ``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
 the workflow errors (``WorkflowStepFailedError``, raised by ``run.step`` for a step out of
@@ -19,6 +19,7 @@ _LAZY = {
     "workflow": "django_leases.workflows.registry",
     "step_function": "django_leases.workflows.registry",
     "start_workflow": "django_leases.workflows.engine",
+    "send_event": "django_leases.workflows.engine",
     "execute_step": "django_leases.workflows.engine",
     "StepContext": "django_leases.workflows.engine",
     "run_pass": "django_leases.workflows.driver",
@@ -30,6 +31,9 @@ _LAZY = {
     "WorkflowStepSupersededError": "django_leases.exceptions",
     "WorkflowStepCancelledError": "django_leases.exceptions",
     "WorkflowRunStateError": "django_leases.exceptions",
+    "WorkflowEventTimeout": "django_leases.exceptions",
+    "WorkflowEventRefusedError": "django_leases.exceptions",
+    "WorkflowChildFailedError": "django_leases.exceptions",
 }
 
 __all__ = sorted(_LAZY)
@@ -37,14 +41,22 @@ __all__ = sorted(_LAZY)
 if TYPE_CHECKING:  # pragma: no cover
     from django_leases.exceptions import (  # noqa: F401
         UnknownWorkflowError,
+        WorkflowChildFailedError,
         WorkflowError,
+        WorkflowEventRefusedError,
+        WorkflowEventTimeout,
         WorkflowRunStateError,
         WorkflowStepCancelledError,
         WorkflowStepFailedError,
         WorkflowStepSupersededError,
     )
     from django_leases.workflows.driver import RunContext, run_pass  # noqa: F401
-    from django_leases.workflows.engine import StepContext, execute_step, start_workflow  # noqa: F401
+    from django_leases.workflows.engine import (  # noqa: F401
+        StepContext,
+        execute_step,
+        send_event,
+        start_workflow,
+    )
     from django_leases.workflows.registry import step_function, workflow  # noqa: F401
     from django_leases.workflows.worker import Worker  # noqa: F401
 

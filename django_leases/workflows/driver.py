@@ -32,9 +32,10 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import router
 
@@ -44,6 +45,8 @@ from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
     UnknownWorkflowError,
+    WorkflowChildFailedError,
+    WorkflowEventTimeout,
     WorkflowStepFailedError,
 )
 from django_leases.leases import HeldLease, new_holder
@@ -52,6 +55,8 @@ from django_leases.validation import (
     check_json,
     check_retries,
     error_json,
+    seconds,
+    wait_seconds,
 )
 from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
 from django_leases.workflows.registry import get_workflow
@@ -64,10 +69,16 @@ from django_leases.workflows.values import (
     PassState,
     RunStatus,
     StepStatus,
+    WaitKind,
+    WaitStatus,
     run_lease_key,
 )
 
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowWait
+
 logger = logging.getLogger("django_leases.workflows")
+
 
 #: Seconds after which a pass that found the run lease taken is tried again.
 PASS_RETRY_DELAY = 1.0
@@ -103,6 +114,9 @@ class _Pass:
         #: A dry pass writes nothing: it ends at the first step not succeeded yet.
         self.dry = dry
         self.seen: set[str] = set()
+        #: When the wait this pass ended at needs the next pass (database clock).
+        self.next_due: datetime | None = None
+        self._waits: dict[str, WorkflowWait] | None = None
         #: The step this pass scheduled and claimed for its driver, if any.
         self.claim: Claim | None = None
         #: Whether that claim also ended the pass.
@@ -115,14 +129,136 @@ class _Pass:
                 [self.run.input, {name: [s.result, s.error] for name, s in self.steps.items()}]
             )
 
+    def see(self, name: str) -> None:
+        """Note that the workflow used step or wait ``name`` in this pass (``ValueError``
+        the second time: names are how a replay finds what it recorded)."""
+        if name in self.seen:
+            raise ValueError(f"Step or wait name {name!r} is used twice in run {self.run.id}")
+        self.seen.add(name)
+
+    def waits(self) -> dict[str, WorkflowWait]:
+        """The run's waits by name, read once per pass, on the first wait it reaches."""
+        from django_leases.models.workflow import WorkflowWait
+
+        if self._waits is None:
+            self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
+        return self._waits
+
+    def reach(self, name: str, kind: str, seconds: float | None = None) -> WorkflowWait:
+        """The wait ``name`` as recorded, recorded now if this is the first pass to reach it.
+        A dry pass ends at any wait (the ordinary pass that follows decides it for real)."""
+        from django_leases.models.workflow import WorkflowWait
+
+        self.see(name)
+        if self.dry:
+            raise _PassEnded
+        waits = self.waits()
+        wait = waits.get(name)
+        if wait is None or wait.kind != kind or wait.reached_at is None:
+            store = WorkflowWait.objects.db_manager(self.using)
+            wait = waits[name] = store.reach(self.run.id, name, kind, seconds=seconds)
+        return wait
+
+    def wait_until(self, due_at: datetime | None) -> NoReturn:
+        """End the pass at a wait; the run's next pass is due at ``due_at`` (``None``: only
+        when something asks for one — an event sent, a child finished)."""
+        self.next_due = due_at
+        raise _PassEnded
+
+    def sleep(self, name: str, seconds: float) -> None:
+        from django_leases.models.workflow import WorkflowWait
+
+        wait = self.reach(name, WaitKind.SLEEP, seconds)
+        if wait.status == WaitStatus.WAITING and wait.is_over():
+            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        if wait.status != WaitStatus.DONE:
+            self.wait_until(wait.due_at)
+
+    def wait_for_event(self, name: str, timeout: float | None) -> Any:
+        from django_leases.models.workflow import WorkflowWait
+
+        wait = self.reach(name, WaitKind.EVENT, timeout)
+        if wait.status == WaitStatus.WAITING and wait.is_over():
+            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        if wait.status == WaitStatus.DONE:
+            return wait.payload
+        if wait.status == WaitStatus.TIMED_OUT:
+            raise WorkflowEventTimeout(name, timeout)
+        self.wait_until(wait.due_at)
+
+    def parallel(
+        self, calls: list[tuple[str, str, Any]], retries: int, retry_delay: float
+    ) -> list[Any]:
+        from django_leases.models.workflow import WorkflowStep
+
+        for step_name, _, _ in calls:
+            self.see(step_name)
+        missing = [call for call in calls if call[0] not in self.steps]
+        if missing:
+            if self.dry:
+                raise _PassEnded
+            store = WorkflowStep.objects.db_manager(self.using)
+            self.steps.update(
+                store.schedule_many(self.run.id, missing, retries=retries, retry_delay=retry_delay)
+            )
+        results = []
+        unfinished = False
+        for step_name, function_name, _ in calls:
+            step = self.steps[step_name]
+            if step.function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} was recorded with step function "
+                    f"{step.function_name!r}; the workflow now asks for {function_name!r}"
+                )
+            if step.status == StepStatus.SUCCEEDED:
+                results.append(step.result)
+            elif step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+                raise WorkflowStepFailedError(step_name, step.error)
+            else:
+                unfinished = True
+        if unfinished:
+            raise _PassEnded
+        return results
+
+    def child(self, name: str, workflow: str, input: Any) -> Any:
+        from django_leases.models.workflow import WorkflowWait
+
+        self.see(name)
+        if self.dry:
+            raise _PassEnded
+        waits = self.waits()
+        wait = waits.get(name)
+        store = WorkflowWait.objects.db_manager(self.using)
+        if wait is None or wait.kind != WaitKind.CHILD or wait.child_id is None:
+            get_workflow(workflow)  # UnknownWorkflowError fails this run, starting nothing
+            wait = waits[name] = store.start_child(self.run.id, name, workflow, input)
+        elif wait.child is not None and wait.child.workflow != workflow:
+            wait = store.start_child(self.run.id, name, workflow, input)  # raises ValueError
+        child = wait.child
+        if child is None:  # pruned from under its parent
+            raise WorkflowChildFailedError(name, None, "missing", "the child run was deleted")
+        if child.status == RunStatus.COMPLETED:
+            if wait.status == WaitStatus.WAITING:
+                store.settle_child(wait)
+            return child.output
+        if child.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            if wait.status == WaitStatus.WAITING:
+                store.settle_child(wait)
+            raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
+        self.wait_until(None)  # the child's end asks for the next pass
+
     def step(
-        self, step_name: str, function_name: str, data: Any, retries: int, retry_delay: float
+        self,
+        step_name: str,
+        function_name: str,
+        data: Any,
+        retries: int,
+        retry_delay: float,
+        timeout: float | None = None,
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
-        if step_name in self.seen:
-            raise ValueError(f"Step name {step_name!r} is used twice in run {self.run.id}")
-        self.seen.add(step_name)
+        self.see(step_name)
         step = self.steps.get(step_name)
         if step is None:
             if self.dry:
@@ -130,12 +266,15 @@ class _Pass:
             store = WorkflowStep.objects.db_manager(self.using)
             args = (self.run.id, step_name, function_name, data)
             if self.claim_ttl is None:
-                step = store.schedule(*args, retries=retries, retry_delay=retry_delay)
+                step = store.schedule(
+                    *args, retries=retries, retry_delay=retry_delay, timeout=timeout
+                )
             else:
                 scheduled = store.schedule_claimed(
                     *args,
                     retries=retries,
                     retry_delay=retry_delay,
+                    timeout=timeout,
                     lease_ttl_seconds=self.claim_ttl,
                     finish_pass=self.run.pass_requests,
                 )
@@ -177,13 +316,18 @@ class RunContext:
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        timeout: float | None = None,
     ) -> Any:
         """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
 
         Returns the step's recorded result once it succeeded. Otherwise the step is created
         (on the first pass that reaches it) and the pass ends here; a worker runs it and the
         run is replayed once it finishes. ``retries`` (int ≥ 0) allows ``retries + 1``
-        attempts, ``retry_delay`` seconds apart.
+        attempts, ``retry_delay`` seconds apart. ``timeout`` (seconds > 0; ``None``: none)
+        bounds each attempt on the database clock: one running longer is failed with code
+        ``STEP_TIMED_OUT`` (and retried if attempts remain) by the next worker that looks
+        for due work; whatever it returns later is refused by the attempt fence. The
+        ``timeout`` is recorded with the step on first reach.
 
         Raises:
             WorkflowStepFailedError: the step failed on its last attempt.
@@ -194,7 +338,102 @@ class RunContext:
         check_identifier(function_name, "Step function name")
         retries, retry_delay = check_retries(retries, retry_delay)
         check_json(data, f"Data of step {step_name!r}")
-        return self._pass.step(step_name, function_name, data, retries, retry_delay)
+        if timeout is not None:
+            timeout = seconds(timeout, "Step timeout", above_minimum=True)
+        return self._pass.step(step_name, function_name, data, retries, retry_delay, timeout)
+
+    def parallel(
+        self,
+        calls: Sequence[tuple[str, str, Any]],
+        *,
+        retries: int = 5,
+        retry_delay: float = 0.0,
+    ) -> list[Any]:
+        """Run several steps at once: ``calls`` is a sequence of ``(step_name, function_name,
+        data)``; returns their results, in the order of ``calls``.
+
+        The first pass that reaches it schedules every step of ``calls`` not recorded yet in
+        one write (any number: 1,000 steps are one insert); any workers claim and run them
+        concurrently, each under its own lease and attempt fence like any step. The pass
+        ends here until all have finished. ``retries`` and ``retry_delay`` (seconds) apply to
+        each step, as for :meth:`step`.
+
+        Raises:
+            WorkflowStepFailedError: a step failed on its last attempt (the first in the
+                order of ``calls``), as soon as a pass sees it.
+            ValueError: bad arguments, a name used twice, or a step recorded with another
+                step function.
+        """
+        checked = []
+        for index, call in enumerate(calls):
+            if not isinstance(call, tuple | list) or len(call) != 3:
+                raise ValueError(
+                    f"run.parallel: call {index} must be (step_name, function_name, data), "
+                    f"not {call!r}"
+                )
+            step_name, function_name, data = call
+            check_identifier(step_name, "Step name")
+            check_identifier(function_name, "Step function name")
+            check_json(data, f"Data of step {step_name!r}")
+            checked.append((step_name, function_name, data))
+        retries, retry_delay = check_retries(retries, retry_delay)
+        return self._pass.parallel(checked, retries, retry_delay)
+
+    def child(self, name: str, workflow: str, input: Any = None) -> Any:
+        """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that
+        reaches wait ``name``) and return its output once it completed.
+
+        The child is an ordinary run (``parent`` is this run; it has its own passes, steps
+        and waits, on any workers); the pass ends here until it finishes, and its end asks
+        this run for a pass. Cancelling this run cancels the child (and its children).
+
+        Raises:
+            WorkflowChildFailedError: the child failed or was cancelled (catchable).
+            UnknownWorkflowError: no workflow ``workflow`` is registered (nothing started).
+            ValueError: bad arguments, a name used twice, a name recorded as another kind of
+                wait, or a child recorded as a run of another workflow.
+        """
+        check_identifier(name, "Wait name")
+        check_identifier(workflow, "Workflow name")
+        check_json(input, f"Input of child run {name!r}")
+        return self._pass.child(name, workflow, input)
+
+    def sleep(self, name: str, seconds: float | timedelta) -> None:
+        """A durable timer: the run sleeps ``seconds`` (a number ≥ 0 or a ``timedelta``)
+        from the first pass that reaches wait ``name``, on the database clock.
+
+        The end is recorded then (database now + ``seconds``) and never recomputed on
+        replay; the pass ends here and the run's next pass is due at that time. No worker
+        thread sleeps, and a long sleep costs one row. Returns ``None`` once the time has
+        passed.
+
+        Raises:
+            ValueError: a bad name, negative or non-finite seconds, a name used twice in
+                one run, or a name recorded as another kind of wait.
+        """
+        check_identifier(name, "Wait name")
+        delay = wait_seconds(seconds, f"Seconds of sleep {name!r}")
+        self._pass.sleep(name, delay)
+
+    def wait_for_event(self, name: str, *, timeout: float | timedelta | None = None) -> Any:
+        """Wait for event ``name`` (sent with ``send_event(run_id, name, payload)``, the
+        ``workflow_runs send-event`` command, the admin, or a ``SendEvent`` webhook
+        handler); returns its JSON payload.
+
+        An event sent before the run got here was kept and is returned at once. Otherwise
+        the pass ends here; the event's arrival asks for the next pass. ``timeout`` (seconds
+        ≥ 0 or a ``timedelta``; ``None``: wait for ever) is counted from the first pass
+        that reaches the wait, on the database clock.
+
+        Raises:
+            WorkflowEventTimeout: ``timeout`` passed first (catchable; every later replay
+                raises it again: the outcome is recorded).
+            ValueError: a bad name or timeout, a name used twice in one run, or a name
+                recorded as another kind of wait.
+        """
+        check_identifier(name, "Event name")
+        limit = None if timeout is None else wait_seconds(timeout, f"Timeout of event {name!r}")
+        return self._pass.wait_for_event(name, limit)
 
 
 @dataclass(frozen=True)
@@ -236,7 +475,7 @@ def replay(
         output = func(RunContext(this), run.input)
     except _PassEnded:
         if not this.pass_finished:
-            runs.finish_pass(run_id, run.pass_requests)
+            runs.finish_pass(run_id, run.pass_requests, this.next_due)
         return Replayed("waiting", this)
     except WorkflowStepFailedError as exc:
         logger.warning("Run %s failed: %s", run_id, exc)

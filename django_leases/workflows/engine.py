@@ -45,23 +45,48 @@ WRITE_RETRY_MAX_BACKOFF = 2.0
 # -- starting -----------------------------------------------------------------------------------
 
 
-def start_workflow(name: str, input: Any = None, *, using: str | None = None) -> uuid.UUID:
+def start_workflow(
+    name: str, input: Any = None, *, key: str | None = None, using: str | None = None
+) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
     Safe inside an outer ``transaction.atomic()`` (the webhook view records the delivery and
     starts the run in one transaction): the run is picked by a worker once that commits.
-    ``using`` is a database alias (default: the router's choice). Returns the run id
-    (``uuid.UUID``).
+    ``key`` (a ``str`` of at most 255 characters) makes the start idempotent: the same key
+    for the same workflow returns the existing run's id and creates nothing, also when
+    several processes start it at once (a unique constraint decides). ``using`` is a
+    database alias (default: the router's choice). Returns the run id (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable (nothing written).
+        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
     """
     from django_leases.models.workflow import WorkflowRun
 
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
-    return WorkflowRun.objects.db_manager(alias).start(name, input).id
+    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
+
+
+def send_event(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, using: str | None = None
+) -> None:
+    """Send event ``name`` with JSON ``payload`` to run ``run_id``, for its
+    ``run.wait_for_event(name)``: delivered exactly once, with the run's wake-up, in one
+    transaction (joining the caller's, if any). An event sent before the run reaches the
+    wait is kept until it does. ``using``: database alias (default: the router's choice).
+
+    Raises:
+        WorkflowRun.DoesNotExist: no such run (nothing written).
+        WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
+        WorkflowEventRefusedError: the wait already has its event, timed out, or is
+            another kind of wait (nothing written).
+        ValueError: a bad run id or name, or a payload that is not JSON (nothing written).
+    """
+    from django_leases.models.workflow import WorkflowWait
+
+    alias = using or router.db_for_write(WorkflowWait)
+    WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -321,5 +346,6 @@ __all__ = [
     "execute_step",
     "record_step",
     "run_step_function",
+    "send_event",
     "start_workflow",
 ]

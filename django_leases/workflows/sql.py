@@ -78,14 +78,18 @@ def _text(status: str) -> str:
 def start_run(t: Tables) -> str:
     """:meth:`WorkflowRunQuerySet.start`: the run, due for its first pass, and the wake-up
     notification (sent when it commits), in one statement. Parameters: run id, workflow,
-    input (JSON text), notification channel. Returns ``created_at``."""
+    input (JSON text), key (or ``NULL``), parent run id (or ``NULL``), notification channel.
+    Returns ``created_at``, or no row when a run of the workflow already holds the key
+    (nothing inserted, nobody woken)."""
     return f"""
         WITH run AS (
             INSERT INTO {t.run} (
-                id, workflow, status, input, pass_due_at, pass_requests, created_at, updated_at
+                id, workflow, status, input, key, parent_id, pass_due_at, pass_requests,
+                created_at, updated_at
             )
-            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, statement_timestamp(), 1,
-                    statement_timestamp(), statement_timestamp())
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, %s, statement_timestamp(),
+                    1, statement_timestamp(), statement_timestamp())
+            ON CONFLICT (workflow, key) DO NOTHING
             RETURNING created_at
         )
         SELECT created_at, pg_notify(%s, '') FROM run
@@ -141,18 +145,18 @@ def pick_pass(
     seconds: Any,
     holder: Any,
     *,
-    besides: str = "",
+    besides: Sequence[str] = (),
 ) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowRunQuerySet.claim_due_pass` with ``lease_holder``, as CTEs for a
     statement of its own or a larger one: ``picked`` (the oldest due run of a running
     workflow, its pass pushed ``seconds`` ahead, with its pass state) and ``granted`` (its
     run lease for ``holder``, by the acquire rule: ``acquire(rows)`` is that statement over
-    ``rows``, whose lease columns ``grant`` writes). ``besides``: SQL for a run id never to
-    pick (the run a larger statement writes: PostgreSQL applies only one of two updates of a
+    ``rows``, whose lease columns ``grant`` writes). ``besides``: SQL for each run id never to
+    pick (the runs a larger statement writes: PostgreSQL applies only one of two updates of a
     row in one statement). Returns ``(ctes, params, columns, joined)``: what goes after
     ``WITH``, its parameters, and what goes after ``SELECT`` and ``FROM`` to read
     ``picked.*, granted.*``."""
-    guard = f" AND id IS DISTINCT FROM ({besides})" if besides else ""
+    guard = "".join(f" AND id IS DISTINCT FROM ({run_id})" for run_id in besides)
     running = _text(RunStatus.RUNNING)
     rows = f"SELECT %s || picked.id::text, %s, {grant} FROM picked"
     ctes = f"""picked AS (
@@ -293,20 +297,27 @@ def completion(
     pick: tuple[Callable[[str], str], str, Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result_completing_run`: the fenced result, the run's
-    completion with ``output`` (JSON text), the release of the run lease (``release(where)``
-    is the lease's release-held statement for a key condition ``where``, taking the holder
-    and token) and, with ``pick`` (``(acquire, grant, seconds, holder)`` as for
-    :func:`pick_pass`), the pick of the next due run with its lease, never this step's run.
-    Everything but the pick depends on the fence. Its row: written, completed, live (see
-    :data:`COMPLETION_COLUMNS`), then the picked pass."""
+    completion with ``output`` (JSON text), the wake-up of its parent run (a child run's
+    parent waiting in ``run.child``: due for a pass now), the release of the run lease
+    (``release(where)`` is the lease's release-held statement for a key condition
+    ``where``, taking the holder and token) and, with ``pick`` (``(acquire, grant, seconds,
+    holder)`` as for :func:`pick_pass`), the pick of the next due run with its lease, never
+    this step's run nor its parent. Everything but the pick depends on the fence. Its row:
+    written, completed, live (see :data:`COMPLETION_COLUMNS`), then the picked pass."""
     written, params = _result(t, fence, fence_params, payload, attempt)
+    running = _text(RunStatus.RUNNING)
     ctes = f"""{written}, done AS (
         UPDATE {t.run}
         SET status = {_text(RunStatus.COMPLETED)}, output = %s::jsonb, error = NULL,
             pass_due_at = NULL, updated_at = statement_timestamp(),
             finished_at = statement_timestamp()
-        WHERE id = (SELECT run_id FROM step) AND status = {_text(RunStatus.RUNNING)}
-        RETURNING id
+        WHERE id = (SELECT run_id FROM step) AND status = {running}
+        RETURNING id, parent_id
+    ), woken AS (
+        UPDATE {t.run}
+        SET pass_due_at = statement_timestamp(), pass_requests = pass_requests + 1,
+            updated_at = statement_timestamp()
+        WHERE id = (SELECT parent_id FROM done) AND status = {running}
     ), released AS ({release("key = %s AND EXISTS (SELECT 1 FROM step)")})"""
     params += [output, key, holder, token]
     columns = (
@@ -316,7 +327,12 @@ def completion(
     if pick is not None:
         acquire, grant, seconds, next_holder = pick
         picked, pick_params, pick_columns, pick_joined = pick_pass(
-            t, acquire, grant, seconds, next_holder, besides="SELECT run_id FROM step"
+            t,
+            acquire,
+            grant,
+            seconds,
+            next_holder,
+            besides=("SELECT run_id FROM step", "SELECT parent_id FROM done"),
         )
         ctes += f", {picked}"
         params += pick_params

@@ -53,6 +53,24 @@ class AttemptStatus(models.TextChoices):
     FAILED = "failed"
 
 
+class WaitKind(models.TextChoices):
+    """What a run waits for at a wait (``run.sleep``, ``run.wait_for_event``, ``run.child``)."""
+
+    SLEEP = "sleep"
+    EVENT = "event"
+    CHILD = "child"
+
+
+class WaitStatus(models.TextChoices):
+    """``waiting``: the run reached the wait and its outcome is not known yet. ``done``: the
+    sleep elapsed, the event arrived (possibly before the run reached the wait) or the child
+    run finished. ``timed_out``: the event's timeout passed before it arrived (final)."""
+
+    WAITING = "waiting"
+    DONE = "done"
+    TIMED_OUT = "timed_out"
+
+
 #: Statuses of a step waiting to be claimed (a failed one only while it has attempts left).
 WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
 
@@ -67,6 +85,8 @@ WORKFLOW_NOT_FOUND = "WORKFLOW_NOT_FOUND"
 STEP_LEASE_LAPSED = "STEP_LEASE_LAPSED"
 #: Error code of a step whose function returned something that is not JSON.
 STEP_RESULT_NOT_JSON = "STEP_RESULT_NOT_JSON"
+#: Error code of a step attempt that ran longer than the step's ``timeout``.
+STEP_TIMED_OUT = "STEP_TIMED_OUT"
 #: Error code of a run failed because a step failed on its last attempt.
 STEP_FAILED = "STEP_FAILED"
 #: Error code of a run whose workflow function raised.
@@ -216,6 +236,7 @@ __all__ = [
     "STEP_FUNCTION_NOT_FOUND",
     "STEP_LEASE_LAPSED",
     "STEP_RESULT_NOT_JSON",
+    "STEP_TIMED_OUT",
     "WAITING_STEP_STATUSES",
     "WORKER_LEASE_PREFIX",
     "WORKFLOW_ERROR",
@@ -229,5 +250,7 @@ __all__ = [
     "RunStatus",
     "StepStatus",
     "StepWrite",
+    "WaitKind",
+    "WaitStatus",
     "run_lease_key",
 ]

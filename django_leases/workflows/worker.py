@@ -357,7 +357,8 @@ class Worker:
             raise RuntimeError(
                 f"A workflow worker cannot run inside transaction.atomic() on database "
                 f"{self.alias!r} (a TestCase runs each test in one): its threads use their own "
-                "connections and cannot see this transaction's rows. In tests, use "
+                "connections and cannot see this transaction's rows. In tests, drive the runs "
+                "on this thread with django_leases.testing.drive(), or use "
                 "TransactionTestCase or django_db(transaction=True)."
             )
         if db.tuned(connection, "postgresql"):

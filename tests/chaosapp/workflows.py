@@ -100,3 +100,22 @@ def record(data: Any, ctx: Any) -> dict[str, Any]:
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {TABLE} SET finished_at = {now} WHERE id = %s", [row_id])
     return {"token": token, "attempt": ctx.attempt, "pid": pid}
+
+
+@workflow("chaos.waits")
+def waits(run: Any, input: Any) -> Any:
+    """A fan-out of three recorded steps, a short durable sleep, an event sent from outside
+    (``go``) and a child run of ``chaos.three-steps``; the output gathers what each gave."""
+    n = input["n"]
+    fanned = run.parallel(
+        [(f"fan-{i}", "chaos.record", {"n": n, "after": []}) for i in range(3)], retries=50
+    )
+    run.sleep("nap", float(os.environ.get("CHAOS_SLEEP", "0.5")))
+    event = run.wait_for_event("go")
+    child = run.child("kid", "chaos.three-steps", {"n": n})
+    return {
+        "n": n,
+        "fanned": [result["token"] for result in fanned],
+        "event": event,
+        "child": child["tokens"],
+    }

@@ -1,9 +1,11 @@
-"""``manage.py start_workflow NAME [--input JSON] [--database ALIAS]``: start a run.
+"""``manage.py start_workflow NAME [--input JSON] [--key KEY] [--database ALIAS]``: start one.
 
-Prints the new run's id. A worker (``run_workflow_worker``) then runs it. Unknown workflow
-names and input that is not storable JSON (see ``check_json``: no lone surrogates or NUL
-characters, bounded nesting) are refused with a clear error and nothing written. Exit codes:
-``EXIT_CODES["start_workflow"]`` in :mod:`django_leases.management.base`.
+Prints the new run's id. With ``--key``, a run of NAME already started with that key is not
+started again: its id is printed (idempotent start). A worker (``run_workflow_worker``)
+then runs it. Unknown workflow names and input that is not storable JSON (see
+``check_json``: no lone surrogates or NUL characters, bounded nesting) are refused with a
+clear error and nothing written. Exit codes: ``EXIT_CODES["start_workflow"]`` in
+:mod:`django_leases.management.base`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class Command(LeasesCommand):
             metavar="JSON",
             help="The run's input, a JSON document (default {}).",
         )
+        parser.add_argument(
+            "--key",
+            default=None,
+            help="Idempotency key: if a run of this workflow has it, print that run's id.",
+        )
         add_database_argument(parser, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -41,7 +48,7 @@ class Command(LeasesCommand):
         except RecursionError:
             raise CommandError("--input nests too deeply to be read as JSON") from None
         try:
-            run_id = start_workflow(options["name"], data, using=alias)
+            run_id = start_workflow(options["name"], data, key=options["key"], using=alias)
         except UnknownWorkflowError as exc:
             raise CommandError(str(exc)) from None
         except ValueError as exc:

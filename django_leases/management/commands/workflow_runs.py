@@ -3,6 +3,8 @@
 * ``workflow_runs list [--status S] [--workflow NAME] [--limit N] [--format table|json]``
   prints one line per run, newest first: id, workflow, status, created, and the error code or
   message if any (``json``: the stored error itself, ``null`` when none).
+* ``workflow_runs show RUN_ID [--format table|json]`` prints one run: its status, output or
+  error, what it waits for now, its steps and its waits (``json``: ``WorkflowRun.overview()``).
 * ``workflow_runs resume RUN_ID`` sets a suspended or failed run running again
   (``WorkflowRun.objects.resume``: a step that missed its step function, or that failed on
   its last attempt, runs again as a new attempt).
@@ -10,6 +12,9 @@
   (``WorkflowRun.objects.cancel``).
 * ``workflow_runs retry RUN_ID STEP`` runs a failed step again as a new attempt
   (``WorkflowRun.objects.retry_step``).
+* ``workflow_runs send-event RUN_ID NAME [--payload JSON]`` sends event NAME (payload: JSON
+  text, default ``null``) to a running or suspended run, for its ``run.wait_for_event(NAME)``
+  (``WorkflowWait.objects.send_event``: delivered once; a second one is refused).
 * ``workflow_runs prune --older-than DAYS [--batch-size N]`` deletes runs that finished
   (completed, failed or cancelled) more than DAYS days ago, with their steps, attempts and
   run leases (``WorkflowRun.objects.prune``), and prints how many.
@@ -20,16 +25,18 @@ Every action takes ``--database ALIAS``. Errors go to stderr; the exit codes are
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.exceptions import WorkflowRunStateError
+from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.management import base
 from django_leases.management.base import EXIT_WRONG_STATE
-from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.workflow import WorkflowRunQuerySet
+from django_leases.validation import parse_run_id
 
 
 def _error_text(error: Any) -> str:
@@ -51,12 +58,22 @@ _COLUMNS = base.columns(
 )
 
 
+_STEP_COLUMNS = base.columns(
+    ("name", "function", "status", "attempt", "max_attempts", "error"),
+    headers={"name": "STEP", "max_attempts": "OF"},
+    text={"error": _error_text},
+)
+_WAIT_COLUMNS = base.columns(("name", "kind", "status", "what"), headers={"name": "WAIT"})
+
+
 class Command(base.LeasesCommand):
     help = "List workflow runs, resume, cancel or retry a step of one, or prune old ones."
 
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
-            dest="action", metavar="{list,resume,cancel,retry,prune}", required=True
+            dest="action",
+            metavar="{list,show,resume,cancel,retry,send-event,prune}",
+            required=True,
         )
         listing = self.add_subcommand(actions, "list", help="Show runs, newest first.")
         listing.add_argument(
@@ -67,6 +84,11 @@ class Command(base.LeasesCommand):
             "--limit", type=int, default=100, help="Show at most this many runs (default 100)."
         )
         base.add_format_argument(listing)
+        showing = self.add_subcommand(
+            actions, "show", help="Show one run: status, output, steps and waits."
+        )
+        showing.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
+        base.add_format_argument(showing)
         resume = self.add_subcommand(
             actions, "resume", help="Set a suspended or failed run running again."
         )
@@ -79,6 +101,14 @@ class Command(base.LeasesCommand):
         for sub in (resume, cancel, retry):
             sub.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         retry.add_argument("step_name", metavar="STEP", help="The step's name in the run.")
+        sending = self.add_subcommand(
+            actions, "send-event", help="Send an event to a run waiting for it (once)."
+        )
+        sending.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
+        sending.add_argument("name", metavar="NAME", help="The event's name.")
+        sending.add_argument(
+            "--payload", default="null", metavar="JSON", help="The event's payload (JSON text)."
+        )
         prune = self.add_subcommand(
             actions,
             "prune",
@@ -98,7 +128,7 @@ class Command(base.LeasesCommand):
             default=500,
             help="Runs deleted per transaction (default 500).",
         )
-        for sub in (listing, resume, cancel, retry, prune):
+        for sub in (listing, showing, resume, cancel, retry, sending, prune):
             base.add_database_argument(sub, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -116,6 +146,12 @@ class Command(base.LeasesCommand):
                 raise CommandError(f"--older-than / --batch-size: {exc}") from None
             self.stdout.write(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
             return
+        if action == "send-event":
+            self._send_event(alias, options)
+            return
+        if action == "show":
+            self._show(runs, options)
+            return
         try:
             if action == "resume":
                 change = runs.resume(options["run_id"])
@@ -132,6 +168,43 @@ class Command(base.LeasesCommand):
             subcommand = "retry" if action not in ("resume", "cancel") else action
             self.record_in_admin_history(subcommand, run, str(change))
         self.stdout.write(str(change))
+
+    def _show(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
+        try:
+            run = runs.get(pk=parse_run_id(options["run_id"]))
+        except (WorkflowRun.DoesNotExist, ValueError) as exc:
+            message = str(exc) if isinstance(exc, ValueError) else "No workflow run with that id"
+            raise CommandError(f"{message}: {options['run_id']}") from None
+        overview = run.overview()
+        if options["format"] == "json":
+            self.stdout.write(json.dumps(overview, indent=2, default=base.json_value))
+            return
+        write = self.stdout.write
+        write(f"Run {run.pk}  {run.workflow}  {run.status}")
+        for label in ("key", "parent", "created_at", "finished_at", "pass_due_at"):
+            if overview[label] is not None:
+                write(f"  {label}: {overview[label]}")
+        for label in ("output", "error"):
+            if overview[label] is not None:
+                write(f"  {label}: {json.dumps(overview[label], default=base.json_value)}")
+        for line in overview["waiting_on"]:
+            write(f"  now {line}")
+        base.write_rows(self.stdout, "table", _STEP_COLUMNS, overview["steps"], empty="No steps.")
+        base.write_rows(self.stdout, "table", _WAIT_COLUMNS, overview["waits"], empty="No waits.")
+
+    def _send_event(self, alias: str, options: dict[str, Any]) -> None:
+        try:
+            payload = json.loads(options["payload"])
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}") from None
+        name = options["name"]
+        try:
+            WorkflowWait.objects.db_manager(alias).send_event(options["run_id"], name, payload)
+        except (WorkflowRunStateError, WorkflowEventRefusedError) as exc:
+            raise CommandError(str(exc), returncode=EXIT_WRONG_STATE) from None
+        except (WorkflowRun.DoesNotExist, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"Event {name!r} sent to run {options['run_id']}.")
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         if options["limit"] < 1:

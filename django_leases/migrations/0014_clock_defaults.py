@@ -7,10 +7,15 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leases', '0007_trigger_refusals'),
+        ('django_leases', '0013_workflow_step_timeouts'),
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name='workflowwait',
+            name='created_at',
+            field=models.DateTimeField(db_default=django_leases.clock.DbNow()),
+        ),
         migrations.AlterField(
             model_name='workflowstepattempt',
             name='started_at',

@@ -1,0 +1,152 @@
+"""Drive workflow runs to the end inside your own tests: :func:`drive`.
+
+A worker (``run_workflow_worker``, :class:`~django_leases.workflows.worker.Worker`) runs its
+passes and steps on threads with connections of their own, which cannot see the rows of a
+test's transaction — Django's ``TestCase`` wraps each test in one — so it refuses to start
+there. :func:`drive` does the same work **on the calling thread and its connection**: every
+due pass and step, one after another, until nothing is due. Leases (the run lease of each
+pass, each step's lease) are taken in the test's transaction like any other row, and rolled
+back with it. It works the same in a ``TransactionTestCase``. ::
+
+    from django.test import TestCase
+
+    from django_leases.testing import drive
+    from django_leases.workflows import send_event, start_workflow
+
+
+    class RefundTests(TestCase):
+        def test_an_approved_refund_is_paid_back(self):
+            run_id = start_workflow("refund", {"order": 17})
+            run = drive(run_id)                       # runs until the run waits for approval
+            self.assertEqual(run.status, "running")
+            send_event(run_id, "approval", {"approved": True})
+            run = drive(run_id)
+            self.assertEqual(run.output, {"refunded": True})
+
+Sleeps (``run.sleep``) and retry delays are jumped forward by default (``skip_sleeps``): the
+test does not wait for them. An event's timeout is not jumped: send the event, or move the
+wait's ``due_at`` yourself to test the timeout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from django.db import router
+from django.db.models import F
+
+from django_leases.clock import DbNow
+
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowRun
+
+#: The step lease :func:`drive` claims steps under, seconds: long enough that no renewal
+#: thread (which would use a connection of its own) starts during a test's step.
+STEP_LEASE = 600.0
+
+#: How many passes and steps one :func:`drive` runs at most before it gives up.
+MAX_UNITS = 100_000
+
+
+def drive(
+    run_id: uuid.UUID | str | None = None,
+    *,
+    until: Callable[[], bool] | None = None,
+    skip_sleeps: bool = True,
+    using: str | None = None,
+    max_units: int = MAX_UNITS,
+) -> WorkflowRun | None:
+    """Run every due orchestration pass and step on the calling thread until nothing is due.
+
+    Args:
+        run_id: a run to report on (``uuid.UUID`` or its text): the drive also stops once
+            that run is no longer running, and returns it. ``None``: drive every run.
+        until: a callable checked before each pass or step; the drive stops as soon as it
+            returns true.
+        skip_sleeps: jump ``run.sleep`` waits and steps' retry delays forward to database now
+            when nothing else is due (their recorded end is moved), instead of stopping.
+            Event timeouts are never jumped.
+        using: database alias (default: the router's choice for ``WorkflowRun``).
+        max_units: passes and steps run at most (int ≥ 1).
+
+    Returns the run ``run_id`` as it now is (a fresh ``WorkflowRun``), or ``None`` without
+    one. Works inside ``transaction.atomic()`` (a ``TestCase``) on every database.
+
+    Raises:
+        WorkflowRun.DoesNotExist: no run ``run_id``.
+        RuntimeError: ``max_units`` passes and steps ran and work was still due (a workflow
+            that never settles).
+    """
+    from django_leases.leases import new_holder
+    from django_leases.models.workflow import WorkflowRun, WorkflowStep
+    from django_leases.workflows.driver import RunDriver, run_lease_ttl
+    from django_leases.workflows.engine import execute_step
+    from django_leases.workflows.values import RunStatus
+
+    if isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 1:
+        raise ValueError(f"max_units must be an int ≥ 1, not {max_units!r}")
+    alias = using or router.db_for_write(WorkflowRun)
+    runs = WorkflowRun.objects.db_manager(alias)
+    steps = WorkflowStep.objects.db_manager(alias)
+    if run_id is not None:
+        runs.get(pk=run_id)  # DoesNotExist for an unknown run, before any work
+
+    def finished() -> bool:
+        if until is not None and until():
+            return True
+        return run_id is not None and not runs.filter(pk=run_id, status=RunStatus.RUNNING).exists()
+
+    units = 0
+    while not finished():
+        if units >= max_units:
+            raise RuntimeError(f"drive(): {max_units} passes and steps ran and work is still due")
+        claim = steps.claim_due(STEP_LEASE)
+        if claim is not None:
+            execute_step(claim)
+            units += 1
+            continue
+        picked = runs.claim_due_pass(run_lease_ttl(), lease_holder=new_holder())
+        if picked is not None:
+            RunDriver(picked.run_id, using=alias, picked=picked).drive()
+            units += 1
+            continue
+        if skip_sleeps and _jump_forward(alias):
+            continue
+        break
+    return None if run_id is None else runs.get(pk=run_id)
+
+
+def _jump_forward(alias: str) -> bool:
+    """Make every waiting sleep of a running run, and every step waiting out a retry delay,
+    due now on the database clock (their runs due for a pass). ``True`` if any was."""
+    from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowWait
+    from django_leases.workflows.values import RunStatus, StepStatus, WaitKind, WaitStatus
+
+    sleeps = WorkflowWait.objects.db_manager(alias).filter(
+        kind=WaitKind.SLEEP,
+        status=WaitStatus.WAITING,
+        due_at__gt=DbNow(),
+        run__status=RunStatus.RUNNING,
+    )
+    sleeping = list(sleeps.values_list("run_id", flat=True))
+    jumped = sleeps.update(due_at=DbNow())
+    if sleeping:
+        WorkflowRun.objects.db_manager(alias).filter(pk__in=sleeping).update(
+            pass_due_at=DbNow(), pass_requests=F("pass_requests") + 1
+        )
+    jumped += (
+        WorkflowStep.objects.db_manager(alias)
+        .filter(
+            status=StepStatus.FAILED,
+            attempt__lt=F("retries") + 1,
+            available_at__gt=DbNow(),
+            run__status=RunStatus.RUNNING,
+        )
+        .update(available_at=DbNow())
+    )
+    return bool(jumped)
+
+
+__all__ = ["MAX_UNITS", "STEP_LEASE", "drive"]

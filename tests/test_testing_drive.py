@@ -1,0 +1,107 @@
+"""``django_leases.testing.drive`` runs users' workflows to the end inside Django's
+``TestCase`` (one transaction around each test), on SQLite and PostgreSQL: sleeps jumped,
+events sent, fan-outs, children and retries — where a worker refuses to start."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import TestCase
+
+from django_leases.exceptions import WorkflowEventTimeout
+from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowWait
+from django_leases.testing import drive
+from django_leases.workflows import send_event, start_workflow, step_function, workflow
+from django_leases.workflows.values import WaitStatus
+
+
+@step_function("tests.drive.add")
+def add(data: dict[str, Any], ctx: Any) -> int:
+    if ctx.attempt <= data.get("fail_times", 0):
+        raise RuntimeError("not yet")
+    return int(data["a"]) + int(data["b"])
+
+
+@workflow("tests.drive.child")
+def child(run: Any, input: dict[str, Any]) -> Any:
+    return run.step("add", "tests.drive.add", {"a": input["n"], "b": 100})
+
+
+@workflow("tests.drive.everything")
+def everything(run: Any, input: dict[str, Any]) -> Any:
+    first = run.step("first", "tests.drive.add", {"a": 1, "b": 1, "fail_times": 1}, retry_delay=600)
+    run.sleep("a-day", 86400)
+    sums = run.parallel([(f"p{n}", "tests.drive.add", {"a": n, "b": n}) for n in range(3)])
+    approval = run.wait_for_event("approval")
+    from_child = run.child("kid", "tests.drive.child", {"n": approval["n"]})
+    return {"first": first, "sums": sums, "child": from_child}
+
+
+@workflow("tests.drive.timeout")
+def with_timeout(run: Any, input: Any) -> Any:
+    try:
+        run.wait_for_event("approval", timeout=3600)
+    except WorkflowEventTimeout:
+        return {"timed_out": True}
+    return {"timed_out": False}
+
+
+class DriveInATestCase(TestCase):
+    def test_a_workflow_with_every_kind_of_wait_runs_to_the_end(self) -> None:
+        self.assertTrue(connection.in_atomic_block, "TestCase: one transaction")
+        threads = threading.active_count()
+        run_id = start_workflow("tests.drive.everything", {})
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.RUNNING)
+        wait = WorkflowWait.objects.get(run_id=run_id, name="approval")
+        self.assertEqual(wait.status, WaitStatus.WAITING, "stopped at the event: nothing due")
+        self.assertEqual(WorkflowWait.objects.get(run_id=run_id, name="a-day").status, "done")
+        send_event(run_id, "approval", {"n": 5})
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.COMPLETED)
+        self.assertEqual(run.output, {"first": 2, "sums": [0, 2, 4], "child": 105})
+        self.assertEqual(WorkflowRun.objects.get(parent_id=run_id).status, RunStatus.COMPLETED)
+        self.assertEqual(threading.active_count(), threads, "no worker thread was started")
+        self.assertTrue(Lease.objects.filter(key=f"workflow-run:{run_id}").exists())
+
+    def test_an_event_timeout_is_tested_as_the_docs_say(self) -> None:
+        run_id = start_workflow("tests.drive.timeout", {})
+        drive(run_id)
+        WorkflowWait.objects.filter(run_id=run_id, name="approval").update(due_at=Now())
+        WorkflowRun.objects.request_pass(run_id)
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.output, {"timed_out": True})
+
+    def test_without_skip_sleeps_it_stops_at_the_sleep(self) -> None:
+        run_id = start_workflow("tests.drive.everything", {})
+        run = drive(run_id, skip_sleeps=False)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.RUNNING)
+        self.assertFalse(WorkflowWait.objects.filter(run_id=run_id).exists(), "at the retry delay")
+
+    def test_until_stops_the_drive(self) -> None:
+        run_id = start_workflow("tests.drive.everything", {})
+        drive(until=lambda: WorkflowWait.objects.filter(run_id=run_id, name="a-day").exists())
+        self.assertFalse(WorkflowWait.objects.filter(run_id=run_id, name="approval").exists())
+
+    def test_bad_arguments_are_refused(self) -> None:
+        with self.assertRaises(WorkflowRun.DoesNotExist):
+            drive("00000000-0000-0000-0000-000000000000")
+        with self.assertRaises(ValueError):
+            drive(max_units=0)
+
+    def test_a_workflow_that_never_settles_is_reported(self) -> None:
+        start_workflow("tests.drive.everything", {})
+        with self.assertRaisesRegex(RuntimeError, "still due"):
+            drive(max_units=2)
+
+    def test_the_worker_command_refuses_and_points_at_drive(self) -> None:
+        with self.assertRaisesRegex(CommandError, r"testing\.drive"):
+            call_command("run_workflow_worker", "--once", verbosity=0)

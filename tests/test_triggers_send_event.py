@@ -1,0 +1,187 @@
+"""Webhooks meet runs (DESIGN §5a): a ``SendEvent(name, run=...)`` handler turns an accepted
+delivery into an event for the run it names, in the transaction that records the delivery —
+here a pull-request run started by ``pull_request`` (keyed by the PR number) waits for an
+approving ``pull_request_review``. A delivery for no waiting run is recorded with that
+outcome, never an error."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.test import Client
+
+from django_leases.models import RunStatus, TriggerEvent, WorkflowRun, WorkflowWait
+from django_leases.testing.providers import FakeProvider, installed_provider
+from django_leases.triggers import credentials, lifecycle, registry
+from django_leases.triggers.registry import SendEvent, StartWorkflow, run_for_key, webhook_source
+from django_leases.workflows import workflow
+from django_leases.workflows.values import WaitStatus
+from django_leases.workflows.worker import Worker
+
+SOURCE = "pr-reviews"
+WORKFLOW = "tests.pr-review"
+BASE = "https://app.example.com"
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@workflow(WORKFLOW)
+def _pr_review(run: Any, pull_request: dict[str, Any]) -> Any:
+    review = run.wait_for_event("approved")
+    return {"pr": pull_request["number"], "approved_by": review["review"]["user"]["login"]}
+
+
+def _approved_run(delivery: Any) -> uuid.UUID | None:
+    """The run of the PR a review delivery is about — only for an approving review."""
+    if delivery.payload.get("review", {}).get("state") != "approved":
+        return None
+    return run_for_key(WORKFLOW, str(delivery.payload["pull_request"]["number"]))
+
+
+def _declare() -> None:
+    webhook_source(
+        SOURCE,
+        provider="fake",
+        events={
+            "pull_request": StartWorkflow(
+                WORKFLOW, key=lambda d: str(d.payload["pull_request"]["number"])
+            ),
+            "pull_request_review": SendEvent("approved", run=_approved_run),
+        },
+    )
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with installed_provider(FakeProvider("fake")) as provider:
+        _declare()
+        try:
+            lifecycle.reconcile(base_url=BASE)
+            lifecycle.enable(SOURCE)
+            yield provider
+        finally:
+            if registry.get_declaration(SOURCE) is not None:
+                registry.unregister(SOURCE)
+
+
+def _deliver(fake: FakeProvider, event: str, payload: dict[str, Any]) -> Any:
+    body = json.dumps(payload).encode()
+    secret = credentials.get_secret(SOURCE)
+    assert secret
+    return Client().post(
+        f"/hooks/{SOURCE}/",
+        data=body,
+        content_type="application/json",
+        HTTP_X_FAKE_EVENT=event,
+        HTTP_X_FAKE_DELIVERY=str(uuid.uuid4()),
+        HTTP_X_FAKE_SIGNATURE=fake.sign(secret, body),
+    )
+
+
+def _opened(number: int) -> dict[str, Any]:
+    return {"action": "opened", "number": number, "pull_request": {"number": number}}
+
+
+def _review(number: int, state: str, login: str = "alice") -> dict[str, Any]:
+    return {
+        "action": "submitted",
+        "review": {"state": state, "user": {"login": login}},
+        "pull_request": {"number": number},
+    }
+
+
+def _drain() -> None:
+    worker = Worker(step_lease_ttl=60.0)
+    for _ in range(100):
+        if not worker.work_once():
+            return
+    pytest.fail("the run never settles")
+
+
+def _outcome(response: Any) -> TriggerEvent:
+    return TriggerEvent.objects.get(pk=response.json()["event_id"])
+
+
+def test_an_approving_review_finishes_the_run_its_pull_request_started(
+    fake: FakeProvider,
+) -> None:
+    started = _deliver(fake, "pull_request", _opened(42))
+    assert started.status_code == 202
+    run_id = uuid.UUID(started.json()["run_id"])
+    _drain()
+    assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == "waiting"
+    commented = _deliver(fake, "pull_request_review", _review(42, "commented"))
+    assert commented.status_code == 202
+    assert _outcome(commented).outcome == "event 'approved': the delivery names no run"
+    assert _outcome(commented).run_id is None
+    approved = _deliver(fake, "pull_request_review", _review(42, "approved", "bob"))
+    assert approved.status_code == 202
+    event = _outcome(approved)
+    assert (event.run_id, event.outcome) == (run_id, f"event 'approved' sent to run {run_id}")
+    assert WorkflowRun.objects.filter(pk=run_id, pass_due_at__isnull=False).exists()
+    _drain()
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"pr": 42, "approved_by": "bob"})
+
+
+def test_a_second_approval_is_recorded_as_refused_not_an_error(fake: FakeProvider) -> None:
+    run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(7)).json()["run_id"])
+    _drain()
+    assert _deliver(fake, "pull_request_review", _review(7, "approved")).status_code == 202
+    again = _deliver(fake, "pull_request_review", _review(7, "approved", "carol"))
+    assert again.status_code == 202
+    assert "not delivered" in _outcome(again).outcome
+    assert "already sent" in _outcome(again).outcome
+    wait = WorkflowWait.objects.get(run_id=run_id, name="approved")
+    assert wait.payload["review"]["user"]["login"] == "alice"
+
+
+def test_a_review_for_a_pull_request_without_a_run_is_recorded_with_that_outcome(
+    fake: FakeProvider,
+) -> None:
+    response = _deliver(fake, "pull_request_review", _review(999, "approved"))
+    assert response.status_code == 202
+    assert _outcome(response).outcome == "event 'approved': the delivery names no run"
+    assert not WorkflowWait.objects.exists()
+
+
+def test_a_second_opened_delivery_starts_nothing(fake: FakeProvider) -> None:
+    first = _deliver(fake, "pull_request", _opened(5)).json()["run_id"]
+    second = _deliver(fake, "pull_request", _opened(5)).json()["run_id"]
+    assert first == second and WorkflowRun.objects.count() == 1
+
+
+def test_the_delivery_and_the_event_commit_together(fake: FakeProvider) -> None:
+    """If recording the delivery fails after the handler ran, the event is gone too."""
+    run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(3)).json()["run_id"])
+    _drain()
+    real = SendEvent.__call__
+
+    def then_fail(self: SendEvent, delivery: Any) -> Any:
+        real(self, delivery)
+        raise RuntimeError("the database went away after the event was written")
+
+    with mock.patch.object(SendEvent, "__call__", then_fail):
+        try:
+            answered = _deliver(fake, "pull_request_review", _review(3, "approved")).status_code
+        except RuntimeError:
+            answered = 500
+    assert answered == 500
+    assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == WaitStatus.WAITING
+    assert not TriggerEvent.objects.filter(event="pull_request_review").exists()
+
+
+def test_bad_declarations_are_refused() -> None:
+    with pytest.raises(ValueError, match="event name"):
+        SendEvent("", run=_approved_run)
+    with pytest.raises(ValueError, match="callable"):
+        SendEvent("approved", run="not callable")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="payload"):
+        SendEvent("approved", run=_approved_run, payload="body")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="key"):
+        StartWorkflow(WORKFLOW, key="number")  # type: ignore[arg-type]

@@ -1,0 +1,161 @@
+"""Sending events from outside code: ``manage.py workflow_runs send-event`` and the admin's
+"Send event" form on a run's page (operators only), and the run page's list of waits."""
+
+from __future__ import annotations
+
+import uuid
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import CHANGE as CHANGE_FLAG
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.test import Client
+from django.urls import reverse
+
+from django_leases.management.base import EXIT_WRONG_STATE
+from django_leases.models import WorkflowRun, WorkflowWait
+from django_leases.workflows.values import WaitKind, WaitStatus
+
+pytestmark = pytest.mark.django_db
+
+CHANGE = "admin:django_leases_workflowrun_change"
+
+
+def _run() -> WorkflowRun:
+    """A running run that reached ``run.wait_for_event("approved")``."""
+    run = WorkflowRun.objects.start("tests.waits.approval", {})
+    WorkflowWait.objects.reach(run.id, "approved", WaitKind.EVENT, seconds=None)
+    return run
+
+
+def _command(*args: str) -> str:
+    out = StringIO()
+    call_command("workflow_runs", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def test_send_event_delivers_the_payload_once() -> None:
+    run = _run()
+    out = _command("send-event", str(run.id), "approved", "--payload", '{"by": "ops"}')
+    assert "Event 'approved' sent" in out
+    wait = WorkflowWait.objects.get(run=run, name="approved")
+    assert (wait.status, wait.payload) == (WaitStatus.DONE, {"by": "ops"})
+    with pytest.raises(CommandError, match="already sent") as refused:
+        _command("send-event", str(run.id), "approved", "--payload", "2")
+    assert refused.value.returncode == EXIT_WRONG_STATE
+    assert WorkflowWait.objects.get(run=run, name="approved").payload == {"by": "ops"}
+
+
+def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
+    run = _run()
+    with pytest.raises(CommandError, match="not JSON"):
+        _command("send-event", str(run.id), "approved", "--payload", "{nope")
+    with pytest.raises(CommandError, match="No workflow run"):
+        _command("send-event", str(uuid.uuid4()), "approved")
+    with pytest.raises(CommandError, match="run id"):
+        _command("send-event", "not-a-run", "approved")
+    WorkflowRun.objects.fail(run.id, "boom")
+    with pytest.raises(CommandError, match="failed") as finished:
+        _command("send-event", str(run.id), "approved")
+    assert finished.value.returncode == EXIT_WRONG_STATE
+    assert WorkflowWait.objects.get(run=run, name="approved").status == WaitStatus.WAITING
+
+
+# -- the admin -------------------------------------------------------------------------------
+
+
+def _staff(client: Client, *codenames: str) -> User:
+    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    return user
+
+
+def _send_url(run: WorkflowRun) -> str:
+    return reverse("admin:django_leases_workflowrun_operate", args=[run.pk, "send-event"])
+
+
+def _messages(response: Any) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def test_an_operator_sends_an_event_from_the_run_page(client: Client) -> None:
+    _staff(client, "view_workflowrun", "operate_workflowrun")
+    run = _run()
+    page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+    assert 'id="send-event"' in page and "waiting for event &#x27;approved&#x27;" in page
+    response = client.post(
+        _send_url(run), {"name": "approved", "payload": '{"ok": true}'}, follow=True
+    )
+    assert "Event 'approved' sent to run" in " ".join(_messages(response))
+    assert WorkflowWait.objects.get(run=run, name="approved").payload == {"ok": True}
+    logged = LogEntry.objects.filter(object_id=str(run.pk), action_flag=CHANGE_FLAG)
+    assert list(logged.values_list("change_message", flat=True)) == ["Sent event 'approved'"]
+    again = client.post(_send_url(run), {"name": "approved", "payload": "1"}, follow=True)
+    assert "Nothing sent" in " ".join(_messages(again))
+    assert "already sent" in " ".join(_messages(again))
+    bad = client.post(_send_url(run), {"name": "other", "payload": "{"}, follow=True)
+    assert "not JSON" in " ".join(_messages(bad))
+    assert not WorkflowWait.objects.filter(run=run, name="other").exists()
+
+
+def test_without_the_operate_permission_there_is_no_form_and_a_post_is_403(
+    client: Client,
+) -> None:
+    _staff(client, "view_workflowrun")
+    run = _run()
+    page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+    assert 'id="send-event"' not in page
+    assert client.post(_send_url(run), {"name": "approved"}).status_code == 403
+    assert WorkflowWait.objects.get(run=run, name="approved").status == WaitStatus.WAITING
+
+
+def test_a_finished_run_offers_no_send_event_form(client: Client) -> None:
+    _staff(client, "view_workflowrun", "operate_workflowrun")
+    run = _run()
+    WorkflowRun.objects.complete(run.id, None)
+    page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+    assert 'id="send-event"' not in page
+
+
+# -- what a run waits for: workflow_runs show and the run page -----------------------------------
+
+
+def test_show_prints_status_steps_and_waits_as_text_and_json() -> None:
+    import json as jsonlib
+
+    from django_leases.models import WorkflowStep
+
+    run = _run()
+    WorkflowStep.objects.schedule_many(
+        run.id, [("a", "tests.sub.echo", {}), ("b", "tests.sub.echo", {})]
+    )
+    WorkflowWait.objects.reach(run.id, "nap", WaitKind.SLEEP, seconds=60)
+    text = _command("show", str(run.id))
+    assert f"Run {run.id}  tests.waits.approval  running" in text
+    assert "now waiting for event 'approved'" in text
+    assert "now sleeping until" in text
+    assert "now waiting for 2 parallel steps" in text
+    assert "approved" in text and "nap" in text and "tests.sub.echo" in text
+    shown = jsonlib.loads(_command("show", str(run.id), "--format", "json"))
+    assert shown["id"] == str(run.id) and shown["status"] == "running"
+    assert [w["name"] for w in shown["waits"]] == ["approved", "nap"]
+    assert [s["name"] for s in shown["steps"]] == ["a", "b"]
+    assert "waiting for event 'approved'" in shown["waiting_on"]
+    with pytest.raises(CommandError, match="No workflow run"):
+        _command("show", str(uuid.uuid4()))
+    with pytest.raises(CommandError, match="run id"):
+        _command("show", "nope")
+
+
+def test_the_run_page_says_what_the_run_waits_for(admin_client: Client) -> None:
+    run = _run()
+    page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+    assert "waiting on" in page.lower() and "waiting for event &#x27;approved&#x27;" in page
