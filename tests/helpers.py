@@ -272,6 +272,20 @@ def start_blocked(call: Callable[[], Any], timeout: float = 30.0) -> Blocked:
     return blocked
 
 
+def closing_connections(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call``, closing the calling thread's database connections once it returns or raises:
+    for ORM work handed to a thread pool (``asyncio.to_thread``), whose threads end with the
+    event loop and would otherwise leave their connections to the garbage collector."""
+
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return closing
+
+
 def start_thread(call: Callable[[], Any], *, name: str | None = None) -> threading.Thread:
     """Start ``call`` on a daemon thread that closes its own database connections at its end
     (a thread that ends with one open leaves it to the garbage collector, and the server

@@ -12,7 +12,7 @@ from asgiref.sync import async_to_sync
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
-from tests.helpers import unique_key, wait_until
+from tests.helpers import closing_connections, unique_key, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,8 +107,10 @@ def test_body_swallowing_the_cancellation_still_gets_lease_lost_error() -> None:
         try:
             # A short TTL: the renewal thread sees the loss (its subject) within a second.
             async with ahold_lease(key, 1.0) as held:
-                await asyncio.to_thread(Lease.objects.release, held.lease)
-                await asyncio.to_thread(Lease.objects.acquire, key, "other", 60)
+                release = closing_connections(Lease.objects.release)
+                acquire = closing_connections(Lease.objects.acquire)
+                await asyncio.to_thread(release, held.lease)
+                await asyncio.to_thread(acquire, key, "other", 60)
                 try:
                     await asyncio.sleep(60)  # until the renewal thread cancels the body
                 except asyncio.CancelledError:
