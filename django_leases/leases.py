@@ -235,7 +235,8 @@ class HeldLease:
         ``wait`` (seconds, ``math.inf`` for ever; ``None``, the default, does not wait): while
         another holder has the key live, try again with a back-off of 20 ms doubling up to
         ``min(1 s, TTL/3)``; a database error while waiting is logged and tried again too.
-        ``stop()`` (checked between tries) ends the wait early. ``observe(event, error)`` is
+        ``stop()`` (checked before and after each back-off pause, so never right before a
+        try) ends the wait early. ``observe(event, error)`` is
         told ``"taken"`` on each refusal and ``"unreachable"`` (with the error) on each
         database error while waiting.
 
@@ -282,6 +283,10 @@ class HeldLease:
                 raise LeaseTakenError(self.key)
             time.sleep(min(pause, left))
             pause = min(pause * 2, longest)
+            if stop is not None and stop():
+                # Stopped during the pause (a cancelled waiter): do not try once more, or a
+                # key given up meanwhile would be taken for a caller that has gone.
+                raise LeaseTakenError(self.key)
 
     def adopt(self, lease: Lease, sent: float, *, renew: bool = True) -> HeldLease:
         """Hold ``lease``, granted to this key and holder by a statement that may have done more

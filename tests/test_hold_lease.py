@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
-from tests.helpers import race, race_in_processes, unique_key, wait_until
+from tests.helpers import on_another_thread, race, race_in_processes, unique_key, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -209,3 +209,30 @@ def test_a_holder_name_leaves_room_for_the_hold_s_own_suffix() -> None:
     with pytest.raises(ValueError, match=r"Lease holder .*the limit is 238"):
         hold_lease(key, 30, holder="h" * (MAX_HOLDER_NAME_LENGTH + 1))
     assert Lease.objects.get(key=key).token == 1
+
+
+def test_a_wait_stopped_while_it_sleeps_does_not_take_the_lease() -> None:
+    """``stop()`` turning true during a back-off pause (an ``ahold_lease`` waiter cancelled
+    meanwhile) ends the wait: the key, given up during that pause, is not taken."""
+    from django_leases import LeaseTakenError
+    from django_leases.leases import HeldLease
+
+    key = unique_key("stopped-wait")
+    other = Lease.objects.acquire(key, "other", 30)
+    assert other is not None
+    asked: list[bool] = []
+
+    def stop() -> bool:  # false when asked before the first pause, true once asked after it
+        asked.append(bool(asked))
+        return asked[-1]
+
+    def observe(event: str, error: BaseException | None) -> None:
+        if event == "taken":  # the other holder gives the key up before the next try
+            on_another_thread(lambda: Lease.objects.release(other))
+
+    held = HeldLease(key, 30)
+    with pytest.raises(LeaseTakenError):
+        held.acquire(wait=60, stop=stop, observe=observe)
+    assert not held.acquired
+    assert Lease.objects.get(key=key).token == other.token, "a stopped wait took the lease"
+    assert Lease.objects.current(key) is None
