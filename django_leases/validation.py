@@ -217,6 +217,7 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
         if depth >= MAX_JSON_DEPTH:
             return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
         if isinstance(value, dict):
+            written: dict[str, Any] = {}
             for key, item in value.items():
                 if key is not None and not isinstance(key, str | int | float | bool):
                     return f"{path} has a key of type {type(key).__name__} (keys must be str)"
@@ -224,6 +225,13 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
                 problem = string_problem(text)
                 if problem:
                     return f"{path} has a key that {problem}"
+                if text in written:
+                    # json.dumps would write both and the stored object keep only one value.
+                    return (
+                        f"{path} has the keys {_safe_repr(written[text])} and {_safe_repr(key)}, "
+                        f"both written as {text!a} in JSON (one value would be lost)"
+                    )
+                written[text] = key
                 found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
                 if found:
                     return found
@@ -241,7 +249,8 @@ def check_json(value: Any, what: str) -> Any:
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
     data and results): ``None``, ``bool``, ``int``, finite ``float``, ``str``, ``list`` /
-    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one), nested at
+    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one — no two keys
+    of one object written alike, as ``1`` and ``"1"`` or ``None`` and ``"null"``), nested at
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
 
