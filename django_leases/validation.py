@@ -101,8 +101,9 @@ def seconds(
     """``value`` (an ``int``, ``float``, ``Decimal`` or ``timedelta``) as float seconds, the
     one check of "a number of seconds" for every argument that is one.
 
-    Refused with ``ValueError`` naming ``what``: ``bool`` and strings, NaN and infinities,
-    values below ``minimum`` (or equal to it, with ``above_minimum``), above ``maximum``.
+    Refused with ``ValueError`` naming ``what``: ``bool`` and strings, NaN (a ``Decimal``
+    signalling NaN included) and infinities, values below ``minimum`` (or equal to it,
+    with ``above_minimum``), above ``maximum``.
     """
     if isinstance(value, timedelta):
         number = value.total_seconds()
@@ -110,6 +111,9 @@ def seconds(
         raise ValueError(
             f"{what} must be a timedelta or a number of seconds, not {type(value).__name__}"
         )
+    elif isinstance(value, Decimal) and not value.is_finite():
+        # float() of a signalling NaN raises ValueError without naming ``what``.
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
     else:
         try:
             number = float(value)
