@@ -29,6 +29,11 @@ MAX_NAME_LENGTH = 200
 #: Shortest TTL accepted, in seconds: the database clock is read to the millisecond.
 MIN_TTL = 0.001
 
+#: Longest TTL any setting can allow, in seconds (100 years of 366 days): the database clock
+#: plus this stays far inside what every backend's timestamp column stores (year 9999 on
+#: SQLite and MariaDB/MySQL), while ``MAX_TTL`` (366 days by default) is what is allowed.
+TTL_CEILING = 100 * 366 * 24 * 3600.0
+
 #: Deepest nesting of lists and objects a stored JSON value may have.
 MAX_JSON_DEPTH = 100
 
@@ -137,9 +142,10 @@ def ttl_seconds(ttl: object) -> float:
     Raises ``ValueError`` for anything else (``bool`` and strings included), for
     ``ttl <= 0``, for NaN/infinity, for a TTL shorter than :data:`MIN_TTL` (1 ms, the
     database clock's resolution) and for a TTL longer than ``DJANGO_LEASES["MAX_TTL"]``
-    (366 days by default).
+    (366 days by default) or than :data:`TTL_CEILING` (100 years, whatever ``MAX_TTL`` says:
+    an expiry beyond it may not be storable).
     """
-    number = seconds(ttl, "Lease ttl", above_minimum=True)
+    number = seconds(ttl, "Lease ttl", above_minimum=True, maximum=TTL_CEILING)
     if number < MIN_TTL:
         raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {number:g}")
     return seconds(number, "Lease ttl", maximum=float(leases_settings.MAX_TTL))
@@ -350,6 +356,7 @@ __all__ = [
     "MAX_RETRIES",
     "MAX_RETRY_DELAY",
     "MIN_TTL",
+    "TTL_CEILING",
     "as_stored",
     "check_attempt",
     "check_identifier",
