@@ -52,6 +52,9 @@ _COLUMNS = base.columns(
 
 
 class Command(base.LeasesCommand):
+    """``manage.py workflow_runs``: list, resume, cancel, retry a step of, or prune
+    workflow runs."""
+
     help = "List workflow runs, resume, cancel or retry a step of one, or prune old ones."
 
     def add_arguments(self, parser: CommandParser) -> None:
