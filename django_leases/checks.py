@@ -42,8 +42,10 @@ id                       what it reports
                          know (a misspelling): it is ignored and the setting keeps its default.
                          The message names the key meant where one is close
 ``django_leases.E016``   a ``DJANGO_LEASES`` value of the wrong type or range (a TTL or timeout
-                         not above 0, ``WORKER_WAKEUP`` not ``"auto"`` / ``"poll"``,
-                         ``TUNED_SQL`` not a bool…), which would be misread or refused at use
+                         not above 0, a ``MAX_TTL`` above ``TTL_CEILING`` (100 years: an
+                         expiry the database may not store), ``WORKER_WAKEUP`` not ``"auto"`` /
+                         ``"poll"``, ``TUNED_SQL`` not a bool…), which would be misread or
+                         refused at use
 ``django_leases.E017``   MariaDB / MySQL at an isolation level other than READ COMMITTED (in
                          ``OPTIONS["isolation_level"]``, or the session's, with ``--database``):
                          under REPEATABLE READ a read inside a transaction (``current()``…)
@@ -610,6 +612,13 @@ def _lease_ttl(value: object, what: str) -> None:
     renewable_ttl_seconds(value)
 
 
+def _max_ttl(value: object, what: str) -> None:
+    from django_leases.validation import TTL_CEILING, seconds
+
+    _number(value, what)
+    seconds(value, what, maximum=TTL_CEILING)  # beyond it an expiry may not be storable
+
+
 def _step_ttl(value: object, what: str) -> None:
     from django_leases.validation import ttl_seconds
 
@@ -622,7 +631,7 @@ def _step_ttl(value: object, what: str) -> None:
 SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "DEFAULT_TTL": _lease_ttl,
     "RENEWAL_FLOOR": _number,
-    "MAX_TTL": _number,
+    "MAX_TTL": _max_ttl,
     "STEP_LEASE_TTL": _step_ttl,
     "WORKER_POLL_INTERVAL": _optional(_number),
     "WORKER_WAKEUP": _wakeup,

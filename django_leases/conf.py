@@ -3,14 +3,16 @@
 ``DJANGO_LEASES`` is an optional dict; every key has a default. Values are read on each
 access, so ``override_settings`` works in tests. System check ``django_leases.E015`` reports a
 key not in this table (naming the one meant, where one is close) and ``django_leases.E016`` a
-value of the wrong type or range (the rules: ``checks.SETTING_RULES``).
+value of the wrong type or range (the rules: ``checks.SETTING_RULES``). A ``DJANGO_LEASES``
+that is not a dict is ignored (every key keeps its default) and reported by E015.
 
 =============================  =========  =====================================================
 key                            default    meaning
 =============================  =========  =====================================================
 ``DEFAULT_TTL``                ``30``     seconds a ``hold_lease`` lease lives between renewals
 ``RENEWAL_FLOOR``              ``0.05``   shortest renewal interval, seconds (interval = TTL/3)
-``MAX_TTL``                    ``31622400`` longest TTL accepted, seconds (366 days)
+``MAX_TTL``                    ``31622400`` longest TTL accepted, seconds (366 days); at most
+                                          ``TTL_CEILING`` (100 years), which no setting lifts
 ``STEP_LEASE_TTL``             ``30``     seconds a claimed workflow step's lease lives
 ``WORKER_POLL_INTERVAL``       ``None``   seconds an idle workflow worker waits between polls;
                                           ``None``: 1.0 on PostgreSQL (LISTEN/NOTIFY wakes it
@@ -60,6 +62,7 @@ key                            default    meaning
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -96,6 +99,8 @@ class _Settings:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown django-leases setting {name!r}")
         overrides = getattr(django_settings, "DJANGO_LEASES", None) or {}
+        if not isinstance(overrides, Mapping):
+            return DEFAULTS[name]  # not a dict: ignored, as check E015 reports
         return overrides.get(name, DEFAULTS[name])
 
 

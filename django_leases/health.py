@@ -36,7 +36,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -48,6 +49,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonR
 
 from django_leases import clock
 from django_leases.clock import DbNow
+from django_leases.validation import seconds
 
 if TYPE_CHECKING:
     from django.db.models import Model
@@ -399,8 +401,8 @@ def check_stuck_runs(alias: str, stuck_after: float) -> Finding:
 def run_checks(
     aliases: Sequence[str] | None = None,
     *,
-    overdue_after: float = DEFAULT_OVERDUE_AFTER,
-    stuck_after: float = DEFAULT_STUCK_AFTER,
+    overdue_after: float | Decimal | timedelta = DEFAULT_OVERDUE_AFTER,
+    stuck_after: float | Decimal | timedelta = DEFAULT_STUCK_AFTER,
     migrations_max_age: float = 0.0,
 ) -> HealthReport:
     """Run every check and return the report.
@@ -408,17 +410,20 @@ def run_checks(
     Args:
         aliases: database aliases to check (default: :func:`write_aliases`). Workflow checks
             run on each alias that holds the workflow tables' writes, or on every alias given.
-        overdue_after: seconds (> 0) due work may wait before it is a problem.
-        stuck_after: seconds (> 0) a running run may sit unmoving before it is stuck.
+        overdue_after: how long due work may wait before it is a problem: seconds (> 0,
+            ``int``, ``float`` or ``Decimal``) or a ``timedelta``.
+        stuck_after: how long a running run may sit unmoving before it is stuck, as
+            ``overdue_after``.
         migrations_max_age: seconds a migrations reading of this process may be reused
             (0, the default: read afresh); the health view uses it to stay cheap.
 
-    Raises ``ValueError`` for a threshold that is not a positive number. Database errors are
+    Raises ``ValueError`` (naming it) for a threshold the one seconds validator
+    (:func:`django_leases.validation.seconds`) refuses: not positive, NaN, infinite, a
+    ``bool`` or a string. Database errors are
     findings, never exceptions.
     """
-    for name, value in (("overdue_after", overdue_after), ("stuck_after", stuck_after)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{name} must be a number of seconds > 0, not {value!r}")
+    overdue_after = seconds(overdue_after, "overdue_after", above_minimum=True)
+    stuck_after = seconds(stuck_after, "stuck_after", above_minimum=True)
     explicit = aliases is not None
     targets = list(dict.fromkeys(aliases if aliases is not None else write_aliases()))
     workflow_alias = router.db_for_write(_models()["WorkflowRun"])

@@ -47,7 +47,13 @@ from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.renewal import Renewal, renewal_interval
 from django_leases.signals import lease_lost
-from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
+from django_leases.validation import (
+    MAX_KEY_LENGTH,
+    check_lease_name,
+    check_name,
+    renewable_ttl_seconds,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from django_leases.models.lease import Lease, LeaseQuerySet
@@ -85,6 +91,33 @@ def new_holder() -> str:
     return f"{socket.gethostname()[:180]}:{os.getpid()}:{secrets.token_hex(8)}"
 
 
+#: Characters :func:`holder_for` adds to a given holder name (``":"`` and 16 hex digits).
+HOLDER_SUFFIX_LENGTH = 17
+
+#: Longest holder name ``hold_lease`` / ``ahold_lease`` accept, in characters: the column
+#: width (255) less :data:`HOLDER_SUFFIX_LENGTH`.
+MAX_HOLDER_NAME_LENGTH = MAX_KEY_LENGTH - HOLDER_SUFFIX_LENGTH
+
+
+def check_holder_name(holder: object) -> str:
+    """``holder`` if it is a usable holder name for a hold (a ``str`` of 1 to
+    :data:`MAX_HOLDER_NAME_LENGTH` characters, storable); else ``ValueError`` naming it."""
+    return check_name(holder, "Lease holder", max_length=MAX_HOLDER_NAME_LENGTH)
+
+
+def holder_for(name: str | None) -> str:
+    """The holder identity of one hold (``str``): ``name:random`` (16 hex digits) for a given
+    ``name``, a fresh :func:`new_holder` for ``None``.
+
+    Every hold gets an identity of its own, so two holds given the same name (two cron boxes
+    configured ``holder="cron"``) never both hold the key: ``Lease.objects.acquire`` lets the
+    live holder re-acquire, and a shared identity would let the second hold in.
+    """
+    if name is None:
+        return new_holder()
+    return f"{name}:{secrets.token_hex(8)}"
+
+
 def _wait_seconds(wait: object) -> float | None:
     """``wait`` (``None``: do not wait; seconds ≥ 0, ``math.inf`` for ever) checked."""
     if wait is None:
@@ -101,7 +134,9 @@ class HeldLease:
     Args:
         key: the lease key (``str``, 1–255 characters).
         ttl: the lease's TTL in seconds (``float``, already checked by the caller).
-        holder: the holder name (default: a fresh ``host:pid:random``).
+        holder: the holder identity, used as given (default: a fresh ``host:pid:random``).
+            It must be unique to this hold: ``Lease.objects.acquire`` lets the live holder
+            re-acquire. ``hold_lease`` passes :func:`holder_for` of the caller's name.
         using: the database alias (default: the router's choice for ``Lease``).
         on_lost: called once, on a background thread, when the lease is seen lost (before
             the ``lease_lost`` signal is sent).
@@ -200,7 +235,8 @@ class HeldLease:
         ``wait`` (seconds, ``math.inf`` for ever; ``None``, the default, does not wait): while
         another holder has the key live, try again with a back-off of 20 ms doubling up to
         ``min(1 s, TTL/3)``; a database error while waiting is logged and tried again too.
-        ``stop()`` (checked between tries) ends the wait early. ``observe(event, error)`` is
+        ``stop()`` (checked before and after each back-off pause, so never right before a
+        try) ends the wait early. ``observe(event, error)`` is
         told ``"taken"`` on each refusal and ``"unreachable"`` (with the error) on each
         database error while waiting.
 
@@ -247,6 +283,10 @@ class HeldLease:
                 raise LeaseTakenError(self.key)
             time.sleep(min(pause, left))
             pause = min(pause * 2, longest)
+            if stop is not None and stop():
+                # Stopped during the pause (a cancelled waiter): do not try once more, or a
+                # key given up meanwhile would be taken for a caller that has gone.
+                raise LeaseTakenError(self.key)
 
     def adopt(self, lease: Lease, sent: float, *, renew: bool = True) -> HeldLease:
         """Hold ``lease``, granted to this key and holder by a statement that may have done more
@@ -436,13 +476,16 @@ class _HoldArguments:
     ) -> None:
         self.key = check_lease_name(key, "key")
         self.ttl = renewable_ttl_seconds(leases_settings.DEFAULT_TTL if ttl is None else ttl)
-        self.holder = None if holder is None else check_lease_name(holder, "holder")
+        self.holder = None if holder is None else check_holder_name(holder)
         self.using = using
         self.wait = _wait_seconds(wait)
         self._held: HeldLease | None = None
 
     def _held_lease(self, on_lost: Callable[[], None] | None = None) -> HeldLease:
-        return HeldLease(self.key, self.ttl, holder=self.holder, using=self.using, on_lost=on_lost)
+        # Each hold its own identity: two holds given one name must not both hold the key.
+        return HeldLease(
+            self.key, self.ttl, holder=holder_for(self.holder), using=self.using, on_lost=on_lost
+        )
 
 
 class hold_lease(_HoldArguments, ContextDecorator):
@@ -453,7 +496,10 @@ class hold_lease(_HoldArguments, ContextDecorator):
         ttl: how long a crashed holder keeps the key from everyone else: a ``timedelta`` or
             seconds (> 0). Defaults to ``DJANGO_LEASES["DEFAULT_TTL"]`` (30 s). The lease is
             renewed every ``ttl / 3``.
-        holder: the holder name; defaults to a fresh ``host:pid:random``.
+        holder: a name for the holder (``str``, 1–238 characters), e.g. ``"cron"``. Each hold
+            stores it as ``<holder>:<16 hex digits>`` (``held.holder``), an identity of its
+            own: two holds given the same name exclude each other like any two holders.
+            Defaults to a fresh ``host:pid:random``.
         using: the database alias; defaults to the router's choice for ``Lease``.
         wait: seconds to wait for another holder to give the key up (``math.inf``: for
             ever); ``None``, the default, does not wait.
@@ -461,8 +507,10 @@ class hold_lease(_HoldArguments, ContextDecorator):
     ``with hold_lease(...) as held`` gives a :class:`HeldLease`.
 
     Raises:
-        ValueError: bad key, holder, TTL or wait (nothing written).
-        LeaseTakenError: another holder has the key live (at once, or after ``wait``).
+        ValueError: bad key, holder (longer than 238 characters included), TTL or wait
+            (nothing written).
+        LeaseTakenError: another holder — another hold given the same name included — has
+            the key live (at once, or after ``wait``).
         LeaseLostError: the lease was lost while the body ran, or the final check after a
             normally finished body could not confirm it was still held. The body is *not*
             interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
@@ -612,4 +660,14 @@ class ahold_lease(_HoldArguments):
         finishing.result()
 
 
-__all__ = ["HeldLease", "LeaseHandle", "ahold_lease", "hold_lease", "new_holder"]
+__all__ = [
+    "HOLDER_SUFFIX_LENGTH",
+    "MAX_HOLDER_NAME_LENGTH",
+    "HeldLease",
+    "LeaseHandle",
+    "ahold_lease",
+    "check_holder_name",
+    "hold_lease",
+    "holder_for",
+    "new_holder",
+]

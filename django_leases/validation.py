@@ -29,6 +29,11 @@ MAX_NAME_LENGTH = 200
 #: Shortest TTL accepted, in seconds: the database clock is read to the millisecond.
 MIN_TTL = 0.001
 
+#: Longest TTL any setting can allow, in seconds (100 years of 366 days): the database clock
+#: plus this stays far inside what every backend's timestamp column stores (year 9999 on
+#: SQLite and MariaDB/MySQL), while ``MAX_TTL`` (366 days by default) is what is allowed.
+TTL_CEILING = 100 * 366 * 24 * 3600.0
+
 #: Deepest nesting of lists and objects a stored JSON value may have.
 MAX_JSON_DEPTH = 100
 
@@ -101,8 +106,9 @@ def seconds(
     """``value`` (an ``int``, ``float``, ``Decimal`` or ``timedelta``) as float seconds, the
     one check of "a number of seconds" for every argument that is one.
 
-    Refused with ``ValueError`` naming ``what``: ``bool`` and strings, NaN and infinities,
-    values below ``minimum`` (or equal to it, with ``above_minimum``), above ``maximum``.
+    Refused with ``ValueError`` naming ``what``: ``bool`` and strings, NaN (a ``Decimal``
+    signalling NaN included) and infinities, values below ``minimum`` (or equal to it,
+    with ``above_minimum``), above ``maximum``.
     """
     if isinstance(value, timedelta):
         number = value.total_seconds()
@@ -110,6 +116,9 @@ def seconds(
         raise ValueError(
             f"{what} must be a timedelta or a number of seconds, not {type(value).__name__}"
         )
+    elif isinstance(value, Decimal) and not value.is_finite():
+        # float() of a signalling NaN raises ValueError without naming ``what``.
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
     else:
         try:
             number = float(value)
@@ -143,9 +152,10 @@ def ttl_seconds(ttl: object) -> float:
     Raises ``ValueError`` for anything else (``bool`` and strings included), for
     ``ttl <= 0``, for NaN/infinity, for a TTL shorter than :data:`MIN_TTL` (1 ms, the
     database clock's resolution) and for a TTL longer than ``DJANGO_LEASES["MAX_TTL"]``
-    (366 days by default).
+    (366 days by default) or than :data:`TTL_CEILING` (100 years, whatever ``MAX_TTL`` says:
+    an expiry beyond it may not be storable).
     """
-    number = seconds(ttl, "Lease ttl", above_minimum=True)
+    number = seconds(ttl, "Lease ttl", above_minimum=True, maximum=TTL_CEILING)
     if number < MIN_TTL:
         raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {number:g}")
     return seconds(number, "Lease ttl", maximum=float(leases_settings.MAX_TTL))
@@ -227,6 +237,7 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
         if depth >= MAX_JSON_DEPTH:
             return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
         if isinstance(value, dict):
+            written: dict[str, Any] = {}
             for key, item in value.items():
                 if key is not None and not isinstance(key, str | int | float | bool):
                     return f"{path} has a key of type {type(key).__name__} (keys must be str)"
@@ -234,6 +245,13 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
                 problem = string_problem(text)
                 if problem:
                     return f"{path} has a key that {problem}"
+                if text in written:
+                    # json.dumps would write both and the stored object keep only one value.
+                    return (
+                        f"{path} has the keys {_safe_repr(written[text])} and {_safe_repr(key)}, "
+                        f"both written as {text!a} in JSON (one value would be lost)"
+                    )
+                written[text] = key
                 found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
                 if found:
                     return found
@@ -251,7 +269,8 @@ def check_json(value: Any, what: str) -> Any:
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
     data and results): ``None``, ``bool``, ``int``, finite ``float``, ``str``, ``list`` /
-    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one), nested at
+    ``tuple`` and ``dict`` (keys ``str``, or what ``json.dumps`` turns into one — no two keys
+    of one object written alike, as ``1`` and ``"1"`` or ``None`` and ``"null"``), nested at
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
 
@@ -348,6 +367,7 @@ __all__ = [
     "MAX_RETRY_DELAY",
     "MAX_WAIT_SECONDS",
     "MIN_TTL",
+    "TTL_CEILING",
     "as_stored",
     "check_attempt",
     "check_identifier",

@@ -10,8 +10,10 @@ from django.db import connection
 from django.test import override_settings
 
 from django_leases import checks
+from django_leases.conf import DEFAULTS, leases_settings
 from django_leases.triggers import registry
 from django_leases.triggers.registry import StartWorkflow, TriggerDeclaration, webhook_source
+from django_leases.validation import TTL_CEILING
 from django_leases.workflows import workflow
 
 GOOD_SQLITE: dict[str, Any] = {
@@ -474,6 +476,8 @@ def test_e015_django_leases_that_is_not_a_dict() -> None:
         ("RENEWAL_FLOOR", 0, "greater than 0"),
         ("RENEWAL_FLOOR", -1.0, "greater than 0"),
         ("MAX_TTL", 0, "greater than 0"),
+        ("MAX_TTL", 1e12, "longer than the limit of 3162240000.0 s"),
+        ("MAX_TTL", TTL_CEILING + 1, "longer than the limit"),
         ("STEP_LEASE_TTL", -5, "greater than 0"),
         ("STEP_LEASE_TTL", True, "not bool"),
         ("WORKER_POLL_INTERVAL", 0, "greater than 0"),
@@ -515,6 +519,7 @@ def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str
     ("key", "value"),
     [
         ("DEFAULT_TTL", 5),
+        ("MAX_TTL", TTL_CEILING),
         ("WORKER_POLL_INTERVAL", None),
         ("WORKER_POLL_INTERVAL", 0.5),
         ("WORKER_SHUTDOWN_GRACE", 0),  # no grace is a choice
@@ -531,6 +536,18 @@ def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str
 )
 def test_e016_quiet_for_usable_values(key: str, value: Any) -> None:
     assert checks.check_leases_settings({key: value}) == []
+
+
+@pytest.mark.parametrize("value", [["DEFAULT_TTL"], "DEFAULT_TTL=30"])
+def test_registered_check_reports_a_django_leases_that_is_not_a_dict(
+    value: Any, settings: Any
+) -> None:
+    """Every check runs (none crashes reading a setting from it) and E015 says why."""
+    settings.DJANGO_LEASES = value
+    messages = [m for m in _registered() if m.id == "django_leases.E015"]
+    assert len(messages) == 1
+    assert "must be a dict" in messages[0].msg
+    assert DEFAULTS["DEFAULT_TTL"] == leases_settings.DEFAULT_TTL  # ignored, as said
 
 
 def test_registered_check_reads_django_leases(settings: Any) -> None:

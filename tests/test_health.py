@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
 from io import StringIO
 from typing import Any
 
@@ -353,12 +355,21 @@ def test_a_run_that_something_will_move_is_not_stuck(moving: str) -> None:
 # -- arguments --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), "60", True, None])
+@pytest.mark.parametrize(
+    "bad", [0, -1, float("nan"), float("inf"), Decimal("sNaN"), "60", True, None]
+)
 def test_bad_thresholds_are_refused(bad: Any) -> None:
-    with pytest.raises(ValueError, match="seconds > 0"):
+    """The one seconds validator's rules, naming the threshold."""
+    with pytest.raises(ValueError, match="overdue_after"):
         health.run_checks([], overdue_after=bad)
-    with pytest.raises(ValueError, match="seconds > 0"):
+    with pytest.raises(ValueError, match="stuck_after"):
         health.run_checks([], stuck_after=bad)
+
+
+@pytest.mark.parametrize("good", [Decimal("5"), timedelta(seconds=5), 5])
+def test_thresholds_the_seconds_validator_takes_are_taken(good: Any) -> None:
+    report = health.run_checks([], overdue_after=good, stuck_after=good)
+    assert report.healthy
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "soon", "nan", "inf"])

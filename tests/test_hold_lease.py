@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -12,7 +14,14 @@ from asgiref.sync import async_to_sync
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
-from tests.helpers import closing_connections, unique_key, wait_until
+from tests.helpers import (
+    closing_connections,
+    on_another_thread,
+    race,
+    race_in_processes,
+    unique_key,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,3 +163,85 @@ def test_force_release_reports_its_own_release_even_if_the_key_is_retaken() -> N
     with mock.patch.object(LeaseQuerySet, "release", release_then_retake):
         assert Lease.objects.force_release(key) is True
     assert calls and calls[0] is not None and calls[0].token == 2
+
+
+def _hold_as_cron(key: str, ready: Any, inside: Any, refused: Any) -> str:
+    """One ``hold_lease(key, holder="cron")``, released by ``ready`` (a barrier). Its body
+    stays in until the other hold is in too (``inside`` reaches 2: both held) or was refused
+    (``refused`` set). Returns ``"both"``, ``"held"`` or ``"refused"``."""
+    from django_leases import LeaseTakenError
+
+    ready.wait(60)
+    try:
+        with hold_lease(key, ttl=30, holder="cron"):
+            with inside.get_lock():
+                inside.value += 1
+            while not refused.is_set():
+                if inside.value == 2:
+                    return "both"
+                refused.wait(0.05)  # polls the two events; nothing is timed
+            return "held"
+    except LeaseTakenError:
+        refused.set()
+        return "refused"
+
+
+def _same_holder_name_race(run: Callable[..., Any], key: str) -> list[Any]:
+    fork = multiprocessing.get_context("fork")
+    ready, inside, refused = fork.Barrier(2), fork.Value("i", 0), fork.Event()
+    return run(*[lambda: _hold_as_cron(key, ready, inside, refused) for _ in range(2)])
+
+
+def test_two_holds_given_the_same_holder_name_on_two_threads_exclude_each_other() -> None:
+    key = unique_key("same-holder")
+    outcomes = _same_holder_name_race(lambda *calls: race(list(calls)), key)
+    assert "both" not in outcomes, f"both holds held the key: {outcomes}"
+    assert {outcomes[0], outcomes[1]} == {"held", "refused"}, outcomes
+    assert Lease.objects.get(key=key).token == 1
+
+
+def test_two_holds_given_the_same_holder_name_in_two_processes_exclude_each_other() -> None:
+    key = unique_key("same-holder")
+    outcomes = _same_holder_name_race(race_in_processes, key)
+    assert ("both", "") not in outcomes, f"both holds held the key: {outcomes}"
+    assert {outcomes[0], outcomes[1]} == {("held", ""), ("refused", "")}, outcomes
+    assert Lease.objects.get(key=key).token == 1
+
+
+def test_a_holder_name_leaves_room_for_the_hold_s_own_suffix() -> None:
+    from django_leases.leases import MAX_HOLDER_NAME_LENGTH
+
+    key = unique_key("hold")
+    with hold_lease(key, 30, holder="h" * MAX_HOLDER_NAME_LENGTH) as held:
+        assert len(held.holder) == 255
+        assert held.holder.startswith("h" * MAX_HOLDER_NAME_LENGTH + ":")
+    with pytest.raises(ValueError, match=r"Lease holder .*the limit is 238"):
+        hold_lease(key, 30, holder="h" * (MAX_HOLDER_NAME_LENGTH + 1))
+    assert Lease.objects.get(key=key).token == 1
+
+
+def test_a_wait_stopped_while_it_sleeps_does_not_take_the_lease() -> None:
+    """``stop()`` turning true during a back-off pause (an ``ahold_lease`` waiter cancelled
+    meanwhile) ends the wait: the key, given up during that pause, is not taken."""
+    from django_leases import LeaseTakenError
+    from django_leases.leases import HeldLease
+
+    key = unique_key("stopped-wait")
+    other = Lease.objects.acquire(key, "other", 30)
+    assert other is not None
+    asked: list[bool] = []
+
+    def stop() -> bool:  # false when asked before the first pause, true once asked after it
+        asked.append(bool(asked))
+        return asked[-1]
+
+    def observe(event: str, error: BaseException | None) -> None:
+        if event == "taken":  # the other holder gives the key up before the next try
+            on_another_thread(lambda: Lease.objects.release(other))
+
+    held = HeldLease(key, 30)
+    with pytest.raises(LeaseTakenError):
+        held.acquire(wait=60, stop=stop, observe=observe)
+    assert not held.acquired
+    assert Lease.objects.get(key=key).token == other.token, "a stopped wait took the lease"
+    assert Lease.objects.current(key) is None

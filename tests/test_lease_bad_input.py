@@ -18,6 +18,7 @@ from asgiref.sync import async_to_sync
 from django_leases import ahold_lease, hold_lease
 from django_leases.conf import leases_settings
 from django_leases.models import Lease
+from django_leases.validation import TTL_CEILING
 from tests.helpers import unique_key
 
 # No threads here beyond renewal threads that never fire (60 s TTLs), so each test can run
@@ -54,6 +55,8 @@ BAD_TTLS: list[tuple[Any, str]] = [
     (math.inf, "finite"),
     (-math.inf, "finite"),
     (Decimal("NaN"), "finite"),
+    (Decimal("sNaN"), "finite"),
+    (Decimal("-Infinity"), "finite"),
     (10**400, "finite"),
     (366 * 24 * 3600 + 1, "longer than the limit"),
     (timedelta(days=10_000), "longer than the limit"),
@@ -75,6 +78,8 @@ BAD_TTL_IDS = [
     "inf",
     "-inf",
     "decimal-nan",
+    "decimal-signalling-nan",
+    "decimal-minus-infinity",
     "huge-int",
     "over-max",
     "timedelta-over-max",
@@ -148,7 +153,8 @@ def test_ahold_lease_refuses_bad_key_and_holder(unchanged: None, name: Any, mess
     with pytest.raises(ValueError, match=message):
         async_to_sync(scenario)(key=name, ttl=60)
     if name is not None:  # holder=None asks for a fresh holder name
-        with pytest.raises(ValueError, match=message):
+        # A hold's holder name leaves room for its own suffix (limit 238, not 255).
+        with pytest.raises(ValueError, match="Lease holder"):
             async_to_sync(scenario)(key=unique_key("bad-input"), ttl=60, holder=name)
     assert ran == []
 
@@ -207,6 +213,28 @@ def test_max_ttl_follows_the_setting(settings: Any, unchanged: None) -> None:
     assert leases_settings.MAX_TTL == 10
     with pytest.raises(ValueError, match=r"longer than the limit of 10\.0 s"):
         Lease.objects.acquire(unique_key("bad-input"), "holder", 11)
+
+
+def test_no_max_ttl_lifts_the_ceiling(settings: Any, unchanged: None) -> None:
+    """A TTL whose expiry the database could not store is refused whatever ``MAX_TTL``
+    says (check E016 reports such a ``MAX_TTL``)."""
+    settings.DJANGO_LEASES = {**getattr(settings, "DJANGO_LEASES", {}), "MAX_TTL": 1e12}
+    with pytest.raises(ValueError, match=r"Lease ttl .*longer than the limit of 3162240000\.0 s"):
+        Lease.objects.acquire(unique_key("bad-input"), "holder", 5e11)
+    with pytest.raises(ValueError, match="longer than the limit"):
+        hold_lease(unique_key("bad-input"), TTL_CEILING + 1)
+
+
+def test_the_longest_ttl_allowed_is_stored(settings: Any) -> None:
+    """The ceiling itself is a TTL the database stores and reads back."""
+    settings.DJANGO_LEASES = {**getattr(settings, "DJANGO_LEASES", {}), "MAX_TTL": TTL_CEILING}
+    key = unique_key("longest")
+    lease = Lease.objects.acquire(key, "holder", TTL_CEILING)
+    assert lease is not None
+    stored = Lease.objects.get(key=key)
+    assert (stored.expires_at - stored.acquired_at).total_seconds() == pytest.approx(TTL_CEILING)
+    assert Lease.objects.refresh(lease, TTL_CEILING) is not None
+    assert Lease.objects.current(key) is not None
 
 
 @pytest.mark.parametrize("ttl", [1, 2.5, Decimal("2.5"), timedelta(seconds=3), 366 * 24 * 3600])

@@ -293,6 +293,19 @@ def test_refusals_exit_1_and_change_nothing(fake: FakeProvider) -> None:
     assert fake.calls == []
 
 
+@pytest.mark.parametrize("action", ["enable", "disable", "teardown", "forget"])
+def test_an_over_long_source_name_is_refused_as_a_source_name(action: str) -> None:
+    """The operator typed a source name: the refusal names it and its limit (200), not the
+    lease key it would have become."""
+    with pytest.raises(
+        CommandError, match="trigger source name is 315 characters long; the limit is 200"
+    ) as caught:
+        _run("trigger_sources", action, "x" * 315)
+    assert "Lease key" not in str(caught.value)
+    assert caught.value.returncode == 1
+    assert not TriggerSource.objects.exists()
+
+
 def test_a_failed_provider_step_exits_2(fake: FakeProvider) -> None:
     lifecycle.reconcile(base_url=BASE)
     fake.fail_setup = "GitHub answered 401"

@@ -324,12 +324,24 @@ def _cycle() -> Any:
         ({1, 2}, "set"),
         ({("a",): 1}, "key"),
         (object(), "object"),
+        ({1: "a", "1": "b"}, "both written as"),
+        ({None: "a", "null": "b"}, "both written as"),
+        ({"x": {True: 1, "true": 2}}, "both written as"),
+        ({1.5: 1, "1.5": 2}, "both written as"),
     ],
 )
 def test_check_json_refuses_what_some_backend_cannot_store(value: Any, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as raised:
         check_json(value, "Thing")
     check_json(str(raised.value), "the message")  # the refusal itself is storable
+
+
+@pytest.mark.parametrize("given", [{1: "a", "1": "b"}, {None: "a", "null": "b"}])
+def test_start_workflow_refuses_input_whose_keys_collide_as_json(given: dict[Any, str]) -> None:
+    """Keys that ``json.dumps`` writes alike would keep one value and drop the other."""
+    with pytest.raises(ValueError, match="both written as"):
+        start_workflow("tests.outcomes.step-args", given)
+    assert not WorkflowRun.objects.exists()
 
 
 @pytest.mark.parametrize(

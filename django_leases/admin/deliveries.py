@@ -59,12 +59,16 @@ class _DistinctValueFilter(admin.SimpleListFilter):
 
 
 class SourceFilter(_DistinctValueFilter):
+    """Filter deliveries on the source they were sent to (``source_name``)."""
+
     title = "source"
     parameter_name = "source"
     field = "source_name"
 
 
 class EventFilter(_DistinctValueFilter):
+    """Filter deliveries on their provider event name (``event``)."""
+
     title = "event"
     parameter_name = "event"
     field = "event"
@@ -115,6 +119,7 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
 
     @admin.display(description="received", ordering="received_at")
     def received(self, obj: TriggerEvent) -> str:
+        """When the delivery arrived (``received_at``), as local time text (``str``)."""
         return local_time(obj.received_at)
 
     @admin.display(description="source", ordering="source_name")
@@ -132,6 +137,8 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
 
     @admin.display(description="outcome", ordering="run_outcome")
     def outcome_shown(self, obj: TriggerEvent) -> str:
+        """The ``run_outcome`` annotation (no run, or the run's status) as an HTML badge, then
+        what the handler said, if anything (``str``, safe HTML)."""
         outcome = str(getattr(obj, "run_outcome", NO_RUN))
         shown = format_html(
             '<span class="dl-outcome" data-outcome="{}">{}</span>',
@@ -144,6 +151,7 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
 
     @admin.display(description="workflow run")
     def run_link(self, obj: TriggerEvent) -> str:
+        """The id of the run the delivery started, linked to its page; ``"—"`` when none."""
         if obj.run_id is None:
             return "—"
         return format_html(
@@ -154,6 +162,8 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
 
     @admin.display(description="payload")
     def payload_json(self, obj: TriggerEvent) -> str:
+        """The stored payload as indented JSON in a ``<pre>``, cut after ``PAYLOAD_SHOWN``
+        characters (saying how many more)."""
         text = json.dumps(obj.payload, ensure_ascii=False, indent=2, sort_keys=True)
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if len(text) > PAYLOAD_SHOWN:

@@ -63,6 +63,7 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_display(self, obj: Lease) -> str:
+        """The ``state`` annotation (live / lapsed / released) as text (``str``)."""
         return str(getattr(obj, "state", ""))
 
     class Media:
@@ -79,6 +80,7 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
 
     @admin.display(description="time left")
     def time_left(self, obj: Lease) -> str:
+        """Seconds left on the database clock for a live lease (``"12.3 s"``); ``"—"`` otherwise."""
         if getattr(obj, "state", None) != LeaseState.LIVE:
             return "—"
         db_now = getattr(obj, "db_now", None)

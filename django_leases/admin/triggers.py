@@ -444,6 +444,8 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         )
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
+        """``(operation, button label)`` offered on a declared source's page: turn off when it is
+        on, else turn on."""
         return [("disable", "Turn off")] if source.enabled else [("enable", "Turn on")]
 
     @admin.action(description="Enable the selected trigger sources", permissions=["toggle"])
@@ -494,6 +496,8 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
 
     @admin.display(description="operations")
     def orphan_operations(self, obj: TriggerSource) -> str:
+        """The list column's buttons for an orphan (HTML ``str``): forget, and tear down at the
+        provider when a registration is recorded and its provider installed."""
         buttons = [
             format_html(
                 '<button type="submit" class="button dl-forget" id="forget-{}" '
@@ -519,6 +523,8 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
         return format_html_join(" ", "{}", ((button,) for button in buttons))
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
+        """``(operation, button label)`` offered on an orphan's page: forget, and tear down when
+        :meth:`can_tear_down`."""
         offered = [("forget", "Forget")]
         if self.can_tear_down(source):
             offered.append(("teardown", "Tear down at provider"))

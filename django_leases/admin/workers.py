@@ -94,12 +94,15 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: WorkflowWorker) -> str:
+        """The ``state`` annotation (live / lapsed / stopped) as a coloured badge (HTML ``str``)."""
         state = str(getattr(obj, "state", ""))
         background, colour = _STATE_COLOURS.get(state, ("#eee", "#333"))
         return badge(f"worker-state-{obj.pk}", "data-state", state, background, colour)
 
     @admin.display(description="queues")
     def queue_names(self, obj: WorkflowWorker) -> str:
+        """The queues the worker takes work from, comma-separated; ``"every queue"`` when
+        unrestricted."""
         queues = [str(queue) for queue in (obj.queues or [])]
         return ", ".join(queues) if queues else "every queue"
 
@@ -110,14 +113,18 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
 
     @admin.display(description="since", ordering="started_at")
     def since(self, obj: WorkflowWorker) -> str:
+        """When the worker started (``started_at``), as local time text."""
         return local_time(obj.started_at)
 
     @admin.display(description="last heartbeat", ordering="beat_at")
     def last_heartbeat(self, obj: WorkflowWorker) -> str:
+        """When the worker last beat (``beat_at``), as local time text."""
         return local_time(obj.beat_at)
 
     @admin.display(description="heartbeat lease")
     def heartbeat_expires(self, obj: WorkflowWorker) -> str:
+        """The heartbeat lease on the database clock: ``expires in N s`` (live), ``released``
+        (stopped), ``lapsed <time>``; ``"—"`` without one."""
         expires = getattr(obj, "heartbeat_expires_at", None)
         db_now = getattr(obj, "db_now", None)
         if expires is None or db_now is None:
@@ -131,4 +138,5 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
 
     @admin.display(description="stopped at")
     def stopped(self, obj: WorkflowWorker) -> str:
+        """When the worker stopped (``stopped_at``), as local time text; empty while it runs."""
         return local_time(obj.stopped_at)

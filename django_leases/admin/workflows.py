@@ -88,6 +88,8 @@ JSON_SHOWN = 300
 
 
 class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
+    """A run's steps on its page, read-only, oldest first."""
+
     model = WorkflowStep
     extra = 0
     can_delete = False
@@ -129,15 +131,20 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
 
     @admin.display(description="result")
     def result_json(self, step: WorkflowStep) -> str:
+        """The step's recorded result as indented JSON (HTML ``str``)."""
         return _json(step.result)
 
     @admin.display(description="error")
     def error_json(self, step: WorkflowStep) -> str:
+        """The step's recorded error as indented JSON (HTML ``str``)."""
         return _json(step.error)
 
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
+    """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
+    with ``operate_workflowrun`` (and the view permission)."""
+
     list_display = ("id", "workflow", "status", "created_at", "finished_at", "pass_due_at")
     list_filter = ("status", "workflow")
     search_fields = ("=id",)
@@ -177,6 +184,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         return bool(request.user.has_perm(OPERATE_PERMISSION))
 
     def get_urls(self) -> list[URLPattern]:
+        """The run operations' URL (``<id>/operate/<operation>/``), then Django's (a list
+        of ``URLPattern``)."""
         # Before the default ones: their ``<path:object_id>/`` would match these too.
         opts = self.model._meta
         return [
@@ -195,6 +204,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        """Django's run page, with the operations the user may start on this run in the context
+        (``HttpResponse``)."""
         context = dict(extra_context or {})
         run = self._run_or_none(object_id)
         if run is not None and self.has_operate_permission(request):
@@ -379,14 +390,17 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
 
     @admin.display(description="input")
     def input_json(self, run: WorkflowRun) -> str:
+        """The run's input as indented JSON (HTML ``str``)."""
         return _json(run.input)
 
     @admin.display(description="output")
     def output_json(self, run: WorkflowRun) -> str:
+        """The run's output as indented JSON (HTML ``str``)."""
         return _json(run.output)
 
     @admin.display(description="error")
     def error_json(self, run: WorkflowRun) -> str:
+        """The run's error as indented JSON (HTML ``str``)."""
         return _json(run.error)
 
     @admin.display(description="attempt history")

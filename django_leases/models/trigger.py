@@ -102,13 +102,20 @@ class DeclaredSource(Protocol):
     """What ``sync`` needs of a declaration (a :class:`TriggerDeclaration` has it)."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The source's name (``str``, 1–200 characters)."""
+
     @property
-    def kind(self) -> str: ...
+    def kind(self) -> str:
+        """The kind of source (``"webhook"``)."""
+
     @property
-    def provider(self) -> str: ...
+    def provider(self) -> str:
+        """The provider's name (``"github"``, ``"stripe"``, ``"manual"``…)."""
+
     @property
-    def config(self) -> Mapping[str, Any]: ...
+    def config(self) -> Mapping[str, Any]:
+        """The declaration's non-secret provider config (a mapping)."""
 
 
 _MAX_ADDRESS = 500

@@ -168,9 +168,11 @@ class LeaseConformanceTests:
         return f"conformance:{self._testMethodName}:{uuid.uuid4().hex[:12]}"
 
     def hold(self, key: str, ttl: float, **kwargs: Any) -> hold_lease:
+        """``hold_lease(key, ttl, **kwargs)`` (``ttl`` in seconds) on :attr:`lease_database`."""
         return hold_lease(key, ttl, using=self.lease_database, **kwargs)
 
     def ahold(self, key: str, ttl: float, **kwargs: Any) -> ahold_lease:
+        """``ahold_lease(key, ttl, **kwargs)`` (``ttl`` in seconds) on :attr:`lease_database`."""
         return ahold_lease(key, ttl, using=self.lease_database, **kwargs)
 
     def lapse(self) -> None:
@@ -178,6 +180,7 @@ class LeaseConformanceTests:
         time.sleep(2 * self.short_ttl)
 
     def holder_of(self, key: str) -> str | None:
+        """The holder (``str``) of the live lease on ``key``, or ``None`` when none is live."""
         lease = self.leases.current(key)
         return None if lease is None else lease.holder
 

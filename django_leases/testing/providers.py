@@ -140,6 +140,10 @@ class FakeProvider(Provider):
     # -- management ------------------------------------------------------------------------
 
     def setup(self, source: TriggerSource, url: str, secret: str | None) -> SetupOutcome:
+        """Record the call; wait on ``setup_gate`` if set; raise ``ProviderError(fail_setup)`` if
+        set; else register (or update) a hook posting to ``url`` in the shared side file and
+        return a ``registered`` :class:`SetupOutcome` (``manual`` when
+        ``manages_registration`` is off)."""
         self._called("setup", source)
         with self._lock:
             self.secrets_seen[source.name] = secret
@@ -174,6 +178,9 @@ class FakeProvider(Provider):
         )
 
     def check(self, source: TriggerSource) -> SetupOutcome:
+        """Record the call; the hook recorded in ``source.state`` as a ``registered``
+        :class:`SetupOutcome`. Raises ``ProviderError`` when ``fail_check`` is set or the hook
+        is gone."""
         self._called("check", source)
         if self.fail_check is not None:
             raise ProviderError(self.fail_check)
@@ -187,6 +194,8 @@ class FakeProvider(Provider):
         )
 
     def teardown(self, source: TriggerSource) -> None:
+        """Record the call and delete the recorded hook (a hook already gone is success). Raises
+        ``ProviderError`` when ``fail_teardown`` is set."""
         self._called("teardown", source)
         if self.fail_teardown is not None:
             raise ProviderError(self.fail_teardown)
@@ -202,12 +211,16 @@ class FakeProvider(Provider):
         return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        """Whether ``X-Fake-Signature`` is :meth:`sign` of ``body`` under ``secret`` (``bool``);
+        never raises for bad input."""
         given = headers.get("x-fake-signature")
         if not isinstance(given, str) or not secret:
             return False
         return hmac.compare_digest(given.encode(), self.sign(secret, body).encode())
 
     def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        """The ``X-Fake-Event``, ``X-Fake-Delivery`` and JSON object body as a
+        :class:`ParsedDelivery`; raises :class:`MalformedDelivery`."""
         return ParsedDelivery(
             event=header_value(headers, "x-fake-event", "X-Fake-Event"),
             delivery_id=header_value(headers, "x-fake-delivery", "X-Fake-Delivery"),

@@ -105,9 +105,12 @@ class TriggerSourceStoreConformanceTests:
         return TriggerSource.objects.using(self.trigger_database)
 
     def row(self, name: str) -> TriggerSource:
+        """The ``TriggerSource`` row named ``name``; raises ``TriggerSource.DoesNotExist``."""
         return self.sources.get(name=name)
 
     def names(self, **filters: Any) -> list[str]:
+        """Names (``list[str]``, sorted) of the rows matching ``filters`` (``filter()``
+        keywords)."""
         return list(self.sources.filter(**filters).order_by("name").values_list("name", flat=True))
 
     # -- sync ------------------------------------------------------------------------------

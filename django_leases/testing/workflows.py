@@ -183,6 +183,8 @@ class WorkflowFencingConformanceTests:
     def claim(
         self, run_id: uuid.UUID, function: str = FUNCTION, ttl: float = LEASE
     ) -> Claim | None:
+        """Claim the test step of ``run_id`` for ``function`` with a step lease of ``ttl``
+        seconds: the :class:`Claim`, or ``None`` when it is not claimable."""
         return self.steps.claim_for_execution(run_id, STEP, function, ttl)
 
     def supersede(self, run_id: uuid.UUID, function: str = FUNCTION) -> tuple[Claim, Claim]:
@@ -197,9 +199,12 @@ class WorkflowFencingConformanceTests:
         return stale, current
 
     def step_of(self, run_id: uuid.UUID) -> WorkflowStep:
+        """The test step's row of ``run_id``; raises ``WorkflowStep.DoesNotExist``."""
         return self.steps.get(run_id=run_id, step_name=STEP)
 
     def lease_is_live(self, run_id: uuid.UUID) -> bool:
+        """Whether the test step of ``run_id`` has a live step lease on the database clock
+        (``bool``)."""
         return self.steps.filter(
             run_id=run_id, step_name=STEP, lease_expires_at__gt=DbNow()
         ).exists()

@@ -62,7 +62,7 @@ from django_leases.models.trigger import (
     TriggerSourceQuerySet,
 )
 from django_leases.triggers import providers, registry
-from django_leases.validation import seconds
+from django_leases.validation import check_name, seconds
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers import Provider
@@ -159,7 +159,11 @@ def _provider(name: str) -> Provider | None:
 
 @contextmanager
 def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLease]:
-    """Hold ``trigger-source:<name>``, waiting up to ``wait`` s for another holder."""
+    """Hold ``trigger-source:<name>``, waiting up to ``wait`` s for another holder.
+
+    Raises ``ValueError`` for a ``name`` that is no source name (naming it and its limit,
+    200 characters: not as the lease key it becomes) or a bad ``wait``."""
+    check_name(name, "A trigger source name")
     seconds(wait, "wait")
     try:
         with hold_lease(lease_key(name), using=using, wait=wait) as held:
@@ -342,6 +346,8 @@ def enable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -
         NoAddress: no ``base_url`` is known (run ``reconcile_trigger_sources --base-url``).
         NoReceiveURL: ``django_leases.urls`` is not in the URLconf.
         SourceBusy: another operation held the source for more than ``wait`` seconds.
+        ValueError: ``name`` is no source name (not a ``str`` of 1–200 characters), or a bad
+            ``wait``.
         LeaseLostError: the source's lease lapsed mid-way (that write was not made).
     """
     objects = _objects(using)
@@ -371,7 +377,7 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
     Returns a :class:`LifecycleResult` (``ok=False`` when the teardown failed).
 
     Raises (nothing changed): :class:`UnknownTriggerSourceError`, :class:`SourceBusy`,
-    ``ValueError`` for a bad ``wait``.
+    ``ValueError`` for a name that is no source name (1–200 characters) or a bad ``wait``.
     """
     objects = _objects(using)
     with _source_lease(name, using, wait) as held:
@@ -438,7 +444,8 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
 
     Raises (nothing changed): :class:`UnknownTriggerSourceError`,
     :class:`ProviderNotInstalled` (a registration is recorded but its provider is missing:
-    :func:`forget` it instead), :class:`SourceBusy`.
+    :func:`forget` it instead), :class:`SourceBusy`, ``ValueError`` for a name that is no
+    source name (1–200 characters) or a bad ``wait``.
     """
     objects = _objects(using)
     with _source_lease(name, using, wait) as held:
@@ -474,7 +481,8 @@ def forget(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -
 
     Raises (nothing changed): :class:`UnknownTriggerSourceError`,
     :class:`~django_leases.triggers.errors.SourceStillDeclared` (only orphans are
-    forgotten), :class:`SourceBusy`.
+    forgotten), :class:`SourceBusy`, ``ValueError`` for a name that is no source name
+    (1–200 characters) or a bad ``wait``.
     """
     objects = _objects(using)
     with _source_lease(name, using, wait) as held:

@@ -447,6 +447,7 @@ class Replayed:
 
     @property
     def claim(self) -> Claim | None:
+        """The step claimed by the replayed pass (a :class:`Claim`), or ``None``."""
         return None if self.replay is None else self.replay.claim
 
 

@@ -5,6 +5,7 @@ Each installed app's ``workflows.py`` is imported when Django starts (see ``apps
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,17 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
     check_name(name, f"A {kind} name")
 
     def decorate(func: F) -> F:
+        if not callable(func):
+            raise TypeError(
+                f"@{kind.replace(' ', '_')}({name!r}) decorates a function, not "
+                f"{type(func).__name__}"
+            )
+        if inspect.iscoroutinefunction(func):
+            # The engine calls it synchronously: every run would get a coroutine, never awaited.
+            raise TypeError(
+                f"@{kind.replace(' ', '_')}({name!r}) cannot register the coroutine function "
+                f"{func.__qualname__}: {kind}s are plain functions, run synchronously"
+            )
         existing = table.get(name)
         if existing is not None and existing is not func:
             qualified = f"{existing.__module__}.{existing.__qualname__}"
@@ -40,12 +52,24 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
 
 
 def workflow(name: str) -> Callable[[F], F]:
-    """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str``)."""
+    """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str`` of
+    1–200 characters); the decorator returns the function unchanged.
+
+    Raises ``ValueError`` for a bad name or a name another function has, and ``TypeError``
+    (when decorating) for a non-callable or an ``async def`` function: workflows run
+    synchronously.
+    """
     return _register(_workflows, "workflow", name)
 
 
 def step_function(name: str) -> Callable[[F], F]:
-    """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str``)."""
+    """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str`` of 1–200
+    characters); the decorator returns the function unchanged.
+
+    Raises ``ValueError`` for a bad name or a name another function has, and ``TypeError``
+    (when decorating) for a non-callable or an ``async def`` function: step functions run
+    synchronously (on worker threads).
+    """
     return _register(_step_functions, "step function", name)
 
 

@@ -26,6 +26,9 @@ from django_leases.models import Lease
 
 
 class Command(LeasesCommand):
+    """``manage.py hold_lease``: run a program while holding a lease
+    (:class:`~django_leases.holder.LeaseHolder`)."""
+
     help = (
         "Run CMD as a child process while holding the lease KEY (a cron singleton or\n"
         "leader). The lease is renewed every TTL/3 and released when CMD ends."

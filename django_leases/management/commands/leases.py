@@ -32,6 +32,8 @@ _COLUMNS = base.columns(
 
 
 class Command(base.LeasesCommand):
+    """``manage.py leases``: list leases, or force-release one."""
+
     help = "List the leases, or force-release the live lease on a key."
 
     def add_arguments(self, parser: CommandParser) -> None:

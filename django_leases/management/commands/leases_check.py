@@ -42,6 +42,9 @@ def _positive_seconds(text: str) -> float:
 
 
 class Command(LeasesCommand):
+    """``manage.py leases_check``: the health checks (:func:`django_leases.health.run_checks`),
+    as text or JSON, with an exit status."""
+
     help = (
         "Check django-leases: databases reachable, migrations applied, workflow workers alive, "
         "no lapsed steps left unclaimed, no stuck runs."

@@ -37,6 +37,9 @@ _COLUMNS = base.columns(
 
 
 class Command(base.LeasesCommand):
+    """``manage.py reconcile_trigger_sources``: sync declared sources to their rows and set up
+    the enabled ones."""
+
     help = (
         "Sync the trigger sources declared in code (each app's triggers.py) into the "
         "database and set up the enabled ones at their providers. Never enables, disables "

@@ -20,6 +20,9 @@ from django_leases.triggers.credentials import CredentialError, rotate_keys
 
 
 class Command(LeasesCommand):
+    """``manage.py rotate_trigger_secrets``: re-encrypt every stored signing secret with
+    the current primary key."""
+
     help = "Re-encrypt the stored trigger secrets with the current primary key."
 
     def add_arguments(self, parser: CommandParser) -> None:

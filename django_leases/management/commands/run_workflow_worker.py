@@ -61,6 +61,8 @@ def _positive_int(text: str) -> int:
 
 
 class Command(LeasesCommand):
+    """``manage.py run_workflow_worker``: run a workflow worker until SIGTERM (or ``--once``)."""
+
     help = "Run workflow passes and steps until SIGTERM (or, with --once, until nothing is due)."
 
     def add_arguments(self, parser: CommandParser) -> None:

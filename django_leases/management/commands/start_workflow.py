@@ -22,6 +22,8 @@ from django_leases.workflows.registry import UnknownWorkflowError
 
 
 class Command(LeasesCommand):
+    """``manage.py start_workflow``: start a run of a registered workflow with JSON input."""
+
     help = "Start a run of a registered workflow and print its id."
 
     def add_arguments(self, parser: CommandParser) -> None:

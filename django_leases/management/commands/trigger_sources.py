@@ -146,6 +146,9 @@ def _reported_here(name: str) -> Iterator[None]:
 
 
 class Command(base.LeasesCommand):
+    """``manage.py trigger_sources``: list, enable, disable, tear down or forget a trigger
+    source, or set its secret."""
+
     help = (
         "List trigger sources, enable or disable one (set up / torn down at its provider), "
         "tear one down and delete it, forget an orphan, or store a source's signing secret."

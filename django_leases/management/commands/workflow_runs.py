@@ -67,6 +67,9 @@ _WAIT_COLUMNS = base.columns(("name", "kind", "status", "what"), headers={"name"
 
 
 class Command(base.LeasesCommand):
+    """``manage.py workflow_runs``: list, resume, cancel, retry a step of, or prune
+    workflow runs."""
+
     help = "List workflow runs, resume, cancel or retry a step of one, or prune old ones."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -317,9 +317,14 @@ class GitHubProvider(Provider):
     # -- receiving -------------------------------------------------------------------------
 
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        """Whether ``X-Hub-Signature-256`` is the HMAC-SHA256 of ``body`` with ``secret``
+        (``bool``); never raises for bad input."""
         return verify_github_signature(secret, body, headers.get("x-hub-signature-256"))
 
     def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        """The event (``X-GitHub-Event``), delivery id (``X-GitHub-Delivery``) and JSON payload
+        (a JSON or form-encoded body) as a :class:`ParsedDelivery`; raises
+        :class:`MalformedDelivery`."""
         event = header_value(headers, "x-github-event", "X-GitHub-Event")
         delivery_id = header_value(headers, "x-github-delivery", "X-GitHub-Delivery")
         content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()

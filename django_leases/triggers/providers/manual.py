@@ -123,7 +123,11 @@ class ManualProvider(Provider):
         self._receiver.refuse_repeated_headers(headers)
 
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        """As the configured signature scheme's provider verifies (``bool``); never raises for
+        bad input."""
         return self._receiver.verify(secret, body, headers)
 
     def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        """As the configured signature scheme's provider parses (a :class:`ParsedDelivery`);
+        raises :class:`MalformedDelivery`."""
         return self._receiver.parse(body, headers)

@@ -334,11 +334,15 @@ class StripeProvider(Provider):
             raise repeated_header("Stripe-Signature")
 
     def verify(self, secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+        """Whether ``Stripe-Signature`` signs ``body`` with ``secret`` within
+        ``STRIPE_TOLERANCE`` seconds (``bool``); never raises for bad input."""
         return verify_stripe_signature(
             secret, body, headers.get("stripe-signature"), tolerance=tolerance()
         )
 
     def parse(self, body: bytes, headers: Mapping[str, str]) -> ParsedDelivery:
+        """The event type, event id and payload of a Stripe event body as a
+        :class:`ParsedDelivery`; raises :class:`MalformedDelivery`."""
         payload = decode_json_object(body)
         event_id, event_type = payload.get("id"), payload.get("type")
         if not isinstance(event_id, str) or not isinstance(event_type, str):
