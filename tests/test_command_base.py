@@ -176,6 +176,18 @@ def test_help_and_docs_render_the_same_rows() -> None:
     assert "| 126 / 127 |" in exit_codes_markdown("hold_lease")
 
 
+def test_every_exit_status_of_a_command_has_one_meaning() -> None:
+    # A script must tell "bad usage" (2) from a command's own failure: no status is on two
+    # rows of one command's table.
+    doubled = {}
+    for name, table in EXIT_CODES.items():
+        codes = [code for row in table.rows for code in row.codes]
+        twice = sorted({code for code in codes if codes.count(code) > 1})
+        if twice:
+            doubled[name] = twice
+    assert doubled == {}
+
+
 def _without(name: str, code: int) -> base.ExitCodeTable:
     table = EXIT_CODES[name]
     return dataclasses.replace(table, rows=tuple(r for r in table.rows if code not in r.codes))

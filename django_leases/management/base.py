@@ -55,11 +55,18 @@ if TYPE_CHECKING:
 COMMAND_ERROR = 1
 #: Exit status of bad usage: what argparse exits with, and an unknown ``--database`` alias.
 USAGE_ERROR = 2
+#: Exit status when a database the command works on cannot be reached, on every command (as
+#: ``leases_check`` and ``run_workflow_worker --once`` report it).
+DATABASE_UNREACHABLE = health.EXIT_UNREACHABLE
+
+# Statuses 0, 1, 2 and 4 mean the same on every command; a command's own outcomes use 3,
+# then 5 and up (and hold_lease's, the shells' conventions), so that no status has two
+# meanings in one command.
 
 #: ``reconcile_trigger_sources``: at least one enabled source's setup failed.
-EXIT_SETUP_FAILED = 2
+EXIT_SETUP_FAILED = 3
 #: ``trigger_sources``: the provider step failed (the row records it).
-EXIT_PROVIDER_FAILED = 2
+EXIT_PROVIDER_FAILED = 3
 #: ``trigger_sources``: another operation held the source too long (``os.EX_TEMPFAIL``).
 EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
 #: ``workflow_runs``: the run's or step's state does not allow the operation.
@@ -415,12 +422,12 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             COMMAND_ERROR,
             "a bad `--base-url` (not an http(s) URL) or `--label-prefix`; nothing written",
         ),
+        _USAGE,
         (
             EXIT_SETUP_FAILED,
             "some setup failed: those rows say `failed` and the sources stay on; the errors "
             "are on stderr",
         ),
-        _USAGE,
     ),
     "rotate_trigger_secrets": _table(
         (0, "done: every stored secret is encrypted with the primary key"),
@@ -434,19 +441,24 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
     "run_workflow_worker": _table(
         (0, "stopped cleanly (with `--once`: nothing was left due)"),
         (
-            worker.EXIT_ABANDONED,
-            "in-flight work was still running at the end of the shutdown grace: its step "
-            "leases lapse and another worker takes the steps over as new attempts",
-        ),
-        (
-            worker.EXIT_DATABASE_UNREACHABLE,
-            "`--once` gave up on an unreachable database (10 failures in a row)",
+            COMMAND_ERROR,
+            "refused to start: the database lacks the workflow functions, or `--metrics-port` "
+            "cannot be served",
         ),
         _USAGE,
         (
             worker.EXIT_THREAD_DIED,
             "a worker thread died (logged); the other threads were stopped so that a "
             "supervisor restarts the process rather than it running short-handed",
+        ),
+        (
+            worker.EXIT_DATABASE_UNREACHABLE,
+            "`--once` gave up on an unreachable database (10 failures in a row)",
+        ),
+        (
+            worker.EXIT_ABANDONED,
+            "in-flight work was still running at the end of the shutdown grace: its step "
+            "leases lapse and another worker takes the steps over as new attempts",
         ),
         forwards=[worker],
     ),
@@ -467,12 +479,12 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "provider not installed, `forget` of a declared source, an empty or unusable "
             "secret; the reason on stderr",
         ),
+        _USAGE,
         (
             EXIT_PROVIDER_FAILED,
             "the provider step failed: the switch change stands and the row says `failed`; "
             "the detail on stderr",
         ),
-        _USAGE,
         (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
     ),
     "workflow_runs": _table(
@@ -750,6 +762,7 @@ class LeasesCommand(BaseCommand):
 
 __all__ = [
     "COMMAND_ERROR",
+    "DATABASE_UNREACHABLE",
     "EXIT_BUSY",
     "EXIT_CODES",
     "EXIT_PROVIDER_FAILED",

@@ -45,12 +45,13 @@ from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, 
 
 logger = logging.getLogger("django_leases.worker")
 
-#: Exit status when in-flight work was still running at the end of the shutdown grace.
-EXIT_ABANDONED = 1
-#: Exit status of ``once`` mode when the database stayed unreachable.
-EXIT_DATABASE_UNREACHABLE = 2
 #: Exit status when a worker thread died (the other threads were stopped).
 EXIT_THREAD_DIED = 3
+#: Exit status of ``once`` mode when the database stayed unreachable (the status every
+#: command exits with for an unreachable database, ``health.EXIT_UNREACHABLE``).
+EXIT_DATABASE_UNREACHABLE = 4
+#: Exit status when in-flight work was still running at the end of the shutdown grace.
+EXIT_ABANDONED = 5
 
 #: Default poll interval where LISTEN/NOTIFY wakes idle workers (PostgreSQL), seconds.
 LISTENING_POLL_INTERVAL = 1.0
