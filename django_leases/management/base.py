@@ -11,6 +11,8 @@
   status means. It renders each command's ``--help`` epilog (:func:`exit_codes_help`) and the
   documentation's tables (:func:`exit_codes_markdown`, through the MkDocs hook, which fails
   the build when :func:`exit_code_problems` finds a status a command uses but its table lacks).
+* A database that does not answer: :class:`LeasesCommand` reports it in one line naming the
+  alias and exits :data:`DATABASE_UNREACHABLE` (:func:`unreachable_database_error`).
 * :class:`LeasesCommand`, the commands' base class: the epilog, a help formatter that keeps
   hand-broken text as written, and :meth:`~LeasesCommand.add_subcommand`, whose subcommands
   also accept Django's own options (``--settings``, ``--pythonpath``, ``-v``…) after the
@@ -42,7 +44,7 @@ from django.core.management.base import (
     DjangoHelpFormatter,
     OutputWrapper,
 )
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
@@ -160,6 +162,32 @@ def _configured(alias: str) -> str:
             f"Unknown database alias {alias!r} (configured: {known})", returncode=USAGE_ERROR
         )
     return alias
+
+
+def unreachable_database_error(given: str | Sequence[str] | None) -> CommandError | None:
+    """The error to report when a database a command works on does not answer.
+
+    Args:
+        given: the command's ``--database`` (an alias, a list of them, or ``None`` for every
+            alias django-leases writes to).
+
+    Returns:
+        A ``CommandError`` naming the first alias that does not answer ``SELECT 1``, with
+        ``returncode`` :data:`DATABASE_UNREACHABLE`; ``None`` when every one answers (the
+        error was something else).
+    """
+    if given is None:
+        aliases = health.write_aliases()
+    else:
+        aliases = [given] if isinstance(given, str) else list(given)
+    for alias in aliases:
+        finding = health.check_database(alias)
+        if finding.status == health.UNREACHABLE:
+            return CommandError(
+                f"Database {alias!r} is unreachable: {finding.message}",
+                returncode=DATABASE_UNREACHABLE,
+            )
+    return None
 
 
 # -- --format table|json ----------------------------------------------------------------------
@@ -360,6 +388,11 @@ def _table(
     return ExitCodeTable(tuple(made), tuple(forwards))
 
 
+_UNREACHABLE = (
+    DATABASE_UNREACHABLE,
+    "a database the command works on is unreachable (named on stderr)",
+)
+
 _USAGE = (
     USAGE_ERROR,
     "bad usage: an unknown option or subcommand, a malformed value, or an unknown "
@@ -395,6 +428,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         ),
         (COMMAND_ERROR, "bad arguments (key, `--ttl`, missing CMD…) or a database error"),
         _USAGE,
+        _UNREACHABLE,
         forwards=[holder],
     ),
     "leases": _table(
@@ -405,6 +439,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "malformed key; nothing changed",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "leases_check": _table(
         (health.EXIT_OK, "healthy"),
@@ -428,6 +463,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "some setup failed: those rows say `failed` and the sources stay on; the errors "
             "are on stderr",
         ),
+        _UNREACHABLE,
     ),
     "rotate_trigger_secrets": _table(
         (0, "done: every stored secret is encrypted with the primary key"),
@@ -437,6 +473,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "not usable; nothing changed",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "run_workflow_worker": _table(
         (0, "stopped cleanly (with `--once`: nothing was left due)"),
@@ -453,7 +490,8 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         ),
         (
             worker.EXIT_DATABASE_UNREACHABLE,
-            "`--once` gave up on an unreachable database (10 failures in a row)",
+            "a database is unreachable: at the start, or with `--once` after 10 failures in "
+            "a row (named on stderr)",
         ),
         (
             worker.EXIT_ABANDONED,
@@ -470,6 +508,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "surrogates, NUL characters, nested too deep); nothing written",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "trigger_sources": _table(
         (0, "done"),
@@ -485,6 +524,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "the provider step failed: the switch change stands and the row says `failed`; "
             "the detail on stderr",
         ),
+        _UNREACHABLE,
         (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
     ),
     "workflow_runs": _table(
@@ -499,6 +539,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             EXIT_WRONG_STATE,
             "the run's (or step's) state does not allow the operation; nothing changed",
         ),
+        _UNREACHABLE,
     ),
 }
 
@@ -557,7 +598,8 @@ def command_names() -> list[str]:
 def exit_code_problems(name: str) -> list[str]:
     """What the exit-code table of command ``name`` lacks, read from the command's code.
 
-    A command exits with :data:`USAGE_ERROR` (argparse, an unknown ``--database``); with
+    A command exits with :data:`USAGE_ERROR` (argparse, an unknown ``--database``) and
+    :data:`DATABASE_UNREACHABLE` (:meth:`LeasesCommand.execute`); with
     :data:`COMMAND_ERROR` where it raises ``CommandError`` without a ``returncode``; with the
     status given to ``returncode=`` or ``sys.exit()`` where it is a number or a name for one;
     and, where that status is computed, with every ``EXIT_*`` status of the modules its table
@@ -596,7 +638,7 @@ def exit_code_problems(name: str) -> list[str]:
 
 def _exits(module: ModuleType) -> tuple[set[int], list[str]]:
     """The statuses ``module`` exits with, and the source text of those it computes."""
-    used = {USAGE_ERROR}
+    used = {USAGE_ERROR, DATABASE_UNREACHABLE}  # argparse's, and LeasesCommand.execute's
     computed = []
     for node in ast.walk(ast.parse(inspect.getsource(module))):
         if not isinstance(node, ast.Call):
@@ -659,6 +701,32 @@ class LeasesCommand(BaseCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._base_arguments: list[tuple[tuple[str, ...], dict[str, Any]]] = []
         super().__init__(*args, **kwargs)
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        """Django's ``execute``, with a database that cannot be reached reported as such.
+
+        A ``DatabaseError`` escaping the command while one of its databases (``--database``,
+        else every alias django-leases writes to) does not answer becomes a ``CommandError``
+        naming the alias, with ``returncode`` :data:`DATABASE_UNREACHABLE`: one line on
+        stderr, no traceback. Any other database error propagates unchanged.
+
+        Args:
+            args: the command's positional arguments.
+            options: its options.
+
+        Returns:
+            What the command's ``handle`` returned.
+
+        Raises:
+            CommandError: as the command raises it, or for an unreachable database.
+        """
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            unreachable = unreachable_database_error(options.get("database"))
+            if unreachable is None:
+                raise
+            raise unreachable from exc
 
     @property
     def command_name(self) -> str:
@@ -786,5 +854,6 @@ __all__ = [
     "exit_code_problems",
     "exit_codes_help",
     "exit_codes_markdown",
+    "unreachable_database_error",
     "write_rows",
 ]
