@@ -384,3 +384,15 @@ def test_the_real_command_exit_statuses_and_stderr(subprocess_env: dict[str, str
         assert shown == [row.shown for row in EXIT_CODES[command].rows], command
         if command == "trigger_sources":
             assert str(EXIT_BUSY) in shown
+
+
+@pytest.mark.parametrize("command", ["reconcile_trigger_sources", "trigger_sources"])
+@pytest.mark.parametrize("wait", ["nan", "-1", "inf", "3601"])
+def test_the_trigger_commands_refuse_a_bad_wait(command: str, wait: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"django_leases.management.commands.{command}")
+    parser = module.Command().create_parser("manage.py", command)
+    args = ["enable", SOURCE] if command == "trigger_sources" else []
+    with pytest.raises(CommandError, match="--wait"):  # parsed only: nothing is done
+        parser.parse_args([*args, "--wait", wait])

@@ -48,6 +48,7 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
+from django_leases.validation import seconds
 from django_leases.workflows import worker
 
 if TYPE_CHECKING:
@@ -188,6 +189,97 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
                 returncode=DATABASE_UNREACHABLE,
             )
     return None
+
+
+# -- bounded values ---------------------------------------------------------------------------
+
+#: ``run_workflow_worker --concurrency``: at most this many threads, each with a database
+#: connection of its own (PostgreSQL's default ``max_connections`` is 100).
+MAX_CONCURRENCY = 256
+#: ``workflow_runs list --limit`` and ``workflow_runs prune --batch-size``: at most this many.
+MAX_ROWS = 10_000
+#: ``workflow_runs prune --older-than``: at most this many days (a hundred years).
+MAX_AGE_DAYS = 36_500.0
+#: ``--wait`` of the trigger-source commands: at most this many seconds (an hour).
+MAX_WAIT = 3_600.0
+#: The TCP ports a ``--metrics-port`` may name.
+PORTS = (1, 65_535)
+
+
+def seconds_type(
+    *,
+    minimum: float = 0.0,
+    above_minimum: bool = False,
+    maximum: float | None = None,
+    unit: str = "seconds",
+    unit_seconds: float = 1.0,
+) -> Callable[[str], float]:
+    """An argparse ``type`` for an option that is a duration, checked by the one seconds
+    validator (:func:`django_leases.validation.seconds`): finite, within the bounds.
+
+    Args:
+        minimum: the least value, in ``unit``.
+        above_minimum: ``minimum`` itself is refused.
+        maximum: the greatest value, in ``unit``; ``None`` for no bound.
+        unit: the option's unit as its users say it (``"days"``).
+        unit_seconds: the seconds in one ``unit`` (86400 for days).
+
+    Returns:
+        The converter: text → the number, in ``unit``. A value that is not a number, not
+        finite or out of bounds raises ``argparse.ArgumentTypeError``, which argparse reports
+        naming the option (a usage error, exit :data:`USAGE_ERROR`).
+    """
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+        try:
+            seconds(
+                value * unit_seconds,
+                unit,
+                minimum=minimum * unit_seconds,
+                above_minimum=above_minimum,
+                maximum=None if maximum is None else maximum * unit_seconds,
+            )
+        except ValueError:
+            bounds = f"greater than {minimum:g}" if above_minimum else f"at least {minimum:g}"
+            if maximum is not None:
+                bounds += f" and at most {maximum:g}"
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of {unit} {bounds}, not {text!r}"
+            ) from None
+        return value
+
+    return convert
+
+
+def integer_type(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an option that is a whole number from ``minimum`` to
+    ``maximum`` (both included).
+
+    Args:
+        minimum: the least value.
+        maximum: the greatest value.
+
+    Returns:
+        The converter: text → the integer. Text that is not an integer, or out of bounds,
+        raises ``argparse.ArgumentTypeError`` (a usage error naming the option).
+    """
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be from {minimum} to {maximum}, not {text.strip()}"
+            )
+        return value
+
+    return convert
 
 
 # -- --format table|json ----------------------------------------------------------------------
@@ -837,6 +929,11 @@ __all__ = [
     "EXIT_SETUP_FAILED",
     "EXIT_WRONG_STATE",
     "FORMATS",
+    "MAX_AGE_DAYS",
+    "MAX_CONCURRENCY",
+    "MAX_ROWS",
+    "MAX_WAIT",
+    "PORTS",
     "USAGE_ERROR",
     "Column",
     "ExitCode",
@@ -854,6 +951,8 @@ __all__ = [
     "exit_code_problems",
     "exit_codes_help",
     "exit_codes_markdown",
+    "integer_type",
+    "seconds_type",
     "unreachable_database_error",
     "write_rows",
 ]
