@@ -504,18 +504,29 @@ __all__ = [
 VIEW_MIGRATIONS_MAX_AGE = 60.0
 
 
+def _is_staff(request: HttpRequest) -> bool:
+    """Whether the request is an active staff user's; ``False`` when the session or the user
+    cannot be read (their database is down: the probe must still answer its JSON)."""
+    user = getattr(request, "user", None)
+    try:
+        return bool(user is not None and user.is_active and user.is_staff)
+    except DatabaseError:
+        return False
+
+
 def health_view(request: HttpRequest) -> HttpResponse:
     """``GET health/`` (``include("django_leases.urls")``): what ``leases_check`` answers, as
     JSON, with status 200 when healthy and 503 otherwise — for a load balancer or an uptime
     check. Anyone gets ``healthy``, ``exit_code`` and each check's status; staff users get
-    the details too (counts, run ids, workers). The migrations are read at most once a
-    minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe costs a few queries."""
+    the details too (counts, run ids, workers); a user whose session or row cannot be read
+    (the database is down) counts as anonymous, so the answer is still JSON. The migrations
+    are read at most once a minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe
+    costs a few queries."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponseNotAllowed(["GET", "HEAD"])
     report = run_checks(migrations_max_age=VIEW_MIGRATIONS_MAX_AGE)
     body = report.as_dict()
-    user = getattr(request, "user", None)
-    if not (user is not None and user.is_active and user.is_staff):
+    if not _is_staff(request):
         body["checks"] = [
             {"check": c["check"], "alias": c["alias"], "status": c["status"]}
             for c in body["checks"]

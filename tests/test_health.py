@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -17,7 +19,7 @@ from django_leases import health
 from django_leases.clock import db_now_plus
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, WorkflowRun, WorkflowStep
-from tests.helpers import manage
+from tests.helpers import ROOT, manage
 
 BOGUS = "bogus_health"
 
@@ -418,6 +420,37 @@ def test_the_health_view_answers_503_on_a_problem_and_details_for_staff(
     client.force_login(admin_user)
     workers = next(c for c in client.get("/health/").json()["checks"] if c["check"] == "workers")
     assert workers["status"] == "problem" and workers["details"]["overdue_passes"] == 1
+
+
+_PROBE_WITH_A_COOKIE = """
+import django
+django.setup()
+from django.test import Client
+client = Client(raise_request_exception=False)
+client.cookies["sessionid"] = "abcdefghijklmnopqrstuvwxyz012345"
+response = client.get("/health/")
+print(response.status_code, response.get("Content-Type"), response.json()["exit_code"])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_health_view_answers_503_json_when_the_database_is_down_and_a_cookie_is_sent() -> None:
+    # A browser or an uptime checker keeping cookies sends a session cookie: looking the
+    # user up reads the session from the database that is down.
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/dl_unreachable",  # nobody listens
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", _PROBE_WITH_A_COOKIE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.stdout.strip().splitlines()[-1:] == ["503 application/json 4"], child.stderr
 
 
 @pytest.mark.django_db
