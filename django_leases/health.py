@@ -7,7 +7,10 @@ Five checks, each judged on the **database clock** where time matters:
     answers a ``SELECT 1``.
 ``migrations``
     No migration is unapplied on that alias, for django-leases or any other installed app
-    (the plan ``migrate`` would run).
+    (the plan ``migrate`` would run), and on the workflow tables' alias the workers could
+    start: on PostgreSQL the hot-path functions a migration installed are still there
+    (``models.workflow.functions_missing``, the rule the worker applies; the message says
+    how to repair).
 ``workers``
     The workflow worker processes alive now: each holds a heartbeat lease
     (``workflow-worker:<host>:<pid>``, renewed every TTL/3 like any hold, lapsing after its TTL
@@ -204,6 +207,18 @@ def _migrations(alias: str, max_age: float) -> tuple[Finding, bool]:
     exist = _tables_exist(alias)
     _migrations_seen[alias] = (now, finding, exist)
     return finding, exist
+
+
+def check_functions(alias: str) -> Finding:
+    """The migrations finding of an alias whose migrations are all applied: a problem when
+    workflow workers would refuse to start there for want of their PostgreSQL functions
+    (dropped since ``migrate`` installed them), the message saying how to repair."""
+    from django_leases.models.workflow import functions_missing
+
+    missing = functions_missing(connections[alias])
+    if missing is None:
+        return Finding("migrations", alias, OK, "all migrations applied")
+    return Finding("migrations", alias, PROBLEM, str(missing))
 
 
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
@@ -430,6 +445,8 @@ def run_checks(
                 findings.append(Finding(name, alias, SKIPPED, "skipped: database unreachable"))
             continue
         migrations, tables_exist = _migrations(alias, migrations_max_age)
+        if migrations.status == OK and tables_exist and (explicit or alias == workflow_alias):
+            migrations = _guarded("migrations", alias, lambda a=alias: check_functions(a))
         findings.append(migrations)
         if not explicit and alias != workflow_alias:
             continue

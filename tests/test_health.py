@@ -456,3 +456,67 @@ def test_the_health_view_answers_503_json_when_the_database_is_down_and_a_cookie
 @pytest.mark.django_db
 def test_the_health_view_takes_only_get(client: Any) -> None:
     assert client.post("/health/").status_code == 405
+
+
+# -- the workflow functions (PostgreSQL) ------------------------------------------------------
+
+
+def _drop_a_workflow_function() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proname LIKE 'dl_pick_pass_%'"
+        )
+        (function,) = cursor.fetchone()
+        cursor.execute(f"DROP FUNCTION {function}")
+    return str(function)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+def test_leases_check_is_not_healthy_when_workers_refuse_to_start(client: Any) -> None:
+    from django_leases.exceptions import WorkflowFunctionsMissing
+    from django_leases.models.workflow import functions_missing
+
+    _drop_a_workflow_function()  # rolled back with the test's transaction
+    report = health.run_checks()
+    assert not report.healthy, report.as_dict()
+    migrations = by_check(report)["migrations"]
+    assert migrations.status == "problem"
+    assert "dl_pick_pass_" in migrations.message and "--fake" in migrations.message
+    refused = functions_missing(connection)  # what the worker refuses to start with
+    assert isinstance(refused, WorkflowFunctionsMissing)
+    assert str(refused) == migrations.message
+    assert client.get("/health/").status_code == 503
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(300)
+def test_the_repair_leases_check_gives_for_dropped_functions_reinstalls_them(
+    subprocess_env: dict[str, str],
+) -> None:
+    import re
+
+    from django_leases.models.workflow import missing_functions
+
+    _drop_a_workflow_function()
+    message = by_check(health.run_checks())["migrations"].message
+    commands = re.findall(r"'manage\.py (migrate[^']*)'", message)
+    assert len(commands) == 3, message
+    try:
+        for command in commands:
+            done = manage(*command.split(), env=subprocess_env)
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert missing_functions(connection) == []
+        assert health.run_checks().healthy
+        unapplied = manage("migrate", "--check", env=subprocess_env)
+        assert unapplied.returncode == 0, unapplied.stdout + unapplied.stderr
+    finally:
+        if missing_functions(connection):  # leave the test database as it was
+            import importlib
+
+            from django_leases.models.workflow import FUNCTIONS_MIGRATION
+
+            migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+            with connection.cursor() as cursor:
+                for statement in migration.FUNCTIONS.values():
+                    cursor.execute(statement)

@@ -34,7 +34,6 @@ from django.db import close_old_connections, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
-from django_leases.exceptions import WorkflowFunctionsMissing
 from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
@@ -349,7 +348,7 @@ class Worker:
     def _check_ready(self) -> None:
         """Refuse to start where the tuned statements' functions are missing (the migrations
         install them): every unit of work would fail."""
-        from django_leases.models.workflow import missing_functions
+        from django_leases.models.workflow import functions_missing
 
         connection = connections[self.alias]
         if connection.in_atomic_block:
@@ -361,12 +360,9 @@ class Worker:
                 "connections and cannot see this transaction's rows. In tests, use "
                 "TransactionTestCase or django_db(transaction=True)."
             )
-        if db.tuned(connection, "postgresql"):
-            missing = missing_functions(connection)
-            if missing:
-                raise WorkflowFunctionsMissing(
-                    self.alias, f"the workflow functions {', '.join(missing)}"
-                )
+        missing = functions_missing(connection)
+        if missing is not None:
+            raise missing
 
     def work_once(self) -> bool:
         """Do one unit of work on the calling thread: one due pass, else one due step.
