@@ -13,7 +13,7 @@ Five checks, each judged on the **database clock** where time matters:
     how to repair).
 ``workers``
     The workflow worker processes alive now: each holds a heartbeat lease
-    (``workflow-worker:<host>:<pid>``, renewed every TTL/3 like any hold, lapsing after its TTL
+    (``workflow-worker:<host>:<pid>:<id>``, renewed every TTL/3 like any hold, lapsing after its TTL
     when the process dies) and records its threads and units in flight (``WorkflowWorker``).
     It is a problem when work has been **due for longer than** ``overdue_after`` seconds (a
     pass due, or a waiting step available) and nobody took it: no worker is running, or too

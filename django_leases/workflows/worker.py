@@ -68,14 +68,11 @@ ONCE_HORIZON = PASS_RETRY_DELAY + 1.0
 
 
 class _Heartbeat:
-    """The worker process's heartbeat lease (``workflow-worker:<host>:<pid>``) and its
-    ``WorkflowWorker`` row: taken when the worker starts (and again whenever it is not held:
+    """The worker's heartbeat lease (``workflow-worker:<host>:<pid>:<id>``, the id its own)
+    and its ``WorkflowWorker`` row: taken when the worker starts (and again whenever it is not held:
     the database was unreachable, or the lease was lost), renewed every TTL/3 by the lease's
     own renewal thread, its units in flight written every TTL/3, released when the worker
     stops. Never fatal: without a database the worker runs on, unseen."""
-
-    _lock = threading.Lock()
-    _running: set[str] = set()
 
     def __init__(self, worker: Worker) -> None:
         import os
@@ -85,14 +82,10 @@ class _Heartbeat:
         self.ttl = run_lease_ttl()
         self.host = socket.gethostname()[:200]
         self.pid = os.getpid()
-        base = f"{WORKER_LEASE_PREFIX}{self.host}:{self.pid}"
-        with self._lock:  # several workers in one process each get a key
-            self.key = base
-            number = 1
-            while self.key in self._running:
-                number += 1
-                self.key = f"{base}:{number}"
-            self._running.add(self.key)
+        # host and pid say where it runs; they are not unique (containers on the host's
+        # network each have its hostname and their own low pids), so the key ends with an id
+        # of this worker's own: two workers never share a heartbeat lease.
+        self.key = f"{WORKER_LEASE_PREFIX}{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self.held: HeldLease | None = None
         self._next_try = 0.0
         self._next_beat = 0.0
@@ -124,7 +117,7 @@ class _Heartbeat:
             if in_flight != self._in_flight or now >= self._next_beat:
                 WorkflowWorker.objects.db_manager(self.worker.alias).beat(self.key, in_flight)
                 self._in_flight, self._next_beat = in_flight, now + self.ttl / 3
-        except Exception as exc:  # taken (a reused pid's lease), unreachable: later
+        except Exception as exc:  # unreachable, or the lease lost: later
             logger.info("Workflow worker heartbeat %r: %s; trying again later", self.key, exc)
         finally:
             db.close_thread_connections()
@@ -146,8 +139,6 @@ class _Heartbeat:
             logger.info("Workflow worker heartbeat %r: %s", self.key, exc)
         finally:
             db.close_thread_connections()
-            with self._lock:
-                self._running.discard(self.key)
 
 
 class Worker:
