@@ -814,7 +814,7 @@ def workflow_functions_check(
     from django.db.migrations.recorder import MigrationRecorder
 
     from django_leases import db
-    from django_leases.models.workflow import FUNCTIONS_MIGRATION, missing_functions
+    from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions_missing
 
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():
@@ -828,17 +828,14 @@ def workflow_functions_check(
             applied = MigrationRecorder(connection).applied_migrations()
             if ("django_leases", FUNCTIONS_MIGRATION) not in applied:
                 continue  # not migrated yet: migrate installs them
-            missing = missing_functions(connection)
+            missing = functions_missing(connection)
         except Exception:  # an unreachable database is reported elsewhere
             continue
-        if missing:
+        if missing is not None:
             messages.append(
                 checks.Error(
-                    f"Database {alias!r}: the workflow worker's PostgreSQL functions for this "
-                    f"version of django-leases are not installed ({', '.join(missing)}); "
-                    "workers refuse to start.",
-                    hint="Run `manage.py migrate`. If no migration is pending, the migration "
-                    "that installs these functions is missing from this version.",
+                    f"The workflow worker's PostgreSQL functions for this version of "
+                    f"django-leases are not installed; workers refuse to start. {missing}",
                     id="django_leases.E013",
                 )
             )

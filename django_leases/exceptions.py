@@ -180,12 +180,14 @@ class WorkflowRunStateError(WorkflowError, ValueError):
 
 class WorkflowFunctionsMissing(WorkflowError):
     """The database lacks what the workflow tables' migrations install (``.alias``): the
-    worker refuses to start until ``manage.py migrate`` has run."""
+    worker refuses to start until it is repaired. ``repair`` says how (default: run
+    ``manage.py migrate``)."""
 
-    def __init__(self, alias: str, missing: str) -> None:
+    def __init__(self, alias: str, missing: str, repair: str | None = None) -> None:
         super().__init__(
-            f"Database {alias!r} lacks {missing}: run 'manage.py migrate' "
-            f"(--database {alias}) before starting workers"
+            f"Database {alias!r} lacks {missing}: "
+            + (repair or f"run 'manage.py migrate --database {alias}'")
+            + " before starting workers"
         )
         self.alias = alias
 

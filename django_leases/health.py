@@ -7,10 +7,13 @@ Five checks, each judged on the **database clock** where time matters:
     answers a ``SELECT 1``.
 ``migrations``
     No migration is unapplied on that alias, for django-leases or any other installed app
-    (the plan ``migrate`` would run).
+    (the plan ``migrate`` would run), and on the workflow tables' alias the workers could
+    start: on PostgreSQL the hot-path functions a migration installed are still there
+    (``models.workflow.functions_missing``, the rule the worker applies; the message says
+    how to repair).
 ``workers``
     The workflow worker processes alive now: each holds a heartbeat lease
-    (``workflow-worker:<host>:<pid>``, renewed every TTL/3 like any hold, lapsing after its TTL
+    (``workflow-worker:<host>:<pid>:<id>``, renewed every TTL/3 like any hold, lapsing after its TTL
     when the process dies) and records its threads and units in flight (``WorkflowWorker``).
     It is a problem when work has been **due for longer than** ``overdue_after`` seconds (a
     pass due, or a waiting step available) and nobody took it: no worker is running, or too
@@ -207,6 +210,18 @@ def _migrations(alias: str, max_age: float) -> tuple[Finding, bool]:
     exist = _tables_exist(alias)
     _migrations_seen[alias] = (now, finding, exist)
     return finding, exist
+
+
+def check_functions(alias: str) -> Finding:
+    """The migrations finding of an alias whose migrations are all applied: a problem when
+    workflow workers would refuse to start there for want of their PostgreSQL functions
+    (dropped since ``migrate`` installed them), the message saying how to repair."""
+    from django_leases.models.workflow import functions_missing
+
+    missing = functions_missing(connections[alias])
+    if missing is None:
+        return Finding("migrations", alias, OK, "all migrations applied")
+    return Finding("migrations", alias, PROBLEM, str(missing))
 
 
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
@@ -436,6 +451,8 @@ def run_checks(
                 findings.append(Finding(name, alias, SKIPPED, "skipped: database unreachable"))
             continue
         migrations, tables_exist = _migrations(alias, migrations_max_age)
+        if migrations.status == OK and tables_exist and (explicit or alias == workflow_alias):
+            migrations = _guarded("migrations", alias, lambda a=alias: check_functions(a))
         findings.append(migrations)
         if not explicit and alias != workflow_alias:
             continue
@@ -510,18 +527,29 @@ __all__ = [
 VIEW_MIGRATIONS_MAX_AGE = 60.0
 
 
+def _is_staff(request: HttpRequest) -> bool:
+    """Whether the request is an active staff user's; ``False`` when the session or the user
+    cannot be read (their database is down: the probe must still answer its JSON)."""
+    user = getattr(request, "user", None)
+    try:
+        return bool(user is not None and user.is_active and user.is_staff)
+    except DatabaseError:
+        return False
+
+
 def health_view(request: HttpRequest) -> HttpResponse:
     """``GET health/`` (``include("django_leases.urls")``): what ``leases_check`` answers, as
     JSON, with status 200 when healthy and 503 otherwise — for a load balancer or an uptime
     check. Anyone gets ``healthy``, ``exit_code`` and each check's status; staff users get
-    the details too (counts, run ids, workers). The migrations are read at most once a
-    minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe costs a few queries."""
+    the details too (counts, run ids, workers); a user whose session or row cannot be read
+    (the database is down) counts as anonymous, so the answer is still JSON. The migrations
+    are read at most once a minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe
+    costs a few queries."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponseNotAllowed(["GET", "HEAD"])
     report = run_checks(migrations_max_age=VIEW_MIGRATIONS_MAX_AGE)
     body = report.as_dict()
-    user = getattr(request, "user", None)
-    if not (user is not None and user.is_active and user.is_staff):
+    if not _is_staff(request):
         body["checks"] = [
             {"check": c["check"], "alias": c["alias"], "status": c["status"]}
             for c in body["checks"]

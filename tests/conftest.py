@@ -13,6 +13,14 @@ from tests import payloads as payload_sets
 from tests.helpers import reap_started_processes, tuned_sql
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say whether the extra run over the real payloads (``../shared/fixtures/``) is in."""
+    root = payload_sets.SHARED_DIR / "fixtures"
+    if "shared" in payload_sets.set_names():
+        return f"real webhook payloads: {root} (an extra run of the payload tests)"
+    return f"real webhook payloads: {root} is not here; their extra run is not collected"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from django.conf import settings
 
@@ -36,11 +44,11 @@ def payloads() -> payload_sets.PayloadSet:
     return payload_sets.ours()
 
 
-@pytest.fixture(params=payload_sets.SET_NAMES)
+@pytest.fixture(params=payload_sets.set_names())
 def payload_set(request: pytest.FixtureRequest) -> payload_sets.PayloadSet:
     """Each payload set in turn: ``ours`` (``tests/fixtures/``), then ``shared`` (the real
-    payloads in ``../shared/fixtures/``: skipped when absent on a user's machine, a failure
-    under ``CI=true``)."""
+    payloads in ``../shared/fixtures/``: not collected when absent on a user's machine, a
+    failure when absent under ``CI=true``)."""
     return payload_sets.payload_set(request.param)
 
 

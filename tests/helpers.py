@@ -19,6 +19,10 @@
   :func:`start_process` / :func:`run_at_once` — child processes with their output piped;
 * :func:`fake_sources` / :func:`make_orphan` — trigger sources on a fake provider;
   :func:`failed_run` — a workflow run that failed on its step's last attempt.
+* :func:`staff_user` / :func:`staff_client` — a staff user with some of django-leases'
+  permissions, or a client logged in as one;
+* :func:`renewal_threads` — the renewal (and deadline) threads of live holds;
+  :func:`spend_steps_first` — spend a worker's periodic look for due steps on an idle unit;
 * :func:`raw_request` — one HTTP request written byte for byte (repeated headers, any value
   a client library would refuse) to a live server, and its answer.
 """
@@ -647,3 +651,56 @@ def make_orphan(name: str) -> None:
     lifecycle.enable(name)
     registry.unregister(name)
     lifecycle.reconcile()
+
+
+# -- admin users --------------------------------------------------------------------------------
+
+
+def staff_user(*codenames: str) -> Any:
+    """A new active staff user (a unique username, password ``pw``) holding django-leases'
+    permissions ``codenames`` (``"view_lease"``…), read afresh so its permission cache is
+    empty."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="django_leases", codename=codename)
+        )
+    return User.objects.get(pk=user.pk)
+
+
+def staff_client(*codenames: str, **client_options: Any) -> Any:
+    """A test ``Client`` (built with ``client_options``) logged in as a new
+    :func:`staff_user` holding ``codenames``."""
+    from django.test import Client
+
+    client = Client(**client_options)
+    client.force_login(staff_user(*codenames))
+    return client
+
+
+# -- holds and workers --------------------------------------------------------------------------
+
+
+def renewal_threads(key: str | None = None) -> list[threading.Thread]:
+    """The renewal threads of the live hold of ``key``; with no key, every hold's renewal and
+    deadline threads (``lease-renewal:…``, ``lease-deadline:…``)."""
+    if key is not None:
+        return [t for t in threading.enumerate() if t.name == f"lease-renewal:{key}"]
+    names = ("lease-renewal:", "lease-deadline:")
+    return [t for t in threading.enumerate() if t.name.startswith(names)]
+
+
+def spend_steps_first(worker: Any, run_ids: Sequence[Any] | None = None) -> None:
+    """Spend ``worker``'s look for due steps ahead of new runs (made once per poll interval)
+    on an idle unit of work: the passes of ``run_ids`` (default: every run with a pass due)
+    are held back for that unit, then due again."""
+    from django_leases.models import WorkflowRun
+
+    if run_ids is None:
+        due = WorkflowRun.objects.filter(pass_due_at__isnull=False)
+        run_ids = list(due.values_list("pk", flat=True))
+    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=None)
+    assert worker.work_once() is False
+    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=db_now())

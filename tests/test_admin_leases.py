@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from django_leases.models import Lease
+from tests.helpers import staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -33,15 +34,6 @@ def leases() -> dict[str, Lease]:
         expires_at=timezone.now() - timedelta(hours=1),
     )
     return {"live": live, "released": released, "lapsed": lapsed}
-
-
-def _staff(*codenames: str) -> User:
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="django_leases", codename=codename)
-        )
-    return User.objects.get(pk=user.pk)  # fresh permission cache
 
 
 def _client(user: User) -> Client:
@@ -136,7 +128,7 @@ def test_superuser_force_releases(admin_client: Client, leases: dict[str, Lease]
 
 
 def test_staff_without_the_permission_gets_no_action(leases: dict[str, Lease]) -> None:
-    client = _client(_staff("view_lease"))
+    client = _client(staff_user("view_lease"))
     response = client.get(reverse(CHANGELIST))
     assert response.status_code == 200
     assert set(_rows(response)) == {"reports:nightly", "cache:warm", "index:rebuild"}
@@ -150,7 +142,7 @@ def test_staff_without_the_permission_gets_no_action(leases: dict[str, Lease]) -
 
 
 def test_staff_with_the_permission_can_force_release(leases: dict[str, Lease]) -> None:
-    client = _client(_staff("view_lease", "force_release_lease"))
+    client = _client(staff_user("view_lease", "force_release_lease"))
     live = leases["live"]
     client.post(reverse(CHANGELIST), {"action": "force_release", "_selected_action": [live.pk]})
     assert Lease.objects.current("reports:nightly") is None
@@ -158,5 +150,5 @@ def test_staff_with_the_permission_can_force_release(leases: dict[str, Lease]) -
 
 
 def test_staff_without_view_permission_sees_nothing(leases: dict[str, Lease]) -> None:
-    client = _client(_staff())
+    client = _client(staff_user())
     assert client.get(reverse(CHANGELIST)).status_code == 403

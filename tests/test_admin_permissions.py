@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from django_leases.models import Lease, TriggerSource, WorkflowRun
 from django_leases.testing.providers import FakeProvider
 from django_leases.triggers import lifecycle
-from tests.helpers import failed_run, fake_sources, make_orphan
+from tests.helpers import failed_run, fake_sources, make_orphan, staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -218,23 +217,12 @@ GRANTS = {
 }
 
 
-def _staff(*codenames: str) -> Client:
-    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="django_leases", codename=codename)
-        )
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.mark.parametrize("grant", list(GRANTS))
 @pytest.mark.parametrize("operation", OPERATIONS, ids=[op.name for op in OPERATIONS])
 def test_an_operation_needs_both_the_view_and_the_operate_permission(
     world: World, operation: Operation, grant: str
 ) -> None:
-    client = _staff(*GRANTS[grant](operation))
+    client = staff_client(*GRANTS[grant](operation))
     response = operation.post(client, world)
     if grant == "both":
         assert response.status_code == 302, response
@@ -255,7 +243,7 @@ def test_an_operation_needs_both_the_view_and_the_operate_permission(
 def test_an_unknown_object_is_not_revealed_without_the_view_permission(world: World) -> None:
     """Without the view permission an operate URL answers 403 whether or not the id exists
     (no "No such …" message that would tell the two apart)."""
-    client = _staff(RUN_OPERATE, TOGGLE)
+    client = staff_client(RUN_OPERATE, TOGGLE)
     for url in (
         _operate("workflowrun", uuid.uuid4(), "resume"),
         _operate("workflowrun", world.failed.pk, "resume"),

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 from django_leases.models import TriggerEvent, TriggerSource
 from django_leases.testing.providers import FakeProvider
 from django_leases.triggers import credentials, lifecycle
-from tests.helpers import fake_sources, make_orphan
+from tests.helpers import fake_sources, make_orphan, staff_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,15 +35,6 @@ def fake() -> Iterator[FakeProvider]:
         make_orphan("adm-gone")
         provider.calls.clear()
         yield provider
-
-
-def _staff(*codenames: str) -> User:
-    user = User.objects.create_user("operator", password="pw", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="django_leases", codename=codename)
-        )
-    return User.objects.get(pk=user.pk)
 
 
 def _client(user: User, **kwargs: Any) -> Client:
@@ -315,7 +306,7 @@ def test_a_source_page_shows_recent_deliveries_and_its_operations(
 
 
 def test_staff_without_the_permission_cannot_switch_anything(fake: FakeProvider) -> None:
-    client = _client(_staff("view_triggersource", "view_orphantriggersource"))
+    client = _client(staff_user("view_triggersource", "view_orphantriggersource"))
     response = client.get(reverse(SOURCES))
     assert response.status_code == 200
     html = response.content.decode()
@@ -350,7 +341,7 @@ def test_staff_without_the_permission_cannot_switch_anything(fake: FakeProvider)
 
 
 def test_staff_with_the_permission_can_switch(fake: FakeProvider) -> None:
-    client = _client(_staff("view_triggersource", "toggle_triggersource"))
+    client = _client(staff_user("view_triggersource", "toggle_triggersource"))
     client.post(
         reverse(SOURCES), {"action": "enable_sources", "_selected_action": [_pk("adm-pushes")]}
     )

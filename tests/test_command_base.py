@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import uuid
 from datetime import UTC, datetime
 from io import StringIO
@@ -17,6 +18,7 @@ from django.core.management import CommandError
 
 from django_leases.management import base
 from django_leases.management.base import (
+    DATABASE_UNREACHABLE,
     EXIT_CODES,
     EXIT_WRONG_STATE,
     USAGE_ERROR,
@@ -31,6 +33,7 @@ from django_leases.management.base import (
 )
 from django_leases.management.commands.leases import Command as LeasesCommand
 from django_leases.models import Lease
+from tests.helpers import manage
 
 HOOK = Path(__file__).resolve().parent.parent / "docs" / "_hooks" / "reference_tables.py"
 
@@ -176,6 +179,35 @@ def test_help_and_docs_render_the_same_rows() -> None:
     assert "| 126 / 127 |" in exit_codes_markdown("hold_lease")
 
 
+def test_every_exit_status_of_a_command_has_one_meaning() -> None:
+    # A script must tell "bad usage" (2) from a command's own failure: no status is on two
+    # rows of one command's table.
+    doubled = {}
+    for name, table in EXIT_CODES.items():
+        codes = [code for row in table.rows for code in row.codes]
+        twice = sorted({code for code in codes if codes.count(code) > 1})
+        if twice:
+            doubled[name] = twice
+    assert doubled == {}
+
+
+@pytest.mark.parametrize(
+    "command", [["leases", "list"], ["workflow_runs", "list"], ["trigger_sources", "list"]]
+)
+def test_a_command_says_the_database_is_unreachable_without_a_traceback(
+    command: list[str],
+) -> None:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/dl_unreachable",  # nobody listens
+    }
+    done = manage(*command, env=env)
+    assert "Traceback" not in done.stderr, done.stderr[-600:]
+    assert "Database 'default' is unreachable" in done.stderr, done.stderr
+    assert done.returncode == DATABASE_UNREACHABLE == 4
+
+
 def _without(name: str, code: int) -> base.ExitCodeTable:
     table = EXIT_CODES[name]
     return dataclasses.replace(table, rows=tuple(r for r in table.rows if code not in r.codes))
@@ -193,13 +225,14 @@ def test_a_status_the_code_uses_but_the_table_lacks_is_a_problem(
     assert exit_code_problems("run_workflow_worker") == [
         "run_workflow_worker exits with 3, which its exit-code table lacks"
     ]
-    # So do CommandError's default (1) and usage errors (2).
+    # So do CommandError's default (1), usage errors (2) and an unreachable database (4).
     monkeypatch.setitem(
         EXIT_CODES, "leases", EXIT_CODES["leases"].__class__((ExitCode((0,), "ok"),))
     )
     assert exit_code_problems("leases") == [
         "leases exits with 1, which its exit-code table lacks",
         "leases exits with 2, which its exit-code table lacks",
+        "leases exits with 4, which its exit-code table lacks",
     ]
 
 

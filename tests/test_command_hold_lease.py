@@ -422,7 +422,7 @@ def test_help_documents_the_exit_codes(holders: Holders) -> None:
     epilog = output.split("exit codes:\n", 1)[1]
     rows = [line[2:].split("  ")[0] for line in epilog.splitlines() if line[2:3].strip()]
     assert rows == [row.shown for row in EXIT_CODES["hold_lease"].rows]
-    assert rows == ["the child's", "75", "76", "126 / 127", "128 + N", "1", "2"]
+    assert rows == ["the child's", "75", "76", "126 / 127", "128 + N", "1", "2", "4"]
 
 
 def test_an_unknown_database_is_bad_usage_and_runs_nothing(holders: Holders) -> None:

@@ -170,5 +170,5 @@ def test_help_ends_with_the_exit_codes(subprocess_env: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
     epilog = result.stdout.split("exit codes:\n", 1)[1]
     shown = [line.split()[0] for line in epilog.splitlines() if not line.startswith("     ")]
-    assert shown == [row.shown for row in EXIT_CODES["leases"].rows] == ["0", "1", "2"]
+    assert shown == [row.shown for row in EXIT_CODES["leases"].rows] == ["0", "1", "2", "4"]
     assert "unknown --database alias" in " ".join(epilog.split())

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -19,7 +21,7 @@ from django_leases import health
 from django_leases.clock import db_now_plus
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.models import Lease, WorkflowRun, WorkflowStep
-from tests.helpers import manage
+from tests.helpers import ROOT, manage
 
 BOGUS = "bogus_health"
 
@@ -374,7 +376,7 @@ def test_thresholds_the_seconds_validator_takes_are_taken(good: Any) -> None:
 
 @pytest.mark.parametrize("bad", ["0", "-5", "soon", "nan", "inf"])
 def test_the_command_refuses_bad_thresholds(bad: str) -> None:
-    with pytest.raises(CommandError, match="seconds > 0"):
+    with pytest.raises(CommandError, match=r"--stuck-after: .*number of seconds"):
         call_command("leases_check", "--stuck-after", bad)
 
 
@@ -431,6 +433,101 @@ def test_the_health_view_answers_503_on_a_problem_and_details_for_staff(
     assert workers["status"] == "problem" and workers["details"]["overdue_passes"] == 1
 
 
+_PROBE_WITH_A_COOKIE = """
+import django
+django.setup()
+from django.test import Client
+client = Client(raise_request_exception=False)
+client.cookies["sessionid"] = "abcdefghijklmnopqrstuvwxyz012345"
+response = client.get("/health/")
+print(response.status_code, response.get("Content-Type"), response.json()["exit_code"])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_health_view_answers_503_json_when_the_database_is_down_and_a_cookie_is_sent() -> None:
+    # A browser or an uptime checker keeping cookies sends a session cookie: looking the
+    # user up reads the session from the database that is down.
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:1/dl_unreachable",  # nobody listens
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", _PROBE_WITH_A_COOKIE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.stdout.strip().splitlines()[-1:] == ["503 application/json 4"], child.stderr
+
+
 @pytest.mark.django_db
 def test_the_health_view_takes_only_get(client: Any) -> None:
     assert client.post("/health/").status_code == 405
+
+
+# -- the workflow functions (PostgreSQL) ------------------------------------------------------
+
+
+def _drop_a_workflow_function() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proname LIKE 'dl_pick_pass_%'"
+        )
+        (function,) = cursor.fetchone()
+        cursor.execute(f"DROP FUNCTION {function}")
+    return str(function)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+def test_leases_check_is_not_healthy_when_workers_refuse_to_start(client: Any) -> None:
+    from django_leases.exceptions import WorkflowFunctionsMissing
+    from django_leases.models.workflow import functions_missing
+
+    _drop_a_workflow_function()  # rolled back with the test's transaction
+    report = health.run_checks()
+    assert not report.healthy, report.as_dict()
+    migrations = by_check(report)["migrations"]
+    assert migrations.status == "problem"
+    assert "dl_pick_pass_" in migrations.message and "--fake" in migrations.message
+    refused = functions_missing(connection)  # what the worker refuses to start with
+    assert isinstance(refused, WorkflowFunctionsMissing)
+    assert str(refused) == migrations.message
+    assert client.get("/health/").status_code == 503
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(300)
+def test_the_repair_leases_check_gives_for_dropped_functions_reinstalls_them(
+    subprocess_env: dict[str, str],
+) -> None:
+    import re
+
+    from django_leases.models.workflow import missing_functions
+
+    _drop_a_workflow_function()
+    message = by_check(health.run_checks())["migrations"].message
+    commands = re.findall(r"'manage\.py (migrate[^']*)'", message)
+    assert len(commands) == 3, message
+    try:
+        for command in commands:
+            done = manage(*command.split(), env=subprocess_env)
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert missing_functions(connection) == []
+        assert health.run_checks().healthy
+        unapplied = manage("migrate", "--check", env=subprocess_env)
+        assert unapplied.returncode == 0, unapplied.stdout + unapplied.stderr
+    finally:
+        if missing_functions(connection):  # leave the test database as it was
+            import importlib
+
+            from django_leases.models.workflow import FUNCTIONS_MIGRATION
+
+            migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+            with connection.cursor() as cursor:
+                for statement in migration.FUNCTIONS.values():
+                    cursor.execute(statement)

@@ -19,15 +19,12 @@ from tests.helpers import (
     on_another_thread,
     race,
     race_in_processes,
+    renewal_threads,
     unique_key,
     wait_until,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _renewal_threads(key: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == f"lease-renewal:{key}"]
 
 
 def test_hold_lease_refuses_to_decorate_a_coroutine_function() -> None:
@@ -99,7 +96,7 @@ def test_cancelled_while_acquiring_gives_the_lease_back() -> None:
         )
     assert Lease.objects.current(key) is None
     # No renewal was left running: nothing can extend the lease behind our back.
-    wait_until(lambda: not _renewal_threads(key), 60, what="no renewal thread for the key")
+    wait_until(lambda: not renewal_threads(key), 60, what="no renewal thread for the key")
     assert Lease.objects.current(key) is None
 
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_leases.clock import db_now
 from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
+from tests.helpers import spend_steps_first
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -98,14 +98,6 @@ def _problems(plans: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def _spend_steps_first(worker: Worker) -> None:
-    """The worker's periodic look for due steps ahead of new runs is made on an idle unit."""
-    due = list(WorkflowRun.objects.filter(pass_due_at__isnull=False).values_list("pk", flat=True))
-    WorkflowRun.objects.filter(pk__in=due).update(pass_due_at=None)
-    assert worker.work_once() is False
-    WorkflowRun.objects.filter(pk__in=due).update(pass_due_at=db_now())
-
-
 def _drive_the_hot_paths() -> None:
     """Send every hot-path statement at least once."""
     # Leases: acquire, refresh, release; release_held (a worker's final check).
@@ -118,7 +110,7 @@ def _drive_the_hot_paths() -> None:
     # A worker that chains runs: each completion also picks the next run with its lease.
     chained = [start_workflow("tests.plans-one", {}) for _ in range(2)]
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker)
+    spend_steps_first(worker)
     assert worker.work_once() is True
     # A worker that does not chain (it looks for due steps first on every unit): its
     # completion picks no next run.

@@ -166,3 +166,23 @@ def test_the_leaves_import_only_leaves() -> None:
     edges = graph()
     for leaf, allowed in LEAVES.items():
         assert edges[leaf] <= allowed, (leaf, edges[leaf] - allowed)
+
+
+#: Helpers once written in several test modules, now in the test kit under another name.
+MOVED_TO_THE_KIT = ("_staff", "_spend_steps_first", "_renewal_threads")
+
+
+def test_no_test_helper_is_defined_in_several_test_modules() -> None:
+    # The test kit (tests/helpers.py) holds what several modules need: no test module
+    # defines one of its helpers again (under its name, or its name with a leading "_"),
+    # nor a helper that was moved there.
+    tests = Path(__file__).resolve().parent
+    kit = ast.parse((tests / "helpers.py").read_text()).body
+    names = {node.name for node in kit if isinstance(node, ast.FunctionDef)}
+    forbidden = {*names, *(f"_{name.lstrip('_')}" for name in names), *MOVED_TO_THE_KIT}
+    seen: dict[str, list[str]] = {}
+    for module in sorted(tests.glob("test_*.py")):
+        for node in ast.parse(module.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name in forbidden:
+                seen.setdefault(node.name, []).append(module.name)
+    assert seen == {}

@@ -20,7 +20,7 @@ from django.db import connection
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
-from tests.helpers import terminate_other_backends, unique_key, wait_until
+from tests.helpers import renewal_threads, terminate_other_backends, unique_key, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,14 +67,6 @@ def _new_connections_refused() -> Iterator[None]:
     finally:
         with connection._nodb_cursor() as cursor:
             cursor.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
-
-
-def _renewal_threads() -> list[threading.Thread]:
-    return [
-        thread
-        for thread in threading.enumerate()
-        if thread.name.startswith(("lease-renewal:", "lease-deadline:"))
-    ]
 
 
 @pytest.mark.postgres_only
@@ -166,4 +158,4 @@ def test_hold_lease_cycles_leave_no_connection_behind(renewal_count: list[int]) 
 def test_hold_lease_cycles_leave_no_renewal_thread_behind(renewal_count: list[int]) -> None:
     _cycle_many(renewal_count)
     assert renewal_count[0] >= CYCLES, "the cycles did not renew, so they proved nothing"
-    wait_until(lambda: not _renewal_threads(), PATIENCE, what="the renewal threads to end")
+    wait_until(lambda: not renewal_threads(), PATIENCE, what="the renewal threads to end")

@@ -31,7 +31,7 @@ from django.db import connection
 
 from django_leases.models import Lease, RunStatus, WorkflowRun
 from django_leases.workflows.engine import start_workflow
-from tests.helpers import start_process, unique_key, wait_until
+from tests.helpers import manage, start_process, unique_key, wait_until
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
 
@@ -114,27 +114,14 @@ def _env(base: dict[str, str], port: int, *, declared: bool) -> dict[str, str]:
     return env
 
 
-def _manage(
-    env: dict[str, str], *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
 def test_a_worker_behind_the_pooler_runs_every_run(
     pgbouncer: int, subprocess_env: dict[str, str], declared: bool
 ) -> None:
     run_ids = [start_workflow("tests.sub.two-steps", {}) for _ in range(5)]
-    done = _manage(
-        _env(subprocess_env, pgbouncer, declared=declared), "run_workflow_worker", "--once"
+    done = manage(
+        "run_workflow_worker", "--once", env=_env(subprocess_env, pgbouncer, declared=declared)
     )
     assert done.returncode == 0, done.stdout + done.stderr
     statuses = set(WorkflowRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
@@ -218,14 +205,13 @@ def test_migrations_and_the_admin_work_behind_the_pooler(
     pgbouncer: int, subprocess_env: dict[str, str]
 ) -> None:
     env = _env(subprocess_env, pgbouncer, declared=True)
-    backwards = _manage(env, "migrate", "django_leases", "0003", "--verbosity", "0")
+    backwards = manage("migrate", "django_leases", "0003", "--verbosity", "0", env=env)
     assert backwards.returncode == 0, backwards.stderr
-    forwards = _manage(env, "migrate", "--verbosity", "0")
+    forwards = manage("migrate", "--verbosity", "0", env=env)
     assert forwards.returncode == 0, forwards.stderr
-    check = _manage(env, "check", "--database", "default")
+    check = manage("check", "--database", "default", env=env)
     assert check.returncode == 0 and "E013" not in check.stderr, check.stderr
-    admin = _manage(
-        env,
+    admin = manage(
         "shell",
         "-c",
         "from django.contrib.auth.models import User; from django.test import Client; "
@@ -233,6 +219,7 @@ def test_migrations_and_the_admin_work_behind_the_pooler(
         "client = Client(); client.force_login(user); "
         "print(*(client.get(f'/admin/django_leases/{m}/').status_code "
         "for m in ('lease', 'workflowrun', 'triggersource')))",
+        env=env,
     )
     assert admin.returncode == 0, admin.stderr
     assert admin.stdout.splitlines()[-1].split() == ["200", "200", "200"], admin.stdout

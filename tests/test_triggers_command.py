@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_leases.management.base import EXIT_BUSY, EXIT_CODES, USAGE_ERROR
+from django_leases.management.base import (
+    EXIT_BUSY,
+    EXIT_CODES,
+    EXIT_PROVIDER_FAILED,
+    EXIT_SETUP_FAILED,
+    USAGE_ERROR,
+)
 from django_leases.models import TriggerRefusal, TriggerSource
 from django_leases.testing.providers import FakeProvider
 from django_leases.triggers import credentials, lifecycle, registry
@@ -108,7 +114,7 @@ def test_reconcile_as_json_has_typed_fields_and_each_setup(fake: FakeProvider) -
     out = StringIO()
     with pytest.raises(CommandError, match="setup failed: cmd-hooks") as caught:
         call_command("reconcile_trigger_sources", "--format", "json", stdout=out)
-    assert caught.value.returncode == 2
+    assert caught.value.returncode == EXIT_SETUP_FAILED == 3
     failed = {row["name"]: row for row in json.loads(out.getvalue())}[SOURCE]["setup"]
     assert failed["ok"] is False and "API down" in failed["detail"]
 
@@ -306,12 +312,12 @@ def test_an_over_long_source_name_is_refused_as_a_source_name(action: str) -> No
     assert not TriggerSource.objects.exists()
 
 
-def test_a_failed_provider_step_exits_2(fake: FakeProvider) -> None:
+def test_a_failed_provider_step_exits_3(fake: FakeProvider) -> None:
     lifecycle.reconcile(base_url=BASE)
     fake.fail_setup = "GitHub answered 401"
     with pytest.raises(CommandError, match="Setup at fake failed: GitHub answered 401") as caught:
         _run("trigger_sources", "enable", SOURCE)
-    assert caught.value.returncode == 2
+    assert caught.value.returncode == EXIT_PROVIDER_FAILED == 3
     assert (_row().enabled, _row().status) == (True, "failed")
 
 
@@ -391,3 +397,15 @@ def test_the_real_command_exit_statuses_and_stderr(subprocess_env: dict[str, str
         assert shown == [row.shown for row in EXIT_CODES[command].rows], command
         if command == "trigger_sources":
             assert str(EXIT_BUSY) in shown
+
+
+@pytest.mark.parametrize("command", ["reconcile_trigger_sources", "trigger_sources"])
+@pytest.mark.parametrize("wait", ["nan", "-1", "inf", "3601"])
+def test_the_trigger_commands_refuse_a_bad_wait(command: str, wait: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"django_leases.management.commands.{command}")
+    parser = module.Command().create_parser("manage.py", command)
+    args = ["enable", SOURCE] if command == "trigger_sources" else []
+    with pytest.raises(CommandError, match="--wait"):  # parsed only: nothing is done
+        parser.parse_args([*args, "--wait", wait])

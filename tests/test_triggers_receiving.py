@@ -12,6 +12,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -31,7 +34,7 @@ from django_leases.triggers.registry import Delivery, StartWorkflow, webhook_sou
 from django_leases.triggers.signatures import github_signature, stripe_signature
 from django_leases.triggers.views import receive_webhook
 from django_leases.workflows import workflow
-from tests.helpers import on_another_thread, race, raw_request, start_blocked
+from tests.helpers import ROOT, on_another_thread, race, raw_request, start_blocked
 from tests.payloads import PayloadSet, ours
 
 SOURCE = "test-pushes"
@@ -989,3 +992,35 @@ def test_the_secret_never_reaches_logs_or_answers(stripe_sources: None, caplog: 
     for answer in answers:
         assert STRIPE_SECRET not in answer.content.decode()
     assert STRIPE_SECRET not in caplog.text
+
+
+def _nested_payload_test(ci: str) -> subprocess.CompletedProcess[str]:
+    """Run one test over every payload set in a clone without ``../shared`` (on SQLite: the
+    nested suite must not drop this one's test database)."""
+    env = {
+        **os.environ,
+        "DJANGO_LEASES_SHARED_DIR": "/nonexistent-shared",
+        "CI": ci,
+        "DATABASE_URL": "",
+    }
+    env.pop("PYTEST_ADDOPTS", None)
+    argv = [sys.executable, "-m", "pytest", __file__, "-p", "no:cacheprovider", "-rs"]
+    return subprocess.run(
+        [*argv, "-k", "test_every_push_starts_one_run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_clone_without_the_shared_fixtures_skips_nothing_for_them() -> None:
+    done = _nested_payload_test("false")
+    assert done.returncode == 0, done.stdout[-800:]
+    assert "skipped" not in done.stdout and "not present" not in done.stdout, done.stdout[-800:]
+    assert "extra run is not collected" in done.stdout, done.stdout[-800:]
+    required = _nested_payload_test("true")  # under CI the extra run is required: it fails
+    assert required.returncode == 1, required.stdout[-800:]
+    assert "/nonexistent-shared/fixtures is missing" in required.stdout, required.stdout[-800:]

@@ -41,7 +41,7 @@ def test_a_running_worker_is_seen_and_a_stopped_one_is_not(
     try:
         (row,) = wait_until(_live, 60, what="the worker's heartbeat")
         assert row.pid == worker.pid and row.concurrency == 2
-        assert row.lease_key == f"workflow-worker:{row.host}:{worker.pid}"
+        assert row.lease_key.startswith(f"workflow-worker:{row.host}:{worker.pid}:")
         assert row.stopped_at is None and row.wakeup
         finding = {f.check: f for f in health.run_checks().findings}["workers"]
         assert finding.details["live_workers"] == 1, finding
@@ -69,3 +69,31 @@ def test_a_killed_worker_is_gone_once_its_heartbeat_lapses(
     assert _live() == []
     assert WorkflowWorker.objects.get(pk=row.pk).stopped_at is None  # it never said so
     assert WorkflowWorker.objects.forget_gone(0) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_with_the_same_host_and_pid_are_both_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Containers on the host's network share its hostname; each runs its worker as a low pid
+    # of its own PID namespace.
+    from django_leases.workflows import Worker
+    from django_leases.workflows import worker as worker_module
+
+    monkeypatch.setattr("os.getpid", lambda: 7)
+    beats = []
+    for _ in range(2):
+        beat = worker_module._Heartbeat(Worker(1))
+        beat.tick(0)
+        beats.append(beat)
+    try:
+        live = list(WorkflowWorker.objects.live())
+        assert len(live) == 2
+        assert {row.pid for row in live} == {7}
+        for row in live:  # the key stays readable: prefix, host, pid, then the worker's own id
+            assert row.lease_key.startswith(f"workflow-worker:{row.host}:7:")
+        finding = health.check_workers("default", health.DEFAULT_OVERDUE_AFTER)
+        assert finding.details["live_workers"] == 2, finding.details
+    finally:
+        for beat in beats:
+            beat.stop()

@@ -17,7 +17,7 @@ from django.urls import reverse
 
 from django_leases.clock import db_now_plus
 from django_leases.models import WorkflowRun, WorkflowStep
-from tests.helpers import failed_run
+from tests.helpers import failed_run, staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -121,20 +121,14 @@ def test_staff_without_the_view_permission_sees_nothing(
 # -- operators: resume, cancel, retry step -------------------------------------------------------
 
 
-def _staff(client: Client, *codenames: str) -> User:
-    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
+@pytest.fixture
+def operator(client: Client) -> User:
+    user = staff_user("view_workflowrun", "operate_workflowrun")
     client.force_login(user)
     return user
 
 
-@pytest.fixture
-def operator(client: Client) -> User:
-    return _staff(client, "view_workflowrun", "operate_workflowrun")
-
-
-def _failed_run() -> WorkflowRun:
+def _failed_build() -> WorkflowRun:
     """A failed run whose step ``build`` failed on its last attempt."""
     return failed_run("build-preview", "build", "previews.build", "compiler crashed")
 
@@ -158,7 +152,7 @@ def _messages(response: Any) -> list[str]:
 def test_list_actions_resume_and_cancel_log_and_report_each_run(
     client: Client, operator: User
 ) -> None:
-    failed = _failed_run()
+    failed = _failed_build()
     running = WorkflowRun.objects.start("build-preview", {})
     done = WorkflowRun.objects.start("build-preview", {})
     WorkflowRun.objects.complete(done.id, None)
@@ -193,7 +187,7 @@ def test_list_actions_resume_and_cancel_log_and_report_each_run(
 def test_the_run_page_offers_an_operator_the_operations_its_state_allows(
     client: Client, operator: User
 ) -> None:
-    failed = _failed_run()
+    failed = _failed_build()
     text = client.get(reverse(CHANGE, args=[failed.pk])).content.decode()
     section = text[text.index('id="workflow-operations"') :]
     assert "Resume run" in section and "Retry step build" in section
@@ -210,7 +204,7 @@ def test_the_run_page_offers_an_operator_the_operations_its_state_allows(
 def test_retry_step_from_the_run_page_resumes_the_run_and_logs_it(
     client: Client, operator: User
 ) -> None:
-    failed = _failed_run()
+    failed = _failed_build()
     response = client.post(_operate_url(failed, "retry-step"), {"step": "build"}, follow=True)
     assert response.redirect_chain[-1][0] == reverse(CHANGE, args=[failed.pk])
     assert any("failed → running" in m for m in _messages(response))
@@ -238,8 +232,8 @@ def test_operations_need_post_and_the_csrf_token(operator: User) -> None:
 
 
 def test_staff_without_the_operate_permission_can_do_none_of_it(client: Client) -> None:
-    _staff(client, "view_workflowrun")
-    failed = _failed_run()
+    client.force_login(staff_user("view_workflowrun"))
+    failed = _failed_build()
     running = WorkflowRun.objects.start("build-preview", {})
     page = client.get(reverse(CHANGE, args=[failed.pk])).content.decode()
     assert "workflow-operations" not in page and "Retry step" not in page

@@ -192,3 +192,31 @@ def test_start_workflow_refuses_bad_input_on_stderr_exiting_non_zero(
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
     assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("limit", ["99999999999999999999999", "10001", "0"])
+def test_list_refuses_a_limit_out_of_bounds_as_usage(limit: str) -> None:
+    with pytest.raises(CommandError, match="--limit"):
+        call_command("workflow_runs", "list", "--limit", limit)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("days", ["nan", "inf", "1e400", "-1", "36501"])
+def test_prune_refuses_a_non_finite_or_out_of_bounds_age_naming_it(days: str) -> None:
+    with pytest.raises(CommandError, match="--older-than") as refused:
+        call_command("workflow_runs", "prune", "--older-than", days)
+    assert "convert float" not in str(refused.value)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("size", ["0", "10001", "1e3"])
+def test_prune_refuses_a_batch_size_out_of_bounds_naming_it(size: str) -> None:
+    with pytest.raises(CommandError, match="--batch-size"):
+        call_command("workflow_runs", "prune", "--older-than", "1", "--batch-size", size)
+
+
+def test_a_bad_value_is_bad_usage_as_a_process(subprocess_env: dict[str, str]) -> None:
+    done = manage("workflow_runs", "prune", "--older-than", "nan", env=subprocess_env)
+    assert done.returncode == USAGE_ERROR, done.stderr
+    assert "--older-than" in done.stderr and "Traceback" not in done.stderr

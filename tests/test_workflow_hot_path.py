@@ -29,7 +29,7 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.values import run_lease_key
 from django_leases.workflows.worker import Worker
-from tests.helpers import tuned_sql
+from tests.helpers import spend_steps_first, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,19 +80,11 @@ def sent_as(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
 
 
-def _spend_steps_first(worker: Worker, run_ids: list[Any]) -> None:
-    """The worker's look for due steps ahead of new runs (once per poll interval) is spent
-    on an idle unit of work, with an interval no test outlasts."""
-    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=None)
-    assert worker.work_once() is False
-    WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=db_now())
-
-
 def _run_in_one_unit(workflow_name: str) -> WorkflowRun:
     """Start a run of ``workflow_name``; one unit of work of a fresh worker drives it."""
     run_id = start_workflow(workflow_name, {})
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, [run_id])
+    spend_steps_first(worker, [run_id])
     assert worker.work_once() is True
     return WorkflowRun.objects.get(pk=run_id)
 
@@ -103,7 +95,7 @@ def test_a_one_step_run_costs_one_statement_to_start_and_three_to_drive() -> Non
         run_id = start_workflow("tests.hot-path-one", {})
     assert len(started.captured_queries) == 1, started.captured_queries
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, [run_id])
+    spend_steps_first(worker, [run_id])
     with CaptureQueriesContext(connection) as driven:
         assert worker.work_once() is True
     statements = [q["sql"] for q in driven.captured_queries]
@@ -132,7 +124,7 @@ def test_a_run_drives_the_same_on_the_portable_path(sent_as: str) -> None:
 def test_a_completion_picks_the_next_run_in_the_same_statement(sent_as: str) -> None:
     run_ids = [start_workflow("tests.hot-path-one", {}) for _ in range(3)]
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, run_ids)
+    spend_steps_first(worker, run_ids)
     with CaptureQueriesContext(connection) as driven:
         assert worker.work_once() is True
     if sent_as == "tuned":
@@ -152,7 +144,7 @@ def test_a_pick_that_finds_the_run_lease_taken_retries_the_pass_later(sent_as: s
     other = Lease.objects.acquire(run_lease_key(run_id), "someone-else", 30)
     assert other is not None
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, [run_id])
+    spend_steps_first(worker, [run_id])
     assert worker.work_once() is True
     assert not WorkflowStep.objects.filter(run_id=run_id).exists(), "ran without the lease"
     run = WorkflowRun.objects.get(pk=run_id)
@@ -226,7 +218,7 @@ def test_a_missing_function_is_an_error_and_workers_refuse_to_start() -> None:
         assert [m.id for m in workflow_functions_check(databases=["default"])] == [
             "django_leases.E013"
         ]
-        with pytest.raises(WorkflowFunctionsMissing, match=r"run 'manage\.py migrate'"):
+        with pytest.raises(WorkflowFunctionsMissing, match=r"run 'manage\.py migrate .*--fake"):
             Worker(1, step_lease_ttl=30).run(once=True, handle_signals=False)
         with tuned_sql(False):  # the portable path needs no function
             assert workflow_functions_check(databases=["default"]) == []
@@ -296,7 +288,7 @@ def test_a_completion_retried_after_a_lost_reply_picks_no_second_run(
 
     monkeypatch.setattr(WorkflowStepQuerySet, "set_result_completing_run", lost_reply)
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    _spend_steps_first(worker, run_ids)
+    spend_steps_first(worker, run_ids)
     assert worker.work_once() is True
     assert calls[0] is not None and calls[1:] == [None] * (len(calls) - 1), calls
     statuses = dict(WorkflowRun.objects.filter(pk__in=run_ids).values_list("id", "status"))

@@ -464,3 +464,23 @@ def test_sigterm_stops_claiming_and_lets_the_step_in_flight_finish(
     finish = manage("run_workflow_worker", "--once", env={**env, "DEMO_STEP_SECONDS": "0"})
     assert finish.returncode == 0, finish.stderr
     assert_preview_run(run_id, push)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--metrics-port", "99999"),
+        ("--metrics-port", "-1"),
+        ("--metrics-port", "0"),
+        ("--concurrency", "100000"),
+        ("--concurrency", "0"),
+        ("--poll-interval", "nan"),
+        ("--shutdown-grace", "-1"),
+    ],
+)
+def test_the_worker_refuses_a_value_out_of_bounds_as_bad_usage(option: str, value: str) -> None:
+    from django_leases.management.commands.run_workflow_worker import Command
+
+    parser = Command().create_parser("manage.py", "run_workflow_worker")
+    with pytest.raises(CommandError, match=option):  # parsed only: nothing is started
+        parser.parse_args([option, value])

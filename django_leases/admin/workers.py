@@ -1,7 +1,8 @@
 """Admin for workflow workers: a read-only list of the worker processes (DESIGN §7, §5).
 
-Each ``run_workflow_worker`` process holds a heartbeat lease (``workflow-worker:<host>:<pid>``)
-and keeps a ``WorkflowWorker`` row; this page lists them with what
+Each ``run_workflow_worker`` process holds a heartbeat lease
+(``workflow-worker:<host>:<pid>:<id>``, the id its own: two containers may share a hostname and
+a pid) and keeps a ``WorkflowWorker`` row; this page lists them with what
 ``WorkflowWorker.objects.with_state()`` says, on the database clock: **live** (the heartbeat
 lease is live), **stopped** (the worker said so at its exit) or **lapsed** (its lease expired
 without a word: killed, frozen or cut off). Nothing can be added, changed or deleted here;

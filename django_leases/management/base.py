@@ -11,6 +11,8 @@
   status means. It renders each command's ``--help`` epilog (:func:`exit_codes_help`) and the
   documentation's tables (:func:`exit_codes_markdown`, through the MkDocs hook, which fails
   the build when :func:`exit_code_problems` finds a status a command uses but its table lacks).
+* A database that does not answer: :class:`LeasesCommand` reports it in one line naming the
+  alias and exits :data:`DATABASE_UNREACHABLE` (:func:`unreachable_database_error`).
 * :class:`LeasesCommand`, the commands' base class: the epilog, a help formatter that keeps
   hand-broken text as written, and :meth:`~LeasesCommand.add_subcommand`, whose subcommands
   also accept Django's own options (``--settings``, ``--pythonpath``, ``-v``…) after the
@@ -42,10 +44,11 @@ from django.core.management.base import (
     DjangoHelpFormatter,
     OutputWrapper,
 )
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
+from django_leases.validation import seconds
 from django_leases.workflows import worker
 
 if TYPE_CHECKING:
@@ -55,11 +58,18 @@ if TYPE_CHECKING:
 COMMAND_ERROR = 1
 #: Exit status of bad usage: what argparse exits with, and an unknown ``--database`` alias.
 USAGE_ERROR = 2
+#: Exit status when a database the command works on cannot be reached, on every command (as
+#: ``leases_check`` and ``run_workflow_worker --once`` report it).
+DATABASE_UNREACHABLE = health.EXIT_UNREACHABLE
+
+# Statuses 0, 1, 2 and 4 mean the same on every command; a command's own outcomes use 3,
+# then 5 and up (and hold_lease's, the shells' conventions), so that no status has two
+# meanings in one command.
 
 #: ``reconcile_trigger_sources``: at least one enabled source's setup failed.
-EXIT_SETUP_FAILED = 2
+EXIT_SETUP_FAILED = 3
 #: ``trigger_sources``: the provider step failed (the row records it).
-EXIT_PROVIDER_FAILED = 2
+EXIT_PROVIDER_FAILED = 3
 #: ``trigger_sources``: another operation held the source too long (``os.EX_TEMPFAIL``).
 EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
 #: ``workflow_runs``: the run's or step's state does not allow the operation.
@@ -153,6 +163,123 @@ def _configured(alias: str) -> str:
             f"Unknown database alias {alias!r} (configured: {known})", returncode=USAGE_ERROR
         )
     return alias
+
+
+def unreachable_database_error(given: str | Sequence[str] | None) -> CommandError | None:
+    """The error to report when a database a command works on does not answer.
+
+    Args:
+        given: the command's ``--database`` (an alias, a list of them, or ``None`` for every
+            alias django-leases writes to).
+
+    Returns:
+        A ``CommandError`` naming the first alias that does not answer ``SELECT 1``, with
+        ``returncode`` :data:`DATABASE_UNREACHABLE`; ``None`` when every one answers (the
+        error was something else).
+    """
+    if given is None:
+        aliases = health.write_aliases()
+    else:
+        aliases = [given] if isinstance(given, str) else list(given)
+    for alias in aliases:
+        finding = health.check_database(alias)
+        if finding.status == health.UNREACHABLE:
+            return CommandError(
+                f"Database {alias!r} is unreachable: {finding.message}",
+                returncode=DATABASE_UNREACHABLE,
+            )
+    return None
+
+
+# -- bounded values ---------------------------------------------------------------------------
+
+#: ``run_workflow_worker --concurrency``: at most this many threads, each with a database
+#: connection of its own (PostgreSQL's default ``max_connections`` is 100).
+MAX_CONCURRENCY = 256
+#: ``workflow_runs list --limit`` and ``workflow_runs prune --batch-size``: at most this many.
+MAX_ROWS = 10_000
+#: ``workflow_runs prune --older-than``: at most this many days (a hundred years).
+MAX_AGE_DAYS = 36_500.0
+#: ``--wait`` of the trigger-source commands: at most this many seconds (an hour).
+MAX_WAIT = 3_600.0
+#: The TCP ports a ``--metrics-port`` may name.
+PORTS = (1, 65_535)
+
+
+def seconds_type(
+    *,
+    minimum: float = 0.0,
+    above_minimum: bool = False,
+    maximum: float | None = None,
+    unit: str = "seconds",
+    unit_seconds: float = 1.0,
+) -> Callable[[str], float]:
+    """An argparse ``type`` for an option that is a duration, checked by the one seconds
+    validator (:func:`django_leases.validation.seconds`): finite, within the bounds.
+
+    Args:
+        minimum: the least value, in ``unit``.
+        above_minimum: ``minimum`` itself is refused.
+        maximum: the greatest value, in ``unit``; ``None`` for no bound.
+        unit: the option's unit as its users say it (``"days"``).
+        unit_seconds: the seconds in one ``unit`` (86400 for days).
+
+    Returns:
+        The converter: text → the number, in ``unit``. A value that is not a number, not
+        finite or out of bounds raises ``argparse.ArgumentTypeError``, which argparse reports
+        naming the option (a usage error, exit :data:`USAGE_ERROR`).
+    """
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of {unit}: {text!r}") from None
+        try:
+            seconds(
+                value * unit_seconds,
+                unit,
+                minimum=minimum * unit_seconds,
+                above_minimum=above_minimum,
+                maximum=None if maximum is None else maximum * unit_seconds,
+            )
+        except ValueError:
+            bounds = f"greater than {minimum:g}" if above_minimum else f"at least {minimum:g}"
+            if maximum is not None:
+                bounds += f" and at most {maximum:g}"
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of {unit} {bounds}, not {text!r}"
+            ) from None
+        return value
+
+    return convert
+
+
+def integer_type(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for an option that is a whole number from ``minimum`` to
+    ``maximum`` (both included).
+
+    Args:
+        minimum: the least value.
+        maximum: the greatest value.
+
+    Returns:
+        The converter: text → the integer. Text that is not an integer, or out of bounds,
+        raises ``argparse.ArgumentTypeError`` (a usage error naming the option).
+    """
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be from {minimum} to {maximum}, not {text.strip()}"
+            )
+        return value
+
+    return convert
 
 
 # -- --format table|json ----------------------------------------------------------------------
@@ -355,6 +482,11 @@ def _table(
     return ExitCodeTable(tuple(made), tuple(forwards))
 
 
+_UNREACHABLE = (
+    DATABASE_UNREACHABLE,
+    "a database the command works on is unreachable (named on stderr)",
+)
+
 _USAGE = (
     USAGE_ERROR,
     "bad usage: an unknown option or subcommand, a malformed value, or an unknown "
@@ -390,6 +522,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         ),
         (COMMAND_ERROR, "bad arguments (key, `--ttl`, missing CMD…) or a database error"),
         _USAGE,
+        _UNREACHABLE,
         forwards=[holder],
     ),
     "leases": _table(
@@ -400,6 +533,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "malformed key; nothing changed",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "leases_check": _table(
         (health.EXIT_OK, "healthy"),
@@ -417,12 +551,13 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             COMMAND_ERROR,
             "a bad `--base-url` (not an http(s) URL) or `--label-prefix`; nothing written",
         ),
+        _USAGE,
         (
             EXIT_SETUP_FAILED,
             "some setup failed: those rows say `failed` and the sources stay on; the errors "
             "are on stderr",
         ),
-        _USAGE,
+        _UNREACHABLE,
     ),
     "rotate_trigger_secrets": _table(
         (0, "done: every stored secret is encrypted with the primary key"),
@@ -432,23 +567,30 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "not usable; nothing changed",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "run_workflow_worker": _table(
         (0, "stopped cleanly (with `--once`: nothing was left due)"),
         (
-            worker.EXIT_ABANDONED,
-            "in-flight work was still running at the end of the shutdown grace: its step "
-            "leases lapse and another worker takes the steps over as new attempts",
-        ),
-        (
-            worker.EXIT_DATABASE_UNREACHABLE,
-            "`--once` gave up on an unreachable database (10 failures in a row)",
+            COMMAND_ERROR,
+            "refused to start: the database lacks the workflow functions, or `--metrics-port` "
+            "cannot be served",
         ),
         _USAGE,
         (
             worker.EXIT_THREAD_DIED,
             "a worker thread died (logged); the other threads were stopped so that a "
             "supervisor restarts the process rather than it running short-handed",
+        ),
+        (
+            worker.EXIT_DATABASE_UNREACHABLE,
+            "a database is unreachable: at the start, or with `--once` after 10 failures in "
+            "a row (named on stderr)",
+        ),
+        (
+            worker.EXIT_ABANDONED,
+            "in-flight work was still running at the end of the shutdown grace: its step "
+            "leases lapse and another worker takes the steps over as new attempts",
         ),
         forwards=[worker],
     ),
@@ -460,6 +602,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "surrogates, NUL characters, nested too deep); nothing written",
         ),
         _USAGE,
+        _UNREACHABLE,
     ),
     "trigger_sources": _table(
         (0, "done"),
@@ -469,12 +612,13 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             "provider not installed, `forget` of a declared source, an empty or unusable "
             "secret; the reason on stderr",
         ),
+        _USAGE,
         (
             EXIT_PROVIDER_FAILED,
             "the provider step failed: the switch change stands and the row says `failed`; "
             "the detail on stderr",
         ),
-        _USAGE,
+        _UNREACHABLE,
         (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
     ),
     "workflow_runs": _table(
@@ -489,6 +633,7 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             EXIT_WRONG_STATE,
             "the run's (or step's) state does not allow the operation; nothing changed",
         ),
+        _UNREACHABLE,
     ),
 }
 
@@ -547,7 +692,8 @@ def command_names() -> list[str]:
 def exit_code_problems(name: str) -> list[str]:
     """What the exit-code table of command ``name`` lacks, read from the command's code.
 
-    A command exits with :data:`USAGE_ERROR` (argparse, an unknown ``--database``); with
+    A command exits with :data:`USAGE_ERROR` (argparse, an unknown ``--database``) and
+    :data:`DATABASE_UNREACHABLE` (:meth:`LeasesCommand.execute`); with
     :data:`COMMAND_ERROR` where it raises ``CommandError`` without a ``returncode``; with the
     status given to ``returncode=`` or ``sys.exit()`` where it is a number or a name for one;
     and, where that status is computed, with every ``EXIT_*`` status of the modules its table
@@ -586,7 +732,7 @@ def exit_code_problems(name: str) -> list[str]:
 
 def _exits(module: ModuleType) -> tuple[set[int], list[str]]:
     """The statuses ``module`` exits with, and the source text of those it computes."""
-    used = {USAGE_ERROR}
+    used = {USAGE_ERROR, DATABASE_UNREACHABLE}  # argparse's, and LeasesCommand.execute's
     computed = []
     for node in ast.walk(ast.parse(inspect.getsource(module))):
         if not isinstance(node, ast.Call):
@@ -649,6 +795,32 @@ class LeasesCommand(BaseCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._base_arguments: list[tuple[tuple[str, ...], dict[str, Any]]] = []
         super().__init__(*args, **kwargs)
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        """Django's ``execute``, with a database that cannot be reached reported as such.
+
+        A ``DatabaseError`` escaping the command while one of its databases (``--database``,
+        else every alias django-leases writes to) does not answer becomes a ``CommandError``
+        naming the alias, with ``returncode`` :data:`DATABASE_UNREACHABLE`: one line on
+        stderr, no traceback. Any other database error propagates unchanged.
+
+        Args:
+            args: the command's positional arguments.
+            options: its options.
+
+        Returns:
+            What the command's ``handle`` returned.
+
+        Raises:
+            CommandError: as the command raises it, or for an unreachable database.
+        """
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            unreachable = unreachable_database_error(options.get("database"))
+            if unreachable is None:
+                raise
+            raise unreachable from exc
 
     @property
     def command_name(self) -> str:
@@ -752,12 +924,18 @@ class LeasesCommand(BaseCommand):
 
 __all__ = [
     "COMMAND_ERROR",
+    "DATABASE_UNREACHABLE",
     "EXIT_BUSY",
     "EXIT_CODES",
     "EXIT_PROVIDER_FAILED",
     "EXIT_SETUP_FAILED",
     "EXIT_WRONG_STATE",
     "FORMATS",
+    "MAX_AGE_DAYS",
+    "MAX_CONCURRENCY",
+    "MAX_ROWS",
+    "MAX_WAIT",
+    "PORTS",
     "USAGE_ERROR",
     "Column",
     "ExitCode",
@@ -775,5 +953,8 @@ __all__ = [
     "exit_code_problems",
     "exit_codes_help",
     "exit_codes_markdown",
+    "integer_type",
+    "seconds_type",
+    "unreachable_database_error",
     "write_rows",
 ]

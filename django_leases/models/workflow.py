@@ -25,6 +25,7 @@ worker's three hot statements run as PL/pgSQL functions that the migrations inst
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import time
 import uuid
@@ -41,6 +42,7 @@ from django_leases import clock, db, signals
 from django_leases.clock import DbNow
 from django_leases.exceptions import (
     WorkflowEventRefusedError,
+    WorkflowFunctionsMissing,
     WorkflowRunStateError,
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
@@ -127,6 +129,7 @@ __all__ = [
     "channel_name",
     "fence_q",
     "functions",
+    "functions_missing",
     "missing_functions",
     "notify_work_due",
 ]
@@ -311,6 +314,62 @@ def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
             [names],
         )
         return [name for (name,) in cursor.fetchall()]
+
+
+def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissing | None:
+    """Whether workers on ``connection``'s database would refuse to start for want of the
+    hot-path functions of the running code (the tuned path on PostgreSQL only), and how to
+    repair it: the one readiness rule of the worker, ``leases_check`` and the health view.
+
+    Args:
+        connection: the database's connection.
+
+    Returns:
+        ``None`` when workers can start (or the portable path is used); else the error to
+        raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
+        is unapplied that is ``migrate``. When it is applied and the functions were dropped
+        since, ``migrate`` would not run it again: the repair is to mark it and the
+        migrations after it unapplied without running them (``--fake``), apply it (it only
+        creates the functions) and mark the others applied again. When the running code's
+        functions are not those it installs, this version lacks the migration.
+
+    Raises:
+        DatabaseError: the database could not be read.
+    """
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from django_leases import db
+
+    if not db.tuned(connection, "postgresql"):
+        return None
+    missing = missing_functions(connection)
+    if not missing:
+        return None
+    alias = connection.alias
+    what = f"the workflow functions {', '.join(missing)}"
+    if ("django_leases", FUNCTIONS_MIGRATION) not in MigrationRecorder(
+        connection
+    ).applied_migrations():
+        return WorkflowFunctionsMissing(alias, what)
+    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+    if not set(missing) <= set(migration.FUNCTIONS):
+        return WorkflowFunctionsMissing(
+            alias,
+            what,
+            "this version of django-leases lacks the migration that installs them; "
+            "install a version that has it",
+        )
+    previous = migration.Migration.dependencies[0][1]
+    on = f"--database {alias} --skip-checks"  # check E013 would stop migrate itself
+    return WorkflowFunctionsMissing(
+        alias,
+        what,
+        f"they were dropped after migration {FUNCTIONS_MIGRATION} installed them, and "
+        "'migrate' does not run an applied migration again. With no migration pending, "
+        f"run 'manage.py migrate django_leases {previous} --fake {on}', then "
+        f"'manage.py migrate django_leases {FUNCTIONS_MIGRATION} {on}' (it only creates "
+        f"the functions), then 'manage.py migrate --fake {on}'",
+    )
 
 
 _calls: dict[tuple[str, str], str] = {}

@@ -96,7 +96,8 @@ RUN_CANCELLED = "RUN_CANCELLED"
 
 #: Prefix of the lease key an orchestration pass of a run holds.
 RUN_LEASE_PREFIX = "workflow-run:"
-#: Prefix of a worker process's heartbeat lease: ``workflow-worker:<host>:<pid>``.
+#: Prefix of a worker's heartbeat lease: ``workflow-worker:<host>:<pid>:<id>`` (``<id>`` is
+#: the worker's own, as host and pid need not be unique: containers on the host's network).
 WORKER_LEASE_PREFIX = "workflow-worker:"
 
 

@@ -34,7 +34,6 @@ from django.db import close_old_connections, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
-from django_leases.exceptions import WorkflowFunctionsMissing
 from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
@@ -45,12 +44,13 @@ from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, 
 
 logger = logging.getLogger("django_leases.worker")
 
-#: Exit status when in-flight work was still running at the end of the shutdown grace.
-EXIT_ABANDONED = 1
-#: Exit status of ``once`` mode when the database stayed unreachable.
-EXIT_DATABASE_UNREACHABLE = 2
 #: Exit status when a worker thread died (the other threads were stopped).
 EXIT_THREAD_DIED = 3
+#: Exit status of ``once`` mode when the database stayed unreachable (the status every
+#: command exits with for an unreachable database, ``health.EXIT_UNREACHABLE``).
+EXIT_DATABASE_UNREACHABLE = 4
+#: Exit status when in-flight work was still running at the end of the shutdown grace.
+EXIT_ABANDONED = 5
 
 #: Default poll interval where LISTEN/NOTIFY wakes idle workers (PostgreSQL), seconds.
 LISTENING_POLL_INTERVAL = 1.0
@@ -68,14 +68,11 @@ ONCE_HORIZON = PASS_RETRY_DELAY + 1.0
 
 
 class _Heartbeat:
-    """The worker process's heartbeat lease (``workflow-worker:<host>:<pid>``) and its
-    ``WorkflowWorker`` row: taken when the worker starts (and again whenever it is not held:
+    """The worker's heartbeat lease (``workflow-worker:<host>:<pid>:<id>``, the id its own)
+    and its ``WorkflowWorker`` row: taken when the worker starts (and again whenever it is not held:
     the database was unreachable, or the lease was lost), renewed every TTL/3 by the lease's
     own renewal thread, its units in flight written every TTL/3, released when the worker
     stops. Never fatal: without a database the worker runs on, unseen."""
-
-    _lock = threading.Lock()
-    _running: set[str] = set()
 
     def __init__(self, worker: Worker) -> None:
         import os
@@ -85,14 +82,10 @@ class _Heartbeat:
         self.ttl = run_lease_ttl()
         self.host = socket.gethostname()[:200]
         self.pid = os.getpid()
-        base = f"{WORKER_LEASE_PREFIX}{self.host}:{self.pid}"
-        with self._lock:  # several workers in one process each get a key
-            self.key = base
-            number = 1
-            while self.key in self._running:
-                number += 1
-                self.key = f"{base}:{number}"
-            self._running.add(self.key)
+        # host and pid say where it runs; they are not unique (containers on the host's
+        # network each have its hostname and their own low pids), so the key ends with an id
+        # of this worker's own: two workers never share a heartbeat lease.
+        self.key = f"{WORKER_LEASE_PREFIX}{self.host}:{self.pid}:{uuid.uuid4().hex[:12]}"
         self.held: HeldLease | None = None
         self._next_try = 0.0
         self._next_beat = 0.0
@@ -124,7 +117,7 @@ class _Heartbeat:
             if in_flight != self._in_flight or now >= self._next_beat:
                 WorkflowWorker.objects.db_manager(self.worker.alias).beat(self.key, in_flight)
                 self._in_flight, self._next_beat = in_flight, now + self.ttl / 3
-        except Exception as exc:  # taken (a reused pid's lease), unreachable: later
+        except Exception as exc:  # unreachable, or the lease lost: later
             logger.info("Workflow worker heartbeat %r: %s; trying again later", self.key, exc)
         finally:
             db.close_thread_connections()
@@ -146,8 +139,6 @@ class _Heartbeat:
             logger.info("Workflow worker heartbeat %r: %s", self.key, exc)
         finally:
             db.close_thread_connections()
-            with self._lock:
-                self._running.discard(self.key)
 
 
 class Worker:
@@ -348,7 +339,7 @@ class Worker:
     def _check_ready(self) -> None:
         """Refuse to start where the tuned statements' functions are missing (the migrations
         install them): every unit of work would fail."""
-        from django_leases.models.workflow import missing_functions
+        from django_leases.models.workflow import functions_missing
 
         connection = connections[self.alias]
         if connection.in_atomic_block:
@@ -361,12 +352,9 @@ class Worker:
                 "on this thread with django_leases.testing.drive(), or use "
                 "TransactionTestCase or django_db(transaction=True)."
             )
-        if db.tuned(connection, "postgresql"):
-            missing = missing_functions(connection)
-            if missing:
-                raise WorkflowFunctionsMissing(
-                    self.alias, f"the workflow functions {', '.join(missing)}"
-                )
+        missing = functions_missing(connection)
+        if missing is not None:
+            raise missing
 
     def work_once(self) -> bool:
         """Do one unit of work on the calling thread: one due pass, else one due step.

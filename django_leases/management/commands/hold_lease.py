@@ -21,7 +21,12 @@ from django.db import DatabaseError
 
 from django_leases.conf import leases_settings
 from django_leases.holder import EXIT_TAKEN, LeaseHolder
-from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.management.base import (
+    LeasesCommand,
+    add_database_argument,
+    database_alias,
+    unreachable_database_error,
+)
 from django_leases.models import Lease
 
 
@@ -122,6 +127,9 @@ class Command(LeasesCommand):
         try:
             code = holder.run()
         except DatabaseError as exc:
+            unreachable = unreachable_database_error(database_alias(options, Lease))
+            if unreachable is not None:
+                raise unreachable from exc
             raise CommandError(f"Database error while holding lease {holder.key!r}: {exc}") from exc
         if code:
             sys.exit(code)

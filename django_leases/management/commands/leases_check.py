@@ -14,9 +14,7 @@ Exit codes: ``EXIT_CODES["leases_check"]`` in :mod:`django_leases.management.bas
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from typing import Any
 
@@ -28,17 +26,8 @@ from django_leases.management.base import (
     add_database_argument,
     add_format_argument,
     database_aliases,
+    seconds_type,
 )
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, not {text!r}")
-    return value
 
 
 class Command(LeasesCommand):
@@ -57,7 +46,7 @@ class Command(LeasesCommand):
         add_database_argument(parser, None, repeatable=True)
         parser.add_argument(
             "--overdue-after",
-            type=_positive_seconds,
+            type=seconds_type(above_minimum=True),
             default=health.DEFAULT_OVERDUE_AFTER,
             metavar="SECONDS",
             help="Due work or a lapsed step waiting longer than this is a problem "
@@ -65,7 +54,7 @@ class Command(LeasesCommand):
         )
         parser.add_argument(
             "--stuck-after",
-            type=_positive_seconds,
+            type=seconds_type(above_minimum=True),
             default=health.DEFAULT_STUCK_AFTER,
             metavar="SECONDS",
             help="A running run with nothing due or running for longer than this is stuck "

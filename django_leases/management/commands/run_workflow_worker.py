@@ -19,7 +19,15 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_leases.exceptions import WorkflowFunctionsMissing
-from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.management.base import (
+    MAX_CONCURRENCY,
+    PORTS,
+    LeasesCommand,
+    add_database_argument,
+    database_alias,
+    integer_type,
+    seconds_type,
+)
 from django_leases.models import WorkflowStep
 from django_leases.workflows.worker import (
     EXIT_ABANDONED,
@@ -35,31 +43,6 @@ _EXIT_MESSAGES = {
 }
 
 
-def _seconds(text: str) -> float:
-    import argparse
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 class Command(LeasesCommand):
     """``manage.py run_workflow_worker``: run a workflow worker until SIGTERM (or ``--once``)."""
 
@@ -68,10 +51,11 @@ class Command(LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
+            type=integer_type(1, MAX_CONCURRENCY),
             default=1,
             metavar="N",
-            help="Number of worker threads (default 1).",
+            help=f"Number of worker threads, 1 to {MAX_CONCURRENCY}, each with a database "
+            "connection of its own (default 1).",
         )
         parser.add_argument(
             "--once",
@@ -81,7 +65,7 @@ class Command(LeasesCommand):
         add_database_argument(parser, WorkflowStep)
         parser.add_argument(
             "--poll-interval",
-            type=_seconds,
+            type=seconds_type(),
             default=None,
             metavar="S",
             help="Seconds an idle thread waits before looking again when not woken earlier "
@@ -89,10 +73,11 @@ class Command(LeasesCommand):
         )
         parser.add_argument(
             "--metrics-port",
-            type=int,
+            type=integer_type(*PORTS),
             default=None,
             metavar="PORT",
-            help="Serve this worker's Prometheus metrics on PORT (needs prometheus-client).",
+            help=f"Serve this worker's Prometheus metrics on PORT ({PORTS[0]} to {PORTS[1]}; "
+            "needs prometheus-client).",
         )
         parser.add_argument(
             "--metrics-addr",
@@ -102,7 +87,7 @@ class Command(LeasesCommand):
         )
         parser.add_argument(
             "--shutdown-grace",
-            type=_seconds,
+            type=seconds_type(),
             default=None,
             metavar="S",
             help="Seconds in-flight work may take to finish after SIGTERM "

@@ -39,7 +39,12 @@ from django_leases.exceptions import (
     UnknownTriggerSourceError,
 )
 from django_leases.management import base
-from django_leases.management.base import EXIT_BUSY, EXIT_PROVIDER_FAILED
+from django_leases.management.base import (
+    EXIT_BUSY,
+    EXIT_PROVIDER_FAILED,
+    MAX_WAIT,
+    seconds_type,
+)
 from django_leases.models import TriggerRefusal, TriggerSource
 from django_leases.triggers import lifecycle
 
@@ -72,11 +77,11 @@ def add_wait_argument(parser: CommandParser) -> None:
     """
     parser.add_argument(
         "--wait",
-        type=float,
+        type=seconds_type(maximum=MAX_WAIT),
         default=lifecycle.DEFAULT_WAIT,
         metavar="S",
-        help="Seconds to wait for another operation on a source before reporting it busy "
-        f"(default {lifecycle.DEFAULT_WAIT:g}).",
+        help="Seconds to wait for another operation on a source before reporting it busy, "
+        f"0 to {MAX_WAIT:g} (default {lifecycle.DEFAULT_WAIT:g}).",
     )
 
 

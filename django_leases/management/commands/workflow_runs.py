@@ -84,7 +84,10 @@ class Command(base.LeasesCommand):
         )
         listing.add_argument("--workflow", help="Only runs of this workflow.")
         listing.add_argument(
-            "--limit", type=int, default=100, help="Show at most this many runs (default 100)."
+            "--limit",
+            type=base.integer_type(1, base.MAX_ROWS),
+            default=100,
+            help=f"Show at most this many runs, 1 to {base.MAX_ROWS} (default 100).",
         )
         base.add_format_argument(listing)
         showing = self.add_subcommand(
@@ -119,17 +122,17 @@ class Command(base.LeasesCommand):
         )
         prune.add_argument(
             "--older-than",
-            type=float,
+            type=base.seconds_type(maximum=base.MAX_AGE_DAYS, unit="days", unit_seconds=86_400.0),
             required=True,
             metavar="DAYS",
             help="Delete runs that finished (completed, failed, cancelled) more than DAYS days "
-            "ago (a number ≥ 0; 0.5 is 12 hours).",
+            f"ago (0 to {base.MAX_AGE_DAYS:g}; 0.5 is 12 hours).",
         )
         prune.add_argument(
             "--batch-size",
-            type=int,
+            type=base.integer_type(1, base.MAX_ROWS),
             default=500,
-            help="Runs deleted per transaction (default 500).",
+            help=f"Runs deleted per transaction, 1 to {base.MAX_ROWS} (default 500).",
         )
         for sub in (listing, showing, resume, cancel, retry, sending, prune):
             base.add_database_argument(sub, WorkflowRun)
@@ -210,8 +213,6 @@ class Command(base.LeasesCommand):
         self.stdout.write(f"Event {name!r} sent to run {options['run_id']}.")
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
-        if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1")
         rows = runs.order_by("-created_at")
         if options["status"]:
             rows = rows.filter(status=options["status"])
