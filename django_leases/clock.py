@@ -73,6 +73,8 @@ class DbNow(Now):
     ``CURRENT_TIMESTAMP(6)``. The same SQL as ``Now()`` everywhere else."""
 
     def as_mysql(self, compiler: Any, connection: BaseDatabaseWrapper, **extra: Any) -> Any:
+        """The SQL on MariaDB / MySQL: ``UTC_TIMESTAMP(6)``, converted to the connection's
+        storage zone where that is not UTC (Django's ``as_sql`` return value)."""
         return self.as_sql(compiler, connection, template=_mysql_now(connection), **extra)
 
 

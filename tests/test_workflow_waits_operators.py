@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import CHANGE as CHANGE_FLAG
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
@@ -18,6 +17,7 @@ from django.urls import reverse
 from django_leases.management.base import EXIT_WRONG_STATE
 from django_leases.models import WorkflowRun, WorkflowWait
 from django_leases.workflows.values import WaitKind, WaitStatus
+from tests.helpers import staff_user
 
 pytestmark = pytest.mark.django_db
 
@@ -70,14 +70,6 @@ def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
 # -- the admin -------------------------------------------------------------------------------
 
 
-def _staff(client: Client, *codenames: str) -> User:
-    user = User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", password="x", is_staff=True)
-    for codename in codenames:
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    client.force_login(user)
-    return user
-
-
 def _send_url(run: WorkflowRun) -> str:
     return reverse("admin:django_leases_workflowrun_operate", args=[run.pk, "send-event"])
 
@@ -87,7 +79,7 @@ def _messages(response: Any) -> list[str]:
 
 
 def test_an_operator_sends_an_event_from_the_run_page(client: Client) -> None:
-    _staff(client, "view_workflowrun", "operate_workflowrun")
+    client.force_login(staff_user("view_workflowrun", "operate_workflowrun"))
     run = _run()
     page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
     assert 'id="send-event"' in page and "waiting for event &#x27;approved&#x27;" in page
@@ -109,7 +101,7 @@ def test_an_operator_sends_an_event_from_the_run_page(client: Client) -> None:
 def test_without_the_operate_permission_there_is_no_form_and_a_post_is_403(
     client: Client,
 ) -> None:
-    _staff(client, "view_workflowrun")
+    client.force_login(staff_user("view_workflowrun"))
     run = _run()
     page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()
     assert 'id="send-event"' not in page
@@ -118,7 +110,7 @@ def test_without_the_operate_permission_there_is_no_form_and_a_post_is_403(
 
 
 def test_a_finished_run_offers_no_send_event_form(client: Client) -> None:
-    _staff(client, "view_workflowrun", "operate_workflowrun")
+    client.force_login(staff_user("view_workflowrun", "operate_workflowrun"))
     run = _run()
     WorkflowRun.objects.complete(run.id, None)
     page = client.get(reverse(CHANGE, args=[run.pk])).content.decode()

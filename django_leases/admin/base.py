@@ -16,12 +16,15 @@ class ReadOnlyAdmin:
     the model's view permission, as Django's admin asks."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: nothing is added through these pages (``bool``)."""
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: rows change only through the operations, which check their own permission."""
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: nothing is deleted through these pages (``bool``)."""
         return False
 
 

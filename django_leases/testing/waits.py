@@ -97,31 +97,37 @@ class WorkflowWaitConformanceTests:
 
     @property
     def runs(self) -> WorkflowRunQuerySet:
+        """``WorkflowRun`` rows on :attr:`workflow_database` (a ``WorkflowRunQuerySet``)."""
         from django_leases.models import WorkflowRun
 
         return WorkflowRun.objects.db_manager(self.workflow_database).all()
 
     @property
     def steps(self) -> WorkflowStepQuerySet:
+        """``WorkflowStep`` rows on :attr:`workflow_database` (a ``WorkflowStepQuerySet``)."""
         from django_leases.models import WorkflowStep
 
         return WorkflowStep.objects.db_manager(self.workflow_database).all()
 
     @property
     def waits(self) -> WorkflowWaitQuerySet:
+        """``WorkflowWait`` rows on :attr:`workflow_database` (a ``WorkflowWaitQuerySet``)."""
         from django_leases.models import WorkflowWait
 
         return WorkflowWait.objects.db_manager(self.workflow_database).all()
 
     def start(self, **options: Any) -> uuid.UUID:
+        """Start a run of the suite's workflow (``options`` go to ``start``); its id."""
         return self.runs.start(WORKFLOW, {}, **options).id
 
     def due_now(self, run_id: uuid.UUID) -> bool:
+        """Whether run ``run_id``'s next pass is due now on the database clock (``bool``)."""
         return self.runs.filter(pk=run_id, pass_due_at__lte=DbNow()).exists()
 
     # -- W: waits ---------------------------------------------------------------------------
 
     def test_w1_a_sleeps_end_is_recorded_once_on_the_database_clock(self) -> None:
+        """W1: a sleep's end is recorded once on the database clock."""
         run_id = self.start()
         wait = self.waits.reach(run_id, "nap", WaitKind.SLEEP, seconds=3600)
         ahead = self.waits.filter(
@@ -136,6 +142,7 @@ class WorkflowWaitConformanceTests:
         self.assertEqual(settled.status, WaitStatus.DONE)
 
     def test_w2_a_wait_name_keeps_its_kind(self) -> None:
+        """W2: a wait name keeps its kind."""
         run_id = self.start()
         self.waits.reach(run_id, "x", WaitKind.SLEEP, seconds=1)
         before = list(self.waits.filter(run_id=run_id).values())
@@ -146,6 +153,7 @@ class WorkflowWaitConformanceTests:
         self.assertEqual(list(self.waits.filter(run_id=run_id).values()), before)
 
     def test_w3_an_early_event_is_kept_and_consumed_when_the_wait_is_reached(self) -> None:
+        """W3: an early event is kept and consumed when the wait is reached."""
         run_id = self.start()
         self.waits.send_event(run_id, "go", {"n": 1})
         reached = self.waits.reach(run_id, "go", WaitKind.EVENT, seconds=60)
@@ -154,6 +162,7 @@ class WorkflowWaitConformanceTests:
         self.assertIsNone(reached.due_at, "the event was there first: no timeout recorded")
 
     def test_w4_an_event_wakes_its_run_and_a_second_one_is_refused(self) -> None:
+        """W4: an event wakes its run and a second one is refused."""
         run_id = self.start()
         self.runs.finish_pass(run_id, 1)
         self.waits.reach(run_id, "go", WaitKind.EVENT)
@@ -166,6 +175,7 @@ class WorkflowWaitConformanceTests:
         self.assertEqual(list(self.waits.filter(run_id=run_id).values()), before)
 
     def test_w5_an_event_and_its_timeout_have_one_outcome(self) -> None:
+        """W5: an event and its timeout have one outcome."""
         late = self.start()
         wait = self.waits.reach(late, "go", WaitKind.EVENT, seconds=60)
         self.pass_time(late, "go")
@@ -183,6 +193,7 @@ class WorkflowWaitConformanceTests:
         self.assertEqual((settled.status, settled.payload), (WaitStatus.DONE, "in time"))
 
     def test_w6_exactly_one_of_many_concurrent_senders_is_accepted(self) -> None:
+        """W6: exactly one of many concurrent senders is accepted."""
         run_id = self.start()
         self.waits.reach(run_id, "go", WaitKind.EVENT)
         outcomes = run_together(
@@ -194,6 +205,7 @@ class WorkflowWaitConformanceTests:
         self.assertTrue(all(isinstance(e, WorkflowEventRefusedError) for e in refused), refused)
 
     def test_w7_an_unknown_or_finished_run_is_refused_with_nothing_stored(self) -> None:
+        """W7: an unknown or finished run is refused with nothing stored."""
         from django_leases.models import WorkflowRun
 
         with self.assertRaises(WorkflowRun.DoesNotExist):
@@ -209,6 +221,7 @@ class WorkflowWaitConformanceTests:
     # -- P: fan-out -------------------------------------------------------------------------
 
     def test_p1_many_steps_are_scheduled_in_one_write_idempotently(self) -> None:
+        """P1: many steps are scheduled in one write idempotently."""
         run_id = self.start()
         calls = [(f"s{n}", FUNCTION, {"n": n}) for n in range(300)]
         found = self.steps.schedule_many(run_id, calls)
@@ -221,6 +234,7 @@ class WorkflowWaitConformanceTests:
             self.steps.schedule_many(run_id, [("s0", "another.function", {})])
 
     def test_p2_a_superseded_attempt_cannot_complete_a_parallel_step(self) -> None:
+        """P2: a superseded attempt cannot complete a parallel step."""
         run_id = self.start()
         self.steps.schedule_many(run_id, [("a", FUNCTION, {}), ("b", FUNCTION, {})])
         stale = self.steps.claim_for_execution(run_id, "a", FUNCTION, LEASE)
@@ -235,6 +249,7 @@ class WorkflowWaitConformanceTests:
     # -- K: idempotent starts ---------------------------------------------------------------
 
     def test_k1_one_run_per_workflow_and_key(self) -> None:
+        """K1: one run per workflow and key."""
         first = self.runs.start(WORKFLOW, {"n": 1}, key="k")
         again = self.runs.start(WORKFLOW, {"n": 2}, key="k")
         self.assertEqual((again.id, again.started), (first.id, False))
@@ -243,6 +258,7 @@ class WorkflowWaitConformanceTests:
         self.assertEqual(self.runs.filter(key="k").count(), 2)
 
     def test_k2_concurrent_starts_with_one_key_make_one_run(self) -> None:
+        """K2: concurrent starts with one key make one run."""
         outcomes = run_together(
             *(lambda: self.runs.start(WORKFLOW, {}, key="raced").id for _ in range(RACERS))
         )
@@ -260,6 +276,7 @@ class WorkflowWaitConformanceTests:
         return parent, wait.child_id
 
     def test_h1_a_childs_end_wakes_its_parent_in_the_same_write(self) -> None:
+        """H1: a child's end wakes its parent in the same write."""
         parent, child = self._parent_and_child()
         self.assertEqual(self.waits.start_child(parent, "kid", WORKFLOW + ".child").child_id, child)
         self.assertFalse(self.due_now(parent))
@@ -283,6 +300,7 @@ class WorkflowWaitConformanceTests:
         self.assertTrue(self.due_now(parent))
 
     def test_h2_a_superseded_attempt_cannot_finish_a_child(self) -> None:
+        """H2: a superseded attempt cannot finish a child."""
         parent, child = self._parent_and_child()
         self.steps.schedule(child, "last", FUNCTION, retries=1)
         stale = self.steps.claim_for_execution(child, "last", FUNCTION, LEASE)
@@ -303,6 +321,7 @@ class WorkflowWaitConformanceTests:
         self.assertFalse(self.due_now(parent))
 
     def test_h3_cancelling_a_parent_cancels_its_live_descendants(self) -> None:
+        """H3: cancelling a parent cancels its live descendants."""
         parent, child = self._parent_and_child()
         grandchild = self.waits.start_child(child, "grandkid", WORKFLOW, {}).child_id
         finished = self.waits.start_child(parent, "done-kid", WORKFLOW, {}).child_id
@@ -319,6 +338,7 @@ class WorkflowWaitConformanceTests:
     # -- T: step timeouts -------------------------------------------------------------------
 
     def test_t1_an_attempt_past_its_timeout_is_failed_and_its_late_result_refused(self) -> None:
+        """T1: an attempt past its timeout is failed and its late result refused."""
         run_id = self.start()
         self.steps.schedule(run_id, "slow", FUNCTION, retries=1, timeout=30)
         first = self.steps.claim_for_execution(run_id, "slow", FUNCTION, LEASE)
