@@ -49,6 +49,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.leases import ahold_lease, hold_lease
+from django_leases.testing.base import ConformanceSuite
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -126,7 +127,7 @@ class SimulatedOutage:
         self._patch.stop()
 
 
-class LeaseConformanceTests:
+class LeaseConformanceTests(ConformanceSuite):
     """Rules L1–L18 as ``test_*`` methods; mix into ``django.test.TransactionTestCase``.
 
     Class attributes you may override:
@@ -138,20 +139,6 @@ class LeaseConformanceTests:
     lease_database: ClassVar[str] = DEFAULT_DB_ALIAS
     short_ttl: ClassVar[float] = 1.0
     long_ttl: ClassVar[float] = 3600.0
-
-    # unittest.TestCase provides these; declared for type checkers.
-    if TYPE_CHECKING:
-        assertEqual: Callable[..., None]
-        assertIsNone: Callable[..., None]
-        assertIsNotNone: Callable[..., None]
-        assertIs: Callable[..., None]
-        assertTrue: Callable[..., None]
-        assertFalse: Callable[..., None]
-        assertGreater: Callable[..., None]
-        assertGreaterEqual: Callable[..., None]
-        assertRaises: Callable[..., Any]
-        fail: Callable[..., Any]
-        _testMethodName: str
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_leases.exceptions import SourceStillDeclared, UnknownTriggerSourceError
+from django_leases.testing.base import ConformanceSuite
 
 if TYPE_CHECKING:
     from django_leases.models.trigger import TriggerSource, TriggerSourceQuerySet
@@ -74,7 +75,7 @@ def _race(count: int, body: Callable[[int], None], aliases: Sequence[str]) -> li
     return errors
 
 
-class TriggerSourceStoreConformanceTests:
+class TriggerSourceStoreConformanceTests(ConformanceSuite):
     """Rules T1–T13 of the trigger-source store. Mix into a ``TransactionTestCase``."""
 
     #: The database alias ``TriggerSource`` lives on.
@@ -83,17 +84,6 @@ class TriggerSourceStoreConformanceTests:
     #: Threads per race, and rounds of the sync race.
     race_threads: ClassVar[int] = 6
     race_rounds: ClassVar[int] = 5
-
-    # unittest's assertion methods, provided by the TestCase this is mixed into.
-    if TYPE_CHECKING:
-        assertEqual: Callable[..., None]
-        assertIs: Callable[..., None]
-        assertIsNone: Callable[..., None]
-        assertTrue: Callable[..., None]
-        assertFalse: Callable[..., None]
-        assertRaises: Callable[..., Any]
-        assertRaisesRegex: Callable[..., Any]
-        assertGreaterEqual: Callable[..., None]
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ time a second into the past on the database clock (:meth:`pass_time`, the harnes
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS
@@ -46,6 +45,7 @@ from django_leases.exceptions import (
     WorkflowRunStateError,
     WorkflowStepSupersededError,
 )
+from django_leases.testing.base import ConformanceSuite
 from django_leases.testing.workflows import run_together
 from django_leases.workflows.values import (
     RUN_CANCELLED,
@@ -71,22 +71,11 @@ LEASE = 60.0
 RACERS = 8
 
 
-class WorkflowWaitConformanceTests:
+class WorkflowWaitConformanceTests(ConformanceSuite):
     """Rules W1–W7, P1–P2, K1–K2, H1–H3 and T1 as ``test_*`` methods; mix into
     ``TransactionTestCase``. Override :attr:`workflow_database` for another alias."""
 
     workflow_database: ClassVar[str] = DEFAULT_DB_ALIAS
-
-    if TYPE_CHECKING:  # unittest.TestCase provides these
-        assertEqual: Callable[..., None]
-        assertIsNone: Callable[..., None]
-        assertIsNotNone: Callable[..., None]
-        assertIsInstance: Callable[..., None]
-        assertIn: Callable[..., None]
-        assertTrue: Callable[..., None]
-        assertFalse: Callable[..., None]
-        assertRaises: Callable[..., Any]
-        assertRaisesRegex: Callable[..., Any]
 
     # -- the harness ------------------------------------------------------------------------
 

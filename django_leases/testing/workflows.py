@@ -54,6 +54,7 @@ from django.utils import timezone
 
 from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import WorkflowStepSupersededError
+from django_leases.testing.base import ConformanceSuite
 from django_leases.workflows.registry import step_function
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def run_together(*calls: Callable[[], Any], timeout: float = 60.0) -> list[tuple
     return outcomes
 
 
-class WorkflowFencingConformanceTests:
+class WorkflowFencingConformanceTests(ConformanceSuite):
     """Rules C1–C12 and F1–F12 as ``test_*`` methods; mix into ``TransactionTestCase``.
 
     Class attributes you may override:
@@ -122,20 +123,6 @@ class WorkflowFencingConformanceTests:
     """
 
     workflow_database: ClassVar[str] = DEFAULT_DB_ALIAS
-
-    if TYPE_CHECKING:  # unittest.TestCase provides these
-        assertEqual: Callable[..., None]
-        assertIsNone: Callable[..., None]
-        assertIsNotNone: Callable[..., None]
-        assertIsInstance: Callable[..., None]
-        assertIn: Callable[..., None]
-        assertTrue: Callable[..., None]
-        assertFalse: Callable[..., None]
-        assertRaises: Callable[..., Any]
-        assertRaisesRegex: Callable[..., Any]
-        assertLogs: Callable[..., Any]
-        fail: Callable[..., Any]
-        subTest: Callable[..., Any]
 
     # -- the harness ------------------------------------------------------------------------
 
