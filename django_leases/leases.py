@@ -235,9 +235,9 @@ class HeldLease:
         ``wait`` (seconds, ``math.inf`` for ever; ``None``, the default, does not wait): while
         another holder has the key live, try again with a back-off of 20 ms doubling up to
         ``min(1 s, TTL/3)``; a database error while waiting is logged and tried again too.
-        ``stop()`` (checked before and after each back-off pause, so never right before a
-        try) ends the wait early. ``observe(event, error)`` is
-        told ``"taken"`` on each refusal and ``"unreachable"`` (with the error) on each
+        ``stop()``, asked after each refusal and again after each back-off pause (just
+        before the next try), ends the wait early. ``observe(event, error)`` is told
+        ``"taken"`` on each refusal and ``"unreachable"`` (with the error) on each
         database error while waiting.
 
         Raises:
