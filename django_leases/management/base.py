@@ -175,13 +175,15 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
     Returns:
         A ``CommandError`` naming the first alias that does not answer ``SELECT 1``, with
         ``returncode`` :data:`DATABASE_UNREACHABLE`; ``None`` when every one answers (the
-        error was something else).
+        error was something else). An alias inside a caller's transaction is not probed.
     """
     if given is None:
         aliases = health.write_aliases()
     else:
         aliases = [given] if isinstance(given, str) else list(given)
     for alias in aliases:
+        if alias in connections and connections[alias].in_atomic_block:
+            continue  # a caller's transaction (broken, perhaps): a probe would say nothing
         finding = health.check_database(alias)
         if finding.status == health.UNREACHABLE:
             return CommandError(
