@@ -1,9 +1,14 @@
-"""The base of the conformance suites this package ships (leases, fencing, waits)."""
+"""The bases of the conformance suites this package ships (leases, fencing, waits…)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.db import DEFAULT_DB_ALIAS
+
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowRunQuerySet, WorkflowStepQuerySet
 
 
 class ConformanceSuite:
@@ -28,3 +33,27 @@ class ConformanceSuite:
         fail: Callable[..., Any]
         subTest: Callable[..., Any]
         _testMethodName: str
+
+
+class WorkflowConformanceSuite(ConformanceSuite):
+    """The workflow suites' base: the alias the workflow models live on, and their rows.
+
+    Class attributes you may override:
+        workflow_database: the alias the workflow models live on (``str``).
+    """
+
+    workflow_database: ClassVar[str] = DEFAULT_DB_ALIAS
+
+    @property
+    def runs(self) -> WorkflowRunQuerySet:
+        """``WorkflowRun`` rows on :attr:`workflow_database` (a ``WorkflowRunQuerySet``)."""
+        from django_leases.models import WorkflowRun
+
+        return WorkflowRun.objects.db_manager(self.workflow_database).all()
+
+    @property
+    def steps(self) -> WorkflowStepQuerySet:
+        """``WorkflowStep`` rows on :attr:`workflow_database` (a ``WorkflowStepQuerySet``)."""
+        from django_leases.models import WorkflowStep
+
+        return WorkflowStep.objects.db_manager(self.workflow_database).all()

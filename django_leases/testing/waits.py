@@ -35,9 +35,7 @@ time a second into the past on the database clock (:meth:`pass_time`, the harnes
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from django.db import DEFAULT_DB_ALIAS
+from typing import TYPE_CHECKING, Any
 
 from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import (
@@ -45,7 +43,7 @@ from django_leases.exceptions import (
     WorkflowRunStateError,
     WorkflowStepSupersededError,
 )
-from django_leases.testing.base import ConformanceSuite
+from django_leases.testing.base import WorkflowConformanceSuite
 from django_leases.testing.workflows import run_together
 from django_leases.workflows.values import (
     RUN_CANCELLED,
@@ -58,8 +56,6 @@ from django_leases.workflows.values import (
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import (
-        WorkflowRunQuerySet,
-        WorkflowStepQuerySet,
         WorkflowWaitQuerySet,
     )
 
@@ -71,11 +67,9 @@ LEASE = 60.0
 RACERS = 8
 
 
-class WorkflowWaitConformanceTests(ConformanceSuite):
+class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
     """Rules W1–W7, P1–P2, K1–K2, H1–H3 and T1 as ``test_*`` methods; mix into
     ``TransactionTestCase``. Override :attr:`workflow_database` for another alias."""
-
-    workflow_database: ClassVar[str] = DEFAULT_DB_ALIAS
 
     # -- the harness ------------------------------------------------------------------------
 
@@ -83,20 +77,6 @@ class WorkflowWaitConformanceTests(ConformanceSuite):
         """**Harness hook.** Make wait ``name``'s due time (a sleep's end, an event's
         timeout) a second ago on the database clock."""
         self.waits.filter(run_id=run_id, name=name).update(due_at=db_now_plus(-1))
-
-    @property
-    def runs(self) -> WorkflowRunQuerySet:
-        """``WorkflowRun`` rows on :attr:`workflow_database` (a ``WorkflowRunQuerySet``)."""
-        from django_leases.models import WorkflowRun
-
-        return WorkflowRun.objects.db_manager(self.workflow_database).all()
-
-    @property
-    def steps(self) -> WorkflowStepQuerySet:
-        """``WorkflowStep`` rows on :attr:`workflow_database` (a ``WorkflowStepQuerySet``)."""
-        from django_leases.models import WorkflowStep
-
-        return WorkflowStep.objects.db_manager(self.workflow_database).all()
 
     @property
     def waits(self) -> WorkflowWaitQuerySet:

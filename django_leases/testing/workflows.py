@@ -46,22 +46,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.utils import timezone
 
 from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import WorkflowStepSupersededError
-from django_leases.testing.base import ConformanceSuite
+from django_leases.testing.base import WorkflowConformanceSuite
 from django_leases.workflows.registry import step_function
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import (
-        WorkflowRunQuerySet,
         WorkflowStep,
-        WorkflowStepQuerySet,
     )
     from django_leases.workflows.engine import StepContext
     from django_leases.workflows.values import Claim
@@ -115,14 +113,12 @@ def run_together(*calls: Callable[[], Any], timeout: float = 60.0) -> list[tuple
     return outcomes
 
 
-class WorkflowFencingConformanceTests(ConformanceSuite):
+class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
     """Rules C1–C12 and F1–F12 as ``test_*`` methods; mix into ``TransactionTestCase``.
 
     Class attributes you may override:
         workflow_database: the alias the workflow models live on (``str``).
     """
-
-    workflow_database: ClassVar[str] = DEFAULT_DB_ALIAS
 
     # -- the harness ------------------------------------------------------------------------
 
@@ -132,20 +128,6 @@ class WorkflowFencingConformanceTests(ConformanceSuite):
         self.steps.filter(run_id=run_id, step_name=step_name).update(
             lease_expires_at=db_now_plus(-1)
         )
-
-    @property
-    def runs(self) -> WorkflowRunQuerySet:
-        """``WorkflowRun.objects`` on :attr:`workflow_database`."""
-        from django_leases.models import WorkflowRun
-
-        return WorkflowRun.objects.db_manager(self.workflow_database).all()
-
-    @property
-    def steps(self) -> WorkflowStepQuerySet:
-        """``WorkflowStep.objects`` on :attr:`workflow_database`."""
-        from django_leases.models import WorkflowStep
-
-        return WorkflowStep.objects.db_manager(self.workflow_database).all()
 
     def start_run(
         self,
