@@ -680,6 +680,27 @@ def staff_client(*codenames: str, **client_options: Any) -> Any:
     return client
 
 
+def drain(worker: Any = None, limit: int = 5000) -> int:
+    """Do due work (passes and steps) on this thread with ``worker`` (a ``Worker``; by
+    default one with a 60 s step lease) until none is left; returns the units done. Fails
+    the test once ``limit`` units were done: the workflow never settles."""
+    from django_leases.workflows.worker import Worker
+
+    worker = worker or Worker(step_lease_ttl=60.0)
+    done = 0
+    while worker.work_once():
+        done += 1
+        assert done < limit, "the workflow never settles"
+    return done
+
+
+def run_of(run_id: Any) -> Any:
+    """The ``WorkflowRun`` with id ``run_id`` (a UUID or its text), read afresh."""
+    from django_leases.models import WorkflowRun
+
+    return WorkflowRun.objects.get(pk=run_id)
+
+
 # -- holds and workers --------------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from django_leases.triggers.registry import StartWorkflow, webhook_source
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.driver import run_pass
 from django_leases.workflows.engine import execute_step
-from django_leases.workflows.worker import Worker
+from tests.helpers import drain
 
 SOURCE = "accepted-work"
 WORKFLOW = "tests.accepted-work"
@@ -109,14 +109,6 @@ def _receive_again(how: str) -> None:
     assert TriggerSource.objects.receivable(SOURCE) is not None
 
 
-def _drain() -> None:
-    worker = Worker(step_lease_ttl=LEASE)
-    for _ in range(100):
-        if not worker.work_once():
-            return
-    pytest.fail("the run never settles")
-
-
 def _run(run_id: uuid.UUID) -> WorkflowRun:
     return WorkflowRun.objects.get(pk=run_id)
 
@@ -128,7 +120,7 @@ BOTH = pytest.mark.parametrize("how", ["disabled", "orphaned"])
 def test_a_queued_step_still_runs(fake: FakeProvider, how: str) -> None:
     run_id = _accepted(fake, {"n": 1})
     _stop_receiving(how)
-    _drain()
+    drain()
     run = _run(run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, "done 1")
     assert _attempts == [(1, 1)]
@@ -144,7 +136,7 @@ def test_a_running_steps_result_lands(fake: FakeProvider, how: str) -> None:
     assert execute_step(claim) == "succeeded"
     step = WorkflowStep.objects.get(run_id=run_id, step_name="work")
     assert (step.status, step.result, step.attempt) == ("succeeded", "done 2", 1)
-    _drain()
+    drain()
     assert _run(run_id).status == RunStatus.COMPLETED
 
 
@@ -157,7 +149,7 @@ def test_a_pending_retry_runs(fake: FakeProvider, how: str) -> None:
     step = WorkflowStep.objects.get(run_id=run_id, step_name="work")
     assert (step.status, step.attempt) == ("failed", 1)
     _stop_receiving(how)
-    _drain()
+    drain()
     assert _attempts == [(3, 1), (3, 2)]
     run = _run(run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, "done 3")
@@ -166,7 +158,7 @@ def test_a_pending_retry_runs(fake: FakeProvider, how: str) -> None:
 @BOTH
 def test_receiving_again_replays_nothing(fake: FakeProvider, how: str) -> None:
     first = _accepted(fake, {"n": 4})
-    _drain()
+    drain()
     _stop_receiving(how)
     refused = _deliver(fake, {"n": 5}, delivery="sent-while-off")
     assert refused.status_code == 404
@@ -175,7 +167,7 @@ def test_receiving_again_replays_nothing(fake: FakeProvider, how: str) -> None:
     assert runs == [first] and "sent-while-off" not in events
 
     _receive_again(how)
-    _drain()
+    drain()
     assert list(TriggerEvent.objects.values_list("delivery_id", flat=True)) == events
     assert list(WorkflowRun.objects.values_list("pk", flat=True)) == runs
     assert _attempts == [(4, 1)]

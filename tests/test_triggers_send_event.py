@@ -21,7 +21,7 @@ from django_leases.triggers import credentials, lifecycle, registry
 from django_leases.triggers.registry import SendEvent, StartWorkflow, run_for_key, webhook_source
 from django_leases.workflows import workflow
 from django_leases.workflows.values import WaitStatus
-from django_leases.workflows.worker import Worker
+from tests.helpers import drain
 
 SOURCE = "pr-reviews"
 WORKFLOW = "tests.pr-review"
@@ -95,14 +95,6 @@ def _review(number: int, state: str, login: str = "alice") -> dict[str, Any]:
     }
 
 
-def _drain() -> None:
-    worker = Worker(step_lease_ttl=60.0)
-    for _ in range(100):
-        if not worker.work_once():
-            return
-    pytest.fail("the run never settles")
-
-
 def _outcome(response: Any) -> TriggerEvent:
     return TriggerEvent.objects.get(pk=response.json()["event_id"])
 
@@ -113,7 +105,7 @@ def test_an_approving_review_finishes_the_run_its_pull_request_started(
     started = _deliver(fake, "pull_request", _opened(42))
     assert started.status_code == 202
     run_id = uuid.UUID(started.json()["run_id"])
-    _drain()
+    drain()
     assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == "waiting"
     commented = _deliver(fake, "pull_request_review", _review(42, "commented"))
     assert commented.status_code == 202
@@ -124,14 +116,14 @@ def test_an_approving_review_finishes_the_run_its_pull_request_started(
     event = _outcome(approved)
     assert (event.run_id, event.outcome) == (run_id, f"event 'approved' sent to run {run_id}")
     assert WorkflowRun.objects.filter(pk=run_id, pass_due_at__isnull=False).exists()
-    _drain()
+    drain()
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"pr": 42, "approved_by": "bob"})
 
 
 def test_a_second_approval_is_recorded_as_refused_not_an_error(fake: FakeProvider) -> None:
     run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(7)).json()["run_id"])
-    _drain()
+    drain()
     assert _deliver(fake, "pull_request_review", _review(7, "approved")).status_code == 202
     again = _deliver(fake, "pull_request_review", _review(7, "approved", "carol"))
     assert again.status_code == 202
@@ -159,7 +151,7 @@ def test_a_second_opened_delivery_starts_nothing(fake: FakeProvider) -> None:
 def test_the_delivery_and_the_event_commit_together(fake: FakeProvider) -> None:
     """If recording the delivery fails after the handler ran, the event is gone too."""
     run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(3)).json()["run_id"])
-    _drain()
+    drain()
     real = SendEvent.__call__
 
     def then_fail(self: SendEvent, delivery: Any) -> Any:

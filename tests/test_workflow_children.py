@@ -18,7 +18,7 @@ from django_leases.workflows.driver import run_pass
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import RUN_CANCELLED, WORKFLOW_ERROR, WaitStatus
 from django_leases.workflows.worker import Worker
-from tests.helpers import lapse_step_lease, race
+from tests.helpers import drain, lapse_step_lease, race, run_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,19 +56,6 @@ def parent(run: Any, input: dict[str, Any]) -> Any:
             return {"child_failed": exc.status, "child_id": str(exc.child_id)}
         raise
     return {"from_child": result}
-
-
-def drain(limit: int = 500) -> int:
-    worker = Worker(step_lease_ttl=LEASE)
-    done = 0
-    while worker.work_once():
-        done += 1
-        assert done < limit, "the workflow never settles"
-    return done
-
-
-def run_of(run_id: uuid.UUID | str) -> WorkflowRun:
-    return WorkflowRun.objects.get(pk=run_id)
 
 
 def kid_of(run_id: uuid.UUID) -> WorkflowRun:

@@ -29,7 +29,7 @@ from django_leases.workflows.values import (
     run_lease_key,
 )
 from django_leases.workflows.worker import Worker
-from tests.helpers import lapse_step_lease, start_thread, wait_until
+from tests.helpers import drain, lapse_step_lease, run_of, start_thread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,20 +137,6 @@ def slow(run: Any, input: Any) -> Any:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-
-def drain(worker: Worker | None = None, limit: int = 100) -> int:
-    """Do due work on this thread until none is left; returns the units done."""
-    worker = worker or Worker(step_lease_ttl=LEASE)
-    done = 0
-    while worker.work_once():
-        done += 1
-        assert done < limit, "the workflow never settles"
-    return done
-
-
-def run_of(run_id: uuid.UUID) -> WorkflowRun:
-    return WorkflowRun.objects.get(pk=run_id)
 
 
 # -- replay ------------------------------------------------------------------------------------

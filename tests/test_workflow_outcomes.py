@@ -27,7 +27,7 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
 from django_leases.workflows.values import STEP_FAILED, STEP_RESULT_NOT_JSON, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
-from tests.helpers import start_thread, terminate_other_backends
+from tests.helpers import drain, run_of, start_thread, terminate_other_backends
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,18 +105,6 @@ def step_args(run: Any, input: dict[str, Any]) -> Any:
         kwargs["retry_delay"] = float(kwargs["retry_delay"])
     name = "s\ud800" if kwargs.pop("bad_name", False) else "s"
     return run.step(name, "tests.outcomes.returns", {"value": 1}, **kwargs)
-
-
-def drain(limit: int = 100) -> None:
-    worker = Worker(step_lease_ttl=LEASE)
-    done = 0
-    while worker.work_once():
-        done += 1
-        assert done < limit, "the workflow never settles"
-
-
-def run_of(run_id: uuid.UUID) -> WorkflowRun:
-    return WorkflowRun.objects.get(pk=run_id)
 
 
 def history(run_id: uuid.UUID) -> list[tuple[int, str]]:

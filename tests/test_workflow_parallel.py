@@ -18,7 +18,7 @@ from django_leases.workflows.driver import run_pass
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import STEP_FAILED, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
-from tests.helpers import in_processes, lapse_step_lease
+from tests.helpers import drain, in_processes, lapse_step_lease
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,15 +76,6 @@ def run_due_steps() -> int:
     while (claim := WorkflowStep.objects.claim_due(LEASE)) is not None:
         execute_step(claim)
         done += 1
-    return done
-
-
-def drain(limit: int = 5000) -> int:
-    worker = Worker(step_lease_ttl=LEASE)
-    done = 0
-    while worker.work_once():
-        done += 1
-        assert done < limit, "the workflow never settles"
     return done
 
 

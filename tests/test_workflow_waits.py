@@ -26,8 +26,7 @@ from django_leases.models import RunStatus, WorkflowRun, WorkflowWait
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
 from django_leases.workflows.driver import run_pass
 from django_leases.workflows.values import WORKFLOW_ERROR, WaitKind, WaitStatus
-from django_leases.workflows.worker import Worker
-from tests.helpers import race, race_in_processes
+from tests.helpers import drain, race, race_in_processes, run_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,19 +74,6 @@ def same_name(run: Any, input: Any) -> Any:
     run.step("x", "tests.waits.echo", 1)
     run.sleep("x", 1)
     return None
-
-
-def drain(limit: int = 200) -> int:
-    worker = Worker(step_lease_ttl=LEASE)
-    done = 0
-    while worker.work_once():
-        done += 1
-        assert done < limit, "the workflow never settles"
-    return done
-
-
-def run_of(run_id: uuid.UUID) -> WorkflowRun:
-    return WorkflowRun.objects.get(pk=run_id)
 
 
 def wait_of(run_id: uuid.UUID, name: str) -> WorkflowWait:
