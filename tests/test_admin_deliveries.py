@@ -7,12 +7,12 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from django_leases.models import TriggerEvent, TriggerSource, WorkflowRun
 from django_leases.models.trigger import NO_RUN
+from tests.helpers import staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -110,13 +110,5 @@ def test_a_source_page_links_all_its_deliveries(
 
 
 def test_the_deliveries_need_the_view_permission(deliveries: dict[str, TriggerEvent]) -> None:
-    user = User.objects.create_user("watcher", password="x", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    assert client.get(reverse(CHANGELIST)).status_code == 403
-    user.user_permissions.add(
-        Permission.objects.get(
-            content_type__app_label="django_leases", codename="view_triggerevent"
-        )
-    )
-    assert client.get(reverse(CHANGELIST)).status_code == 200
+    assert staff_client().get(reverse(CHANGELIST)).status_code == 403
+    assert staff_client("view_triggerevent").get(reverse(CHANGELIST)).status_code == 200

@@ -7,13 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.urls import reverse
 
 from django_leases.models import Lease, WorkerState, WorkflowWorker
 from django_leases.workflows.values import WORKER_LEASE_PREFIX
-from tests.helpers import lapse_lease
+from tests.helpers import lapse_lease, staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -108,13 +107,5 @@ def test_the_workers_page_is_read_only(
 
 
 def test_the_workers_page_needs_the_view_permission(workers: dict[str, WorkflowWorker]) -> None:
-    user = User.objects.create_user("watcher", password="x", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    assert client.get(reverse(CHANGELIST)).status_code == 403
-    user.user_permissions.add(
-        Permission.objects.get(
-            content_type__app_label="django_leases", codename="view_workflowworker"
-        )
-    )
-    assert client.get(reverse(CHANGELIST)).status_code == 200
+    assert staff_client().get(reverse(CHANGELIST)).status_code == 403
+    assert staff_client("view_workflowworker").get(reverse(CHANGELIST)).status_code == 200

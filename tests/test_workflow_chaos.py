@@ -191,13 +191,12 @@ def chaos_step(chaos: Chaos, rng: random.Random) -> None:
         chaos.stopped[victim.pid] = time.monotonic() + STOP_SECONDS
 
 
-def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded_write(
-    subprocess_env: dict[str, str], tmp_path: Path
-) -> None:
+def chaos_setup(subprocess_env: dict[str, str], **extra: str) -> dict[str, str]:
+    """Create (or empty) the executions table; the workers' environment, with ``extra``."""
     with connection.cursor() as cursor:
         cursor.execute(create_table_sql(connection))
         cursor.execute(f"TRUNCATE {TABLE}")
-    env = {
+    return {
         **subprocess_env,
         "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings",
         "CHAOS_STEP_LEASE_TTL": str(STEP_LEASE_TTL),
@@ -205,7 +204,14 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
         "CHAOS_POLL_INTERVAL": str(POLL_INTERVAL),
         "CHAOS_STEP_MIN": "0.05",
         "CHAOS_STEP_MAX": "0.4",
+        **extra,
     }
+
+
+def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded_write(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = chaos_setup(subprocess_env)
     rng = random.Random(os.environ.get("CHAOS_SEED"))
     chaos = Chaos(tmp_path, env)
     began = time.monotonic()
@@ -333,19 +339,7 @@ def test_workflows_that_wait_fan_out_and_start_children_survive_the_chaos(
     from django_leases.models import WorkflowWait
     from django_leases.workflows.engine import send_event
 
-    with connection.cursor() as cursor:
-        cursor.execute(create_table_sql(connection))
-        cursor.execute(f"TRUNCATE {TABLE}")
-    env = {
-        **subprocess_env,
-        "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings",
-        "CHAOS_STEP_LEASE_TTL": str(STEP_LEASE_TTL),
-        "CHAOS_RUN_LEASE_TTL": str(RUN_LEASE_TTL),
-        "CHAOS_POLL_INTERVAL": str(POLL_INTERVAL),
-        "CHAOS_STEP_MIN": "0.05",
-        "CHAOS_STEP_MAX": "0.4",
-        "CHAOS_SLEEP": "0.5",
-    }
+    env = chaos_setup(subprocess_env, CHAOS_SLEEP="0.5")
     rng = random.Random(os.environ.get("CHAOS_SEED"))
     chaos = Chaos(tmp_path, env)
     began = time.monotonic()
