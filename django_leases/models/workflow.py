@@ -47,6 +47,7 @@ from django_leases.exceptions import (
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
 )
+from django_leases.ids import uuid7
 from django_leases.models.lease import (
     Lease,
     acquire_statement,
@@ -2162,8 +2163,9 @@ class WorkflowRun(models.Model):
     clears ``pass_due_at`` only if no new request arrived while it ran.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    workflow = models.CharField(max_length=MAX_NAME_LENGTH, db_index=True)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # Lookups by workflow are served by the unique (workflow, key) index: no index of its own.
+    workflow = models.CharField(max_length=MAX_NAME_LENGTH)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
     input = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
@@ -2345,7 +2347,10 @@ class WorkflowStep(models.Model):
     ``lease_expires_at`` and ``available_at`` are set from the database clock.
     """
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # Served by the unique (run, step_name) index, whose leading column it is.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
     step_name = models.CharField(max_length=MAX_NAME_LENGTH)
     function_name = models.CharField(max_length=MAX_NAME_LENGTH)
     data = models.JSONField(default=dict, blank=True)
@@ -2404,7 +2409,10 @@ class WorkflowStepAttempt(models.Model):
     ``started_at`` and ``finished_at`` come from the database clock.
     """
 
-    step = models.ForeignKey(WorkflowStep, on_delete=models.CASCADE, related_name="attempts")
+    # Served by the unique (step, attempt) index, whose leading column it is.
+    step = models.ForeignKey(
+        WorkflowStep, on_delete=models.CASCADE, related_name="attempts", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     status = models.CharField(
         max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
@@ -2434,7 +2442,10 @@ class WorkflowWait(models.Model):
     for an event sent before that, when the event arrives (``reached_at`` still empty).
     Times come from the database clock."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="waits")
+    # Served by the unique (run, name) index, whose leading column it is.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="waits", db_index=False
+    )
     name = models.CharField(max_length=MAX_NAME_LENGTH)
     kind = models.CharField(max_length=16, choices=WaitKind.choices)
     status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
