@@ -27,17 +27,30 @@ _LAZY = {
     "WorkflowStepSupersededError": "django_leases.exceptions",
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+# A literal list, so type checkers see what the package exports (the lazy imports
+# below are only for them); tests/test_typing.py keeps it equal to _LAZY.
+__all__ = [
+    "DjangoLeasesError",
+    "HeldLease",
+    "LeaseError",
+    "LeaseHandle",
+    "LeaseLostError",
+    "LeaseTakenError",
+    "WorkflowStepSupersededError",
+    "__version__",
+    "ahold_lease",
+    "hold_lease",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from django_leases.exceptions import (  # noqa: F401
+    from django_leases.exceptions import (
         DjangoLeasesError,
         LeaseError,
         LeaseLostError,
         LeaseTakenError,
         WorkflowStepSupersededError,
     )
-    from django_leases.leases import HeldLease, LeaseHandle, ahold_lease, hold_lease  # noqa: F401
+    from django_leases.leases import HeldLease, LeaseHandle, ahold_lease, hold_lease
 
 
 def lazy_attributes(package: str, table: dict[str, str]) -> Callable[[str], Any]:

@@ -48,10 +48,43 @@ _LAZY = {
     "ReceiveError": "django_leases.exceptions",
 }
 
-__all__ = sorted(_LAZY)
+# A literal list, so type checkers see what the package exports (the lazy imports
+# below are only for them); tests/test_typing.py keeps it equal to _LAZY.
+__all__ = [
+    "CredentialError",
+    "Delivery",
+    "Handled",
+    "LifecycleResult",
+    "NoAddress",
+    "NoReceiveURL",
+    "ProviderError",
+    "ProviderNotInstalled",
+    "ReceiveError",
+    "SendEvent",
+    "SourceBusy",
+    "SourceOrphaned",
+    "SourceStillDeclared",
+    "StartWorkflow",
+    "TriggerDeclaration",
+    "TriggerSourceError",
+    "UnknownTriggerSourceError",
+    "declarations",
+    "disable",
+    "enable",
+    "forget",
+    "get_declaration",
+    "github_signature",
+    "reconcile",
+    "run_for_key",
+    "stripe_signature",
+    "teardown",
+    "verify_github_signature",
+    "verify_stripe_signature",
+    "webhook_source",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from django_leases.exceptions import (  # noqa: F401
+    from django_leases.exceptions import (
         CredentialError,
         NoAddress,
         NoReceiveURL,
@@ -64,7 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover
         TriggerSourceError,
         UnknownTriggerSourceError,
     )
-    from django_leases.triggers.lifecycle import (  # noqa: F401
+    from django_leases.triggers.lifecycle import (
         LifecycleResult,
         disable,
         enable,
@@ -72,7 +105,7 @@ if TYPE_CHECKING:  # pragma: no cover
         reconcile,
         teardown,
     )
-    from django_leases.triggers.registry import (  # noqa: F401
+    from django_leases.triggers.registry import (
         SendEvent,
         StartWorkflow,
         TriggerDeclaration,
@@ -81,13 +114,13 @@ if TYPE_CHECKING:  # pragma: no cover
         run_for_key,
         webhook_source,
     )
-    from django_leases.triggers.signatures import (  # noqa: F401
+    from django_leases.triggers.signatures import (
         github_signature,
         stripe_signature,
         verify_github_signature,
         verify_stripe_signature,
     )
-    from django_leases.triggers.values import Delivery, Handled  # noqa: F401
+    from django_leases.triggers.values import Delivery, Handled
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

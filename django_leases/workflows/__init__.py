@@ -36,10 +36,31 @@ _LAZY = {
     "WorkflowChildFailedError": "django_leases.exceptions",
 }
 
-__all__ = sorted(_LAZY)
+# A literal list, so type checkers see what the package exports (the lazy imports
+# below are only for them); tests/test_typing.py keeps it equal to _LAZY.
+__all__ = [
+    "RunContext",
+    "StepContext",
+    "UnknownWorkflowError",
+    "Worker",
+    "WorkflowChildFailedError",
+    "WorkflowError",
+    "WorkflowEventRefusedError",
+    "WorkflowEventTimeout",
+    "WorkflowRunStateError",
+    "WorkflowStepCancelledError",
+    "WorkflowStepFailedError",
+    "WorkflowStepSupersededError",
+    "execute_step",
+    "run_pass",
+    "send_event",
+    "start_workflow",
+    "step_function",
+    "workflow",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from django_leases.exceptions import (  # noqa: F401
+    from django_leases.exceptions import (
         UnknownWorkflowError,
         WorkflowChildFailedError,
         WorkflowError,
@@ -50,15 +71,15 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowStepFailedError,
         WorkflowStepSupersededError,
     )
-    from django_leases.workflows.driver import RunContext, run_pass  # noqa: F401
-    from django_leases.workflows.engine import (  # noqa: F401
+    from django_leases.workflows.driver import RunContext, run_pass
+    from django_leases.workflows.engine import (
         StepContext,
         execute_step,
         send_event,
         start_workflow,
     )
-    from django_leases.workflows.registry import step_function, workflow  # noqa: F401
-    from django_leases.workflows.worker import Worker  # noqa: F401
+    from django_leases.workflows.registry import step_function, workflow
+    from django_leases.workflows.worker import Worker
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
