@@ -6,25 +6,36 @@ logs; any failure makes the tour exit 1):
 1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
    and create an admin user;
 2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
-   (``github-pushes``, provider ``github``; ``stripe-orders``, provider ``manual``) and
-   store ``stripe-orders``' signing secret (``trigger_sources set-secret``);
+   (``github-pushes`` and ``github-pull-requests``, provider ``github``; ``stripe-orders``,
+   provider ``manual``) and store ``stripe-orders``' signing secret (``trigger_sources
+   set-secret``);
 3. start the demo server, two workflow workers (``run_workflow_worker``) and a singleton job
    under ``manage.py hold_lease`` (with a standby copy waiting for the lease);
-4. enable both sources: ``github-pushes`` registers a hook at the fake GitHub (which pings
+4. enable the sources: each GitHub source registers a hook at the fake GitHub (which pings
    it), ``stripe-orders`` answers with manual instructions (the signing secret Stripe would
    show was stored at stage 2, before the processes started, so their checks find it);
 5. deliver payloads signed as GitHub and Stripe sign them (``manage.py send_deliveries``) —
    the files under ``../shared/fixtures/`` when that folder exists, else the demo's own
-   samples — and wait for the workflow runs they start to complete;
-6. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
+   samples —, check that each is recorded with the run it started, and wait for those runs
+   to complete;
+6. open a pull request: a signed ``pull_request`` delivery (action ``opened``, the demo's
+   own sample) starts a ``review-pull-request`` run keyed by the pull request; its checks
+   fan out (``run.parallel``) over the workers, it sleeps (``run.sleep``, its end recorded
+   on the database clock, no worker holding the run) and waits
+   (``run.wait_for_event("approved")``); two ``pull_request_review`` deliveries that are not
+   approvals (``commented``, ``changes_requested``) are recorded with that outcome and leave
+   it waiting; the approving one is sent to the run as event ``approved`` (``SendEvent``,
+   in the delivery's transaction) and the run finishes. A later tour on the same database
+   opens the next pull request (the samples renumbered), as the first one has its run;
+7. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
    past the step lease, watch the other worker finish the step as attempt 2, SIGCONT the
    first one and read its refused stale write from the database and its log, then SIGKILL it
    and start a replacement worker (``worker-3``), so two workers run again;
-7. disable ``github-pushes``: the hook is deleted at the fake GitHub, a delivery gets 404;
-8. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
-9. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
-   (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
-   stage did what it said).
+8. disable both GitHub sources: their hooks are deleted at the fake GitHub, deliveries get 404;
+9. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
+10. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
+    (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
+    stage did what it said).
 
 The workers run with a 3-second step lease (``DEMO_STEP_LEASE_TTL``) so a paused worker's
 step is taken over within seconds. Each child process logs to a file in a temporary folder

@@ -78,12 +78,10 @@ def review_submitted(delivery: Delivery) -> Handled:
         return Handled(None, f"{key}: review {delivery.action}, not submitted: nothing sent")
     if state != APPROVED:
         run_id = review_run(delivery)
-        where = f"run {run_id}" if run_id is not None else "no run (none for this pull request)"
-        return Handled(
-            run_id,
-            f"{key}: review by {reviewer} is {state!r}, not an approval: "
-            f"no {APPROVED!r} event sent to {where}",
-        )
+        said = f"{key}: review by {reviewer} is {state!r}, not an approval"
+        if run_id is None:
+            return Handled(None, f"{said} (and the pull request has no review run)")
+        return Handled(run_id, f"{said}: no {APPROVED!r} event sent to run {run_id}")
     return send_approval(delivery)
 
 
