@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from demo_project.journal.models import StepExecution
 from demo_project.reviews import payloads
@@ -27,6 +28,7 @@ from django_leases.testing import drive
 from django_leases.triggers import registry
 from django_leases.triggers.credentials import set_secret
 from django_leases.triggers.signatures import github_signature
+from tests.helpers import staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,6 +114,20 @@ def test_an_approving_review_finishes_the_run_its_pull_request_started() -> None
     assert "approved by @grace-demo" in run.output["comment"]
     journal = StepExecution.objects.filter(run_id=run.pk)
     assert sorted(journal.values_list("step_name", flat=True)) == sorted([*steps, "announce"])
+
+
+def test_the_admin_shows_the_waiting_run_with_its_waits() -> None:
+    run_id = open_and_wait()
+    page = staff_client("view_workflowrun").get(
+        reverse("admin:django_leases_workflowrun_change", args=[run_id])
+    )
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert KEY in html
+    assert "waiting for event &#x27;approved&#x27;" in html
+    assert "slept until" in html
+    for check in CHECKS:
+        assert f"check-{check}" in html
 
 
 def test_the_sleep_is_a_row_with_its_end_and_the_run_waits_for_it() -> None:
