@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "demo_project.journal",
     "demo_project.previews",
     "demo_project.shop",
+    "demo_project.reviews",
 ]
 
 MIDDLEWARE = [

@@ -6,25 +6,36 @@ logs; any failure makes the tour exit 1):
 1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
    and create an admin user;
 2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
-   (``github-pushes``, provider ``github``; ``stripe-orders``, provider ``manual``) and
-   store ``stripe-orders``' signing secret (``trigger_sources set-secret``);
+   (``github-pushes`` and ``github-pull-requests``, provider ``github``; ``stripe-orders``,
+   provider ``manual``) and store ``stripe-orders``' signing secret (``trigger_sources
+   set-secret``);
 3. start the demo server, two workflow workers (``run_workflow_worker``) and a singleton job
    under ``manage.py hold_lease`` (with a standby copy waiting for the lease);
-4. enable both sources: ``github-pushes`` registers a hook at the fake GitHub (which pings
+4. enable the sources: each GitHub source registers a hook at the fake GitHub (which pings
    it), ``stripe-orders`` answers with manual instructions (the signing secret Stripe would
    show was stored at stage 2, before the processes started, so their checks find it);
 5. deliver payloads signed as GitHub and Stripe sign them (``manage.py send_deliveries``) —
    the files under ``../shared/fixtures/`` when that folder exists, else the demo's own
-   samples — and wait for the workflow runs they start to complete;
-6. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
+   samples —, check that each is recorded with the run it started, and wait for those runs
+   to complete;
+6. open a pull request: a signed ``pull_request`` delivery (action ``opened``, the demo's
+   own sample) starts a ``review-pull-request`` run keyed by the pull request; its checks
+   fan out (``run.parallel``) over the workers, it sleeps (``run.sleep``, its end recorded
+   on the database clock, no worker holding the run) and waits
+   (``run.wait_for_event("approved")``); two ``pull_request_review`` deliveries that are not
+   approvals (``commented``, ``changes_requested``) are recorded with that outcome and leave
+   it waiting; the approving one is sent to the run as event ``approved`` (``SendEvent``,
+   in the delivery's transaction) and the run finishes. A later tour on the same database
+   opens the next pull request (the samples renumbered), as the first one has its run;
+7. push a ``[slow build]`` commit, SIGSTOP the worker running its build step (attempt 1)
    past the step lease, watch the other worker finish the step as attempt 2, SIGCONT the
    first one and read its refused stale write from the database and its log, then SIGKILL it
    and start a replacement worker (``worker-3``), so two workers run again;
-7. disable ``github-pushes``: the hook is deleted at the fake GitHub, a delivery gets 404;
-8. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
-9. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
-   (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
-   stage did what it said).
+8. disable both GitHub sources: their hooks are deleted at the fake GitHub, deliveries get 404;
+9. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
+10. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
+    (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
+    stage did what it said).
 
 The workers run with a 3-second step lease (``DEMO_STEP_LEASE_TTL``) so a paused worker's
 step is taken over within seconds. Each child process logs to a file in a temporary folder
@@ -50,6 +61,7 @@ from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 GITHUB = "github-pushes"
+PULLS = "github-pull-requests"
 STRIPE = "stripe-orders"
 REPOSITORY = "octo-org/octo-repo"
 SLOW_PUSH = (
@@ -65,6 +77,13 @@ GITHUB_TOKEN = "demo-github-token"
 STEP_LEASE_TTL = 3.0
 #: How long the ``[slow build]`` build step takes, seconds (longer than the step lease).
 SLOW_BUILD_SECONDS = 5.0
+#: How long each pull-request check takes, seconds, and the review run's ``settle`` sleep.
+CHECK_SECONDS = 1.5
+SETTLE_SECONDS = 4.0
+#: The summary's lines for what came of the tour's accepted deliveries.
+STARTED = "deliveries that started a run (202)"
+EVENT_SENT = "deliveries that sent an event to a waiting run (202)"
+NOT_APPROVAL = "deliveries recorded without sending an event (reviews that are not approvals, 202)"
 
 
 class StageFailed(Exception):
@@ -213,11 +232,19 @@ class Tour:
             ("Enable the sources (an operator's switch)", self.enable_sources),
             ("Deliver signed GitHub and Stripe payloads; their runs complete", self.deliver),
             (
+                "Open a pull request: checks fan out, a durable sleep, the run waits for an "
+                "approving review",
+                self.pull_request,
+            ),
+            (
                 "Pause a worker mid-step: another finishes it as attempt 2, the stale write "
                 "is refused",
                 self.stale_worker,
             ),
-            (f"Disable {GITHUB!r}: the hook is removed, deliveries get 404", self.disable_source),
+            (
+                "Disable the GitHub sources: their hooks are removed, deliveries get 404",
+                self.disable_source,
+            ),
             ("Kill the singleton's holder: the standby takes over", self.takeover),
         ]
         failed = False
@@ -283,7 +310,7 @@ class Tour:
         say(f"   $ manage.py {' '.join(args)}")
         for line in done.stdout.splitlines():
             say(f"     {line}")
-        for name in (GITHUB, STRIPE):
+        for name in (GITHUB, PULLS, STRIPE):
             source = TriggerSource.objects.filter(name=name, declared=True).first()
             if source is None:
                 raise StageFailed(f"the declaration {name!r} did not become a row")
@@ -371,29 +398,32 @@ class Tour:
         from django_leases.models import TriggerEvent, TriggerSource
         from django_leases.triggers.credentials import signing_secret
 
-        pings_before = TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count()
-        self.operate("enable", GITHUB)
-        source = TriggerSource.objects.get(name=GITHUB)
-        if not source.enabled or source.status != "registered":
-            raise StageFailed(f"{GITHUB}: enabled={source.enabled}, status {source.status!r}")
-        hook_id = (source.state or {}).get("hook_id")
+        for name in (GITHUB, PULLS):
+            pings_before = TriggerEvent.objects.filter(source_name=name, event="ping").count()
+            self.operate("enable", name)
+            source = TriggerSource.objects.get(name=name)
+            if not source.enabled or source.status != "registered":
+                raise StageFailed(f"{name}: enabled={source.enabled}, status {source.status!r}")
+            hook_id = (source.state or {}).get("hook_id")
+            mine = [h for h in self.fake.hooks(REPOSITORY) if h["id"] == hook_id]
+            if len(mine) != 1 or mine[0]["config"]["url"] != self.hook_url(name):
+                raise StageFailed(f"the fake GitHub does not have the hook {hook_id} of {name}")
+            say(
+                f"   the fake GitHub has hook {hook_id} on {REPOSITORY}: posts to "
+                f"{mine[0]['config']['url']} for {', '.join(mine[0]['events'])}"
+            )
+            wait_for(
+                f"GitHub's ping of the new hook of {name} to be received",
+                lambda name=name, before=pings_before: (
+                    TriggerEvent.objects.filter(source_name=name, event="ping").count() > before
+                ),
+                timeout=30,
+            )
+            say(f"   the fake GitHub pinged the hook of {name}; the ping was verified and recorded")
         hooks = self.fake.hooks(REPOSITORY)
-        mine = [h for h in hooks if h["id"] == hook_id]
-        if len(hooks) != 1 or not mine or mine[0]["config"]["url"] != self.hook_url(GITHUB):
-            raise StageFailed(f"the fake GitHub does not have hook {hook_id} alone: {hooks}")
-        say(
-            f"   the fake GitHub has hook {hook_id} on {REPOSITORY}: posts to "
-            f"{mine[0]['config']['url']} for {', '.join(mine[0]['events'])}"
-        )
-        wait_for(
-            "GitHub's ping of the new hook to be received",
-            lambda: (
-                TriggerEvent.objects.filter(source_name=GITHUB, event="ping").count() > pings_before
-            ),
-            timeout=30,
-        )
-        say("   the fake GitHub pinged the hook; the ping was verified and recorded")
-        self.summary["hooks registered at the fake GitHub"] = 1
+        if len(hooks) != 2:
+            raise StageFailed(f"the fake GitHub should have one hook per source: {hooks}")
+        self.summary["hooks registered at the fake GitHub"] = len(hooks)
 
         self.operate("enable", STRIPE)
         stripe = TriggerSource.objects.get(name=STRIPE)
@@ -419,6 +449,20 @@ class Tour:
                 f"send_deliveries {source} exited {done.returncode}: {done.stderr.strip()[:500]}"
             )
         return lines
+
+    def recorded(self, source: str, line: dict) -> Any:
+        """The ``TriggerEvent`` row of a delivery sent by :meth:`send` (StageFailed if none)."""
+        from django_leases.models import TriggerEvent
+
+        event = TriggerEvent.objects.filter(
+            source_name=source, delivery_id=line["delivery_id"]
+        ).first()
+        if event is None:
+            raise StageFailed(f"{line['file']}: answered {line['status']}, but not recorded")
+        return event
+
+    def count(self, label: str, number: int = 1) -> None:
+        self.summary[label] = self.summary.get(label, 0) + number
 
     def wait_for_runs(self, run_ids: list[str], timeout: float = 120) -> None:
         from django_leases.models import RunStatus, WorkflowRun
@@ -447,13 +491,14 @@ class Tour:
         push_runs = [line["answer"]["run_id"] for line in pushes]
         if not pushes or not all(push_runs):
             raise StageFailed("a push delivery started no workflow run")
+        for line in pushes:
+            self.started_by(GITHUB, line)
         payments = self.send(STRIPE, expect=(202, 200))
         stripe_runs: list[str] = []
         earlier_runs: list[str] = []
         for line in payments:
-            answer = line["answer"]
             if line["status"] == 202:
-                stripe_runs.append(answer["run_id"])
+                stripe_runs.append(self.started_by(STRIPE, line))
             else:  # the same Stripe event id, delivered by an earlier tour on this database
                 event = TriggerEvent.objects.filter(
                     source_name=STRIPE, delivery_id=line["delivery_id"]
@@ -477,11 +522,23 @@ class Tour:
             f"   {builds.count()} preview builds and {receipts.count()} receipts recorded "
             "(pushes that delete a ref build nothing)"
         )
-        self.summary["deliveries accepted (202, each started one of those runs)"] = len(
-            push_runs
-        ) + len(stripe_runs)
+        started = len(push_runs) + len(stripe_runs)
+        say(f"   each of the {started} accepted deliveries is recorded with the run it started")
+        self.count(STARTED, started)
         if earlier_runs:
             self.summary["deliveries already received by an earlier tour (200)"] = len(earlier_runs)
+
+    def started_by(self, source: str, line: dict) -> str:
+        """The id of the run a delivery answered 202 started; StageFailed unless its
+        ``TriggerEvent`` row is linked to that run (recorded in one transaction)."""
+        from django_leases.models import WorkflowRun
+
+        run_id = line["answer"].get("run_id")
+        event = self.recorded(source, line)
+        run = WorkflowRun.objects.filter(pk=run_id).first() if run_id else None
+        if run is None or event.run_id != run.pk:
+            raise StageFailed(f"{line['file']}: the delivery is not recorded with a run it started")
+        return str(run_id)
 
     @staticmethod
     def payment_of(line: dict) -> str:
@@ -499,8 +556,8 @@ class Tour:
         [line] = self.send(GITHUB, str(SLOW_PUSH))
         run_id = line["answer"]["run_id"]
         self.run_ids.append(run_id)
-        accepted = "deliveries accepted (202, each started one of those runs)"
-        self.summary[accepted] = self.summary.get(accepted, 0) + 1
+        self.started_by(GITHUB, line)
+        self.count(STARTED)
         first = wait_for(
             "the build step's attempt 1 to start",
             lambda: (
@@ -632,22 +689,217 @@ class Tour:
             probe.close()
 
     def disable_source(self) -> None:
+        from demo_project.reviews.payloads import OPENED
         from django_leases.models import TriggerEvent, TriggerSource
 
-        self.operate("disable", GITHUB)
-        source = TriggerSource.objects.get(name=GITHUB)
-        if source.enabled or source.state:
-            raise StageFailed(f"{GITHUB}: enabled={source.enabled}, state {source.state!r}")
+        for name in (GITHUB, PULLS):
+            self.operate("disable", name)
+            source = TriggerSource.objects.get(name=name)
+            if source.enabled or source.state:
+                raise StageFailed(f"{name}: enabled={source.enabled}, state {source.state!r}")
         if self.fake.hooks(REPOSITORY):
             raise StageFailed(f"the fake GitHub still has hooks: {self.fake.hooks()}")
         say(f"   the fake GitHub has no hook left on {REPOSITORY}")
-        self.summary["hooks deleted at the fake GitHub"] = 1
+        self.summary["hooks deleted at the fake GitHub"] = 2
         before = TriggerEvent.objects.count()
         self.send(GITHUB, str(SLOW_PUSH), expect=(404,))
+        self.send(PULLS, str(OPENED), expect=(404,))
         if TriggerEvent.objects.count() != before:
-            raise StageFailed("a delivery to the disabled source was recorded")
-        say("   delivery to the disabled source: 404, nothing recorded")
-        self.summary["deliveries refused (source disabled)"] = 1
+            raise StageFailed("a delivery to a disabled source was recorded")
+        say("   deliveries to the disabled sources: 404, nothing recorded")
+        self.summary["deliveries refused (source disabled)"] = 2
+
+    def pull_request(self) -> None:
+        from demo_project.journal.models import StepExecution
+        from demo_project.reviews import payloads
+        from demo_project.reviews.workflows import APPROVED, CHECKS, SETTLE, WORKFLOW
+        from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
+
+        number = self.free_pull_request_number()
+        folder = self.logs / "payloads"
+        opened = payloads.renumbered(payloads.OPENED, number, folder)
+        reviews = {
+            state: payloads.renumbered(path, number, folder)
+            for state, path in payloads.REVIEWS.items()
+        }
+        key = f"{REPOSITORY}#{number}"
+        if number != payloads.SAMPLE_NUMBER:
+            say(
+                f"   earlier tours on this database reviewed pull requests up to #{number - 1}: "
+                f"this one opens #{number} (the samples, renumbered)"
+            )
+
+        # GitHub's `pull_request` delivery, action `opened`: it starts the run, keyed.
+        [line] = self.send(PULLS, str(opened))
+        run_id = self.started_by(PULLS, line)
+        self.count(STARTED)
+        self.run_ids.append(run_id)
+        run = WorkflowRun.objects.get(pk=run_id)
+        if run.workflow != WORKFLOW or run.key != key:
+            raise StageFailed(f"run {run_id} is {run.workflow!r} keyed {run.key!r}, not {key!r}")
+        say(f"   pull request #{number} opened: run {run_id} ({WORKFLOW}), key {key!r}")
+
+        # run.parallel: the checks, scheduled by one pass, run by the workers.
+        names = [f"check-{check}" for check in CHECKS]
+
+        def checks_finished() -> list[Any] | None:
+            steps = list(WorkflowStep.objects.filter(run_id=run_id, step_name__in=names))
+            for step in steps:
+                if step.status == "failed" and step.attempt >= step.max_attempts:
+                    raise StageFailed(f"{step.step_name} failed: {step.error}")
+            done = len(steps) == len(names) and all(s.status == "succeeded" for s in steps)
+            return steps if done else None
+
+        steps = wait_for("the checks to finish", checks_finished, timeout=120)
+        steps.sort(key=lambda step: names.index(step.step_name))
+        workers = {worker.pid: worker.name for worker in self.workers}
+        entries = []
+        for step in steps:
+            entry = StepExecution.objects.get(
+                run_id=run_id, step_name=step.step_name, attempt=step.attempt
+            )
+            if entry.pid not in workers or entry.finished_at is None:
+                raise StageFailed(f"{step.step_name} ran in pid {entry.pid}, not a tour worker")
+            entries.append(entry)
+            say(
+                f"      {step.step_name:<14} {step.result['conclusion']:<8} on "
+                f"{workers[entry.pid]} (pid {entry.pid}), attempt {step.attempt}"
+            )
+        first_done = min(entry.finished_at for entry in entries)
+        if max(step.created_at for step in steps) >= first_done:
+            raise StageFailed("a check was scheduled only after another had finished")
+        together = any(
+            a.pid != b.pid and a.started_at < b.finished_at and b.started_at < a.finished_at
+            for a in entries
+            for b in entries
+        )
+        say(
+            f"   run.parallel: the {len(steps)} checks were scheduled by one pass, before the "
+            "first finished; "
+            + (
+                "two workers ran checks at the same time"
+                if together
+                else "the workers took them as they became free"
+            )
+        )
+
+        # run.sleep: a row with its end on the database clock; nothing holds the run meanwhile.
+        sleep = wait_for(
+            f"the run to reach its sleep {SETTLE!r}",
+            lambda: WorkflowWait.objects.filter(run_id=run_id, name=SETTLE).first(),
+            timeout=60,
+        )
+        if sleep.kind != "sleep" or sleep.due_at is None or sleep.reached_at is None:
+            raise StageFailed(f"wait {SETTLE!r} is not a sleep with an end: {sleep}")
+        seconds = (sleep.due_at - sleep.reached_at).total_seconds()
+        say(
+            f"   run.sleep({SETTLE!r}, {SETTLE_SECONDS:g}): recorded when the pass reached it; "
+            f"ends at {sleep.due_at:%H:%M:%S} on the database clock ({seconds:.1f} s later)"
+        )
+
+        def parked() -> str | None:
+            current = WorkflowRun.objects.get(pk=run_id)
+            wait = WorkflowWait.objects.get(pk=sleep.pk)
+            if wait.status != "waiting":
+                return "over"
+            busy = WorkflowStep.objects.filter(run_id=run_id).exclude(status="succeeded")
+            if current.pass_due_at == wait.due_at and not busy.exists():
+                return "parked"
+            return None
+
+        if wait_for("the run to sleep", parked, timeout=SETTLE_SECONDS + 60) == "parked":
+            say(
+                "   while it sleeps no worker holds the run: no step is due, its next pass is "
+                "due at the sleep's end"
+            )
+        reached = wait_for(
+            f"the run to reach its wait for {APPROVED!r}",
+            lambda: WorkflowWait.objects.filter(
+                run_id=run_id, name=APPROVED, reached_at__isnull=False
+            ).first(),
+            timeout=SETTLE_SECONDS + 60,
+        )
+        sleep.refresh_from_db()
+        if sleep.status != "done" or sleep.done_at is None or sleep.done_at < sleep.due_at:
+            raise StageFailed(f"the sleep ended {sleep.status} at {sleep.done_at}")
+        if reached.reached_at < sleep.due_at:
+            raise StageFailed("the run went past its sleep before the sleep's end")
+        say(
+            f"   the sleep ended; the next pass came at {reached.reached_at:%H:%M:%S}, after "
+            f"its end, and reached run.wait_for_event({APPROVED!r})"
+        )
+
+        # run.wait_for_event: the run waits; nothing is due for it until the event comes.
+        def waiting() -> Any:
+            current = WorkflowRun.objects.get(pk=run_id)
+            waits_on = current.waiting_on()
+            if current.pass_due_at is None and waits_on == [f"waiting for event {APPROVED!r}"]:
+                return current
+            return None
+
+        wait_for(f"the run to wait for {APPROVED!r}", waiting, timeout=60)
+        show = self.manage("workflow_runs", "show", run_id)
+        if show.returncode != 0:
+            raise StageFailed(f"workflow_runs show exited {show.returncode}: {show.stderr}")
+        say(f"   the run waits; what an operator sees ($ manage.py workflow_runs show {run_id}):")
+        for text in show.stdout.splitlines():
+            if text.strip():
+                say(f"     {text}")
+
+        # Reviews that are not approvals: recorded, linked to the run, no event sent.
+        for state in ("commented", "changes_requested"):
+            [line] = self.send(PULLS, str(reviews[state]))
+            event = self.recorded(PULLS, line)
+            if str(event.run_id) != run_id or "not an approval" not in event.outcome:
+                raise StageFailed(f"the {state} review came to {event.outcome!r}")
+            say(f"      recorded: {event.outcome}")
+            self.count(NOT_APPROVAL)
+        current = WorkflowRun.objects.get(pk=run_id)
+        wait = WorkflowWait.objects.get(run_id=run_id, name=APPROVED)
+        if current.status != RunStatus.RUNNING or current.pass_due_at or wait.status != "waiting":
+            raise StageFailed(f"after the reviews the run is {current.status}, wait {wait}")
+        say(f"   the run still waits for {APPROVED!r}: no event sent, no pass asked for")
+
+        # The approving review: SendEvent("approved", run=<the run of PR key>) finishes it.
+        [line] = self.send(PULLS, str(reviews["approved"]))
+        event = self.recorded(PULLS, line)
+        sent = f"event {APPROVED!r} sent to run {run_id}"
+        if str(event.run_id) != run_id or event.outcome != sent:
+            raise StageFailed(f"the approving review came to {event.outcome!r}")
+        say(f"      recorded: {event.outcome} (in the delivery's transaction)")
+        self.count(EVENT_SENT)
+        self.wait_for_runs([run_id])
+        run = WorkflowRun.objects.get(pk=run_id)
+        approval = json.loads(reviews["approved"].read_bytes())
+        reviewer = approval["review"]["user"]["login"]
+        wait = WorkflowWait.objects.get(run_id=run_id, name=APPROVED)
+        if wait.status != "done" or (wait.payload or {}).get("review") != approval["review"]:
+            raise StageFailed(f"wait {APPROVED!r} ended {wait.status} with another payload")
+        if run.output.get("approved_by") != reviewer or run.finished_at < wait.done_at:
+            raise StageFailed(f"the run's output is {run.output}")
+        for each in WorkflowWait.objects.filter(run_id=run_id).order_by("id"):
+            say(f"      {each.name:<14} {each.kind:<6} {each.describe()}")
+        say(f"   approved by {reviewer}; the run finished: {run.output['comment']}")
+        self.summary[f"pull request #{number}"] = (
+            f"{len(steps)} checks in parallel, slept {SETTLE_SECONDS:g} s, waited for its "
+            f"approval ({len(reviews) - 1} other reviews did not finish it)"
+        )
+
+    def free_pull_request_number(self) -> int:
+        """The samples' pull-request number, or the next one above those earlier tours on
+        this database opened (a review run is keyed by its pull request)."""
+        from demo_project.reviews.payloads import SAMPLE_NUMBER
+        from demo_project.reviews.workflows import WORKFLOW
+        from django_leases.models import WorkflowRun
+
+        prefix = f"{REPOSITORY}#"
+        keys = WorkflowRun.objects.filter(workflow=WORKFLOW, key__startswith=prefix)
+        used = [
+            int(key.removeprefix(prefix))
+            for key in keys.values_list("key", flat=True)
+            if key and key.removeprefix(prefix).isdigit()
+        ]
+        return max([SAMPLE_NUMBER - 1, *used]) + 1
 
     def takeover(self) -> None:
         from django_leases.models import Lease
@@ -729,6 +981,8 @@ def main() -> int:
     os.environ["DJANGO_LEASES_GITHUB_TOKEN"] = GITHUB_TOKEN
     os.environ["DEMO_STEP_LEASE_TTL"] = str(STEP_LEASE_TTL)
     os.environ["DEMO_SLOW_BUILD_SECONDS"] = str(SLOW_BUILD_SECONDS)
+    os.environ["DEMO_CHECK_SECONDS"] = str(CHECK_SECONDS)
+    os.environ["DEMO_REVIEW_SETTLE_SECONDS"] = str(SETTLE_SECONDS)
     import django
 
     django.setup()

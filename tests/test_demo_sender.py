@@ -90,6 +90,13 @@ def test_without_the_shared_fixtures_the_demo_samples_are_sent(
     pushes, where = send_deliveries.default_payloads("github", ["push"])
     assert "demo's own samples" in where
     assert sorted(p.name for p, _ in pushes) == ["push-feature.json", "push-main.json"]
+    pulls, _ = send_deliveries.default_payloads("github", ["pull_request", "pull_request_review"])
+    assert [(p.parent.name, p.name, e) for p, e in pulls] == [
+        ("pull_request", "opened.json", "pull_request"),
+        ("pull_request_review", "submitted-approved.json", "pull_request_review"),
+        ("pull_request_review", "submitted-changes-requested.json", "pull_request_review"),
+        ("pull_request_review", "submitted-commented.json", "pull_request_review"),
+    ]
     events, _ = send_deliveries.default_payloads(
         "stripe", ["checkout.session.completed", "payment_intent.succeeded"]
     )

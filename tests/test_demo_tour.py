@@ -114,9 +114,9 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
     assert done.returncode == 0, out + done.stderr
     assert "every stage did what it said" in out
     assert "FAILED" not in out
-    assert len(re.findall(r"^   ok$", out, flags=re.M)) == 8
-    # The hook was registered at the fake GitHub and deleted again.
-    assert re.search(r"the fake GitHub has hook \d+ on octo-org/octo-repo", out)
+    assert len(re.findall(r"^   ok$", out, flags=re.M)) == 9
+    # A hook per GitHub source was registered at the fake GitHub and deleted again.
+    assert len(re.findall(r"the fake GitHub has hook \d+ on octo-org/octo-repo", out)) == 2
     assert "the fake GitHub has no hook left" in out
     # The real payloads (or the samples) were accepted and their runs completed.
     accepted = re.findall(r"^   \S+\.json \([\w.]+\): 202, run ([0-9a-f-]{36})$", out, flags=re.M)
@@ -130,7 +130,19 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
         r"attempt 1's own PreviewBuild write: (write refused|stopped: step lease lost)", out
     )
     assert "superseded attempts (stale writes refused): 1" in out
-    assert "delivery to the disabled source: 404, nothing recorded" in out
+    # The pull request: its run fanned out the checks, slept, waited; the reviews that are
+    # not approvals were recorded and left it waiting; the approval finished it.
+    assert "pull request #8 opened: run" in out
+    assert re.search(r"run\.parallel: the 3 checks were scheduled by one pass", out)
+    assert re.search(r"run\.sleep\('settle', 4\): recorded when the pass reached it", out)
+    assert "the sleep ended; the next pass came at" in out
+    assert "now waiting for event 'approved'" in out  # workflow_runs show, while it waits
+    assert len(re.findall(r"is '(commented|changes_requested)', not an approval", out)) == 2
+    assert "the run still waits for 'approved': no event sent, no pass asked for" in out
+    assert re.search(r"recorded: event 'approved' sent to run [0-9a-f-]{36}", out)
+    assert "approved by grace-demo; the run finished" in out
+    assert "deliveries that sent an event to a waiting run (202): 1" in out
+    assert "deliveries to the disabled sources: 404, nothing recorded" in out
     assert re.search(r"singleton token: (\d+) -> (\d+)", out)
     # The child processes were all stopped.
     assert not re.search(r"Traceback", done.stderr), done.stderr
@@ -142,3 +154,6 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
     assert again.returncode == 0, again.stdout + again.stderr
     assert "every stage did what it said" in again.stdout
     assert "already received by an earlier tour" in again.stdout
+    # A pull request has one review run (its key): the second tour opens the next one.
+    assert "this one opens #9 (the samples, renumbered)" in again.stdout
+    assert "approved by grace-demo; the run finished: #9" in again.stdout

@@ -48,7 +48,10 @@ SLOW_BUILD_MARKER = "[slow build]"
 WORKFLOW = "build-preview"
 
 
-def _seconds_setting(name: str, default: str) -> float:
+def seconds_setting(name: str, default: str) -> float:
+    """A number of seconds (``float``, at least 0) from ``settings.<name>``, else the
+    environment variable ``name``, else ``default`` (text). Raises ``ValueError`` for a value
+    that is not a number."""
     value = getattr(settings, name, None)
     if value is None:
         value = os.environ.get(name, default)
@@ -66,8 +69,8 @@ def step_seconds(slow: bool = False) -> float:
 
     Raises ``ValueError`` for a value that is not a number."""
     if slow:
-        return _seconds_setting("DEMO_SLOW_BUILD_SECONDS", "5")
-    return _seconds_setting("DEMO_STEP_SECONDS", "0.2")
+        return seconds_setting("DEMO_SLOW_BUILD_SECONDS", "5")
+    return seconds_setting("DEMO_STEP_SECONDS", "0.2")
 
 
 @workflow(WORKFLOW)

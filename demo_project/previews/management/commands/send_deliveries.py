@@ -16,7 +16,7 @@ POSTs it to ``<base-url>/hooks/<SOURCE>/`` and prints the answer:
 
 Without FILEs it sends, for each event the source's declaration handles, the real payloads
 under ``../shared/fixtures/`` (``github/<event>/*.json`` or ``stripe/events/<event>.json``)
-when that folder exists, else the demo's own samples.
+when that folder exists, else the demo's own samples (:data:`SAMPLES`).
 
 ``--base-url`` defaults to the address the source was reconciled with; ``--wrong-secret``
 signs with a secret that is not the source's (the answer is 401). ``--expect 202 200``
@@ -47,9 +47,12 @@ DEMO_DIR = Path(__file__).resolve().parents[3]
 SHARED_FIXTURES = Path(
     os.environ.get("DEMO_SHARED_FIXTURES") or Path(settings.BASE_DIR).parent / "shared" / "fixtures"
 )
+#: The demo's own samples, by signature scheme: GitHub pushes at the top of
+#: ``previews/samples``, other GitHub events in ``<samples>/<event>/`` folders
+#: (``reviews/samples/pull_request/``…), Stripe events as whole files.
 SAMPLES = {
-    "github": DEMO_DIR / "previews" / "samples",
-    "stripe": DEMO_DIR / "shop" / "samples",
+    "github": (DEMO_DIR / "previews" / "samples", DEMO_DIR / "reviews" / "samples"),
+    "stripe": (DEMO_DIR / "shop" / "samples",),
 }
 
 
@@ -78,11 +81,16 @@ def default_payloads(scheme: str, events: list[str]) -> tuple[list[tuple[Path, s
                     found.append((path, event))
         if found:
             return found, f"the real payloads in {SHARED_FIXTURES}"
-    for path in sorted(SAMPLES[scheme].glob("*.json")):
-        event = "push" if scheme == "github" else _stripe_type(path)
-        if event in events:
-            found.append((path, event))
-    return found, f"the demo's own samples in {SAMPLES[scheme]}"
+    for folder in SAMPLES[scheme]:
+        for path in sorted(folder.glob("*.json")):
+            event = "push" if scheme == "github" else _stripe_type(path)
+            if event in events:
+                found.append((path, event))
+        if scheme == "github":
+            for event in events:
+                found += [(p, event) for p in sorted((folder / event).glob("*.json"))]
+    folders = ", ".join(str(folder) for folder in SAMPLES[scheme])
+    return found, f"the demo's own samples in {folders}"
 
 
 def _event_of(path: Path, events: list[str]) -> str:
