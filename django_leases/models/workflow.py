@@ -2058,9 +2058,10 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
 
     def settle(self, wait: WorkflowWait) -> WorkflowWait:
         """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
-        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``, so
-        an event sent at the same moment either landed first (and is the outcome) or is
-        refused. Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``; an
+        event that landed before its timeout stays the outcome, and one sent after the
+        timeout passed is refused by :meth:`send_event` whether or not this ran yet.
+        Returns the row as it now is (annotated as :meth:`for_pass`)."""
         outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
         # One statement: atomic on its own.
         self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
@@ -2080,8 +2081,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         Raises:
             WorkflowRun.DoesNotExist: no such run (nothing written).
             WorkflowRunStateError: the run is completed, failed or cancelled.
-            WorkflowEventRefusedError: the wait already has its event, timed out, or
-                ``name`` is another kind of wait (nothing written).
+            WorkflowEventRefusedError: the wait already has its event, its timeout has
+                passed on the database clock (recorded by a pass or not yet), or ``name``
+                is another kind of wait (nothing written).
             ValueError: a bad run id or name, or a payload that is not JSON.
         """
         check_identifier(name, "Event name")
@@ -2120,7 +2122,10 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 raise WorkflowEventRefusedError(
                     pk, name, f"{name!r} is a {wait.kind} wait of this run, not an event"
                 )
-            landed = waits.filter(status=WaitStatus.WAITING).update(
+            # The timeout is judged on the database clock, not on whether a pass has
+            # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
+            in_time = Q(due_at__isnull=True) | Q(due_at__gt=DbNow())
+            landed = waits.filter(in_time, status=WaitStatus.WAITING).update(
                 status=WaitStatus.DONE,
                 payload=Value(payload, output_field=models.JSONField()),
                 done_at=DbNow(),
@@ -2129,7 +2134,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 wait = waits.get()
                 reason = (
                     "the wait timed out before it arrived"
-                    if wait.status == WaitStatus.TIMED_OUT
+                    if wait.status in (WaitStatus.TIMED_OUT, WaitStatus.WAITING)
                     else "that event was already sent (an event is delivered once)"
                 )
                 raise WorkflowEventRefusedError(pk, name, reason)
