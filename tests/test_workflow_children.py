@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 from django.db.models.functions import Now
 
-from django_leases.exceptions import WorkflowChildFailedError, WorkflowStepSupersededError
+from django_leases.exceptions import (
+    WorkflowChildFailedError,
+    WorkflowRunStateError,
+    WorkflowStepSupersededError,
+)
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.driver import run_pass
@@ -56,6 +60,13 @@ def parent(run: Any, input: dict[str, Any]) -> Any:
             return {"child_failed": exc.status, "child_id": str(exc.child_id)}
         raise
     return {"from_child": result}
+
+
+@workflow("tests.children.cancelled-mid-pass")
+def cancelled_mid_pass(run: Any, input: Any) -> Any:
+    # An operator's cancel commits while this pass runs, before it reaches run.child.
+    WorkflowRun.objects.cancel(run.id)
+    return run.child("kid", "tests.children.child", {"n": 1})
 
 
 def kid_of(run_id: uuid.UUID) -> WorkflowRun:
@@ -179,6 +190,25 @@ def test_a_superseded_attempt_cannot_finish_a_child() -> None:
     WorkflowStep.objects.set_result(current.step_id, 10, current.attempt)
     drain()
     assert run_of(run_id).output == {"from_child": {"doubled": 10}}
+
+
+def test_a_pass_still_running_when_its_run_is_cancelled_starts_no_child(sql_path: str) -> None:
+    """The cancel found no child to cancel; the pass that was already under way must not
+    start one afterwards, or a cancelled parent would leave a live child behind."""
+    run_id = start_workflow("tests.children.cancelled-mid-pass", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.CANCELLED
+    assert not WorkflowRun.objects.filter(parent_id=run_id).exists()
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
+def test_a_child_cannot_be_started_for_a_run_that_is_not_running() -> None:
+    run_id = start_workflow("tests.children.parent", {"child": {"n": 1}})
+    WorkflowRun.objects.cancel(run_id)
+    with pytest.raises(WorkflowRunStateError, match="cancelled"):
+        WorkflowWait.objects.start_child(run_id, "kid", "tests.children.child", {"n": 1})
+    assert not WorkflowRun.objects.filter(parent_id=run_id).exists()
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 
 @pytest.mark.postgres_only

@@ -2020,7 +2020,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         completes, fails or is cancelled.
 
         Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
-        kind of wait, or when its child is of another workflow (nothing written).
+        kind of wait, or when its child is of another workflow, and
+        :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
+        its pass ran); nothing is written then.
         """
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
@@ -2030,6 +2032,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         with transaction.atomic(using=alias):
             wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
             if wait is None:
+                # The parent locked and running: a cancel that committed while this pass
+                # ran found no child to cancel, so none may start after it.
+                runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
+                status = _for_update(runs, alias).values_list("status", flat=True).first()
+                if status != RunStatus.RUNNING:
+                    raise WorkflowRunStateError(
+                        pk, status or "missing", "given a child run", "only a running run can be"
+                    )
                 child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
                 wait = self.rows().create(
                     run_id=pk,
