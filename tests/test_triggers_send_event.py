@@ -173,6 +173,12 @@ def test_bad_declarations_are_refused() -> None:
         SendEvent("", run=_approved_run)
     with pytest.raises(ValueError, match="callable"):
         SendEvent("approved", run="not callable")  # type: ignore[arg-type]
+    # A name no wait can have would refuse every delivery later (500, the provider retrying
+    # for ever): refused where it is declared instead.
+    with pytest.raises(ValueError, match="201 characters long"):
+        SendEvent("x" * 201, run=_approved_run)
+    with pytest.raises(ValueError, match="NUL"):
+        SendEvent("appro\x00ved", run=_approved_run)
     with pytest.raises(ValueError, match="payload"):
         SendEvent("approved", run=_approved_run, payload="body")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="key"):
