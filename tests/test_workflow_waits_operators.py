@@ -52,6 +52,20 @@ def test_send_event_delivers_the_payload_once() -> None:
     assert WorkflowWait.objects.get(run=run, name="approved").payload == {"by": "ops"}
 
 
+def test_an_event_sent_from_the_command_line_is_in_the_admin_history() -> None:
+    """As the admin's form logs it, and as resume, cancel and retry log theirs: an approval
+    sent from a shell is an operator's change too. A refused one logs nothing."""
+    run = _run()
+    _command("send-event", str(run.id), "approved", "--payload", "true")
+    (entry,) = LogEntry.objects.filter(object_id=str(run.id))
+    assert entry.action_flag == CHANGE_FLAG
+    assert "Sent event 'approved'" in entry.change_message
+    assert "manage.py workflow_runs send-event" in entry.change_message
+    with pytest.raises(CommandError):
+        _command("send-event", str(run.id), "approved", "--payload", "true")
+    assert LogEntry.objects.filter(object_id=str(run.id)).count() == 1
+
+
 def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
     run = _run()
     with pytest.raises(CommandError, match="not JSON"):
