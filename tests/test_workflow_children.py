@@ -258,3 +258,20 @@ def test_the_admin_links_a_parent_and_its_children(admin_client: Any) -> None:
     assert "waiting for child" in parent_page
     kid_page = admin_client.get(reverse(change, args=[kid.id])).content.decode()
     assert f'href="{reverse(change, args=[run_id])}"' in kid_page
+
+
+def test_prune_keeps_a_finished_child_while_its_parent_may_still_read_it() -> None:
+    """A child that completed is the parent's outcome until the parent has replayed it: a
+    prune must not delete it while the parent is running, suspended or failed (a failed
+    parent may be resumed and replays ``run.child``), or the parent would see the completed
+    child as a missing one and fail."""
+    run_id = start_workflow("tests.children.parent", {"child": {"n": 4}})
+    run_pass(run_id)
+    kid = kid_of(run_id)
+    assert WorkflowRun.objects.complete(kid.id, {"doubled": 8})
+    assert WorkflowRun.objects.prune(0) == 0
+    assert WorkflowRun.objects.filter(pk=kid.id).exists()
+    drain()
+    assert run_of(run_id).output == {"from_child": {"doubled": 8}}
+    # Once the parent is finished (for good: completed), both may go.
+    assert WorkflowRun.objects.prune(0) == 2

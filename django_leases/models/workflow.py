@@ -926,7 +926,10 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
         its row once released, so without pruning the lease table grows by one row per run.
         Running and suspended runs are never touched, nor a run whose lease is live (a
-        worker still finishing with it; a later prune takes it). Webhook deliveries that
+        worker still finishing with it; a later prune takes it), nor a child run
+        (``run.child``) whose parent is running, suspended or failed — the parent reads the
+        child's outcome when it replays (a failed one once resumed); it goes with or after
+        its parent. Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
@@ -940,6 +943,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         leases = Lease.objects.db_manager(alias)
         finished = runs.filter(
             status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+        ).exclude(
+            # A child is its parent's outcome until the parent is finished for good: one
+            # running, suspended or failed (resumable) replays ``run.child`` and reads it.
+            # A subquery, not a join: the locking read below locks run rows only.
+            parent_id__in=runs.filter(
+                status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
+            ).values("pk")
         )
         deleted = 0
         skipped: set[uuid.UUID] = set()
