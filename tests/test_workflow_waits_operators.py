@@ -165,3 +165,22 @@ def test_the_run_page_says_what_the_run_waits_for(admin_client: Client) -> None:
     run = _run()
     page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
     assert "waiting on" in page.lower() and "waiting for event &#x27;approved&#x27;" in page
+
+
+def test_the_run_page_shows_each_waits_times_in_the_sites_zone(admin_client: Client) -> None:
+    """The waits table's reached / due / done times, like every other time in the admin
+    (``local_time``): in the current time zone, localized — not raw UTC ``str()``."""
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from django_leases.admin.display import local_time
+
+    run = _run()
+    nap = WorkflowWait.objects.reach(run.id, "nap", WaitKind.SLEEP, seconds=3600)
+    with override_settings(TIME_ZONE="Asia/Kolkata"):
+        page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+        assert nap.due_at is not None and nap.reached_at is not None
+        for when in (nap.due_at, nap.reached_at):
+            assert local_time(when) in page
+            assert timezone.localtime(when).isoformat() in page
+    assert str(nap.due_at) not in page

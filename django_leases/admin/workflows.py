@@ -334,9 +334,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                         wait.kind,
                         wait.status,
                         wait.describe(),
-                        wait.reached_at or "—",
-                        wait.due_at or "—",
-                        wait.done_at or "—",
+                        local_time(wait.reached_at),
+                        local_time(wait.due_at),
+                        local_time(wait.done_at),
                     )
                     for wait in rows
                 ),
