@@ -139,7 +139,7 @@ def test_a_wait_name_recorded_as_another_kind_fails_the_run_and_writes_nothing()
     drain()
     failed = run_of(run.id)
     assert failed.status == RunStatus.FAILED
-    assert "recorded as a event wait" in failed.error["message"]
+    assert "recorded as an event wait" in failed.error["message"]
     assert list(WorkflowWait.objects.filter(run_id=run.id).values()) == before
 
 

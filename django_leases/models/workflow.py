@@ -2140,7 +2140,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     return self._one(wait.pk)
             if wait.kind != WaitKind.EVENT:
                 raise WorkflowEventRefusedError(
-                    pk, name, f"{name!r} is a {wait.kind} wait of this run, not an event"
+                    pk, name, f"{name!r} is {_a(wait.kind)} wait of this run, not an event"
                 )
             # The timeout is judged on the database clock, not on whether a pass has
             # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
@@ -2167,11 +2167,16 @@ def _over() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(Q(due_at__lte=DbNow()), output_field=BooleanField())
 
 
+def _a(kind: str) -> str:
+    """``kind`` of wait with its article: "a sleep", "an event", "a child"."""
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
 def _same_kind(wait: WorkflowWait, kind: str) -> None:
     if wait.kind != kind:
         raise ValueError(
-            f"Wait {wait.name!r} of run {wait.run_id} was recorded as a {wait.kind} wait; "
-            f"the workflow now uses it as a {kind} wait"
+            f"Wait {wait.name!r} of run {wait.run_id} was recorded as {_a(wait.kind)} wait; "
+            f"the workflow now uses it as {_a(kind)} wait"
         )
 
 
