@@ -184,3 +184,18 @@ def test_the_run_page_shows_each_waits_times_in_the_sites_zone(admin_client: Cli
             assert local_time(when) in page
             assert timezone.localtime(when).isoformat() in page
     assert str(nap.due_at) not in page
+
+
+def test_an_event_the_run_has_not_reached_says_it_is_kept(client: Client) -> None:
+    """An event for a wait the run has not reached (early — or a typo'd name, which no wait
+    will ever consume) is kept; the operator is told so, not that it was delivered."""
+    run = _run()
+    out = _command("send-event", str(run.id), "aproved", "--payload", "true")
+    assert "kept until the run reaches wait 'aproved'" in out
+    assert "waiting for event 'approved'" in out, "says what the run does wait for"
+    reached = _command("send-event", str(run.id), "approved", "--payload", "true")
+    assert "kept" not in reached and "Event 'approved' sent to run" in reached
+    client.force_login(staff_user("view_workflowrun", "operate_workflowrun"))
+    other = WorkflowRun.objects.start("tests.waits.approval", {})
+    response = client.post(_send_url(other), {"name": "later", "payload": "1"}, follow=True)
+    assert "kept until the run reaches wait 'later'" in " ".join(_messages(response))

@@ -2500,6 +2500,22 @@ class WorkflowWait(models.Model):
         read through ``WorkflowWait.objects``, which annotate ``over``)."""
         return bool(getattr(self, "over", False))
 
+    def sent_text(self) -> str:
+        """What became of the event just sent to this wait, for operators (the command's
+        and the admin's answer, one sentence): delivered, or — for a wait the run has not
+        reached yet, early or a mistyped name no wait will ever consume — kept, with what
+        the run waits for now."""
+        said = f"Event {self.name!r} sent to run {self.run_id}"
+        if self.reached_at is not None:
+            return f"{said}."
+        run = WorkflowRun._default_manager.using(self._state.db).filter(pk=self.run_id).first()
+        now = "" if run is None else "; ".join(run.waiting_on())
+        return (
+            f"{said}: kept until the run reaches wait {self.name!r}"
+            + (f" (it is now {now})" if now else "")
+            + "."
+        )
+
     def describe(self) -> str:
         """What the run waits for, for operators: "sleeping until …", "waiting for event
         …", "waiting for child …", or how it ended."""

@@ -215,7 +215,7 @@ class Command(base.LeasesCommand):
         run = WorkflowRun.objects.db_manager(alias).filter(pk=wait.run_id).first()
         if run is not None:  # as the admin's "Send event" form logs it
             self.record_in_admin_history("send-event", run, f"Sent event {name!r}")
-        self.stdout.write(f"Event {name!r} sent to run {options['run_id']}.")
+        self.stdout.write(wait.sent_text())
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         rows = runs.order_by("-created_at")
