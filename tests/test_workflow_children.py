@@ -202,6 +202,24 @@ def test_a_pass_still_running_when_its_run_is_cancelled_starts_no_child(sql_path
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 
+def test_a_cancel_racing_the_pass_that_starts_a_child_leaves_no_live_child() -> None:
+    """The same on two threads with real row locks: whichever lands first, a cancelled
+    parent has no running or suspended child afterwards."""
+    for _ in range(20):
+        run_id = start_workflow("tests.children.parent", {"child": {"n": 1}})
+        cancelled, passed = race(
+            [
+                lambda run_id=run_id: WorkflowRun.objects.cancel(run_id),
+                lambda run_id=run_id: run_pass(run_id),
+            ]
+        )
+        assert not isinstance(cancelled, BaseException), cancelled
+        assert not isinstance(passed, BaseException), passed
+        assert run_of(run_id).status == RunStatus.CANCELLED
+        live = WorkflowRun.objects.filter(parent_id=run_id, status__in=("running", "suspended"))
+        assert not live.exists(), f"a live child under a cancelled parent (pass: {passed})"
+
+
 def test_a_child_cannot_be_started_for_a_run_that_is_not_running() -> None:
     run_id = start_workflow("tests.children.parent", {"child": {"n": 1}})
     WorkflowRun.objects.cancel(run_id)
