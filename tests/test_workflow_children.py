@@ -5,6 +5,7 @@ paths of the completion rule); a failed or cancelled child raises
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -200,6 +201,19 @@ def test_a_pass_still_running_when_its_run_is_cancelled_starts_no_child(sql_path
     assert run_of(run_id).status == RunStatus.CANCELLED
     assert not WorkflowRun.objects.filter(parent_id=run_id).exists()
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
+def test_a_pass_ended_by_its_runs_cancel_is_not_logged_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The refused child start ends that pass; the run was cancelled, not failed by its
+    workflow, so no warning with a traceback says it failed."""
+    run_id = start_workflow("tests.children.cancelled-mid-pass", {})
+    with caplog.at_level(logging.INFO, logger="django_leases.workflows"):
+        assert run_pass(run_id) == "not-running"
+    assert run_of(run_id).status == RunStatus.CANCELLED
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert any("no longer running" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_cancel_racing_the_pass_that_starts_a_child_leaves_no_live_child() -> None:
