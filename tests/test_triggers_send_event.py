@@ -173,7 +173,47 @@ def test_bad_declarations_are_refused() -> None:
         SendEvent("", run=_approved_run)
     with pytest.raises(ValueError, match="callable"):
         SendEvent("approved", run="not callable")  # type: ignore[arg-type]
+    # A name no wait can have would refuse every delivery later (500, the provider retrying
+    # for ever): refused where it is declared instead.
+    with pytest.raises(ValueError, match="201 characters long"):
+        SendEvent("x" * 201, run=_approved_run)
+    with pytest.raises(ValueError, match="NUL"):
+        SendEvent("appro\x00ved", run=_approved_run)
     with pytest.raises(ValueError, match="payload"):
         SendEvent("approved", run=_approved_run, payload="body")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="key"):
         StartWorkflow(WORKFLOW, key="number")  # type: ignore[arg-type]
+
+
+def _opened_pull_request(delivery: Any) -> Any:
+    """docs/howto/waits.md's handler: start (keyed) runs for ``opened`` deliveries only."""
+    from django_leases.triggers import Handled
+    from django_leases.workflows import start_workflow
+
+    if delivery.action != "opened":
+        return Handled(None, "not an opened pull request")
+    key = str(delivery.payload["number"])
+    return start_workflow(WORKFLOW, delivery.payload, key=key, using=delivery.using)
+
+
+def test_the_documented_handler_starts_runs_for_opened_pull_requests_only(
+    fake: FakeProvider,
+) -> None:
+    registry.unregister(SOURCE)
+    webhook_source(
+        SOURCE,
+        provider="fake",
+        events={
+            "pull_request": _opened_pull_request,
+            "pull_request_review": SendEvent("approved", run=_approved_run),
+        },
+    )
+    closed = _deliver(fake, "pull_request", {**_opened(7), "action": "closed"})
+    assert closed.status_code == 202 and not WorkflowRun.objects.exists()
+    assert _outcome(closed).outcome == "not an opened pull request"
+    opened = _deliver(fake, "pull_request", _opened(7))
+    assert _outcome(opened).run_id == run_for_key(WORKFLOW, "7")
+    drain()
+    _deliver(fake, "pull_request_review", _review(7, "approved", "bob"))
+    drain()
+    assert WorkflowRun.objects.get().output == {"pr": 7, "approved_by": "bob"}

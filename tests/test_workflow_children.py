@@ -5,13 +5,18 @@ paths of the completion rule); a failed or cancelled child raises
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 import pytest
 from django.db.models.functions import Now
 
-from django_leases.exceptions import WorkflowChildFailedError, WorkflowStepSupersededError
+from django_leases.exceptions import (
+    WorkflowChildFailedError,
+    WorkflowRunStateError,
+    WorkflowStepSupersededError,
+)
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.driver import run_pass
@@ -56,6 +61,13 @@ def parent(run: Any, input: dict[str, Any]) -> Any:
             return {"child_failed": exc.status, "child_id": str(exc.child_id)}
         raise
     return {"from_child": result}
+
+
+@workflow("tests.children.cancelled-mid-pass")
+def cancelled_mid_pass(run: Any, input: Any) -> Any:
+    # An operator's cancel commits while this pass runs, before it reaches run.child.
+    WorkflowRun.objects.cancel(run.id)
+    return run.child("kid", "tests.children.child", {"n": 1})
 
 
 def kid_of(run_id: uuid.UUID) -> WorkflowRun:
@@ -181,6 +193,56 @@ def test_a_superseded_attempt_cannot_finish_a_child() -> None:
     assert run_of(run_id).output == {"from_child": {"doubled": 10}}
 
 
+def test_a_pass_still_running_when_its_run_is_cancelled_starts_no_child(sql_path: str) -> None:
+    """The cancel found no child to cancel; the pass that was already under way must not
+    start one afterwards, or a cancelled parent would leave a live child behind."""
+    run_id = start_workflow("tests.children.cancelled-mid-pass", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.CANCELLED
+    assert not WorkflowRun.objects.filter(parent_id=run_id).exists()
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
+def test_a_pass_ended_by_its_runs_cancel_is_not_logged_as_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The refused child start ends that pass; the run was cancelled, not failed by its
+    workflow, so no warning with a traceback says it failed."""
+    run_id = start_workflow("tests.children.cancelled-mid-pass", {})
+    with caplog.at_level(logging.INFO, logger="django_leases.workflows"):
+        assert run_pass(run_id) == "not-running"
+    assert run_of(run_id).status == RunStatus.CANCELLED
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert any("no longer running" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_cancel_racing_the_pass_that_starts_a_child_leaves_no_live_child() -> None:
+    """The same on two threads with real row locks: whichever lands first, a cancelled
+    parent has no running or suspended child afterwards."""
+    for _ in range(20):
+        run_id = start_workflow("tests.children.parent", {"child": {"n": 1}})
+        cancelled, passed = race(
+            [
+                lambda run_id=run_id: WorkflowRun.objects.cancel(run_id),
+                lambda run_id=run_id: run_pass(run_id),
+            ]
+        )
+        assert not isinstance(cancelled, BaseException), cancelled
+        assert not isinstance(passed, BaseException), passed
+        assert run_of(run_id).status == RunStatus.CANCELLED
+        live = WorkflowRun.objects.filter(parent_id=run_id, status__in=("running", "suspended"))
+        assert not live.exists(), f"a live child under a cancelled parent (pass: {passed})"
+
+
+def test_a_child_cannot_be_started_for_a_run_that_is_not_running() -> None:
+    run_id = start_workflow("tests.children.parent", {"child": {"n": 1}})
+    WorkflowRun.objects.cancel(run_id)
+    with pytest.raises(WorkflowRunStateError, match="cancelled"):
+        WorkflowWait.objects.start_child(run_id, "kid", "tests.children.child", {"n": 1})
+    assert not WorkflowRun.objects.filter(parent_id=run_id).exists()
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
 @pytest.mark.postgres_only
 def test_a_cancel_racing_the_childs_last_write_leaves_one_consistent_outcome() -> None:
     """A parent's cancel and its child's final result race on two threads (real row locks):
@@ -228,3 +290,20 @@ def test_the_admin_links_a_parent_and_its_children(admin_client: Any) -> None:
     assert "waiting for child" in parent_page
     kid_page = admin_client.get(reverse(change, args=[kid.id])).content.decode()
     assert f'href="{reverse(change, args=[run_id])}"' in kid_page
+
+
+def test_prune_keeps_a_finished_child_while_its_parent_may_still_read_it() -> None:
+    """A child that completed is the parent's outcome until the parent has replayed it: a
+    prune must not delete it while the parent is running, suspended or failed (a failed
+    parent may be resumed and replays ``run.child``), or the parent would see the completed
+    child as a missing one and fail."""
+    run_id = start_workflow("tests.children.parent", {"child": {"n": 4}})
+    run_pass(run_id)
+    kid = kid_of(run_id)
+    assert WorkflowRun.objects.complete(kid.id, {"doubled": 8})
+    assert WorkflowRun.objects.prune(0) == 0
+    assert WorkflowRun.objects.filter(pk=kid.id).exists()
+    drain()
+    assert run_of(run_id).output == {"from_child": {"doubled": 8}}
+    # Once the parent is finished (for good: completed), both may go.
+    assert WorkflowRun.objects.prune(0) == 2

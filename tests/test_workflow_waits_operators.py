@@ -52,6 +52,20 @@ def test_send_event_delivers_the_payload_once() -> None:
     assert WorkflowWait.objects.get(run=run, name="approved").payload == {"by": "ops"}
 
 
+def test_an_event_sent_from_the_command_line_is_in_the_admin_history() -> None:
+    """As the admin's form logs it, and as resume, cancel and retry log theirs: an approval
+    sent from a shell is an operator's change too. A refused one logs nothing."""
+    run = _run()
+    _command("send-event", str(run.id), "approved", "--payload", "true")
+    (entry,) = LogEntry.objects.filter(object_id=str(run.id))
+    assert entry.action_flag == CHANGE_FLAG
+    assert "Sent event 'approved'" in entry.change_message
+    assert "manage.py workflow_runs send-event" in entry.change_message
+    with pytest.raises(CommandError):
+        _command("send-event", str(run.id), "approved", "--payload", "true")
+    assert LogEntry.objects.filter(object_id=str(run.id)).count() == 1
+
+
 def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
     run = _run()
     with pytest.raises(CommandError, match="not JSON"):
@@ -151,3 +165,37 @@ def test_the_run_page_says_what_the_run_waits_for(admin_client: Client) -> None:
     run = _run()
     page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
     assert "waiting on" in page.lower() and "waiting for event &#x27;approved&#x27;" in page
+
+
+def test_the_run_page_shows_each_waits_times_in_the_sites_zone(admin_client: Client) -> None:
+    """The waits table's reached / due / done times, like every other time in the admin
+    (``local_time``): in the current time zone, localized — not raw UTC ``str()``."""
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from django_leases.admin.display import local_time
+
+    run = _run()
+    nap = WorkflowWait.objects.reach(run.id, "nap", WaitKind.SLEEP, seconds=3600)
+    with override_settings(TIME_ZONE="Asia/Kolkata"):
+        page = admin_client.get(reverse(CHANGE, args=[run.pk])).content.decode()
+        assert nap.due_at is not None and nap.reached_at is not None
+        for when in (nap.due_at, nap.reached_at):
+            assert local_time(when) in page
+            assert timezone.localtime(when).isoformat() in page
+    assert str(nap.due_at) not in page
+
+
+def test_an_event_the_run_has_not_reached_says_it_is_kept(client: Client) -> None:
+    """An event for a wait the run has not reached (early — or a typo'd name, which no wait
+    will ever consume) is kept; the operator is told so, not that it was delivered."""
+    run = _run()
+    out = _command("send-event", str(run.id), "aproved", "--payload", "true")
+    assert "kept until the run reaches wait 'aproved'" in out
+    assert "waiting for event 'approved'" in out, "says what the run does wait for"
+    reached = _command("send-event", str(run.id), "approved", "--payload", "true")
+    assert "kept" not in reached and "Event 'approved' sent to run" in reached
+    client.force_login(staff_user("view_workflowrun", "operate_workflowrun"))
+    other = WorkflowRun.objects.start("tests.waits.approval", {})
+    response = client.post(_send_url(other), {"name": "later", "payload": "1"}, follow=True)
+    assert "kept until the run reaches wait 'later'" in " ".join(_messages(response))

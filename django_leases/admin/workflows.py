@@ -270,12 +270,13 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             )
             return
         try:
-            WorkflowWait.objects.send_event(run.pk, name, payload)
+            wait = WorkflowWait.objects.send_event(run.pk, name, payload)
         except (WorkflowEventRefusedError, WorkflowRunStateError, ValueError) as exc:
             self.message_user(request, f"Nothing sent: {exc}.", messages.ERROR)
             return
         self.log_change(request, run, f"Sent event {name!r}")
-        self.message_user(request, f"Event {name!r} sent to run {run.pk}.", messages.SUCCESS)
+        level = messages.SUCCESS if wait.reached_at is not None else messages.WARNING
+        self.message_user(request, wait.sent_text(), level)
 
     @staticmethod
     def _link(run_id: uuid.UUID, text: str) -> str:
@@ -334,9 +335,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                         wait.kind,
                         wait.status,
                         wait.describe(),
-                        wait.reached_at or "—",
-                        wait.due_at or "—",
-                        wait.done_at or "—",
+                        local_time(wait.reached_at),
+                        local_time(wait.due_at),
+                        local_time(wait.done_at),
                     )
                     for wait in rows
                 ),

@@ -627,8 +627,9 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         (0, "done; what changed is printed"),
         (
             COMMAND_ERROR,
-            "an unknown or malformed run id, an unknown step, `--limit` below 1, or a bad "
-            "`--older-than` / `--batch-size`",
+            "an unknown or malformed run id, an unknown step, `--limit` below 1, a bad "
+            "`--older-than` / `--batch-size`, or (send-event) a bad event name or a "
+            "`--payload` that is not storable JSON; nothing changed",
         ),
         _USAGE,
         (

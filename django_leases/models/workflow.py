@@ -927,7 +927,10 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
         its row once released, so without pruning the lease table grows by one row per run.
         Running and suspended runs are never touched, nor a run whose lease is live (a
-        worker still finishing with it; a later prune takes it). Webhook deliveries that
+        worker still finishing with it; a later prune takes it), nor a child run
+        (``run.child``) whose parent is running, suspended or failed — the parent reads the
+        child's outcome when it replays (a failed one once resumed); it goes with or after
+        its parent. Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
@@ -941,6 +944,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         leases = Lease.objects.db_manager(alias)
         finished = runs.filter(
             status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+        ).exclude(
+            # A child is its parent's outcome until the parent is finished for good: one
+            # running, suspended or failed (resumable) replays ``run.child`` and reads it.
+            # A subquery, not a join: the locking read below locks run rows only.
+            parent_id__in=runs.filter(
+                status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
+            ).values("pk")
         )
         deleted = 0
         skipped: set[uuid.UUID] = set()
@@ -2021,7 +2031,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         completes, fails or is cancelled.
 
         Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
-        kind of wait, or when its child is of another workflow (nothing written).
+        kind of wait, or when its child is of another workflow, and
+        :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
+        its pass ran); nothing is written then.
         """
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
@@ -2031,6 +2043,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         with transaction.atomic(using=alias):
             wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
             if wait is None:
+                # The parent locked and running: a cancel that committed while this pass
+                # ran found no child to cancel, so none may start after it.
+                runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
+                status = _for_update(runs, alias).values_list("status", flat=True).first()
+                if status != RunStatus.RUNNING:
+                    raise WorkflowRunStateError(
+                        pk, status or "missing", "given a child run", "only a running run can be"
+                    )
                 child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
                 wait = self.rows().create(
                     run_id=pk,
@@ -2059,9 +2079,10 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
 
     def settle(self, wait: WorkflowWait) -> WorkflowWait:
         """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
-        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``, so
-        an event sent at the same moment either landed first (and is the outcome) or is
-        refused. Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``; an
+        event that landed before its timeout stays the outcome, and one sent after the
+        timeout passed is refused by :meth:`send_event` whether or not this ran yet.
+        Returns the row as it now is (annotated as :meth:`for_pass`)."""
         outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
         # One statement: atomic on its own.
         self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
@@ -2081,8 +2102,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         Raises:
             WorkflowRun.DoesNotExist: no such run (nothing written).
             WorkflowRunStateError: the run is completed, failed or cancelled.
-            WorkflowEventRefusedError: the wait already has its event, timed out, or
-                ``name`` is another kind of wait (nothing written).
+            WorkflowEventRefusedError: the wait already has its event, its timeout has
+                passed on the database clock (recorded by a pass or not yet), or ``name``
+                is another kind of wait (nothing written).
             ValueError: a bad run id or name, or a payload that is not JSON.
         """
         check_identifier(name, "Event name")
@@ -2119,9 +2141,12 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     return self._one(wait.pk)
             if wait.kind != WaitKind.EVENT:
                 raise WorkflowEventRefusedError(
-                    pk, name, f"{name!r} is a {wait.kind} wait of this run, not an event"
+                    pk, name, f"{name!r} is {_a(wait.kind)} wait of this run, not an event"
                 )
-            landed = waits.filter(status=WaitStatus.WAITING).update(
+            # The timeout is judged on the database clock, not on whether a pass has
+            # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
+            in_time = Q(due_at__isnull=True) | Q(due_at__gt=DbNow())
+            landed = waits.filter(in_time, status=WaitStatus.WAITING).update(
                 status=WaitStatus.DONE,
                 payload=Value(payload, output_field=models.JSONField()),
                 done_at=DbNow(),
@@ -2130,7 +2155,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 wait = waits.get()
                 reason = (
                     "the wait timed out before it arrived"
-                    if wait.status == WaitStatus.TIMED_OUT
+                    if wait.status in (WaitStatus.TIMED_OUT, WaitStatus.WAITING)
                     else "that event was already sent (an event is delivered once)"
                 )
                 raise WorkflowEventRefusedError(pk, name, reason)
@@ -2143,11 +2168,16 @@ def _over() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(Q(due_at__lte=DbNow()), output_field=BooleanField())
 
 
+def _a(kind: str) -> str:
+    """``kind`` of wait with its article: "a sleep", "an event", "a child"."""
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
 def _same_kind(wait: WorkflowWait, kind: str) -> None:
     if wait.kind != kind:
         raise ValueError(
-            f"Wait {wait.name!r} of run {wait.run_id} was recorded as a {wait.kind} wait; "
-            f"the workflow now uses it as a {kind} wait"
+            f"Wait {wait.name!r} of run {wait.run_id} was recorded as {_a(wait.kind)} wait; "
+            f"the workflow now uses it as {_a(kind)} wait"
         )
 
 
@@ -2480,6 +2510,22 @@ class WorkflowWait(models.Model):
         """Whether ``due_at`` had passed on the database clock when the row was read (rows
         read through ``WorkflowWait.objects``, which annotate ``over``)."""
         return bool(getattr(self, "over", False))
+
+    def sent_text(self) -> str:
+        """What became of the event just sent to this wait, for operators (the command's
+        and the admin's answer, one sentence): delivered, or — for a wait the run has not
+        reached yet, early or a mistyped name no wait will ever consume — kept, with what
+        the run waits for now."""
+        said = f"Event {self.name!r} sent to run {self.run_id}"
+        if self.reached_at is not None:
+            return f"{said}."
+        run = WorkflowRun._default_manager.using(self._state.db).filter(pk=self.run_id).first()
+        now = "" if run is None else "; ".join(run.waiting_on())
+        return (
+            f"{said}: kept until the run reaches wait {self.name!r}"
+            + (f" (it is now {now})" if now else "")
+            + "."
+        )
 
     def describe(self) -> str:
         """What the run waits for, for operators: "sleeping until …", "waiting for event

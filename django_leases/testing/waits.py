@@ -154,10 +154,19 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
         )
         with self.assertRaisesRegex(WorkflowEventRefusedError, "timed out"):
             self.waits.send_event(late, "go", "too late")
+        # Judged on the database clock: once the timeout has passed an event is refused,
+        # also before any pass recorded the timeout, and nothing changes.
+        unseen = self.start()
+        self.waits.reach(unseen, "go", WaitKind.EVENT, seconds=60)
+        self.pass_time(unseen, "go")
+        before = list(self.waits.filter(run_id=unseen).values())
+        with self.assertRaisesRegex(WorkflowEventRefusedError, "timed out"):
+            self.waits.send_event(unseen, "go", "too late")
+        self.assertEqual(list(self.waits.filter(run_id=unseen).values()), before)
         just_in_time = self.start()
         wait = self.waits.reach(just_in_time, "go", WaitKind.EVENT, seconds=60)
-        self.pass_time(just_in_time, "go")
         self.waits.send_event(just_in_time, "go", "in time")
+        self.pass_time(just_in_time, "go")
         settled = self.waits.settle(wait)
         self.assertEqual((settled.status, settled.payload), (WaitStatus.DONE, "in time"))
 

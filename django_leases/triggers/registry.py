@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from django_leases.triggers.values import Delivery, Handled, Handler
-from django_leases.validation import MAX_NAME_LENGTH
+from django_leases.validation import MAX_NAME_LENGTH, check_identifier
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers.base import Provider
@@ -118,6 +118,10 @@ class SendEvent:
     A delivery that names no run, an unknown or finished run, or a wait that already has
     its event (or timed out), is still recorded — with that outcome on its row, never as an
     error (a provider would only send it again).
+
+    Raises ``ValueError`` where it is declared for a ``name`` no wait can have (empty,
+    over 200 characters, a NUL character), a ``run`` that is not callable, or another
+    ``payload``.
     """
 
     name: str
@@ -127,6 +131,8 @@ class SendEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("SendEvent needs an event name (a non-empty str)")
+        # The rule send_event applies, here where it is declared, not on every delivery.
+        check_identifier(self.name, "SendEvent event name")
         if not callable(self.run):
             raise ValueError("SendEvent run must be a callable on the delivery")
         if self.payload not in ("payload", "delivery"):

@@ -493,11 +493,15 @@ def replay(
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
-        logger.warning("Run %s failed: its workflow raised", run_id, exc_info=True)
         error = error_json(exc)
         if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
             error["exception_code"] = error.pop("code")
-        runs.fail(run_id, {"code": WORKFLOW_ERROR, **error})
+        if not runs.fail(run_id, {"code": WORKFLOW_ERROR, **error}):
+            # Cancelled (or otherwise ended) while this pass ran: what it raised — a
+            # refused child start, say — is not the workflow failing.
+            logger.info("Run %s: no longer running; its pass ended (%s)", run_id, exc)
+            return Replayed("not-running", this)
+        logger.warning("Run %s failed: its workflow raised", run_id, exc_info=exc)
         return Replayed("failed", this)
     # A non-JSON output fails the run (``complete`` says so); a run cancelled meanwhile is
     # not completed either: "failed", as before.

@@ -205,12 +205,17 @@ class Command(base.LeasesCommand):
             raise CommandError(f"--payload is not JSON: {exc}") from None
         name = options["name"]
         try:
-            WorkflowWait.objects.db_manager(alias).send_event(options["run_id"], name, payload)
+            wait = WorkflowWait.objects.db_manager(alias).send_event(
+                options["run_id"], name, payload
+            )
         except (WorkflowRunStateError, WorkflowEventRefusedError) as exc:
             raise CommandError(str(exc), returncode=EXIT_WRONG_STATE) from None
         except (WorkflowRun.DoesNotExist, ValueError) as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"Event {name!r} sent to run {options['run_id']}.")
+        run = WorkflowRun.objects.db_manager(alias).filter(pk=wait.run_id).first()
+        if run is not None:  # as the admin's "Send event" form logs it
+            self.record_in_admin_history("send-event", run, f"Sent event {name!r}")
+        self.stdout.write(wait.sent_text())
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         rows = runs.order_by("-created_at")
