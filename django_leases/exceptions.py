@@ -35,6 +35,13 @@ class DjangoLeasesError(Exception):
     """The root of every error django-leases raises (bad arguments aside: ``ValueError``)."""
 
 
+class MisuseError(DjangoLeasesError, RuntimeError):
+    """Called where or how it cannot work: a worker or a lease grant inside
+    ``transaction.atomic()``, a ``hold_lease`` entered twice, a handle used before its
+    lease is held, ``drive()`` that never ran out of due work. A ``RuntimeError`` too, as
+    such errors are in Python."""
+
+
 # -- leases -------------------------------------------------------------------------------------
 
 
@@ -353,6 +360,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseTakenError",
     "MalformedDelivery",
+    "MisuseError",
     "NoAddress",
     "NoReceiveURL",
     "PayloadTooLarge",

@@ -57,7 +57,7 @@ from typing import Any
 from django.db import connections, router
 
 from django_leases.conf import leases_settings
-from django_leases.exceptions import LeaseLostError, LeaseTakenError
+from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
 from django_leases.leases import HeldLease
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
@@ -164,7 +164,7 @@ class LeaseHolder:
         and retried.
         """
         if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("LeaseHolder.run() must be called from the main thread")
+            raise MisuseError("LeaseHolder.run() must be called from the main thread")
         with on_stop(self._on_signal, FORWARDED_SIGNALS) as previous:
             self._previous_handlers = previous
             if not self._acquire():

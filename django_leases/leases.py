@@ -44,7 +44,7 @@ from django.db import DatabaseError, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
-from django_leases.exceptions import LeaseLostError, LeaseTakenError
+from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
 from django_leases.renewal import Renewal, renewal_interval
 from django_leases.signals import lease_lost
 from django_leases.validation import (
@@ -179,9 +179,9 @@ class HeldLease:
     @property
     def lease(self) -> Lease:
         """The latest :class:`~django_leases.models.Lease` row (each renewal updates it).
-        Raises ``RuntimeError`` before the lease is acquired."""
+        Raises ``MisuseError`` before the lease is acquired."""
         if self._lease is None:
-            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+            raise MisuseError(f"Lease {self.key!r} is not held yet")
         return self._lease
 
     @property
@@ -203,7 +203,7 @@ class HeldLease:
     def deadline(self) -> float:
         """The local deadline (``time.monotonic()``) the lease is vouched for until."""
         if self._renewal is None:
-            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+            raise MisuseError(f"Lease {self.key!r} is not held yet")
         return self._renewal.deadline
 
     # -- the protocol ---------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class HeldLease:
         Raises:
             LeaseTakenError: another holder has the key (after ``wait`` seconds, or when
                 ``stop()`` turned true).
-            RuntimeError: inside ``transaction.atomic()`` on the lease database (the grant
+            MisuseError: inside ``transaction.atomic()`` on the lease database (the grant
                 would be invisible to others until that transaction commits).
             DatabaseError: without ``wait``, as the acquire statement raised it.
         """
@@ -251,7 +251,7 @@ class HeldLease:
         if connections[alias].in_atomic_block:
             # The grant would stay invisible to everyone else until the outer transaction
             # commits, and the renewal thread (its own connection) would wait on the row lock.
-            raise RuntimeError(
+            raise MisuseError(
                 f"hold_lease({self.key!r}) cannot run inside transaction.atomic() on "
                 f"database {alias!r}: a lease must be committed to protect anything. "
                 "Take the lease outside the transaction (in tests, use TransactionTestCase "
@@ -310,7 +310,7 @@ class HeldLease:
         """Start the renewals of a lease acquired with ``renew=False`` (a holder that must start
         a child process before any thread exists)."""
         if self._renewal is None:
-            raise RuntimeError(f"Lease {self.key!r} is not held yet")
+            raise MisuseError(f"Lease {self.key!r} is not held yet")
         self._renewal.start()
 
     def released_elsewhere(self, live: bool) -> None:
@@ -514,7 +514,7 @@ class hold_lease(_HoldArguments, ContextDecorator):
         LeaseLostError: the lease was lost while the body ran, or the final check after a
             normally finished body could not confirm it was still held. The body is *not*
             interrupted (threads cannot be); poll ``held.check()`` or ``held.lost``.
-        RuntimeError: called inside ``transaction.atomic()`` on the lease database (the
+        MisuseError: called inside ``transaction.atomic()`` on the lease database (the
             grant would be invisible to others until that transaction commits).
 
     An exception from the body propagates unchanged. The lease is always released.
@@ -538,7 +538,7 @@ class hold_lease(_HoldArguments, ContextDecorator):
 
     def __enter__(self) -> HeldLease:
         if self._held is not None:
-            raise RuntimeError("hold_lease(...) is not reentrant; create a new one")
+            raise MisuseError("hold_lease(...) is not reentrant; create a new one")
         held = self._held_lease()
         held.acquire(wait=self.wait)
         self._held = held
@@ -612,7 +612,7 @@ class ahold_lease(_HoldArguments):
 
     async def __aenter__(self) -> HeldLease:
         if self._held is not None:
-            raise RuntimeError("ahold_lease(...) is not reentrant; create a new one")
+            raise MisuseError("ahold_lease(...) is not reentrant; create a new one")
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False

@@ -13,6 +13,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from django_leases import LeaseLostError, ahold_lease, hold_lease
+from django_leases.exceptions import MisuseError
 from django_leases.models import Lease, LeaseQuerySet
 from tests.helpers import (
     closing_connections,
@@ -138,7 +139,7 @@ def test_hold_lease_refuses_to_run_inside_an_atomic_block() -> None:
 
     with (
         transaction.atomic(),
-        pytest.raises(RuntimeError, match=r"inside transaction\.atomic"),
+        pytest.raises(MisuseError, match=r"inside transaction\.atomic"),
         hold_lease(unique_key("atomic"), 60),
     ):
         pytest.fail("the body ran")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_leases.exceptions import MisuseError
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
 
@@ -13,8 +14,9 @@ from django_leases.workflows.worker import Worker
 @pytest.mark.django_db  # one transaction around the test, as TestCase
 def test_the_worker_refuses_to_run_inside_a_transaction() -> None:
     start_workflow("tests.sub.two-steps", {})
-    with pytest.raises(RuntimeError, match=r"cannot run inside transaction\.atomic\(\)"):
+    with pytest.raises(MisuseError, match=r"cannot run inside transaction\.atomic\(\)") as caught:
         Worker(1).run(once=True, handle_signals=False)
+    assert isinstance(caught.value, RuntimeError)
 
 
 @pytest.mark.django_db

@@ -38,6 +38,7 @@ from django.db import router
 from django.db.models import F
 
 from django_leases.clock import DbNow
+from django_leases.exceptions import MisuseError
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
@@ -76,7 +77,7 @@ def drive(
 
     Raises:
         WorkflowRun.DoesNotExist: no run ``run_id``.
-        RuntimeError: ``max_units`` passes and steps ran and work was still due (a workflow
+        MisuseError: ``max_units`` passes and steps ran and work was still due (a workflow
             that never settles).
     """
     from django_leases.leases import new_holder
@@ -101,7 +102,7 @@ def drive(
     units = 0
     while not finished():
         if units >= max_units:
-            raise RuntimeError(f"drive(): {max_units} passes and steps ran and work is still due")
+            raise MisuseError(f"drive(): {max_units} passes and steps ran and work is still due")
         claim = steps.claim_due(STEP_LEASE)
         if claim is not None:
             execute_step(claim)

@@ -34,6 +34,7 @@ from django.db import close_old_connections, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
+from django_leases.exceptions import MisuseError
 from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
@@ -345,7 +346,7 @@ class Worker:
         if connection.in_atomic_block:
             # Its threads have connections of their own: they would never see this
             # transaction's rows (a TestCase's), and wait for work that is not there.
-            raise RuntimeError(
+            raise MisuseError(
                 f"A workflow worker cannot run inside transaction.atomic() on database "
                 f"{self.alias!r} (a TestCase runs each test in one): its threads use their own "
                 "connections and cannot see this transaction's rows. In tests, drive the runs "

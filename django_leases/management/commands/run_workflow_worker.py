@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.exceptions import WorkflowFunctionsMissing
+from django_leases.exceptions import MisuseError, WorkflowFunctionsMissing
 from django_leases.management.base import (
     MAX_CONCURRENCY,
     PORTS,
@@ -113,7 +113,7 @@ class Command(LeasesCommand):
             self.stdout.flush()
         try:
             code = worker.run(once=options["once"])
-        except (WorkflowFunctionsMissing, RuntimeError) as exc:
+        except (WorkflowFunctionsMissing, MisuseError) as exc:
             raise CommandError(str(exc)) from None
         if code:
             raise CommandError(_EXIT_MESSAGES.get(code, f"exit status {code}"), returncode=code)
