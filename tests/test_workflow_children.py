@@ -307,3 +307,39 @@ def test_prune_keeps_a_finished_child_while_its_parent_may_still_read_it() -> No
     assert run_of(run_id).output == {"from_child": {"doubled": 8}}
     # Once the parent is finished (for good: completed), both may go.
     assert WorkflowRun.objects.prune(0) == 2
+
+
+def test_a_child_the_scan_missed_makes_the_cancel_start_over_children_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A child started between the cancel's scan for children and its lock on the parent:
+    # locking it after the parent would invert the order a finishing child takes (child,
+    # then parent). The cancel starts over and locks the child first.
+    run_id = start_workflow("tests.children.parent", {"child": {"n": 2}})
+    drain_one_pass = run_pass(run_id)
+    assert drain_one_pass == "waiting"
+    kid = kid_of(run_id)
+    queryset = type(WorkflowRun.objects.all())
+    real_scan = queryset._live_descendants
+    real_lock = queryset._lock_for_operator
+    scans: list[list[uuid.UUID]] = []
+    locks: list[list[uuid.UUID]] = []
+
+    def scan(self: Any, alias: str, pk: uuid.UUID) -> list[uuid.UUID]:
+        found = [] if not scans else real_scan(self, alias, pk)  # the first scan misses it
+        scans.append(found)
+        if len(scans) % 2 == 1:
+            locks.append([])  # a round starts with its first scan
+        return found
+
+    def lock(self: Any, alias: str, pk: uuid.UUID) -> WorkflowRun:
+        locks[-1].append(pk)
+        return real_lock(self, alias, pk)
+
+    monkeypatch.setattr(queryset, "_live_descendants", scan)
+    monkeypatch.setattr(queryset, "_lock_for_operator", lock)
+    change = WorkflowRun.objects.cancel(run_id)
+    assert change.after == RunStatus.CANCELLED
+    assert locks == [[run_id], [kid.id, run_id]]  # started over, the child locked first
+    assert run_of(kid.id).status == RunStatus.CANCELLED
+    assert run_of(run_id).status == RunStatus.CANCELLED

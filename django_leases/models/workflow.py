@@ -502,6 +502,15 @@ def _attempt_finished(
 # -- runs ---------------------------------------------------------------------------------------
 
 
+#: How many times :meth:`WorkflowRunQuerySet.cancel` starts over when a child appeared
+#: between its scan for children and its lock on the parent.
+_CANCEL_ROUNDS = 5
+
+
+class _StartOver(Exception):
+    """Internal: roll the cancel's transaction back and scan for children again."""
+
+
 class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
     """Domain methods of ``WorkflowRun.objects``. Each opens whatever transaction it needs."""
 
@@ -821,21 +830,36 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             "code": RUN_CANCELLED,
             "message": f"The run was cancelled with its parent run {pk}",
         }
-        with transaction.atomic(using=alias):
-            for child_id in self._live_descendants(alias, pk):  # deepest first
-                child = self._lock_for_operator(alias, child_id)
-                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                    self._cancel_locked(alias, child, cascaded)
-            run = self._lock_for_operator(alias, pk)
-            run.require("cancel")
-            running = self._cancel_locked(alias, run, error)
-            # A child its last pass started while the cancel looked for them.
-            for child_id in self._live_descendants(alias, pk):
-                child = self._lock_for_operator(alias, child_id)
-                if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                    self._cancel_locked(alias, child, cascaded)
-            _wake_parent(alias, pk)
-        return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+        # Children are locked before their parent (the order in which a finishing child
+        # wakes its parent). A child that a pass started after the scan is only seen once
+        # the parent is locked: locking it then would invert that order (a deadlock with
+        # the child finishing), so the transaction is rolled back and the cancel starts
+        # over, now finding it first. No child can be started once the parent is locked
+        # (start_child locks it and needs it running), so this ends.
+        for turn in range(_CANCEL_ROUNDS):
+            last = turn == _CANCEL_ROUNDS - 1
+            try:
+                with transaction.atomic(using=alias):
+                    locked = self._live_descendants(alias, pk)  # deepest first
+                    for child_id in locked:
+                        child = self._lock_for_operator(alias, child_id)
+                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                            self._cancel_locked(alias, child, cascaded)
+                    run = self._lock_for_operator(alias, pk)
+                    run.require("cancel")
+                    late = [c for c in self._live_descendants(alias, pk) if c not in locked]
+                    if late and not last:
+                        raise _StartOver
+                    running = self._cancel_locked(alias, run, error)
+                    for child_id in late:  # the last round only: lock them after all
+                        child = self._lock_for_operator(alias, child_id)
+                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                            self._cancel_locked(alias, child, cascaded)
+                    _wake_parent(alias, pk)
+            except _StartOver:
+                continue
+            return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+        raise AssertionError("unreachable: the last round never starts over")
 
     def _live_descendants(self, alias: str, run_id: uuid.UUID) -> list[uuid.UUID]:
         """The running or suspended runs below ``run_id`` (children, their children…),
