@@ -45,10 +45,21 @@ worker sends are counted below every library (psycopg's cursors and connections,
 ``wfbench/counting.py``), and the CPU of the worker processes and of the PostgreSQL backends
 serving them is read from ``/proc``, per item, during the 1-worker drain.
 
+A second stage, the workflow shapes (``--only shapes``; both stages run by default), sets
+ours beside **DBOS Transact** (``dbos``: worker processes of ``wfbench/dbos_app.py`` on DBOS's
+own system database, ``dl_bench_dbos``, on the same server; its queue with its defaults and
+with ``polling_interval_sec=0.1``) and the task peers: a backlog of ``--seq-workflows``
+10-step workflows (workflows/s and steps/s; n/a for a task queue, which has no durable
+multi-step workflow) and one fan-out of ``--fanout`` steps (``run.parallel``; DBOS:
+``queue.enqueue`` of one-step workflows and every handle's result; a task peer: that many
+tasks, the harness waiting for the last), each with 1 and ``--workers`` worker processes,
+frozen and released as for the drains, best of ``--shape-repeat``.
+
 The bench database (``django_leases_bench_workflows`` by default) is dropped and recreated
-from the current migrations at the start of every run; nothing else is touched. The table goes
+from the current migrations at the start of every run, and so is DBOS's when it takes part;
+nothing else is touched. The table goes
 to stdout (each figure with its ratio to the best peer) and the run to
-``bench/results/workflows-<date>.json``. ``--profile`` instead runs ours' worker loop in this
+``bench/results/workflows-<date>-<HHMM>.json``. ``--profile`` instead runs ours' worker loop in this
 process under cProfile and counts its statements per run with ``CaptureQueriesContext``.
 Nothing here is a test: timing never fails a build.
 """
@@ -735,18 +746,24 @@ class ShapeContender:
 
 
 class OursShapes(ShapeContender):
-    name = "ours"
-    description = (
-        "django-leases: start_workflow of bench-seq10 (10 × run.step) and bench-fanout "
-        "(run.parallel of width steps); manage.py run_workflow_worker --concurrency 1 per process"
-    )
     fanout_how = "run.parallel of width steps in one run; done when the run completes"
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "ours", threads: int = 1) -> None:
+        self.name = name
+        self.threads = threads
+        self.description = (
+            "django-leases: start_workflow of bench-seq10 (10 × run.step) and bench-fanout "
+            f"(run.parallel of width steps); manage.py run_workflow_worker --concurrency "
+            f"{threads} per process"
+        )
         self.tasks = CONTENDERS["ours"]
 
     def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
-        return Workers(self.tasks, count, workdir, args.database_url)
+        if self.threads == 1:
+            return Workers(self.tasks, count, workdir, args.database_url)
+        command = ("run_workflow_worker", "--concurrency", str(self.threads))
+        shape = Contender(self.name, self.description, command, self.tasks.wakes)
+        return Workers(shape, count, workdir, args.database_url)
 
     def reset(self) -> None:
         from django.db import connection
@@ -959,6 +976,9 @@ SHAPE_CONTENDERS: dict[str, ShapeContender] = {
     c.name: c
     for c in (
         OursShapes(),
+        # Not run by default: ours with as many threads per process as there are workers in
+        # the wide runs, to set beside DBOS's worker (every dequeued workflow at once).
+        OursShapes("ours-c4", 4),
         DbosShapes("dbos", None),
         DbosShapes("dbos-poll0.1", 0.1),
         *(TaskShapes(CONTENDERS[name]) for name in PEERS),
@@ -966,6 +986,8 @@ SHAPE_CONTENDERS: dict[str, ShapeContender] = {
 }
 DBOS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, DbosShapes)]
 ALL_CONTENDERS = [*CONTENDERS, *(n for n in SHAPE_CONTENDERS if n not in CONTENDERS)]
+OPTIONAL_CONTENDERS = ("ours-c4",)
+OURS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, OursShapes)]
 
 
 def backend_cpu(workers: Workers) -> dict[int, float]:
@@ -1080,7 +1102,7 @@ def run_shapes(args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[s
     """Every chosen shape contender, 1 and ``--workers`` processes, ``--repeat`` times,
     interleaved in a rotating order."""
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.shape_chosen}
-    for repetition in range(args.repeat):
+    for repetition in range(args.shape_repeat):
         shift = repetition % len(args.shape_chosen)
         for name in args.shape_chosen[shift:] + args.shape_chosen[:shift]:
             shape = SHAPE_CONTENDERS[name]
@@ -1101,7 +1123,10 @@ def run_shapes(args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[s
                         f"{seq['steps_per_second']:6,.0f} steps/s"
                     )
                 parts.append(f"fan-out{label} {found[key]['fanout']['seconds']:6.2f} s")
-            print(f"  [{repetition + 1}/{args.repeat}] {name:<16} " + "  ".join(parts), flush=True)
+            print(
+                f"  [{repetition + 1}/{args.shape_repeat}] {name:<16} " + "  ".join(parts),
+                flush=True,
+            )
     return runs
 
 
@@ -1129,25 +1154,26 @@ def summarise_shapes(
             found[f"fanout_{count}_detail"] = best
         figures[name] = found
     ratios: dict[str, Any] = {}
-    if "ours" in figures:
-        ours = figures["ours"]
+    others = [n for n in figures if n not in OURS_NAMES]
+    for mine in (n for n in figures if n in OURS_NAMES):
+        ours = figures[mine]
+        prefix = "" if mine == "ours" else f"{mine}_"
         for count in (1, workers):
             key = f"seq10_wf_per_s_{count}"
             dbos = [n for n in figures if n in DBOS_NAMES and figures[n][key]]
             if dbos and ours[key]:
                 best = max(dbos, key=lambda n, k=key: figures[n][k])
-                ratios[f"seq10_{count}_vs_best_dbos"] = ours[key] / figures[best][key]
-                ratios[f"seq10_{count}_best_dbos"] = best
+                ratios[f"{prefix}seq10_{count}_vs_best_dbos"] = ours[key] / figures[best][key]
+                ratios[f"{prefix}seq10_{count}_best_dbos"] = best
             key = f"fanout_seconds_{count}"
-            others = [n for n in figures if n != "ours"]
             if others:
                 best = min(others, key=lambda n, k=key: figures[n][k])
-                ratios[f"fanout_{count}_vs_best_other"] = figures[best][key] / ours[key]
-                ratios[f"fanout_{count}_best_other"] = best
+                ratios[f"{prefix}fanout_{count}_vs_best_other"] = figures[best][key] / ours[key]
+                ratios[f"{prefix}fanout_{count}_best_other"] = best
             if dbos:
                 best = min(dbos, key=lambda n, k=key: figures[n][k])
-                ratios[f"fanout_{count}_vs_best_dbos"] = figures[best][key] / ours[key]
-                ratios[f"fanout_{count}_best_dbos"] = best
+                ratios[f"{prefix}fanout_{count}_vs_best_dbos"] = figures[best][key] / ours[key]
+                ratios[f"{prefix}fanout_{count}_best_dbos"] = best
     return figures, ratios
 
 
@@ -1161,7 +1187,7 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
         (f"fanout_seconds_{workers}", f"fan-out {width} ×{workers} s", "{:,.2f}"),
     ]
     others = {
-        key: [figures[n][key] for n in figures if n != "ours" and figures[n][key]]
+        key: [figures[n][key] for n in figures if n not in OURS_NAMES and figures[n][key]]
         for key, _, _ in columns
     }
     dbos = {
@@ -1178,10 +1204,10 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
                 row.append("n/a")
                 continue
             cell = fmt.format(value)
-            if name == "ours":
-                if key.startswith("fanout") and others[key]:
-                    cell += f" ({min(others[key]) / value:.2f}×)"
-                elif dbos[key]:
+            if name in OURS_NAMES and dbos[key]:
+                if key.startswith("fanout"):
+                    cell += f" ({min(dbos[key]) / value:.2f}×)"
+                else:
                     cell += f" ({value / max(dbos[key]):.2f}×)"
             row.append(cell)
         table.append(row)
@@ -1199,13 +1225,31 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
     lines_ = [
         "\n".join(out),
         "",
-        "ratios (ours): 10-step ÷ the best DBOS variant; fan-out: the best other contender's "
-        "time ÷ ours (above 1: ours is faster)",
+        "ratios (ours): 10-step: ours ÷ the better DBOS variant; fan-out: the faster DBOS "
+        "variant's time ÷ ours (above 1: ours is faster)",
+    ]
+    for mine in (n for n in figures if n in OURS_NAMES):
+        for key, label, _ in columns[4:]:
+            if others[key]:
+                best = min(others[key])
+                lines_.append(
+                    f"{mine}, {label}: the fastest other contender (task peers included, no "
+                    f"join) {best:.2f} s, {best / figures[mine][key]:.2f}× ours"
+                )
+    lines_ += [
         "per step, 10-step backlog with 1 worker (fan-out for the task peers): statements, "
         "explicit transactions, CPU µs in the worker + in its PostgreSQL backends:",
     ]
     for name, found in figures.items():
         d = found.get("seq10_1_detail") or found["fanout_1_detail"]
+        lines_.append(
+            f"  {name:<16} {d['statements_per_step']:5.1f} statements  "
+            f"{d['transactions_per_step']:4.1f} transactions  "
+            f"CPU {d['worker_cpu_us_per_step']:6.0f} + {d['server_cpu_us_per_step']:.0f} µs"
+        )
+    lines_.append("per branch, the fan-out with 1 worker (the same counts):")
+    for name, found in figures.items():
+        d = found["fanout_1_detail"]
         lines_.append(
             f"  {name:<16} {d['statements_per_step']:5.1f} statements  "
             f"{d['transactions_per_step']:4.1f} transactions  "
@@ -1473,10 +1517,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
     parser.add_argument(
         "--contenders",
-        default=",".join(ALL_CONTENDERS),
+        default=",".join(n for n in ALL_CONTENDERS if n not in OPTIONAL_CONTENDERS),
         help="comma-separated subset of: "
         + ", ".join(ALL_CONTENDERS)
-        + " (DBOS takes part in the shapes stage only)",
+        + " (DBOS and ours-c4, ours with 4 threads per process, take part in the shapes "
+        "stage only; ours-c4 only when named)",
     )
     parser.add_argument(
         "--only",
@@ -1491,6 +1536,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="10-step workflows per backlog in the shapes stage",
     )
     parser.add_argument("--fanout", type=int, default=100, help="width of the fan-out")
+    parser.add_argument(
+        "--shape-repeat",
+        type=int,
+        default=2,
+        help="repetitions of the shapes stage (the best is kept; default %(default)s, so that "
+        "both stages fit in about 15 min)",
+    )
     parser.add_argument(
         "--dbos-database-url",
         default=os.environ.get("BENCH_DBOS_DATABASE_URL", DEFAULT_DBOS_DATABASE_URL),
@@ -1541,10 +1593,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--conn-max-age must be a number of seconds or 'none'")
     os.environ["BENCH_CONN_MAX_AGE"] = args.conn_max_age
     sizes = (args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples)
-    if min(*sizes, args.seq_workflows, args.fanout) < 1:
+    if min(*sizes, args.seq_workflows, args.fanout, args.shape_repeat) < 1:
         parser.error(
             "--tasks, --e2e-tasks, --workers, --repeat, --latency-samples, --seq-workflows, "
-            "--fanout must be >= 1"
+            "--fanout, --shape-repeat must be >= 1"
         )
     chosen = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = sorted(set(chosen) - set(ALL_CONTENDERS))
@@ -1738,6 +1790,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq_workflows": args.seq_workflows,
             "seq_steps": SEQ_STEPS,
             "fanout": args.fanout,
+            "shape_repeat": args.shape_repeat,
             "dbos_worker_concurrency": args.dbos_worker_concurrency,
             "hold_seconds": HOLD_SECONDS,
             "best_of": "throughputs and fan-out times: the best repetition; latencies: every "
