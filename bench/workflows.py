@@ -45,10 +45,21 @@ worker sends are counted below every library (psycopg's cursors and connections,
 ``wfbench/counting.py``), and the CPU of the worker processes and of the PostgreSQL backends
 serving them is read from ``/proc``, per item, during the 1-worker drain.
 
+A second stage, the workflow shapes (``--only shapes``; both stages run by default), sets
+ours beside **DBOS Transact** (``dbos``: worker processes of ``wfbench/dbos_app.py`` on DBOS's
+own system database, ``dl_bench_dbos``, on the same server; its queue with its defaults and
+with ``polling_interval_sec=0.1``) and the task peers: a backlog of ``--seq-workflows``
+10-step workflows (workflows/s and steps/s; n/a for a task queue, which has no durable
+multi-step workflow) and one fan-out of ``--fanout`` steps (``run.parallel``; DBOS:
+``queue.enqueue`` of one-step workflows and every handle's result; a task peer: that many
+tasks, the harness waiting for the last), each with 1 and ``--workers`` worker processes,
+frozen and released as for the drains, best of ``--shape-repeat``.
+
 The bench database (``django_leases_bench_workflows`` by default) is dropped and recreated
-from the current migrations at the start of every run; nothing else is touched. The table goes
+from the current migrations at the start of every run, and so is DBOS's when it takes part;
+nothing else is touched. The table goes
 to stdout (each figure with its ratio to the best peer) and the run to
-``bench/results/workflows-<date>.json``. ``--profile`` instead runs ours' worker loop in this
+``bench/results/workflows-<date>-<HHMM>.json``. ``--profile`` instead runs ours' worker loop in this
 process under cProfile and counts its statements per run with ``CaptureQueriesContext``.
 Nothing here is a test: timing never fails a build.
 """
@@ -91,6 +102,8 @@ from bench.common import (  # noqa: E402
 )
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench_workflows"
+#: DBOS Transact's own system database, on the same server (dropped and recreated).
+DEFAULT_DBOS_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/dl_bench_dbos"
 SETTINGS = "wfbench.settings"
 #: ours / best peer, end-to-end and drain throughput (issue 3).
 TARGET = 1.0
@@ -317,12 +330,24 @@ def status_of(contender: Contender, item: Any) -> str | None:
 class Workers:
     """``count`` worker processes of one contender, each in its own process group."""
 
-    def __init__(self, contender: Contender, count: int, workdir: Path, database_url: str):
+    def __init__(
+        self,
+        contender: Contender,
+        count: int,
+        workdir: Path,
+        database_url: str,
+        *,
+        argv: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.contender = contender
         self.count = count
         self.workdir = workdir
         self.database_url = database_url
         self.application_name = f"wfbench-worker-{contender.name}"
+        # The command of one worker process (default: the contender's Django command).
+        self.argv = argv or [sys.executable, "-m", "django", *contender.worker_command]
+        self.extra_env = extra_env or {}
         self.processes: list[subprocess.Popen[bytes]] = []
         self.count_files: list[Path] = []
         self.logs: list[Path] = []
@@ -335,6 +360,7 @@ class Workers:
             DJANGO_SETTINGS_MODULE=SETTINGS,
             PYTHONPATH=os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
         )
+        env.update(self.extra_env)
         for index in range(self.count):
             stem = f"{self.contender.name}-{len(self.logs)}"
             counts = self.workdir / f"{stem}.counts.json"
@@ -343,7 +369,7 @@ class Workers:
             env["BENCH_COUNT_STATEMENTS"] = str(counts)
             with log.open("wb") as out:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "django", *self.contender.worker_command],
+                    self.argv,
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -666,6 +692,572 @@ def run_contender(contender: Contender, args: argparse.Namespace, workdir: Path)
     return out
 
 
+# -- workflow shapes: 10 sequential steps, a 100-way fan-out ------------------------------------
+#
+# The same harness tricks as above (workers warmed up, frozen with SIGSTOP while a backlog
+# commits, released together with SIGCONT), applied to two workflow shapes, with DBOS Transact
+# beside ours. A task queue has no durable multi-step workflow (no step results recorded and
+# replayed, no run to resume), so the task peers run the fan-out only: ``width`` independent
+# tasks committed at once, the harness waiting for the last (the join a workflow does itself).
+
+SEQ_STEPS = 10
+DBOS_FAILED = ("ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+NO_SEQ_REASON = (
+    "a task queue has no durable multi-step workflow: no step results recorded and replayed, "
+    "no run resumed after a crash (a chain of tasks would be another shape)"
+)
+
+
+class ShapeContender:
+    """One contender of the shapes stage: its workers, how to enqueue each shape, when done."""
+
+    name = ""
+    description = ""
+    seq_reason: str | None = None  # why the 10-step workflow is n/a (None: it runs)
+    fanout_how = ""
+
+    def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Empty this contender's tables (no worker is running)."""
+        raise NotImplementedError
+
+    def wait_ready(self, workers: Workers, timeout: float = 120.0) -> None:
+        """Wait until the workers are up and idle."""
+        workers.wait_idle()
+
+    def enqueue_seq(self, count: int) -> None:
+        """Start ``count`` 10-step workflows in one transaction."""
+        raise NotImplementedError
+
+    def seq_done(self) -> int:
+        raise NotImplementedError
+
+    def enqueue_fanout(self, width: int) -> Any:
+        """Start one fan-out of ``width`` (committed on return); the handle to poll."""
+        raise NotImplementedError
+
+    def fanout_done(self, handle: Any) -> bool:
+        raise NotImplementedError
+
+    def failed(self) -> int:
+        raise NotImplementedError
+
+
+class OursShapes(ShapeContender):
+    fanout_how = "run.parallel of width steps in one run; done when the run completes"
+
+    def __init__(self, name: str = "ours", threads: int = 1) -> None:
+        self.name = name
+        self.threads = threads
+        self.description = (
+            "django-leases: start_workflow of bench-seq10 (10 × run.step) and bench-fanout "
+            f"(run.parallel of width steps); manage.py run_workflow_worker --concurrency "
+            f"{threads} per process"
+        )
+        self.tasks = CONTENDERS["ours"]
+
+    def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
+        if self.threads == 1:
+            return Workers(self.tasks, count, workdir, args.database_url)
+        command = ("run_workflow_worker", "--concurrency", str(self.threads))
+        shape = Contender(self.name, self.description, command, self.tasks.wakes)
+        return Workers(shape, count, workdir, args.database_url)
+
+    def reset(self) -> None:
+        from django.db import connection
+
+        from django_leases.models import WorkflowWait
+
+        tables = [*self.tasks.tables(), WorkflowWait._meta.db_table]
+        with connection.cursor() as cursor:
+            cursor.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+
+    def enqueue_seq(self, count: int) -> None:
+        from django.db import transaction
+
+        from django_leases.workflows import start_workflow
+
+        with transaction.atomic():
+            for _ in range(count):
+                start_workflow("bench-seq10", {})
+
+    def seq_done(self) -> int:
+        return int(
+            scalar(
+                f"SELECT count(*) FROM {self.tasks.table} WHERE workflow = %s AND status = %s",
+                ("bench-seq10", "completed"),
+            )
+        )
+
+    def enqueue_fanout(self, width: int) -> Any:
+        from django_leases.workflows import start_workflow
+
+        return start_workflow("bench-fanout", {"width": width})
+
+    def fanout_done(self, handle: Any) -> bool:
+        return status_of(self.tasks, handle) == "completed"
+
+    def failed(self) -> int:
+        return count_failed(self.tasks)
+
+
+class DbosShapes(ShapeContender):
+    """DBOS Transact: worker processes of ``wfbench/dbos_app.py``, enqueued with DBOSClient."""
+
+    seq_reason = None
+
+    def __init__(self, name: str, polling_interval: float | None) -> None:
+        self.name = name
+        self.polling_interval = polling_interval
+        poll = (
+            "DBOS's defaults: the queue's polling_interval_sec and the handles' polling 1 s"
+            if polling_interval is None
+            else f"polling_interval_sec={polling_interval:g}, the handles polled as often"
+        )
+        self.description = (
+            "DBOS Transact: @DBOS.workflow bench-seq10 (10 × @DBOS.step) and bench-fanout "
+            f"(queue.enqueue of width one-step workflows, every handle's get_result()); one "
+            f"Queue, {poll}; workers: DBOS.launch() processes, enqueued with DBOSClient"
+        )
+        self.fanout_how = (
+            "a workflow enqueuing width one-step workflows on the queue and waiting for every "
+            "handle; done when it succeeds"
+        )
+        self.url = ""
+        self.worker_concurrency: int | None = None
+        self._client: Any = None
+        self._engine: Any = None
+        self._connection: Any = None
+
+    def configure(self, args: argparse.Namespace) -> None:
+        self.url = args.dbos_database_url
+        self.worker_concurrency = args.dbos_worker_concurrency
+
+    # The harness's own connections to DBOS's system database: DBOSClient (no workflow runs
+    # here) with a SQLAlchemy engine for enqueue_in_transaction, a psycopg one for the counts.
+    def client(self) -> Any:
+        if self._client is None:
+            import sqlalchemy
+            from dbos import DBOSClient
+            from wfbench.dbos_app import APP_NAME, dbos_url
+
+            self._engine = sqlalchemy.create_engine(dbos_url(self.url))
+            self._client = DBOSClient(
+                system_database_engine=self._engine, application_name=APP_NAME
+            )
+        return self._client
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        import psycopg
+
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(libpq_conninfo(self.url), autocommit=True)
+        return self._connection.execute(sql, params)
+
+    def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        row = self.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
+        env = {"BENCH_DBOS_DATABASE_URL": self.url}
+        if self.polling_interval is not None:
+            env["BENCH_DBOS_POLLING_INTERVAL"] = str(self.polling_interval)
+        if self.worker_concurrency is not None:
+            env["BENCH_DBOS_WORKER_CONCURRENCY"] = str(self.worker_concurrency)
+        shape = Contender(self.name, self.description, (), "polls its queue")
+        argv = [sys.executable, str(BENCH_DIR / "wfbench" / "dbos_app.py")]
+        return Workers(shape, count, workdir, args.database_url, argv=argv, extra_env=env)
+
+    def wait_ready(self, workers: Workers, timeout: float = 120.0) -> None:
+        # A DBOS worker connects before it has migrated the system database and registered
+        # the queue: wait for its own word (after DBOS.launch() and register_queue).
+        deadline = time.monotonic() + timeout
+        while not all(
+            "dbos worker launched" in log.read_text(errors="replace") for log in workers.logs
+        ):
+            workers.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name}: workers not launched within {timeout:g} s")
+            time.sleep(0.2)
+        workers.wait_idle()
+
+    def reset(self) -> None:
+        # Every DBOS table but its migration record; the workers register their queue anew
+        # when they launch.
+        found = self.scalar(
+            "SELECT string_agg(format('%%I.%%I', schemaname, tablename), ', ') FROM pg_tables "
+            "WHERE schemaname = 'dbos' AND tablename <> 'dbos_migrations'"
+        )
+        if found:
+            self.execute(f"TRUNCATE {found} CASCADE")
+
+    def options(self, workflow: str) -> Any:
+        from wfbench.dbos_app import QUEUE
+
+        return {"workflow_name": workflow, "queue_name": QUEUE, "app_version": "wfbench"}
+
+    def enqueue_seq(self, count: int) -> None:
+        from wfbench.dbos_app import SEQ10
+
+        client = self.client()
+        with self._engine.begin() as connection:
+            for _ in range(count):
+                client.enqueue_in_transaction(connection, self.options(SEQ10))
+
+    def seq_done(self) -> int:
+        from wfbench.dbos_app import SEQ10
+
+        return int(
+            self.scalar(
+                "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND status = 'SUCCESS'",
+                (SEQ10,),
+            )
+        )
+
+    def enqueue_fanout(self, width: int) -> Any:
+        from wfbench.dbos_app import FANOUT
+
+        return self.client().enqueue(self.options(FANOUT), width).get_workflow_id()
+
+    def fanout_done(self, handle: Any) -> bool:
+        status = self.scalar(
+            "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = %s", (handle,)
+        )
+        return status == "SUCCESS"
+
+    def failed(self) -> int:
+        return int(
+            self.scalar(
+                "SELECT count(*) FROM dbos.workflow_status WHERE status = ANY(%s)",
+                (list(DBOS_FAILED),),
+            )
+        )
+
+
+class TaskShapes(ShapeContender):
+    """A task peer: no 10-step workflow; the fan-out is ``width`` tasks committed at once."""
+
+    seq_reason = NO_SEQ_REASON
+
+    def __init__(self, contender: Contender) -> None:
+        self.tasks = contender
+        self.name = contender.name
+        self.description = contender.description
+        self.fanout_how = (
+            "width no-op tasks committed in one transaction; done when the last completes "
+            "(no join: the harness waits)"
+        )
+
+    def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
+        return Workers(self.tasks, count, workdir, args.database_url)
+
+    def reset(self) -> None:
+        truncate(self.tasks)
+
+    def enqueue_fanout(self, width: int) -> Any:
+        from django.db import transaction
+
+        target = count_done(self.tasks) + width
+        with transaction.atomic():
+            for _ in range(width):
+                self.tasks.enqueue()
+        return target
+
+    def fanout_done(self, handle: Any) -> bool:
+        return count_done(self.tasks) >= handle
+
+    def failed(self) -> int:
+        return count_failed(self.tasks)
+
+
+SHAPE_CONTENDERS: dict[str, ShapeContender] = {
+    c.name: c
+    for c in (
+        OursShapes(),
+        # Not run by default: ours with as many threads per process as there are workers in
+        # the wide runs, to set beside DBOS's worker (every dequeued workflow at once).
+        OursShapes("ours-c4", 4),
+        DbosShapes("dbos", None),
+        DbosShapes("dbos-poll0.1", 0.1),
+        *(TaskShapes(CONTENDERS[name]) for name in PEERS),
+    )
+}
+DBOS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, DbosShapes)]
+ALL_CONTENDERS = [*CONTENDERS, *(n for n in SHAPE_CONTENDERS if n not in CONTENDERS)]
+OPTIONAL_CONTENDERS = ("ours-c4",)
+OURS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, OursShapes)]
+
+
+def backend_cpu(workers: Workers) -> dict[int, float]:
+    found = {}
+    for pid in workers.backend_pids():
+        used = process_cpu_seconds(pid, with_children=True)
+        if used is not None:
+            found[pid] = used
+    return found
+
+
+def measure_shape(
+    workers: Workers, enqueue: Any, done: Any, steps: int, timeout: float
+) -> dict[str, Any]:
+    """Freeze the idle workers, ``enqueue()`` (committed on return), release them, poll
+    ``done(handle)`` every 20 ms. Seconds from the release to done, and per step: statements,
+    transactions, CPU µs of the workers and of their PostgreSQL backends (a backend opened
+    during the window counts whole)."""
+    workers.signal(signal.SIGSTOP)
+    frozen = time.perf_counter()
+    time.sleep(0.1)  # let the counters' last write land
+    counted_before = workers.counted()
+    handle = enqueue()
+    committed = time.perf_counter()
+    time.sleep(max(0.2, HOLD_SECONDS - (committed - frozen)))
+    client_before = workers.cpu()
+    server_before = backend_cpu(workers)
+    start = time.perf_counter()
+    workers.signal(signal.SIGCONT)
+    deadline = start + timeout
+    while not done(handle):
+        if time.perf_counter() > deadline:
+            workers.check_alive()
+            raise BenchError(f"{workers.contender.name}: not done within {timeout:g} s")
+        time.sleep(POLL_DONE)
+    end = time.perf_counter()
+    client = workers.cpu() - client_before
+    server_after = backend_cpu(workers)
+    server = sum(used - server_before.get(pid, 0.0) for pid, used in server_after.items())
+    time.sleep(0.15)
+    counted_after = workers.counted()
+    seconds = end - start
+    return {
+        "seconds": seconds,
+        "steps_per_second": steps / seconds,
+        "enqueue_seconds": committed - frozen - 0.1,
+        "statements_per_step": (counted_after["statements"] - counted_before["statements"]) / steps,
+        "transactions_per_step": (counted_after["transactions"] - counted_before["transactions"])
+        / steps,
+        "worker_cpu_us_per_step": 1e6 * client / steps,
+        "server_cpu_us_per_step": 1e6 * server / steps,
+        "backends": len(server_after),
+    }
+
+
+def run_shapes_once(
+    shape: ShapeContender, count: int, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """Fresh tables and ``count`` fresh workers: warm-up, the 10-step backlog, one fan-out."""
+    out: dict[str, Any] = {}
+    shape.reset()
+    workers = shape.workers(count, workdir, args)
+    workers.start()
+    try:
+        shape.wait_ready(workers)
+        # Warm up: a few of each shape through the workers, not measured.
+        if shape.seq_reason is None:
+            base = shape.seq_done()
+            shape.enqueue_seq(2 * count)
+            wait_until(lambda: shape.seq_done() >= base + 2 * count, workers, 120)
+        handle = shape.enqueue_fanout(10)
+        wait_until(lambda: shape.fanout_done(handle), workers, 120)
+        workers.wait_idle()
+        if shape.seq_reason is None:
+            items = args.seq_workflows
+            base = shape.seq_done()
+            found = measure_shape(
+                workers,
+                lambda: shape.enqueue_seq(items),
+                lambda _: shape.seq_done() >= base + items,
+                items * SEQ_STEPS,
+                300 + items,
+            )
+            found["workflows_per_second"] = items / found["seconds"]
+            out["seq10"] = found
+            workers.wait_idle()
+        out["fanout"] = measure_shape(
+            workers,
+            lambda: shape.enqueue_fanout(args.fanout),
+            shape.fanout_done,
+            args.fanout,
+            300 + args.fanout,
+        )
+        failed = shape.failed()
+        if failed:
+            raise BenchError(f"{shape.name}: {failed} runs or tasks failed")
+    finally:
+        workers.stop()
+    return out
+
+
+def wait_until(predicate: Any, workers: Workers, timeout: float) -> None:
+    deadline = time.perf_counter() + timeout
+    while not predicate():
+        if time.perf_counter() > deadline:
+            workers.check_alive()
+            raise BenchError(f"{workers.contender.name}: warm-up not done within {timeout:g} s")
+        time.sleep(POLL_DONE)
+
+
+def run_shapes(args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every chosen shape contender, 1 and ``--workers`` processes, ``--repeat`` times,
+    interleaved in a rotating order."""
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.shape_chosen}
+    for repetition in range(args.shape_repeat):
+        shift = repetition % len(args.shape_chosen)
+        for name in args.shape_chosen[shift:] + args.shape_chosen[:shift]:
+            shape = SHAPE_CONTENDERS[name]
+            found = {
+                "workers_1": run_shapes_once(shape, 1, args, workdir),
+                f"workers_{args.workers}": run_shapes_once(shape, args.workers, args, workdir),
+            }
+            runs[name].append(found)
+            parts = []
+            for key, label in (
+                ("workers_1", "×1"),
+                (f"workers_{args.workers}", f"×{args.workers}"),
+            ):
+                seq = found[key].get("seq10")
+                if seq:
+                    parts.append(
+                        f"10-step{label} {seq['workflows_per_second']:6,.1f} wf/s "
+                        f"{seq['steps_per_second']:6,.0f} steps/s"
+                    )
+                parts.append(f"fan-out{label} {found[key]['fanout']['seconds']:6.2f} s")
+            print(
+                f"  [{repetition + 1}/{args.shape_repeat}] {name:<16} " + "  ".join(parts),
+                flush=True,
+            )
+    return runs
+
+
+def summarise_shapes(
+    runs: dict[str, list[dict[str, Any]]], workers: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Best repetition per figure; ratios: ours ÷ the best DBOS variant (10-step throughput)
+    and the best other contender's fan-out time ÷ ours' (above 1: ours is faster)."""
+    figures: dict[str, dict[str, Any]] = {}
+    for name, repetitions in runs.items():
+        found: dict[str, Any] = {}
+        for count in (1, workers):
+            key = f"workers_{count}"
+            seqs = [r[key]["seq10"] for r in repetitions if "seq10" in r[key]]
+            if seqs:
+                best = max(seqs, key=lambda d: d["workflows_per_second"])
+                found[f"seq10_wf_per_s_{count}"] = best["workflows_per_second"]
+                found[f"seq10_steps_per_s_{count}"] = best["steps_per_second"]
+                found[f"seq10_{count}_detail"] = best
+            else:
+                found[f"seq10_wf_per_s_{count}"] = None
+                found[f"seq10_steps_per_s_{count}"] = None
+            best = min((r[key]["fanout"] for r in repetitions), key=lambda d: d["seconds"])
+            found[f"fanout_seconds_{count}"] = best["seconds"]
+            found[f"fanout_{count}_detail"] = best
+        figures[name] = found
+    ratios: dict[str, Any] = {}
+    others = [n for n in figures if n not in OURS_NAMES]
+    for mine in (n for n in figures if n in OURS_NAMES):
+        ours = figures[mine]
+        prefix = "" if mine == "ours" else f"{mine}_"
+        for count in (1, workers):
+            key = f"seq10_wf_per_s_{count}"
+            dbos = [n for n in figures if n in DBOS_NAMES and figures[n][key]]
+            if dbos and ours[key]:
+                best = max(dbos, key=lambda n, k=key: figures[n][k])
+                ratios[f"{prefix}seq10_{count}_vs_best_dbos"] = ours[key] / figures[best][key]
+                ratios[f"{prefix}seq10_{count}_best_dbos"] = best
+            key = f"fanout_seconds_{count}"
+            if others:
+                best = min(others, key=lambda n, k=key: figures[n][k])
+                ratios[f"{prefix}fanout_{count}_vs_best_other"] = figures[best][key] / ours[key]
+                ratios[f"{prefix}fanout_{count}_best_other"] = best
+            if dbos:
+                best = min(dbos, key=lambda n, k=key: figures[n][k])
+                ratios[f"{prefix}fanout_{count}_vs_best_dbos"] = figures[best][key] / ours[key]
+                ratios[f"{prefix}fanout_{count}_best_dbos"] = best
+    return figures, ratios
+
+
+def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) -> str:
+    columns = [
+        ("seq10_wf_per_s_1", "10-step wf/s ×1", "{:,.1f}"),
+        ("seq10_steps_per_s_1", "steps/s ×1", "{:,.0f}"),
+        (f"seq10_wf_per_s_{workers}", f"10-step wf/s ×{workers}", "{:,.1f}"),
+        (f"seq10_steps_per_s_{workers}", f"steps/s ×{workers}", "{:,.0f}"),
+        ("fanout_seconds_1", f"fan-out {width} ×1 s", "{:,.2f}"),
+        (f"fanout_seconds_{workers}", f"fan-out {width} ×{workers} s", "{:,.2f}"),
+    ]
+    others = {
+        key: [figures[n][key] for n in figures if n not in OURS_NAMES and figures[n][key]]
+        for key, _, _ in columns
+    }
+    dbos = {
+        key: [figures[n][key] for n in figures if n in DBOS_NAMES and figures[n][key]]
+        for key, _, _ in columns
+    }
+    header = ["contender"] + [label for _, label, _ in columns]
+    table = [header]
+    for name, found in figures.items():
+        row = [name]
+        for key, _, fmt in columns:
+            value = found[key]
+            if value is None:
+                row.append("n/a")
+                continue
+            cell = fmt.format(value)
+            if name in OURS_NAMES and dbos[key]:
+                if key.startswith("fanout"):
+                    cell += f" ({min(dbos[key]) / value:.2f}×)"
+                else:
+                    cell += f" ({value / max(dbos[key]):.2f}×)"
+            row.append(cell)
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    out = []
+    for index, row in enumerate(table):
+        out.append(
+            "  ".join(
+                [row[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            )
+        )
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    lines_ = [
+        "\n".join(out),
+        "",
+        "ratios (ours): 10-step: ours ÷ the better DBOS variant; fan-out: the faster DBOS "
+        "variant's time ÷ ours (above 1: ours is faster)",
+    ]
+    for mine in (n for n in figures if n in OURS_NAMES):
+        for key, label, _ in columns[4:]:
+            if others[key]:
+                best = min(others[key])
+                lines_.append(
+                    f"{mine}, {label}: the fastest other contender (task peers included, no "
+                    f"join) {best:.2f} s, {best / figures[mine][key]:.2f}× ours"
+                )
+    lines_ += [
+        "per step, 10-step backlog with 1 worker (fan-out for the task peers): statements, "
+        "explicit transactions, CPU µs in the worker + in its PostgreSQL backends:",
+    ]
+    for name, found in figures.items():
+        d = found.get("seq10_1_detail") or found["fanout_1_detail"]
+        lines_.append(
+            f"  {name:<16} {d['statements_per_step']:5.1f} statements  "
+            f"{d['transactions_per_step']:4.1f} transactions  "
+            f"CPU {d['worker_cpu_us_per_step']:6.0f} + {d['server_cpu_us_per_step']:.0f} µs"
+        )
+    lines_.append("per branch, the fan-out with 1 worker (the same counts):")
+    for name, found in figures.items():
+        d = found["fanout_1_detail"]
+        lines_.append(
+            f"  {name:<16} {d['statements_per_step']:5.1f} statements  "
+            f"{d['transactions_per_step']:4.1f} transactions  "
+            f"CPU {d['worker_cpu_us_per_step']:6.0f} + {d['server_cpu_us_per_step']:.0f} µs"
+        )
+    return "\n".join(lines_)
+
+
 # -- facts, report ------------------------------------------------------------------------------
 
 
@@ -925,8 +1517,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
     parser.add_argument(
         "--contenders",
-        default=",".join(CONTENDERS),
-        help="comma-separated subset of: " + ", ".join(CONTENDERS),
+        default=",".join(n for n in ALL_CONTENDERS if n not in OPTIONAL_CONTENDERS),
+        help="comma-separated subset of: "
+        + ", ".join(ALL_CONTENDERS)
+        + " (DBOS and ours-c4, ours with 4 threads per process, take part in the shapes "
+        "stage only; ours-c4 only when named)",
+    )
+    parser.add_argument(
+        "--only",
+        default="tasks,shapes",
+        help="comma-separated stages to run: tasks (the 1-step no-op against the task queues), "
+        "shapes (the 10-step workflow and the fan-out, with DBOS); default: both",
+    )
+    parser.add_argument(
+        "--seq-workflows",
+        type=int,
+        default=100,
+        help="10-step workflows per backlog in the shapes stage",
+    )
+    parser.add_argument("--fanout", type=int, default=100, help="width of the fan-out")
+    parser.add_argument(
+        "--shape-repeat",
+        type=int,
+        default=2,
+        help="repetitions of the shapes stage (the best is kept; default %(default)s, so that "
+        "both stages fit in about 15 min)",
+    )
+    parser.add_argument(
+        "--dbos-database-url",
+        default=os.environ.get("BENCH_DBOS_DATABASE_URL", DEFAULT_DBOS_DATABASE_URL),
+        help="PostgreSQL URL of DBOS's own system database (bench-only, dropped and "
+        "recreated; same server as --database-url; default: $BENCH_DBOS_DATABASE_URL or "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--dbos-worker-concurrency",
+        type=int,
+        default=None,
+        help="worker_concurrency of DBOS's queue (default: DBOS's, no per-process limit: a "
+        "worker runs every workflow it dequeues at once, in its thread pool)",
     )
     parser.add_argument("--output", type=Path, default=None, help="JSON file to write")
     parser.add_argument(
@@ -963,13 +1592,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         except ValueError:
             parser.error("--conn-max-age must be a number of seconds or 'none'")
     os.environ["BENCH_CONN_MAX_AGE"] = args.conn_max_age
-    if min(args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples) < 1:
-        parser.error("--tasks, --e2e-tasks, --workers, --repeat, --latency-samples must be >= 1")
+    sizes = (args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples)
+    if min(*sizes, args.seq_workflows, args.fanout, args.shape_repeat) < 1:
+        parser.error(
+            "--tasks, --e2e-tasks, --workers, --repeat, --latency-samples, --seq-workflows, "
+            "--fanout, --shape-repeat must be >= 1"
+        )
     chosen = [n.strip() for n in args.contenders.split(",") if n.strip()]
-    unknown = sorted(set(chosen) - set(CONTENDERS))
+    unknown = sorted(set(chosen) - set(ALL_CONTENDERS))
     if unknown:
         parser.error(f"unknown contenders: {', '.join(unknown)}")
+    args.only = {n.strip() for n in args.only.split(",") if n.strip()}
+    if not args.only or args.only - {"tasks", "shapes"}:
+        parser.error("--only takes tasks, shapes or both")
     args.chosen = [n for n in CONTENDERS if n in chosen]
+    args.shape_chosen = [n for n in SHAPE_CONTENDERS if n in chosen]
+    if "tasks" not in args.only:
+        args.chosen = []
+    if "shapes" not in args.only:
+        args.shape_chosen = []
+    if not args.chosen and not args.shape_chosen:
+        parser.error("no contender left to run in the chosen stages")
     return args
 
 
@@ -1019,22 +1662,51 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     started = dt.datetime.now(dt.UTC)
     database = server_facts(name)
+    dbos_database = None
+    if any(n in DBOS_NAMES for n in args.shape_chosen):
+        same_server = {
+            k: v
+            for k, v in psycopg_conninfo(args.dbos_database_url).items()
+            if k in ("host", "port")
+        } == {k: v for k, v in psycopg_conninfo(args.database_url).items() if k in ("host", "port")}
+        if not same_server:
+            raise SystemExit("--dbos-database-url must be on the server of --database-url")
+        dbos_database = recreate_database(args.dbos_database_url)
+        for dbos_name in DBOS_NAMES:
+            shape = SHAPE_CONTENDERS[dbos_name]
+            assert isinstance(shape, DbosShapes)
+            shape.configure(args)
     print(
         f"django-leases workflow benchmark: PostgreSQL {database['server_version']} "
-        f"(database {name}), {machine['cpu_count']} CPUs ({machine['cpu']}), "
-        f"Python {machine['python']}, load average {machine['load_average_at_start'][0]:.2f}"
+        f"(database {name}"
+        + (f"; DBOS's system database {dbos_database}" if dbos_database else "")
+        + f"), {machine['cpu_count']} CPUs ({machine['cpu']}), "
+        f"Python {machine['python']}, load average "
+        + " ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
     )
     print(
-        f"every contender: same database, same Django; CONN_MAX_AGE={args.conn_max_age}, "
-        "DEBUG=False (Procrastinate's worker keeps its own psycopg connections); workers as real "
-        "processes with package defaults, concurrency 1 each"
+        f"every contender: same database server, same Django; CONN_MAX_AGE={args.conn_max_age}, "
+        "DEBUG=False (Procrastinate's worker and DBOS keep their own psycopg connections); "
+        "workers as real processes with package defaults, one unit at a time each (DBOS: "
+        + (
+            "its default, every dequeued workflow at once"
+            if args.dbos_worker_concurrency is None
+            else f"worker_concurrency={args.dbos_worker_concurrency}"
+        )
+        + ")"
     )
     for contender in args.chosen:
         print(f"  {contender:<16} {CONTENDERS[contender].description}")
+    for contender in args.shape_chosen:
+        if contender not in args.chosen:
+            print(f"  {contender:<16} {SHAPE_CONTENDERS[contender].description}")
     print()
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.chosen}
+    shape_runs: dict[str, list[dict[str, Any]]] = {}
+    stage_seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="wfbench-") as tmp:
-        for repetition in range(args.repeat):
+        began = time.perf_counter()
+        for repetition in range(args.repeat if args.chosen else 0):
             shift = repetition % len(args.chosen)
             for contender_name in args.chosen[shift:] + args.chosen[:shift]:
                 found = run_contender(CONTENDERS[contender_name], args, Path(tmp))
@@ -1049,42 +1721,94 @@ def main(argv: list[str] | None = None) -> int:
                     f"p99 {percentile(found['latency_ms'], 0.99):6.1f} ms",
                     flush=True,
                 )
-    figures, ratios = summarise(runs, args.workers)
-    print()
-    print(render_table(figures, args.workers))
-    print()
-    print(render_costs(figures))
-    verdict = ratios.get("ours_vs_best_peer")
-    if verdict:
-        print(
-            "\nours / best peer: "
-            + "; ".join(
-                f"{metric} {verdict[metric]:.2f}× (vs {verdict[f'{metric}_best_peer']})"
-                for metric in ("end_to_end", "drain_1", f"drain_{args.workers}")
+        if args.chosen:
+            stage_seconds["tasks"] = time.perf_counter() - began
+            machine["load_average_after_tasks"] = load_average()
+        if args.shape_chosen:
+            began = time.perf_counter()
+            print(
+                f"\nshapes: {args.seq_workflows} 10-step workflows per backlog; a fan-out of "
+                f"{args.fanout}; 1 and {args.workers} worker processes",
+                flush=True,
             )
-            + f" — target ≥ {TARGET}×"
-        )
+            shape_runs = run_shapes(args, Path(tmp))
+            stage_seconds["shapes"] = time.perf_counter() - began
+    report_figures: dict[str, Any] = {}
+    report_ratios: dict[str, Any] = {}
+    if args.chosen:
+        figures, ratios = summarise(runs, args.workers)
+        report_figures, report_ratios = figures, ratios
+        print()
+        print(render_table(figures, args.workers))
+        print()
+        print(render_costs(figures))
+        verdict = ratios.get("ours_vs_best_peer")
+        if verdict:
+            print(
+                "\nours / best peer: "
+                + "; ".join(
+                    f"{metric} {verdict[metric]:.2f}× (vs {verdict[f'{metric}_best_peer']})"
+                    for metric in ("end_to_end", "drain_1", f"drain_{args.workers}")
+                )
+                + f" — target ≥ {TARGET}×"
+            )
+    shape_figures: dict[str, Any] = {}
+    shape_ratios: dict[str, Any] = {}
+    if shape_runs:
+        shape_figures, shape_ratios = summarise_shapes(shape_runs, args.workers)
+        print()
+        print(render_shapes(shape_figures, args.workers, args.fanout))
+        for shape_name in shape_figures:
+            reason = SHAPE_CONTENDERS[shape_name].seq_reason
+            if reason:
+                print(f"  {shape_name}: 10-step n/a: {reason}")
     machine["load_average_at_end"] = load_average()
+    print(
+        "\nload average at start "
+        + " ".join(f"{x:.2f}" for x in machine["load_average_at_start"])
+        + ", at end "
+        + " ".join(f"{x:.2f}" for x in machine["load_average_at_end"])
+        + "; "
+        + ", ".join(f"{stage} stage {seconds:.0f} s" for stage, seconds in stage_seconds.items())
+    )
     report = {
         "benchmark": "django-leases workflows",
         "started_at": started.isoformat(),
         "finished_at": dt.datetime.now(dt.UTC).isoformat(),
         "machine": machine,
-        "versions": versions(("django-ox", "procrastinate", "django-tasks-db")),
+        "versions": versions(("django-ox", "procrastinate", "django-tasks-db", "dbos")),
         "postgresql": database,
+        "dbos_system_database": dbos_database,
+        "stages": sorted(args.only),
+        "stage_seconds": stage_seconds,
         "settings": {
             "tasks": args.tasks,
             "e2e_tasks": args.e2e_tasks,
             "workers": args.workers,
             "latency_samples_per_repetition": args.latency_samples,
             "repeat": args.repeat,
+            "seq_workflows": args.seq_workflows,
+            "seq_steps": SEQ_STEPS,
+            "fanout": args.fanout,
+            "shape_repeat": args.shape_repeat,
+            "dbos_worker_concurrency": args.dbos_worker_concurrency,
             "hold_seconds": HOLD_SECONDS,
-            "best_of": "throughputs: the best repetition; latencies: every sample pooled",
-            "connections": "same database and Django settings for every contender: "
+            "best_of": "throughputs and fan-out times: the best repetition; latencies: every "
+            "sample pooled",
+            "connections": "same database server and Django settings for every contender: "
             f"CONN_MAX_AGE={args.conn_max_age}, DEBUG=False, client-side binding "
-            "(Django's default)",
+            "(Django's default); DBOS: its own SQLAlchemy pool (psycopg 3) on its system "
+            "database",
             "contenders": {n: CONTENDERS[n].description for n in args.chosen},
             "idle_wake": {n: CONTENDERS[n].wakes for n in args.chosen},
+            "shape_contenders": {
+                n: {
+                    "description": SHAPE_CONTENDERS[n].description,
+                    "fanout": SHAPE_CONTENDERS[n].fanout_how,
+                    "seq10_not_applicable": SHAPE_CONTENDERS[n].seq_reason,
+                }
+                for n in args.shape_chosen
+            },
         },
         "units": {
             "end_to_end": "items/s, one worker, enqueued one transaction each meanwhile",
@@ -1095,17 +1819,36 @@ def main(argv: list[str] | None = None) -> int:
             "transactions_per_item": "explicit commits/rollbacks by the worker(s) per item",
             "worker_cpu_us_per_item": "CPU µs of the worker processes per item",
             "server_cpu_us_per_item": "CPU µs of the PostgreSQL backends serving the workers",
+            "seq10_wf_per_s_N": "10-step workflows/s, backlog of --seq-workflows committed in "
+            "one transaction, N worker processes, release → last completion",
+            "seq10_steps_per_s_N": "the same ×10",
+            "fanout_seconds_N": "s from the release of N idle worker processes to the "
+            "completion of one fan-out of --fanout (committed before the release)",
+            "*_per_step": "per step (the fan-out: per branch), statements / transactions / "
+            "CPU µs of the workers and of their PostgreSQL backends",
         },
-        "figures": figures,
-        "ratios": ratios,
+        "figures": report_figures,
+        "ratios": report_ratios,
         "target": {"ours_vs_best_peer": TARGET},
         "repetitions": runs,
+        "shapes": {
+            "figures": shape_figures,
+            "ratios": shape_ratios,
+            "repetitions": shape_runs,
+        },
     }
-    output = args.output or RESULTS_DIR / f"workflows-{started.date().isoformat()}.json"
+    stamp = started.strftime("%Y-%m-%d-%H%M")
+    output = args.output or RESULTS_DIR / f"workflows-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)
     print(f"\nwrote {output}")
     return 0
+
+
+def psycopg_conninfo(database_url: str) -> dict[str, Any]:
+    import psycopg
+
+    return psycopg.conninfo.conninfo_to_dict(libpq_conninfo(database_url))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Ours: a one-step no-op workflow (found by django_leases' autodiscovery of ``workflows``)."""
+"""Ours: the no-op workflows of the benchmark (found by django_leases' autodiscovery).
+
+``bench-noop``: one step (the task-queue comparison). ``bench-seq10``: ten steps, one after
+another (``run.step``). ``bench-fanout``: ``input["width"]`` steps at once (``run.parallel``).
+Every step runs the same no-op step function, so a run's cost is the engine's alone.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ from typing import Any
 from django_leases.workflows import step_function, workflow
 
 WORKFLOW = "bench-noop"
+SEQ10 = "bench-seq10"
+FANOUT = "bench-fanout"
 STEP_FUNCTION = "bench.noop"
+STEPS = 10
 
 
 @step_function(STEP_FUNCTION)
@@ -20,3 +28,19 @@ def noop_step(data: Any, ctx: Any) -> None:
 def noop_workflow(run: Any, payload: Any) -> Any:
     """One step, its result is the run's output."""
     return run.step("noop", STEP_FUNCTION)
+
+
+@workflow(SEQ10)
+def seq10_workflow(run: Any, payload: Any) -> Any:
+    """Ten no-op steps, one after another; the output is their count."""
+    for index in range(STEPS):
+        run.step(f"step-{index}", STEP_FUNCTION, index)
+    return STEPS
+
+
+@workflow(FANOUT)
+def fanout_workflow(run: Any, payload: Any) -> Any:
+    """``payload["width"]`` no-op steps at once; the output is how many finished."""
+    width = int(payload["width"])
+    results = run.parallel([(f"branch-{i}", STEP_FUNCTION, i) for i in range(width)])
+    return len(results)
