@@ -192,14 +192,10 @@ SETTINGS_KEYS = frozenset({"workflow", "cron", "timezone", "input", "catch_up"})
 def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[str]]:
     """The schedules of ``DJANGO_LEASES["SCHEDULES"]`` (``configured``: name → entry dict)
     and the problems found: ``(declarations, problems)``, one message per entry that is not
-    usable (that entry is left out)."""
-    if configured is None:
-        return [], []
+    usable (that entry is left out). A ``configured`` that is not a dict declares nothing
+    (check ``E016`` reports it)."""
     if not isinstance(configured, Mapping):
-        return [], [
-            f'DJANGO_LEASES["SCHEDULES"] must be a dict of name -> schedule, not '
-            f"{type(configured).__name__}"
-        ]
+        return [], []
     found: list[ScheduleDeclaration] = []
     problems: list[str] = []
     for name, entry in configured.items():
