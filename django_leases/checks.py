@@ -64,13 +64,14 @@ id                       what it reports
                          (``CONVERT_TZ``) would be NULL
 ``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
                          insensitive, or pads spaces: "a", "A" and "a " would be one lease
-``django_leases.E026``   a schedule that would never fire as declared: in ``DJANGO_LEASES["SCHEDULES"]``
-                         an entry that is not a dict, lacks ``workflow`` or ``cron``, has an
-                         unknown key, a cron expression cronsim cannot read (or one that never
-                         matches), an unknown time zone, a ``catch_up`` other than ``"latest"`` /
-                         ``"none"``, input that is not JSON, a workflow no loaded code registers,
-                         or the name of a ``@workflow(schedule=...)`` schedule. (A bad
-                         ``@workflow`` schedule raises ``ValueError`` at import already.)
+``django_leases.E026``   a schedule that would never fire as declared: in
+                         ``DJANGO_LEASES["SCHEDULES"]`` an entry that is not a dict, lacks
+                         ``workflow`` or ``cron``, has an unknown key, a cron expression cronsim
+                         cannot read (or one that never matches), an unknown time zone, a
+                         ``catch_up`` other than ``"latest"`` / ``"none"``, input that is not
+                         JSON, a workflow no loaded code registers, or the name of a
+                         ``@workflow(schedule=...)`` schedule. (A bad ``@workflow`` schedule
+                         raises ``ValueError`` at import already.)
 =======================  ==========================================================================
 
 E019–W022 (and E017's session half) ask the database: they run with ``check --database``,

@@ -340,7 +340,7 @@ def _missed_yearly(catch_up: str) -> tuple[datetime, datetime]:
 
 @pytest.mark.django_db(transaction=True)
 def test_catch_up_latest_starts_one_run_for_the_latest_missed_tick(noop_workflow: str) -> None:
-    older, latest = _missed_yearly("latest")
+    _, latest = _missed_yearly("latest")
     (fired,) = WorkflowSchedule.objects.fire_due()
     assert fired.tick == latest and fired.skipped == 1
     assert scheduled_runs("yearly-latest") == [run_key("yearly-latest", latest)]
@@ -351,7 +351,7 @@ def test_catch_up_latest_starts_one_run_for_the_latest_missed_tick(noop_workflow
 
 @pytest.mark.django_db(transaction=True)
 def test_catch_up_none_starts_nothing_for_missed_ticks(noop_workflow: str) -> None:
-    older, latest = _missed_yearly("none")
+    _, latest = _missed_yearly("none")
     (fired,) = WorkflowSchedule.objects.fire_due()
     assert fired.tick is None and fired.run_id is None and fired.skipped == 2
     assert scheduled_runs("yearly-none") == []
@@ -382,7 +382,7 @@ def test_paused_and_undeclared_schedules_start_nothing(noop_workflow: str) -> No
 
 @pytest.mark.django_db(transaction=True)
 def test_pause_and_resume(noop_workflow: str) -> None:
-    older, _ = _missed_yearly("latest")
+    _missed_yearly("latest")
     assert WorkflowSchedule.objects.set_paused("yearly-latest", True) is True
     assert WorkflowSchedule.objects.set_paused("yearly-latest", True) is False  # no change
     assert WorkflowSchedule.objects.fire_due() == []
