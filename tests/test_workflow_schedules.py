@@ -3,6 +3,7 @@ catch-up and pause/resume, on the database clock; threads racing the firing on P
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -439,3 +440,116 @@ def test_threads_racing_the_firing_start_one_run_per_tick(noop_workflow: str, th
     assert len(starts) >= 6
     row = WorkflowSchedule.objects.get(name="raced")
     assert to_aware(row.last_tick, "default") == starts[-1]  # type: ignore[arg-type]
+
+
+# -- operators: the command and the admin -------------------------------------------------------
+
+
+@pytest.fixture
+def declared_nightly(noop_workflow: str) -> Iterator[str]:
+    """Schedule ``nightly`` declared in settings (``0 3 * * *`` in Paris, input ``{"n": 1}``)."""
+    entry = {"workflow": noop_workflow, "cron": "0 3 * * *", "timezone": PARIS, "input": {"n": 1}}
+    with override_settings(DJANGO_LEASES={"SCHEDULES": {"nightly": entry}}):
+        yield "nightly"
+
+
+def _command(*args: str) -> tuple[int, str, str]:
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out, err = StringIO(), StringIO()
+    try:
+        call_command("workflow_schedules", *args, stdout=out, stderr=err)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue(), str(exc)
+    return 0, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_lists_pauses_and_resumes(declared_nightly: str) -> None:
+    from django.contrib.admin.models import LogEntry
+
+    code, out, _ = _command("list")
+    assert code == 0
+    header, line = out.splitlines()
+    assert header.split()[:5] == ["NAME", "WORKFLOW", "CRON", "TIMEZONE", "CATCH"]
+    assert line.startswith("nightly") and "declared" in line and "active" in line
+    code, out, _ = _command("list", "--format", "json")
+    (listed,) = json.loads(out)
+    assert listed["name"] == "nightly" and listed["input"] == {"n": 1}
+    assert listed["paused"] is False and listed["last_tick"] is None
+    tick = datetime.fromisoformat(listed["next_tick"])
+    assert tick.astimezone(registry_zone(PARIS)).hour == 3
+
+    assert _command("pause", "nightly")[:2] == (0, "Schedule 'nightly' paused.\n")
+    assert WorkflowSchedule.objects.get(name="nightly").paused
+    code, out, _ = _command("pause", "nightly")
+    assert code == 0 and "already paused" in out
+    code, out, _ = _command("resume", "nightly")
+    assert code == 0 and out.startswith("Schedule 'nightly' resumed; next tick ")
+    assert [entry.change_message.split(";")[0] for entry in LogEntry.objects.order_by("pk")] == [
+        "Paused",
+        "Resumed (from the next tick after now)",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_refuses_an_unknown_schedule(declared_nightly: str) -> None:
+    code, _, message = _command("pause", "nope")
+    assert code == 1 and "No workflow schedule named 'nope'" in message
+    with override_settings(DJANGO_LEASES={}):
+        code, out, _ = _command("list")
+        assert code == 0 and "undeclared" in out  # the row stays; it no longer fires
+        assert _command("list", "--format", "json")[1].strip().startswith("[")
+
+
+def test_the_command_s_exit_codes_are_in_the_table() -> None:
+    from django_leases.management.base import exit_code_problems
+
+    assert exit_code_problems("workflow_schedules") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_lists_schedules_and_pauses_them_with_the_permission(
+    declared_nightly: str,
+) -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.urls import reverse
+
+    from tests.helpers import staff_client
+
+    (row,) = WorkflowSchedule.objects.sync(registry.declared_schedules())
+    run = WorkflowRun.objects.start(WORKFLOW, {}, key="k")
+    WorkflowSchedule.objects.filter(pk=row.pk).update(last_run_id=run.id, last_tick=row.next_tick)
+    changelist = reverse("admin:django_leases_workflowschedule_changelist")
+
+    viewer = staff_client("view_workflowschedule")
+    page = viewer.get(changelist)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f'id="schedule-state-{row.pk}" data-state="active"' in html
+    assert reverse("admin:django_leases_workflowrun_change", args=[run.id]) in html
+    assert page.context["action_form"] is None  # no action this user may take
+    viewer.post(changelist, {"action": "pause", "_selected_action": [row.pk]})
+    assert not WorkflowSchedule.objects.get(pk=row.pk).paused
+    assert not LogEntry.objects.exists()
+    assert (
+        viewer.get(
+            reverse("admin:django_leases_workflowschedule_change", args=[row.pk])
+        ).status_code
+        == 200
+    )
+
+    operator = staff_client("view_workflowschedule", "pause_workflowschedule")
+    operator.post(changelist, {"action": "pause", "_selected_action": [row.pk]})
+    assert WorkflowSchedule.objects.get(pk=row.pk).paused
+    html = operator.get(changelist).content.decode()
+    assert 'data-state="paused"' in html
+    operator.post(changelist, {"action": "resume", "_selected_action": [row.pk]})
+    assert not WorkflowSchedule.objects.get(pk=row.pk).paused
+    assert [entry.change_message for entry in LogEntry.objects.order_by("pk")] == [
+        "Paused",
+        "Resumed (from the next tick after now)",
+    ]
