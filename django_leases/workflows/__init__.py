@@ -27,6 +27,7 @@ _LAZY = {
     "Worker": "django_leases.workflows.worker",
     "WorkflowError": "django_leases.exceptions",
     "UnknownWorkflowError": "django_leases.exceptions",
+    "UnknownScheduleError": "django_leases.exceptions",
     "WorkflowStepFailedError": "django_leases.exceptions",
     "WorkflowStepSupersededError": "django_leases.exceptions",
     "WorkflowStepCancelledError": "django_leases.exceptions",
@@ -40,6 +41,7 @@ __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from django_leases.exceptions import (  # noqa: F401
+        UnknownScheduleError,
         UnknownWorkflowError,
         WorkflowChildFailedError,
         WorkflowError,
