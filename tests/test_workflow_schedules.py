@@ -423,8 +423,11 @@ def test_a_schedule_changed_by_a_sync_since_it_was_read_is_not_fired(noop_workfl
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("threads", [4])
-def test_threads_racing_the_firing_start_one_run_per_tick(noop_workflow: str, threads: int) -> None:
+def test_threads_racing_the_firing_start_one_run_per_tick(
+    noop_workflow: str, sql_path: str
+) -> None:
+    # Both paths of the run start (the tuned statement and the portable ORM one) under the race.
+    threads = 4
     first = whole_second(db_now()) - timedelta(seconds=5)
     schedule_row("raced", "* * * * * *", next_at=first)
     for _ in range(3):
@@ -553,3 +556,38 @@ def test_the_admin_lists_schedules_and_pauses_them_with_the_permission(
         "Paused",
         "Resumed (from the next tick after now)",
     ]
+
+
+# -- the worker's part --------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_syncs_once_then_fires_at_most_once_per_interval(
+    noop_workflow: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_leases.workflows.worker import SCHEDULE_INTERVAL, Worker, _Schedules
+
+    entry = {"workflow": noop_workflow, "cron": "* * * * * *"}
+    with override_settings(DJANGO_LEASES={"SCHEDULES": {"per-second": entry}}):
+        part = _Schedules(Worker())
+        assert part.interval == SCHEDULE_INTERVAL == 1.0
+        part.tick()
+        assert part.synced
+        row = WorkflowSchedule.objects.get(name="per-second")
+        due = whole_second(db_now()) - timedelta(seconds=1)
+        WorkflowSchedule.objects.filter(pk=row.pk).update(next_tick=to_stored(due, "default"))
+        part.tick()  # within the interval: no look
+        assert scheduled_runs("per-second") == []
+        part._next = 0.0
+        part.tick()
+        assert run_key("per-second", due) in scheduled_runs("per-second")
+
+        # A failure is logged, never raised; the sync is tried again at the next look.
+        def broken() -> list[ScheduleDeclaration]:
+            raise RuntimeError("declarations unreadable")
+
+        monkeypatch.setattr(registry, "declared_schedules", broken)
+        again = _Schedules(Worker())
+        again.tick()
+        assert not again.synced
+        assert "declarations unreadable" in caplog.text
