@@ -591,3 +591,24 @@ def test_the_worker_syncs_once_then_fires_at_most_once_per_interval(
         again.tick()
         assert not again.synced
         assert "declarations unreadable" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_firing_is_right_with_use_tz_off_in_another_zone(noop_workflow: str) -> None:
+    # Naive datetimes are then in the database's zone (UTC on SQLite, whose clock is UTC).
+    if connection.vendor == "mysql":
+        pytest.skip("needs the server's time zone tables (check E021)")
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
+        connection.close()  # the next connection takes the zone
+        due = whole_second(db_now()) - timedelta(seconds=1)
+        schedule_row("naive", "* * * * * *", next_at=due)
+        fired = WorkflowSchedule.objects.fire_due()
+        assert fired[0].tick == due
+        row = WorkflowSchedule.objects.get(name="naive")
+        assert row.next_tick is not None and row.next_tick.tzinfo is None
+        assert to_aware(row.last_tick, "default") == fired[-1].tick  # type: ignore[arg-type]
+        # Read back as the right instant (the database runs on this machine's clock: an hour
+        # off would be a zone mix-up).
+        off = to_aware(row.next_tick, "default") - datetime.now(UTC)
+        assert abs(off) < timedelta(minutes=5), off
+    connection.close()
