@@ -63,3 +63,20 @@ def test_three_workers_start_one_run_per_tick_and_a_killed_one_changes_nothing(
     assert to_aware(row.next_tick, "default") == fired[-1] + timedelta(seconds=1)  # type: ignore[arg-type]
     last = WorkflowRun.objects.get(pk=row.last_run_id)
     assert last.workflow == "tests.sched.tick" and last.input == {"from": "settings"}
+
+
+def test_a_worker_refuses_to_start_on_a_schedule_that_could_never_fire(
+    subprocess_env: dict[str, str],
+) -> None:
+    from tests.helpers import manage
+
+    env = {
+        **subprocess_env,
+        "DJANGO_SETTINGS_MODULE": "tests.schedapp.settings",
+        "SCHED_BAD_ENTRY": "1",
+    }
+    worker = manage("run_workflow_worker", "--once", env=env)
+    assert worker.returncode != 0
+    assert "django_leases.E026" in worker.stderr
+    assert "'bad-zone'" in worker.stderr and "unknown time zone 'Europe/Atlantis'" in worker.stderr
+    assert not WorkflowSchedule.objects.exists()  # nothing synced, nothing fired
