@@ -56,7 +56,7 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
     list_display = (
         "name",
         "workflow",
-        "cron",
+        "cron_text",
         "timezone",
         "state_badge",
         "next",
@@ -89,6 +89,11 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""
         return request.user.has_perm(PAUSE_PERMISSION)
+
+    @admin.display(description="cron", ordering="cron")
+    def cron_text(self, obj: WorkflowSchedule) -> str:
+        """The cron expression as code on one line (safe HTML)."""
+        return format_html('<code style="white-space:nowrap">{}</code>', obj.cron)
 
     @admin.display(description="state")
     def state_badge(self, obj: WorkflowSchedule) -> str:
