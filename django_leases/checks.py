@@ -64,6 +64,14 @@ id                       what it reports
                          (``CONVERT_TZ``) would be NULL
 ``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
                          insensitive, or pads spaces: "a", "A" and "a " would be one lease
+``django_leases.E026``   a schedule that would never fire as declared: in
+                         ``DJANGO_LEASES["SCHEDULES"]`` an entry that is not a dict, lacks
+                         ``workflow`` or ``cron``, has an unknown key, a cron expression cronsim
+                         cannot read (or one that never matches), an unknown time zone, a
+                         ``catch_up`` other than ``"latest"`` / ``"none"``, input that is not
+                         JSON, a workflow no loaded code registers, or the name of a
+                         ``@workflow(schedule=...)`` schedule. (A bad ``@workflow`` schedule
+                         raises ``ValueError`` at import already.)
 =======================  ==========================================================================
 
 E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
@@ -625,6 +633,14 @@ def _step_ttl(value: object, what: str) -> None:
     ttl_seconds(value)
 
 
+def _schedules(value: object, what: str) -> None:
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{what} must be a dict of schedule name -> schedule, not {type(value).__name__} "
+            "(its entries are check E026's)"
+        )
+
+
 #: The rule each ``DJANGO_LEASES`` key's value must follow (E016): a callable that raises
 #: ``ValueError`` saying what is wrong. ``WEBHOOK_MAX_BODY`` and ``WEBHOOK_SECRETS`` are
 #: E010's (:func:`check_webhook_settings`).
@@ -648,6 +664,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "STRIPE_API_VERSION": _optional(_stripe_version),
     "TUNED_SQL": _boolean,
     "PREPARED_STATEMENTS": _boolean,
+    "SCHEDULES": _schedules,
 }
 
 #: Keys whose values are secrets: a message about them never quotes the value.
@@ -722,6 +739,19 @@ def check_leases_settings(configured: object) -> list[checks.CheckMessage]:
     return messages
 
 
+def check_schedules(problems: Iterable[str]) -> list[checks.CheckMessage]:
+    """E026: one error per schedule problem (``registry.schedule_problems()``)."""
+    return [
+        checks.Error(
+            problem,
+            hint='Fix the entry of DJANGO_LEASES["SCHEDULES"] (see the schedules how-to); a '
+            "schedule that cannot be read is never synced and never starts a run.",
+            id="django_leases.E026",
+        )
+        for problem in problems
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -768,7 +798,11 @@ def django_leases_checks(
     """The registered entry point: every check above against the running settings."""
     from django_leases.conf import leases_settings
     from django_leases.triggers.registry import declarations
-    from django_leases.workflows.registry import UnknownWorkflowError, get_workflow
+    from django_leases.workflows.registry import (
+        UnknownWorkflowError,
+        get_workflow,
+        schedule_problems,
+    )
 
     def registered(name: str) -> bool:
         try:
@@ -783,6 +817,7 @@ def django_leases_checks(
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_routing(_our_models(), aliases))
+    messages.extend(check_schedules(schedule_problems()))
     declared = declarations()
     stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
     messages.extend(

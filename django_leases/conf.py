@@ -57,6 +57,10 @@ key                            default    meaning
                                           (outside ``atomic()``); off by itself behind a pooler
                                           that refuses them, or where the database sets
                                           ``DISABLE_SERVER_SIDE_CURSORS``
+``SCHEDULES``                  ``{}``     schedule name -> ``{"workflow", "cron", "timezone",
+                                          "input", "catch_up"}``: a run of the workflow per
+                                          cron tick (:mod:`django_leases.workflows.schedules`;
+                                          check ``django_leases.E026``)
 =============================  =========  =====================================================
 """
 
@@ -89,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_API_VERSION": None,
     "TUNED_SQL": True,
     "PREPARED_STATEMENTS": True,
+    "SCHEDULES": {},
 }
 
 

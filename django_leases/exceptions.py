@@ -10,6 +10,7 @@
     │                                          UnknownWorkflowError (also a LookupError)
     │                                          WorkflowRunStateError (also a ValueError)
     │                                          WorkflowFunctionsMissing
+    │                                          UnknownScheduleError (also a LookupError)
     └── TriggerSourceError (.name)             UnknownTriggerSourceError (also a LookupError)
                                                SourceStillDeclared, SourceOrphaned, NoAddress,
                                                ProviderNotInstalled, NoReceiveURL, SourceBusy
@@ -170,6 +171,17 @@ class UnknownWorkflowError(WorkflowError, LookupError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"No workflow named {name!r} is registered (is its module imported?)")
+        self.name = name
+
+
+class UnknownScheduleError(WorkflowError, LookupError):
+    """No workflow schedule row has that name; ``.name`` is the name."""
+
+    def __init__(self, name: object) -> None:
+        super().__init__(
+            f"No workflow schedule named {name!r} (declared schedules get their row when a "
+            "workflow worker starts, or with `manage.py workflow_schedules list`)"
+        )
         self.name = name
 
 
@@ -373,6 +385,7 @@ __all__ = [
     "SourceOrphaned",
     "SourceStillDeclared",
     "TriggerSourceError",
+    "UnknownScheduleError",
     "UnknownTriggerSourceError",
     "UnknownWorkflowError",
     "WorkflowChildFailedError",

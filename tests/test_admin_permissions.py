@@ -20,7 +20,7 @@ from django.contrib.admin.models import LogEntry
 from django.test import Client
 from django.urls import reverse
 
-from django_leases.models import Lease, TriggerSource, WorkflowRun
+from django_leases.models import Lease, TriggerSource, WorkflowRun, WorkflowSchedule
 from django_leases.testing.providers import FakeProvider
 from django_leases.triggers import lifecycle
 from tests.helpers import failed_run, fake_sources, make_orphan, staff_client
@@ -39,6 +39,8 @@ class World:
     running: WorkflowRun
     lease: Lease
     provider: FakeProvider
+    active: WorkflowSchedule
+    paused: WorkflowSchedule
 
     def source_pk(self, name: str) -> int:
         return int(TriggerSource.objects.get(name=name).pk)
@@ -56,7 +58,13 @@ def world() -> Iterator[World]:
         running = WorkflowRun.objects.start("build-preview", {})
         lease = Lease.objects.acquire(f"perm-{uuid.uuid4().hex[:8]}", "holder-a", 60)
         assert lease is not None
-        yield World(failed, running, lease, provider)
+        active, paused = (
+            WorkflowSchedule.objects.create(
+                name=f"perm-{state}", workflow="build-preview", cron="0 3 * * *", paused=paused
+            )
+            for state, paused in (("active", False), ("paused", True))
+        )
+        yield World(failed, running, lease, provider, active, paused)
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,10 @@ def _enabled(name: str) -> bool:
 
 def _gone(name: str) -> bool:
     return not TriggerSource.objects.filter(name=name).exists()
+
+
+def _paused(schedule: Callable[[World], WorkflowSchedule]) -> Callable[[World], bool]:
+    return lambda world: bool(WorkflowSchedule.objects.get(pk=schedule(world).pk).paused)
 
 
 def _released(world: World) -> bool:
@@ -198,6 +210,21 @@ OPERATIONS = [
         TOGGLE,
         _action("orphantriggersource", "teardown_sources", lambda w: w.source_pk("perm-gone")),
         lambda w: _gone("perm-gone"),
+    ),
+    # The schedules list's actions.
+    Operation(
+        "action pause",
+        "view_workflowschedule",
+        "pause_workflowschedule",
+        _action("workflowschedule", "pause", lambda w: w.active.pk),
+        _paused(lambda w: w.active),
+    ),
+    Operation(
+        "action resume",
+        "view_workflowschedule",
+        "pause_workflowschedule",
+        _action("workflowschedule", "resume", lambda w: w.paused.pk),
+        lambda w: not _paused(lambda w: w.paused)(w),
     ),
     # The leases list's one write.
     Operation(

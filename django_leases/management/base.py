@@ -638,6 +638,12 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         ),
         _UNREACHABLE,
     ),
+    "workflow_schedules": _table(
+        (0, "done (a pause or resume that changed nothing says so, and exits 0)"),
+        (COMMAND_ERROR, "an unknown schedule name; nothing changed"),
+        _USAGE,
+        _UNREACHABLE,
+    ),
 }
 
 

@@ -1,4 +1,5 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
+from django_leases.models.schedule import WorkflowSchedule
 from django_leases.models.trigger import (
     OrphanTriggerSource,
     TriggerEvent,
@@ -34,6 +35,7 @@ __all__ = [
     "TriggerSourceDefaults",
     "WorkerState",
     "WorkflowRun",
+    "WorkflowSchedule",
     "WorkflowStep",
     "WorkflowStepAttempt",
     "WorkflowWait",

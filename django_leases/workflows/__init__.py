@@ -27,6 +27,7 @@ _LAZY = {
     "Worker": "django_leases.workflows.worker",
     "WorkflowError": "django_leases.exceptions",
     "UnknownWorkflowError": "django_leases.exceptions",
+    "UnknownScheduleError": "django_leases.exceptions",
     "WorkflowStepFailedError": "django_leases.exceptions",
     "WorkflowStepSupersededError": "django_leases.exceptions",
     "WorkflowStepCancelledError": "django_leases.exceptions",
@@ -41,6 +42,7 @@ _LAZY = {
 __all__ = [
     "RunContext",
     "StepContext",
+    "UnknownScheduleError",
     "UnknownWorkflowError",
     "Worker",
     "WorkflowChildFailedError",
@@ -61,6 +63,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from django_leases.exceptions import (
+        UnknownScheduleError,
         UnknownWorkflowError,
         WorkflowChildFailedError,
         WorkflowError,

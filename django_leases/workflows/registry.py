@@ -9,14 +9,19 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django_leases.conf import leases_settings
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name
+from django_leases.workflows.schedules import ScheduleDeclaration, declaration, from_settings
 
 __all__ = [
     "UnknownWorkflowError",
+    "declared_schedules",
     "get_step_function",
     "get_workflow",
+    "schedule_problems",
     "step_function",
+    "unregister_schedule",
     "workflow",
 ]
 
@@ -24,6 +29,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _workflows: dict[str, Callable[..., Any]] = {}
 _step_functions: dict[str, Callable[..., Any]] = {}
+#: Schedules declared with ``@workflow(..., schedule=...)``, by workflow name.
+_schedules: dict[str, ScheduleDeclaration] = {}
 
 
 def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
@@ -51,15 +58,91 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
     return decorate
 
 
-def workflow(name: str) -> Callable[[F], F]:
+def workflow(
+    name: str,
+    *,
+    schedule: str | None = None,
+    timezone: str = "UTC",
+    input: Any = None,
+    catch_up: str = "latest",
+) -> Callable[[F], F]:
     """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str`` of
     1–200 characters); the decorator returns the function unchanged.
 
-    Raises ``ValueError`` for a bad name or a name another function has, and ``TypeError``
-    (when decorating) for a non-callable or an ``async def`` function: workflows run
-    synchronously.
+    ``schedule``, a cron expression (``"*/5 * * * *"``, or six fields with the seconds first),
+    also declares a schedule named ``name``: the workflow worker starts one run per tick,
+    exactly once across every worker (:mod:`django_leases.workflows.schedules`). Its
+    ``timezone`` (an IANA name, default ``"UTC"``), the runs' JSON ``input`` (default ``{}``)
+    and ``catch_up`` (``"latest"``: one run for ticks missed while no worker ran; ``"none"``)
+    go with it, and mean nothing without ``schedule``.
+
+    Raises ``ValueError`` for a bad name or a name another function has, a bad cron
+    expression, time zone, input or catch-up policy (before anything is registered), and
+    ``TypeError`` (when decorating) for a non-callable or an ``async def`` function:
+    workflows run synchronously.
     """
-    return _register(_workflows, "workflow", name)
+    declared = None
+    if schedule is not None:
+        declared = declaration(
+            name,
+            name,
+            schedule,
+            timezone=timezone,
+            input=input,
+            catch_up=catch_up,
+            origin="@workflow",
+        )
+    register = _register(_workflows, "workflow", name)
+    if declared is None:
+        return register
+
+    def decorate(func: F) -> F:
+        registered = register(func)
+        _schedules[name] = declared
+        return registered
+
+    return decorate
+
+
+def unregister_schedule(name: str) -> None:
+    """Withdraw the ``@workflow`` schedule of workflow ``name`` (tests; no error if none)."""
+    _schedules.pop(name, None)
+
+
+def declared_schedules() -> list[ScheduleDeclaration]:
+    """Every usable schedule declaration, sorted by name: the ``@workflow(schedule=...)``
+    ones, then those of ``DJANGO_LEASES["SCHEDULES"]`` whose name no decorator took and whose
+    workflow is registered. The unusable ones are what system check ``django_leases.E026``
+    reports (:func:`schedule_problems`); they are left out here, never half-kept."""
+    found, _ = _collect()
+    return found
+
+
+def schedule_problems() -> list[str]:
+    """What is wrong with the declared schedules, one message each (check ``E026``): a bad
+    ``SCHEDULES`` entry (cron, time zone, input, catch-up, keys), one whose workflow no code
+    registers, or whose name a ``@workflow`` schedule has already."""
+    _, problems = _collect()
+    return problems
+
+
+def _collect() -> tuple[list[ScheduleDeclaration], list[str]]:
+    found = dict(_schedules)
+    configured, problems = from_settings(leases_settings.SCHEDULES)
+    for entry in configured:
+        if entry.name in found:
+            problems.append(
+                f"Schedule {entry.name!r} (settings): the name is taken by the schedule of "
+                f"@workflow({entry.name!r}); give the settings entry another name"
+            )
+        elif entry.workflow not in _workflows:
+            problems.append(
+                f"Schedule {entry.name!r} (settings): no loaded code registers workflow "
+                f"{entry.workflow!r}, so it would never start a run"
+            )
+        else:
+            found[entry.name] = entry
+    return [found[name] for name in sorted(found)], problems
 
 
 def step_function(name: str) -> Callable[[F], F]:

@@ -61,6 +61,8 @@ POLLING_POLL_INTERVAL = 0.25
 FAILURE_BACKOFF = 0.1
 #: Longest back-off after a failed unit of work, seconds.
 MAX_BACKOFF = 30.0
+#: Seconds between two looks for due schedule ticks in a worker's main loop.
+SCHEDULE_INTERVAL = 1.0
 #: Consecutive failures after which ``once`` mode gives up.
 ONCE_MAX_FAILURES = 10
 #: ``once`` mode also waits for work due within this many seconds: a pass retried because
@@ -138,6 +140,54 @@ class _Heartbeat:
                 WorkflowWorker.objects.db_manager(self.worker.alias).stopped(self.key)
         except Exception as exc:
             logger.info("Workflow worker heartbeat %r: %s", self.key, exc)
+        finally:
+            db.close_thread_connections()
+
+
+class _Schedules:
+    """The worker's part in firing schedules (:mod:`django_leases.workflows.schedules`): on
+    its first look it syncs the declared schedules to their rows, then at most once per
+    :data:`SCHEDULE_INTERVAL` it fires the due ticks (``WorkflowSchedule.objects.fire_due``,
+    exactly once across every worker). Never fatal: a failure is logged and tried again at the
+    next look."""
+
+    def __init__(self, worker: Worker, interval: float = SCHEDULE_INTERVAL) -> None:
+        self.worker = worker
+        self.interval = interval
+        self.synced = False
+        self._next = 0.0
+
+    def tick(self) -> None:
+        """From the worker's main loop: sync once, then fire what is due (rate-limited)."""
+        from django_leases.models.schedule import WorkflowSchedule
+        from django_leases.workflows.registry import declared_schedules
+
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.interval
+        schedules = WorkflowSchedule.objects.db_manager(self.worker.alias)
+        try:
+            if not self.synced:
+                schedules.sync(declared_schedules())
+                self.synced = True
+            for fired in schedules.fire_due():
+                if fired.tick is None:
+                    logger.warning(
+                        "Schedule %r: %d missed tick(s) skipped (catch_up none)",
+                        fired.name,
+                        fired.skipped,
+                    )
+                else:
+                    logger.info(
+                        "Schedule %r: tick %s started run %s%s",
+                        fired.name,
+                        fired.tick.isoformat(),
+                        fired.run_id,
+                        f" ({fired.skipped} missed tick(s) before it)" if fired.skipped else "",
+                    )
+        except Exception as exc:  # unreachable, or not migrated yet: at the next look
+            logger.warning("Workflow schedules: %s; trying again later", exc)
         finally:
             db.close_thread_connections()
 
@@ -278,6 +328,7 @@ class Worker:
         logger.info("%s", self.describe(once))
         heartbeat = _Heartbeat(self)
         self.heartbeat = heartbeat
+        schedules = _Schedules(self)
         try:
             if self.listener is not None:
                 self.listener.start()
@@ -287,6 +338,7 @@ class Worker:
                 with self._lock:
                     in_flight = self._busy
                 heartbeat.tick(in_flight)
+                schedules.tick()
                 for thread in threads:
                     thread.join(0.2)
             # A signal handler only sets the flag; idle threads are woken from here.

@@ -1,0 +1,167 @@
+"""Admin for workflow schedules: the list, with pause and resume (DESIGN §5b, §7).
+
+Rows come from the declarations (``@workflow(..., schedule=...)`` and
+``DJANGO_LEASES["SCHEDULES"]``), synced by the workflow workers and the
+``workflow_schedules`` command; nothing is added or edited here. Each row shows its cron
+expression and time zone, whether it is still declared, paused or active, its next and last
+tick, and the last tick's run (linked). The actions **pause** and **resume** call
+``WorkflowSchedule.objects.set_paused``; they need the ``django_leases.pause_workflowschedule``
+permission and write a ``LogEntry`` per schedule changed. Resuming counts from the next tick
+after now: ticks that passed while paused never run.
+
+Stable hooks for browser tests: the state badges have ids ``schedule-state-<pk>`` and
+``data-state`` (``active``, ``paused`` or ``undeclared``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.display import MEDIA_CSS, badge, local_time
+from django_leases.models import WorkflowSchedule
+
+#: The permission the pause and resume actions need.
+PAUSE_PERMISSION = "django_leases.pause_workflowschedule"
+
+if TYPE_CHECKING:
+    _ScheduleModelAdmin = admin.ModelAdmin[WorkflowSchedule]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _ScheduleModelAdmin = admin.ModelAdmin
+
+_STATE_COLOURS = {
+    "active": ("#d1e7dd", "#0f5132"),
+    "paused": ("#fff3cd", "#664d03"),
+    "undeclared": ("#e0e0e0", "#333"),
+}
+
+
+def state_of(schedule: WorkflowSchedule) -> str:
+    """``"undeclared"`` (its declaration left the code), ``"paused"`` or ``"active"``."""
+    if not schedule.declared:
+        return "undeclared"
+    return "paused" if schedule.paused else "active"
+
+
+@admin.register(WorkflowSchedule)
+class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
+    """Read-only list of schedules; pause and resume behind their permission."""
+
+    list_display = (
+        "name",
+        "workflow",
+        "cron_text",
+        "timezone",
+        "state_badge",
+        "next",
+        "last",
+        "last_run_link",
+    )
+    list_filter = ("paused", "declared", "workflow")
+    search_fields = ("name", "workflow")
+    ordering = ("name",)
+    actions = ("pause", "resume")
+    fields = (
+        "name",
+        "workflow",
+        "cron",
+        "timezone",
+        "catch_up",
+        "input",
+        "state_badge",
+        "next",
+        "last",
+        "last_run_link",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    class Media:
+        css = MEDIA_CSS
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""
+        return request.user.has_perm(PAUSE_PERMISSION)
+
+    @admin.display(description="cron", ordering="cron")
+    def cron_text(self, obj: WorkflowSchedule) -> str:
+        """The cron expression as code on one line (safe HTML)."""
+        return format_html('<code style="white-space:nowrap">{}</code>', obj.cron)
+
+    @admin.display(description="state")
+    def state_badge(self, obj: WorkflowSchedule) -> str:
+        """The state (active / paused / undeclared) as a coloured badge (safe HTML)."""
+        state = state_of(obj)
+        background, colour = _STATE_COLOURS[state]
+        return badge(f"schedule-state-{obj.pk}", "data-state", state, background, colour)
+
+    @admin.display(description="next tick", ordering="next_tick")
+    def next(self, obj: WorkflowSchedule) -> str:
+        """When the next run is due (``"—"``: the expression never matches again)."""
+        return local_time(obj.next_tick)
+
+    @admin.display(description="last tick", ordering="last_tick")
+    def last(self, obj: WorkflowSchedule) -> str:
+        """The last tick that started a run (``"—"``: none yet)."""
+        return local_time(obj.last_tick)
+
+    @admin.display(description="last run")
+    def last_run_link(self, obj: WorkflowSchedule) -> str:
+        """The last tick's run, linked to its page; ``"—"`` when none."""
+        if obj.last_run_id is None:
+            return "—"
+        return format_html(
+            '<a href="{}">{}</a>',
+            reverse("admin:django_leases_workflowrun_change", args=[obj.last_run_id]),
+            obj.last_run_id,
+        )
+
+    def _set_paused(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule], paused: bool
+    ) -> None:
+        changed: list[str] = []
+        unchanged: list[str] = []
+        manager = WorkflowSchedule.objects.db_manager(queryset.db)
+        for schedule in queryset.order_by("name"):
+            if manager.set_paused(schedule.name, paused):
+                changed.append(schedule.name)
+                self.log_change(
+                    request,
+                    schedule,
+                    "Paused" if paused else "Resumed (from the next tick after now)",
+                )
+            else:
+                unchanged.append(schedule.name)
+        done = "Paused" if paused else "Resumed"
+        if changed:
+            self.message_user(
+                request,
+                f"{done} {len(changed)} schedule(s): {', '.join(changed)}.",
+                messages.SUCCESS,
+            )
+        if unchanged:
+            already = "paused" if paused else "active"
+            self.message_user(
+                request,
+                f"{len(unchanged)} schedule(s) were already {already}, nothing changed: "
+                f"{', '.join(unchanged)}.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Pause the selected schedules", permissions=["pause"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule]) -> None:
+        """Pause each selected schedule (it starts no run); a ``LogEntry`` per change."""
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description="Resume the selected schedules", permissions=["pause"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule]) -> None:
+        """Resume each selected schedule from its next tick after now; a ``LogEntry`` per
+        change."""
+        self._set_paused(request, queryset, False)

@@ -1,0 +1,279 @@
+"""Cron schedules of workflows: their declarations and the tick arithmetic (DESIGN §5b).
+
+A schedule starts one run of a workflow per **tick** of a cron expression, in a time zone,
+with a JSON input. It is declared in code or in settings::
+
+    @workflow("reports.nightly", schedule="0 3 * * *", timezone="Europe/Paris")
+    def nightly(run, input): ...
+
+    DJANGO_LEASES = {"SCHEDULES": {
+        "nightly": {"workflow": "reports.nightly", "cron": "0 3 * * *",
+                    "timezone": "Europe/Paris", "input": {"full": True},
+                    "catch_up": "latest"},
+    }}
+
+A decorator's schedule is named after its workflow. Cron expressions are read by
+`cronsim <https://pypi.org/project/cronsim/>`_ (the five classic fields, or six with the
+seconds **first**: ``*/10 * * * * *``; ``L``, ``LW``, ``MON#2``, names of days and months):
+it evaluates them as Debian's cron does, daylight-saving changes included — a tick that falls
+into the hour skipped in spring runs at the change, one in the hour repeated in autumn runs
+once (hourly and more frequent expressions run at each real hour). Ticks are kept as UTC
+instants, and each one is a run's idempotency key (:func:`run_key`).
+
+This module holds no model and imports none: the store's rules (``WorkflowSchedule.objects``
+in :mod:`django_leases.models.schedule`) and the registry both use it.
+
+Catch-up (``catch_up``): a tick fired more than :data:`MISSED_AFTER` seconds after its time
+was **missed** (no worker ran then). ``"latest"`` (the default) starts one run for the latest
+tick that is due, however many were missed; ``"none"`` starts none for missed ticks and waits
+for the next one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+__all__ = [
+    "CATCH_UP_POLICIES",
+    "MAX_SCHEDULE_NAME_LENGTH",
+    "MISSED_AFTER",
+    "RUN_KEY_PREFIX",
+    "ScheduleDeclaration",
+    "check_catch_up",
+    "check_cron",
+    "check_timezone",
+    "declaration",
+    "from_settings",
+    "latest_tick",
+    "next_tick",
+    "run_key",
+]
+
+#: The catch-up policies: what happens to ticks no worker fired on time.
+CATCH_UP_POLICIES = ("latest", "none")
+#: Seconds after its time past which an unfired tick counts as missed (workers look for due
+#: ticks about once a second, so a running worker fires a tick well within this).
+MISSED_AFTER = 10.0
+#: Prefix of the idempotency key of a scheduled run (``schedule:<name>:<tick>``).
+RUN_KEY_PREFIX = "schedule:"
+#: Longest schedule name: the run key (prefix, name, ``:``, a 25-character UTC instant) must
+#: fit the 255 characters of a run key.
+MAX_SCHEDULE_NAME_LENGTH = 200
+#: How far ahead a cron expression must match at least once (cronsim looks 50 years ahead).
+_HORIZON_YEARS = 50
+
+
+@dataclass(frozen=True)
+class ScheduleDeclaration:
+    """One schedule as declared in code or settings (validated: see :func:`declaration`).
+
+    Attributes:
+        name: the schedule's name (a decorator's: its workflow's name).
+        workflow: the workflow each tick starts.
+        cron: the cron expression (5 fields, or 6 with seconds first).
+        timezone: the IANA time zone the expression is read in (``"UTC"`` by default).
+        input: the JSON input of every run it starts.
+        catch_up: ``"latest"`` or ``"none"`` (see the module docstring).
+        origin: where it was declared (``"@workflow"`` or ``"settings"``), for messages.
+    """
+
+    name: str
+    workflow: str
+    cron: str
+    timezone: str = "UTC"
+    input: Any = field(default_factory=dict)
+    catch_up: str = "latest"
+    origin: str = "settings"
+
+    def zone(self) -> ZoneInfo:
+        """The schedule's time zone (``zoneinfo.ZoneInfo``)."""
+        return ZoneInfo(self.timezone)
+
+
+def check_cron(cron: object) -> str:
+    """``cron`` if it is a cron expression cronsim reads and that matches at least once in
+    the next 50 years; raises ``ValueError`` saying what is wrong."""
+    if not isinstance(cron, str) or not cron.strip():
+        raise ValueError(f"a cron expression must be a non-empty str, not {cron!r}")
+    start = datetime(2000, 1, 1, tzinfo=UTC)
+    try:
+        ticks = CronSim(cron, start)
+    except CronSimError as exc:
+        raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
+    try:
+        next(ticks)
+    except StopIteration:
+        raise ValueError(
+            f"the cron expression {cron!r} never matches (not once in {_HORIZON_YEARS} years)"
+        ) from None
+    return cron
+
+
+def check_timezone(name: object) -> str:
+    """``name`` if it names an IANA time zone (``"Europe/Paris"``, ``"UTC"``); raises
+    ``ValueError`` otherwise."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a time zone must be a non-empty str, not {name!r}")
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r} (an IANA name: 'Europe/Paris')") from None
+    return name
+
+
+def check_catch_up(policy: object) -> str:
+    """``policy`` if it is one of :data:`CATCH_UP_POLICIES`; raises ``ValueError``."""
+    if policy not in CATCH_UP_POLICIES:
+        raise ValueError(f'catch_up must be "latest" or "none", not {policy!r}')
+    return str(policy)
+
+
+def declaration(
+    name: object,
+    workflow: object,
+    cron: object,
+    *,
+    timezone: object = "UTC",
+    input: object = None,
+    catch_up: object = "latest",
+    origin: str = "settings",
+) -> ScheduleDeclaration:
+    """A validated :class:`ScheduleDeclaration`.
+
+    Args:
+        name: the schedule's name (``str``, 1–200 characters, printable).
+        workflow: the workflow's name (``str``; whether it is registered is not checked here).
+        cron: a cron expression (:func:`check_cron`).
+        timezone: an IANA time zone name (:func:`check_timezone`).
+        input: the runs' JSON input (``None``: ``{}``).
+        catch_up: ``"latest"`` or ``"none"``.
+        origin: where it was declared, for messages.
+
+    Raises ``ValueError`` naming the schedule and what is wrong.
+    """
+    try:
+        if not isinstance(name, str) or not name or len(name) > MAX_SCHEDULE_NAME_LENGTH:
+            raise ValueError(
+                f"a schedule name must be a str of 1 to {MAX_SCHEDULE_NAME_LENGTH} characters"
+            )
+        if not name.isprintable():
+            raise ValueError("a schedule name must not hold control characters")
+        if not isinstance(workflow, str) or not workflow:
+            raise ValueError(f"the workflow must be a workflow's name, not {workflow!r}")
+        value = {} if input is None else input
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the input is not JSON: {exc}") from None
+        return ScheduleDeclaration(
+            name=name,
+            workflow=workflow,
+            cron=check_cron(cron),
+            timezone=check_timezone(timezone),
+            input=value,
+            catch_up=check_catch_up(catch_up),
+            origin=origin,
+        )
+    except ValueError as exc:
+        raise ValueError(f"Schedule {name!r} ({origin}): {exc}") from None
+
+
+#: The keys a ``DJANGO_LEASES["SCHEDULES"]`` entry may have.
+SETTINGS_KEYS = frozenset({"workflow", "cron", "timezone", "input", "catch_up"})
+
+
+def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[str]]:
+    """The schedules of ``DJANGO_LEASES["SCHEDULES"]`` (``configured``: name → entry dict)
+    and the problems found: ``(declarations, problems)``, one message per entry that is not
+    usable (that entry is left out). A ``configured`` that is not a dict declares nothing
+    (check ``E016`` reports it)."""
+    if not isinstance(configured, Mapping):
+        return [], []
+    found: list[ScheduleDeclaration] = []
+    problems: list[str] = []
+    for name, entry in configured.items():
+        if not isinstance(entry, Mapping):
+            problems.append(
+                f"Schedule {name!r} (settings): must be a dict with 'workflow' and 'cron', "
+                f"not {type(entry).__name__}"
+            )
+            continue
+        unknown = sorted(set(map(str, entry)) - SETTINGS_KEYS)
+        missing = sorted({"workflow", "cron"} - set(entry))
+        if unknown or missing:
+            said = []
+            if missing:
+                said.append(f"missing {', '.join(map(repr, missing))}")
+            if unknown:
+                said.append(
+                    f"unknown key(s) {', '.join(map(repr, unknown))} (the keys: "
+                    f"{', '.join(sorted(SETTINGS_KEYS))})"
+                )
+            problems.append(f"Schedule {name!r} (settings): {'; '.join(said)}")
+            continue
+        try:
+            found.append(
+                declaration(
+                    name,
+                    entry["workflow"],
+                    entry["cron"],
+                    timezone=entry.get("timezone", "UTC"),
+                    input=entry.get("input"),
+                    catch_up=entry.get("catch_up", "latest"),
+                )
+            )
+        except ValueError as exc:
+            problems.append(str(exc))
+    return found, problems
+
+
+# -- ticks --------------------------------------------------------------------------------------
+
+
+def _utc(moment: datetime) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError(f"a tick is computed from an aware datetime, not {moment!r}")
+    return moment.astimezone(UTC)
+
+
+def next_tick(cron: str, zone: str, after: datetime) -> datetime | None:
+    """The first tick of ``cron`` (read in time zone ``zone``) strictly after ``after`` (an
+    aware ``datetime``), as an aware UTC ``datetime``; ``None`` when there is none in the next
+    50 years. Raises ``ValueError`` for a bad expression or zone, or a naive ``after``."""
+    local = _utc(after).astimezone(ZoneInfo(check_timezone(zone)))
+    try:
+        return _utc(next(CronSim(cron, local)))
+    except CronSimError as exc:
+        raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
+    except StopIteration:
+        return None
+
+
+def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
+    """The last tick of ``cron`` (in time zone ``zone``) at or before ``at`` (an aware
+    ``datetime``), as an aware UTC ``datetime``; ``None`` when there is none in the 50 years
+    before. Raises ``ValueError`` as :func:`next_tick` does."""
+    # cronsim going backwards from a time with microseconds looks first at that time's
+    # whole second, so "at or before" is the whole second of ``at`` plus a microsecond.
+    start = _utc(at).replace(microsecond=0) + timedelta(microseconds=1)
+    local = start.astimezone(ZoneInfo(check_timezone(zone)))
+    try:
+        return _utc(next(CronSim(cron, local, reverse=True)))
+    except CronSimError as exc:
+        raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
+    except StopIteration:
+        return None
+
+
+def run_key(name: str, tick: datetime) -> str:
+    """The idempotency key of the run schedule ``name`` starts for ``tick`` (an aware
+    ``datetime``): ``schedule:<name>:<tick as UTC ISO 8601>``, e.g.
+    ``schedule:nightly:2026-03-29T01:00:00+00:00``. Raises ``ValueError`` for a naive tick."""
+    return f"{RUN_KEY_PREFIX}{name}:{_utc(tick).isoformat()}"
