@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leases', '0014_clock_defaults'),
+        ('django_leases', '0016_workflow_schedules'),
     ]
 
     operations = [
