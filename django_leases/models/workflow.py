@@ -2678,7 +2678,6 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
         current window is used up (the claim must not start the step).
         """
         row = self._locked(alias, limits.name)
-        now: datetime = row.db_now  # type: ignore[attr-defined]
         if limits.concurrency is not None:
             running = (
                 WorkflowStep._default_manager.using(alias)
@@ -2687,6 +2686,14 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
             )
             if running >= limits.concurrency:
                 return None
+        # The start's time is read after the count: a step that finished before this claim
+        # counted (and so is not counted) finished before this start, on the same clock.
+        now: datetime = (
+            self.model._default_manager.using(alias)
+            .filter(pk=row.pk)
+            .annotate(db_now=DbNow())
+            .values_list("db_now", flat=True)[0]
+        )
         starts = None
         if limits.rate is not None:
             moment = _epoch(now)
