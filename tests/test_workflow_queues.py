@@ -8,6 +8,8 @@ The limits are measured from the steps' own start and finish records (the attemp
 
 from __future__ import annotations
 
+import io
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from django.core import checks as django_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import override_settings
+from django.urls import reverse
 
 from django_leases.checks import check_leases_settings, check_step_queues
 from django_leases.conf import parse_queues, queue_limits
@@ -28,7 +31,7 @@ from django_leases.models.workflow import WorkflowQueue, WorkflowStepAttempt
 from django_leases.workflows import registry, start_workflow, step_function, workflow
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, in_processes, lapse_step_lease
+from tests.helpers import drain, in_processes, lapse_step_lease, staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -380,3 +383,33 @@ def test_the_overview_counts_waiting_and_running_with_the_limits() -> None:
     assert rows["tests-rated"].rate == "20/s"
     assert rows["tests-rated"].oldest_waiting is None
     assert rows["default"].configured
+
+
+def test_the_admin_queue_view_shows_the_overview_to_viewers_only() -> None:
+    run_id = _run()
+    _schedule(run_id, "one-0", "tests.queues.one")
+    _schedule(run_id, "one-1", "tests.queues.one")
+    assert WorkflowStep.objects.claim_due(LEASE, queues=["tests-one"]) is not None
+    url = reverse("admin:django_leases_workflowqueue_changelist")
+    assert staff_client().get(url).status_code == 403
+    page = staff_client("view_workflowqueue").get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="queue-tests-one" data-waiting="1" data-running="1"' in html
+    assert "20/s" in html and 'id="queue-default"' in html
+
+
+def test_workflow_queues_lists_the_overview_as_a_table_or_json() -> None:
+    run_id = _run()
+    _schedule(run_id, "m", "tests.queues.mail")
+    out = io.StringIO()
+    call_command("workflow_queues", "list", "--format", "json", stdout=out)
+    rows = {row["name"]: row for row in json.loads(out.getvalue())}
+    assert rows["tests-mail"]["waiting"] == 1
+    assert rows["tests-limited"]["concurrency"] == 3
+    assert rows["tests-rated"]["rate"] == "20/s"
+    out = io.StringIO()
+    call_command("workflow_queues", "list", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["NAME", "WAITING", "RUNNING", "LIMIT", "RATE", "OLDEST", "WAITING"]
+    assert any(line.startswith("tests-mail ") for line in lines)

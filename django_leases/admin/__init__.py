@@ -3,6 +3,7 @@
 from django_leases.admin import (  # noqa: F401  (registers)
     deliveries,
     leases,
+    queues,
     triggers,
     workers,
     workflows,

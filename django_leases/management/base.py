@@ -623,6 +623,12 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         _UNREACHABLE,
         (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
     ),
+    "workflow_queues": _table(
+        (0, "listed"),
+        (COMMAND_ERROR, 'DJANGO_LEASES["QUEUES"] is not usable (the message says why)'),
+        _USAGE,
+        _UNREACHABLE,
+    ),
     "workflow_runs": _table(
         (0, "done; what changed is printed"),
         (
