@@ -413,3 +413,33 @@ def test_workflow_queues_lists_the_overview_as_a_table_or_json() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].split() == ["NAME", "WAITING", "RUNNING", "LIMIT", "RATE", "OLDEST", "WAITING"]
     assert any(line.startswith("tests-mail ") for line in lines)
+
+
+def test_a_step_a_pass_schedules_and_claims_itself_obeys_its_queue(tuned: bool) -> None:
+    run_id = _run()
+    _schedule(run_id, "busy", "tests.queues.one")
+    assert WorkflowStep.objects.claim_due(LEASE) is not None
+    run = WorkflowRun.objects.get(pk=run_id)
+    full = WorkflowStep.objects.schedule_claimed(
+        run_id,
+        "next",
+        "tests.queues.one",
+        {},
+        lease_ttl_seconds=LEASE,
+        finish_pass=run.pass_requests,
+        queue="tests-one",
+    )
+    assert full.claim is None, "the queue is at its concurrency: the step waits"
+    assert WorkflowStep.objects.get(run_id=run_id, step_name="next").status == StepStatus.PENDING
+    free = WorkflowStep.objects.schedule_claimed(
+        run_id,
+        "mail",
+        "tests.queues.mail",
+        {},
+        lease_ttl_seconds=LEASE,
+        finish_pass=run.pass_requests,
+        queue="tests-mail",
+        priority=3,
+    )
+    assert free.claim is not None
+    assert (free.step.queue, free.step.priority) == ("tests-mail", 3)

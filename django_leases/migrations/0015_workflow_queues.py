@@ -36,11 +36,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='workflowstep',
-            index=models.Index(condition=models.Q(('status__in', ['pending', 'scheduled', 'failed'])), fields=['-priority', 'available_at'], name='dl_step_claim_order'),
+            index=models.Index(condition=models.Q(('status__in', ['pending', 'scheduled', 'failed'])), fields=['-priority', 'available_at', 'id'], name='dl_step_claim_order'),
         ),
         migrations.AddIndex(
             model_name='workflowstep',
-            index=models.Index(condition=models.Q(('status__in', ['pending', 'scheduled', 'failed'])), fields=['queue', '-priority', 'available_at'], name='dl_step_queue_waiting'),
+            index=models.Index(condition=models.Q(('status__in', ['pending', 'scheduled', 'failed'])), fields=['queue', '-priority', 'available_at', 'id'], name='dl_step_queue_waiting'),
         ),
         migrations.AddIndex(
             model_name='workflowstep',

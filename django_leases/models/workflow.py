@@ -1138,12 +1138,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
-        queues: Mapping[str, tuple[str, int]] | None = None,
+        placement: Mapping[str, tuple[str, int]] | None = None,
     ) -> dict[str, WorkflowStep]:
         """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
         function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
         insert (existing ones are left untouched); idle workers are woken once. Returns
-        every step of ``calls`` by name, as now stored. ``queues`` maps a step name to its
+        every step of ``calls`` by name, as now stored. ``placement`` maps a step name to its
         ``(queue, priority)`` (absent: ``"default"``, 0).
 
         Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
@@ -1155,7 +1155,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         for step_name, function_name, data in calls:
             retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         placed = {
-            name: _check_queue(*(queues or {}).get(name, (DEFAULT_QUEUE, 0))) for name in names
+            name: _check_queue(*(placement or {}).get(name, (DEFAULT_QUEUE, 0))) for name in names
         }
         pk = parse_run_id(run_id)
         alias = self.write_alias()
@@ -1425,10 +1425,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         alias = self.write_alias()
         limits = queue_limits()
         taken = list(queues or ())
-        relevant = {n: q for n, q in limits.items() if not taken or n in taken}
-        blocked = WorkflowQueue.objects.blocked(alias, relevant)
-        if taken and blocked >= set(taken):
-            return None
+        blocked: set[str] = set()  # limited queues found full: passed over from then on
+        looked: set[str] = set()  # limited queues whose fullness was looked at
         for _ in range(20):
             sent = time.monotonic()
             refused: set[str] = set()
@@ -1436,6 +1434,15 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 step = self._next_due(alias, taken, blocked)
                 if step is None:
                     return None
+                queue = limits.get(step.queue)
+                if queue is not None and queue.limited and step.queue not in looked:
+                    # An unlocked look first: a full queue is passed over without waiting
+                    # for its lock (the claim below still decides under the lock).
+                    looked.add(step.queue)
+                    full = WorkflowQueue.objects.blocked(alias, {step.queue: queue})
+                    if full:
+                        blocked |= full
+                        continue
                 claim = self._claim_locked(alias, step, ttl, sent, refused)
             if claim is not None:
                 return claim
@@ -2526,12 +2533,12 @@ class WorkflowStep(models.Model):
             # The claim's order (priority, then first due first), for a worker of every
             # queue and for one of some queues.
             models.Index(
-                fields=["-priority", "available_at"],
+                fields=["-priority", "available_at", "id"],
                 name="dl_step_claim_order",
                 condition=Q(status__in=["pending", "scheduled", "failed"]),
             ),
             models.Index(
-                fields=["queue", "-priority", "available_at"],
+                fields=["queue", "-priority", "available_at", "id"],
                 name="dl_step_queue_waiting",
                 condition=Q(status__in=["pending", "scheduled", "failed"]),
             ),

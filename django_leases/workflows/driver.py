@@ -217,10 +217,14 @@ class _Pass:
             if self.dry:
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
-            queues = {name: _placed(function, priority) for name, function, _ in missing}
+            placement = {name: _placed(function, priority) for name, function, _ in missing}
             self.steps.update(
                 store.schedule_many(
-                    self.run.id, missing, retries=retries, retry_delay=retry_delay, queues=queues
+                    self.run.id,
+                    missing,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    placement=placement,
                 )
             )
         results = []
