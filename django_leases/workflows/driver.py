@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import router
 
 from django_leases import tracing
-from django_leases.conf import leases_settings
+from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings
 from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
@@ -53,6 +53,7 @@ from django_leases.leases import HeldLease, new_holder
 from django_leases.validation import (
     check_identifier,
     check_json,
+    check_name,
     check_retries,
     error_json,
     seconds,
@@ -93,11 +94,14 @@ def run_lease_ttl() -> float:
 # -- one pass -----------------------------------------------------------------------------------
 
 
-def _placed(function_name: str, priority: int | None) -> tuple[str, int]:
-    """A new step's ``(queue, priority)``: its step function's declaration, ``priority``
-    (when given) overriding the declared default."""
+def _placed(function_name: str, priority: int | None, queue: str | None = None) -> tuple[str, int]:
+    """A new step's ``(queue, priority)``: its step function's declaration, ``priority`` and
+    ``queue`` (when given) overriding it."""
     options = step_options(function_name)
-    return options.queue, options.priority if priority is None else priority
+    return (
+        options.queue if queue is None else queue,
+        options.priority if priority is None else priority,
+    )
 
 
 class _PassEnded(BaseException):
@@ -282,6 +286,7 @@ class _Pass:
         retry_delay: float,
         timeout: float | None = None,
         priority: int | None = None,
+        queue: str | None = None,
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
@@ -292,7 +297,7 @@ class _Pass:
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
             args = (self.run.id, step_name, function_name, data)
-            queue, placed_priority = _placed(function_name, priority)
+            queue, placed_priority = _placed(function_name, priority, queue)
             if self.claim_ttl is None:
                 step = store.schedule(
                     *args,
@@ -354,6 +359,7 @@ class RunContext:
         retry_delay: float = 0.0,
         timeout: float | None = None,
         priority: int | None = None,
+        queue: str | None = None,
     ) -> Any:
         """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
 
@@ -366,8 +372,8 @@ class RunContext:
         for due work; whatever it returns later is refused by the attempt fence. The
         ``timeout`` is recorded with the step on first reach. ``priority`` (``int``; ``None``:
         the step function's declared default, else 0) orders due steps: higher is claimed
-        first, first due first within a priority. The step is claimed from its step
-        function's ``queue``, under that queue's limits.
+        first, first due first within a priority. The step is claimed from ``queue``
+        (``None``: its step function's), under that queue's limits.
 
         Raises:
             WorkflowStepFailedError: the step failed on its last attempt.
@@ -382,8 +388,10 @@ class RunContext:
             timeout = seconds(timeout, "Step timeout", above_minimum=True)
         if priority is not None:
             priority = check_priority(priority, "Step priority")
+        if queue is not None:
+            queue = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
         return self._pass.step(
-            step_name, function_name, data, retries, retry_delay, timeout, priority
+            step_name, function_name, data, retries, retry_delay, timeout, priority, queue
         )
 
     def parallel(
