@@ -18,7 +18,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from django.db import transaction
+from asgiref.sync import sync_to_async
+from django.db import connections, transaction
 from django.utils import timezone
 
 if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
@@ -218,8 +219,11 @@ def test_get_result_of_an_unknown_id_or_another_task() -> None:
 
 def test_aenqueue_and_aget_result() -> None:
     async def go() -> Any:
-        result = await add.aenqueue(4, 4)
-        return await add.aget_result(result.id)
+        try:
+            result = await add.aenqueue(4, 4)
+            return await add.aget_result(result.id)
+        finally:  # the ORM ran on asgiref's thread-sensitive thread: close its connection
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
 
     found = asyncio.run(go())
     assert found.status == TaskResultStatus.READY
