@@ -234,7 +234,7 @@ def _result(backend: TaskBackend, run: Any, step: Any) -> Any:
             errors.append(
                 TaskError(
                     exception_class_path=str(
-                        details.get("exception_class_path") or (attempt.error or {}).get("type", "")
+                        details.get("exception_class_path") or _engine_error(attempt.error)
                     ),
                     traceback=str(
                         details.get("traceback") or (attempt.error or {}).get("message", "")
@@ -261,6 +261,17 @@ def _result(backend: TaskBackend, run: Any, step: Any) -> Any:
 
 
 _FINISHED = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+
+
+def _engine_error(error: Any) -> str:
+    """The exception class path of an attempt the engine failed, not the task (its worker
+    was lost, or it ran past a timeout): ``LeaseLostError`` for a lapsed lease, else
+    ``WorkflowError``."""
+    from django_leases.workflows.values import STEP_LEASE_LAPSED
+
+    if isinstance(error, dict) and error.get("code") == STEP_LEASE_LAPSED:
+        return "django_leases.exceptions.LeaseLostError"
+    return "django_leases.exceptions.WorkflowError"
 
 
 def _task(data: Mapping[str, Any]) -> Any:

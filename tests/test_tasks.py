@@ -36,7 +36,7 @@ from django_leases.tasks import (
     task_started,
 )
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain
+from tests.helpers import drain, lapse_step_lease
 
 
 def _api() -> ModuleType:
@@ -230,3 +230,19 @@ def test_aenqueue_and_aget_result() -> None:
     _work()
     found.refresh()
     assert found.return_value == 8
+
+
+def test_a_task_whose_worker_died_runs_again_as_the_next_attempt() -> None:
+    result = add.enqueue(3, 4)
+    drain(Worker(step_lease_ttl=60.0, queues=["tests-mail"]))  # its pass only
+    lost = WorkflowStep.objects.claim_due(60.0)  # a worker that then dies
+    assert lost is not None and lost.attempt == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    lapse_step_lease(run_id=result.id)
+    _work()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 7
+    assert result.attempts == 2
+    assert result.worker_ids[0] == "attempt 1" and ":" in result.worker_ids[1]
+    assert result.errors == [], "a superseded attempt is no error of the task"
