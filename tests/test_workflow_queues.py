@@ -443,3 +443,20 @@ def test_a_step_a_pass_schedules_and_claims_itself_obeys_its_queue(tuned: bool) 
     )
     assert free.claim is not None
     assert (free.step.queue, free.step.priority) == ("tests-mail", 3)
+
+
+def test_the_steps_gauge_is_labelled_with_each_steps_queue() -> None:
+    pytest.importorskip("prometheus_client")
+    from django_leases import metrics
+
+    run_id = _run()
+    _schedule(run_id, "m", "tests.queues.mail")
+    _schedule(run_id, "d", "tests.queues.plain")
+    collector = metrics._DatabaseCollector()
+    steps = next(family for family in collector.collect() if family.name.endswith("_steps"))
+    found = {
+        (sample.labels["queue"], sample.labels["status"]): sample.value for sample in steps.samples
+    }
+    assert found[("tests-mail", "pending")] == 1
+    assert found[("default", "pending")] == 1
+    assert found[("default", "running")] == 0
