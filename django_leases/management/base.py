@@ -575,8 +575,8 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         (0, "stopped cleanly (with `--once`: nothing was left due)"),
         (
             COMMAND_ERROR,
-            "refused to start: the database lacks the workflow functions, or `--metrics-port` "
-            "cannot be served",
+            "refused to start: the database lacks the workflow functions, `--metrics-port` "
+            'cannot be served, or DJANGO_LEASES["QUEUES"] is not usable',
         ),
         _USAGE,
         (

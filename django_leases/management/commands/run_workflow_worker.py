@@ -20,6 +20,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_leases.conf import queue_limits
 from django_leases.exceptions import QueueConfigError, WorkflowFunctionsMissing
 from django_leases.management.base import (
     MAX_CONCURRENCY,
@@ -114,6 +115,10 @@ class Command(LeasesCommand):
                 metrics.serve(options["metrics_port"], options["metrics_addr"])
             except (ValueError, OSError) as exc:
                 raise CommandError(f"--metrics-port: {exc}") from None
+        try:
+            queue_limits()
+        except QueueConfigError as exc:
+            raise CommandError(str(exc)) from None
         try:
             worker = Worker(
                 options["concurrency"],
