@@ -463,7 +463,7 @@ def test_the_steps_gauge_is_labelled_with_each_steps_queue() -> None:
 
 
 def test_a_worker_refuses_to_start_on_unusable_queue_settings() -> None:
-    with override_settings(DJANGO_LEASES={"QUEUES": {"q": {"concurrency": 0}}}):
-        with pytest.raises(CommandError, match="at least 1") as refused:
-            call_command("run_workflow_worker", "--once")
+    broken = override_settings(DJANGO_LEASES={"QUEUES": {"q": {"concurrency": 0}}})
+    with broken, pytest.raises(CommandError, match="at least 1") as refused:
+        call_command("run_workflow_worker", "--once")
     assert refused.value.returncode == 1

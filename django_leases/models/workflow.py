@@ -2666,11 +2666,10 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
     """
 
     def _locked(self, alias: str, name: str) -> WorkflowQueue:
-        """The queue's row, locked until the transaction ends (created if missing), with
-        ``db_now`` annotated (the database clock, read after the lock was granted)."""
+        """The queue's row, locked until the transaction ends (created if missing)."""
         rows = self.model._default_manager.using(alias)
         for _ in range(2):
-            found = rows.select_for_update().annotate(db_now=DbNow()).filter(name=name).first()
+            found = rows.select_for_update().filter(name=name).first()
             if found is not None:
                 return found
             rows.bulk_create([self.model(name=name)], ignore_conflicts=True)
