@@ -18,14 +18,3 @@ class DjangoLeasesConfig(AppConfig):
         metrics.install()  # a no-op without prometheus-client
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")
-        # The Django Tasks backend's workflow, where TASKS names it (workers run its tasks).
-        from django.conf import settings
-
-        tasks = getattr(settings, "TASKS", None) or {}
-        if any(
-            isinstance(c, dict) and c.get("BACKEND") == "django_leases.tasks.TaskBackend"
-            for c in (tasks.values() if isinstance(tasks, dict) else ())
-        ):
-            from django_leases import tasks as task_backend
-
-            task_backend._register()

@@ -5,7 +5,6 @@ PostgreSQL (``postgres://postgres@127.0.0.1:5432/django_leases``) and MariaDB
 (``mysql://root@127.0.0.1:3306/django_leases``).
 """
 
-import importlib.util
 import os
 import tempfile
 
@@ -24,18 +23,6 @@ DJANGO_LEASES = {
         "tests-rated": {"rate": "20/s"},
     },
 }
-
-# The Django Tasks backend, where a Tasks API is installed (Django 6, or the django-tasks
-# backport: tests/test_tasks.py); its alias "leases" retries a failed task once.
-if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
-    TASKS = {
-        "default": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": []},
-        "leases": {
-            "BACKEND": "django_leases.tasks.TaskBackend",
-            "QUEUES": [],
-            "OPTIONS": {"retries": 1},
-        },
-    }
 
 # Workflows every process of the suite registers (workers run as child processes use them).
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.workapp"]

@@ -9,7 +9,6 @@ docstring; everything else, classes included, needs its own.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import pkgutil
 from typing import Any
@@ -23,8 +22,6 @@ def _modules() -> list[Any]:
         for info in pkgutil.walk_packages(django_leases.__path__, "django_leases.")
         if ".migrations" not in info.name
     ]
-    if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
-        names.remove("django_leases.tasks")  # its extra (the Tasks API) is not installed
     return [importlib.import_module(name) for name in ["django_leases", *names]]
 
 
