@@ -64,6 +64,9 @@ id                       what it reports
                          (``CONVERT_TZ``) would be NULL
 ``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
                          insensitive, or pads spaces: "a", "A" and "a " would be one lease
+``django_leases.E023``   a ``@step_function`` names a queue that ``DJANGO_LEASES["QUEUES"]`` does
+                         not configure (``"default"`` always is): its steps would wait for a
+                         worker of a queue nobody runs with ``--queue`` and get no limits
 ``django_leases.E026``   a schedule that would never fire as declared: in
                          ``DJANGO_LEASES["SCHEDULES"]`` an entry that is not a dict, lacks
                          ``workflow`` or ``cron``, has an unknown key, a cron expression cronsim
@@ -614,6 +617,40 @@ def _grace(value: object, what: str) -> None:
     _number(value, what, above_zero=False)  # 0: no grace at all
 
 
+def _queues(value: object, what: str) -> None:
+    """``QUEUES``: queue name -> ``{"concurrency": int ≥ 1, "rate": "N/s|m|h"}``."""
+    from django_leases.conf import parse_queues
+
+    parse_queues(value)
+
+
+def check_step_queues(declared: Mapping[str, str], configured: object) -> list[checks.CheckMessage]:
+    """E023 for each step function (``declared``: name -> queue) whose queue the
+    ``QUEUES`` setting (``configured``) does not name; nothing when the setting itself is
+    broken (E016 reports that)."""
+    from django_leases.conf import parse_queues
+
+    try:
+        known = parse_queues(configured)
+    except ValueError:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for name, queue in sorted(declared.items()):
+        if queue not in known:
+            messages.append(
+                checks.Error(
+                    f"Step function {name!r} names queue {queue!r}, which "
+                    f'DJANGO_LEASES["QUEUES"] does not configure: no limit would apply and '
+                    f"no worker started with --queue would take its steps.",
+                    hint=f'Add DJANGO_LEASES["QUEUES"][{queue!r}] = {{}} (with '
+                    f'"concurrency" / "rate" as needed), or name a configured queue '
+                    f"(known: {', '.join(sorted(known))}).",
+                    id="django_leases.E023",
+                )
+            )
+    return messages
+
+
 def _lease_ttl(value: object, what: str) -> None:
     from django_leases.validation import renewable_ttl_seconds
 
@@ -665,6 +702,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "TUNED_SQL": _boolean,
     "PREPARED_STATEMENTS": _boolean,
     "SCHEDULES": _schedules,
+    "QUEUES": _queues,
 }
 
 #: Keys whose values are secrets: a message about them never quotes the value.
@@ -802,6 +840,7 @@ def django_leases_checks(
         UnknownWorkflowError,
         get_workflow,
         schedule_problems,
+        step_functions,
     )
 
     def registered(name: str) -> bool:
@@ -813,6 +852,12 @@ def django_leases_checks(
 
     aliases, messages = _write_aliases()
     messages.extend(check_leases_settings(getattr(django_settings, "DJANGO_LEASES", None)))
+    messages.extend(
+        check_step_queues(
+            {name: options.queue for name, options in step_functions().items()},
+            leases_settings.QUEUES,
+        )
+    )
     for alias in sorted(aliases):
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))

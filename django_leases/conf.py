@@ -53,6 +53,14 @@ key                            default    meaning
                                           database has one (PostgreSQL, SQLite); ``False``:
                                           the portable ORM path everywhere (same rules, more
                                           round trips; for debugging and the test suite)
+``QUEUES``                     ``{}``     queue name -> ``{"concurrency": N, "rate": "N/s"}``
+                                          (both optional): at most ``concurrency`` steps of
+                                          the queue running across every worker, at most
+                                          ``rate`` starts per second / minute / hour
+                                          (``"10/s"``, ``"600/m"``, ``"3600/h"``), both
+                                          cluster-wide, on the database clock. ``"default"``
+                                          is always a queue (unlimited unless listed). See
+                                          :func:`queue_limits`
 ``PREPARED_STATEMENTS``        ``True``   have PostgreSQL prepare the worker's hot statements
                                           (outside ``atomic()``); off by itself behind a pooler
                                           that refuses them, or where the database sets
@@ -66,10 +74,14 @@ key                            default    meaning
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
+
+from django_leases.exceptions import QueueConfigError
 
 DEFAULTS: dict[str, Any] = {
     "DEFAULT_TTL": 30.0,
@@ -94,6 +106,7 @@ DEFAULTS: dict[str, Any] = {
     "TUNED_SQL": True,
     "PREPARED_STATEMENTS": True,
     "SCHEDULES": {},
+    "QUEUES": {},
 }
 
 
@@ -110,3 +123,136 @@ class _Settings:
 
 
 leases_settings = _Settings()
+
+
+# -- queues -------------------------------------------------------------------------------------
+
+#: The queue of a step function that names none; always known, unlimited unless configured.
+DEFAULT_QUEUE = "default"
+
+#: Longest queue name (the step's ``queue`` column).
+MAX_QUEUE_LENGTH = 200
+
+#: Seconds of each rate unit.
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+_QUEUE_KEYS = ("concurrency", "rate")
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """One queue's limits, from ``DJANGO_LEASES["QUEUES"]``.
+
+    Attributes:
+        name: the queue.
+        concurrency: at most this many of its steps running at once across every worker
+            (``int`` ≥ 1), or ``None``: no limit.
+        rate: the rate as written (``"10/s"``), or ``None``: no limit.
+        rate_starts: at most this many starts (``int`` ≥ 1) …
+        rate_window: … in any window of this many seconds (``float``: 1, 60 or 3600).
+    """
+
+    name: str
+    concurrency: int | None = None
+    rate: str | None = None
+    rate_starts: int = 0
+    rate_window: float = 0.0
+
+    @property
+    def limited(self) -> bool:
+        """Whether a claim of the queue's steps must take the queue lock (a limit is set)."""
+        return self.concurrency is not None or self.rate is not None
+
+
+def parse_rate(value: object, what: str = "rate") -> tuple[int, float]:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (``N`` an integer ≥ 1) as ``(N, window seconds)``.
+
+    Raises ``ValueError`` (naming ``what``) for anything else.
+    """
+    match = _RATE.match(value) if isinstance(value, str) else None
+    if match is None or int(match.group(1)) < 1:
+        raise ValueError(
+            f'{what} must be "N/s", "N/m" or "N/h" with N an integer of at least 1 '
+            f'(e.g. "10/s", "600/m"), not {value!r}'
+        )
+    return int(match.group(1)), RATE_UNITS[match.group(2)]
+
+
+def parse_queues(value: object) -> dict[str, QueueLimits]:
+    """``DJANGO_LEASES["QUEUES"]`` (``value``) as queue name -> :class:`QueueLimits`, with
+    ``"default"`` always present.
+
+    Raises ``ValueError`` with a message naming the bad part: not a dict, a name that is not
+    a non-empty string of at most 200 characters, a queue's value not a dict, an unknown key,
+    a ``concurrency`` that is not an integer ≥ 1 (``bool`` refused), a malformed ``rate``.
+    """
+    what = 'DJANGO_LEASES["QUEUES"]'
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a dict of queue name -> limits, not {value!r}")
+    found = {DEFAULT_QUEUE: QueueLimits(DEFAULT_QUEUE)}
+    for name, limits in value.items():
+        if not isinstance(name, str) or not name.strip() or len(name) > MAX_QUEUE_LENGTH:
+            raise ValueError(
+                f"{what}: a queue name must be a non-empty string of at most "
+                f"{MAX_QUEUE_LENGTH} characters, not {name!r}"
+            )
+        where = f"{what}[{name!r}]"
+        if limits is None:
+            limits = {}
+        if not isinstance(limits, Mapping):
+            raise ValueError(
+                f'{where} must be a dict such as {{"concurrency": 1, "rate": "10/s"}}, '
+                f"not {limits!r}"
+            )
+        unknown = sorted(str(key) for key in limits if key not in _QUEUE_KEYS)
+        if unknown:
+            raise ValueError(
+                f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(_QUEUE_KEYS)}"
+            )
+        concurrency = limits.get("concurrency")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ValueError(
+                f'{where}["concurrency"] must be an integer of at least 1 (or absent: no '
+                f"limit), not {concurrency!r}"
+            )
+        rate = limits.get("rate")
+        starts, window = (0, 0.0) if rate is None else parse_rate(rate, f'{where}["rate"]')
+        found[name] = QueueLimits(name, concurrency, rate, starts, window)
+    return found
+
+
+def queue_limits() -> dict[str, QueueLimits]:
+    """The configured queues (``DJANGO_LEASES["QUEUES"]``, read now) by name, ``"default"``
+    always among them.
+
+    Raises:
+        QueueConfigError: the setting is not usable (an ``ImproperlyConfigured``; check
+            ``django_leases.E016`` reports it at start-up).
+    """
+    try:
+        return parse_queues(leases_settings.QUEUES)
+    except ValueError as exc:
+        raise QueueConfigError(str(exc)) from None
+
+
+def check_queue_names(names: object) -> list[str]:
+    """The queue names a worker is told to take (``--queue``), checked against the
+    configured queues; returns them, deduplicated in order (``[]``: every queue).
+
+    Raises:
+        QueueConfigError: a name is not configured (``"default"`` always is), or the
+            setting itself is not usable.
+    """
+    known = queue_limits()
+    if not isinstance(names, list | tuple):
+        raise QueueConfigError(f"queues must be a list of queue names, not {names!r}")
+    unknown = [str(name) for name in names if name not in known]
+    if unknown:
+        raise QueueConfigError(
+            f"Unknown queue(s) {', '.join(map(repr, unknown))}: configure them in "
+            f'DJANGO_LEASES["QUEUES"] (known: {", ".join(sorted(known))})'
+        )
+    return list(dict.fromkeys(str(name) for name in names))

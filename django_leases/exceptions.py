@@ -11,6 +11,7 @@
     │                                          WorkflowRunStateError (also a ValueError)
     │                                          WorkflowFunctionsMissing
     │                                          UnknownScheduleError (also a LookupError)
+    │                                          QueueConfigError (also ImproperlyConfigured)
     └── TriggerSourceError (.name)             UnknownTriggerSourceError (also a LookupError)
                                                SourceStillDeclared, SourceOrphaned, NoAddress,
                                                ProviderNotInstalled, NoReceiveURL, SourceBusy
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
 
 
 class DjangoLeasesError(Exception):
@@ -209,6 +212,13 @@ class WorkflowFunctionsMissing(WorkflowError):
             + " before starting workers"
         )
         self.alias = alias
+
+
+class QueueConfigError(WorkflowError, ImproperlyConfigured):
+    """``DJANGO_LEASES["QUEUES"]`` is not usable (a concurrency that is not an integer ≥ 1, a
+    malformed rate, an unknown key), or a queue was named that it does not configure.
+    Raised where the setting is used (a worker starting, a claim); system check
+    ``django_leases.E016`` / ``E023`` reports the same at start-up."""
 
 
 # -- trigger sources ----------------------------------------------------------------------------

@@ -178,20 +178,27 @@ if prometheus_client is not None:
                 )
                 for run_status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
                     runs.add_metric([run_status.value], counts.get(run_status.value, 0))
-                waiting = dict(
-                    WorkflowStep.objects.db_manager(alias)
+                waiting = {
+                    (queue, status): n
+                    for queue, status, n in WorkflowStep.objects.db_manager(alias)
                     .filter(
                         run__status=RunStatus.RUNNING,
                         status__in=[StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING],
                     )
-                    .values_list("status")
+                    .values_list("queue", "status")
                     .annotate(n=Count("pk"))
-                    .values_list("status", "n")
-                )
-                for step_status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING):
-                    steps.add_metric(
-                        ["default", step_status.value], waiting.get(step_status.value, 0)
-                    )
+                    .values_list("queue", "status", "n")
+                }
+                queues = sorted({"default"} | {queue for queue, _ in waiting})
+                for queue in queues:
+                    for step_status in (
+                        StepStatus.PENDING,
+                        StepStatus.SCHEDULED,
+                        StepStatus.RUNNING,
+                    ):
+                        steps.add_metric(
+                            [queue, step_status.value], waiting.get((queue, step_status.value), 0)
+                        )
                 workers.add_metric([], WorkflowWorker.objects.db_manager(alias).live().count())
             except DatabaseError:  # a scrape must not fail for an unreachable database
                 return

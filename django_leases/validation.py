@@ -305,9 +305,10 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
     """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
 
     An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
-    attribute, if any); a mapping is kept when it is storable JSON (``message`` added if
-    missing); a string becomes the message. NUL characters and lone surrogates in the
-    message, type and code are replaced by U+FFFD, so the error can always be written.
+    attribute, if any, and its ``details`` attribute when that is a storable JSON
+    mapping); a mapping is kept when it is storable JSON (``message`` added if missing);
+    a string becomes the message. NUL characters and lone surrogates in the message, type
+    and code are replaced by U+FFFD, so the error can always be written.
     """
     if isinstance(error, BaseException):
         try:
@@ -323,6 +324,9 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
             out["code"] = clean_text(code)
         elif isinstance(code, int) and not isinstance(code, bool):
             out["code"] = code
+        details = getattr(error, "details", None)
+        if isinstance(details, Mapping) and _json_problem(dict(details), "$", 1) is None:
+            out["details"] = dict(details)
         return out
     if isinstance(error, Mapping):
         out = {str(k): v for k, v in error.items()}

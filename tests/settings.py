@@ -9,7 +9,20 @@ import os
 import tempfile
 
 from demo_project.settings import *  # noqa: F403
-from demo_project.settings import INSTALLED_APPS, database_from_url, env
+from demo_project.settings import DJANGO_LEASES, INSTALLED_APPS, database_from_url, env
+
+# The queues tests/test_workflow_queues.py declares step functions on (every process of the
+# suite sees them: a forked worker, and the system checks).
+DJANGO_LEASES = {
+    **DJANGO_LEASES,
+    "QUEUES": {
+        "tests-mail": {},
+        "tests-other": {},
+        "tests-limited": {"concurrency": 3},
+        "tests-one": {"concurrency": 1},
+        "tests-rated": {"rate": "20/s"},
+    },
+}
 
 # Workflows every process of the suite registers (workers run as child processes use them).
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.workapp"]

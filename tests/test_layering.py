@@ -37,7 +37,8 @@ ABOVE_THE_MODELS = (
 #: Leaves: modules that import nothing of the package but these.
 LEAVES = {
     "django_leases.exceptions": set(),
-    "django_leases.conf": set(),
+    # The QUEUES setting's reader raises QueueConfigError (exceptions stands above conf).
+    "django_leases.conf": {"django_leases.exceptions"},
     "django_leases.signals": set(),
     "django_leases.clock": set(),
     "django_leases.process": set(),

@@ -264,7 +264,7 @@ def test_start_refuses_input_that_is_not_json() -> None:
 def test_finding_due_work_can_use_the_partial_indexes() -> None:
     """The queries a worker sends to find work (``claim_due``, ``claim_due_pass``,
     ``work_due_within``) can be planned on the partial indexes ``dl_step_running``,
-    ``dl_step_waiting`` and ``dl_run_pass_due`` (sequential scans and sorts off, as a tiny
+    ``dl_step_claim_order`` and ``dl_run_pass_due`` (sequential scans and sorts off, as a tiny
     table would otherwise get them). At a million rows the planner picks these indexes on its
     own: ``bench/explain_workflow_due_work.py``."""
     from django.db import connection, transaction
@@ -297,7 +297,8 @@ def test_finding_due_work_can_use_the_partial_indexes() -> None:
     assert "Seq Scan" not in text, text
     expected = [
         ("dl_step_running",),  # claim_due: a running step whose lease lapsed
-        ("dl_step_waiting",),  # claim_due: a waiting step now available
+        # claim_due: a waiting step now available, in claim order (priority, then due)
+        ("dl_step_claim_order",),
         ("dl_run_pass_due",),  # claim_due_pass, in due order
         ("Index Scan",),  # work_due_within, any run due soon: any index (tiny tables)
         ("Index Scan",),  # work_due_within, any step due soon: any index

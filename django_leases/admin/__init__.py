@@ -4,6 +4,7 @@ deliveries (DESIGN §7)."""
 from django_leases.admin import (  # noqa: F401  (registers)
     deliveries,
     leases,
+    queues,
     schedules,
     triggers,
     workers,

@@ -575,8 +575,8 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         (0, "stopped cleanly (with `--once`: nothing was left due)"),
         (
             COMMAND_ERROR,
-            "refused to start: the database lacks the workflow functions, or `--metrics-port` "
-            "cannot be served",
+            "refused to start: the database lacks the workflow functions, `--metrics-port` "
+            'cannot be served, or DJANGO_LEASES["QUEUES"] is not usable',
         ),
         _USAGE,
         (
@@ -622,6 +622,12 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         ),
         _UNREACHABLE,
         (EXIT_BUSY, "another operation held the source for longer than `--wait`"),
+    ),
+    "workflow_queues": _table(
+        (0, "listed"),
+        (COMMAND_ERROR, 'DJANGO_LEASES["QUEUES"] is not usable (the message says why)'),
+        _USAGE,
+        _UNREACHABLE,
     ),
     "workflow_runs": _table(
         (0, "done; what changed is printed"),

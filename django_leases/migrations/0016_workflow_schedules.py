@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leases', '0014_clock_defaults'),
+        ('django_leases', '0015_workflow_queues'),
     ]
 
     operations = [

@@ -40,6 +40,7 @@ from django.db.models.expressions import Expression, RawSQL
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, QueueLimits, queue_limits
 from django_leases.exceptions import (
     WorkflowEventRefusedError,
     WorkflowFunctionsMissing,
@@ -111,12 +112,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUNCTIONS_MIGRATION",
+    "Admission",
     "AttemptStatus",
+    "QueueOverview",
     "RunStatus",
     "Scheduled",
     "StepStatus",
     "WaitKind",
     "WaitStatus",
+    "WorkflowQueue",
+    "WorkflowQueueQuerySet",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowStep",
@@ -1090,6 +1095,17 @@ def _check_step(
     return check_retries(retries, retry_delay)
 
 
+def _check_queue(queue: object, priority: object) -> tuple[str, int]:
+    """A step's ``queue`` (a name of 1–200 characters) and ``priority`` (an ``int`` that
+    fits 32 bits); ``ValueError`` otherwise."""
+    name = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"A step priority must be an integer, not {priority!r}")
+    if not -(2**31) <= priority < 2**31:
+        raise ValueError(f"A step priority must be between -2**31 and 2**31-1, not {priority}")
+    return name, priority
+
+
 def _check_timeout(timeout: object) -> float | None:
     """A step's ``timeout``: ``None`` or seconds > 0, finite (``ValueError``)."""
     if timeout is None:
@@ -1126,8 +1142,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         retries: int = 5,
         retry_delay: float = 0.0,
         timeout: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
     ) -> WorkflowStep:
         """Create step ``step_name`` of a run, due now, unless it exists; return the row.
+
+        ``queue`` (``str``) is the queue it is claimed from and ``priority`` (``int``) its
+        place among due steps: higher first, first due first within a priority (the engine
+        passes its step function's declaration).
 
         ``timeout`` (seconds > 0, or ``None``): an attempt running longer is failed with a
         ``STEP_TIMED_OUT`` error (and retried if attempts remain) by the next claim that
@@ -1139,8 +1161,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         timeout = _check_timeout(timeout)
+        queue, priority = _check_queue(queue, priority)
         return self._schedule(
-            run_id, step_name, function_name, data, retries, retry_delay, timeout
+            run_id, step_name, function_name, data, retries, retry_delay, timeout, queue, priority
         )[0]
 
     def schedule_many(
@@ -1150,11 +1173,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        placement: Mapping[str, tuple[str, int]] | None = None,
     ) -> dict[str, WorkflowStep]:
         """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
         function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
         insert (existing ones are left untouched); idle workers are woken once. Returns
-        every step of ``calls`` by name, as now stored.
+        every step of ``calls`` by name, as now stored. ``placement`` maps a step name to its
+        ``(queue, priority)`` (absent: ``"default"``, 0).
 
         Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
         given twice.
@@ -1164,6 +1189,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             raise ValueError("run.parallel: a step name is given twice")
         for step_name, function_name, data in calls:
             retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        placed = {
+            name: _check_queue(*(placement or {}).get(name, (DEFAULT_QUEUE, 0))) for name in names
+        }
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         rows = self.rows()
@@ -1177,6 +1205,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                         data={} if data is None else data,
                         retries=retries,
                         retry_delay=retry_delay,
+                        queue=placed[step_name][0],
+                        priority=placed[step_name][1],
                     )
                     for step_name, function_name, data in calls
                 ],
@@ -1206,6 +1236,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         retries: int,
         retry_delay: float,
         timeout: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
     ) -> tuple[WorkflowStep, bool]:
         """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
         alias = self.write_alias()
@@ -1220,6 +1252,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "retry_delay": retry_delay,
                     "timeout": timeout,
                     "available_at": DbNow(),
+                    "queue": queue,
+                    "priority": priority,
                 },
             )
             if created:
@@ -1243,6 +1277,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         timeout: float | None = None,
         lease_ttl_seconds: float,
         finish_pass: int,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        queues: Sequence[str] | None = None,
     ) -> Scheduled:
         """:meth:`schedule`, and claim the step for the caller if this call created it.
 
@@ -1256,21 +1293,58 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         claiming and ending the pass are one statement, inserting only while the run is
         ``running``.
 
+        ``queue`` and ``priority`` as for :meth:`schedule`; ``queues`` (the caller's
+        ``--queue`` names; ``None`` or empty: every queue): a step of another queue is only
+        scheduled, for a worker of its queue. A step of a limited queue is claimed through
+        :meth:`claim_for_execution`, which enforces the limits (it may leave it waiting).
+
         Returns a :class:`Scheduled`; its ``claim`` is ``None`` when the step already
-        existed, the run is not running, or another worker claimed it first. Raises
+        existed, the run is not running, the step is not the caller's to take (another
+        queue, or its queue is at its limit), or another worker claimed it first. Raises
         ``ValueError`` as :meth:`schedule` does.
         """
         retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
         timeout = _check_timeout(timeout)
+        queue, priority = _check_queue(queue, priority)
+        if queues and queue not in queues:
+            step = self._schedule(
+                run_id,
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                timeout,
+                queue,
+                priority,
+            )[0]
+            return Scheduled(step, None)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]
         data = {} if data is None else data
         sent = time.monotonic()
-        # A step with a timeout takes the portable path: the tuned statement sets no deadline.
-        if not db.tuned(connection, "postgresql") or timeout is not None:
+        # A step with a timeout, or of another queue than "default", or of a limited queue,
+        # takes the portable path: the tuned statement sets no deadline, writes the column
+        # defaults (queue "default", priority 0) and enforces no limit.
+        limits = queue_limits().get(queue)
+        if (
+            not db.tuned(connection, "postgresql")
+            or timeout is not None
+            or queue != DEFAULT_QUEUE
+            or priority != 0
+            or (limits is not None and limits.limited)
+        ):
             step, created = self._schedule(
-                run_id, step_name, function_name, data, retries, retry_delay, timeout
+                run_id,
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                timeout,
+                queue,
+                priority,
             )
             if not created:
                 return Scheduled(step, None)
@@ -1365,26 +1439,49 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 )
             return self._claim_locked(alias, step, ttl, sent)
 
-    def claim_due(self, lease_ttl_seconds: float) -> Claim | None:
+    def claim_due(
+        self, lease_ttl_seconds: float, *, queues: Sequence[str] | None = None
+    ) -> Claim | None:
         """Claim one due step of a running run for a worker, or ``None`` if none is due.
 
         Due: ``running`` with a lapsed lease (taken first), or ``pending`` / ``scheduled`` /
-        ``failed``-with-attempts-left whose ``available_at`` has passed. Rows are picked with
-        ``SKIP LOCKED`` where the database has it. The claim follows
-        :meth:`claim_for_execution`'s rules; a lapsed step out of attempts is failed on the
-        way and the next one tried.
+        ``failed``-with-attempts-left whose ``available_at`` has passed — highest
+        ``priority`` first, then first due first. Only steps of ``queues`` (names; ``None``
+        or empty: every queue), and none of a queue at its concurrency limit or out of its
+        rate (``DJANGO_LEASES["QUEUES"]``; decided under the queue's lock, see
+        :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
+        database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
+        step out of attempts is failed on the way and the next one tried.
+
+        Raises:
+            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
         """
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
+        limits = queue_limits()
+        taken = list(queues or ())
+        blocked: set[str] = set()  # limited queues found full: passed over from then on
+        looked: set[str] = set()  # limited queues whose fullness was looked at
         for _ in range(20):
             sent = time.monotonic()
+            refused: set[str] = set()
             with transaction.atomic(using=alias):
-                step = self._next_due(alias)
+                step = self._next_due(alias, taken, blocked)
                 if step is None:
                     return None
-                claim = self._claim_locked(alias, step, ttl, sent)
+                queue = limits.get(step.queue)
+                if queue is not None and queue.limited and step.queue not in looked:
+                    # An unlocked look first: a full queue is passed over without waiting
+                    # for its lock (the claim below still decides under the lock).
+                    looked.add(step.queue)
+                    full = WorkflowQueue.objects.blocked(alias, {step.queue: queue})
+                    if full:
+                        blocked |= full
+                        continue
+                claim = self._claim_locked(alias, step, ttl, sent, refused)
             if claim is not None:
                 return claim
+            blocked |= refused
         return None
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
@@ -1408,8 +1505,17 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             return qs.select_for_update(skip_locked=True, of=of)
         return qs.select_for_update(of=of)
 
-    def _next_due(self, alias: str) -> _LockedStep | None:
+    def _next_due(
+        self,
+        alias: str,
+        queues: Sequence[str] = (),
+        blocked: set[str] | frozenset[str] = frozenset(),
+    ) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        if queues:
+            base = base.filter(queue__in=[name for name in queues if name not in blocked])
+        elif blocked:
+            base = base.exclude(queue__in=sorted(blocked))
         # Running steps whose lease lapsed, or whose attempt ran past its timeout.
         lapsed = (
             base.filter(
@@ -1426,12 +1532,23 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         return (
             base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
             .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-            .order_by("available_at")
+            .order_by("-priority", "available_at", "id")
             .first()
         )
 
-    def _claim_locked(self, alias: str, step: _LockedStep, ttl: float, sent: float) -> Claim | None:
-        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction)."""
+    def _claim_locked(
+        self,
+        alias: str,
+        step: _LockedStep,
+        ttl: float,
+        sent: float,
+        refused: set[str] | None = None,
+    ) -> Claim | None:
+        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction).
+
+        A step of a limited queue starts only if the queue admits it (under the queue's lock,
+        :meth:`WorkflowQueueQuerySet.admit`); else ``None``, and the queue is added to
+        ``refused``."""
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
         if step.status == StepStatus.RUNNING and step.lease_live:
@@ -1445,9 +1562,17 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         )
         lease = clock.db_now_plus(ttl)
         deadline = None if step.timeout is None else clock.db_now_plus(step.timeout)
+        admission: Admission | None = None
+        limits = queue_limits().get(step.queue)
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
             if not step.due:
                 return None
+            if limits is not None and limits.limited:
+                admission = WorkflowQueue.objects.admit(alias, limits)
+                if admission is None:
+                    if refused is not None:
+                        refused.add(step.queue)
+                    return None
             attempt = step.attempt
             granted = rows.filter(_due_q()).update(
                 status=StepStatus.RUNNING,
@@ -1465,6 +1590,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             if step.status == StepStatus.FAILED and not step.due:
                 return None
             guard = _due_q() if step.status == StepStatus.FAILED else lapsed_q
+            if limits is not None and limits.limited:
+                admission = WorkflowQueue.objects.admit(alias, limits)
+                if admission is None:
+                    if refused is not None:
+                        refused.add(step.queue)
+                    return None
             attempt = step.attempt + 1
             # The new attempt and the lease in one guarded UPDATE: from here on, every write
             # carrying an earlier attempt matches no row.
@@ -1479,15 +1610,18 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             )
         if granted != 1:
             return None
+        history: dict[str, Any] = {
+            "status": AttemptStatus.RUNNING,
+            "result": None,
+            "error": None,
+            "finished_at": None,
+        }
+        if admission is not None:
+            # The start the queue's rate log records is the attempt's start.
+            WorkflowQueue.objects.record_start(alias, admission)
+            history["started_at"] = admission.started_at
         WorkflowStepAttempt._default_manager.using(alias).update_or_create(
-            step_id=step.pk,
-            attempt=attempt,
-            defaults={
-                "status": AttemptStatus.RUNNING,
-                "result": None,
-                "error": None,
-                "finished_at": None,
-            },
+            step_id=step.pk, attempt=attempt, defaults=history
         )
         claim = Claim(
             step_id=step.pk,
@@ -2422,6 +2556,15 @@ class WorkflowStep(models.Model):
     )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     available_at = models.DateTimeField(null=True, blank=True)
+    queue = models.CharField(
+        max_length=MAX_QUEUE_LENGTH,
+        default=DEFAULT_QUEUE,
+        db_default=DEFAULT_QUEUE,
+        help_text="The queue it is claimed from (its step function's).",
+    )
+    priority = models.IntegerField(
+        default=0, db_default=0, help_text="Higher is claimed first; FIFO within a priority."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -2444,6 +2587,24 @@ class WorkflowStep(models.Model):
             models.Index(
                 fields=["lease_expires_at"],
                 name="dl_step_running",
+                condition=Q(status="running"),
+            ),
+            # The claim's order (priority, then first due first), for a worker of every
+            # queue and for one of some queues.
+            models.Index(
+                fields=["-priority", "available_at", "id"],
+                name="dl_step_claim_order",
+                condition=Q(status__in=["pending", "scheduled", "failed"]),
+            ),
+            models.Index(
+                fields=["queue", "-priority", "available_at", "id"],
+                name="dl_step_queue_waiting",
+                condition=Q(status__in=["pending", "scheduled", "failed"]),
+            ),
+            # A limited queue's claim counts its running steps with a live lease.
+            models.Index(
+                fields=["queue", "lease_expires_at"],
+                name="dl_step_queue_running",
                 condition=Q(status="running"),
             ),
         )
@@ -2487,6 +2648,240 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A limited queue's go-ahead for one claim (:meth:`WorkflowQueueQuerySet.admit`), taken
+    under the queue row's lock: ``started_at`` is the start it will record (database clock)
+    and ``starts`` the rate log to write once the claim is granted (``None``: no rate)."""
+
+    queue: str
+    started_at: datetime
+    starts: list[float] | None
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """One queue as an operator sees it (:meth:`WorkflowQueueQuerySet.overview`).
+
+    Attributes:
+        name: the queue.
+        configured: whether ``DJANGO_LEASES["QUEUES"]`` names it (``"default"`` always is).
+        waiting: due steps of running runs not yet claimed.
+        running: steps running with a live lease (what the concurrency limit counts).
+        concurrency: the limit (``int``), or ``None``.
+        rate: the rate as configured (``"10/s"``), or ``None``.
+        oldest_waiting: seconds (``float``) the longest-waiting due step has been due, on the
+            database clock; ``None`` when none waits.
+    """
+
+    name: str
+    configured: bool
+    waiting: int
+    running: int
+    concurrency: int | None
+    rate: str | None
+    oldest_waiting: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as a JSON object (``manage.py workflow_queues --format json``)."""
+        return {
+            "name": self.name,
+            "configured": self.configured,
+            "waiting": self.waiting,
+            "running": self.running,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "oldest_waiting_seconds": self.oldest_waiting,
+        }
+
+
+def _epoch(moment: datetime) -> float:
+    """``moment`` (a database-clock datetime, aware or naive UTC) as epoch seconds."""
+    if moment.tzinfo is None:
+        return (moment - datetime(1970, 1, 1)).total_seconds()
+    return moment.timestamp()
+
+
+class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
+    """Domain methods of ``WorkflowQueue.objects``: the queue limits a claim enforces, and
+    the operators' overview.
+
+    **Concurrency** (at most N of a queue's steps running across every worker) and **rate**
+    (at most N starts in any window of a second, a minute or an hour) are decided inside the
+    claim's transaction, under the lock of the queue's row (``SELECT … FOR UPDATE``; SQLite
+    serialises writers): the claim counts the queue's running steps whose lease is live on
+    the database clock, and reads the queue's rate log, only once it holds the lock; the
+    lock is held until the claim commits. The next claimer of the queue waits for it and
+    then, under READ COMMITTED, counts in a new statement that sees the committed claim. A
+    running step whose lease lapsed is not counted (it is claimable again, as a new attempt).
+
+    The rate log (``starts``) keeps the database-clock times of the queue's starts within
+    the last window (at most N of them): a claim is admitted while fewer than N lie within
+    the window before its own time, and its time is appended (older ones dropped) in the
+    same transaction. Claims of a queue are serialised by the lock and take their time in a
+    statement after the lock was granted, so the log is in order and exact: no window of
+    the rate's length ever holds more than N starts, whichever workers made them. The
+    attempt row records the same time as its ``started_at``. Queues without limits take no
+    lock and write nothing here.
+    """
+
+    def _locked(self, alias: str, name: str) -> WorkflowQueue:
+        """The queue's row, locked until the transaction ends (created if missing)."""
+        rows = self.model._default_manager.using(alias)
+        for _ in range(2):
+            found = rows.select_for_update().filter(name=name).first()
+            if found is not None:
+                return found
+            rows.bulk_create([self.model(name=name)], ignore_conflicts=True)
+        raise self.model.DoesNotExist(f"Queue {name!r} has no row")  # pragma: no cover
+
+    def admit(self, alias: str, limits: QueueLimits) -> Admission | None:
+        """Whether one more step of the queue ``limits`` describes may start now; inside the
+        caller's claim transaction on ``alias``, whose lock of the queue row it takes.
+
+        Returns an :class:`Admission` (pass it to :meth:`record_start` once the claim is
+        granted), or ``None``: the queue is at its concurrency limit or its rate for the
+        current window is used up (the claim must not start the step).
+        """
+        row = self._locked(alias, limits.name)
+        if limits.concurrency is not None:
+            running = (
+                WorkflowStep._default_manager.using(alias)
+                .filter(queue=limits.name, status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+                .count()
+            )
+            if running >= limits.concurrency:
+                return None
+        # The start's time is read after the count: a step that finished before this claim
+        # counted (and so is not counted) finished before this start, on the same clock.
+        now: datetime = (
+            self.model._default_manager.using(alias)
+            .filter(pk=row.pk)
+            .annotate(db_now=DbNow())
+            .values_list("db_now", flat=True)[0]
+        )
+        starts = None
+        if limits.rate is not None:
+            moment = _epoch(now)
+            starts = [
+                float(t) for t in (row.starts or []) if float(t) > moment - limits.rate_window
+            ]
+            if len(starts) >= limits.rate_starts:
+                return None
+            starts.append(moment)
+        return Admission(limits.name, now, starts)
+
+    def record_start(self, alias: str, admission: Admission) -> None:
+        """Write the rate log of a granted claim (inside its transaction, the lock held)."""
+        if admission.starts is not None:
+            self.model._default_manager.using(alias).filter(name=admission.queue).update(
+                starts=admission.starts, updated_at=DbNow()
+            )
+
+    def blocked(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
+        """Of the limited queues in ``limits``, those that look full now (unlocked reads: a
+        hint that spares a claim the lock of a queue that would refuse it; the claim still
+        decides under the lock)."""
+        limited = {name: queue for name, queue in limits.items() if queue.limited}
+        if not limited:
+            return set()
+        full = set()
+        counted = {name for name, queue in limited.items() if queue.concurrency is not None}
+        if counted:
+            running = dict(
+                WorkflowStep._default_manager.using(alias)
+                .filter(queue__in=counted, status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+                .values_list("queue")
+                .annotate(n=models.Count("pk"))
+                .values_list("queue", "n")
+            )
+            full |= {
+                name for name in counted if running.get(name, 0) >= (limited[name].concurrency or 0)
+            }
+        rated = [name for name, queue in limited.items() if queue.rate is not None]
+        if rated:
+            for row in (
+                self.model._default_manager.using(alias)
+                .filter(name__in=rated)
+                .annotate(db_now=DbNow())
+            ):
+                queue = limited[row.name]
+                moment = _epoch(row.db_now)  # type: ignore[attr-defined]
+                recent = [t for t in (row.starts or []) if float(t) > moment - queue.rate_window]
+                if len(recent) >= queue.rate_starts:
+                    full.add(row.name)
+        return full
+
+    def overview(self) -> list[QueueOverview]:
+        """Every queue — the configured ones, ``"default"``, and any a step of a running run
+        names — with its waiting and running steps, limits and the age of its oldest
+        waiting step (on the database clock), by name. The admin's queue view and
+        ``manage.py workflow_queues`` show this.
+
+        Raises:
+            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+        """
+        limits = queue_limits()
+        alias = self.write_alias()
+        steps = WorkflowStep._default_manager.using(alias).filter(run__status=RunStatus.RUNNING)
+        waiting = {
+            row["queue"]: row
+            for row in steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .values("queue")
+            .annotate(
+                n=models.Count("pk"),
+                oldest=models.Min("available_at"),
+                db_now=models.Max(DbNow()),
+            )
+        }
+        running = dict(
+            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue", "n")
+        )
+        found = []
+        for name in sorted(set(limits) | set(waiting) | set(running)):
+            queue = limits.get(name, QueueLimits(name))
+            row = waiting.get(name)
+            oldest = None
+            if row is not None and row["oldest"] is not None:
+                oldest = max(0.0, (row["db_now"] - row["oldest"]).total_seconds())
+            found.append(
+                QueueOverview(
+                    name=name,
+                    configured=name in limits,
+                    waiting=0 if row is None else int(row["n"]),
+                    running=int(running.get(name, 0)),
+                    concurrency=queue.concurrency,
+                    rate=queue.rate,
+                    oldest_waiting=oldest,
+                )
+            )
+        return found
+
+
+class WorkflowQueue(models.Model):
+    """A queue's row: what a claim of a limited queue locks, and its rate log (the
+    database-clock times, epoch seconds, of its starts within the last rate window). The
+    limits themselves live in ``DJANGO_LEASES["QUEUES"]``; rows are created on first use."""
+
+    name = models.CharField(max_length=MAX_QUEUE_LENGTH, unique=True)
+    starts = models.JSONField(default=list, blank=True)
+    updated_at = models.DateTimeField(db_default=DbNow())
+
+    objects: ClassVar[WorkflowQueueQuerySet] = WorkflowQueueQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("name",)
+        verbose_name = "workflow queue"
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class WorkflowWait(models.Model):

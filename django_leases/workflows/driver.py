@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import router
 
 from django_leases import tracing
-from django_leases.conf import leases_settings
+from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings
 from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
@@ -53,13 +53,14 @@ from django_leases.leases import HeldLease, new_holder
 from django_leases.validation import (
     check_identifier,
     check_json,
+    check_name,
     check_retries,
     error_json,
     seconds,
     wait_seconds,
 )
 from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
-from django_leases.workflows.registry import get_workflow
+from django_leases.workflows.registry import check_priority, get_workflow, step_options
 from django_leases.workflows.values import (
     STEP_FAILED,
     WORKFLOW_ERROR,
@@ -93,6 +94,16 @@ def run_lease_ttl() -> float:
 # -- one pass -----------------------------------------------------------------------------------
 
 
+def _placed(function_name: str, priority: int | None, queue: str | None = None) -> tuple[str, int]:
+    """A new step's ``(queue, priority)``: its step function's declaration, ``priority`` and
+    ``queue`` (when given) overriding it."""
+    options = step_options(function_name)
+    return (
+        options.queue if queue is None else queue,
+        options.priority if priority is None else priority,
+    )
+
+
 class _PassEnded(BaseException):
     """Ends an orchestration pass at the first step that has not succeeded yet.
 
@@ -104,9 +115,17 @@ class _Pass:
     """One replay of a run: what it read, and the step it scheduled (and claimed)."""
 
     def __init__(
-        self, state: PassState, using: str, claim_ttl: float | None, *, dry: bool = False
+        self,
+        state: PassState,
+        using: str,
+        claim_ttl: float | None,
+        *,
+        dry: bool = False,
+        queues: Sequence[str] = (),
     ) -> None:
         self.run = state.run
+        #: The queues the caller takes steps of (empty: every queue).
+        self.queues = tuple(queues)
         self.steps = state.steps
         self.using = using
         #: Seconds of the step lease a scheduled step is claimed under (``None``: not claimed).
@@ -187,7 +206,11 @@ class _Pass:
         self.wait_until(wait.due_at)
 
     def parallel(
-        self, calls: list[tuple[str, str, Any]], retries: int, retry_delay: float
+        self,
+        calls: list[tuple[str, str, Any]],
+        retries: int,
+        retry_delay: float,
+        priority: int | None = None,
     ) -> list[Any]:
         from django_leases.models.workflow import WorkflowStep
 
@@ -198,8 +221,15 @@ class _Pass:
             if self.dry:
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
+            placement = {name: _placed(function, priority) for name, function, _ in missing}
             self.steps.update(
-                store.schedule_many(self.run.id, missing, retries=retries, retry_delay=retry_delay)
+                store.schedule_many(
+                    self.run.id,
+                    missing,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    placement=placement,
+                )
             )
         results = []
         unfinished = False
@@ -255,6 +285,8 @@ class _Pass:
         retries: int,
         retry_delay: float,
         timeout: float | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
@@ -265,9 +297,15 @@ class _Pass:
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
             args = (self.run.id, step_name, function_name, data)
+            queue, placed_priority = _placed(function_name, priority, queue)
             if self.claim_ttl is None:
                 step = store.schedule(
-                    *args, retries=retries, retry_delay=retry_delay, timeout=timeout
+                    *args,
+                    retries=retries,
+                    retry_delay=retry_delay,
+                    timeout=timeout,
+                    queue=queue,
+                    priority=placed_priority,
                 )
             else:
                 scheduled = store.schedule_claimed(
@@ -277,6 +315,9 @@ class _Pass:
                     timeout=timeout,
                     lease_ttl_seconds=self.claim_ttl,
                     finish_pass=self.run.pass_requests,
+                    queue=queue,
+                    priority=placed_priority,
+                    queues=self.queues,
                 )
                 step, self.claim = scheduled.step, scheduled.claim
                 self.pass_finished = scheduled.pass_finished
@@ -317,6 +358,8 @@ class RunContext:
         retries: int = 5,
         retry_delay: float = 0.0,
         timeout: float | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> Any:
         """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
 
@@ -327,7 +370,10 @@ class RunContext:
         bounds each attempt on the database clock: one running longer is failed with code
         ``STEP_TIMED_OUT`` (and retried if attempts remain) by the next worker that looks
         for due work; whatever it returns later is refused by the attempt fence. The
-        ``timeout`` is recorded with the step on first reach.
+        ``timeout`` is recorded with the step on first reach. ``priority`` (``int``; ``None``:
+        the step function's declared default, else 0) orders due steps: higher is claimed
+        first, first due first within a priority. The step is claimed from ``queue``
+        (``None``: its step function's), under that queue's limits.
 
         Raises:
             WorkflowStepFailedError: the step failed on its last attempt.
@@ -340,7 +386,13 @@ class RunContext:
         check_json(data, f"Data of step {step_name!r}")
         if timeout is not None:
             timeout = seconds(timeout, "Step timeout", above_minimum=True)
-        return self._pass.step(step_name, function_name, data, retries, retry_delay, timeout)
+        if priority is not None:
+            priority = check_priority(priority, "Step priority")
+        if queue is not None:
+            queue = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
+        return self._pass.step(
+            step_name, function_name, data, retries, retry_delay, timeout, priority, queue
+        )
 
     def parallel(
         self,
@@ -348,6 +400,7 @@ class RunContext:
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        priority: int | None = None,
     ) -> list[Any]:
         """Run several steps at once: ``calls`` is a sequence of ``(step_name, function_name,
         data)``; returns their results, in the order of ``calls``.
@@ -356,7 +409,8 @@ class RunContext:
         one write (any number: 1,000 steps are one insert); any workers claim and run them
         concurrently, each under its own lease and attempt fence like any step. The pass
         ends here until all have finished. ``retries`` and ``retry_delay`` (seconds) apply to
-        each step, as for :meth:`step`.
+        each step, as for :meth:`step`, and so do ``priority`` and each step function's
+        queue.
 
         Raises:
             WorkflowStepFailedError: a step failed on its last attempt (the first in the
@@ -377,7 +431,9 @@ class RunContext:
             check_json(data, f"Data of step {step_name!r}")
             checked.append((step_name, function_name, data))
         retries, retry_delay = check_retries(retries, retry_delay)
-        return self._pass.parallel(checked, retries, retry_delay)
+        if priority is not None:
+            priority = check_priority(priority, "Step priority")
+        return self._pass.parallel(checked, retries, retry_delay, priority)
 
     def child(self, name: str, workflow: str, input: Any = None) -> Any:
         """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that
@@ -452,11 +508,16 @@ class Replayed:
 
 
 def replay(
-    run_id: uuid.UUID | str, using: str, state: PassState | None, claim_ttl: float | None
+    run_id: uuid.UUID | str,
+    using: str,
+    state: PassState | None,
+    claim_ttl: float | None,
+    queues: Sequence[str] = (),
 ) -> Replayed:
     """One pass of the run (the caller holds the run lease): replay its workflow from the
     start on ``state`` (the run and its steps as just read; ``None``: read them here). With
-    ``claim_ttl`` (seconds), a step the pass schedules is claimed for the caller."""
+    ``claim_ttl`` (seconds), a step the pass schedules is claimed for the caller — only if
+    it is of one of ``queues`` (empty: every queue) and its queue admits it."""
     from django_leases.models.workflow import WorkflowRun
 
     runs = WorkflowRun.objects.db_manager(using)
@@ -471,7 +532,7 @@ def replay(
         logger.error("Run %s suspended: %s", run_id, exc)
         runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
         return Replayed("suspended")
-    this = _Pass(state, using, claim_ttl)
+    this = _Pass(state, using, claim_ttl, queues=queues)
     try:
         output = func(RunContext(this), run.input)
     except _PassEnded:
@@ -571,6 +632,8 @@ class RunDriver:
             its run lease is held from there). ``None``: the lease is acquired here.
         chain: a completion also picks the next due run with its lease, for the caller to
             drive next (:attr:`next_pass`).
+        queues: the queues whose steps this thread may claim (a worker's ``--queue``
+            names; empty: every queue). A step of another queue is scheduled for its workers.
 
     Should this thread die, nothing is lost: the step's lease lapses and the held pass becomes
     due again, and other workers take them over by the ordinary rules.
@@ -585,10 +648,12 @@ class RunDriver:
         keep_going: Callable[[], bool] = lambda: True,
         picked: PassClaim | None = None,
         chain: bool = False,
+        queues: Sequence[str] = (),
     ) -> None:
         from django_leases.models.workflow import WorkflowRun
 
         self.run_id = run_id
+        self.queues = tuple(queues)
         self.alias = using or router.db_for_write(WorkflowRun)
         self.step_lease_ttl = step_lease_ttl
         self.keep_going = keep_going
@@ -636,7 +701,7 @@ class RunDriver:
             held.check()
             claim_ttl = self.step_lease_ttl if self.keep_going() else None
             with tracing.span("django_leases.pass", **{"workflow.run_id": self.run_id}) as span:
-                replayed = replay(self.run_id, self.alias, self._state, claim_ttl)
+                replayed = replay(self.run_id, self.alias, self._state, claim_ttl, self.queues)
                 span.set("workflow.outcome", replayed.outcome)
                 if replayed.replay is not None:
                     span.set("workflow.name", replayed.replay.run.workflow)

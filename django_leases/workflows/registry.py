@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django_leases.conf import leases_settings
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name
 from django_leases.workflows.schedules import ScheduleDeclaration, declaration, from_settings
 
 __all__ = [
+    "StepOptions",
     "UnknownWorkflowError",
+    "check_priority",
     "declared_schedules",
     "get_step_function",
     "get_workflow",
     "schedule_problems",
     "step_function",
+    "step_functions",
+    "step_options",
     "unregister_schedule",
     "workflow",
 ]
@@ -31,6 +36,18 @@ _workflows: dict[str, Callable[..., Any]] = {}
 _step_functions: dict[str, Callable[..., Any]] = {}
 #: Schedules declared with ``@workflow(..., schedule=...)``, by workflow name.
 _schedules: dict[str, ScheduleDeclaration] = {}
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """What ``@step_function`` declared besides the callable: its ``queue`` (``str``) and
+    default ``priority`` (``int``; higher is claimed first)."""
+
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+
+
+_step_options: dict[str, StepOptions] = {}
 
 
 def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
@@ -145,15 +162,52 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str]]:
     return [found[name] for name in sorted(found)], problems
 
 
-def step_function(name: str) -> Callable[[F], F]:
+def check_priority(priority: object, what: str = "priority") -> int:
+    """A step priority: an ``int`` (not ``bool``) between -2**31 and 2**31-1; returns it.
+    Raises ``ValueError`` otherwise."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"{what} must be an integer, not {priority!r}")
+    if not -(2**31) <= priority < 2**31:
+        raise ValueError(f"{what} must be between -2**31 and 2**31-1, not {priority}")
+    return priority
+
+
+def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Callable[[F], F]:
     """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str`` of 1–200
     characters); the decorator returns the function unchanged.
 
-    Raises ``ValueError`` for a bad name or a name another function has, and ``TypeError``
-    (when decorating) for a non-callable or an ``async def`` function: step functions run
-    synchronously (on worker threads).
+    ``queue`` (``str``, default ``"default"``) is the queue its steps are claimed from: its
+    limits come from ``DJANGO_LEASES["QUEUES"]`` (a queue not configured there is reported
+    by system check ``django_leases.E023``), and ``run_workflow_worker --queue`` picks
+    which workers take it. ``priority`` (``int``, default 0) is its steps' default priority:
+    among due steps, higher is claimed first, first scheduled first within a priority
+    (``run.step(..., priority=)`` overrides it per step).
+
+    Raises ``ValueError`` for a bad name, queue or priority, or a name another function
+    has, and ``TypeError`` (when decorating) for a non-callable or an ``async def``
+    function: step functions run synchronously (on worker threads).
     """
-    return _register(_step_functions, "step function", name)
+    check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
+    options = StepOptions(queue, check_priority(priority))
+    register = _register(_step_functions, "step function", name)
+
+    def decorate(func: F) -> F:
+        registered = register(func)
+        _step_options[name] = options
+        return registered
+
+    return decorate
+
+
+def step_options(name: str) -> StepOptions:
+    """The :class:`StepOptions` step function ``name`` was declared with; the defaults
+    (queue ``"default"``, priority 0) for a name no code registers."""
+    return _step_options.get(name, StepOptions())
+
+
+def step_functions() -> dict[str, StepOptions]:
+    """Every registered step function's name and :class:`StepOptions` (a copy)."""
+    return {name: step_options(name) for name in _step_functions}
 
 
 def get_workflow(name: str) -> Callable[..., Any]:

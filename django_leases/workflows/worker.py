@@ -29,11 +29,12 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 
 from django.db import close_old_connections, connections, router
 
 from django_leases import db
-from django_leases.conf import leases_settings
+from django_leases.conf import check_queue_names, leases_settings
 from django_leases.exceptions import MisuseError
 from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
@@ -113,7 +114,7 @@ class _Heartbeat:
                     host=self.host,
                     pid=self.pid,
                     concurrency=self.worker.concurrency,
-                    queues=[],
+                    queues=list(self.worker.queues),
                     wakeup=self.worker.wakeup,
                 )
                 self._in_flight, self._next_beat = 0, now + self.ttl / 3
@@ -205,8 +206,13 @@ class Worker:
         shutdown_grace: seconds in-flight work may take to finish after a stop request
             (default ``WORKER_SHUTDOWN_GRACE``).
         step_lease_ttl: TTL of a claimed step's lease, seconds (default ``STEP_LEASE_TTL``).
+        queues: names of the queues whose steps it takes (``DJANGO_LEASES["QUEUES"]``, or
+            ``"default"``); ``None`` or empty: every queue. Runs' orchestration passes are
+            not queued: every worker takes them (a step a pass schedules in another queue is
+            left to that queue's workers).
 
-    Raises ``ValueError`` for a bad argument.
+    Raises ``ValueError`` for a bad argument, and
+    :class:`~django_leases.exceptions.QueueConfigError` for a queue not configured.
     """
 
     def __init__(
@@ -217,7 +223,9 @@ class Worker:
         poll_interval: float | None = None,
         shutdown_grace: float | None = None,
         step_lease_ttl: float | None = None,
+        queues: Sequence[str] | None = None,
     ) -> None:
+        self.queues: tuple[str, ...] = tuple(check_queue_names(list(queues or ())))
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, not {concurrency!r}")
         self.concurrency = concurrency
@@ -387,6 +395,7 @@ class Worker:
         return (
             f"Workflow worker started: {self.concurrency} thread(s){' (once)' if once else ''} "
             f"on database {self.alias!r}, {'until drained' if once else self.wakeup}"
+            + (f", queues {', '.join(self.queues)}" if self.queues else "")
         )
 
     def _check_ready(self) -> None:
@@ -450,7 +459,9 @@ class Worker:
 
         if self._stop.is_set():
             return False
-        claim = WorkflowStep.objects.db_manager(alias).claim_due(self.step_lease_ttl)
+        claim = WorkflowStep.objects.db_manager(alias).claim_due(
+            self.step_lease_ttl, queues=self.queues
+        )
         if claim is None:
             return False
         logger.info(
@@ -486,6 +497,7 @@ class Worker:
             keep_going=lambda: not self._stop.is_set(),
             picked=picked,
             chain=chain,
+            queues=self.queues,
         )
 
     def _thread_main(self, once: bool) -> None:

@@ -1,12 +1,14 @@
 """``manage.py run_workflow_worker [--concurrency N] [--once] [--database ALIAS]
-[--poll-interval S] [--shutdown-grace S]``.
+[--poll-interval S] [--shutdown-grace S] [--queue NAME ...]``.
 
 Runs :class:`django_leases.workflows.worker.Worker`: N threads picking due orchestration passes
 and due workflow steps. On PostgreSQL idle threads are woken by LISTEN/NOTIFY as soon as work
 is due; they also look every ``--poll-interval`` seconds (default ``WORKER_POLL_INTERVAL``, or
 1 s on PostgreSQL and 0.25 s elsewhere). SIGTERM / SIGINT stop claiming and give in-flight
 steps ``--shutdown-grace`` seconds (default ``WORKER_SHUTDOWN_GRACE``) to finish (a second
-signal stops waiting).
+signal stops waiting). ``--queue NAME`` (repeatable) takes only the steps of those queues
+(``DJANGO_LEASES["QUEUES"]``, or ``"default"``; an unknown name is a usage error, exit 2);
+without it the worker takes every queue. Every worker takes the runs' orchestration passes.
 
 Exit codes (the worker's :data:`~django_leases.workflows.worker.EXIT_ABANDONED` and
 others): ``EXIT_CODES["run_workflow_worker"]`` in :mod:`django_leases.management.base`.
@@ -18,10 +20,12 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.exceptions import MisuseError, WorkflowFunctionsMissing
+from django_leases.conf import queue_limits
+from django_leases.exceptions import MisuseError, QueueConfigError, WorkflowFunctionsMissing
 from django_leases.management.base import (
     MAX_CONCURRENCY,
     PORTS,
+    USAGE_ERROR,
     LeasesCommand,
     add_database_argument,
     database_alias,
@@ -86,6 +90,15 @@ class Command(LeasesCommand):
             help="The address --metrics-port listens on (default 127.0.0.1).",
         )
         parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            metavar="NAME",
+            dest="queues",
+            help='Take only the steps of queue NAME (repeatable; "default" or a queue of '
+            'DJANGO_LEASES["QUEUES"]). Default: every queue.',
+        )
+        parser.add_argument(
             "--shutdown-grace",
             type=seconds_type(),
             default=None,
@@ -102,12 +115,20 @@ class Command(LeasesCommand):
                 metrics.serve(options["metrics_port"], options["metrics_addr"])
             except (ValueError, OSError) as exc:
                 raise CommandError(f"--metrics-port: {exc}") from None
-        worker = Worker(
-            options["concurrency"],
-            using=database_alias(options, WorkflowStep),
-            poll_interval=options["poll_interval"],
-            shutdown_grace=options["shutdown_grace"],
-        )
+        try:
+            queue_limits()
+        except QueueConfigError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            worker = Worker(
+                options["concurrency"],
+                using=database_alias(options, WorkflowStep),
+                poll_interval=options["poll_interval"],
+                shutdown_grace=options["shutdown_grace"],
+                queues=options["queues"],
+            )
+        except QueueConfigError as exc:
+            raise CommandError(f"--queue: {exc}", returncode=USAGE_ERROR) from None
         if options["verbosity"] >= 1:
             self.stdout.write(worker.describe(options["once"]))
             self.stdout.flush()
