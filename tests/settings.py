@@ -45,3 +45,16 @@ else:
     }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# The Django Tasks backend (tests/test_tasks.py): Django 6's django.tasks, or the backport.
+TASKS = {
+    "default": {
+        "BACKEND": "django_leases.tasks.TaskBackend",
+        "QUEUES": ["default"],
+    },
+    "retrying": {
+        "BACKEND": "django_leases.tasks.TaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"retries": 2, "retry_delay": 30},
+    },
+}
