@@ -116,7 +116,11 @@ class TaskBackend(BaseTaskBackend):
             )
         try:
             retry_delay = seconds(merged["retry_delay"], "retry_delay")
-            timeout = None if merged["timeout"] is None else seconds(merged["timeout"], "timeout")
+            timeout = (
+                None
+                if merged["timeout"] is None
+                else seconds(merged["timeout"], "timeout", above_minimum=True)
+            )
         except ValueError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
         self.retries: int = retries
