@@ -61,15 +61,17 @@ from django_leases.tasks_api import (
 )
 from django_leases.validation import check_json, seconds
 from django_leases.workflows.registry import step_function, workflow
-from django_leases.workflows.values import AttemptStatus, RunStatus, StepStatus
+from django_leases.workflows.values import (
+    TASK_FUNCTION,
+    TASK_STEP,
+    TASK_WORKFLOW,
+    AttemptStatus,
+    RunStatus,
+    StepStatus,
+)
 
 logger = logging.getLogger("django_leases.tasks")
 
-#: The built-in workflow every task runs as, and its step function.
-TASK_WORKFLOW = "django_leases.task"
-TASK_FUNCTION = "django_leases.task"
-#: The name of a task run's one step.
-TASK_STEP = "task"
 
 #: ``OPTIONS`` keys and their defaults: ``retries`` (int ≥ 0: attempts after the first),
 #: ``retry_delay`` (seconds between attempts), ``timeout`` (seconds an attempt may run,

@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import transaction
 from django.test import override_settings
+from django.urls import reverse
 
 from django_leases import tasks_api
 from django_leases.clock import DbNow
@@ -491,5 +492,35 @@ def test_a_superseded_attempts_return_value_never_lands(subprocess_env: dict[str
     assert WorkflowRun.objects.get(pk=result.id).output == {"attempt": 2}
 
 
+@pytest.mark.django_db
 def test_the_commands_check_passes_with_the_backend_configured() -> None:
     call_command("check", "--fail-level", "ERROR", verbosity=0)
+
+
+# -- the admin: tasks appear as runs ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_run_list_filters_tasks_by_kind_queue_and_task_path(admin_client: Any) -> None:
+    tasks_setting = {
+        "default": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": ["default", "mail"]}
+    }
+    with override_settings(TASKS=tasks_setting, DJANGO_LEASES={"QUEUES": {"mail": {}}}):
+        added = t.add.enqueue(1, 1)
+        mailed = t.echo.using(queue_name="mail").enqueue("hi")
+    flow = WorkflowRun.objects.start("tests.sub.two-steps", {})
+    changelist = reverse("admin:django_leases_workflowrun_changelist")
+
+    def listed(**query: str) -> set[str]:
+        page = admin_client.get(changelist, query)
+        assert page.status_code == 200
+        text = page.content.decode()
+        return {str(r) for r in (added.id, mailed.id, flow.id) if str(r) in text}
+
+    assert listed() == {added.id, mailed.id, str(flow.id)}
+    assert listed(kind="task") == {added.id, mailed.id}
+    assert listed(kind="workflow") == {str(flow.id)}
+    assert listed(queue="mail") == {mailed.id}
+    assert listed(task="tests.workapp.tasks.add") == {added.id}
+    page = admin_client.get(changelist).content.decode()
+    assert "tests.workapp.tasks.echo" in page  # offered as a task filter choice
