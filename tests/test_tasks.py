@@ -442,6 +442,36 @@ def test_enqueue_in_a_transaction_is_seen_by_workers_only_once_it_commits(
 # -- the fence, with a real worker --------------------------------------------------------------
 
 
+@pytest.mark.timeout(180)
+def test_a_worker_process_runs_tasks_to_their_results(subprocess_env: dict[str, str]) -> None:
+    results = [t.add.enqueue(n, n) for n in range(5)] + [t.explode.enqueue("worker")]
+    results.append(t.async_double.using(priority=5).enqueue(4))
+    worker = start_process(
+        [sys.executable, "manage.py", "run_workflow_worker", "--concurrency", "2"],
+        env=subprocess_env,
+    )
+
+    def all_finished() -> bool:
+        for result in results:
+            result.refresh()
+        return all(result.is_finished for result in results)
+
+    wait_until(all_finished, timeout=120, what="every task finished on the worker")
+    os.kill(worker.pid, signal.SIGTERM)
+    _, errors = worker.communicate(timeout=60)
+    assert worker.returncode == 0, errors
+    assert [r.return_value for r in results[:5]] == [0, 2, 4, 6, 8]
+    assert results[6].return_value == 8
+    assert results[5].status == TaskResultStatus.FAILED
+    assert results[5].errors[0].exception_class_path == "builtins.ValueError"
+    for result in results:
+        assert result.attempts == 1
+        _, pid, _ = result.worker_ids[0].split(":")
+        assert int(pid) == worker.pid
+    runs = WorkflowRun.objects.filter(pk__in=[r.id for r in results])
+    assert sorted(runs.values_list("status", flat=True)) == ["completed"] * 6 + ["failed"]
+
+
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] == "T"
