@@ -46,7 +46,13 @@ from django_leases.tasks_api import (
     task_started,
 )
 from django_leases.testing import drive
-from tests.helpers import lapse_step_lease, on_another_thread, start_process, wait_until
+from tests.helpers import (
+    lapse_step_lease,
+    on_another_thread,
+    start_process,
+    tuned_sql,
+    wait_until,
+)
 from tests.workapp import tasks as t
 
 #: ``django.tasks`` on Django 6, ``django_tasks`` (the backport) on Django 5.2.
@@ -254,6 +260,19 @@ def test_a_task_out_of_retries_fails_with_every_attempts_error() -> None:
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.attempts == 3 and len(result.errors) == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-sql", "portable-orm"])
+def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None:
+    with tuned_sql(tuned):
+        ok = t.add.enqueue(20, 22)
+        retried = t.flaky.enqueue(2)
+        failed = t.explode.enqueue("both ways")
+        drive()
+    assert t.add.get_result(ok.id).return_value == 42
+    assert t.flaky.get_result(retried.id).return_value["attempt"] == 2
+    assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
 
 
 # -- run_after, priority, queues ----------------------------------------------------------------
@@ -489,18 +508,24 @@ def test_a_superseded_attempts_return_value_never_lands(subprocess_env: dict[str
         env=subprocess_env,
     )
     try:
-        wait_until(
-            lambda: step_of(result).status == "running" and _stopped(worker.pid),
-            timeout=60,
-            what="the worker stopped inside attempt 1",
-        )
+        try:
+            wait_until(
+                lambda: step_of(result).status == "running" and _stopped(worker.pid),
+                timeout=120,
+                what="the worker stopped inside attempt 1",
+            )
+        except AssertionError:
+            worker.kill()
+            out, err = worker.communicate(timeout=30)
+            raise AssertionError(f"{step_of(result)!r} {out} {err}") from None
         lapse_step_lease(run_id=result.id)
         drive(result.id)  # attempt 2, on this process
         done = t.pause_on_first_attempt.get_result(result.id)
         assert done.status == TaskResultStatus.SUCCESSFUL
         assert done.return_value == {"attempt": 2}
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
     os.kill(worker.pid, signal.SIGTERM)  # finish the superseded attempt in flight, then exit
     _, errors = worker.communicate(timeout=60)
     assert worker.returncode == 0, errors
