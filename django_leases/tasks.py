@@ -27,7 +27,6 @@ Django 6, the ``django-tasks`` backport on Django 5.2).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import threading
@@ -69,9 +68,6 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
 )
-
-logger = logging.getLogger("django_leases.tasks")
-
 
 #: ``OPTIONS`` keys and their defaults: ``retries`` (int ≥ 0: attempts after the first),
 #: ``retry_delay`` (seconds between attempts), ``timeout`` (seconds an attempt may run,
@@ -252,12 +248,17 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     and return ``{"return_value": ..., "worker_id": ...}``.
 
     Raises :class:`TaskAttemptError` (carrying the exception's class path, traceback and
-    the worker id) when the task raises or returns a value that is not JSON.
+    the worker id) when the task raises or returns a value that is not JSON, or cannot be
+    imported (its path names no task now, or its backend left ``TASKS``).
     """
-    worker_id = worker_identity()
-    backend = task_backends[data["backend"]]
-    task = _task_of(data)
     from django_leases.models.workflow import WorkflowRun
+
+    worker_id = worker_identity()
+    try:
+        backend = task_backends[data["backend"]]
+        task = _task_of(data)
+    except Exception as exc:  # the task is gone from the code, or its backend from TASKS
+        raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
 
     run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
     live = _result_of(run, task=task, running=(ctx.attempt, worker_id))

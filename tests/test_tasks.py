@@ -18,7 +18,7 @@ import pytest
 import time_machine
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.urls import reverse
 
@@ -210,6 +210,20 @@ def test_a_return_value_that_is_not_json_fails_the_task() -> None:
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class_path == "django_leases.exceptions.TaskArgumentsError"
+
+
+@pytest.mark.django_db
+def test_a_task_gone_from_the_code_fails_with_its_import_error() -> None:
+    result = t.add.enqueue(1, 1)
+    step = step_of(result)
+    WorkflowStep.objects.filter(pk=step.pk).update(
+        data={**step.data, "task": "tests.workapp.tasks.gone"}
+    )
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.ImportError"
+    assert '"gone"' in result.errors[0].traceback
 
 
 @pytest.mark.django_db
@@ -497,6 +511,11 @@ def _stopped(pid: int) -> bool:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the worker stopped")
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="a stopped SQLite worker may hold the database's one write lock (its heartbeat "
+    "thread is stopped too): PostgreSQL or MariaDB, as for the chaos tests",
+)
 @pytest.mark.timeout(180)
 def test_a_superseded_attempts_return_value_never_lands(subprocess_env: dict[str, str]) -> None:
     """Attempt 1 runs on a worker process that stops itself (SIGSTOP) inside the task; its
