@@ -12,6 +12,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -517,34 +518,31 @@ def _stopped(pid: int) -> bool:
     "thread is stopped too): PostgreSQL or MariaDB, as for the chaos tests",
 )
 @pytest.mark.timeout(180)
-def test_a_superseded_attempts_return_value_never_lands(subprocess_env: dict[str, str]) -> None:
-    """Attempt 1 runs on a worker process that stops itself (SIGSTOP) inside the task; its
+def test_a_superseded_attempts_return_value_never_lands(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Attempt 1 runs on a worker process, which is stopped (SIGSTOP) inside the task; its
     step lease is lapsed on the database clock; attempt 2 runs here and lands; the worker is
-    resumed (SIGCONT), its task returns attempt 1's value, and the fence refuses it."""
-    result = t.pause_on_first_attempt.enqueue()
+    resumed (SIGCONT), its attempt returns, and the fence refuses that value."""
+    result = t.hold_first_attempt.enqueue(str(tmp_path))
     worker = start_process(
         [sys.executable, "manage.py", "run_workflow_worker", "--concurrency", "1"],
         env=subprocess_env,
     )
+    started = tmp_path / "started"
+    wait_until(started.exists, timeout=120, what="attempt 1 started on the worker")
+    assert int(started.read_text()) == worker.pid
+    os.kill(worker.pid, signal.SIGSTOP)
     try:
-        try:
-            wait_until(
-                lambda: step_of(result).status == "running" and _stopped(worker.pid),
-                timeout=120,
-                what="the worker stopped inside attempt 1",
-            )
-        except AssertionError:
-            worker.kill()
-            out, err = worker.communicate(timeout=30)
-            raise AssertionError(f"{step_of(result)!r} {out} {err}") from None
+        wait_until(lambda: _stopped(worker.pid), what="the worker stopped")
         lapse_step_lease(run_id=result.id)
         drive(result.id)  # attempt 2, on this process
-        done = t.pause_on_first_attempt.get_result(result.id)
+        done = t.hold_first_attempt.get_result(result.id)
         assert done.status == TaskResultStatus.SUCCESSFUL
         assert done.return_value == {"attempt": 2}
     finally:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGCONT)
+        (tmp_path / "go").touch()  # attempt 1 may return now
+        os.kill(worker.pid, signal.SIGCONT)
     os.kill(worker.pid, signal.SIGTERM)  # finish the superseded attempt in flight, then exit
     _, errors = worker.communicate(timeout=60)
     assert worker.returncode == 0, errors

@@ -4,7 +4,8 @@ import them by path). Django 6's ``django.tasks`` or the backport, whichever is 
 from __future__ import annotations
 
 import os
-import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from django_leases.tasks_api import TaskContext, task
@@ -55,9 +56,11 @@ async def async_double(n: int) -> int:
 
 
 @task(takes_context=True, backend="retrying")
-def pause_on_first_attempt(context: TaskContext) -> dict[str, int]:
-    """Stop this worker process (SIGSTOP) on attempt 1, so another takes attempt 2 after the
-    step lease lapses; returns the attempt that ran it."""
+def hold_first_attempt(context: TaskContext, marks: str) -> dict[str, int]:
+    """On attempt 1: write ``<marks>/started`` and wait until ``<marks>/go`` exists (the test
+    stops this worker meanwhile and has attempt 2 run elsewhere). Returns the attempt."""
     if context.attempt == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        Path(marks, "started").write_text(str(os.getpid()))
+        while not Path(marks, "go").exists():
+            time.sleep(0.02)
     return {"attempt": context.attempt}
