@@ -147,6 +147,29 @@ def test_enqueue_stores_a_ready_result_and_a_worker_makes_it_successful() -> Non
 
 
 @pytest.mark.django_db
+def test_the_tasks_attributes_and_another_backend_alias() -> None:
+    assert t.add.name == "add"
+    assert t.add.module_path == "tests.workapp.tasks.add"
+    assert t.add.get_backend() is task_backends["default"]
+    assert (t.add.priority, t.add.queue_name, t.add.run_after, t.add.takes_context) == (
+        0,
+        "default",
+        None,
+        False,
+    )
+    assert t.add.call(1, 2) == 3  # called here, not enqueued
+    elsewhere = t.add.using(backend="retrying")
+    assert elsewhere.get_backend() is task_backends["retrying"]
+    result = elsewhere.enqueue(5, 5)
+    assert result.backend == "retrying"
+    assert step_of(result).retries == 2  # that backend's OPTIONS
+    stored = task_backends["default"].get_result(result.id)
+    assert stored.backend == "retrying" and stored.task.backend == "retrying"
+    drive()
+    assert elsewhere.get_result(result.id).return_value == 10
+
+
+@pytest.mark.django_db
 def test_the_async_api_enqueues_and_reads_results() -> None:
     result = async_to_sync(t.echo.aenqueue)("a", n=[1, (2, 3)])
     assert result.kwargs == {"n": [1, [2, 3]]}  # Django's normalisation: tuples are lists
