@@ -107,6 +107,20 @@ def test_a_task_queue_that_the_workers_do_not_know_is_a_system_check_error() -> 
         assert backend.check() == []
 
 
+def test_an_attempt_error_records_the_exception_path_traceback_and_worker() -> None:
+    from django_leases.exceptions import TaskAttemptError
+    from django_leases.validation import error_json
+
+    error = TaskAttemptError(ValueError("k\x00"), "Traceback…\x00", "host:1:2")
+    assert error_json(error) == {
+        "type": "ValueError",
+        "message": "k\ufffd",
+        "exception_class_path": "builtins.ValueError",
+        "traceback": "Traceback…\ufffd",
+        "worker_id": "host:1:2",
+    }
+
+
 # -- enqueue and results ------------------------------------------------------------------------
 
 
