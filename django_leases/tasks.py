@@ -348,7 +348,11 @@ def _result_of(
         status = TaskResultStatus.SUCCESSFUL
     elif run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
         status = TaskResultStatus.FAILED
-    elif step is None or step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
+    elif (
+        run.status == RunStatus.SUSPENDED  # waits for an operator's resume: not finished
+        or step is None
+        or step.status in (StepStatus.PENDING, StepStatus.SCHEDULED)
+    ):
         status = TaskResultStatus.READY
     elif step.status == StepStatus.SUCCEEDED:
         status = TaskResultStatus.SUCCESSFUL

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import time_machine
@@ -262,6 +263,20 @@ def test_a_task_gone_from_the_code_fails_with_its_import_error() -> None:
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class_path == "builtins.ImportError"
     assert '"gone"' in result.errors[0].traceback
+
+
+@pytest.mark.django_db
+def test_a_worker_without_the_backend_suspends_the_task_until_resumed() -> None:
+    result = t.add.enqueue(2, 2)
+    with mock.patch("django_leases.workflows.engine.get_step_function", return_value=None):
+        drive()
+    assert WorkflowRun.objects.get(pk=result.id).status == RunStatus.SUSPENDED
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # resumable: not finished
+    WorkflowRun.objects.resume(result.id)
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 4
 
 
 @pytest.mark.django_db
