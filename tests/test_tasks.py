@@ -17,6 +17,13 @@ from typing import Any
 from unittest import mock
 
 import pytest
+
+pytest.importorskip(
+    "django_leases.tasks_api",
+    reason="needs Django 6 or the django-tasks backport (pip install -e '.[dev]')",
+    exc_type=ImportError,
+)
+
 import time_machine
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
