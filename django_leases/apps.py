@@ -16,5 +16,21 @@ class DjangoLeasesConfig(AppConfig):
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         metrics.install()  # a no-op without prometheus-client
+        if _uses_task_backend():
+            # The built-in task workflow and step function, for the workers to run.
+            from django_leases import tasks  # noqa: F401
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")
+
+
+def _uses_task_backend() -> bool:
+    """Whether ``settings.TASKS`` names ``django_leases.tasks.TaskBackend``."""
+    from django.conf import settings
+
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict):
+        return False
+    return any(
+        isinstance(entry, dict) and entry.get("BACKEND") == "django_leases.tasks.TaskBackend"
+        for entry in configured.values()
+    )

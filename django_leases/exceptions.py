@@ -12,6 +12,8 @@
     │                                          WorkflowFunctionsMissing
     │                                          UnknownScheduleError (also a LookupError)
     │                                          QueueConfigError (also ImproperlyConfigured)
+    ├── TaskError                              TaskArgumentsError (also a TypeError)
+    │                                          TaskAttemptError
     └── TriggerSourceError (.name)             UnknownTriggerSourceError (also a LookupError)
                                                SourceStillDeclared, SourceOrphaned, NoAddress,
                                                ProviderNotInstalled, NoReceiveURL, SourceBusy
@@ -221,6 +223,39 @@ class QueueConfigError(WorkflowError, ImproperlyConfigured):
     ``django_leases.E016`` / ``E023`` reports the same at start-up."""
 
 
+# -- Django Tasks -------------------------------------------------------------------------------
+
+
+class TaskError(DjangoLeasesError):
+    """Base class of the errors of the Django Tasks backend (``django_leases.tasks``)."""
+
+
+class TaskArgumentsError(TaskError, TypeError):
+    """A task's arguments (or its return value) are not JSON that reads back as it was
+    written (a ``TypeError``, as Django's own check of task arguments raises). Enqueueing
+    stores nothing then."""
+
+
+class TaskAttemptError(TaskError):
+    """Raised by the worker for an attempt whose task function raised ``exception``: it
+    carries, for the attempt's error record, the exception's class path
+    (``exception_class_path``, e.g. ``"builtins.ValueError"``), its traceback (``str``) and
+    the worker's id — what ``TaskResult.errors`` and ``worker_ids`` are read from."""
+
+    def __init__(self, exception: BaseException, traceback: str, worker_id: str) -> None:
+        kind = type(exception)
+        self.exception_class_path = f"{kind.__module__}.{kind.__qualname__}"
+        self.traceback = traceback
+        self.worker_id = worker_id
+        super().__init__(str(exception))
+        self.error_fields = {
+            "type": kind.__name__,
+            "exception_class_path": self.exception_class_path,
+            "traceback": traceback,
+            "worker_id": worker_id,
+        }
+
+
 # -- trigger sources ----------------------------------------------------------------------------
 
 
@@ -394,6 +429,9 @@ __all__ = [
     "SourceNotReceiving",
     "SourceOrphaned",
     "SourceStillDeclared",
+    "TaskArgumentsError",
+    "TaskAttemptError",
+    "TaskError",
     "TriggerSourceError",
     "UnknownScheduleError",
     "UnknownTriggerSourceError",

@@ -305,10 +305,10 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
     """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
 
     An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
-    attribute, if any, and its ``details`` attribute when that is a storable JSON
-    mapping); a mapping is kept when it is storable JSON (``message`` added if missing);
-    a string becomes the message. NUL characters and lone surrogates in the message, type
-    and code are replaced by U+FFFD, so the error can always be written.
+    attribute, if any, and the JSON values of its ``error_fields`` mapping, if it has one);
+    a mapping is kept when it is storable JSON (``message`` added if missing); a string
+    becomes the message. NUL characters and lone surrogates in the message, type and code
+    are replaced by U+FFFD, so the error can always be written.
     """
     if isinstance(error, BaseException):
         try:
@@ -324,9 +324,12 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
             out["code"] = clean_text(code)
         elif isinstance(code, int) and not isinstance(code, bool):
             out["code"] = code
-        details = getattr(error, "details", None)
-        if isinstance(details, Mapping) and _json_problem(dict(details), "$", 1) is None:
-            out["details"] = dict(details)
+        fields = getattr(error, "error_fields", None)
+        if isinstance(fields, Mapping):  # what the exception asks to be recorded besides
+            for key, field in fields.items():
+                field = clean_text(field) if isinstance(field, str) else field
+                if _json_problem(field, "$", 1) is None:
+                    out[clean_text(str(key))] = field
         return out
     if isinstance(error, Mapping):
         out = {str(k): v for k, v in error.items()}

@@ -7,6 +7,7 @@ PostgreSQL (``postgres://postgres@127.0.0.1:5432/django_leases``) and MariaDB
 
 import os
 import tempfile
+from importlib.util import find_spec
 
 from demo_project.settings import *  # noqa: F403
 from demo_project.settings import DJANGO_LEASES, INSTALLED_APPS, database_from_url, env
@@ -58,3 +59,18 @@ else:
     }
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# The Django Tasks backend (tests/test_tasks.py): Django 6's django.tasks, or the backport
+# (the dev extra installs it); without either, the suite runs and test_tasks.py is skipped.
+if find_spec("django.tasks") or find_spec("django_tasks"):
+    TASKS = {
+        "default": {
+            "BACKEND": "django_leases.tasks.TaskBackend",
+            "QUEUES": ["default"],
+        },
+        "retrying": {
+            "BACKEND": "django_leases.tasks.TaskBackend",
+            "QUEUES": ["default"],
+            "OPTIONS": {"retries": 2, "retry_delay": 30},
+        },
+    }

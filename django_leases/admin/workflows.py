@@ -1,8 +1,9 @@
 """Admin for workflow runs (registered on import; DESIGN §7).
 
-The run list filters by status and workflow and searches by run id; a run's page shows its
-steps inline and the full attempt history (one row per claim, oldest first, superseded
-attempts still ``running``). Nothing can be added, edited or deleted here.
+The run list filters by status, kind (Django task or workflow), queue, task path and
+workflow, and searches by run id; a run's page shows its steps inline and the full attempt
+history (one row per claim, oldest first, superseded attempts still ``running``). Nothing
+can be added, edited or deleted here.
 
 Operators — users with the ``django_leases.operate_workflowrun`` permission — get three
 operations, each calling the store's method (``WorkflowRun.objects.resume`` / ``cancel`` /
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
@@ -41,7 +42,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
     WorkflowWait,
 )
-from django_leases.workflows.values import RunChange
+from django_leases.workflows.values import TASK_WORKFLOW, RunChange
 
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
@@ -140,13 +141,80 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
         return _json(step.error)
 
 
+class RunKindFilter(admin.SimpleListFilter):
+    """Runs of Django tasks (``django_leases.tasks``) or of ``@workflow`` functions."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        """The two kinds: ``task`` and ``workflow``."""
+        return [("task", "Task"), ("workflow", "Workflow")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Only runs of the chosen kind (all for no or an unknown choice)."""
+        if self.value() == "task":
+            return queryset.filter(workflow=TASK_WORKFLOW)
+        if self.value() == "workflow":
+            return queryset.exclude(workflow=TASK_WORKFLOW)
+        return queryset
+
+
+class RunQueueFilter(admin.SimpleListFilter):
+    """Runs with a step on the chosen queue (a task's queue is its one step's)."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        """The queues steps were put on (at most 100, by name)."""
+        queues = WorkflowStep.objects.order_by("queue").values_list("queue", flat=True)
+        return [(name, name) for name in queues.distinct()[:100]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Only runs with a step on the chosen queue (all for no choice)."""
+        if self.value() is None:
+            return queryset
+        on_queue = WorkflowStep.objects.filter(run=OuterRef("pk"), queue=self.value())
+        return queryset.filter(Exists(on_queue))
+
+
+class TaskPathFilter(admin.SimpleListFilter):
+    """Task runs of the chosen ``@task`` (its module path)."""
+
+    title = "task"
+    parameter_name = "task"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        """The task paths enqueued (at most 100, by path)."""
+        paths = (
+            WorkflowRun.objects.filter(workflow=TASK_WORKFLOW)
+            .values_list("input__task", flat=True)
+            .distinct()
+        )
+        found = sorted({path for path in paths[:1000] if isinstance(path, str)})[:100]
+        return [(path, path) for path in found]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Only task runs of the chosen path (all for no choice)."""
+        if self.value() is None:
+            return queryset
+        return queryset.filter(workflow=TASK_WORKFLOW, input__task=self.value())
+
+
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
     """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
     with ``operate_workflowrun`` (and the view permission)."""
 
     list_display = ("id", "workflow", "status", "created_at", "finished_at", "pass_due_at")
-    list_filter = ("status", "workflow")
+    list_filter = ("status", RunKindFilter, RunQueueFilter, TaskPathFilter, "workflow")
     search_fields = ("=id",)
     ordering = ("-created_at",)
     date_hierarchy = None

@@ -611,6 +611,67 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         found = self.rows().filter(workflow=workflow, key=key).values_list("pk", flat=True)
         return found.first()
 
+    def start_one_step(
+        self,
+        workflow: str,
+        input: Any,
+        *,
+        step_name: str,
+        function_name: str,
+        retries: int = 0,
+        retry_delay: float = 0.0,
+        timeout: float | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        available_at: datetime | None = None,
+    ) -> WorkflowRun:
+        """Create a ``running`` run of ``workflow`` (JSON ``input``) together with its one step
+        ``step_name`` (step function ``function_name``, data = ``input``), in one transaction
+        (joining the caller's: the step is claimable once that commits). No first pass: the
+        step is due at ``available_at`` (an aware ``datetime``, compared with the database
+        clock by the claim; ``None``: DB now) on ``queue`` at ``priority``, with ``retries``
+        and ``retry_delay`` (seconds) and ``timeout`` (seconds or ``None``) as
+        :meth:`WorkflowStepQuerySet.schedule`. The run's pass comes when the step finishes
+        and replays ``workflow``, which must call ``run.step(step_name, function_name, ...)``.
+        Idle workers are woken when it commits. Used by the Django Tasks backend.
+
+        Raises ``ValueError`` for a bad name, queue, priority, retries, delay or timeout, or
+        non-JSON input; nothing is written then.
+        """
+        check_identifier(workflow, "Workflow name")
+        retries, retry_delay = _check_step(step_name, function_name, input, retries, retry_delay)
+        timeout = _check_timeout(timeout)
+        queue, priority = _check_queue(queue, priority)
+        if available_at is not None and (
+            not isinstance(available_at, datetime) or available_at.tzinfo is None
+        ):
+            raise ValueError(f"available_at must be an aware datetime, not {available_at!r}")
+        value = {} if input is None else input
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            run = self.rows().create(workflow=workflow, input=value)
+            WorkflowStep.objects.db_manager(alias).rows().create(
+                run=run,
+                step_name=step_name,
+                function_name=function_name,
+                data=value,
+                retries=retries,
+                retry_delay=retry_delay,
+                timeout=timeout,
+                queue=queue,
+                priority=priority,
+                available_at=DbNow() if available_at is None else available_at,
+            )
+            _wake(alias)
+        run_id = run.id
+        transaction.on_commit(
+            lambda: signals.run_started.send_robust(
+                sender=WorkflowRun, run_id=run_id, workflow=workflow, using=alias
+            ),
+            using=alias,
+        )
+        return run
+
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.
 

@@ -229,6 +229,13 @@ class RunChange:
         return text
 
 
+#: The built-in workflow each Django task (``django_leases.tasks``) runs as, its step function
+#: and its one step's name: how the admin tells task runs from workflow runs.
+TASK_WORKFLOW = "django_leases.task"
+TASK_FUNCTION = "django_leases.task"
+TASK_STEP = "task"
+
+
 __all__ = [
     "FINISHED_RUN_STATUSES",
     "RUN_CANCELLED",
@@ -238,6 +245,9 @@ __all__ = [
     "STEP_LEASE_LAPSED",
     "STEP_RESULT_NOT_JSON",
     "STEP_TIMED_OUT",
+    "TASK_FUNCTION",
+    "TASK_STEP",
+    "TASK_WORKFLOW",
     "WAITING_STEP_STATUSES",
     "WORKER_LEASE_PREFIX",
     "WORKFLOW_ERROR",

@@ -1,0 +1,449 @@
+"""``TaskBackend``: Django's Tasks framework over the fenced workflow engine (DESIGN §5b).
+
+::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_leases.tasks.TaskBackend",
+            "QUEUES": ["default", "mail"],
+            "OPTIONS": {"retries": 3, "retry_delay": 5},
+        }
+    }
+
+Each enqueued ``@task`` is a run of the built-in workflow ``django_leases.task`` with one
+step, ``task``, of the built-in step function ``django_leases.task``; ``run_workflow_worker``
+claims it like any step: on the task's ``queue_name`` (the step's queue, under the limits of
+``DJANGO_LEASES["QUEUES"]``), at the task's ``priority`` (the step's priority, unchanged:
+Django's -100..100, higher first), due at ``run_after`` (the step's ``available_at``,
+compared with the database clock). The result id is the run's id. Every attempt is fenced:
+``TaskContext.attempt`` is the step's attempt number, and the return value of an attempt
+that was superseded (its worker paused past its lease while another took the step over)
+never lands.
+
+The names of Django's API come from :mod:`django_leases.tasks_api` (``django.tasks`` on
+Django 6, the ``django-tasks`` backport on Django 5.2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from django.core import checks
+from django.db import router, transaction
+from django.utils.module_loading import import_string
+
+from django_leases import signals
+from django_leases.conf import queue_limits
+from django_leases.exceptions import QueueConfigError, TaskArgumentsError, TaskAttemptError
+from django_leases.tasks_api import (
+    BaseTaskBackend,
+    InvalidTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from django_leases.validation import check_json, seconds
+from django_leases.workflows.registry import step_function, workflow
+from django_leases.workflows.values import (
+    TASK_FUNCTION,
+    TASK_STEP,
+    TASK_WORKFLOW,
+    AttemptStatus,
+    RunStatus,
+    StepStatus,
+)
+
+#: ``OPTIONS`` keys and their defaults: ``retries`` (int ≥ 0: attempts after the first),
+#: ``retry_delay`` (seconds between attempts), ``timeout`` (seconds an attempt may run,
+#: ``None``: no limit).
+DEFAULT_OPTIONS: dict[str, Any] = {"retries": 0, "retry_delay": 0.0, "timeout": None}
+
+#: The exception class path of an error the engine itself recorded (a lost worker, a timeout,
+#: a cancelled run) rather than one the task function raised.
+ENGINE_ERROR_PATH = "django_leases.exceptions.WorkflowStepFailedError"
+
+
+class TaskBackend(BaseTaskBackend):
+    """A Django Tasks backend whose tasks run on ``run_workflow_worker`` as fenced one-step
+    runs.
+
+    ``params`` is the ``TASKS`` entry: ``QUEUES`` (the queue names tasks may use; Django
+    refuses others with ``InvalidTask``) and ``OPTIONS`` — ``retries`` (``int`` ≥ 0,
+    default 0: a task that raises is ``FAILED`` at once, as with Django's own backends),
+    ``retry_delay`` (seconds between attempts, default 0) and ``timeout`` (seconds an attempt
+    may run before it is failed and, attempts remaining, retried; default ``None``).
+
+    Raises ``InvalidTaskBackend`` (an ``ImproperlyConfigured``) for unknown or bad options.
+    """
+
+    supports_defer = True
+    supports_async_task = True  # the worker runs a coroutine function with async_to_sync
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = dict(self.options or {})
+        unknown = sorted(str(key) for key in options if key not in DEFAULT_OPTIONS)
+        if unknown:
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(DEFAULT_OPTIONS)}"
+            )
+        merged = {**DEFAULT_OPTIONS, **options}
+        retries = merged["retries"]
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS']['retries'] must be an integer ≥ 0, not {retries!r}"
+            )
+        try:
+            retry_delay = seconds(merged["retry_delay"], "retry_delay")
+            timeout = (
+                None
+                if merged["timeout"] is None
+                else seconds(merged["timeout"], "timeout", above_minimum=True)
+            )
+        except ValueError as exc:
+            raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
+        self.retries: int = retries
+        self.retry_delay: float = retry_delay
+        self.timeout: float | None = timeout
+
+    # -- enqueueing ---------------------------------------------------------------------------
+
+    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        """Store ``task`` with ``args`` (a sequence) and ``kwargs`` (a mapping) as a run due
+        at its ``run_after`` (``None``: now) and return its ``READY`` result, whose ``id``
+        is the run's id. Inside ``transaction.atomic()`` the task is written in that
+        transaction: workers see it (and ``task_enqueued`` is sent) once it commits; a
+        rollback leaves nothing.
+
+        Raises:
+            InvalidTask: the task is not valid for this backend (Django's checks: queue,
+                priority, ``run_after``, a module-level function...).
+            TaskArgumentsError: the arguments are not JSON that reads back as written
+                (nothing is stored).
+        """
+        self.validate_task(task)
+        args_json, kwargs_json = _json_arguments(task, args, kwargs)
+        from django_leases.models.workflow import WorkflowRun
+
+        data = {
+            "task": task.module_path,
+            "backend": self.alias,
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "run_after": None if task.run_after is None else task.run_after.isoformat(),
+            "args": args_json,
+            "kwargs": kwargs_json,
+        }
+        alias = router.db_for_write(WorkflowRun)
+        run = WorkflowRun.objects.db_manager(alias).start_one_step(
+            TASK_WORKFLOW,
+            data,
+            step_name=TASK_STEP,
+            function_name=TASK_FUNCTION,
+            retries=self.retries,
+            retry_delay=self.retry_delay,
+            timeout=self.timeout,
+            queue=task.queue_name,
+            priority=task.priority,
+            available_at=task.run_after,
+        )
+        result: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=str(run.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=run.created_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args_json,
+            kwargs=kwargs_json,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        sender = type(self)
+        transaction.on_commit(
+            lambda: task_enqueued.send(sender=sender, task_result=result), using=alias
+        )
+        return result
+
+    # -- results ------------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        """The task's result as stored now, by id (``str``): status, return value, errors
+        (one per failed attempt: exception class path and traceback), ``worker_ids`` (one
+        per attempt, ``""`` for one that never reported back — still running, or its worker
+        lost) and the database-clock timestamps.
+
+        Raises:
+            TaskResultDoesNotExist: no task of that id (or not a valid id).
+        """
+        from django_leases.models.workflow import WorkflowRun
+
+        try:
+            pk = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(f"No task result with id {result_id!r}") from None
+        alias = router.db_for_write(WorkflowRun)
+        run = WorkflowRun.objects.db_manager(alias).filter(pk=pk, workflow=TASK_WORKFLOW).first()
+        if run is None:
+            raise TaskResultDoesNotExist(f"No task result with id {result_id!r}")
+        return _result_of(run)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """System check ``django_leases.E030``: each of the backend's ``QUEUES`` must be a
+        queue of ``DJANGO_LEASES["QUEUES"]`` (``"default"`` always is), so every task lands
+        on a queue workers know. Returns the messages (``[]``: fine)."""
+        try:
+            known = queue_limits()
+        except QueueConfigError:
+            return []  # E016 reports the setting itself
+        return [
+            checks.Error(
+                f"TASKS[{self.alias!r}] names queue {name!r}, which DJANGO_LEASES['QUEUES'] "
+                "does not configure",
+                hint=f'Add "{name}": {{}} (or its limits) to DJANGO_LEASES["QUEUES"].',
+                id="django_leases.E030",
+            )
+            for name in sorted(self.queues)
+            if name not in known
+        ]
+
+
+# -- what runs on the worker ---------------------------------------------------------------------
+
+
+@workflow(TASK_WORKFLOW)
+def task_workflow(run: Any, input: Any) -> Any:
+    """The built-in workflow of a task: its one step's return value (the step is created
+    with the run by :meth:`TaskBackend.enqueue`)."""
+    outcome = run.step(TASK_STEP, TASK_FUNCTION, input, retries=0)
+    return outcome.get("return_value") if isinstance(outcome, Mapping) else outcome
+
+
+@step_function(TASK_FUNCTION)
+def run_task(data: Any, ctx: Any) -> dict[str, Any]:
+    """The built-in step function of a task: import the ``@task`` by its module path, send
+    ``task_started``, call it (a coroutine function through ``async_to_sync``; with a
+    ``TaskContext`` first when it ``takes_context``, whose ``attempt`` is ``ctx.attempt``)
+    and return ``{"return_value": ..., "worker_id": ...}``.
+
+    Raises :class:`TaskAttemptError` (carrying the exception's class path, traceback and
+    the worker id) when the task raises or returns a value that is not JSON, or cannot be
+    imported (its path names no task now, or its backend left ``TASKS``).
+    """
+    from django_leases.models.workflow import WorkflowRun
+
+    worker_id = worker_identity()
+    try:
+        backend = task_backends[data["backend"]]
+        task = _task_of(data)
+    except Exception as exc:  # the task is gone from the code, or its backend from TASKS
+        raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
+
+    run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
+    live = _result_of(run, task=task, running=(ctx.attempt, worker_id))
+    task_started.send(sender=type(backend), task_result=live)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=live), *data["args"], **data["kwargs"])
+        else:
+            value = task.call(*data["args"], **data["kwargs"])
+        value = _json_value(value, f"The return value of task {task.module_path}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # this attempt's failure: recorded with what Django shows
+        raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
+    return {"return_value": value, "worker_id": worker_id}
+
+
+def worker_identity() -> str:
+    """This worker thread's id in ``TaskResult.worker_ids``: ``"<host>:<pid>:<thread>"``
+    (a ``str`` of at most 64 characters)."""
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{threading.get_native_id()}"[:64]
+
+
+def _task_finished(sender: Any, run_id: uuid.UUID, using: str, **kwargs: Any) -> None:
+    """Send Django's ``task_finished`` once a task's run ends (after its commit)."""
+    from django_leases.models.workflow import WorkflowRun
+
+    run = WorkflowRun.objects.db_manager(using).filter(pk=run_id, workflow=TASK_WORKFLOW).first()
+    if run is None:
+        return
+    backend = task_backends[run.input["backend"]]
+    task_finished.send(sender=type(backend), task_result=_result_of(run))
+
+
+for _signal in (signals.run_completed, signals.run_failed, signals.run_cancelled):
+    _signal.connect(_task_finished, dispatch_uid=f"django_leases.tasks.{id(_signal)}")
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+def _task_of(data: Mapping[str, Any]) -> Task[Any, Any]:
+    """The ``@task`` a run stores, with the queue, priority and ``run_after`` it was enqueued
+    with. Raises ``ImportError`` / ``TypeError`` if the path names no task any more."""
+    found = import_string(data["task"])
+    if not isinstance(found, Task):
+        raise TypeError(f"{data['task']} is not a task (a @task function)")
+    run_after = data.get("run_after")
+    return found.using(
+        priority=data["priority"],
+        queue_name=data["queue_name"],
+        run_after=None if run_after is None else datetime.fromisoformat(run_after),
+        backend=data["backend"],
+    )
+
+
+def _result_of(
+    run: Any, *, task: Task[Any, Any] | None = None, running: tuple[int, str] | None = None
+) -> TaskResult[Any, Any]:
+    """The ``TaskResult`` of task run ``run`` as stored; ``running=(attempt, worker_id)``:
+    as the worker running that attempt sees it (``RUNNING``, ``attempt`` worker ids)."""
+    from django_leases.models.workflow import WorkflowStepAttempt
+
+    data = run.input
+    step = run.steps.filter(step_name=TASK_STEP).first()
+    rows = (
+        []
+        if step is None
+        else list(WorkflowStepAttempt.objects.db_manager(run._state.db).filter(step=step))
+    )
+    by_attempt = {row.attempt: row for row in rows}
+    count = max(by_attempt, default=0)
+    if running is not None:
+        count = running[0]
+    worker_ids = [_worker_of(by_attempt.get(n)) for n in range(1, count + 1)]
+    if running is not None:
+        worker_ids[-1] = running[1]
+    errors = [
+        _task_error(row.error)
+        for n, row in sorted(by_attempt.items())
+        if row.status == AttemptStatus.FAILED and isinstance(row.error, Mapping) and n <= count
+    ]
+    exhausted = step is not None and step.attempt >= step.max_attempts
+    if running is not None:
+        status = TaskResultStatus.RUNNING
+    elif run.status == RunStatus.COMPLETED:
+        status = TaskResultStatus.SUCCESSFUL
+    elif run.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+        status = TaskResultStatus.FAILED
+    elif (
+        run.status == RunStatus.SUSPENDED  # waits for an operator's resume: not finished
+        or step is None
+        or step.status in (StepStatus.PENDING, StepStatus.SCHEDULED)
+    ):
+        status = TaskResultStatus.READY
+    elif step.status == StepStatus.SUCCEEDED:
+        status = TaskResultStatus.SUCCESSFUL
+    elif step.status == StepStatus.RUNNING:
+        status = TaskResultStatus.RUNNING
+    else:
+        status = TaskResultStatus.FAILED if exhausted else TaskResultStatus.READY
+    if status == TaskResultStatus.FAILED and not errors:
+        recorded = (step.error if step is not None else None) or run.error or {}
+        errors.append(_task_error(recorded if isinstance(recorded, Mapping) else {}))
+    ordered = [by_attempt[n] for n in sorted(by_attempt)]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    finished_at = None
+    if finished:
+        finished_at = (ordered[-1].finished_at if ordered else None) or run.finished_at
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task if task is not None else _task_of(data),
+        id=str(run.id),
+        status=status,
+        enqueued_at=run.created_at,
+        started_at=ordered[0].started_at if ordered else None,
+        finished_at=finished_at,
+        last_attempted_at=ordered[-1].started_at if ordered else None,
+        args=data["args"],
+        kwargs=data["kwargs"],
+        backend=data["backend"],
+        errors=errors,
+        worker_ids=worker_ids,
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        outcome = step.result if step is not None else None
+        value = outcome.get("return_value") if isinstance(outcome, Mapping) else run.output
+        object.__setattr__(result, "_return_value", value)
+    return result
+
+
+def _worker_of(row: Any) -> str:
+    """The worker id an attempt row reported with its outcome, or ``""``."""
+    if row is None:
+        return ""
+    for recorded in (row.result, row.error):
+        if isinstance(recorded, Mapping) and isinstance(recorded.get("worker_id"), str):
+            return str(recorded["worker_id"])
+    return ""
+
+
+def _task_error(error: Mapping[str, Any]) -> TaskError:
+    """A ``TaskError`` from an attempt's (or the run's) error record."""
+    path = error.get("exception_class_path")
+    trace = error.get("traceback")
+    if isinstance(path, str) and isinstance(trace, str):
+        return TaskError(exception_class_path=path, traceback=trace)
+    code = error.get("code")
+    described = f"{error.get('type') or 'Error'}: {error.get('message', '')}"
+    if code:
+        described += f" (code {code})"
+    return TaskError(exception_class_path=ENGINE_ERROR_PATH, traceback=described)
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+
+
+def _json_value(value: Any, what: str) -> Any:
+    """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
+    to read back from JSON exactly as written; raises :class:`TaskArgumentsError`."""
+    try:
+        normal = normalize_json(value)
+        check_json(normal, what)
+        same = json.loads(json.dumps(normal, allow_nan=False)) == normal
+    except (TypeError, ValueError) as exc:
+        raise TaskArgumentsError(f"{what} must be JSON (read back as written): {exc}") from None
+    if not same:
+        raise TaskArgumentsError(f"{what} does not read back from JSON as written")
+    return normal
+
+
+def _json_arguments(
+    task: Task[Any, Any], args: Iterable[Any], kwargs: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The task's arguments as JSON; raises :class:`TaskArgumentsError` (nothing stored)."""
+    what = f"The arguments of task {task.module_path}"
+    return _json_value(list(args), what), _json_value(dict(kwargs), what)
+
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "TASK_FUNCTION",
+    "TASK_STEP",
+    "TASK_WORKFLOW",
+    "TaskBackend",
+    "run_task",
+    "task_workflow",
+    "worker_identity",
+]

@@ -1,0 +1,657 @@
+"""The Django Tasks backend (``django_leases.tasks.TaskBackend``) against Django's documented
+contract of ``Task`` and ``TaskResult`` (Django 6's ``django.tasks``, or the ``django-tasks``
+backport on Django 5.2), on every database: enqueueing, results, errors, retries, the
+context's attempt, ``run_after`` on the database clock, priority, queues, signals, and the
+attempt fence with a real worker process paused past its step lease."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+pytest.importorskip(
+    "django_leases.tasks_api",
+    reason="needs Django 6 or the django-tasks backport (pip install -e '.[dev]')",
+    exc_type=ImportError,
+)
+
+import time_machine
+from asgiref.sync import async_to_sync
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import override_settings
+from django.urls import reverse
+
+from django_leases import tasks_api
+from django_leases.clock import DbNow
+from django_leases.exceptions import TaskArgumentsError
+from django_leases.models import (
+    AttemptStatus,
+    RunStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
+from django_leases.tasks import TASK_WORKFLOW, TaskBackend, worker_identity
+from django_leases.tasks_api import (
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from django_leases.testing import drive
+from tests.helpers import (
+    lapse_step_lease,
+    on_another_thread,
+    start_process,
+    tuned_sql,
+    wait_until,
+)
+from tests.workapp import tasks as t
+
+#: ``django.tasks`` on Django 6, ``django_tasks`` (the backport) on Django 5.2.
+API = tasks_api.SOURCE
+
+
+def db_clock() -> datetime:
+    """The database clock's now (an aware ``datetime``), read through a scratch row."""
+    run = WorkflowRun.objects.create(workflow="tests.clock")
+    try:
+        now = WorkflowRun.objects.filter(pk=run.pk).annotate(now=DbNow())
+        return now.values_list("now", flat=True).get()
+    finally:
+        run.delete()
+
+
+def step_of(result: Any) -> WorkflowStep:
+    return WorkflowStep.objects.get(run_id=result.id)
+
+
+# -- the backend --------------------------------------------------------------------------------
+
+
+def test_the_backend_is_djangos_kind_and_claims_only_what_works() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, TaskBackend)
+    assert isinstance(backend, tasks_api.BaseTaskBackend)
+    assert API in {"django.tasks", "django_tasks"}
+    assert backend.supports_defer is True
+    assert backend.supports_async_task is True
+    assert backend.supports_get_result is True
+    assert backend.supports_priority is True
+    assert backend.queues == {"default"}
+    assert (backend.retries, backend.retry_delay, backend.timeout) == (0, 0.0, None)
+    assert (task_backends["retrying"].retries, task_backends["retrying"].retry_delay) == (2, 30.0)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"retries": -1}, {"retries": True}, {"retry_delay": "soon"}, {"timeout": 0}, {"nope": 1}],
+)
+def test_bad_options_are_refused_as_an_invalid_backend(options: dict[str, Any]) -> None:
+    with pytest.raises(InvalidTaskBackend):
+        TaskBackend("bad", {"OPTIONS": options})
+
+
+def test_a_task_queue_that_the_workers_do_not_know_is_a_system_check_error() -> None:
+    backend = TaskBackend("x", {"QUEUES": ["default", "mail"]})
+    assert [m.id for m in backend.check()] == ["django_leases.E030"]
+    with override_settings(DJANGO_LEASES={"QUEUES": {"mail": {"concurrency": 1}}}):
+        assert backend.check() == []
+
+
+def test_an_attempt_error_records_the_exception_path_traceback_and_worker() -> None:
+    from django_leases.exceptions import TaskAttemptError
+    from django_leases.validation import error_json
+
+    error = TaskAttemptError(ValueError("k\x00"), "Traceback…\x00", "host:1:2")
+    assert error_json(error) == {
+        "type": "ValueError",
+        "message": "k\ufffd",
+        "exception_class_path": "builtins.ValueError",
+        "traceback": "Traceback…\ufffd",
+        "worker_id": "host:1:2",
+    }
+
+
+# -- enqueue and results ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue_stores_a_ready_result_and_a_worker_makes_it_successful() -> None:
+    result = t.add.enqueue(2, b=3)
+    assert result.status == TaskResultStatus.READY
+    assert result.task is t.add
+    assert result.args == [2] and result.kwargs == {"b": 3}
+    assert result.backend == "default"
+    assert result.enqueued_at is not None
+    assert (result.started_at, result.finished_at, result.last_attempted_at) == (None,) * 3
+    assert result.errors == [] and result.worker_ids == [] and result.attempts == 0
+    assert not result.is_finished
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018  (not finished yet)
+    run = WorkflowRun.objects.get(pk=result.id)
+    assert run.workflow == TASK_WORKFLOW and run.status == RunStatus.RUNNING
+    step = step_of(result)
+    assert (step.queue, step.priority, step.retries) == ("default", 0, 0)
+
+    stored = t.add.get_result(result.id)
+    assert stored.id == result.id and stored.status == TaskResultStatus.READY
+    assert stored.enqueued_at == result.enqueued_at
+
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.is_finished
+    assert result.return_value == 5
+    assert result.attempts == 1
+    assert result.worker_ids == [worker_identity()]  # drive() ran it on this thread
+    assert result.errors == []
+    assert result.started_at is not None and result.finished_at is not None
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    assert WorkflowRun.objects.get(pk=result.id).output == 5
+
+
+@pytest.mark.django_db
+def test_the_tasks_attributes_and_another_backend_alias() -> None:
+    assert t.add.name == "add"
+    assert t.add.module_path == "tests.workapp.tasks.add"
+    assert t.add.get_backend() is task_backends["default"]
+    assert (t.add.priority, t.add.queue_name, t.add.run_after, t.add.takes_context) == (
+        0,
+        "default",
+        None,
+        False,
+    )
+    assert t.add.call(1, 2) == 3  # called here, not enqueued
+    elsewhere = t.add.using(backend="retrying")
+    assert elsewhere.get_backend() is task_backends["retrying"]
+    result = elsewhere.enqueue(5, 5)
+    assert result.backend == "retrying"
+    assert step_of(result).retries == 2  # that backend's OPTIONS
+    stored = task_backends["default"].get_result(result.id)
+    assert stored.backend == "retrying" and stored.task.backend == "retrying"
+    drive()
+    assert elsewhere.get_result(result.id).return_value == 10
+
+
+@pytest.mark.django_db
+def test_the_async_api_enqueues_and_reads_results() -> None:
+    result = async_to_sync(t.echo.aenqueue)("a", n=[1, (2, 3)])
+    assert result.kwargs == {"n": [1, [2, 3]]}  # Django's normalisation: tuples are lists
+    drive()
+    fetched = async_to_sync(t.echo.aget_result)(result.id)
+    assert fetched.return_value == {"args": ["a"], "kwargs": {"n": [1, [2, 3]]}}
+    async_to_sync(result.arefresh)()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert async_to_sync(task_backends["default"].aget_result)(result.id).id == result.id
+
+
+@pytest.mark.django_db
+def test_a_coroutine_task_runs_on_the_worker() -> None:
+    result = t.async_double.enqueue(21)
+    drive()
+    assert t.async_double.get_result(result.id).return_value == 42
+
+
+@pytest.mark.django_db
+def test_an_unknown_or_malformed_result_id_does_not_exist() -> None:
+    backend = task_backends["default"]
+    for missing in (str(uuid.uuid4()), "not-a-uuid", ""):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(missing)
+        with pytest.raises(TaskResultDoesNotExist):
+            t.add.get_result(missing)
+    # A run of another workflow is no task result either.
+    other = WorkflowRun.objects.create(workflow="tests.sub.two-steps")
+    with pytest.raises(TaskResultDoesNotExist):
+        backend.get_result(str(other.id))
+
+
+@pytest.mark.django_db
+def test_get_result_through_another_task_is_a_mismatch() -> None:
+    result = t.add.enqueue(1, 1)
+    with pytest.raises(TaskResultMismatch):
+        t.echo.get_result(result.id)
+
+
+@pytest.mark.django_db
+def test_a_task_that_raises_fails_with_its_exception_path_and_traceback() -> None:
+    result = t.explode.enqueue("boom")
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.is_finished and result.finished_at is not None
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert "ValueError: boom" in error.traceback
+    assert "in explode" in error.traceback
+    assert result.attempts == 1 and result.worker_ids == [worker_identity()]
+    assert WorkflowRun.objects.get(pk=result.id).status == RunStatus.FAILED
+
+
+@pytest.mark.django_db
+def test_a_return_value_that_is_not_json_fails_the_task() -> None:
+    result = t.unjsonable.enqueue()
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "django_leases.exceptions.TaskArgumentsError"
+
+
+@pytest.mark.django_db
+def test_a_task_gone_from_the_code_fails_with_its_import_error() -> None:
+    result = t.add.enqueue(1, 1)
+    step = step_of(result)
+    WorkflowStep.objects.filter(pk=step.pk).update(
+        data={**step.data, "task": "tests.workapp.tasks.gone"}
+    )
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.ImportError"
+    assert '"gone"' in result.errors[0].traceback
+
+
+@pytest.mark.django_db
+def test_a_worker_without_the_backend_suspends_the_task_until_resumed() -> None:
+    result = t.add.enqueue(2, 2)
+    with mock.patch("django_leases.workflows.engine.get_step_function", return_value=None):
+        drive()
+    assert WorkflowRun.objects.get(pk=result.id).status == RunStatus.SUSPENDED
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # resumable: not finished
+    WorkflowRun.objects.resume(result.id)
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 4
+
+
+@pytest.mark.django_db
+def test_a_cancelled_task_run_is_failed() -> None:
+    result = t.add.enqueue(1, 2)
+    WorkflowRun.objects.cancel(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 1
+
+
+# -- retries and the context --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_retries_wait_their_delay_and_the_context_attempt_is_the_fencing_attempt() -> None:
+    result = t.flaky.enqueue(3)
+    drive(skip_sleeps=False)  # attempt 1 fails; attempt 2 waits out the 30 s retry delay
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert result.attempts == 1 and len(result.errors) == 1
+    step = step_of(result)
+    assert step.attempt == 1 and step.available_at is not None
+    assert step.available_at >= db_clock() + timedelta(seconds=25)
+
+    drive()  # the retry delays are jumped forward on the database clock
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    seen = result.return_value
+    assert seen["attempt"] == 3 == step_of(result).attempt
+    assert seen["id"] == result.id
+    assert seen["status"] == TaskResultStatus.RUNNING
+    assert seen["worker_ids"] == [worker_identity()] * 3  # the live result: one per attempt
+    assert result.attempts == 3
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
+    assert "attempt 1 fails" in result.errors[0].traceback
+    assert "attempt 2 fails" in result.errors[1].traceback
+    attempts = WorkflowStepAttempt.objects.filter(step__run_id=result.id).order_by("attempt")
+    assert [a.status for a in attempts] == [AttemptStatus.FAILED] * 2 + [AttemptStatus.SUCCEEDED]
+    assert result.last_attempted_at == attempts[2].started_at
+    assert result.started_at == attempts[0].started_at
+
+
+@pytest.mark.django_db
+def test_a_task_out_of_retries_fails_with_every_attempts_error() -> None:
+    result = t.flaky.enqueue(10)
+    drive()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 3 and len(result.errors) == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-sql", "portable-orm"])
+def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None:
+    with tuned_sql(tuned):
+        ok = t.add.enqueue(20, 22)
+        retried = t.flaky.enqueue(2)
+        failed = t.explode.enqueue("both ways")
+        drive()
+    assert t.add.get_result(ok.id).return_value == 42
+    assert t.flaky.get_result(retried.id).return_value["attempt"] == 2
+    assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
+
+
+# -- run_after, priority, queues ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_run_after_is_the_steps_due_time_judged_on_the_database_clock() -> None:
+    later = db_clock() + timedelta(hours=1)
+    result = t.add.using(run_after=later).enqueue(1, 2)
+    assert result.task.run_after == later
+    assert step_of(result).available_at == later
+    drive(skip_sleeps=False)
+    # The process clock two hours ahead changes nothing: the database's decides.
+    with time_machine.travel(datetime.now().astimezone() + timedelta(hours=2), tick=True):
+        drive(skip_sleeps=False)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY and result.attempts == 0
+    stored = t.add.get_result(result.id)
+    assert stored.task.run_after == later
+
+    due = t.add.using(run_after=db_clock() - timedelta(seconds=1)).enqueue(3, 4)
+    drive(skip_sleeps=False)
+    assert t.add.get_result(due.id).return_value == 7
+    assert t.add.get_result(result.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db
+def test_priority_orders_the_claim_higher_first() -> None:
+    low = t.add.using(priority=-100).enqueue(1, 1)
+    middle = t.add.enqueue(2, 2)
+    high = t.add.using(priority=100).enqueue(3, 3)
+    assert [step_of(r).priority for r in (low, middle, high)] == [-100, 0, 100]
+    order = []
+    for _ in range(3):
+        claim = WorkflowStep.objects.claim_due(60.0)
+        assert claim is not None
+        order.append(str(claim.run_id))
+    assert order == [high.id, middle.id, low.id]
+    assert t.add.get_result(high.id).task.priority == 100
+
+
+@pytest.mark.django_db
+def test_the_queue_name_is_the_steps_queue_and_an_unknown_queue_is_refused() -> None:
+    tasks_setting = {"default": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": []}}
+    tasks_setting["default"]["QUEUES"] = ["default", "mail"]
+    with override_settings(TASKS=tasks_setting, DJANGO_LEASES={"QUEUES": {"mail": {}}}):
+        result = t.add.using(queue_name="mail").enqueue(1, 1)
+        assert step_of(result).queue == "mail"
+        assert t.add.get_result(result.id).task.queue_name == "mail"
+    before = WorkflowRun.objects.count()
+    with pytest.raises(InvalidTask):
+        t.add.using(queue_name="mail").enqueue(1, 1)
+    assert WorkflowRun.objects.count() == before
+
+
+# -- refusals: nothing stored -------------------------------------------------------------------
+
+
+def nested_task_factory() -> Any:
+    def inner() -> None:
+        return None
+
+    return inner
+
+
+def needs_context_but_has_none(x: int) -> int:
+    return x
+
+
+@pytest.mark.django_db
+def test_invalid_tasks_are_refused() -> None:
+    with pytest.raises(InvalidTask):
+        t.add.using(priority=101)
+    with pytest.raises(InvalidTask):
+        t.add.using(priority=-101)
+    with pytest.raises(InvalidTask):
+        task(nested_task_factory())
+    with pytest.raises(InvalidTask):
+        task(takes_context=True)(needs_context_but_has_none)
+    with pytest.raises(InvalidTask):
+        t.add.using(run_after=datetime(2030, 1, 1))  # naive, with USE_TZ
+    with pytest.raises(InvalidTask):
+        t.add.using(queue_name="nowhere")
+    assert WorkflowRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((object(),), {}),
+        ((), {"when": datetime(2030, 1, 1)}),
+        (({1: "a"},), {}),  # an int key reads back as "1"
+        ((float("nan"),), {}),
+        (({1, 2},), {}),
+    ],
+)
+def test_arguments_that_are_not_json_are_refused_with_nothing_stored(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(TaskArgumentsError) as raised:
+        t.echo.enqueue(*args, **kwargs)
+    assert isinstance(raised.value, TypeError)
+    assert "tests.workapp.tasks.echo" in str(raised.value)
+    assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
+
+
+# -- transactions and signals -------------------------------------------------------------------
+
+
+@pytest.fixture
+def task_signals() -> Iterator[list[tuple[str, str, str]]]:
+    seen: list[tuple[str, str, str]] = []
+
+    def receiver(name: str) -> Any:
+        def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            assert sender is TaskBackend
+            seen.append((name, task_result.id, str(task_result.status)))
+
+        return receive
+
+    receivers = {
+        signal: receiver(name)
+        for signal, name in (
+            (task_enqueued, "enqueued"),
+            (task_started, "started"),
+            (task_finished, "finished"),
+        )
+    }
+    for signal_, receive in receivers.items():
+        signal_.connect(receive)
+    yield seen
+    for signal_, receive in receivers.items():
+        signal_.disconnect(receive)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_signal_fires_once_with_the_result(task_signals: list[tuple[str, str, str]]) -> None:
+    ok = t.add.enqueue(1, 2)
+    bad = t.explode.enqueue("no")
+    drive()
+    assert sorted(task_signals) == sorted(
+        [
+            ("enqueued", ok.id, "READY"),
+            ("started", ok.id, "RUNNING"),
+            ("finished", ok.id, "SUCCESSFUL"),
+            ("enqueued", bad.id, "READY"),
+            ("started", bad.id, "RUNNING"),
+            ("finished", bad.id, "FAILED"),
+        ]
+    )
+    assert [s[0] for s in task_signals if s[1] == ok.id] == ["enqueued", "started", "finished"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retried_task_starts_once_per_attempt_and_finishes_once(
+    task_signals: list[tuple[str, str, str]],
+) -> None:
+    result = t.flaky.enqueue(2)
+    drive()
+    assert [s[0] for s in task_signals] == ["enqueued", "started", "started", "finished"]
+    assert task_signals[-1] == ("finished", result.id, "SUCCESSFUL")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_transaction_is_seen_by_workers_only_once_it_commits(
+    task_signals: list[tuple[str, str, str]],
+) -> None:
+    def runs_seen_elsewhere() -> int:
+        return int(on_another_thread(lambda: WorkflowRun.objects.count()))
+
+    with transaction.atomic():
+        kept = t.add.enqueue(1, 1)
+        assert runs_seen_elsewhere() == 0
+        assert task_signals == []  # task_enqueued waits for the commit
+    assert runs_seen_elsewhere() == 1
+    assert task_signals == [("enqueued", kept.id, "READY")]
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        t.add.enqueue(2, 2)
+        raise RuntimeError("roll back")
+    assert WorkflowRun.objects.count() == 1
+    assert len(task_signals) == 1
+
+
+# -- the fence, with a real worker --------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_process_runs_tasks_to_their_results(subprocess_env: dict[str, str]) -> None:
+    results = [t.add.enqueue(n, n) for n in range(5)] + [t.explode.enqueue("worker")]
+    results.append(t.async_double.using(priority=5).enqueue(4))
+    worker = start_process(
+        [sys.executable, "manage.py", "run_workflow_worker", "--concurrency", "2"],
+        env=subprocess_env,
+    )
+
+    def all_finished() -> bool:
+        for result in results:
+            result.refresh()
+        return all(result.is_finished for result in results)
+
+    wait_until(all_finished, timeout=120, what="every task finished on the worker")
+    os.kill(worker.pid, signal.SIGTERM)
+    _, errors = worker.communicate(timeout=60)
+    assert worker.returncode == 0, errors
+    assert [r.return_value for r in results[:5]] == [0, 2, 4, 6, 8]
+    assert results[6].return_value == 8
+    assert results[5].status == TaskResultStatus.FAILED
+    assert results[5].errors[0].exception_class_path == "builtins.ValueError"
+    for result in results:
+        assert result.attempts == 1
+        _, pid, _ = result.worker_ids[0].split(":")
+        assert int(pid) == worker.pid
+    runs = WorkflowRun.objects.filter(pk__in=[r.id for r in results])
+    assert sorted(runs.values_list("status", flat=True)) == ["completed"] * 6 + ["failed"]
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the worker stopped")
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="a stopped SQLite worker may hold the database's one write lock (its heartbeat "
+    "thread is stopped too): PostgreSQL or MariaDB, as for the chaos tests",
+)
+@pytest.mark.timeout(180)
+def test_a_superseded_attempts_return_value_never_lands(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Attempt 1 runs on a worker process, which is stopped (SIGSTOP) inside the task; its
+    step lease is lapsed on the database clock; attempt 2 runs here and lands; the worker is
+    resumed (SIGCONT), its attempt returns, and the fence refuses that value."""
+    result = t.hold_first_attempt.enqueue(str(tmp_path))
+    worker = start_process(
+        [sys.executable, "manage.py", "run_workflow_worker", "--concurrency", "1"],
+        env=subprocess_env,
+    )
+    started = tmp_path / "started"
+    wait_until(started.exists, timeout=120, what="attempt 1 started on the worker")
+    assert int(started.read_text()) == worker.pid
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: _stopped(worker.pid), what="the worker stopped")
+        lapse_step_lease(run_id=result.id)
+        drive(result.id)  # attempt 2, on this process
+        done = t.hold_first_attempt.get_result(result.id)
+        assert done.status == TaskResultStatus.SUCCESSFUL
+        assert done.return_value == {"attempt": 2}
+    finally:
+        (tmp_path / "go").touch()  # attempt 1 may return now
+        os.kill(worker.pid, signal.SIGCONT)
+    os.kill(worker.pid, signal.SIGTERM)  # finish the superseded attempt in flight, then exit
+    _, errors = worker.communicate(timeout=60)
+    assert worker.returncode == 0, errors
+    assert "attempt 1 was superseded" in errors
+
+    result.refresh()
+    assert result.return_value == {"attempt": 2}
+    assert result.attempts == 2
+    assert result.worker_ids[1] == worker_identity()
+    assert result.worker_ids[0] == ""  # attempt 1 never reported back: it was superseded
+    step = step_of(result)
+    assert step.attempt == 2 and step.result["return_value"] == {"attempt": 2}
+    history = WorkflowStepAttempt.objects.filter(step=step).order_by("attempt")
+    assert [(a.attempt, a.status) for a in history] == [
+        (1, AttemptStatus.RUNNING),  # a superseded attempt keeps running
+        (2, AttemptStatus.SUCCEEDED),
+    ]
+    assert history[0].result is None
+    assert WorkflowRun.objects.get(pk=result.id).output == {"attempt": 2}
+
+
+@pytest.mark.django_db
+def test_the_commands_check_passes_with_the_backend_configured() -> None:
+    call_command("check", "--fail-level", "ERROR", verbosity=0)
+
+
+# -- the admin: tasks appear as runs ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_run_list_filters_tasks_by_kind_queue_and_task_path(admin_client: Any) -> None:
+    tasks_setting = {
+        "default": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": ["default", "mail"]}
+    }
+    with override_settings(TASKS=tasks_setting, DJANGO_LEASES={"QUEUES": {"mail": {}}}):
+        added = t.add.enqueue(1, 1)
+        mailed = t.echo.using(queue_name="mail").enqueue("hi")
+    flow = WorkflowRun.objects.start("tests.sub.two-steps", {})
+    changelist = reverse("admin:django_leases_workflowrun_changelist")
+
+    def listed(**query: str) -> set[str]:
+        page = admin_client.get(changelist, query)
+        assert page.status_code == 200
+        text = page.content.decode()
+        return {str(r) for r in (added.id, mailed.id, flow.id) if str(r) in text}
+
+    assert listed() == {added.id, mailed.id, str(flow.id)}
+    assert listed(kind="task") == {added.id, mailed.id}
+    assert listed(kind="workflow") == {str(flow.id)}
+    assert listed(queue="mail") == {mailed.id}
+    assert listed(task="tests.workapp.tasks.add") == {added.id}
+    page = admin_client.get(changelist).content.decode()
+    assert "tests.workapp.tasks.echo" in page  # offered as a task filter choice
