@@ -65,6 +65,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import Settings as DjangoSettings
 from django.conf import settings as django_settings
 
 DEFAULTS: dict[str, Any] = {
@@ -92,13 +93,27 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_ABSENT = object()
+
+
 class _Settings:
     """Attribute access to the ``DJANGO_LEASES`` dict, falling back to :data:`DEFAULTS`."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown django-leases setting {name!r}")
-        overrides = getattr(django_settings, "DJANGO_LEASES", None) or {}
+        # Read on every access (override_settings and the settings fixture change it), so
+        # the cheap way first: Django's LazySettings keeps what was read in its __dict__, and
+        # an absent DJANGO_LEASES is looked up on the settings object directly, not through
+        # LazySettings.__getattr__ (an exception raised and caught on every access).
+        overrides = django_settings.__dict__.get("DJANGO_LEASES", _ABSENT)
+        if overrides is _ABSENT:
+            wrapped = django_settings.__dict__.get("_wrapped")
+            if type(wrapped) is DjangoSettings:
+                overrides = getattr(wrapped, "DJANGO_LEASES", None)
+            else:
+                overrides = getattr(django_settings, "DJANGO_LEASES", None)
+        overrides = overrides or {}
         if not isinstance(overrides, Mapping):
             return DEFAULTS[name]  # not a dict: ignored, as check E015 reports
         return overrides.get(name, DEFAULTS[name])
