@@ -239,7 +239,7 @@ def _hot_cursor(connection: BaseDatabaseWrapper) -> Any:
     database connection and time zone, so a reconnect or a changed ``TIME_ZONE`` makes a new
     one), set up as Django sets up its own cursors."""
     raw = connection.connection
-    zone = connection.timezone  # type: ignore[attr-defined]  # the PostgreSQL backend's
+    zone = connection.timezone
     kept = getattr(connection, "_dl_hot_cursor", None)
     if kept is not None and kept[0] is raw and kept[1] is zone:
         return kept[2]

@@ -338,7 +338,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         pk, token, expires_at, acquired_at = row
         renewed_at = expires_at - timedelta(microseconds=ttl_us)
         values = (pk, key, holder, token, expires_at, acquired_at, renewed_at, None)
-        return self.model.from_db(connection.alias, None, values)
+        return self.model.from_db(connection.alias, _RETURNED, values)
 
     def _acquire_sql(
         self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
@@ -460,7 +460,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 renewed_at,
                 None,
             )
-            return self.model.from_db(connection.alias, None, values)
+            return self.model.from_db(connection.alias, _RETURNED, values)
         if db.tuned(connection, "mysql"):
             return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
