@@ -273,8 +273,8 @@ def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any
     connection.validate_thread_sharing()
     if connection.needs_rollback:
         connection.validate_no_broken_transaction()
-    cursor = _hot_cursor(connection)
-    with connection.wrap_database_errors:
+    with connection.wrap_database_errors:  # a dead connection fails here already
+        cursor = _hot_cursor(connection)
         cursor.execute(sql, params)
         return cursor.fetchone()
 

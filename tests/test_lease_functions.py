@@ -168,3 +168,20 @@ def test_the_switch_still_takes_the_portable_path() -> None:
         lapse_lease(key)
         assert Lease.objects.refresh(lease, 30) is None
     assert not any("dl_lease_" in query["sql"] for query in captured.captured_queries)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_connection_fails_with_django_s_exception_even_before_the_statement() -> None:
+    """A connection psycopg already knows is broken fails when the cursor is made: that too
+    must be Django's exception (callers such as the hold's release retry on it)."""
+    key = unique_key("fn-dead")
+    connection.close()
+    lease = Lease.objects.acquire(key, "a", 30)  # a fresh connection, and its kept cursor
+    assert lease is not None
+    connection.connection.pgconn.finish()  # as libpq leaves a connection it saw die
+    connection._dl_hot_cursor = None  # type: ignore[attr-defined]  # a cursor must be made
+    with pytest.raises(OperationalError):
+        Lease.objects.release(lease)
+    close_old_connections()
+    assert Lease.objects.release(lease) is True
