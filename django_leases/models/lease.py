@@ -150,17 +150,31 @@ _MICROSECONDS = 1_000_000
 def _pg_acquire_body(table: str) -> str:
     # acquire_statement's rules, returning only what a Lease needs beyond what the caller
     # sent: id, token, expiry and the time of the grant (renewed_at is expiry - TTL).
+    # The steady state first: the key's row exists, so a guarded UPDATE with the upsert's own
+    # SET and WHERE grants it (no identity value drawn, no speculative insert); only when it
+    # matched nothing (a new key, or held live by another holder) does the upsert run, which
+    # inserts, or refuses, or wins a race with a concurrent first acquire exactly as before.
+    now = "statement_timestamp()"
+    expiry = f"{now} + p_ttl_us * interval '1 microsecond'"
     sql = acquire_statement(
         _PgRules(),  # type: ignore[arg-type]  # only .vendor is read
         table,
-        "VALUES (p_key, p_holder, 1, statement_timestamp() + p_ttl_us * interval "
-        "'1 microsecond', statement_timestamp(), statement_timestamp(), NULL)",
+        f"VALUES (p_key, p_holder, 1, {expiry}, {now}, {now}, NULL)",
     )
     head, _, _ = sql.rpartition(" RETURNING ")
-    return (
-        f"{head} RETURNING l.id, l.token, l.expires_at, l.acquired_at "
+    returning = (
+        "RETURNING l.id, l.token, l.expires_at, l.acquired_at "
         "INTO r_id, r_token, r_expires_at, r_acquired_at;"
     )
+    kept = f"(l.holder = p_holder AND l.expires_at > {now})"
+    update = (
+        f"UPDATE {table} AS l SET "
+        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE {now} END, "
+        f"holder = p_holder, expires_at = {expiry}, renewed_at = {now}, released_at = NULL "
+        f"WHERE l.key = p_key AND (l.expires_at <= {now} OR l.holder = p_holder) "
+    )
+    return f"{update}{returning}\n    IF NOT FOUND THEN\n        {head} {returning}\n    END IF;"
 
 
 class _PgRules:
