@@ -79,7 +79,7 @@ FLOOR_TABLE = "bench_floor_lease"
 
 CYCLE_KEY = "bench:acquire-release"
 RENEW_KEY = "bench:renew"
-TARGET = 0.7  # ours / floor, for acquire+release and renewals (issue 2)
+TARGET = 0.85  # ours / floor, for acquire+release and renewals (issue 14)
 CONTENDED_KEY = "bench:contended"
 
 
