@@ -28,6 +28,12 @@ has the server prepare them instead (psycopg's ``prepare=True``), where that is 
   prepared statement, which is what a transaction-mode pooler does: prepared statements are
   then switched off for that database alias for the life of the process (logged once), and
   the statement is sent again unprepared. Nothing ran the first time, so nothing runs twice.
+
+**Hot statements.** :func:`hot_fetchone` runs the lease operations' one statement each (calls
+of the PL/pgSQL functions of migration ``0017_lease_functions``, whose plans PostgreSQL caches
+per session without any prepared statement, so nothing depends on a pooler) on one psycopg
+cursor kept per connection, with the checks Django's cursor makes, instead of a new cursor
+and wrapper per call.
 """
 
 from __future__ import annotations
