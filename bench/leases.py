@@ -79,7 +79,7 @@ FLOOR_TABLE = "bench_floor_lease"
 
 CYCLE_KEY = "bench:acquire-release"
 RENEW_KEY = "bench:renew"
-TARGET = 0.7  # ours / floor, for acquire+release and renewals (issue 2)
+TARGET = 0.85  # ours / floor, for acquire+release and renewals (issue 14)
 CONTENDED_KEY = "bench:contended"
 
 
@@ -97,12 +97,16 @@ class Spec:
     django_options: dict[str, Any] = field(default_factory=dict)
     renews: bool = True
     #: A source tree whose ``django_leases`` this contender imports instead (``--candidate``),
-    #: on its own database: ``<bench database>_candidate``, migrated by that tree.
+    #: on its own database: ``<bench database>_candidate`` (``_candidate2``… for the second
+    #: and later ones), migrated by that tree.
     tree: str | None = None
+    database_suffix: str = "_candidate"
 
     def database_url(self, config: Config) -> str:
         """The database this contender uses."""
-        return suffixed_url(config.database_url, "_candidate") if self.tree else config.database_url
+        if not self.tree:
+            return config.database_url
+        return suffixed_url(config.database_url, self.database_suffix)
 
     def enter(self) -> None:
         """Make this process import ``django_leases`` from :attr:`tree` (call before Django)."""
@@ -932,12 +936,12 @@ def render_cpu(cpu: dict[str, dict[str, Any]]) -> str:
 
     lines = [
         "CPU µs per operation, client + server (= total) of wall µs; lowest of the repetitions:",
-        "  " + "contender".ljust(14) + "acquire+release".ljust(34) + "renewal",
+        "  " + "contender".ljust(24) + "acquire+release".ljust(34) + "renewal",
     ]
     for name, found in cpu.items():
         lines.append(
             "  "
-            + name.ljust(14)
+            + name.ljust(24)
             + cell(found.get("acquire_release")).ljust(34)
             + cell(found.get("renew"))
         )
@@ -947,10 +951,10 @@ def render_cpu(cpu: dict[str, dict[str, Any]]) -> str:
 def render_counts(counts: dict[str, dict[str, Any]]) -> str:
     lines = ["statements (round trips) per operation, steady state:"]
     ops = ("acquire", "refresh", "release")
-    lines.append("  " + "contender".ljust(14) + "".join(op.rjust(9) for op in ops))
+    lines.append("  " + "contender".ljust(24) + "".join(op.rjust(9) for op in ops))
     for name, found in counts.items():
         cells = ["n/a" if found.get(op) is None else str(found[op]) for op in ops]
-        lines.append("  " + name.ljust(14) + "".join(c.rjust(9) for c in cells))
+        lines.append("  " + name.ljust(24) + "".join(c.rjust(9) for c in cells))
     return "\n".join(lines)
 
 
@@ -1328,25 +1332,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--candidate",
         metavar="TREE",
-        default=None,
+        action="append",
+        default=[],
         help="also run 'candidate': ours imported from another source tree (a changed "
-        "django_leases, e.g. a git worktree), on its own database <bench database>_candidate",
+        "django_leases, e.g. a git worktree), on its own database <bench database>_candidate; "
+        "repeat it to compare several trees in one run (a bisect): they are named "
+        "candidate:<directory name>, on databases _candidate, _candidate2, …",
+    )
+    parser.add_argument(
+        "--no-contended",
+        action="store_true",
+        help="skip the contended measurement (single-connection figures only, e.g. a bisect)",
     )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.warmup < 0 or args.repeat < 1 or args.processes < 1:
         parser.error("--seconds must be > 0, --warmup >= 0, --repeat and --processes >= 1")
-    if args.candidate:
-        tree = str(Path(args.candidate).resolve())
+    args.candidates = []
+    for number, candidate in enumerate(args.candidate, start=1):
+        tree = str(Path(candidate).resolve())
         if not (Path(tree) / "django_leases" / "__init__.py").is_file():
             parser.error(f"--candidate {tree} has no django_leases package")
-        SPECS["candidate"] = Spec(
-            "candidate",
+        name = "candidate" if len(args.candidate) == 1 else f"candidate:{Path(tree).name}"
+        if name in SPECS:
+            parser.error(f"two candidates named {name!r}: give the trees distinct names")
+        SPECS[name] = Spec(
+            name,
             "django",
             f"ours imported from {tree} (Django defaults, its own database)",
             role="option",
             tree=tree,
+            database_suffix="_candidate" + ("" if number == 1 else str(number)),
         )
-        args.contenders += ",candidate"
+        args.candidates.append(name)
+        args.contenders += f",{name}"
     if is_mysql(args.database_url):
         # MariaDB / MySQL: ours against the raw MySQLdb floor (the other contenders are
         # PostgreSQL's or Redis's).
@@ -1358,10 +1376,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             role="floor",
         )
         for name in list(SPECS):
-            if name not in ("floor", "ours", "candidate"):
+            if name not in ("floor", "ours", *args.candidates):
                 del SPECS[name]
-        if args.contenders == DEFAULT_CONTENDERS:
-            args.contenders = "floor,ours" + (",candidate" if args.candidate else "")
+        if args.contenders.startswith(DEFAULT_CONTENDERS):
+            args.contenders = ",".join(("floor", "ours", *args.candidates))
     chosen = [name.strip() for name in args.contenders.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(SPECS))
     if unknown:
@@ -1386,11 +1404,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     context = mp.get_context("spawn")
     database = _run_in_child(context, _prepare_worker, config)
-    if "candidate" in SPECS:
+    for name in args.candidates:
         results = context.Queue()
-        process = context.Process(
-            target=_prepare_worker, args=(config, results, SPECS["candidate"])
-        )
+        process = context.Process(target=_prepare_worker, args=(config, results, SPECS[name]))
         process.start()
         _collect([process], results, 600)
     if args.profile:
@@ -1472,7 +1488,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_contenders(args: argparse.Namespace, config: Config, context: Any) -> dict[str, Any]:
     """The benchmark proper: every contender, every metric, interleaved repetitions."""
     for name in args.chosen:
-        print(f"  {name:<14} {SPECS[name].description}")
+        print(f"  {name:<24} {SPECS[name].description}")
     print()
     runs: dict[str, dict[str, list[float]]] = {
         name: {metric: [] for metric, _ in METRICS} for name in args.chosen
@@ -1493,11 +1509,14 @@ def run_contenders(args: argparse.Namespace, config: Config, context: Any) -> di
                     runs[name][metric].append(single[metric]["rate"])
                     costs[name][metric].append(single[metric])
             counts[name] = single["counts"]
-            contended = measure_contended(spec, config, args.processes)
-            runs[name]["contended_attempts"].append(contended["attempts"])
-            runs[name]["contended_grants"].append(contended["grants"])
+            if args.no_contended:
+                contended = {"attempts": float("nan"), "grants": float("nan")}
+            else:
+                contended = measure_contended(spec, config, args.processes)
+                runs[name]["contended_attempts"].append(contended["attempts"])
+                runs[name]["contended_grants"].append(contended["grants"])
             print(
-                f"  [{repetition + 1}/{args.repeat}] {name:<14} "
+                f"  [{repetition + 1}/{args.repeat}] {name:<24} "
                 f"acquire+release {single['acquire_release']['rate']:7,.0f}/s  "
                 f"renew {single.get('renew', {}).get('rate', float('nan')):7,.0f}/s  "
                 f"contended {contended['attempts']:7,.0f} attempts/s "

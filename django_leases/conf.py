@@ -77,8 +77,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+from django.conf import Settings as DjangoSettings
+from django.conf import UserSettingsHolder
 from django.conf import settings as django_settings
 
 from django_leases.exceptions import QueueConfigError
@@ -110,13 +113,45 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_ABSENT = object()
+
+
+def _lookup_overrides() -> Any:
+    """``settings.DJANGO_LEASES`` (or ``None``), read afresh on every call — override_settings
+    and the settings fixture change it — but cheaply: a lease operation reads settings a few
+    times and costs a few hundred microseconds, and an absent setting read through
+    ``LazySettings.__getattr__`` raises and catches an exception each time. So the layers
+    Django keeps settings in are looked at directly: LazySettings' own cache of what was read,
+    then each ``UserSettingsHolder`` (``configure()``, ``override_settings``) down to the
+    settings module or ``global_settings``; anything else takes Django's own way."""
+    found = django_settings.__dict__.get("DJANGO_LEASES", _ABSENT)
+    if found is not _ABSENT:
+        return found
+    layer: Any = django_settings.__dict__.get("_wrapped")
+    for _ in range(64):  # override_settings nests; a cycle is not expected
+        values = getattr(layer, "__dict__", None)
+        if values is None:
+            break
+        if "DJANGO_LEASES" in values:
+            return values["DJANGO_LEASES"]
+        if type(layer) is UserSettingsHolder:
+            if "DJANGO_LEASES" in layer._deleted:
+                return None
+            layer = layer.default_settings
+            continue
+        if type(layer) is DjangoSettings or isinstance(layer, ModuleType):
+            return None  # read at start-up from the settings module: absent there
+        break
+    return getattr(django_settings, "DJANGO_LEASES", None)
+
+
 class _Settings:
     """Attribute access to the ``DJANGO_LEASES`` dict, falling back to :data:`DEFAULTS`."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"Unknown django-leases setting {name!r}")
-        overrides = getattr(django_settings, "DJANGO_LEASES", None) or {}
+        overrides = _lookup_overrides() or {}
         if not isinstance(overrides, Mapping):
             return DEFAULTS[name]  # not a dict: ignored, as check E015 reports
         return overrides.get(name, DEFAULTS[name])

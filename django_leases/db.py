@@ -28,6 +28,12 @@ has the server prepare them instead (psycopg's ``prepare=True``), where that is 
   prepared statement, which is what a transaction-mode pooler does: prepared statements are
   then switched off for that database alias for the life of the process (logged once), and
   the statement is sent again unprepared. Nothing ran the first time, so nothing runs twice.
+
+**Hot statements.** :func:`hot_fetchone` runs the lease operations' one statement each (calls
+of the PL/pgSQL functions of migration ``0017_lease_functions``, whose plans PostgreSQL caches
+per session without any prepared statement, so nothing depends on a pooler) on one psycopg
+cursor kept per connection, with the checks Django's cursor makes, instead of a new cursor
+and wrapper per call.
 """
 
 from __future__ import annotations
@@ -231,6 +237,54 @@ def cursor(connection: BaseDatabaseWrapper) -> Iterator[_Statements]:
         statements.close()
 
 
+# -- hot statements -----------------------------------------------------------------------------
+
+
+def _hot_cursor(connection: BaseDatabaseWrapper) -> Any:
+    """The psycopg cursor kept on ``connection`` for :func:`hot_fetchone` (one per open
+    database connection and time zone, so a reconnect or a changed ``TIME_ZONE`` makes a new
+    one), set up as Django sets up its own cursors."""
+    raw = connection.connection
+    zone = connection.timezone
+    kept = getattr(connection, "_dl_hot_cursor", None)
+    if kept is not None and kept[0] is raw and kept[1] is zone:
+        return kept[2]
+    # Django's create_cursor, without the wrapper: its cursor class (client-side binding or
+    # not, as OPTIONS say) and the time zone its timestamps are read in.
+    cursor = connection.create_cursor()
+    connection._dl_hot_cursor = (raw, zone, cursor)  # type: ignore[attr-defined]
+    return cursor
+
+
+def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> Any:
+    """Run one hot statement on ``connection`` (PostgreSQL) and return its first row (a
+    tuple, or ``None``).
+
+    The lease operations call this once per acquire, refresh and release, where Django's own
+    cursor (a new psycopg cursor and its wrapper per call) costs about as much client CPU as
+    the statement. It does what Django's cursor does that matters — the async-safety check,
+    the connection made or replaced (``CONN_MAX_AGE``, ``CONN_HEALTH_CHECKS``), the thread
+    check, the refusal inside a broken ``atomic()`` block, Django's database exceptions (and
+    the connection marked unusable after one) — on one psycopg cursor kept for the
+    connection. While Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an
+    ``execute_wrapper`` is installed, the statement goes through Django's cursor instead, so
+    it is logged and wrapped as every other. Raises Django's ``DatabaseError`` subclasses.
+    """
+    if connection.queries_logged or connection.execute_wrappers:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    if connection.needs_rollback:
+        connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:  # a dead connection fails here already
+        cursor = _hot_cursor(connection)
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
 # -- bounded statements -------------------------------------------------------------------------
 
 
@@ -316,6 +370,7 @@ __all__ = [
     "bounded",
     "close_thread_connections",
     "cursor",
+    "hot_fetchone",
     "prepares",
     "tuned",
 ]

@@ -155,6 +155,13 @@ def ttl_seconds(ttl: object) -> float:
     (366 days by default) or than :data:`TTL_CEILING` (100 years, whatever ``MAX_TTL`` says:
     an expiry beyond it may not be storable).
     """
+    # The common case, checked cheaply (a lease operation is a few hundred microseconds): a
+    # plain number within the bounds (NaN fails every comparison, and a huge int is above the
+    # ceiling: both go on below, to the full check and its message).
+    if (type(ttl) is float or type(ttl) is int) and (
+        MIN_TTL <= ttl <= TTL_CEILING and ttl <= float(leases_settings.MAX_TTL)
+    ):
+        return float(ttl)
     number = seconds(ttl, "Lease ttl", above_minimum=True, maximum=TTL_CEILING)
     if number < MIN_TTL:
         raise ValueError(f"Lease ttl must be at least {MIN_TTL:g} seconds, got {number:g}")

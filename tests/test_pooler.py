@@ -244,3 +244,58 @@ def test_the_wakeup_listener_keeps_the_options_django_was_given(pgbouncer: int) 
             pooled.execute("SELECT 1")
         left = pooled.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
         assert left is not None and left[0] == 0, "a prepared statement was left on the server"
+
+
+#: A child's lease traffic through the pooler: threads (more than its server connections, so
+#: they are shared) acquiring, refreshing and releasing, in autocommit and inside atomic()
+#: blocks with savepoints, and reconnecting between cycles as CONN_MAX_AGE = 0 does.
+_LEASE_TRAFFIC = """
+import threading
+from django.db import connection, transaction
+from django_leases.models import Lease
+errors = []
+def work(n):
+    try:
+        for i in range(60):
+            key = f"pooled-traffic:{n}:{i % 3}"
+            lease = Lease.objects.acquire(key, f"h{n}", 30)
+            assert lease is not None, key
+            assert Lease.objects.refresh(lease, 30) is not None, key
+            assert Lease.objects.release(lease), key
+            with transaction.atomic():
+                lease = Lease.objects.acquire(key, f"h{n}", 30)
+                try:
+                    with transaction.atomic():
+                        assert Lease.objects.refresh(lease, 30) is not None, key
+                        raise KeyError(key)
+                except KeyError:
+                    pass
+                assert Lease.objects.release(lease), key
+            if i % 10 == 0:
+                connection.close()
+    except Exception as exc:
+        errors.append(repr(exc))
+    finally:
+        connection.close()
+threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("errors:", errors)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_lease_operations_behind_the_pooler_never_meet_a_prepared_statement(
+    pgbouncer: int, subprocess_env: dict[str, str], declared: bool
+) -> None:
+    """Debian's PgBouncer (1.18: no prepared statements across server connections) in
+    transaction mode: the tuned lease path's functions need none, so nothing is refused."""
+    done = manage(
+        "shell", "-c", _LEASE_TRAFFIC, env=_env(subprocess_env, pgbouncer, declared=declared)
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "errors: []", done.stdout + done.stderr
+    assert "prepared statement" not in done.stderr and "Traceback" not in done.stderr
+    assert Lease.objects.filter(key__startswith="pooled-traffic:").count() == 18
+    assert not Lease.objects.filter(key__startswith="pooled-traffic:", released_at=None)

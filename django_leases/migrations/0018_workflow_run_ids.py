@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leases', '0016_workflow_schedules'),
+        ('django_leases', '0017_lease_functions'),
     ]
 
     operations = [

@@ -23,6 +23,7 @@ rules; the conformance suite runs both on PostgreSQL.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -132,6 +133,127 @@ def release_held_statement(table: str, key_where: str) -> str:
     )
 
 
+# -- PostgreSQL: the lease operations as functions frozen in a migration ------------------------
+
+#: The migration that installs :func:`lease_functions` (frozen text; the test suite checks
+#: that the code's definitions and the migration's agree).
+LEASE_FUNCTIONS_MIGRATION = "0017_lease_functions"
+
+#: The table the functions work on (the model's ``db_table``, quoted).
+_PG_TABLE = '"django_leases_lease"'
+
+#: Seconds → microseconds: the TTL goes to the functions as a whole number of microseconds,
+#: so the expiry they compute is exactly ``renewed_at + timedelta(microseconds=ttl_us)``.
+_MICROSECONDS = 1_000_000
+
+
+def _pg_acquire_body(table: str) -> str:
+    # acquire_statement's rules, returning only what a Lease needs beyond what the caller
+    # sent: id, token, expiry and the time of the grant (renewed_at is expiry - TTL).
+    # The steady state first: the key's row exists, so a guarded UPDATE with the upsert's own
+    # SET and WHERE grants it (no identity value drawn, no speculative insert); only when it
+    # matched nothing (a new key, or held live by another holder) does the upsert run, which
+    # inserts, or refuses, or wins a race with a concurrent first acquire exactly as before.
+    now = "statement_timestamp()"
+    expiry = f"{now} + p_ttl_us * interval '1 microsecond'"
+    sql = acquire_statement(
+        _PgRules(),  # type: ignore[arg-type]  # only .vendor is read
+        table,
+        f"VALUES (p_key, p_holder, 1, {expiry}, {now}, {now}, NULL)",
+    )
+    head, _, _ = sql.rpartition(" RETURNING ")
+    returning = (
+        "RETURNING l.id, l.token, l.expires_at, l.acquired_at "
+        "INTO r_id, r_token, r_expires_at, r_acquired_at;"
+    )
+    kept = f"(l.holder = p_holder AND l.expires_at > {now})"
+    update = (
+        f"UPDATE {table} AS l SET "
+        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE {now} END, "
+        f"holder = p_holder, expires_at = {expiry}, renewed_at = {now}, released_at = NULL "
+        f"WHERE l.key = p_key AND (l.expires_at <= {now} OR l.holder = p_holder) "
+    )
+    return f"{update}{returning}\n    IF NOT FOUND THEN\n        {head} {returning}\n    END IF;"
+
+
+class _PgRules:
+    """Stands in for a PostgreSQL connection where only the clock's SQL is asked for."""
+
+    vendor = "postgresql"
+
+
+def _pg_function(name: str, arguments: str, returns: str, body: str) -> tuple[str, str]:
+    digest = hashlib.sha256(f"{arguments}|{returns}|{body}".encode()).hexdigest()[:12]
+    full = f"{name}_{digest}"
+    returned = f" {returns}" if returns else ""
+    return full, (
+        f"CREATE OR REPLACE FUNCTION {full}({arguments}){returned}"
+        " LANGUAGE plpgsql VOLATILE AS $dl$\n#variable_conflict use_column\nBEGIN\n    "
+        f"{body}\nEND\n$dl$"
+    )
+
+
+def lease_functions(table: str = _PG_TABLE) -> dict[str, str]:
+    """PostgreSQL: ``acquire``, ``refresh`` and ``release`` as PL/pgSQL functions, the
+    ``CREATE OR REPLACE FUNCTION`` statement of each by its name (``dl_lease_<op>_<hash>``,
+    the hash of its definition, so a changed rule is a new function beside the old one).
+
+    Why functions: PostgreSQL caches the plan of a PL/pgSQL function's statement for the
+    session, so a call costs the server about what a prepared statement does — without a
+    protocol-level prepared statement, which a pooler in transaction mode (PgBouncer before
+    1.21, or without ``max_prepared_statements``) cannot keep: a function is in the database,
+    every server connection has it, inside ``atomic()`` or not. They return only what the
+    caller needs: acquire ``(id, token, expires_at, acquired_at)`` (all NULL when refused),
+    refresh the new ``expires_at`` (NULL when not held), release whether it released. The TTL
+    is a whole number of microseconds (``bigint``). Frozen in migration
+    :data:`LEASE_FUNCTIONS_MIGRATION`; ``table`` is the quoted table name."""
+    live = "key = p_key AND holder = p_holder AND token = p_token AND released_at IS NULL"
+    made = dict(
+        (
+            _pg_function(
+                "dl_lease_acquire",
+                "p_key text, p_holder text, p_ttl_us bigint, OUT r_id bigint, "
+                "OUT r_token bigint, OUT r_expires_at timestamptz, OUT r_acquired_at timestamptz",
+                "",
+                _pg_acquire_body(table),
+            ),
+            _pg_function(
+                "dl_lease_refresh",
+                "p_key text, p_holder text, p_token bigint, p_ttl_us bigint, "
+                "OUT r_expires_at timestamptz",
+                "",
+                # released_at IS NULL: see LeaseQuerySet.refresh.
+                f"UPDATE {table} SET expires_at = statement_timestamp() + p_ttl_us * "
+                "interval '1 microsecond', renewed_at = statement_timestamp() "
+                f"WHERE {live} AND expires_at > statement_timestamp() "
+                "RETURNING expires_at INTO r_expires_at;",
+            ),
+            _pg_function(
+                "dl_lease_release",
+                "p_key text, p_holder text, p_token bigint",
+                "RETURNS boolean",
+                f"UPDATE {table} SET released_at = statement_timestamp(), expires_at = CASE "
+                "WHEN expires_at > statement_timestamp() THEN statement_timestamp() "
+                f"ELSE expires_at END WHERE {live};\n    RETURN FOUND;",
+            ),
+        )
+    )
+    return made
+
+
+_FUNCTIONS = lease_functions()
+_name = {
+    op: next(n for n in _FUNCTIONS if n.startswith(f"dl_lease_{op}_"))
+    for op in ("acquire", "refresh", "release")
+}
+#: The calls of the functions, as the tuned PostgreSQL path sends them (one statement each).
+PG_ACQUIRE = f"SELECT * FROM {_name['acquire']}(%s, %s, %s)"
+PG_REFRESH = f"SELECT {_name['refresh']}(%s, %s, %s, %s)"
+PG_RELEASE = f"SELECT {_name['release']}(%s, %s, %s)"
+del _name
+
+
 def _check_lease(lease: object) -> None:
     if not isinstance(lease, Lease):
         raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
@@ -198,9 +320,17 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         """
         check_lease_name(key, "key")
         check_lease_name(holder, "holder")
-        seconds = ttl_seconds(ttl)
+        return self.acquire_checked(key, holder, ttl_seconds(ttl))
+
+    def acquire_checked(self, key: str, holder: str, seconds: float) -> Lease | None:
+        """:meth:`acquire` for arguments the caller has already checked (``key`` and
+        ``holder`` valid names, ``seconds`` a valid TTL as a ``float``, as
+        :func:`~django_leases.validation.ttl_seconds` returns it): ``hold_lease`` checks them
+        once per hold, not once per call. Returns the :class:`Lease` or ``None``."""
         connection = self._connection()
-        if db.tuned(connection, "mysql"):
+        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+            lease = self._acquire_pg(connection, key, holder, seconds)
+        elif db.tuned(connection, "mysql"):
             lease = self._acquire_mysql(connection, key, holder, seconds)
         elif db.tuned(connection, *_TUNED):
             lease = self._acquire_sql(connection, key, holder, seconds)
@@ -211,6 +341,18 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             # look refused (it would stay taken, unknown to anyone, until it lapsed).
             lease_acquired.send_robust(sender=self.model, lease=lease)
         return lease
+
+    def _acquire_pg(
+        self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
+    ) -> Lease | None:
+        ttl_us = round(seconds * _MICROSECONDS)
+        row = db.hot_fetchone(connection, PG_ACQUIRE, (key, holder, ttl_us))
+        if row is None or row[0] is None:
+            return None
+        pk, token, expires_at, acquired_at = row
+        renewed_at = expires_at - timedelta(microseconds=ttl_us)
+        values = (pk, key, holder, token, expires_at, acquired_at, renewed_at, None)
+        return self.model.from_db(connection.alias, _RETURNED, values)
 
     def _acquire_sql(
         self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
@@ -306,8 +448,33 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         :class:`Lease`. Reference rules L4, L6, L7.
         """
         _check_lease(lease)
-        seconds = ttl_seconds(ttl)
+        return self.refresh_checked(lease, ttl_seconds(ttl))
+
+    def refresh_checked(self, lease: Lease, seconds: float) -> Lease | None:
+        """:meth:`refresh` for arguments the caller has already checked (``lease`` a
+        :class:`Lease`, ``seconds`` a valid TTL as a ``float``): the renewal loop of
+        ``hold_lease`` checks them once per hold. Returns the refreshed lease or ``None``."""
         connection = self._connection()
+        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+            ttl_us = round(seconds * _MICROSECONDS)
+            row = db.hot_fetchone(
+                connection, PG_REFRESH, (lease.key, lease.holder, lease.token, ttl_us)
+            )
+            expires_at = None if row is None else row[0]
+            if expires_at is None:
+                return None
+            renewed_at = expires_at - timedelta(microseconds=ttl_us)
+            values = (
+                lease.pk,
+                lease.key,
+                lease.holder,
+                lease.token,
+                expires_at,
+                lease.acquired_at,
+                renewed_at,
+                None,
+            )
+            return self.model.from_db(connection.alias, _RETURNED, values)
         if db.tuned(connection, "mysql"):
             return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
@@ -369,8 +536,16 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         is not a :class:`Lease`. Reference rules L5, L6.
         """
         _check_lease(lease)
+        return self.release_checked(lease)
+
+    def release_checked(self, lease: Lease) -> bool:
+        """:meth:`release` for a ``lease`` the caller knows is a :class:`Lease` (a hold's
+        own). Returns whether this call released it."""
         connection = self._connection()
-        if db.tuned(connection, *_TUNED):
+        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+            row = db.hot_fetchone(connection, PG_RELEASE, (lease.key, lease.holder, lease.token))
+            released = 1 if row is not None and row[0] else 0
+        elif db.tuned(connection, *_TUNED):
             now = clock.now_sql(connection)
             sql = (
                 f"UPDATE {self._table(connection)} SET released_at = {now}, "
