@@ -24,6 +24,10 @@ has the server prepare them instead (psycopg's ``prepare=True``), where that is 
 * unless ``DJANGO_LEASES["PREPARED_STATEMENTS"]`` is ``False``, or the database's
   ``DISABLE_SERVER_SIDE_CURSORS`` is ``True`` (Django's documented setting for a pooler in
   transaction mode, such as PgBouncer before 1.21, which cannot keep prepared statements);
+* only on a direct connection: once per alias and process, the port the client connected to
+  is compared with the one the server listens on, and a difference (a pooler in between)
+  stops preparing on the alias — behind a transaction-mode pooler another client's prepared
+  statement may carry the name psycopg gives ours, and would run with our parameters;
 * and until a statement fails because the server does not know (or already knows) its
   prepared statement, which is what a transaction-mode pooler does: prepared statements are
   then switched off for that database alias for the life of the process (logged once), and
@@ -101,6 +105,9 @@ class RoutedQuerySet(models.QuerySet[_M]):
 _unprepared_lock = threading.Lock()
 #: Aliases on which a pooler refused a prepared statement (for the life of the process).
 _unprepared: set[str] = set()
+#: Aliases whose connections were found to reach the server directly (``True``) or through
+#: a proxy (``False``), by :func:`_behind_a_proxy`.
+_direct: dict[str, bool] = {}
 
 #: SQLSTATEs of "prepared statement does not exist" and "... already exists".
 _POOLER_SQLSTATES = frozenset({"26000", "42P05"})
@@ -116,7 +123,42 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
     if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
         return False
     with _unprepared_lock:
-        return connection.alias not in _unprepared
+        if connection.alias in _unprepared:
+            return False
+        known = _direct.get(connection.alias)
+    if known is not None:
+        return known
+    return not _behind_a_proxy(connection)
+
+
+def _behind_a_proxy(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` reaches PostgreSQL through something in between (a pooler):
+    the port the client connected to is not the one the server listens on. Asked once per
+    alias and process; a proxy found stops preparing on the alias for good (said once).
+
+    A pooler in transaction mode hands each transaction to any server connection, where
+    another client's prepared statement may carry the name psycopg gives ours (``_pg3_0``,
+    ``_pg3_1``…): the server would run *that* statement with our parameters. Waiting for a
+    refusal is not enough, so preparing needs a direct connection, found up front. A pooler
+    listening on the server's own port number (on another host) is not seen: declare it
+    with ``DISABLE_SERVER_SIDE_CURSORS``, as Django asks."""
+    client_port, server_port = _ports(connection)
+    direct = client_port == server_port
+    with _unprepared_lock:
+        first = connection.alias not in _direct
+        _direct[connection.alias] = direct
+        if not direct:
+            _unprepared.add(connection.alias)
+    if first and not direct:
+        logger.warning(
+            "Database %r is reached on port %s and the server listens on %s: a pooler in "
+            "between? django-leases prepares no statements on it; set "
+            "DISABLE_SERVER_SIDE_CURSORS = True for it to say so up front",
+            connection.alias,
+            client_port,
+            server_port,
+        )
+    return not direct
 
 
 def _pooler_refused(exc: BaseException) -> bool:
@@ -137,6 +179,16 @@ def _stop_preparing(connection: BaseDatabaseWrapper, exc: BaseException) -> None
             connection.alias,
             exc,
         )
+
+
+def _ports(connection: BaseDatabaseWrapper) -> tuple[int, int]:
+    """The port ``connection``'s client connected to, and the one its server listens on."""
+    connection.ensure_connection()
+    client_port = int(connection.connection.info.port)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('port')::int")
+        server_port = int(cursor.fetchone()[0])
+    return client_port, server_port
 
 
 class _Statements:

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _forget_refusals() -> Iterator[None]:
     db._unprepared.clear()
+    db._direct.clear()
     yield
     db._unprepared.clear()
+    db._direct.clear()
 
 
 def test_the_switch_names_the_vendors_a_statement_is_written_for() -> None:
@@ -82,3 +84,35 @@ def test_a_refused_prepared_statement_is_sent_again_and_preparing_stops(
     assert not db.prepares(connection)
     warnings = [r for r in caplog.records if "refused a prepared statement" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
+
+
+@pytest.mark.postgres_only
+def test_a_connection_through_a_proxy_prepares_nothing_from_its_first_statement(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind a transaction-mode pooler another client's prepared statement may carry our
+    statement's name: preparing stops before the first one, not after a refusal."""
+    asked: list[str] = []
+
+    def ports(conn: object) -> tuple[int, int]:
+        asked.append("ports")
+        return 6432, 5432
+
+    monkeypatch.setattr(db, "_ports", ports)
+    connection.close()
+    before = _prepared_count()
+    with caplog.at_level(logging.WARNING, logger="django_leases.db"):
+        for _ in range(3):
+            with db.cursor(connection) as cursor:
+                assert cursor.execute("SELECT %s::int + 1", [1]).fetchone() == (2,)
+    assert _prepared_count() == before
+    assert not db.prepares(connection)
+    assert asked == ["ports"], "asked once per alias and process"
+    warnings = [r for r in caplog.records if "a pooler in between" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+
+
+@pytest.mark.postgres_only
+def test_a_direct_connection_is_found_direct_once() -> None:
+    assert db.prepares(connection)
+    assert db._direct == {connection.alias: True}

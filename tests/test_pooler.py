@@ -6,8 +6,10 @@ commands through it as child processes. Two ways to be there:
 
 * as Django asks, with ``DISABLE_SERVER_SIDE_CURSORS = True``: django-leases then neither
   prepares statements nor LISTENs, and workers say at start that they poll;
-* without it: the first prepared statement the pooler refuses switches prepared statements off
-  for the alias (logged once) and the statement is sent again; nothing fails.
+* without it: the pooler is seen before the first statement (the port the client reached is
+  not the server's), so nothing is prepared (logged once); were it not, the first prepared
+  statement the pooler refuses switches prepared statements off for the alias and the
+  statement is sent again; nothing fails.
 
 PgBouncer (``apt-get install pgbouncer``) is needed: without it the test is skipped on a
 user's machine and fails under ``CI=true`` (``.ci/run`` installs it).
@@ -299,3 +301,25 @@ def test_lease_operations_behind_the_pooler_never_meet_a_prepared_statement(
     assert "prepared statement" not in done.stderr and "Traceback" not in done.stderr
     assert Lease.objects.filter(key__startswith="pooled-traffic:").count() == 18
     assert not Lease.objects.filter(key__startswith="pooled-traffic:", released_at=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_through_the_pooler_is_seen_as_one(pgbouncer: int) -> None:
+    """Undeclared (no DISABLE_SERVER_SIDE_CURSORS), a connection through PgBouncer prepares
+    nothing from its first statement: its port is not the server's."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    from django_leases import db
+
+    through = DatabaseWrapper(
+        {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(pgbouncer)},
+        alias="through-the-pooler",
+    )
+    try:
+        assert not db.prepares(through)
+        with db.cursor(through) as cursor:
+            assert cursor.execute("SELECT %s::int * 2", [21]).fetchone() == (42,)
+    finally:
+        through.close()
+        db._direct.pop("through-the-pooler", None)
+        db._unprepared.discard("through-the-pooler")
