@@ -42,7 +42,12 @@ from django.utils.module_loading import import_string
 
 from django_leases import signals
 from django_leases.conf import queue_limits
-from django_leases.exceptions import QueueConfigError, TaskArgumentsError, TaskAttemptError
+from django_leases.exceptions import (
+    QueueConfigError,
+    TaskArgumentsError,
+    TaskAttemptError,
+    WorkflowStepFailedError,
+)
 from django_leases.tasks_api import (
     BaseTaskBackend,
     InvalidTaskBackend,
@@ -236,8 +241,36 @@ class TaskBackend(BaseTaskBackend):
 def task_workflow(run: Any, input: Any) -> Any:
     """The built-in workflow of a task: its one step's return value (the step is created
     with the run by :meth:`TaskBackend.enqueue`)."""
-    outcome = run.step(TASK_STEP, TASK_FUNCTION, input, retries=0)
+    try:
+        outcome = run.step(TASK_STEP, TASK_FUNCTION, input, retries=0)
+    except WorkflowStepFailedError:
+        _ending_here(run.id)
+        raise
+    _ending_here(run.id)
     return outcome.get("return_value") if isinstance(outcome, Mapping) else outcome
+
+
+#: Per thread: the task runs whose workflow returned or raised on this thread (the pass that
+#: ends the run), so that a run's completion or failure read as a task's costs a query only
+#: for task runs — every other workflow run's end is told apart without one.
+_ending = threading.local()
+_ENDING_KEPT = 1_000
+
+
+def _ending_here(run_id: uuid.UUID) -> None:
+    ending: set[uuid.UUID] = getattr(_ending, "runs", None) or set()
+    if len(ending) >= _ENDING_KEPT:  # passes whose end never committed (fenced): forget them
+        ending.clear()
+    ending.add(run_id)
+    _ending.runs = ending
+
+
+def _was_ending_here(run_id: uuid.UUID) -> bool:
+    ending: set[uuid.UUID] | None = getattr(_ending, "runs", None)
+    if not ending or run_id not in ending:
+        return False
+    ending.discard(run_id)
+    return True
 
 
 @step_function(TASK_FUNCTION)
@@ -282,10 +315,18 @@ def worker_identity() -> str:
     return f"{socket.gethostname()[:32]}:{os.getpid()}:{threading.get_native_id()}"[:64]
 
 
-def _task_finished(sender: Any, run_id: uuid.UUID, using: str, **kwargs: Any) -> None:
-    """Send Django's ``task_finished`` once a task's run ends (after its commit)."""
+def _task_finished(
+    sender: Any, run_id: uuid.UUID, using: str, signal: Any = None, **kwargs: Any
+) -> None:
+    """Send Django's ``task_finished`` once a task's run ends (after its commit).
+
+    A run completes or fails in the thread whose pass ran its workflow: one the task
+    workflow did not mark there is no task's, and costs no query. A cancel (an operator's,
+    anywhere) is looked up."""
     from django_leases.models.workflow import WorkflowRun
 
+    if signal is not signals.run_cancelled and not _was_ending_here(run_id):
+        return
     run = WorkflowRun.objects.db_manager(using).filter(pk=run_id, workflow=TASK_WORKFLOW).first()
     if run is None:
         return

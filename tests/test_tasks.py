@@ -655,3 +655,16 @@ def test_the_run_list_filters_tasks_by_kind_queue_and_task_path(admin_client: An
     assert listed(task="tests.workapp.tasks.add") == {added.id}
     page = admin_client.get(changelist).content.decode()
     assert "tests.workapp.tasks.echo" in page  # offered as a task filter choice
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_task_finishes_once_and_other_runs_not_at_all(
+    task_signals: list[tuple[str, str, str]],
+) -> None:
+    # A cancel happens anywhere (an operator's process): it is looked up. A workflow run that
+    # is not a task's ends without a task_finished (and without a query to tell).
+    result = t.add.enqueue(1, 2)
+    WorkflowRun.objects.cancel(result.id)
+    plain = WorkflowRun.objects.start("tests.tasks.not-a-task", {})
+    WorkflowRun.objects.complete(plain.id, {"done": True})
+    assert task_signals == [("enqueued", result.id, "READY"), ("finished", result.id, "FAILED")]
