@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
 
 from django_leases import clock, db, signals
@@ -1161,36 +1161,40 @@ def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
     raises ``pass_requests``; while the run's last pass waits on more than one unfinished
     parallel step (``branches_left`` > 1) the result only counts one off and asks for
     nothing, else it asks as :func:`_request_pass` does (``hold`` seconds: taken for the
-    caller). Returns ``True`` when it asked (a running run whose count reached 0).
+    caller) and the count is 0. Returns ``True`` when it asked (a running run).
 
-    Race-free: the count is decided by the ``SET`` expressions, which the database
-    evaluates on the row version the ``UPDATE`` locked (the latest, after any wait for a
-    concurrent finish), never on a snapshot read earlier; ``pass_due_at`` is assigned
-    before ``branches_left`` (MySQL/MariaDB evaluate assignments left to right)."""
+    Race-free without a prior lock: each ``UPDATE``'s condition on ``branches_left`` is
+    checked on the row version it locks (PostgreSQL re-checks it on the latest version after
+    waiting for a concurrent finish; MySQL/MariaDB read the latest committed version for an
+    ``UPDATE``; SQLite writes one at a time), never on an earlier snapshot (so the run is
+    found by its id, never through a subquery over its own table). Should the count
+    move between the two statements (a concurrent finish), they are tried again. A
+    sequential step (count 0) costs the one ``UPDATE`` it always did."""
     delay = 0.0 if hold is None else ttl_seconds(hold)
-    due = clock.db_now_plus(delay) if delay else DbNow()
-    waiting = Q(branches_left__gt=1)
+    # The run by its id, not through a join: a condition inside a subquery over the run
+    # table would be judged on the statement's snapshot, not on the locked row.
+    run_id = WorkflowStep._default_manager.using(alias).filter(pk=step_id).values("run_id")
     runs = WorkflowRun._default_manager.using(alias).filter(
-        steps__pk=step_id, status=RunStatus.RUNNING
+        pk=Subquery(run_id), status=RunStatus.RUNNING
     )
-    if not runs.update(
-        pass_due_at=Case(
-            When(waiting, then=F("pass_due_at")), default=due, output_field=models.DateTimeField()
-        ),
-        pass_requests=F("pass_requests") + 1,
-        updated_at=DbNow(),
-        branches_left=Case(
-            When(waiting, then=F("branches_left") - 1),
-            default=Value(0),
-            output_field=models.PositiveIntegerField(),
-        ),
-    ):
-        return False
-    # The row is locked by this transaction's UPDATE: this read sees the value it left.
-    asked = runs.filter(branches_left=0).exists()
-    if asked and not delay:
-        _wake(alias)  # due now (work due later is found by polling)
-    return asked
+    while True:
+        if runs.filter(branches_left__lte=1).update(
+            pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
+            pass_requests=F("pass_requests") + 1,
+            branches_left=0,
+            updated_at=DbNow(),
+        ):
+            if not delay:
+                _wake(alias)  # due now (work due later is found by polling)
+            return True
+        if runs.filter(branches_left__gt=1).update(
+            pass_requests=F("pass_requests") + 1,
+            branches_left=F("branches_left") - 1,
+            updated_at=DbNow(),
+        ):
+            return False
+        if not runs.exists():  # not running (any more)
+            return False
 
 
 # -- steps --------------------------------------------------------------------------------------
