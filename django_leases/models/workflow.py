@@ -2475,7 +2475,8 @@ class WorkflowRun(models.Model):
     ``branches_left`` is set by a pass that ends at a ``run.parallel`` to the number of its
     steps not finished yet; each result of a step decrements it, and only the one that
     brings it to 0 asks for the next pass (every finish still raises ``pass_requests``). 0
-    otherwise: every other request for a pass resets it, and each pass sets it afresh.
+    otherwise: a request for a pass for any other reason (an exhausted failure, an event,
+    an operator's retry or resume) resets it, and each pass that ends sets it afresh.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
