@@ -8,17 +8,24 @@ import uuid
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import Lease, RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.models.workflow import WorkflowStepAttempt
-from django_leases.workflows import start_workflow, step_function, workflow
+from django_leases.workflows import driver, start_workflow, step_function, workflow
 from django_leases.workflows.driver import run_pass
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import STEP_FAILED, WORKFLOW_ERROR
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, in_processes, lapse_step_lease
+from tests.helpers import (
+    closing_connections,
+    drain,
+    in_processes,
+    lapse_step_lease,
+    start_blocked,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,3 +181,156 @@ def test_two_hundred_steps_with_four_worker_processes_run_once_per_attempt() -> 
     )
     assert executions == attempts.count(), "each attempt ran its function exactly once"
     assert attempts.filter(status="succeeded").count() == 200
+
+
+# -- one pass to resume, however wide the fan-out ----------------------------------------------
+
+
+@workflow("tests.parallel.only")
+def only_parallel(run: Any, input: dict[str, Any]) -> Any:
+    calls = [
+        (f"br-{n}", "tests.parallel.square", {"n": n, **input.get(str(n), {})})
+        for n in range(input["n"])
+    ]
+    return {"sum": sum(run.parallel(calls, retries=input.get("retries", 0)))}
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The outcome of every orchestration pass the driver replays, in order."""
+    seen: list[str] = []
+    real = driver.replay
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        replayed = real(*args, **kwargs)
+        seen.append(replayed.outcome)
+        return replayed
+
+    monkeypatch.setattr(driver, "replay", counting)
+    return seen
+
+
+def branches_left(run_id: uuid.UUID) -> int:
+    return WorkflowRun.objects.values_list("branches_left", flat=True).get(pk=run_id)
+
+
+def claim(run_id: uuid.UUID, step_name: str) -> Any:
+    claimed = WorkflowStep.objects.claim_for_execution(
+        run_id, step_name, "tests.parallel.square", LEASE
+    )
+    assert claimed is not None
+    return claimed
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+@pytest.mark.parametrize("width", [200, 1000])
+def test_a_fan_out_is_one_scheduling_pass_and_one_resuming_pass(
+    sql_path: str, width: int, passes: list[str]
+) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": width})
+    drain(Worker(1, step_lease_ttl=LEASE))
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.COMPLETED
+    assert run.output == {"sum": sum(n * n for n in range(width))}
+    assert passes == ["waiting", "completed"], "N branches cost one pass, not N"
+    assert branches_left(run_id) == 0
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+def test_only_the_last_branch_to_finish_asks_for_the_pass(sql_path: str) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": 3})
+    assert run_pass(run_id) == "waiting"
+    assert branches_left(run_id) == 3
+    requests = WorkflowRun.objects.get(pk=run_id).pass_requests
+    for n, last in ((0, False), (1, False), (2, True)):
+        step = claim(run_id, f"br-{n}")
+        wrote = WorkflowStep.objects.set_result(step.step_id, n * n, step.attempt)
+        assert wrote.pass_requested is last
+        run = WorkflowRun.objects.get(pk=run_id)
+        assert run.pass_requests == requests + n + 1, "every finish still counts as a request"
+        assert (run.pass_due_at is not None) is last
+    assert branches_left(run_id) == 0
+    assert run_pass(run_id) == "completed"
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+def test_two_branches_finishing_at_once_wake_the_run_exactly_once(
+    sql_path: str, passes: list[str]
+) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": 2})
+    assert run_pass(run_id) == "waiting"
+    first, second = claim(run_id, "br-0"), claim(run_id, "br-1")
+    with transaction.atomic():
+        # The first finish holds the run row (count 2 → 1) while the second one's write
+        # starts and waits for it: the second must decide on the row the first leaves.
+        wrote_first = WorkflowStep.objects.set_result(first.step_id, 0, first.attempt)
+        later = start_blocked(
+            closing_connections(
+                lambda: WorkflowStep.objects.set_result(second.step_id, 1, second.attempt)
+            )
+        )
+        if connection.vendor == "postgresql":
+            assert later.waited, "the second finish waited for the first one's lock"
+    wrote_second = later.result()
+    assert (wrote_first.pass_requested, wrote_second.pass_requested) == (False, True)
+    assert branches_left(run_id) == 0
+    drain(Worker(1, step_lease_ttl=LEASE))
+    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    assert passes == ["waiting", "completed"], "woken exactly once"
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+def test_the_first_exhausted_failure_fails_the_run_without_waiting_for_the_others(
+    sql_path: str,
+) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": 200, "7": {"fail": True}})
+    assert run_pass(run_id) == "waiting"
+    execute_step(claim(run_id, "br-3"))
+    assert WorkflowRun.objects.get(pk=run_id).pass_due_at is None, "198 more to go"
+    execute_step(claim(run_id, "br-7"))  # out of attempts: the run is due at once
+    picked = WorkflowRun.objects.claim_due_pass(LEASE)
+    assert picked is not None and picked.run_id == run_id
+    assert run_pass(run_id) == "failed"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.error["code"], run.error["step_name"]) == (STEP_FAILED, "br-7")
+    assert steps(run_id).filter(status=StepStatus.PENDING).count() == 198
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+def test_a_superseded_branch_finish_counts_nothing_off(sql_path: str) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": 2, "retries": 1})
+    assert run_pass(run_id) == "waiting"
+    stale = claim(run_id, "br-0")
+    lapse_step_lease(run_id=run_id, step_name="br-0")
+    current = claim(run_id, "br-0")
+    assert current.attempt == stale.attempt + 1
+    before = WorkflowRun.objects.get(pk=run_id)
+    with pytest.raises(WorkflowStepSupersededError):
+        WorkflowStep.objects.set_result(stale.step_id, 999, stale.attempt)
+    after = WorkflowRun.objects.get(pk=run_id)
+    assert (after.branches_left, after.pass_requests, after.pass_due_at) == (
+        before.branches_left,
+        before.pass_requests,
+        before.pass_due_at,
+    )
+    assert (
+        WorkflowStep.objects.set_result(current.step_id, 0, current.attempt).pass_requested is False
+    )
+    drain(Worker(1, step_lease_ttl=LEASE))
+    assert WorkflowRun.objects.get(pk=run_id).output == {"sum": 1}
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
+def test_a_drifted_count_is_set_right_by_the_next_pass(sql_path: str, passes: list[str]) -> None:
+    run_id = start_workflow("tests.parallel.only", {"n": 4})
+    assert run_pass(run_id) == "waiting"
+    WorkflowRun.objects.filter(pk=run_id).update(branches_left=1)  # too low: lost count
+    execute_step(claim(run_id, "br-0"))  # wakes the run early
+    assert run_pass(run_id) == "waiting"
+    assert branches_left(run_id) == 3, "the pass counted again"
+    # Too high (a count nobody will bring to 0): any other request for a pass resets it.
+    WorkflowRun.objects.filter(pk=run_id).update(branches_left=50)
+    WorkflowRun.objects.request_pass(run_id)
+    assert branches_left(run_id) == 0
+    drain(Worker(1, step_lease_ttl=LEASE))
+    assert WorkflowRun.objects.get(pk=run_id).output == {"sum": 14}

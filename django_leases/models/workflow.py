@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
 
 from django_leases import clock, db, signals
@@ -774,16 +774,25 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         )
 
     def finish_pass(
-        self, run_id: uuid.UUID | str, pass_requests: int, due_at: datetime | None = None
+        self,
+        run_id: uuid.UUID | str,
+        pass_requests: int,
+        due_at: datetime | None = None,
+        branches: int = 0,
     ) -> bool:
         """End a pass: clear ``pass_due_at`` — or set it to ``due_at`` (a ``datetime`` from
         the database clock: when the wait the pass ended at needs the next pass, a sleep's
         end or an event's timeout) — unless the run was asked for another pass since
-        ``pass_requests`` was read (that pass will see the wait again). Returns ``True`` if
-        written."""
-        # One statement: atomic on its own (autocommit), no transaction around it.
+        ``pass_requests`` was read (that pass will see the wait again). ``branches``: the
+        pass ended at a ``run.parallel`` with that many of its steps not finished (an
+        ``int`` ≥ 0); only the result that finishes the last of them asks for the next pass
+        (:meth:`WorkflowStepQuerySet.set_result`). Returns ``True`` if written."""
+        # One statement: atomic on its own (autocommit), no transaction around it. Every
+        # finish raises pass_requests, so a count read before a finish committed never lands.
         return bool(
-            self.rows().filter(pk=run_id, pass_requests=pass_requests).update(pass_due_at=due_at)
+            self.rows()
+            .filter(pk=run_id, pass_requests=pass_requests)
+            .update(pass_due_at=due_at, branches_left=max(int(branches), 0))
         )
 
     def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
@@ -1107,6 +1116,7 @@ def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
         finished_at=None,
         pass_due_at=DbNow(),
         pass_requests=F("pass_requests") + 1,
+        branches_left=0,
         updated_at=DbNow(),
     )
 
@@ -1126,6 +1136,7 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
     runs the pass itself straight away, so the pass is taken for it as
     :meth:`WorkflowRunQuerySet.claim_due_pass` takes one — due only ``hold`` seconds from
     DB now (when another worker picks it should the caller die) — and nobody is woken.
+    Any count of parallel steps left (``branches_left``) is dropped: the pass counts again.
     """
     if hold is not None:
         delay = ttl_seconds(hold)
@@ -1135,12 +1146,55 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
         .update(
             pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
             pass_requests=F("pass_requests") + 1,
+            branches_left=0,
             updated_at=DbNow(),
         )
     )
     if requested and not delay:
         _wake(alias)  # due now (work due later is found by polling)
     return requested
+
+
+def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
+    """The portable path of the rule that a step's result asks its run for a pass, inside
+    the caller's transaction (after the fenced write of step ``step_id``): every result
+    raises ``pass_requests``; while the run's last pass waits on more than one unfinished
+    parallel step (``branches_left`` > 1) the result only counts one off and asks for
+    nothing, else it asks as :func:`_request_pass` does (``hold`` seconds: taken for the
+    caller) and the count is 0. Returns ``True`` when it asked (a running run).
+
+    Race-free without a prior lock: each ``UPDATE``'s condition on ``branches_left`` is
+    checked on the row version it locks (PostgreSQL re-checks it on the latest version after
+    waiting for a concurrent finish; MySQL/MariaDB read the latest committed version for an
+    ``UPDATE``; SQLite writes one at a time), never on an earlier snapshot (so the run is
+    found by its id, never through a subquery over its own table). Should the count
+    move between the two statements (a concurrent finish), they are tried again. A
+    sequential step (count 0) costs the one ``UPDATE`` it always did."""
+    delay = 0.0 if hold is None else ttl_seconds(hold)
+    # The run by its id, not through a join: a condition inside a subquery over the run
+    # table would be judged on the statement's snapshot, not on the locked row.
+    run_id = WorkflowStep._default_manager.using(alias).filter(pk=step_id).values("run_id")
+    runs = WorkflowRun._default_manager.using(alias).filter(
+        pk=Subquery(run_id), status=RunStatus.RUNNING
+    )
+    while True:
+        if runs.filter(branches_left__lte=1).update(
+            pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
+            pass_requests=F("pass_requests") + 1,
+            branches_left=0,
+            updated_at=DbNow(),
+        ):
+            if not delay:
+                _wake(alias)  # due now (work due later is found by polling)
+            return True
+        if runs.filter(branches_left__gt=1).update(
+            pass_requests=F("pass_requests") + 1,
+            branches_left=F("branches_left") - 1,
+            updated_at=DbNow(),
+        ):
+            return False
+        if not runs.exists():  # not running (any more)
+            return False
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -1769,7 +1823,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         row is updated in the same transaction, and the run is asked for a pass: due now
         (idle workers are woken) or, with ``hold_pass_seconds`` (the run lease's TTL), taken
         for the caller, who runs it next — then ``StepWrite.state`` is the run and its steps
-        as the write left them. A result that is not JSON is not stored: the attempt fails
+        as the write left them. A step of a ``run.parallel`` the run's last pass waits on
+        asks only if it is the last of them to finish (``StepWrite.pass_requested``; the
+        others just count themselves off the run's ``branches_left``), so N branches cost
+        one pass, not N; the decision is taken on the run row locked by the write's own
+        ``UPDATE``, so two branches finishing at once wake the run exactly once.
+        A result that is not JSON is not stored: the attempt fails
         with a ``STEP_RESULT_NOT_JSON`` error instead (as :meth:`set_error`, so retries
         apply). Writing again the result this attempt already recorded returns a
         ``StepWrite`` with ``written=False`` (safe to retry after a lost acknowledgement).
@@ -1810,6 +1869,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 row = cursor.fetchone()
             if row[0]:
                 state = None
+                asked = bool(row[1]) if hold is None else row[1] is not None
                 if hold is not None and row[1] is not None:
                     state = _pass_state_from_row(alias, row[1:])
                     # The steps were read in the statement's snapshot: before its own write.
@@ -1819,7 +1879,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                             step.result = self.stored_json(result)
                             step.error = None
                 _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
-                return StepWrite(StepStatus.SUCCEEDED, state=state)
+                return StepWrite(StepStatus.SUCCEEDED, state=state, pass_requested=asked)
             # Nothing matched the fence: a repeat of this very write, or a refusal.
             if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
                 return StepWrite(StepStatus.SUCCEEDED, written=False)
@@ -1839,9 +1899,10 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
                 repeat_of=(AttemptStatus.SUCCEEDED, result),
             )
-            if written:
-                _request_pass(alias, Q(steps__pk=step_id), hold=hold)
-        return StepWrite(StepStatus.SUCCEEDED, written, self._state_after(alias, step_id, hold))
+            # A repeat (``written`` false) goes on as if it had asked: at worst one pass more.
+            asked = _finish_branch(alias, step_id, hold) if written else True
+        state = self._state_after(alias, step_id, hold) if asked else None
+        return StepWrite(StepStatus.SUCCEEDED, written, state, pass_requested=asked)
 
     def _state_after(self, alias: str, step_id: int, hold: float | None) -> PassState | None:
         """The pass state of the step's run after a write that took its pass (``hold``)."""
@@ -2410,6 +2471,12 @@ class WorkflowRun(models.Model):
     worker that picks the pass pushes it one run-lease TTL ahead, so a pass whose worker died
     is picked again. ``pass_requests`` rises each time the run is asked for a pass, so a pass
     clears ``pass_due_at`` only if no new request arrived while it ran.
+
+    ``branches_left`` is set by a pass that ends at a ``run.parallel`` to the number of its
+    steps not finished yet; each result of a step decrements it, and only the one that
+    brings it to 0 asks for the next pass (every finish still raises ``pass_requests``). 0
+    otherwise: a request for a pass for any other reason (an exhausted failure, an event,
+    an operator's retry or resume) resets it, and each pass that ends sets it afresh.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
@@ -2421,6 +2488,11 @@ class WorkflowRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     pass_due_at = models.DateTimeField(null=True, blank=True)
     pass_requests = models.PositiveBigIntegerField(default=0)
+    branches_left = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Parallel steps the last pass waits on that have not finished yet.",
+    )
     key = models.CharField(
         max_length=MAX_KEY_LENGTH,
         null=True,

@@ -135,6 +135,9 @@ class _Pass:
         self.seen: set[str] = set()
         #: When the wait this pass ended at needs the next pass (database clock).
         self.next_due: datetime | None = None
+        #: How many steps of the ``run.parallel`` this pass ended at are not finished: only
+        #: the result of the last of them asks for the next pass.
+        self.branches = 0
         self._waits: dict[str, WorkflowWait] | None = None
         #: The step this pass scheduled and claimed for its driver, if any.
         self.claim: Claim | None = None
@@ -232,7 +235,7 @@ class _Pass:
                 )
             )
         results = []
-        unfinished = False
+        unfinished = 0
         for step_name, function_name, _ in calls:
             step = self.steps[step_name]
             if step.function_name != function_name:
@@ -245,8 +248,9 @@ class _Pass:
             elif step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
                 raise WorkflowStepFailedError(step_name, step.error)
             else:
-                unfinished = True
+                unfinished += 1  # pending, scheduled, running, or failed with attempts left
         if unfinished:
+            self.branches = unfinished
             raise _PassEnded
         return results
 
@@ -537,7 +541,7 @@ def replay(
         output = func(RunContext(this), run.input)
     except _PassEnded:
         if not this.pass_finished:
-            runs.finish_pass(run_id, run.pass_requests, this.next_due)
+            runs.finish_pass(run_id, run.pass_requests, this.next_due, this.branches)
         return Replayed("waiting", this)
     except WorkflowStepFailedError as exc:
         logger.warning("Run %s failed: %s", run_id, exc)
@@ -729,6 +733,8 @@ class RunDriver:
                 return recorded.run_outcome
             if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
                 return recorded.outcome
+            if not recorded.pass_requested:  # not the last of its parallel siblings
+                return "waiting"
             if not self.keep_going():
                 # Stopping: the pass the result took for this thread goes to the queue.
                 WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)

@@ -153,11 +153,16 @@ class StepRecorded:
             the pass the caller runs next (``None`` otherwise, or when the run is not running).
         run_outcome: the run's outcome when the write also ended the run (a completion
             statement): ``"completed"``, or ``"failed"`` for a run no longer running.
+        pass_requested: the write asked the run for its next pass (with
+            ``hold_pass_seconds``: taken for the caller, who runs it); ``False`` for a
+            parallel step that was not the last of its siblings to finish, or a run no
+            longer running (nothing for the caller to run).
     """
 
     outcome: str
     state: PassState | None = None
     run_outcome: str | None = None
+    pass_requested: bool = True
 
 
 def run_step_function(claim: Claim) -> StepRun:
@@ -259,7 +264,7 @@ def record_step(
                 wrote = store.set_result(
                     claim.step_id, ran.result, claim.attempt, hold_pass_seconds=hold_pass_seconds
                 )
-                return StepRecorded(wrote.status, wrote.state)
+                return StepRecorded(wrote.status, wrote.state, pass_requested=wrote.pass_requested)
 
             return _write_outcome(ran, write_result)
         failure = ran.failure

@@ -257,28 +257,39 @@ def set_result(
     channel: Any = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result`: the fenced result, its attempt row, and the
-    run's pass request, in one statement. With ``hold`` (seconds), the pass is taken for the
-    caller (due only ``hold`` seconds from now, no notification) and the run's pass state as
-    the write left it is returned; else it is due now and ``channel`` is notified. Its row:
-    written (0 or 1), then the pass state (``hold``) or the notification."""
+    run's pass request, in one statement. Every result raises ``pass_requests``; while the
+    run's last pass waits on more than one unfinished parallel step (``branches_left`` > 1)
+    it only counts one off and asks for nothing. Otherwise the pass is asked for: with
+    ``hold`` (seconds) it is taken for the caller (due only ``hold`` seconds from now, no
+    notification) and the run's pass state as the write left it is returned; else it is due
+    now and ``channel`` is notified. Its row: written (0 or 1), then the pass state
+    (``hold``; ``NULL`` when none was asked for) or whether it was asked for.
+
+    The ``SET`` expressions (not a subquery of this statement's snapshot) decide the count:
+    PostgreSQL evaluates them on the run row's latest version once it holds its lock, so of
+    two branches finishing at once exactly one sees the count reach 0."""
     written, params = _result(t, fence, fence_params, payload, attempt)
-    returned = pass_state("r", t.step) if hold is not None else "r.id"
     sql = f"""
         WITH {written}, run AS (
             UPDATE {t.run} AS r
-            SET pass_due_at = statement_timestamp() + make_interval(secs => %s),
+            SET pass_due_at = CASE WHEN r.branches_left > 1 THEN r.pass_due_at
+                    ELSE statement_timestamp() + make_interval(secs => %s) END,
+                branches_left = CASE WHEN r.branches_left > 1 THEN r.branches_left - 1
+                    ELSE 0 END,
                 pass_requests = pass_requests + 1, updated_at = statement_timestamp()
             WHERE id = (SELECT run_id FROM step) AND status = {_text(RunStatus.RUNNING)}
-            RETURNING {returned}
+            RETURNING r.id, r.workflow, r.status, r.input, r.pass_requests,
+                r.branches_left = 0 AS asked
         )
     """
     params.append(0.0 if hold is None else hold)
     if hold is None:
-        sql += "SELECT (SELECT count(*) FROM step), (SELECT pg_notify(%s, '') FROM run)"
+        sql += "SELECT (SELECT count(*) FROM step), coalesce((SELECT asked FROM run), false), "
+        sql += "(SELECT pg_notify(%s, '') FROM run WHERE asked)"
         params.append(channel)
     else:
-        sql += "SELECT (SELECT count(*) FROM step), run.* FROM (SELECT 1) AS one "
-        sql += "LEFT JOIN run ON true"
+        sql += f"SELECT (SELECT count(*) FROM step), {pass_state('run', t.step)} "
+        sql += "FROM (SELECT 1) AS one LEFT JOIN run ON run.asked"
     return sql, params
 
 

@@ -178,11 +178,16 @@ class StepWrite:
         state: with ``hold_pass_seconds``, the run and its steps as the write left them, for
             the pass the caller runs next (``None`` where none was taken or the run is not
             running).
+        pass_requested: the write asked the run for its next pass (taken for the caller
+            with ``hold_pass_seconds``); ``False`` for a parallel step that was not the last
+            of its siblings to finish, or a run no longer running: the caller has no pass to
+            run.
     """
 
     status: str
     written: bool = True
     state: PassState | None = field(default=None, repr=False)
+    pass_requested: bool = True
 
 
 @dataclass(frozen=True)

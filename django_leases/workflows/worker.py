@@ -40,7 +40,7 @@ from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
 from django_leases.workflows.driver import PASS_RETRY_DELAY, RunDriver, run_lease_ttl
-from django_leases.workflows.engine import execute_step
+from django_leases.workflows.engine import record_step, run_step_function
 from django_leases.workflows.values import WORKER_LEASE_PREFIX, PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, wakeup_method
 
@@ -468,11 +468,15 @@ class Worker:
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
         going = not self._stop.is_set()
-        outcome = execute_step(claim, hold_pass_seconds=run_lease_ttl() if going else None)
+        recorded = record_step(
+            run_step_function(claim), hold_pass_seconds=run_lease_ttl() if going else None
+        )
+        outcome = recorded.outcome
         logger.info(
             "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
         )
-        if going and outcome in ("succeeded", "failed"):
+        # A parallel step that was not the last of its siblings to finish took no pass.
+        if going and outcome in ("succeeded", "failed") and recorded.pass_requested:
             # The result took the run's next pass for this thread: run it here, or hand it
             # to the queue (due now) if the worker is stopping meanwhile.
             if self._stop.is_set():
