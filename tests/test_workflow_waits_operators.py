@@ -199,3 +199,23 @@ def test_an_event_the_run_has_not_reached_says_it_is_kept(client: Client) -> Non
     other = WorkflowRun.objects.start("tests.waits.approval", {})
     response = client.post(_send_url(other), {"name": "later", "payload": "1"}, follow=True)
     assert "kept until the run reaches wait 'later'" in " ".join(_messages(response))
+
+
+def test_a_waits_time_is_said_in_the_sites_zone_with_its_name() -> None:
+    from datetime import UTC, datetime
+
+    from django.utils import timezone
+
+    from django_leases.models import WorkflowWait
+    from django_leases.workflows.values import WaitKind, WaitStatus
+
+    wait = WorkflowWait(
+        name="nap",
+        kind=WaitKind.SLEEP,
+        status=WaitStatus.WAITING,
+        due_at=datetime(2026, 1, 15, 12, 0, tzinfo=UTC),
+    )
+    with timezone.override("Europe/Paris"):
+        assert wait.describe() == "sleeping until 2026-01-15 13:00:00 CET"
+    with timezone.override("UTC"):
+        assert wait.describe() == "sleeping until 2026-01-15 12:00:00 UTC"

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
+from django.utils import timezone
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow
@@ -3084,19 +3085,29 @@ class WorkflowWait(models.Model):
         …", "waiting for child …", or how it ended."""
         if self.kind == WaitKind.SLEEP:
             if self.status == WaitStatus.DONE:
-                return f"slept until {self.due_at:%Y-%m-%d %H:%M:%S}"
-            return f"sleeping until {self.due_at:%Y-%m-%d %H:%M:%S}"
+                return f"slept until {_shown(self.due_at)}"
+            return f"sleeping until {_shown(self.due_at)}"
         if self.kind == WaitKind.EVENT:
             if self.status == WaitStatus.DONE:
                 return f"event {self.name!r} received"
             if self.status == WaitStatus.TIMED_OUT:
                 return f"event {self.name!r} timed out"
-            until = "" if self.due_at is None else f" until {self.due_at:%Y-%m-%d %H:%M:%S}"
+            until = "" if self.due_at is None else f" until {_shown(self.due_at)}"
             return f"waiting for event {self.name!r}{until}"
         child = getattr(self, "child_id", None)
         if self.status == WaitStatus.DONE:
             return f"child {child} finished"
         return f"waiting for child {child}"
+
+
+def _shown(when: datetime | None) -> str:
+    """A wait's time for operators: in the current time zone (the site's), with its name, so
+    "sleeping until 14:00:00" is never read in the wrong zone."""
+    if when is None:
+        return "?"
+    if timezone.is_aware(when):
+        return f"{timezone.localtime(when):%Y-%m-%d %H:%M:%S %Z}"
+    return f"{when:%Y-%m-%d %H:%M:%S}"
 
 
 # -- workers ------------------------------------------------------------------------------------
