@@ -188,6 +188,52 @@ class Child:
         self._log.close()
 
 
+def one_at_a_time(clock: str, spans: list[tuple[Any, Any, Any]]) -> None:
+    """Raise StageFailed unless the ``(id, started, finished)`` spans (datetimes, by the
+    ``clock`` named in the message) never overlap: sorted by start, each began at or after
+    the end of the one before it. A span without an end fails too."""
+    for name, started, finished in spans:
+        if started is None or finished is None:
+            raise StageFailed(f"by the {clock}, {name} has no start or no end")
+    ordered = sorted(spans, key=lambda span: span[1])
+    for before, after in pairwise(ordered):
+        if after[1] < before[2]:
+            raise StageFailed(f"by the {clock}, {after[0]} started before {before[0]} finished")
+
+
+def one_run_per_tick(schedule: str, keys: list[str]) -> list[datetime]:
+    """The ticks of the runs keyed ``keys`` (``schedule:<schedule>:<tick>``), sorted. Raises
+    StageFailed unless every key is of that form, no tick has two runs and the ticks are
+    consecutive seconds (the per-second schedule skipped none)."""
+    prefix = f"schedule:{schedule}:"
+    if not keys or not all(key.startswith(prefix) for key in keys):
+        raise StageFailed(f"runs not keyed {prefix}<tick>: {keys}")
+    ticks = sorted(datetime.fromisoformat(key.removeprefix(prefix)) for key in keys)
+    if len(set(ticks)) != len(ticks):
+        raise StageFailed(f"{len(ticks)} runs for {len(set(ticks))} ticks")
+    if any((b - a).total_seconds() != 1 for a, b in pairwise(ticks)):
+        raise StageFailed(f"the ticks are not one second apart: {[t.isoformat() for t in ticks]}")
+    return ticks
+
+
+def fired_by(schedule: str, logs: dict[str, str], run_ids: list[Any]) -> dict[str, str]:
+    """Which worker fired each run of ``schedule``, from the workers' ``logs`` (text by worker
+    name): ``{run id: worker name}``. Raises StageFailed unless exactly one log line reports
+    each run started (none: nobody claimed it; two: the tick fired twice)."""
+    line = re.compile(rf"Schedule '{re.escape(schedule)}': tick \S+ started run ([0-9a-f-]{{36}})")
+    by: dict[str, list[str]] = {}
+    for name, text in logs.items():
+        for match in line.finditer(text):
+            by.setdefault(match[1], []).append(name)
+    firers: dict[str, str] = {}
+    for run_id in map(str, run_ids):
+        names = by.get(run_id, [])
+        if len(names) != 1:
+            raise StageFailed(f"run {run_id} was reported fired by {names or 'no worker'}")
+        firers[run_id] = names[0]
+    return firers
+
+
 class Tour:
     """Runs the stages in order and keeps the child processes it started."""
 
@@ -1063,18 +1109,10 @@ class Tour:
                 f"{result.attempts}, {entry.started_at:%H:%M:%S.%f}"[:-3]
                 + f"-{entry.finished_at:%H:%M:%S.%f}"[:-3]
             )
-        # One at a time: sorted by start, each began after the one before had finished —
-        # by the tasks' own journal (each worker's clock) and by the results (database clock).
-        for clock, start, end in (
-            ("journal", lambda e, r: e.started_at, lambda e, r: e.finished_at),
-            ("results", lambda e, r: r.started_at, lambda e, r: r.finished_at),
-        ):
-            ordered = sorted(entries, key=lambda pair: start(*pair))
-            for before, after in pairwise(ordered):
-                if start(*after) < end(*before):
-                    raise StageFailed(
-                        f"by the {clock}, {after[1].id} started before {before[1].id} finished"
-                    )
+        # One at a time, by the tasks' own journal (each worker's clock) and by the results'
+        # started_at / finished_at (the database clock).
+        one_at_a_time("journal", [(r.id, e.started_at, e.finished_at) for e, r in entries])
+        one_at_a_time("results", [(r.id, r.started_at, r.finished_at) for e, r in entries])
         threads = {result.worker_ids[-1] for result in results}
         pids = {entry.pid for entry, _ in entries}
         say(
@@ -1091,8 +1129,9 @@ class Tour:
         from demo_project.journal.workflows import TICK_SCHEDULE, TICK_WORKFLOW
         from django_leases.models import WorkflowRun, WorkflowSchedule
 
-        prefix = f"schedule:{TICK_SCHEDULE}:"
-        runs = WorkflowRun.objects.filter(workflow=TICK_WORKFLOW, key__startswith=prefix)
+        runs = WorkflowRun.objects.filter(
+            workflow=TICK_WORKFLOW, key__startswith=f"schedule:{TICK_SCHEDULE}:"
+        )
         earlier = set(runs.values_list("id", flat=True))
         schedule = WorkflowSchedule.objects.get(name=TICK_SCHEDULE)
         if not schedule.paused:
@@ -1111,28 +1150,16 @@ class Tour:
         new = list(runs.exclude(id__in=earlier))
         self.run_ids += [str(run.id) for run in new]
         self.wait_for_runs([str(run.id) for run in new])
-        ticks = sorted(datetime.fromisoformat(run.key.removeprefix(prefix)) for run in new)
-        if len(set(ticks)) != len(new):
-            raise StageFailed(f"{len(new)} runs for {len(set(ticks))} ticks")
-        gaps = {(b - a).total_seconds() for a, b in pairwise(ticks)}
-        if gaps != {1.0}:
-            raise StageFailed(f"the ticks are not one second apart: {ticks}")
-        # Who fired each tick, from the workers' own logs: exactly one line per run.
-        fired = re.compile(rf"Schedule '{TICK_SCHEDULE}': tick (\S+) started run ([0-9a-f-]{{36}})")
-        by: dict[str, list[str]] = {}
-        for worker in self.workers:
-            for match in fired.finditer(worker.log()):
-                by.setdefault(match[2], []).append(worker.name)
+        one_run_per_tick(TICK_SCHEDULE, [run.key or "" for run in new])
+        # Who fired each tick, from the workers' own logs: exactly one worker per run.
+        by = fired_by(TICK_SCHEDULE, {w.name: w.log() for w in self.workers}, [r.id for r in new])
         workers = {worker.pid: worker.name for worker in self.workers}
-        for run in sorted(new, key=lambda run: run.key):
-            firers = by.get(str(run.id), [])
-            if len(firers) != 1:
-                raise StageFailed(f"run {run.id} was reported fired by {firers or 'no worker'}")
+        for run in sorted(new, key=lambda run: run.key or ""):
             ran = workers.get((run.output or {}).get("pid"), "?")
-            say(f"      {run.key}: run {run.id}, fired by {firers[0]}, its step ran on {ran}")
+            say(f"      {run.key}: run {run.id}, fired by {by[str(run.id)]}, its step ran on {ran}")
         say(
             f"   {len(new)} ticks, one run each, although {len(self.workers)} workers look for "
-            f"due ticks every second; fired by {len({f[0] for f in by.values()})} of them; "
+            f"due ticks every second; fired by {len(set(by.values()))} of them; "
             f"the schedule is paused again"
         )
         self.summary[f"schedule {TICK_SCHEDULE!r} (every second)"] = (

@@ -1,11 +1,12 @@
-"""``demo-tick``: a per-second schedule, to show a tick starts one run across every worker.
+"""``demo-tick``: the workflow of a per-second schedule, to show that a tick starts one run
+across every worker.
 
-``@workflow("demo-tick", schedule="* * * * * *")`` (six fields, seconds first) would start a
-run every second; the tour keeps it **paused** (``workflow_schedules pause demo-tick`` before
-its workers start) and resumes it only for the stage that watches a few ticks, so the
-schedule starts no run during the other stages. Each run is keyed ``schedule:demo-tick:<tick>``
-and has one journalled step, ``note`` (``journal.note_tick``), that returns the pid of the
-worker that ran it.
+The demo's settings declare the schedule ``demo-tick`` (``DJANGO_LEASES["SCHEDULES"]``, cron
+``* * * * * *``: six fields, seconds first; ``catch_up="none"``). The tour keeps it **paused**
+(from its first stage, before any worker starts) and resumes it only for the stage that
+watches a few ticks, so it starts no run during the other stages. Each run is keyed
+``schedule:demo-tick:<tick>`` and has one journalled step, ``note`` (``journal.note_tick``),
+that returns the pid of the worker that ran it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from demo_project.journal.steps import journalled
 from django_leases.workflows import step_function, workflow
 
 TICK_WORKFLOW = "demo-tick"
-#: The schedule's name: a ``@workflow`` schedule is named after its workflow.
-TICK_SCHEDULE = TICK_WORKFLOW
+#: The schedule's name in ``DJANGO_LEASES["SCHEDULES"]``.
+TICK_SCHEDULE = "demo-tick"
 
 
 @step_function("journal.note_tick")
@@ -28,7 +29,7 @@ def note_tick(data: Any, ctx: Any) -> dict[str, Any]:
         return {"pid": os.getpid()}
 
 
-@workflow(TICK_WORKFLOW, schedule="* * * * * *", catch_up="none")
+@workflow(TICK_WORKFLOW)
 def tick(run: Any, input: Any) -> Any:
     """One step per tick; the run's output is the step's result."""
     return run.step("note", "journal.note_tick", {})
