@@ -1155,7 +1155,7 @@ class Tour:
         by = fired_by(TICK_SCHEDULE, {w.name: w.log() for w in self.workers}, [r.id for r in new])
         workers = {worker.pid: worker.name for worker in self.workers}
         for run in sorted(new, key=lambda run: run.key or ""):
-            ran = workers.get((run.output or {}).get("pid"), "?")
+            ran = workers.get(int((run.output or {}).get("pid") or 0), "?")
             say(f"      {run.key}: run {run.id}, fired by {by[str(run.id)]}, its step ran on {ran}")
         say(
             f"   {len(new)} ticks, one run each, although {len(self.workers)} workers look for "

@@ -32,7 +32,7 @@ def sending_seconds() -> float:
 
 
 @task(queue_name=MAIL_QUEUE, takes_context=True)
-def send_receipt_email(context: TaskContext, order: str, email: str) -> dict[str, Any]:
+def send_receipt_email(context: TaskContext[Any, Any], order: str, email: str) -> dict[str, Any]:
     """ "Send" the receipt of ``order`` (``str``) to ``email`` (``str``): journal the attempt
     and wait :func:`sending_seconds` in place of an SMTP call.
 
