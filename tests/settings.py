@@ -76,3 +76,5 @@ if find_spec("django.tasks") or find_spec("django_tasks"):
             "OPTIONS": {"retries": 2, "retry_delay": 30},
         },
     }
+else:  # not the demo's TASKS either: its TaskBackend needs the Tasks API
+    TASKS = {}
