@@ -3,8 +3,9 @@
 Stages (each checks what it claims from the database, the HTTP answers and the processes'
 logs; any failure makes the tour exit 1):
 
-1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
-   and create an admin user;
+1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise),
+   create an admin user and pause the per-second schedule ``demo-tick`` (before any worker
+   starts, so it fires in stage 10 only);
 2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
    (``github-pushes`` and ``github-pull-requests``, provider ``github``; ``stripe-orders``,
    provider ``manual``) and store ``stripe-orders``' signing secret (``trigger_sources
