@@ -131,6 +131,24 @@ DJANGO_LEASES = {
     "WEBHOOK_SECRETS": {
         "github-pushes": env("DEMO_GITHUB_WEBHOOK_SECRET", default="demo-webhook-secret")
     },
+    # The shop's receipts (demo_project/shop/tasks.py) go out one at a time, whichever worker
+    # thread takes them: the limit is decided in the claim, on the database.
+    "QUEUES": {"mail": {"concurrency": 1}},
+    # A per-second schedule (six fields, seconds first) of the journal's `demo-tick` workflow.
+    # The tour keeps it paused but for its last stage. Declared here rather than on the
+    # @workflow, so code that reuses the demo's apps without its settings (the test suite)
+    # gets no schedule firing every second.
+    "SCHEDULES": {
+        "demo-tick": {"workflow": "demo-tick", "cron": "* * * * * *", "catch_up": "none"}
+    },
+}
+# Django's Tasks framework runs on the workflow workers (django.tasks on Django 6, the
+# django-tasks backport on Django 5.2: the `demo` extra installs it).
+TASKS = {
+    "default": {
+        "BACKEND": "django_leases.tasks.TaskBackend",
+        "QUEUES": ["default", "mail"],
+    }
 }
 # The tour runs its workers with a short step lease (DEMO_STEP_LEASE_TTL, seconds) so a paused
 # worker's step is taken over within seconds; unset, the library's default applies.

@@ -3,8 +3,9 @@
 Stages (each checks what it claims from the database, the HTTP answers and the processes'
 logs; any failure makes the tour exit 1):
 
-1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise)
-   and create an admin user;
+1. migrate the demo database (SQLite ``demo.sqlite3`` unless ``DATABASE_URL`` says otherwise),
+   create an admin user and pause the per-second schedule ``demo-tick`` (before any worker
+   starts, so it fires in stage 10 only);
 2. start a local fake of GitHub's webhook API and reconcile the trigger-source declarations
    (``github-pushes`` and ``github-pull-requests``, provider ``github``; ``stripe-orders``,
    provider ``manual``) and store ``stripe-orders``' signing secret (``trigger_sources
@@ -33,7 +34,15 @@ logs; any failure makes the tour exit 1):
    and start a replacement worker (``worker-3``), so two workers run again;
 8. disable both GitHub sources: their hooks are deleted at the fake GitHub, deliveries get 404;
 9. SIGKILL the singleton job's holder: the standby takes over with a higher fencing token;
-10. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
+10. queues, tasks and schedules: start two more workers of four threads each, enqueue the
+    shop's Django ``@task`` e-mail receipts (``demo_project.shop.tasks``, queue ``mail``,
+    ``concurrency`` 1, through ``django_leases.tasks.TaskBackend``) and read each result back
+    with ``get_result()``; the receipts' own journal entries and their results' start and
+    finish show they ran one at a time. Then resume the per-second schedule ``demo-tick``
+    (paused since stage 1, so it fires in no other stage) for three ticks and pause it again:
+    each tick started exactly one run (keyed ``schedule:demo-tick:<tick>``), fired by one of
+    the four workers, as their logs show;
+11. print a summary, then serve the admin on http://127.0.0.1:8000/admin/ until Ctrl-C
     (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
     stage did what it said).
 
@@ -56,6 +65,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +95,11 @@ SETTLE_SECONDS = 4.0
 STARTED = "deliveries that started a run (202)"
 EVENT_SENT = "deliveries that sent an event to a waiting run (202)"
 NOT_APPROVAL = "deliveries recorded without sending an event (reviews that are not approvals, 202)"
+#: The last stage: how many @task receipts it enqueues on the ``mail`` queue, how many ticks
+#: of the per-second schedule it watches, and the threads of each of its two extra workers.
+RECEIPTS = 5
+TICKS = 3
+THREADED_WORKER_THREADS = 4
 
 
 class StageFailed(Exception):
@@ -173,6 +189,52 @@ class Child:
         self._log.close()
 
 
+def one_at_a_time(clock: str, spans: list[tuple[Any, Any, Any]]) -> None:
+    """Raise StageFailed unless the ``(id, started, finished)`` spans (datetimes, by the
+    ``clock`` named in the message) never overlap: sorted by start, each began at or after
+    the end of the one before it. A span without an end fails too."""
+    for name, started, finished in spans:
+        if started is None or finished is None:
+            raise StageFailed(f"by the {clock}, {name} has no start or no end")
+    ordered = sorted(spans, key=lambda span: span[1])
+    for before, after in pairwise(ordered):
+        if after[1] < before[2]:
+            raise StageFailed(f"by the {clock}, {after[0]} started before {before[0]} finished")
+
+
+def one_run_per_tick(schedule: str, keys: list[str]) -> list[datetime]:
+    """The ticks of the runs keyed ``keys`` (``schedule:<schedule>:<tick>``), sorted. Raises
+    StageFailed unless every key is of that form, no tick has two runs and the ticks are
+    consecutive seconds (the per-second schedule skipped none)."""
+    prefix = f"schedule:{schedule}:"
+    if not keys or not all(key.startswith(prefix) for key in keys):
+        raise StageFailed(f"runs not keyed {prefix}<tick>: {keys}")
+    ticks = sorted(datetime.fromisoformat(key.removeprefix(prefix)) for key in keys)
+    if len(set(ticks)) != len(ticks):
+        raise StageFailed(f"{len(ticks)} runs for {len(set(ticks))} ticks")
+    if any((b - a).total_seconds() != 1 for a, b in pairwise(ticks)):
+        raise StageFailed(f"the ticks are not one second apart: {[t.isoformat() for t in ticks]}")
+    return ticks
+
+
+def fired_by(schedule: str, logs: dict[str, str], run_ids: list[Any]) -> dict[str, str]:
+    """Which worker fired each run of ``schedule``, from the workers' ``logs`` (text by worker
+    name): ``{run id: worker name}``. Raises StageFailed unless exactly one log line reports
+    each run started (none: nobody claimed it; two: the tick fired twice)."""
+    line = re.compile(rf"Schedule '{re.escape(schedule)}': tick \S+ started run ([0-9a-f-]{{36}})")
+    by: dict[str, list[str]] = {}
+    for name, text in logs.items():
+        for match in line.finditer(text):
+            by.setdefault(match[1], []).append(name)
+    firers: dict[str, str] = {}
+    for run_id in map(str, run_ids):
+        names = by.get(run_id, [])
+        if len(names) != 1:
+            raise StageFailed(f"run {run_id} was reported fired by {names or 'no worker'}")
+        firers[run_id] = names[0]
+    return firers
+
+
 class Tour:
     """Runs the stages in order and keeps the child processes it started."""
 
@@ -183,6 +245,8 @@ class Tour:
         self.port = 8000 if serve else free_port()
         self.children: dict[str, Child] = {}
         self.workers: list[Child] = []
+        #: ``--concurrency`` of each worker started with more than one thread, by name.
+        self.threads: dict[str, int] = {}
         self.run_ids: list[str] = []
         self.summary: dict[str, Any] = {}
         self.stripe_secret = ""
@@ -246,6 +310,11 @@ class Tour:
                 self.disable_source,
             ),
             ("Kill the singleton's holder: the standby takes over", self.takeover),
+            (
+                "Django @task receipts run one at a time on the 'mail' queue; a per-second "
+                "schedule fires once per tick across four workers",
+                self.tasks_and_schedule,
+            ),
         ]
         failed = False
         say(f"Logs of the demo's processes: {self.logs}")
@@ -296,6 +365,21 @@ class Tour:
         if not users.get(username=ADMIN_USER).check_password(ADMIN_PASSWORD):
             raise StageFailed(f"the admin user {ADMIN_USER!r} exists with another password")
         say(f"   database migrated; admin user: {ADMIN_USER} / {ADMIN_PASSWORD}")
+        self.pause_tick_schedule()
+
+    def pause_tick_schedule(self) -> None:
+        """Sync the declared schedules to their rows and pause ``demo-tick`` (as
+        ``manage.py workflow_schedules pause`` does) before any worker starts: the per-second
+        schedule starts runs only while the tasks-and-schedule stage resumes it."""
+        from demo_project.journal.workflows import TICK_SCHEDULE
+        from django_leases.models import WorkflowSchedule
+        from django_leases.workflows.registry import declared_schedules
+
+        WorkflowSchedule.objects.sync(declared_schedules())
+        WorkflowSchedule.objects.set_paused(TICK_SCHEDULE, True)
+        if not WorkflowSchedule.objects.get(name=TICK_SCHEDULE).paused:
+            raise StageFailed(f"schedule {TICK_SCHEDULE!r} could not be paused")
+        say(f"   schedule {TICK_SCHEDULE!r} (every second) paused until the last stage")
 
     def reconcile(self) -> None:
         from django_leases.models import TriggerSource
@@ -927,6 +1011,168 @@ class Tour:
             f"writes the digest now ({digest.runs_completed} runs completed)"
         )
         self.summary["singleton token"] = f"{held.token} -> {new.token}"
+
+    def tasks_and_schedule(self) -> None:
+        self.start_threaded_workers()
+        self.mail_receipts()
+        self.tick_schedule()
+
+    def start_threaded_workers(self) -> None:
+        """Start two more workers of :data:`THREADED_WORKER_THREADS` threads each and wait
+        for their heartbeats, so the receipts could run side by side were it not for the
+        ``mail`` queue's limit."""
+        from django_leases.models import Lease
+
+        first = 1 + sum(name.startswith("worker-") for name in self.children)
+        new = [
+            self.start(
+                f"worker-{number}",
+                "run_workflow_worker",
+                "--concurrency",
+                str(THREADED_WORKER_THREADS),
+            )
+            for number in (first, first + 1)
+        ]
+        for child in new:
+            self.threads[child.name] = THREADED_WORKER_THREADS
+
+        def beating() -> bool:
+            for child in new:
+                if not child.alive():
+                    raise StageFailed(f"{child.name} exited: see {child.log_path}")
+            return all(
+                Lease.objects.filter(
+                    key__startswith="workflow-worker:",
+                    key__contains=f":{child.pid}:",
+                    released_at__isnull=True,
+                ).exists()
+                for child in new
+            )
+
+        wait_for("the new workers' heartbeats", beating, timeout=60)
+        self.workers += new
+        say(
+            f"   two more workers, {THREADED_WORKER_THREADS} threads each (pids "
+            f"{', '.join(str(w.pid) for w in new)}): {len(self.workers)} workers, "
+            f"{self.worker_threads()} threads in all"
+        )
+
+    def worker_threads(self) -> int:
+        """The worker threads of the tour's live workers (``--concurrency`` of each)."""
+        return sum(self.threads.get(worker.name, 1) for worker in self.workers)
+
+    def mail_receipts(self) -> None:
+        from demo_project.journal.models import Outcome, StepExecution
+        from demo_project.shop.tasks import JOURNAL_STEP, MAIL_QUEUE, send_receipt_email
+        from django_leases.conf import queue_limits
+        from django_leases.tasks_api import TaskResultStatus
+
+        limit = queue_limits()[MAIL_QUEUE].concurrency
+        if limit != 1:
+            raise StageFailed(f"queue {MAIL_QUEUE!r} has concurrency {limit}, not 1")
+        say(f'   DJANGO_LEASES["QUEUES"]: {MAIL_QUEUE!r} runs at most {limit} task at a time')
+        stamp = uuid.uuid4().hex[:6]
+        orders = [f"order-{stamp}-{n}" for n in range(1, RECEIPTS + 1)]
+        enqueued = [
+            send_receipt_email.enqueue(order=order, email=f"customer{n}@example.com")
+            for n, order in enumerate(orders, start=1)
+        ]
+        say(
+            f"   enqueued {len(enqueued)} send_receipt_email tasks (queue "
+            f"{send_receipt_email.queue_name!r}), status {enqueued[0].status}"
+        )
+        ids = [str(result.id) for result in enqueued]
+        finished = (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+
+        def all_done() -> list[Any] | None:
+            results = [send_receipt_email.get_result(result_id) for result_id in ids]
+            return results if all(r.status in finished for r in results) else None
+
+        results = wait_for("the receipts to be sent", all_done, timeout=120)
+        self.run_ids += ids
+        workers = {worker.pid: worker.name for worker in self.workers}
+        entries = []
+        for order, result in zip(orders, results, strict=True):
+            value = result.return_value if result.status == TaskResultStatus.SUCCESSFUL else None
+            if value is None or value.get("order") != order:
+                raise StageFailed(f"task {result.id}: {result.status}, errors {result.errors}")
+            entry = StepExecution.objects.filter(
+                run_id=result.id, step_name=JOURNAL_STEP, attempt=value["attempt"]
+            ).first()
+            if entry is None or entry.outcome != Outcome.DONE or entry.finished_at is None:
+                raise StageFailed(f"task {result.id} has no finished journal entry: {entry}")
+            if entry.pid not in workers or str(entry.pid) != result.worker_ids[-1].split(":")[-2]:
+                raise StageFailed(f"task {result.id} ran in pid {entry.pid}, not a tour worker")
+            entries.append((entry, result))
+            say(
+                f"      {result.id} {result.status}: sent to {value['to']} by "
+                f"{workers[entry.pid]} (worker id {result.worker_ids[-1]}), attempt "
+                f"{result.attempts}, {entry.started_at:%H:%M:%S.%f}"[:-3]
+                + f"-{entry.finished_at:%H:%M:%S.%f}"[:-3]
+            )
+        # One at a time, by the tasks' own journal (each worker's clock) and by the results'
+        # started_at / finished_at (the database clock).
+        one_at_a_time("journal", [(r.id, e.started_at, e.finished_at) for e, r in entries])
+        one_at_a_time("results", [(r.id, r.started_at, r.finished_at) for e, r in entries])
+        threads = {result.worker_ids[-1] for result in results}
+        pids = {entry.pid for entry, _ in entries}
+        say(
+            f"   one at a time: each receipt started after the one before it finished (their "
+            f"journal entries and their results' started_at/finished_at), on {len(threads)} "
+            f"worker threads of {len(pids)} workers, although {self.worker_threads()} threads "
+            "could take them"
+        )
+        self.summary[f"@task receipts on queue {MAIL_QUEUE!r} (concurrency 1)"] = (
+            f"{len(results)} sent, one at a time, on {len(threads)} threads of {len(pids)} workers"
+        )
+
+    def tick_schedule(self) -> None:
+        from demo_project.journal.workflows import TICK_SCHEDULE, TICK_WORKFLOW
+        from django_leases.models import WorkflowRun, WorkflowSchedule
+
+        runs = WorkflowRun.objects.filter(
+            workflow=TICK_WORKFLOW, key__startswith=f"schedule:{TICK_SCHEDULE}:"
+        )
+        earlier = set(runs.values_list("id", flat=True))
+        schedule = WorkflowSchedule.objects.get(name=TICK_SCHEDULE)
+        if not schedule.paused:
+            raise StageFailed(f"schedule {TICK_SCHEDULE!r} was not paused during the tour")
+        if runs.exclude(id__in=earlier).exists():
+            raise StageFailed(f"schedule {TICK_SCHEDULE!r} started runs while paused")
+        self.schedule_command("resume", TICK_SCHEDULE)
+        try:
+            wait_for(
+                f"{TICKS} ticks of {TICK_SCHEDULE!r}",
+                lambda: runs.exclude(id__in=earlier).count() >= TICKS,
+                timeout=60,
+            )
+        finally:
+            self.schedule_command("pause", TICK_SCHEDULE)
+        new = list(runs.exclude(id__in=earlier))
+        self.run_ids += [str(run.id) for run in new]
+        self.wait_for_runs([str(run.id) for run in new])
+        one_run_per_tick(TICK_SCHEDULE, [run.key or "" for run in new])
+        # Who fired each tick, from the workers' own logs: exactly one worker per run.
+        by = fired_by(TICK_SCHEDULE, {w.name: w.log() for w in self.workers}, [r.id for r in new])
+        workers = {worker.pid: worker.name for worker in self.workers}
+        for run in sorted(new, key=lambda run: run.key or ""):
+            ran = workers.get(int((run.output or {}).get("pid") or 0), "?")
+            say(f"      {run.key}: run {run.id}, fired by {by[str(run.id)]}, its step ran on {ran}")
+        say(
+            f"   {len(new)} ticks, one run each, although {len(self.workers)} workers look for "
+            f"due ticks every second; fired by {len(set(by.values()))} of them; "
+            f"the schedule is paused again"
+        )
+        self.summary[f"schedule {TICK_SCHEDULE!r} (every second)"] = (
+            f"{len(new)} consecutive ticks, exactly one run each, across "
+            f"{len(self.workers)} workers"
+        )
+
+    def schedule_command(self, action: str, name: str) -> None:
+        done = self.manage("workflow_schedules", action, name)
+        if done.returncode != 0:
+            raise StageFailed(f"workflow_schedules {action} {name} exited {done.returncode}")
+        say(f"   $ manage.py workflow_schedules {action} {name}: {done.stdout.strip()}")
 
     # -- the end ------------------------------------------------------------------------------
 

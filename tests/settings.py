@@ -16,6 +16,8 @@ from demo_project.settings import DJANGO_LEASES, INSTALLED_APPS, database_from_u
 # suite sees them: a forked worker, and the system checks).
 DJANGO_LEASES = {
     **DJANGO_LEASES,
+    # Not the demo's per-second `demo-tick` schedule: every worker a test runs would fire it.
+    "SCHEDULES": {},
     "QUEUES": {
         "tests-mail": {},
         "tests-other": {},
@@ -74,3 +76,5 @@ if find_spec("django.tasks") or find_spec("django_tasks"):
             "OPTIONS": {"retries": 2, "retry_delay": 30},
         },
     }
+else:  # not the demo's TASKS either: its TaskBackend needs the Tasks API
+    TASKS = {}

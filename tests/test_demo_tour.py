@@ -114,7 +114,7 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
     assert done.returncode == 0, out + done.stderr
     assert "every stage did what it said" in out
     assert "FAILED" not in out
-    assert len(re.findall(r"^   ok$", out, flags=re.M)) == 9
+    assert len(re.findall(r"^   ok$", out, flags=re.M)) == 10
     # A hook per GitHub source was registered at the fake GitHub and deleted again.
     assert len(re.findall(r"the fake GitHub has hook \d+ on octo-org/octo-repo", out)) == 2
     assert "the fake GitHub has no hook left" in out
@@ -144,6 +144,29 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
     assert "deliveries that sent an event to a waiting run (202): 1" in out
     assert "deliveries to the disabled sources: 404, nothing recorded" in out
     assert re.search(r"singleton token: (\d+) -> (\d+)", out)
+    # The @task receipts: each SUCCESSFUL, read back with get_result(), and one at a time on
+    # the 'mail' queue (concurrency 1) although four workers run ten threads.
+    assert "schedule 'demo-tick' (every second) paused until the last stage" in out
+    assert "4 workers, 10 threads in all" in out
+    receipts = re.findall(
+        r"^      [0-9a-f-]{36} SUCCESSFUL: sent to customer\d@example\.com", out, re.M
+    )
+    assert len(receipts) == 5
+    assert "one at a time: each receipt started after the one before it finished" in out
+    assert re.search(
+        r"@task receipts on queue 'mail' \(concurrency 1\): 5 sent, one at a time", out
+    )
+    # The per-second schedule: resumed, three (or more) consecutive ticks with one run each,
+    # each fired by one worker, then paused again.
+    assert "$ manage.py workflow_schedules resume demo-tick" in out
+    assert "$ manage.py workflow_schedules pause demo-tick: Schedule 'demo-tick' paused." in out
+    ticks = re.findall(
+        r"^      schedule:demo-tick:(\S+): run [0-9a-f-]{36}, fired by worker-\d", out, re.M
+    )
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks)
+    assert re.search(
+        r"schedule 'demo-tick' \(every second\): \d+ consecutive ticks, exactly one run", out
+    )
     # The child processes were all stopped.
     assert not re.search(r"Traceback", done.stderr), done.stderr
 
@@ -157,3 +180,5 @@ def test_the_tour_does_what_it_says_and_again_on_the_same_database(
     # A pull request has one review run (its key): the second tour opens the next one.
     assert "this one opens #9 (the samples, renumbered)" in again.stdout
     assert "approved by grace-demo; the run finished: #9" in again.stdout
+    # The schedule's runs of the first tour are not counted again; it was paused throughout.
+    assert len(re.findall(r"^   ok$", again.stdout, flags=re.M)) == 10
