@@ -1174,7 +1174,7 @@ def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
     delay = 0.0 if hold is None else ttl_seconds(hold)
     # The run by its id, not through a join: a condition inside a subquery over the run
     # table would be judged on the statement's snapshot, not on the locked row.
-    run_id = WorkflowStep._default_manager.using(alias).filter(pk=step_id).values("run_id")
+    run_id = WorkflowStep._default_manager.using(alias).filter(pk=step_id).values("run_id")[:1]
     runs = WorkflowRun._default_manager.using(alias).filter(
         pk=Subquery(run_id), status=RunStatus.RUNNING
     )
