@@ -1156,6 +1156,23 @@ def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | Non
     return requested
 
 
+def _queue_admits(
+    alias: str, queue: str, refused: set[str] | None
+) -> tuple[bool, Admission | None]:
+    """Whether a claim of a step of ``queue`` may start, and the queue's admission to record
+    when it does (``None`` for a queue without limits). A limited queue is asked under its
+    lock (:meth:`WorkflowQueueQuerySet.admit`); a refusal adds it to ``refused``."""
+    limits = queue_limits().get(queue)
+    if limits is None or not limits.limited:
+        return True, None
+    admission = WorkflowQueue.objects.admit(alias, limits)
+    if admission is None:
+        if refused is not None:
+            refused.add(queue)
+        return False, None
+    return True, admission
+
+
 def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
     """The portable path of the rule that a step's result asks its run for a pass, inside
     the caller's transaction (after the fenced write of step ``step_id``): every result
@@ -1679,16 +1696,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         lease = clock.db_now_plus(ttl)
         deadline = None if step.timeout is None else clock.db_now_plus(step.timeout)
         admission: Admission | None = None
-        limits = queue_limits().get(step.queue)
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
             if not step.due:
                 return None
-            if limits is not None and limits.limited:
-                admission = WorkflowQueue.objects.admit(alias, limits)
-                if admission is None:
-                    if refused is not None:
-                        refused.add(step.queue)
-                    return None
+            admitted, admission = _queue_admits(alias, step.queue, refused)
+            if not admitted:
+                return None
             attempt = step.attempt
             granted = rows.filter(_due_q()).update(
                 status=StepStatus.RUNNING,
@@ -1706,12 +1719,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             if step.status == StepStatus.FAILED and not step.due:
                 return None
             guard = _due_q() if step.status == StepStatus.FAILED else lapsed_q
-            if limits is not None and limits.limited:
-                admission = WorkflowQueue.objects.admit(alias, limits)
-                if admission is None:
-                    if refused is not None:
-                        refused.add(step.queue)
-                    return None
+            admitted, admission = _queue_admits(alias, step.queue, refused)
+            if not admitted:
+                return None
             attempt = step.attempt + 1
             # The new attempt and the lease in one guarded UPDATE: from here on, every write
             # carrying an earlier attempt matches no row.
