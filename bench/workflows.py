@@ -105,8 +105,8 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench_w
 #: DBOS Transact's own system database, on the same server (dropped and recreated).
 DEFAULT_DBOS_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/dl_bench_dbos"
 SETTINGS = "wfbench.settings"
-#: ours / best peer, end-to-end and drain throughput (issue 3).
-TARGET = 1.0
+#: ours (and ours-tasks) / best peer, end-to-end and drain throughput: the target.
+TARGET = 1.5
 #: How long the workers stay frozen before a drain: longer than any contender's poll interval.
 HOLD_SECONDS = 1.5
 POLL_DONE = 0.02
@@ -166,6 +166,15 @@ class Ours(Contender):
         ]
 
 
+class OursTasks(Ours):
+    def enqueue(self) -> Any:
+        import uuid
+
+        from wfbench.tasks import leases_noop
+
+        return uuid.UUID(leases_noop.enqueue().id)
+
+
 class Ox(Contender):
     def model(self) -> Any:
         from django_ox.models import OxTask
@@ -214,6 +223,15 @@ CONTENDERS: dict[str, Contender] = {
             done_status="completed",
             failed_statuses=("failed", "suspended", "cancelled"),
         ),
+        OursTasks(
+            "ours-tasks",
+            "django-leases: the django.tasks @task no-op on django_leases.tasks.TaskBackend, "
+            ".enqueue(); manage.py run_workflow_worker (1 thread)",
+            ("run_workflow_worker", "--concurrency", "1"),
+            "see the worker's settings (WORKER_POLL_INTERVAL 1 s; LISTEN/NOTIFY where built)",
+            done_status="completed",
+            failed_statuses=("failed", "suspended", "cancelled"),
+        ),
         Ox(
             "django-ox",
             "django-ox: @task (django.tasks) .enqueue(); manage.py ox_worker (concurrency 1)",
@@ -243,7 +261,11 @@ CONTENDERS: dict[str, Contender] = {
         ),
     )
 }
-PEERS = [name for name in CONTENDERS if name != "ours"]
+#: Ours: a workflow run per item, and the same engine behind Django's Tasks API.
+OURS_TASK_NAMES = ("ours", "ours-tasks")
+PEERS = [name for name in CONTENDERS if name not in OURS_TASK_NAMES]
+#: The peers that are Django Tasks backends: ``ours-tasks`` runs the very same ``@task``.
+TASK_BACKEND_PEERS = ("django-ox", "django-tasks-db")
 
 
 # -- the database -------------------------------------------------------------------------------
@@ -1297,19 +1319,27 @@ def summarise(
         found["latency_samples"] = len(latencies)
         figures[name] = found
     ratios: dict[str, dict[str, float | None]] = {}
-    peers = [p for p in figures if p != "ours"]
-    if "ours" in figures and peers:
-        ours = figures["ours"]
-        ratios["ours_vs_best_peer"] = {}
+    every_peer = [p for p in figures if p not in OURS_TASK_NAMES]
+    task_peers = [p for p in every_peer if p in TASK_BACKEND_PEERS]
+    for mine, against, peers in (
+        ("ours", "best_peer", every_peer),
+        ("ours-tasks", "best_peer", every_peer),
+        ("ours-tasks", "best_task_backend", task_peers),
+    ):
+        if mine not in figures or not peers:
+            continue
+        ours = figures[mine]
+        found_ratios: dict[str, float | None] = {}
+        ratios[f"{mine}_vs_{against}"] = found_ratios
         for metric in throughput:
             best_peer = max(peers, key=lambda p, m=metric: figures[p][m])
-            ratios["ours_vs_best_peer"][metric] = ours[metric] / figures[best_peer][metric]
-            ratios["ours_vs_best_peer"][f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
+            found_ratios[metric] = ours[metric] / figures[best_peer][metric]
+            found_ratios[f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
         for metric in ("latency_p50_ms", "latency_p99_ms"):
             best_peer = min(peers, key=lambda p, m=metric: figures[p][m])
             # For latency, lower is better: best peer's latency / ours (≥ 1 means ours is faster).
-            ratios["ours_vs_best_peer"][metric] = figures[best_peer][metric] / ours[metric]
-            ratios["ours_vs_best_peer"][f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
+            found_ratios[metric] = figures[best_peer][metric] / ours[metric]
+            found_ratios[f"{metric}_best_peer"] = best_peer  # type: ignore[assignment]
     return figures, ratios
 
 
@@ -1321,7 +1351,7 @@ def render_table(figures: dict[str, dict[str, Any]], workers: int) -> str:
         ("latency_p50_ms", "latency p50 ms", "{:,.1f}"),
         ("latency_p99_ms", "latency p99 ms", "{:,.1f}"),
     ]
-    peers = [p for p in figures if p != "ours"]
+    peers = [p for p in figures if p not in OURS_TASK_NAMES]
     best_peer = (
         {
             key: (min if key.startswith("latency") else max)(figures[p][key] for p in peers)
@@ -1336,7 +1366,7 @@ def render_table(figures: dict[str, dict[str, Any]], workers: int) -> str:
         row = [name]
         for key, _, fmt in columns:
             cell = fmt.format(found[key])
-            if name == "ours" and best_peer:
+            if name in OURS_TASK_NAMES and best_peer:
                 ratio = (
                     best_peer[key] / found[key]
                     if key.startswith("latency")
@@ -1386,7 +1416,7 @@ def profile_ours(args: argparse.Namespace) -> None:
 
     from django_leases.workflows.worker import Worker
 
-    ours = CONTENDERS["ours"]
+    ours = CONTENDERS[args.profile_contender]
     truncate(ours)
     worker = Worker(1)
 
@@ -1403,7 +1433,7 @@ def profile_ours(args: argparse.Namespace) -> None:
         while worker.work_once():
             pass
     print(
-        f"\nours, one run: {len(captured.captured_queries)} statements "
+        f"\n{ours.name}, one item: {len(captured.captured_queries)} statements "
         f"({enqueue_count} to start it), in order:"
     )
     for query in captured.captured_queries:
@@ -1565,6 +1595,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a cProfile of --tasks runs",
     )
     parser.add_argument("--profile-top", type=int, default=30)
+    parser.add_argument(
+        "--profile-contender",
+        choices=OURS_TASK_NAMES,
+        default="ours",
+        help="with --profile: a workflow run per item (ours) or the @task (ours-tasks)",
+    )
     parser.add_argument("--breakdown-runs", type=int, default=50, help="runs timed unit by unit")
     parser.add_argument(
         "--conn-max-age",
@@ -1742,16 +1778,21 @@ def main(argv: list[str] | None = None) -> int:
         print(render_table(figures, args.workers))
         print()
         print(render_costs(figures))
-        verdict = ratios.get("ours_vs_best_peer")
-        if verdict:
-            print(
-                "\nours / best peer: "
-                + "; ".join(
-                    f"{metric} {verdict[metric]:.2f}× (vs {verdict[f'{metric}_best_peer']})"
-                    for metric in ("end_to_end", "drain_1", f"drain_{args.workers}")
+        for key, label in (
+            ("ours_vs_best_peer", "ours / best peer"),
+            ("ours-tasks_vs_best_peer", "ours-tasks / best peer"),
+            ("ours-tasks_vs_best_task_backend", "ours-tasks / best Django Tasks backend"),
+        ):
+            verdict = ratios.get(key)
+            if verdict:
+                print(
+                    f"\n{label}: "
+                    + "; ".join(
+                        f"{metric} {verdict[metric]:.2f}× (vs {verdict[f'{metric}_best_peer']})"
+                        for metric in ("end_to_end", "drain_1", f"drain_{args.workers}")
+                    )
+                    + f" — target ≥ {TARGET}×"
                 )
-                + f" — target ≥ {TARGET}×"
-            )
     shape_figures: dict[str, Any] = {}
     shape_ratios: dict[str, Any] = {}
     if shape_runs:

@@ -44,10 +44,12 @@ _database.setdefault("OPTIONS", {})["application_name"] = os.environ.get(
 )
 DATABASES = {"default": _database}
 
-# Two django.tasks backends side by side: django-ox on "default", django-tasks-db on "db".
+# Three django.tasks backends side by side: django-ox on "default", django-tasks-db on "db",
+# django-leases' TaskBackend on "leases" (each with its defaults).
 TASKS = {
     "default": {"BACKEND": "django_ox.backend.OxBackend"},
     "db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    "leases": {"BACKEND": "django_leases.tasks.TaskBackend"},
 }
 
 LOGGING_CONFIG = None

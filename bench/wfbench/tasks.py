@@ -1,8 +1,11 @@
-"""The peers' no-op tasks, declared with each library's public API.
+"""The contenders' no-op tasks, declared with each library's public API.
 
-django-ox and django-tasks-db are ``django.tasks`` backends (aliases ``default`` and ``db`` in
-:mod:`wfbench.settings`); Procrastinate's Django integration finds this module by its
-``tasks`` autodiscovery.
+One ``django.tasks`` ``@task``, :func:`noop`, serves the three Django Tasks backends, so their
+task code is identical: django-ox is the ``default`` backend of :mod:`wfbench.settings`,
+django-tasks-db is ``db`` and django-leases' ``TaskBackend`` is ``leases``; each contender
+enqueues ``noop.using(backend=...)``, and each worker imports ``wfbench.tasks.noop`` and runs
+it on its own backend. Procrastinate's Django integration finds this module by its ``tasks``
+autodiscovery.
 """
 
 from __future__ import annotations
@@ -11,23 +14,18 @@ from django.tasks import task
 from procrastinate.contrib.django import app
 
 
-def _noop() -> None:
+@task
+def noop() -> None:
+    """The no-op: every Django Tasks contender runs this one function."""
     return None
 
 
-@task
-def ox_noop() -> None:
-    """django-ox (backend ``default``)."""
-    return _noop()
-
-
-@task(backend="db")
-def db_noop() -> None:
-    """django-tasks-db (backend ``db``)."""
-    return _noop()
+ox_noop = noop
+db_noop = noop.using(backend="db")
+leases_noop = noop.using(backend="leases")
 
 
 @app.task(name="wfbench.noop")
 def procrastinate_noop() -> None:
-    """Procrastinate."""
-    return _noop()
+    """Procrastinate's no-op (its own decorator; the body is the same)."""
+    return None
