@@ -16,6 +16,10 @@ class DjangoLeasesConfig(AppConfig):
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         metrics.install()  # a no-op without prometheus-client
+        # The built-in prune workflow and step function (DJANGO_LEASES["PRUNE"] schedules
+        # them), registered whatever the settings say, so a run already started finishes.
+        from django_leases.workflows import retention  # noqa: F401
+
         if _uses_task_backend():
             # The built-in task workflow and step function, for the workers to run.
             from django_leases import tasks  # noqa: F401

@@ -75,6 +75,14 @@ id                       what it reports
                          JSON, a workflow no loaded code registers, or the name of a
                          ``@workflow(schedule=...)`` schedule. (A bad ``@workflow`` schedule
                          raises ``ValueError`` at import already.)
+``django_leases.E031``   ``DJANGO_LEASES["PRUNE"]`` cannot be used as set, so no prune would run:
+                         ``schedule`` or ``older_than`` missing, an unknown key, a cron
+                         expression cronsim cannot read (or one that never matches), an
+                         ``older_than`` that is not seconds ≥ 0 or a ``timedelta`` (or is
+                         above 100 years), a ``batch_size`` that is not an int from 1 to 10000,
+                         an unknown time zone, a ``queue`` that ``QUEUES`` does not configure,
+                         or a schedule named ``django_leases.prune`` already. (A ``PRUNE``
+                         that is neither ``None`` nor a dict is ``E016``.)
 =======================  ==========================================================================
 
 E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
@@ -670,6 +678,15 @@ def _step_ttl(value: object, what: str) -> None:
     ttl_seconds(value)
 
 
+def _prune(value: object, what: str) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise ValueError(
+            f'{what} must be None (no pruning) or a dict such as {{"schedule": "17 * * * *", '
+            f'"older_than": timedelta(days=30)}}, not {type(value).__name__} (its keys are '
+            "check E031's)"
+        )
+
+
 def _schedules(value: object, what: str) -> None:
     if not isinstance(value, Mapping):
         raise ValueError(
@@ -702,6 +719,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "TUNED_SQL": _boolean,
     "PREPARED_STATEMENTS": _boolean,
     "SCHEDULES": _schedules,
+    "PRUNE": _prune,
     "QUEUES": _queues,
 }
 
@@ -790,6 +808,21 @@ def check_schedules(problems: Iterable[str]) -> list[checks.CheckMessage]:
     ]
 
 
+def check_prune(problems: Iterable[str]) -> list[checks.CheckMessage]:
+    """E031: one error per problem of ``DJANGO_LEASES["PRUNE"]``
+    (``registry.prune_problems()``)."""
+    return [
+        checks.Error(
+            problem,
+            hint='Fix DJANGO_LEASES["PRUNE"] (keys: "schedule" and "older_than", optionally '
+            '"batch_size", "timezone", "queue"; see the schedules how-to), or remove it: '
+            "until it is usable, no prune runs.",
+            id="django_leases.E031",
+        )
+        for problem in problems
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -839,6 +872,7 @@ def django_leases_checks(
     from django_leases.workflows.registry import (
         UnknownWorkflowError,
         get_workflow,
+        prune_problems,
         schedule_problems,
         step_functions,
     )
@@ -863,6 +897,7 @@ def django_leases_checks(
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_routing(_our_models(), aliases))
     messages.extend(check_schedules(schedule_problems()))
+    messages.extend(check_prune(prune_problems()))
     declared = declarations()
     stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
     messages.extend(

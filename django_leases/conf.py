@@ -69,6 +69,17 @@ key                            default    meaning
                                           "input", "catch_up"}``: a run of the workflow per
                                           cron tick (:mod:`django_leases.workflows.schedules`;
                                           check ``django_leases.E026``)
+``PRUNE``                      ``None``   prune finished runs on a cron schedule: ``{"schedule":
+                                          "17 * * * *", "older_than": timedelta(days=30)}``,
+                                          optionally ``"batch_size"`` (runs per transaction,
+                                          default 500), ``"timezone"`` (of ``schedule``,
+                                          default ``"UTC"``) and ``"queue"`` (of the prune step,
+                                          default ``"default"``). The workers start one
+                                          ``WorkflowRun.objects.prune`` run per tick, exactly
+                                          once across them, as the built-in schedule
+                                          ``django_leases.prune``; ``None``: never
+                                          (:mod:`django_leases.workflows.retention`; check
+                                          ``django_leases.E031``)
 =============================  =========  =====================================================
 """
 
@@ -109,6 +120,7 @@ DEFAULTS: dict[str, Any] = {
     "TUNED_SQL": True,
     "PREPARED_STATEMENTS": True,
     "SCHEDULES": {},
+    "PRUNE": None,
     "QUEUES": {},
 }
 

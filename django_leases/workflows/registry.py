@@ -10,10 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name
-from django_leases.workflows.schedules import ScheduleDeclaration, declaration, from_settings
+from django_leases.workflows.schedules import (
+    ScheduleDeclaration,
+    declaration,
+    from_settings,
+    prune_from_settings,
+)
 
 __all__ = [
     "StepOptions",
@@ -22,6 +27,7 @@ __all__ = [
     "declared_schedules",
     "get_step_function",
     "get_workflow",
+    "prune_problems",
     "schedule_problems",
     "step_function",
     "step_functions",
@@ -128,10 +134,12 @@ def unregister_schedule(name: str) -> None:
 
 def declared_schedules() -> list[ScheduleDeclaration]:
     """Every usable schedule declaration, sorted by name: the ``@workflow(schedule=...)``
-    ones, then those of ``DJANGO_LEASES["SCHEDULES"]`` whose name no decorator took and whose
-    workflow is registered. The unusable ones are what system check ``django_leases.E026``
-    reports (:func:`schedule_problems`); they are left out here, never half-kept."""
-    found, _ = _collect()
+    ones, those of ``DJANGO_LEASES["SCHEDULES"]`` whose name no decorator took and whose
+    workflow is registered, and the built-in prune schedule of ``DJANGO_LEASES["PRUNE"]``
+    when that is set and usable. The unusable ones are what system checks
+    ``django_leases.E026`` (:func:`schedule_problems`) and ``django_leases.E031``
+    (:func:`prune_problems`) report; they are left out here, never half-kept."""
+    found, _, _ = _collect()
     return found
 
 
@@ -139,11 +147,20 @@ def schedule_problems() -> list[str]:
     """What is wrong with the declared schedules, one message each (check ``E026``): a bad
     ``SCHEDULES`` entry (cron, time zone, input, catch-up, keys), one whose workflow no code
     registers, or whose name a ``@workflow`` schedule has already."""
-    _, problems = _collect()
+    _, problems, _ = _collect()
     return problems
 
 
-def _collect() -> tuple[list[ScheduleDeclaration], list[str]]:
+def prune_problems() -> list[str]:
+    """What is wrong with ``DJANGO_LEASES["PRUNE"]``, one message each (check ``E031``):
+    a missing or unknown key, a bad cron expression, ``older_than``, ``batch_size``, time
+    zone or queue (one ``QUEUES`` does not configure), or a schedule of the code or of
+    ``SCHEDULES`` named like the built-in one. ``[]`` when it is unset or fine."""
+    _, _, problems = _collect()
+    return problems
+
+
+def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     found = dict(_schedules)
     configured, problems = from_settings(leases_settings.SCHEDULES)
     for entry in configured:
@@ -159,7 +176,23 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str]]:
             )
         else:
             found[entry.name] = entry
-    return [found[name] for name in sorted(found)], problems
+    try:
+        queues: set[str] | None = set(parse_queues(leases_settings.QUEUES))
+    except ValueError:
+        queues = None  # E016 reports the setting; the prune's queue is not checked then
+    prune, prune_problems = prune_from_settings(leases_settings.PRUNE, queues)
+    if prune is not None and prune.name in found:
+        taken = found[prune.name]
+        where = (
+            f"@workflow({taken.name!r})" if taken.origin == "@workflow" else "the SCHEDULES entry"
+        )
+        prune_problems.append(
+            f'DJANGO_LEASES["PRUNE"]: the name of its schedule, {prune.name!r}, is taken by '
+            f"{where}; rename that schedule"
+        )
+    elif prune is not None:
+        found[prune.name] = prune
+    return [found[name] for name in sorted(found)], problems, prune_problems
 
 
 def check_priority(priority: object, what: str = "priority") -> int:

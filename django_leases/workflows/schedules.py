@@ -27,12 +27,16 @@ Catch-up (``catch_up``): a tick fired more than :data:`MISSED_AFTER` seconds aft
 was **missed** (no worker ran then). ``"latest"`` (the default) starts one run for the latest
 tick that is due, however many were missed; ``"none"`` starts none for missed ticks and waits
 for the next one.
+
+One schedule is built in: ``DJANGO_LEASES["PRUNE"]`` (:func:`prune_from_settings`) declares
+:data:`PRUNE_SCHEDULE`, whose ticks start the built-in workflow :data:`PRUNE_WORKFLOW`
+(:mod:`django_leases.workflows.retention`): a ``WorkflowRun.objects.prune`` per tick.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,10 +44,20 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.validation import TTL_CEILING, check_name, seconds
+
 __all__ = [
     "CATCH_UP_POLICIES",
+    "MAX_PRUNE_BATCH_SIZE",
     "MAX_SCHEDULE_NAME_LENGTH",
     "MISSED_AFTER",
+    "PRUNE_DEFAULTS",
+    "PRUNE_FUNCTION",
+    "PRUNE_KEYS",
+    "PRUNE_SCHEDULE",
+    "PRUNE_STEP",
+    "PRUNE_WORKFLOW",
     "RUN_KEY_PREFIX",
     "ScheduleDeclaration",
     "check_catch_up",
@@ -53,6 +67,7 @@ __all__ = [
     "from_settings",
     "latest_tick",
     "next_tick",
+    "prune_from_settings",
     "run_key",
 ]
 
@@ -232,6 +247,112 @@ def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[s
         except ValueError as exc:
             problems.append(str(exc))
     return found, problems
+
+
+# -- the built-in prune schedule ----------------------------------------------------------------
+
+#: The schedule ``DJANGO_LEASES["PRUNE"]`` declares, the built-in workflow each of its ticks
+#: starts, that workflow's one step and the step's function
+#: (:mod:`django_leases.workflows.retention`).
+PRUNE_SCHEDULE = "django_leases.prune"
+PRUNE_WORKFLOW = "django_leases.prune"
+PRUNE_FUNCTION = "django_leases.prune"
+PRUNE_STEP = "prune"
+#: The optional keys of ``DJANGO_LEASES["PRUNE"]`` and their defaults (``schedule`` and
+#: ``older_than`` are required: how old a run may get before it is deleted is never guessed).
+PRUNE_DEFAULTS: Mapping[str, Any] = {"batch_size": 500, "timezone": "UTC", "queue": DEFAULT_QUEUE}
+#: Every key ``DJANGO_LEASES["PRUNE"]`` may have.
+PRUNE_KEYS = ("schedule", "older_than", *PRUNE_DEFAULTS)
+#: Largest ``batch_size``: a batch is one transaction, and its run ids are one ``IN`` list.
+MAX_PRUNE_BATCH_SIZE = 10_000
+
+_PRUNE = 'DJANGO_LEASES["PRUNE"]'
+
+
+def prune_from_settings(
+    configured: object, queues: Collection[str] | None = None
+) -> tuple[ScheduleDeclaration | None, list[str]]:
+    """The built-in prune schedule ``DJANGO_LEASES["PRUNE"]`` (``configured``) declares, and
+    the problems found: ``(declaration, problems)``.
+
+    ``configured`` is ``None`` (the default: nothing is pruned on a schedule, no
+    declaration) or a dict with ``schedule`` (a cron expression, :func:`check_cron`),
+    ``older_than`` (seconds ≥ 0 or a ``timedelta``, at most 100 years: how long after it
+    finished a run is deleted), and optionally ``batch_size`` (``int``, 1 to
+    :data:`MAX_PRUNE_BATCH_SIZE`, default 500: runs deleted per transaction), ``timezone``
+    (the IANA zone ``schedule`` is read in, default ``"UTC"``) and ``queue`` (the queue the
+    prune step is claimed from, default ``"default"``; when ``queues``, the configured queue
+    names, is given it must be one of them). The declaration is :data:`PRUNE_SCHEDULE` of
+    workflow :data:`PRUNE_WORKFLOW`, with ``catch_up="latest"`` (one catch-up prune after
+    downtime) and the input ``{"older_than": seconds, "batch_size": n, "queue": name}``.
+
+    Any problem (one message each, naming the key: check ``django_leases.E031``) means no
+    declaration: a prune setting is used whole or not at all. A ``configured`` that is not a
+    dict declares nothing and is check ``E016``'s (no problem here). Raises nothing.
+    """
+    if not isinstance(configured, Mapping):
+        return None, []
+    unknown = sorted(str(key) for key in configured if key not in PRUNE_KEYS)
+    missing = [key for key in ("schedule", "older_than") if key not in configured]
+    problems: list[str] = []
+    if missing:
+        problems.append(f"{_PRUNE} lacks {' and '.join(map(repr, missing))}")
+    if unknown:
+        problems.append(
+            f"{_PRUNE} has unknown key(s) {', '.join(map(repr, unknown))} (the keys: "
+            f"{', '.join(PRUNE_KEYS)})"
+        )
+    values = {**PRUNE_DEFAULTS, **configured}
+    found: dict[str, Any] = {}
+    rules: dict[str, Any] = {
+        "schedule": check_cron,
+        "older_than": lambda value: seconds(value, "older_than", maximum=TTL_CEILING),
+        "batch_size": _batch_size,
+        "timezone": check_timezone,
+        "queue": lambda value: check_name(value, "a queue name", max_length=MAX_QUEUE_LENGTH),
+    }
+    for key, rule in rules.items():
+        if key not in values:
+            continue  # missing: said above
+        try:
+            found[key] = rule(values[key])
+        except ValueError as exc:
+            problems.append(f'{_PRUNE}["{key}"] = {values[key]!r}: {exc}')
+    queue = found.get("queue")
+    if queue is not None and queues is not None and queue not in queues:
+        problems.append(
+            f'{_PRUNE}["queue"] = {queue!r}: DJANGO_LEASES["QUEUES"] does not configure '
+            f"that queue (known: {', '.join(sorted(queues))})"
+        )
+    if problems:
+        return None, problems
+    return (
+        ScheduleDeclaration(
+            name=PRUNE_SCHEDULE,
+            workflow=PRUNE_WORKFLOW,
+            cron=found["schedule"],
+            timezone=found["timezone"],
+            input={
+                "older_than": found["older_than"],
+                "batch_size": found["batch_size"],
+                "queue": found["queue"],
+            },
+            catch_up="latest",
+            origin=_PRUNE,
+        ),
+        [],
+    )
+
+
+def _batch_size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"batch_size must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_PRUNE_BATCH_SIZE:
+        raise ValueError(
+            f"batch_size must be between 1 and {MAX_PRUNE_BATCH_SIZE} (runs deleted per "
+            "transaction)"
+        )
+    return value
 
 
 # -- ticks --------------------------------------------------------------------------------------
