@@ -18,6 +18,8 @@ DJANGO_LEASES = {
     **DJANGO_LEASES,
     # Not the demo's per-second `demo-tick` schedule: every worker a test runs would fire it.
     "SCHEDULES": {},
+    # Nor a prune schedule: tests that need one set DJANGO_LEASES["PRUNE"] themselves.
+    "PRUNE": None,
     "QUEUES": {
         "tests-mail": {},
         "tests-other": {},
