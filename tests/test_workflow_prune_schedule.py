@@ -452,3 +452,22 @@ def test_a_worker_refuses_to_start_on_an_unusable_prune_setting(
     assert 'DJANGO_LEASES["PRUNE"]["older_than"] = -60' in worker.stderr
     assert not WorkflowSchedule.objects.exists()  # nothing synced, nothing fired
     assert not WorkflowRun.objects.filter(workflow=PRUNE_WORKFLOW).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_shows_the_schedule_and_its_run_s_output(pruning: dict[str, Any]) -> None:
+    from django.urls import reverse
+
+    from tests.helpers import staff_client
+
+    seeded(RunStatus.COMPLETED, 2)
+    make_due(0)
+    (fired, *_) = WorkflowSchedule.objects.fire_due()
+    drive(fired.run_id)
+    client = staff_client("view_workflowschedule", "view_workflowrun")
+    html = client.get(reverse("admin:django_leases_workflowschedule_changelist")).content.decode()
+    assert PRUNE_SCHEDULE in html
+    assert reverse("admin:django_leases_workflowrun_change", args=[fired.run_id]) in html
+    page = client.get(reverse("admin:django_leases_workflowrun_change", args=[fired.run_id]))
+    assert page.status_code == 200
+    assert '<span class="dl-json">{&quot;deleted&quot;: 1}</span>' in page.content.decode()
