@@ -18,8 +18,6 @@ DJANGO_LEASES = {
     **DJANGO_LEASES,
     # Not the demo's per-second `demo-tick` schedule: every worker a test runs would fire it.
     "SCHEDULES": {},
-    # Nor a prune schedule: tests that need one set DJANGO_LEASES["PRUNE"] themselves.
-    "PRUNE": None,
     "QUEUES": {
         "tests-mail": {},
         "tests-other": {},
@@ -28,6 +26,10 @@ DJANGO_LEASES = {
         "tests-rated": {"rate": "20/s"},
     },
 }
+
+# Nor a prune schedule (DJANGO_LEASES["PRUNE"]), should the demo set one: tests that need one
+# set it themselves.
+DJANGO_LEASES.pop("PRUNE", None)
 
 # Workflows every process of the suite registers (workers run as child processes use them).
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.workapp"]
