@@ -58,6 +58,7 @@ from django_leases.testing import drive
 from tests.helpers import (
     lapse_step_lease,
     on_another_thread,
+    process_stopped,
     start_process,
     tuned_sql,
     wait_until,
@@ -565,11 +566,6 @@ def test_a_worker_process_runs_tasks_to_their_results(subprocess_env: dict[str, 
     assert sorted(runs.values_list("status", flat=True)) == ["completed"] * 6 + ["failed"]
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the worker stopped")
 @pytest.mark.skipif(
     connection.vendor == "sqlite",
@@ -593,7 +589,7 @@ def test_a_superseded_attempts_return_value_never_lands(
     assert int(started.read_text()) == worker.pid
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: _stopped(worker.pid), what="the worker stopped")
+        wait_until(lambda: process_stopped(worker.pid), what="the worker stopped")
         lapse_step_lease(run_id=result.id)
         drive(result.id)  # attempt 2, on this process
         done = t.hold_first_attempt.get_result(result.id)
