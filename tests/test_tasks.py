@@ -403,6 +403,19 @@ def test_the_queue_name_is_the_steps_queue_and_an_unknown_queue_is_refused() -> 
     assert WorkflowRun.objects.count() == before
 
 
+@pytest.mark.django_db
+def test_tasks_on_a_rate_limited_queue_all_finish_under_drive() -> None:
+    # drive() jumps the queue's rate window (two starts an hour) as it jumps retry delays.
+    backend = {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": ["default", "hourly"]}
+    queues = {"QUEUES": {"hourly": {"rate": "2/h"}}}
+    with override_settings(TASKS={"default": backend}, DJANGO_LEASES=queues):
+        results = [t.add.using(queue_name="hourly").enqueue(n, n) for n in range(5)]
+        drive(skip_sleeps=False)
+        assert [t.add.get_result(r.id).status for r in results].count("SUCCESSFUL") == 2
+        drive()
+        assert [t.add.get_result(r.id).return_value for r in results] == [0, 2, 4, 6, 8]
+
+
 # -- refusals: nothing stored -------------------------------------------------------------------
 
 
