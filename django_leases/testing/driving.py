@@ -88,6 +88,7 @@ def drive(
         WorkflowRun.DoesNotExist: no run ``run_id``.
         MisuseError: ``max_units`` passes and steps ran and work was still due (a workflow
             that never settles).
+        QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable (as for a worker).
     """
     from django_leases.leases import new_holder
     from django_leases.models.workflow import WorkflowRun, WorkflowStep
