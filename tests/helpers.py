@@ -24,7 +24,9 @@
 * :func:`renewal_threads` — the renewal (and deadline) threads of live holds;
   :func:`spend_steps_first` — spend a worker's periodic look for due steps on an idle unit;
 * :func:`raw_request` — one HTTP request written byte for byte (repeated headers, any value
-  a client library would refuse) to a live server, and its answer.
+  a client library would refuse) to a live server, and its answer;
+* :class:`Chaos` — worker processes to SIGKILL, SIGSTOP and SIGCONT (the chaos tests);
+  :func:`process_stopped` — whether a process is stopped (``/proc``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import contextlib
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -42,10 +45,10 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -725,3 +728,92 @@ def spend_steps_first(worker: Any, run_ids: Sequence[Any] | None = None) -> None
     WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=None)
     assert worker.work_once() is False
     WorkflowRun.objects.filter(pk__in=run_ids).update(pass_due_at=db_now())
+
+
+# -- chaos --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chaos:
+    """The worker processes of a chaos test: ``run_workflow_worker --concurrency
+    <concurrency>`` started in :data:`ROOT` with ``env``, each logging to
+    ``<tmp>/worker-<n>.log``; the SIGKILLs (``kills``: pid and database time) and SIGSTOPs
+    (``stops``) a test made, and the workers stopped now (``stopped``: pid → the monotonic
+    time to SIGCONT it by)."""
+
+    tmp: Path
+    env: dict[str, str]
+    concurrency: int = 2
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
+    kills: list[tuple[int, datetime]] = field(default_factory=list)  # (pid, DB time)
+    stops: list[int] = field(default_factory=list)
+    stopped: dict[int, float] = field(default_factory=dict)  # pid -> monotonic time to CONT
+    started: int = 0
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start one more worker process; returns it."""
+        self.started += 1
+        log = open(self.tmp / f"worker-{self.started}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                *MANAGE_PY,
+                "run_workflow_worker",
+                "--concurrency",
+                str(self.concurrency),
+                "--shutdown-grace",
+                "10",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def live(self) -> list[subprocess.Popen[bytes]]:
+        """The workers not ended (stopped ones included)."""
+        return [p for p in self.procs if p.poll() is None]
+
+    def running(self) -> list[subprocess.Popen[bytes]]:
+        """The live workers not stopped."""
+        return [p for p in self.live() if p.pid not in self.stopped]
+
+    def cont_due(self, now: float | None = None) -> None:
+        """SIGCONT the stopped workers whose time has come by ``now`` (monotonic seconds;
+        ``None``: every stopped worker)."""
+        for pid, until in list(self.stopped.items()):
+            if now is None or now >= until:
+                os.kill(pid, signal.SIGCONT)
+                del self.stopped[pid]
+
+    def check_exits(self) -> None:
+        """``AssertionError`` if a worker ended other than by a test's SIGKILL."""
+        for proc in self.procs:
+            code = proc.poll()
+            assert code is None or code == -signal.SIGKILL, (
+                f"worker {proc.pid} exited with {code}; see {self.tmp}"
+            )
+
+    def shutdown(self) -> None:
+        """SIGCONT every stopped worker, SIGTERM every live one and wait for them (60 s,
+        then SIGKILL); close the logs."""
+        self.cont_due()
+        for proc in self.live():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state ``T`` in ``/proc/<pid>/stat``; Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"

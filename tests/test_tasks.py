@@ -58,6 +58,7 @@ from django_leases.testing import drive
 from tests.helpers import (
     lapse_step_lease,
     on_another_thread,
+    process_stopped,
     start_process,
     tuned_sql,
     wait_until,
@@ -402,6 +403,19 @@ def test_the_queue_name_is_the_steps_queue_and_an_unknown_queue_is_refused() -> 
     assert WorkflowRun.objects.count() == before
 
 
+@pytest.mark.django_db
+def test_tasks_on_a_rate_limited_queue_all_finish_under_drive() -> None:
+    # drive() jumps the queue's rate window (two starts an hour) as it jumps retry delays.
+    backend = {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": ["default", "hourly"]}
+    queues = {"QUEUES": {"hourly": {"rate": "2/h"}}}
+    with override_settings(TASKS={"default": backend}, DJANGO_LEASES=queues):
+        results = [t.add.using(queue_name="hourly").enqueue(n, n) for n in range(5)]
+        drive(skip_sleeps=False)
+        assert [t.add.get_result(r.id).status for r in results].count("SUCCESSFUL") == 2
+        drive()
+        assert [t.add.get_result(r.id).return_value for r in results] == [0, 2, 4, 6, 8]
+
+
 # -- refusals: nothing stored -------------------------------------------------------------------
 
 
@@ -565,11 +579,6 @@ def test_a_worker_process_runs_tasks_to_their_results(subprocess_env: dict[str, 
     assert sorted(runs.values_list("status", flat=True)) == ["completed"] * 6 + ["failed"]
 
 
-def _stopped(pid: int) -> bool:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to see the worker stopped")
 @pytest.mark.skipif(
     connection.vendor == "sqlite",
@@ -593,7 +602,7 @@ def test_a_superseded_attempts_return_value_never_lands(
     assert int(started.read_text()) == worker.pid
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: _stopped(worker.pid), what="the worker stopped")
+        wait_until(lambda: process_stopped(worker.pid), what="the worker stopped")
         lapse_step_lease(run_id=result.id)
         drive(result.id)  # attempt 2, on this process
         done = t.hold_first_attempt.get_result(result.id)

@@ -15,7 +15,14 @@ from django.test import TestCase
 
 from django_leases.clock import db_now
 from django_leases.exceptions import WorkflowEventTimeout
-from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowWait
+from django_leases.models import (
+    Lease,
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowWait,
+)
 from django_leases.testing import drive
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
 from django_leases.workflows.values import WaitStatus
@@ -128,3 +135,81 @@ class DriveInATestCase(TestCase):
     def test_the_worker_command_refuses_and_points_at_drive(self) -> None:
         with self.assertRaisesRegex(CommandError, r"testing\.drive"):
             call_command("run_workflow_worker", "--once", verbosity=0)
+
+
+# -- rate-limited queues ------------------------------------------------------------------------
+
+#: A queue whose rate no test could wait out: two starts an hour.
+RATED_QUEUE = "tests-drive-rated"
+
+
+@workflow("tests.drive.rated")
+def rated(run: Any, input: Any) -> Any:
+    sums = run.parallel([(f"p{n}", "tests.drive.rated-add", {"a": n, "b": n}) for n in range(5)])
+    last = run.step("last", "tests.drive.rated-add", {"a": sum(sums), "b": 0})
+    return {"sums": sums, "last": last}
+
+
+class DriveThroughRateLimits(TestCase):
+    """A queue's ``rate`` holds steps back for its window; drive() jumps the window as it
+    jumps sleeps (``skip_sleeps``), and with ``skip_sleeps=False`` stops with them waiting."""
+
+    def setUp(self) -> None:
+        from django.conf import settings
+        from django.test import override_settings
+
+        from django_leases.workflows import registry
+
+        queues = {**settings.DJANGO_LEASES["QUEUES"], RATED_QUEUE: {"rate": "2/h"}}
+        self.enterContext(
+            override_settings(DJANGO_LEASES={**settings.DJANGO_LEASES, "QUEUES": queues})
+        )
+        # Registered for these tests only: other tests' settings do not configure the queue.
+        step_function("tests.drive.rated-add", queue=RATED_QUEUE)(add)
+        self.addCleanup(registry._step_functions.pop, "tests.drive.rated-add", None)
+        self.addCleanup(registry._step_options.pop, "tests.drive.rated-add", None)
+
+    def starts(self) -> list[float]:
+        from django_leases.models.workflow import WorkflowQueue
+
+        return list(WorkflowQueue.objects.get(name=RATED_QUEUE).starts)
+
+    def test_drive_jumps_the_rate_window_and_finishes_the_run(self) -> None:
+        from django_leases.models.workflow import WorkflowStepAttempt
+
+        run_id = start_workflow("tests.drive.rated", {})
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.COMPLETED)
+        self.assertEqual(run.output, {"sums": [0, 2, 4, 6, 8], "last": 20})
+        started = WorkflowStepAttempt.objects.filter(step__run_id=run_id)
+        self.assertEqual(started.count(), 6, "six starts, in one hour of a 2/h queue")
+        log = self.starts()
+        self.assertEqual(len(log), 2, "the claims still record their starts")
+        drive()  # nothing waits on the queue: its log is left alone
+        self.assertEqual(self.starts(), log)
+
+    def test_without_skip_sleeps_it_stops_with_the_steps_the_rate_holds_back(self) -> None:
+        from django_leases.models.workflow import WorkflowQueue
+
+        run_id = start_workflow("tests.drive.rated", {})
+        run = drive(run_id, skip_sleeps=False)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.RUNNING)
+        steps = dict(WorkflowStep.objects.filter(run_id=run_id).values_list("step_name", "status"))
+        self.assertEqual(list(steps.values()).count(StepStatus.SUCCEEDED), 2)
+        (row,) = [q for q in WorkflowQueue.objects.overview() if q.name == RATED_QUEUE]
+        self.assertEqual((row.waiting, row.rate), (3, "2/h"))
+        self.assertEqual(len(self.starts()), 2)
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.status, RunStatus.COMPLETED)
+
+    def test_the_rate_still_holds_within_one_window(self) -> None:
+        # drive() claims through the queue's rule: two starts, then it has to jump.
+        from django_leases.models.workflow import WorkflowStepAttempt
+
+        run_id = start_workflow("tests.drive.rated", {})
+        drive(run_id, skip_sleeps=False)
+        drive(run_id, skip_sleeps=False)
+        self.assertEqual(WorkflowStepAttempt.objects.filter(step__run_id=run_id).count(), 2)

@@ -26,13 +26,9 @@ import os
 import random
 import signal
 import statistics
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -45,7 +41,16 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.renewal import renewal_interval
-from tests.chaosapp.workflows import STEPS, TABLE, create_table_sql, now_sql
+from tests.chaosapp.workflows import (
+    STEPS,
+    TABLE,
+    busy_pids,
+    create_table_sql,
+    db_now,
+    empty_table_sql,
+    executions,
+)
+from tests.helpers import Chaos
 
 pytestmark = [
     pytest.mark.skipif(
@@ -55,8 +60,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(600),
 ]
-
-ROOT = Path(__file__).resolve().parent.parent
 
 RUNS = 200
 WORKERS = 3
@@ -71,96 +74,6 @@ STOP_SECONDS = STEP_LEASE_TTL + 3.0
 CHAOS_PAUSE = (1.5, 3.0)
 #: Give up on the runs completing after this many seconds.
 DEADLINE = 420.0
-
-
-@dataclass
-class Chaos:
-    tmp: Path
-    env: dict[str, str]
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    logs: list[IO[bytes]] = field(default_factory=list)
-    kills: list[tuple[int, datetime]] = field(default_factory=list)  # (pid, DB time)
-    stops: list[int] = field(default_factory=list)
-    stopped: dict[int, float] = field(default_factory=dict)  # pid -> monotonic time to CONT
-    started: int = 0
-
-    def spawn(self) -> subprocess.Popen[bytes]:
-        self.started += 1
-        log = open(self.tmp / f"worker-{self.started}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "manage.py",
-                "run_workflow_worker",
-                "--concurrency",
-                str(CONCURRENCY),
-                "--shutdown-grace",
-                "10",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(proc)
-        self.logs.append(log)
-        return proc
-
-    def live(self) -> list[subprocess.Popen[bytes]]:
-        return [p for p in self.procs if p.poll() is None]
-
-    def running(self) -> list[subprocess.Popen[bytes]]:
-        return [p for p in self.live() if p.pid not in self.stopped]
-
-    def cont_due(self, now: float | None = None) -> None:
-        for pid, until in list(self.stopped.items()):
-            if now is None or now >= until:
-                os.kill(pid, signal.SIGCONT)
-                del self.stopped[pid]
-
-    def shutdown(self) -> None:
-        self.cont_due()
-        for proc in self.live():
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in self.logs:
-            log.close()
-
-
-def _aware(value: Any) -> Any:
-    """A time the raw cursor read, aware as the ORM's are (MySQL's come naive, in UTC)."""
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
-
-
-def db_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {now_sql(connection)}")
-        (now,) = cursor.fetchone()
-    return _aware(now)  # type: ignore[no-any-return]
-
-
-def busy_pids() -> set[int]:
-    """Worker pids with an execution in flight (recorded, not finished)."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT DISTINCT pid FROM {TABLE} WHERE finished_at IS NULL")
-        return {row[0] for row in cursor.fetchall()}
-
-
-def executions() -> list[dict[str, Any]]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT run_id, step_name, attempt, pid, token, started_at, finished_at "
-            f"FROM {TABLE} ORDER BY id"
-        )
-        names = [c[0] for c in cursor.description]
-        return [dict(zip(names, map(_aware, row), strict=True)) for row in cursor.fetchall()]
 
 
 def completed_runs() -> int:
@@ -195,7 +108,7 @@ def chaos_setup(subprocess_env: dict[str, str], **extra: str) -> dict[str, str]:
     """Create (or empty) the executions table; the workers' environment, with ``extra``."""
     with connection.cursor() as cursor:
         cursor.execute(create_table_sql(connection))
-        cursor.execute(f"TRUNCATE {TABLE}")
+        cursor.execute(empty_table_sql(connection))
     return {
         **subprocess_env,
         "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings",
@@ -213,7 +126,7 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
 ) -> None:
     env = chaos_setup(subprocess_env)
     rng = random.Random(os.environ.get("CHAOS_SEED"))
-    chaos = Chaos(tmp_path, env)
+    chaos = Chaos(tmp_path, env, CONCURRENCY)
     began = time.monotonic()
     try:
         run_ids = [WorkflowRun.objects.start("chaos.three-steps", {"n": n}).pk for n in range(RUNS)]
@@ -225,12 +138,7 @@ def test_workers_killed_and_stopped_at_random_lose_no_run_and_land_no_superseded
             now = time.monotonic()
             assert now < deadline, f"only {completed_runs()} of {RUNS} runs completed in time"
             chaos.cont_due(now)
-            for proc in chaos.procs:
-                code = proc.poll()
-                # A worker ends only when this test kills it (it is then replaced).
-                assert code is None or code == -signal.SIGKILL, (
-                    f"worker {proc.pid} exited with {code}; see {tmp_path}"
-                )
+            chaos.check_exits()  # a worker ends only when this test kills it (and replaces it)
             if now >= next_action:
                 chaos_step(chaos, rng)
                 next_action = now + rng.uniform(*CHAOS_PAUSE)
@@ -341,7 +249,7 @@ def test_workflows_that_wait_fan_out_and_start_children_survive_the_chaos(
 
     env = chaos_setup(subprocess_env, CHAOS_SLEEP="0.5")
     rng = random.Random(os.environ.get("CHAOS_SEED"))
-    chaos = Chaos(tmp_path, env)
+    chaos = Chaos(tmp_path, env, CONCURRENCY)
     began = time.monotonic()
     parents = [WorkflowRun.objects.start("chaos.waits", {"n": n}).pk for n in range(WAIT_RUNS)]
     unsent = list(parents)
@@ -358,11 +266,7 @@ def test_workflows_that_wait_fan_out_and_start_children_survive_the_chaos(
             done = WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count()
             assert now < deadline, f"only {done} of {2 * WAIT_RUNS} runs completed in time"
             chaos.cont_due(now)
-            for proc in chaos.procs:
-                code = proc.poll()
-                assert code is None or code == -signal.SIGKILL, (
-                    f"worker {proc.pid} exited with {code}; see {tmp_path}"
-                )
+            chaos.check_exits()
             if unsent and rng.random() < 0.3:  # events arrive during the chaos
                 run_id = unsent.pop()
                 token = rng.randrange(10**9)

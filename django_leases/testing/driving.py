@@ -24,14 +24,21 @@ back with it. It works the same in a ``TransactionTestCase``. ::
             self.assertEqual(run.output, {"refunded": True})
 
 Sleeps (``run.sleep``) and retry delays are jumped forward by default (``skip_sleeps``): the
-test does not wait for them. An event's timeout is not jumped: send the event, or move the
-wait's ``due_at`` yourself to test the timeout.
+test does not wait for them. So is the window of a queue's ``rate``
+(``DJANGO_LEASES["QUEUES"]``): when the only due steps left wait for their queue's rate, the
+queue's recorded starts are moved one window back, as if the window had passed, and the
+drive goes on — a test of a workflow whose steps are rate-limited to ``"1/m"`` finishes at
+once. With ``skip_sleeps=False`` the drive stops there instead, as at a sleep, leaving those
+steps waiting (``WorkflowQueue.objects.overview()`` counts them): that is how a test sees the
+rate hold steps back. An event's timeout is not jumped: send the event, or move the wait's
+``due_at`` yourself to test the timeout.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from django.db import router
@@ -66,9 +73,11 @@ def drive(
             that run is no longer running, and returns it. ``None``: drive every run.
         until: a callable checked before each pass or step; the drive stops as soon as it
             returns true.
-        skip_sleeps: jump ``run.sleep`` waits and steps' retry delays forward to database now
-            when nothing else is due (their recorded end is moved), instead of stopping.
-            Event timeouts are never jumped.
+        skip_sleeps: jump ``run.sleep`` waits, steps' retry delays and the rate windows of
+            queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``) that hold back a due step
+            forward to database now when nothing else is due (a sleep's or a delay's
+            recorded end is moved; a queue's recorded starts are moved one window back),
+            instead of stopping. Event timeouts are never jumped.
         using: database alias (default: the router's choice for ``WorkflowRun``).
         max_units: passes and steps run at most (int ≥ 1).
 
@@ -79,6 +88,7 @@ def drive(
         WorkflowRun.DoesNotExist: no run ``run_id``.
         MisuseError: ``max_units`` passes and steps ran and work was still due (a workflow
             that never settles).
+        QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable (as for a worker).
     """
     from django_leases.leases import new_holder
     from django_leases.models.workflow import WorkflowRun, WorkflowStep
@@ -147,7 +157,36 @@ def _jump_forward(alias: str) -> bool:
         )
         .update(available_at=DbNow())
     )
-    return bool(jumped)
+    return bool(jumped) | _jump_rate_windows(alias)
+
+
+def _jump_rate_windows(alias: str) -> bool:
+    """Move the recorded starts of each rate-limited queue that holds back a due step one
+    window back (on the database clock they then lie outside the window the claim reads), so
+    its next claim is admitted. ``True`` if any queue was.
+
+    Raises:
+        QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+    """
+    from django_leases.conf import queue_limits
+    from django_leases.models.workflow import WorkflowQueue
+
+    # The rate alone: a queue at its concurrency limit has steps running, nothing to jump.
+    rated = {
+        name: replace(limits, concurrency=None)
+        for name, limits in queue_limits().items()
+        if limits.rate is not None
+    }
+    if not rated:
+        return False
+    queues = WorkflowQueue.objects.db_manager(alias)
+    waiting = {row.name for row in queues.overview() if row.waiting and row.name in rated}
+    held = queues.blocked(alias, {name: rated[name] for name in waiting})
+    for name in sorted(held):
+        row = queues.get(name=name)
+        window = rated[name].rate_window
+        queues.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
+    return bool(held)
 
 
 __all__ = ["MAX_UNITS", "STEP_LEASE", "drive"]

@@ -6,6 +6,8 @@ leases read from the environment (seconds):
   (default 3);
 * ``CHAOS_POLL_INTERVAL`` → ``WORKER_POLL_INTERVAL`` (default 0.5).
 
+``TASKS`` adds the task chaos test's backend (``tests.chaosapp.config``).
+
 Worker connections are persistent (``CONN_MAX_AGE = None``), as in production. ``django_leases``
 logs go to stderr at ``CHAOS_LOG_LEVEL`` (default ``WARNING``: superseded
 writes and lost leases show).
@@ -13,10 +15,13 @@ writes and lost leases show).
 
 import os
 
+from tests.chaosapp.config import TASK_BACKEND, TASK_BACKEND_SETTINGS
 from tests.settings import *  # noqa: F403
-from tests.settings import DATABASES, DJANGO_LEASES, INSTALLED_APPS
+from tests.settings import DATABASES, DJANGO_LEASES, INSTALLED_APPS, TASKS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.chaosapp"]
+if TASKS:  # the Tasks API is installed
+    TASKS = {**TASKS, TASK_BACKEND: TASK_BACKEND_SETTINGS}
 # Persistent connections, as a production worker would run: a killed one must be replaced.
 DATABASES["default"]["CONN_MAX_AGE"] = None
 

@@ -8,8 +8,10 @@ pid, a fresh token, ``started_at`` on the database clock) before it works, sleep
 names the execution that produced it, and the table shows every execution that did not
 land: killed ones never finish, superseded ones finish but their result is refused.
 
-The table is created by the test (:func:`create_table_sql`, PostgreSQL or MariaDB / MySQL), not
-by a migration; its times come from the database clock (:func:`now_sql`).
+The table is created by the test (:func:`create_table_sql`, PostgreSQL, MariaDB / MySQL or
+SQLite), not by a migration; its times come from the database clock (:func:`now_sql`).
+:func:`record_execution` is the recording itself (the task chaos test's ``@task`` records
+through it too); :func:`executions` and :func:`busy_pids` read the table back.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import os
 import random
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
+from django.db import connection as default_connection
 from django.db import connections
 
 from django_leases.workflows import step_function, workflow
@@ -52,14 +56,104 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 """
 
 
+#: SQLite: the same table (times as ISO text, UTC).
+CREATE_TABLE_SQLITE = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id integer PRIMARY KEY AUTOINCREMENT,
+    run_id char(36) NOT NULL,
+    step_name text NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    token text NOT NULL,
+    started_at text NOT NULL,
+    finished_at text
+)
+"""
+
+
 def create_table_sql(connection: Any) -> str:
     """The execution table's ``CREATE TABLE`` for ``connection``'s database."""
-    return CREATE_TABLE_MYSQL if connection.vendor == "mysql" else CREATE_TABLE
+    return {"mysql": CREATE_TABLE_MYSQL, "sqlite": CREATE_TABLE_SQLITE}.get(
+        connection.vendor, CREATE_TABLE
+    )
+
+
+def empty_table_sql(connection: Any) -> str:
+    """The statement that empties the execution table on ``connection``'s database."""
+    return f"DELETE FROM {TABLE}" if connection.vendor == "sqlite" else f"TRUNCATE {TABLE}"
 
 
 def now_sql(connection: Any) -> str:
-    """The database clock in SQL: statement time (UTC on MariaDB / MySQL)."""
-    return "UTC_TIMESTAMP(6)" if connection.vendor == "mysql" else "statement_timestamp()"
+    """The database clock in SQL: statement time (UTC on MariaDB / MySQL and SQLite)."""
+    return {
+        "mysql": "UTC_TIMESTAMP(6)",
+        "sqlite": "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+    }.get(connection.vendor, "statement_timestamp()")
+
+
+def record_execution(run_id: Any, step_name: str, attempt: int) -> dict[str, Any]:
+    """Record one execution of ``step_name`` of run ``run_id`` (its ``attempt``, this
+    process's pid, a fresh token), work ``CHAOS_STEP_MIN``–``CHAOS_STEP_MAX`` seconds, stamp
+    its end; returns ``{"token", "attempt", "pid"}``, which names this execution."""
+    token = uuid.uuid4().hex
+    pid = os.getpid()
+    connection = connections["default"]
+    now = now_sql(connection)
+    with connection.cursor() as cursor:
+        insert = (
+            f"INSERT INTO {TABLE} (run_id, step_name, attempt, pid, token, started_at) "
+            f"VALUES (%s, %s, %s, %s, %s, {now})"
+        )
+        params = [str(run_id), step_name, attempt, pid, token]
+        if connection.vendor == "postgresql":
+            cursor.execute(f"{insert} RETURNING id", params)
+            (row_id,) = cursor.fetchone()
+        else:
+            cursor.execute(insert, params)
+            row_id = cursor.lastrowid
+    low = float(os.environ.get("CHAOS_STEP_MIN", "0.05"))
+    high = float(os.environ.get("CHAOS_STEP_MAX", "0.4"))
+    time.sleep(random.uniform(low, high))
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {TABLE} SET finished_at = {now} WHERE id = %s", [row_id])
+    return {"token": token, "attempt": attempt, "pid": pid}
+
+
+def _aware(value: Any) -> Any:
+    """A time the raw cursor read, aware as the ORM's are (MySQL's come naive, in UTC)."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def db_now() -> datetime:
+    """The database clock as :func:`now_sql` reads it (PostgreSQL, MariaDB / MySQL)."""
+    with default_connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now_sql(default_connection)}")
+        (now,) = cursor.fetchone()
+    return _aware(now)  # type: ignore[no-any-return]
+
+
+def busy_pids() -> set[int]:
+    """Worker pids with an execution in flight (recorded, not finished)."""
+    with default_connection.cursor() as cursor:
+        cursor.execute(f"SELECT DISTINCT pid FROM {TABLE} WHERE finished_at IS NULL")
+        return {row[0] for row in cursor.fetchall()}
+
+
+def executions() -> list[dict[str, Any]]:
+    """Every recorded execution, oldest first: ``run_id`` (text), ``step_name``,
+    ``attempt``, ``pid``, ``token``, ``started_at``, ``finished_at`` (``None``: unfinished)."""
+    with default_connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT run_id, step_name, attempt, pid, token, started_at, finished_at "
+            f"FROM {TABLE} ORDER BY id"
+        )
+        names = [c[0] for c in cursor.description]
+        rows = [dict(zip(names, map(_aware, row), strict=True)) for row in cursor.fetchall()]
+    for row in rows:
+        row["run_id"] = str(row["run_id"])
+    return rows
 
 
 STEPS = ("first", "second", "third")
@@ -78,28 +172,7 @@ def three_steps(run: Any, input: Any) -> Any:
 @step_function("chaos.record")
 def record(data: Any, ctx: Any) -> dict[str, Any]:
     """Record this execution, work a little, stamp its end and return its token."""
-    token = uuid.uuid4().hex
-    pid = os.getpid()
-    connection = connections["default"]
-    now = now_sql(connection)
-    with connection.cursor() as cursor:
-        insert = (
-            f"INSERT INTO {TABLE} (run_id, step_name, attempt, pid, token, started_at) "
-            f"VALUES (%s, %s, %s, %s, %s, {now})"
-        )
-        params = [str(ctx.run_id), ctx.step_name, ctx.attempt, pid, token]
-        if connection.vendor == "mysql":
-            cursor.execute(insert, params)
-            row_id = cursor.lastrowid
-        else:
-            cursor.execute(f"{insert} RETURNING id", params)
-            (row_id,) = cursor.fetchone()
-    low = float(os.environ.get("CHAOS_STEP_MIN", "0.05"))
-    high = float(os.environ.get("CHAOS_STEP_MAX", "0.4"))
-    time.sleep(random.uniform(low, high))
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {TABLE} SET finished_at = {now} WHERE id = %s", [row_id])
-    return {"token": token, "attempt": ctx.attempt, "pid": pid}
+    return record_execution(ctx.run_id, ctx.step_name, ctx.attempt)
 
 
 @workflow("chaos.waits")
