@@ -1509,25 +1509,7 @@ def capture_worker_plans(database_url: str) -> dict[str, Any]:
         run_id = scalar(
             f"SELECT id FROM {ours.table} WHERE status = 'running' ORDER BY id DESC LIMIT 1"
         )
-        probes = {}
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"PREPARE bench_run_running(uuid) AS SELECT id FROM {ours.table} "
-                "WHERE id = $1 AND status = 'running'"
-            )
-            for mode in ("force_custom_plan", "force_generic_plan"):
-                cursor.execute(f"SET plan_cache_mode = {mode}")
-                cursor.execute(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_run_running(%s)",
-                    [run_id],
-                )
-                plan = cursor.fetchone()[0]
-                probes[f"run by id and running, {mode}"] = scale.summarise_plan(
-                    "plan:" + json.dumps(plan[0] if isinstance(plan, list) else plan)
-                )
-            cursor.execute("RESET plan_cache_mode")
-            cursor.execute("DEALLOCATE bench_run_running")
-        out["probes"] = probes
+        out["probes"] = probe_run_lookup(ours.table, run_id, "")
 
         def drain() -> None:
             while worker.work_once():
@@ -1535,12 +1517,88 @@ def capture_worker_plans(database_url: str) -> dict[str, Any]:
 
         out["drain"] = aggregate_plans(scale.capture_plans(drain))
         out["idle_poll"] = aggregate_plans(scale.capture_plans(worker.work_once))
+        # The same lookup once ANALYZE has seen running runs (a backlog committed again):
+        # the statistics, not the statement, choose the index.
+        with transaction.atomic():
+            for _ in range(PLAN_BACKLOG):
+                ours.enqueue()
+        run_id = scalar(
+            f"SELECT id FROM {ours.table} WHERE status = 'running' ORDER BY id DESC LIMIT 1"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {ours.table}")
+        out["probes"].update(probe_run_lookup(ours.table, run_id, ", after ANALYZE"))
+        while worker.work_once():
+            pass
     return out
+
+
+def probe_run_lookup(table: str, run_id: Any, label: str) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of a run looked up by id while ``running``, as the
+    completion and the step's insert do, with a custom and with a generic plan."""
+    from django.db import connection
+    from wfbench import scale
+
+    probes = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"PREPARE bench_run_running(uuid) AS SELECT id FROM {table} "
+            "WHERE id = $1 AND status = 'running'"
+        )
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            cursor.execute(f"SET plan_cache_mode = {mode}")
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_run_running(%s)",
+                [run_id],
+            )
+            plan = cursor.fetchone()[0]
+            probes[f"run by id and running, {mode}{label}"] = scale.summarise_plan(
+                "plan:" + json.dumps(plan[0] if isinstance(plan, list) else plan)
+            )
+        cursor.execute("RESET plan_cache_mode")
+        cursor.execute("DEALLOCATE bench_run_running")
+    return probes
+
+
+@contextlib.contextmanager
+def indexes_dropped(urls: list[str], names: list[str]) -> Any:
+    """The indexes ``names`` dropped from the databases ``urls`` within (an experiment: what
+    the drain costs without them), created again from their definitions afterwards."""
+    import psycopg
+
+    dropped: list[tuple[str, str]] = []
+    try:
+        for url in urls:
+            with psycopg.connect(libpq_conninfo(url), autocommit=True) as connection:
+                for name in names:
+                    row = connection.execute(
+                        "SELECT pg_get_indexdef(to_regclass(%s))", (name,)
+                    ).fetchone()
+                    if not row or not row[0]:
+                        raise SystemExit(f"--scale-drop-index: no index {name!r}")
+                    connection.execute(f'DROP INDEX "{name}"')
+                    dropped.append((url, row[0]))
+        yield [definition for _, definition in dropped]
+    finally:
+        for url, definition in dropped:
+            with psycopg.connect(libpq_conninfo(url), autocommit=True) as connection:
+                connection.execute(definition)
 
 
 def run_scale(args: argparse.Namespace, workdir: Path, filled: dict[str, Any]) -> dict[str, Any]:
     """``--scale-repeat`` repetitions of every (tables, contender, workers) drain, interleaved
-    in a rotating order; then the plans on both."""
+    in a rotating order; then the plans on both. With ``--scale-drop-index``, all of it
+    without those indexes (put back afterwards)."""
+    urls = [args.database_url, args.scale_database_url]
+    with indexes_dropped(urls, args.scale_drop_index) as dropped:
+        found = run_scale_stage(args, workdir, filled)
+    found["dropped_indexes"] = dropped
+    return found
+
+
+def run_scale_stage(
+    args: argparse.Namespace, workdir: Path, filled: dict[str, Any]
+) -> dict[str, Any]:
     states = {"empty": args.database_url, "filled": args.scale_database_url}
     cases = [
         (state, name, count)
@@ -2038,6 +2096,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--scale-repeat", type=int, default=3, help="repetitions of the scale stage's drains"
     )
+    parser.add_argument(
+        "--scale-drop-index",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an experiment: the scale stage without this index on both databases (dropped "
+        "after the fill, created again at the end); repeatable",
+    )
     parser.add_argument("--output", type=Path, default=None, help="JSON file to write")
     parser.add_argument(
         "--profile",
@@ -2313,6 +2379,7 @@ def main(argv: list[str] | None = None) -> int:
             "dbos_worker_concurrency": args.dbos_worker_concurrency,
             "scale": args.scale,
             "scale_repeat": args.scale_repeat,
+            "scale_drop_index": args.scale_drop_index,
             "scale_contenders": list(SCALE_CONTENDERS) if args.scale else [],
             "hold_seconds": HOLD_SECONDS,
             "best_of": "throughputs and fan-out times: the best repetition; latencies: every "
@@ -2368,7 +2435,8 @@ def main(argv: list[str] | None = None) -> int:
         else None,
     }
     stamp = started.strftime("%Y-%m-%d-%H%M")
-    output = args.output or RESULTS_DIR / f"workflows-{stamp}.json"
+    kind = "workflows-scale" if args.only == {"scale"} else "workflows"
+    output = args.output or RESULTS_DIR / f"{kind}-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)
     print(f"\nwrote {output}")
