@@ -55,6 +55,15 @@ multi-step workflow) and one fan-out of ``--fanout`` steps (``run.parallel``; DB
 tasks, the harness waiting for the last), each with 1 and ``--workers`` worker processes,
 frozen and released as for the drains, best of ``--shape-repeat``.
 
+A third stage, ``--scale N`` (``make bench-scale``: ``--only scale --scale 1000000``), drains
+``--tasks`` runs of ours (1 and ``--workers`` processes, persistent connections and
+``CONN_MAX_AGE = 0``) on empty tables and on tables kept with N finished runs, filled
+server-side as the engine leaves them (``wfbench/scale.py``; that database is kept between
+runs), and reports the ratio kept ÷ empty, the HOT share of the updates per table and the
+plans of the worker's statements on both (``auto_explain``). Every drain, in every stage,
+records the HOT share per table; ``ours-cma0`` is ours with ``CONN_MAX_AGE = 0`` in its
+workers.
+
 The bench database (``django_leases_bench_workflows`` by default) is dropped and recreated
 from the current migrations at the start of every run, and so is DBOS's when it takes part;
 nothing else is touched. The table goes
