@@ -8,7 +8,8 @@ SQLITE_URL ?=
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-sqlite test-postgres test-mariadb test-django6 coverage-erase \
-	coverage-report lint docs docs-images demo bench bench-leases bench-workflows clean
+	coverage-report lint docs docs-images demo bench bench-leases bench-workflows bench-scale \
+	clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package and the one
 # library the demo's settings read the environment with; `make test`, `lint` and `docs` add
@@ -119,6 +120,13 @@ $(VENVB)/.installed: pyproject.toml
 
 bench-workflows: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/workflows.py $(WORKFLOWS_BENCH_ARGS)
+
+# The scale stage alone: the 1,000-run drain on empty tables and on tables kept with a million
+# finished runs (filled once into django_leases_bench_workflows_scale, kept between runs).
+SCALE_BENCH_ARGS ?= --scale 1000000
+
+bench-scale: $(VENVB)/.installed
+	$(VENVB)/bin/python bench/workflows.py --only scale $(SCALE_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV6) $(VENVB) site demo.sqlite3* .coverage .coverage.* .pytest_cache \

@@ -55,6 +55,15 @@ multi-step workflow) and one fan-out of ``--fanout`` steps (``run.parallel``; DB
 tasks, the harness waiting for the last), each with 1 and ``--workers`` worker processes,
 frozen and released as for the drains, best of ``--shape-repeat``.
 
+A third stage, ``--scale N`` (``make bench-scale``: ``--only scale --scale 1000000``), drains
+``--tasks`` runs of ours (1 and ``--workers`` processes, persistent connections and
+``CONN_MAX_AGE = 0``) on empty tables and on tables kept with N finished runs, filled
+server-side as the engine leaves them (``wfbench/scale.py``; that database is kept between
+runs), and reports the ratio kept ÷ empty, the HOT share of the updates per table and the
+plans of the worker's statements on both (``auto_explain``). Every drain, in every stage,
+records the HOT share per table; ``ours-cma0`` is ours with ``CONN_MAX_AGE = 0`` in its
+workers.
+
 The bench database (``django_leases_bench_workflows`` by default) is dropped and recreated
 from the current migrations at the start of every run, and so is DBOS's when it takes part;
 nothing else is touched. The table goes
@@ -67,7 +76,9 @@ Nothing here is a test: timing never fails a build.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -80,6 +91,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +147,10 @@ class Contender:
     done_status: str = ""
     failed_statuses: tuple[str, ...] = ()
     extra_tables: tuple[str, ...] = ()
+    #: Environment of its worker processes beyond the run's (e.g. ``BENCH_CONN_MAX_AGE``).
+    env: tuple[tuple[str, str], ...] = ()
+    #: The contender this one is a variant of ("" for none): its ratios are to that one.
+    base: str = ""
 
     @property
     def table(self) -> str:
@@ -264,6 +280,21 @@ CONTENDERS: dict[str, Contender] = {
 #: Ours: a workflow run per item, and the same engine behind Django's Tasks API.
 OURS_TASK_NAMES = ("ours", "ours-tasks")
 PEERS = [name for name in CONTENDERS if name not in OURS_TASK_NAMES]
+#: The suffix of a contender run with ``CONN_MAX_AGE = 0`` (Django's default: a connection
+#: per unit of work) in its worker processes, whatever ``--conn-max-age`` says for the rest.
+CMA0 = "-cma0"
+for _name in [*OURS_TASK_NAMES[:1], *PEERS]:
+    _contender = CONTENDERS[_name]
+    CONTENDERS[_name + CMA0] = dataclasses.replace(
+        _contender,
+        name=_name + CMA0,
+        description=_contender.description + "; CONN_MAX_AGE = 0 in the worker processes",
+        env=(("BENCH_CONN_MAX_AGE", "0"),),
+        base=_name,
+    )
+del _name, _contender
+#: The variants: ratios to their base (persistent connections), never a "best peer".
+VARIANTS = [name for name, c in CONTENDERS.items() if c.base]
 #: The peers that are Django Tasks backends: ``ours-tasks`` runs the very same ``@task``.
 TASK_BACKEND_PEERS = ("django-ox", "django-tasks-db")
 
@@ -322,10 +353,28 @@ def truncate(contender: Contender) -> None:
         cursor.execute(f"TRUNCATE {', '.join(contender.tables())} RESTART IDENTITY CASCADE")
 
 
-def count_done(contender: Contender) -> int:
+def uuid7_floor(moment: dt.datetime) -> uuid.UUID:
+    """The least version 7 UUID of the millisecond one second before ``moment``."""
+    ms = int(moment.timestamp() * 1000) - 1000
+    return uuid.UUID(int=(ms << 80) | (0x7 << 76) | (0b10 << 62))
+
+
+def count_done(contender: Contender, since: Any = None) -> int:
+    """Items done; with ``since`` (a database timestamp; ours only), only those whose
+    time-ordered id is at most a second older (a range of the primary key, whatever the
+    other indexes are: on the scale stage's filled tables a count of every finished run
+    would cost more than the drain it watches)."""
+    if since is None:
+        return int(
+            scalar(
+                f"SELECT count(*) FROM {contender.table} WHERE status = %s",
+                (contender.done_status,),
+            )
+        )
     return int(
         scalar(
-            f"SELECT count(*) FROM {contender.table} WHERE status = %s", (contender.done_status,)
+            f"SELECT count(*) FROM {contender.table} WHERE id >= %s AND status = %s",
+            (uuid7_floor(since), contender.done_status),
         )
     )
 
@@ -382,6 +431,7 @@ class Workers:
             DJANGO_SETTINGS_MODULE=SETTINGS,
             PYTHONPATH=os.pathsep.join([str(BENCH_DIR), str(ROOT)]),
         )
+        env.update(dict(self.contender.env))
         env.update(self.extra_env)
         for index in range(self.count):
             stem = f"{self.contender.name}-{len(self.logs)}"
@@ -472,13 +522,15 @@ class Workers:
 # -- measurements -------------------------------------------------------------------------------
 
 
-def wait_done(contender: Contender, target: int, timeout: float) -> list[tuple[float, int]]:
+def wait_done(
+    contender: Contender, target: int, timeout: float, since: Any = None
+) -> list[tuple[float, int]]:
     """Poll the done count every 20 ms until it reaches ``target``; the (time, count) samples."""
     samples = []
     deadline = time.perf_counter() + timeout
     while True:
         now = time.perf_counter()
-        done = count_done(contender)
+        done = count_done(contender, since)
         samples.append((now, done))
         if done >= target:
             return samples
@@ -490,13 +542,13 @@ def wait_done(contender: Contender, target: int, timeout: float) -> list[tuple[f
         time.sleep(POLL_DONE)
 
 
-def warm_up(contender: Contender, workers: Workers, items: int) -> None:
+def warm_up(contender: Contender, workers: Workers, items: int, since: Any = None) -> None:
     """Run ``items`` items through freshly started workers, then let them go idle."""
     workers.wait_idle()
-    base = count_done(contender)
+    base = count_done(contender, since)
     for _ in range(items):
         contender.enqueue()
-    wait_done(contender, base + items, 60)
+    wait_done(contender, base + items, 60, since)
     workers.wait_idle()
 
 
@@ -528,12 +580,23 @@ def measure_end_to_end(contender: Contender, workers: Workers, items: int) -> di
     }
 
 
-def measure_drain(contender: Contender, workers: Workers, items: int) -> dict[str, Any]:
-    """``items`` committed in one transaction while the idle workers are frozen; items/s from
-    their release to the last completion, plus statements, transactions and CPU per item."""
-    from django.db import transaction
+def db_now() -> Any:
+    return scalar("SELECT statement_timestamp()")
 
-    base = count_done(contender)
+
+def measure_drain(
+    contender: Contender, workers: Workers, items: int, since: Any = None
+) -> dict[str, Any]:
+    """``items`` committed in one transaction while the idle workers are frozen; items/s from
+    their release to the last completion, plus statements, transactions and CPU per item, and
+    the updates, HOT updates and inserts per table of the contender (``pg_stat_user_tables``,
+    read once settled before the freeze and after the last completion)."""
+    from django.db import transaction
+    from wfbench.scale import hot_shares, table_stats
+
+    tables = contender.tables()
+    stats_before = table_stats(rows, tables)
+    base = count_done(contender, since)
     workers.signal(signal.SIGSTOP)
     frozen = time.perf_counter()
     time.sleep(0.1)  # let the counters' last write land
@@ -549,14 +612,14 @@ def measure_drain(contender: Contender, workers: Workers, items: int) -> dict[st
     server_before = [process_cpu_seconds(pid, with_children=True) for pid in backends]
     start = time.perf_counter()
     workers.signal(signal.SIGCONT)
-    samples = wait_done(contender, base + items, 300 + items)
+    samples = wait_done(contender, base + items, 300 + items, since)
     end = samples[-1][0]
     client = workers.cpu() - client_before
     server_after = [process_cpu_seconds(pid, with_children=True) for pid in backends]
     server = sum(
         (a - b) for a, b in zip(server_after, server_before, strict=True) if a is not None and b
     )
-    time.sleep(0.15)
+    stats_after = table_stats(rows, tables)
     counted_after = workers.counted()
     check_no_failures(contender)
     first = next((t for t, n in samples if n > base), end)
@@ -571,6 +634,7 @@ def measure_drain(contender: Contender, workers: Workers, items: int) -> dict[st
         "worker_cpu_us_per_item": 1e6 * client / items,
         "server_cpu_us_per_item": 1e6 * server / items if backends else None,
         "backends": len(backends),
+        "tables": hot_shares(stats_before, stats_after),
     }
 
 
@@ -1008,7 +1072,9 @@ SHAPE_CONTENDERS: dict[str, ShapeContender] = {
 }
 DBOS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, DbosShapes)]
 ALL_CONTENDERS = [*CONTENDERS, *(n for n in SHAPE_CONTENDERS if n not in CONTENDERS)]
-OPTIONAL_CONTENDERS = ("ours-c4",)
+#: Named in --contenders to run: ours-c4, and the peers with CONN_MAX_AGE = 0 (ours-cma0 runs
+#: by default).
+OPTIONAL_CONTENDERS = ("ours-c4", *(n for n in VARIANTS if n != "ours" + CMA0))
 OURS_NAMES = [n for n, c in SHAPE_CONTENDERS.items() if isinstance(c, OursShapes)]
 
 
@@ -1280,6 +1346,411 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
     return "\n".join(lines_)
 
 
+# -- scale: the drain on tables a long-lived deployment has filled -----------------------------
+#
+# ``--scale N``: the same 1,000-run drain of ours (1 and --workers processes; persistent
+# connections and CONN_MAX_AGE = 0) on empty tables and on tables holding N finished runs with
+# their steps, attempts and released run leases (``wfbench/scale.py``), in one run, each
+# repetition interleaving both; the ratio filled ÷ empty, the HOT share of the updates per
+# table, and the plans of the worker's statements on both (auto_explain).
+
+DEFAULT_SCALE_DATABASE_URL = (
+    "postgres://postgres@127.0.0.1:5432/django_leases_bench_workflows_scale"
+)
+SCALE_CONTENDERS = ("ours", "ours" + CMA0)
+#: ours ÷ the same drain on empty tables, with the filled tables: the target.
+SCALE_TARGET = 0.9
+#: Runs in the backlog while the plans are captured, and how many units of work run first so
+#: that the functions' plan cache has settled (PL/pgSQL tries 5 custom plans, then generic).
+PLAN_BACKLOG = 300
+PLAN_WARM_UNITS = 12
+PLAN_CAPTURED_UNITS = 2
+
+
+def database_name(database_url: str) -> str:
+    return str(psycopg_conninfo(database_url).get("dbname") or "")
+
+
+@contextlib.contextmanager
+def harness_on(database_url: str) -> Any:
+    """The harness's Django connection on ``database_url``'s database (same server) within."""
+    from django.db import connections
+
+    connection = connections["default"]
+    previous = connection.settings_dict["NAME"]
+    connection.close()
+    connection.settings_dict["NAME"] = database_name(database_url)
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["NAME"] = previous
+
+
+def database_exists(database_url: str) -> bool:
+    import psycopg
+
+    admin = psycopg.conninfo.make_conninfo(libpq_conninfo(database_url), dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as connection:
+        found = connection.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (database_name(database_url),)
+        ).fetchone()
+    return found is not None
+
+
+def prepare_scale_database(args: argparse.Namespace) -> dict[str, Any]:
+    """The filled database, reused when it holds ``--scale`` runs filled under the current
+    migrations (what later runs added is deleted), else dropped, migrated and filled."""
+    from django.core.management import call_command
+    from wfbench import scale
+
+    url = args.scale_database_url
+    conninfo = libpq_conninfo(url)
+    if "bench" not in database_name(url):
+        raise SystemExit("the scale database's name must say 'bench'")
+    out: dict[str, Any] = {"database": database_name(url), "runs": args.scale}
+    if database_exists(url) and not args.scale_refill:
+        with harness_on(url):
+            call_command("migrate", verbosity=0, interactive=False)
+        found = scale.marker(conninfo)
+        if (
+            found
+            and found["runs"] == args.scale
+            and found["migrations"] == scale.applied_migrations(conninfo)
+        ):
+            print(
+                f"scale: reusing {out['database']} ({args.scale:,} finished runs, filled "
+                f"{found['filled_at']:%Y-%m-%d %H:%M} in {found['fill_seconds']:.0f} s)",
+                flush=True,
+            )
+            out.update(
+                reused=True,
+                filled_at=found["filled_at"].isoformat(),
+                fill_seconds=found["fill_seconds"],
+                trim_seconds=scale.trim_to_fill(conninfo, found),
+            )
+            out["sizes"] = scale.sizes(conninfo)
+            return out
+    print(f"scale: filling {out['database']} with {args.scale:,} finished runs", flush=True)
+    recreate_database(url)
+    with harness_on(url):
+        call_command("migrate", verbosity=0, interactive=False)
+    filled = scale.fill(conninfo, args.scale, lambda line: print(line, flush=True))
+    print(
+        f"scale: filled in {filled['fill_seconds']:.0f} s, VACUUM (ANALYZE) "
+        f"{filled['vacuum_seconds']:.0f} s",
+        flush=True,
+    )
+    out.update(
+        reused=False,
+        filled_at=filled["filled_at"].isoformat() if filled["filled_at"] else None,
+        fill_seconds=filled["fill_seconds"],
+        vacuum_seconds=filled["vacuum_seconds"],
+    )
+    out["sizes"] = scale.sizes(conninfo)
+    return out
+
+
+def scale_drain(
+    contender: Contender,
+    count: int,
+    database_url: str,
+    empty: bool,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> dict[str, Any]:
+    """One drain of ``--tasks`` runs by ``count`` fresh workers on ``database_url``'s tables
+    (emptied first when ``empty``); done counted among the runs created since the warm-up."""
+    with harness_on(database_url):
+        if empty:
+            truncate(contender)
+        workers = Workers(contender, count, workdir, database_url)
+        workers.start()
+        try:
+            warm_up(contender, workers, 20 if count == 1 else 4 * count, db_now())
+            return measure_drain(contender, workers, args.tasks, db_now())
+        finally:
+            workers.stop()
+
+
+def aggregate_plans(plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The captured plans grouped by statement, in order of first appearance: how often it
+    ran, its shared buffers (mean, first and last tenth of the executions, max), its mean
+    duration, the scans of its first execution and that execution's plan."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for plan in plans:
+        groups.setdefault(plan["query"][:400], []).append(plan)
+    out = []
+    for query, found in groups.items():
+        buffers = [p["top_buffers"] for p in found]
+        tenth = max(1, len(found) // 10)
+        out.append(
+            {
+                "query": query,
+                "executions": len(found),
+                "buffers_mean": statistics.fmean(buffers),
+                "buffers_first_tenth": statistics.fmean(buffers[:tenth]),
+                "buffers_last_tenth": statistics.fmean(buffers[-tenth:]),
+                "buffers_max": max(buffers),
+                "duration_ms_mean": statistics.fmean(p["duration_ms"] or 0.0 for p in found),
+                "scans": found[0]["scans"],
+                "plan": found[0]["plan"],
+                "last_plan": found[-1]["plan"],
+            }
+        )
+    return out
+
+
+def capture_worker_plans(database_url: str) -> dict[str, Any]:
+    """The plans of ours' worker statements on ``database_url``'s tables, as the functions'
+    plan cache runs them (auto_explain, in this process): a few runs drained first so that
+    the cache has settled, then a backlog of ``PLAN_BACKLOG`` runs committed and drained with
+    the plans captured, then an idle poll; and, with the backlog there, EXPLAIN of a run
+    looked up by id while ``running`` (custom and generic plans)."""
+    from django.db import connection, transaction
+    from wfbench import scale
+
+    from django_leases.workflows.worker import Worker
+
+    ours = CONTENDERS["ours"]
+    out: dict[str, Any] = {"backlog": PLAN_BACKLOG}
+    with harness_on(database_url):
+        worker = Worker(1)
+        for _ in range(PLAN_WARM_UNITS):
+            ours.enqueue()
+        while worker.work_once():
+            pass
+        with transaction.atomic():
+            for _ in range(PLAN_BACKLOG):
+                ours.enqueue()
+        run_id = scalar(
+            f"SELECT id FROM {ours.table} WHERE status = 'running' ORDER BY id DESC LIMIT 1"
+        )
+        out["probes"] = probe_run_lookup(ours.table, run_id, "")
+
+        def drain() -> None:
+            while worker.work_once():
+                pass
+
+        out["drain"] = aggregate_plans(scale.capture_plans(drain))
+        out["idle_poll"] = aggregate_plans(scale.capture_plans(worker.work_once))
+        # The same lookup once ANALYZE has seen running runs (a backlog committed again):
+        # the statistics, not the statement, choose the index.
+        with transaction.atomic():
+            for _ in range(PLAN_BACKLOG):
+                ours.enqueue()
+        run_id = scalar(
+            f"SELECT id FROM {ours.table} WHERE status = 'running' ORDER BY id DESC LIMIT 1"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {ours.table}")
+        out["probes"].update(probe_run_lookup(ours.table, run_id, ", after ANALYZE"))
+        while worker.work_once():
+            pass
+    return out
+
+
+def probe_run_lookup(table: str, run_id: Any, label: str) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of a run looked up by id while ``running``, as the
+    completion and the step's insert do, with a custom and with a generic plan."""
+    from django.db import connection
+    from wfbench import scale
+
+    probes = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"PREPARE bench_run_running(uuid) AS SELECT id FROM {table} "
+            "WHERE id = $1 AND status = 'running'"
+        )
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            cursor.execute(f"SET plan_cache_mode = {mode}")
+            cursor.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE bench_run_running(%s)",
+                [run_id],
+            )
+            plan = cursor.fetchone()[0]
+            probes[f"run by id and running, {mode}{label}"] = scale.summarise_plan(
+                "plan:" + json.dumps(plan[0] if isinstance(plan, list) else plan)
+            )
+        cursor.execute("RESET plan_cache_mode")
+        cursor.execute("DEALLOCATE bench_run_running")
+    return probes
+
+
+@contextlib.contextmanager
+def indexes_dropped(urls: list[str], names: list[str]) -> Any:
+    """The indexes ``names`` dropped from the databases ``urls`` within (an experiment: what
+    the drain costs without them), created again from their definitions afterwards."""
+    import psycopg
+
+    dropped: list[tuple[str, str]] = []
+    try:
+        for url in urls:
+            with psycopg.connect(libpq_conninfo(url), autocommit=True) as connection:
+                for name in names:
+                    row = connection.execute(
+                        "SELECT pg_get_indexdef(to_regclass(%s))", (name,)
+                    ).fetchone()
+                    if not row or not row[0]:
+                        raise SystemExit(f"--scale-drop-index: no index {name!r}")
+                    connection.execute(f'DROP INDEX "{name}"')
+                    dropped.append((url, row[0]))
+        yield [definition for _, definition in dropped]
+    finally:
+        for url, definition in dropped:
+            with psycopg.connect(libpq_conninfo(url), autocommit=True) as connection:
+                connection.execute(definition)
+
+
+def run_scale(args: argparse.Namespace, workdir: Path, filled: dict[str, Any]) -> dict[str, Any]:
+    """``--scale-repeat`` repetitions of every (tables, contender, workers) drain, interleaved
+    in a rotating order; then the plans on both. With ``--scale-drop-index``, all of it
+    without those indexes (put back afterwards)."""
+    urls = [args.database_url, args.scale_database_url]
+    with indexes_dropped(urls, args.scale_drop_index) as dropped:
+        found = run_scale_stage(args, workdir, filled)
+    found["dropped_indexes"] = dropped
+    return found
+
+
+def run_scale_stage(
+    args: argparse.Namespace, workdir: Path, filled: dict[str, Any]
+) -> dict[str, Any]:
+    states = {"empty": args.database_url, "filled": args.scale_database_url}
+    cases = [
+        (state, name, count)
+        for name in SCALE_CONTENDERS
+        for count in (1, args.workers)
+        for state in states
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for repetition in range(args.scale_repeat):
+        shift = (repetition * 3) % len(cases)
+        for state, name, count in cases[shift:] + cases[:shift]:
+            found = scale_drain(
+                CONTENDERS[name], count, states[state], state == "empty", args, workdir
+            )
+            runs.setdefault(f"{name}|{state}|{count}", []).append(found)
+            print(
+                f"  [{repetition + 1}/{args.scale_repeat}] {name:<10} {state:<6} ×{count} "
+                f"{found['rate']:6,.0f} runs/s  HOT {render_hot(found['tables'])}",
+                flush=True,
+            )
+    print("  plans (auto_explain) on the filled and the empty tables", flush=True)
+    plans = {state: capture_worker_plans(url) for state, url in states.items()}
+    return {"filled": filled, "repetitions": runs, "plans": plans}
+
+
+def summarise_scale(found: dict[str, Any], workers: int) -> dict[str, Any]:
+    """Best repetition per (contender, tables, workers); ratio filled ÷ empty; the HOT share
+    per table pooled over every repetition's drain."""
+    figures: dict[str, Any] = {}
+    for key, repetitions in found["repetitions"].items():
+        name, state, count = key.split("|")
+        best = max(repetitions, key=lambda r: r["rate"])
+        pooled: dict[str, dict[str, Any]] = {}
+        for repetition in repetitions:
+            for table, stats in repetition["tables"].items():
+                into = pooled.setdefault(table, {"updates": 0, "hot_updates": 0, "inserts": 0})
+                for field in into:
+                    into[field] += stats[field]
+        for stats in pooled.values():
+            stats["hot_share"] = (
+                stats["hot_updates"] / stats["updates"] if stats["updates"] else None
+            )
+        entry = figures.setdefault(name, {})
+        entry[f"{state}_{count}"] = best["rate"]
+        entry[f"{state}_{count}_detail"] = best
+        entry[f"{state}_{count}_hot"] = pooled
+    for entry in figures.values():
+        for count in (1, workers):
+            if f"filled_{count}" in entry and f"empty_{count}" in entry:
+                entry[f"ratio_{count}"] = entry[f"filled_{count}"] / entry[f"empty_{count}"]
+    return figures
+
+
+def render_scale(figures: dict[str, Any], workers: int, runs: int) -> str:
+    header = [
+        "contender",
+        "empty ×1 /s",
+        f"{runs:,} kept ×1 /s",
+        "ratio ×1",
+        f"empty ×{workers} /s",
+        f"{runs:,} kept ×{workers} /s",
+        f"ratio ×{workers}",
+    ]
+    table = [header]
+    for name, entry in figures.items():
+        table.append(
+            [
+                name,
+                f"{entry['empty_1']:,.0f}",
+                f"{entry['filled_1']:,.0f}",
+                f"{entry['ratio_1']:.2f}×",
+                f"{entry[f'empty_{workers}']:,.0f}",
+                f"{entry[f'filled_{workers}']:,.0f}",
+                f"{entry[f'ratio_{workers}']:.2f}×",
+            ]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    out = []
+    for index, row in enumerate(table):
+        out.append(
+            "  ".join(
+                [row[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            )
+        )
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    out.append(f"ratio: kept ÷ empty, target ≥ {SCALE_TARGET}×")
+    out.append("HOT share of the updates per table, every repetition pooled (updates):")
+    for name, entry in figures.items():
+        for state in ("empty", "filled"):
+            for count in (1, workers):
+                out.append(
+                    f"  {name:<10} {state:<6} ×{count}  {render_hot(entry[f'{state}_{count}_hot'])}"
+                )
+    return "\n".join(out)
+
+
+def render_plans(plans: dict[str, Any]) -> str:
+    """Per captured statement (filled tables): its scans and buffers, beside the empty's."""
+    out = [
+        f"plans of the worker's statements (auto_explain; a backlog of {PLAN_BACKLOG} runs "
+        "drained, then an idle poll): shared buffers per execution, mean (first tenth → last "
+        "tenth), kept tables vs empty"
+    ]
+    filled, empty = plans["filled"], plans["empty"]
+    for part in ("drain", "idle_poll"):
+        others = {g["query"]: g for g in empty[part]}
+        for group in filled[part]:
+            other = others.get(group["query"])
+            scans = "; ".join(
+                f"{s['scan']} {s['index'] or ''} on {short_table(s['table'] or '')}".replace(
+                    "  ", " "
+                )
+                for s in group["scans"]
+            )
+            line = (
+                f"  [{part}] {group['query'][:80]}\n      ×{group['executions']}: kept "
+                f"{group['buffers_mean']:.1f} ({group['buffers_first_tenth']:.1f} → "
+                f"{group['buffers_last_tenth']:.1f}) buffers, {group['duration_ms_mean']:.3f} ms"
+            )
+            if other:
+                line += (
+                    f"; empty {other['buffers_mean']:.1f} ({other['buffers_first_tenth']:.1f} → "
+                    f"{other['buffers_last_tenth']:.1f}), {other['duration_ms_mean']:.3f} ms"
+                )
+            out.append(line)
+            if scans:
+                out.append(f"      {scans}")
+    for state in ("filled", "empty"):
+        for label, plan in plans[state]["probes"].items():
+            out.append(f"  [probe, {state}] {label}: " + "; ".join(plan["plan"]))
+    return "\n".join(out)
+
+
 # -- facts, report ------------------------------------------------------------------------------
 
 
@@ -1319,7 +1790,13 @@ def summarise(
         found["latency_samples"] = len(latencies)
         figures[name] = found
     ratios: dict[str, dict[str, float | None]] = {}
-    every_peer = [p for p in figures if p not in OURS_TASK_NAMES]
+    for variant in (v for v in figures if v in VARIANTS):
+        base = CONTENDERS[variant].base
+        if base in figures:
+            ratios[f"{variant}_vs_{base}"] = {
+                metric: figures[variant][metric] / figures[base][metric] for metric in throughput
+            }
+    every_peer = [p for p in figures if p not in OURS_TASK_NAMES and p not in VARIANTS]
     task_peers = [p for p in every_peer if p in TASK_BACKEND_PEERS]
     for mine, against, peers in (
         ("ours", "best_peer", every_peer),
@@ -1351,7 +1828,7 @@ def render_table(figures: dict[str, dict[str, Any]], workers: int) -> str:
         ("latency_p50_ms", "latency p50 ms", "{:,.1f}"),
         ("latency_p99_ms", "latency p99 ms", "{:,.1f}"),
     ]
-    peers = [p for p in figures if p not in OURS_TASK_NAMES]
+    peers = [p for p in figures if p not in OURS_TASK_NAMES and p not in VARIANTS]
     best_peer = (
         {
             key: (min if key.startswith("latency") else max)(figures[p][key] for p in peers)
@@ -1366,7 +1843,16 @@ def render_table(figures: dict[str, dict[str, Any]], workers: int) -> str:
         row = [name]
         for key, _, fmt in columns:
             cell = fmt.format(found[key])
-            if name in OURS_TASK_NAMES and best_peer:
+            base = CONTENDERS[name].base
+            if base in figures:
+                # A variant: to its base, persistent connections (above 1: it is faster).
+                ratio = (
+                    figures[base][key] / found[key]
+                    if key.startswith("latency")
+                    else found[key] / figures[base][key]
+                )
+                cell += f" ({ratio:.2f}× {base})"
+            elif name in OURS_TASK_NAMES and best_peer:
                 ratio = (
                     best_peer[key] / found[key]
                     if key.startswith("latency")
@@ -1403,7 +1889,25 @@ def render_costs(figures: dict[str, dict[str, Any]]) -> str:
             f"CPU {d['worker_cpu_us_per_item']:6.0f} + "
             f"{'?' if server is None else f'{server:.0f}'} µs"
         )
+    lines_.append("HOT share of the updates per table during the 1-worker drain (updates):")
+    for name, found in figures.items():
+        lines_.append(f"  {name:<16} {render_hot(found['drain_1_detail'].get('tables', {}))}")
     return "\n".join(lines_)
+
+
+def short_table(table: str) -> str:
+    return table.removeprefix("django_leases_").removeprefix("workflow") or table
+
+
+def render_hot(tables: dict[str, dict[str, Any]]) -> str:
+    """``table 93 % (2,000)`` for each table with updates."""
+    parts = []
+    for table, found in tables.items():
+        if found["updates"]:
+            parts.append(
+                f"{short_table(table)} {100 * found['hot_share']:.0f} % ({found['updates']:,})"
+            )
+    return ", ".join(parts) or "no updates"
 
 
 # -- profiling ours -----------------------------------------------------------------------------
@@ -1557,7 +2061,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         default="tasks,shapes",
         help="comma-separated stages to run: tasks (the 1-step no-op against the task queues), "
-        "shapes (the 10-step workflow and the fan-out, with DBOS); default: both",
+        "shapes (the 10-step workflow and the fan-out, with DBOS), scale (with --scale N; "
+        "--scale adds it); default: tasks,shapes",
     )
     parser.add_argument(
         "--seq-workflows",
@@ -1586,6 +2091,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="worker_concurrency of DBOS's queue (default: DBOS's, no per-process limit: a "
         "worker runs every workflow it dequeues at once, in its thread pool)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=0,
+        help="the scale stage: the drain of ours on empty tables and on tables kept with this "
+        "many finished runs (e.g. 1000000; make bench-scale); default 0: off",
+    )
+    parser.add_argument(
+        "--scale-database-url",
+        default=os.environ.get("BENCH_SCALE_DATABASE_URL", DEFAULT_SCALE_DATABASE_URL),
+        help="PostgreSQL URL of the filled bench-only database, kept between runs (same server "
+        "as --database-url; default: $BENCH_SCALE_DATABASE_URL or %(default)s)",
+    )
+    parser.add_argument(
+        "--scale-refill",
+        action="store_true",
+        help="fill the scale database again even when it holds --scale runs already",
+    )
+    parser.add_argument(
+        "--scale-repeat", type=int, default=3, help="repetitions of the scale stage's drains"
+    )
+    parser.add_argument(
+        "--scale-drop-index",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an experiment: the scale stage without this index on both databases (dropped "
+        "after the fill, created again at the end); repeatable",
     )
     parser.add_argument("--output", type=Path, default=None, help="JSON file to write")
     parser.add_argument(
@@ -1639,15 +2173,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown contenders: {', '.join(unknown)}")
     args.only = {n.strip() for n in args.only.split(",") if n.strip()}
-    if not args.only or args.only - {"tasks", "shapes"}:
-        parser.error("--only takes tasks, shapes or both")
+    if not args.only or args.only - {"tasks", "shapes", "scale"}:
+        parser.error("--only takes tasks, shapes, scale (comma-separated)")
+    if args.scale < 0 or args.scale_repeat < 1:
+        parser.error("--scale must be >= 0 and --scale-repeat >= 1")
+    if "scale" in args.only and not args.scale:
+        parser.error("--only scale needs --scale N")
+    if args.scale:
+        args.only.add("scale")
+    args.run_scale = "scale" in args.only
     args.chosen = [n for n in CONTENDERS if n in chosen]
     args.shape_chosen = [n for n in SHAPE_CONTENDERS if n in chosen]
     if "tasks" not in args.only:
         args.chosen = []
     if "shapes" not in args.only:
         args.shape_chosen = []
-    if not args.chosen and not args.shape_chosen:
+    if not args.chosen and not args.shape_chosen and not args.run_scale:
         parser.error("no contender left to run in the chosen stages")
     return args
 
@@ -1739,6 +2280,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.chosen}
     shape_runs: dict[str, list[dict[str, Any]]] = {}
+    scale_runs: dict[str, Any] = {}
     stage_seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="wfbench-") as tmp:
         began = time.perf_counter()
@@ -1769,6 +2311,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             shape_runs = run_shapes(args, Path(tmp))
             stage_seconds["shapes"] = time.perf_counter() - began
+            machine["load_average_after_shapes"] = load_average()
+        if args.run_scale:
+            began = time.perf_counter()
+            print(
+                f"\nscale: {args.tasks} runs per drain, 1 and {args.workers} workers, on empty "
+                f"tables and with {args.scale:,} finished runs kept",
+                flush=True,
+            )
+            filled = prepare_scale_database(args)
+            machine["load_average_after_fill"] = load_average()
+            scale_runs = run_scale(args, Path(tmp), filled)
+            stage_seconds["scale"] = time.perf_counter() - began
     report_figures: dict[str, Any] = {}
     report_ratios: dict[str, Any] = {}
     if args.chosen:
@@ -1803,6 +2357,13 @@ def main(argv: list[str] | None = None) -> int:
             reason = SHAPE_CONTENDERS[shape_name].seq_reason
             if reason:
                 print(f"  {shape_name}: 10-step n/a: {reason}")
+    scale_figures: dict[str, Any] = {}
+    if scale_runs:
+        scale_figures = summarise_scale(scale_runs, args.workers)
+        print()
+        print(render_scale(scale_figures, args.workers, args.scale))
+        print()
+        print(render_plans(scale_runs["plans"]))
     machine["load_average_at_end"] = load_average()
     print(
         "\nload average at start "
@@ -1833,6 +2394,10 @@ def main(argv: list[str] | None = None) -> int:
             "fanout": args.fanout,
             "shape_repeat": args.shape_repeat,
             "dbos_worker_concurrency": args.dbos_worker_concurrency,
+            "scale": args.scale,
+            "scale_repeat": args.scale_repeat,
+            "scale_drop_index": args.scale_drop_index,
+            "scale_contenders": list(SCALE_CONTENDERS) if args.scale else [],
             "hold_seconds": HOLD_SECONDS,
             "best_of": "throughputs and fan-out times: the best repetition; latencies: every "
             "sample pooled",
@@ -1877,9 +2442,18 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": shape_ratios,
             "repetitions": shape_runs,
         },
+        "scale": {
+            "runs_kept": args.scale,
+            "target_filled_vs_empty": SCALE_TARGET,
+            "figures": scale_figures,
+            **scale_runs,
+        }
+        if scale_runs
+        else None,
     }
     stamp = started.strftime("%Y-%m-%d-%H%M")
-    output = args.output or RESULTS_DIR / f"workflows-{stamp}.json"
+    kind = "workflows-scale" if args.only == {"scale"} else "workflows"
+    output = args.output or RESULTS_DIR / f"{kind}-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)
     print(f"\nwrote {output}")
