@@ -183,6 +183,28 @@ def pick_pass_alone(
     return f"WITH {ctes} SELECT {columns} FROM {joined}", params
 
 
+def take_pass(
+    t: Tables, acquire: Callable[[str], str], grant: str, run_id: Any, seconds: Any, holder: Any
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowRunQuerySet.take_pass`: the run lease of running run ``run_id`` for
+    ``holder`` (``seconds``), by the acquire rule (``acquire(rows)``, whose lease columns
+    ``grant`` writes), and the run's pass state, in one statement. Its row: the pass state,
+    then the granted lease (``NULL`` when another holder has it live); no row (and no lease
+    taken) when the run is not running or its pass waits on more than one unfinished
+    parallel step (``branches_left`` > 1: this result asks for no pass). ``pass_due_at`` is
+    left as it is: the caller takes the pass that a step's result asks for, not one that is
+    due."""
+    rows = f"SELECT %s || picked.id::text, %s, {grant} FROM picked"
+    sql = f"""
+        WITH picked AS (
+            SELECT {pass_state(t.run, t.step)} FROM {t.run}
+            WHERE id = %s AND status = {_text(RunStatus.RUNNING)} AND branches_left <= 1
+        ), granted AS ({acquire(rows)})
+        SELECT picked.*, granted.* FROM picked LEFT JOIN granted ON true
+    """
+    return sql, [run_id, RUN_LEASE_PREFIX, holder, seconds]
+
+
 def insert_claimed(
     t: Tables,
     run_id: Any,
@@ -320,7 +342,7 @@ def completion(
     ctes = f"""{written}, done AS (
         UPDATE {t.run}
         SET status = {_text(RunStatus.COMPLETED)}, output = %s::jsonb, error = NULL,
-            pass_due_at = NULL, updated_at = statement_timestamp(),
+            pass_due_at = NULL, branches_left = 0, updated_at = statement_timestamp(),
             finished_at = statement_timestamp()
         WHERE id = (SELECT run_id FROM step) AND status = {running}
         RETURNING id, parent_id
@@ -428,4 +450,5 @@ __all__ = [
     "pick_pass_alone",
     "set_result",
     "start_run",
+    "take_pass",
 ]
