@@ -235,9 +235,9 @@ def _arg(name: str, sql_type: str) -> sql.Arg:
 
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
-    (PostgreSQL), by short name: ``take_pass``, ``pick_pass``, ``insert_claimed``,
-    ``complete_run`` and ``complete_run_picking``. The migrations install them as frozen
-    text; a test checks the latest one matches these definitions."""
+    (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
+    ``insert_claimed``, ``complete_run`` and ``complete_run_picking``. The migrations
+    install them as frozen text; a test checks the latest one matches these definitions."""
     t = _tables(connection)
     acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
     step_id, attempt = _arg("p_step_id", "bigint"), _arg("p_attempt", "bigint")
@@ -269,7 +269,14 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     completed = ("bigint", "bigint", "boolean")
     picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
     run_id = _arg("p_run_id", "uuid")
+    queues = _arg("p_queues", "text[]")
     found = (
+        sql.Function(
+            "claim_step",
+            (ttl, queues),
+            sql.CLAIM_STEP_TYPES,
+            sql.claim_step(t, ttl, queues),
+        ),
         sql.Function(
             "take_pass",
             (run_id, ttl, pick_holder),
@@ -1643,6 +1650,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         alias = self.write_alias()
         limits = queue_limits()
         taken = list(queues or ())
+        limited = {name for name, queue in limits.items() if queue.limited}
+        connection = connections[alias]
+        if db.tuned(connection, "postgresql") and not (limited & set(taken or limits)):
+            # No queue this worker takes has limits: one statement, unless a lapsed step
+            # is to be taken over (below).
+            lapsed, claim = self._claim_unlimited(connection, ttl, taken)
+            if not lapsed:
+                return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
         looked: set[str] = set()  # limited queues whose fullness was looked at
         for _ in range(20):
@@ -1666,6 +1681,39 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
             blocked |= refused
         return None
+
+    def _claim_unlimited(
+        self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str]
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path (function ``claim_step``) for queues without
+        limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
+        (nothing was claimed: the portable path decides it), else the claim or ``None``."""
+        alias = connection.alias
+        sent = time.monotonic()
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(
+                _call(connection, "claim_step"), [ttl, list(queues) or None]
+            ).fetchone()
+        if row[0]:
+            return True, None
+        if row[1] is None:
+            return False, None
+        step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
+        claim = Claim(
+            step_id=step_id,
+            run_id=parse_run_id(run_id),
+            step_name=step_name,
+            function_name=function_name,
+            attempt=attempt,
+            data=json.loads(data),
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+            run_created_at=row[8],
+            started_at=row[9],
+        )
+        transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
+        return False, claim
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         features = connections[alias].features
