@@ -293,8 +293,11 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     except Exception as exc:  # the task is gone from the code, or its backend from TASKS
         raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
 
-    run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
-    live = _result_of(run, task=task, running=(ctx.attempt, worker_id))
+    if ctx.attempt == 1 and ctx.started_at is not None and ctx.run_created_at is not None:
+        live = _first_attempt_result(task, ctx, data, worker_id)
+    else:  # earlier attempts' errors and workers are read back
+        run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
+        live = _result_of(run, task=task, running=(ctx.attempt, worker_id))
     task_started.send(sender=type(backend), task_result=live)
     try:
         if task.takes_context:
@@ -307,6 +310,28 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     except BaseException as exc:  # this attempt's failure: recorded with what Django shows
         raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
     return {"return_value": value, "worker_id": worker_id}
+
+
+def _first_attempt_result(
+    task: Task[Any, Any], ctx: Any, data: Mapping[str, Any], worker_id: str
+) -> TaskResult[Any, Any]:
+    """The live ``RUNNING`` result of a task's first attempt, from what its claim read back
+    (``ctx.run_created_at``, ``ctx.started_at``): what :func:`_result_of` reads from the
+    tables for it, without reading them."""
+    return TaskResult(
+        task=task,
+        id=str(ctx.run_id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=ctx.run_created_at,
+        started_at=ctx.started_at,
+        finished_at=None,
+        last_attempted_at=ctx.started_at,
+        args=data["args"],
+        kwargs=data["kwargs"],
+        backend=data["backend"],
+        errors=[],
+        worker_ids=[worker_id],
+    )
 
 
 def worker_identity() -> str:

@@ -123,6 +123,9 @@ def _drive_the_hot_paths() -> None:
     queued = start_workflow("tests.plans-one", {})
     WorkflowStep.objects.schedule(queued, "only", "tests.plans", {"n": 1})
     assert WorkflowStep.objects.claim_due(30) is not None
+    # Its worker takes the run's lease and pass before it writes the result.
+    taken = WorkflowRun.objects.take_pass(queued, 30, "tests.plans-holder")
+    assert taken is not None and taken.lease is not None
     for run_id in (*chained, alone, two):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 

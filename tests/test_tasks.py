@@ -350,6 +350,47 @@ def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None
     assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-sql", "portable-orm"])
+def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
+    """``task_started``'s live result is what the tables say at that moment: built from what
+    the claim read back where it can (PostgreSQL's claim returns the times), else read."""
+    from django_leases import tasks as backend_module
+
+    seen: list[tuple[Any, Any]] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        run = WorkflowRun.objects.get(pk=task_result.id)
+        stored = backend_module._result_of(
+            run, task=task_result.task, running=(1, task_result.worker_ids[-1])
+        )
+        seen.append((task_result, stored))
+
+    task_started.connect(receive)
+    try:
+        with tuned_sql(tuned):
+            t.add.enqueue(1, 2)
+            drive()
+    finally:
+        task_started.disconnect(receive)
+    [(live, stored)] = seen
+    for name in (
+        "id",
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+    ):
+        assert getattr(live, name) == getattr(stored, name), name
+    assert live.started_at is not None and live.enqueued_at <= live.started_at
+
+
 # -- run_after, priority, queues ----------------------------------------------------------------
 
 

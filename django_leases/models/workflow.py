@@ -146,7 +146,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0012_workflow_functions"
+FUNCTIONS_MIGRATION = "0020_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -235,9 +235,9 @@ def _arg(name: str, sql_type: str) -> sql.Arg:
 
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
-    (PostgreSQL), by short name: ``pick_pass``, ``insert_claimed``, ``complete_run`` and
-    ``complete_run_picking``. The migrations install them as frozen text; a test checks the
-    latest one matches these definitions."""
+    (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
+    ``insert_claimed``, ``complete_run`` and ``complete_run_picking``. The migrations
+    install them as frozen text; a test checks the latest one matches these definitions."""
     t = _tables(connection)
     acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
     step_id, attempt = _arg("p_step_id", "bigint"), _arg("p_attempt", "bigint")
@@ -268,7 +268,21 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     )
     completed = ("bigint", "bigint", "boolean")
     picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
+    run_id = _arg("p_run_id", "uuid")
+    queues = _arg("p_queues", "text[]")
     found = (
+        sql.Function(
+            "claim_step",
+            (ttl, queues),
+            sql.CLAIM_STEP_TYPES,
+            sql.claim_step(t, ttl, queues),
+        ),
+        sql.Function(
+            "take_pass",
+            (run_id, ttl, pick_holder),
+            picked,
+            sql.take_pass(t, acquire, grant, run_id, ttl, pick_holder),
+        ),
         sql.Function(
             "pick_pass",
             (ttl, pick_holder),
@@ -736,6 +750,48 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             sent=sent,
         )
 
+    def take_pass(self, run_id: uuid.UUID | str, ttl: float, lease_holder: str) -> PassClaim | None:
+        """Take the pass of running run ``run_id`` for a worker that has just run one of its
+        steps (before it writes the result, so that it can write the run's completion with
+        it): the run lease ``workflow-run:<id>`` for ``lease_holder`` (``ttl`` seconds, by
+        the acquire rule of ``Lease.objects.acquire``; ``lease_acquired`` is sent) and the
+        pass state, read once the lease is held. ``pass_due_at`` is not touched.
+
+        Returns the :class:`PassClaim` (``lease`` ``None`` with ``lease_refused`` when
+        another holder has the lease live: the caller writes its result the ordinary way),
+        or ``None`` when the run is not running (or unknown), or when its pass waits on more
+        than one unfinished parallel step (``branches_left`` > 1: the result asks for no
+        pass, so nothing is taken — a wide fan-out's branches read nothing here). Tuned
+        (PostgreSQL): one statement.
+        """
+        ttl = ttl_seconds(ttl)
+        alias = self.write_alias()
+        connection = connections[alias]
+        pk = parse_run_id(run_id)
+        sent = time.monotonic()
+        if db.tuned(connection, "postgresql"):
+            with db.cursor(connection) as cursor:
+                row = cursor.execute(
+                    _call(connection, "take_pass"), [pk, ttl, lease_holder]
+                ).fetchone()
+            return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
+        if not self.rows().filter(pk=pk, status=RunStatus.RUNNING, branches_left__lte=1).exists():
+            return None
+        lease = Lease.objects.db_manager(alias).acquire(run_lease_key(pk), lease_holder, ttl)
+        state = self.pass_state(pk)
+        if state is None or state.run.status != RunStatus.RUNNING:
+            if lease is not None:
+                Lease.objects.db_manager(alias).release(lease)
+            return None
+        return PassClaim(
+            run_id=pk,
+            using=alias,
+            state=state,
+            lease=lease,
+            lease_refused=lease is None,
+            sent=sent,
+        )
+
     def pass_state(self, run_id: uuid.UUID | str) -> PassState | None:
         """The run (``id``, ``workflow``, ``status``, ``input``, ``pass_requests``) and its
         steps by name, read in one transaction; ``None`` for an unknown run."""
@@ -824,6 +880,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             "status": status,
             "error": error,
             "pass_due_at": None,
+            "branches_left": 0,  # no pass waits on parallel steps any more
             "updated_at": DbNow(),
         }
         if status == RunStatus.COMPLETED:
@@ -1593,6 +1650,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         alias = self.write_alias()
         limits = queue_limits()
         taken = list(queues or ())
+        limited = {name for name, queue in limits.items() if queue.limited}
+        connection = connections[alias]
+        if db.tuned(connection, "postgresql") and not (limited & set(taken or limits)):
+            # No queue this worker takes has limits: one statement, unless a lapsed step
+            # is to be taken over (below).
+            lapsed, claim = self._claim_unlimited(connection, ttl, taken)
+            if not lapsed:
+                return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
         looked: set[str] = set()  # limited queues whose fullness was looked at
         for _ in range(20):
@@ -1616,6 +1681,39 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
             blocked |= refused
         return None
+
+    def _claim_unlimited(
+        self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str]
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path (function ``claim_step``) for queues without
+        limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
+        (nothing was claimed: the portable path decides it), else the claim or ``None``."""
+        alias = connection.alias
+        sent = time.monotonic()
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(
+                _call(connection, "claim_step"), [ttl, list(queues) or None]
+            ).fetchone()
+        if row[0]:
+            return True, None
+        if row[1] is None:
+            return False, None
+        step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
+        claim = Claim(
+            step_id=step_id,
+            run_id=parse_run_id(run_id),
+            step_name=step_name,
+            function_name=function_name,
+            attempt=attempt,
+            data=json.loads(data),
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+            run_created_at=row[8],
+            started_at=row[9],
+        )
+        transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
+        return False, claim
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         features = connections[alias].features

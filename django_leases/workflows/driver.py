@@ -59,7 +59,7 @@ from django_leases.validation import (
     seconds,
     wait_seconds,
 )
-from django_leases.workflows.engine import StepRecorded, record_step, run_step_function
+from django_leases.workflows.engine import StepRecorded, StepRun, record_step, run_step_function
 from django_leases.workflows.registry import check_priority, get_workflow, step_options
 from django_leases.workflows.values import (
     STEP_FAILED,
@@ -122,6 +122,7 @@ class _Pass:
         *,
         dry: bool = False,
         queues: Sequence[str] = (),
+        keep_read: bool = False,
     ) -> None:
         self.run = state.run
         #: The queues the caller takes steps of (empty: every queue).
@@ -144,9 +145,10 @@ class _Pass:
         #: Whether that claim also ended the pass.
         self.pass_finished = False
         #: The input and the steps' results and errors as this pass read them (JSON text),
-        #: for a dry pass after its step (the workflow may change what it was given in place).
+        #: for a dry pass after its step (the workflow may change what it was given in place):
+        #: kept when the pass may claim a step, or with ``keep_read``.
         self.read: str | None = None
-        if claim_ttl is not None:
+        if claim_ttl is not None or keep_read:
             self.read = json.dumps(
                 [self.run.input, {name: [s.result, s.error] for name, s in self.steps.items()}]
             )
@@ -699,7 +701,6 @@ class RunDriver:
             return self._pass_later(exc)
 
     def _passes(self, held: HeldLease) -> str:
-        from django_leases.models.workflow import WorkflowRun
 
         while True:
             held.check()
@@ -716,30 +717,78 @@ class RunDriver:
             logger.info(
                 "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
             )
-            this = replayed.replay
-            recorded = record_step(
-                run_step_function(claim),
-                hold_pass_seconds=self.lease_ttl,
-                complete=functools.partial(self._complete, this, claim, held),
-            )
-            logger.info(
-                "Run %s: step %r attempt %d %s",
-                claim.run_id,
-                claim.step_name,
-                claim.attempt,
-                recorded.outcome,
-            )
-            if recorded.run_outcome is not None:  # the result completed the run with it
-                return recorded.run_outcome
-            if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
-                return recorded.outcome
-            if not recorded.pass_requested:  # not the last of its parallel siblings
-                return "waiting"
-            if not self.keep_going():
-                # Stopping: the pass the result took for this thread goes to the queue.
-                WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
-                return "waiting"
-            self._state = recorded.state
+            ended = self._record(replayed.replay, run_step_function(claim), held)
+            if ended is not None:
+                return ended
+
+    def _record(self, this: _Pass, ran: StepRun, held: HeldLease) -> str | None:
+        """Write what came of the step ``ran`` (claimed for this driver, or by its worker) as
+        the holder of the run lease: with the run's completion when a dry pass shows the
+        workflow returns, else taking the run's next pass for this thread. Returns how the
+        drive ends, or ``None`` to go on with the next pass (its state in ``_state``)."""
+        from django_leases.models.workflow import WorkflowRun
+
+        claim = ran.claim
+        recorded = record_step(
+            ran,
+            hold_pass_seconds=self.lease_ttl,
+            complete=functools.partial(self._complete, this, claim, held),
+        )
+        logger.info(
+            "Run %s: step %r attempt %d %s",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+            recorded.outcome,
+        )
+        if recorded.run_outcome is not None:  # the result completed the run with it
+            return recorded.run_outcome
+        if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
+            return recorded.outcome
+        if not recorded.pass_requested:  # not the last of its parallel siblings
+            return "waiting"
+        if not self.keep_going():
+            # Stopping: the pass the result took for this thread goes to the queue.
+            WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
+            return "waiting"
+        self._state = recorded.state
+        return None
+
+    def drive_from(self, ran: StepRun) -> str:
+        """Record the outcome of step ``ran``, which a worker claimed from the queue and ran
+        on this thread, and drive its run on from there: the result and the run's completion
+        in one write when the workflow returns with it (no pass follows), else the next pass
+        here. The driver's ``picked`` is :meth:`WorkflowRunQuerySet.take_pass`'s claim,
+        taken once the step ran; without its lease (the run lease was refused, or the run is
+        not running) the outcome is written the ordinary way, the pass due for any worker.
+        Returns what :meth:`drive` returns, or the step's outcome when written the ordinary
+        way."""
+        picked = self.picked
+        if picked is None or picked.lease is None:
+            return record_step(ran).outcome
+        key = run_lease_key(self.run_id)
+        held = HeldLease(
+            key,
+            self.lease_ttl,
+            holder=picked.lease.holder,
+            using=self.alias,
+            deferred_renewal=True,
+        )
+        self._state = None
+        try:
+            held.adopt(picked.lease, picked.sent)
+            try:
+                this = _Pass(picked.state, self.alias, None, keep_read=True)
+                outcome = self._record(this, ran, held)
+                if outcome is None:
+                    outcome = self._passes(held)
+            except BaseException:
+                held.finish(vouch=False)
+                raise
+            held.finish(vouch=True)
+            return outcome
+        except (LeaseTakenError, LeaseLostError) as exc:
+            return self._pass_later(exc)
 
     def _complete(
         self, this: _Pass, claim: Claim, held: HeldLease, result: Any

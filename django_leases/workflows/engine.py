@@ -100,7 +100,10 @@ class StepContext:
         attempt: the attempt this execution is (``int`` ≥ 1) — use it with ``run_id`` and
             ``step_name`` as an idempotency key for side effects;
         lease_lost: a :class:`threading.Event` set once the step lease is seen lost (the
-            attempt may have been superseded; nothing this attempt returns will land then).
+            attempt may have been superseded; nothing this attempt returns will land then);
+        started_at: when this attempt started (an aware ``datetime``, database clock), or
+            ``None`` where the claim did not read it back;
+        run_created_at: when the run was created (database clock), or ``None`` likewise.
     """
 
     def __init__(self, claim: Claim, lease_lost: threading.Event) -> None:
@@ -109,6 +112,8 @@ class StepContext:
         self.function_name = claim.function_name
         self.attempt = claim.attempt
         self.lease_lost = lease_lost
+        self.started_at = claim.started_at
+        self.run_created_at = claim.run_created_at
         self._key = f"workflow-step:{claim.step_id}"
 
     def check(self) -> None:

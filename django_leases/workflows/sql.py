@@ -72,6 +72,14 @@ def _text(status: str) -> str:
     return literal(str(status))
 
 
+def _is_running(column: str = "status") -> str:
+    """``column = 'running'`` for a run found by its primary key, written so that no index
+    can serve it (``IS TRUE``): where most runs have finished, the planner's statistics make
+    the status index look cheaper than the primary key, and a lookup through it reads the
+    entry of every running run — the dead ones each update of a running run leaves too."""
+    return f"({column} = {_text(RunStatus.RUNNING)}) IS TRUE"
+
+
 # -- statements ---------------------------------------------------------------------------------
 
 
@@ -168,7 +176,7 @@ def pick_pass(
             ORDER BY pass_due_at
             LIMIT 1
             FOR UPDATE SKIP LOCKED
-        ) AND status = {running} AND pass_due_at <= statement_timestamp()
+        ) AND {_is_running()} AND (pass_due_at <= statement_timestamp()) IS TRUE
         RETURNING {pass_state(t.run, t.step)}
     ), granted AS ({acquire(rows)})"""
     params = [seconds, RUN_LEASE_PREFIX, holder, seconds]
@@ -181,6 +189,124 @@ def pick_pass_alone(
     """:func:`pick_pass` as a statement of its own."""
     ctes, params, columns, joined = pick_pass(t, acquire, grant, seconds, holder)
     return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+def take_pass(
+    t: Tables, acquire: Callable[[str], str], grant: str, run_id: Any, seconds: Any, holder: Any
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowRunQuerySet.take_pass`: the run lease of running run ``run_id`` for
+    ``holder`` (``seconds``), by the acquire rule (``acquire(rows)``, whose lease columns
+    ``grant`` writes), and the run's pass state, in one statement. Its row: the pass state,
+    then the granted lease (``NULL`` when another holder has it live); no row (and no lease
+    taken) when the run is not running or its pass waits on more than one unfinished
+    parallel step (``branches_left`` > 1: this result asks for no pass). ``pass_due_at`` is
+    left as it is: the caller takes the pass that a step's result asks for, not one that is
+    due."""
+    rows = f"SELECT %s || picked.id::text, %s, {grant} FROM picked"
+    sql = f"""
+        WITH picked AS (
+            SELECT {pass_state(t.run, t.step)} FROM {t.run}
+            WHERE id = %s AND {_is_running()} AND branches_left <= 1
+        ), granted AS ({acquire(rows)})
+        SELECT picked.*, granted.* FROM picked LEFT JOIN granted ON true
+    """
+    return sql, [run_id, RUN_LEASE_PREFIX, holder, seconds]
+
+
+def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, in one statement:
+    the first due waiting step of a running run (``pending`` / ``scheduled`` / ``failed``
+    with attempts left, ``available_at`` passed; highest ``priority`` first, then first due
+    first), of ``queues`` (a text array; ``NULL``: every queue), picked with ``SKIP LOCKED``
+    and started under a step lease of ``seconds``: ``running``, the attempt raised after a
+    failure, the deadline from the step's ``timeout``, and its attempt row.
+
+    A running step whose lease lapsed (or whose attempt ran past its timeout) is taken over
+    first by the rule's portable path, which decides a lost worker's step: while one exists
+    this statement claims nothing and says so. Its row: whether one does (``lapsed``), then
+    the claimed step's ``id, run_id, step_name, function_name, attempt, data`` (JSON text),
+    the seconds it was due before this claim, the run's ``created_at`` and the attempt's
+    ``started_at`` (all ``NULL`` when nothing was claimed).
+
+    A concurrent cancel is never overtaken: it writes every step it stops (a waiting step's
+    ``available_at`` cleared, a running one failed) while holding their rows, so a step row
+    it locked is skipped, and one it released is re-checked on its new version."""
+    running, waiting = (
+        _text(StepStatus.RUNNING),
+        ", ".join(
+            _text(status)
+            for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
+        ),
+    )
+    failed = _text(StepStatus.FAILED)
+    of_queues = f"({literal(queues)} IS NULL OR s.queue = ANY ({literal(queues)}))"
+    live_run = (
+        f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
+    )
+    sql = f"""
+        WITH lapsed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {t.step} s
+                WHERE s.status = {running} AND {of_queues} AND (
+                    s.lease_expires_at <= statement_timestamp() OR s.lease_expires_at IS NULL
+                    OR s.deadline_at <= statement_timestamp()
+                ) AND {live_run}
+            ) AS found
+        ), picked AS (
+            SELECT s.id, s.status AS was, s.available_at FROM {t.step} s
+            WHERE NOT (SELECT found FROM lapsed)
+                AND s.status IN ({waiting}) AND {of_queues}
+                AND s.available_at <= statement_timestamp()
+                AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
+                AND {live_run}
+            ORDER BY s.priority DESC, s.available_at, s.id
+            LIMIT 1
+            FOR UPDATE OF s SKIP LOCKED
+        ), claimed AS (
+            UPDATE {t.step} AS s
+            SET status = {running},
+                attempt = CASE WHEN picked.was = {failed} THEN s.attempt + 1 ELSE s.attempt END,
+                result = CASE WHEN picked.was = {failed} THEN NULL ELSE s.result END,
+                error = CASE WHEN picked.was = {failed} THEN NULL ELSE s.error END,
+                lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+                deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
+                    ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
+                updated_at = statement_timestamp()
+            FROM picked
+            WHERE s.id = picked.id
+            RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
+                extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
+        ), history AS (
+            INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
+            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, statement_timestamp()
+            FROM claimed
+            ON CONFLICT (step_id, attempt) DO UPDATE
+            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
+            RETURNING a.started_at
+        )
+        SELECT (SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
+            claimed.function_name, claimed.attempt::bigint, claimed.data::text,
+            claimed.waited::double precision,
+            (SELECT r.created_at FROM {t.run} r WHERE r.id = claimed.run_id),
+            (SELECT started_at FROM history)
+        FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+    """
+    return sql, [seconds]
+
+
+#: SQL types of the columns of :func:`claim_step`.
+CLAIM_STEP_TYPES = (
+    "boolean",
+    "bigint",
+    "uuid",
+    "varchar",
+    "varchar",
+    "bigint",
+    "text",
+    "double precision",
+    "timestamptz",
+    "timestamptz",
+)
 
 
 def insert_claimed(
@@ -208,7 +334,7 @@ def insert_claimed(
                    statement_timestamp() + make_interval(secs => %s),
                    statement_timestamp(), statement_timestamp(), statement_timestamp()
             FROM {t.run} r
-            WHERE r.id = %s AND r.status = {_text(RunStatus.RUNNING)}
+            WHERE r.id = %s AND {_is_running("r.status")}
             ON CONFLICT (run_id, step_name) DO NOTHING
             RETURNING id
         ), history AS (
@@ -277,7 +403,7 @@ def set_result(
                 branches_left = CASE WHEN r.branches_left > 1 THEN r.branches_left - 1
                     ELSE 0 END,
                 pass_requests = pass_requests + 1, updated_at = statement_timestamp()
-            WHERE id = (SELECT run_id FROM step) AND status = {_text(RunStatus.RUNNING)}
+            WHERE id = (SELECT run_id FROM step) AND {_is_running()}
             RETURNING r.id, r.workflow, r.status, r.input, r.pass_requests,
                 r.branches_left = 0 AS asked
         )
@@ -316,19 +442,18 @@ def completion(
     this step's run nor its parent. Everything but the pick depends on the fence. Its row:
     written, completed, live (see :data:`COMPLETION_COLUMNS`), then the picked pass."""
     written, params = _result(t, fence, fence_params, payload, attempt)
-    running = _text(RunStatus.RUNNING)
     ctes = f"""{written}, done AS (
         UPDATE {t.run}
         SET status = {_text(RunStatus.COMPLETED)}, output = %s::jsonb, error = NULL,
-            pass_due_at = NULL, updated_at = statement_timestamp(),
+            pass_due_at = NULL, branches_left = 0, updated_at = statement_timestamp(),
             finished_at = statement_timestamp()
-        WHERE id = (SELECT run_id FROM step) AND status = {running}
+        WHERE id = (SELECT run_id FROM step) AND {_is_running()}
         RETURNING id, parent_id
     ), woken AS (
         UPDATE {t.run}
         SET pass_due_at = statement_timestamp(), pass_requests = pass_requests + 1,
             updated_at = statement_timestamp()
-        WHERE id = (SELECT parent_id FROM done) AND status = {running}
+        WHERE id = (SELECT parent_id FROM done) AND {_is_running()}
     ), released AS ({release("key = %s AND EXISTS (SELECT 1 FROM step)")})"""
     params += [output, key, holder, token]
     columns = (
@@ -412,6 +537,7 @@ class Function:
 
 
 __all__ = [
+    "CLAIM_STEP_TYPES",
     "COMPLETION_COLUMNS",
     "FUNCTION_PREFIX",
     "FUNCTION_SETTINGS",
@@ -420,6 +546,7 @@ __all__ = [
     "Arg",
     "Function",
     "Tables",
+    "claim_step",
     "completion",
     "insert_claimed",
     "literal",
@@ -428,4 +555,5 @@ __all__ = [
     "pick_pass_alone",
     "set_result",
     "start_run",
+    "take_pass",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
@@ -122,6 +123,10 @@ class Claim:
         claimed_at: ``time.monotonic()`` taken just before the claim was sent (the start of
             the local lease deadline for the renewal loop).
         using: the database alias the claim was made on.
+        run_created_at: when the run was created (database clock), where the claim read
+            it; else ``None``.
+        started_at: when this attempt started (database clock, its attempt row's
+            ``started_at``), where the claim read it; else ``None``.
     """
 
     step_id: int
@@ -133,6 +138,8 @@ class Claim:
     lease_ttl: float
     claimed_at: float
     using: str
+    run_created_at: datetime | None = field(default=None, repr=False, compare=False)
+    started_at: datetime | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

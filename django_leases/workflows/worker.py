@@ -446,11 +446,7 @@ class Worker:
             return False if self._stop.is_set() else self._run_due_step(alias)
         # A run's completion picks the next due pass in the same statement (until a look for
         # due steps is due again, or the worker stops): drive that one next.
-        following: PassClaim | None = picked
-        while following is not None:
-            driver = self._driver(following.run_id, following, chain=self._may_chain())
-            logger.debug("Run %s: pass %s", following.run_id, driver.drive())
-            following = driver.next_pass
+        self._drive_following(picked)
         return True
 
     def _run_due_step(self, alias: str) -> bool:
@@ -467,23 +463,36 @@ class Worker:
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
-        going = not self._stop.is_set()
-        recorded = record_step(
-            run_step_function(claim), hold_pass_seconds=run_lease_ttl() if going else None
+        ran = run_step_function(claim)
+        if self._stop.is_set() or ran.failure is not None or ran.missing:
+            # Stopping, or not a result: the outcome goes the ordinary way, and the pass it
+            # asks for to the queue.
+            outcome = record_step(ran).outcome
+            logger.info(
+                "Run %s: step %r attempt %d %s",
+                claim.run_id,
+                claim.step_name,
+                claim.attempt,
+                outcome,
+            )
+            return True
+        # A result: this thread takes the run's lease and pass first, so that the result
+        # can complete the run in the same write (a task, a run's last step) and otherwise
+        # the next pass runs here.
+        picked = WorkflowRun.objects.db_manager(alias).take_pass(
+            claim.run_id, run_lease_ttl(), new_holder()
         )
-        outcome = recorded.outcome
-        logger.info(
-            "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
-        )
-        # A parallel step that was not the last of its siblings to finish took no pass.
-        if going and outcome in ("succeeded", "failed") and recorded.pass_requested:
-            # The result took the run's next pass for this thread: run it here, or hand it
-            # to the queue (due now) if the worker is stopping meanwhile.
-            if self._stop.is_set():
-                WorkflowRun.objects.db_manager(alias).request_pass(claim.run_id)
-            else:
-                self._driver(claim.run_id).drive()
+        driver = self._driver(claim.run_id, picked, chain=self._may_chain())
+        logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive_from(ran))
+        self._drive_following(driver.next_pass)
         return True
+
+    def _drive_following(self, following: PassClaim | None) -> None:
+        """Drive the runs that completions picked, one after another (see :meth:`work_once`)."""
+        while following is not None:
+            driver = self._driver(following.run_id, following, chain=self._may_chain())
+            logger.debug("Run %s: pass %s", following.run_id, driver.drive())
+            following = driver.next_pass
 
     def _may_chain(self) -> bool:
         """Whether a completion may pick the next pass: not stopping, and no look for due
