@@ -273,6 +273,24 @@ def _was_ending_here(run_id: uuid.UUID) -> bool:
     return True
 
 
+def _started_here(run_id: uuid.UUID, live: TaskResult[Any, Any] | None) -> None:
+    """Keep (or, with ``None``, forget) the live result of the first attempt of task run
+    ``run_id`` that this thread is running, built from its claim: when that attempt's result
+    completes the run here, ``task_finished`` is sent from it without re-reading the run."""
+    started: dict[uuid.UUID, TaskResult[Any, Any]] = getattr(_ending, "started", None) or {}
+    started.pop(run_id, None)
+    if live is not None:
+        if len(started) >= _ENDING_KEPT:  # attempts whose run ended elsewhere: forget them
+            started.clear()
+        started[run_id] = live
+    _ending.started = started
+
+
+def _was_started_here(run_id: uuid.UUID) -> TaskResult[Any, Any] | None:
+    started: dict[uuid.UUID, TaskResult[Any, Any]] | None = getattr(_ending, "started", None)
+    return None if not started else started.pop(run_id, None)
+
+
 @step_function(TASK_FUNCTION)
 def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     """The built-in step function of a task: import the ``@task`` by its module path, send
@@ -295,7 +313,9 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
 
     if ctx.attempt == 1 and ctx.started_at is not None and ctx.run_created_at is not None:
         live = _first_attempt_result(task, ctx, data, worker_id)
+        _started_here(ctx.run_id, live)
     else:  # earlier attempts' errors and workers are read back
+        _started_here(ctx.run_id, None)
         run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
         live = _result_of(run, task=task, running=(ctx.attempt, worker_id))
     task_started.send(sender=type(backend), task_result=live)
@@ -334,6 +354,30 @@ def _first_attempt_result(
     )
 
 
+def _first_attempt_finished(
+    live: TaskResult[Any, Any], finished_at: datetime | None, value: Any
+) -> TaskResult[Any, Any]:
+    """The ``SUCCESSFUL`` result of a task whose first attempt (``live``, its ``RUNNING``
+    result) returned ``value`` and completed the run at ``finished_at``: what
+    :func:`_result_of` reads from the tables then."""
+    result: TaskResult[Any, Any] = TaskResult(
+        task=live.task,
+        id=live.id,
+        status=TaskResultStatus.SUCCESSFUL,
+        enqueued_at=live.enqueued_at,
+        started_at=live.started_at,
+        finished_at=finished_at,
+        last_attempted_at=live.last_attempted_at,
+        args=live.args,
+        kwargs=live.kwargs,
+        backend=live.backend,
+        errors=[],
+        worker_ids=list(live.worker_ids),
+    )
+    object.__setattr__(result, "_return_value", value)
+    return result
+
+
 def worker_identity() -> str:
     """This worker thread's id in ``TaskResult.worker_ids``: ``"<host>:<pid>:<thread>"``
     (a ``str`` of at most 64 characters)."""
@@ -347,11 +391,32 @@ def _task_finished(
 
     A run completes or fails in the thread whose pass ran its workflow: one the task
     workflow did not mark there is no task's, and costs no query. A cancel (an operator's,
-    anywhere) is looked up."""
-    from django_leases.models.workflow import WorkflowRun
+    anywhere) is looked up. A run completed after a first attempt that ran on this thread
+    (and was its last) is told from that attempt's live result and its end, in one query."""
+    from django_leases.models.workflow import WorkflowRun, WorkflowStepAttempt
 
     if signal is not signals.run_cancelled and not _was_ending_here(run_id):
         return
+    live = _was_started_here(run_id)
+    if live is not None and signal is signals.run_completed and "output" in kwargs:
+        # The first attempt was the last: its end, or the run's (as _result_of reads them).
+        found = (
+            WorkflowStepAttempt.objects.db_manager(using)
+            .filter(
+                step__run_id=run_id,
+                step__step_name=TASK_STEP,
+                step__attempt=1,
+                step__run__status=RunStatus.COMPLETED,
+                attempt=1,
+            )
+            .values_list("finished_at", "step__run__finished_at")
+            .first()
+        )
+        if found is not None:
+            backend = task_backends[live.backend]
+            done = _first_attempt_finished(live, found[0] or found[1], kwargs["output"])
+            task_finished.send(sender=type(backend), task_result=done)
+            return
     run = WorkflowRun.objects.db_manager(using).filter(pk=run_id, workflow=TASK_WORKFLOW).first()
     if run is None:
         return

@@ -69,6 +69,17 @@ def tuned_sql(enabled: bool) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def no_queue_limits() -> Iterator[None]:
+    """Run the block with the suite's queues without their limits (the other keys kept): a
+    worker that may take a limited queue claims the portable way, so only then does
+    PostgreSQL's one-statement claim run."""
+    merged = {**(getattr(settings, "DJANGO_LEASES", None) or {})}
+    merged["QUEUES"] = {name: {} for name in merged.get("QUEUES") or {}}
+    with override_settings(DJANGO_LEASES=merged):
+        yield
+
+
 def unique_key(prefix: str = "test") -> str:
     """A lease key no other test uses: ``<prefix>:<12 hex digits>``."""
     return f"{prefix}:{uuid.uuid4().hex[:12]}"

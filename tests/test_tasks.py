@@ -57,6 +57,7 @@ from django_leases.tasks_api import (
 from django_leases.testing import drive
 from tests.helpers import (
     lapse_step_lease,
+    no_queue_limits,
     on_another_thread,
     process_stopped,
     start_process,
@@ -368,7 +369,7 @@ def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
 
     task_started.connect(receive)
     try:
-        with tuned_sql(tuned):
+        with no_queue_limits(), tuned_sql(tuned):
             t.add.enqueue(1, 2)
             drive()
     finally:
@@ -389,6 +390,46 @@ def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
     ):
         assert getattr(live, name) == getattr(stored, name), name
     assert live.started_at is not None and live.enqueued_at <= live.started_at
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-sql", "portable-orm"])
+def test_the_finished_result_is_the_one_the_tables_hold(tuned: bool) -> None:
+    """``task_finished``'s result is what the tables say once the run ended: for a first
+    attempt that completed the run on the worker's thread, built from its live result and
+    the run's ``finished_at`` (PostgreSQL), else read."""
+    from django_leases import tasks as backend_module
+
+    seen: list[Any] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append(task_result)
+
+    task_finished.connect(receive)
+    try:
+        with no_queue_limits(), tuned_sql(tuned):
+            enqueued = t.add.enqueue(2, 3)
+            drive()
+    finally:
+        task_finished.disconnect(receive)
+    [finished] = seen
+    stored = backend_module._result_of(WorkflowRun.objects.get(pk=enqueued.id))
+    for name in (
+        "id",
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+        "return_value",
+    ):
+        assert getattr(finished, name) == getattr(stored, name), name
+    assert finished.status == TaskResultStatus.SUCCESSFUL and finished.return_value == 5
 
 
 # -- run_after, priority, queues ----------------------------------------------------------------
