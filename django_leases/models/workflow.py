@@ -1641,7 +1641,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         rate (``DJANGO_LEASES["QUEUES"]``; decided under the queue's lock, see
         :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
         database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
-        step out of attempts is failed on the way and the next one tried.
+        step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL,
+        when no queue the caller may take has limits): one statement, unless a lapsed step
+        waits to be taken over.
 
         Raises:
             QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
