@@ -248,6 +248,9 @@ class Worker:
         self._abandon = threading.Event()  # a second signal: do not wait for in-flight work
         self._lock = threading.Lock()
         self._busy = 0
+        #: Threads working on a unit they claimed (a pass or a step), as opposed to looking.
+        self._working = 0
+        self._claimed_here = threading.local()
         self._progress = 0
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
@@ -425,6 +428,22 @@ class Worker:
         pass schedules, it runs at once, and after a step it runs the run's next pass itself.
         Returns ``True`` if there was something to do. Database errors propagate.
         """
+        try:
+            return self._work_once()
+        finally:
+            with self._lock:
+                if getattr(self._claimed_here, "working", False):
+                    self._claimed_here.working = False
+                    self._working -= 1
+
+    def _claimed(self) -> None:
+        """Note that this thread claimed a unit of work (until its ``work_once`` returns)."""
+        with self._lock:
+            if not getattr(self._claimed_here, "working", False):
+                self._claimed_here.working = True
+                self._working += 1
+
+    def _work_once(self) -> bool:
         from django_leases.models.workflow import WorkflowRun
 
         if self._stop.is_set():
@@ -444,6 +463,7 @@ class Worker:
         picked = runs.claim_due_pass(run_lease_ttl(), lease_holder=new_holder())
         if picked is None:
             return False if self._stop.is_set() else self._run_due_step(alias)
+        self._claimed()
         # A run's completion picks the next due pass in the same statement (until a look for
         # due steps is due again, or the worker stops): drive that one next.
         self._drive_following(picked)
@@ -460,6 +480,7 @@ class Worker:
         )
         if claim is None:
             return False
+        self._claimed()
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
@@ -556,7 +577,11 @@ class Worker:
                 self._busy -= 1
                 if did:
                     self._progress += 1
-                quiet = self._busy == 0 and self._progress == seen
+                # Quiet: no thread works on a unit it claimed, and none finished one since
+                # this look began. Threads that are only looking do not count: several of
+                # them, each slow to look (waiting for a lock other workers hold), would
+                # otherwise overlap for ever and keep a draining worker from ever ending.
+                quiet = self._working == 0 and self._progress == seen
             if did:
                 # There may be more: let an idle thread look too (a burst fans out).
                 self.wake.wake_if_waiting()
@@ -573,8 +598,10 @@ class Worker:
                 self.wake.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
 
     def _drained(self, seen: int) -> bool:
-        """Nobody is working, nothing finished since the look that found nothing began, and
-        nothing is due soon: ``once`` mode is done."""
+        """No thread works on a claimed unit, nothing finished since the look that found
+        nothing began, and nothing is due soon: ``once`` mode is done. A thread still looking
+        finds nothing due, or claims what became due since: a stopping worker finishes the
+        unit in hand, and what that makes due is left for the next worker."""
         from django_leases.models.workflow import WorkflowRun
 
         alias = self.alias
@@ -585,7 +612,7 @@ class Worker:
             db.close_thread_connections()
             return False
         with self._lock:
-            return not soon and self._busy == 0 and self._progress == seen
+            return not soon and self._working == 0 and self._progress == seen
 
 
 __all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "EXIT_THREAD_DIED", "Worker"]
