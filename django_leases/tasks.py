@@ -26,6 +26,7 @@ Django 6, the ``django-tasks`` backport on Django 5.2).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -360,18 +361,10 @@ def _first_attempt_finished(
     """The ``SUCCESSFUL`` result of a task whose first attempt (``live``, its ``RUNNING``
     result) returned ``value`` and completed the run at ``finished_at``: what
     :func:`_result_of` reads from the tables then."""
-    result: TaskResult[Any, Any] = TaskResult(
-        task=live.task,
-        id=live.id,
+    result = dataclasses.replace(
+        live,
         status=TaskResultStatus.SUCCESSFUL,
-        enqueued_at=live.enqueued_at,
-        started_at=live.started_at,
         finished_at=finished_at,
-        last_attempted_at=live.last_attempted_at,
-        args=live.args,
-        kwargs=live.kwargs,
-        backend=live.backend,
-        errors=[],
         worker_ids=list(live.worker_ids),
     )
     object.__setattr__(result, "_return_value", value)

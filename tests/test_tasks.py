@@ -351,6 +351,24 @@ def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None
     assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
 
 
+def assert_same_result(found: Any, stored: Any) -> None:
+    """``found`` (a result a signal carried) says what ``stored`` (read from the tables) says."""
+    for name in (
+        "id",
+        "status",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "last_attempted_at",
+        "args",
+        "kwargs",
+        "backend",
+        "errors",
+        "worker_ids",
+    ):
+        assert getattr(found, name) == getattr(stored, name), name
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("tuned", [True, False], ids=["tuned-sql", "portable-orm"])
 def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
@@ -375,20 +393,7 @@ def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
     finally:
         task_started.disconnect(receive)
     [(live, stored)] = seen
-    for name in (
-        "id",
-        "status",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "last_attempted_at",
-        "args",
-        "kwargs",
-        "backend",
-        "errors",
-        "worker_ids",
-    ):
-        assert getattr(live, name) == getattr(stored, name), name
+    assert_same_result(live, stored)
     assert live.started_at is not None and live.enqueued_at <= live.started_at
 
 
@@ -397,7 +402,7 @@ def test_the_started_result_is_the_one_the_tables_hold(tuned: bool) -> None:
 def test_the_finished_result_is_the_one_the_tables_hold(tuned: bool) -> None:
     """``task_finished``'s result is what the tables say once the run ended: for a first
     attempt that completed the run on the worker's thread, built from its live result and
-    the run's ``finished_at`` (PostgreSQL), else read."""
+    the attempt's end (PostgreSQL), else read."""
     from django_leases import tasks as backend_module
 
     seen: list[Any] = []
@@ -414,21 +419,8 @@ def test_the_finished_result_is_the_one_the_tables_hold(tuned: bool) -> None:
         task_finished.disconnect(receive)
     [finished] = seen
     stored = backend_module._result_of(WorkflowRun.objects.get(pk=enqueued.id))
-    for name in (
-        "id",
-        "status",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "last_attempted_at",
-        "args",
-        "kwargs",
-        "backend",
-        "errors",
-        "worker_ids",
-        "return_value",
-    ):
-        assert getattr(finished, name) == getattr(stored, name), name
+    assert_same_result(finished, stored)
+    assert finished.return_value == stored.return_value
     assert finished.status == TaskResultStatus.SUCCESSFUL and finished.return_value == 5
 
 
