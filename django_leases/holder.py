@@ -59,7 +59,7 @@ from django.db import connections, router
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
 from django_leases.leases import HeldLease
-from django_leases.process import on_stop, signal_name
+from django_leases.process import Doorbell, on_stop, signal_name
 from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
 
 logger = logging.getLogger("django_leases.holder")
@@ -149,7 +149,7 @@ class LeaseHolder:
         self.held = HeldLease(self.key, self.ttl, using=self.using, on_lost=self._on_lost)
         self.holder = self.held.holder
         self._report = report
-        self._wake = threading.Event()
+        self._wake = Doorbell()
         self._received: list[int] = []
         self._forwarded = 0
         self._previous_handlers: dict[int, Any] = {}
@@ -277,7 +277,7 @@ class LeaseHolder:
 
     def _wait_for_child(self, child: subprocess.Popen[bytes]) -> None:
         child.wait()
-        self._wake.set()
+        self._wake.ring()
 
     def _supervise(self, child: subprocess.Popen[bytes]) -> bool:
         """Wait for the child to end, forwarding signals; returns whether the lease was lost."""
@@ -285,7 +285,6 @@ class LeaseHolder:
         while True:
             timeout = _TICK if kill_at is None else max(0.0, min(_TICK, kill_at - time.monotonic()))
             self._wake.wait(timeout)
-            self._wake.clear()
             self._forward_signals(child)
             if kill_at is None and self.held.lost.is_set():
                 self._say(
@@ -332,14 +331,15 @@ class LeaseHolder:
 
     def _on_lost(self) -> None:
         # Wake the supervisor: the child is stopped from there.
-        self._wake.set()
+        self._wake.ring()
 
     # -- signals ---------------------------------------------------------------------------
 
     def _on_signal(self, signum: int) -> None:
-        # Runs on the main thread between bytecodes: only record and wake the loop.
+        # Runs on the main thread between bytecodes, wherever it is (inside the supervision
+        # loop's own wait, too): only record and ring, which takes no lock.
         self._received.append(signum)
-        self._wake.set()
+        self._wake.ring()
 
     def _forward_signals(self, child: subprocess.Popen[bytes]) -> None:
         while self._forwarded < len(self._received):

@@ -15,11 +15,13 @@ import heapq
 import itertools
 import logging
 import os
+import select
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 from typing import Any
 
@@ -36,9 +38,13 @@ def on_stop(
 ) -> Iterator[dict[int, Any]]:
     """While the block runs, call ``handler(signum)`` for each of ``signals`` received.
 
-    The handler runs on the main thread between two bytecodes: it should only record the
-    signal and wake whoever waits. A signal the process started with ignored (``nohup``, a
-    background job) stays ignored. The previous handlers are put back when the block ends.
+    The handler runs on the main thread between two bytecodes, wherever the main thread is:
+    it should only record the signal and wake whoever waits with a :class:`Doorbell`, never
+    take a lock the main thread may hold (``threading.Event.set`` takes the lock that the
+    same event's ``wait`` and ``clear`` hold for a moment: setting from here an event the
+    main thread waits on can deadlock it) nor write to a stream (logging) the main thread
+    may be writing to. A signal the process started with ignored (``nohup``, a background
+    job) stays ignored. The previous handlers are put back when the block ends.
     Off the main thread (where Python cannot handle signals) nothing is installed.
 
     Yields the handlers it replaced, by signal number (what a child process should get back
@@ -72,6 +78,47 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+class Doorbell:
+    """A wake-up that a signal handler, or any thread, may ring without taking a lock.
+
+    :meth:`ring` writes a byte to a pipe; :meth:`wait` sleeps in ``select`` until one is
+    there (or ``timeout`` seconds pass) and takes every byte rung meanwhile. Made for the
+    loop that a signal handler wakes (see :func:`on_stop`). The pipe is closed when the
+    object is collected — never before, so a late ring cannot land on a reused file
+    descriptor; it is not inherited by child processes.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        weakref.finalize(self, _close_all, self._read, self._write)
+
+    def ring(self) -> None:
+        """Wake the waiter (now, or at its next :meth:`wait`). Safe in a signal handler."""
+        try:
+            os.write(self._write, b"\0")
+        except BlockingIOError:  # the pipe is full: rung already
+            return
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until rung or ``timeout`` seconds (``float`` ≥ 0) pass; ``True`` if rung.
+        The rings are taken: the next wait sleeps until the next one."""
+        readable, _, _ = select.select([self._read], [], [], timeout)
+        if not readable:
+            return False
+        with suppress(BlockingIOError):
+            while os.read(self._read, 512):
+                pass
+        return True
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        with suppress(OSError):
+            os.close(fd)
 
 
 class Timer:
@@ -139,4 +186,4 @@ class Timers:
 TIMERS = Timers()
 
 
-__all__ = ["STOP_SIGNALS", "TIMERS", "Timer", "Timers", "on_stop", "signal_name"]
+__all__ = ["STOP_SIGNALS", "TIMERS", "Doorbell", "Timer", "Timers", "on_stop", "signal_name"]
