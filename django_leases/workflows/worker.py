@@ -246,6 +246,9 @@ class Worker:
         )
         self._stop = threading.Event()  # stop claiming
         self._abandon = threading.Event()  # a second signal: do not wait for in-flight work
+        #: Signals received, each with whether the worker was stopping already (main thread).
+        self._signals: list[tuple[int, bool]] = []
+        self._signals_reported = 0
         self._lock = threading.Lock()
         self._busy = 0
         #: Threads working on a unit they claimed (a pass or a step), as opposed to looking.
@@ -284,18 +287,30 @@ class Worker:
         return self._stop.is_set()
 
     def _on_signal(self, signum: int) -> None:
+        # Runs on the main thread between two bytecodes, wherever it is: it only records the
+        # signal and sets flags whose locks the main thread never takes. The main loop says
+        # what it does (a log line from here could re-enter a stream the main thread writes).
+        self._signals.append((signum, self._stop.is_set()))
         if self._stop.is_set():
-            logger.warning(
-                "Second signal (%s): not waiting for in-flight work", signal_name(signum)
-            )
             self._abandon.set()
-            return
-        logger.info(
-            "%s: stopping; in-flight work has %.0f s to finish",
-            signal_name(signum),
-            self.shutdown_grace,
-        )
-        self._stop.set()
+        else:
+            self._stop.set()
+
+    def _report_signals(self) -> None:
+        """Log the signals :meth:`_on_signal` recorded since the last call (main thread)."""
+        while self._signals_reported < len(self._signals):
+            signum, stopping = self._signals[self._signals_reported]
+            self._signals_reported += 1
+            if stopping:
+                logger.warning(
+                    "Second signal (%s): not waiting for in-flight work", signal_name(signum)
+                )
+            else:
+                logger.info(
+                    "%s: stopping; in-flight work has %.0f s to finish",
+                    signal_name(signum),
+                    self.shutdown_grace,
+                )
 
     # -- running --------------------------------------------------------------------------------
 
@@ -353,6 +368,7 @@ class Worker:
                 for thread in threads:
                     thread.join(0.2)
             # A signal handler only sets the flag; idle threads are woken from here.
+            self._report_signals()
             self.wake.interrupt()
             if self.listener is not None:
                 self.listener.stop()
@@ -363,6 +379,8 @@ class Worker:
                     if remaining <= 0:
                         break
                     thread.join(min(remaining, 0.2))
+                    self._report_signals()
+            self._report_signals()
             with self._lock:
                 in_flight = self._busy
             # Threads still alive with nothing in flight are idle ones on their way out (a
