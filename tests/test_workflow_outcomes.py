@@ -151,7 +151,7 @@ def test_a_worker_thread_that_dies_makes_the_worker_exit_non_zero(
     def broken(self: Worker, seen: int) -> bool:
         raise RuntimeError("bookkeeping broke")
 
-    monkeypatch.setattr(Worker, "_drained", broken)
+    monkeypatch.setattr(Worker, "_is_drained", broken)
     assert Worker(concurrency=2, poll_interval=0.05).run(once=True, handle_signals=False) != 0
     with pytest.raises(CommandError, match="died") as raised:
         call_command("run_workflow_worker", "--once", "--concurrency", "2")

@@ -121,6 +121,32 @@ def test_concurrent_worker_threads_run_every_step_exactly_once(settings: Any) ->
         assert_preview_run(run_id, push)
 
 
+def test_a_draining_worker_runs_what_a_late_claim_left_due(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``once`` mode: one thread claims a unit while the other, having found nothing, decides
+    the worker is drained and stops it. The claiming thread finishes its unit as a stopping
+    worker does (what it makes due goes to the queue); the worker must then go on, not
+    return with the run unfinished."""
+    settings.DEMO_STEP_SECONDS = 0
+    push = json.loads((SAMPLES / "push-main.json").read_text())
+    run_id = start_workflow("build-preview", push)
+    worker = Worker(concurrency=2, poll_interval=0.05)
+    claimed = Worker._claimed
+    held: list[str] = []
+
+    def claimed_once_the_worker_stopped(self: Worker) -> None:
+        if not held:  # the first claim: held until the other thread drained the worker
+            held.append(threading.current_thread().name)
+            wait_until(self._stop.is_set, 60, what="the other thread to drain the worker")
+        claimed(self)
+
+    monkeypatch.setattr(Worker, "_claimed", claimed_once_the_worker_stopped)
+    assert worker.run(once=True, handle_signals=False) == 0
+    assert held
+    assert_preview_run(run_id, push)
+
+
 _release = threading.Event()
 _entered = threading.Event()
 

@@ -246,6 +246,8 @@ class Worker:
         )
         self._stop = threading.Event()  # stop claiming
         self._abandon = threading.Event()  # a second signal: do not wait for in-flight work
+        self._stop_requested = False  # stop() was called
+        self._drained = False  # once mode stopped because it found nothing to do
         #: Signals received, each with whether the worker was stopping already (main thread).
         self._signals: list[tuple[int, bool]] = []
         self._signals_reported = 0
@@ -278,8 +280,33 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming new work; in-flight work finishes. Safe from any thread (not from a
         signal handler: :meth:`run` handles signals itself)."""
+        self._stop_requested = True
         self._stop.set()
         self.wake.interrupt()
+
+    def _stop_drained(self) -> None:
+        """``once`` mode found nothing to do: stop, as :meth:`stop` but not asked for."""
+        self._drained = True
+        self._stop.set()
+        self.wake.interrupt()
+
+    def _left_work_behind(self, threads: list[threading.Thread]) -> bool:
+        """Whether ``once`` mode stopped as drained while work is due: every thread of the
+        round has ended, nobody asked the worker to stop, and work is due now or within
+        :data:`ONCE_HORIZON` seconds."""
+        if not self._drained or self._stop_requested or self._signals or self._died:
+            return False
+        if self._gave_up or any(t.is_alive() for t in threads):
+            return False
+        from django_leases.models.workflow import WorkflowRun
+
+        try:
+            return WorkflowRun.objects.db_manager(self.alias).work_due_within(ONCE_HORIZON)
+        except Exception:
+            logger.warning("Workflow worker: could not look for work due soon", exc_info=True)
+            return False
+        finally:
+            db.close_thread_connections()
 
     @property
     def stopping(self) -> bool:
@@ -336,14 +363,19 @@ class Worker:
         with on_stop(self._on_signal) if handle_signals else contextlib.nullcontext():
             return self._run(once)
 
-    def _run(self, once: bool) -> int:
-        self._check_ready()
+    def _threads(self, once: bool) -> list[threading.Thread]:
         threads = [
             threading.Thread(
                 target=self._thread_main, args=(once,), name=f"workflow-worker-{i}", daemon=True
             )
             for i in range(self.concurrency)
         ]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _run(self, once: bool) -> int:
+        self._check_ready()
         alias = self.alias
         if not once and listens(alias):
             self.listener = WakeupListener(
@@ -358,29 +390,38 @@ class Worker:
         try:
             if self.listener is not None:
                 self.listener.start()
-            for thread in threads:
-                thread.start()
-            while any(t.is_alive() for t in threads) and not self._stop.is_set():
-                with self._lock:
-                    in_flight = self._busy
-                heartbeat.tick(in_flight)
-                schedules.tick()
+            threads = self._threads(once)
+            while True:
+                while any(t.is_alive() for t in threads) and not self._stop.is_set():
+                    with self._lock:
+                        in_flight = self._busy
+                    heartbeat.tick(in_flight)
+                    schedules.tick()
+                    for thread in threads:
+                        thread.join(0.2)
+                # A signal handler only sets the flag; idle threads are woken from here.
+                self._report_signals()
+                self.wake.interrupt()
+                if self.listener is not None:
+                    self.listener.stop()
+                deadline = time.monotonic() + self.shutdown_grace
                 for thread in threads:
-                    thread.join(0.2)
-            # A signal handler only sets the flag; idle threads are woken from here.
-            self._report_signals()
-            self.wake.interrupt()
-            if self.listener is not None:
-                self.listener.stop()
-            deadline = time.monotonic() + self.shutdown_grace
-            for thread in threads:
-                while thread.is_alive() and not self._abandon.is_set():
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    thread.join(min(remaining, 0.2))
-                    self._report_signals()
-            self._report_signals()
+                    while thread.is_alive() and not self._abandon.is_set():
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        thread.join(min(remaining, 0.2))
+                        self._report_signals()
+                self._report_signals()
+                if not self._left_work_behind(threads):
+                    break
+                # Drained too soon: a thread claimed a unit as another found the worker
+                # idle, and finished it as a stopping worker does (what it made due left
+                # for the queue). Every thread has ended: go round again.
+                logger.debug("Workflow worker: work is due after draining; going on")
+                self._drained = False
+                self._stop.clear()
+                threads = self._threads(once)
             with self._lock:
                 in_flight = self._busy
             # Threads still alive with nothing in flight are idle ones on their way out (a
@@ -603,8 +644,8 @@ class Worker:
             if did:
                 # There may be more: let an idle thread look too (a burst fans out).
                 self.wake.wake_if_waiting()
-            if once and not did and not failed and quiet and self._drained(seen):
-                self.stop()
+            if once and not did and not failed and quiet and self._is_drained(seen):
+                self._stop_drained()
             if failed:
                 if once and failures >= ONCE_MAX_FAILURES:
                     self._gave_up = True
@@ -615,11 +656,12 @@ class Worker:
             elif not did:
                 self.wake.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
 
-    def _drained(self, seen: int) -> bool:
+    def _is_drained(self, seen: int) -> bool:
         """No thread works on a claimed unit, nothing finished since the look that found
-        nothing began, and nothing is due soon: ``once`` mode is done. A thread still looking
-        finds nothing due, or claims what became due since: a stopping worker finishes the
-        unit in hand, and what that makes due is left for the next worker."""
+        nothing began, and nothing is due soon: ``once`` mode stops. A thread still looking
+        finds nothing due, or claims what became due since and finishes it as a stopping
+        worker does; once every thread has ended, :meth:`_left_work_behind` sends the worker
+        round again if that left work due."""
         from django_leases.models.workflow import WorkflowRun
 
         alias = self.alias
