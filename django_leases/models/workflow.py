@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,7 @@ from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
+    MAX_RETRY_DELAY,
     MAX_WAIT_SECONDS,
     as_stored,
     check_attempt,
@@ -139,6 +141,7 @@ __all__ = [
     "functions_missing",
     "missing_functions",
     "notify_work_due",
+    "retry_delay_after",
 ]
 
 #: Prefix of the notification channel idle workers LISTEN on (the rest is a digest).
@@ -1283,6 +1286,44 @@ def _check_step(
     check_identifier(function_name, "Step function name")
     check_json(data, "Step data")
     return check_retries(retries, retry_delay)
+
+
+def retry_delay_after(
+    attempt: int,
+    retry_delay: float,
+    retry_backoff: float = 1.0,
+    retry_delay_max: float | None = None,
+) -> float:
+    """The seconds between the failure of ``attempt`` (an ``int`` >= 1) of a step and its
+    next attempt: ``min(retry_delay * retry_backoff ** (attempt - 1), cap)``, where the cap is
+    ``retry_delay_max`` (seconds) or, when that is ``None``, :data:`MAX_RETRY_DELAY` (one
+    day). With the default ``retry_backoff`` of 1.0 every delay is ``retry_delay``.
+
+    The one rule of a step's retry delay (``retry_delay`` and ``retry_delay_max`` in seconds,
+    ``retry_backoff`` a factor, as stored on the step): the store adds it to the database
+    clock where a failed attempt is recorded (:meth:`WorkflowStepQuerySet.set_error`, a timed
+    out attempt). Deterministic, without jitter: steps that fail together retry together,
+    and a delay can be told in advance. The growth is compared with the cap in logarithms
+    first, so a large factor raised to a large attempt number is capped without computing a
+    power that would overflow a float. Values the checks refuse (a factor below 1 or not
+    finite, a negative cap: a row edited by hand) read as no growth and no cap of their own.
+    """
+    cap = MAX_RETRY_DELAY
+    if retry_delay_max is not None and 0.0 <= retry_delay_max < cap:
+        cap = retry_delay_max
+    if not retry_delay > 0.0 or cap == 0.0:
+        return 0.0
+    growths = attempt - 1
+    if growths <= 0 or not 1.0 < retry_backoff < math.inf:
+        return min(retry_delay, cap)
+    exponent = growths * math.log(retry_backoff)  # the logarithm of the growth
+    if math.log(retry_delay) + exponent >= math.log(cap):
+        return cap
+    try:
+        grown = retry_delay * retry_backoff**growths
+    except OverflowError:  # a subnormal retry_delay times a growth beyond any float
+        grown = math.exp(math.log(retry_delay) + exponent)
+    return min(grown, cap)
 
 
 def _check_queue(queue: object, priority: object) -> tuple[str, int]:
