@@ -6,7 +6,7 @@
         "default": {
             "BACKEND": "django_leases.tasks.TaskBackend",
             "QUEUES": ["default", "mail"],
-            "OPTIONS": {"retries": 3, "retry_delay": 5},
+            "OPTIONS": {"retries": 3, "retry_delay": 5, "retry_backoff": 2},
         }
     }
 
@@ -64,7 +64,7 @@ from django_leases.tasks_api import (
     task_finished,
     task_started,
 )
-from django_leases.validation import check_json, seconds
+from django_leases.validation import check_backoff, check_json, check_retries, seconds
 from django_leases.workflows.registry import step_function, workflow
 from django_leases.workflows.values import (
     TASK_FUNCTION,
@@ -76,9 +76,16 @@ from django_leases.workflows.values import (
 )
 
 #: ``OPTIONS`` keys and their defaults: ``retries`` (int ≥ 0: attempts after the first),
-#: ``retry_delay`` (seconds between attempts), ``timeout`` (seconds an attempt may run,
-#: ``None``: no limit).
-DEFAULT_OPTIONS: dict[str, Any] = {"retries": 0, "retry_delay": 0.0, "timeout": None}
+#: ``retry_delay`` (seconds before the first retry), ``retry_backoff`` (the factor each
+#: later delay is multiplied by; 1.0: constant), ``retry_delay_max`` (seconds no delay
+#: exceeds; ``None``: one day), ``timeout`` (seconds an attempt may run, ``None``: no limit).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "retries": 0,
+    "retry_delay": 0.0,
+    "retry_backoff": 1.0,
+    "retry_delay_max": None,
+    "timeout": None,
+}
 
 #: The exception class path of an error the engine itself recorded (a lost worker, a timeout,
 #: a cancelled run) rather than one the task function raised.
@@ -92,8 +99,12 @@ class TaskBackend(BaseTaskBackend):
     ``params`` is the ``TASKS`` entry: ``QUEUES`` (the queue names tasks may use; Django
     refuses others with ``InvalidTask``) and ``OPTIONS`` — ``retries`` (``int`` ≥ 0,
     default 0: a task that raises is ``FAILED`` at once, as with Django's own backends),
-    ``retry_delay`` (seconds between attempts, default 0) and ``timeout`` (seconds an attempt
-    may run before it is failed and, attempts remaining, retried; default ``None``).
+    ``retry_delay`` (seconds before the first retry, default 0, at most 86 400),
+    ``retry_backoff`` (a number ≥ 1, default 1.0: after attempt *n* fails the next is due
+    ``retry_delay * retry_backoff ** (n - 1)`` seconds later), ``retry_delay_max`` (seconds,
+    0 to 86 400, that no delay exceeds; default ``None``: one day) and ``timeout`` (seconds
+    an attempt may run before it is failed and, attempts remaining, retried; default
+    ``None``). The delays are counted on the database clock, without jitter.
 
     Raises ``InvalidTaskBackend`` (an ``ImproperlyConfigured``) for unknown or bad options.
     """
@@ -113,13 +124,15 @@ class TaskBackend(BaseTaskBackend):
                 f"known: {', '.join(DEFAULT_OPTIONS)}"
             )
         merged = {**DEFAULT_OPTIONS, **options}
-        retries = merged["retries"]
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise InvalidTaskBackend(
-                f"TASKS[{alias!r}]['OPTIONS']['retries'] must be an integer ≥ 0, not {retries!r}"
-            )
         try:
-            retry_delay = seconds(merged["retry_delay"], "retry_delay")
+            # The step's own checks, so that a backend that builds can enqueue (a
+            # retry_delay may still be a timedelta here, as it always could).
+            retries, retry_delay = check_retries(
+                merged["retries"], seconds(merged["retry_delay"], "retry_delay")
+            )
+            retry_backoff, retry_delay_max = check_backoff(
+                merged["retry_backoff"], merged["retry_delay_max"]
+            )
             timeout = (
                 None
                 if merged["timeout"] is None
@@ -129,6 +142,8 @@ class TaskBackend(BaseTaskBackend):
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
         self.retries: int = retries
         self.retry_delay: float = retry_delay
+        self.retry_backoff: float = retry_backoff
+        self.retry_delay_max: float | None = retry_delay_max
         self.timeout: float | None = timeout
 
     # -- enqueueing ---------------------------------------------------------------------------
@@ -167,6 +182,8 @@ class TaskBackend(BaseTaskBackend):
             function_name=TASK_FUNCTION,
             retries=self.retries,
             retry_delay=self.retry_delay,
+            retry_backoff=self.retry_backoff,
+            retry_delay_max=self.retry_delay_max,
             timeout=self.timeout,
             queue=task.queue_name,
             priority=task.priority,

@@ -208,6 +208,41 @@ def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
     return retries, seconds(retry_delay, "retry_delay", maximum=MAX_RETRY_DELAY)
 
 
+def check_backoff(retry_backoff: object, retry_delay_max: object) -> tuple[float, float | None]:
+    """Validate a step's ``retry_backoff`` and ``retry_delay_max``, the growth of its retry
+    delay (see :func:`retry_delay_after`); returns them as ``(float, float | None)``.
+
+    ``retry_backoff`` is a finite number (``int``, ``float``, ``Decimal``…; not ``bool``)
+    ``>= 1.0``: the factor each retry delay is multiplied by after the first (1.0: every
+    delay is ``retry_delay``). ``retry_delay_max`` is ``None`` (no cap but
+    :data:`MAX_RETRY_DELAY`) or a finite number of seconds with ``0 <= retry_delay_max <=``
+    :data:`MAX_RETRY_DELAY` (a ``timedelta`` is refused, as for ``retry_delay``). Raises
+    ``ValueError`` naming the argument otherwise.
+    """
+    if isinstance(retry_backoff, bool) or not isinstance(retry_backoff, Real | Decimal):
+        raise ValueError(
+            f"retry_backoff must be a number >= 1.0 (the factor between two retry delays), "
+            f"not {type(retry_backoff).__name__}"
+        )
+    if isinstance(retry_backoff, Decimal) and not retry_backoff.is_finite():
+        factor = math.nan  # float() of a signalling NaN raises without naming the argument
+    else:
+        try:
+            factor = float(retry_backoff)
+        except OverflowError:  # an int beyond any float
+            factor = math.inf
+    if not math.isfinite(factor) or factor < 1.0:
+        raise ValueError(
+            f"retry_backoff must be a finite number >= 1.0 (the factor between two retry "
+            f"delays), got {retry_backoff!r}"
+        )
+    if retry_delay_max is None:
+        return factor, None
+    if isinstance(retry_delay_max, timedelta):
+        raise ValueError(f"retry_delay_max must be a number of seconds, not {retry_delay_max!r}")
+    return factor, seconds(retry_delay_max, "retry_delay_max", maximum=MAX_RETRY_DELAY)
+
+
 def parse_run_id(run_id: object) -> uuid.UUID:
     """``run_id`` (a ``uuid.UUID`` or its text) as a ``uuid.UUID``; ``ValueError`` otherwise."""
     if isinstance(run_id, uuid.UUID):
@@ -384,6 +419,7 @@ __all__ = [
     "TTL_CEILING",
     "as_stored",
     "check_attempt",
+    "check_backoff",
     "check_identifier",
     "check_json",
     "check_lease_name",

@@ -98,15 +98,44 @@ def test_the_backend_is_djangos_kind_and_claims_only_what_works() -> None:
     assert backend.supports_priority is True
     assert backend.queues == {"default"}
     assert (backend.retries, backend.retry_delay, backend.timeout) == (0, 0.0, None)
+    assert (backend.retry_backoff, backend.retry_delay_max) == (1.0, None)
     assert (task_backends["retrying"].retries, task_backends["retrying"].retry_delay) == (2, 30.0)
 
 
+def test_the_backoff_options_are_read() -> None:
+    options = {"retries": 4, "retry_delay": 5, "retry_backoff": 3, "retry_delay_max": 60}
+    backend = TaskBackend("backing-off", {"OPTIONS": options})
+    assert (backend.retries, backend.retry_delay) == (4, 5.0)
+    assert (backend.retry_backoff, backend.retry_delay_max) == (3.0, 60.0)
+
+
 @pytest.mark.parametrize(
-    "options",
-    [{"retries": -1}, {"retries": True}, {"retry_delay": "soon"}, {"timeout": 0}, {"nope": 1}],
+    ("options", "named"),
+    [
+        ({"retries": -1}, "retries"),
+        ({"retries": True}, "retries"),
+        ({"retries": 1001}, "retries"),
+        ({"retry_delay": "soon"}, "retry_delay"),
+        ({"retry_delay": 86401}, "retry_delay"),
+        ({"timeout": 0}, "timeout"),
+        ({"nope": 1}, "nope"),
+        ({"retry_backoff": 0.5}, "retry_backoff"),
+        ({"retry_backoff": float("nan")}, "retry_backoff"),
+        ({"retry_backoff": float("inf")}, "retry_backoff"),
+        ({"retry_backoff": True}, "retry_backoff"),
+        ({"retry_backoff": "2"}, "retry_backoff"),
+        ({"retry_backoff": None}, "retry_backoff"),
+        ({"retry_delay_max": -1}, "retry_delay_max"),
+        ({"retry_delay_max": float("nan")}, "retry_delay_max"),
+        ({"retry_delay_max": float("inf")}, "retry_delay_max"),
+        ({"retry_delay_max": True}, "retry_delay_max"),
+        ({"retry_delay_max": "60"}, "retry_delay_max"),
+        ({"retry_delay_max": timedelta(seconds=60)}, "retry_delay_max"),
+        ({"retry_delay_max": 86401}, "retry_delay_max"),
+    ],
 )
-def test_bad_options_are_refused_as_an_invalid_backend(options: dict[str, Any]) -> None:
-    with pytest.raises(InvalidTaskBackend):
+def test_bad_options_are_refused_as_an_invalid_backend(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(InvalidTaskBackend, match=f"TASKS\\['bad'\\].*{named}"):
         TaskBackend("bad", {"OPTIONS": options})
 
 
@@ -298,6 +327,35 @@ def test_a_cancelled_task_run_is_failed() -> None:
 
 
 # -- retries and the context --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_backoff_option_makes_each_retry_wait_longer() -> None:
+    """``OPTIONS = {"retries": 2, "retry_delay": 5, "retry_backoff": 3}``: the first retry is
+    due 5 s after the first failure, the second 15 s after the second, on the database
+    clock (read from the failed attempts' ends, written with the retries' due times)."""
+    backend = {
+        "BACKEND": "django_leases.tasks.TaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"retries": 2, "retry_delay": 5, "retry_backoff": 3},
+    }
+    with override_settings(TASKS={"default": backend}):
+        result = t.flaky.using(backend="default").enqueue(4)  # attempts 1-3 fail
+        step = step_of(result)
+        assert (step.retries, step.retry_delay, step.retry_backoff) == (2, 5.0, 3.0)
+        for attempt, delay in ((1, 5), (2, 15)):
+            drive(skip_sleeps=False)  # the attempt runs and fails; its retry waits
+            step = step_of(result)
+            failed = WorkflowStepAttempt.objects.get(step=step, attempt=attempt)
+            assert (step.status, step.attempt, failed.status) == ("failed", attempt, "failed")
+            assert step.available_at is not None and failed.finished_at is not None
+            waits = (step.available_at - failed.finished_at).total_seconds()
+            assert abs(waits - delay) < 1, f"retry after attempt {attempt} due {waits} s later"
+            WorkflowStep.objects.filter(pk=step.pk).update(available_at=DbNow())
+        drive(skip_sleeps=False)  # attempt 3, the last, fails too
+        result.refresh()
+        assert result.status == TaskResultStatus.FAILED and result.attempts == 3
+        assert step_of(result).available_at is None
 
 
 @pytest.mark.django_db

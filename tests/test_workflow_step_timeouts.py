@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from django_leases.clock import db_now_plus
+from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.models.workflow import WorkflowStepAttempt
@@ -21,7 +22,7 @@ from django_leases.workflows.driver import run_pass
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import STEP_FAILED, STEP_TIMED_OUT
 from django_leases.workflows.worker import Worker
-from tests.helpers import on_another_thread
+from tests.helpers import no_queue_limits, on_another_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,6 +39,11 @@ def bounded(run: Any, input: dict[str, Any]) -> Any:
     return run.step(
         "work", "tests.timeouts.quick", {}, retries=input["retries"], timeout=input["timeout"]
     )
+
+
+@workflow("tests.timeouts.backing-off")
+def backing_off(run: Any, input: dict[str, Any]) -> Any:
+    return run.step("work", "tests.timeouts.quick", {}, timeout=60, **input)
 
 
 release = threading.Event()
@@ -89,6 +95,47 @@ def test_a_timed_out_attempt_is_failed_retried_and_its_late_result_refused() -> 
     assert execute_step(retry) == "succeeded"
     assert run_pass(run_id) == "completed"
     assert WorkflowRun.objects.get(pk=run_id).output == "attempt 2"
+
+
+def db_clock(run_id: uuid.UUID) -> datetime:
+    """The database clock's now, read with the row of run ``run_id``."""
+    rows = WorkflowRun.objects.filter(pk=run_id).annotate(now=DbNow())
+    now: datetime = rows.values_list("now", flat=True).get()
+    return now
+
+
+@pytest.mark.parametrize(
+    ("backoff", "delays"),
+    [
+        ({"retry_backoff": 3, "retry_delay_max": 60}, [10, 30, 60]),
+        ({}, [10, 10, 10]),  # no backoff: the constant delay
+    ],
+)
+def test_a_timed_out_attempt_is_retried_after_the_backoff_delay(
+    sql_path: str, backoff: dict[str, Any], delays: list[float]
+) -> None:
+    """A timed-out attempt waits the same growing delay as one that raised: after attempt n
+    times out, attempt n + 1 is due ``min(retry_delay × retry_backoff^(n − 1),
+    retry_delay_max)`` seconds later on the database clock (on PostgreSQL's tuned claim too,
+    which leaves the timed-out step to the portable rule)."""
+    with no_queue_limits():
+        run_id = start_workflow(
+            "tests.timeouts.backing-off", {"retries": 3, "retry_delay": 10, **backoff}
+        )
+        assert run_pass(run_id) == "waiting"
+        for attempt, delay in enumerate(delays, start=1):
+            claim = WorkflowStep.objects.claim_due(LEASE)
+            assert claim is not None and (claim.run_id, claim.attempt) == (run_id, attempt)
+            past_deadline(run_id)
+            before = db_clock(run_id)
+            assert WorkflowStep.objects.claim_due(LEASE) is None  # times it out: not yet due
+            after = db_clock(run_id)
+            step = WorkflowStep.objects.get(pk=claim.step_id)
+            assert (step.status, step.error["code"]) == (StepStatus.FAILED, STEP_TIMED_OUT)
+            wait = timedelta(seconds=delay)
+            assert step.available_at is not None
+            assert before + wait <= step.available_at <= after + wait
+            WorkflowStep.objects.filter(pk=step.pk).update(available_at=db_now_plus(-1))
 
 
 def test_a_timeout_on_the_last_attempt_fails_the_run() -> None:

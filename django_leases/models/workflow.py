@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -60,9 +61,11 @@ from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
+    MAX_RETRY_DELAY,
     MAX_WAIT_SECONDS,
     as_stored,
     check_attempt,
+    check_backoff,
     check_identifier,
     check_json,
     check_name,
@@ -139,6 +142,7 @@ __all__ = [
     "functions_missing",
     "missing_functions",
     "notify_work_due",
+    "retry_delay_after",
 ]
 
 #: Prefix of the notification channel idle workers LISTEN on (the rest is a digest).
@@ -146,7 +150,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0020_workflow_functions"
+FUNCTIONS_MIGRATION = "0022_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -263,6 +267,8 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         _arg("p_data", "text"),
         _arg("p_retries", "bigint"),
         _arg("p_retry_delay", "double precision"),
+        _arg("p_retry_backoff", "double precision"),
+        _arg("p_retry_delay_max", "double precision"),
         _arg("p_seconds", "double precision"),
         _arg("p_finish_pass", "bigint"),
     )
@@ -635,6 +641,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         function_name: str,
         retries: int = 0,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         timeout: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
@@ -644,17 +652,20 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         ``step_name`` (step function ``function_name``, data = ``input``), in one transaction
         (joining the caller's: the step is claimable once that commits). No first pass: the
         step is due at ``available_at`` (an aware ``datetime``, compared with the database
-        clock by the claim; ``None``: DB now) on ``queue`` at ``priority``, with ``retries``
-        and ``retry_delay`` (seconds) and ``timeout`` (seconds or ``None``) as
+        clock by the claim; ``None``: DB now) on ``queue`` at ``priority``, with ``retries``,
+        ``retry_delay`` (seconds), ``retry_backoff`` (a factor ≥ 1), ``retry_delay_max``
+        (seconds or ``None``) and ``timeout`` (seconds or ``None``) as
         :meth:`WorkflowStepQuerySet.schedule`. The run's pass comes when the step finishes
         and replays ``workflow``, which must call ``run.step(step_name, function_name, ...)``.
         Idle workers are woken when it commits. Used by the Django Tasks backend.
 
-        Raises ``ValueError`` for a bad name, queue, priority, retries, delay or timeout, or
-        non-JSON input; nothing is written then.
+        Raises ``ValueError`` for a bad name, queue, priority, retries, delay, backoff or
+        timeout, or non-JSON input; nothing is written then.
         """
         check_identifier(workflow, "Workflow name")
-        retries, retry_delay = _check_step(step_name, function_name, input, retries, retry_delay)
+        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
+            step_name, function_name, input, retries, retry_delay, retry_backoff, retry_delay_max
+        )
         timeout = _check_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         if available_at is not None and (
@@ -672,6 +683,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 data=value,
                 retries=retries,
                 retry_delay=retry_delay,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
                 timeout=timeout,
                 queue=queue,
                 priority=priority,
@@ -1276,13 +1289,59 @@ def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
 
 
 def _check_step(
-    step_name: object, function_name: object, data: Any, retries: object, retry_delay: object
-) -> tuple[int, float]:
-    """A step's arguments checked (``ValueError``); its retries and retry delay."""
+    step_name: object,
+    function_name: object,
+    data: Any,
+    retries: object,
+    retry_delay: object,
+    retry_backoff: object = 1.0,
+    retry_delay_max: object = None,
+) -> tuple[int, float, float, float | None]:
+    """A step's arguments checked (``ValueError``); its ``retries``, ``retry_delay``,
+    ``retry_backoff`` and ``retry_delay_max``."""
     check_identifier(step_name, "Step name")
     check_identifier(function_name, "Step function name")
     check_json(data, "Step data")
-    return check_retries(retries, retry_delay)
+    retries, retry_delay = check_retries(retries, retry_delay)
+    return (retries, retry_delay, *check_backoff(retry_backoff, retry_delay_max))
+
+
+def retry_delay_after(
+    attempt: int,
+    retry_delay: float,
+    retry_backoff: float = 1.0,
+    retry_delay_max: float | None = None,
+) -> float:
+    """The seconds between the failure of ``attempt`` (an ``int`` >= 1) of a step and its
+    next attempt: ``min(retry_delay * retry_backoff ** (attempt - 1), cap)``, where the cap is
+    ``retry_delay_max`` (seconds) or, when that is ``None``, :data:`MAX_RETRY_DELAY` (one
+    day). With the default ``retry_backoff`` of 1.0 every delay is ``retry_delay``.
+
+    The one rule of a step's retry delay (``retry_delay`` and ``retry_delay_max`` in seconds,
+    ``retry_backoff`` a factor, as stored on the step): the store adds it to the database
+    clock where a failed attempt is recorded (:meth:`WorkflowStepQuerySet.set_error`, a timed
+    out attempt). Deterministic, without jitter: steps that fail together retry together,
+    and a delay can be told in advance. The growth is compared with the cap in logarithms
+    first, so a large factor raised to a large attempt number is capped without computing a
+    power that would overflow a float. Values the checks refuse (a factor below 1 or not
+    finite, a negative cap: a row edited by hand) read as no growth and no cap of their own.
+    """
+    cap = MAX_RETRY_DELAY
+    if retry_delay_max is not None and 0.0 <= retry_delay_max < cap:
+        cap = retry_delay_max
+    if not retry_delay > 0.0 or cap == 0.0:
+        return 0.0
+    growths = attempt - 1
+    if growths <= 0 or not 1.0 < retry_backoff < math.inf:
+        return min(retry_delay, cap)
+    exponent = growths * math.log(retry_backoff)  # the logarithm of the growth
+    if math.log(retry_delay) + exponent >= math.log(cap):
+        return cap
+    try:
+        grown = retry_delay * retry_backoff**growths
+    except OverflowError:  # a subnormal retry_delay times a growth beyond any float
+        grown = math.exp(math.log(retry_delay) + exponent)
+    return min(grown, cap)
 
 
 def _check_queue(queue: object, priority: object) -> tuple[str, int]:
@@ -1331,11 +1390,20 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         timeout: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
     ) -> WorkflowStep:
         """Create step ``step_name`` of a run, due now, unless it exists; return the row.
+
+        ``retries`` (``int``, 0 to 1000) allows ``retries + 1`` attempts. After attempt *n*
+        fails, attempt *n* + 1 is due ``min(retry_delay * retry_backoff ** (n - 1),
+        retry_delay_max)`` seconds later on the database clock (:func:`retry_delay_after`):
+        ``retry_delay`` in seconds (0 to 86 400), ``retry_backoff`` a factor ≥ 1 (1.0, the
+        default: every delay is ``retry_delay``), ``retry_delay_max`` in seconds (0 to
+        86 400; ``None``: one day).
 
         ``queue`` (``str``) is the queue it is claimed from and ``priority`` (``int``) its
         place among due steps: higher first, first due first within a priority (the engine
@@ -1346,14 +1414,27 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         looks for due work; its late writes are refused by the attempt fence.
 
         Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
-        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` / ``timeout``
-        (seconds), or an existing step recorded with a different ``function_name``.
+        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` /
+        ``retry_backoff`` / ``retry_delay_max`` / ``timeout``, or an existing step recorded
+        with a different ``function_name``.
         """
-        retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
+            step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
+        )
         timeout = _check_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         return self._schedule(
-            run_id, step_name, function_name, data, retries, retry_delay, timeout, queue, priority
+            run_id,
+            step_name,
+            function_name,
+            data,
+            retries,
+            retry_delay,
+            timeout,
+            queue,
+            priority,
+            retry_backoff=retry_backoff,
+            retry_delay_max=retry_delay_max,
         )[0]
 
     def schedule_many(
@@ -1363,13 +1444,17 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         placement: Mapping[str, tuple[str, int]] | None = None,
     ) -> dict[str, WorkflowStep]:
         """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
         function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
         insert (existing ones are left untouched); idle workers are woken once. Returns
-        every step of ``calls`` by name, as now stored. ``placement`` maps a step name to its
-        ``(queue, priority)`` (absent: ``"default"``, 0).
+        every step of ``calls`` by name, as now stored. ``retries``, ``retry_delay``,
+        ``retry_backoff`` and ``retry_delay_max`` apply to each, as for :meth:`schedule`.
+        ``placement`` maps a step name to its ``(queue, priority)`` (absent: ``"default"``,
+        0).
 
         Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
         given twice.
@@ -1378,7 +1463,15 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if len(set(names)) != len(names):
             raise ValueError("run.parallel: a step name is given twice")
         for step_name, function_name, data in calls:
-            retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+            retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                retry_backoff,
+                retry_delay_max,
+            )
         placed = {
             name: _check_queue(*(placement or {}).get(name, (DEFAULT_QUEUE, 0))) for name in names
         }
@@ -1395,6 +1488,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                         data={} if data is None else data,
                         retries=retries,
                         retry_delay=retry_delay,
+                        retry_backoff=retry_backoff,
+                        retry_delay_max=retry_delay_max,
                         queue=placed[step_name][0],
                         priority=placed[step_name][1],
                     )
@@ -1428,6 +1523,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         timeout: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
+        *,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
     ) -> tuple[WorkflowStep, bool]:
         """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
         alias = self.write_alias()
@@ -1440,6 +1538,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "data": {} if data is None else data,
                     "retries": retries,
                     "retry_delay": retry_delay,
+                    "retry_backoff": retry_backoff,
+                    "retry_delay_max": retry_delay_max,
                     "timeout": timeout,
                     "available_at": DbNow(),
                     "queue": queue,
@@ -1464,6 +1564,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         timeout: float | None = None,
         lease_ttl_seconds: float,
         finish_pass: int,
@@ -1491,9 +1593,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         Returns a :class:`Scheduled`; its ``claim`` is ``None`` when the step already
         existed, the run is not running, the step is not the caller's to take (another
         queue, or its queue is at its limit), or another worker claimed it first. Raises
-        ``ValueError`` as :meth:`schedule` does.
+        ``ValueError`` as :meth:`schedule` does (``retry_backoff`` and ``retry_delay_max``
+        included: they are recorded with the step on every path).
         """
-        retries, retry_delay = _check_step(step_name, function_name, data, retries, retry_delay)
+        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
+            step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
+        )
         timeout = _check_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         if queues and queue not in queues:
@@ -1507,6 +1612,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 timeout,
                 queue,
                 priority,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
             )[0]
             return Scheduled(step, None)
         ttl = ttl_seconds(lease_ttl_seconds)
@@ -1535,6 +1642,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 timeout,
                 queue,
                 priority,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
             )
             if not created:
                 return Scheduled(step, None)
@@ -1545,13 +1654,32 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             finished = WorkflowRun.objects.db_manager(alias).finish_pass(run_id, finish_pass)
             return Scheduled(step, claim, finished)
         run_id = parse_run_id(run_id)
-        args = [run_id, step_name, function_name, json.dumps(data), retries, retry_delay, ttl]
+        args = [
+            run_id,
+            step_name,
+            function_name,
+            json.dumps(data),
+            retries,
+            retry_delay,
+            retry_backoff,
+            retry_delay_max,
+            ttl,
+        ]
         with db.cursor(connection) as cursor:
             row = cursor.execute(
                 _call(connection, "insert_claimed"), [*args, finish_pass]
             ).fetchone()
         if row is None or row[0] is None:  # it exists, or the run is not running
-            step, _ = self._schedule(run_id, step_name, function_name, data, retries, retry_delay)
+            step, _ = self._schedule(
+                run_id,
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
+            )
             return Scheduled(step, None)
         step = self.model(
             pk=int(row[0]),
@@ -1563,6 +1691,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             attempt=1,
             retries=retries,
             retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            retry_delay_max=retry_delay_max,
         )
         step._state.adding = False
         step._state.db = alias
@@ -1869,9 +1999,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
     def _time_out(self, alias: str, step: WorkflowStep) -> None:
         """Fail the locked ``step``'s running attempt, past its ``timeout`` on the database
         clock, with a ``STEP_TIMED_OUT`` error, through the fence (inside the caller's
-        transaction), as :meth:`set_error` would: retried after ``retry_delay`` if attempts
-        remain, else the run is asked for a pass. Its worker's renewals, result and error
-        are refused from then on."""
+        transaction), as :meth:`set_error` would: retried after the step's retry delay for
+        this attempt (:func:`retry_delay_after`) if attempts remain, else the run is asked
+        for a pass. Its worker's renewals, result and error are refused from then on."""
         error = {
             "code": STEP_TIMED_OUT,
             "message": (
@@ -1880,6 +2010,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             ),
         }
         exhausted = step.attempt >= step.retries + 1
+        delay = retry_delay_after(
+            step.attempt, step.retry_delay, step.retry_backoff, step.retry_delay_max
+        )
         self._record_outcome(
             alias,
             step.pk,
@@ -1890,13 +2023,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 "result": None,
                 "lease_expires_at": None,
                 "deadline_at": None,
-                "available_at": None if exhausted else clock.db_now_plus(step.retry_delay),
+                "available_at": None if exhausted else clock.db_now_plus(delay),
             },
             history={"status": AttemptStatus.FAILED, "error": error},
         )
         if exhausted:
             _request_pass(alias, Q(pk=step.run_id))
-        elif not step.retry_delay:
+        elif not delay:
             _wake(alias)
 
     def _fail_lost_worker(
@@ -2152,7 +2285,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ``failed``).
 
         One conditional write through the fence. With attempts left, the next attempt becomes
-        due ``retry_delay`` seconds from DB now (``available_at``); without, the run is asked
+        due the step's retry delay after DB now (``available_at``): ``retry_delay`` seconds
+        times ``retry_backoff`` per earlier attempt, at most ``retry_delay_max``
+        (:func:`retry_delay_after`); without, the run is asked
         for a pass (which fails it) — taken for the caller with ``hold_pass_seconds`` (seconds), who
         then gets the run's state in ``StepWrite.state``. The attempt row is updated in the
         same transaction. ``error`` is an exception, a JSON mapping or a message. Writing
@@ -2169,10 +2304,21 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         hold = None if hold_pass_seconds is None else ttl_seconds(hold_pass_seconds)
         alias = self.write_alias()
         with transaction.atomic(using=alias):
-            config = self.rows().filter(pk=step_id).values("retries", "retry_delay").first()
+            config = (
+                self.rows()
+                .filter(pk=step_id)
+                .values("retries", "retry_delay", "retry_backoff", "retry_delay_max")
+                .first()
+            )
             if config is None:
                 raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
             exhausted = attempt >= config["retries"] + 1
+            delay = retry_delay_after(
+                attempt,
+                config["retry_delay"],
+                config["retry_backoff"],
+                config["retry_delay_max"],
+            )
             written = self._record_outcome(
                 alias,
                 step_id,
@@ -2182,16 +2328,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     "error": payload,
                     "result": None,
                     "lease_expires_at": None,
-                    "available_at": (
-                        None if exhausted else clock.db_now_plus(config["retry_delay"])
-                    ),
+                    "available_at": None if exhausted else clock.db_now_plus(delay),
                 },
                 history={"status": AttemptStatus.FAILED, "error": payload},
                 repeat_of=(AttemptStatus.FAILED, payload),
             )
             if written and exhausted:
                 _request_pass(alias, Q(steps__pk=step_id), hold=hold)
-            elif not exhausted and not config["retry_delay"]:
+            elif not exhausted and not delay:
                 _wake(alias)  # the next attempt is due at once
         state = self._state_after(alias, step_id, hold) if written and exhausted else None
         return StepWrite(StepStatus.FAILED, written, state)
@@ -2775,7 +2919,9 @@ class WorkflowStep(models.Model):
     """A step of a run, claimed by one worker at a time under a lease and an ``attempt``.
 
     ``attempt`` is the step's fencing number: a result, error or lease renewal lands only
-    for the current attempt. ``retries`` allows at most ``retries + 1`` attempts.
+    for the current attempt. ``retries`` allows at most ``retries + 1`` attempts; a failed
+    attempt's retry waits ``retry_delay`` seconds times ``retry_backoff`` per earlier attempt,
+    at most ``retry_delay_max`` (:func:`retry_delay_after`).
     ``lease_expires_at`` and ``available_at`` are set from the database clock.
     """
 
@@ -2791,7 +2937,17 @@ class WorkflowStep(models.Model):
     error = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=1)
     retries = models.PositiveIntegerField(default=5)
-    retry_delay = models.FloatField(default=0.0, help_text="Seconds between attempts.")
+    retry_delay = models.FloatField(
+        default=0.0, help_text="Seconds before the first retry (later ones grow by the backoff)."
+    )
+    retry_backoff = models.FloatField(
+        default=1.0,
+        db_default=1.0,
+        help_text="Factor each retry delay is multiplied by after the first (1: constant).",
+    )
+    retry_delay_max = models.FloatField(
+        null=True, blank=True, help_text="Seconds no retry delay exceeds (empty: one day)."
+    )
     timeout = models.FloatField(
         null=True, blank=True, help_text="Seconds an attempt may run before it is failed."
     )

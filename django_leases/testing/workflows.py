@@ -1,4 +1,4 @@
-"""A conformance suite for fenced workflow steps: claim rules C1–C12 and fencing rules F1–F10,
+"""A conformance suite for fenced workflow steps: claim rules C1–C14 and fencing rules F1–F12,
 runnable against your own database.
 
 Every fencing scenario has a **stale** attempt — claimed, then its lease lapsed and the step
@@ -7,6 +7,9 @@ reference workflow-fencing tests are F1–F10):
 
 * C1–C12 pin ``WorkflowStep.objects.claim_for_execution``: which step states are claimed,
   at which attempt, on which clock, and that exactly one of many concurrent claimers wins;
+* C13–C14 pin when a failed attempt's retry is due: ``retry_delay`` seconds after the
+  failure on the database clock, multiplied by ``retry_backoff`` for each attempt before,
+  never more than ``retry_delay_max``;
 * F1–F7 pin the fenced writes (``set_result``, ``set_error``, ``refresh_lease``): a stale
   attempt's write raises :class:`~django_leases.exceptions.WorkflowStepSupersededError` (a
   renewal returns ``False``) and writes nothing — neither the step nor its history — while
@@ -45,7 +48,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
@@ -114,7 +117,7 @@ def run_together(*calls: Callable[[], Any], timeout: float = 60.0) -> list[tuple
 
 
 class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
-    """Rules C1–C12 and F1–F12 as ``test_*`` methods; mix into ``TransactionTestCase``.
+    """Rules C1–C14 and F1–F12 as ``test_*`` methods; mix into ``TransactionTestCase``.
 
     Class attributes you may override:
         workflow_database: the alias the workflow models live on (``str``).
@@ -134,10 +137,14 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         function: str = FUNCTION,
         data: Any = None,
     ) -> uuid.UUID:
-        """A running run with one pending step :data:`STEP`; its id."""
+        """A running run with one pending step :data:`STEP` (``retries``, ``retry_delay`` in
+        seconds, ``retry_backoff`` a factor, ``retry_delay_max`` in seconds or ``None``, as
+        ``WorkflowStep.objects.schedule`` takes them); its id."""
         run = self.runs.start("django_leases.conformance", {})
         self.steps.schedule(
             run.id,
@@ -146,8 +153,16 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
             {"amount": 10} if data is None else data,
             retries=retries,
             retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            retry_delay_max=retry_delay_max,
         )
         return run.id
+
+    def db_now(self, run_id: uuid.UUID) -> datetime:
+        """The database clock's now (a ``datetime``, read with the row of run ``run_id``)."""
+        rows = self.runs.filter(pk=run_id).annotate(db_now=DbNow())
+        now: datetime = rows.values_list("db_now", flat=True).get()
+        return now
 
     def claim(
         self, run_id: uuid.UUID, function: str = FUNCTION, ttl: float = LEASE
@@ -346,6 +361,54 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
                 self.assertEqual(winners[0].attempt, expected)
                 self.assertEqual(self.step_of(run_id).attempt, expected)
                 self.assertEqual(len(self.history_of(run_id)), expected)
+
+    # -- retry delays C13–C14 ---------------------------------------------------------------
+
+    def assert_retry_delays(self, run_id: uuid.UUID, delays: list[float]) -> None:
+        """Fail the test step's attempts one after the other (each claimed once its retry is
+        due, made due at once on the database clock) and check that the retry after the
+        n-th is due ``delays[n - 1]`` seconds after the failure was recorded: between
+        database now + delay read just before and just after the write."""
+        for attempt, delay in enumerate(delays, start=1):
+            got = self.claim(run_id)
+            self.assertIsNotNone(got, f"attempt {attempt} was not claimed once due")
+            assert got is not None
+            self.assertEqual(got.attempt, attempt)
+            before = self.db_now(run_id)
+            self.steps.set_error(got.step_id, f"declined {attempt}", attempt)
+            after = self.db_now(run_id)
+            due = self.step_of(run_id).available_at
+            assert due is not None
+            wait = timedelta(seconds=delay)
+            self.assertGreaterEqual(due, before + wait, f"attempt {attempt + 1} due too soon")
+            self.assertGreaterEqual(after + wait, due, f"attempt {attempt + 1} due too late")
+            if delay:
+                self.assertIsNone(self.claim(run_id), "claimed before its retry delay passed")
+            self.steps.filter(run_id=run_id).update(available_at=db_now_plus(-1))
+
+    def test_c13_the_retry_delay_grows_by_its_backoff_up_to_its_cap(self) -> None:
+        """C13: after attempt n fails, attempt n + 1 is due ``min(retry_delay ×
+        retry_backoff^(n − 1), retry_delay_max)`` seconds later on the database clock: with
+        10 s, a backoff of 2 and a cap of 30 s, the retries are due 10, 20, then 30 s (not
+        40) after each failure."""
+        run_id = self.start_run(retries=3, retry_delay=10, retry_backoff=2, retry_delay_max=30)
+        self.assert_retry_delays(run_id, [10, 20, 30])
+        got = self.claim(run_id)
+        assert got is not None
+        self.assertEqual(got.attempt, 4)
+        self.steps.set_error(got.step_id, "declined 4", 4)
+        step = self.step_of(run_id)
+        self.assertEqual((step.status, step.available_at), ("failed", None))
+        self.assertIsNone(self.claim(run_id), "claimed out of attempts")
+
+    def test_c14_without_a_backoff_every_retry_waits_the_same_delay(self) -> None:
+        """C14: the default ``retry_backoff`` of 1 keeps the delay constant: each retry is
+        due ``retry_delay`` seconds after its failure; a ``retry_delay_max`` below it caps
+        even the first."""
+        run_id = self.start_run(retries=3, retry_delay=7)
+        self.assert_retry_delays(run_id, [7, 7, 7])
+        capped = self.start_run(retries=2, retry_delay=600, retry_delay_max=5)
+        self.assert_retry_delays(capped, [5, 5])
 
     # -- fenced writes F1–F7 ----------------------------------------------------------------
 

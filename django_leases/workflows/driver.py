@@ -51,6 +51,7 @@ from django_leases.exceptions import (
 )
 from django_leases.leases import HeldLease, new_holder
 from django_leases.validation import (
+    check_backoff,
     check_identifier,
     check_json,
     check_name,
@@ -216,6 +217,8 @@ class _Pass:
         retries: int,
         retry_delay: float,
         priority: int | None = None,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
     ) -> list[Any]:
         from django_leases.models.workflow import WorkflowStep
 
@@ -233,6 +236,8 @@ class _Pass:
                     missing,
                     retries=retries,
                     retry_delay=retry_delay,
+                    retry_backoff=retry_backoff,
+                    retry_delay_max=retry_delay_max,
                     placement=placement,
                 )
             )
@@ -293,6 +298,8 @@ class _Pass:
         timeout: float | None = None,
         priority: int | None = None,
         queue: str | None = None,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
     ) -> Any:
         from django_leases.models.workflow import WorkflowStep
 
@@ -309,6 +316,8 @@ class _Pass:
                     *args,
                     retries=retries,
                     retry_delay=retry_delay,
+                    retry_backoff=retry_backoff,
+                    retry_delay_max=retry_delay_max,
                     timeout=timeout,
                     queue=queue,
                     priority=placed_priority,
@@ -318,6 +327,8 @@ class _Pass:
                     *args,
                     retries=retries,
                     retry_delay=retry_delay,
+                    retry_backoff=retry_backoff,
+                    retry_delay_max=retry_delay_max,
                     timeout=timeout,
                     lease_ttl_seconds=self.claim_ttl,
                     finish_pass=self.run.pass_requests,
@@ -363,6 +374,8 @@ class RunContext:
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         timeout: float | None = None,
         priority: int | None = None,
         queue: str | None = None,
@@ -371,8 +384,13 @@ class RunContext:
 
         Returns the step's recorded result once it succeeded. Otherwise the step is created
         (on the first pass that reaches it) and the pass ends here; a worker runs it and the
-        run is replayed once it finishes. ``retries`` (int ≥ 0) allows ``retries + 1``
-        attempts, ``retry_delay`` seconds apart. ``timeout`` (seconds > 0; ``None``: none)
+        run is replayed once it finishes. ``retries`` (int, 0 to 1000) allows ``retries + 1``
+        attempts. After attempt *n* fails, the next is due ``min(retry_delay *
+        retry_backoff ** (n - 1), retry_delay_max)`` seconds later on the database clock:
+        ``retry_delay`` in seconds (float, 0 to 86 400), ``retry_backoff`` a factor (float
+        ≥ 1; 1.0: every delay is ``retry_delay``), ``retry_delay_max`` in seconds (float, 0 to
+        86 400; ``None``: one day). No jitter: the delays are the same on every run. These
+        are recorded with the step on first reach. ``timeout`` (seconds > 0; ``None``: none)
         bounds each attempt on the database clock: one running longer is failed with code
         ``STEP_TIMED_OUT`` (and retried if attempts remain) by the next worker that looks
         for due work; whatever it returns later is refused by the attempt fence. The
@@ -389,6 +407,7 @@ class RunContext:
         check_identifier(step_name, "Step name")
         check_identifier(function_name, "Step function name")
         retries, retry_delay = check_retries(retries, retry_delay)
+        retry_backoff, retry_delay_max = check_backoff(retry_backoff, retry_delay_max)
         check_json(data, f"Data of step {step_name!r}")
         if timeout is not None:
             timeout = seconds(timeout, "Step timeout", above_minimum=True)
@@ -397,7 +416,16 @@ class RunContext:
         if queue is not None:
             queue = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
         return self._pass.step(
-            step_name, function_name, data, retries, retry_delay, timeout, priority, queue
+            step_name,
+            function_name,
+            data,
+            retries,
+            retry_delay,
+            timeout,
+            priority,
+            queue,
+            retry_backoff=retry_backoff,
+            retry_delay_max=retry_delay_max,
         )
 
     def parallel(
@@ -406,6 +434,8 @@ class RunContext:
         *,
         retries: int = 5,
         retry_delay: float = 0.0,
+        retry_backoff: float = 1.0,
+        retry_delay_max: float | None = None,
         priority: int | None = None,
     ) -> list[Any]:
         """Run several steps at once: ``calls`` is a sequence of ``(step_name, function_name,
@@ -414,8 +444,9 @@ class RunContext:
         The first pass that reaches it schedules every step of ``calls`` not recorded yet in
         one write (any number: 1,000 steps are one insert); any workers claim and run them
         concurrently, each under its own lease and attempt fence like any step. The pass
-        ends here until all have finished. ``retries`` and ``retry_delay`` (seconds) apply to
-        each step, as for :meth:`step`, and so do ``priority`` and each step function's
+        ends here until all have finished. ``retries``, ``retry_delay`` (seconds),
+        ``retry_backoff`` (a factor ≥ 1) and ``retry_delay_max`` (seconds or ``None``) apply
+        to each step, as for :meth:`step`, and so do ``priority`` and each step function's
         queue.
 
         Raises:
@@ -437,9 +468,17 @@ class RunContext:
             check_json(data, f"Data of step {step_name!r}")
             checked.append((step_name, function_name, data))
         retries, retry_delay = check_retries(retries, retry_delay)
+        retry_backoff, retry_delay_max = check_backoff(retry_backoff, retry_delay_max)
         if priority is not None:
             priority = check_priority(priority, "Step priority")
-        return self._pass.parallel(checked, retries, retry_delay, priority)
+        return self._pass.parallel(
+            checked,
+            retries,
+            retry_delay,
+            priority,
+            retry_backoff=retry_backoff,
+            retry_delay_max=retry_delay_max,
+        )
 
     def child(self, name: str, workflow: str, input: Any = None) -> Any:
         """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that

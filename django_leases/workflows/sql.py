@@ -120,6 +120,8 @@ def pass_state(run: str, step_table: str) -> str:
             "attempt",
             "retries",
             "retry_delay",
+            "retry_backoff",
+            "retry_delay_max",
         )
     )
     return (
@@ -317,20 +319,25 @@ def insert_claimed(
     data: Any,
     retries: Any,
     retry_delay: Any,
+    retry_backoff: Any,
+    retry_delay_max: Any,
     seconds: Any,
     finish_pass: Any,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.schedule_claimed`: insert the step ``running`` at attempt 1
     with its lease and its attempt row, if the run is running and the step does not exist
     yet, and end the pass (``finish_pass``: the ``pass_requests`` the pass read) when it was
-    inserted. ``data`` is JSON text. Returns the new step's id, or no row."""
+    inserted. ``data`` is JSON text; ``retries``, ``retry_delay``, ``retry_backoff`` and
+    ``retry_delay_max`` (``NULL``: no cap of its own) are recorded as given. Returns the new
+    step's id, or no row."""
     sql = f"""
         WITH step AS (
             INSERT INTO {t.step} (
                 run_id, step_name, function_name, data, status, attempt, retries,
-                retry_delay, lease_expires_at, available_at, created_at, updated_at
+                retry_delay, retry_backoff, retry_delay_max, lease_expires_at, available_at,
+                created_at, updated_at
             )
-            SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s,
+            SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s, %s, %s,
                    statement_timestamp() + make_interval(secs => %s),
                    statement_timestamp(), statement_timestamp(), statement_timestamp()
             FROM {t.run} r
@@ -346,7 +353,17 @@ def insert_claimed(
         )
         SELECT id FROM step
     """
-    params = [step_name, function_name, data, retries, retry_delay, seconds, run_id]
+    params = [
+        step_name,
+        function_name,
+        data,
+        retries,
+        retry_delay,
+        retry_backoff,
+        retry_delay_max,
+        seconds,
+        run_id,
+    ]
     return sql, [*params, run_id, finish_pass]
 
 

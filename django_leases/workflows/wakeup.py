@@ -17,7 +17,7 @@ nothing and workers poll: an idle thread
 looks again every poll interval (``WORKER_POLL_INTERVAL``; see
 :class:`~django_leases.workflows.worker.Worker` for the defaults). Polling also stays the
 fallback on PostgreSQL, for work that becomes due by the clock rather than by a write — a
-step whose lease lapsed, a retry after its ``retry_delay``, a pass retried a second later —
+step whose lease lapsed, a retry after its retry delay, a pass retried a second later —
 and while the listener is disconnected.
 
 The channel is :func:`~django_leases.models.workflow.channel_name`: two projects on one

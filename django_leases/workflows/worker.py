@@ -16,7 +16,7 @@ Waking up (:mod:`django_leases.workflows.wakeup`): on PostgreSQL each worker pro
 one LISTEN connection, and the store NOTIFYs in every transaction that makes work due now,
 so an idle worker starts a new run's first pass or a newly scheduled step within
 milliseconds. The poll interval then only bounds how late work that becomes due by the
-clock is seen (a lapsed step lease, a retry after ``retry_delay``): it defaults to
+clock is seen (a lapsed step lease, a retry after its retry delay): it defaults to
 :data:`LISTENING_POLL_INTERVAL` (1 s). Elsewhere (SQLite) idle threads poll every
 :data:`POLLING_POLL_INTERVAL` (0.25 s) by default. ``WORKER_POLL_INTERVAL`` (or the
 ``poll_interval`` argument) overrides both.
@@ -347,7 +347,7 @@ class Worker:
         Args:
             once: return as soon as no pass and no step is due now or within
                 :data:`ONCE_HORIZON` seconds (work due later, such as a retry after a longer
-                ``retry_delay``, or a step whose lease has not lapsed yet, is left for the
+                retry delay, or a step whose lease has not lapsed yet, is left for the
                 next worker).
             handle_signals: on the main thread, turn SIGTERM / SIGINT into :meth:`stop`
                 (a second one stops waiting for in-flight work); the previous handlers are
