@@ -122,6 +122,13 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: floa
         time.sleep(interval)
 
 
+def failure_text(output: str, limit: int = 2000) -> str:
+    """What a failed command printed, for a stage's failure: its end (where a traceback says
+    what went wrong), at most ``limit`` characters."""
+    text = output.strip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -344,7 +351,7 @@ class Tour:
         if done.returncode != 0:
             raise StageFailed(
                 f"trigger_sources {' '.join(args)} exited {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()[:500]}"
+                f"{failure_text(done.stderr or done.stdout)}"
             )
         say(f"   $ manage.py trigger_sources {' '.join(args)}")
         lines = [line for line in done.stdout.splitlines() if line.strip()]
@@ -389,7 +396,7 @@ class Tour:
         done = self.manage(*args)
         if done.returncode != 0:
             raise StageFailed(
-                f"reconcile_trigger_sources exited {done.returncode}: {done.stderr.strip()[:500]}"
+                f"reconcile_trigger_sources exited {done.returncode}: {failure_text(done.stderr)}"
             )
         say(f"   $ manage.py {' '.join(args)}")
         for line in done.stdout.splitlines():
@@ -530,7 +537,7 @@ class Tour:
             say(f"   {line['file']} ({line['event']}): {line['status']}{note}")
         if done.returncode != 0:
             raise StageFailed(
-                f"send_deliveries {source} exited {done.returncode}: {done.stderr.strip()[:500]}"
+                f"send_deliveries {source} exited {done.returncode}: {failure_text(done.stderr)}"
             )
         return lines
 
