@@ -223,7 +223,9 @@ def claim(run_id: uuid.UUID, step_name: str) -> Any:
 
 
 @pytest.mark.parametrize("sql_path", ["tuned", "portable"], indirect=True)
-@pytest.mark.parametrize("width", [200, 1000])
+# 200 wide: the count of passes does not depend on the width (a thousand-wide fan-out, the
+# bulk writes at that width, is test_a_thousand_parallel_steps_are_one_pass_then_one_more's).
+@pytest.mark.parametrize("width", [200])
 def test_a_fan_out_is_one_scheduling_pass_and_the_last_result_completes_the_run(
     sql_path: str, width: int, passes: list[str]
 ) -> None:
