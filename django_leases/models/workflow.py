@@ -2983,9 +2983,11 @@ class WorkflowStep(models.Model):
                 name="dl_step_waiting",
                 condition=Q(status__in=["pending", "scheduled", "failed"]),
             ),
-            # …and running steps by when their lease lapses.
+            # …and running steps, by queue: few (one per busy worker thread), read whole
+            # for a lapsed lease or a limited queue's count. Not by ``lease_expires_at``,
+            # so a lease renewal changes no indexed column and can be a HOT update.
             models.Index(
-                fields=["lease_expires_at"],
+                fields=["queue"],
                 name="dl_step_running",
                 condition=Q(status="running"),
             ),
@@ -3000,12 +3002,6 @@ class WorkflowStep(models.Model):
                 fields=["queue", "-priority", "available_at", "id"],
                 name="dl_step_queue_waiting",
                 condition=Q(status__in=["pending", "scheduled", "failed"]),
-            ),
-            # A limited queue's claim counts its running steps with a live lease.
-            models.Index(
-                fields=["queue", "lease_expires_at"],
-                name="dl_step_queue_running",
-                condition=Q(status="running"),
             ),
         )
 
