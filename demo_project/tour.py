@@ -46,9 +46,10 @@ logs; any failure makes the tour exit 1):
     (skipped with ``DEMO_NO_SERVE=1``, which CI uses: the exit status says whether every
     stage did what it said).
 
-The workers run with a 3-second step lease (``DEMO_STEP_LEASE_TTL``) so a paused worker's
-step is taken over within seconds. Each child process logs to a file in a temporary folder
-(printed at the start).
+The workers run with a 6-second step lease (``DEMO_STEP_LEASE_TTL``) so a paused worker's
+step is taken over within seconds (shorter ones lapsed under CI's load: a renewal on SQLite can
+wait seconds for the write lock while ten worker threads poll). Each child process logs to a
+file in a temporary folder (printed at the start).
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ SINGLETON_TTL = 6
 ADMIN_USER = os.environ.get("DEMO_ADMIN_USER", "admin")
 ADMIN_PASSWORD = os.environ.get("DEMO_ADMIN_PASSWORD", "admin")
 GITHUB_TOKEN = "demo-github-token"
-STEP_LEASE_TTL = 3.0
-#: How long the ``[slow build]`` build step takes, seconds (longer than the step lease).
+STEP_LEASE_TTL = 6.0
+#: How long the ``[slow build]`` build step takes, seconds (long enough to be paused mid-way).
 SLOW_BUILD_SECONDS = 5.0
 #: How long each pull-request check takes, seconds, and the review run's ``settle`` sleep.
 CHECK_SECONDS = 1.5
