@@ -14,7 +14,9 @@ Workflow runs (``sender=WorkflowRun``; ``run_id`` a ``uuid.UUID``, ``using`` the
 - ``run_started(run_id, workflow, using)``: a run was created (once its transaction commits);
 - ``run_completed(run_id, output, using)``, ``run_failed(run_id, error, using)``,
   ``run_suspended(run_id, error, using)``, ``run_cancelled(run_id, using)``: a running (or,
-  for a cancel, suspended) run reached that status.
+  for a cancel, suspended) run reached that status. ``run_completed`` also carries
+  ``finished_at`` (an aware ``datetime``, the database clock) when the write that completed
+  the run read it back (a worker's result completing the run, on PostgreSQL).
 
 Steps (``sender=WorkflowStep``; ``step_id`` an ``int``, ``attempt`` the fencing number):
 

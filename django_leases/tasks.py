@@ -402,12 +402,21 @@ def _task_finished(
     A run completes or fails in the thread whose pass ran its workflow: one the task
     workflow did not mark there is no task's, and costs no query. A cancel (an operator's,
     anywhere) is looked up. A run completed after a first attempt that ran on this thread
-    (and was its last) is told from that attempt's live result and its end, in one query."""
+    (and was its last) is told from that attempt's live result and its end: read back by
+    the write that completed it (``finished_at``), else in one query."""
     from django_leases.models.workflow import WorkflowRun, WorkflowStepAttempt
 
     if signal is not signals.run_cancelled and not _was_ending_here(run_id):
         return
     live = _was_started_here(run_id)
+    finished_at = kwargs.get("finished_at")
+    if live is not None and signal is signals.run_completed and finished_at is not None:
+        # The first attempt's result completed the run here, in one write that read back
+        # the run's end (the attempt's too: the same database instant).
+        backend = task_backends[live.backend]
+        done = _first_attempt_finished(live, finished_at, kwargs["output"])
+        task_finished.send(sender=type(backend), task_result=done)
+        return
     if live is not None and signal is signals.run_completed and "output" in kwargs:
         # The first attempt was the last: its end, or the run's (as _result_of reads them).
         found = (

@@ -150,7 +150,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0022_workflow_functions"
+FUNCTIONS_MIGRATION = "0024_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         _arg("p_seconds", "double precision"),
         _arg("p_finish_pass", "bigint"),
     )
-    completed = ("bigint", "bigint", "boolean")
+    completed = ("bigint", "bigint", "boolean", "timestamptz")
     picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
     run_id = _arg("p_run_id", "uuid")
     queues = _arg("p_queues", "text[]")
@@ -2223,12 +2223,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
         if row[1]:
             run_id = lease.key.removeprefix(RUN_LEASE_PREFIX)
-            _run_reached(alias, run_id, RunStatus.COMPLETED, output=output)
+            _run_reached(alias, run_id, RunStatus.COMPLETED, output=output, finished_at=row[3])
         return RunCompletion(
             written=bool(row[0]),
             completed=bool(row[1]),
             lease_live=None if row[2] is None else bool(row[2]),
             next_pass=next_pass,
+            finished_at=row[3],
         )
 
     def _complete_run_portably(

@@ -457,7 +457,8 @@ def completion(
     ``where``, taking the holder and token) and, with ``pick`` (``(acquire, grant, seconds,
     holder)`` as for :func:`pick_pass`), the pick of the next due run with its lease, never
     this step's run nor its parent. Everything but the pick depends on the fence. Its row:
-    written, completed, live (see :data:`COMPLETION_COLUMNS`), then the picked pass."""
+    written, completed, live, the run's ``finished_at`` (see :data:`COMPLETION_COLUMNS`),
+    then the picked pass."""
     written, params = _result(t, fence, fence_params, payload, attempt)
     ctes = f"""{written}, done AS (
         UPDATE {t.run}
@@ -465,7 +466,7 @@ def completion(
             pass_due_at = NULL, branches_left = 0, updated_at = statement_timestamp(),
             finished_at = statement_timestamp()
         WHERE id = (SELECT run_id FROM step) AND {_is_running()}
-        RETURNING id, parent_id
+        RETURNING id, parent_id, finished_at
     ), woken AS (
         UPDATE {t.run}
         SET pass_due_at = statement_timestamp(), pass_requests = pass_requests + 1,
@@ -474,7 +475,8 @@ def completion(
     ), released AS ({release("key = %s AND EXISTS (SELECT 1 FROM step)")})"""
     params += [output, key, holder, token]
     columns = (
-        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released)"
+        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released), "
+        "(SELECT finished_at FROM done)"
     )
     joined = "(SELECT 1) AS one"
     if pick is not None:
@@ -495,7 +497,7 @@ def completion(
 
 
 #: Columns of a :func:`completion` row before the picked pass's.
-COMPLETION_COLUMNS = 3
+COMPLETION_COLUMNS = 4
 
 
 # -- functions ----------------------------------------------------------------------------------

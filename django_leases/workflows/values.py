@@ -209,12 +209,15 @@ class RunCompletion:
             released but lapsed already (``False``), or not released (``None``: the fence
             refused, or the lease had passed on).
         next_pass: the next due pass picked with its lease, when asked for (else ``None``).
+        finished_at: the run's ``finished_at`` (database clock, ``datetime``) when this
+            write completed it and read it back (the tuned path), else ``None``.
     """
 
     written: bool
     completed: bool
     lease_live: bool | None
     next_pass: PassClaim | None = None
+    finished_at: datetime | None = None
 
 
 @dataclass(frozen=True)
