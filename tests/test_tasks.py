@@ -29,6 +29,7 @@ from asgiref.sync import async_to_sync
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_leases import tasks_api
@@ -55,6 +56,8 @@ from django_leases.tasks_api import (
     task_started,
 )
 from django_leases.testing import drive
+from django_leases.workflows.engine import start_workflow
+from django_leases.workflows.worker import Worker
 from tests.helpers import (
     lapse_step_lease,
     no_queue_limits,
@@ -407,6 +410,39 @@ def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None
     assert t.add.get_result(ok.id).return_value == 42
     assert t.flaky.get_result(retried.id).return_value["attempt"] == 2
     assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_task_costs_the_worker_three_statements_and_no_look_for_a_pass() -> None:
+    results = [t.add.enqueue(n, 1) for n in range(3)]
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600, queues=["default"])
+    assert worker.work_once() is True  # steps first (once per poll interval): the first task
+    assert worker.work_once() is True  # passes first (once per poll interval), then a task
+    with CaptureQueriesContext(connection) as driven:
+        assert worker.work_once() is True  # after a task, the next step is looked for first
+    statements = [q["sql"] for q in driven.captured_queries]
+    # step claim (+ its attempt row), run lease + pass state, result + run completion + run
+    # lease release; task_finished is sent from the end that completion read back.
+    assert len(statements) == 3, statements
+    assert all(sql.startswith("SELECT * FROM dl_") for sql in statements), statements
+    assert "claim_step" in statements[0], statements
+    for n, result in enumerate(results):
+        result.refresh()
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, n + 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_on_a_backlog_of_tasks_still_takes_a_new_runs_pass() -> None:
+    tasks = [t.add.enqueue(n, 1) for n in range(2)]
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    assert worker.work_once() is True  # steps first: a task
+    run_id = start_workflow("tests.sub.two-steps", {"n": 1})
+    assert worker.work_once() is True  # passes first once per poll interval: the new run
+    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    assert t.add.get_result(tasks[1].id).status == TaskResultStatus.READY
+    assert worker.work_once() is True  # steps first again: the other task
+    assert t.add.get_result(tasks[1].id).status == TaskResultStatus.SUCCESSFUL
 
 
 def assert_same_result(found: Any, stored: Any) -> None:

@@ -260,6 +260,7 @@ class Worker:
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
         self._steps_first_at = 0.0  # monotonic time of the next look for due steps first
+        self._passes_first_at = 0.0  # monotonic time a thread on a run of steps looks at passes
         #: Wake-ups of idle threads (from the listener, and from a thread that found work).
         self.wake = WakeSignal(concurrency)
         #: The LISTEN connection's thread while :meth:`run` runs on PostgreSQL (not in
@@ -512,10 +513,20 @@ class Worker:
         # otherwise always come first: once per poll interval a thread looks for a due step
         # (a lapsed lease first) before taking a new run, which bounds how long a dead
         # worker's step waits behind a backlog of new runs.
+        # A thread whose last unit was a step from the queue that left no pass to drive (a
+        # task, say) looks for the next step first too: where steps are what is due, the
+        # look for a pass would find nothing each time. Passes still come first once per
+        # poll interval.
+        on_steps = getattr(self._claimed_here, "on_steps", False)
         with self._lock:
-            steps_first = time.monotonic() >= self._steps_first_at
+            now = time.monotonic()
+            steps_first = now >= self._steps_first_at
             if steps_first:
-                self._steps_first_at = time.monotonic() + self.poll_interval
+                self._steps_first_at = now + self.poll_interval
+            elif on_steps:
+                steps_first = now < self._passes_first_at
+                if not steps_first:
+                    self._passes_first_at = now + self.poll_interval
         if steps_first and self._run_due_step(alias):
             return True
         runs = WorkflowRun.objects.db_manager(alias)
@@ -537,6 +548,7 @@ class Worker:
         claim = WorkflowStep.objects.db_manager(alias).claim_due(
             self.step_lease_ttl, queues=self.queues
         )
+        self._claimed_here.on_steps = False
         if claim is None:
             return False
         self._claimed()
@@ -564,6 +576,8 @@ class Worker:
         )
         driver = self._driver(claim.run_id, picked, chain=self._may_chain())
         logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive_from(ran))
+        if driver.next_pass is None:
+            self._claimed_here.on_steps = True
         self._drive_following(driver.next_pass)
         return True
 
