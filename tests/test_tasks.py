@@ -412,6 +412,46 @@ def test_tasks_run_the_same_on_both_paths_of_the_sql_switch(tuned: bool) -> None
     assert t.explode.get_result(failed.id).status == TaskResultStatus.FAILED
 
 
+#: The columns of a task's run and step that enqueue writes (not ids or write times).
+RUN_COLUMNS = (
+    "workflow", "status", "input", "output", "error", "pass_due_at", "pass_requests",
+    "branches_left", "key", "parent_id", "finished_at",
+)  # fmt: skip
+STEP_COLUMNS = (
+    "step_name", "function_name", "data", "status", "result", "error", "attempt", "retries",
+    "retry_delay", "retry_backoff", "retry_delay_max", "timeout", "deadline_at",
+    "lease_expires_at", "available_at", "queue", "priority",
+)  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deferred", [False, True], ids=["now", "run_after"])
+def test_enqueue_writes_the_same_rows_on_both_paths_of_the_sql_switch(deferred: bool) -> None:
+    when = db_clock() + timedelta(minutes=5)
+    written = []
+    for tuned in (True, False):
+        task = t.flaky.using(priority=7, run_after=when if deferred else None)
+        with tuned_sql(tuned), CaptureQueriesContext(connection) as enqueued:
+            result = task.enqueue(1)
+        if tuned and connection.vendor == "postgresql":
+            assert len(enqueued.captured_queries) == 1, enqueued.captured_queries
+        run = WorkflowRun.objects.get(pk=result.id)
+        step = WorkflowStep.objects.get(run=run)
+        assert result.enqueued_at == run.created_at
+        if not deferred:  # due at once: when it was written, on the database clock
+            assert step.available_at is not None
+            assert run.created_at - timedelta(seconds=1) <= step.available_at <= db_clock()
+            step.available_at = None
+        written.append(
+            (
+                {name: getattr(run, name) for name in RUN_COLUMNS},
+                {name: getattr(step, name) for name in STEP_COLUMNS},
+            )
+        )
+    assert written[0] == written[1]
+    assert written[0][1]["retries"] == 2 and written[0][1]["priority"] == 7
+
+
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_a_task_costs_the_worker_three_statements_and_no_look_for_a_pass() -> None:

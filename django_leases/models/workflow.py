@@ -612,13 +612,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                     raise
                 return self._keyed(workflow, key)
         run.started = True
-        run_id = run.id
-        transaction.on_commit(
-            lambda: signals.run_started.send_robust(
-                sender=WorkflowRun, run_id=run_id, workflow=workflow, using=alias
-            ),
-            using=alias,
-        )
+        self._started(alias, run.id, workflow)
         return run
 
     def _keyed(self, workflow: str, key: str | None) -> WorkflowRun:
@@ -674,6 +668,35 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             raise ValueError(f"available_at must be an aware datetime, not {available_at!r}")
         value = {} if input is None else input
         alias = self.write_alias()
+        connection = connections[alias]
+        if db.tuned(connection, "postgresql"):
+            # One statement (atomic on its own, or part of the caller's transaction): the
+            # run, its step and the notification (sent when it commits).
+            run = self.model(workflow=workflow, input=value, status=RunStatus.RUNNING)
+            params: list[Any] = [
+                run.id,
+                workflow,
+                json.dumps(value),
+                step_name,
+                function_name,
+                retries,
+                retry_delay,
+                retry_backoff,
+                retry_delay_max,
+                timeout,
+                queue,
+                priority,
+                available_at,
+                channel_name(alias),
+            ]
+            with connection.cursor() as cursor:
+                cursor.execute(sql.start_one_step(_tables(connection)), params)
+                (created_at, _) = cursor.fetchone()
+            run.created_at = run.updated_at = created_at
+            run._state.adding = False
+            run._state.db = alias
+            self._started(alias, run.id, workflow)
+            return run
         with transaction.atomic(using=alias):
             run = self.rows().create(workflow=workflow, input=value)
             WorkflowStep.objects.db_manager(alias).rows().create(
@@ -691,14 +714,18 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 available_at=DbNow() if available_at is None else available_at,
             )
             _wake(alias)
-        run_id = run.id
+        self._started(alias, run.id, workflow)
+        return run
+
+    @staticmethod
+    def _started(alias: str, run_id: uuid.UUID, workflow: str) -> None:
+        """Send ``run_started`` for a run just created, once its transaction commits."""
         transaction.on_commit(
             lambda: signals.run_started.send_robust(
                 sender=WorkflowRun, run_id=run_id, workflow=workflow, using=alias
             ),
             using=alias,
         )
-        return run
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:
         """Mark a running run due for an orchestration pass ``delay`` seconds (≥ 0) from DB now.

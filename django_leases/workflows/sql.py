@@ -104,6 +104,39 @@ def start_run(t: Tables) -> str:
     """
 
 
+def start_one_step(t: Tables) -> str:
+    """:meth:`WorkflowRunQuerySet.start_one_step`: the run (``running``, no pass due), its
+    one step (``pending`` at attempt 1, data = the run's input, due at the given time or DB
+    now) and the wake-up notification (sent when it commits), in one statement. Parameters:
+    run id, workflow, input (JSON text), step name, function name, retries, retry delay,
+    retry backoff, retry delay max (or ``NULL``), timeout (or ``NULL``), queue, priority,
+    due time (``timestamptz`` or ``NULL``: DB now), notification channel. Returns the run's
+    ``created_at``."""
+    return f"""
+        WITH run AS (
+            INSERT INTO {t.run} (
+                id, workflow, status, input, pass_requests, branches_left, created_at,
+                updated_at
+            )
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, 0, 0, statement_timestamp(),
+                    statement_timestamp())
+            RETURNING id, input, created_at
+        ), step AS (
+            INSERT INTO {t.step} (
+                run_id, step_name, function_name, data, status, attempt, retries, retry_delay,
+                retry_backoff, retry_delay_max, timeout, queue, priority, available_at,
+                created_at, updated_at
+            )
+            SELECT id, %s, %s, input, {_text(StepStatus.PENDING)}, 1, %s, %s, %s,
+                %s::double precision, %s::double precision, %s, %s,
+                coalesce(%s::timestamptz, statement_timestamp()), statement_timestamp(),
+                statement_timestamp()
+            FROM run
+        )
+        SELECT created_at, pg_notify(%s, '') FROM run
+    """
+
+
 def pass_state(run: str, step_table: str) -> str:
     """What a pass reads, for a ``RETURNING`` or select list over the run table (or its
     alias) ``run``: the run's ``id, workflow, status, input, pass_requests`` and its steps as
@@ -573,6 +606,7 @@ __all__ = [
     "pick_pass",
     "pick_pass_alone",
     "set_result",
+    "start_one_step",
     "start_run",
     "take_pass",
 ]
