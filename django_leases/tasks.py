@@ -65,7 +65,7 @@ from django_leases.tasks_api import (
     task_started,
 )
 from django_leases.validation import check_backoff, check_json, check_retries, seconds
-from django_leases.workflows.registry import step_function, workflow
+from django_leases.workflows.registry import one_step_workflow, step_function, workflow
 from django_leases.workflows.values import (
     TASK_FUNCTION,
     TASK_STEP,
@@ -264,8 +264,18 @@ def task_workflow(run: Any, input: Any) -> Any:
     except WorkflowStepFailedError:
         _ending_here(run.id)
         raise
-    _ending_here(run.id)
+    return _task_output(run.id, outcome)
+
+
+def _task_output(run_id: uuid.UUID, outcome: Any) -> Any:
+    """The task workflow's output once its step returned ``outcome``: the task's return
+    value (the run's end is then noted as this thread's, for ``task_finished``)."""
+    _ending_here(run_id)
     return outcome.get("return_value") if isinstance(outcome, Mapping) else outcome
+
+
+# A worker completes a task's run with its step's result, in the write of that result.
+one_step_workflow(TASK_WORKFLOW, TASK_STEP, _task_output)
 
 
 #: Per thread: the task runs whose workflow returned or raised on this thread (the pass that

@@ -452,26 +452,6 @@ def test_enqueue_writes_the_same_rows_on_both_paths_of_the_sql_switch(deferred: 
     assert written[0][1]["retries"] == 2 and written[0][1]["priority"] == 7
 
 
-@pytest.mark.postgres_only
-@pytest.mark.django_db(transaction=True)
-def test_a_task_costs_the_worker_three_statements_and_no_look_for_a_pass() -> None:
-    results = [t.add.enqueue(n, 1) for n in range(3)]
-    worker = Worker(1, step_lease_ttl=30, poll_interval=3600, queues=["default"])
-    assert worker.work_once() is True  # steps first (once per poll interval): the first task
-    assert worker.work_once() is True  # passes first (once per poll interval), then a task
-    with CaptureQueriesContext(connection) as driven:
-        assert worker.work_once() is True  # after a task, the next step is looked for first
-    statements = [q["sql"] for q in driven.captured_queries]
-    # step claim (+ its attempt row), run lease + pass state, result + run completion + run
-    # lease release; task_finished is sent from the end that completion read back.
-    assert len(statements) == 3, statements
-    assert all(sql.startswith("SELECT * FROM dl_") for sql in statements), statements
-    assert "claim_step" in statements[0], statements
-    for n, result in enumerate(results):
-        result.refresh()
-        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, n + 1)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_thread_on_a_backlog_of_tasks_still_takes_a_new_runs_pass() -> None:
     tasks = [t.add.enqueue(n, 1) for n in range(2)]

@@ -66,13 +66,26 @@ def grant_sql(connection: BaseDatabaseWrapper) -> str:
     return f"1, {clock.now_plus_sql(connection)}, {now}, {now}, NULL"
 
 
-def acquire_statement(connection: BaseDatabaseWrapper, table: str, rows: str) -> str:
+def released_grant_sql(connection: BaseDatabaseWrapper) -> str:
+    """:func:`grant_sql`'s five columns for a grant released as it is made (expiry and
+    release at DB now): for a statement that does the holder's whole work in itself and
+    needs only that nobody else holds the key live meanwhile. Takes no parameter; use it
+    with :func:`acquire_statement`'s ``released=True``."""
+    now = clock.now_sql(connection)
+    return f"1, {now}, {now}, {now}, {now}"
+
+
+def acquire_statement(
+    connection: BaseDatabaseWrapper, table: str, rows: str, *, released: bool = False
+) -> str:
     """The acquire rules (module docstring) as one ``INSERT … ON CONFLICT DO UPDATE … WHERE``
     over ``rows``: a ``VALUES`` list or ``SELECT`` giving ``key, holder`` followed by
     :func:`grant_sql`'s columns. It returns the granted rows (``RETURNED_COLUMNS``); a key
     held live by another holder gives no row. The one place the acquire rule is written for
     SQL: ``acquire`` uses it, and so does a statement that takes a lease along with other
-    work (the workflow worker's pick of a run, which takes the run lease with it)."""
+    work (the workflow worker's pick of a run, which takes the run lease with it).
+    ``released``: the rows are :func:`released_grant_sql`'s, and a takeover keeps their
+    release time (the grant is over as it is made)."""
     now = clock.now_sql(connection)
     kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
     return (
@@ -83,7 +96,8 @@ def acquire_statement(connection: BaseDatabaseWrapper, table: str, rows: str) ->
         f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
         f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
         "holder = excluded.holder, expires_at = excluded.expires_at, "
-        "renewed_at = excluded.renewed_at, released_at = NULL "
+        "renewed_at = excluded.renewed_at, "
+        f"released_at = {'excluded.released_at' if released else 'NULL'} "
         f"WHERE l.expires_at <= {now} OR l.holder = excluded.holder "
         f"RETURNING {', '.join(_RETURNED)}"
     )

@@ -56,6 +56,7 @@ from django_leases.models.lease import (
     acquire_statement,
     grant_sql,
     release_held_statement,
+    released_grant_sql,
 )
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
@@ -68,6 +69,7 @@ from django_leases.validation import (
     check_backoff,
     check_identifier,
     check_json,
+    check_lease_name,
     check_name,
     check_retries,
     error_json,
@@ -110,6 +112,7 @@ if TYPE_CHECKING:
         lease_live: bool | None  # NULL while the step has no lease
         due: bool
         run_status: str
+        run_workflow: str
         db_now: datetime  # the database clock, when the step was read
 
     _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
@@ -240,7 +243,8 @@ def _arg(name: str, sql_type: str) -> sql.Arg:
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
     (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
-    ``insert_claimed``, ``complete_run`` and ``complete_run_picking``. The migrations
+    ``insert_claimed``, ``complete_run``, ``complete_run_picking``, ``complete_run_alone``
+    and ``complete_run_alone_picking``. The migrations
     install them as frozen text; a test checks the latest one matches these definitions."""
     t = _tables(connection)
     acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
@@ -273,6 +277,21 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         _arg("p_finish_pass", "bigint"),
     )
     completed = ("bigint", "bigint", "boolean", "timestamptz")
+    lease_table = connection.ops.quote_name(Lease._meta.db_table)
+
+    def acquire_released(rows: str) -> str:
+        return acquire_statement(connection, lease_table, rows, released=True)
+
+    released = released_grant_sql(connection)
+    alone_args = (
+        step_id,
+        payload,
+        attempt,
+        output,
+        _arg("p_holder", "text"),
+        _arg("p_channel", "text"),
+    )
+    alone_returns = ("bigint", "uuid", "timestamptz", "bigint", *sql.LEASE_TYPES)
     picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
     run_id = _arg("p_run_id", "uuid")
     queues = _arg("p_queues", "text[]")
@@ -304,6 +323,28 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
             completed,
             sql.completion(
                 t, fence, fence_params, release, payload, attempt, output, key, holder, token
+            ),
+        ),
+        sql.Function(
+            "complete_run_alone",
+            alone_args,
+            alone_returns,
+            sql.completion_alone(
+                t, fence, fence_params, acquire_released, released, *alone_args[1:]
+            ),
+        ),
+        sql.Function(
+            "complete_run_alone_picking",
+            (*alone_args, next_holder, next_ttl),
+            (*alone_returns, *picked),
+            sql.completion_alone(
+                t,
+                fence,
+                fence_params,
+                acquire_released,
+                released,
+                *alone_args[1:],
+                pick=(acquire, grant, next_ttl, next_holder),
             ),
         ),
         sql.Function(
@@ -1183,6 +1224,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         return run
 
 
+def _lock_running(alias: str, run_id: uuid.UUID | str) -> bool:
+    """Lock run ``run_id`` if it is ``running`` (inside the caller's transaction); whether
+    it is."""
+    running = WorkflowRun._default_manager.using(alias).filter(pk=run_id, status=RunStatus.RUNNING)
+    return _for_update(running, alias).values_list("pk", flat=True).first() is not None
+
+
 def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
     """Make the run's steps suspended for a missing step function due again, each granted one
     extra attempt (the attempt that found no function never ran it). Returns their names."""
@@ -1870,6 +1918,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             using=alias,
             run_created_at=row[8],
             started_at=row[9],
+            run_workflow=row[10],
         )
         transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
         return False, claim
@@ -1877,19 +1926,22 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         features = connections[alias].features
         run_status: Any = F("run__status")
+        run_workflow: Any = F("run__workflow")
         of: tuple[str, ...] = ("self",)
         if not features.has_select_for_update_of:
             # No FOR UPDATE OF (MariaDB, SQLite): read the run's status in a subquery, whose
             # rows a locking read leaves unlocked (a join's would be locked too, so steps of
             # one run could not be claimed side by side).
             of = ()
-            run_status = models.Subquery(
-                WorkflowRun._default_manager.using(alias)
-                .filter(pk=models.OuterRef("run_id"))
-                .values("status")[:1]
-            )
+            runs = WorkflowRun._default_manager.using(alias).filter(pk=models.OuterRef("run_id"))
+            run_status = models.Subquery(runs.values("status")[:1])
+            run_workflow = models.Subquery(runs.values("workflow")[:1])
         qs = self.rows().annotate(
-            lease_live=_live(), due=_due(), run_status=run_status, db_now=DbNow()
+            lease_live=_live(),
+            due=_due(),
+            run_status=run_status,
+            run_workflow=run_workflow,
+            db_now=DbNow(),
         )
         if skip_locked and features.has_select_for_update_skip_locked:
             return qs.select_for_update(skip_locked=True, of=of)
@@ -2016,6 +2068,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             lease_ttl=ttl,
             claimed_at=sent,
             using=alias,
+            run_workflow=step.run_workflow,
         )
         waited = None
         if step.available_at is not None and step.status != StepStatus.RUNNING:
@@ -2192,12 +2245,22 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         attempt: int,
         *,
         output: Any,
-        lease: Lease,
+        lease: Lease | None,
+        lease_holder: str | None = None,
         next_pass_holder: str | None = None,
         next_pass_ttl: float = 30.0,
     ) -> RunCompletion:
         """Record ``result`` (JSON) for ``attempt`` of the step **and** complete its run with
         ``output`` (JSON) **and** release the run lease ``lease`` (held by the caller).
+
+        ``lease=None``: the caller holds no run lease (a worker that ran a step from the
+        queue and knows the workflow returns with its result, a task's): the write takes
+        the run lease for ``lease_holder`` (a fresh holder name, required then) and
+        releases it in the same instant, so the run is completed only while no pass holds
+        it; when one does, the result is written and a pass asked for instead
+        (``RunCompletion.pass_asked``), as :meth:`set_result` would. ``lease_acquired`` and
+        ``lease_released`` are sent for that grant. Rows are locked in the house's order:
+        the step, its run, then the run lease.
 
         For the worker that drives the run: it replayed the run with this result in memory
         and the workflow returned ``output``, so the pass that would follow the result is
@@ -2211,27 +2274,49 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         does; it is picked whatever the fence said, and is never this step's run. Tuned
         (PostgreSQL): all of it is one statement; elsewhere one transaction, then the pick.
 
-        Returns a :class:`RunCompletion`. Raises ``ValueError`` for a bad attempt or non-JSON
-        ``result`` or ``output`` (nothing written).
+        Returns a :class:`RunCompletion`. Raises ``ValueError`` for a bad attempt, non-JSON
+        ``result`` or ``output``, or (``lease=None``) a missing or bad ``lease_holder``
+        (nothing written).
         """
         check_attempt(attempt)
         check_json(result, "Step result")
         check_json(output, "Workflow output")
+        held: Lease | str = (
+            lease if lease is not None else check_lease_name(lease_holder, "lease_holder")
+        )
         next_ttl = ttl_seconds(next_pass_ttl)
         alias = self.write_alias()
         connection = connections[alias]
         if not db.tuned(connection, "postgresql"):
             return self._complete_run_portably(
-                alias, step_id, result, attempt, output, lease, next_pass_holder, next_ttl
+                alias,
+                step_id,
+                result,
+                attempt,
+                output,
+                held,
+                next_pass_holder,
+                next_ttl,
+            )
+        if isinstance(held, str):
+            return self._complete_run_alone(
+                connection,
+                step_id,
+                result,
+                attempt,
+                output,
+                held,
+                next_pass_holder,
+                next_ttl,
             )
         args: list[Any] = [
             step_id,
             json.dumps(result),
             attempt,
             json.dumps(output),
-            lease.key,
-            lease.holder,
-            lease.token,
+            held.key,
+            held.holder,
+            held.token,
         ]
         short = "complete_run"
         if next_pass_holder is not None:
@@ -2245,11 +2330,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if next_pass_holder is not None and row[width] is not None:
             next_pass = _pass_claim(alias, row[width:], next_pass_holder, sent, connection)
         if row[2] is not None:
-            lease_released.send_robust(sender=Lease, lease=lease)
+            lease_released.send_robust(sender=Lease, lease=held)
         if row[0]:
             _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
         if row[1]:
-            run_id = lease.key.removeprefix(RUN_LEASE_PREFIX)
+            run_id = held.key.removeprefix(RUN_LEASE_PREFIX)
             _run_reached(alias, run_id, RunStatus.COMPLETED, output=output, finished_at=row[3])
         return RunCompletion(
             written=bool(row[0]),
@@ -2259,6 +2344,59 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             finished_at=row[3],
         )
 
+    def _complete_run_alone(
+        self,
+        connection: BaseDatabaseWrapper,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        output: Any,
+        holder: str,
+        next_holder: str | None,
+        next_ttl: float,
+    ) -> RunCompletion:
+        """:meth:`set_result_completing_run` without a held run lease, tuned: one statement."""
+        alias = connection.alias
+        args: list[Any] = [
+            step_id,
+            json.dumps(result),
+            attempt,
+            json.dumps(output),
+            holder,
+            channel_name(alias),
+        ]
+        short = "complete_run_alone"
+        if next_holder is not None:
+            args += [next_holder, next_ttl]
+            short = "complete_run_alone_picking"
+        sent = time.monotonic()
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(_call(connection, short), args).fetchone()
+        width = sql.ALONE_COLUMNS
+        lease_width = len(sql.LEASE_TYPES)
+        if row[width] is not None:  # the instant grant: acquired and released
+            lease = Lease.objects.db_manager(alias).from_returned(
+                connection, row[width : width + lease_width]
+            )
+            lease_acquired.send_robust(sender=Lease, lease=lease)
+            lease_released.send_robust(sender=Lease, lease=lease)
+        next_pass = None
+        picked = row[width + lease_width :]
+        if next_holder is not None and picked[0] is not None:
+            next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
+        if row[0]:
+            _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
+        if row[1] is not None:
+            _run_reached(alias, row[1], RunStatus.COMPLETED, output=output, finished_at=row[2])
+        return RunCompletion(
+            written=bool(row[0]),
+            completed=row[1] is not None,
+            lease_live=None,
+            next_pass=next_pass,
+            finished_at=row[2],
+            pass_asked=bool(row[3]),
+        )
+
     def _complete_run_portably(
         self,
         alias: str,
@@ -2266,14 +2404,16 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         result: Any,
         attempt: int,
         output: Any,
-        lease: Lease,
+        lease: Lease | str,
         next_holder: str | None,
         next_ttl: float,
     ) -> RunCompletion:
-        """:meth:`set_result_completing_run`'s portable path: one transaction, then the pick."""
+        """:meth:`set_result_completing_run`'s portable path: one transaction, then the pick.
+        ``lease``: the held run lease, or the holder to take it for an instant."""
         json_result = Value(result, output_field=models.JSONField())
         live: bool | None = None
-        completed = False
+        completed = asked = False
+        alone = isinstance(lease, str)
         with transaction.atomic(using=alias):
             written = bool(
                 self.rows()
@@ -2292,13 +2432,27 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=DbNow())
                 _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
-                completed = WorkflowRun.objects.db_manager(alias).complete(run_id, output)
-                live = Lease.objects.db_manager(alias).release_held(lease)
+                runs = WorkflowRun.objects.db_manager(alias)
+                leases = Lease.objects.db_manager(alias)
+                held = None if isinstance(lease, str) else lease
+                if isinstance(lease, str) and _lock_running(alias, run_id):
+                    # The house's order: the step (written above), its run, then the run
+                    # lease — taken for an instant, or found held by a pass.
+                    held = leases.acquire_checked(run_lease_key(run_id), lease, next_ttl)
+                    if held is None:
+                        asked = bool(_request_pass(alias, Q(pk=run_id)))
+                if held is not None:
+                    completed = runs.complete(run_id, output)
+                    live = leases.release_held(held)
         next_pass = None
         if next_holder is not None:
             next_pass = WorkflowRun.objects.db_manager(alias).claim_due_pass(next_ttl, next_holder)
         return RunCompletion(
-            written=written, completed=completed, lease_live=live, next_pass=next_pass
+            written=written,
+            completed=completed,
+            lease_live=None if alone else live,
+            next_pass=next_pass,
+            pass_asked=asked,
         )
 
     def set_error(

@@ -878,6 +878,56 @@ class RunDriver:
         return "lease-taken"
 
 
+def record_alone(
+    ran: StepRun, output_of: Callable[[Any, Any], Any], *, chain: bool = False
+) -> tuple[StepRecorded, PassClaim | None]:
+    """Record the outcome of step ``ran`` — a result of the only step of its run, whose
+    workflow then returns ``output_of(run_id, result)`` (:func:`~django_leases.workflows.
+    registry.one_step_workflow`: a task's) — with the run's completion in one write that
+    takes the run lease only for that instant: no pass, no replay. Where that write does not
+    land (the fence refused it, or the result or output is not JSON) the outcome goes the
+    ordinary way (:func:`record_step`); where a pass holds the run lease, the result is
+    written and the run's pass asked for. ``chain``: the completion also picks the next due
+    run with its lease (not when it is tried again after a lost reply). Returns what
+    :func:`record_step` returns, and the picked run's pass claim (or ``None``)."""
+    from django_leases.models.workflow import WorkflowStep
+
+    claim = ran.claim
+    picked: list[PassClaim] = []
+    tries = 0
+
+    def complete(result: Any) -> StepRecorded | None:
+        nonlocal tries
+        tries += 1
+        try:
+            output = output_of(claim.run_id, result)
+            done = WorkflowStep.objects.db_manager(claim.using).set_result_completing_run(
+                claim.step_id,
+                result,
+                claim.attempt,
+                output=output,
+                lease=None,
+                lease_holder=new_holder(),
+                next_pass_holder=new_holder() if chain and tries == 1 else None,
+                next_pass_ttl=run_lease_ttl(),
+            )
+        except ValueError:  # not JSON: the ordinary write says so
+            return None
+        if done.next_pass is not None:
+            picked.append(done.next_pass)
+        if not done.written:
+            return None
+        if done.pass_asked:
+            return StepRecorded(StepStatus.SUCCEEDED)
+        # A run no longer running was not completed: "failed", as a pass would say.
+        return StepRecorded(
+            StepStatus.SUCCEEDED, run_outcome="completed" if done.completed else "failed"
+        )
+
+    recorded = record_step(ran, complete=complete)
+    return recorded, (picked[0] if picked else None)
+
+
 def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
     """Run one orchestration pass of run ``run_id`` under the run lease ``workflow-run:<id>``,
     scheduling the step it reaches for any worker (not running it here).
@@ -896,6 +946,7 @@ __all__ = [
     "RunContext",
     "RunDriver",
     "dry_replay",
+    "record_alone",
     "replay",
     "run_lease_ttl",
     "run_pass",

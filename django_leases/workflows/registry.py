@@ -27,6 +27,8 @@ __all__ = [
     "declared_schedules",
     "get_step_function",
     "get_workflow",
+    "one_step_output",
+    "one_step_workflow",
     "prune_problems",
     "schedule_problems",
     "step_function",
@@ -79,6 +81,30 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
         return func
 
     return decorate
+
+
+#: Built-in workflows of one step whose output follows from that step's result, by name:
+#: (step name, output function). See :func:`one_step_workflow`.
+_one_step: dict[str, tuple[str, Callable[[Any, Any], Any]]] = {}
+
+
+def one_step_workflow(name: str, step_name: str, output: Callable[[Any, Any], Any]) -> None:
+    """Declare that registered workflow ``name`` calls one step, ``step_name``, and returns
+    ``output(run_id, result)`` once that step succeeds with ``result`` — what its function
+    does, with no other effect — so a worker that ran the step from the queue may complete
+    the run with its result in one write, without replaying it (the Django Tasks backend's
+    workflow). ``output`` may raise only as the workflow would; it is called on the worker
+    thread. Raises ``UnknownWorkflowError`` when ``name`` is not registered."""
+    if name not in _workflows:
+        raise UnknownWorkflowError(name)
+    _one_step[name] = (step_name, output)
+
+
+def one_step_output(name: str | None, step_name: str) -> Callable[[Any, Any], Any] | None:
+    """The output function :func:`one_step_workflow` declared for a run of workflow
+    ``name`` whose step ``step_name`` succeeded, or ``None`` (replay it)."""
+    found = _one_step.get(name) if name is not None else None
+    return found[1] if found is not None and found[0] == step_name else None
 
 
 def workflow(

@@ -260,8 +260,8 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     first by the rule's portable path, which decides a lost worker's step: while one exists
     this statement claims nothing and says so. Its row: whether one does (``lapsed``), then
     the claimed step's ``id, run_id, step_name, function_name, attempt, data`` (JSON text),
-    the seconds it was due before this claim, the run's ``created_at`` and the attempt's
-    ``started_at`` (all ``NULL`` when nothing was claimed).
+    the seconds it was due before this claim, the run's ``created_at``, the attempt's
+    ``started_at`` and the run's ``workflow`` (all ``NULL`` when nothing was claimed).
 
     A concurrent cancel is never overtaken: it writes every step it stops (a waiting step's
     ``available_at`` cleared, a running one failed) while holding their rows, so a step row
@@ -321,10 +321,10 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
         )
         SELECT (SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
             claimed.function_name, claimed.attempt::bigint, claimed.data::text,
-            claimed.waited::double precision,
-            (SELECT r.created_at FROM {t.run} r WHERE r.id = claimed.run_id),
-            (SELECT started_at FROM history)
+            claimed.waited::double precision, r.created_at, (SELECT started_at FROM history),
+            r.workflow
         FROM (SELECT 1) AS one LEFT JOIN claimed ON true
+            LEFT JOIN {t.run} r ON r.id = claimed.run_id
     """
     return sql, [seconds]
 
@@ -341,6 +341,7 @@ CLAIM_STEP_TYPES = (
     "double precision",
     "timestamptz",
     "timestamptz",
+    "varchar",
 )
 
 
@@ -493,25 +494,46 @@ def completion(
     written, completed, live, the run's ``finished_at`` (see :data:`COMPLETION_COLUMNS`),
     then the picked pass."""
     written, params = _result(t, fence, fence_params, payload, attempt)
-    ctes = f"""{written}, done AS (
+    ctes = f"""{written}, {_run_done(t, "(SELECT run_id FROM step)")}, released AS ({
+        release("key = %s AND EXISTS (SELECT 1 FROM step)")
+    })"""
+    params += [output, key, holder, token]
+    columns = (
+        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released), "
+        "(SELECT finished_at FROM done)"
+    )
+    return _with_pick(t, ctes, params, columns, "(SELECT 1) AS one", pick)
+
+
+def _run_done(t: Tables, run_id: str, *, only_if: str = "") -> str:
+    """CTEs ``done`` (running run ``run_id``, an SQL expression, completed with the output
+    parameter; ``only_if``: a further condition) and ``woken`` (its parent, waiting in
+    ``run.child``, due for a pass now). Takes the output (JSON text) as its parameter."""
+    return f"""done AS (
         UPDATE {t.run}
         SET status = {_text(RunStatus.COMPLETED)}, output = %s::jsonb, error = NULL,
             pass_due_at = NULL, branches_left = 0, updated_at = statement_timestamp(),
             finished_at = statement_timestamp()
-        WHERE id = (SELECT run_id FROM step) AND {_is_running()}
+        WHERE id = {run_id} AND {_is_running()}{only_if}
         RETURNING id, parent_id, finished_at
     ), woken AS (
         UPDATE {t.run}
         SET pass_due_at = statement_timestamp(), pass_requests = pass_requests + 1,
             updated_at = statement_timestamp()
         WHERE id = (SELECT parent_id FROM done) AND {_is_running()}
-    ), released AS ({release("key = %s AND EXISTS (SELECT 1 FROM step)")})"""
-    params += [output, key, holder, token]
-    columns = (
-        "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released), "
-        "(SELECT finished_at FROM done)"
-    )
-    joined = "(SELECT 1) AS one"
+    )"""
+
+
+def _with_pick(
+    t: Tables,
+    ctes: str,
+    params: list[Any],
+    columns: str,
+    joined: str,
+    pick: tuple[Callable[[str], str], str, Any, Any] | None,
+) -> tuple[str, list[Any]]:
+    """A completion's statement from its ``ctes``, ``columns`` and ``joined`` (after
+    ``FROM``), with ``pick`` (see :func:`completion`) the next due run's pick appended."""
     if pick is not None:
         acquire, grant, seconds, next_holder = pick
         picked, pick_params, pick_columns, pick_joined = pick_pass(
@@ -523,10 +545,64 @@ def completion(
             besides=("SELECT run_id FROM step", "SELECT parent_id FROM done"),
         )
         ctes += f", {picked}"
-        params += pick_params
+        params = [*params, *pick_params]
         columns += f", {pick_columns}"
         joined += f" LEFT JOIN ({pick_joined}) ON true"
     return f"WITH {ctes} SELECT {columns} FROM {joined}", params
+
+
+def completion_alone(
+    t: Tables,
+    fence: str,
+    fence_params: Sequence[Any],
+    acquire_released: Callable[[str], str],
+    granted: str,
+    payload: Any,
+    attempt: Any,
+    output: Any,
+    holder: Any,
+    channel: Any,
+    *,
+    pick: tuple[Callable[[str], str], str, Any, Any] | None = None,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.set_result_completing_run` for a caller that holds no
+    run lease: the fenced result, then — the run row locked (still ``running``) — the run
+    lease taken for ``holder`` and released in the same instant (``acquire_released(rows)``:
+    the acquire rule over ``rows`` of ``granted``, :func:`~django_leases.models.lease.
+    released_grant_sql`'s columns), and with it the run's completion with ``output``
+    (JSON text) and its parent's wake-up. When another holder has the run lease live (a pass
+    runs), the run is not completed: its pass is asked for instead (due now, ``channel``
+    notified), as a result written the ordinary way asks for it. Rows are locked in the
+    house's order: the step, its run, then the run lease. ``pick`` as for
+    :func:`completion`. Everything depends on the fence. Its row: written (0 or 1), the
+    completed run's id (``NULL``: not completed), its ``finished_at``, asked (0 or 1; see
+    :data:`ALONE_COLUMNS`), the lease grant's columns (``NULL`` when refused), then the
+    picked pass."""
+    written, params = _result(t, fence, fence_params, payload, attempt)
+    rows = f"SELECT %s || locked.id::text, %s, {granted} FROM locked"
+    ctes = f"""{written}, locked AS (
+        SELECT id FROM {t.run}
+        WHERE id = (SELECT run_id FROM step) AND {_is_running()}
+        FOR UPDATE
+    ), taken AS ({acquire_released(rows)}), {
+        _run_done(t, "(SELECT id FROM locked)", only_if=" AND EXISTS (SELECT 1 FROM taken)")
+    }, asked AS (
+        UPDATE {t.run}
+        SET pass_due_at = statement_timestamp(), pass_requests = pass_requests + 1,
+            branches_left = 0, updated_at = statement_timestamp()
+        WHERE id = (SELECT id FROM locked) AND NOT EXISTS (SELECT 1 FROM taken)
+        RETURNING id
+    ), notified AS (SELECT pg_notify(%s, '') FROM asked)"""
+    params += [RUN_LEASE_PREFIX, holder, output, channel]
+    columns = (
+        "(SELECT count(*) FROM step), (SELECT id FROM done), "
+        "(SELECT finished_at FROM done), (SELECT count(*) FROM notified), taken.*"
+    )
+    return _with_pick(t, ctes, params, columns, "(SELECT 1) AS one LEFT JOIN taken ON true", pick)
+
+
+#: Columns of a :func:`completion_alone` row before the lease grant's.
+ALONE_COLUMNS = 4
 
 
 #: Columns of a :func:`completion` row before the picked pass's.
@@ -589,6 +665,7 @@ class Function:
 
 
 __all__ = [
+    "ALONE_COLUMNS",
     "CLAIM_STEP_TYPES",
     "COMPLETION_COLUMNS",
     "FUNCTION_PREFIX",
@@ -600,6 +677,7 @@ __all__ = [
     "Tables",
     "claim_step",
     "completion",
+    "completion_alone",
     "insert_claimed",
     "literal",
     "pass_state",

@@ -127,6 +127,7 @@ class Claim:
             it; else ``None``.
         started_at: when this attempt started (database clock, its attempt row's
             ``started_at``), where the claim read it; else ``None``.
+        run_workflow: the run's workflow name, where the claim read it; else ``None``.
     """
 
     step_id: int
@@ -140,6 +141,7 @@ class Claim:
     using: str
     run_created_at: datetime | None = field(default=None, repr=False, compare=False)
     started_at: datetime | None = field(default=None, repr=False, compare=False)
+    run_workflow: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,8 @@ class RunCompletion:
         next_pass: the next due pass picked with its lease, when asked for (else ``None``).
         finished_at: the run's ``finished_at`` (database clock, ``datetime``) when this
             write completed it and read it back (the tuned path), else ``None``.
+        pass_asked: without a held run lease, the result was written but a pass held the
+            run lease, so the run's pass was asked for instead of completing it.
     """
 
     written: bool
@@ -218,6 +222,7 @@ class RunCompletion:
     lease_live: bool | None
     next_pass: PassClaim | None = None
     finished_at: datetime | None = None
+    pass_asked: bool = False
 
 
 @dataclass(frozen=True)

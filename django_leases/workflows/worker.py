@@ -39,8 +39,14 @@ from django_leases.exceptions import MisuseError
 from django_leases.leases import HeldLease, new_holder
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
-from django_leases.workflows.driver import PASS_RETRY_DELAY, RunDriver, run_lease_ttl
+from django_leases.workflows.driver import (
+    PASS_RETRY_DELAY,
+    RunDriver,
+    record_alone,
+    run_lease_ttl,
+)
 from django_leases.workflows.engine import record_step, run_step_function
+from django_leases.workflows.registry import one_step_output
 from django_leases.workflows.values import WORKER_LEASE_PREFIX, PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, wakeup_method
 
@@ -568,9 +574,24 @@ class Worker:
                 outcome,
             )
             return True
+        output_of = one_step_output(claim.run_workflow, claim.step_name)
+        if output_of is not None:
+            # The run's only step, whose result gives the workflow's output (a task's): the
+            # result and the run's completion in one write, no pass.
+            recorded, following = record_alone(ran, output_of, chain=self._may_chain())
+            logger.info(
+                "Run %s: step %r attempt %d %s",
+                claim.run_id,
+                claim.step_name,
+                claim.attempt,
+                recorded.run_outcome or recorded.outcome,
+            )
+            self._claimed_here.on_steps = following is None
+            self._drive_following(following)
+            return True
         # A result: this thread takes the run's lease and pass first, so that the result
-        # can complete the run in the same write (a task, a run's last step) and otherwise
-        # the next pass runs here.
+        # can complete the run in the same write (a run's last step) and otherwise the
+        # next pass runs here.
         picked = WorkflowRun.objects.db_manager(alias).take_pass(
             claim.run_id, run_lease_ttl(), new_holder()
         )
