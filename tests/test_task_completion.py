@@ -158,6 +158,36 @@ def test_a_pass_holding_the_run_lease_gets_the_result_and_completes_the_run(
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
 
 
+@pytest.mark.parametrize("another", [False, True], ids=["alone", "another-due"])
+def test_a_result_that_asks_for_its_pass_never_picks_its_own_run(
+    sent_as: str, another: bool
+) -> None:
+    """The pass asked for is due at once, but another holds the run lease: the completion's
+    pick of the next due run must leave this run out (it would be refused its lease and put
+    off), and still picks another run that is due."""
+    claim = claimed_task()
+    other = WorkflowRun.objects.start("tests.sub.two-steps", {}) if another else None
+    held = Lease.objects.acquire(run_lease_key(claim.run_id), "a-pass", 30)
+    assert held is not None
+    done = WorkflowStep.objects.set_result_completing_run(
+        claim.step_id,
+        {"return_value": 3, "worker_id": "w"},
+        1,
+        output=3,
+        lease=None,
+        lease_holder="instant",
+        next_pass_holder="next-pass",
+    )
+    assert (done.written, done.completed, done.pass_asked) == (True, False, True)
+    if other is None:
+        assert done.next_pass is None
+    else:
+        assert done.next_pass is not None and done.next_pass.run_id == other.id
+        assert done.next_pass.lease is not None
+    # Its pass is due now (not put off by a refused pick).
+    assert WorkflowRun.objects.filter(pk=claim.run_id, pass_due_at__lte=db_now()).exists()
+
+
 def test_a_superseded_attempt_writes_nothing_and_takes_no_lease(sent_as: str) -> None:
     claim = claimed_task(t.flaky, 1)  # the "retrying" backend: attempts left
     WorkflowStep.objects.filter(pk=claim.step_id).update(

@@ -802,8 +802,23 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             with db.cursor(connection) as cursor:
                 row = cursor.execute(_call(connection, "pick_pass"), [ttl, lease_holder]).fetchone()
             return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
+        return self._claim_due_pass_portably(alias, ttl, lease_holder, sent)
+
+    def _claim_due_pass_portably(
+        self,
+        alias: str,
+        ttl: float,
+        lease_holder: str | None,
+        sent: float,
+        besides: uuid.UUID | None = None,
+    ) -> PassClaim | None:
+        """:meth:`claim_due_pass`'s portable path; ``besides``: a run never to pick (the run
+        a completion just wrote, as the tuned completion's pick leaves it out)."""
+        connection = connections[alias]
         with transaction.atomic(using=alias):
             due = self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=DbNow())
+            if besides is not None:
+                due = due.exclude(pk=besides)
             if connection.features.has_select_for_update_skip_locked:
                 due = due.select_for_update(skip_locked=True)
             run_id = due.order_by("pass_due_at").values_list("pk", flat=True).first()
@@ -2414,6 +2429,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         live: bool | None = None
         completed = asked = False
         alone = isinstance(lease, str)
+        run_id: uuid.UUID | None = None
         with transaction.atomic(using=alias):
             written = bool(
                 self.rows()
@@ -2446,7 +2462,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     live = leases.release_held(held)
         next_pass = None
         if next_holder is not None:
-            next_pass = WorkflowRun.objects.db_manager(alias).claim_due_pass(next_ttl, next_holder)
+            # Never this step's run: a pass asked for it just now, and another holds its lease.
+            runs_qs = WorkflowRunQuerySet(WorkflowRun, using=alias)
+            next_pass = runs_qs._claim_due_pass_portably(
+                alias, next_ttl, next_holder, time.monotonic(), run_id
+            )
         return RunCompletion(
             written=written,
             completed=completed,
