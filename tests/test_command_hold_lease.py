@@ -79,6 +79,15 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
+def _signals_as_from_a_terminal() -> None:
+    """In the holder's process before it runs: SIGINT and SIGQUIT back to their defaults.
+    A shell without job control starts a background job (CI's ``.ci/run &``) with them
+    ignored, an ignored signal stays ignored across ``exec``, and a holder respects that
+    (as ``nohup`` means it to): the tests send them as a terminal would."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Holders:
     """Starts ``manage.py hold_lease`` processes and cleans up whatever is left of them."""
 
@@ -104,6 +113,7 @@ class Holders:
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_signals_as_from_a_terminal,
             )
         self.procs.append(proc)
         self.logs[proc.pid] = log
