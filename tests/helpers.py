@@ -800,6 +800,30 @@ class Chaos:
                 os.kill(pid, signal.SIGCONT)
                 del self.stopped[pid]
 
+    def call_resuming(self, call: Callable[[], Any], timeout: float = 120.0) -> Any:
+        """Run ``call`` (a write that may wait for a row lock) on a thread of its own, and
+        resume the stopped workers whose time comes meanwhile: a worker stopped inside a
+        transaction holds its row locks until it is resumed, which only this thread does.
+        Returns what ``call`` returned, or raises what it raised."""
+        outcome: list[tuple[Any, BaseException | None]] = []
+
+        def run() -> None:
+            try:
+                outcome.append((call(), None))
+            except BaseException as exc:  # handed back to the caller
+                outcome.append((None, exc))
+
+        thread = start_thread(run, name="chaos-call")
+        deadline = time.monotonic() + timeout
+        while thread.is_alive():
+            assert time.monotonic() < deadline, f"the call did not end within {timeout:g} s"
+            self.cont_due(time.monotonic())
+            thread.join(0.05)
+        value, error = outcome[0]
+        if error is not None:
+            raise error
+        return value
+
     def check_exits(self) -> None:
         """``AssertionError`` if a worker ended other than by a test's SIGKILL."""
         for proc in self.procs:

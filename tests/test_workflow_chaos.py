@@ -22,6 +22,7 @@ The figures (runs, kills, stops, re-claim delays, total time) are printed (``pyt
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -270,10 +271,12 @@ def test_workflows_that_wait_fan_out_and_start_children_survive_the_chaos(
             if unsent and rng.random() < 0.3:  # events arrive during the chaos
                 run_id = unsent.pop()
                 token = rng.randrange(10**9)
-                send_event(run_id, "go", {"token": token})
+                # A worker stopped mid-transaction may hold the run's row lock: the event
+                # waits for it while the stopped workers are resumed on time.
+                chaos.call_resuming(functools.partial(send_event, run_id, "go", {"token": token}))
                 sent[run_id] = token
                 try:
-                    send_event(run_id, "go", {"token": -1})
+                    chaos.call_resuming(functools.partial(send_event, run_id, "go", {"token": -1}))
                 except WorkflowEventRefusedError:
                     refused += 1
             if now >= next_action:
