@@ -38,7 +38,9 @@ from datetime import datetime
 from typing import Any
 
 from django.core import checks
+from django.core.signals import setting_changed
 from django.db import router, transaction
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from django_leases import signals
@@ -460,19 +462,43 @@ for _signal in (signals.run_completed, signals.run_failed, signals.run_cancelled
 # -- reading --------------------------------------------------------------------------------------
 
 
+#: The tasks :func:`_task_of` built, by what a run stores of them: a ``Task`` is immutable,
+#: and building one validates it again (Django inspects the function's signature), which
+#: would cost every task run as much as the rest of its Python. Emptied when full and when
+#: ``TASKS`` changes (the validation depends on the backend's queues).
+_tasks: dict[tuple[Any, ...], Task[Any, Any]] = {}
+_TASKS_KEPT = 1_000
+
+
 def _task_of(data: Mapping[str, Any]) -> Task[Any, Any]:
     """The ``@task`` a run stores, with the queue, priority and ``run_after`` it was enqueued
-    with. Raises ``ImportError`` / ``TypeError`` if the path names no task any more."""
-    found = import_string(data["task"])
-    if not isinstance(found, Task):
-        raise TypeError(f"{data['task']} is not a task (a @task function)")
+    with. Raises ``ImportError`` / ``TypeError`` if the path names no task any more (or
+    Django's ``InvalidTask`` if it is no longer valid for its backend)."""
     run_after = data.get("run_after")
-    return found.using(
+    key = (data["task"], data["priority"], data["queue_name"], run_after, data["backend"])
+    found = _tasks.get(key)
+    if found is not None:
+        return found
+    imported = import_string(data["task"])
+    if not isinstance(imported, Task):
+        raise TypeError(f"{data['task']} is not a task (a @task function)")
+    found = imported.using(
         priority=data["priority"],
         queue_name=data["queue_name"],
         run_after=None if run_after is None else datetime.fromisoformat(run_after),
         backend=data["backend"],
     )
+    if len(_tasks) >= _TASKS_KEPT:
+        _tasks.clear()
+    _tasks[key] = found
+    return found
+
+
+@receiver(setting_changed)
+def _forget_tasks(setting: str, **kwargs: Any) -> None:
+    """Build tasks anew once ``TASKS`` changes (tests' ``override_settings``)."""
+    if setting == "TASKS":
+        _tasks.clear()
 
 
 def _result_of(
