@@ -126,7 +126,30 @@ def _drive_the_hot_paths() -> None:
     # Its worker takes the run's lease and pass before it writes the result.
     taken = WorkflowRun.objects.take_pass(queued, 30, "tests.plans-holder")
     assert taken is not None and taken.lease is not None
-    for run_id in (*chained, alone, two):
+    # A result that completes its run without a held run lease (a task's): alone, with the
+    # pick of the next due pass, and with the claim of the next due step.
+    completed = []
+    for extra in (
+        {},
+        {"next_pass_holder": "tests.plans-next"},
+        {"next_step_ttl": 30, "next_step_queues": ["default"]},
+    ):
+        run_id = start_workflow("tests.plans-one", {})
+        WorkflowStep.objects.schedule(run_id, "only", "tests.plans", {"n": 1})
+        claim = WorkflowStep.objects.claim_due(30, queues=["default"])
+        assert claim is not None and claim.run_id == run_id
+        done = WorkflowStep.objects.set_result_completing_run(
+            claim.step_id,
+            {"n": 1},
+            claim.attempt,
+            output={"n": 1},
+            lease=None,
+            lease_holder="tests.plans-instant",
+            **extra,  # type: ignore[arg-type]
+        )
+        assert done.completed
+        completed.append(run_id)
+    for run_id in (*chained, alone, two, *completed):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 
 

@@ -454,15 +454,25 @@ def test_enqueue_writes_the_same_rows_on_both_paths_of_the_sql_switch(deferred: 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_thread_on_a_backlog_of_tasks_still_takes_a_new_runs_pass() -> None:
-    tasks = [t.add.enqueue(n, 1) for n in range(2)]
+    tasks = [t.add.enqueue(n, 1) for n in range(3)]
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
-    assert worker.work_once() is True  # steps first: a task
     run_id = start_workflow("tests.sub.two-steps", {"n": 1})
-    assert worker.work_once() is True  # passes first once per poll interval: the new run
+    # Steps first (once per poll interval): a task. After it, passes first (once per poll
+    # interval): the write of its result picks the new run's pass, driven here to its end.
+    assert worker.work_once() is True
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
-    assert t.add.get_result(tasks[1].id).status == TaskResultStatus.READY
-    assert worker.work_once() is True  # steps first again: the other task
-    assert t.add.get_result(tasks[1].id).status == TaskResultStatus.SUCCESSFUL
+    statuses = [t.add.get_result(task.id).status for task in tasks]
+    assert statuses == [TaskResultStatus.SUCCESSFUL, *[TaskResultStatus.READY] * 2]
+    # Steps first again after a task (the passes' turn has passed): the others, each
+    # claimed by the write of the one before.
+    assert worker.work_once() is True
+    statuses = [t.add.get_result(task.id).status for task in tasks]
+    assert statuses == [TaskResultStatus.SUCCESSFUL] * 3
+    # A new run waits for the passes' next turn (the poll interval): a look for steps
+    # first, then for passes, finds it.
+    later = start_workflow("tests.sub.two-steps", {"n": 2})
+    assert worker.work_once() is True
+    assert WorkflowRun.objects.get(pk=later).status == RunStatus.COMPLETED
 
 
 def assert_same_result(found: Any, stored: Any) -> None:

@@ -24,6 +24,7 @@ worker's three hot statements run as PL/pgSQL functions that the migrations inst
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -153,7 +154,7 @@ CHANNEL_PREFIX = "django_leases_work_"
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0024_workflow_functions"
+FUNCTIONS_MIGRATION = "0025_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -243,8 +244,8 @@ def _arg(name: str, sql_type: str) -> sql.Arg:
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
     (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
-    ``insert_claimed``, ``complete_run``, ``complete_run_picking``, ``complete_run_alone``
-    and ``complete_run_alone_picking``. The migrations
+    ``insert_claimed``, ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
+    ``complete_run_alone_picking`` and ``complete_run_alone_claiming``. The migrations
     install them as frozen text; a test checks the latest one matches these definitions."""
     t = _tables(connection)
     acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
@@ -345,6 +346,20 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
                 released,
                 *alone_args[1:],
                 pick=(acquire, grant, next_ttl, next_holder),
+            ),
+        ),
+        sql.Function(
+            "complete_run_alone_claiming",
+            (*alone_args, next_ttl, queues),
+            (*alone_returns, *sql.CLAIM_STEP_TYPES),
+            sql.completion_alone(
+                t,
+                fence,
+                fence_params,
+                acquire_released,
+                released,
+                *alone_args[1:],
+                claim=(next_ttl, queues),
             ),
         ),
         sql.Function(
@@ -475,6 +490,44 @@ def _for_update(qs: _QS, alias: str) -> _QS:
     if connections[alias].features.has_select_for_no_key_update:
         return qs.select_for_update(no_key=True)
     return qs.select_for_update()
+
+
+def _claims_in_one(
+    connection: BaseDatabaseWrapper, limits: Mapping[str, QueueLimits], taken: Sequence[str]
+) -> bool:
+    """Whether a claim of a due step of queues ``taken`` (empty: every queue) is the tuned
+    one statement: PostgreSQL, and no queue of ``limits`` it may take has limits."""
+    if not db.tuned(connection, "postgresql"):
+        return False
+    limited = {name for name, queue in limits.items() if queue.limited}
+    return not (limited & set(taken or limits))
+
+
+def _claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool, Claim | None]:
+    """``(lapsed, claim)`` from the columns of :func:`sql.claim_step_ctes` (see
+    :meth:`WorkflowStepQuerySet._claim_unlimited`); ``sent``: ``time.monotonic()`` before
+    the statement was sent. A claim's ``step_attempt_started`` is sent once it commits."""
+    if row[0]:
+        return True, None
+    if row[1] is None:
+        return False, None
+    step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
+    claim = Claim(
+        step_id=step_id,
+        run_id=parse_run_id(run_id),
+        step_name=step_name,
+        function_name=function_name,
+        attempt=attempt,
+        data=json.loads(data),
+        lease_ttl=ttl,
+        claimed_at=sent,
+        using=alias,
+        run_created_at=row[8],
+        started_at=row[9],
+        run_workflow=row[10],
+    )
+    transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
+    return False, claim
 
 
 def _pass_state_from_row(alias: str, row: Any) -> PassState:
@@ -1872,9 +1925,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         alias = self.write_alias()
         limits = queue_limits()
         taken = list(queues or ())
-        limited = {name for name, queue in limits.items() if queue.limited}
         connection = connections[alias]
-        if db.tuned(connection, "postgresql") and not (limited & set(taken or limits)):
+        if _claims_in_one(connection, limits, taken):
             # No queue this worker takes has limits: one statement, unless a lapsed step
             # is to be taken over (below).
             lapsed, claim = self._claim_unlimited(connection, ttl, taken)
@@ -1910,33 +1962,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         """:meth:`claim_due`'s tuned path (function ``claim_step``) for queues without
         limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
         (nothing was claimed: the portable path decides it), else the claim or ``None``."""
-        alias = connection.alias
         sent = time.monotonic()
         with db.cursor(connection) as cursor:
             row = cursor.execute(
                 _call(connection, "claim_step"), [ttl, list(queues) or None]
             ).fetchone()
-        if row[0]:
-            return True, None
-        if row[1] is None:
-            return False, None
-        step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
-        claim = Claim(
-            step_id=step_id,
-            run_id=parse_run_id(run_id),
-            step_name=step_name,
-            function_name=function_name,
-            attempt=attempt,
-            data=json.loads(data),
-            lease_ttl=ttl,
-            claimed_at=sent,
-            using=alias,
-            run_created_at=row[8],
-            started_at=row[9],
-            run_workflow=row[10],
-        )
-        transaction.on_commit(lambda: _attempt_started(claim, waited), using=alias)
-        return False, claim
+        return _claim_from_row(connection.alias, row, ttl, sent)
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         features = connections[alias].features
@@ -2264,6 +2295,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         lease_holder: str | None = None,
         next_pass_holder: str | None = None,
         next_pass_ttl: float = 30.0,
+        next_step_ttl: float | None = None,
+        next_step_queues: Sequence[str] | None = None,
     ) -> RunCompletion:
         """Record ``result`` (JSON) for ``attempt`` of the step **and** complete its run with
         ``output`` (JSON) **and** release the run lease ``lease`` (held by the caller).
@@ -2286,12 +2319,19 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
 
         ``next_pass_holder``: also pick the next due pass with its run lease for that
         holder (``next_pass_ttl`` seconds), as :meth:`WorkflowRunQuerySet.claim_due_pass`
-        does; it is picked whatever the fence said, and is never this step's run. Tuned
-        (PostgreSQL): all of it is one statement; elsewhere one transaction, then the pick.
+        does; it is picked whatever the fence said, and is never this step's run.
+        ``next_step_ttl`` (seconds, instead of ``next_pass_holder``): also claim the next due
+        step under a step lease of that TTL, of ``next_step_queues`` (names; ``None``: every
+        queue), as :meth:`claim_due` does (``RunCompletion.next_step``); it is claimed
+        whatever the fence said. Tuned (PostgreSQL): all of it is one statement (the claim
+        too, without a held run lease while no queue it may take has limits: else it
+        follows as :meth:`claim_due`); elsewhere one transaction, then the pick or claim.
 
         Returns a :class:`RunCompletion`. Raises ``ValueError`` for a bad attempt, non-JSON
-        ``result`` or ``output``, or (``lease=None``) a missing or bad ``lease_holder``
-        (nothing written).
+        ``result`` or ``output``, a bad TTL, both a pick and a claim asked for, or
+        (``lease=None``) a missing or bad ``lease_holder`` (nothing written);
+        ``QueueConfigError`` (``next_step_ttl``) when ``DJANGO_LEASES["QUEUES"]`` is not
+        usable.
         """
         check_attempt(attempt)
         check_json(result, "Step result")
@@ -2300,10 +2340,31 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             lease if lease is not None else check_lease_name(lease_holder, "lease_holder")
         )
         next_ttl = ttl_seconds(next_pass_ttl)
+        step_ttl = None if next_step_ttl is None else ttl_seconds(next_step_ttl)
+        if step_ttl is not None and next_pass_holder is not None:
+            raise ValueError("Pick the next pass or claim the next step, not both")
+        taken = list(next_step_queues or ())
         alias = self.write_alias()
         connection = connections[alias]
+        if (
+            step_ttl is not None
+            and isinstance(held, str)
+            and _claims_in_one(connection, queue_limits(), taken)
+        ):
+            return self._complete_run_alone(
+                connection,
+                step_id,
+                result,
+                attempt,
+                output,
+                held,
+                None,
+                next_ttl,
+                claim=step_ttl,
+                queues=taken,
+            )
         if not db.tuned(connection, "postgresql"):
-            return self._complete_run_portably(
+            done = self._complete_run_portably(
                 alias,
                 step_id,
                 result,
@@ -2313,8 +2374,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 next_pass_holder,
                 next_ttl,
             )
-        if isinstance(held, str):
-            return self._complete_run_alone(
+        elif isinstance(held, str):
+            done = self._complete_run_alone(
                 connection,
                 step_id,
                 result,
@@ -2324,6 +2385,28 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 next_pass_holder,
                 next_ttl,
             )
+        else:
+            done = self._complete_run_holding(
+                connection, step_id, result, attempt, output, held, next_pass_holder, next_ttl
+            )
+        if step_ttl is None:
+            return done
+        return dataclasses.replace(done, next_step=self.claim_due(step_ttl, queues=taken))
+
+    def _complete_run_holding(
+        self,
+        connection: BaseDatabaseWrapper,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        output: Any,
+        held: Lease,
+        next_pass_holder: str | None,
+        next_ttl: float,
+    ) -> RunCompletion:
+        """:meth:`set_result_completing_run` with the run lease ``held``, tuned: one
+        statement."""
+        alias = connection.alias
         args: list[Any] = [
             step_id,
             json.dumps(result),
@@ -2369,8 +2452,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         holder: str,
         next_holder: str | None,
         next_ttl: float,
+        *,
+        claim: float | None = None,
+        queues: Sequence[str] = (),
     ) -> RunCompletion:
-        """:meth:`set_result_completing_run` without a held run lease, tuned: one statement."""
+        """:meth:`set_result_completing_run` without a held run lease, tuned: one statement;
+        ``claim``: the step lease TTL (seconds) of the next due step of ``queues`` (empty:
+        every queue; none of them limited) it claims too."""
         alias = connection.alias
         args: list[Any] = [
             step_id,
@@ -2384,6 +2472,9 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         if next_holder is not None:
             args += [next_holder, next_ttl]
             short = "complete_run_alone_picking"
+        elif claim is not None:
+            args += [claim, list(queues) or None]
+            short = "complete_run_alone_claiming"
         sent = time.monotonic()
         with db.cursor(connection) as cursor:
             row = cursor.execute(_call(connection, short), args).fetchone()
@@ -2395,7 +2486,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             )
             lease_acquired.send_robust(sender=Lease, lease=lease)
             lease_released.send_robust(sender=Lease, lease=lease)
-        next_pass = None
+        next_pass = next_step = None
         picked = row[width + lease_width :]
         if next_holder is not None and picked[0] is not None:
             next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
@@ -2403,6 +2494,10 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
         if row[1] is not None:
             _run_reached(alias, row[1], RunStatus.COMPLETED, output=output, finished_at=row[2])
+        if claim is not None:
+            lapsed, next_step = _claim_from_row(alias, picked, claim, sent)
+            if lapsed:  # a lost worker's step first: the portable path decides it
+                next_step = self.claim_due(claim, queues=queues)
         return RunCompletion(
             written=bool(row[0]),
             completed=row[1] is not None,
@@ -2410,6 +2505,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             next_pass=next_pass,
             finished_at=row[2],
             pass_asked=bool(row[3]),
+            next_step=next_step,
         )
 
     def _complete_run_portably(

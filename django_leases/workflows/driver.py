@@ -879,8 +879,12 @@ class RunDriver:
 
 
 def record_alone(
-    ran: StepRun, output_of: Callable[[Any, Any], Any], *, chain: bool = False
-) -> tuple[StepRecorded, PassClaim | None]:
+    ran: StepRun,
+    output_of: Callable[[Any, Any], Any],
+    *,
+    chain: bool = False,
+    next_step: tuple[float, Sequence[str] | None] | None = None,
+) -> tuple[StepRecorded, PassClaim | Claim | None]:
     """Record the outcome of step ``ran`` — a result of the only step of its run, whose
     workflow then returns ``output_of(run_id, result)`` (:func:`~django_leases.workflows.
     registry.one_step_workflow`: a task's) — with the run's completion in one write that
@@ -888,12 +892,14 @@ def record_alone(
     land (the fence refused it, or the result or output is not JSON) the outcome goes the
     ordinary way (:func:`record_step`); where a pass holds the run lease, the result is
     written and the run's pass asked for. ``chain``: the completion also picks the next due
-    run with its lease (not when it is tried again after a lost reply). Returns what
-    :func:`record_step` returns, and the picked run's pass claim (or ``None``)."""
+    run with its lease; ``next_step`` (``(step lease TTL in seconds, queues or None)``,
+    instead): it claims the next due step of those queues (neither when it is tried again
+    after a lost reply). Returns what :func:`record_step` returns, and the picked run's pass
+    claim or the claimed step (or ``None``)."""
     from django_leases.models.workflow import WorkflowStep
 
     claim = ran.claim
-    picked: list[PassClaim] = []
+    picked: list[PassClaim | Claim] = []
     tries = 0
 
     def complete(result: Any) -> StepRecorded | None:
@@ -910,11 +916,15 @@ def record_alone(
                 lease_holder=new_holder(),
                 next_pass_holder=new_holder() if chain and tries == 1 else None,
                 next_pass_ttl=run_lease_ttl(),
+                next_step_ttl=next_step[0] if next_step and tries == 1 else None,
+                next_step_queues=next_step[1] if next_step else None,
             )
         except ValueError:  # not JSON: the ordinary write says so
             return None
         if done.next_pass is not None:
             picked.append(done.next_pass)
+        if done.next_step is not None:
+            picked.append(done.next_step)
         if not done.written:
             return None
         if done.pass_asked:

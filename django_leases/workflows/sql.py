@@ -250,6 +250,14 @@ def take_pass(
 
 def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, in one statement:
+    :func:`claim_step_ctes` as a statement of its own."""
+    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues)
+    return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
+
+
+def claim_step_ctes(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any], str, str]:
+    """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
+    statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
     the first due waiting step of a running run (``pending`` / ``scheduled`` / ``failed``
     with attempts left, ``available_at`` passed; highest ``priority`` first, then first due
     first), of ``queues`` (a text array; ``NULL``: every queue), picked with ``SKIP LOCKED``
@@ -265,7 +273,12 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
 
     A concurrent cancel is never overtaken: it writes every step it stops (a waiting step's
     ``available_at`` cleared, a running one failed) while holding their rows, so a step row
-    it locked is skipped, and one it released is re-checked on its new version."""
+    it locked is skipped, and one it released is re-checked on its new version.
+
+    A larger statement may write other steps (a result, with the step ``running`` in its
+    snapshot, is never picked here) but no step this may pick. Returns ``(ctes, params,
+    columns, joined)``: what goes after ``WITH``, its parameters, the row's columns (after
+    ``SELECT``), and the joins that read them (after a ``FROM`` of one row)."""
     running, waiting = (
         _text(StepStatus.RUNNING),
         ", ".join(
@@ -278,8 +291,8 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
     )
-    sql = f"""
-        WITH lapsed AS (
+    ctes = f"""
+        lapsed AS (
             SELECT EXISTS (
                 SELECT 1 FROM {t.step} s
                 WHERE s.status = {running} AND {of_queues} AND (
@@ -311,22 +324,23 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
             WHERE s.id = picked.id
             RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
                 extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
-        ), history AS (
+        ), begun AS (
             INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
             SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, statement_timestamp()
             FROM claimed
             ON CONFLICT (step_id, attempt) DO UPDATE
             SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
             RETURNING a.started_at
-        )
-        SELECT (SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
-            claimed.function_name, claimed.attempt::bigint, claimed.data::text,
-            claimed.waited::double precision, r.created_at, (SELECT started_at FROM history),
-            r.workflow
-        FROM (SELECT 1) AS one LEFT JOIN claimed ON true
-            LEFT JOIN {t.run} r ON r.id = claimed.run_id
-    """
-    return sql, [seconds]
+        )"""
+    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
+        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
+        claimed.waited::double precision, claimed_run.created_at,
+        (SELECT started_at FROM begun), claimed_run.workflow"""
+    joined = (
+        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
+        "ON claimed_run.id = claimed.run_id"
+    )
+    return ctes, [seconds], columns, joined
 
 
 #: SQL types of the columns of :func:`claim_step`.
@@ -531,9 +545,18 @@ def _with_pick(
     columns: str,
     joined: str,
     pick: tuple[Callable[[str], str], str, Any, Any] | None,
+    claim: tuple[Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """A completion's statement from its ``ctes``, ``columns`` and ``joined`` (after
-    ``FROM``), with ``pick`` (see :func:`completion`) the next due run's pick appended."""
+    ``FROM``), with ``pick`` (see :func:`completion`) the next due run's pick appended, or
+    with ``claim`` (``(seconds, queues)``, see :func:`completion_alone`) the next due
+    step's claim."""
+    if claim is not None:
+        claimed, claim_params, claim_columns, claim_joined = claim_step_ctes(t, *claim)
+        ctes += f", {claimed}"
+        params = [*params, *claim_params]
+        columns += f", {claim_columns}"
+        joined += f" {claim_joined}"
     if pick is not None:
         acquire, grant, seconds, next_holder = pick
         picked, pick_params, pick_columns, pick_joined = pick_pass(
@@ -564,6 +587,7 @@ def completion_alone(
     channel: Any,
     *,
     pick: tuple[Callable[[str], str], str, Any, Any] | None = None,
+    claim: tuple[Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result_completing_run` for a caller that holds no
     run lease: the fenced result, then — the run row locked (still ``running``) — the run
@@ -574,10 +598,12 @@ def completion_alone(
     runs), the run is not completed: its pass is asked for instead (due now, ``channel``
     notified), as a result written the ordinary way asks for it. Rows are locked in the
     house's order: the step, its run, then the run lease. ``pick`` as for
-    :func:`completion`. Everything depends on the fence. Its row: written (0 or 1), the
-    completed run's id (``NULL``: not completed), its ``finished_at``, asked (0 or 1; see
-    :data:`ALONE_COLUMNS`), the lease grant's columns (``NULL`` when refused), then the
-    picked pass."""
+    :func:`completion`; or ``claim`` (``(seconds, queues)``, as for :func:`claim_step`):
+    the claim of the next due step (this step is ``running`` in the statement's snapshot,
+    so never the one claimed). Everything but the pick or claim depends on the fence. Its
+    row: written (0 or 1), the completed run's id (``NULL``: not completed), its
+    ``finished_at``, asked (0 or 1; see :data:`ALONE_COLUMNS`), the lease grant's columns
+    (``NULL`` when refused), then the picked pass or the claim's columns."""
     written, params = _result(t, fence, fence_params, payload, attempt)
     rows = f"SELECT %s || locked.id::text, %s, {granted} FROM locked"
     ctes = f"""{written}, locked AS (
@@ -598,7 +624,8 @@ def completion_alone(
         "(SELECT count(*) FROM step), (SELECT id FROM done), "
         "(SELECT finished_at FROM done), (SELECT count(*) FROM notified), taken.*"
     )
-    return _with_pick(t, ctes, params, columns, "(SELECT 1) AS one LEFT JOIN taken ON true", pick)
+    joined = "(SELECT 1) AS one LEFT JOIN taken ON true"
+    return _with_pick(t, ctes, params, columns, joined, pick, claim)
 
 
 #: Columns of a :func:`completion_alone` row before the lease grant's.
@@ -676,6 +703,7 @@ __all__ = [
     "Function",
     "Tables",
     "claim_step",
+    "claim_step_ctes",
     "completion",
     "completion_alone",
     "insert_claimed",

@@ -215,6 +215,8 @@ class RunCompletion:
             write completed it and read it back (the tuned path), else ``None``.
         pass_asked: without a held run lease, the result was written but a pass held the
             run lease, so the run's pass was asked for instead of completing it.
+        next_step: the next due step claimed with its step lease, when asked for (else
+            ``None``).
     """
 
     written: bool
@@ -223,6 +225,7 @@ class RunCompletion:
     next_pass: PassClaim | None = None
     finished_at: datetime | None = None
     pass_asked: bool = False
+    next_step: Claim | None = None
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from django_leases.workflows.driver import (
 )
 from django_leases.workflows.engine import record_step, run_step_function
 from django_leases.workflows.registry import one_step_output
-from django_leases.workflows.values import WORKER_LEASE_PREFIX, PassClaim
+from django_leases.workflows.values import WORKER_LEASE_PREFIX, Claim, PassClaim
 from django_leases.workflows.wakeup import WakeSignal, WakeupListener, listens, wakeup_method
 
 logger = logging.getLogger("django_leases.worker")
@@ -523,16 +523,7 @@ class Worker:
         # task, say) looks for the next step first too: where steps are what is due, the
         # look for a pass would find nothing each time. Passes still come first once per
         # poll interval.
-        on_steps = getattr(self._claimed_here, "on_steps", False)
-        with self._lock:
-            now = time.monotonic()
-            steps_first = now >= self._steps_first_at
-            if steps_first:
-                self._steps_first_at = now + self.poll_interval
-            elif on_steps:
-                steps_first = now < self._passes_first_at
-                if not steps_first:
-                    self._passes_first_at = now + self.poll_interval
+        steps_first = self._steps_first(getattr(self._claimed_here, "on_steps", False))
         if steps_first and self._run_due_step(alias):
             return True
         runs = WorkflowRun.objects.db_manager(alias)
@@ -545,9 +536,26 @@ class Worker:
         self._drive_following(picked)
         return True
 
+    def _steps_first(self, on_steps: bool) -> bool:
+        """Whether this thread's next unit of work is a due step rather than a due pass (see
+        :meth:`_work_once`); ``on_steps``: its last unit was a step that left no pass to
+        drive. Moves the times at which a look for steps, or for passes, comes first."""
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._steps_first_at:
+                self._steps_first_at = now + self.poll_interval
+                return True
+            if not on_steps:
+                return False
+            if now < self._passes_first_at:
+                return True
+            self._passes_first_at = now + self.poll_interval
+            return False
+
     def _run_due_step(self, alias: str) -> bool:
-        """Claim one due step and run it (then drive its run); ``False`` if none is due."""
-        from django_leases.models.workflow import WorkflowRun, WorkflowStep
+        """Claim one due step and run it (then drive its run, or run the step its result's
+        write claimed next, and so on); ``False`` if none is due."""
+        from django_leases.models.workflow import WorkflowStep
 
         if self._stop.is_set():
             return False
@@ -558,9 +566,23 @@ class Worker:
         if claim is None:
             return False
         self._claimed()
-        logger.info(
-            "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
-        )
+        following: Claim | PassClaim | None = claim
+        while isinstance(following, Claim):
+            logger.info(
+                "Run %s: step %r attempt %d claimed",
+                following.run_id,
+                following.step_name,
+                following.attempt,
+            )
+            following = self._run_claimed(alias, following)
+        self._drive_following(following)
+        return True
+
+    def _run_claimed(self, alias: str, claim: Claim) -> Claim | PassClaim | None:
+        """Run claimed step ``claim`` and record its outcome; returns what this thread does
+        next: a step or a pass the write of its result claimed, else ``None``."""
+        from django_leases.models.workflow import WorkflowRun
+
         ran = run_step_function(claim)
         if self._stop.is_set() or ran.failure is not None or ran.missing:
             # Stopping, or not a result: the outcome goes the ordinary way, and the pass it
@@ -573,12 +595,18 @@ class Worker:
                 claim.attempt,
                 outcome,
             )
-            return True
+            return None
         output_of = one_step_output(claim.run_workflow, claim.step_name)
         if output_of is not None:
             # The run's only step, whose result gives the workflow's output (a task's): the
-            # result and the run's completion in one write, no pass.
-            recorded, following = record_alone(ran, output_of, chain=self._may_chain())
+            # result and the run's completion in one write, no pass. Where the next unit is
+            # a step (steps are what is due), that write claims it too.
+            if not self._stop.is_set() and self._steps_first(on_steps=True):
+                recorded, following = record_alone(
+                    ran, output_of, next_step=(self.step_lease_ttl, self.queues)
+                )
+            else:
+                recorded, following = record_alone(ran, output_of, chain=self._may_chain())
             logger.info(
                 "Run %s: step %r attempt %d %s",
                 claim.run_id,
@@ -587,8 +615,9 @@ class Worker:
                 recorded.run_outcome or recorded.outcome,
             )
             self._claimed_here.on_steps = following is None
-            self._drive_following(following)
-            return True
+            if following is not None:
+                self.wake.wake_if_waiting()  # there may be more: an idle thread looks too
+            return following
         # A result: this thread takes the run's lease and pass first, so that the result
         # can complete the run in the same write (a run's last step) and otherwise the
         # next pass runs here.
@@ -599,8 +628,7 @@ class Worker:
         logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive_from(ran))
         if driver.next_pass is None:
             self._claimed_here.on_steps = True
-        self._drive_following(driver.next_pass)
-        return True
+        return driver.next_pass
 
     def _drive_following(self, following: PassClaim | None) -> None:
         """Drive the runs that completions picked, one after another (see :meth:`work_once`)."""
