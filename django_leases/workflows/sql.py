@@ -255,7 +255,9 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
-def claim_step_ctes(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any], str, str]:
+def claim_step_ctes(
+    t: Tables, seconds: Any, queues: Any, *, after_waits: bool = False
+) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
     statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
     the first due waiting step of a running run (``pending`` / ``scheduled`` / ``failed``
@@ -276,7 +278,13 @@ def claim_step_ctes(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any
     it locked is skipped, and one it released is re-checked on its new version.
 
     A larger statement may write other steps (a result, with the step ``running`` in its
-    snapshot, is never picked here) but no step this may pick. Returns ``(ctes, params,
+    snapshot, is never picked here) but no step this may pick. ``after_waits``: the larger
+    statement may wait for row locks before this pick, while its snapshot ages — a run may
+    have ended meanwhile (failed, suspended: only its run row changes), so the picked step's
+    run row is locked too (``FOR SHARE``), and a run row that changed since the snapshot is
+    re-checked on its latest version. A run row another transaction is writing is skipped
+    with its steps (``SKIP LOCKED``): the caller's next look for due steps takes them.
+    Returns ``(ctes, params,
     columns, joined)``: what goes after ``WITH``, its parameters, the row's columns (after
     ``SELECT``), and the joins that read them (after a ``FROM`` of one row)."""
     running, waiting = (
@@ -291,6 +299,11 @@ def claim_step_ctes(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
     )
+    run_joined, run_live, run_locked = "", live_run, ""
+    if after_waits:
+        run_joined = f" JOIN {t.run} r ON r.id = s.run_id"
+        run_live = _is_running("r.status")
+        run_locked = " FOR SHARE OF r SKIP LOCKED"
     ctes = f"""
         lapsed AS (
             SELECT EXISTS (
@@ -301,15 +314,15 @@ def claim_step_ctes(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any
                 ) AND {live_run}
             ) AS found
         ), picked AS (
-            SELECT s.id, s.status AS was, s.available_at FROM {t.step} s
+            SELECT s.id, s.status AS was, s.available_at FROM {t.step} s{run_joined}
             WHERE NOT (SELECT found FROM lapsed)
                 AND s.status IN ({waiting}) AND {of_queues}
                 AND s.available_at <= statement_timestamp()
                 AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
-                AND {live_run}
+                AND {run_live}
             ORDER BY s.priority DESC, s.available_at, s.id
             LIMIT 1
-            FOR UPDATE OF s SKIP LOCKED
+            FOR UPDATE OF s SKIP LOCKED{run_locked}
         ), claimed AS (
             UPDATE {t.step} AS s
             SET status = {running},
@@ -552,7 +565,9 @@ def _with_pick(
     with ``claim`` (``(seconds, queues)``, see :func:`completion_alone`) the next due
     step's claim."""
     if claim is not None:
-        claimed, claim_params, claim_columns, claim_joined = claim_step_ctes(t, *claim)
+        claimed, claim_params, claim_columns, claim_joined = claim_step_ctes(
+            t, *claim, after_waits=True
+        )
         ctes += f", {claimed}"
         params = [*params, *claim_params]
         columns += f", {claim_columns}"

@@ -1,0 +1,166 @@
+"""A worker that drains tasks chains them: the write of each task's result claims the next due
+step (``set_result_completing_run(next_step_ttl=...)``, on PostgreSQL inside the same
+statement), and the thread runs it next. The claim must decide as ``claim_due`` does although
+the write may wait for row locks first, the claimed step is the thread's from that write on
+(its lease renewed while the previous task's signals run), and a stopping worker leaves no
+claimed step behind."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+pytest.importorskip(
+    "django_leases.tasks_api",
+    reason="needs Django 6 or the django-tasks backport (pip install -e '.[dev]')",
+    exc_type=ImportError,
+)
+
+from django.db import connection, transaction
+
+from django_leases.models import (
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
+from django_leases.signals import lease_released
+from django_leases.tasks_api import TaskResultStatus, task
+from django_leases.workflows.values import Claim, RunCompletion
+from django_leases.workflows.worker import Worker
+from tests.helpers import on_another_thread, start_blocked, tuned_sql
+from tests.workapp import tasks as t
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_ran: Counter[str] = Counter()
+_ran_lock = threading.Lock()
+
+
+@task
+def counted(key: str) -> str:
+    """Counts its runs by ``key``."""
+    with _ran_lock:
+        _ran[key] += 1
+    return key
+
+
+@pytest.fixture(autouse=True)
+def _forget_runs() -> None:
+    _ran.clear()
+
+
+def past(moment: Any) -> bool:
+    """Whether the database clock (PostgreSQL) has passed ``moment``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp() > %s", [moment])
+        return bool(cursor.fetchone()[0])
+
+
+def claimed_task() -> Claim:
+    result = t.add.enqueue(1, 2)
+    claim = WorkflowStep.objects.claim_due(30, queues=["default"])
+    assert claim is not None and claim.run_id == uuid.UUID(result.id)
+    return claim
+
+
+def complete_claiming(claim: Claim) -> RunCompletion:
+    return WorkflowStep.objects.set_result_completing_run(
+        claim.step_id,
+        {"return_value": 3, "worker_id": "w"},
+        claim.attempt,
+        output=3,
+        lease=None,
+        lease_holder="instant",
+        next_step_ttl=30,
+        next_step_queues=["default"],
+    )
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("ending", ["fail", "suspend", "complete", "cancel"])
+@pytest.mark.parametrize("held", ["step-row", "run-row"])
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned", "portable"])
+def test_a_step_of_a_run_that_ended_while_the_write_waited_is_not_claimed(
+    ending: str, held: str, tuned: bool
+) -> None:
+    """The write of task A's result waits for a row lock (A's step: as behind a cancel; A's
+    run: as behind a pass being picked) while run B ends and commits. B's step is still
+    ``pending`` (a fail, a suspension or a completion changes only B's run row): the claim
+    must see B's run as it is now, not as the write's snapshot had it."""
+    with tuned_sql(tuned):
+        first = claimed_task()
+        other = uuid.UUID(t.add.enqueue(5, 6).id)
+        with transaction.atomic():
+            if held == "step-row":
+                WorkflowStep.objects.select_for_update().get(pk=first.step_id)
+            else:
+                WorkflowRun.objects.select_for_update().get(pk=first.run_id)
+            blocked = start_blocked(lambda: complete_claiming(first))
+            assert blocked.waited, "the write did not wait for the lock"
+
+            def end_other() -> None:
+                runs = WorkflowRun.objects
+                if ending == "fail":
+                    assert runs.fail(other, "boom")
+                elif ending == "suspend":
+                    assert runs.suspend(other, "operator")
+                elif ending == "cancel":
+                    runs.cancel(other)
+                else:
+                    assert runs.complete(other, 0)
+
+            on_another_thread(end_other)
+        done = blocked.result()
+    assert done.completed
+    assert WorkflowRun.objects.get(pk=other).status != RunStatus.RUNNING
+    assert done.next_step is None, WorkflowStep.objects.get(run_id=other).status
+    assert WorkflowStep.objects.get(run_id=other).status != StepStatus.RUNNING
+
+
+@pytest.mark.parametrize("queues", [["default"], None], ids=["in-the-write", "after-the-write"])
+def test_worker_threads_draining_a_backlog_run_each_task_once(queues: list[str] | None) -> None:
+    """Four threads of one worker: ``["default"]`` (no limits) claims inside the write on
+    PostgreSQL; every queue (the suite's limited ones too) claims after it."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite writes one at a time: there is no race to lose")
+    results = [counted.enqueue(f"k{n}") for n in range(60)]
+    worker = Worker(4, step_lease_ttl=30, poll_interval=0.2, queues=queues)
+    assert worker.run(once=True, handle_signals=False) == 0
+    assert sorted(_ran) == sorted(f"k{n}" for n in range(60))
+    assert set(_ran.values()) == {1}, {key: n for key, n in _ran.items() if n != 1}
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+    assert not WorkflowStepAttempt.objects.exclude(attempt=1).exists()
+    assert not WorkflowStep.objects.filter(status=StepStatus.RUNNING).exists()
+
+
+@pytest.mark.postgres_only
+def test_a_step_claimed_by_the_write_of_a_stopping_worker_is_still_run() -> None:
+    """The stop comes while the write of b's result (which claims c) runs: c is run and
+    recorded, not left claimed by a worker that stopped."""
+    with tuned_sql(True):
+        _, b, c = (counted.enqueue(key) for key in "abc")
+        worker = Worker(1, step_lease_ttl=30, poll_interval=3600, queues=["default"])
+        assert worker.work_once() is True  # a; its write picks a pass (the passes' turn)
+        assert _ran == {"a": 1}
+
+        def stop(sender: Any, lease: Any, **kwargs: Any) -> None:
+            if lease.key.endswith(b.id):
+                worker.stop()
+
+        lease_released.connect(stop)
+        try:
+            assert worker.work_once() is True  # b, whose write claims c
+        finally:
+            lease_released.disconnect(stop)
+    assert _ran == {"a": 1, "b": 1, "c": 1}
+    c.refresh()
+    assert c.status == TaskResultStatus.SUCCESSFUL
+    assert not WorkflowStep.objects.filter(status=StepStatus.RUNNING).exists()
