@@ -30,10 +30,10 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.signals import lease_released
-from django_leases.tasks_api import TaskResultStatus, task
+from django_leases.tasks_api import TaskResultStatus, task, task_finished
 from django_leases.workflows.values import Claim, RunCompletion
 from django_leases.workflows.worker import Worker
-from tests.helpers import on_another_thread, start_blocked, tuned_sql
+from tests.helpers import on_another_thread, start_blocked, tuned_sql, wait_until
 from tests.workapp import tasks as t
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,3 +164,51 @@ def test_a_step_claimed_by_the_write_of_a_stopping_worker_is_still_run() -> None
     c.refresh()
     assert c.status == TaskResultStatus.SUCCESSFUL
     assert not WorkflowStep.objects.filter(status=StepStatus.RUNNING).exists()
+
+
+@pytest.mark.postgres_only
+def test_the_claimed_steps_lease_is_renewed_while_the_previous_tasks_receivers_run() -> None:
+    """The write of a's result claims b; a's signals (user receivers) are sent after it. A
+    ``task_finished`` receiver that outlasts b's step lease (3 s) must not lose b to another
+    worker: b's lease is renewed meanwhile (every TTL/3), and b runs once, here."""
+    with tuned_sql(True):
+        _, a, b = (counted.enqueue(key) for key in "xab")
+        worker = Worker(1, step_lease_ttl=3, poll_interval=3600, queues=["default"])
+        assert worker.work_once() is True  # x; its write picks a pass (the passes' turn)
+        looked: list[Any] = []
+
+        def slow(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            if task_result.id != a.id or looked:
+                return
+            step = WorkflowStep.objects.get(run_id=uuid.UUID(b.id))
+            assert step.status == StepStatus.RUNNING and step.lease_expires_at is not None
+            first_expiry = step.lease_expires_at
+            # Outlast the lease b was claimed with, on the database clock; it must have
+            # been renewed meanwhile.
+            wait_until(lambda: past(first_expiry), timeout=30, what="b's first expiry")
+            renewed = WorkflowStep.objects.get(pk=step.pk).lease_expires_at
+            assert renewed is not None and renewed > first_expiry, "b's lease was not renewed"
+            other = Worker(1, step_lease_ttl=30, poll_interval=3600, queues=["default"])
+            looked.append(on_another_thread(other.work_once))
+
+        failed: list[BaseException] = []
+
+        def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            try:
+                slow(sender, task_result, **kwargs)
+            except BaseException as exc:  # sent robustly: kept for the test to raise
+                failed.append(exc)
+
+        task_finished.connect(receiver)
+        try:
+            assert worker.work_once() is True  # a, whose write claims b
+        finally:
+            task_finished.disconnect(receiver)
+    if failed:
+        raise failed[0]
+    assert looked == [False], "another worker found b due"
+    b.refresh()
+    assert (b.status, dict(_ran)) == (TaskResultStatus.SUCCESSFUL, {"x": 1, "a": 1, "b": 1})
+    assert list(WorkflowStepAttempt.objects.filter(step__run_id=b.id).values_list("attempt")) == [
+        (1,)
+    ]

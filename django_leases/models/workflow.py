@@ -28,6 +28,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import logging
 import math
 import time
 import uuid
@@ -59,6 +60,7 @@ from django_leases.models.lease import (
     release_held_statement,
     released_grant_sql,
 )
+from django_leases.renewal import Renewal
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -151,6 +153,8 @@ __all__ = [
 
 #: Prefix of the notification channel idle workers LISTEN on (the rest is a digest).
 CHANNEL_PREFIX = "django_leases_work_"
+
+logger = logging.getLogger("django_leases.workflows")
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
@@ -490,6 +494,42 @@ def _for_update(qs: _QS, alias: str) -> _QS:
     if connections[alias].features.has_select_for_no_key_update:
         return qs.select_for_update(no_key=True)
     return qs.select_for_update()
+
+
+def step_lease_renewal(claim: Claim) -> Renewal:
+    """The renewal of ``claim``'s step lease (a :class:`~django_leases.renewal.Renewal`, not
+    started): every TTL/3 from ``claim.claimed_at``, fenced to ``claim.attempt``
+    (:meth:`WorkflowStepQuerySet.refresh_lease`), its threads started only once a first
+    renewal is due (most steps end before it)."""
+    store = WorkflowStep.objects.db_manager(claim.using)
+
+    def renew() -> bool:
+        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
+
+    return Renewal(
+        f"workflow-step:{claim.step_id}:{claim.attempt}",
+        claim.lease_ttl,
+        renew,
+        held_since=claim.claimed_at,
+        deferred=True,
+    )
+
+
+def _still_held(claim: Claim, held: Renewal) -> Claim | None:
+    """``claim`` after its lease was renewed by the stopped renewal ``held``: its
+    ``claimed_at`` moved to the last renewal (so the step's own renewal counts from there),
+    or ``None`` when a renewal found the attempt superseded (another worker took it over:
+    nothing of it is this caller's any more)."""
+    if held.lost.is_set():
+        logger.warning(
+            "Run %s: step %r attempt %d was taken over before it started",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+        )
+        return None
+    since = held.deadline - claim.lease_ttl
+    return claim if since <= claim.claimed_at else dataclasses.replace(claim, claimed_at=since)
 
 
 def _claims_in_one(
@@ -2480,24 +2520,34 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             row = cursor.execute(_call(connection, short), args).fetchone()
         width = sql.ALONE_COLUMNS
         lease_width = len(sql.LEASE_TYPES)
-        if row[width] is not None:  # the instant grant: acquired and released
-            lease = Lease.objects.db_manager(alias).from_returned(
-                connection, row[width : width + lease_width]
-            )
-            lease_acquired.send_robust(sender=Lease, lease=lease)
-            lease_released.send_robust(sender=Lease, lease=lease)
         next_pass = next_step = None
         picked = row[width + lease_width :]
-        if next_holder is not None and picked[0] is not None:
-            next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
-        if row[0]:
-            _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
-        if row[1] is not None:
-            _run_reached(alias, row[1], RunStatus.COMPLETED, output=output, finished_at=row[2])
+        lapsed = False
         if claim is not None:
             lapsed, next_step = _claim_from_row(alias, picked, claim, sent)
-            if lapsed:  # a lost worker's step first: the portable path decides it
-                next_step = self.claim_due(claim, queues=queues)
+        # The step claimed here is this caller's from now on, while the receivers of what
+        # this write did (user code) run: its lease is renewed meanwhile, as it will be
+        # while the step runs.
+        held = None if next_step is None else step_lease_renewal(next_step).start()
+        try:
+            if row[width] is not None:  # the instant grant: acquired and released
+                lease = Lease.objects.db_manager(alias).from_returned(
+                    connection, row[width : width + lease_width]
+                )
+                lease_acquired.send_robust(sender=Lease, lease=lease)
+                lease_released.send_robust(sender=Lease, lease=lease)
+            if next_holder is not None and picked[0] is not None:
+                next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
+            if row[0]:
+                _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
+            if row[1] is not None:
+                _run_reached(alias, row[1], RunStatus.COMPLETED, output=output, finished_at=row[2])
+        finally:
+            if held is not None and next_step is not None:
+                held.stop()
+                next_step = _still_held(next_step, held)
+        if lapsed and claim is not None:  # a lost worker's step first: the portable path
+            next_step = self.claim_due(claim, queues=queues)
         return RunCompletion(
             written=bool(row[0]),
             completed=row[1] is not None,

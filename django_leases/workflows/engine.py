@@ -176,23 +176,12 @@ def run_step_function(claim: Claim) -> StepRun:
     its renewal threads start only once a first renewal is due). The function runs outside
     any transaction; what it returned or raised is returned, nothing is written. A step
     function that is not registered here is reported (``missing``) without a call."""
-    from django_leases.models.workflow import WorkflowStep
+    from django_leases.models.workflow import step_lease_renewal
 
     func = get_step_function(claim.function_name)
     if func is None:
         return StepRun(claim, None, missing=True)
-    store = WorkflowStep.objects.db_manager(claim.using)
-
-    def renew() -> bool:
-        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
-
-    renewal = Renewal(
-        f"workflow-step:{claim.step_id}:{claim.attempt}",
-        claim.lease_ttl,
-        renew,
-        held_since=claim.claimed_at,
-        deferred=True,  # most steps end before their first renewal: no thread for them
-    )
+    renewal = step_lease_renewal(claim)
     ran = StepRun(claim, renewal)
     attributes = {
         "workflow.run_id": claim.run_id,
