@@ -462,11 +462,13 @@ for _signal in (signals.run_completed, signals.run_failed, signals.run_cancelled
 # -- reading --------------------------------------------------------------------------------------
 
 
-#: The tasks :func:`_task_of` built, by what a run stores of them: a ``Task`` is immutable,
-#: and building one validates it again (Django inspects the function's signature), which
-#: would cost every task run as much as the rest of its Python. Emptied when full and when
+#: The tasks :func:`_task_of` built, by what a run stores of them, each beside the task its
+#: path named then: a ``Task`` is immutable, and building one validates it again (Django
+#: inspects the function's signature), which would cost every task run as much as the rest
+#: of its Python. The path is still imported each time (a dictionary lookup once imported),
+#: so a replaced task (a reload, a test's patch) is built anew. Emptied when full and when
 #: ``TASKS`` changes (the validation depends on the backend's queues).
-_tasks: dict[tuple[Any, ...], Task[Any, Any]] = {}
+_tasks: dict[tuple[Any, ...], tuple[Task[Any, Any], Task[Any, Any]]] = {}
 _TASKS_KEPT = 1_000
 
 
@@ -474,14 +476,14 @@ def _task_of(data: Mapping[str, Any]) -> Task[Any, Any]:
     """The ``@task`` a run stores, with the queue, priority and ``run_after`` it was enqueued
     with. Raises ``ImportError`` / ``TypeError`` if the path names no task any more (or
     Django's ``InvalidTask`` if it is no longer valid for its backend)."""
-    run_after = data.get("run_after")
-    key = (data["task"], data["priority"], data["queue_name"], run_after, data["backend"])
-    found = _tasks.get(key)
-    if found is not None:
-        return found
     imported = import_string(data["task"])
     if not isinstance(imported, Task):
         raise TypeError(f"{data['task']} is not a task (a @task function)")
+    run_after = data.get("run_after")
+    key = (data["task"], data["priority"], data["queue_name"], run_after, data["backend"])
+    kept = _tasks.get(key)
+    if kept is not None and kept[0] is imported:
+        return kept[1]
     found = imported.using(
         priority=data["priority"],
         queue_name=data["queue_name"],
@@ -490,7 +492,7 @@ def _task_of(data: Mapping[str, Any]) -> Task[Any, Any]:
     )
     if len(_tasks) >= _TASKS_KEPT:
         _tasks.clear()
-    _tasks[key] = found
+    _tasks[key] = (imported, found)
     return found
 
 

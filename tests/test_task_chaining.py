@@ -20,7 +20,9 @@ pytest.importorskip(
     exc_type=ImportError,
 )
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.test import override_settings
 
 from django_leases.models import (
     RunStatus,
@@ -30,7 +32,8 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.signals import lease_released
-from django_leases.tasks_api import TaskResultStatus, task, task_finished
+from django_leases.tasks import _task_of
+from django_leases.tasks_api import InvalidTask, TaskResultStatus, task, task_finished
 from django_leases.workflows.values import Claim, RunCompletion
 from django_leases.workflows.worker import Worker
 from tests.helpers import on_another_thread, start_blocked, tuned_sql, wait_until
@@ -212,3 +215,23 @@ def test_the_claimed_steps_lease_is_renewed_while_the_previous_tasks_receivers_r
     assert list(WorkflowStepAttempt.objects.filter(step__run_id=b.id).values_list("attempt")) == [
         (1,)
     ]
+
+
+def test_a_kept_task_is_built_anew_when_its_queue_leaves_tasks() -> None:
+    wide = {**settings.TASKS}
+    wide["default"] = {**wide["default"], "QUEUES": ["default", "tests-mail"]}
+    with override_settings(TASKS=wide):
+        result = t.add.using(queue_name="tests-mail").enqueue(1, 2)
+        data = WorkflowRun.objects.get(pk=result.id).input
+        assert _task_of(data).queue_name == "tests-mail"
+    with pytest.raises(InvalidTask):
+        _task_of(data)
+
+
+def test_a_kept_task_follows_what_its_path_names_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = t.add.enqueue(1, 2)
+    data = WorkflowRun.objects.get(pk=result.id).input
+    assert _task_of(data).func is t.add.func
+    assert _task_of(data) is _task_of(data)  # kept
+    monkeypatch.setattr(t, "add", t.echo)
+    assert _task_of(data).func is t.echo.func
