@@ -100,12 +100,10 @@ class Renewal:
         self._cond = threading.Condition()
         self._lost_once = threading.Lock()
         self._lost_reported = False
-        self._renewer = threading.Thread(
-            target=self._renew_loop, name=f"lease-renewal:{name}", daemon=True
-        )
-        self._watchdog = threading.Thread(
-            target=self._watch_deadline, name=f"lease-deadline:{name}", daemon=True
-        )
+        # Made when they start: a deferred renewal usually never does, and a Thread object
+        # costs more than the rest of this one.
+        self._renewer: threading.Thread | None = None
+        self._watchdog: threading.Thread | None = None
         self._deferred = deferred
         self._threads_lock = threading.Lock()
         self._threads_started = False
@@ -140,6 +138,12 @@ class Renewal:
                 return
             self._threads_started = True
             self._first_wait = first_wait
+            self._renewer = threading.Thread(
+                target=self._renew_loop, name=f"lease-renewal:{self.name}", daemon=True
+            )
+            self._watchdog = threading.Thread(
+                target=self._watch_deadline, name=f"lease-deadline:{self.name}", daemon=True
+            )
             self._renewer.start()
             self._watchdog.start()
 
@@ -161,14 +165,15 @@ class Renewal:
         with self._cond:
             self._cond.notify_all()
         current = threading.current_thread()
-        while self._renewer.is_alive() and self._renewer is not current:
+        renewer, watchdog = self._renewer, self._watchdog
+        while renewer is not None and renewer.is_alive() and renewer is not current:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 self.mark_lost("a renewal was still hanging when its TTL ran out")
                 break
-            self._renewer.join(remaining)
-        if self._watchdog.is_alive() and self._watchdog is not current:
-            self._watchdog.join()
+            renewer.join(remaining)
+        if watchdog is not None and watchdog.is_alive() and watchdog is not current:
+            watchdog.join()
 
     def mark_lost(self, reason: str) -> None:
         """Record the loss (once) and tell ``on_lost``."""
