@@ -2386,23 +2386,12 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         taken = list(next_step_queues or ())
         alias = self.write_alias()
         connection = connections[alias]
-        if (
+        # The claim joins the write where claim_due's one statement applies (PostgreSQL).
+        in_one = (
             step_ttl is not None
             and isinstance(held, str)
             and _claims_in_one(connection, queue_limits(), taken)
-        ):
-            return self._complete_run_alone(
-                connection,
-                step_id,
-                result,
-                attempt,
-                output,
-                held,
-                None,
-                next_ttl,
-                claim=step_ttl,
-                queues=taken,
-            )
+        )
         if not db.tuned(connection, "postgresql"):
             done = self._complete_run_portably(
                 alias,
@@ -2424,12 +2413,14 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 held,
                 next_pass_holder,
                 next_ttl,
+                claim=step_ttl if in_one else None,
+                queues=taken,
             )
         else:
             done = self._complete_run_holding(
                 connection, step_id, result, attempt, output, held, next_pass_holder, next_ttl
             )
-        if step_ttl is None:
+        if step_ttl is None or in_one:
             return done
         return dataclasses.replace(done, next_step=self.claim_due(step_ttl, queues=taken))
 
