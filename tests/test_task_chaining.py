@@ -34,9 +34,9 @@ from django_leases.models import (
 from django_leases.signals import lease_released
 from django_leases.tasks import _task_of
 from django_leases.tasks_api import InvalidTask, TaskResultStatus, task, task_finished
-from django_leases.workflows.values import Claim, RunCompletion
 from django_leases.workflows.worker import Worker
 from tests.helpers import on_another_thread, start_blocked, tuned_sql, wait_until
+from tests.test_task_completion import claimed_task, complete_claiming
 from tests.workapp import tasks as t
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,26 +63,6 @@ def past(moment: Any) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp() > %s", [moment])
         return bool(cursor.fetchone()[0])
-
-
-def claimed_task() -> Claim:
-    result = t.add.enqueue(1, 2)
-    claim = WorkflowStep.objects.claim_due(30, queues=["default"])
-    assert claim is not None and claim.run_id == uuid.UUID(result.id)
-    return claim
-
-
-def complete_claiming(claim: Claim) -> RunCompletion:
-    return WorkflowStep.objects.set_result_completing_run(
-        claim.step_id,
-        {"return_value": 3, "worker_id": "w"},
-        claim.attempt,
-        output=3,
-        lease=None,
-        lease_holder="instant",
-        next_step_ttl=30,
-        next_step_queues=["default"],
-    )
 
 
 @pytest.mark.postgres_only

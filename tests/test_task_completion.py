@@ -66,7 +66,11 @@ def claimed_task(task: Any = t.add, *args: Any) -> Claim:
     return claim
 
 
-def complete_alone(claim: Claim, attempt: int = 1, holder: str = "instant") -> Any:
+def complete_alone(
+    claim: Claim, attempt: int = 1, holder: str = "instant", **more: Any
+) -> RunCompletion:
+    """Write ``add``'s result (3) for ``attempt`` with its run's completion, holding no run
+    lease; ``more``: further arguments of ``set_result_completing_run``."""
     return WorkflowStep.objects.set_result_completing_run(
         claim.step_id,
         {"return_value": 3, "worker_id": "w"},
@@ -74,6 +78,7 @@ def complete_alone(claim: Claim, attempt: int = 1, holder: str = "instant") -> A
         output=3,
         lease=None,
         lease_holder=holder,
+        **more,
     )
 
 
@@ -266,13 +271,9 @@ def complete_claiming(
     claim: Claim, queues: Sequence[str] | None = ("default",), attempt: int = 1
 ) -> RunCompletion:
     """``complete_alone`` that also claims the next due step of ``queues``."""
-    return WorkflowStep.objects.set_result_completing_run(
-        claim.step_id,
-        {"return_value": 3, "worker_id": "w"},
+    return complete_alone(
+        claim,
         attempt,
-        output=3,
-        lease=None,
-        lease_holder="instant",
         next_step_ttl=30,
         next_step_queues=None if queues is None else list(queues),
     )

@@ -284,9 +284,10 @@ def claim_step_ctes(
     run row is locked too (``FOR SHARE``), and a run row that changed since the snapshot is
     re-checked on its latest version. A run row another transaction is writing is skipped
     with its steps (``SKIP LOCKED``): the caller's next look for due steps takes them.
-    Returns ``(ctes, params,
-    columns, joined)``: what goes after ``WITH``, its parameters, the row's columns (after
-    ``SELECT``), and the joins that read them (after a ``FROM`` of one row)."""
+
+    Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
+    the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
+    one row)."""
     running, waiting = (
         _text(StepStatus.RUNNING),
         ", ".join(
@@ -529,7 +530,7 @@ def completion(
         "(SELECT count(*) FROM step), (SELECT count(*) FROM done), (SELECT live FROM released), "
         "(SELECT finished_at FROM done)"
     )
-    return _with_pick(t, ctes, params, columns, "(SELECT 1) AS one", pick)
+    return _with_next(t, ctes, params, columns, "(SELECT 1) AS one", pick)
 
 
 def _run_done(t: Tables, run_id: str, *, only_if: str = "") -> str:
@@ -551,7 +552,7 @@ def _run_done(t: Tables, run_id: str, *, only_if: str = "") -> str:
     )"""
 
 
-def _with_pick(
+def _with_next(
     t: Tables,
     ctes: str,
     params: list[Any],
@@ -561,9 +562,9 @@ def _with_pick(
     claim: tuple[Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """A completion's statement from its ``ctes``, ``columns`` and ``joined`` (after
-    ``FROM``), with ``pick`` (see :func:`completion`) the next due run's pick appended, or
-    with ``claim`` (``(seconds, queues)``, see :func:`completion_alone`) the next due
-    step's claim."""
+    ``FROM``), with what the writer does next appended: ``pick`` (see :func:`completion`),
+    the next due run's pick, or ``claim`` (``(seconds, queues)``, see
+    :func:`completion_alone`), the next due step's claim."""
     if claim is not None:
         claimed, claim_params, claim_columns, claim_joined = claim_step_ctes(
             t, *claim, after_waits=True
@@ -640,7 +641,7 @@ def completion_alone(
         "(SELECT finished_at FROM done), (SELECT count(*) FROM notified), taken.*"
     )
     joined = "(SELECT 1) AS one LEFT JOIN taken ON true"
-    return _with_pick(t, ctes, params, columns, joined, pick, claim)
+    return _with_next(t, ctes, params, columns, joined, pick, claim)
 
 
 #: Columns of a :func:`completion_alone` row before the lease grant's.
