@@ -48,6 +48,13 @@ def two_steps(run: Any, input: Any) -> Any:
     return [first, run.step("second", "tests.plans", {"n": 2})]
 
 
+@workflow("tests.plans-then-sleep")
+def then_sleep(run: Any, input: Any) -> Any:
+    first = run.step("first", "tests.plans", {"n": 1})
+    run.sleep("nap", 0)
+    return first
+
+
 @contextmanager
 def explained(plan_cache_mode: str) -> Iterator[list[dict[str, Any]]]:
     """Every plan made on a fresh connection while the block runs (``auto_explain``, JSON)."""
@@ -116,8 +123,12 @@ def _drive_the_hot_paths() -> None:
     # completion picks no next run.
     alone = start_workflow("tests.plans-one", {})
     assert Worker(1, step_lease_ttl=30, poll_interval=0).work_once() is True
-    # Two steps: the first result takes the next pass for the worker, with the run's state.
+    # Two steps: the first result creates and claims the second for the worker.
     two = start_workflow("tests.plans-two", {})
+    assert Worker(1, step_lease_ttl=30, poll_interval=0).work_once() is True
+    # A step, then a sleep: the result takes the next pass for the worker, with the run's
+    # state.
+    slept = start_workflow("tests.plans-then-sleep", {})
     assert Worker(1, step_lease_ttl=30, poll_interval=0).work_once() is True
     # A due step claimed from the queue.
     queued = start_workflow("tests.plans-one", {})
@@ -149,7 +160,7 @@ def _drive_the_hot_paths() -> None:
         )
         assert done.completed
         completed.append(run_id)
-    for run_id in (*chained, alone, two, *completed):
+    for run_id in (*chained, alone, two, slept, *completed):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 
 
@@ -160,6 +171,9 @@ def test_no_hot_path_plan_is_jit_compiled_or_costly(plan_cache_mode: str) -> Non
     texts = [" ".join(plan.get("Query Text", "").split()) for plan in plans]
     # The run-completing statement was planned (inside its function where installed).
     assert any("SET status = 'completed'" in t for t in texts), texts
+    # So were the result that claims the next step, and the one that takes the next pass.
+    assert any("FOR SHARE OF r ON CONFLICT (run_id, step_name)" in t for t in texts), texts
+    assert any("THEN r.pass_due_at ELSE statement_timestamp()" in t for t in texts), texts
     assert _problems(plans) == []
 
 

@@ -93,6 +93,7 @@ from django_leases.workflows.values import (
     WAITING_STEP_STATUSES,
     AttemptStatus,
     Claim,
+    NextStep,
     PassClaim,
     PassState,
     RunChange,
@@ -158,7 +159,7 @@ logger = logging.getLogger("django_leases.workflows")
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0025_workflow_functions"
+FUNCTIONS_MIGRATION = "0026_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -248,7 +249,8 @@ def _arg(name: str, sql_type: str) -> sql.Arg:
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
     (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
-    ``insert_claimed``, ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
+    ``insert_claimed``, ``set_result_claiming_next``, ``complete_run``,
+    ``complete_run_picking``, ``complete_run_alone``,
     ``complete_run_alone_picking`` and ``complete_run_alone_claiming``. The migrations
     install them as frozen text; a test checks the latest one matches these definitions."""
     t = _tables(connection)
@@ -282,6 +284,7 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         _arg("p_finish_pass", "bigint"),
     )
     completed = ("bigint", "bigint", "boolean", "timestamptz")
+    hold = _arg("p_hold", "double precision")
     lease_table = connection.ops.quote_name(Lease._meta.db_table)
 
     def acquire_released(rows: str) -> str:
@@ -321,6 +324,14 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         ),
         sql.Function(
             "insert_claimed", insert_args, ("bigint",), sql.insert_claimed(t, *insert_args)
+        ),
+        sql.Function(
+            "set_result_claiming_next",
+            (step_id, payload, attempt, hold, *insert_args[1:]),
+            ("bigint", "uuid", "bigint", "bigint", *sql.PASS_STATE_TYPES),
+            sql.set_result_claiming_next(
+                t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
+            ),
         ),
         sql.Function(
             "complete_run",
@@ -588,6 +599,16 @@ def _pass_state_from_row(alias: str, row: Any) -> PassState:
         step._state.db = alias
         steps[step.step_name] = step
     return PassState(run=run, steps=steps)
+
+
+def _with_result(state: PassState, step_id: int, stored: Any) -> None:
+    """Step ``step_id`` of ``state`` as succeeded with the ``stored`` result: a statement
+    that wrote it read the steps in its snapshot, before its own write."""
+    for step in state.steps.values():
+        if step.pk == step_id:
+            step.status = StepStatus.SUCCEEDED
+            step.result = stored
+            step.error = None
 
 
 def _pass_claim(
@@ -1561,6 +1582,60 @@ class Scheduled:
     pass_finished: bool = False
 
 
+def _inserted_claimed(
+    alias: str, step_id: int, run_id: uuid.UUID, step: NextStep, ttl: float, sent: float
+) -> Scheduled:
+    """The :class:`Scheduled` of a step a tuned statement inserted claimed (``running`` at
+    attempt 1 under a ``ttl``-second lease, the statement sent at ``sent``, monotonic)."""
+    row = WorkflowStep(
+        pk=step_id,
+        run_id=run_id,
+        step_name=step.step_name,
+        function_name=step.function_name,
+        data=step.data,
+        status=StepStatus.RUNNING,
+        attempt=1,
+        retries=step.retries,
+        retry_delay=step.retry_delay,
+        retry_backoff=step.retry_backoff,
+        retry_delay_max=step.retry_delay_max,
+    )
+    row._state.adding = False
+    row._state.db = alias
+    claim = Claim(
+        step_id=step_id,
+        run_id=run_id,
+        step_name=step.step_name,
+        function_name=step.function_name,
+        attempt=1,
+        data=step.data,
+        lease_ttl=ttl,
+        claimed_at=sent,
+        using=alias,
+    )
+    return Scheduled(row, _attempt_started(claim), True)
+
+
+@dataclass(frozen=True)
+class ResultWithNext:
+    """What :meth:`WorkflowStepQuerySet.set_result_claiming_next` did.
+
+    Attributes:
+        write: the result's :class:`~values.StepWrite`; its ``state`` is the run's pass,
+            taken for the caller, when no next step was created and the run asked for one.
+        next: the next step, when this call created it (:class:`Scheduled`; its ``claim``
+            is ``None`` where the step is not the caller's to run: another queue, or its
+            queue at its limit); ``None`` otherwise.
+        pass_requests: the run's ``pass_requests`` once the pass ended with the next step's
+            creation, for the caller's next pass to end with; ``None`` when no step was
+            created or a pass asked for meanwhile stays due.
+    """
+
+    write: StepWrite
+    next: Scheduled | None = None
+    pass_requests: int | None = None
+
+
 class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
     """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history."""
 
@@ -1864,33 +1939,22 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 retry_delay_max=retry_delay_max,
             )
             return Scheduled(step, None)
-        step = self.model(
-            pk=int(row[0]),
-            run_id=run_id,
-            step_name=step_name,
-            function_name=function_name,
-            data=data,
-            status=StepStatus.RUNNING,
-            attempt=1,
-            retries=retries,
-            retry_delay=retry_delay,
-            retry_backoff=retry_backoff,
-            retry_delay_max=retry_delay_max,
+        return _inserted_claimed(
+            alias,
+            int(row[0]),
+            run_id,
+            NextStep(
+                step_name,
+                function_name,
+                data,
+                retries,
+                retry_delay,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
+            ),
+            ttl,
+            sent,
         )
-        step._state.adding = False
-        step._state.db = alias
-        claim = Claim(
-            step_id=step.pk,
-            run_id=run_id,
-            step_name=step_name,
-            function_name=function_name,
-            attempt=1,
-            data=data,
-            lease_ttl=ttl,
-            claimed_at=sent,
-            using=alias,
-        )
-        return Scheduled(step, _attempt_started(claim), True)
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -2282,12 +2346,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 asked = bool(row[1]) if hold is None else row[1] is not None
                 if hold is not None and row[1] is not None:
                     state = _pass_state_from_row(alias, row[1:])
-                    # The steps were read in the statement's snapshot: before its own write.
-                    for step in state.steps.values():
-                        if step.pk == step_id:
-                            step.status = StepStatus.SUCCEEDED
-                            step.result = self.stored_json(result)
-                            step.error = None
+                    _with_result(state, step_id, self.stored_json(result))
                 _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 return StepWrite(StepStatus.SUCCEEDED, state=state, pass_requested=asked)
             # Nothing matched the fence: a repeat of this very write, or a refusal.
@@ -2323,6 +2382,175 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             return None
         state = WorkflowRun.objects.db_manager(alias).pass_state(run_id)
         return state if state is not None and state.run.status == RunStatus.RUNNING else None
+
+    def set_result_claiming_next(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        next_step: NextStep,
+        finish_pass: int,
+        lease_ttl_seconds: float,
+        hold_pass_seconds: float,
+        queues: Sequence[str] | None = None,
+    ) -> ResultWithNext:
+        """Record ``result`` for ``attempt`` of the step (:meth:`set_result`), and create the
+        step its run's workflow asks for next, claimed for the caller (:meth:`schedule_claimed`).
+
+        For the driver of a run that has replayed the workflow in memory with this result
+        and found it asks for ``next_step`` next: the pass the result asks for has then been
+        run, so it ends with the next step's creation — unless another pass was asked for
+        since ``finish_pass`` (the ``pass_requests`` the caller's last pass read), which stays
+        due. The next step is created only when the result was written, the run is
+        ``running`` and its last pass waits on no other parallel step; when it is not (or a
+        step of that name exists), the write is :meth:`set_result` with
+        ``hold_pass_seconds``: the pass is taken for the caller, who runs it for real.
+        ``lease_ttl_seconds``: the next step's lease; ``queues``: as for
+        :meth:`schedule_claimed` (a step of another queue, or of a limited queue at its
+        limit, is created for its workers, not claimed). Tuned (PostgreSQL), for a step of
+        the default queue with no timeout or priority of its own: one statement; else the
+        two writes one after the other (a worker dying between them leaves the pass taken,
+        due again once ``hold_pass_seconds`` have passed).
+
+        Args:
+            step_id: the step (``int``).
+            result: its JSON result.
+            attempt: the attempt that ran (``int`` ≥ 1), the fence.
+            next_step: the step to create (:class:`~values.NextStep`).
+            finish_pass: ``pass_requests`` as the caller's pass read it (``int``).
+            lease_ttl_seconds: seconds of the next step's lease.
+            hold_pass_seconds: seconds the run's pass is taken for when no step is created
+                (the run lease's TTL).
+            queues: the caller's ``--queue`` names (``None`` or empty: every queue).
+
+        Returns:
+            A :class:`ResultWithNext`.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: ``attempt`` or the next step's settings are invalid (as
+                :meth:`schedule` says); nothing was written.
+        """
+        check_attempt(attempt)
+        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
+            next_step.step_name,
+            next_step.function_name,
+            next_step.data,
+            next_step.retries,
+            next_step.retry_delay,
+            next_step.retry_backoff,
+            next_step.retry_delay_max,
+        )
+        timeout = _check_timeout(next_step.timeout)
+        queue, priority = _check_queue(next_step.queue, next_step.priority)
+        data = {} if next_step.data is None else next_step.data
+        next_step = NextStep(
+            next_step.step_name,
+            next_step.function_name,
+            data,
+            retries,
+            retry_delay,
+            timeout,
+            queue,
+            priority,
+            retry_backoff,
+            retry_delay_max,
+        )
+        ttl = ttl_seconds(lease_ttl_seconds)
+        hold = ttl_seconds(hold_pass_seconds)
+        alias = self.write_alias()
+        connection = connections[alias]
+        limits = queue_limits().get(queue)
+        try:
+            check_json(result, "Step result")
+        except ValueError:
+            tuned = False  # ``set_result`` turns it into the attempt's failure
+        else:
+            tuned = (
+                db.tuned(connection, "postgresql")
+                and timeout is None
+                and queue == DEFAULT_QUEUE
+                and priority == 0
+                and not (limits is not None and limits.limited)
+                and (not queues or queue in queues)
+            )
+        if not tuned:
+            wrote = self.set_result(step_id, result, attempt, hold_pass_seconds=hold)
+            state = wrote.state
+            if (
+                wrote.status != StepStatus.SUCCEEDED
+                or not wrote.written
+                or state is None
+                or next_step.step_name in state.steps  # the caller's pass runs for real
+            ):
+                return ResultWithNext(wrote)
+            # The pass the result asked for is the caller's (run already, in memory); one
+            # asked for since ``finish_pass`` is not.
+            expected = finish_pass + 1
+            runs = WorkflowRun.objects.db_manager(alias)
+            scheduled = self.schedule_claimed(
+                state.run.id,
+                next_step.step_name,
+                next_step.function_name,
+                data,
+                retries=retries,
+                retry_delay=retry_delay,
+                retry_backoff=retry_backoff,
+                retry_delay_max=retry_delay_max,
+                timeout=timeout,
+                lease_ttl_seconds=ttl,
+                finish_pass=expected,
+                queue=queue,
+                priority=priority,
+                queues=queues,
+            )
+            finished = scheduled.pass_finished or (
+                scheduled.claim is None and runs.finish_pass(state.run.id, expected)
+            )
+            if not finished:  # asked for since ``finish_pass``: due now, as on the tuned path
+                runs.request_pass(state.run.id)
+            requests = expected if finished else None
+            return ResultWithNext(dataclasses.replace(wrote, state=None), scheduled, requests)
+        sent = time.monotonic()
+        with db.cursor(connection) as cursor:
+            row = cursor.execute(
+                _call(connection, "set_result_claiming_next"),
+                [
+                    step_id,
+                    json.dumps(result),
+                    attempt,
+                    hold,
+                    next_step.step_name,
+                    next_step.function_name,
+                    json.dumps(data),
+                    retries,
+                    retry_delay,
+                    retry_backoff,
+                    retry_delay_max,
+                    ttl,
+                    finish_pass,
+                ],
+            ).fetchone()
+        if not row[0]:
+            # Nothing matched the fence: a repeat of this very write, or a refusal.
+            if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
+                return ResultWithNext(StepWrite(StepStatus.SUCCEEDED, written=False))
+            self._refuse(alias, step_id, attempt)
+        _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
+        width = sql.CLAIMING_NEXT_COLUMNS
+        if row[2] is None:  # no step created: the pass, if the run asked, is the caller's
+            state = None
+            if row[width] is not None:
+                state = _pass_state_from_row(alias, row[width:])
+                _with_result(state, step_id, self.stored_json(result))
+            write = StepWrite(StepStatus.SUCCEEDED, state=state, pass_requested=state is not None)
+            return ResultWithNext(write)
+        run_id = parse_run_id(row[1])
+        scheduled = _inserted_claimed(alias, int(row[2]), run_id, next_step, ttl, sent)
+        return ResultWithNext(StepWrite(StepStatus.SUCCEEDED), scheduled, row[3])
 
     def set_result_completing_run(
         self,

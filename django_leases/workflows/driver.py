@@ -22,7 +22,9 @@ schedules (claimed for this thread at once), the pass after it, and so on, all u
 of the run lease ``workflow-run:<id>``. When a step succeeds, the run is first replayed in
 memory with its result (a dry pass, which writes nothing); if the workflow then returns, the
 result, the run's completion and the release of the run lease are one write
-(``set_result_completing_run``).
+(``set_result_completing_run``); if it asks for a new step, the result and that step, created
+and claimed for the thread, are one write (``set_result_claiming_next``), and the dry pass
+stands for the pass the result asks for: a middle step costs one write and one replay.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from django_leases.workflows.values import (
     WORKFLOW_ERROR,
     WORKFLOW_NOT_FOUND,
     Claim,
+    NextStep,
     PassClaim,
     PassState,
     RunStatus,
@@ -77,7 +80,7 @@ from django_leases.workflows.values import (
 )
 
 if TYPE_CHECKING:
-    from django_leases.models.workflow import WorkflowWait
+    from django_leases.models.workflow import WorkflowStep, WorkflowWait
 
 logger = logging.getLogger("django_leases.workflows")
 
@@ -145,6 +148,8 @@ class _Pass:
         self.claim: Claim | None = None
         #: Whether that claim also ended the pass.
         self.pass_finished = False
+        #: The step a dry pass ended at, not created yet: what the workflow asks for next.
+        self.wanted: NextStep | None = None
         #: The input and the steps' results and errors as this pass read them (JSON text),
         #: for a dry pass after its step (the workflow may change what it was given in place):
         #: kept when the pass may claim a step, or with ``keep_read``.
@@ -306,11 +311,23 @@ class _Pass:
         self.see(step_name)
         step = self.steps.get(step_name)
         if step is None:
+            queue, placed_priority = _placed(function_name, priority, queue)
             if self.dry:
+                self.wanted = NextStep(
+                    step_name,
+                    function_name,
+                    data,
+                    retries,
+                    retry_delay,
+                    timeout,
+                    queue,
+                    placed_priority,
+                    retry_backoff,
+                    retry_delay_max,
+                )
                 raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
             args = (self.run.id, step_name, function_name, data)
-            queue, placed_priority = _placed(function_name, priority, queue)
             if self.claim_ttl is None:
                 step = store.schedule(
                     *args,
@@ -619,22 +636,40 @@ def replay(
     return Replayed("completed" if runs.complete(run_id, output) else "failed", this)
 
 
-def dry_replay(this: _Pass, step_name: str, result: Any) -> tuple[bool, Any]:
+@dataclass(frozen=True)
+class DryPass:
+    """What a dry pass came to (:func:`dry_replay`).
+
+    Attributes:
+        returned: the workflow returned JSON ``output``.
+        output: that output (``None`` unless ``returned``).
+        wanted: the step the workflow asked for next, not created yet
+            (:class:`~values.NextStep`), when that ended the pass; ``None`` when it ended
+            anywhere else (a parallel call, a wait, a child run, a step not succeeded) or
+            raised.
+    """
+
+    returned: bool = False
+    output: Any = None
+    wanted: NextStep | None = None
+
+
+def dry_replay(this: _Pass, step_name: str, result: Any) -> DryPass:
     """Replay the run of pass ``this`` in memory as if step ``step_name`` had just succeeded
     with ``result``, writing nothing: from what the pass read (``this.read``), with the result
     as the database will give it back (``stored_json``), so the workflow sees what a pass
-    reading them would. ``(True, output)`` when the workflow returns JSON ``output``;
-    ``(False, None)`` when it does anything else (asks for a step not run yet, raises,
-    returns something not JSON), which the ordinary pass handles for real."""
+    reading them would. Returns a :class:`DryPass`: the workflow's JSON output when it
+    returns, the step it asks for next when that is a new ``run.step``; anything else (it
+    raises, returns something not JSON, waits) the ordinary pass handles for real."""
     from django_leases.models.workflow import WorkflowStep
 
     if this.read is None:
-        return False, None
+        return DryPass()
     try:
         check_json(result, "Step result")
         func = get_workflow(this.run.workflow)
     except (ValueError, UnknownWorkflowError):
-        return False, None
+        return DryPass()
     input, read = json.loads(this.read)
     steps = {}
     for name, recorded in this.steps.items():
@@ -651,11 +686,31 @@ def dry_replay(this: _Pass, step_name: str, result: Any) -> tuple[bool, Any]:
     try:
         output = func(RunContext(dry), input)
         check_json(output, "Workflow output")
+    except _PassEnded:
+        return DryPass(wanted=dry.wanted)
     except KeyboardInterrupt:
         raise
     except BaseException:
-        return False, None
-    return True, output
+        return DryPass()
+    return DryPass(returned=True, output=output)
+
+
+def _after(this: _Pass, step_name: str, stored: Any, step: WorkflowStep, requests: int) -> _Pass:
+    """The pass the driver holds once step ``step_name`` of pass ``this`` succeeded with the
+    ``stored`` result and the write that recorded it created the next step ``step`` (claimed
+    for the driver) and ended the pass at ``requests`` (``pass_requests``): what a pass
+    reading the run then would read, with its ``read`` for the next step's dry pass."""
+    input, read = json.loads(this.read or "[null, {}]")
+    read[step_name] = [stored, None]
+    steps = {name: copy.copy(recorded) for name, recorded in this.steps.items()}
+    done = steps[step_name]
+    done.status, done.result, done.error = StepStatus.SUCCEEDED, stored, None
+    steps[step.step_name] = step
+    run = copy.copy(this.run)
+    run.pass_requests = requests
+    after = _Pass(PassState(run, steps), this.using, None, queues=this.queues)
+    after.read = json.dumps([input, read])
+    return after
 
 
 # -- the driver ---------------------------------------------------------------------------------
@@ -709,6 +764,9 @@ class RunDriver:
         self.next_pass: PassClaim | None = None
         self._state = None if picked is None else picked.state
         self._completion_sent = False
+        #: The next step a result's write created and claimed for this thread, and the pass
+        #: it runs under: run next, without a pass of its own (:meth:`_claim_next`).
+        self._chained: tuple[_Pass, Claim] | None = None
 
     def drive(self) -> str:
         """Drive the run until it waits, ends, or the worker stops. Returns the last pass's
@@ -742,21 +800,28 @@ class RunDriver:
     def _passes(self, held: HeldLease) -> str:
 
         while True:
+            # Should the run lease be lost here with a chained step claimed, that step's
+            # lease lapses and another worker runs it as its next attempt.
             held.check()
-            claim_ttl = self.step_lease_ttl if self.keep_going() else None
-            with tracing.span("django_leases.pass", **{"workflow.run_id": self.run_id}) as span:
-                replayed = replay(self.run_id, self.alias, self._state, claim_ttl, self.queues)
-                span.set("workflow.outcome", replayed.outcome)
-                if replayed.replay is not None:
-                    span.set("workflow.name", replayed.replay.run.workflow)
-            self._state = None
-            claim = replayed.claim
-            if claim is None or replayed.replay is None:
-                return replayed.outcome
+            if self._chained is not None:
+                (this, claim), self._chained = self._chained, None
+            else:
+                claim_ttl = self.step_lease_ttl if self.keep_going() else None
+                attributes = {"workflow.run_id": self.run_id}
+                with tracing.span("django_leases.pass", **attributes) as span:
+                    replayed = replay(self.run_id, self.alias, self._state, claim_ttl, self.queues)
+                    span.set("workflow.outcome", replayed.outcome)
+                    if replayed.replay is not None:
+                        span.set("workflow.name", replayed.replay.run.workflow)
+                self._state = None
+                found = replayed.claim
+                if found is None or replayed.replay is None:
+                    return replayed.outcome
+                this, claim = replayed.replay, found
             logger.info(
                 "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
             )
-            ended = self._record(replayed.replay, run_step_function(claim), held)
+            ended = self._record(this, run_step_function(claim), held)
             if ended is not None:
                 return ended
 
@@ -782,6 +847,8 @@ class RunDriver:
         )
         if recorded.run_outcome is not None:  # the result completed the run with it
             return recorded.run_outcome
+        if self._chained is not None:  # the write claimed the next step for this thread
+            return None
         if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
             return recorded.outcome
         if not recorded.pass_requested:  # not the last of its parallel siblings
@@ -836,9 +903,13 @@ class RunDriver:
         shows the workflow returns; ``None`` sends the result the ordinary way."""
         from django_leases.models.workflow import WorkflowStep
 
-        found, output = dry_replay(this, claim.step_name, result)
-        if not found:
+        self._chained = None
+        dry = dry_replay(this, claim.step_name, result)
+        if dry.wanted is not None:
+            return self._claim_next(this, claim, result, dry.wanted)
+        if not dry.returned:
             return None
+        output = dry.output
         # A retry (the first try's reply was lost: it may have committed, picking a run
         # nobody would drive) picks nothing: that run is picked again once its lease lapses.
         want_next = self.chain and self.keep_going() and not self._completion_sent
@@ -862,6 +933,45 @@ class RunDriver:
         return StepRecorded(
             StepStatus.SUCCEEDED, run_outcome="completed" if done.completed else "failed"
         )
+
+    def _claim_next(
+        self, this: _Pass, claim: Claim, result: Any, wanted: NextStep
+    ) -> StepRecorded | None:
+        """The result, and the step the workflow asks for next (``wanted``, as a dry pass with
+        the result found) created and claimed for this thread, in one write: the pass the
+        result asks for is the dry pass, run already. The claimed step and the pass it runs
+        under go to :attr:`_chained`. ``None`` sends the result the ordinary way (the worker
+        is stopping, or this driver claims no steps, or the step is not valid: the ordinary
+        pass fails the run for it)."""
+        from django_leases.models.workflow import WorkflowStep
+
+        if self.step_lease_ttl is None or not self.keep_going():
+            return None
+        store = WorkflowStep.objects.db_manager(claim.using)
+        try:
+            done = store.set_result_claiming_next(
+                claim.step_id,
+                result,
+                claim.attempt,
+                next_step=wanted,
+                finish_pass=this.run.pass_requests,
+                lease_ttl_seconds=self.step_lease_ttl,
+                hold_pass_seconds=self.lease_ttl,
+                queues=self.queues,
+            )
+        except ValueError:
+            return None
+        write, scheduled = done.write, done.next
+        if scheduled is None:
+            # No step created: the pass (taken for this thread when the run asked) runs for real.
+            return StepRecorded(write.status, write.state, pass_requested=write.pass_requested)
+        if scheduled.claim is not None:
+            stored = store.stored_json(result)
+            requests = -1 if done.pass_requests is None else done.pass_requests
+            after = _after(this, claim.step_name, stored, scheduled.step, requests)
+            self._chained = (after, scheduled.claim)
+        # Not claimed here (another queue's, or its queue at its limit): its workers run it.
+        return StepRecorded(write.status, pass_requested=scheduled.claim is not None)
 
     def _pass_later(self, exc: LeaseTakenError | LeaseLostError) -> str:
         """The run lease was taken, or lost: ask for another pass :data:`PASS_RETRY_DELAY`

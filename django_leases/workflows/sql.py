@@ -373,6 +373,53 @@ CLAIM_STEP_TYPES = (
 )
 
 
+def _claimed_insert(
+    t: Tables,
+    run_row: str,
+    step_name: Any,
+    function_name: Any,
+    data: Any,
+    retries: Any,
+    retry_delay: Any,
+    retry_backoff: Any,
+    retry_delay_max: Any,
+    seconds: Any,
+    *,
+    name: str,
+) -> tuple[str, list[Any]]:
+    """CTEs ``{name}`` (a new step inserted ``running`` at attempt 1 with a ``seconds`` lease,
+    into the run ``run_row`` selects — a ``FROM … WHERE …`` over the run table aliased ``r``
+    — unless the run has a step of that name; its ``id``) and ``{name}_history`` (its attempt
+    row). ``data`` is JSON text; the retry settings are recorded as given."""
+    sql = f"""{name} AS (
+            INSERT INTO {t.step} (
+                run_id, step_name, function_name, data, status, attempt, retries,
+                retry_delay, retry_backoff, retry_delay_max, lease_expires_at, available_at,
+                created_at, updated_at
+            )
+            SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s, %s, %s,
+                   statement_timestamp() + make_interval(secs => %s),
+                   statement_timestamp(), statement_timestamp(), statement_timestamp()
+            {run_row}
+            ON CONFLICT (run_id, step_name) DO NOTHING
+            RETURNING id
+        ), {name}_history AS (
+            INSERT INTO {t.attempt} (step_id, attempt, status, started_at)
+            SELECT id, 1, {_text(AttemptStatus.RUNNING)}, statement_timestamp() FROM {name}
+        )"""
+    params = [
+        step_name,
+        function_name,
+        data,
+        retries,
+        retry_delay,
+        retry_backoff,
+        retry_delay_max,
+        seconds,
+    ]
+    return sql, params
+
+
 def insert_claimed(
     t: Tables,
     run_id: Any,
@@ -392,30 +439,9 @@ def insert_claimed(
     inserted. ``data`` is JSON text; ``retries``, ``retry_delay``, ``retry_backoff`` and
     ``retry_delay_max`` (``NULL``: no cap of its own) are recorded as given. Returns the new
     step's id, or no row."""
-    sql = f"""
-        WITH step AS (
-            INSERT INTO {t.step} (
-                run_id, step_name, function_name, data, status, attempt, retries,
-                retry_delay, retry_backoff, retry_delay_max, lease_expires_at, available_at,
-                created_at, updated_at
-            )
-            SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s, %s, %s,
-                   statement_timestamp() + make_interval(secs => %s),
-                   statement_timestamp(), statement_timestamp(), statement_timestamp()
-            FROM {t.run} r
-            WHERE r.id = %s AND {_is_running("r.status")}
-            ON CONFLICT (run_id, step_name) DO NOTHING
-            RETURNING id
-        ), history AS (
-            INSERT INTO {t.attempt} (step_id, attempt, status, started_at)
-            SELECT id, 1, {_text(AttemptStatus.RUNNING)}, statement_timestamp() FROM step
-        ), finished AS (
-            UPDATE {t.run} SET pass_due_at = NULL
-            WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
-        )
-        SELECT id FROM step
-    """
-    params = [
+    inserted, params = _claimed_insert(
+        t,
+        f"FROM {t.run} r WHERE r.id = %s AND {_is_running('r.status')}",
         step_name,
         function_name,
         data,
@@ -424,9 +450,16 @@ def insert_claimed(
         retry_backoff,
         retry_delay_max,
         seconds,
-        run_id,
-    ]
-    return sql, [*params, run_id, finish_pass]
+        name="step",
+    )
+    sql = f"""
+        WITH {inserted}, finished AS (
+            UPDATE {t.run} SET pass_due_at = NULL
+            WHERE id = %s AND pass_requests = %s AND EXISTS (SELECT 1 FROM step)
+        )
+        SELECT id FROM step
+    """
+    return sql, [*params, run_id, run_id, finish_pass]
 
 
 def _result(
@@ -496,6 +529,82 @@ def set_result(
         sql += f"SELECT (SELECT count(*) FROM step), {pass_state('run', t.step)} "
         sql += "FROM (SELECT 1) AS one LEFT JOIN run ON run.asked"
     return sql, params
+
+
+def set_result_claiming_next(
+    t: Tables,
+    fence: str,
+    fence_params: Sequence[Any],
+    payload: Any,
+    attempt: Any,
+    hold: Any,
+    step_name: Any,
+    function_name: Any,
+    data: Any,
+    retries: Any,
+    retry_delay: Any,
+    retry_backoff: Any,
+    retry_delay_max: Any,
+    seconds: Any,
+    finish_pass: Any,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.set_result_claiming_next`: the fenced result and its
+    attempt row (as :func:`set_result`), and the step the run's pass asks for next inserted
+    claimed (as :func:`insert_claimed`), in one statement.
+
+    The next step is inserted only when the result was written, the run is ``running`` and
+    its last pass waits on nothing else (``branches_left`` ≤ 1), and no step of that name
+    exists; the run row is locked ``FOR SHARE`` to read that, so a run that ended while this
+    statement waited is seen ended. Then the pass this result asks for has been run (by the
+    caller, in memory) and ends: ``pass_due_at`` is cleared, unless a pass was asked for
+    since ``finish_pass`` (the ``pass_requests`` the caller's pass read), which stays due
+    now. When no step was inserted the run update is :func:`set_result`'s with ``hold``.
+    Its row: written (0 or 1), the step's run, the new step's id, the run's
+    ``pass_requests`` when its pass ended (else ``NULL``), then the pass state (``NULL``
+    unless the pass was taken for the caller: no step inserted and the run asked)."""
+    written, params = _result(t, fence, fence_params, payload, attempt)
+    inserted, insert_params = _claimed_insert(
+        t,
+        f"""FROM {t.run} r
+            WHERE r.id = (SELECT run_id FROM step) AND {_is_running("r.status")}
+                AND r.branches_left <= 1
+            FOR SHARE OF r""",
+        step_name,
+        function_name,
+        data,
+        retries,
+        retry_delay,
+        retry_backoff,
+        retry_delay_max,
+        seconds,
+        name="next",
+    )
+    sql = f"""
+        WITH {written}, {inserted}, run AS (
+            UPDATE {t.run} AS r
+            SET pass_due_at = CASE
+                    WHEN r.branches_left > 1 THEN r.pass_due_at
+                    WHEN NOT EXISTS (SELECT 1 FROM next)
+                        THEN statement_timestamp() + make_interval(secs => %s)
+                    WHEN r.pass_requests = %s THEN NULL
+                    ELSE statement_timestamp() END,
+                branches_left = CASE WHEN r.branches_left > 1 THEN r.branches_left - 1
+                    ELSE 0 END,
+                pass_requests = pass_requests + 1, updated_at = statement_timestamp()
+            WHERE id = (SELECT run_id FROM step) AND {_is_running()}
+            RETURNING r.id, r.workflow, r.status, r.input, r.pass_requests, r.pass_due_at,
+                r.branches_left = 0 AND NOT EXISTS (SELECT 1 FROM next) AS asked
+        )
+        SELECT (SELECT count(*) FROM step), (SELECT run_id FROM step), (SELECT id FROM next),
+            (SELECT pass_requests FROM run WHERE pass_due_at IS NULL),
+            {pass_state("run", t.step)}
+        FROM (SELECT 1) AS one LEFT JOIN run ON run.asked
+    """
+    return sql, [*params, *insert_params, hold, finish_pass]
+
+
+#: Columns of a :func:`set_result_claiming_next` row before the pass state's.
+CLAIMING_NEXT_COLUMNS = 4
 
 
 def completion(
@@ -709,6 +818,7 @@ class Function:
 
 __all__ = [
     "ALONE_COLUMNS",
+    "CLAIMING_NEXT_COLUMNS",
     "CLAIM_STEP_TYPES",
     "COMPLETION_COLUMNS",
     "FUNCTION_PREFIX",
@@ -728,6 +838,7 @@ __all__ = [
     "pick_pass",
     "pick_pass_alone",
     "set_result",
+    "set_result_claiming_next",
     "start_one_step",
     "start_run",
     "take_pass",

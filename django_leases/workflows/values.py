@@ -200,6 +200,25 @@ class StepWrite:
 
 
 @dataclass(frozen=True)
+class NextStep:
+    """A step a workflow asks for (``run.step``), as it is to be created: ``step_name``,
+    ``function_name``, JSON ``data``, ``retries``, ``retry_delay`` (seconds), ``timeout``
+    (seconds or ``None``), ``queue`` and ``priority`` (its step function's, or the call's),
+    ``retry_backoff`` and ``retry_delay_max`` (seconds or ``None``)."""
+
+    step_name: str
+    function_name: str
+    data: Any
+    retries: int = 5
+    retry_delay: float = 0.0
+    timeout: float | None = None
+    queue: str = "default"
+    priority: int = 0
+    retry_backoff: float = 1.0
+    retry_delay_max: float | None = None
+
+
+@dataclass(frozen=True)
 class RunCompletion:
     """What ``WorkflowStep.objects.set_result_completing_run`` did.
 
@@ -277,6 +296,7 @@ __all__ = [
     "WORKFLOW_NOT_FOUND",
     "AttemptStatus",
     "Claim",
+    "NextStep",
     "PassClaim",
     "PassState",
     "RunChange",
