@@ -344,3 +344,94 @@ def test_a_next_step_of_a_queue_the_worker_does_not_take_waits_for_its_workers(
     assert other.work_once() is True
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"n": 2, "attempt": 1})
+
+
+_ran: list[tuple[str, int]] = []
+
+
+@step_function("tests.chain-counted")
+def counted_step(data: Any, ctx: Any) -> Any:
+    _ran.append((data["name"], ctx.attempt))
+    return {"name": data["name"]}
+
+
+@workflow("tests.chain-no-retries")
+def no_retries(run: Any, input: Any) -> Any:
+    # No retries: a step whose claim were left to lapse would fail the run.
+    a = run.step("a", "tests.chain-counted", {"name": "a"}, retries=0)
+    b = run.step("b", "tests.chain-counted", {"name": "b"}, retries=0)
+    return [a, b]
+
+
+def test_a_write_whose_reply_was_lost_keeps_the_step_it_claimed(
+    sent_as: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first try committed (``b`` created, claimed for this thread) but its reply was
+    lost; the retry finds the result recorded. ``b`` is still this thread's: it runs at
+    attempt 1, not after its lease lapsed."""
+    from django.db import OperationalError
+
+    from django_leases.models.workflow import WorkflowStepQuerySet
+
+    _ran.clear()
+    real = WorkflowStepQuerySet.set_result_claiming_next
+    tries: list[ResultWithNext] = []
+
+    def lost_reply(self: Any, *args: Any, **kwargs: Any) -> ResultWithNext:
+        done = real(self, *args, **kwargs)
+        tries.append(done)
+        if len(tries) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return done
+
+    monkeypatch.setattr(WorkflowStepQuerySet, "set_result_claiming_next", lost_reply)
+    run, _ = drive("tests.chain-no-retries")
+    assert len(tries) == 2 and not tries[1].write.written
+    assert _ran == [("a", 1), ("b", 1)]
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
+
+
+def test_a_created_step_is_not_reclaimed_without_the_run_lease(sent_as: str) -> None:
+    read, claim = claimed_first()
+    lease = Lease.objects.acquire(run_lease_key(claim.run_id), "tests.first-holder", 30)
+    assert lease is not None
+    done = write(claim, read)
+    assert done.next is not None
+    store = WorkflowStep.objects
+    again = store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30)
+    assert again is not None and again.claim is not None and again.claim.attempt == 1
+    # Another holder took the run lease since (its token is higher): not this caller's.
+    assert Lease.objects.release(lease)
+    taken = Lease.objects.acquire(run_lease_key(claim.run_id), "tests.other-holder", 30)
+    assert taken is not None and taken.token > lease.token
+    assert store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30) is None
+
+
+def test_a_step_claimed_just_before_the_run_lease_is_lost_still_runs(
+    sent_as: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``a``'s write claimed ``b``; then the run lease is seen lost. ``b`` runs at attempt 1
+    under its own step lease and its result asks any worker for the run's pass."""
+    from django_leases.exceptions import LeaseLostError
+    from django_leases.leases import HeldLease
+
+    _ran.clear()
+    real = HeldLease.check
+
+    def lost_once_b_is_claimed(self: HeldLease) -> None:
+        if ("a", 1) in _ran and not any(name == "b" for name, _ in _ran):
+            raise LeaseLostError(self.key)
+        real(self)
+
+    monkeypatch.setattr(HeldLease, "check", lost_once_b_is_claimed)
+    run, _ = drive("tests.chain-no-retries")
+    assert _ran == [("a", 1), ("b", 1)]
+    step = WorkflowStep.objects.get(run_id=run.id, step_name="b")
+    assert (step.status, step.attempt) == (StepStatus.SUCCEEDED, 1)
+    monkeypatch.setattr(HeldLease, "check", real)
+    WorkflowRun.objects.request_pass(run.id)  # not the second the lost lease's retry waits
+    Lease.objects.filter(key=run_lease_key(run.id)).update(expires_at=db_now())
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    assert worker.work_once() is True
+    run = WorkflowRun.objects.get(pk=run.id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])

@@ -2552,6 +2552,65 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         scheduled = _inserted_claimed(alias, int(row[2]), run_id, next_step, ttl, sent)
         return ResultWithNext(StepWrite(StepStatus.SUCCEEDED), scheduled, row[3])
 
+    def reclaim_created(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        *,
+        lease: Lease,
+        lease_ttl_seconds: float,
+    ) -> Scheduled | None:
+        """Claim again a step that a write of the caller created claimed, when that write's
+        reply was lost (:meth:`set_result_claiming_next` tried again finds its result
+        recorded): the step is the caller's only while the caller still holds the run lease
+        ``lease`` — same holder and token, live on the database clock, so nobody else ran a
+        pass of the run since — and the step is ``running`` at attempt 1 in a running run.
+        Its step lease is then renewed ``lease_ttl_seconds`` (seconds) from now. Returns the
+        step and its claim (:class:`Scheduled`), or ``None`` (the step's lease lapses and it
+        is taken over as for any lost worker)."""
+        ttl = ttl_seconds(lease_ttl_seconds)
+        run_id = parse_run_id(run_id)
+        alias = self.write_alias()
+        sent = time.monotonic()
+        with transaction.atomic(using=alias):
+            held = (
+                Lease._default_manager.using(alias)
+                .select_for_update()
+                .filter(
+                    key=run_lease_key(run_id),
+                    holder=lease.holder,
+                    token=lease.token,
+                    released_at__isnull=True,
+                    expires_at__gt=DbNow(),
+                )
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if held is None:
+                return None
+            mine = self.rows().filter(
+                run_id=run_id,
+                step_name=step_name,
+                status=StepStatus.RUNNING,
+                attempt=1,
+                run__status=RunStatus.RUNNING,
+            )
+            if not mine.update(lease_expires_at=clock.db_now_plus(ttl), updated_at=DbNow()):
+                return None
+            step = self.rows().get(run_id=run_id, step_name=step_name)
+        claim = Claim(
+            step_id=step.pk,
+            run_id=step.run_id,
+            step_name=step_name,
+            function_name=step.function_name,
+            attempt=1,
+            data=step.data,
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+        )
+        return Scheduled(step, claim, False)
+
     def set_result_completing_run(
         self,
         step_id: int,

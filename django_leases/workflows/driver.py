@@ -800,9 +800,16 @@ class RunDriver:
     def _passes(self, held: HeldLease) -> str:
 
         while True:
-            # Should the run lease be lost here with a chained step claimed, that step's
-            # lease lapses and another worker runs it as its next attempt.
-            held.check()
+            try:
+                held.check()
+            except LeaseLostError:
+                # A step the last write claimed is this thread's by its own step lease (its
+                # result is fenced to its attempt): it is run, and its result written for any
+                # worker's pass, rather than left to lapse (which would spend an attempt).
+                if self._chained is not None:
+                    (_, claim), self._chained = self._chained, None
+                    record_step(run_step_function(claim))
+                raise
             if self._chained is not None:
                 (this, claim), self._chained = self._chained, None
             else:
@@ -906,7 +913,7 @@ class RunDriver:
         self._chained = None
         dry = dry_replay(this, claim.step_name, result)
         if dry.wanted is not None:
-            return self._claim_next(this, claim, result, dry.wanted)
+            return self._claim_next(this, claim, held, result, dry.wanted)
         if not dry.returned:
             return None
         output = dry.output
@@ -935,7 +942,7 @@ class RunDriver:
         )
 
     def _claim_next(
-        self, this: _Pass, claim: Claim, result: Any, wanted: NextStep
+        self, this: _Pass, claim: Claim, held: HeldLease, result: Any, wanted: NextStep
     ) -> StepRecorded | None:
         """The result, and the step the workflow asks for next (``wanted``, as a dry pass with
         the result found) created and claimed for this thread, in one write: the pass the
@@ -961,14 +968,23 @@ class RunDriver:
             )
         except ValueError:
             return None
-        write, scheduled = done.write, done.next
+        write, scheduled, requests = done.write, done.next, done.pass_requests
+        if scheduled is None and not write.written and held.acquired:
+            # A repeat: the first try committed (its reply was lost), and the step it created
+            # and claimed is this thread's still, as long as the run lease is.
+            scheduled = store.reclaim_created(
+                claim.run_id,
+                wanted.step_name,
+                lease=held.lease,
+                lease_ttl_seconds=self.step_lease_ttl,
+            )
         if scheduled is None:
             # No step created: the pass (taken for this thread when the run asked) runs for real.
             return StepRecorded(write.status, write.state, pass_requested=write.pass_requested)
         if scheduled.claim is not None:
             stored = store.stored_json(result)
-            requests = -1 if done.pass_requests is None else done.pass_requests
-            after = _after(this, claim.step_name, stored, scheduled.step, requests)
+            ended_at = -1 if requests is None else requests
+            after = _after(this, claim.step_name, stored, scheduled.step, ended_at)
             self._chained = (after, scheduled.claim)
         # Not claimed here (another queue's, or its queue at its limit): its workers run it.
         return StepRecorded(write.status, pass_requested=scheduled.claim is not None)
