@@ -435,3 +435,27 @@ def test_a_step_claimed_just_before_the_run_lease_is_lost_still_runs(
     assert worker.work_once() is True
     run = WorkflowRun.objects.get(pk=run.id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
+
+
+def test_a_next_step_that_appears_between_the_portable_writes_is_not_taken_for_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the portable path the result and the next step are two writes: a step of that name
+    created between them (by a pass of another holder) is not this call's, and the pass the
+    result took stays the caller's to run for real — never ended on a step nobody runs."""
+    from django_leases.models.workflow import WorkflowStepQuerySet
+
+    real = WorkflowStepQuerySet.set_result
+
+    def then_created(self: Any, *args: Any, **kwargs: Any) -> Any:
+        wrote = real(self, *args, **kwargs)
+        WorkflowStep.objects.schedule(wrote.state.run.id, "b", "tests.chain", {"n": 1})
+        return wrote
+
+    with tuned_sql(False):
+        read, claim = claimed_first()
+        monkeypatch.setattr(WorkflowStepQuerySet, "set_result", then_created)
+        done = write(claim, read)
+    assert done.next is None and done.write.state is not None
+    held = WorkflowRun.objects.filter(pk=claim.run_id, pass_due_at__gt=db_now())
+    assert held.exists(), "the pass was ended although nobody runs it"

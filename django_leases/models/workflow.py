@@ -1575,11 +1575,13 @@ class Scheduled:
         claim: the claim of the step for the caller (:class:`~values.Claim`), when this call
             created it and claimed it; else ``None``.
         pass_finished: the claim also ended the caller's pass (``finish_pass``).
+        created: this call created the step (``False``: it existed).
     """
 
     step: WorkflowStep
     claim: Claim | None
     pass_finished: bool = False
+    created: bool = True
 
 
 def _inserted_claimed(
@@ -1860,7 +1862,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         timeout = _check_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         if queues and queue not in queues:
-            step = self._schedule(
+            step, created = self._schedule(
                 run_id,
                 step_name,
                 function_name,
@@ -1872,8 +1874,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 priority,
                 retry_backoff=retry_backoff,
                 retry_delay_max=retry_delay_max,
-            )[0]
-            return Scheduled(step, None)
+            )
+            return Scheduled(step, None, created=created)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]
@@ -1904,7 +1906,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 retry_delay_max=retry_delay_max,
             )
             if not created:
-                return Scheduled(step, None)
+                return Scheduled(step, None, created=False)
             claim = self.claim_for_execution(run_id, step_name, function_name, ttl)
             if claim is None:
                 return Scheduled(step, None)
@@ -1928,7 +1930,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 _call(connection, "insert_claimed"), [*args, finish_pass]
             ).fetchone()
         if row is None or row[0] is None:  # it exists, or the run is not running
-            step, _ = self._schedule(
+            step, created = self._schedule(
                 run_id,
                 step_name,
                 function_name,
@@ -1938,7 +1940,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 retry_backoff=retry_backoff,
                 retry_delay_max=retry_delay_max,
             )
-            return Scheduled(step, None)
+            return Scheduled(step, None, created=created)
         return _inserted_claimed(
             alias,
             int(row[0]),
@@ -2507,6 +2509,8 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 priority=priority,
                 queues=queues,
             )
+            if not scheduled.created:  # it appeared since: the caller's pass runs for real
+                return ResultWithNext(wrote)
             finished = scheduled.pass_finished or (
                 scheduled.claim is None and runs.finish_pass(state.run.id, expected)
             )

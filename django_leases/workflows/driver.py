@@ -907,7 +907,8 @@ class RunDriver:
         self, this: _Pass, claim: Claim, held: HeldLease, result: Any
     ) -> StepRecorded | None:
         """The result and the run's completion in one write, when a dry pass with the result
-        shows the workflow returns; ``None`` sends the result the ordinary way."""
+        shows the workflow returns; the result and the next step when it asks for a new one
+        (:meth:`_claim_next`); ``None`` sends the result the ordinary way."""
         from django_leases.models.workflow import WorkflowStep
 
         self._chained = None
