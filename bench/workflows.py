@@ -2024,6 +2024,8 @@ def profile_ours(args: argparse.Namespace) -> None:
         f"{args.tasks / elapsed:,.0f} runs/s, "
         f"{done} units of work, client CPU {1e6 * cpu / args.tasks:.0f} µs/run (profiler included)"
     )
+    if args.profile_dump is not None:
+        profiler.dump_stats(args.profile_dump)
     for sort in ("tottime", "cumulative"):
         stream = io.StringIO()
         pstats.Stats(profiler, stream=stream).sort_stats(sort).print_stats(args.profile_top)
@@ -2129,6 +2131,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "a cProfile of --tasks runs",
     )
     parser.add_argument("--profile-top", type=int, default=30)
+    parser.add_argument(
+        "--profile-dump",
+        type=Path,
+        default=None,
+        help="with --profile: also write the cProfile stats to this file (pstats format)",
+    )
     parser.add_argument(
         "--profile-contender",
         choices=OURS_TASK_NAMES,
