@@ -35,13 +35,16 @@ The ORM side uses :func:`db_now` (:class:`DbNow`) and :func:`db_now_plus`.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import Combinable
 from django.db.models.functions import Now
+from django.utils import timezone as django_timezone
 
 #: What a time zone name may contain to be written into SQL (IANA names, ``+hh:mm``).
 _ZONE_NAME = re.compile(r"[A-Za-z0-9/_+:-]+")
@@ -129,6 +132,28 @@ def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | in
     return seconds
 
 
+def _zone_of(alias: str) -> Any:
+    """The zone naive datetimes are in on ``alias`` when ``USE_TZ`` is off: UTC on SQLite (the
+    database clock, ``strftime('now')``, is UTC there), the connection's zone elsewhere."""
+    connection = connections[alias]
+    return UTC if connection.vendor == "sqlite" else connection.timezone
+
+
+def to_aware(value: datetime, alias: str) -> datetime:
+    """A datetime read from database ``alias`` as an aware UTC ``datetime``."""
+    if django_timezone.is_naive(value):
+        value = django_timezone.make_aware(value, _zone_of(alias))
+    return value.astimezone(UTC)
+
+
+def to_stored(value: datetime | None, alias: str) -> datetime | None:
+    """An aware ``datetime`` as it is written to database ``alias`` (naive in the database's
+    zone when ``USE_TZ`` is off); ``None`` stays ``None``."""
+    if value is None or django_settings.USE_TZ:
+        return value
+    return django_timezone.make_naive(value, _zone_of(alias))
+
+
 __all__ = [
     "DbNow",
     "db_now",
@@ -137,4 +162,6 @@ __all__ = [
     "now_plus_sql",
     "now_sql",
     "seconds_param",
+    "to_aware",
+    "to_stored",
 ]

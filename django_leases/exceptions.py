@@ -247,7 +247,11 @@ class TaskAttemptError(TaskError):
         self.exception_class_path = f"{kind.__module__}.{kind.__qualname__}"
         self.traceback = traceback
         self.worker_id = worker_id
-        super().__init__(str(exception))
+        try:
+            message = str(exception)
+        except Exception:  # an exception whose __str__ raises is still this attempt's error
+            message = f"<{kind.__name__}: str() failed>"
+        super().__init__(message)
         self.error_fields = {
             "type": kind.__name__,
             "exception_class_path": self.exception_class_path,

@@ -34,13 +34,14 @@ import threading
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core import checks
 from django.core.signals import setting_changed
 from django.db import router, transaction
 from django.dispatch import receiver
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_leases import signals
@@ -53,6 +54,7 @@ from django_leases.exceptions import (
 )
 from django_leases.tasks_api import (
     BaseTaskBackend,
+    InvalidTask,
     InvalidTaskBackend,
     Task,
     TaskContext,
@@ -66,7 +68,13 @@ from django_leases.tasks_api import (
     task_finished,
     task_started,
 )
-from django_leases.validation import check_backoff, check_json, check_retries, seconds
+from django_leases.validation import (
+    check_backoff,
+    check_json,
+    check_retries,
+    check_step_timeout,
+    seconds,
+)
 from django_leases.workflows.registry import one_step_workflow, step_function, workflow
 from django_leases.workflows.values import (
     TASK_FUNCTION,
@@ -118,6 +126,10 @@ class TaskBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
+        if not isinstance(self.options or {}, Mapping):
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS'] must be a dict, not {self.options!r}"
+            )
         options = dict(self.options or {})
         unknown = sorted(str(key) for key in options if key not in DEFAULT_OPTIONS)
         if unknown:
@@ -127,18 +139,21 @@ class TaskBackend(BaseTaskBackend):
             )
         merged = {**DEFAULT_OPTIONS, **options}
         try:
-            # The step's own checks, so that a backend that builds can enqueue (a
-            # retry_delay may still be a timedelta here, as it always could).
+            # The step's own checks, so that a backend that builds can enqueue (the
+            # durations may be timedeltas here, as retry_delay always could).
             retries, retry_delay = check_retries(
                 merged["retries"], seconds(merged["retry_delay"], "retry_delay")
             )
+            delay_max = merged["retry_delay_max"]
             retry_backoff, retry_delay_max = check_backoff(
-                merged["retry_backoff"], merged["retry_delay_max"]
+                merged["retry_backoff"],
+                seconds(delay_max, "retry_delay_max")
+                if isinstance(delay_max, timedelta)
+                else delay_max,
             )
-            timeout = (
-                None
-                if merged["timeout"] is None
-                else seconds(merged["timeout"], "timeout", above_minimum=True)
+            timeout = merged["timeout"]
+            timeout = check_step_timeout(
+                seconds(timeout, "timeout") if isinstance(timeout, timedelta) else timeout
             )
         except ValueError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
@@ -149,6 +164,30 @@ class TaskBackend(BaseTaskBackend):
         self.timeout: float | None = timeout
 
     # -- enqueueing ---------------------------------------------------------------------------
+
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """Django's checks of ``task`` for this backend, then the engine's: the queue is one
+        ``DJANGO_LEASES["QUEUES"]`` configures (``"default"`` always is; with ``QUEUES``
+        empty Django allows any name, the engine does not) and the priority an ``int``
+        (Django takes ``True`` or ``1.0``). Django calls this when a task is built or
+        ``using()`` changes it, and ``enqueue`` again.
+
+        Raises:
+            InvalidTask: the task is not valid here (nothing stored).
+        """
+        super().validate_task(task)
+        priority = task.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidTask(f"priority must be an int, not {priority!r}")
+        try:
+            known = queue_limits()
+        except QueueConfigError:
+            return  # E016 reports the setting; enqueue raises it
+        if task.queue_name not in known:
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is not configured in DJANGO_LEASES['QUEUES'] "
+                f"(known: {', '.join(sorted(known))}): no worker would know its limits"
+            )
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Store ``task`` with ``args`` (a sequence) and ``kwargs`` (a mapping) as a run due
@@ -164,19 +203,24 @@ class TaskBackend(BaseTaskBackend):
                 (nothing is stored).
         """
         self.validate_task(task)
-        args_json, kwargs_json = _json_arguments(task, args, kwargs)
         from django_leases.models.workflow import WorkflowRun
+
+        alias = router.db_for_write(WorkflowRun)
+        args_json, kwargs_json = _json_arguments(task, args, kwargs, alias)
+        run_after = task.run_after
+        if run_after is not None and timezone.is_naive(run_after):
+            # USE_TZ = False (Django refuses a naive one otherwise): in TIME_ZONE.
+            run_after = timezone.make_aware(run_after)
 
         data = {
             "task": task.module_path,
             "backend": self.alias,
             "queue_name": task.queue_name,
             "priority": task.priority,
-            "run_after": None if task.run_after is None else task.run_after.isoformat(),
+            "run_after": None if run_after is None else run_after.isoformat(),
             "args": args_json,
             "kwargs": kwargs_json,
         }
-        alias = router.db_for_write(WorkflowRun)
         run = WorkflowRun.objects.db_manager(alias).start_one_step(
             TASK_WORKFLOW,
             data,
@@ -189,7 +233,7 @@ class TaskBackend(BaseTaskBackend):
             timeout=self.timeout,
             queue=task.queue_name,
             priority=task.priority,
-            available_at=task.run_after,
+            available_at=run_after,
         )
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
@@ -354,7 +398,9 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
             value = task.call(TaskContext(task_result=live), *data["args"], **data["kwargs"])
         else:
             value = task.call(*data["args"], **data["kwargs"])
-        value = _json_value(value, f"The return value of task {task.module_path}")
+        value = _json_value(
+            value, f"The return value of task {task.module_path}", router.db_for_write(WorkflowRun)
+        )
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # this attempt's failure: recorded with what Django shows
@@ -603,26 +649,48 @@ def _task_error(error: Mapping[str, Any]) -> TaskError:
 # -- JSON ------------------------------------------------------------------------------------------
 
 
-def _json_value(value: Any, what: str) -> Any:
+def _json_value(value: Any, what: str, alias: str) -> Any:
     """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
-    to read back from JSON exactly as written; raises :class:`TaskArgumentsError`."""
+    to read back exactly as written from database ``alias`` once stored (PostgreSQL's
+    ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``); raises
+    :class:`TaskArgumentsError`."""
+    from django_leases.models.workflow import WorkflowStep
+
     try:
         normal = normalize_json(value)
         check_json(normal, what)
-        same = json.loads(json.dumps(normal, allow_nan=False)) == normal
+        written = _json_text(normal)
+        # Not so for an int key, say (it reads back "1"); then what the database gives back.
+        same = json.loads(written) == normal
+        stored = WorkflowStep.objects.db_manager(alias).stored_json(normal) if same else None
+    except RecursionError:
+        raise TaskArgumentsError(f"{what} must be JSON: nested too deeply") from None
     except (TypeError, ValueError) as exc:
         raise TaskArgumentsError(f"{what} must be JSON (read back as written): {exc}") from None
     if not same:
         raise TaskArgumentsError(f"{what} does not read back from JSON as written")
+    read_back = _json_text(stored)
+    if read_back != written:
+        raise TaskArgumentsError(
+            f"{what} does not read back as written once stored (the database gives "
+            f"{read_back[:200]} for {written[:200]}): pass such numbers as strings"
+        )
     return normal
 
 
+def _json_text(value: Any) -> str:
+    """JSON ``value`` as text that tells apart what reads back differently (an ``int`` from a
+    ``float``, ``-0.0`` from ``0.0``), object keys in one order."""
+    return json.dumps(value, allow_nan=False, sort_keys=True)
+
+
 def _json_arguments(
-    task: Task[Any, Any], args: Iterable[Any], kwargs: Mapping[str, Any]
+    task: Task[Any, Any], args: Iterable[Any], kwargs: Mapping[str, Any], alias: str
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The task's arguments as JSON; raises :class:`TaskArgumentsError` (nothing stored)."""
+    """The task's arguments as JSON for database ``alias``; raises
+    :class:`TaskArgumentsError` (nothing stored)."""
     what = f"The arguments of task {task.module_path}"
-    return _json_value(list(args), what), _json_value(dict(kwargs), what)
+    return _json_value(list(args), what, alias), _json_value(dict(kwargs), what, alias)
 
 
 __all__ = [

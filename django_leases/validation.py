@@ -208,6 +208,15 @@ def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
     return retries, seconds(retry_delay, "retry_delay", maximum=MAX_RETRY_DELAY)
 
 
+def check_step_timeout(timeout: object) -> float | None:
+    """A step's ``timeout``: ``None`` (no limit) or a finite number of seconds (not a
+    ``timedelta``) above the minimum and at most :data:`MAX_WAIT_SECONDS`; returns it as a
+    ``float`` (or ``None``). Raises ``ValueError`` otherwise."""
+    if timeout is None:
+        return None
+    return seconds(timeout, "Step timeout", above_minimum=True, maximum=MAX_WAIT_SECONDS)
+
+
 def check_backoff(retry_backoff: object, retry_delay_max: object) -> tuple[float, float | None]:
     """Validate a step's ``retry_backoff`` and ``retry_delay_max``, the growth of its retry
     delay (see :func:`retry_delay_after`); returns them as ``(float, float | None)``.
@@ -393,7 +402,8 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
 def as_stored(value: Any) -> Any:
     """JSON ``value`` as PostgreSQL's ``jsonb`` gives it back once stored: object keys in
     jsonb's order (shorter first, then bytewise) and a number written with an exponent read
-    back as jsonb prints it (``1e+16`` comes back as the integer ``10000000000000000``). A
+    back as jsonb prints it (``1e+16`` comes back as the integer ``10000000000000000``,
+    ``-0.0`` as ``0.0``). A
     pass that replays a result in memory must see what a pass reading it would see."""
     if isinstance(value, dict):
         keys = sorted(value, key=lambda key: (len(key.encode()), key.encode()))
@@ -401,6 +411,8 @@ def as_stored(value: Any) -> Any:
     if isinstance(value, list):
         return [as_stored(item) for item in value]
     if isinstance(value, float):
+        if value == 0.0:
+            return 0.0  # numeric has no negative zero: -0.0 comes back as 0.0
         text = repr(value)
         if "e" in text:
             plain = format(decimal.Decimal(text), "f")
@@ -425,6 +437,7 @@ __all__ = [
     "check_lease_name",
     "check_name",
     "check_retries",
+    "check_step_timeout",
     "clean_text",
     "error_json",
     "parse_run_id",

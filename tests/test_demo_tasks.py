@@ -23,9 +23,8 @@ from demo_project import settings as demo_settings
 from demo_project.journal.models import Outcome, StepExecution
 from demo_project.journal.workflows import TICK_SCHEDULE, TICK_WORKFLOW
 from demo_project.tour import StageFailed, fired_by, one_at_a_time, one_run_per_tick
-from django_leases.clock import DbNow
+from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.models import WorkflowRun, WorkflowSchedule
-from django_leases.models.schedule import to_aware, to_stored
 from django_leases.tasks_api import TaskResultStatus
 from django_leases.testing import drive
 from django_leases.workflows.registry import declared_schedules

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from django_leases.clock import to_aware
 from django_leases.models import WorkflowRun, WorkflowSchedule
-from django_leases.models.schedule import to_aware
 from tests.helpers import MANAGE_PY, start_process, wait_until
 
 NAME = "every-second"

@@ -31,9 +31,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from django_leases import tasks_api
-from django_leases.clock import DbNow
+from django_leases.clock import DbNow, to_aware
 from django_leases.exceptions import TaskArgumentsError
 from django_leases.models import (
     AttemptStatus,
@@ -133,8 +134,10 @@ def test_the_backoff_options_are_read() -> None:
         ({"retry_delay_max": float("inf")}, "retry_delay_max"),
         ({"retry_delay_max": True}, "retry_delay_max"),
         ({"retry_delay_max": "60"}, "retry_delay_max"),
-        ({"retry_delay_max": timedelta(seconds=60)}, "retry_delay_max"),
+        ({"retry_delay_max": timedelta(days=2)}, "retry_delay_max"),
         ({"retry_delay_max": 86401}, "retry_delay_max"),
+        ({"timeout": 1e12}, "timeout"),  # past the steps' limit: no enqueue could take it
+        ({"timeout": timedelta(0)}, "timeout"),
     ],
 )
 def test_bad_options_are_refused_as_an_invalid_backend(options: dict[str, Any], named: str) -> None:
@@ -142,11 +145,41 @@ def test_bad_options_are_refused_as_an_invalid_backend(options: dict[str, Any], 
         TaskBackend("bad", {"OPTIONS": options})
 
 
+def test_options_that_are_not_a_dict_are_refused_as_an_invalid_backend() -> None:
+    with pytest.raises(InvalidTaskBackend, match="TASKS\\['bad'\\]\\['OPTIONS'\\] must be a dict"):
+        TaskBackend("bad", {"OPTIONS": "abc"})
+
+
+def test_every_duration_option_takes_a_timedelta_as_retry_delay_does() -> None:
+    options = {
+        "retry_delay": timedelta(seconds=5),
+        "retry_delay_max": timedelta(minutes=1),
+        "timeout": timedelta(seconds=90),
+    }
+    backend = TaskBackend("durations", {"OPTIONS": options})
+    assert (backend.retry_delay, backend.retry_delay_max, backend.timeout) == (5.0, 60.0, 90.0)
+
+
 def test_a_task_queue_that_the_workers_do_not_know_is_a_system_check_error() -> None:
     backend = TaskBackend("x", {"QUEUES": ["default", "mail"]})
     assert [m.id for m in backend.check()] == ["django_leases.E030"]
     with override_settings(DJANGO_LEASES={"QUEUES": {"mail": {"concurrency": 1}}}):
         assert backend.check() == []
+
+
+def test_an_exception_whose_str_raises_is_still_recorded_as_itself() -> None:
+    from django_leases.exceptions import TaskAttemptError
+    from django_leases.validation import error_json
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no str for you")
+
+    error = TaskAttemptError(Unprintable(), "Traceback…", "host:1:2")
+    fields = error_json(error)
+    assert fields["exception_class_path"].endswith("Unprintable")
+    assert fields["worker_id"] == "host:1:2"
+    assert "str() failed" in fields["message"]
 
 
 def test_an_attempt_error_records_the_exception_path_traceback_and_worker() -> None:
@@ -642,7 +675,84 @@ def test_invalid_tasks_are_refused() -> None:
         t.add.using(run_after=datetime(2030, 1, 1))  # naive, with USE_TZ
     with pytest.raises(InvalidTask):
         t.add.using(queue_name="nowhere")
+    with pytest.raises(InvalidTask, match="priority must be an int"):
+        t.add.using(priority=True)
+    with pytest.raises(InvalidTask, match="priority must be an int"):
+        t.add.using(priority=1.0)  # type: ignore[arg-type]
     assert WorkflowRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_backend_open_to_any_queue_still_takes_only_configured_queues() -> None:
+    # Django lets QUEUES = [] take any name; a queue the engine does not configure would be
+    # one whose limits no worker knows, and that a --queue worker never takes.
+    tasks_setting = {"open": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": []}}
+    with override_settings(TASKS=tasks_setting):
+        for name in ("typo", " default", "default\n", "x" * 300):
+            with pytest.raises(InvalidTask, match="not configured in DJANGO_LEASES"):
+                t.add.using(backend="open", queue_name=name)
+        t.add.using(backend="open", queue_name="default").enqueue(1, 2)
+        with override_settings(DJANGO_LEASES={"QUEUES": {"mail": {"concurrency": 1}}}):
+            t.add.using(backend="open", queue_name="mail").enqueue(1, 2)
+    assert sorted(WorkflowStep.objects.values_list("queue", flat=True)) == ["default", "mail"]
+
+
+@pytest.mark.django_db
+def test_a_naive_run_after_without_time_zones_is_read_in_time_zone() -> None:
+    with override_settings(USE_TZ=False):
+        later = datetime.now().replace(microsecond=0) + timedelta(hours=1)
+        result = t.add.using(run_after=later).enqueue(1, 2)
+        due = to_aware(step_of(result).available_at, connection.alias)
+        assert due == timezone.make_aware(later)
+        drive()
+        result.refresh()
+        assert result.status == TaskResultStatus.READY  # not due for an hour
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.django_db
+def test_arguments_nested_beyond_recursion_are_refused_with_nothing_stored() -> None:
+    with pytest.raises(TaskArgumentsError, match="nested too deeply"):
+        t.echo.enqueue(_nested(5000))
+    assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", [1e20, -0.0, {"b": 1e16, "a": [2.5e300]}])
+def test_numbers_read_back_as_written_or_are_refused(value: Any) -> None:
+    # PostgreSQL's jsonb gives 1e+20 back as the integer 100000000000000000000 and -0.0 as
+    # 0.0: refused there, with nothing stored; elsewhere the JSON text round-trips.
+    if connection.vendor == "postgresql":
+        with pytest.raises(TaskArgumentsError, match="does not read back as written"):
+            t.echo.enqueue(value)
+        assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
+        return
+    result = t.echo.enqueue(value)
+    drive()
+    got = t.echo.get_result(result.id)
+    assert got.status == TaskResultStatus.SUCCESSFUL
+    assert repr(got.args) == repr([value]) and repr(got.return_value["args"]) == repr([value])
+
+
+@pytest.mark.django_db
+def test_a_return_value_that_would_not_read_back_fails_where_it_would_not() -> None:
+    result = t.huge_float.enqueue()
+    drive()
+    result.refresh()
+    if connection.vendor == "postgresql":
+        assert result.status == TaskResultStatus.FAILED
+        [error] = result.errors
+        assert error.exception_class_path == "django_leases.exceptions.TaskArgumentsError"
+        assert "does not read back as written" in error.traceback
+    else:
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert repr(result.return_value) == "1e+20"
 
 
 @pytest.mark.django_db

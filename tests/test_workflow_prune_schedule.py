@@ -18,10 +18,9 @@ from django.db import connection
 from django.test import override_settings
 
 from django_leases import checks
-from django_leases.clock import db_now_plus, now_sql
+from django_leases.clock import db_now_plus, now_sql, to_aware, to_stored
 from django_leases.conf import leases_settings
 from django_leases.models import RunStatus, WorkflowRun, WorkflowSchedule, WorkflowStep
-from django_leases.models.schedule import to_aware, to_stored
 from django_leases.testing import drive
 from django_leases.workflows import registry
 from django_leases.workflows.retention import PRUNE_RETRIES

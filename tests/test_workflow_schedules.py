@@ -13,10 +13,9 @@ from django.db import connection
 from django.test import override_settings
 
 from django_leases import checks
-from django_leases.clock import DbNow
+from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.exceptions import UnknownScheduleError
 from django_leases.models import WorkflowRun, WorkflowSchedule
-from django_leases.models.schedule import to_aware, to_stored
 from django_leases.workflows import registry
 from django_leases.workflows.schedules import (
     MISSED_AFTER,

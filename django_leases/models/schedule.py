@@ -30,16 +30,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import ClassVar
 
-from django.conf import settings as django_settings
 from django.db import connections, models, transaction
 from django.db.models import F
-from django.utils import timezone as django_timezone
 
 from django_leases import db
-from django_leases.clock import DbNow
+from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.exceptions import UnknownScheduleError
 from django_leases.models.workflow import WorkflowRun
 from django_leases.validation import MAX_NAME_LENGTH
@@ -77,28 +75,6 @@ class Fired:
     run_id: uuid.UUID | None
     next_tick: datetime | None
     skipped: int = 0
-
-
-def _zone_of(alias: str) -> Any:
-    """The zone naive datetimes are in on ``alias`` when ``USE_TZ`` is off: UTC on SQLite (the
-    database clock, ``strftime('now')``, is UTC there), the connection's zone elsewhere."""
-    connection = connections[alias]
-    return UTC if connection.vendor == "sqlite" else connection.timezone
-
-
-def to_aware(value: datetime, alias: str) -> datetime:
-    """A datetime read from database ``alias`` as an aware UTC ``datetime``."""
-    if django_timezone.is_naive(value):
-        value = django_timezone.make_aware(value, _zone_of(alias))
-    return value.astimezone(UTC)
-
-
-def to_stored(value: datetime | None, alias: str) -> datetime | None:
-    """An aware ``datetime`` as it is written to database ``alias`` (naive in the database's
-    zone when ``USE_TZ`` is off); ``None`` stays ``None``."""
-    if value is None or django_settings.USE_TZ:
-        return value
-    return django_timezone.make_naive(value, _zone_of(alias))
 
 
 class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):

@@ -43,7 +43,7 @@ from django.db.models.expressions import Expression, RawSQL
 from django.utils import timezone
 
 from django_leases import clock, db, signals
-from django_leases.clock import DbNow
+from django_leases.clock import DbNow, to_stored
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, QueueLimits, queue_limits
 from django_leases.exceptions import (
     WorkflowEventRefusedError,
@@ -66,7 +66,6 @@ from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_NAME_LENGTH,
     MAX_RETRY_DELAY,
-    MAX_WAIT_SECONDS,
     as_stored,
     check_attempt,
     check_backoff,
@@ -75,6 +74,7 @@ from django_leases.validation import (
     check_lease_name,
     check_name,
     check_retries,
+    check_step_timeout,
     error_json,
     parse_run_id,
     seconds,
@@ -815,7 +815,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
             step_name, function_name, input, retries, retry_delay, retry_backoff, retry_delay_max
         )
-        timeout = _check_timeout(timeout)
+        timeout = check_step_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         if available_at is not None and (
             not isinstance(available_at, datetime) or available_at.tzinfo is None
@@ -866,7 +866,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 timeout=timeout,
                 queue=queue,
                 priority=priority,
-                available_at=DbNow() if available_at is None else available_at,
+                available_at=DbNow() if available_at is None else to_stored(available_at, alias),
             )
             _wake(alias)
         self._started(alias, run.id, workflow)
@@ -1559,13 +1559,6 @@ def _check_queue(queue: object, priority: object) -> tuple[str, int]:
     return name, priority
 
 
-def _check_timeout(timeout: object) -> float | None:
-    """A step's ``timeout``: ``None`` or seconds > 0, finite (``ValueError``)."""
-    if timeout is None:
-        return None
-    return seconds(timeout, "Step timeout", above_minimum=True, maximum=MAX_WAIT_SECONDS)
-
-
 @dataclass(frozen=True)
 class Scheduled:
     """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
@@ -1681,7 +1674,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
             step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
         )
-        timeout = _check_timeout(timeout)
+        timeout = check_step_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         return self._schedule(
             run_id,
@@ -1859,7 +1852,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
             step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
         )
-        timeout = _check_timeout(timeout)
+        timeout = check_step_timeout(timeout)
         queue, priority = _check_queue(queue, priority)
         if queues and queue not in queues:
             step, created = self._schedule(
@@ -2446,7 +2439,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             next_step.retry_backoff,
             next_step.retry_delay_max,
         )
-        timeout = _check_timeout(next_step.timeout)
+        timeout = check_step_timeout(next_step.timeout)
         queue, priority = _check_queue(next_step.queue, next_step.priority)
         data = {} if next_step.data is None else next_step.data
         next_step = NextStep(

@@ -35,6 +35,12 @@ def unjsonable() -> object:
     return {1, 2}
 
 
+@task
+def huge_float() -> float:
+    """Return ``1e20``, a float PostgreSQL's ``jsonb`` would give back as an integer."""
+    return 1e20
+
+
 @task(takes_context=True, backend="retrying")
 def flaky(context: TaskContext, fail_until: int) -> dict[str, Any]:
     """Fail on attempts before ``fail_until``; then return the attempt, the result's id and

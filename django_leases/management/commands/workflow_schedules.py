@@ -20,10 +20,11 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_leases.clock import to_aware
 from django_leases.exceptions import UnknownScheduleError
 from django_leases.management import base
 from django_leases.models import WorkflowSchedule
-from django_leases.models.schedule import WorkflowScheduleQuerySet, to_aware
+from django_leases.models.schedule import WorkflowScheduleQuerySet
 from django_leases.workflows.registry import declared_schedules
 
 _COLUMNS = base.columns(
