@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.conf import settings as django_settings
 from django.db import connections
@@ -134,9 +135,12 @@ def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | in
 
 def _zone_of(alias: str) -> Any:
     """The zone naive datetimes are in on ``alias`` when ``USE_TZ`` is off: UTC on SQLite (the
-    database clock, ``strftime('now')``, is UTC there), the connection's zone elsewhere."""
+    database clock, ``strftime('now')``, is UTC there), the connection's zone elsewhere
+    (``TIME_ZONE``, or the database's own ``TIME_ZONE``), never the zone a request activated.
+    (Django's ``connection.timezone`` is ``None`` without ``USE_TZ``, which would mean the
+    active zone to ``make_aware`` / ``make_naive``.)"""
     connection = connections[alias]
-    return UTC if connection.vendor == "sqlite" else connection.timezone
+    return UTC if connection.vendor == "sqlite" else ZoneInfo(connection.timezone_name)
 
 
 def to_aware(value: datetime, alias: str) -> datetime:

@@ -166,9 +166,7 @@ class TaskBackend(BaseTaskBackend):
     # -- enqueueing ---------------------------------------------------------------------------
 
     def validate_task(self, task: Task[Any, Any]) -> None:
-        """Django's checks of ``task`` for this backend, then the engine's: the queue is one
-        ``DJANGO_LEASES["QUEUES"]`` configures (``"default"`` always is; with ``QUEUES``
-        empty Django allows any name, the engine does not) and the priority an ``int``
+        """Django's checks of ``task`` for this backend, then that its priority is an ``int``
         (Django takes ``True`` or ``1.0``). Django calls this when a task is built or
         ``using()`` changes it, and ``enqueue`` again.
 
@@ -179,13 +177,24 @@ class TaskBackend(BaseTaskBackend):
         priority = task.priority
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidTask(f"priority must be an int, not {priority!r}")
-        try:
-            known = queue_limits()
-        except QueueConfigError:
-            return  # E016 reports the setting; enqueue raises it
-        if task.queue_name not in known:
+
+    def _check_open_queue(self, task: Task[Any, Any]) -> None:
+        """With ``QUEUES`` empty, Django lets a task name any queue: at enqueue, the engine
+        takes only a queue ``DJANGO_LEASES["QUEUES"]`` configures (``"default"`` always is),
+        so a typo never lands on a queue whose limits no worker knows. (With ``QUEUES`` set,
+        Django checks the name against them, and system check E030 checks them.)
+
+        Raises:
+            InvalidTask: the queue is not configured (nothing stored).
+            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+        """
+        if self.queues:
+            return
+        known = queue_limits()
+        name = task.queue_name
+        if not isinstance(name, str) or name not in known:
             raise InvalidTask(
-                f"Queue {task.queue_name!r} is not configured in DJANGO_LEASES['QUEUES'] "
+                f"Queue {name!r} is not configured in DJANGO_LEASES['QUEUES'] "
                 f"(known: {', '.join(sorted(known))}): no worker would know its limits"
             )
 
@@ -198,19 +207,22 @@ class TaskBackend(BaseTaskBackend):
 
         Raises:
             InvalidTask: the task is not valid for this backend (Django's checks: queue,
-                priority, ``run_after``, a module-level function...).
+                priority, ``run_after``, a module-level function...; with ``QUEUES`` empty,
+                a queue ``DJANGO_LEASES["QUEUES"]`` does not configure).
             TaskArgumentsError: the arguments are not JSON that reads back as written
                 (nothing is stored).
         """
         self.validate_task(task)
+        self._check_open_queue(task)
         from django_leases.models.workflow import WorkflowRun
 
         alias = router.db_for_write(WorkflowRun)
         args_json, kwargs_json = _json_arguments(task, args, kwargs, alias)
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):
-            # USE_TZ = False (Django refuses a naive one otherwise): in TIME_ZONE.
-            run_after = timezone.make_aware(run_after)
+            # USE_TZ = False (Django refuses a naive one otherwise): in TIME_ZONE, whatever
+            # zone a request activated.
+            run_after = timezone.make_aware(run_after, timezone.get_default_timezone())
 
         data = {
             "task": task.module_path,

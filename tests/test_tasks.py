@@ -34,7 +34,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_leases import tasks_api
-from django_leases.clock import DbNow, to_aware
+from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import TaskArgumentsError
 from django_leases.models import (
     AttemptStatus,
@@ -688,9 +688,10 @@ def test_a_backend_open_to_any_queue_still_takes_only_configured_queues() -> Non
     # one whose limits no worker knows, and that a --queue worker never takes.
     tasks_setting = {"open": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": []}}
     with override_settings(TASKS=tasks_setting):
-        for name in ("typo", " default", "default\n", "x" * 300):
+        for name in ("typo", " default", "default\n", "x" * 300, ["default"]):
+            typo = t.add.using(backend="open", queue_name=name)  # type: ignore[arg-type]
             with pytest.raises(InvalidTask, match="not configured in DJANGO_LEASES"):
-                t.add.using(backend="open", queue_name=name)
+                typo.enqueue(1, 2)
         t.add.using(backend="open", queue_name="default").enqueue(1, 2)
         with override_settings(DJANGO_LEASES={"QUEUES": {"mail": {"concurrency": 1}}}):
             t.add.using(backend="open", queue_name="mail").enqueue(1, 2)
@@ -698,12 +699,36 @@ def test_a_backend_open_to_any_queue_still_takes_only_configured_queues() -> Non
 
 
 @pytest.mark.django_db
-def test_a_naive_run_after_without_time_zones_is_read_in_time_zone() -> None:
-    with override_settings(USE_TZ=False):
+def test_a_queue_dropped_from_the_settings_after_enqueue_still_runs_its_tasks() -> None:
+    # The queue check is the enqueue's: a task built (at import), run or read back later is
+    # not refused for a queue the settings stopped configuring (E030 reports that).
+    tasks_setting = {"open": {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": []}}
+    with override_settings(TASKS=tasks_setting):
+        with override_settings(DJANGO_LEASES={"QUEUES": {"mail": {}}}):
+            result = t.add.using(backend="open", queue_name="mail").enqueue(1, 2)
+        drive()
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+    listed = {"BACKEND": "django_leases.tasks.TaskBackend", "QUEUES": ["default", "mail"]}
+    with override_settings(TASKS={"listed": listed}):
+        assert t.add.using(backend="listed", queue_name="mail").queue_name == "mail"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("active", [None, "Asia/Tokyo", "America/New_York"])
+def test_a_naive_run_after_without_time_zones_is_read_in_time_zone(active: str | None) -> None:
+    # Due an hour from now on the database clock, whatever zone a request activated.
+    with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
         later = datetime.now().replace(microsecond=0) + timedelta(hours=1)
-        result = t.add.using(run_after=later).enqueue(1, 2)
-        due = to_aware(step_of(result).available_at, connection.alias)
-        assert due == timezone.make_aware(later)
+        if active is None:
+            result = t.add.using(run_after=later).enqueue(1, 2)
+        else:
+            with timezone.override(active):
+                result = t.add.using(run_after=later).enqueue(1, 2)
+        step = WorkflowStep.objects.filter(pk=step_of(result).pk)
+        assert step.filter(
+            available_at__gt=db_now_plus(3600 - 120), available_at__lt=db_now_plus(3600 + 120)
+        ).exists()
         drive()
         result.refresh()
         assert result.status == TaskResultStatus.READY  # not due for an hour
