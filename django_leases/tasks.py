@@ -139,8 +139,9 @@ class TaskBackend(BaseTaskBackend):
             )
         merged = {**DEFAULT_OPTIONS, **options}
         try:
-            # The step's own checks, so that a backend that builds can enqueue (the
-            # durations may be timedeltas here, as retry_delay always could).
+            # The step's own checks, so that a backend that builds can enqueue. Each
+            # duration may be a timedelta here: the step's retry delays may not (they are
+            # seconds), so those two are converted first.
             retries, retry_delay = check_retries(
                 merged["retries"], seconds(merged["retry_delay"], "retry_delay")
             )
@@ -151,10 +152,7 @@ class TaskBackend(BaseTaskBackend):
                 if isinstance(delay_max, timedelta)
                 else delay_max,
             )
-            timeout = merged["timeout"]
-            timeout = check_step_timeout(
-                seconds(timeout, "timeout") if isinstance(timeout, timedelta) else timeout
-            )
+            timeout = check_step_timeout(merged["timeout"])  # seconds or a timedelta
         except ValueError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
         self.retries: int = retries

@@ -209,9 +209,10 @@ def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
 
 
 def check_step_timeout(timeout: object) -> float | None:
-    """A step's ``timeout``: ``None`` (no limit) or a finite number of seconds (not a
-    ``timedelta``) above the minimum and at most :data:`MAX_WAIT_SECONDS`; returns it as a
-    ``float`` (or ``None``). Raises ``ValueError`` otherwise."""
+    """A step's ``timeout``: ``None`` (no limit), or a finite number of seconds (or a
+    ``timedelta``, as :func:`seconds` takes) above the minimum and at most
+    :data:`MAX_WAIT_SECONDS`; returns it as a ``float`` (or ``None``). Raises ``ValueError``
+    otherwise."""
     if timeout is None:
         return None
     return seconds(timeout, "Step timeout", above_minimum=True, maximum=MAX_WAIT_SECONDS)
