@@ -33,6 +33,16 @@ _last_ms = 0
 _counter = 0
 
 
+def _after_fork_in_child() -> None:
+    # A fork while another thread held the lock would leave the child's copy held for good.
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _fallback_uuid7() -> uuid.UUID:
     """A version 7 UUID: 48 bits of Unix milliseconds, version, a 12-bit per-millisecond
     counter, variant, 62 random bits. Strictly increasing within this process."""

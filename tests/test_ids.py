@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -9,6 +10,7 @@ import pytest
 
 from django_leases import ids
 from django_leases.models import WorkflowRun
+from tests.helpers import in_processes
 
 
 def _millis(value: uuid.UUID) -> int:
@@ -66,3 +68,22 @@ def test_runs_get_time_ordered_ids() -> None:
     assert all(run.id.version == 7 for run in runs)
     stored = list(WorkflowRun.objects.order_by("id").values_list("input", flat=True))
     assert stored == [{"n": n} for n in range(5)]
+
+
+def test_a_child_forked_while_a_thread_holds_the_lock_still_makes_ids() -> None:
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with ids._lock:
+            held.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(60)
+    try:
+        outcomes = in_processes([lambda: ids._fallback_uuid7().version], timeout=30)
+    finally:
+        release.set()
+        thread.join()
+    assert outcomes == [(7, "")]
