@@ -64,7 +64,8 @@ def test_concurrent_starts_with_one_key_make_one_run(sql_path: str) -> None:
         return str(start_workflow("tests.sub.two-steps", {}, key="raced"))
 
     outcomes = race_in_processes(*([start] * 8))
-    assert all(not error for _, error in outcomes), outcomes
+    errors = [error for _, error in outcomes if error]
+    assert not errors, "\n\n".join(errors)  # a str: printed whole
     assert len({value for value, _ in outcomes}) == 1
     assert WorkflowRun.objects.filter(key="raced").count() == 1
 
