@@ -1100,8 +1100,10 @@ def _breakdown(config: Config) -> dict[str, Any]:
             sql, params = acquire_for(key)
             with source() as cursor:
                 cursor.execute(sql, params)
-                if not token_at:
-                    token_at.append([c.name for c in cursor.description].index("token"))
+                if not token_at:  # "token" from a statement, "r_token" from the function
+                    names = [c.name for c in cursor.description]
+                    found = [names.index(n) for n in ("token", "r_token") if n in names]
+                    token_at.append(found[0])
                 row = cursor.fetchone()
             if row is None:
                 raise BenchError("breakdown: acquire refused")
