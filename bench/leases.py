@@ -36,7 +36,7 @@ server is local), which says where a gap to the floor comes from.
 ``--profile CONTENDER`` prints a cProfile of one contender's loops instead of benchmarking.
 
 The figures go to stdout as a table (each with its ratio to the floor) and to
-``bench/results/leases-<date>.json``. Nothing here is a test: timing never fails a build.
+``bench/results/leases-<date>-<HHMM>.json``. Nothing here is a test: timing never fails a build.
 """
 
 from __future__ import annotations
@@ -1315,7 +1315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output",
         type=Path,
         default=None,
-        help="JSON file to write (default: bench/results/leases-<date>.json)",
+        help="JSON file to write (default: bench/results/leases-<date>-<HHMM>.json)",
     )
     parser.add_argument(
         "--profile",
@@ -1480,7 +1480,8 @@ def main(argv: list[str] | None = None) -> int:
     machine["load_average_at_end"] = load_average()
     report["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
     vendor = "-mysql" if is_mysql(config.database_url) else ""
-    output = args.output or RESULTS_DIR / f"leases{vendor}-{started.date().isoformat()}.json"
+    stamp = started.strftime("%Y-%m-%d-%H%M")  # a second run the same day keeps the first
+    output = args.output or RESULTS_DIR / f"leases{vendor}-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)
     print(f"\nwrote {output}")
