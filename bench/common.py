@@ -7,11 +7,14 @@ writing a report to ``bench/results/``. Nothing here measures anything.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import socket
 import subprocess
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,38 @@ def process_cpu_seconds(pid: int | None, *, with_children: bool = False) -> floa
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages, or None where the platform has none."""
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def settle(below: float = 1.0, within: float = 240.0) -> list[float] | None:
+    """Wait, at most ``within`` seconds, for the 1-minute load average to fall below ``below``
+    (the work of a stage that just ended — eight contending processes — keeps it up for
+    minutes after). Returns the load averages then; says on stderr when it waits or gives
+    up. ``within`` 0: no wait."""
+    deadline = time.monotonic() + within
+    said = False
+    while True:
+        load = load_average()
+        if load is None or load[0] < below or time.monotonic() >= deadline:
+            if said and load is not None and load[0] >= below:
+                print(f"load {load[0]:.2f} after {within:g} s: going on", file=sys.stderr)
+            return load
+        if not said:
+            print(
+                f"load {load[0]:.2f}: waiting up to {within:g} s for < {below:g}", file=sys.stderr
+            )
+            said = True
+        time.sleep(5)
+
+
+def add_settle_argument(parser: argparse.ArgumentParser) -> None:
+    """``--settle SECONDS``, for :func:`settle` (``args.settle``)."""
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=240.0,
+        help="seconds to wait at most, before measuring, for the 1-minute load average to "
+        "fall below 1 (a stage just ended keeps it up for minutes; 0: no wait)",
+    )
 
 
 def machine_facts() -> dict[str, Any]:

@@ -65,10 +65,12 @@ if str(ROOT) not in sys.path:
 from bench.common import (  # noqa: E402
     RESULTS_DIR,
     BenchError,
+    add_settle_argument,
     libpq_conninfo,
     load_average,
     machine_facts,
     process_cpu_seconds,
+    settle,
     versions,
     write_report,
 )
@@ -1311,6 +1313,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated subset of: " + ", ".join(SPECS) + " (floor is always run; "
         "on MariaDB / MySQL only floor and ours)",
     )
+    add_settle_argument(parser)
     parser.add_argument(
         "--output",
         type=Path,
@@ -1420,6 +1423,7 @@ def main(argv: list[str] | None = None) -> int:
         return process.exitcode or 0
 
     redis_info = redis_facts(config) if "redis" in args.chosen else None
+    settle(within=args.settle)
     machine = machine_facts()
     started = dt.datetime.now(dt.UTC)
     print(

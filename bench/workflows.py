@@ -105,10 +105,12 @@ for _path in (str(ROOT), str(BENCH_DIR)):
 from bench.common import (  # noqa: E402
     RESULTS_DIR,
     BenchError,
+    add_settle_argument,
     libpq_conninfo,
     load_average,
     machine_facts,
     process_cpu_seconds,
+    settle,
     versions,
     write_report,
 )
@@ -2123,6 +2125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an experiment: the scale stage without this index on both databases (dropped "
         "after the fill, created again at the end); repeatable",
     )
+    add_settle_argument(parser)
     parser.add_argument("--output", type=Path, default=None, help="JSON file to write")
     parser.add_argument(
         "--profile",
@@ -2244,6 +2247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {output}")
         return 0
 
+    settle(within=args.settle)
     machine = machine_facts()
     started = dt.datetime.now(dt.UTC)
     database = server_facts(name)
