@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 TEMPLATE = '''"""PostgreSQL: the workflow worker's hot-path functions, as this version defines them.
 
 Written by ``tests/functions_migration.py`` from ``django_leases.models.workflow.functions``;
 frozen here, so this migration installs the same SQL whatever the code becomes. It installs
-{count} functions and drops every earlier function of the same families ({families}). The
-functions run their statements with sequential scans, bitmap scans, sorts and JIT off (see
-``django_leases.workflows.sql.FUNCTION_SETTINGS``). Elsewhere than PostgreSQL this migration
-does nothing.
+{count} functions and drops every earlier function of the same families ({families}) but
+those the previous functions migration installed (``KEPT``): workers of the code before this
+migration still call them while a rolling deploy applies it, so they are dropped by the next
+functions migration. The functions run their statements with sequential scans, bitmap scans,
+sorts and JIT off (see ``django_leases.workflows.sql.FUNCTION_SETTINGS``). Elsewhere than
+PostgreSQL this migration does nothing.
 """
 
 from django.db import migrations
@@ -37,6 +40,9 @@ FUNCTIONS = {{
 
 #: Name prefixes of the functions this migration replaces.
 FAMILIES = {families_tuple}
+
+#: The previous functions migration's functions: kept for the workers still running its code.
+KEPT = {kept}
 
 
 def install(apps, schema_editor):  # type: ignore[no-untyped-def]
@@ -50,7 +56,7 @@ def install(apps, schema_editor):  # type: ignore[no-untyped-def]
             "WHERE p.pronamespace = current_schema()::regnamespace "
             "AND starts_with(p.proname, 'dl_') AND NOT p.proname = ANY(%s) "
             "AND EXISTS (SELECT 1 FROM unnest(%s::text[]) AS f WHERE starts_with(p.proname, f))",
-            [list(FUNCTIONS), list(FAMILIES)],
+            [[*FUNCTIONS, *KEPT], list(FAMILIES)],
         )
         for (stale,) in cursor.fetchall():
             cursor.execute(f"DROP FUNCTION {{stale}}")
@@ -96,8 +102,9 @@ def families() -> tuple[str, ...]:
     return tuple(sorted(f"{FUNCTION_PREFIX}{short}_" for short in functions(connection)))
 
 
-def render(previous: str) -> str:
-    """The migration's text, depending on migration ``previous``."""
+def render(previous: str, kept: Sequence[str]) -> str:
+    """The migration's text, depending on migration ``previous``, keeping the functions
+    named ``kept``."""
     found = definitions()
     body = "".join(f"    {name!r}: {statement!r},\n" for name, statement in sorted(found.items()))
     prefixes = families()
@@ -106,8 +113,24 @@ def render(previous: str) -> str:
         families=", ".join(f"``{p}…``" for p in prefixes),
         families_tuple=repr(prefixes),
         functions=body,
+        kept=repr(tuple(sorted(set(kept) - set(found)))),
         previous=previous,
     )
+
+
+def previous_functions(before: str) -> list[str]:
+    """The functions the latest functions migration other than ``before`` installs (the one
+    ``FUNCTIONS_MIGRATION`` names, unless that is ``before``, being written again)."""
+    import importlib
+
+    from django_leases.models import workflow
+
+    name = workflow.FUNCTIONS_MIGRATION
+    if name == before:
+        module = importlib.import_module(f"django_leases.migrations.{name}")
+        return list(getattr(module, "KEPT", ()))
+    module = importlib.import_module(f"django_leases.migrations.{name}")
+    return list(module.FUNCTIONS)
 
 
 def main(argv: list[str]) -> int:
@@ -127,7 +150,7 @@ def main(argv: list[str]) -> int:
     previous = leaves[0][1]
     if previous == argv[0]:  # rewriting the latest migration in place
         previous = loader.graph.node_map[leaves[0]].parents.copy().pop().key[1]
-    target.write_text(render(previous))
+    target.write_text(render(previous, previous_functions(argv[0])))
     print(f"wrote {target}")
     return 0
 

@@ -43,6 +43,7 @@ LEAVES = {
     "django_leases.clock": set(),
     "django_leases.process": set(),
     "django_leases.ids": set(),
+    "django_leases.faults": set(),
     "django_leases.validation": {"django_leases.conf"},
     "django_leases.workflows.values": set(),
     "django_leases.triggers.values": set(),

@@ -395,16 +395,35 @@ def test_a_created_step_is_not_reclaimed_without_the_run_lease(sent_as: str) -> 
     read, claim = claimed_first()
     lease = Lease.objects.acquire(run_lease_key(claim.run_id), "tests.first-holder", 30)
     assert lease is not None
-    done = write(claim, read)
+    done = write(claim, read, claimant="tests-claimant")
     assert done.next is not None
     store = WorkflowStep.objects
-    again = store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30)
+    mine = {"lease": lease, "lease_ttl_seconds": 30, "claimant": "tests-claimant"}
+    again = store.reclaim_created(claim.run_id, "b", **mine)
     assert again is not None and again.claim is not None and again.claim.attempt == 1
     # Another holder took the run lease since (its token is higher): not this caller's.
     assert Lease.objects.release(lease)
     taken = Lease.objects.acquire(run_lease_key(claim.run_id), "tests.other-holder", 30)
     assert taken is not None and taken.token > lease.token
-    assert store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30) is None
+    assert store.reclaim_created(claim.run_id, "b", **mine) is None
+
+
+def test_a_created_step_is_reclaimed_only_by_the_claimant_its_claim_names(sent_as: str) -> None:
+    """The claim ``b`` was created with names its writer; another name (another write's, or
+    none: a claim another worker made) never adopts it."""
+    read, claim = claimed_first()
+    lease = Lease.objects.acquire(run_lease_key(claim.run_id), "tests.first-holder", 30)
+    assert lease is not None
+    done = write(claim, read, claimant="tests-claimant")
+    assert done.next is not None and done.next.claim is not None
+    assert WorkflowStep.objects.get(pk=done.next.claim.step_id).claimant == "tests-claimant"
+    store = WorkflowStep.objects
+    other = store.reclaim_created(
+        claim.run_id, "b", lease=lease, lease_ttl_seconds=30, claimant="tests-other"
+    )
+    assert other is None
+    with pytest.raises(ValueError, match="claimant"):
+        store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30, claimant="")
 
 
 def test_a_step_claimed_just_before_the_run_lease_is_lost_still_runs(

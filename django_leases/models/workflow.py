@@ -42,7 +42,7 @@ from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Va
 from django.db.models.expressions import Expression, RawSQL
 from django.utils import timezone
 
-from django_leases import clock, db, signals
+from django_leases import clock, db, faults, signals
 from django_leases.clock import DbNow, to_stored
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, QueueLimits, queue_limits
 from django_leases.exceptions import (
@@ -84,6 +84,7 @@ from django_leases.validation import (
 from django_leases.workflows import sql
 from django_leases.workflows.values import (
     FINISHED_RUN_STATUSES,
+    MAX_CLAIMANT_LENGTH,
     RUN_CANCELLED,
     RUN_LEASE_PREFIX,
     STEP_FUNCTION_NOT_FOUND,
@@ -159,7 +160,7 @@ logger = logging.getLogger("django_leases.workflows")
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0026_workflow_functions"
+FUNCTIONS_MIGRATION = "0028_workflow_functions"
 
 
 # -- wake-ups -----------------------------------------------------------------------------------
@@ -282,6 +283,7 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
         _arg("p_retry_delay_max", "double precision"),
         _arg("p_seconds", "double precision"),
         _arg("p_finish_pass", "bigint"),
+        _arg("p_claimant", "text"),
     )
     completed = ("bigint", "bigint", "boolean", "timestamptz")
     hold = _arg("p_hold", "double precision")
@@ -1825,6 +1827,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
         queues: Sequence[str] | None = None,
+        claimant: str = "",
     ) -> Scheduled:
         """:meth:`schedule`, and claim the step for the caller if this call created it.
 
@@ -1834,9 +1837,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         attempt 1 with a ``lease_ttl_seconds`` lease on the database clock, plus its attempt
         row; if its worker dies, the lease lapses and any worker claims attempt 2. A claim
         also ends the caller's pass (:meth:`WorkflowRunQuerySet.finish_pass`'s rule, with
-        ``finish_pass`` the ``pass_requests`` the pass read). Tuned (PostgreSQL): creating,
-        claiming and ending the pass are one statement, inserting only while the run is
-        ``running``.
+        ``finish_pass`` the ``pass_requests`` the pass read), and names ``claimant``
+        (``WorkflowStep.claimant``; see :meth:`reclaim_created`). The step is inserted and
+        claimed in one transaction, so no other worker ever sees it unclaimed when this call
+        claims it. Tuned (PostgreSQL): creating, claiming and ending the pass are one
+        statement, inserting only while the run is ``running``.
 
         ``queue`` and ``priority`` as for :meth:`schedule`; ``queues`` (the caller's
         ``--queue`` names; ``None`` or empty: every queue): a step of another queue is only
@@ -1885,26 +1890,32 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             or priority != 0
             or (limits is not None and limits.limited)
         ):
-            step, created = self._schedule(
-                run_id,
-                step_name,
-                function_name,
-                data,
-                retries,
-                retry_delay,
-                timeout,
-                queue,
-                priority,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-            )
-            if not created:
-                return Scheduled(step, None, created=False)
-            claim = self.claim_for_execution(run_id, step_name, function_name, ttl)
+            # One transaction: the step is never seen unclaimed by another worker when this
+            # call claims it (its queue may refuse: it is then left for any worker).
+            with transaction.atomic(using=alias):
+                step, created = self._schedule(
+                    run_id,
+                    step_name,
+                    function_name,
+                    data,
+                    retries,
+                    retry_delay,
+                    timeout,
+                    queue,
+                    priority,
+                    retry_backoff=retry_backoff,
+                    retry_delay_max=retry_delay_max,
+                )
+                if not created:
+                    return Scheduled(step, None, created=False)
+                claim = self.claim_for_execution(
+                    run_id, step_name, function_name, ttl, claimant=claimant
+                )
+                runs = WorkflowRun.objects.db_manager(alias)
+                finished = claim is not None and runs.finish_pass(run_id, finish_pass)
             if claim is None:
                 return Scheduled(step, None)
-            step.status = StepStatus.RUNNING
-            finished = WorkflowRun.objects.db_manager(alias).finish_pass(run_id, finish_pass)
+            step.status, step.claimant = StepStatus.RUNNING, claimant
             return Scheduled(step, claim, finished)
         run_id = parse_run_id(run_id)
         args = [
@@ -1920,7 +1931,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ]
         with db.cursor(connection) as cursor:
             row = cursor.execute(
-                _call(connection, "insert_claimed"), [*args, finish_pass]
+                _call(connection, "insert_claimed"), [*args, finish_pass, claimant]
             ).fetchone()
         if row is None or row[0] is None:  # it exists, or the run is not running
             step, created = self._schedule(
@@ -1959,8 +1970,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         step_name: str,
         function_name: str,
         lease_ttl_seconds: float,
+        *,
+        claimant: str = "",
     ) -> Claim | None:
-        """Claim step ``step_name`` of a run for execution under a ``lease_ttl_seconds`` lease.
+        """Claim step ``step_name`` of a run for execution under a ``lease_ttl_seconds`` lease;
+        the claim names ``claimant`` (``WorkflowStep.claimant``, empty: none).
 
         Rules (DESIGN §5, all judged on the database clock, one transaction, row locked):
 
@@ -1999,7 +2013,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     f"Step {step_name!r} of run {run_id} runs step function "
                     f"{step.function_name!r}, not {function_name!r}"
                 )
-            return self._claim_locked(alias, step, ttl, sent)
+            return self._claim_locked(alias, step, ttl, sent, claimant=claimant)
 
     def claim_due(
         self, lease_ttl_seconds: float, *, queues: Sequence[str] | None = None
@@ -2130,8 +2144,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ttl: float,
         sent: float,
         refused: set[str] | None = None,
+        *,
+        claimant: str = "",
     ) -> Claim | None:
-        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction).
+        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction),
+        naming ``claimant`` (empty: none).
 
         A step of a limited queue starts only if the queue admits it (under the queue's lock,
         :meth:`WorkflowQueueQuerySet.admit`); else ``None``, and the queue is added to
@@ -2160,6 +2177,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             granted = rows.filter(_due_q()).update(
                 status=StepStatus.RUNNING,
                 lease_expires_at=lease,
+                claimant=claimant,
                 deadline_at=deadline,
                 updated_at=DbNow(),
             )
@@ -2183,6 +2201,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 status=StepStatus.RUNNING,
                 attempt=F("attempt") + 1,
                 lease_expires_at=lease,
+                claimant=claimant,
                 deadline_at=deadline,
                 result=None,
                 error=None,
@@ -2389,9 +2408,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         lease_ttl_seconds: float,
         hold_pass_seconds: float,
         queues: Sequence[str] | None = None,
+        claimant: str = "",
     ) -> ResultWithNext:
         """Record ``result`` for ``attempt`` of the step (:meth:`set_result`), and create the
-        step its run's workflow asks for next, claimed for the caller (:meth:`schedule_claimed`).
+        step its run's workflow asks for next, claimed for the caller (:meth:`schedule_claimed`)
+        in a claim that names ``claimant`` (:func:`~values.claimant_name`: the same for every
+        try of this write, so a try after a lost reply can find its own claim with
+        :meth:`reclaim_created`).
 
         For the driver of a run that has replayed the workflow in memory with this result
         and found it asks for ``next_step`` next: the pass the result asks for has then been
@@ -2418,6 +2441,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             hold_pass_seconds: seconds the run's pass is taken for when no step is created
                 (the run lease's TTL).
             queues: the caller's ``--queue`` names (``None`` or empty: every queue).
+            claimant: the name the next step's claim carries (``str``).
 
         Returns:
             A :class:`ResultWithNext`.
@@ -2501,9 +2525,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 queue=queue,
                 priority=priority,
                 queues=queues,
+                claimant=claimant,
             )
             if not scheduled.created:  # it appeared since: the caller's pass runs for real
                 return ResultWithNext(wrote)
+            faults.reached(
+                "workflow.next-step-written", run_id=state.run.id, step_name=next_step.step_name
+            )
             finished = scheduled.pass_finished or (
                 scheduled.claim is None and runs.finish_pass(state.run.id, expected)
             )
@@ -2529,8 +2557,13 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     retry_delay_max,
                     ttl,
                     finish_pass,
+                    claimant,
                 ],
             ).fetchone()
+        if row[2] is not None:
+            faults.reached(
+                "workflow.next-step-written", run_id=row[1], step_name=next_step.step_name
+            )
         if not row[0]:
             # Nothing matched the fence: a repeat of this very write, or a refusal.
             if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
@@ -2556,15 +2589,24 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         *,
         lease: Lease,
         lease_ttl_seconds: float,
+        claimant: str,
     ) -> Scheduled | None:
         """Claim again a step that a write of the caller created claimed, when that write's
         reply was lost (:meth:`set_result_claiming_next` tried again finds its result
-        recorded): the step is the caller's only while the caller still holds the run lease
-        ``lease`` — same holder and token, live on the database clock, so nobody else ran a
-        pass of the run since — and the step is ``running`` at attempt 1 in a running run.
-        Its step lease is then renewed ``lease_ttl_seconds`` (seconds) from now. Returns the
-        step and its claim (:class:`Scheduled`), or ``None`` (the step's lease lapses and it
-        is taken over as for any lost worker)."""
+        recorded): the step is the caller's only while its running attempt 1 is the claim
+        that write made — the claim names ``claimant`` (a step the write left unclaimed,
+        which another worker claimed since, names another or none) — while the caller still
+        holds the run lease ``lease`` (same holder and token, live on the database clock, so
+        nobody else ran a pass of the run since) and the run is running. Its step lease is
+        then renewed ``lease_ttl_seconds`` (seconds) from now. Returns the step and its claim
+        (:class:`Scheduled`), or ``None`` (the step's lease lapses and it is taken over as
+        for any lost worker).
+
+        Raises:
+            ValueError: an empty ``claimant`` (it would name every unnamed claim).
+        """
+        if not claimant:
+            raise ValueError("reclaim_created needs the claimant the write named")
         ttl = ttl_seconds(lease_ttl_seconds)
         run_id = parse_run_id(run_id)
         alias = self.write_alias()
@@ -2590,6 +2632,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 step_name=step_name,
                 status=StepStatus.RUNNING,
                 attempt=1,
+                claimant=claimant,
                 run__status=RunStatus.RUNNING,
             )
             if not mine.update(lease_expires_at=clock.db_now_plus(ttl), updated_at=DbNow()):
@@ -3578,6 +3621,13 @@ class WorkflowStep(models.Model):
         null=True, blank=True, help_text="When the running attempt times out (its timeout)."
     )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    claimant = models.CharField(
+        max_length=MAX_CLAIMANT_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Who the claim of the running attempt names, where its write named one.",
+    )
     available_at = models.DateTimeField(null=True, blank=True)
     queue = models.CharField(
         max_length=MAX_QUEUE_LENGTH,

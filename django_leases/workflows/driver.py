@@ -77,6 +77,7 @@ from django_leases.workflows.values import (
     StepStatus,
     WaitKind,
     WaitStatus,
+    claimant_name,
     run_lease_key,
 )
 
@@ -976,6 +977,8 @@ class RunDriver:
         if self.step_lease_ttl is None or not self.keep_going():
             return None
         store = WorkflowStep.objects.db_manager(claim.using)
+        lease = held.lease
+        claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
         try:
             done = store.set_result_claiming_next(
                 claim.step_id,
@@ -986,18 +989,21 @@ class RunDriver:
                 lease_ttl_seconds=self.step_lease_ttl,
                 hold_pass_seconds=self.lease_ttl,
                 queues=self.queues,
+                claimant=claimant,
             )
         except ValueError:
             return None
         write, scheduled, requests = done.write, done.next, done.pass_requests
         if scheduled is None and not write.written and held.acquired:
-            # A repeat: the first try committed (its reply was lost), and the step it created
-            # and claimed is this thread's still, as long as the run lease is.
+            # A repeat: the first try committed (its reply was lost). The step it created is
+            # this thread's still if that write claimed it (its claim names ``claimant``),
+            # as long as the run lease is.
             scheduled = store.reclaim_created(
                 claim.run_id,
                 wanted.step_name,
-                lease=held.lease,
+                lease=lease,
                 lease_ttl_seconds=self.step_lease_ttl,
+                claimant=claimant,
             )
         if scheduled is None:
             # No step created: the pass (taken for this thread when the run asked) runs for real.

@@ -384,21 +384,23 @@ def _claimed_insert(
     retry_backoff: Any,
     retry_delay_max: Any,
     seconds: Any,
+    claimant: Any,
     *,
     name: str,
 ) -> tuple[str, list[Any]]:
-    """CTEs ``{name}`` (a new step inserted ``running`` at attempt 1 with a ``seconds`` lease,
-    into the run ``run_row`` selects — a ``FROM … WHERE …`` over the run table aliased ``r``
-    — unless the run has a step of that name; its ``id``) and ``{name}_history`` (its attempt
-    row). ``data`` is JSON text; the retry settings are recorded as given."""
+    """CTEs ``{name}`` (a new step inserted ``running`` at attempt 1 with a ``seconds`` lease
+    whose claim names ``claimant``, into the run ``run_row`` selects — a ``FROM … WHERE …``
+    over the run table aliased ``r`` — unless the run has a step of that name; its ``id``)
+    and ``{name}_history`` (its attempt row). ``data`` is JSON text; the retry settings are
+    recorded as given."""
     sql = f"""{name} AS (
             INSERT INTO {t.step} (
                 run_id, step_name, function_name, data, status, attempt, retries,
-                retry_delay, retry_backoff, retry_delay_max, lease_expires_at, available_at,
-                created_at, updated_at
+                retry_delay, retry_backoff, retry_delay_max, lease_expires_at, claimant,
+                available_at, created_at, updated_at
             )
             SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s, %s, %s,
-                   statement_timestamp() + make_interval(secs => %s),
+                   statement_timestamp() + make_interval(secs => %s), %s,
                    statement_timestamp(), statement_timestamp(), statement_timestamp()
             {run_row}
             ON CONFLICT (run_id, step_name) DO NOTHING
@@ -416,6 +418,7 @@ def _claimed_insert(
         retry_backoff,
         retry_delay_max,
         seconds,
+        claimant,
     ]
     return sql, params
 
@@ -432,13 +435,14 @@ def insert_claimed(
     retry_delay_max: Any,
     seconds: Any,
     finish_pass: Any,
+    claimant: Any,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.schedule_claimed`: insert the step ``running`` at attempt 1
-    with its lease and its attempt row, if the run is running and the step does not exist
-    yet, and end the pass (``finish_pass``: the ``pass_requests`` the pass read) when it was
-    inserted. ``data`` is JSON text; ``retries``, ``retry_delay``, ``retry_backoff`` and
-    ``retry_delay_max`` (``NULL``: no cap of its own) are recorded as given. Returns the new
-    step's id, or no row."""
+    with its lease (its claim naming ``claimant``) and its attempt row, if the run is running
+    and the step does not exist yet, and end the pass (``finish_pass``: the ``pass_requests``
+    the pass read) when it was inserted. ``data`` is JSON text; ``retries``, ``retry_delay``,
+    ``retry_backoff`` and ``retry_delay_max`` (``NULL``: no cap of its own) are recorded as
+    given. Returns the new step's id, or no row."""
     inserted, params = _claimed_insert(
         t,
         f"FROM {t.run} r WHERE r.id = %s AND {_is_running('r.status')}",
@@ -450,6 +454,7 @@ def insert_claimed(
         retry_backoff,
         retry_delay_max,
         seconds,
+        claimant,
         name="step",
     )
     sql = f"""
@@ -547,10 +552,11 @@ def set_result_claiming_next(
     retry_delay_max: Any,
     seconds: Any,
     finish_pass: Any,
+    claimant: Any,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result_claiming_next`: the fenced result and its
     attempt row (as :func:`set_result`), and the step the run's pass asks for next inserted
-    claimed (as :func:`insert_claimed`), in one statement.
+    claimed for ``claimant`` (as :func:`insert_claimed`), in one statement.
 
     The next step is inserted only when the result was written, the run is ``running`` and
     its last pass waits on nothing else (``branches_left`` ≤ 1), and no step of that name
@@ -577,6 +583,7 @@ def set_result_claiming_next(
         retry_backoff,
         retry_delay_max,
         seconds,
+        claimant,
         name="next",
     )
     sql = f"""

@@ -7,6 +7,7 @@ A leaf module (it imports no model), so the models, the tuned statements
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -100,6 +101,21 @@ RUN_LEASE_PREFIX = "workflow-run:"
 #: Prefix of a worker's heartbeat lease: ``workflow-worker:<host>:<pid>:<id>`` (``<id>`` is
 #: the worker's own, as host and pid need not be unique: containers on the host's network).
 WORKER_LEASE_PREFIX = "workflow-worker:"
+
+
+#: Length of a claimant's name (:func:`claimant_name`): a hex digest.
+MAX_CLAIMANT_LENGTH = 32
+
+
+def claimant_name(holder: str, token: int, step_id: int, attempt: int) -> str:
+    """The name a write gives the claim of the step it creates (``WorkflowStep.claimant``),
+    so that the same write tried again after a lost reply can tell its own claim from
+    another worker's: derived from the run lease the writer holds (``holder``, ``token``)
+    and the attempt whose result the write records (``step_id``, ``attempt``), so every try
+    of one write names the same claimant and no other write does. A hex ``str`` of
+    :data:`MAX_CLAIMANT_LENGTH` characters."""
+    seed = f"{holder}\0{token}\0{step_id}\0{attempt}".encode()
+    return hashlib.sha256(seed).hexdigest()[:MAX_CLAIMANT_LENGTH]
 
 
 def run_lease_key(run_id: uuid.UUID | str) -> str:

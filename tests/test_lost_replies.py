@@ -1,0 +1,112 @@
+"""Lost replies: a write that committed but whose caller never heard so.
+
+A fault point (:mod:`django_leases.faults`) makes the write fail exactly where a lost reply
+would: its rows are committed and the writer sees ``OperationalError``. The worker tries the
+write again on a fresh connection; what it must never do is take for its own what another
+worker did meanwhile. One attempt of a step runs once (DESIGN §5: a token, here an attempt,
+names one holder).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+
+from django_leases import faults
+from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows import step_function, workflow
+from django_leases.workflows.engine import execute_step, start_workflow
+from django_leases.workflows.values import Claim
+from django_leases.workflows.worker import Worker
+from tests.helpers import on_another_thread, spend_steps_first, tuned_sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_lock = threading.Lock()
+_executions: list[tuple[str, str, int]] = []
+
+
+@step_function("tests.lost-reply-counted")
+def counted_step(data: Any, ctx: Any) -> Any:
+    """Records each execution: (run, step, attempt)."""
+    with _lock:
+        _executions.append((str(ctx.run_id), ctx.step_name, ctx.attempt))
+    return {"name": ctx.step_name}
+
+
+@workflow("tests.lost-reply-two-steps")
+def two_steps(run: Any, input: Any) -> Any:
+    options = input["options"]
+    a = run.step("a", "tests.lost-reply-counted", {}, retries=2, **options)
+    b = run.step("b", "tests.lost-reply-counted", {}, retries=2, **options)
+    return [a, b]
+
+
+#: The ways a step's result and the next step are written: the tuned statement (PostgreSQL;
+#: the portable path elsewhere), the portable path on every backend, and steps the tuned
+#: statement does not take (a timeout, another queue, a limited queue: two writes then).
+PATHS: dict[str, tuple[bool, dict[str, Any]]] = {
+    "tuned": (True, {}),
+    "portable": (False, {}),
+    "timeout": (True, {"timeout": 600}),
+    "other-queue": (True, {"queue": "tests-other"}),
+    "limited-queue": (True, {"queue": "tests-limited"}),
+}
+
+
+@pytest.fixture(params=sorted(PATHS))
+def path(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    tuned, options = PATHS[request.param]
+    with tuned_sql(tuned):
+        yield options
+
+
+def lost_reply_once(step_name: str, before: Callable[[], None]) -> Callable[..., None]:
+    """A hook that, the first time the write creating step ``step_name`` reaches it, runs
+    ``before`` and then fails as a lost reply does; later times it does nothing (the write
+    tried again goes through)."""
+    fired = threading.Event()
+
+    def hook(**context: Any) -> None:
+        if fired.is_set() or context["step_name"] != step_name:
+            return
+        fired.set()
+        before()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    return hook
+
+
+def test_a_retry_after_a_lost_reply_never_adopts_another_workers_claim(
+    path: dict[str, Any],
+) -> None:
+    """Worker A records step ``a`` and creates ``b``; the reply is lost. Before A tries
+    again, worker B looks for due steps (as any worker does at any time) and claims what it
+    can; then A's retry goes through and B runs whatever it claimed. Every attempt of every
+    step ran once, and the run completed with A's or B's results, never both."""
+    _executions.clear()
+    run_id = start_workflow("tests.lost-reply-two-steps", {"options": path})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    spend_steps_first(worker, [run_id])
+    stolen: list[Claim | None] = []
+
+    def second_worker_claims() -> None:
+        stolen.append(on_another_thread(lambda: WorkflowStep.objects.claim_due(30)))
+
+    with faults.injected("workflow.next-step-written", lost_reply_once("b", second_worker_claims)):
+        assert worker.work_once() is True
+    assert len(stolen) == 1, "the fault point was not reached: the test proves nothing"
+    claim = stolen[0]
+    if claim is not None:  # B runs what it claimed, as a worker would
+        on_another_thread(lambda: execute_step(claim))
+    for _ in range(3):  # whatever is due still (the pass B's result asked for, say)
+        if not worker.work_once():
+            break
+    ran = [(step, attempt) for run, step, attempt in _executions if run == str(run_id)]
+    assert sorted(ran) == sorted(set(ran)), f"an attempt ran twice: {ran}"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
