@@ -806,6 +806,7 @@ class Tour:
         from demo_project.reviews import payloads
         from demo_project.reviews.workflows import APPROVED, CHECKS, SETTLE, WORKFLOW
         from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
+        from django_leases.workflows.display import describe_wait, waiting_on
 
         number = self.free_pull_request_number()
         folder = self.logs / "payloads"
@@ -924,7 +925,7 @@ class Tour:
         # run.wait_for_event: the run waits; nothing is due for it until the event comes.
         def waiting() -> Any:
             current = WorkflowRun.objects.get(pk=run_id)
-            waits_on = current.waiting_on()
+            waits_on = waiting_on(current)
             if current.pass_due_at is None and waits_on == [f"waiting for event {APPROVED!r}"]:
                 return current
             return None
@@ -970,7 +971,7 @@ class Tour:
         if run.output.get("approved_by") != reviewer or run.finished_at < wait.done_at:
             raise StageFailed(f"the run's output is {run.output}")
         for each in WorkflowWait.objects.filter(run_id=run_id).order_by("id"):
-            say(f"      {each.name:<14} {each.kind:<6} {each.describe()}")
+            say(f"      {each.name:<14} {each.kind:<6} {describe_wait(each)}")
         say(f"   approved by {reviewer}; the run finished: {run.output['comment']}")
         self.summary[f"pull request #{number}"] = (
             f"{len(steps)} checks in parallel, slept {SETTLE_SECONDS:g} s, waited for its "

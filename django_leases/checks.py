@@ -929,7 +929,8 @@ def workflow_functions_check(
     from django.db.migrations.recorder import MigrationRecorder
 
     from django_leases import db
-    from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions_missing
+    from django_leases.health import functions_missing
+    from django_leases.models.workflow import FUNCTIONS_MIGRATION
 
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():

@@ -100,6 +100,17 @@ class RoutedQuerySet(models.QuerySet[_M]):
         return str(self.connection().ops.quote_name(self.model._meta.db_table))
 
 
+_QS = TypeVar("_QS", bound=models.QuerySet[Any])
+
+
+def for_update(qs: _QS, alias: str) -> _QS:
+    """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
+    block the key-share lock an insert of a row referencing one of them takes)."""
+    if connections[alias].features.has_select_for_no_key_update:
+        return qs.select_for_update(no_key=True)
+    return qs.select_for_update()
+
+
 # -- prepared statements ------------------------------------------------------------------------
 
 _unprepared_lock = threading.Lock()

@@ -9,7 +9,7 @@ Five checks, each judged on the **database clock** where time matters:
     No migration is unapplied on that alias, for django-leases or any other installed app
     (the plan ``migrate`` would run), and on the workflow tables' alias the workers could
     start: on PostgreSQL the hot-path functions a migration installed are still there
-    (``models.workflow.functions_missing``, the rule the worker applies; the message says
+    (:func:`functions_missing`, the rule the worker applies; the message says
     how to repair).
 ``workers``
     The workflow worker processes alive now: each holds a heartbeat lease
@@ -35,6 +35,7 @@ is what the command exits with (:data:`EXIT_OK`, :data:`EXIT_PROBLEMS`,
 
 from __future__ import annotations
 
+import importlib
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -46,15 +47,19 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.recorder import MigrationRecorder
 from django.db.models import Exists, F, Max, OuterRef, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 
-from django_leases import clock
+from django_leases import clock, db
 from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowFunctionsMissing
+from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.validation import seconds
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model
     from django.db.models.expressions import Combinable
 
@@ -216,12 +221,80 @@ def check_functions(alias: str) -> Finding:
     """The migrations finding of an alias whose migrations are all applied: a problem when
     workflow workers would refuse to start there for want of their PostgreSQL functions
     (dropped since ``migrate`` installed them), the message saying how to repair."""
-    from django_leases.models.workflow import functions_missing
-
     missing = functions_missing(connections[alias])
     if missing is None:
         return Finding("migrations", alias, OK, "all migrations applied")
     return Finding("migrations", alias, PROBLEM, str(missing))
+
+
+# -- readiness: the workflow functions ------------------------------------------------------
+
+
+def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
+    """Names of the current code's :func:`functions` that ``connection``'s database lacks
+    (looked up through its ``search_path``, as the calls are); ``[]`` elsewhere than on
+    PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return []
+    names = [function.name for function in functions(connection).values()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regproc(name) IS NULL",
+            [names],
+        )
+        return [name for (name,) in cursor.fetchall()]
+
+
+def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissing | None:
+    """Whether workers on ``connection``'s database would refuse to start for want of the
+    hot-path functions of the running code (the tuned path on PostgreSQL only), and how to
+    repair it: the one readiness rule of the worker, ``leases_check`` and the health view.
+
+    Args:
+        connection: the database's connection.
+
+    Returns:
+        ``None`` when workers can start (or the portable path is used); else the error to
+        raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
+        is unapplied that is ``migrate``. When it is applied and the functions were dropped
+        since, ``migrate`` would not run it again: the repair is to mark it and the
+        migrations after it unapplied without running them (``--fake``), apply it (it only
+        creates the functions) and mark the others applied again. When the running code's
+        functions are not those it installs, this version lacks the migration.
+
+    Raises:
+        DatabaseError: the database could not be read.
+    """
+    if not db.tuned(connection, "postgresql"):
+        return None
+    missing = missing_functions(connection)
+    if not missing:
+        return None
+    alias = connection.alias
+    what = f"the workflow functions {', '.join(missing)}"
+    if ("django_leases", FUNCTIONS_MIGRATION) not in MigrationRecorder(
+        connection
+    ).applied_migrations():
+        return WorkflowFunctionsMissing(alias, what)
+    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+    if not set(missing) <= set(migration.FUNCTIONS):
+        return WorkflowFunctionsMissing(
+            alias,
+            what,
+            "this version of django-leases lacks the migration that installs them; "
+            "install a version that has it",
+        )
+    previous = migration.Migration.dependencies[0][1]
+    on = f"--database {alias} --skip-checks"  # check E013 would stop migrate itself
+    return WorkflowFunctionsMissing(
+        alias,
+        what,
+        f"they were dropped after migration {FUNCTIONS_MIGRATION} installed them, and "
+        "'migrate' does not run an applied migration again. With no migration pending, "
+        f"run 'manage.py migrate django_leases {previous} --fake {on}', then "
+        f"'manage.py migrate django_leases {FUNCTIONS_MIGRATION} {on}' (it only creates "
+        f"the functions), then 'manage.py migrate --fake {on}'",
+    )
 
 
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
@@ -263,7 +336,7 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     overdue_steps = steps.filter(
         _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
     )
-    from django_leases.models.workflow import WorkflowWorker
+    from django_leases.models.worker import WorkflowWorker
 
     alive = list(
         WorkflowWorker.objects.db_manager(router.db_for_write(WorkflowWorker))

@@ -155,7 +155,8 @@ if prometheus_client is not None:
         def collect(self) -> Iterator[GaugeMetricFamily]:
             from django.db.models import Count
 
-            from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowWorker
+            from django_leases.models.worker import WorkflowWorker
+            from django_leases.models.workflow import WorkflowRun, WorkflowStep
             from django_leases.workflows.values import RunStatus, StepStatus
 
             runs = GaugeMetricFamily(

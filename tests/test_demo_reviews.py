@@ -28,6 +28,7 @@ from django_leases.testing import drive
 from django_leases.triggers import registry
 from django_leases.triggers.credentials import set_secret
 from django_leases.triggers.signatures import github_signature
+from django_leases.workflows.display import waiting_on
 from tests.helpers import staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,7 +93,7 @@ def test_an_approving_review_finishes_the_run_its_pull_request_started() -> None
     assert {step.status for step in steps.values()} == {"succeeded"}
     assert waits(run.pk)[SETTLE].status == "done"
     assert waits(run.pk)[APPROVED].status == "waiting"
-    assert run.waiting_on() == [f"waiting for event {APPROVED!r}"]
+    assert waiting_on(run) == [f"waiting for event {APPROVED!r}"]
 
     for state in ("commented", "changes_requested"):
         event = recorded(deliver(payloads.REVIEWS[state]))

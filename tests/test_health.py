@@ -486,7 +486,7 @@ def _drop_a_workflow_function() -> str:
 @pytest.mark.django_db
 def test_leases_check_is_not_healthy_when_workers_refuse_to_start(client: Any) -> None:
     from django_leases.exceptions import WorkflowFunctionsMissing
-    from django_leases.models.workflow import functions_missing
+    from django_leases.health import functions_missing
 
     _drop_a_workflow_function()  # rolled back with the test's transaction
     report = health.run_checks()
@@ -507,7 +507,7 @@ def test_the_repair_leases_check_gives_for_dropped_functions_reinstalls_them(
 ) -> None:
     import re
 
-    from django_leases.models.workflow import missing_functions
+    from django_leases.health import missing_functions
 
     _drop_a_workflow_function()
     message = by_check(health.run_checks())["migrations"].message

@@ -24,6 +24,8 @@ ABOVE_THE_MODELS = (
     "django_leases.workflows.worker",
     "django_leases.workflows.wakeup",
     "django_leases.workflows.registry",
+    "django_leases.workflows.display",
+    "django_leases.health",
     "django_leases.triggers.lifecycle",
     "django_leases.triggers.providers",
     "django_leases.triggers.registry",
@@ -48,6 +50,8 @@ LEAVES = {
     "django_leases.workflows.values": set(),
     "django_leases.triggers.values": set(),
     "django_leases.workflows.sql": {"django_leases.workflows.values"},
+    "django_leases.workflows.functions": {"django_leases.workflows.sql"},
+    "django_leases.workflows.channel": set(),
 }
 
 

@@ -73,7 +73,7 @@ def test_the_drift_check_fails_when_the_generator_changes(monkeypatch: pytest.Mo
 def test_the_migrations_install_the_functions_and_drop_earlier_ones() -> None:
     from django.db import connection
 
-    from django_leases.models.workflow import missing_functions
+    from django_leases.health import missing_functions
 
     assert missing_functions(connection) == []
     with connection.cursor() as cursor:

@@ -25,6 +25,7 @@ from django_leases.models import (
 )
 from django_leases.testing import drive
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
+from django_leases.workflows.display import queue_overview
 from django_leases.workflows.values import WaitStatus
 
 
@@ -170,7 +171,7 @@ class DriveThroughRateLimits(TestCase):
         self.addCleanup(registry._step_options.pop, "tests.drive.rated-add", None)
 
     def starts(self) -> list[float]:
-        from django_leases.models.workflow import WorkflowQueue
+        from django_leases.models.queue import WorkflowQueue
 
         return list(WorkflowQueue.objects.get(name=RATED_QUEUE).starts)
 
@@ -190,7 +191,6 @@ class DriveThroughRateLimits(TestCase):
         self.assertEqual(self.starts(), log)
 
     def test_without_skip_sleeps_it_stops_with_the_steps_the_rate_holds_back(self) -> None:
-        from django_leases.models.workflow import WorkflowQueue
 
         run_id = start_workflow("tests.drive.rated", {})
         run = drive(run_id, skip_sleeps=False)
@@ -198,7 +198,7 @@ class DriveThroughRateLimits(TestCase):
         self.assertEqual(run.status, RunStatus.RUNNING)
         steps = dict(WorkflowStep.objects.filter(run_id=run_id).values_list("step_name", "status"))
         self.assertEqual(list(steps.values()).count(StepStatus.SUCCEEDED), 2)
-        (row,) = [q for q in WorkflowQueue.objects.overview() if q.name == RATED_QUEUE]
+        (row,) = [q for q in queue_overview() if q.name == RATED_QUEUE]
         self.assertEqual((row.waiting, row.rate), (3, "2/h"))
         self.assertEqual(len(self.starts()), 2)
         run = drive(run_id)

@@ -27,8 +27,10 @@ from django_leases.checks import check_leases_settings, check_step_queues
 from django_leases.conf import parse_queues, queue_limits
 from django_leases.exceptions import QueueConfigError
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
-from django_leases.models.workflow import WorkflowQueue, WorkflowStepAttempt
+from django_leases.models.queue import WorkflowQueue
+from django_leases.models.workflow import WorkflowStepAttempt
 from django_leases.workflows import registry, start_workflow, step_function, workflow
+from django_leases.workflows.display import queue_overview
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.worker import Worker
 from tests.helpers import drain, in_processes, lapse_step_lease, staff_client
@@ -374,7 +376,7 @@ def test_the_overview_counts_waiting_and_running_with_the_limits() -> None:
         _schedule(run_id, f"one-{n}", "tests.queues.one")
     _schedule(run_id, "m", "tests.queues.mail")
     assert WorkflowStep.objects.claim_due(LEASE, queues=["tests-one"]) is not None
-    rows = {row.name: row for row in WorkflowQueue.objects.overview()}
+    rows = {row.name: row for row in queue_overview()}
     assert set(QUEUES) | {"default"} <= set(rows)
     one = rows["tests-one"]
     assert (one.waiting, one.running, one.concurrency, one.rate) == (2, 1, 1, None)

@@ -16,6 +16,7 @@ from django.urls import reverse
 
 from django_leases.management.base import EXIT_WRONG_STATE
 from django_leases.models import WorkflowRun, WorkflowWait
+from django_leases.workflows.display import describe_wait
 from django_leases.workflows.values import WaitKind, WaitStatus
 from tests.helpers import staff_user
 
@@ -216,6 +217,6 @@ def test_a_waits_time_is_said_in_the_sites_zone_with_its_name() -> None:
         due_at=datetime(2026, 1, 15, 12, 0, tzinfo=UTC),
     )
     with timezone.override("Europe/Paris"):
-        assert wait.describe() == "sleeping until 2026-01-15 13:00:00 CET"
+        assert describe_wait(wait) == "sleeping until 2026-01-15 13:00:00 CET"
     with timezone.override("UTC"):
-        assert wait.describe() == "sleeping until 2026-01-15 12:00:00 UTC"
+        assert describe_wait(wait) == "sleeping until 2026-01-15 12:00:00 UTC"

@@ -22,8 +22,8 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
-from django_leases.models.workflow import channel_name
 from django_leases.workflows import step_function, workflow
+from django_leases.workflows.channel import STEP_TABLE, channel_name
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.wakeup import WakeSignal, listens
 from django_leases.workflows.worker import (
@@ -286,6 +286,9 @@ def test_a_thread_waiting_for_a_wake_up_is_woken() -> None:
 
 
 def test_the_channel_belongs_to_one_database(settings: Any) -> None:
+    from django_leases.models import WorkflowStep
+
+    assert WorkflowStep._meta.db_table == STEP_TABLE  # what the channel's digest names
     name = channel_name("default")
     assert name == channel_name("default") and len(name) <= 63 and name.isidentifier()
     original = connection.settings_dict["NAME"]

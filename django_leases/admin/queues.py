@@ -2,7 +2,7 @@
 
 One read-only page listing every queue with its waiting and running steps, its concurrency
 limit and rate, and how long its oldest waiting step has been due, as
-``WorkflowQueue.objects.overview()`` computes them on the database clock (this page only calls
+``display.queue_overview()`` computes them on the database clock (this page only calls
 it). Viewing needs the ``view_workflowqueue`` permission. Nothing can be added, changed or
 deleted here: the limits are settings (``DJANGO_LEASES["QUEUES"]``).
 """
@@ -20,6 +20,7 @@ from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS
 from django_leases.exceptions import QueueConfigError
 from django_leases.models import WorkflowQueue
+from django_leases.workflows.display import queue_overview
 
 if TYPE_CHECKING:
     from django.http import HttpResponse
@@ -47,7 +48,7 @@ class WorkflowQueueAdmin(ReadOnlyAdmin, _QueueModelAdmin):
             raise PermissionDenied
         problem = ""
         try:
-            queues = WorkflowQueue.objects.overview()
+            queues = queue_overview()
         except QueueConfigError as exc:
             queues, problem = [], str(exc)
         context = {

@@ -42,6 +42,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
     WorkflowWait,
 )
+from django_leases.workflows.display import describe_wait, event_sent, waiting_on
 from django_leases.workflows.values import TASK_WORKFLOW, RunChange
 
 #: The permission behind resume, cancel and retry step.
@@ -344,7 +345,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             return
         self.log_change(request, run, f"Sent event {name!r}")
         level = messages.SUCCESS if wait.reached_at is not None else messages.WARNING
-        self.message_user(request, wait.sent_text(), level)
+        self.message_user(request, event_sent(wait), level)
 
     @staticmethod
     def _link(run_id: uuid.UUID, text: str) -> str:
@@ -381,7 +382,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
     def waiting_on(self, run: WorkflowRun) -> str:
         """What a running run waits for now (``WorkflowRun.waiting_on``)."""
         return (
-            format_html_join(mark_safe("<br>"), "{}", ((line,) for line in run.waiting_on())) or "—"
+            format_html_join(mark_safe("<br>"), "{}", ((line,) for line in waiting_on(run))) or "—"
         )
 
     @admin.display(description="waits")
@@ -402,7 +403,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                         wait.name,
                         wait.kind,
                         wait.status,
-                        wait.describe(),
+                        describe_wait(wait),
                         local_time(wait.reached_at),
                         local_time(wait.due_at),
                         local_time(wait.done_at),

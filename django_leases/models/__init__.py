@@ -1,4 +1,5 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
+from django_leases.models.queue import WorkflowQueue
 from django_leases.models.schedule import WorkflowSchedule
 from django_leases.models.trigger import (
     OrphanTriggerSource,
@@ -8,17 +9,15 @@ from django_leases.models.trigger import (
     TriggerSource,
     TriggerSourceDefaults,
 )
+from django_leases.models.wait import WorkflowWait
+from django_leases.models.worker import WorkerState, WorkflowWorker
 from django_leases.models.workflow import (
     AttemptStatus,
     RunStatus,
     StepStatus,
-    WorkerState,
-    WorkflowQueue,
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
-    WorkflowWait,
-    WorkflowWorker,
 )
 
 __all__ = [

@@ -25,8 +25,6 @@ worker's three hot statements run as PL/pgSQL functions that the migrations inst
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib
 import json
 import logging
 import math
@@ -35,19 +33,16 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
-from django.utils import timezone
 
 from django_leases import clock, db, faults, signals
 from django_leases.clock import DbNow, to_stored
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, QueueLimits, queue_limits
 from django_leases.exceptions import (
-    WorkflowEventRefusedError,
-    WorkflowFunctionsMissing,
     WorkflowRunStateError,
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
@@ -60,6 +55,7 @@ from django_leases.models.lease import (
     release_held_statement,
     released_grant_sql,
 )
+from django_leases.models.queue import Admission, WorkflowQueue
 from django_leases.renewal import Renewal
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
@@ -79,9 +75,10 @@ from django_leases.validation import (
     parse_run_id,
     seconds,
     ttl_seconds,
-    wait_seconds,
 )
 from django_leases.workflows import sql
+from django_leases.workflows.channel import channel_name, notify_work_due
+from django_leases.workflows.functions import Pieces, catalogue
 from django_leases.workflows.values import (
     FINISHED_RUN_STATUSES,
     MAX_CLAIMANT_LENGTH,
@@ -102,8 +99,6 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     StepWrite,
-    WaitKind,
-    WaitStatus,
     run_lease_key,
 )
 
@@ -124,80 +119,28 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FUNCTIONS_MIGRATION",
-    "Admission",
     "AttemptStatus",
-    "QueueOverview",
+    "QueueCounts",
     "RunStatus",
     "Scheduled",
     "StepStatus",
-    "WaitKind",
-    "WaitStatus",
-    "WorkflowQueue",
-    "WorkflowQueueQuerySet",
     "WorkflowRun",
     "WorkflowRunQuerySet",
     "WorkflowStep",
     "WorkflowStepAttempt",
     "WorkflowStepAttemptQuerySet",
     "WorkflowStepQuerySet",
-    "WorkflowWait",
-    "WorkflowWaitQuerySet",
-    "WorkflowWorker",
-    "WorkflowWorkerQuerySet",
-    "channel_name",
     "fence_q",
     "functions",
-    "functions_missing",
-    "missing_functions",
-    "notify_work_due",
+    "request_passes",
     "retry_delay_after",
 ]
-
-#: Prefix of the notification channel idle workers LISTEN on (the rest is a digest).
-CHANNEL_PREFIX = "django_leases_work_"
 
 logger = logging.getLogger("django_leases.workflows")
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
 FUNCTIONS_MIGRATION = "0028_workflow_functions"
-
-
-# -- wake-ups -----------------------------------------------------------------------------------
-
-
-def channel_name(using: str) -> str:
-    """The notification channel of the workflow tables on database alias ``using``.
-
-    A ``str`` of at most 63 characters (PostgreSQL's identifier limit): :data:`CHANNEL_PREFIX`
-    and a digest of the database name, its ``OPTIONS["options"]`` (where a ``search_path``
-    would be set) and the step table's name, so two projects on one server — or one database
-    with a schema each — never wake each other's workers, while every process of one project,
-    whatever its alias, shares one channel.
-    """
-    settings_dict = connections[using].settings_dict
-    parts = (
-        str(settings_dict.get("NAME") or ""),
-        str((settings_dict.get("OPTIONS") or {}).get("options") or ""),
-        WorkflowStep._meta.db_table,
-    )
-    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
-    return CHANNEL_PREFIX + digest
-
-
-def notify_work_due(using: str) -> None:
-    """Tell idle workers that workflow work is due now; call it inside the transaction that
-    makes the work due (``using`` is that transaction's database alias).
-
-    PostgreSQL: ``SELECT pg_notify(<channel>, '')`` on the caller's connection; the
-    notification is delivered at commit and dropped on rollback. Other databases: nothing
-    (their workers poll). Database errors propagate (the caller's transaction is failing).
-    """
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [channel_name(using)])
 
 
 # -- shared pieces ------------------------------------------------------------------------------
@@ -243,233 +186,28 @@ def _release(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
     return lambda where: release_held_statement(table, where)
 
 
-def _arg(name: str, sql_type: str) -> sql.Arg:
-    return sql.Arg(name, sql_type)
-
-
 def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
     """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
-    (PostgreSQL), by short name: ``claim_step``, ``take_pass``, ``pick_pass``,
-    ``insert_claimed``, ``set_result_claiming_next``, ``complete_run``,
-    ``complete_run_picking``, ``complete_run_alone``,
-    ``complete_run_alone_picking`` and ``complete_run_alone_claiming``. The migrations
-    install them as frozen text; a test checks the latest one matches these definitions."""
-    t = _tables(connection)
-    acquire, release, grant = _acquire(connection), _release(connection), grant_sql(connection)
-    step_id, attempt = _arg("p_step_id", "bigint"), _arg("p_attempt", "bigint")
-    fence, fence_params = _fence_sql(
-        connection.alias, RawSQL(step_id.name, ()), RawSQL(attempt.name, ())
-    )
-    completion_args = (
-        step_id,
-        _arg("p_payload", "text"),
-        attempt,
-        _arg("p_output", "text"),
-        _arg("p_key", "text"),
-        _arg("p_holder", "text"),
-        _arg("p_token", "bigint"),
-    )
-    _, payload, _, output, key, holder, token = completion_args
-    ttl, pick_holder = _arg("p_seconds", "double precision"), _arg("p_holder", "text")
-    next_ttl, next_holder = _arg("p_next_ttl", "double precision"), _arg("p_next_holder", "text")
-    insert_args = (
-        _arg("p_run_id", "uuid"),
-        _arg("p_step_name", "text"),
-        _arg("p_function_name", "text"),
-        _arg("p_data", "text"),
-        _arg("p_retries", "bigint"),
-        _arg("p_retry_delay", "double precision"),
-        _arg("p_retry_backoff", "double precision"),
-        _arg("p_retry_delay_max", "double precision"),
-        _arg("p_seconds", "double precision"),
-        _arg("p_finish_pass", "bigint"),
-        _arg("p_claimant", "text"),
-    )
-    completed = ("bigint", "bigint", "boolean", "timestamptz")
-    hold = _arg("p_hold", "double precision")
+    (PostgreSQL), by short name (:func:`django_leases.workflows.functions.catalogue`, given
+    the fence and lease rules written here and in :mod:`~django_leases.models.lease`)."""
     lease_table = connection.ops.quote_name(Lease._meta.db_table)
+
+    def fence(step_id: str, attempt: str) -> tuple[str, list[Any]]:
+        return _fence_sql(connection.alias, RawSQL(step_id, ()), RawSQL(attempt, ()))
 
     def acquire_released(rows: str) -> str:
         return acquire_statement(connection, lease_table, rows, released=True)
 
-    released = released_grant_sql(connection)
-    alone_args = (
-        step_id,
-        payload,
-        attempt,
-        output,
-        _arg("p_holder", "text"),
-        _arg("p_channel", "text"),
+    pieces = Pieces(
+        tables=_tables(connection),
+        fence=fence,
+        acquire=_acquire(connection),
+        acquire_released=acquire_released,
+        release=_release(connection),
+        grant=grant_sql(connection),
+        released=released_grant_sql(connection),
     )
-    alone_returns = ("bigint", "uuid", "timestamptz", "bigint", *sql.LEASE_TYPES)
-    picked = (*sql.PASS_STATE_TYPES, *sql.LEASE_TYPES)
-    run_id = _arg("p_run_id", "uuid")
-    queues = _arg("p_queues", "text[]")
-    found = (
-        sql.Function(
-            "claim_step",
-            (ttl, queues),
-            sql.CLAIM_STEP_TYPES,
-            sql.claim_step(t, ttl, queues),
-        ),
-        sql.Function(
-            "take_pass",
-            (run_id, ttl, pick_holder),
-            picked,
-            sql.take_pass(t, acquire, grant, run_id, ttl, pick_holder),
-        ),
-        sql.Function(
-            "pick_pass",
-            (ttl, pick_holder),
-            picked,
-            sql.pick_pass_alone(t, acquire, grant, ttl, pick_holder),
-        ),
-        sql.Function(
-            "insert_claimed", insert_args, ("bigint",), sql.insert_claimed(t, *insert_args)
-        ),
-        sql.Function(
-            "set_result_claiming_next",
-            (step_id, payload, attempt, hold, *insert_args[1:]),
-            ("bigint", "uuid", "bigint", "bigint", *sql.PASS_STATE_TYPES),
-            sql.set_result_claiming_next(
-                t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
-            ),
-        ),
-        sql.Function(
-            "complete_run",
-            completion_args,
-            completed,
-            sql.completion(
-                t, fence, fence_params, release, payload, attempt, output, key, holder, token
-            ),
-        ),
-        sql.Function(
-            "complete_run_alone",
-            alone_args,
-            alone_returns,
-            sql.completion_alone(
-                t, fence, fence_params, acquire_released, released, *alone_args[1:]
-            ),
-        ),
-        sql.Function(
-            "complete_run_alone_picking",
-            (*alone_args, next_holder, next_ttl),
-            (*alone_returns, *picked),
-            sql.completion_alone(
-                t,
-                fence,
-                fence_params,
-                acquire_released,
-                released,
-                *alone_args[1:],
-                pick=(acquire, grant, next_ttl, next_holder),
-            ),
-        ),
-        sql.Function(
-            "complete_run_alone_claiming",
-            (*alone_args, next_ttl, queues),
-            (*alone_returns, *sql.CLAIM_STEP_TYPES),
-            sql.completion_alone(
-                t,
-                fence,
-                fence_params,
-                acquire_released,
-                released,
-                *alone_args[1:],
-                claim=(next_ttl, queues),
-            ),
-        ),
-        sql.Function(
-            "complete_run_picking",
-            (*completion_args, next_holder, next_ttl),
-            (*completed, *picked),
-            sql.completion(
-                t,
-                fence,
-                fence_params,
-                release,
-                payload,
-                attempt,
-                output,
-                key,
-                holder,
-                token,
-                pick=(acquire, grant, next_ttl, next_holder),
-            ),
-        ),
-    )
-    return {function.short: function for function in found}
-
-
-def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
-    """Names of the current code's :func:`functions` that ``connection``'s database lacks
-    (looked up through its ``search_path``, as the calls are); ``[]`` elsewhere than on
-    PostgreSQL."""
-    if connection.vendor != "postgresql":
-        return []
-    names = [function.name for function in functions(connection).values()]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regproc(name) IS NULL",
-            [names],
-        )
-        return [name for (name,) in cursor.fetchall()]
-
-
-def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissing | None:
-    """Whether workers on ``connection``'s database would refuse to start for want of the
-    hot-path functions of the running code (the tuned path on PostgreSQL only), and how to
-    repair it: the one readiness rule of the worker, ``leases_check`` and the health view.
-
-    Args:
-        connection: the database's connection.
-
-    Returns:
-        ``None`` when workers can start (or the portable path is used); else the error to
-        raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
-        is unapplied that is ``migrate``. When it is applied and the functions were dropped
-        since, ``migrate`` would not run it again: the repair is to mark it and the
-        migrations after it unapplied without running them (``--fake``), apply it (it only
-        creates the functions) and mark the others applied again. When the running code's
-        functions are not those it installs, this version lacks the migration.
-
-    Raises:
-        DatabaseError: the database could not be read.
-    """
-    from django.db.migrations.recorder import MigrationRecorder
-
-    from django_leases import db
-
-    if not db.tuned(connection, "postgresql"):
-        return None
-    missing = missing_functions(connection)
-    if not missing:
-        return None
-    alias = connection.alias
-    what = f"the workflow functions {', '.join(missing)}"
-    if ("django_leases", FUNCTIONS_MIGRATION) not in MigrationRecorder(
-        connection
-    ).applied_migrations():
-        return WorkflowFunctionsMissing(alias, what)
-    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
-    if not set(missing) <= set(migration.FUNCTIONS):
-        return WorkflowFunctionsMissing(
-            alias,
-            what,
-            "this version of django-leases lacks the migration that installs them; "
-            "install a version that has it",
-        )
-    previous = migration.Migration.dependencies[0][1]
-    on = f"--database {alias} --skip-checks"  # check E013 would stop migrate itself
-    return WorkflowFunctionsMissing(
-        alias,
-        what,
-        f"they were dropped after migration {FUNCTIONS_MIGRATION} installed them, and "
-        "'migrate' does not run an applied migration again. With no migration pending, "
-        f"run 'manage.py migrate django_leases {previous} --fake {on}', then "
-        f"'manage.py migrate django_leases {FUNCTIONS_MIGRATION} {on}' (it only creates "
-        f"the functions), then 'manage.py migrate --fake {on}'",
-    )
+    return catalogue(pieces)
 
 
 _calls: dict[tuple[str, str], str] = {}
@@ -496,17 +234,6 @@ def _due_q() -> Q:
 
 def _due() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(_due_q(), output_field=BooleanField())
-
-
-_QS = TypeVar("_QS", bound=models.QuerySet[Any])
-
-
-def _for_update(qs: _QS, alias: str) -> _QS:
-    """``qs`` locking its rows; ``FOR NO KEY UPDATE`` where the database has it (it does not
-    block the key-share lock an insert of a step takes on its run)."""
-    if connections[alias].features.has_select_for_no_key_update:
-        return qs.select_for_update(no_key=True)
-    return qs.select_for_update()
 
 
 def step_lease_renewal(claim: Claim) -> Renewal:
@@ -892,7 +619,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         delay = seconds(delay, "delay")
         alias = self.write_alias()
         with transaction.atomic(using=alias):
-            return bool(_request_pass(alias, Q(pk=run_id), delay))
+            return bool(request_passes(alias, Q(pk=run_id), delay))
 
     def claim_due_pass(self, ttl: float, lease_holder: str | None = None) -> PassClaim | None:
         """Pick one running run whose pass is due (``pass_due_at <= DB now``), with its run
@@ -1326,7 +1053,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         while True:
             with transaction.atomic(using=alias):
                 ids = list(
-                    _for_update(finished.exclude(pk__in=skipped), alias)
+                    db.for_update(finished.exclude(pk__in=skipped), alias)
                     .order_by("finished_at")
                     .values_list("pk", flat=True)[:batch_size]
                 )
@@ -1348,8 +1075,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         """Lock the run's steps, then the run (inside the caller's transaction); the run."""
         pk = parse_run_id(run_id)
         steps = WorkflowStep._default_manager.using(alias).filter(run_id=pk)
-        list(_for_update(steps, alias).order_by("id").values_list("pk", flat=True))
-        run = _for_update(self.rows().filter(pk=pk), alias).first()
+        list(db.for_update(steps, alias).order_by("id").values_list("pk", flat=True))
+        run = db.for_update(self.rows().filter(pk=pk), alias).first()
         if run is None:
             raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
         return run
@@ -1359,7 +1086,7 @@ def _lock_running(alias: str, run_id: uuid.UUID | str) -> bool:
     """Lock run ``run_id`` if it is ``running`` (inside the caller's transaction); whether
     it is."""
     running = WorkflowRun._default_manager.using(alias).filter(pk=run_id, status=RunStatus.RUNNING)
-    return _for_update(running, alias).values_list("pk", flat=True).first() is not None
+    return db.for_update(running, alias).values_list("pk", flat=True).first() is not None
 
 
 def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
@@ -1402,10 +1129,10 @@ def _wake_parent(alias: str, run_id: uuid.UUID | str) -> None:
     """Ask the parent of run ``run_id`` (a child started by ``run.child``) for a pass now,
     inside the caller's transaction: the child just finished."""
     parent = WorkflowRun._default_manager.using(alias).filter(pk=run_id).values("parent_id")
-    _request_pass(alias, Q(pk__in=parent))
+    request_passes(alias, Q(pk__in=parent))
 
 
-def _request_pass(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
+def request_passes(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
     """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
 
     Runs inside the caller's transaction (the methods that finish a step use it so the
@@ -1441,7 +1168,10 @@ def _queue_admits(
     limits = queue_limits().get(queue)
     if limits is None or not limits.limited:
         return True, None
-    admission = WorkflowQueue.objects.admit(alias, limits)
+    steps = WorkflowStep._default_manager.using(alias)
+    admission = WorkflowQueue.objects.admit(
+        alias, limits, running=lambda: steps.running_in([queue]).get(queue, 0)
+    )
     if admission is None:
         if refused is not None:
             refused.add(queue)
@@ -1559,6 +1289,17 @@ def _check_queue(queue: object, priority: object) -> tuple[str, int]:
     if not -(2**31) <= priority < 2**31:
         raise ValueError(f"A step priority must be between -2**31 and 2**31-1, not {priority}")
     return name, priority
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
+    ``waiting`` (due, unclaimed), ``running`` (live lease) and ``oldest_waiting`` (seconds
+    the longest-waiting due step has been due, database clock; ``None`` when none waits)."""
+
+    waiting: int
+    running: int
+    oldest_waiting: float | None
 
 
 @dataclass(frozen=True)
@@ -2059,7 +1800,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     # An unlocked look first: a full queue is passed over without waiting
                     # for its lock (the claim below still decides under the lock).
                     looked.add(step.queue)
-                    full = WorkflowQueue.objects.blocked(alias, {step.queue: queue})
+                    full = self._full_queues(alias, {step.queue: queue})
                     if full:
                         blocked |= full
                         continue
@@ -2068,6 +1809,62 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
             blocked |= refused
         return None
+
+    def running_in(self, queues: Sequence[str]) -> dict[str, int]:
+        """How many steps of each of ``queues`` are running with a live lease (database
+        clock): what a queue's concurrency limit counts. Queues with none are left out."""
+        return dict(
+            self.rows()
+            .filter(queue__in=list(queues), status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue", "n")
+        )
+
+    def _full_queues(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
+        """Of the limited queues in ``limits``, those that look full now: at their
+        concurrency limit, or out of their rate (unlocked reads: a hint that spares a claim
+        the lock of a queue that would refuse it; the claim still decides under the lock)."""
+        limited = {name: queue for name, queue in limits.items() if queue.limited}
+        counted = {name: q.concurrency for name, q in limited.items() if q.concurrency is not None}
+        running = self.using(alias).running_in(sorted(counted)) if counted else {}
+        full = {name for name, limit in counted.items() if running.get(name, 0) >= limit}
+        return full | WorkflowQueue.objects.rate_used_up(alias, limited)
+
+    def queue_counts(self) -> dict[str, QueueCounts]:
+        """Per queue named by a step of a running run: its waiting steps (due, unclaimed),
+        running steps (live lease) and the age of its oldest waiting step in seconds on the
+        database clock (``None`` when none waits). Operators' views read this."""
+        steps = self.rows().filter(run__status=RunStatus.RUNNING)
+        waiting = {
+            row["queue"]: row
+            for row in steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .values("queue")
+            .annotate(
+                n=models.Count("pk"),
+                oldest=models.Min("available_at"),
+                db_now=models.Max(DbNow()),
+            )
+        }
+        running = dict(
+            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue", "n")
+        )
+        found = {}
+        for name in set(waiting) | set(running):
+            row = waiting.get(name)
+            oldest = None
+            if row is not None and row["oldest"] is not None:
+                oldest = max(0.0, (row["db_now"] - row["oldest"]).total_seconds())
+            found[name] = QueueCounts(
+                waiting=0 if row is None else int(row["n"]),
+                running=int(running.get(name, 0)),
+                oldest_waiting=oldest,
+            )
+        return found
 
     def _claim_unlimited(
         self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str]
@@ -2272,7 +2069,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             history={"status": AttemptStatus.FAILED, "error": error},
         )
         if exhausted:
-            _request_pass(alias, Q(pk=step.run_id))
+            request_passes(alias, Q(pk=step.run_id))
         elif not delay:
             _wake(alias)
 
@@ -2298,7 +2095,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
             ).update(status=AttemptStatus.FAILED, error=error, finished_at=DbNow())
             _attempt_finished(alias, step.pk, step.attempt, StepStatus.FAILED, step.run_id)
-            _request_pass(alias, Q(pk=step.run_id))
+            request_passes(alias, Q(pk=step.run_id))
 
     # -- fenced writes --------------------------------------------------------------------------
 
@@ -2920,7 +2717,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     # lease — taken for an instant, or found held by a pass.
                     held = leases.acquire_checked(run_lease_key(run_id), lease, next_ttl)
                     if held is None:
-                        asked = bool(_request_pass(alias, Q(pk=run_id)))
+                        asked = bool(request_passes(alias, Q(pk=run_id)))
                 if held is not None:
                     completed = runs.complete(run_id, output)
                     live = leases.release_held(held)
@@ -3000,7 +2797,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 repeat_of=(AttemptStatus.FAILED, payload),
             )
             if written and exhausted:
-                _request_pass(alias, Q(steps__pk=step_id), hold=hold)
+                request_passes(alias, Q(steps__pk=step_id), hold=hold)
             elif not exhausted and not delay:
                 _wake(alias)  # the next attempt is due at once
         state = self._state_after(alias, step_id, hold) if written and exhausted else None
@@ -3169,219 +2966,6 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
         )
 
 
-class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
-    """Domain methods of ``WorkflowWait.objects``: a run's durable waits (DESIGN §5a).
-
-    A wait is recorded like a step — one row per name and run, replayed by name — so a pass
-    that reaches it either finds its outcome or ends there; no thread ever sleeps on one.
-    Its outcome is decided once, by a compare-and-set from ``waiting`` (an event arriving,
-    a timeout passing): every later pass replays that recorded outcome. Times are the
-    database clock's.
-    """
-
-    def for_pass(self, run_id: uuid.UUID | str) -> dict[str, WorkflowWait]:
-        """The run's waits by name, each annotated ``over`` (``due_at`` has passed on the
-        database clock; ``None`` without a ``due_at``), with their child runs loaded."""
-        rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
-        return {wait.name: wait for wait in rows.select_related("child").order_by("id")}
-
-    def _one(self, wait_id: int) -> WorkflowWait:
-        return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)
-
-    def reach(
-        self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
-    ) -> WorkflowWait:
-        """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
-        find it: on first reach the row is created ``waiting`` with ``due_at`` = database
-        now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
-        arrived first already has its row (``done``); it is marked reached. Returns the row
-        (annotated as :meth:`for_pass`).
-
-        Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
-        of another kind in this run (nothing written).
-        """
-        check_identifier(name, "Wait name")
-        if seconds is not None:
-            seconds = wait_seconds(seconds, "Wait seconds")
-        pk = parse_run_id(run_id)
-        alias = self.write_alias()
-        with transaction.atomic(using=alias):
-            wait, created = self.rows().get_or_create(
-                run_id=pk,
-                name=name,
-                defaults={
-                    "kind": kind,
-                    "status": WaitStatus.WAITING,
-                    "due_at": None if seconds is None else clock.db_now_plus(seconds),
-                    "reached_at": DbNow(),
-                },
-            )
-            if not created:
-                _same_kind(wait, kind)
-                if wait.reached_at is None:
-                    self.rows().filter(pk=wait.pk).update(reached_at=DbNow())
-        return self._one(wait.pk)
-
-    def start_child(
-        self, run_id: uuid.UUID | str, name: str, workflow: str, input: Any = None
-    ) -> WorkflowWait:
-        """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
-        the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
-        are created in one transaction; later, the wait is found. Returns the wait, its child
-        loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
-        completes, fails or is cancelled.
-
-        Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
-        kind of wait, or when its child is of another workflow, and
-        :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
-        its pass ran); nothing is written then.
-        """
-        check_identifier(name, "Wait name")
-        check_identifier(workflow, "Workflow name")
-        check_json(input, f"Input of child run {name!r}")
-        pk = parse_run_id(run_id)
-        alias = self.write_alias()
-        with transaction.atomic(using=alias):
-            wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
-            if wait is None:
-                # The parent locked and running: a cancel that committed while this pass
-                # ran found no child to cancel, so none may start after it.
-                runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
-                status = _for_update(runs, alias).values_list("status", flat=True).first()
-                if status != RunStatus.RUNNING:
-                    raise WorkflowRunStateError(
-                        pk, status or "missing", "given a child run", "only a running run can be"
-                    )
-                child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
-                wait = self.rows().create(
-                    run_id=pk,
-                    name=name,
-                    kind=WaitKind.CHILD,
-                    status=WaitStatus.WAITING,
-                    child=child,
-                    reached_at=DbNow(),
-                )
-            else:
-                _same_kind(wait, WaitKind.CHILD)
-                if wait.child is not None and wait.child.workflow != workflow:
-                    raise ValueError(
-                        f"Child run {name!r} of run {pk} is a run of {wait.child.workflow!r}; "
-                        f"the workflow now asks for {workflow!r}"
-                    )
-        return self._one(wait.pk)
-
-    def settle_child(self, wait: WorkflowWait) -> None:
-        """Mark a child wait ``done`` once its child run has finished (for operators; the
-        outcome itself is the child's status)."""
-        # One statement: atomic on its own.
-        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
-            status=WaitStatus.DONE, done_at=DbNow()
-        )
-
-    def settle(self, wait: WorkflowWait) -> WorkflowWait:
-        """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
-        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``; an
-        event that landed before its timeout stays the outcome, and one sent after the
-        timeout passed is refused by :meth:`send_event` whether or not this ran yet.
-        Returns the row as it now is (annotated as :meth:`for_pass`)."""
-        outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
-        # One statement: atomic on its own.
-        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
-            status=outcome, done_at=DbNow()
-        )
-        return self._one(wait.pk)
-
-    def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
-        """Deliver event ``name`` with JSON ``payload`` to a run, exactly once.
-
-        One transaction, the run row locked: the run must be ``running`` or ``suspended``.
-        If the run waits at ``run.wait_for_event(name)``, the wait becomes ``done`` with the
-        payload; if it has not reached the wait yet, the event is kept (a ``done`` wait not
-        yet reached) and consumed when it does. Either way the run is asked for a pass (its
-        idle workers are woken), in the same transaction. Returns the wait row.
-
-        Raises:
-            WorkflowRun.DoesNotExist: no such run (nothing written).
-            WorkflowRunStateError: the run is completed, failed or cancelled.
-            WorkflowEventRefusedError: the wait already has its event, its timeout has
-                passed on the database clock (recorded by a pass or not yet), or ``name``
-                is another kind of wait (nothing written).
-            ValueError: a bad run id or name, or a payload that is not JSON.
-        """
-        check_identifier(name, "Event name")
-        check_json(payload, f"Payload of event {name!r}")
-        pk = parse_run_id(run_id)
-        alias = self.write_alias()
-        runs = WorkflowRun._default_manager.using(alias)
-        with transaction.atomic(using=alias):
-            status = _for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
-            found = status.first()
-            if found is None:
-                raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
-            if found not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                raise WorkflowRunStateError(
-                    pk, found, "sent an event", "only a running or suspended run can be"
-                )
-            waits = self.rows().filter(run_id=pk, name=name)
-            wait = waits.first()
-            if wait is None:
-                try:
-                    with transaction.atomic(using=alias):
-                        wait = self.rows().create(
-                            run_id=pk,
-                            name=name,
-                            kind=WaitKind.EVENT,
-                            status=WaitStatus.DONE,
-                            payload=payload,
-                            done_at=DbNow(),
-                        )
-                except IntegrityError:  # the run reached the wait meanwhile
-                    wait = waits.get()
-                else:
-                    _request_pass(alias, Q(pk=pk))
-                    return self._one(wait.pk)
-            if wait.kind != WaitKind.EVENT:
-                raise WorkflowEventRefusedError(
-                    pk, name, f"{name!r} is {_a(wait.kind)} wait of this run, not an event"
-                )
-            # The timeout is judged on the database clock, not on whether a pass has
-            # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
-            in_time = Q(due_at__isnull=True) | Q(due_at__gt=DbNow())
-            landed = waits.filter(in_time, status=WaitStatus.WAITING).update(
-                status=WaitStatus.DONE,
-                payload=Value(payload, output_field=models.JSONField()),
-                done_at=DbNow(),
-            )
-            if not landed:
-                wait = waits.get()
-                reason = (
-                    "the wait timed out before it arrived"
-                    if wait.status in (WaitStatus.TIMED_OUT, WaitStatus.WAITING)
-                    else "that event was already sent (an event is delivered once)"
-                )
-                raise WorkflowEventRefusedError(pk, name, reason)
-            _request_pass(alias, Q(pk=pk))
-        return self._one(wait.pk)
-
-
-def _over() -> ExpressionWrapper[Q]:
-    """``due_at <= now`` on the database clock (``NULL`` without a due time)."""
-    return ExpressionWrapper(Q(due_at__lte=DbNow()), output_field=BooleanField())
-
-
-def _a(kind: str) -> str:
-    """``kind`` of wait with its article: "a sleep", "an event", "a child"."""
-    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
-
-
-def _same_kind(wait: WorkflowWait, kind: str) -> None:
-    if wait.kind != kind:
-        raise ValueError(
-            f"Wait {wait.name!r} of run {wait.run_id} was recorded as {_a(wait.kind)} wait; "
-            f"the workflow now uses it as {_a(kind)} wait"
-        )
-
-
 # -- the models ---------------------------------------------------------------------------------
 
 
@@ -3496,89 +3080,6 @@ class WorkflowRun(models.Model):
     def lease_key(self) -> str:
         """The key of the run lease its passes hold (``workflow-run:<id>``)."""
         return run_lease_key(self.pk)
-
-    def waiting_on(self) -> list[str]:
-        """What a running run waits for now, for operators (the admin's run page and
-        ``workflow_runs show``): each ``waiting`` wait as :meth:`WorkflowWait.describe` says
-        it, and its unfinished steps ("waiting for step 'x'", or "waiting for N parallel
-        steps"). Empty for a run that is not running."""
-        if self.status != RunStatus.RUNNING:
-            return []
-        alias = self._state.db or "default"
-        found = [
-            wait.describe()
-            for wait in WorkflowWait.objects.db_manager(alias).filter(
-                run_id=self.pk, status=WaitStatus.WAITING
-            )
-        ]
-        steps = (
-            WorkflowStep.objects.db_manager(alias)
-            .filter(run_id=self.pk)
-            .filter(
-                Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
-                | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
-            )
-        )
-        names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])
-        if len(names) == 1:
-            found.append(f"waiting for step {names[0]!r}")
-        elif names:
-            found.append(f"waiting for {steps.count()} parallel steps")
-        return found
-
-    def overview(self) -> dict[str, Any]:
-        """The run, its steps and its waits as one JSON-ready ``dict`` (timestamps and ids
-        left as ``datetime`` / ``UUID``): what ``workflow_runs show`` prints."""
-        alias = self._state.db or "default"
-        steps = WorkflowStep.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
-        waits = WorkflowWait.objects.db_manager(alias).filter(run_id=self.pk).order_by("id")
-        return {
-            "id": self.pk,
-            "workflow": self.workflow,
-            "status": self.status,
-            "key": self.key,
-            "parent": self.parent_id,
-            "created_at": self.created_at,
-            "finished_at": self.finished_at,
-            "pass_due_at": self.pass_due_at,
-            "input": self.input,
-            "output": self.output,
-            "error": self.error,
-            "waiting_on": self.waiting_on(),
-            "steps": [
-                {
-                    "name": step.step_name,
-                    "function": step.function_name,
-                    "status": step.status,
-                    "attempt": step.attempt,
-                    "max_attempts": step.max_attempts,
-                    "available_at": step.available_at,
-                    "result": step.result,
-                    "error": step.error,
-                }
-                for step in steps
-            ],
-            "waits": [
-                {
-                    "name": wait.name,
-                    "kind": wait.kind,
-                    "status": wait.status,
-                    "what": wait.describe(),
-                    "child": wait.child_id,
-                    "reached_at": wait.reached_at,
-                    "due_at": wait.due_at,
-                    "done_at": wait.done_at,
-                    "payload": wait.payload,
-                }
-                for wait in waits
-            ],
-            "children": list(
-                WorkflowRun.objects.db_manager(alias)
-                .filter(parent_id=self.pk)
-                .order_by("created_at", "id")
-                .values("id", "workflow", "status")
-            ),
-        }
 
 
 class WorkflowStep(models.Model):
@@ -3717,469 +3218,3 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A limited queue's go-ahead for one claim (:meth:`WorkflowQueueQuerySet.admit`), taken
-    under the queue row's lock: ``started_at`` is the start it will record (database clock)
-    and ``starts`` the rate log to write once the claim is granted (``None``: no rate)."""
-
-    queue: str
-    started_at: datetime
-    starts: list[float] | None
-
-
-@dataclass(frozen=True)
-class QueueOverview:
-    """One queue as an operator sees it (:meth:`WorkflowQueueQuerySet.overview`).
-
-    Attributes:
-        name: the queue.
-        configured: whether ``DJANGO_LEASES["QUEUES"]`` names it (``"default"`` always is).
-        waiting: due steps of running runs not yet claimed.
-        running: steps running with a live lease (what the concurrency limit counts).
-        concurrency: the limit (``int``), or ``None``.
-        rate: the rate as configured (``"10/s"``), or ``None``.
-        oldest_waiting: seconds (``float``) the longest-waiting due step has been due, on the
-            database clock; ``None`` when none waits.
-    """
-
-    name: str
-    configured: bool
-    waiting: int
-    running: int
-    concurrency: int | None
-    rate: str | None
-    oldest_waiting: float | None
-
-    def as_json(self) -> dict[str, Any]:
-        """The row as a JSON object (``manage.py workflow_queues --format json``)."""
-        return {
-            "name": self.name,
-            "configured": self.configured,
-            "waiting": self.waiting,
-            "running": self.running,
-            "concurrency": self.concurrency,
-            "rate": self.rate,
-            "oldest_waiting_seconds": self.oldest_waiting,
-        }
-
-
-def _epoch(moment: datetime) -> float:
-    """``moment`` (a database-clock datetime, aware or naive UTC) as epoch seconds."""
-    if moment.tzinfo is None:
-        return (moment - datetime(1970, 1, 1)).total_seconds()
-    return moment.timestamp()
-
-
-class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
-    """Domain methods of ``WorkflowQueue.objects``: the queue limits a claim enforces, and
-    the operators' overview.
-
-    **Concurrency** (at most N of a queue's steps running across every worker) and **rate**
-    (at most N starts in any window of a second, a minute or an hour) are decided inside the
-    claim's transaction, under the lock of the queue's row (``SELECT … FOR UPDATE``; SQLite
-    serialises writers): the claim counts the queue's running steps whose lease is live on
-    the database clock, and reads the queue's rate log, only once it holds the lock; the
-    lock is held until the claim commits. The next claimer of the queue waits for it and
-    then, under READ COMMITTED, counts in a new statement that sees the committed claim. A
-    running step whose lease lapsed is not counted (it is claimable again, as a new attempt).
-
-    The rate log (``starts``) keeps the database-clock times of the queue's starts within
-    the last window (at most N of them): a claim is admitted while fewer than N lie within
-    the window before its own time, and its time is appended (older ones dropped) in the
-    same transaction. Claims of a queue are serialised by the lock and take their time in a
-    statement after the lock was granted, so the log is in order and exact: no window of
-    the rate's length ever holds more than N starts, whichever workers made them. The
-    attempt row records the same time as its ``started_at``. Queues without limits take no
-    lock and write nothing here.
-    """
-
-    def _locked(self, alias: str, name: str) -> WorkflowQueue:
-        """The queue's row, locked until the transaction ends (created if missing)."""
-        rows = self.model._default_manager.using(alias)
-        for _ in range(2):
-            found = rows.select_for_update().filter(name=name).first()
-            if found is not None:
-                return found
-            rows.bulk_create([self.model(name=name)], ignore_conflicts=True)
-        raise self.model.DoesNotExist(f"Queue {name!r} has no row")  # pragma: no cover
-
-    def admit(self, alias: str, limits: QueueLimits) -> Admission | None:
-        """Whether one more step of the queue ``limits`` describes may start now; inside the
-        caller's claim transaction on ``alias``, whose lock of the queue row it takes.
-
-        Returns an :class:`Admission` (pass it to :meth:`record_start` once the claim is
-        granted), or ``None``: the queue is at its concurrency limit or its rate for the
-        current window is used up (the claim must not start the step).
-        """
-        row = self._locked(alias, limits.name)
-        if limits.concurrency is not None:
-            running = (
-                WorkflowStep._default_manager.using(alias)
-                .filter(queue=limits.name, status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
-                .count()
-            )
-            if running >= limits.concurrency:
-                return None
-        # The start's time is read after the count: a step that finished before this claim
-        # counted (and so is not counted) finished before this start, on the same clock.
-        now: datetime = (
-            self.model._default_manager.using(alias)
-            .filter(pk=row.pk)
-            .annotate(db_now=DbNow())
-            .values_list("db_now", flat=True)[0]
-        )
-        starts = None
-        if limits.rate is not None:
-            moment = _epoch(now)
-            starts = [
-                float(t) for t in (row.starts or []) if float(t) > moment - limits.rate_window
-            ]
-            if len(starts) >= limits.rate_starts:
-                return None
-            starts.append(moment)
-        return Admission(limits.name, now, starts)
-
-    def record_start(self, alias: str, admission: Admission) -> None:
-        """Write the rate log of a granted claim (inside its transaction, the lock held)."""
-        if admission.starts is not None:
-            self.model._default_manager.using(alias).filter(name=admission.queue).update(
-                starts=admission.starts, updated_at=DbNow()
-            )
-
-    def blocked(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
-        """Of the limited queues in ``limits``, those that look full now (unlocked reads: a
-        hint that spares a claim the lock of a queue that would refuse it; the claim still
-        decides under the lock)."""
-        limited = {name: queue for name, queue in limits.items() if queue.limited}
-        if not limited:
-            return set()
-        full = set()
-        counted = {name for name, queue in limited.items() if queue.concurrency is not None}
-        if counted:
-            running = dict(
-                WorkflowStep._default_manager.using(alias)
-                .filter(queue__in=counted, status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
-                .values_list("queue")
-                .annotate(n=models.Count("pk"))
-                .values_list("queue", "n")
-            )
-            full |= {
-                name for name in counted if running.get(name, 0) >= (limited[name].concurrency or 0)
-            }
-        rated = [name for name, queue in limited.items() if queue.rate is not None]
-        if rated:
-            for row in (
-                self.model._default_manager.using(alias)
-                .filter(name__in=rated)
-                .annotate(db_now=DbNow())
-            ):
-                queue = limited[row.name]
-                moment = _epoch(row.db_now)  # type: ignore[attr-defined]
-                recent = [t for t in (row.starts or []) if float(t) > moment - queue.rate_window]
-                if len(recent) >= queue.rate_starts:
-                    full.add(row.name)
-        return full
-
-    def overview(self) -> list[QueueOverview]:
-        """Every queue — the configured ones, ``"default"``, and any a step of a running run
-        names — with its waiting and running steps, limits and the age of its oldest
-        waiting step (on the database clock), by name. The admin's queue view and
-        ``manage.py workflow_queues`` show this.
-
-        Raises:
-            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
-        """
-        limits = queue_limits()
-        alias = self.write_alias()
-        steps = WorkflowStep._default_manager.using(alias).filter(run__status=RunStatus.RUNNING)
-        waiting = {
-            row["queue"]: row
-            for row in steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-            .values("queue")
-            .annotate(
-                n=models.Count("pk"),
-                oldest=models.Min("available_at"),
-                db_now=models.Max(DbNow()),
-            )
-        }
-        running = dict(
-            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
-            .values_list("queue")
-            .annotate(n=models.Count("pk"))
-            .values_list("queue", "n")
-        )
-        found = []
-        for name in sorted(set(limits) | set(waiting) | set(running)):
-            queue = limits.get(name, QueueLimits(name))
-            row = waiting.get(name)
-            oldest = None
-            if row is not None and row["oldest"] is not None:
-                oldest = max(0.0, (row["db_now"] - row["oldest"]).total_seconds())
-            found.append(
-                QueueOverview(
-                    name=name,
-                    configured=name in limits,
-                    waiting=0 if row is None else int(row["n"]),
-                    running=int(running.get(name, 0)),
-                    concurrency=queue.concurrency,
-                    rate=queue.rate,
-                    oldest_waiting=oldest,
-                )
-            )
-        return found
-
-
-class WorkflowQueue(models.Model):
-    """A queue's row: what a claim of a limited queue locks, and its rate log (the
-    database-clock times, epoch seconds, of its starts within the last rate window). The
-    limits themselves live in ``DJANGO_LEASES["QUEUES"]``; rows are created on first use."""
-
-    name = models.CharField(max_length=MAX_QUEUE_LENGTH, unique=True)
-    starts = models.JSONField(default=list, blank=True)
-    updated_at = models.DateTimeField(db_default=DbNow())
-
-    objects: ClassVar[WorkflowQueueQuerySet] = WorkflowQueueQuerySet.as_manager()  # type: ignore[assignment]
-
-    class Meta:
-        app_label = "django_leases"
-        ordering = ("name",)
-        verbose_name = "workflow queue"
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class WorkflowWait(models.Model):
-    """A durable wait of a run (DESIGN §5a): a ``run.sleep`` (``due_at``: when it ends), a
-    ``run.wait_for_event`` (``due_at``: its timeout, if any; ``payload``: the event's) or
-    a ``run.child``. One row per name and run, recorded when the run first reaches it — or,
-    for an event sent before that, when the event arrives (``reached_at`` still empty).
-    Times come from the database clock."""
-
-    # Served by the unique (run, name) index, whose leading column it is.
-    run = models.ForeignKey(
-        WorkflowRun, on_delete=models.CASCADE, related_name="waits", db_index=False
-    )
-    name = models.CharField(max_length=MAX_NAME_LENGTH)
-    kind = models.CharField(max_length=16, choices=WaitKind.choices)
-    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
-    due_at = models.DateTimeField(
-        null=True, blank=True, help_text="A sleep's end, or an event's timeout."
-    )
-    payload = models.JSONField(null=True, blank=True)
-    child = models.ForeignKey(
-        WorkflowRun,
-        null=True,
-        blank=True,
-        on_delete=models.SET_NULL,
-        related_name="+",
-        help_text="The child run a run.child wait started.",
-    )
-    created_at = models.DateTimeField(db_default=DbNow())
-    reached_at = models.DateTimeField(null=True, blank=True)
-    done_at = models.DateTimeField(null=True, blank=True)
-
-    objects: ClassVar[WorkflowWaitQuerySet] = WorkflowWaitQuerySet.as_manager()  # type: ignore[assignment]
-
-    class Meta:
-        app_label = "django_leases"
-        ordering = ("id",)
-        verbose_name = "workflow wait"
-        constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_wait_unique_name"),)
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name} ({self.status})"
-
-    def is_over(self) -> bool:
-        """Whether ``due_at`` had passed on the database clock when the row was read (rows
-        read through ``WorkflowWait.objects``, which annotate ``over``)."""
-        return bool(getattr(self, "over", False))
-
-    def sent_text(self) -> str:
-        """What became of the event just sent to this wait, for operators (the command's
-        and the admin's answer, one sentence): delivered, or — for a wait the run has not
-        reached yet, early or a mistyped name no wait will ever consume — kept, with what
-        the run waits for now."""
-        said = f"Event {self.name!r} sent to run {self.run_id}"
-        if self.reached_at is not None:
-            return f"{said}."
-        run = WorkflowRun._default_manager.using(self._state.db).filter(pk=self.run_id).first()
-        now = "" if run is None else "; ".join(run.waiting_on())
-        return (
-            f"{said}: kept until the run reaches wait {self.name!r}"
-            + (f" (it is now {now})" if now else "")
-            + "."
-        )
-
-    def describe(self) -> str:
-        """What the run waits for, for operators: "sleeping until …", "waiting for event
-        …", "waiting for child …", or how it ended."""
-        if self.kind == WaitKind.SLEEP:
-            if self.status == WaitStatus.DONE:
-                return f"slept until {_shown(self.due_at)}"
-            return f"sleeping until {_shown(self.due_at)}"
-        if self.kind == WaitKind.EVENT:
-            if self.status == WaitStatus.DONE:
-                return f"event {self.name!r} received"
-            if self.status == WaitStatus.TIMED_OUT:
-                return f"event {self.name!r} timed out"
-            until = "" if self.due_at is None else f" until {_shown(self.due_at)}"
-            return f"waiting for event {self.name!r}{until}"
-        child = getattr(self, "child_id", None)
-        if self.status == WaitStatus.DONE:
-            return f"child {child} finished"
-        return f"waiting for child {child}"
-
-
-def _shown(when: datetime | None) -> str:
-    """A wait's time for operators: in the current time zone (the site's), with its name, so
-    "sleeping until 14:00:00" is never read in the wrong zone."""
-    if when is None:
-        return "?"
-    if timezone.is_aware(when):
-        return f"{timezone.localtime(when):%Y-%m-%d %H:%M:%S %Z}"
-    return f"{when:%Y-%m-%d %H:%M:%S}"
-
-
-# -- workers ------------------------------------------------------------------------------------
-
-
-class WorkerState(models.TextChoices):
-    """What an operator sees of a worker process: its heartbeat lease is live, it said it
-    stopped, or its lease lapsed without a word (killed, frozen or cut off)."""
-
-    LIVE = "live", "live"
-    LAPSED = "lapsed", "lapsed"
-    STOPPED = "stopped", "stopped"
-
-
-class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
-    """Domain methods of ``WorkflowWorker.objects``: the worker processes and their heartbeat.
-
-    A worker process is alive while its heartbeat lease (``lease_key``) is live on the
-    database clock: the worker renews it every TTL/3 as any hold, and a killed worker's lease
-    lapses after its TTL. The row says what the process is (host, pid, threads, queues, how it
-    is woken) and how many units of work it had in flight at its last heartbeat.
-    """
-
-    def register(
-        self,
-        lease_key: str,
-        *,
-        host: str,
-        pid: int,
-        concurrency: int,
-        queues: list[str],
-        wakeup: str,
-    ) -> WorkflowWorker:
-        """Record (or re-record, for a reused pid) the worker holding ``lease_key``."""
-        row, _ = self.rows().update_or_create(
-            lease_key=lease_key,
-            defaults={
-                "host": host,
-                "pid": pid,
-                "concurrency": concurrency,
-                "queues": list(queues),
-                "wakeup": wakeup,
-                "in_flight": 0,
-                "started_at": DbNow(),
-                "beat_at": DbNow(),
-                "stopped_at": None,
-            },
-        )
-        return row
-
-    def beat(self, lease_key: str, in_flight: int) -> None:
-        """The worker's units of work in flight now (``int``), with the heartbeat's time."""
-        self.rows().filter(lease_key=lease_key).update(in_flight=in_flight, beat_at=DbNow())
-
-    def stopped(self, lease_key: str) -> None:
-        """The worker holding ``lease_key`` stopped (its heartbeat lease is released)."""
-        self.rows().filter(lease_key=lease_key).update(
-            in_flight=0, beat_at=DbNow(), stopped_at=DbNow()
-        )
-
-    @staticmethod
-    def _alive() -> models.Exists:
-        """The heartbeat lease is live on the database clock."""
-        return models.Exists(
-            Lease.objects.filter(
-                key=models.OuterRef("lease_key"), released_at__isnull=True, expires_at__gt=DbNow()
-            )
-        )
-
-    def with_liveness(self) -> WorkflowWorkerQuerySet:
-        """Annotate ``live``: the heartbeat lease is live on the database clock."""
-        return self.annotate(live=self._alive())
-
-    def live(self) -> WorkflowWorkerQuerySet:
-        """The worker processes alive now."""
-        return self.filter(self._alive())
-
-    def with_state(self) -> WorkflowWorkerQuerySet:
-        """Annotate what an operator sees of each worker, on the database clock.
-
-        ``state`` is a :class:`WorkerState` value: ``live`` while the heartbeat lease is
-        live, ``stopped`` once the worker said it stopped (and its lease is not live), else
-        ``lapsed`` (killed or cut off: its lease expired). ``heartbeat_expires_at`` is the
-        heartbeat lease's expiry (``None`` when it has no lease row) and ``db_now`` the
-        database's time. Live workers come first, then the most recently started.
-        """
-        lease = Lease.objects.filter(key=models.OuterRef("lease_key"))
-        return self.annotate(
-            state=models.Case(
-                models.When(self._alive(), then=Value(WorkerState.LIVE.value)),
-                models.When(stopped_at__isnull=False, then=Value(WorkerState.STOPPED.value)),
-                default=Value(WorkerState.LAPSED.value),
-                output_field=models.CharField(),
-            ),
-            heartbeat_expires_at=models.Subquery(lease.values("expires_at")[:1]),
-            db_now=DbNow(),
-        ).order_by(
-            models.Case(
-                models.When(self._alive(), then=Value(0)),
-                default=Value(1),
-                output_field=models.IntegerField(),
-            ),
-            "-started_at",
-            "-pk",
-        )
-
-    def forget_gone(self, older_than: float | timedelta) -> int:
-        """Delete the rows of workers whose heartbeat lease is not live and whose last beat
-        was more than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now;
-        returns how many."""
-        cutoff = seconds(older_than, "older_than")
-        gone = self.filter(~self._alive(), beat_at__lte=clock.db_now_plus(-cutoff))
-        deleted, _ = self.rows().filter(pk__in=list(gone.values_list("pk", flat=True))).delete()
-        return int(deleted)
-
-
-class WorkflowWorker(models.Model):
-    """A workflow worker process, as its heartbeat recorded it (DESIGN §5; ``leases_check``
-    and the admin's Workers page read it). Alive while its heartbeat lease is live."""
-
-    lease_key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True)
-    host = models.CharField(max_length=MAX_KEY_LENGTH)
-    pid = models.PositiveIntegerField()
-    concurrency = models.PositiveIntegerField(default=1)
-    queues = models.JSONField(default=list, blank=True, help_text="Empty: every queue.")
-    wakeup = models.CharField(max_length=MAX_KEY_LENGTH, blank=True, default="")
-    in_flight = models.PositiveIntegerField(default=0)
-    started_at = models.DateTimeField(db_default=DbNow())
-    beat_at = models.DateTimeField(db_default=DbNow())
-    stopped_at = models.DateTimeField(null=True, blank=True)
-
-    objects: ClassVar[WorkflowWorkerQuerySet] = WorkflowWorkerQuerySet.as_manager()  # type: ignore[assignment]
-
-    class Meta:
-        app_label = "django_leases"
-        ordering = ("-started_at",)
-        verbose_name = "workflow worker"
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.pid}"

@@ -29,7 +29,7 @@ test does not wait for them. So is the window of a queue's ``rate``
 queue's recorded starts are moved one window back, as if the window had passed, and the
 drive goes on — a test of a workflow whose steps are rate-limited to ``"1/m"`` finishes at
 once. With ``skip_sleeps=False`` the drive stops there instead, as at a sleep, leaving those
-steps waiting (``WorkflowQueue.objects.overview()`` counts them): that is how a test sees the
+steps waiting (``display.queue_overview()`` counts them): that is how a test sees the
 rate hold steps back. An event's timeout is not jumped: send the event, or move the wait's
 ``due_at`` yourself to test the timeout.
 """
@@ -132,7 +132,8 @@ def drive(
 def _jump_forward(alias: str) -> bool:
     """Make every waiting sleep of a running run, and every step waiting out a retry delay,
     due now on the database clock (their runs due for a pass). ``True`` if any was."""
-    from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowWait
+    from django_leases.models.wait import WorkflowWait
+    from django_leases.models.workflow import WorkflowRun, WorkflowStep
     from django_leases.workflows.values import RunStatus, StepStatus, WaitKind, WaitStatus
 
     sleeps = WorkflowWait.objects.db_manager(alias).filter(
@@ -169,7 +170,8 @@ def _jump_rate_windows(alias: str) -> bool:
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
     """
     from django_leases.conf import queue_limits
-    from django_leases.models.workflow import WorkflowQueue
+    from django_leases.models.queue import WorkflowQueue
+    from django_leases.workflows.display import queue_overview
 
     # The rate alone: a queue at its concurrency limit has steps running, nothing to jump.
     rated = {
@@ -180,8 +182,8 @@ def _jump_rate_windows(alias: str) -> bool:
     if not rated:
         return False
     queues = WorkflowQueue.objects.db_manager(alias)
-    waiting = {row.name for row in queues.overview() if row.waiting and row.name in rated}
-    held = queues.blocked(alias, {name: rated[name] for name in waiting})
+    waiting = {row.name for row in queue_overview(alias) if row.waiting and row.name in rated}
+    held = queues.rate_used_up(alias, {name: rated[name] for name in waiting})
     for name in sorted(held):
         row = queues.get(name=name)
         window = rated[name].rate_window

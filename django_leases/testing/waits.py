@@ -55,9 +55,7 @@ from django_leases.workflows.values import (
 )
 
 if TYPE_CHECKING:
-    from django_leases.models.workflow import (
-        WorkflowWaitQuerySet,
-    )
+    from django_leases.models.wait import WorkflowWaitQuerySet
 
 #: The workflow name the suite's runs carry (never registered: no pass is run).
 WORKFLOW = "django_leases.conformance.waits"

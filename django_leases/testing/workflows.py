@@ -61,9 +61,7 @@ from django_leases.testing.base import WorkflowConformanceSuite
 from django_leases.workflows.registry import step_function
 
 if TYPE_CHECKING:
-    from django_leases.models.workflow import (
-        WorkflowStep,
-    )
+    from django_leases.models.workflow import WorkflowStep
     from django_leases.workflows.engine import StepContext
     from django_leases.workflows.values import Claim
 

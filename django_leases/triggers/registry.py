@@ -143,7 +143,8 @@ class SendEvent:
     def __call__(self, delivery: Delivery) -> Handled:
         """Send the event; returns what came of it (never raises for a refused event)."""
         from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
-        from django_leases.models.workflow import WorkflowRun, WorkflowWait
+        from django_leases.models.wait import WorkflowWait
+        from django_leases.models.workflow import WorkflowRun
 
         run_id = self.run(delivery)
         if run_id is None:

@@ -82,7 +82,8 @@ from django_leases.workflows.values import (
 )
 
 if TYPE_CHECKING:
-    from django_leases.models.workflow import WorkflowStep, WorkflowWait
+    from django_leases.models.wait import WorkflowWait
+    from django_leases.models.workflow import WorkflowStep
 
 logger = logging.getLogger("django_leases.workflows")
 
@@ -170,7 +171,7 @@ class _Pass:
 
     def waits(self) -> dict[str, WorkflowWait]:
         """The run's waits by name, read once per pass, on the first wait it reaches."""
-        from django_leases.models.workflow import WorkflowWait
+        from django_leases.models.wait import WorkflowWait
 
         if self._waits is None:
             self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
@@ -179,7 +180,7 @@ class _Pass:
     def reach(self, name: str, kind: str, seconds: float | None = None) -> WorkflowWait:
         """The wait ``name`` as recorded, recorded now if this is the first pass to reach it.
         A dry pass ends at any wait (the ordinary pass that follows decides it for real)."""
-        from django_leases.models.workflow import WorkflowWait
+        from django_leases.models.wait import WorkflowWait
 
         self.see(name)
         if self.dry:
@@ -198,7 +199,7 @@ class _Pass:
         raise _PassEnded
 
     def sleep(self, name: str, seconds: float) -> None:
-        from django_leases.models.workflow import WorkflowWait
+        from django_leases.models.wait import WorkflowWait
 
         wait = self.reach(name, WaitKind.SLEEP, seconds)
         if wait.status == WaitStatus.WAITING and wait.is_over():
@@ -207,7 +208,7 @@ class _Pass:
             self.wait_until(wait.due_at)
 
     def wait_for_event(self, name: str, timeout: float | None) -> Any:
-        from django_leases.models.workflow import WorkflowWait
+        from django_leases.models.wait import WorkflowWait
 
         wait = self.reach(name, WaitKind.EVENT, timeout)
         if wait.status == WaitStatus.WAITING and wait.is_over():
@@ -269,7 +270,7 @@ class _Pass:
         return results
 
     def child(self, name: str, workflow: str, input: Any) -> Any:
-        from django_leases.models.workflow import WorkflowWait
+        from django_leases.models.wait import WorkflowWait
 
         self.see(name)
         if self.dry:

@@ -83,7 +83,7 @@ def send_event(
             another kind of wait (nothing written).
         ValueError: a bad run id or name, or a payload that is not JSON (nothing written).
     """
-    from django_leases.models.workflow import WorkflowWait
+    from django_leases.models.wait import WorkflowWait
 
     alias = using or router.db_for_write(WorkflowWait)
     WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)

@@ -20,7 +20,7 @@ fallback on PostgreSQL, for work that becomes due by the clock rather than by a 
 step whose lease lapsed, a retry after its retry delay, a pass retried a second later —
 and while the listener is disconnected.
 
-The channel is :func:`~django_leases.models.workflow.channel_name`: two projects on one
+The channel is :func:`~django_leases.workflows.channel.channel_name`: two projects on one
 server never wake each other's workers.
 """
 
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 
 from django_leases.conf import leases_settings
-from django_leases.models.workflow import channel_name, notify_work_due
+from django_leases.workflows.channel import channel_name, notify_work_due
 
 if TYPE_CHECKING:  # psycopg is imported when a listener connects (PostgreSQL only)
     import psycopg

@@ -103,7 +103,7 @@ class _Heartbeat:
 
     def tick(self, in_flight: int) -> None:
         """From the worker's main loop: hold the lease, and write the units in flight."""
-        from django_leases.models.workflow import WorkflowWorker
+        from django_leases.models.worker import WorkflowWorker
 
         now = time.monotonic()
         try:
@@ -139,7 +139,7 @@ class _Heartbeat:
 
     def stop(self) -> None:
         """Release the lease and record the stop (best effort)."""
-        from django_leases.models.workflow import WorkflowWorker
+        from django_leases.models.worker import WorkflowWorker
 
         try:
             if self.held is not None:
@@ -470,7 +470,7 @@ class Worker:
     def _check_ready(self) -> None:
         """Refuse to start where the tuned statements' functions are missing (the migrations
         install them): every unit of work would fail."""
-        from django_leases.models.workflow import functions_missing
+        from django_leases.health import functions_missing
 
         connection = connections[self.alias]
         if connection.in_atomic_block:

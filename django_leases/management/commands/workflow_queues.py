@@ -2,7 +2,7 @@
 
 Lists every queue — those ``DJANGO_LEASES["QUEUES"]`` configures, ``"default"``, and any a
 step of a running run names — with its waiting and running steps, its concurrency limit and
-rate, and the age of its oldest waiting step, as ``WorkflowQueue.objects.overview()``
+rate, and the age of its oldest waiting step, as ``display.queue_overview()``
 computes them on the database clock (the admin's queue view shows the same).
 
 Exit codes: ``EXIT_CODES["workflow_queues"]`` in :mod:`django_leases.management.base`.
@@ -17,6 +17,7 @@ from django.core.management.base import CommandError, CommandParser
 from django_leases.exceptions import QueueConfigError
 from django_leases.management import base
 from django_leases.models import WorkflowQueue
+from django_leases.workflows.display import queue_overview
 
 
 def _age_text(value: Any) -> str:
@@ -46,9 +47,8 @@ class Command(base.LeasesCommand):
         base.add_database_argument(listing, WorkflowQueue)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        queues = WorkflowQueue.objects.db_manager(base.database_alias(options, WorkflowQueue))
         try:
-            rows = queues.all().overview()
+            rows = queue_overview(base.database_alias(options, WorkflowQueue))
         except QueueConfigError as exc:
             raise CommandError(str(exc)) from None
         base.write_rows(

@@ -4,7 +4,7 @@
   prints one line per run, newest first: id, workflow, status, created, and the error code or
   message if any (``json``: the stored error itself, ``null`` when none).
 * ``workflow_runs show RUN_ID [--format table|json]`` prints one run: its status, output or
-  error, what it waits for now, its steps and its waits (``json``: ``WorkflowRun.overview()``).
+  error, what it waits for now, its steps and its waits (``json``: ``display.run_overview()``).
 * ``workflow_runs resume RUN_ID`` sets a suspended or failed run running again
   (``WorkflowRun.objects.resume``: a step that missed its step function, or that failed on
   its last attempt, runs again as a new attempt).
@@ -37,6 +37,7 @@ from django_leases.management.base import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.workflow import WorkflowRunQuerySet
 from django_leases.validation import parse_run_id
+from django_leases.workflows.display import event_sent, run_overview
 
 
 def _error_text(error: Any) -> str:
@@ -181,7 +182,7 @@ class Command(base.LeasesCommand):
         except (WorkflowRun.DoesNotExist, ValueError) as exc:
             message = str(exc) if isinstance(exc, ValueError) else "No workflow run with that id"
             raise CommandError(f"{message}: {options['run_id']}") from None
-        overview = run.overview()
+        overview = run_overview(run)
         if options["format"] == "json":
             self.stdout.write(json.dumps(overview, indent=2, default=base.json_value))
             return
@@ -215,7 +216,7 @@ class Command(base.LeasesCommand):
         run = WorkflowRun.objects.db_manager(alias).filter(pk=wait.run_id).first()
         if run is not None:  # as the admin's "Send event" form logs it
             self.record_in_admin_history("send-event", run, f"Sent event {name!r}")
-        self.stdout.write(wait.sent_text())
+        self.stdout.write(event_sent(wait))
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         rows = runs.order_by("-created_at")

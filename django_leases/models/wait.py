@@ -1,0 +1,292 @@
+"""A run's durable waits and the rules that decide them (DESIGN §5a): ``WorkflowWait.objects``.
+
+A wait is recorded like a step — one row per name and run, replayed by name — so a pass that
+reaches it either finds its outcome or ends there; no thread ever sleeps on one. Its outcome
+is decided once, by a compare-and-set from ``waiting`` (an event arriving, a timeout passing):
+every later pass replays that recorded outcome. Times are the database clock's. Runs and
+steps, whose passes these waits wake, are :mod:`django_leases.models.workflow`'s.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+from django.db import IntegrityError, models, transaction
+from django.db.models import BooleanField, ExpressionWrapper, Q, Value
+
+from django_leases import clock, db
+from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.models.workflow import WorkflowRun, request_passes
+from django_leases.validation import (
+    MAX_NAME_LENGTH,
+    check_identifier,
+    check_json,
+    parse_run_id,
+    wait_seconds,
+)
+from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus
+
+
+class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
+    """Domain methods of ``WorkflowWait.objects``: a run's durable waits (DESIGN §5a).
+
+    A wait is recorded like a step — one row per name and run, replayed by name — so a pass
+    that reaches it either finds its outcome or ends there; no thread ever sleeps on one.
+    Its outcome is decided once, by a compare-and-set from ``waiting`` (an event arriving,
+    a timeout passing): every later pass replays that recorded outcome. Times are the
+    database clock's.
+    """
+
+    def for_pass(self, run_id: uuid.UUID | str) -> dict[str, WorkflowWait]:
+        """The run's waits by name, each annotated ``over`` (``due_at`` has passed on the
+        database clock; ``None`` without a ``due_at``), with their child runs loaded."""
+        rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
+        return {wait.name: wait for wait in rows.select_related("child").order_by("id")}
+
+    def _one(self, wait_id: int) -> WorkflowWait:
+        return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)
+
+    def reach(
+        self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
+    ) -> WorkflowWait:
+        """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
+        find it: on first reach the row is created ``waiting`` with ``due_at`` = database
+        now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
+        arrived first already has its row (``done``); it is marked reached. Returns the row
+        (annotated as :meth:`for_pass`).
+
+        Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
+        of another kind in this run (nothing written).
+        """
+        check_identifier(name, "Wait name")
+        if seconds is not None:
+            seconds = wait_seconds(seconds, "Wait seconds")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait, created = self.rows().get_or_create(
+                run_id=pk,
+                name=name,
+                defaults={
+                    "kind": kind,
+                    "status": WaitStatus.WAITING,
+                    "due_at": None if seconds is None else clock.db_now_plus(seconds),
+                    "reached_at": DbNow(),
+                },
+            )
+            if not created:
+                _same_kind(wait, kind)
+                if wait.reached_at is None:
+                    self.rows().filter(pk=wait.pk).update(reached_at=DbNow())
+        return self._one(wait.pk)
+
+    def start_child(
+        self, run_id: uuid.UUID | str, name: str, workflow: str, input: Any = None
+    ) -> WorkflowWait:
+        """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
+        the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
+        are created in one transaction; later, the wait is found. Returns the wait, its child
+        loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
+        completes, fails or is cancelled.
+
+        Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
+        kind of wait, or when its child is of another workflow, and
+        :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
+        its pass ran); nothing is written then.
+        """
+        check_identifier(name, "Wait name")
+        check_identifier(workflow, "Workflow name")
+        check_json(input, f"Input of child run {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
+            if wait is None:
+                # The parent locked and running: a cancel that committed while this pass
+                # ran found no child to cancel, so none may start after it.
+                runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
+                status = db.for_update(runs, alias).values_list("status", flat=True).first()
+                if status != RunStatus.RUNNING:
+                    raise WorkflowRunStateError(
+                        pk, status or "missing", "given a child run", "only a running run can be"
+                    )
+                child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
+                wait = self.rows().create(
+                    run_id=pk,
+                    name=name,
+                    kind=WaitKind.CHILD,
+                    status=WaitStatus.WAITING,
+                    child=child,
+                    reached_at=DbNow(),
+                )
+            else:
+                _same_kind(wait, WaitKind.CHILD)
+                if wait.child is not None and wait.child.workflow != workflow:
+                    raise ValueError(
+                        f"Child run {name!r} of run {pk} is a run of {wait.child.workflow!r}; "
+                        f"the workflow now asks for {workflow!r}"
+                    )
+        return self._one(wait.pk)
+
+    def settle_child(self, wait: WorkflowWait) -> None:
+        """Mark a child wait ``done`` once its child run has finished (for operators; the
+        outcome itself is the child's status)."""
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
+            status=WaitStatus.DONE, done_at=DbNow()
+        )
+
+    def settle(self, wait: WorkflowWait) -> WorkflowWait:
+        """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
+        sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``; an
+        event that landed before its timeout stays the outcome, and one sent after the
+        timeout passed is refused by :meth:`send_event` whether or not this ran yet.
+        Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
+        # One statement: atomic on its own.
+        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
+            status=outcome, done_at=DbNow()
+        )
+        return self._one(wait.pk)
+
+    def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
+        """Deliver event ``name`` with JSON ``payload`` to a run, exactly once.
+
+        One transaction, the run row locked: the run must be ``running`` or ``suspended``.
+        If the run waits at ``run.wait_for_event(name)``, the wait becomes ``done`` with the
+        payload; if it has not reached the wait yet, the event is kept (a ``done`` wait not
+        yet reached) and consumed when it does. Either way the run is asked for a pass (its
+        idle workers are woken), in the same transaction. Returns the wait row.
+
+        Raises:
+            WorkflowRun.DoesNotExist: no such run (nothing written).
+            WorkflowRunStateError: the run is completed, failed or cancelled.
+            WorkflowEventRefusedError: the wait already has its event, its timeout has
+                passed on the database clock (recorded by a pass or not yet), or ``name``
+                is another kind of wait (nothing written).
+            ValueError: a bad run id or name, or a payload that is not JSON.
+        """
+        check_identifier(name, "Event name")
+        check_json(payload, f"Payload of event {name!r}")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        runs = WorkflowRun._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            status = db.for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
+            found = status.first()
+            if found is None:
+                raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
+            if found not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                raise WorkflowRunStateError(
+                    pk, found, "sent an event", "only a running or suspended run can be"
+                )
+            waits = self.rows().filter(run_id=pk, name=name)
+            wait = waits.first()
+            if wait is None:
+                try:
+                    with transaction.atomic(using=alias):
+                        wait = self.rows().create(
+                            run_id=pk,
+                            name=name,
+                            kind=WaitKind.EVENT,
+                            status=WaitStatus.DONE,
+                            payload=payload,
+                            done_at=DbNow(),
+                        )
+                except IntegrityError:  # the run reached the wait meanwhile
+                    wait = waits.get()
+                else:
+                    request_passes(alias, Q(pk=pk))
+                    return self._one(wait.pk)
+            if wait.kind != WaitKind.EVENT:
+                raise WorkflowEventRefusedError(
+                    pk, name, f"{name!r} is {_a(wait.kind)} wait of this run, not an event"
+                )
+            # The timeout is judged on the database clock, not on whether a pass has
+            # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
+            in_time = Q(due_at__isnull=True) | Q(due_at__gt=DbNow())
+            landed = waits.filter(in_time, status=WaitStatus.WAITING).update(
+                status=WaitStatus.DONE,
+                payload=Value(payload, output_field=models.JSONField()),
+                done_at=DbNow(),
+            )
+            if not landed:
+                wait = waits.get()
+                reason = (
+                    "the wait timed out before it arrived"
+                    if wait.status in (WaitStatus.TIMED_OUT, WaitStatus.WAITING)
+                    else "that event was already sent (an event is delivered once)"
+                )
+                raise WorkflowEventRefusedError(pk, name, reason)
+            request_passes(alias, Q(pk=pk))
+        return self._one(wait.pk)
+
+
+def _over() -> ExpressionWrapper[Q]:
+    """``due_at <= now`` on the database clock (``NULL`` without a due time)."""
+    return ExpressionWrapper(Q(due_at__lte=DbNow()), output_field=BooleanField())
+
+
+def _a(kind: str) -> str:
+    """``kind`` of wait with its article: "a sleep", "an event", "a child"."""
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def _same_kind(wait: WorkflowWait, kind: str) -> None:
+    if wait.kind != kind:
+        raise ValueError(
+            f"Wait {wait.name!r} of run {wait.run_id} was recorded as {_a(wait.kind)} wait; "
+            f"the workflow now uses it as {_a(kind)} wait"
+        )
+
+
+class WorkflowWait(models.Model):
+    """A durable wait of a run (DESIGN §5a): a ``run.sleep`` (``due_at``: when it ends), a
+    ``run.wait_for_event`` (``due_at``: its timeout, if any; ``payload``: the event's) or
+    a ``run.child``. One row per name and run, recorded when the run first reaches it — or,
+    for an event sent before that, when the event arrives (``reached_at`` still empty).
+    Times come from the database clock."""
+
+    # Served by the unique (run, name) index, whose leading column it is.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="waits", db_index=False
+    )
+    name = models.CharField(max_length=MAX_NAME_LENGTH)
+    kind = models.CharField(max_length=16, choices=WaitKind.choices)
+    status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
+    due_at = models.DateTimeField(
+        null=True, blank=True, help_text="A sleep's end, or an event's timeout."
+    )
+    payload = models.JSONField(null=True, blank=True)
+    child = models.ForeignKey(
+        WorkflowRun,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The child run a run.child wait started.",
+    )
+    created_at = models.DateTimeField(db_default=DbNow())
+    reached_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    objects: ClassVar[WorkflowWaitQuerySet] = WorkflowWaitQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("id",)
+        verbose_name = "workflow wait"
+        constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_wait_unique_name"),)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name} ({self.status})"
+
+    def is_over(self) -> bool:
+        """Whether ``due_at`` had passed on the database clock when the row was read (rows
+        read through ``WorkflowWait.objects``, which annotate ``over``)."""
+        return bool(getattr(self, "over", False))
+
+
+__all__ = ["WorkflowWait", "WorkflowWaitQuerySet"]

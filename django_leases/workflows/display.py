@@ -1,0 +1,229 @@
+"""What operators are shown of runs, waits and queues: the admin's pages, ``workflow_runs
+show`` and ``workflow_queues`` call these, so that every view says the same thing.
+
+Reads only: the rules these describe live with the models (:mod:`django_leases.models`).
+Times are shown in the current time zone (the site's), with its name, so "sleeping until
+14:00:00" is never read in the wrong zone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q
+from django.utils import timezone
+
+from django_leases.conf import QueueLimits, queue_limits
+from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
+from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus
+
+
+def _alias(instance: Any) -> str:
+    return instance._state.db or "default"
+
+
+def waiting_on(run: WorkflowRun) -> list[str]:
+    """What a running ``run`` waits for now: each ``waiting`` wait as :func:`describe_wait`
+    says it, and its unfinished steps ("waiting for step 'x'", or "waiting for N parallel
+    steps"). Empty for a run that is not running."""
+    if run.status != RunStatus.RUNNING:
+        return []
+    alias = _alias(run)
+    found = [
+        describe_wait(wait)
+        for wait in WorkflowWait.objects.db_manager(alias).filter(
+            run_id=run.pk, status=WaitStatus.WAITING
+        )
+    ]
+    steps = (
+        WorkflowStep.objects.db_manager(alias)
+        .filter(run_id=run.pk)
+        .filter(
+            Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
+            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+        )
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])
+    if len(names) == 1:
+        found.append(f"waiting for step {names[0]!r}")
+    elif names:
+        found.append(f"waiting for {steps.count()} parallel steps")
+    return found
+
+
+def run_overview(run: WorkflowRun) -> dict[str, Any]:
+    """``run``, its steps and its waits as one JSON-ready ``dict`` (timestamps and ids left
+    as ``datetime`` / ``UUID``): what ``workflow_runs show`` prints."""
+    alias = _alias(run)
+    steps = WorkflowStep.objects.db_manager(alias).filter(run_id=run.pk).order_by("id")
+    waits = WorkflowWait.objects.db_manager(alias).filter(run_id=run.pk).order_by("id")
+    return {
+        "id": run.pk,
+        "workflow": run.workflow,
+        "status": run.status,
+        "key": run.key,
+        "parent": run.parent_id,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "pass_due_at": run.pass_due_at,
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+        "waiting_on": waiting_on(run),
+        "steps": [
+            {
+                "name": step.step_name,
+                "function": step.function_name,
+                "status": step.status,
+                "attempt": step.attempt,
+                "max_attempts": step.max_attempts,
+                "available_at": step.available_at,
+                "result": step.result,
+                "error": step.error,
+            }
+            for step in steps
+        ],
+        "waits": [
+            {
+                "name": wait.name,
+                "kind": wait.kind,
+                "status": wait.status,
+                "what": describe_wait(wait),
+                "child": wait.child_id,
+                "reached_at": wait.reached_at,
+                "due_at": wait.due_at,
+                "done_at": wait.done_at,
+                "payload": wait.payload,
+            }
+            for wait in waits
+        ],
+        "children": list(
+            WorkflowRun.objects.db_manager(alias)
+            .filter(parent_id=run.pk)
+            .order_by("created_at", "id")
+            .values("id", "workflow", "status")
+        ),
+    }
+
+
+def describe_wait(wait: WorkflowWait) -> str:
+    """What the run waits for: "sleeping until …", "waiting for event …", "waiting for
+    child …", or how it ended."""
+    if wait.kind == WaitKind.SLEEP:
+        if wait.status == WaitStatus.DONE:
+            return f"slept until {_shown(wait.due_at)}"
+        return f"sleeping until {_shown(wait.due_at)}"
+    if wait.kind == WaitKind.EVENT:
+        if wait.status == WaitStatus.DONE:
+            return f"event {wait.name!r} received"
+        if wait.status == WaitStatus.TIMED_OUT:
+            return f"event {wait.name!r} timed out"
+        until = "" if wait.due_at is None else f" until {_shown(wait.due_at)}"
+        return f"waiting for event {wait.name!r}{until}"
+    child = wait.child_id
+    if wait.status == WaitStatus.DONE:
+        return f"child {child} finished"
+    return f"waiting for child {child}"
+
+
+def event_sent(wait: WorkflowWait) -> str:
+    """What became of the event just sent to ``wait`` (the command's and the admin's
+    answer, one sentence): delivered, or — for a wait the run has not reached yet, early or
+    a mistyped name no wait will ever consume — kept, with what the run waits for now."""
+    said = f"Event {wait.name!r} sent to run {wait.run_id}"
+    if wait.reached_at is not None:
+        return f"{said}."
+    run = WorkflowRun._default_manager.using(_alias(wait)).filter(pk=wait.run_id).first()
+    now = "" if run is None else "; ".join(waiting_on(run))
+    return (
+        f"{said}: kept until the run reaches wait {wait.name!r}"
+        + (f" (it is now {now})" if now else "")
+        + "."
+    )
+
+
+def _shown(when: datetime | None) -> str:
+    """A wait's time: in the current time zone, with its name."""
+    if when is None:
+        return "?"
+    if timezone.is_aware(when):
+        return f"{timezone.localtime(when):%Y-%m-%d %H:%M:%S %Z}"
+    return f"{when:%Y-%m-%d %H:%M:%S}"
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """One queue as an operator sees it (:func:`queue_overview`).
+
+    Attributes:
+        name: the queue.
+        configured: whether ``DJANGO_LEASES["QUEUES"]`` names it (``"default"`` always is).
+        waiting: due steps of running runs not yet claimed.
+        running: steps running with a live lease (what the concurrency limit counts).
+        concurrency: the limit (``int``), or ``None``.
+        rate: the rate as configured (``"10/s"``), or ``None``.
+        oldest_waiting: seconds (``float``) the longest-waiting due step has been due, on the
+            database clock; ``None`` when none waits.
+    """
+
+    name: str
+    configured: bool
+    waiting: int
+    running: int
+    concurrency: int | None
+    rate: str | None
+    oldest_waiting: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as a JSON object (``manage.py workflow_queues --format json``)."""
+        return {
+            "name": self.name,
+            "configured": self.configured,
+            "waiting": self.waiting,
+            "running": self.running,
+            "concurrency": self.concurrency,
+            "rate": self.rate,
+            "oldest_waiting_seconds": self.oldest_waiting,
+        }
+
+
+def queue_overview(using: str | None = None) -> list[QueueOverview]:
+    """Every queue — the configured ones, ``"default"``, and any a step of a running run
+    names — with its waiting and running steps (:meth:`WorkflowStepQuerySet.queue_counts
+    <django_leases.models.workflow.WorkflowStepQuerySet.queue_counts>`), limits and the age
+    of its oldest waiting step, by name. ``using``: database alias (default: the router's).
+
+    Raises:
+        QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+    """
+    limits = queue_limits()
+    steps = WorkflowStep.objects if using is None else WorkflowStep.objects.db_manager(using)
+    counts = steps.all().queue_counts()
+    found = []
+    for name in sorted(set(limits) | set(counts)):
+        queue = limits.get(name, QueueLimits(name))
+        count = counts.get(name)
+        found.append(
+            QueueOverview(
+                name=name,
+                configured=name in limits,
+                waiting=0 if count is None else count.waiting,
+                running=0 if count is None else count.running,
+                concurrency=queue.concurrency,
+                rate=queue.rate,
+                oldest_waiting=None if count is None else count.oldest_waiting,
+            )
+        )
+    return found
+
+
+__all__ = [
+    "QueueOverview",
+    "describe_wait",
+    "event_sent",
+    "queue_overview",
+    "run_overview",
+    "waiting_on",
+]

@@ -1,0 +1,202 @@
+"""The worker's hot statements as PL/pgSQL functions (PostgreSQL): the catalogue.
+
+Each function's body is one statement of :mod:`django_leases.workflows.sql` with the
+function's arguments in place of its parameters, so that every server connection caches its
+plan; its name ends with a hash of its definition (:class:`~django_leases.workflows.sql.
+Function`), so code whose statement changed never calls a function installed for another, and
+versions live side by side while a rolling deploy runs. The migrations install them as frozen
+text (``tests/functions_migration.py`` writes that migration; a test checks the latest one
+holds exactly these). A leaf: the rules of other methods that the statements embed — the step
+fence, the lease acquire and release — come in as :class:`Pieces` from the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django_leases.workflows import sql
+from django_leases.workflows.sql import (
+    CLAIM_STEP_TYPES,
+    LEASE_TYPES,
+    PASS_STATE_TYPES,
+    Arg,
+    Function,
+    Tables,
+)
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """What the catalogue takes from the models: SQL of rules written beside them.
+
+    Attributes:
+        tables: the quoted table names.
+        fence: the step fence for ``(step id, attempt)`` given as SQL expressions (argument
+            names): ``(where, params)``.
+        acquire: the lease acquire statement over ``rows`` (``INSERT … ON CONFLICT …``).
+        acquire_released: the same for a grant released as it is made.
+        release: the held-lease release statement for a key condition.
+        grant: a fresh grant's five columns (one parameter, the TTL).
+        released: a released grant's five columns (no parameter).
+    """
+
+    tables: Tables
+    fence: Callable[[str, str], tuple[str, list[Any]]]
+    acquire: Callable[[str], str]
+    acquire_released: Callable[[str], str]
+    release: Callable[[str], str]
+    grant: str
+    released: str
+
+
+def _arg(name: str, sql_type: str) -> Arg:
+    return Arg(name, sql_type)
+
+
+def catalogue(pieces: Pieces) -> dict[str, Function]:
+    """The worker's hot statements as PL/pgSQL functions, by short name: ``claim_step``,
+    ``take_pass``, ``pick_pass``, ``insert_claimed``, ``set_result_claiming_next``,
+    ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
+    ``complete_run_alone_picking`` and ``complete_run_alone_claiming``, built from the
+    statements of :mod:`django_leases.workflows.sql` and the models' ``pieces``."""
+    t = pieces.tables
+    acquire, release, grant = pieces.acquire, pieces.release, pieces.grant
+    step_id, attempt = _arg("p_step_id", "bigint"), _arg("p_attempt", "bigint")
+    fence, fence_params = pieces.fence(step_id.name, attempt.name)
+    completion_args = (
+        step_id,
+        _arg("p_payload", "text"),
+        attempt,
+        _arg("p_output", "text"),
+        _arg("p_key", "text"),
+        _arg("p_holder", "text"),
+        _arg("p_token", "bigint"),
+    )
+    _, payload, _, output, key, holder, token = completion_args
+    ttl, pick_holder = _arg("p_seconds", "double precision"), _arg("p_holder", "text")
+    next_ttl, next_holder = _arg("p_next_ttl", "double precision"), _arg("p_next_holder", "text")
+    insert_args = (
+        _arg("p_run_id", "uuid"),
+        _arg("p_step_name", "text"),
+        _arg("p_function_name", "text"),
+        _arg("p_data", "text"),
+        _arg("p_retries", "bigint"),
+        _arg("p_retry_delay", "double precision"),
+        _arg("p_retry_backoff", "double precision"),
+        _arg("p_retry_delay_max", "double precision"),
+        _arg("p_seconds", "double precision"),
+        _arg("p_finish_pass", "bigint"),
+        _arg("p_claimant", "text"),
+    )
+    completed = ("bigint", "bigint", "boolean", "timestamptz")
+    hold = _arg("p_hold", "double precision")
+    acquire_released, released = pieces.acquire_released, pieces.released
+    alone_args = (
+        step_id,
+        payload,
+        attempt,
+        output,
+        _arg("p_holder", "text"),
+        _arg("p_channel", "text"),
+    )
+    alone_returns = ("bigint", "uuid", "timestamptz", "bigint", *LEASE_TYPES)
+    picked = (*PASS_STATE_TYPES, *LEASE_TYPES)
+    run_id = _arg("p_run_id", "uuid")
+    queues = _arg("p_queues", "text[]")
+    found = (
+        Function(
+            "claim_step",
+            (ttl, queues),
+            CLAIM_STEP_TYPES,
+            sql.claim_step(t, ttl, queues),
+        ),
+        Function(
+            "take_pass",
+            (run_id, ttl, pick_holder),
+            picked,
+            sql.take_pass(t, acquire, grant, run_id, ttl, pick_holder),
+        ),
+        Function(
+            "pick_pass",
+            (ttl, pick_holder),
+            picked,
+            sql.pick_pass_alone(t, acquire, grant, ttl, pick_holder),
+        ),
+        Function("insert_claimed", insert_args, ("bigint",), sql.insert_claimed(t, *insert_args)),
+        Function(
+            "set_result_claiming_next",
+            (step_id, payload, attempt, hold, *insert_args[1:]),
+            ("bigint", "uuid", "bigint", "bigint", *PASS_STATE_TYPES),
+            sql.set_result_claiming_next(
+                t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
+            ),
+        ),
+        Function(
+            "complete_run",
+            completion_args,
+            completed,
+            sql.completion(
+                t, fence, fence_params, release, payload, attempt, output, key, holder, token
+            ),
+        ),
+        Function(
+            "complete_run_alone",
+            alone_args,
+            alone_returns,
+            sql.completion_alone(
+                t, fence, fence_params, acquire_released, released, *alone_args[1:]
+            ),
+        ),
+        Function(
+            "complete_run_alone_picking",
+            (*alone_args, next_holder, next_ttl),
+            (*alone_returns, *picked),
+            sql.completion_alone(
+                t,
+                fence,
+                fence_params,
+                acquire_released,
+                released,
+                *alone_args[1:],
+                pick=(acquire, grant, next_ttl, next_holder),
+            ),
+        ),
+        Function(
+            "complete_run_alone_claiming",
+            (*alone_args, next_ttl, queues),
+            (*alone_returns, *CLAIM_STEP_TYPES),
+            sql.completion_alone(
+                t,
+                fence,
+                fence_params,
+                acquire_released,
+                released,
+                *alone_args[1:],
+                claim=(next_ttl, queues),
+            ),
+        ),
+        Function(
+            "complete_run_picking",
+            (*completion_args, next_holder, next_ttl),
+            (*completed, *picked),
+            sql.completion(
+                t,
+                fence,
+                fence_params,
+                release,
+                payload,
+                attempt,
+                output,
+                key,
+                holder,
+                token,
+                pick=(acquire, grant, next_ttl, next_holder),
+            ),
+        ),
+    )
+    return {function.short: function for function in found}
+
+
+__all__ = ["Pieces", "catalogue"]
