@@ -69,10 +69,7 @@ from django_leases.tasks_api import (
     task_started,
 )
 from django_leases.validation import (
-    check_backoff,
     check_json,
-    check_retries,
-    check_step_timeout,
     seconds,
 )
 from django_leases.workflows.registry import one_step_workflow, step_function, workflow
@@ -82,6 +79,7 @@ from django_leases.workflows.values import (
     TASK_WORKFLOW,
     AttemptStatus,
     RunStatus,
+    StepOptions,
     StepStatus,
 )
 
@@ -139,27 +137,28 @@ class TaskBackend(BaseTaskBackend):
             )
         merged = {**DEFAULT_OPTIONS, **options}
         try:
-            # The step's own checks, so that a backend that builds can enqueue. Each
-            # duration may be a timedelta here: the step's retry delays may not (they are
-            # seconds), so those two are converted first.
-            retries, retry_delay = check_retries(
-                merged["retries"], seconds(merged["retry_delay"], "retry_delay")
-            )
+            # The step's own checks (its options), so that a backend that builds can
+            # enqueue. Each duration may be a timedelta here: the step's retry delays may not
+            # (they are seconds), so those two are converted first.
             delay_max = merged["retry_delay_max"]
-            retry_backoff, retry_delay_max = check_backoff(
-                merged["retry_backoff"],
-                seconds(delay_max, "retry_delay_max")
+            step_options = StepOptions(
+                retries=merged["retries"],
+                retry_delay=seconds(merged["retry_delay"], "retry_delay"),
+                retry_backoff=merged["retry_backoff"],
+                retry_delay_max=seconds(delay_max, "retry_delay_max")
                 if isinstance(delay_max, timedelta)
                 else delay_max,
+                timeout=merged["timeout"],  # seconds or a timedelta
             )
-            timeout = check_step_timeout(merged["timeout"])  # seconds or a timedelta
         except ValueError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
-        self.retries: int = retries
-        self.retry_delay: float = retry_delay
-        self.retry_backoff: float = retry_backoff
-        self.retry_delay_max: float | None = retry_delay_max
-        self.timeout: float | None = timeout
+        #: The options every task's step is created with (its queue and priority its own).
+        self.step_options = step_options
+        self.retries: int = step_options.retries
+        self.retry_delay: float = step_options.retry_delay
+        self.retry_backoff: float = step_options.retry_backoff
+        self.retry_delay_max: float | None = step_options.retry_delay_max
+        self.timeout: float | None = step_options.timeout
 
     # -- enqueueing ---------------------------------------------------------------------------
 
@@ -236,13 +235,7 @@ class TaskBackend(BaseTaskBackend):
             data,
             step_name=TASK_STEP,
             function_name=TASK_FUNCTION,
-            retries=self.retries,
-            retry_delay=self.retry_delay,
-            retry_backoff=self.retry_backoff,
-            retry_delay_max=self.retry_delay_max,
-            timeout=self.timeout,
-            queue=task.queue_name,
-            priority=task.priority,
+            options=self.step_options.placed(task.queue_name, task.priority),
             available_at=run_after,
         )
         result: TaskResult[Any, Any] = TaskResult(

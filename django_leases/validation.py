@@ -208,6 +208,16 @@ def check_retries(retries: object, retry_delay: object) -> tuple[int, float]:
     return retries, seconds(retry_delay, "retry_delay", maximum=MAX_RETRY_DELAY)
 
 
+def check_priority(priority: object, what: str = "priority") -> int:
+    """A step priority: an ``int`` (not ``bool``) between -2**31 and 2**31-1; returns it.
+    Raises ``ValueError`` otherwise."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"{what} must be an integer, not {priority!r}")
+    if not -(2**31) <= priority < 2**31:
+        raise ValueError(f"{what} must be between -2**31 and 2**31-1, not {priority}")
+    return priority
+
+
 def check_step_timeout(timeout: object) -> float | None:
     """A step's ``timeout``: ``None`` (no limit), or a finite number of seconds (or a
     ``timedelta``, as :func:`seconds` takes) above the minimum and at most
@@ -437,6 +447,7 @@ __all__ = [
     "check_json",
     "check_lease_name",
     "check_name",
+    "check_priority",
     "check_retries",
     "check_step_timeout",
     "clean_text",

@@ -133,10 +133,18 @@ def _drive_the_hot_paths() -> None:
     # A due step claimed from the queue.
     queued = start_workflow("tests.plans-one", {})
     WorkflowStep.objects.schedule(queued, "only", "tests.plans", {"n": 1})
-    assert WorkflowStep.objects.claim_due(30) is not None
+    claim = WorkflowStep.objects.claim_due(30)
+    assert claim is not None
     # Its worker takes the run's lease and pass before it writes the result.
     taken = WorkflowRun.objects.take_pass(queued, 30, "tests.plans-holder")
     assert taken is not None and taken.lease is not None
+    # A result written on its own, the run's pass taken for its writer (a pass that starts
+    # over after a step's failure writes so), and one asking any worker for the pass.
+    assert WorkflowStep.objects.set_result(claim.step_id, {"n": 1}, 1, hold_pass_seconds=30)
+    again = start_workflow("tests.plans-one", {})
+    WorkflowStep.objects.schedule(again, "only", "tests.plans", {"n": 1})
+    claim = WorkflowStep.objects.claim_due(30)
+    assert claim is not None and WorkflowStep.objects.set_result(claim.step_id, {"n": 1}, 1)
     # A result that completes its run without a held run lease (a task's): alone, with the
     # pick of the next due pass, and with the claim of the next due step.
     completed = []

@@ -47,7 +47,7 @@ LEAVES = {
     "django_leases.ids": set(),
     "django_leases.faults": set(),
     "django_leases.validation": {"django_leases.conf"},
-    "django_leases.workflows.values": set(),
+    "django_leases.workflows.values": {"django_leases.conf", "django_leases.validation"},
     "django_leases.triggers.values": set(),
     "django_leases.workflows.sql": {"django_leases.workflows.values"},
     "django_leases.workflows.functions": {"django_leases.workflows.sql"},

@@ -17,10 +17,11 @@ import pytest
 from django.db import OperationalError
 
 from django_leases import faults
-from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.clock import db_now
+from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
-from django_leases.workflows.values import Claim
+from django_leases.workflows.values import Claim, run_lease_key
 from django_leases.workflows.worker import Worker
 from tests.helpers import on_another_thread, spend_steps_first, tuned_sql
 
@@ -110,3 +111,73 @@ def test_a_retry_after_a_lost_reply_never_adopts_another_workers_claim(
     assert sorted(ran) == sorted(set(ran)), f"an attempt ran twice: {ran}"
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
+
+
+# -- transient errors inside a pass ---------------------------------------------------------------
+
+
+@workflow("tests.lost-reply-one-step")
+def one_step(run: Any, input: Any) -> Any:
+    return run.step("only", "tests.lost-reply-counted", {}, retries=0)
+
+
+@pytest.fixture(params=["tuned", "portable"])
+def sql_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    with tuned_sql(request.param == "tuned"):
+        yield str(request.param)
+
+
+def test_a_database_error_inside_a_pass_ends_the_unit_of_work_not_the_run(
+    sql_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library's own statement inside the workflow function (the pass creating and
+    claiming its step) fails as a dropped connection does: the run is not failed — the error
+    ends the worker's unit of work, as a dead worker's would — and the run lease is released
+    with the run's next pass due at once, so another pass follows without waiting out the
+    lease's TTL. That pass runs the run to its end."""
+    from django_leases.models.workflow import WorkflowStepQuerySet
+
+    _executions.clear()
+    run_id = start_workflow("tests.lost-reply-one-step", {})
+    real = WorkflowStepQuerySet.schedule_claimed
+    failed: list[str] = []
+
+    def dropped_once(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append("dropped")
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WorkflowStepQuerySet, "schedule_claimed", dropped_once)
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    spend_steps_first(worker, [run_id])
+    with pytest.raises(OperationalError):
+        worker.work_once()
+    assert failed == ["dropped"]
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.RUNNING, run.error
+    lease = Lease.objects.current(run_lease_key(run_id))
+    assert lease is None, "the run lease was kept: the next pass would wait out its TTL"
+    due_now = WorkflowRun.objects.filter(pk=run_id, pass_due_at__lte=db_now())
+    assert due_now.exists(), "no pass is due now"
+    assert worker.work_once() is True
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"name": "only"})
+    assert [(step, attempt) for _, step, attempt in _executions] == [("only", 1)]
+
+
+def test_a_workflow_s_own_database_error_still_fails_its_run(sql_path: str) -> None:
+    """Only the library's own statements are spared: an error the workflow code raises — a
+    DatabaseError of its own included — fails the run as any workflow error does."""
+    run_id = start_workflow("tests.lost-reply-own-error", {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    spend_steps_first(worker, [run_id])
+    assert worker.work_once() is True
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.error["type"] == "OperationalError"
+
+
+@workflow("tests.lost-reply-own-error")
+def own_error(run: Any, input: Any) -> Any:
+    raise OperationalError("the workflow's own query failed")

@@ -27,7 +27,7 @@ from django_leases.models import (
 from django_leases.models.workflow import functions
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
-from django_leases.workflows.values import run_lease_key
+from django_leases.workflows.values import NextStep, run_lease_key
 from django_leases.workflows.worker import Worker
 from tests.helpers import spend_steps_first, tuned_sql
 
@@ -163,7 +163,7 @@ def _claimed_run() -> tuple[Any, Any, Any]:
     picked = WorkflowRun.objects.claim_due_pass(30, lease_holder="test-holder")
     assert picked is not None and picked.run_id == run_id and picked.lease is not None
     claim = WorkflowStep.objects.schedule_claimed(
-        run_id, "only", "tests.hot-path", {"n": 1}, lease_ttl_seconds=30, finish_pass=1
+        run_id, NextStep("only", "tests.hot-path", {"n": 1}), lease_ttl_seconds=30, finish_pass=1
     ).claim
     assert claim is not None
     return picked, claim, picked.lease

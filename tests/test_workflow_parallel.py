@@ -199,14 +199,14 @@ def only_parallel(run: Any, input: dict[str, Any]) -> Any:
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The outcome of every orchestration pass the driver replays, in order."""
     seen: list[str] = []
-    real = driver.replay
+    real = driver.RunDriver._one
 
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        replayed = real(*args, **kwargs)
-        seen.append(replayed.outcome)
-        return replayed
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        outcome = real(self, *args, **kwargs)
+        seen.append(outcome)
+        return outcome
 
-    monkeypatch.setattr(driver, "replay", counting)
+    monkeypatch.setattr(driver.RunDriver, "_one", counting)
     return seen
 
 
@@ -234,9 +234,10 @@ def test_a_fan_out_is_one_scheduling_pass_and_the_last_result_completes_the_run(
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.COMPLETED
     assert run.output == {"sum": sum(n * n for n in range(width))}
-    # The branch that finishes last takes the run's pass before it writes: a dry pass with
-    # its result shows the workflow returns, so the result completes the run in one write.
-    assert passes == ["waiting"], "N branches cost one pass, not N, and no resuming pass"
+    # The branch that finishes last takes the run's pass before it writes and carries its
+    # result into it: the workflow returns there, so the result completes the run in one
+    # write. Two passes whatever the width: the one that fans out, the one that completes.
+    assert passes == ["waiting", "completed"], "N branches cost two passes, not N + 1"
     assert branches_left(run_id) == 0
 
 

@@ -32,6 +32,7 @@ from django_leases.models.workflow import WorkflowStepAttempt
 from django_leases.workflows import registry, start_workflow, step_function, workflow
 from django_leases.workflows.display import queue_overview
 from django_leases.workflows.engine import execute_step
+from django_leases.workflows.values import NextStep, StepOptions
 from django_leases.workflows.worker import Worker
 from tests.helpers import drain, in_processes, lapse_step_lease, staff_client
 
@@ -114,7 +115,7 @@ def _run() -> uuid.UUID:
 
 def _schedule(run_id: uuid.UUID, name: str, function: str, **extra: Any) -> WorkflowStep:
     return WorkflowStep.objects.schedule(
-        run_id, name, function, {}, queue=registry.step_options(function).queue, **extra
+        run_id, name, function, {}, queue=registry.step_declaration(function).queue, **extra
     )
 
 
@@ -424,24 +425,17 @@ def test_a_step_a_pass_schedules_and_claims_itself_obeys_its_queue(tuned: bool) 
     run = WorkflowRun.objects.get(pk=run_id)
     full = WorkflowStep.objects.schedule_claimed(
         run_id,
-        "next",
-        "tests.queues.one",
-        {},
+        NextStep("next", "tests.queues.one", {}, StepOptions(queue="tests-one")),
         lease_ttl_seconds=LEASE,
         finish_pass=run.pass_requests,
-        queue="tests-one",
     )
     assert full.claim is None, "the queue is at its concurrency: the step waits"
     assert WorkflowStep.objects.get(run_id=run_id, step_name="next").status == StepStatus.PENDING
     free = WorkflowStep.objects.schedule_claimed(
         run_id,
-        "mail",
-        "tests.queues.mail",
-        {},
+        NextStep("mail", "tests.queues.mail", {}, StepOptions(queue="tests-mail", priority=3)),
         lease_ttl_seconds=LEASE,
         finish_pass=run.pass_requests,
-        queue="tests-mail",
-        priority=3,
     )
     assert free.claim is not None
     assert (free.step.queue, free.step.priority) == ("tests-mail", 3)

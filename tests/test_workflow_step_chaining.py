@@ -32,7 +32,13 @@ from django_leases.models import (
 from django_leases.models.workflow import ResultWithNext
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
-from django_leases.workflows.values import WORKFLOW_ERROR, Claim, NextStep, run_lease_key
+from django_leases.workflows.values import (
+    WORKFLOW_ERROR,
+    Claim,
+    NextStep,
+    StepOptions,
+    run_lease_key,
+)
 from django_leases.workflows.worker import Worker
 from tests.helpers import spend_steps_first, start_blocked, tuned_sql
 
@@ -233,7 +239,7 @@ def test_a_next_step_of_another_queue_is_left_to_its_workers(sent_as: str) -> No
     done = write(
         claim,
         read,
-        next_step=NextStep("b", "tests.chain", {"n": 1}, queue="tests-other"),
+        next_step=NextStep("b", "tests.chain", {"n": 1}, StepOptions(queue="tests-other")),
         queues=["default"],
     )
     assert done.next is not None and done.next.claim is None
@@ -426,27 +432,30 @@ def test_a_created_step_is_reclaimed_only_by_the_claimant_its_claim_names(sent_a
         store.reclaim_created(claim.run_id, "b", lease=lease, lease_ttl_seconds=30, claimant="")
 
 
-def test_a_step_claimed_just_before_the_run_lease_is_lost_still_runs(
+def test_a_step_run_just_before_the_run_lease_is_lost_keeps_its_result(
     sent_as: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``a``'s write claimed ``b``; then the run lease is seen lost. ``b`` runs at attempt 1
-    under its own step lease and its result asks any worker for the run's pass."""
+    """``b`` ran inline at attempt 1; then the run lease is seen lost, before the write that
+    would carry ``b``'s result with the run's completion. The result is written on its own
+    (fenced to its attempt, under its own step lease) and asks any worker for the run's
+    pass; nothing runs twice."""
     from django_leases.exceptions import LeaseLostError
     from django_leases.leases import HeldLease
 
     _ran.clear()
     real = HeldLease.check
 
-    def lost_once_b_is_claimed(self: HeldLease) -> None:
-        if ("a", 1) in _ran and not any(name == "b" for name, _ in _ran):
+    def lost_once_b_ran(self: HeldLease) -> None:
+        if ("b", 1) in _ran:
             raise LeaseLostError(self.key)
         real(self)
 
-    monkeypatch.setattr(HeldLease, "check", lost_once_b_is_claimed)
+    monkeypatch.setattr(HeldLease, "check", lost_once_b_ran)
     run, _ = drive("tests.chain-no-retries")
     assert _ran == [("a", 1), ("b", 1)]
     step = WorkflowStep.objects.get(run_id=run.id, step_name="b")
     assert (step.status, step.attempt) == (StepStatus.SUCCEEDED, 1)
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.RUNNING
     monkeypatch.setattr(HeldLease, "check", real)
     WorkflowRun.objects.request_pass(run.id)  # not the second the lost lease's retry waits
     Lease.objects.filter(key=run_lease_key(run.id)).update(expires_at=db_now())
@@ -454,27 +463,18 @@ def test_a_step_claimed_just_before_the_run_lease_is_lost_still_runs(
     assert worker.work_once() is True
     run = WorkflowRun.objects.get(pk=run.id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
+    assert _ran == [("a", 1), ("b", 1)]
 
 
-def test_a_next_step_that_appears_between_the_portable_writes_is_not_taken_for_ours(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """On the portable path the result and the next step are two writes: a step of that name
-    created between them (by a pass of another holder) is not this call's, and the pass the
-    result took stays the caller's to run for real — never ended on a step nobody runs."""
-    from django_leases.models.workflow import WorkflowStepQuerySet
-
-    real = WorkflowStepQuerySet.set_result
-
-    def then_created(self: Any, *args: Any, **kwargs: Any) -> Any:
-        wrote = real(self, *args, **kwargs)
-        WorkflowStep.objects.schedule(wrote.state.run.id, "b", "tests.chain", {"n": 1})
-        return wrote
-
+def test_a_next_step_that_exists_already_is_not_taken_for_ours() -> None:
+    """On the portable path the result and the next step are one transaction; a step of that
+    name that exists already (created by a pass of another holder) is not this call's: the
+    result is written, no step is claimed, and the pass the result takes stays the caller's
+    to run for real — never ended on a step nobody runs."""
     with tuned_sql(False):
         read, claim = claimed_first()
-        monkeypatch.setattr(WorkflowStepQuerySet, "set_result", then_created)
+        WorkflowStep.objects.schedule(claim.run_id, "b", "tests.chain", {"n": 1})
         done = write(claim, read)
-    assert done.next is None and done.write.state is not None
+    assert done.next is None and done.write.written and done.write.state is not None
     held = WorkflowRun.objects.filter(pk=claim.run_id, pass_due_at__gt=db_now())
     assert held.exists(), "the pass was ended although nobody runs it"

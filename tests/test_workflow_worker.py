@@ -21,7 +21,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.models import (
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    WorkflowStepAttempt,
+)
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.channel import STEP_TABLE, channel_name
 from django_leases.workflows.engine import start_workflow
@@ -485,7 +491,11 @@ def test_sigterm_stops_claiming_and_lets_the_step_in_flight_finish(
     assert proc.returncode == 0, stderr
     build = WorkflowStep.objects.get(run_id=run_id, step_name="build")
     assert (build.status, build.attempt) == ("succeeded", 1), "the step in flight was cut short"
-    assert not WorkflowStep.objects.filter(run_id=run_id, step_name="comment").exists(), (
+    # The stopping worker wrote the build's result with the next step it leads to, for the
+    # queue: created, never claimed (no attempt of it started).
+    comment = WorkflowStep.objects.filter(run_id=run_id, step_name="comment")
+    assert not comment.exclude(status="pending").exists(), "the stopping worker claimed new work"
+    assert not WorkflowStepAttempt.objects.filter(step__in=comment).exists(), (
         "the stopping worker claimed new work"
     )
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.RUNNING

@@ -10,6 +10,8 @@ steps, whose passes these waits wake, are :mod:`django_leases.models.workflow`'s
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from django.db import IntegrityError, models, transaction
@@ -18,7 +20,7 @@ from django.db.models import BooleanField, ExpressionWrapper, Q, Value
 from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
-from django_leases.models.workflow import WorkflowRun, request_passes
+from django_leases.models.workflow import WorkflowRun, request_passes, write_pending
 from django_leases.validation import (
     MAX_NAME_LENGTH,
     check_identifier,
@@ -26,7 +28,7 @@ from django_leases.validation import (
     parse_run_id,
     wait_seconds,
 )
-from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus
+from django_leases.workflows.values import PendingResult, RunStatus, WaitKind, WaitStatus
 
 
 class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
@@ -49,16 +51,25 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)
 
     def reach(
-        self, run_id: uuid.UUID | str, name: str, kind: str, *, seconds: float | None = None
+        self,
+        run_id: uuid.UUID | str,
+        name: str,
+        kind: str,
+        *,
+        seconds: float | None = None,
+        pending: PendingResult | None = None,
     ) -> WorkflowWait:
         """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
         find it: on first reach the row is created ``waiting`` with ``due_at`` = database
         now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
         arrived first already has its row (``done``); it is marked reached. Returns the row
-        (annotated as :meth:`for_pass`).
+        (annotated as :meth:`for_pass`). ``pending``: a step result the run's pass carries,
+        written first in the same transaction (:func:`~django_leases.models.workflow.
+        write_pending`).
 
         Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
-        of another kind in this run (nothing written).
+        of another kind in this run, and :class:`WorkflowStepSupersededError` when
+        ``pending``'s attempt was superseded (nothing written).
         """
         check_identifier(name, "Wait name")
         if seconds is not None:
@@ -66,6 +77,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         with transaction.atomic(using=alias):
+            write_pending(alias, pending)
             wait, created = self.rows().get_or_create(
                 run_id=pk,
                 name=name,
@@ -83,18 +95,25 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         return self._one(wait.pk)
 
     def start_child(
-        self, run_id: uuid.UUID | str, name: str, workflow: str, input: Any = None
+        self,
+        run_id: uuid.UUID | str,
+        name: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        pending: PendingResult | None = None,
     ) -> WorkflowWait:
         """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
         the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
         are created in one transaction; later, the wait is found. Returns the wait, its child
         loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
-        completes, fails or is cancelled.
+        completes, fails or is cancelled. ``pending``: as for :meth:`reach`.
 
         Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
-        kind of wait, or when its child is of another workflow, and
+        kind of wait, or when its child is of another workflow,
         :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
-        its pass ran); nothing is written then.
+        its pass ran), and :class:`WorkflowStepSupersededError` as :meth:`reach`; nothing is
+        written then.
         """
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
@@ -102,6 +121,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         with transaction.atomic(using=alias):
+            write_pending(alias, pending)
             wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
             if wait is None:
                 # The parent locked and running: a cancel that committed while this pass
@@ -130,25 +150,24 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     )
         return self._one(wait.pk)
 
-    def settle_child(self, wait: WorkflowWait) -> None:
+    def settle_child(self, wait: WorkflowWait, *, pending: PendingResult | None = None) -> None:
         """Mark a child wait ``done`` once its child run has finished (for operators; the
-        outcome itself is the child's status)."""
-        # One statement: atomic on its own.
-        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
-            status=WaitStatus.DONE, done_at=DbNow()
-        )
+        outcome itself is the child's status). ``pending``: as for :meth:`reach`."""
+        rows = self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING)
+        with _with_pending(self.write_alias(), pending):
+            rows.update(status=WaitStatus.DONE, done_at=DbNow())
 
-    def settle(self, wait: WorkflowWait) -> WorkflowWait:
+    def settle(self, wait: WorkflowWait, *, pending: PendingResult | None = None) -> WorkflowWait:
         """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a
         sleep becomes ``done``, an event wait ``timed_out`` — one guarded ``UPDATE``; an
         event that landed before its timeout stays the outcome, and one sent after the
         timeout passed is refused by :meth:`send_event` whether or not this ran yet.
-        Returns the row as it now is (annotated as :meth:`for_pass`)."""
+        Returns the row as it now is (annotated as :meth:`for_pass`). ``pending``: as for
+        :meth:`reach`."""
         outcome = WaitStatus.DONE if wait.kind == WaitKind.SLEEP else WaitStatus.TIMED_OUT
-        # One statement: atomic on its own.
-        self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow()).update(
-            status=outcome, done_at=DbNow()
-        )
+        rows = self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING, due_at__lte=DbNow())
+        with _with_pending(self.write_alias(), pending):
+            rows.update(status=outcome, done_at=DbNow())
         return self._one(wait.pk)
 
     def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
@@ -222,6 +241,18 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 raise WorkflowEventRefusedError(pk, name, reason)
             request_passes(alias, Q(pk=pk))
         return self._one(wait.pk)
+
+
+@contextmanager
+def _with_pending(alias: str, pending: PendingResult | None) -> Iterator[None]:
+    """The block in one transaction with ``pending`` written first; without it, the block
+    alone (its one statement is atomic on its own)."""
+    if pending is None:
+        yield
+        return
+    with transaction.atomic(using=alias):
+        write_pending(alias, pending)
+        yield
 
 
 def _over() -> ExpressionWrapper[Q]:

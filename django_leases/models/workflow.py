@@ -64,13 +64,10 @@ from django_leases.validation import (
     MAX_RETRY_DELAY,
     as_stored,
     check_attempt,
-    check_backoff,
     check_identifier,
     check_json,
     check_lease_name,
     check_name,
-    check_retries,
-    check_step_timeout,
     error_json,
     parse_run_id,
     seconds,
@@ -94,9 +91,11 @@ from django_leases.workflows.values import (
     NextStep,
     PassClaim,
     PassState,
+    PendingResult,
     RunChange,
     RunCompletion,
     RunStatus,
+    StepOptions,
     StepStatus,
     StepWrite,
     run_lease_key,
@@ -517,35 +516,27 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         *,
         step_name: str,
         function_name: str,
-        retries: int = 0,
-        retry_delay: float = 0.0,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-        timeout: float | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
+        options: StepOptions | None = None,
         available_at: datetime | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` (JSON ``input``) together with its one step
         ``step_name`` (step function ``function_name``, data = ``input``), in one transaction
         (joining the caller's: the step is claimable once that commits). No first pass: the
         step is due at ``available_at`` (an aware ``datetime``, compared with the database
-        clock by the claim; ``None``: DB now) on ``queue`` at ``priority``, with ``retries``,
-        ``retry_delay`` (seconds), ``retry_backoff`` (a factor ≥ 1), ``retry_delay_max``
-        (seconds or ``None``) and ``timeout`` (seconds or ``None``) as
-        :meth:`WorkflowStepQuerySet.schedule`. The run's pass comes when the step finishes
-        and replays ``workflow``, which must call ``run.step(step_name, function_name, ...)``.
-        Idle workers are woken when it commits. Used by the Django Tasks backend.
+        clock by the claim; ``None``: DB now), with ``options`` (:class:`~values.StepOptions`;
+        ``None``: no retries, the defaults otherwise). The run's pass comes when the step
+        finishes and replays ``workflow``, which must call ``run.step(step_name,
+        function_name, ...)``. Idle workers are woken when it commits. Used by the Django
+        Tasks backend.
 
-        Raises ``ValueError`` for a bad name, queue, priority, retries, delay, backoff or
-        timeout, or non-JSON input; nothing is written then.
+        Raises ``ValueError`` for a bad name, non-JSON input or a naive ``available_at``;
+        nothing is written then.
         """
         check_identifier(workflow, "Workflow name")
-        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
-            step_name, function_name, input, retries, retry_delay, retry_backoff, retry_delay_max
+        step = _check_step(
+            NextStep(step_name, function_name, input, options or StepOptions(retries=0))
         )
-        timeout = check_step_timeout(timeout)
-        queue, priority = _check_queue(queue, priority)
+        options = step.options
         if available_at is not None and (
             not isinstance(available_at, datetime) or available_at.tzinfo is None
         ):
@@ -563,13 +554,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
                 json.dumps(value),
                 step_name,
                 function_name,
-                retries,
-                retry_delay,
-                retry_backoff,
-                retry_delay_max,
-                timeout,
-                queue,
-                priority,
+                options.retries,
+                options.retry_delay,
+                options.retry_backoff,
+                options.retry_delay_max,
+                options.timeout,
+                options.queue,
+                options.priority,
                 available_at,
                 channel_name(alias),
             ]
@@ -585,16 +576,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             run = self.rows().create(workflow=workflow, input=value)
             WorkflowStep.objects.db_manager(alias).rows().create(
                 run=run,
-                step_name=step_name,
-                function_name=function_name,
-                data=value,
-                retries=retries,
-                retry_delay=retry_delay,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-                timeout=timeout,
-                queue=queue,
-                priority=priority,
+                **_step_columns(step),
                 available_at=DbNow() if available_at is None else to_stored(available_at, alias),
             )
             _wake(alias)
@@ -775,6 +757,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         pass_requests: int,
         due_at: datetime | None = None,
         branches: int = 0,
+        *,
+        pending: PendingResult | None = None,
     ) -> bool:
         """End a pass: clear ``pass_due_at`` — or set it to ``due_at`` (a ``datetime`` from
         the database clock: when the wait the pass ended at needs the next pass, a sleep's
@@ -782,29 +766,49 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         ``pass_requests`` was read (that pass will see the wait again). ``branches``: the
         pass ended at a ``run.parallel`` with that many of its steps not finished (an
         ``int`` ≥ 0); only the result that finishes the last of them asks for the next pass
-        (:meth:`WorkflowStepQuerySet.set_result`). Returns ``True`` if written."""
-        # One statement: atomic on its own (autocommit), no transaction around it. Every
-        # finish raises pass_requests, so a count read before a finish committed never lands.
-        return bool(
-            self.rows()
-            .filter(pk=run_id, pass_requests=pass_requests)
-            .update(pass_due_at=due_at, branches_left=max(int(branches), 0))
-        )
+        (:meth:`WorkflowStepQuerySet.set_result`). ``pending``: a result the pass carries,
+        written first in the same transaction (:func:`write_pending`). Returns ``True`` if
+        the pass was ended.
 
-    def complete(self, run_id: uuid.UUID | str, output: Any) -> bool:
+        Raises:
+            WorkflowStepSupersededError: ``pending``'s attempt was superseded (nothing
+                written).
+        """
+        ended = self.rows().filter(pk=run_id, pass_requests=pass_requests)
+        values = {"pass_due_at": due_at, "branches_left": max(int(branches), 0)}
+        if pending is None:
+            # One statement: atomic on its own (autocommit), no transaction around it.
+            return bool(ended.update(**values))
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            write_pending(alias, pending)
+            return bool(ended.update(**values))
+
+    def complete(
+        self, run_id: uuid.UUID | str, output: Any, *, pending: PendingResult | None = None
+    ) -> bool:
         """Mark a running run ``completed`` with JSON ``output``; ``True`` if it was running.
 
-        A non-JSON ``output`` fails the run instead, with a clear error.
+        A non-JSON ``output`` fails the run instead, with a clear error. ``pending``: a
+        result the run's pass carries, written first in the same transaction
+        (:func:`write_pending`; :class:`WorkflowStepSupersededError` when refused).
         """
         try:
             check_json(output, "Workflow output")
         except ValueError as exc:
-            return self._finish(run_id, RunStatus.FAILED, error=error_json(exc))
-        return self._finish(run_id, RunStatus.COMPLETED, output=output)
+            return self._finish(run_id, RunStatus.FAILED, error=error_json(exc), pending=pending)
+        return self._finish(run_id, RunStatus.COMPLETED, output=output, pending=pending)
 
-    def fail(self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str) -> bool:
-        """Mark a running run ``failed`` with ``error``; ``True`` if it was running."""
-        return self._finish(run_id, RunStatus.FAILED, error=error_json(error))
+    def fail(
+        self,
+        run_id: uuid.UUID | str,
+        error: BaseException | Mapping[str, Any] | str,
+        *,
+        pending: PendingResult | None = None,
+    ) -> bool:
+        """Mark a running run ``failed`` with ``error``; ``True`` if it was running.
+        ``pending``: as for :meth:`complete`."""
+        return self._finish(run_id, RunStatus.FAILED, error=error_json(error), pending=pending)
 
     def suspend(
         self, run_id: uuid.UUID | str, error: BaseException | Mapping[str, Any] | str
@@ -813,7 +817,13 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         return self._finish(run_id, RunStatus.SUSPENDED, error=error_json(error))
 
     def _finish(
-        self, run_id: uuid.UUID | str, status: str, *, output: Any = None, error: Any = None
+        self,
+        run_id: uuid.UUID | str,
+        status: str,
+        *,
+        output: Any = None,
+        error: Any = None,
+        pending: PendingResult | None = None,
     ) -> bool:
         values: dict[str, Any] = {
             "status": status,
@@ -828,6 +838,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             values["finished_at"] = DbNow()
         alias = self.write_alias()
         with transaction.atomic(using=alias):
+            write_pending(alias, pending)
             finished = bool(
                 self.rows().filter(pk=run_id, status=RunStatus.RUNNING).update(**values)
             )
@@ -1224,22 +1235,84 @@ def _finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
 # -- steps --------------------------------------------------------------------------------------
 
 
-def _check_step(
-    step_name: object,
-    function_name: object,
-    data: Any,
-    retries: object,
-    retry_delay: object,
-    retry_backoff: object = 1.0,
-    retry_delay_max: object = None,
-) -> tuple[int, float, float, float | None]:
-    """A step's arguments checked (``ValueError``); its ``retries``, ``retry_delay``,
-    ``retry_backoff`` and ``retry_delay_max``."""
-    check_identifier(step_name, "Step name")
-    check_identifier(function_name, "Step function name")
-    check_json(data, "Step data")
-    retries, retry_delay = check_retries(retries, retry_delay)
-    return (retries, retry_delay, *check_backoff(retry_backoff, retry_delay_max))
+def _check_step(step: NextStep) -> NextStep:
+    """``step`` with its names and data checked (``ValueError``; its options are checked
+    when they are made); returns it."""
+    check_identifier(step.step_name, "Step name")
+    check_identifier(step.function_name, "Step function name")
+    check_json(step.data, "Step data")
+    return step
+
+
+def _step_columns(step: NextStep) -> dict[str, Any]:
+    """The columns a new step row is created with, from ``step`` and its options."""
+    options = step.options
+    return {
+        "step_name": step.step_name,
+        "function_name": step.function_name,
+        "data": {} if step.data is None else step.data,
+        "retries": options.retries,
+        "retry_delay": options.retry_delay,
+        "retry_backoff": options.retry_backoff,
+        "retry_delay_max": options.retry_delay_max,
+        "timeout": options.timeout,
+        "queue": options.queue,
+        "priority": options.priority,
+    }
+
+
+def _insert_params(step: NextStep, ttl: float) -> list[Any]:
+    """The parameters the tuned inserts of a claimed step take after the run's id (see
+    :func:`sql.insert_claimed`): names, data as JSON text, retry settings, lease TTL."""
+    options = step.options
+    return [
+        step.step_name,
+        step.function_name,
+        json.dumps({} if step.data is None else step.data),
+        options.retries,
+        options.retry_delay,
+        options.retry_backoff,
+        options.retry_delay_max,
+        ttl,
+    ]
+
+
+def _in_one_statement(connection: BaseDatabaseWrapper, options: StepOptions) -> bool:
+    """Whether a step with ``options`` is inserted claimed by a tuned statement here
+    (:meth:`~values.StepOptions.one_statement`, on PostgreSQL with the tuned path on)."""
+    if not db.tuned(connection, "postgresql"):
+        return False
+    limits = queue_limits().get(options.queue)
+    return options.one_statement(limited=limits is not None and limits.limited)
+
+
+def write_pending(alias: str, pending: PendingResult | None) -> bool:
+    """Write ``pending`` — a step attempt's result that a pass handed to its workflow and
+    did not write yet — through the step's fence, with its attempt row, inside the caller's
+    transaction on ``alias``; the run is not asked for a pass (the caller's pass is that
+    pass). Returns ``True`` if written, ``False`` for ``None`` or a repeat of this very write
+    (its first try committed).
+
+    Raises:
+        WorkflowStepSupersededError: the attempt is no longer the step's running one.
+    """
+    if pending is None:
+        return False
+    steps = WorkflowStepQuerySet(WorkflowStep, using=alias)
+    json_result = Value(pending.result, output_field=models.JSONField())
+    return steps._record_outcome(
+        alias,
+        pending.step_id,
+        pending.attempt,
+        step={
+            "status": StepStatus.SUCCEEDED,
+            "result": json_result,
+            "error": None,
+            "lease_expires_at": None,
+        },
+        history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+        repeat_of=(AttemptStatus.SUCCEEDED, pending.result),
+    )
 
 
 def retry_delay_after(
@@ -1280,17 +1353,6 @@ def retry_delay_after(
     return min(grown, cap)
 
 
-def _check_queue(queue: object, priority: object) -> tuple[str, int]:
-    """A step's ``queue`` (a name of 1–200 characters) and ``priority`` (an ``int`` that
-    fits 32 bits); ``ValueError`` otherwise."""
-    name = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError(f"A step priority must be an integer, not {priority!r}")
-    if not -(2**31) <= priority < 2**31:
-        raise ValueError(f"A step priority must be between -2**31 and 2**31-1, not {priority}")
-    return name, priority
-
-
 @dataclass(frozen=True)
 class QueueCounts:
     """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
@@ -1321,22 +1383,24 @@ class Scheduled:
 
 
 def _inserted_claimed(
-    alias: str, step_id: int, run_id: uuid.UUID, step: NextStep, ttl: float, sent: float
+    alias: str,
+    step_id: int,
+    run_id: uuid.UUID,
+    step: NextStep,
+    ttl: float,
+    sent: float,
+    claimant: str = "",
 ) -> Scheduled:
     """The :class:`Scheduled` of a step a tuned statement inserted claimed (``running`` at
-    attempt 1 under a ``ttl``-second lease, the statement sent at ``sent``, monotonic)."""
+    attempt 1 under a ``ttl``-second lease for ``claimant``, the statement sent at ``sent``,
+    monotonic)."""
     row = WorkflowStep(
         pk=step_id,
         run_id=run_id,
-        step_name=step.step_name,
-        function_name=step.function_name,
-        data=step.data,
         status=StepStatus.RUNNING,
         attempt=1,
-        retries=step.retries,
-        retry_delay=step.retry_delay,
-        retry_backoff=step.retry_backoff,
-        retry_delay_max=step.retry_delay_max,
+        claimant=claimant,
+        **_step_columns(step),
     )
     row._state.adding = False
     row._state.db = alias
@@ -1346,7 +1410,7 @@ def _inserted_claimed(
         step_name=step.step_name,
         function_name=step.function_name,
         attempt=1,
-        data=step.data,
+        data=row.data,
         lease_ttl=ttl,
         claimed_at=sent,
         using=alias,
@@ -1410,87 +1474,74 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         looks for due work; its late writes are refused by the attempt fence.
 
         Idempotent: a second call returns the existing step untouched. Raises ``ValueError``
-        for bad names, non-JSON ``data``, bad ``retries`` / ``retry_delay`` /
-        ``retry_backoff`` / ``retry_delay_max`` / ``timeout``, or an existing step recorded
-        with a different ``function_name``.
+        for bad names, non-JSON ``data``, bad options (:class:`~values.StepOptions`), or an
+        existing step recorded with a different ``function_name``.
         """
-        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
-            step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
-        )
-        timeout = check_step_timeout(timeout)
-        queue, priority = _check_queue(queue, priority)
-        return self._schedule(
-            run_id,
-            step_name,
-            function_name,
-            data,
-            retries,
-            retry_delay,
-            timeout,
-            queue,
-            priority,
+        options = StepOptions(
+            retries=retries,
+            retry_delay=retry_delay,
             retry_backoff=retry_backoff,
             retry_delay_max=retry_delay_max,
-        )[0]
+            timeout=timeout,
+            queue=queue,
+            priority=priority,
+        )
+        return self.schedule_step(run_id, NextStep(step_name, function_name, data, options))
+
+    def schedule_step(
+        self, run_id: uuid.UUID | str, step: NextStep, *, pending: PendingResult | None = None
+    ) -> WorkflowStep:
+        """:meth:`schedule` for a :class:`~values.NextStep`, with ``pending`` — a result the
+        caller's pass carries, written first, fenced (:func:`write_pending`) — in the same
+        transaction.
+
+        Raises:
+            ValueError: as :meth:`schedule` (nothing written).
+            WorkflowStepSupersededError: ``pending``'s attempt was superseded (nothing
+                written).
+        """
+        _check_step(step)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            write_pending(alias, pending)
+            return self._schedule(run_id, step)[0]
 
     def schedule_many(
         self,
         run_id: uuid.UUID | str,
         calls: Sequence[tuple[str, str, Any]],
+        options: StepOptions | None = None,
         *,
-        retries: int = 5,
-        retry_delay: float = 0.0,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-        placement: Mapping[str, tuple[str, int]] | None = None,
+        options_of: Mapping[str, StepOptions] | None = None,
+        pending: PendingResult | None = None,
     ) -> dict[str, WorkflowStep]:
         """:meth:`schedule` for many steps at once (``run.parallel``): each ``(step_name,
         function_name, data)`` of ``calls`` not recorded yet is created, due now, in one
         insert (existing ones are left untouched); idle workers are woken once. Returns
-        every step of ``calls`` by name, as now stored. ``retries``, ``retry_delay``,
-        ``retry_backoff`` and ``retry_delay_max`` apply to each, as for :meth:`schedule`.
-        ``placement`` maps a step name to its ``(queue, priority)`` (absent: ``"default"``,
-        0).
+        every step of ``calls`` by name, as now stored. Each step gets ``options_of[name]``
+        where given, else ``options`` (:class:`~values.StepOptions`; ``None``: the defaults).
+        ``pending``: a result the caller's pass carries, written first in the same
+        transaction (:func:`write_pending`).
 
         Raises ``ValueError`` as :meth:`schedule` does (nothing written), also for a name
-        given twice.
+        given twice; :class:`WorkflowStepSupersededError` when ``pending``'s attempt was
+        superseded (nothing written).
         """
         names = [call[0] for call in calls]
         if len(set(names)) != len(names):
             raise ValueError("run.parallel: a step name is given twice")
-        for step_name, function_name, data in calls:
-            retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
-                step_name,
-                function_name,
-                data,
-                retries,
-                retry_delay,
-                retry_backoff,
-                retry_delay_max,
-            )
-        placed = {
-            name: _check_queue(*(placement or {}).get(name, (DEFAULT_QUEUE, 0))) for name in names
-        }
+        default = StepOptions() if options is None else options
+        wanted = [
+            _check_step(NextStep(name, function, data, (options_of or {}).get(name, default)))
+            for name, function, data in calls
+        ]
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         rows = self.rows()
         with transaction.atomic(using=alias):
+            write_pending(alias, pending)
             rows.bulk_create(
-                [
-                    self.model(
-                        run_id=pk,
-                        step_name=step_name,
-                        function_name=function_name,
-                        data={} if data is None else data,
-                        retries=retries,
-                        retry_delay=retry_delay,
-                        retry_backoff=retry_backoff,
-                        retry_delay_max=retry_delay_max,
-                        queue=placed[step_name][0],
-                        priority=placed[step_name][1],
-                    )
-                    for step_name, function_name, data in calls
-                ],
+                [self.model(run_id=pk, **_step_columns(step)) for step in wanted],
                 batch_size=500,
                 ignore_conflicts=True,  # recorded already (by another pass): left as it is
             )
@@ -1508,69 +1559,38 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 )
         return found
 
-    def _schedule(
-        self,
-        run_id: uuid.UUID | str,
-        step_name: str,
-        function_name: str,
-        data: Any,
-        retries: int,
-        retry_delay: float,
-        timeout: float | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
-        *,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-    ) -> tuple[WorkflowStep, bool]:
-        """:meth:`schedule` on checked arguments; ``(step, created by this call)``."""
+    def _schedule(self, run_id: uuid.UUID | str, step: NextStep) -> tuple[WorkflowStep, bool]:
+        """:meth:`schedule` on a checked step; ``(step row, created by this call)``."""
         alias = self.write_alias()
         with transaction.atomic(using=alias):
-            step, created = self.rows().get_or_create(
+            row, created = self.rows().get_or_create(
                 run_id=parse_run_id(run_id),
-                step_name=step_name,
+                step_name=step.step_name,
                 defaults={
-                    "function_name": function_name,
-                    "data": {} if data is None else data,
-                    "retries": retries,
-                    "retry_delay": retry_delay,
-                    "retry_backoff": retry_backoff,
-                    "retry_delay_max": retry_delay_max,
-                    "timeout": timeout,
+                    **_step_columns(step),
                     "available_at": DbNow(),
-                    "queue": queue,
-                    "priority": priority,
                 },
             )
             if created:
                 _wake(alias)
-        if step.function_name != function_name:
+        if row.function_name != step.function_name:
             raise ValueError(
-                f"Step {step_name!r} of run {run_id} was recorded with step function "
-                f"{step.function_name!r}, not {function_name!r}"
+                f"Step {step.step_name!r} of run {run_id} was recorded with step function "
+                f"{row.function_name!r}, not {step.function_name!r}"
             )
-        return step, created
+        return row, created
 
     def schedule_claimed(
         self,
         run_id: uuid.UUID | str,
-        step_name: str,
-        function_name: str,
-        data: Any = None,
+        step: NextStep,
         *,
-        retries: int = 5,
-        retry_delay: float = 0.0,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-        timeout: float | None = None,
         lease_ttl_seconds: float,
         finish_pass: int,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
         queues: Sequence[str] | None = None,
         claimant: str = "",
     ) -> Scheduled:
-        """:meth:`schedule`, and claim the step for the caller if this call created it.
+        """:meth:`schedule` ``step``, and claim it for the caller if this call created it.
 
         For a worker that drives a run itself: the step it schedules is due now, so it runs
         it straight away instead of leaving it to the queue (no notification is sent). The
@@ -1581,127 +1601,71 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         ``finish_pass`` the ``pass_requests`` the pass read), and names ``claimant``
         (``WorkflowStep.claimant``; see :meth:`reclaim_created`). The step is inserted and
         claimed in one transaction, so no other worker ever sees it unclaimed when this call
-        claims it. Tuned (PostgreSQL): creating, claiming and ending the pass are one
-        statement, inserting only while the run is ``running``.
+        claims it. Tuned (PostgreSQL, where :meth:`~values.StepOptions.one_statement`):
+        creating, claiming and ending the pass are one statement, inserting only while the
+        run is ``running``.
 
-        ``queue`` and ``priority`` as for :meth:`schedule`; ``queues`` (the caller's
-        ``--queue`` names; ``None`` or empty: every queue): a step of another queue is only
-        scheduled, for a worker of its queue. A step of a limited queue is claimed through
-        :meth:`claim_for_execution`, which enforces the limits (it may leave it waiting).
+        ``queues`` (the caller's ``--queue`` names; ``None`` or empty: every queue): a step
+        of another queue is only scheduled, for a worker of its queue. A step of a limited
+        queue is claimed through :meth:`claim_for_execution`, which enforces the limits (it
+        may leave it waiting).
 
         Returns a :class:`Scheduled`; its ``claim`` is ``None`` when the step already
         existed, the run is not running, the step is not the caller's to take (another
         queue, or its queue is at its limit), or another worker claimed it first. Raises
-        ``ValueError`` as :meth:`schedule` does (``retry_backoff`` and ``retry_delay_max``
-        included: they are recorded with the step on every path).
+        ``ValueError`` as :meth:`schedule` does.
         """
-        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
-            step_name, function_name, data, retries, retry_delay, retry_backoff, retry_delay_max
-        )
-        timeout = check_step_timeout(timeout)
-        queue, priority = _check_queue(queue, priority)
-        if queues and queue not in queues:
-            step, created = self._schedule(
-                run_id,
-                step_name,
-                function_name,
-                data,
-                retries,
-                retry_delay,
-                timeout,
-                queue,
-                priority,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-            )
-            return Scheduled(step, None, created=created)
+        _check_step(step)
+        options = step.options
+        if queues and options.queue not in queues:
+            row, created = self._schedule(run_id, step)
+            return Scheduled(row, None, created=created)
         ttl = ttl_seconds(lease_ttl_seconds)
         alias = self.write_alias()
         connection = connections[alias]
-        data = {} if data is None else data
         sent = time.monotonic()
-        # A step with a timeout, or of another queue than "default", or of a limited queue,
-        # takes the portable path: the tuned statement sets no deadline, writes the column
-        # defaults (queue "default", priority 0) and enforces no limit.
-        limits = queue_limits().get(queue)
-        if (
-            not db.tuned(connection, "postgresql")
-            or timeout is not None
-            or queue != DEFAULT_QUEUE
-            or priority != 0
-            or (limits is not None and limits.limited)
-        ):
-            # One transaction: the step is never seen unclaimed by another worker when this
-            # call claims it (its queue may refuse: it is then left for any worker).
+        if not _in_one_statement(connection, options):
             with transaction.atomic(using=alias):
-                step, created = self._schedule(
-                    run_id,
-                    step_name,
-                    function_name,
-                    data,
-                    retries,
-                    retry_delay,
-                    timeout,
-                    queue,
-                    priority,
-                    retry_backoff=retry_backoff,
-                    retry_delay_max=retry_delay_max,
-                )
-                if not created:
-                    return Scheduled(step, None, created=False)
-                claim = self.claim_for_execution(
-                    run_id, step_name, function_name, ttl, claimant=claimant
-                )
+                scheduled = self._insert_and_claim(alias, run_id, step, ttl, (), claimant)
+                if scheduled.claim is None:
+                    return scheduled
                 runs = WorkflowRun.objects.db_manager(alias)
-                finished = claim is not None and runs.finish_pass(run_id, finish_pass)
-            if claim is None:
-                return Scheduled(step, None)
-            step.status, step.claimant = StepStatus.RUNNING, claimant
-            return Scheduled(step, claim, finished)
+                finished = runs.finish_pass(run_id, finish_pass)
+            return dataclasses.replace(scheduled, pass_finished=finished)
         run_id = parse_run_id(run_id)
-        args = [
-            run_id,
-            step_name,
-            function_name,
-            json.dumps(data),
-            retries,
-            retry_delay,
-            retry_backoff,
-            retry_delay_max,
-            ttl,
-        ]
         with db.cursor(connection) as cursor:
-            row = cursor.execute(
-                _call(connection, "insert_claimed"), [*args, finish_pass, claimant]
+            found = cursor.execute(
+                _call(connection, "insert_claimed"),
+                [run_id, *_insert_params(step, ttl), finish_pass, claimant],
             ).fetchone()
-        if row is None or row[0] is None:  # it exists, or the run is not running
-            step, created = self._schedule(
-                run_id,
-                step_name,
-                function_name,
-                data,
-                retries,
-                retry_delay,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-            )
-            return Scheduled(step, None, created=created)
-        return _inserted_claimed(
-            alias,
-            int(row[0]),
-            run_id,
-            NextStep(
-                step_name,
-                function_name,
-                data,
-                retries,
-                retry_delay,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-            ),
-            ttl,
-            sent,
+        if found is None or found[0] is None:  # it exists, or the run is not running
+            row, created = self._schedule(run_id, step)
+            return Scheduled(row, None, created=created)
+        return _inserted_claimed(alias, int(found[0]), run_id, step, ttl, sent, claimant)
+
+    def _insert_and_claim(
+        self,
+        alias: str,
+        run_id: uuid.UUID | str,
+        step: NextStep,
+        ttl: float,
+        queues: Sequence[str] | None,
+        claimant: str,
+    ) -> Scheduled:
+        """Create ``step`` (unless it exists) and claim it for the caller under a ``ttl``
+        lease naming ``claimant``, inside the caller's transaction — so no other worker ever
+        sees it unclaimed when this claims it. A step of a queue not in ``queues`` (empty:
+        every queue), or one its queue does not admit now, is left for its workers."""
+        row, created = self._schedule(run_id, step)
+        if not created or (queues and step.options.queue not in queues):
+            return Scheduled(row, None, created=created)
+        claim = self.claim_for_execution(
+            run_id, step.step_name, step.function_name, ttl, claimant=claimant
         )
+        if claim is None:
+            return Scheduled(row, None)
+        row.status, row.claimant = StepStatus.RUNNING, claimant
+        return Scheduled(row, claim)
 
     # -- claims ---------------------------------------------------------------------------------
 
@@ -2251,91 +2215,21 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 :meth:`schedule` says); nothing was written.
         """
         check_attempt(attempt)
-        retries, retry_delay, retry_backoff, retry_delay_max = _check_step(
-            next_step.step_name,
-            next_step.function_name,
-            next_step.data,
-            next_step.retries,
-            next_step.retry_delay,
-            next_step.retry_backoff,
-            next_step.retry_delay_max,
-        )
-        timeout = check_step_timeout(next_step.timeout)
-        queue, priority = _check_queue(next_step.queue, next_step.priority)
-        data = {} if next_step.data is None else next_step.data
-        next_step = NextStep(
-            next_step.step_name,
-            next_step.function_name,
-            data,
-            retries,
-            retry_delay,
-            timeout,
-            queue,
-            priority,
-            retry_backoff,
-            retry_delay_max,
-        )
+        _check_step(next_step)
         ttl = ttl_seconds(lease_ttl_seconds)
         hold = ttl_seconds(hold_pass_seconds)
         alias = self.write_alias()
         connection = connections[alias]
-        limits = queue_limits().get(queue)
         try:
             check_json(result, "Step result")
-        except ValueError:
-            tuned = False  # ``set_result`` turns it into the attempt's failure
-        else:
-            tuned = (
-                db.tuned(connection, "postgresql")
-                and timeout is None
-                and queue == DEFAULT_QUEUE
-                and priority == 0
-                and not (limits is not None and limits.limited)
-                and (not queues or queue in queues)
+        except ValueError:  # ``set_result`` turns it into the attempt's failure
+            return ResultWithNext(self.set_result(step_id, result, attempt, hold_pass_seconds=hold))
+        options = next_step.options
+        served = not queues or options.queue in queues
+        if not (served and _in_one_statement(connection, options)):
+            return self._claiming_next_portably(
+                alias, step_id, result, attempt, next_step, finish_pass, ttl, hold, queues, claimant
             )
-        if not tuned:
-            wrote = self.set_result(step_id, result, attempt, hold_pass_seconds=hold)
-            state = wrote.state
-            if (
-                wrote.status != StepStatus.SUCCEEDED
-                or not wrote.written
-                or state is None
-                or next_step.step_name in state.steps  # the caller's pass runs for real
-            ):
-                return ResultWithNext(wrote)
-            # The pass the result asked for is the caller's (run already, in memory); one
-            # asked for since ``finish_pass`` is not.
-            expected = finish_pass + 1
-            runs = WorkflowRun.objects.db_manager(alias)
-            scheduled = self.schedule_claimed(
-                state.run.id,
-                next_step.step_name,
-                next_step.function_name,
-                data,
-                retries=retries,
-                retry_delay=retry_delay,
-                retry_backoff=retry_backoff,
-                retry_delay_max=retry_delay_max,
-                timeout=timeout,
-                lease_ttl_seconds=ttl,
-                finish_pass=expected,
-                queue=queue,
-                priority=priority,
-                queues=queues,
-                claimant=claimant,
-            )
-            if not scheduled.created:  # it appeared since: the caller's pass runs for real
-                return ResultWithNext(wrote)
-            faults.reached(
-                "workflow.next-step-written", run_id=state.run.id, step_name=next_step.step_name
-            )
-            finished = scheduled.pass_finished or (
-                scheduled.claim is None and runs.finish_pass(state.run.id, expected)
-            )
-            if not finished:  # asked for since ``finish_pass``: due now, as on the tuned path
-                runs.request_pass(state.run.id)
-            requests = expected if finished else None
-            return ResultWithNext(dataclasses.replace(wrote, state=None), scheduled, requests)
         sent = time.monotonic()
         with db.cursor(connection) as cursor:
             row = cursor.execute(
@@ -2345,14 +2239,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                     json.dumps(result),
                     attempt,
                     hold,
-                    next_step.step_name,
-                    next_step.function_name,
-                    json.dumps(data),
-                    retries,
-                    retry_delay,
-                    retry_backoff,
-                    retry_delay_max,
-                    ttl,
+                    *_insert_params(next_step, ttl),
                     finish_pass,
                     claimant,
                 ],
@@ -2376,8 +2263,63 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             write = StepWrite(StepStatus.SUCCEEDED, state=state, pass_requested=state is not None)
             return ResultWithNext(write)
         run_id = parse_run_id(row[1])
-        scheduled = _inserted_claimed(alias, int(row[2]), run_id, next_step, ttl, sent)
+        scheduled = _inserted_claimed(alias, int(row[2]), run_id, next_step, ttl, sent, claimant)
         return ResultWithNext(StepWrite(StepStatus.SUCCEEDED), scheduled, row[3])
+
+    def _claiming_next_portably(
+        self,
+        alias: str,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        next_step: NextStep,
+        finish_pass: int,
+        ttl: float,
+        hold: float,
+        queues: Sequence[str] | None,
+        claimant: str,
+    ) -> ResultWithNext:
+        """:meth:`set_result_claiming_next` as one transaction: the result through the fence
+        (the step's row locked first), the run locked, the next step inserted and claimed
+        (:meth:`_insert_and_claim`), and the run's pass ended as the tuned statement ends it.
+        Where no step is created (the run is not running, its last pass waits on other
+        parallel steps, or a step of that name exists) the result asks for the pass as
+        :meth:`set_result` with ``hold`` does, and the state is the caller's."""
+        runs = WorkflowRun._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            if not write_pending(alias, PendingResult(step_id, attempt, result)):
+                return ResultWithNext(StepWrite(StepStatus.SUCCEEDED, written=False))
+            run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
+            run = (
+                db.for_update(runs.filter(pk=run_id), alias)
+                .values("status", "branches_left")
+                .first()
+            )
+            scheduled = None
+            if run is not None and run["status"] == RunStatus.RUNNING and run["branches_left"] <= 1:
+                scheduled = self._insert_and_claim(alias, run_id, next_step, ttl, queues, claimant)
+            if scheduled is None or not scheduled.created:
+                asked = _finish_branch(alias, step_id, hold)
+                write = StepWrite(
+                    StepStatus.SUCCEEDED,
+                    state=self._state_after(alias, step_id, hold) if asked else None,
+                    pass_requested=asked,
+                )
+                return ResultWithNext(write)
+            # The pass this result asks for is the caller's (run already, in memory), so it
+            # ends here — unless another was asked for since ``finish_pass``: due now.
+            ended = runs.filter(pk=run_id, pass_requests=finish_pass).update(
+                pass_requests=F("pass_requests") + 1,
+                pass_due_at=None,
+                branches_left=0,
+                updated_at=DbNow(),
+            )
+            if not ended:
+                request_passes(alias, Q(pk=run_id))
+        faults.reached("workflow.next-step-written", run_id=run_id, step_name=next_step.step_name)
+        return ResultWithNext(
+            StepWrite(StepStatus.SUCCEEDED), scheduled, finish_pass + 1 if ended else None
+        )
 
     def reclaim_created(
         self,

@@ -1,7 +1,7 @@
-"""Orchestration passes: a ``@workflow`` replayed from the start, and the driver that takes a
-run from pass to step to pass under one hold of its run lease.
+"""Passes: a ``@workflow`` run through under its run lease, its steps run inline, each step's
+result written with what the workflow does next (DESIGN §5, "How a pass runs").
 
-A ``@workflow`` function is called **from the start on every orchestration pass**::
+A ``@workflow`` function is called **once per pass**::
 
     @workflow("build-preview")
     def build_preview(run, payload):
@@ -9,38 +9,38 @@ A ``@workflow`` function is called **from the start on every orchestration pass*
         build = run.step("build", "previews.build", source, retries=3, retry_delay=5)
         return {"build": build["build_id"]}
 
-``run.step(...)`` returns the recorded result of a succeeded step; the first step that has not
-succeeded yet is created (idempotently) and the pass ends there — a worker claims the step,
-runs its ``@step_function`` under a step lease, records the result fenced to its attempt, and
-asks the run for another pass. The workflow's return value completes the run. So workflow
-functions must be deterministic and side-effect free outside ``run.step``; step functions
-should be idempotent, as a step may run more than once (its worker can die after the work
-but before the result is recorded).
+A pass starts by replaying what the run recorded: ``run.step`` returns a succeeded step's
+recorded result, ``run.sleep`` a sleep that ended, and so on, up to the first action the run
+has not recorded. From there the pass runs **live**: at a new ``run.step`` it creates the step
+claimed for its own thread (when this worker takes the step's queue and the queue admits it),
+runs the ``@step_function`` inline under the step lease, and hands the result straight back
+to the workflow function, whose frame stays alive. The result is not written on its own: it
+is written together with whatever the workflow does next — the next step's creation and
+claim, a wait, a child run, a fan-out, the run's completion or failure — in one fenced
+statement (the tuned path) or one transaction. So a sequential k-step run costs k writes and
+O(k) workflow-code work. Should the worker die before that write, the step's lease lapses and
+another attempt produces the result again: a workflow function is deterministic and free of
+side effects outside ``run.*``, and step functions should be idempotent.
 
-:class:`RunDriver` is how a worker thread keeps the run it took: the pass, the step that pass
-schedules (claimed for this thread at once), the pass after it, and so on, all under one hold
-of the run lease ``workflow-run:<id>``. When a step succeeds, the run is first replayed in
-memory with its result (a dry pass, which writes nothing); if the workflow then returns, the
-result, the run's completion and the release of the run lease are one write
-(``set_result_completing_run``); if it asks for a new step, the result and that step, created
-and claimed for the thread, are one write (``set_result_claiming_next``), and the dry pass
-stands for the pass the result asks for: a middle step costs one write and one replay.
+The pass ends — and its thread goes back to claiming — at a durable wait that is not over, a
+``run.parallel``, a child run, a step this worker does not run here (another queue, a queue at
+its limit, a retry delay), or a lost run lease. Replays happen only when a pass starts: a new
+worker, after a wait, after a takeover, or after a step's failure.
+
+:class:`RunDriver` runs a run's passes on the calling thread; :func:`after_step` continues a
+run from a step a worker claimed from its queue (its result carried into the run's pass).
 """
 
 from __future__ import annotations
 
-import functools
-import json
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from django.db import router
-from django.db.models import Model
-from django.db.models.base import ModelState
+from django.db import DatabaseError, router
 
 from django_leases import tracing
 from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings
@@ -51,20 +51,27 @@ from django_leases.exceptions import (
     WorkflowChildFailedError,
     WorkflowEventTimeout,
     WorkflowStepFailedError,
+    WorkflowStepSupersededError,
 )
 from django_leases.leases import HeldLease, new_holder
+from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
+from django_leases.models.workflow import ResultWithNext, Scheduled
 from django_leases.validation import (
-    check_backoff,
     check_identifier,
     check_json,
     check_name,
-    check_retries,
     error_json,
-    seconds,
     wait_seconds,
 )
-from django_leases.workflows.engine import StepRecorded, StepRun, record_step, run_step_function
-from django_leases.workflows.registry import check_priority, get_workflow, step_options
+from django_leases.workflows.engine import (
+    StepRecorded,
+    StepRun,
+    record_step,
+    retrying,
+    run_step_function,
+    superseded,
+)
+from django_leases.workflows.registry import get_workflow, step_declaration
 from django_leases.workflows.values import (
     STEP_FAILED,
     WORKFLOW_ERROR,
@@ -73,7 +80,9 @@ from django_leases.workflows.values import (
     NextStep,
     PassClaim,
     PassState,
+    PendingResult,
     RunStatus,
+    StepOptions,
     StepStatus,
     WaitKind,
     WaitStatus,
@@ -81,11 +90,9 @@ from django_leases.workflows.values import (
     run_lease_key,
 )
 
-if TYPE_CHECKING:
-    from django_leases.models.wait import WorkflowWait
-    from django_leases.models.workflow import WorkflowStep
-
 logger = logging.getLogger("django_leases.workflows")
+
+_T = TypeVar("_T")
 
 
 #: Seconds after which a pass that found the run lease taken is tried again.
@@ -98,69 +105,106 @@ def run_lease_ttl() -> float:
     return float(leases_settings.DEFAULT_TTL)
 
 
-# -- one pass -----------------------------------------------------------------------------------
-
-
-def _placed(function_name: str, priority: int | None, queue: str | None = None) -> tuple[str, int]:
-    """A new step's ``(queue, priority)``: its step function's declaration, ``priority`` and
-    ``queue`` (when given) overriding it."""
-    options = step_options(function_name)
-    return (
-        options.queue if queue is None else queue,
-        options.priority if priority is None else priority,
-    )
+# -- how a pass ends ----------------------------------------------------------------------------
 
 
 class _PassEnded(BaseException):
-    """Ends an orchestration pass at the first step that has not succeeded yet.
+    """Ends a pass where the run cannot go on now (a wait, a fan-out, a child run, a step not
+    finished or not run here). A ``BaseException``, so that a workflow's ``except
+    Exception:`` cannot swallow it.
 
-    A ``BaseException`` so a workflow's ``except Exception:`` cannot swallow it.
-    """
+    ``written``: the write that met the end also ended the pass (nothing more to write)."""
+
+    def __init__(self, *, written: bool = False) -> None:
+        super().__init__()
+        self.written = written
+
+
+class _StartOver(BaseException):
+    """Ends this pass and starts the run's next one at once, from ``state`` (the run as a
+    write left it: after a step's failure, say), under the same hold of the run lease."""
+
+    def __init__(self, state: PassState) -> None:
+        super().__init__()
+        self.state = state
+
+
+class _Quietly(BaseException):
+    """Ends the pass with nothing more written: ``outcome`` says why (``"superseded"``: the
+    fence refused the pass's write; ``"suspended"``, ``"not-running"``)."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+class _Interrupted(BaseException):
+    """A call of the library's own failed inside the workflow function (the database, or the
+    run lease lost): it ends the unit of work, never the run. ``error`` is what it raised."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+# -- one pass -----------------------------------------------------------------------------------
 
 
 class _Pass:
-    """One replay of a run: what it read, and the step it scheduled (and claimed)."""
+    """One pass of a run: the run and steps it read, the step result it has seen but not
+    written yet (:attr:`pending`), and how it ends."""
 
-    def __init__(
-        self,
-        state: PassState,
-        using: str,
-        claim_ttl: float | None,
-        *,
-        dry: bool = False,
-        queues: Sequence[str] = (),
-        keep_read: bool = False,
-    ) -> None:
+    def __init__(self, driver: RunDriver, state: PassState, pending: StepRun | None) -> None:
+        self.driver = driver
         self.run = state.run
-        #: The queues the caller takes steps of (empty: every queue).
-        self.queues = tuple(queues)
         self.steps = state.steps
-        self.using = using
-        #: Seconds of the step lease a scheduled step is claimed under (``None``: not claimed).
-        self.claim_ttl = claim_ttl
-        #: A dry pass writes nothing: it ends at the first step not succeeded yet.
-        self.dry = dry
+        self.using = driver.alias
+        #: A succeeded step whose result this pass carries, unwritten: written with the
+        #: pass's next write.
+        self.pending = pending
+        #: ``pass_requests`` as this pass last wrote or read it (``None``: unknown — a pass
+        #: was asked for meanwhile, which is then left due).
+        self.requests: int | None = state.run.pass_requests
         self.seen: set[str] = set()
-        #: When the wait this pass ended at needs the next pass (database clock).
+        #: When the wait the pass ended at needs the next pass (database clock).
         self.next_due: datetime | None = None
-        #: How many steps of the ``run.parallel`` this pass ended at are not finished: only
-        #: the result of the last of them asks for the next pass.
+        #: Steps of the ``run.parallel`` the pass ended at that are not finished.
         self.branches = 0
         self._waits: dict[str, WorkflowWait] | None = None
-        #: The step this pass scheduled and claimed for its driver, if any.
-        self.claim: Claim | None = None
-        #: Whether that claim also ended the pass.
-        self.pass_finished = False
-        #: The step a dry pass ended at, not created yet: what the workflow asks for next.
-        self.wanted: NextStep | None = None
-        #: The input and the steps' results and errors as this pass read them (JSON text),
-        #: for a dry pass after its step (the workflow may change what it was given in place):
-        #: kept when the pass may claim a step, or with ``keep_read``.
-        self.read: str | None = None
-        if claim_ttl is not None or keep_read:
-            self.read = json.dumps(
-                [self.run.input, {name: [s.result, s.error] for name, s in self.steps.items()}]
-            )
+
+    # -- the pending result --------------------------------------------------------------------
+
+    def pending_result(self) -> PendingResult | None:
+        """The pending step result as the writes take it (``None`` when there is none)."""
+        ran = self.pending
+        if ran is None:
+            return None
+        return PendingResult(ran.claim.step_id, ran.claim.attempt, ran.result)
+
+    def write(self, call: Callable[[PendingResult | None], _T]) -> _T:
+        """Make one write of the pass: ``call(pending)`` writes whatever it writes together
+        with the pending step result (if any), in one transaction. The pending result is
+        written once that returns. A write carrying a pending result is tried again after a
+        lost connection while that step's lease lasts (the fence makes it safe); a fence
+        failure ends the pass quietly; any other database error, or the run lease lost, ends
+        the unit of work (:class:`_Interrupted`)."""
+        self.driver.held_check()
+        pending = self.pending_result()
+        try:
+            if self.pending is None:
+                done = call(None)
+            else:
+                done = retrying(self.pending, lambda: call(pending))
+        except WorkflowStepSupersededError as exc:
+            if self.pending is not None:
+                superseded(self.pending.claim, exc)
+            raise _Quietly("superseded") from None
+        except DatabaseError as exc:
+            raise _Interrupted(exc) from exc
+        self.pending = None
+        return done
+
+    # -- what the workflow calls ---------------------------------------------------------------
 
     def see(self, name: str) -> None:
         """Note that the workflow used step or wait ``name`` in this pass (``ValueError``
@@ -169,206 +213,310 @@ class _Pass:
             raise ValueError(f"Step or wait name {name!r} is used twice in run {self.run.id}")
         self.seen.add(name)
 
+    def end(self, due_at: datetime | None = None, branches: int = 0) -> NoReturn:
+        """End the pass here; its next pass is due at ``due_at`` (``None``: only when
+        something asks for one — a step's result, an event, a child's end)."""
+        self.next_due, self.branches = due_at, branches
+        raise _PassEnded
+
     def waits(self) -> dict[str, WorkflowWait]:
         """The run's waits by name, read once per pass, on the first wait it reaches."""
-        from django_leases.models.wait import WorkflowWait
-
         if self._waits is None:
-            self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
+            try:
+                self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
+            except DatabaseError as exc:
+                raise _Interrupted(exc) from exc
         return self._waits
 
     def reach(self, name: str, kind: str, seconds: float | None = None) -> WorkflowWait:
-        """The wait ``name`` as recorded, recorded now if this is the first pass to reach it.
-        A dry pass ends at any wait (the ordinary pass that follows decides it for real)."""
-        from django_leases.models.wait import WorkflowWait
-
+        """The wait ``name`` as recorded; recorded now (with the pending result) if this is
+        the first pass to reach it."""
         self.see(name)
-        if self.dry:
-            raise _PassEnded
         waits = self.waits()
         wait = waits.get(name)
         if wait is None or wait.kind != kind or wait.reached_at is None:
             store = WorkflowWait.objects.db_manager(self.using)
-            wait = waits[name] = store.reach(self.run.id, name, kind, seconds=seconds)
+            wait = waits[name] = self.write(
+                lambda pending: store.reach(
+                    self.run.id, name, kind, seconds=seconds, pending=pending
+                )
+            )
         return wait
 
-    def wait_until(self, due_at: datetime | None) -> NoReturn:
-        """End the pass at a wait; the run's next pass is due at ``due_at`` (``None``: only
-        when something asks for one — an event sent, a child finished)."""
-        self.next_due = due_at
-        raise _PassEnded
+    def settled(self, wait: WorkflowWait) -> WorkflowWait:
+        """``wait`` with its outcome decided if its time is over (a sleep ended, an event
+        timed out), else as it is."""
+        if wait.status != WaitStatus.WAITING or not wait.is_over():
+            return wait
+        store = WorkflowWait.objects.db_manager(self.using)
+        return self.write(lambda pending: store.settle(wait, pending=pending))
 
     def sleep(self, name: str, seconds: float) -> None:
-        from django_leases.models.wait import WorkflowWait
-
-        wait = self.reach(name, WaitKind.SLEEP, seconds)
-        if wait.status == WaitStatus.WAITING and wait.is_over():
-            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        wait = self.settled(self.reach(name, WaitKind.SLEEP, seconds))
         if wait.status != WaitStatus.DONE:
-            self.wait_until(wait.due_at)
+            self.end(wait.due_at)
 
     def wait_for_event(self, name: str, timeout: float | None) -> Any:
-        from django_leases.models.wait import WorkflowWait
-
-        wait = self.reach(name, WaitKind.EVENT, timeout)
-        if wait.status == WaitStatus.WAITING and wait.is_over():
-            wait = WorkflowWait.objects.db_manager(self.using).settle(wait)
+        wait = self.settled(self.reach(name, WaitKind.EVENT, timeout))
         if wait.status == WaitStatus.DONE:
             return wait.payload
         if wait.status == WaitStatus.TIMED_OUT:
             raise WorkflowEventTimeout(name, timeout)
-        self.wait_until(wait.due_at)
+        self.end(wait.due_at)
+
+    def child(self, name: str, workflow: str, input: Any) -> Any:
+        self.see(name)
+        waits = self.waits()
+        wait = waits.get(name)
+        store = WorkflowWait.objects.db_manager(self.using)
+        if wait is None or wait.kind != WaitKind.CHILD or wait.child_id is None:
+            get_workflow(workflow)  # UnknownWorkflowError fails this run, starting nothing
+            wait = waits[name] = self.write(
+                lambda pending: store.start_child(
+                    self.run.id, name, workflow, input, pending=pending
+                )
+            )
+        elif wait.child is not None and wait.child.workflow != workflow:
+            store.start_child(self.run.id, name, workflow, input)  # raises ValueError
+        child = wait.child
+        if child is None:  # pruned from under its parent
+            raise WorkflowChildFailedError(name, None, "missing", "the child run was deleted")
+        if child.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+            if wait.status == WaitStatus.WAITING:
+                self.write(lambda pending: store.settle_child(wait, pending=pending))
+            if child.status == RunStatus.COMPLETED:
+                return child.output
+            raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
+        self.end()  # the child's end asks for the next pass
 
     def parallel(
-        self,
-        calls: list[tuple[str, str, Any]],
-        retries: int,
-        retry_delay: float,
-        priority: int | None = None,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
+        self, calls: list[tuple[str, str, Any]], options: StepOptions, priority: int | None
     ) -> list[Any]:
-        from django_leases.models.workflow import WorkflowStep
-
         for step_name, _, _ in calls:
             self.see(step_name)
         missing = [call for call in calls if call[0] not in self.steps]
         if missing:
-            if self.dry:
-                raise _PassEnded
             store = WorkflowStep.objects.db_manager(self.using)
-            placement = {name: _placed(function, priority) for name, function, _ in missing}
+            each = {name: _placed(function, options, priority) for name, function, _ in missing}
             self.steps.update(
-                store.schedule_many(
-                    self.run.id,
-                    missing,
-                    retries=retries,
-                    retry_delay=retry_delay,
-                    retry_backoff=retry_backoff,
-                    retry_delay_max=retry_delay_max,
-                    placement=placement,
+                self.write(
+                    lambda pending: store.schedule_many(
+                        self.run.id, missing, options_of=each, pending=pending
+                    )
                 )
             )
         results = []
         unfinished = 0
         for step_name, function_name, _ in calls:
             step = self.steps[step_name]
-            if step.function_name != function_name:
-                raise ValueError(
-                    f"Step {step_name!r} was recorded with step function "
-                    f"{step.function_name!r}; the workflow now asks for {function_name!r}"
-                )
-            if step.status == StepStatus.SUCCEEDED:
+            _same_function(step_name, step.function_name, function_name)
+            if self._carried(step_name):
+                results.append(self._carried_result())
+            elif step.status == StepStatus.SUCCEEDED:
                 results.append(step.result)
             elif step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
                 raise WorkflowStepFailedError(step_name, step.error)
             else:
                 unfinished += 1  # pending, scheduled, running, or failed with attempts left
         if unfinished:
-            self.branches = unfinished
-            raise _PassEnded
+            self.end(branches=unfinished)
         return results
 
-    def child(self, name: str, workflow: str, input: Any) -> Any:
-        from django_leases.models.wait import WorkflowWait
-
-        self.see(name)
-        if self.dry:
-            raise _PassEnded
-        waits = self.waits()
-        wait = waits.get(name)
-        store = WorkflowWait.objects.db_manager(self.using)
-        if wait is None or wait.kind != WaitKind.CHILD or wait.child_id is None:
-            get_workflow(workflow)  # UnknownWorkflowError fails this run, starting nothing
-            wait = waits[name] = store.start_child(self.run.id, name, workflow, input)
-        elif wait.child is not None and wait.child.workflow != workflow:
-            wait = store.start_child(self.run.id, name, workflow, input)  # raises ValueError
-        child = wait.child
-        if child is None:  # pruned from under its parent
-            raise WorkflowChildFailedError(name, None, "missing", "the child run was deleted")
-        if child.status == RunStatus.COMPLETED:
-            if wait.status == WaitStatus.WAITING:
-                store.settle_child(wait)
-            return child.output
-        if child.status in (RunStatus.FAILED, RunStatus.CANCELLED):
-            if wait.status == WaitStatus.WAITING:
-                store.settle_child(wait)
-            raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
-        self.wait_until(None)  # the child's end asks for the next pass
-
-    def step(
-        self,
-        step_name: str,
-        function_name: str,
-        data: Any,
-        retries: int,
-        retry_delay: float,
-        timeout: float | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        retry_backoff: float = 1.0,
-        retry_delay_max: float | None = None,
-    ) -> Any:
-        from django_leases.models.workflow import WorkflowStep
-
+    def step(self, step_name: str, function_name: str, data: Any, options: StepOptions) -> Any:
         self.see(step_name)
+        if self._carried(step_name):
+            assert self.pending is not None
+            _same_function(step_name, self.pending.claim.function_name, function_name)
+            return self._carried_result()
         step = self.steps.get(step_name)
-        if step is None:
-            queue, placed_priority = _placed(function_name, priority, queue)
-            if self.dry:
-                self.wanted = NextStep(
-                    step_name,
-                    function_name,
-                    data,
-                    retries,
-                    retry_delay,
-                    timeout,
-                    queue,
-                    placed_priority,
-                    retry_backoff,
-                    retry_delay_max,
-                )
-                raise _PassEnded
-            store = WorkflowStep.objects.db_manager(self.using)
-            args = (self.run.id, step_name, function_name, data)
-            if self.claim_ttl is None:
-                step = store.schedule(
-                    *args,
-                    retries=retries,
-                    retry_delay=retry_delay,
-                    retry_backoff=retry_backoff,
-                    retry_delay_max=retry_delay_max,
-                    timeout=timeout,
-                    queue=queue,
-                    priority=placed_priority,
-                )
-            else:
-                scheduled = store.schedule_claimed(
-                    *args,
-                    retries=retries,
-                    retry_delay=retry_delay,
-                    retry_backoff=retry_backoff,
-                    retry_delay_max=retry_delay_max,
-                    timeout=timeout,
-                    lease_ttl_seconds=self.claim_ttl,
-                    finish_pass=self.run.pass_requests,
-                    queue=queue,
-                    priority=placed_priority,
-                    queues=self.queues,
-                )
-                step, self.claim = scheduled.step, scheduled.claim
-                self.pass_finished = scheduled.pass_finished
-            self.steps[step_name] = step
-        if step.function_name != function_name:
-            raise ValueError(
-                f"Step {step_name!r} was recorded with step function {step.function_name!r}; "
-                f"the workflow now asks for {function_name!r}"
+        if step is not None:
+            _same_function(step_name, step.function_name, function_name)
+            if step.status == StepStatus.SUCCEEDED:
+                return step.result
+            if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+                raise WorkflowStepFailedError(step_name, step.error)
+            return self._run(self._reclaim(step))
+        return self._run(self._create(NextStep(step_name, function_name, data, options)))
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _carried(self, step_name: str) -> bool:
+        """Whether ``step_name`` is the step whose result this pass carries."""
+        return self.pending is not None and self.pending.claim.step_name == step_name
+
+    def _carried_result(self) -> Any:
+        """The carried result as the database will give it back (a copy: the workflow may
+        change what it is given, and the result is written later)."""
+        assert self.pending is not None
+        return WorkflowStep.objects.db_manager(self.using).stored_json(self.pending.result)
+
+    def _create(self, wanted: NextStep) -> Claim | None:
+        """Create step ``wanted`` with the pending result — claimed for this thread when it
+        may run it here — and return its claim; ``None``: created for other workers."""
+        store = WorkflowStep.objects.db_manager(self.using)
+        driver = self.driver
+        ttl = driver.step_lease_ttl if driver.keep_going() else None
+        if ttl is None:
+            step = self.write(
+                lambda pending: store.schedule_step(self.run.id, wanted, pending=pending)
             )
-        if step.status == StepStatus.SUCCEEDED:
-            return step.result
-        if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
-            raise WorkflowStepFailedError(step_name, step.error)
-        raise _PassEnded
+            self.steps[wanted.step_name] = step
+            self.end()
+        pending = self.pending
+        if pending is None:
+            first = self.write(
+                lambda _: store.schedule_claimed(
+                    self.run.id,
+                    wanted,
+                    lease_ttl_seconds=ttl,
+                    finish_pass=self._requests(),
+                    queues=driver.queues,
+                )
+            )
+            self.steps[wanted.step_name] = first.step
+            if first.claim is None:
+                self.end()
+            return first.claim
+        lease = driver.held.lease
+        claimant = claimant_name(
+            lease.holder, lease.token, pending.claim.step_id, pending.claim.attempt
+        )
+
+        def write(_: PendingResult | None) -> tuple[ResultWithNext | None, Scheduled | None]:
+            done = store.set_result_claiming_next(
+                pending.claim.step_id,
+                pending.result,
+                pending.claim.attempt,
+                next_step=wanted,
+                finish_pass=self._requests(),
+                lease_ttl_seconds=ttl,
+                hold_pass_seconds=driver.lease_ttl,
+                queues=driver.queues,
+                claimant=claimant,
+            )
+            if done.next is None and not done.write.written:
+                # A repeat: the first try committed and its reply was lost. The step it
+                # created is this thread's only if that write claimed it for this writer.
+                again = store.reclaim_created(
+                    self.run.id,
+                    wanted.step_name,
+                    lease=lease,
+                    lease_ttl_seconds=ttl,
+                    claimant=claimant,
+                )
+                return None, again
+            return done, done.next
+
+        done, scheduled = self.write(write)
+        if scheduled is None:
+            if done is not None and done.write.state is not None:
+                raise _StartOver(done.write.state)  # no step made: a fresh pass decides
+            # The run ended meanwhile, waits on other steps, or (after a lost reply) its next
+            # step is another worker's or will be taken over once its lease lapses.
+            raise _Quietly("waiting")
+        self.steps[wanted.step_name] = scheduled.step
+        self.requests = None if done is None else done.pass_requests
+        if scheduled.claim is None:  # for its queue's workers; the write ended the pass
+            raise _PassEnded(written=True)
+        return scheduled.claim
+
+    def _reclaim(self, step: WorkflowStep) -> Claim | None:
+        """A recorded step not finished (created for the queue, waiting out a retry delay,
+        running elsewhere): claimed for this thread if it is due and this worker may run it
+        here (and no result is pending: that is written first, as the pass ends)."""
+        driver = self.driver
+        ttl = driver.step_lease_ttl
+        if (
+            ttl is None
+            or self.pending is not None
+            or not driver.keep_going()
+            or (driver.queues and step.queue not in driver.queues)
+        ):
+            self.end()
+        store = WorkflowStep.objects.db_manager(self.using)
+        claim = self.write(
+            lambda _: store.claim_for_execution(
+                self.run.id, step.step_name, step.function_name, ttl
+            )
+        )
+        if claim is None:
+            self.end()
+        return claim
+
+    def _run(self, claim: Claim | None) -> Any:
+        """Run the claimed step here and hand its result to the workflow (carried,
+        unwritten, until the pass's next write); a failure is written at once and the run's
+        next pass starts from what that write left."""
+        if claim is None:
+            self.end()
+        logger.info(
+            "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
+        )
+        ran = run_step_function(claim)
+        if _storable(ran):  # else recorded below, as the attempt's failure
+            logger.info(
+                "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt
+            )
+            self.pending = ran
+            return self._carried_result()
+        try:
+            recorded = _record(ran, hold_pass_seconds=self.driver.lease_ttl)
+        except DatabaseError as exc:
+            raise _Interrupted(exc) from exc
+        if recorded.outcome in ("superseded", "suspended"):
+            raise _Quietly(recorded.outcome)
+        if recorded.state is None:
+            raise _Quietly("not-running")
+        raise _StartOver(recorded.state)
+
+    def _requests(self) -> int:
+        """``pass_requests`` as this pass knows it (``-1`` when unknown: nothing it writes
+        then ends a pass another caller asked for)."""
+        return -1 if self.requests is None else self.requests
+
+
+def _record(ran: StepRun, *, hold_pass_seconds: float | None = None) -> StepRecorded:
+    """:func:`record_step`, logged."""
+    claim = ran.claim
+    recorded = record_step(ran, hold_pass_seconds=hold_pass_seconds)
+    logger.info(
+        "Run %s: step %r attempt %d %s",
+        claim.run_id,
+        claim.step_name,
+        claim.attempt,
+        recorded.outcome,
+    )
+    return recorded
+
+
+def _storable(ran: StepRun) -> bool:
+    """Whether step ``ran`` returned a result that can be carried and stored (JSON); a
+    failure, or a result that is not JSON, is written on its own (the attempt's error)."""
+    if not ran.succeeded:
+        return False
+    try:
+        check_json(ran.result, "Step result")
+    except ValueError:
+        return False
+    return True
+
+
+def _placed(function_name: str, options: StepOptions, priority: int | None) -> StepOptions:
+    """``options`` for a step of ``function_name``: its step function's queue, and its
+    declared priority where the call gave none (``priority``)."""
+    declared = step_declaration(function_name)
+    return options.placed(declared.queue, declared.priority if priority is None else priority)
+
+
+def _same_function(step_name: str, recorded: str, asked: str) -> None:
+    if recorded != asked:
+        raise ValueError(
+            f"Step {step_name!r} was recorded with step function {recorded!r}; "
+            f"the workflow now asks for {asked!r}"
+        )
+
+
+# -- what the workflow function gets ------------------------------------------------------------
 
 
 class RunContext:
@@ -380,11 +528,11 @@ class RunContext:
         input: the run's JSON input (also passed as the second argument).
     """
 
-    def __init__(self, replay: _Pass) -> None:
-        self.id: uuid.UUID = replay.run.id
-        self.workflow: str = replay.run.workflow
-        self.input: Any = replay.run.input
-        self._pass = replay
+    def __init__(self, this: _Pass) -> None:
+        self.id: uuid.UUID = this.run.id
+        self.workflow: str = this.run.workflow
+        self.input: Any = this.run.input
+        self._pass = this
 
     def step(
         self,
@@ -400,11 +548,15 @@ class RunContext:
         priority: int | None = None,
         queue: str | None = None,
     ) -> Any:
-        """Run step ``step_name`` with step function ``function_name`` on JSON ``data``.
+        """Run step ``step_name`` with step function ``function_name`` on JSON ``data`` and
+        return its result.
 
-        Returns the step's recorded result once it succeeded. Otherwise the step is created
-        (on the first pass that reaches it) and the pass ends here; a worker runs it and the
-        run is replayed once it finishes. ``retries`` (int, 0 to 1000) allows ``retries + 1``
+        A step the run recorded as succeeded returns its recorded result. Otherwise the step
+        is created (on the first pass that reaches it) and, where this worker takes its queue
+        and the queue admits it, run here at once under its step lease; its result is
+        returned straight away and written with whatever the workflow does next. A step
+        another worker runs (another queue, a queue at its limit) ends the pass here; the run
+        goes on once it finished. ``retries`` (int, 0 to 1000) allows ``retries + 1``
         attempts. After attempt *n* fails, the next is due ``min(retry_delay *
         retry_backoff ** (n - 1), retry_delay_max)`` seconds later on the database clock:
         ``retry_delay`` in seconds (float, 0 to 86 400), ``retry_backoff`` a factor (float
@@ -426,27 +578,20 @@ class RunContext:
         """
         check_identifier(step_name, "Step name")
         check_identifier(function_name, "Step function name")
-        retries, retry_delay = check_retries(retries, retry_delay)
-        retry_backoff, retry_delay_max = check_backoff(retry_backoff, retry_delay_max)
         check_json(data, f"Data of step {step_name!r}")
-        if timeout is not None:
-            timeout = seconds(timeout, "Step timeout", above_minimum=True)
-        if priority is not None:
-            priority = check_priority(priority, "Step priority")
         if queue is not None:
             queue = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
-        return self._pass.step(
-            step_name,
-            function_name,
-            data,
-            retries,
-            retry_delay,
-            timeout,
-            priority,
-            queue,
+        declared = step_declaration(function_name)
+        options = StepOptions(
+            retries=retries,
+            retry_delay=retry_delay,
             retry_backoff=retry_backoff,
             retry_delay_max=retry_delay_max,
+            timeout=timeout,
+            queue=declared.queue if queue is None else queue,
+            priority=declared.priority if priority is None else priority,
         )
+        return self._pass.step(step_name, function_name, data, options)
 
     def parallel(
         self,
@@ -487,18 +632,14 @@ class RunContext:
             check_identifier(function_name, "Step function name")
             check_json(data, f"Data of step {step_name!r}")
             checked.append((step_name, function_name, data))
-        retries, retry_delay = check_retries(retries, retry_delay)
-        retry_backoff, retry_delay_max = check_backoff(retry_backoff, retry_delay_max)
-        if priority is not None:
-            priority = check_priority(priority, "Step priority")
-        return self._pass.parallel(
-            checked,
-            retries,
-            retry_delay,
-            priority,
+        options = StepOptions(
+            retries=retries,
+            retry_delay=retry_delay,
             retry_backoff=retry_backoff,
             retry_delay_max=retry_delay_max,
+            priority=0 if priority is None else priority,
         )
+        return self._pass.parallel(checked, options, priority)
 
     def child(self, name: str, workflow: str, input: Any = None) -> Any:
         """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that
@@ -557,208 +698,29 @@ class RunContext:
         return self._pass.wait_for_event(name, limit)
 
 
-@dataclass(frozen=True)
-class Replayed:
-    """What one pass came to: ``outcome`` (``"waiting"``, ``"completed"``, ``"failed"``,
-    ``"suspended"``, ``"not-running"``) and the pass itself (``None`` where no replay ran),
-    whose ``claim`` is the step it claimed for its driver."""
-
-    outcome: str
-    replay: _Pass | None = None
-
-    @property
-    def claim(self) -> Claim | None:
-        """The step claimed by the replayed pass (a :class:`Claim`), or ``None``."""
-        return None if self.replay is None else self.replay.claim
-
-
-def replay(
-    run_id: uuid.UUID | str,
-    using: str,
-    state: PassState | None,
-    claim_ttl: float | None,
-    queues: Sequence[str] = (),
-) -> Replayed:
-    """One pass of the run (the caller holds the run lease): replay its workflow from the
-    start on ``state`` (the run and its steps as just read; ``None``: read them here). With
-    ``claim_ttl`` (seconds), a step the pass schedules is claimed for the caller — only if
-    it is of one of ``queues`` (empty: every queue) and its queue admits it."""
-    from django_leases.models.workflow import WorkflowRun
-
-    runs = WorkflowRun.objects.db_manager(using)
-    if state is None:
-        state = runs.pass_state(run_id)
-    if state is None or state.run.status != RunStatus.RUNNING:
-        return Replayed("not-running")
-    run = state.run
-    try:
-        func = get_workflow(run.workflow)
-    except UnknownWorkflowError as exc:
-        logger.error("Run %s suspended: %s", run_id, exc)
-        runs.suspend(run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
-        return Replayed("suspended")
-    this = _Pass(state, using, claim_ttl, queues=queues)
-    try:
-        output = func(RunContext(this), run.input)
-    except _PassEnded:
-        if not this.pass_finished:
-            runs.finish_pass(run_id, run.pass_requests, this.next_due, this.branches)
-        return Replayed("waiting", this)
-    except WorkflowStepFailedError as exc:
-        logger.warning("Run %s failed: %s", run_id, exc)
-        runs.fail(
-            run_id,
-            {
-                "code": STEP_FAILED,
-                "message": str(exc),
-                "step_name": exc.step_name,
-                "step_error": exc.error,
-            },
-        )
-        return Replayed("failed", this)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit and the like from workflow code fail the run too
-        error = error_json(exc)
-        if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
-            error["exception_code"] = error.pop("code")
-        if not runs.fail(run_id, {"code": WORKFLOW_ERROR, **error}):
-            # Cancelled (or otherwise ended) while this pass ran: what it raised — a
-            # refused child start, say — is not the workflow failing.
-            logger.info("Run %s: no longer running; its pass ended (%s)", run_id, exc)
-            return Replayed("not-running", this)
-        logger.warning("Run %s failed: its workflow raised", run_id, exc_info=exc)
-        return Replayed("failed", this)
-    # A non-JSON output fails the run (``complete`` says so); a run cancelled meanwhile is
-    # not completed either: "failed", as before.
-    try:
-        check_json(output, "Workflow output")
-    except ValueError:
-        runs.complete(run_id, output)
-        return Replayed("failed", this)
-    return Replayed("completed" if runs.complete(run_id, output) else "failed", this)
-
-
-_M = TypeVar("_M", bound=Model)
-
-
-def _copied(instance: _M) -> _M:
-    """A shallow copy of model ``instance`` for a pass in memory: its field values, in a
-    new instance with a new ``ModelState`` (same database, not adding; no related objects
-    cached). ``copy.copy`` of a model goes through pickling (``Model.__reduce__``), about
-    five times the cost, and a dry pass copies every step of the run."""
-    cls = type(instance)
-    clone = cls.__new__(cls)
-    values = dict(instance.__dict__)
-    state = values["_state"] = ModelState()
-    state.db, state.adding = instance._state.db, instance._state.adding
-    clone.__dict__.update(values)
-    return clone
-
-
-@dataclass(frozen=True)
-class DryPass:
-    """What a dry pass came to (:func:`dry_replay`).
-
-    Attributes:
-        returned: the workflow returned JSON ``output``.
-        output: that output (``None`` unless ``returned``).
-        wanted: the step the workflow asked for next, not created yet
-            (:class:`~values.NextStep`), when that ended the pass; ``None`` when it ended
-            anywhere else (a parallel call, a wait, a child run, a step not succeeded) or
-            raised.
-    """
-
-    returned: bool = False
-    output: Any = None
-    wanted: NextStep | None = None
-
-
-def dry_replay(this: _Pass, step_name: str, result: Any) -> DryPass:
-    """Replay the run of pass ``this`` in memory as if step ``step_name`` had just succeeded
-    with ``result``, writing nothing: from what the pass read (``this.read``), with the result
-    as the database will give it back (``stored_json``), so the workflow sees what a pass
-    reading them would. Returns a :class:`DryPass`: the workflow's JSON output when it
-    returns, the step it asks for next when that is a new ``run.step``; anything else (it
-    raises, returns something not JSON, waits) the ordinary pass handles for real."""
-    from django_leases.models.workflow import WorkflowStep
-
-    if this.read is None:
-        return DryPass()
-    try:
-        check_json(result, "Step result")
-        func = get_workflow(this.run.workflow)
-    except (ValueError, UnknownWorkflowError):
-        return DryPass()
-    input, read = json.loads(this.read)
-    steps = {}
-    for name, recorded in this.steps.items():
-        step = steps[name] = _copied(recorded)
-        if name in read:
-            step.result, step.error = read[name]
-    step = steps[step_name]
-    step.status = StepStatus.SUCCEEDED
-    step.result = WorkflowStep.objects.db_manager(this.using).stored_json(result)
-    step.error = None
-    run = _copied(this.run)
-    run.input = input
-    dry = _Pass(PassState(run, steps), this.using, None, dry=True)
-    try:
-        output = func(RunContext(dry), input)
-        check_json(output, "Workflow output")
-    except _PassEnded:
-        return DryPass(wanted=dry.wanted)
-    except KeyboardInterrupt:
-        raise
-    except BaseException:
-        return DryPass()
-    return DryPass(returned=True, output=output)
-
-
-def _after(this: _Pass, step_name: str, stored: Any, step: WorkflowStep, requests: int) -> _Pass:
-    """The pass the driver holds once step ``step_name`` of pass ``this`` succeeded with the
-    ``stored`` result and the write that recorded it created the next step ``step`` (claimed
-    for the driver) and ended the pass at ``requests`` (``pass_requests``): what a pass
-    reading the run then would read, with its ``read`` for the next step's dry pass."""
-    input, read = json.loads(this.read or "[null, {}]")
-    read[step_name] = [stored, None]
-    # Pass ``this`` is over: the steps it did not change are the next pass's as they are
-    # (a pass never changes a step instance it read; a dry pass reads its own copies).
-    steps = dict(this.steps)
-    done = steps[step_name] = _copied(steps[step_name])
-    done.status, done.result, done.error = StepStatus.SUCCEEDED, stored, None
-    steps[step.step_name] = step
-    run = _copied(this.run)
-    run.pass_requests = requests
-    after = _Pass(PassState(run, steps), this.using, None, queues=this.queues)
-    after.read = json.dumps([input, read])
-    return after
-
-
 # -- the driver ---------------------------------------------------------------------------------
 
 
 class RunDriver:
-    """Drives one run on the calling thread under one hold of its run lease: its pass, the
-    step that pass schedules, the next pass, and so on.
+    """Runs one run's passes on the calling thread under one hold of its run lease: a pass,
+    the steps it runs inline, and the next pass when one starts over (after a step failed).
 
     Args:
         run_id: the run (``uuid.UUID`` or its text).
         using: database alias (default: the router's choice for ``WorkflowRun``).
-        step_lease_ttl: seconds of the step lease a step this driver schedules is claimed
-            under, for this thread to run at once; ``None``: steps are scheduled for the
-            queue and the drive ends after one pass.
+        step_lease_ttl: seconds of the step lease a step is claimed under to run inline;
+            ``None``: steps are created for the queue and the pass ends at the first.
         keep_going: while it answers true, steps are claimed and run here; once false (the
-            worker is stopping) no step is claimed and the next pass goes to the queue.
+            worker is stopping) a new step is created for the queue and the pass ends.
         picked: the pass claim that picked the run (its state spares the first pass a read;
             its run lease is held from there). ``None``: the lease is acquired here.
         chain: a completion also picks the next due run with its lease, for the caller to
             drive next (:attr:`next_pass`).
         queues: the queues whose steps this thread may claim (a worker's ``--queue``
-            names; empty: every queue). A step of another queue is scheduled for its workers.
+            names; empty: every queue). A step of another queue is created for its workers.
 
-    Should this thread die, nothing is lost: the step's lease lapses and the held pass becomes
-    due again, and other workers take them over by the ordinary rules.
+    Should this thread die, nothing is lost: the step's lease lapses, the pass becomes due
+    again, and other workers take them over by the ordinary rules.
     """
 
     def __init__(
@@ -772,8 +734,6 @@ class RunDriver:
         chain: bool = False,
         queues: Sequence[str] = (),
     ) -> None:
-        from django_leases.models.workflow import WorkflowRun
-
         self.run_id = run_id
         self.queues = tuple(queues)
         self.alias = using or router.db_for_write(WorkflowRun)
@@ -784,244 +744,224 @@ class RunDriver:
         self.lease_ttl = run_lease_ttl()
         #: The next due run a completion picked with its lease (with ``chain``).
         self.next_pass: PassClaim | None = None
-        self._state = None if picked is None else picked.state
-        self._completion_sent = False
-        #: The next step a result's write created and claimed for this thread, and the pass
-        #: it runs under: run next, without a pass of its own (:meth:`_claim_next`).
-        self._chained: tuple[_Pass, Claim] | None = None
-
-    def drive(self) -> str:
-        """Drive the run until it waits, ends, or the worker stops. Returns the last pass's
-        outcome (``"waiting"``, ``"completed"``, ``"failed"``, ``"suspended"``,
-        ``"not-running"``), the step's when that ended the drive (``"suspended"``,
-        ``"superseded"``), or ``"lease-taken"`` when the run lease was taken or lost (another
-        pass is then asked for about a second later; the run never fails for it)."""
-        key = run_lease_key(self.run_id)
-        picked = self.picked
-        holder = None if picked is None or picked.lease is None else picked.lease.holder
-        held = HeldLease(
-            key, self.lease_ttl, holder=holder, using=self.alias, deferred_renewal=True
+        self.held = HeldLease(
+            run_lease_key(run_id),
+            self.lease_ttl,
+            holder=None if picked is None or picked.lease is None else picked.lease.holder,
+            using=self.alias,
+            deferred_renewal=True,
         )
+        self._current: _Pass | None = None
+        self._completions = 0
+
+    def drive(self, carrying: StepRun | None = None) -> str:
+        """Run the run's passes until it waits, ends, or the worker stops. ``carrying``: a
+        step of the run this worker claimed from its queue and ran, whose result the first
+        pass carries (written with its next write); without the run lease it is written on
+        its own and the run asked for a pass.
+
+        Returns the last pass's outcome (``"waiting"``, ``"completed"``, ``"failed"``,
+        ``"suspended"``, ``"not-running"``, ``"superseded"``: a write's fence refused it), or
+        ``"lease-taken"`` when the run lease was taken or lost (another pass is then asked
+        for about a second later; the run never fails for it).
+
+        Raises:
+            DatabaseError: a statement of the library's own failed (the unit of work ends;
+                the run lease is released and the run asked for a pass first, when the
+                database still answers).
+        """
+        picked, held = self.picked, self.held
+        if carrying is not None and (picked is None or picked.lease is None):
+            return _record(carrying).outcome
         try:
             if picked is not None and picked.lease_refused:
-                raise LeaseTakenError(key)
+                raise LeaseTakenError(held.key)
             if picked is not None and picked.lease is not None:
                 held.adopt(picked.lease, picked.sent)
             else:
                 held.acquire()
-            try:
-                outcome = self._passes(held)
-            except BaseException:
-                held.finish(vouch=False)
-                raise
-            held.finish(vouch=True)
-            return outcome
         except (LeaseTakenError, LeaseLostError) as exc:
             return self._pass_later(exc)
-
-    def _passes(self, held: HeldLease) -> str:
-
-        while True:
-            try:
-                held.check()
-            except LeaseLostError:
-                # A step the last write claimed is this thread's by its own step lease (its
-                # result is fenced to its attempt): it is run, and its result written for any
-                # worker's pass, rather than left to lapse (which would spend an attempt).
-                if self._chained is not None:
-                    (_, claim), self._chained = self._chained, None
-                    record_step(run_step_function(claim))
-                raise
-            if self._chained is not None:
-                (this, claim), self._chained = self._chained, None
-            else:
-                claim_ttl = self.step_lease_ttl if self.keep_going() else None
-                attributes = {"workflow.run_id": self.run_id}
-                with tracing.span("django_leases.pass", **attributes) as span:
-                    replayed = replay(self.run_id, self.alias, self._state, claim_ttl, self.queues)
-                    span.set("workflow.outcome", replayed.outcome)
-                    if replayed.replay is not None:
-                        span.set("workflow.name", replayed.replay.run.workflow)
-                self._state = None
-                found = replayed.claim
-                if found is None or replayed.replay is None:
-                    return replayed.outcome
-                this, claim = replayed.replay, found
-            logger.info(
-                "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
-            )
-            ended = self._record(this, run_step_function(claim), held)
-            if ended is not None:
-                return ended
-
-    def _record(self, this: _Pass, ran: StepRun, held: HeldLease) -> str | None:
-        """Write what came of the step ``ran`` (claimed for this driver, or by its worker) as
-        the holder of the run lease: with the run's completion when a dry pass shows the
-        workflow returns, else taking the run's next pass for this thread. Returns how the
-        drive ends, or ``None`` to go on with the next pass (its state in ``_state``)."""
-        from django_leases.models.workflow import WorkflowRun
-
-        claim = ran.claim
-        recorded = record_step(
-            ran,
-            hold_pass_seconds=self.lease_ttl,
-            complete=functools.partial(self._complete, this, claim, held),
-        )
-        logger.info(
-            "Run %s: step %r attempt %d %s",
-            claim.run_id,
-            claim.step_name,
-            claim.attempt,
-            recorded.outcome,
-        )
-        if recorded.run_outcome is not None:  # the result completed the run with it
-            return recorded.run_outcome
-        if self._chained is not None:  # the write claimed the next step for this thread
-            return None
-        if recorded.outcome not in (StepStatus.SUCCEEDED, StepStatus.FAILED):
-            return recorded.outcome
-        if not recorded.pass_requested:  # not the last of its parallel siblings
-            return "waiting"
-        if not self.keep_going():
-            # Stopping: the pass the result took for this thread goes to the queue.
-            WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
-            return "waiting"
-        self._state = recorded.state
-        return None
-
-    def drive_from(self, ran: StepRun) -> str:
-        """Record the outcome of step ``ran``, which a worker claimed from the queue and ran
-        on this thread, and drive its run on from there: the result and the run's completion
-        in one write when the workflow returns with it (no pass follows), else the next pass
-        here. The driver's ``picked`` is :meth:`WorkflowRunQuerySet.take_pass`'s claim,
-        taken once the step ran; without its lease (the run lease was refused, or the run is
-        not running) the outcome is written the ordinary way, the pass due for any worker.
-        Returns what :meth:`drive` returns, or the step's outcome when written the ordinary
-        way."""
-        picked = self.picked
-        if picked is None or picked.lease is None:
-            return record_step(ran).outcome
-        key = run_lease_key(self.run_id)
-        held = HeldLease(
-            key,
-            self.lease_ttl,
-            holder=picked.lease.holder,
-            using=self.alias,
-            deferred_renewal=True,
-        )
-        self._state = None
         try:
-            held.adopt(picked.lease, picked.sent)
-            try:
-                this = _Pass(picked.state, self.alias, None, keep_read=True)
-                outcome = self._record(this, ran, held)
-                if outcome is None:
-                    outcome = self._passes(held)
-            except BaseException:
-                held.finish(vouch=False)
-                raise
+            outcome = self._passes(None if picked is None else picked.state, carrying)
+        except _Interrupted as stop:
+            return self._interrupted(stop)
+        except BaseException:
+            held.finish(vouch=False)
+            raise
+        try:
             held.finish(vouch=True)
-            return outcome
-        except (LeaseTakenError, LeaseLostError) as exc:
+        except LeaseLostError as exc:
             return self._pass_later(exc)
+        return outcome
 
-    def _complete(
-        self, this: _Pass, claim: Claim, held: HeldLease, result: Any
-    ) -> StepRecorded | None:
-        """The result and the run's completion in one write, when a dry pass with the result
-        shows the workflow returns; the result and the next step when it asks for a new one
-        (:meth:`_claim_next`); ``None`` sends the result the ordinary way."""
-        from django_leases.models.workflow import WorkflowStep
+    def _passes(self, state: PassState | None, carrying: StepRun | None) -> str:
+        runs = WorkflowRun.objects.db_manager(self.alias)
+        if carrying is not None and not _storable(carrying):
+            # Not JSON: the attempt's failure, written now; the pass starts from there.
+            recorded = _record(carrying, hold_pass_seconds=self.lease_ttl)
+            if recorded.state is None:
+                return recorded.outcome
+            state, carrying = recorded.state, None
+        while True:
+            self.held_check()
+            if state is None:
+                try:
+                    state = runs.pass_state(self.run_id)
+                except DatabaseError as exc:
+                    raise _Interrupted(exc) from exc
+            if state is None or state.run.status != RunStatus.RUNNING:
+                if carrying is not None:
+                    _record(carrying)
+                return "not-running"
+            try:
+                func = get_workflow(state.run.workflow)
+            except UnknownWorkflowError as exc:
+                logger.error("Run %s suspended: %s", self.run_id, exc)
+                if carrying is not None:
+                    _record(carrying)
+                runs.suspend(self.run_id, {"code": WORKFLOW_NOT_FOUND, "message": str(exc)})
+                return "suspended"
+            this = self._current = _Pass(self, state, carrying)
+            carrying = None
+            try:
+                with tracing.span("django_leases.pass", **{"workflow.run_id": self.run_id}) as span:
+                    span.set("workflow.name", state.run.workflow)
+                    outcome = self._one(this, func)
+                    span.set("workflow.outcome", outcome)
+                return outcome
+            except _StartOver as over:
+                state = over.state
 
-        self._chained = None
-        dry = dry_replay(this, claim.step_name, result)
-        if dry.wanted is not None:
-            return self._claim_next(this, claim, held, result, dry.wanted)
-        if not dry.returned:
-            return None
-        output = dry.output
-        # A retry (the first try's reply was lost: it may have committed, picking a run
-        # nobody would drive) picks nothing: that run is picked again once its lease lapses.
-        want_next = self.chain and self.keep_going() and not self._completion_sent
-        self._completion_sent = True
-        done = WorkflowStep.objects.db_manager(claim.using).set_result_completing_run(
-            claim.step_id,
-            result,
-            claim.attempt,
-            output=output,
-            lease=held.lease,
-            next_pass_holder=new_holder() if want_next else None,
-            next_pass_ttl=self.lease_ttl,
-        )
+    def _one(self, this: _Pass, func: Callable[..., Any]) -> str:
+        """Call the workflow function once, as pass ``this``, and write how it ended."""
+        runs = WorkflowRun.objects.db_manager(self.alias)
+        run_id = this.run.id
+        try:
+            try:
+                output = func(RunContext(this), this.run.input)
+            except _PassEnded as ended:
+                if not ended.written:
+                    this.write(
+                        lambda pending: runs.finish_pass(
+                            run_id, this._requests(), this.next_due, this.branches, pending=pending
+                        )
+                    )
+                return "waiting"
+            except (_StartOver, _Interrupted, KeyboardInterrupt):
+                raise
+            except _Quietly as quiet:
+                return quiet.outcome
+            except WorkflowStepFailedError as exc:
+                logger.warning("Run %s failed: %s", run_id, exc)
+                error = {
+                    "code": STEP_FAILED,
+                    "message": str(exc),
+                    "step_name": exc.step_name,
+                    "step_error": exc.error,
+                }
+                this.write(lambda pending: runs.fail(run_id, error, pending=pending))
+                return "failed"
+            except BaseException as exc:  # SystemExit and the like from workflow code too
+                error = error_json(exc)
+                if "code" in error:  # the exception's own ``code`` (e.g. SystemExit's status)
+                    error["exception_code"] = error.pop("code")
+                failed = this.write(
+                    lambda pending: runs.fail(
+                        run_id, {"code": WORKFLOW_ERROR, **error}, pending=pending
+                    )
+                )
+                if not failed:
+                    # Cancelled (or otherwise ended) while this pass ran: what it raised — a
+                    # refused child start, say — is not the workflow failing.
+                    logger.info("Run %s: no longer running; its pass ended (%s)", run_id, exc)
+                    return "not-running"
+                logger.warning("Run %s failed: its workflow raised", run_id, exc_info=exc)
+                return "failed"
+            return self._complete(this, output)
+        except _Quietly as quiet:
+            return quiet.outcome
+
+    def _complete(self, this: _Pass, output: Any) -> str:
+        """The workflow returned ``output``: complete the run. With a carried result, where
+        both are JSON, the result, the completion and the release of the run lease are one
+        write (a completion that also picks the next due pass with ``chain``)."""
+        runs = WorkflowRun.objects.db_manager(self.alias)
+        pending = this.pending
+        try:
+            check_json(output, "Workflow output")
+        except ValueError:
+            pending = None  # the run fails (as complete() says), with the result written
+        if pending is None:
+            completed = this.write(
+                lambda carried: runs.complete(this.run.id, output, pending=carried)
+            )
+            return "completed" if completed else "failed"
+        store = WorkflowStep.objects.db_manager(self.alias)
+        claim = pending.claim
+
+        def write(_: PendingResult | None) -> Any:
+            # A retry (the first try's reply was lost: it may have committed, picking a run
+            # nobody would drive) picks nothing: that run is picked again once its lease
+            # lapses.
+            self._completions += 1
+            first = self._completions == 1
+            return store.set_result_completing_run(
+                claim.step_id,
+                pending.result,
+                claim.attempt,
+                output=output,
+                lease=self.held.lease,
+                next_pass_holder=new_holder()
+                if self.chain and first and self.keep_going()
+                else None,
+                next_pass_ttl=self.lease_ttl,
+            )
+
+        done = this.write(write)
         if done.next_pass is not None:
             self.next_pass = done.next_pass
-        if not done.written:
-            return None
-        if done.lease_live is not None:
-            held.released_elsewhere(done.lease_live)
-        # A run no longer running was not completed: "failed", as a pass would say.
-        return StepRecorded(
-            StepStatus.SUCCEEDED, run_outcome="completed" if done.completed else "failed"
-        )
+        if done.written:
+            if done.lease_live is not None:
+                self.held.released_elsewhere(done.lease_live)
+            # A run no longer running was not completed: "failed", as a pass would say.
+            return "completed" if done.completed else "failed"
+        # Refused: a repeat of a write whose reply was lost, or the attempt superseded (the
+        # ordinary write says which, and logs a refusal).
+        if runs.filter(pk=this.run.id, status=RunStatus.COMPLETED).exists():
+            self.held.released_elsewhere(True)
+            return "completed"
+        return _record(pending).outcome
 
-    def _claim_next(
-        self, this: _Pass, claim: Claim, held: HeldLease, result: Any, wanted: NextStep
-    ) -> StepRecorded | None:
-        """The result, and the step the workflow asks for next (``wanted``, as a dry pass with
-        the result found) created and claimed for this thread, in one write: the pass the
-        result asks for is the dry pass, run already. The claimed step and the pass it runs
-        under go to :attr:`_chained`. ``None`` sends the result the ordinary way (the worker
-        is stopping, or this driver claims no steps, or the step is not valid: the ordinary
-        pass fails the run for it)."""
-        from django_leases.models.workflow import WorkflowStep
+    # -- helpers the pass calls ----------------------------------------------------------------
 
-        if self.step_lease_ttl is None or not self.keep_going():
-            return None
-        store = WorkflowStep.objects.db_manager(claim.using)
-        lease = held.lease
-        claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
+    def held_check(self) -> None:
+        """Raise :class:`_Interrupted` once the run lease is seen lost."""
         try:
-            done = store.set_result_claiming_next(
-                claim.step_id,
-                result,
-                claim.attempt,
-                next_step=wanted,
-                finish_pass=this.run.pass_requests,
-                lease_ttl_seconds=self.step_lease_ttl,
-                hold_pass_seconds=self.lease_ttl,
-                queues=self.queues,
-                claimant=claimant,
-            )
-        except ValueError:
-            return None
-        write, scheduled, requests = done.write, done.next, done.pass_requests
-        if scheduled is None and not write.written and held.acquired:
-            # A repeat: the first try committed (its reply was lost). The step it created is
-            # this thread's still if that write claimed it (its claim names ``claimant``),
-            # as long as the run lease is.
-            scheduled = store.reclaim_created(
-                claim.run_id,
-                wanted.step_name,
-                lease=lease,
-                lease_ttl_seconds=self.step_lease_ttl,
-                claimant=claimant,
-            )
-        if scheduled is None:
-            # No step created: the pass (taken for this thread when the run asked) runs for real.
-            return StepRecorded(write.status, write.state, pass_requested=write.pass_requested)
-        if scheduled.claim is not None:
-            stored = store.stored_json(result)
-            ended_at = -1 if requests is None else requests
-            after = _after(this, claim.step_name, stored, scheduled.step, ended_at)
-            self._chained = (after, scheduled.claim)
-        # Not claimed here (another queue's, or its queue at its limit): its workers run it.
-        return StepRecorded(write.status, pass_requested=scheduled.claim is not None)
+            self.held.check()
+        except LeaseLostError as exc:
+            raise _Interrupted(exc) from exc
+
+    def _interrupted(self, stop: _Interrupted) -> str:
+        """The unit of work ends: a carried result is written on its own (its run asked for
+        a pass), the run lease released and, the run lease being lost, another pass asked for
+        a second later; a database error is raised again for the worker to back off."""
+        this, self._current = self._current, None
+        if this is not None and this.pending is not None:
+            # Else its step lease lapses and another attempt runs the step.
+            with contextlib.suppress(DatabaseError):
+                _record(this.pending)
+        self.held.finish(vouch=False)
+        if isinstance(stop.error, LeaseLostError):
+            return self._pass_later(stop.error)
+        # The next pass is due now, not once the run lease would have lapsed.
+        with contextlib.suppress(DatabaseError):
+            WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
+        raise stop.error
 
     def _pass_later(self, exc: LeaseTakenError | LeaseLostError) -> str:
         """The run lease was taken, or lost: ask for another pass :data:`PASS_RETRY_DELAY`
         seconds later (never failing the run); returns ``"lease-taken"``."""
-        from django_leases.models.workflow import WorkflowRun
-
         if isinstance(exc, LeaseTakenError):
             logger.info(
                 "Run %s: its lease is taken; another pass in %.0f s", self.run_id, PASS_RETRY_DELAY
@@ -1038,63 +978,58 @@ def record_alone(
     *,
     chain: bool = False,
     next_step: tuple[float, Sequence[str] | None] | None = None,
-) -> tuple[StepRecorded, PassClaim | Claim | None]:
-    """Record the outcome of step ``ran`` — a result of the only step of its run, whose
-    workflow then returns ``output_of(run_id, result)`` (:func:`~django_leases.workflows.
-    registry.one_step_workflow`: a task's) — with the run's completion in one write that
-    takes the run lease only for that instant: no pass, no replay. Where that write does not
-    land (the fence refused it, or the result or output is not JSON) the outcome goes the
-    ordinary way (:func:`record_step`); where a pass holds the run lease, the result is
-    written and the run's pass asked for. ``chain``: the completion also picks the next due
-    run with its lease; ``next_step`` (``(step lease TTL in seconds, queues or None)``,
-    instead): it claims the next due step of those queues (neither when it is tried again
-    after a lost reply). Returns what :func:`record_step` returns, and the picked run's pass
-    claim or the claimed step (or ``None``)."""
-    from django_leases.models.workflow import WorkflowStep
-
+) -> tuple[str, PassClaim | Claim | None]:
+    """Record the result of step ``ran`` — the only step of its run, whose workflow then
+    returns ``output_of(run_id, result)`` (:func:`~django_leases.workflows.registry.
+    one_step_workflow`: a task's) — with the run's completion in one write that takes the run
+    lease only for that instant: no pass, no replay. Where that write does not land (the
+    fence refused it, or the result or output is not JSON) the result goes the ordinary way
+    (:func:`record_step`); where a pass holds the run lease, the result is written and the
+    run's pass asked for. ``chain``: the completion also picks the next due run with its
+    lease; ``next_step`` (``(step lease TTL in seconds, queues or None)``, instead): it
+    claims the next due step of those queues (neither when it is tried again after a lost
+    reply). Returns the outcome (``"completed"``, ``"failed"`` for a run no longer running,
+    ``"succeeded"`` when a pass was asked for, or what :func:`record_step` says) and the
+    picked run's pass claim or the claimed step (or ``None``)."""
     claim = ran.claim
-    picked: list[PassClaim | Claim] = []
+    try:
+        output = output_of(claim.run_id, ran.result)
+        check_json(ran.result, "Step result")
+        check_json(output, "Workflow output")
+    except ValueError:  # not JSON: the ordinary write says so
+        return _record(ran).outcome, None
+    store = WorkflowStep.objects.db_manager(claim.using)
     tries = 0
 
-    def complete(result: Any) -> StepRecorded | None:
+    def write() -> Any:
         nonlocal tries
         tries += 1
-        try:
-            output = output_of(claim.run_id, result)
-            done = WorkflowStep.objects.db_manager(claim.using).set_result_completing_run(
-                claim.step_id,
-                result,
-                claim.attempt,
-                output=output,
-                lease=None,
-                lease_holder=new_holder(),
-                next_pass_holder=new_holder() if chain and tries == 1 else None,
-                next_pass_ttl=run_lease_ttl(),
-                next_step_ttl=next_step[0] if next_step and tries == 1 else None,
-                next_step_queues=next_step[1] if next_step else None,
-            )
-        except ValueError:  # not JSON: the ordinary write says so
-            return None
-        if done.next_pass is not None:
-            picked.append(done.next_pass)
-        if done.next_step is not None:
-            picked.append(done.next_step)
-        if not done.written:
-            return None
-        if done.pass_asked:
-            return StepRecorded(StepStatus.SUCCEEDED)
-        # A run no longer running was not completed: "failed", as a pass would say.
-        return StepRecorded(
-            StepStatus.SUCCEEDED, run_outcome="completed" if done.completed else "failed"
+        return store.set_result_completing_run(
+            claim.step_id,
+            ran.result,
+            claim.attempt,
+            output=output,
+            lease=None,
+            lease_holder=new_holder(),
+            next_pass_holder=new_holder() if chain and tries == 1 else None,
+            next_pass_ttl=run_lease_ttl(),
+            next_step_ttl=next_step[0] if next_step and tries == 1 else None,
+            next_step_queues=next_step[1] if next_step else None,
         )
 
-    recorded = record_step(ran, complete=complete)
-    return recorded, (picked[0] if picked else None)
+    done = retrying(ran, write)
+    following = done.next_pass if done.next_pass is not None else done.next_step
+    if not done.written:
+        return _record(ran).outcome, following
+    if done.pass_asked:
+        return StepStatus.SUCCEEDED.value, following
+    # A run no longer running was not completed: "failed", as a pass would say.
+    return ("completed" if done.completed else "failed"), following
 
 
 def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
     """Run one orchestration pass of run ``run_id`` under the run lease ``workflow-run:<id>``,
-    scheduling the step it reaches for any worker (not running it here).
+    creating the step it reaches for any worker (not running it here).
 
     Returns what happened: ``"waiting"`` (a step is not finished yet), ``"completed"``,
     ``"failed"``, ``"suspended"`` (the workflow is not registered here: code
@@ -1106,12 +1041,9 @@ def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
 
 __all__ = [
     "PASS_RETRY_DELAY",
-    "Replayed",
     "RunContext",
     "RunDriver",
-    "dry_replay",
     "record_alone",
-    "replay",
     "run_lease_ttl",
     "run_pass",
 ]

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, router
 
@@ -35,6 +35,8 @@ from django_leases.workflows.registry import get_workflow
 from django_leases.workflows.values import Claim, PassState
 
 logger = logging.getLogger("django_leases.workflows")
+
+_T = TypeVar("_T")
 
 #: First pause before a fenced write that lost its connection is tried again, seconds.
 WRITE_RETRY_BACKOFF = 0.1
@@ -156,8 +158,6 @@ class StepRecorded:
             here: the run is suspended) or ``"superseded"`` (nothing written).
         state: with ``hold_pass_seconds``, the run and its steps as the write left them, for
             the pass the caller runs next (``None`` otherwise, or when the run is not running).
-        run_outcome: the run's outcome when the write also ended the run (a completion
-            statement): ``"completed"``, or ``"failed"`` for a run no longer running.
         pass_requested: the write asked the run for its next pass (with
             ``hold_pass_seconds``: taken for the caller, who runs it); ``False`` for a
             parallel step that was not the last of its siblings to finish, or a run no
@@ -166,7 +166,6 @@ class StepRecorded:
 
     outcome: str
     state: PassState | None = None
-    run_outcome: str | None = None
     pass_requested: bool = True
 
 
@@ -212,27 +211,18 @@ def run_step_function(claim: Claim) -> StepRun:
     return ran
 
 
-def record_step(
-    ran: StepRun,
-    *,
-    hold_pass_seconds: float | None = None,
-    complete: Callable[[Any], StepRecorded | None] | None = None,
-) -> StepRecorded:
-    """Write what came of a step, fenced to its attempt: the result (``set_result``), the
-    error (``set_error``), or, for a missing step function, the run's suspension with code
-    ``STEP_FUNCTION_NOT_FOUND``.
+def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> StepRecorded:
+    """Write what came of a step on its own, fenced to its attempt: the result
+    (``set_result``), the error (``set_error``), or, for a missing step function, the run's
+    suspension with code ``STEP_FUNCTION_NOT_FOUND``. The run is asked for a pass.
 
     ``hold_pass_seconds`` (seconds, the run lease's TTL): the caller runs the run's next pass
     itself; the write takes that pass for it instead of making it due for every worker, and
-    returns the run's state for it. ``complete(result)``: tried first for a result, it may
-    write the result together with the run's completion and return what it did; ``None``
-    sends the result the ordinary way.
+    returns the run's state for it.
 
     A write that loses its connection is tried again on a fresh one until the step lease's
-    local deadline (repeating it is safe: the fence refuses a superseded attempt, and a
-    write whose first try committed is recognised as recorded). A
-    :class:`WorkflowStepSupersededError` ends it quietly: a warning is logged, nothing is
-    written, and ``"superseded"`` is returned.
+    local deadline (:func:`retrying`). A :class:`WorkflowStepSupersededError` ends it
+    quietly: a warning is logged, nothing is written, and ``"superseded"`` is returned.
     """
     from django_leases.models.workflow import WorkflowStep
 
@@ -251,16 +241,12 @@ def record_step(
         if ran.failure is None:
 
             def write_result() -> StepRecorded:
-                if complete is not None:
-                    done = complete(ran.result)
-                    if done is not None:
-                        return done
                 wrote = store.set_result(
                     claim.step_id, ran.result, claim.attempt, hold_pass_seconds=hold_pass_seconds
                 )
                 return StepRecorded(wrote.status, wrote.state, pass_requested=wrote.pass_requested)
 
-            return _write_outcome(ran, write_result)
+            return retrying(ran, write_result)
         failure = ran.failure
 
         def write_error() -> StepRecorded:
@@ -269,9 +255,9 @@ def record_step(
             )
             return StepRecorded(wrote.status, wrote.state)
 
-        return _write_outcome(ran, write_error)
+        return retrying(ran, write_error)
     except WorkflowStepSupersededError as exc:
-        _superseded(claim, exc)
+        superseded(claim, exc)
         return StepRecorded("superseded")
 
 
@@ -284,12 +270,12 @@ def execute_step(claim: Claim, *, hold_pass_seconds: float | None = None) -> str
     return record_step(run_step_function(claim), hold_pass_seconds=hold_pass_seconds).outcome
 
 
-def _write_outcome(ran: StepRun, write: Callable[[], StepRecorded]) -> StepRecorded:
-    """Run the fenced write ``write``, reconnecting and trying again after a connection error
-    until the step lease's local deadline has passed; past it the error is raised (the lease
-    lapses and another attempt runs the step). A completion that also picked the next run
-    picks none when retried: the run a lost reply picked waits for its run lease to lapse,
-    as after a worker's death."""
+def retrying(ran: StepRun, write: Callable[[], _T]) -> _T:
+    """Run the write ``write`` fenced to step ``ran``'s attempt, reconnecting and trying
+    again after a connection error until the step lease's local deadline has passed; past it
+    the error is raised (the lease lapses and another attempt runs the step). Trying it again
+    is safe: the fence refuses a superseded attempt, and a write whose first try committed is
+    recognised as recorded. Returns what ``write`` returned."""
     claim = ran.claim
     deadline = ran.renewal.deadline if ran.renewal is not None else time.monotonic()
     backoff = WRITE_RETRY_BACKOFF
@@ -324,7 +310,9 @@ def _write_outcome(ran: StepRun, write: Callable[[], StepRecorded]) -> StepRecor
             backoff = min(backoff * 2, WRITE_RETRY_MAX_BACKOFF)
 
 
-def _superseded(claim: Claim, exc: WorkflowStepSupersededError) -> None:
+def superseded(claim: Claim, exc: WorkflowStepSupersededError) -> None:
+    """Log that ``claim``'s attempt was superseded (or stopped by a cancel): its outcome
+    was discarded."""
     if isinstance(exc, WorkflowStepCancelledError):
         why = "was stopped: its run was cancelled"
     else:
@@ -344,7 +332,9 @@ __all__ = [
     "StepRun",
     "execute_step",
     "record_step",
+    "retrying",
     "run_step_function",
     "send_event",
     "start_workflow",
+    "superseded",
 ]

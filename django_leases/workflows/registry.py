@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
-from django_leases.validation import check_name
+from django_leases.validation import check_name, check_priority
 from django_leases.workflows.schedules import (
     ScheduleDeclaration,
     declaration,
@@ -21,9 +21,8 @@ from django_leases.workflows.schedules import (
 )
 
 __all__ = [
-    "StepOptions",
+    "StepDeclaration",
     "UnknownWorkflowError",
-    "check_priority",
     "declared_schedules",
     "get_step_function",
     "get_workflow",
@@ -31,9 +30,9 @@ __all__ = [
     "one_step_workflow",
     "prune_problems",
     "schedule_problems",
+    "step_declaration",
     "step_function",
     "step_functions",
-    "step_options",
     "unregister_schedule",
     "workflow",
 ]
@@ -47,7 +46,7 @@ _schedules: dict[str, ScheduleDeclaration] = {}
 
 
 @dataclass(frozen=True)
-class StepOptions:
+class StepDeclaration:
     """What ``@step_function`` declared besides the callable: its ``queue`` (``str``) and
     default ``priority`` (``int``; higher is claimed first)."""
 
@@ -55,7 +54,7 @@ class StepOptions:
     priority: int = 0
 
 
-_step_options: dict[str, StepOptions] = {}
+_step_options: dict[str, StepDeclaration] = {}
 
 
 def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
@@ -221,16 +220,6 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     return [found[name] for name in sorted(found)], problems, prune_problems
 
 
-def check_priority(priority: object, what: str = "priority") -> int:
-    """A step priority: an ``int`` (not ``bool``) between -2**31 and 2**31-1; returns it.
-    Raises ``ValueError`` otherwise."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValueError(f"{what} must be an integer, not {priority!r}")
-    if not -(2**31) <= priority < 2**31:
-        raise ValueError(f"{what} must be between -2**31 and 2**31-1, not {priority}")
-    return priority
-
-
 def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Callable[[F], F]:
     """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str`` of 1–200
     characters); the decorator returns the function unchanged.
@@ -247,7 +236,7 @@ def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -
     function: step functions run synchronously (on worker threads).
     """
     check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
-    options = StepOptions(queue, check_priority(priority))
+    options = StepDeclaration(queue, check_priority(priority))
     register = _register(_step_functions, "step function", name)
 
     def decorate(func: F) -> F:
@@ -258,15 +247,15 @@ def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -
     return decorate
 
 
-def step_options(name: str) -> StepOptions:
-    """The :class:`StepOptions` step function ``name`` was declared with; the defaults
+def step_declaration(name: str) -> StepDeclaration:
+    """The :class:`StepDeclaration` step function ``name`` was declared with; the defaults
     (queue ``"default"``, priority 0) for a name no code registers."""
-    return _step_options.get(name, StepOptions())
+    return _step_options.get(name, StepDeclaration())
 
 
-def step_functions() -> dict[str, StepOptions]:
-    """Every registered step function's name and :class:`StepOptions` (a copy)."""
-    return {name: step_options(name) for name in _step_functions}
+def step_functions() -> dict[str, StepDeclaration]:
+    """Every registered step function's name and :class:`StepDeclaration` (a copy)."""
+    return {name: step_declaration(name) for name in _step_functions}
 
 
 def get_workflow(name: str) -> Callable[..., Any]:

@@ -1,6 +1,7 @@
 """The values the workflow layers pass each other: statuses, error codes and result types.
 
-A leaf module (it imports no model), so the models, the tuned statements
+A leaf module (it imports no model; only the settings' names and the checks of
+:mod:`django_leases.validation`), so the models, the tuned statements
 (:mod:`django_leases.workflows.sql`), the driver and the engine all speak the same words.
 :mod:`django_leases.models` re-exports the statuses.
 """
@@ -9,11 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.validation import (
+    check_backoff,
+    check_name,
+    check_priority,
+    check_retries,
+    check_step_timeout,
+)
 
 if TYPE_CHECKING:  # for annotations only: this module imports no model
     from django_leases.models import Lease, WorkflowRun, WorkflowStep
@@ -216,22 +226,87 @@ class StepWrite:
 
 
 @dataclass(frozen=True)
+class StepOptions:
+    """How a step runs, recorded with it when it is created (DESIGN §5, §5b): one value that
+    ``run.step``, the store's writes and the tuned statements all take.
+
+    Attributes:
+        retries: attempts after the first (``int``, 0 to 1000): at most ``retries + 1``.
+        retry_delay: seconds before the first retry (``float``, 0 to 86 400).
+        retry_backoff: the factor each later retry delay is multiplied by (``float`` ≥ 1;
+            1.0: every delay is ``retry_delay``).
+        retry_delay_max: seconds no retry delay exceeds (``float``, 0 to 86 400; ``None``:
+            one day).
+        timeout: seconds an attempt may run before it is failed (``float`` > 0; ``None``:
+            no limit).
+        queue: the queue the step is claimed from (a name of 1–200 characters).
+        priority: higher is claimed first (``int`` of 32 bits; first due first within one).
+
+    Every value is checked (and numbers made ``float``) when the options are made: a bad
+    one is a ``ValueError`` naming it.
+    """
+
+    retries: int = 5
+    retry_delay: float = 0.0
+    retry_backoff: float = 1.0
+    retry_delay_max: float | None = None
+    timeout: float | None = None
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        retries, retry_delay = check_retries(self.retries, self.retry_delay)
+        retry_backoff, retry_delay_max = check_backoff(self.retry_backoff, self.retry_delay_max)
+        checked = {
+            "retries": retries,
+            "retry_delay": retry_delay,
+            "retry_backoff": retry_backoff,
+            "retry_delay_max": retry_delay_max,
+            "timeout": check_step_timeout(self.timeout),
+            "queue": check_name(self.queue, "A queue name", max_length=MAX_QUEUE_LENGTH),
+            "priority": check_priority(self.priority, "Step priority"),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def placed(self, queue: str, priority: int) -> StepOptions:
+        """These options with the step's ``queue`` and ``priority`` (its step function's
+        declaration, or the call's)."""
+        return replace(self, queue=queue, priority=priority)
+
+    def one_statement(self, limited: bool) -> bool:
+        """Whether the tuned statements that insert a step already claimed may write it:
+        they set no deadline, write the columns' defaults for queue and priority and enforce
+        no queue limit — so only a step of the default queue, with no timeout, priority 0,
+        whose queue has no limits (``limited``: whether it has any)."""
+        return (
+            self.timeout is None
+            and self.queue == DEFAULT_QUEUE
+            and self.priority == 0
+            and not limited
+        )
+
+
+@dataclass(frozen=True)
 class NextStep:
     """A step a workflow asks for (``run.step``), as it is to be created: ``step_name``,
-    ``function_name``, JSON ``data``, ``retries``, ``retry_delay`` (seconds), ``timeout``
-    (seconds or ``None``), ``queue`` and ``priority`` (its step function's, or the call's),
-    ``retry_backoff`` and ``retry_delay_max`` (seconds or ``None``)."""
+    ``function_name``, JSON ``data`` and its :class:`StepOptions`."""
 
     step_name: str
     function_name: str
     data: Any
-    retries: int = 5
-    retry_delay: float = 0.0
-    timeout: float | None = None
-    queue: str = "default"
-    priority: int = 0
-    retry_backoff: float = 1.0
-    retry_delay_max: float | None = None
+    options: StepOptions = field(default_factory=StepOptions)
+
+
+@dataclass(frozen=True)
+class PendingResult:
+    """A step attempt's result that a pass has handed to its workflow and not written yet
+    (DESIGN §5: deferred recording): ``step_id``, the fencing ``attempt`` and the JSON
+    ``result``. The write that records what the workflow does next writes it too."""
+
+    step_id: int
+    attempt: int
+    result: Any = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -296,6 +371,7 @@ TASK_STEP = "task"
 
 __all__ = [
     "FINISHED_RUN_STATUSES",
+    "MAX_CLAIMANT_LENGTH",
     "RUN_CANCELLED",
     "RUN_LEASE_PREFIX",
     "STEP_FAILED",
@@ -315,12 +391,15 @@ __all__ = [
     "NextStep",
     "PassClaim",
     "PassState",
+    "PendingResult",
     "RunChange",
     "RunCompletion",
     "RunStatus",
+    "StepOptions",
     "StepStatus",
     "StepWrite",
     "WaitKind",
     "WaitStatus",
+    "claimant_name",
     "run_lease_key",
 ]

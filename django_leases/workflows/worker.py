@@ -579,14 +579,15 @@ class Worker:
         return True
 
     def _run_claimed(self, alias: str, claim: Claim) -> Claim | PassClaim | None:
-        """Run claimed step ``claim`` and record its outcome; returns what this thread does
-        next: a step or a pass the write of its result claimed, else ``None``."""
+        """Run claimed step ``claim`` and write what came of it; returns what this thread does
+        next: a step or a pass the write claimed, else ``None``. A result of a run's only
+        step whose workflow returns it (a task's) completes the run in the same write; any
+        other result is carried into the run's pass, which this thread runs (its lease taken
+        now); a failure, or a result while stopping, is written on its own."""
         from django_leases.models.workflow import WorkflowRun
 
         ran = run_step_function(claim)
-        if self._stop.is_set() or ran.failure is not None or ran.missing:
-            # Stopping, or not a result: the outcome goes the ordinary way, and the pass it
-            # asks for to the queue.
+        if self._stop.is_set() or not ran.succeeded:
             outcome = record_step(ran).outcome
             logger.info(
                 "Run %s: step %r attempt %d %s",
@@ -598,34 +599,29 @@ class Worker:
             return None
         output_of = one_step_output(claim.run_workflow, claim.step_name)
         if output_of is not None:
-            # The run's only step, whose result gives the workflow's output (a task's): the
-            # result and the run's completion in one write, no pass. Where the next unit is
-            # a step (steps are what is due), that write claims it too.
+            # Where the next unit is a step (steps are what is due), the write claims it too.
             if not self._stop.is_set() and self._steps_first(on_steps=True):
-                recorded, following = record_alone(
+                outcome, following = record_alone(
                     ran, output_of, next_step=(self.step_lease_ttl, self.queues)
                 )
             else:
-                recorded, following = record_alone(ran, output_of, chain=self._may_chain())
+                outcome, following = record_alone(ran, output_of, chain=self._may_chain())
             logger.info(
                 "Run %s: step %r attempt %d %s",
                 claim.run_id,
                 claim.step_name,
                 claim.attempt,
-                recorded.run_outcome or recorded.outcome,
+                outcome,
             )
             self._claimed_here.on_steps = following is None
             if following is not None:
                 self.wake.wake_if_waiting()  # there may be more: an idle thread looks too
             return following
-        # A result: this thread takes the run's lease and pass first, so that the result
-        # can complete the run in the same write (a run's last step) and otherwise the
-        # next pass runs here.
         picked = WorkflowRun.objects.db_manager(alias).take_pass(
             claim.run_id, run_lease_ttl(), new_holder()
         )
         driver = self._driver(claim.run_id, picked, chain=self._may_chain())
-        logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive_from(ran))
+        logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive(carrying=ran))
         if driver.next_pass is None:
             self._claimed_here.on_steps = True
         return driver.next_pass
