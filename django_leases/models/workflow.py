@@ -25,6 +25,7 @@ worker's three hot statements run as PL/pgSQL functions that the migrations inst
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -33,9 +34,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypedDict, TypeVar
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
 
@@ -211,14 +212,72 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
 
 _calls: dict[tuple[str, str], str] = {}
 
+#: Aliases on which a function of this code's was found missing (for the life of the
+#: process): their workers take the portable path from then on.
+_without_functions: set[str] = set()
 
-def _call(connection: BaseDatabaseWrapper, short: str) -> str:
-    """The statement calling function ``short`` on ``connection`` (built once per alias)."""
+#: SQLSTATE of "function … does not exist" (undefined_function).
+_UNDEFINED_FUNCTION = "42883"
+
+
+class _FunctionsGone(Exception):
+    """A function call found its function missing: the method runs again, portably."""
+
+
+def _functions(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the tuned path's functions are called on ``connection``: the tuned path is on
+    (PostgreSQL), and none of them was found missing in this process."""
+    return db.tuned(connection, "postgresql") and connection.alias not in _without_functions
+
+
+def _call_row(connection: BaseDatabaseWrapper, short: str, args: Sequence[Any]) -> Any:
+    """Call function ``short`` with ``args`` on ``connection`` and return its one row (or
+    ``None``). A function that does not exist (dropped, or of another version than this
+    code's: a rolling deploy ran a newer release's migrations) is not an error of the unit of
+    work: the alias goes portable for the rest of the process, a warning says so once, and
+    :class:`_FunctionsGone` has the method run again the portable way (the call was the
+    method's first statement, outside any transaction)."""
     key = (connection.alias, short)
-    found = _calls.get(key)
-    if found is None:
-        found = _calls[key] = functions(connection)[short].call()
-    return found
+    call = _calls.get(key)
+    if call is None:
+        call = _calls[key] = functions(connection)[short].call()
+    try:
+        with db.cursor(connection) as cursor:
+            return cursor.execute(call, args).fetchone()
+    except DatabaseError as exc:
+        cause = exc.__cause__
+        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if state != _UNDEFINED_FUNCTION or connection.in_atomic_block:
+            raise
+        if connection.alias not in _without_functions:
+            _without_functions.add(connection.alias)
+            logger.warning(
+                "Database %r lacks the workflow function %s of this version (%s): this "
+                "process takes the portable path from now on (a statement or a few more per "
+                "unit of work). Run 'manage.py migrate' where this version is deployed.",
+                connection.alias,
+                functions(connection)[short].name,
+                exc,
+            )
+        raise _FunctionsGone(short) from exc
+
+
+_R = TypeVar("_R")
+_P = ParamSpec("_P")
+
+
+def _falls_back(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` again when a function it called was missing (:func:`_call_row`): the
+    second time, on the portable path."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except _FunctionsGone:
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def _live() -> ExpressionWrapper[Q]:
@@ -276,7 +335,7 @@ def _claims_in_one(
 ) -> bool:
     """Whether a claim of a due step of queues ``taken`` (empty: every queue) is the tuned
     one statement: PostgreSQL, and no queue of ``limits`` it may take has limits."""
-    if not db.tuned(connection, "postgresql"):
+    if not _functions(connection):
         return False
     limited = {name for name, queue in limits.items() if queue.limited}
     return not (limited & set(taken or limits))
@@ -603,6 +662,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         with transaction.atomic(using=alias):
             return bool(request_passes(alias, Q(pk=run_id), delay))
 
+    @_falls_back
     def claim_due_pass(self, ttl: float, lease_holder: str | None = None) -> PassClaim | None:
         """Pick one running run whose pass is due (``pass_due_at <= DB now``), with its run
         lease ``workflow-run:<id>`` for ``lease_holder``; ``None`` when no pass is due.
@@ -623,9 +683,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         alias = self.write_alias()
         connection = connections[alias]
         sent = time.monotonic()
-        if lease_holder is not None and db.tuned(connection, "postgresql"):
-            with db.cursor(connection) as cursor:
-                row = cursor.execute(_call(connection, "pick_pass"), [ttl, lease_holder]).fetchone()
+        if lease_holder is not None and _functions(connection):
+            row = _call_row(connection, "pick_pass", [ttl, lease_holder])
             return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
         return self._claim_due_pass_portably(alias, ttl, lease_holder, sent)
 
@@ -671,6 +730,7 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
             sent=sent,
         )
 
+    @_falls_back
     def take_pass(self, run_id: uuid.UUID | str, ttl: float, lease_holder: str) -> PassClaim | None:
         """Take the pass of running run ``run_id`` for a worker that has just run one of its
         steps (before it writes the result, so that it can write the run's completion with
@@ -690,11 +750,8 @@ class WorkflowRunQuerySet(db.RoutedQuerySet["WorkflowRun"]):
         connection = connections[alias]
         pk = parse_run_id(run_id)
         sent = time.monotonic()
-        if db.tuned(connection, "postgresql"):
-            with db.cursor(connection) as cursor:
-                row = cursor.execute(
-                    _call(connection, "take_pass"), [pk, ttl, lease_holder]
-                ).fetchone()
+        if _functions(connection):
+            row = _call_row(connection, "take_pass", [pk, ttl, lease_holder])
             return None if row is None else _pass_claim(alias, row, lease_holder, sent, connection)
         if not self.rows().filter(pk=pk, status=RunStatus.RUNNING, branches_left__lte=1).exists():
             return None
@@ -1280,7 +1337,7 @@ def _insert_params(step: NextStep, ttl: float) -> list[Any]:
 def _in_one_statement(connection: BaseDatabaseWrapper, options: StepOptions) -> bool:
     """Whether a step with ``options`` is inserted claimed by a tuned statement here
     (:meth:`~values.StepOptions.one_statement`, on PostgreSQL with the tuned path on)."""
-    if not db.tuned(connection, "postgresql"):
+    if not _functions(connection):
         return False
     limits = queue_limits().get(options.queue)
     return options.one_statement(limited=limits is not None and limits.limited)
@@ -1580,6 +1637,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             )
         return row, created
 
+    @_falls_back
     def schedule_claimed(
         self,
         run_id: uuid.UUID | str,
@@ -1633,11 +1691,11 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 finished = runs.finish_pass(run_id, finish_pass)
             return dataclasses.replace(scheduled, pass_finished=finished)
         run_id = parse_run_id(run_id)
-        with db.cursor(connection) as cursor:
-            found = cursor.execute(
-                _call(connection, "insert_claimed"),
-                [run_id, *_insert_params(step, ttl), finish_pass, claimant],
-            ).fetchone()
+        found = _call_row(
+            connection,
+            "insert_claimed",
+            [run_id, *_insert_params(step, ttl), finish_pass, claimant],
+        )
         if found is None or found[0] is None:  # it exists, or the run is not running
             row, created = self._schedule(run_id, step)
             return Scheduled(row, None, created=created)
@@ -1720,6 +1778,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 )
             return self._claim_locked(alias, step, ttl, sent, claimant=claimant)
 
+    @_falls_back
     def claim_due(
         self, lease_ttl_seconds: float, *, queues: Sequence[str] | None = None
     ) -> Claim | None:
@@ -1837,10 +1896,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
         (nothing was claimed: the portable path decides it), else the claim or ``None``."""
         sent = time.monotonic()
-        with db.cursor(connection) as cursor:
-            row = cursor.execute(
-                _call(connection, "claim_step"), [ttl, list(queues) or None]
-            ).fetchone()
+        row = _call_row(connection, "claim_step", [ttl, list(queues) or None])
         return _claim_from_row(connection.alias, row, ttl, sent)
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
@@ -2158,6 +2214,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         state = WorkflowRun.objects.db_manager(alias).pass_state(run_id)
         return state if state is not None and state.run.status == RunStatus.RUNNING else None
 
+    @_falls_back
     def set_result_claiming_next(
         self,
         step_id: int,
@@ -2231,19 +2288,19 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 alias, step_id, result, attempt, next_step, finish_pass, ttl, hold, queues, claimant
             )
         sent = time.monotonic()
-        with db.cursor(connection) as cursor:
-            row = cursor.execute(
-                _call(connection, "set_result_claiming_next"),
-                [
-                    step_id,
-                    json.dumps(result),
-                    attempt,
-                    hold,
-                    *_insert_params(next_step, ttl),
-                    finish_pass,
-                    claimant,
-                ],
-            ).fetchone()
+        row = _call_row(
+            connection,
+            "set_result_claiming_next",
+            [
+                step_id,
+                json.dumps(result),
+                attempt,
+                hold,
+                *_insert_params(next_step, ttl),
+                finish_pass,
+                claimant,
+            ],
+        )
         if row[2] is not None:
             faults.reached(
                 "workflow.next-step-written", run_id=row[1], step_name=next_step.step_name
@@ -2390,6 +2447,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         )
         return Scheduled(step, claim, False)
 
+    @_falls_back
     def set_result_completing_run(
         self,
         step_id: int,
@@ -2458,7 +2516,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             and isinstance(held, str)
             and _claims_in_one(connection, queue_limits(), taken)
         )
-        if not db.tuned(connection, "postgresql"):
+        if not _functions(connection):
             done = self._complete_run_portably(
                 alias,
                 step_id,
@@ -2518,8 +2576,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             args += [next_pass_holder, next_ttl]
             short = "complete_run_picking"
         sent = time.monotonic()
-        with db.cursor(connection) as cursor:
-            row = cursor.execute(_call(connection, short), args).fetchone()
+        row = _call_row(connection, short, args)
         width = sql.COMPLETION_COLUMNS
         next_pass = None
         if next_pass_holder is not None and row[width] is not None:
@@ -2573,8 +2630,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             args += [claim, list(queues) or None]
             short = "complete_run_alone_claiming"
         sent = time.monotonic()
-        with db.cursor(connection) as cursor:
-            row = cursor.execute(_call(connection, short), args).fetchone()
+        row = _call_row(connection, short, args)
         width = sql.ALONE_COLUMNS
         lease_width = len(sql.LEASE_TYPES)
         next_pass = next_step = None
