@@ -55,6 +55,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonR
 from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowFunctionsMissing
+from django_leases.models.worker import WorkflowWorker
 from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.validation import seconds
 
@@ -336,7 +337,6 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     overdue_steps = steps.filter(
         _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
     )
-    from django_leases.models.worker import WorkflowWorker
 
     alive = list(
         WorkflowWorker.objects.db_manager(router.db_for_write(WorkflowWorker))

@@ -31,7 +31,10 @@ from django.db import DatabaseError, router
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from django_leases import renewal, signals
+from django_leases.models.worker import WorkflowWorker
+from django_leases.models.workflow import WorkflowRun, WorkflowStep
 from django_leases.triggers.registry import get_declaration
+from django_leases.workflows.values import RunStatus, StepStatus
 
 #: The ``source`` label of a delivery refused for a name no source declares.
 UNDECLARED = "(undeclared)"
@@ -154,10 +157,6 @@ if prometheus_client is not None:
 
         def collect(self) -> Iterator[GaugeMetricFamily]:
             from django.db.models import Count
-
-            from django_leases.models.worker import WorkflowWorker
-            from django_leases.models.workflow import WorkflowRun, WorkflowStep
-            from django_leases.workflows.values import RunStatus, StepStatus
 
             runs = GaugeMetricFamily(
                 f"{PREFIX}_runs", "Runs by status (not finished)", labels=["status"]

@@ -52,6 +52,7 @@ from django_leases.exceptions import (
     TaskAttemptError,
     WorkflowStepFailedError,
 )
+from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from django_leases.tasks_api import (
     BaseTaskBackend,
     InvalidTask,
@@ -211,7 +212,6 @@ class TaskBackend(BaseTaskBackend):
         """
         self.validate_task(task)
         self._check_open_queue(task)
-        from django_leases.models.workflow import WorkflowRun
 
         alias = router.db_for_write(WorkflowRun)
         args_json, kwargs_json = _json_arguments(task, args, kwargs, alias)
@@ -269,8 +269,6 @@ class TaskBackend(BaseTaskBackend):
         Raises:
             TaskResultDoesNotExist: no task of that id (or not a valid id).
         """
-        from django_leases.models.workflow import WorkflowRun
-
         try:
             pk = uuid.UUID(str(result_id))
         except ValueError:
@@ -379,8 +377,6 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     the worker id) when the task raises or returns a value that is not JSON, or cannot be
     imported (its path names no task now, or its backend left ``TASKS``).
     """
-    from django_leases.models.workflow import WorkflowRun
-
     worker_id = worker_identity()
     try:
         backend = task_backends[data["backend"]]
@@ -465,8 +461,6 @@ def _task_finished(
     anywhere) is looked up. A run completed after a first attempt that ran on this thread
     (and was its last) is told from that attempt's live result and its end: read back by
     the write that completed it (``finished_at``), else in one query."""
-    from django_leases.models.workflow import WorkflowRun, WorkflowStepAttempt
-
     if signal is not signals.run_cancelled and not _was_ending_here(run_id):
         return
     live = _was_started_here(run_id)
@@ -557,8 +551,6 @@ def _result_of(
 ) -> TaskResult[Any, Any]:
     """The ``TaskResult`` of task run ``run`` as stored; ``running=(attempt, worker_id)``:
     as the worker running that attempt sees it (``RUNNING``, ``attempt`` worker ids)."""
-    from django_leases.models.workflow import WorkflowStepAttempt
-
     data = run.input
     step = run.steps.filter(step_name=TASK_STEP).first()
     rows = (
@@ -657,8 +649,6 @@ def _json_value(value: Any, what: str, alias: str) -> Any:
     to read back exactly as written from database ``alias`` once stored (PostgreSQL's
     ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``); raises
     :class:`TaskArgumentsError`."""
-    from django_leases.models.workflow import WorkflowStep
-
     try:
         normal = normalize_json(value)
         check_json(normal, what)

@@ -57,7 +57,6 @@ from django_leases.models.lease import (
     released_grant_sql,
 )
 from django_leases.models.queue import Admission, WorkflowQueue
-from django_leases.renewal import Renewal
 from django_leases.signals import lease_acquired, lease_released
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -99,6 +98,7 @@ from django_leases.workflows.values import (
     StepOptions,
     StepStatus,
     StepWrite,
+    nothing_owed,
     run_lease_key,
 )
 
@@ -294,40 +294,16 @@ def _due() -> ExpressionWrapper[Q]:
     return ExpressionWrapper(_due_q(), output_field=BooleanField())
 
 
-def step_lease_renewal(claim: Claim) -> Renewal:
-    """The renewal of ``claim``'s step lease (a :class:`~django_leases.renewal.Renewal`, not
-    started): every TTL/3 from ``claim.claimed_at``, fenced to ``claim.attempt``
-    (:meth:`WorkflowStepQuerySet.refresh_lease`), its threads started only once a first
-    renewal is due (most steps end before it)."""
-    store = WorkflowStep.objects.db_manager(claim.using)
+class _Owed:
+    """The signals a write owes, sent once, by the first call."""
 
-    def renew() -> bool:
-        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
+    def __init__(self, send: Callable[[], None]) -> None:
+        self._send: Callable[[], None] | None = send
 
-    return Renewal(
-        f"workflow-step:{claim.step_id}:{claim.attempt}",
-        claim.lease_ttl,
-        renew,
-        held_since=claim.claimed_at,
-        deferred=True,
-    )
-
-
-def _still_held(claim: Claim, held: Renewal) -> Claim | None:
-    """``claim`` after its lease was renewed by the stopped renewal ``held``: its
-    ``claimed_at`` moved to the last renewal (so the step's own renewal counts from there),
-    or ``None`` when a renewal found the attempt superseded (another worker took it over:
-    nothing of it is this caller's any more)."""
-    if held.lost.is_set():
-        logger.warning(
-            "Run %s: step %r attempt %d was taken over before it started",
-            claim.run_id,
-            claim.step_name,
-            claim.attempt,
-        )
-        return None
-    since = held.deadline - claim.lease_ttl
-    return claim if since <= claim.claimed_at else dataclasses.replace(claim, claimed_at=since)
+    def __call__(self) -> None:
+        send, self._send = self._send, None
+        if send is not None:
+            send()
 
 
 def _claims_in_one(
@@ -2638,27 +2614,25 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
         lapsed = False
         if claim is not None:
             lapsed, next_step = _claim_from_row(alias, picked, claim, sent)
-        # The step claimed here is this caller's from now on, while the receivers of what
-        # this write did (user code) run: its lease is renewed meanwhile, as it will be
-        # while the step runs.
-        held = None if next_step is None else step_lease_renewal(next_step).start()
-        try:
-            if row[width] is not None:  # the instant grant: acquired and released
-                lease = Lease.objects.db_manager(alias).from_returned(
-                    connection, row[width : width + lease_width]
-                )
-                lease_acquired.send_robust(sender=Lease, lease=lease)
-                lease_released.send_robust(sender=Lease, lease=lease)
-            if next_holder is not None and picked[0] is not None:
-                next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
+        if next_holder is not None and picked[0] is not None:
+            next_pass = _pass_claim(alias, picked, next_holder, sent, connection)
+        granted = None
+        if row[width] is not None:  # the instant grant: acquired and released
+            granted = Lease.objects.db_manager(alias).from_returned(
+                connection, row[width : width + lease_width]
+            )
+
+        def notify() -> None:
+            if granted is not None:
+                lease_acquired.send_robust(sender=Lease, lease=granted)
+                lease_released.send_robust(sender=Lease, lease=granted)
             if row[0]:
                 _attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
             if row[1] is not None:
                 _run_reached(alias, row[1], RunStatus.COMPLETED, output=output, finished_at=row[2])
-        finally:
-            if held is not None and next_step is not None:
-                held.stop()
-                next_step = _still_held(next_step, held)
+
+        if next_step is None:
+            notify()
         if lapsed and claim is not None:  # a lost worker's step first: the portable path
             next_step = self.claim_due(claim, queues=queues)
         return RunCompletion(
@@ -2669,6 +2643,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             finished_at=row[2],
             pass_asked=bool(row[3]),
             next_step=next_step,
+            notify=_Owed(notify) if next_step is not None and not lapsed else nothing_owed,
         )
 
     def _complete_run_portably(

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS
 
+from django_leases.models import WorkflowRun, WorkflowStep
+
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRunQuerySet, WorkflowStepQuerySet
 
@@ -47,13 +49,9 @@ class WorkflowConformanceSuite(ConformanceSuite):
     @property
     def runs(self) -> WorkflowRunQuerySet:
         """``WorkflowRun`` rows on :attr:`workflow_database` (a ``WorkflowRunQuerySet``)."""
-        from django_leases.models import WorkflowRun
-
         return WorkflowRun.objects.db_manager(self.workflow_database).all()
 
     @property
     def steps(self) -> WorkflowStepQuerySet:
         """``WorkflowStep`` rows on :attr:`workflow_database` (a ``WorkflowStepQuerySet``)."""
-        from django_leases.models import WorkflowStep
-
         return WorkflowStep.objects.db_manager(self.workflow_database).all()

@@ -45,7 +45,16 @@ from django.db import router
 from django.db.models import F
 
 from django_leases.clock import DbNow
+from django_leases.conf import queue_limits
 from django_leases.exceptions import MisuseError
+from django_leases.leases import new_holder
+from django_leases.models.queue import WorkflowQueue
+from django_leases.models.wait import WorkflowWait
+from django_leases.models.workflow import WorkflowRun, WorkflowStep
+from django_leases.workflows.display import queue_overview
+from django_leases.workflows.driver import RunDriver, run_lease_ttl
+from django_leases.workflows.engine import execute_step
+from django_leases.workflows.values import RunStatus, StepStatus, WaitKind, WaitStatus
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
@@ -90,12 +99,6 @@ def drive(
             that never settles).
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable (as for a worker).
     """
-    from django_leases.leases import new_holder
-    from django_leases.models.workflow import WorkflowRun, WorkflowStep
-    from django_leases.workflows.driver import RunDriver, run_lease_ttl
-    from django_leases.workflows.engine import execute_step
-    from django_leases.workflows.values import RunStatus
-
     if isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 1:
         raise ValueError(f"max_units must be an int ≥ 1, not {max_units!r}")
     alias = using or router.db_for_write(WorkflowRun)
@@ -132,10 +135,6 @@ def drive(
 def _jump_forward(alias: str) -> bool:
     """Make every waiting sleep of a running run, and every step waiting out a retry delay,
     due now on the database clock (their runs due for a pass). ``True`` if any was."""
-    from django_leases.models.wait import WorkflowWait
-    from django_leases.models.workflow import WorkflowRun, WorkflowStep
-    from django_leases.workflows.values import RunStatus, StepStatus, WaitKind, WaitStatus
-
     sleeps = WorkflowWait.objects.db_manager(alias).filter(
         kind=WaitKind.SLEEP,
         status=WaitStatus.WAITING,
@@ -169,10 +168,6 @@ def _jump_rate_windows(alias: str) -> bool:
     Raises:
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
     """
-    from django_leases.conf import queue_limits
-    from django_leases.models.queue import WorkflowQueue
-    from django_leases.workflows.display import queue_overview
-
     # The rate alone: a queue at its concurrency limit has steps running, nothing to jump.
     rated = {
         name: replace(limits, concurrency=None)

@@ -49,6 +49,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.leases import ahold_lease, hold_lease
+from django_leases.models import Lease, LeaseQuerySet
 from django_leases.testing.base import ConformanceSuite
 
 if TYPE_CHECKING:
@@ -99,7 +100,6 @@ class SimulatedOutage:
             self._over.set()
 
     def __enter__(self) -> SimulatedOutage:
-        from django_leases.models import LeaseQuerySet
 
         real_refresh = LeaseQuerySet.refresh
 
@@ -145,8 +145,6 @@ class LeaseConformanceTests(ConformanceSuite):
     @property
     def leases(self) -> LeaseQuerySet:
         """``Lease.objects`` on :attr:`lease_database`."""
-        from django_leases.models import Lease
-
         # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
         return Lease.objects.db_manager(self.lease_database)  # type: ignore[return-value]
 

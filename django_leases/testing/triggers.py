@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_leases.exceptions import SourceStillDeclared, UnknownTriggerSourceError
+from django_leases.models import TriggerSource, TriggerSourceDefaults
 from django_leases.testing.base import ConformanceSuite
 
 if TYPE_CHECKING:
@@ -90,8 +91,6 @@ class TriggerSourceStoreConformanceTests(ConformanceSuite):
     @property
     def sources(self) -> TriggerSourceQuerySet:
         """``TriggerSource.objects`` on :attr:`trigger_database`."""
-        from django_leases.models import TriggerSource
-
         return TriggerSource.objects.using(self.trigger_database)
 
     def row(self, name: str) -> TriggerSource:
@@ -197,7 +196,6 @@ class TriggerSourceStoreConformanceTests(ConformanceSuite):
             list(self.sources.values_list("name", "base_url", "declared")),
             [("a", "https://kept.example.com", True)],
         )
-        from django_leases.models import TriggerSourceDefaults
 
         known = TriggerSourceDefaults.objects.using(self.trigger_database).known()
         self.assertEqual(known.base_url if known else None, "https://kept.example.com")

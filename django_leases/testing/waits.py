@@ -43,6 +43,7 @@ from django_leases.exceptions import (
     WorkflowRunStateError,
     WorkflowStepSupersededError,
 )
+from django_leases.models import Lease, WorkflowRun, WorkflowWait
 from django_leases.testing.base import WorkflowConformanceSuite
 from django_leases.testing.workflows import run_together
 from django_leases.workflows.values import (
@@ -79,8 +80,6 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
     @property
     def waits(self) -> WorkflowWaitQuerySet:
         """``WorkflowWait`` rows on :attr:`workflow_database` (a ``WorkflowWaitQuerySet``)."""
-        from django_leases.models import WorkflowWait
-
         return WorkflowWait.objects.db_manager(self.workflow_database).all()
 
     def start(self, **options: Any) -> uuid.UUID:
@@ -182,8 +181,6 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
 
     def test_w7_an_unknown_or_finished_run_is_refused_with_nothing_stored(self) -> None:
         """W7: an unknown or finished run is refused with nothing stored."""
-        from django_leases.models import WorkflowRun
-
         with self.assertRaises(WorkflowRun.DoesNotExist):
             self.waits.send_event(uuid.uuid4(), "go", {})
         run_id = self.start()
@@ -263,7 +260,6 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
         self.steps.schedule(child, "last", FUNCTION)
         claim = self.steps.claim_for_execution(child, "last", FUNCTION, LEASE)
         assert claim is not None
-        from django_leases.models import Lease
 
         lease = Lease.objects.db_manager(self.workflow_database).acquire(
             f"workflow-run:{child}", "conformance", LEASE
@@ -283,7 +279,6 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
         assert stale is not None
         self.steps.filter(pk=stale.step_id).update(lease_expires_at=db_now_plus(-1))
         self.assertIsNotNone(self.steps.claim_for_execution(child, "last", FUNCTION, LEASE))
-        from django_leases.models import Lease
 
         lease = Lease.objects.db_manager(self.workflow_database).acquire(
             f"workflow-run:{child}", "conformance", LEASE

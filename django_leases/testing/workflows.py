@@ -58,6 +58,8 @@ from django.utils import timezone
 from django_leases.clock import DbNow, db_now_plus
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.testing.base import WorkflowConformanceSuite
+from django_leases.workflows import engine
+from django_leases.workflows.engine import execute_step
 from django_leases.workflows.registry import step_function
 
 if TYPE_CHECKING:
@@ -581,8 +583,6 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
     def _dispatch_stale(self, outcome: Callable[[], Any]) -> None:
         """Dispatch the step through ``execute_step`` with a step function that loses the step
         to a newer claim while it runs and then does ``outcome``; check it ended quietly."""
-        from django_leases.workflows.engine import execute_step
-
         taken: list[Claim] = []
 
         def lose_the_step_then(ctx: StepContext) -> Any:
@@ -608,8 +608,6 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
     def test_f08_a_superseded_dispatch_whose_function_is_missing_does_not_suspend(self) -> None:
         """F8: the step function is missing, but the attempt was superseded meanwhile: the
         step is not failed, the run is not suspended, and the dispatch ends quietly."""
-        from django_leases.workflows import engine
-
         missing = "django_leases.conformance.not-registered"
         run_id = self.start_run(function=missing)
         stale = self.claim(run_id, missing)

@@ -45,8 +45,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.models.wait import WorkflowWait
+from django_leases.models.workflow import WorkflowRun
 from django_leases.triggers.values import Delivery, Handled, Handler
 from django_leases.validation import MAX_NAME_LENGTH, check_identifier
+from django_leases.workflows import engine
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers.base import Provider
@@ -96,11 +100,9 @@ class StartWorkflow:
     def __call__(self, delivery: Delivery) -> uuid.UUID:
         """Start the run (or find the one with the same key); returns its id. Raises what
         ``start_workflow`` raises."""
-        from django_leases.workflows.engine import start_workflow  # the engine imports us
-
         value = delivery.payload if self.input == "payload" else delivery.as_input()
         key = None if self.key is None else self.key(delivery)
-        return start_workflow(self.workflow, value, key=key, using=delivery.using)
+        return engine.start_workflow(self.workflow, value, key=key, using=delivery.using)
 
 
 @dataclass(frozen=True)
@@ -142,10 +144,6 @@ class SendEvent:
 
     def __call__(self, delivery: Delivery) -> Handled:
         """Send the event; returns what came of it (never raises for a refused event)."""
-        from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
-        from django_leases.models.wait import WorkflowWait
-        from django_leases.models.workflow import WorkflowRun
-
         run_id = self.run(delivery)
         if run_id is None:
             return Handled(None, f"event {self.name!r}: the delivery names no run")
@@ -161,8 +159,6 @@ class SendEvent:
 def run_for_key(workflow: str, key: str, *, using: str | None = None) -> uuid.UUID | None:
     """The id of the run of ``workflow`` started with ``key`` (``start_workflow(...,
     key=...)``), or ``None``: for a :class:`SendEvent`'s ``run``."""
-    from django_leases.models.workflow import WorkflowRun
-
     runs = WorkflowRun.objects if using is None else WorkflowRun.objects.db_manager(using)
     return runs.id_for_key(workflow, key)
 

@@ -66,6 +66,7 @@ from django_leases.validation import (
 from django_leases.workflows.engine import (
     StepRecorded,
     StepRun,
+    held_while,
     record_step,
     retrying,
     run_step_function,
@@ -1018,7 +1019,12 @@ def record_alone(
         )
 
     done = retrying(ran, write)
-    following = done.next_pass if done.next_pass is not None else done.next_step
+    claimed = done.next_step
+    if claimed is not None:
+        # The step claimed by the write is this thread's from now on, while the receivers
+        # of what the write did (user code) run: its lease is renewed meanwhile.
+        claimed = held_while(claimed, done.notify)
+    following = done.next_pass if done.next_pass is not None else claimed
     if not done.written:
         return _record(ran).outcome, following
     if done.pass_asked:

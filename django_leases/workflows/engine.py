@@ -11,6 +11,7 @@ trying again after a connection error for as long as the step lease is vouched f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from django_leases.exceptions import (
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
 )
+from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import Renewal
 
 # Re-exported: the conformance suite patches the lookup on this module.
@@ -63,8 +65,6 @@ def start_workflow(
         UnknownWorkflowError: no workflow of that name is registered.
         ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
     """
-    from django_leases.models.workflow import WorkflowRun
-
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
     return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
@@ -85,8 +85,6 @@ def send_event(
             another kind of wait (nothing written).
         ValueError: a bad run id or name, or a payload that is not JSON (nothing written).
     """
-    from django_leases.models.wait import WorkflowWait
-
     alias = using or router.db_for_write(WorkflowWait)
     WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)
 
@@ -169,14 +167,53 @@ class StepRecorded:
     pass_requested: bool = True
 
 
+def step_lease_renewal(claim: Claim) -> Renewal:
+    """The renewal of ``claim``'s step lease (a :class:`~django_leases.renewal.Renewal`, not
+    started): every TTL/3 from ``claim.claimed_at``, fenced to ``claim.attempt``
+    (:meth:`~django_leases.models.workflow.WorkflowStepQuerySet.refresh_lease`), its threads
+    started only once a first renewal is due (most steps end before it)."""
+    store = WorkflowStep.objects.db_manager(claim.using)
+
+    def renew() -> bool:
+        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
+
+    return Renewal(
+        f"workflow-step:{claim.step_id}:{claim.attempt}",
+        claim.lease_ttl,
+        renew,
+        held_since=claim.claimed_at,
+        deferred=True,
+    )
+
+
+def held_while(claim: Claim, work: Callable[[], object]) -> Claim | None:
+    """Do ``work`` (user code, e.g. signal receivers) while ``claim``'s step lease is
+    renewed; return the claim with its ``claimed_at`` moved to the last renewal (so the
+    step's own renewal counts from there), or ``None`` when a renewal found the attempt
+    superseded (another worker took it over: nothing of it is the caller's any more)."""
+    held = step_lease_renewal(claim).start()
+    try:
+        work()
+    finally:
+        held.stop()
+    if held.lost.is_set():
+        logger.warning(
+            "Run %s: step %r attempt %d was taken over before it started",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+        )
+        return None
+    since = held.deadline - claim.lease_ttl
+    return claim if since <= claim.claimed_at else dataclasses.replace(claim, claimed_at=since)
+
+
 def run_step_function(claim: Claim) -> StepRun:
     """Call the claimed step's ``@step_function`` with its data under its step lease, renewed
     every TTL/3 by :class:`~django_leases.renewal.Renewal` (fenced to ``claim.attempt``;
     its renewal threads start only once a first renewal is due). The function runs outside
     any transaction; what it returned or raised is returned, nothing is written. A step
     function that is not registered here is reported (``missing``) without a call."""
-    from django_leases.models.workflow import step_lease_renewal
-
     func = get_step_function(claim.function_name)
     if func is None:
         return StepRun(claim, None, missing=True)
@@ -224,8 +261,6 @@ def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> Step
     local deadline (:func:`retrying`). A :class:`WorkflowStepSupersededError` ends it
     quietly: a warning is logged, nothing is written, and ``"superseded"`` is returned.
     """
-    from django_leases.models.workflow import WorkflowStep
-
     claim = ran.claim
     store = WorkflowStep.objects.db_manager(claim.using)
     try:
@@ -331,6 +366,7 @@ __all__ = [
     "StepRecorded",
     "StepRun",
     "execute_step",
+    "held_while",
     "record_step",
     "retrying",
     "run_step_function",

@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django_leases.conf import DEFAULT_QUEUE
+from django_leases.models.workflow import WorkflowRun
 from django_leases.workflows.registry import step_function, workflow
 from django_leases.workflows.schedules import (
     PRUNE_DEFAULTS,
@@ -101,8 +102,6 @@ def prune_finished_runs(data: Any, ctx: Any) -> dict[str, int]:
     Raises ``ValueError`` for data without a usable ``older_than`` or ``batch_size`` (a
     schedule row edited by hand), and the database's errors; the step is retried then.
     """
-    from django_leases.models.workflow import WorkflowRun
-
     values = data if isinstance(data, Mapping) else {}
     if "older_than" not in values:
         raise ValueError("the prune step's data has no 'older_than'")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -309,6 +310,10 @@ class PendingResult:
     result: Any = field(repr=False)
 
 
+def nothing_owed() -> None:
+    """What :attr:`RunCompletion.notify` is when the write sent its signals itself."""
+
+
 @dataclass(frozen=True)
 class RunCompletion:
     """What ``WorkflowStep.objects.set_result_completing_run`` did.
@@ -327,6 +332,11 @@ class RunCompletion:
             run lease, so the run's pass was asked for instead of completing it.
         next_step: the next due step claimed with its step lease, when asked for (else
             ``None``).
+        notify: sends the signals this write owes (``lease_acquired`` and
+            ``lease_released`` of the instant grant, ``step_attempt_finished``,
+            ``run_completed``): a write that claimed ``next_step`` leaves them to its caller,
+            who renews that step's lease while their receivers (user code) run; otherwise
+            they were sent and this does nothing. Once only.
     """
 
     written: bool
@@ -336,6 +346,7 @@ class RunCompletion:
     finished_at: datetime | None = None
     pass_asked: bool = False
     next_step: Claim | None = None
+    notify: Callable[[], None] = field(default=nothing_owed, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -401,5 +412,6 @@ __all__ = [
     "WaitKind",
     "WaitStatus",
     "claimant_name",
+    "nothing_owed",
     "run_lease_key",
 ]

@@ -36,9 +36,12 @@ from django.db import close_old_connections, connections, router
 from django_leases import db
 from django_leases.conf import check_queue_names, leases_settings
 from django_leases.exceptions import MisuseError
+from django_leases.health import functions_missing
 from django_leases.leases import HeldLease, new_holder
+from django_leases.models import WorkflowRun, WorkflowSchedule, WorkflowStep, WorkflowWorker
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
+from django_leases.workflows import registry
 from django_leases.workflows.driver import (
     PASS_RETRY_DELAY,
     RunDriver,
@@ -103,8 +106,6 @@ class _Heartbeat:
 
     def tick(self, in_flight: int) -> None:
         """From the worker's main loop: hold the lease, and write the units in flight."""
-        from django_leases.models.worker import WorkflowWorker
-
         now = time.monotonic()
         try:
             if self.held is None or self.held.lost.is_set():
@@ -139,8 +140,6 @@ class _Heartbeat:
 
     def stop(self) -> None:
         """Release the lease and record the stop (best effort)."""
-        from django_leases.models.worker import WorkflowWorker
-
         try:
             if self.held is not None:
                 self._release()
@@ -166,9 +165,6 @@ class _Schedules:
 
     def tick(self) -> None:
         """From the worker's main loop: sync once, then fire what is due (rate-limited)."""
-        from django_leases.models.schedule import WorkflowSchedule
-        from django_leases.workflows.registry import declared_schedules
-
         now = time.monotonic()
         if now < self._next:
             return
@@ -176,7 +172,7 @@ class _Schedules:
         schedules = WorkflowSchedule.objects.db_manager(self.worker.alias)
         try:
             if not self.synced:
-                schedules.sync(declared_schedules())
+                schedules.sync(registry.declared_schedules())
                 self.synced = True
             for fired in schedules.fire_due():
                 if fired.tick is None:
@@ -278,8 +274,6 @@ class Worker:
     @property
     def alias(self) -> str:
         """The database alias the worker uses (``using``, else the router's choice)."""
-        from django_leases.models.workflow import WorkflowStep
-
         return self.using or router.db_for_write(WorkflowStep)
 
     # -- control --------------------------------------------------------------------------------
@@ -305,7 +299,6 @@ class Worker:
             return False
         if self._gave_up or any(t.is_alive() for t in threads):
             return False
-        from django_leases.models.workflow import WorkflowRun
 
         try:
             return WorkflowRun.objects.db_manager(self.alias).work_due_within(ONCE_HORIZON)
@@ -470,8 +463,6 @@ class Worker:
     def _check_ready(self) -> None:
         """Refuse to start where the tuned statements' functions are missing (the migrations
         install them): every unit of work would fail."""
-        from django_leases.health import functions_missing
-
         connection = connections[self.alias]
         if connection.in_atomic_block:
             # Its threads have connections of their own: they would never see this
@@ -510,7 +501,6 @@ class Worker:
                 self._working += 1
 
     def _work_once(self) -> bool:
-        from django_leases.models.workflow import WorkflowRun
 
         if self._stop.is_set():
             return False
@@ -555,8 +545,6 @@ class Worker:
     def _run_due_step(self, alias: str) -> bool:
         """Claim one due step and run it (then drive its run, or run the step its result's
         write claimed next, and so on); ``False`` if none is due."""
-        from django_leases.models.workflow import WorkflowStep
-
         if self._stop.is_set():
             return False
         claim = WorkflowStep.objects.db_manager(alias).claim_due(
@@ -584,8 +572,6 @@ class Worker:
         step whose workflow returns it (a task's) completes the run in the same write; any
         other result is carried into the run's pass, which this thread runs (its lease taken
         now); a failure, or a result while stopping, is written on its own."""
-        from django_leases.models.workflow import WorkflowRun
-
         ran = run_step_function(claim)
         if self._stop.is_set() or not ran.succeeded:
             outcome = record_step(ran).outcome
@@ -721,8 +707,6 @@ class Worker:
         finds nothing due, or claims what became due since and finishes it as a stopping
         worker does; once every thread has ended, :meth:`_left_work_behind` sends the worker
         round again if that left work due."""
-        from django_leases.models.workflow import WorkflowRun
-
         alias = self.alias
         try:
             soon = WorkflowRun.objects.db_manager(alias).work_due_within(ONCE_HORIZON)
