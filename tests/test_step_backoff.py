@@ -265,7 +265,8 @@ def test_run_step_records_the_backoff_and_each_retry_waits_its_delay(both_paths:
     run_id = start_workflow("tests.backoff.step", BACKOFF)
     for attempt, delay in ((1, 10), (2, 20), (3, 30)):
         before = db_clock(run_id)
-        with mock.patch.object(workflow_models, "_call_row", wraps=workflow_models._call_row) as calls:
+        spy = mock.patch.object(workflow_models, "_call_row", wraps=workflow_models._call_row)
+        with spy as calls:
             if attempt == 1:  # as a worker drives a run: its step inserted already claimed
                 RunDriver(run_id, step_lease_ttl=LEASE).drive()
             else:
