@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv bytecode test test-sqlite test-postgres test-mariadb test-django6 coverage-erase \
 	coverage-report lint docs docs-images demo bench bench-leases bench-workflows bench-scale \
-	clean
+	messages clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package and the one
 # library the demo's settings read the environment with; `make test`, `lint` and `docs` add
@@ -106,6 +106,16 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_leases
+
+# The German and French catalogues (django_leases/locale/): every marked string extracted
+# (new ones untranslated, to be translated in the .po files), then compiled into the .mo files
+# that are committed. Needs GNU gettext (Debian: apt-get install gettext).
+MESSAGES_LOCALES := de fr
+
+messages: venv
+	cd django_leases && ../$(VENV)/bin/django-admin makemessages --add-location file \
+		$(addprefix --locale=,$(MESSAGES_LOCALES))
+	cd django_leases && ../$(VENV)/bin/django-admin compilemessages
 
 # The docs site (MkDocs + Material) into site/; warnings are errors, as in CI.
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
