@@ -107,14 +107,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_leases
 
-# The German and French catalogues (django_leases/locale/): every marked string extracted
-# (new ones untranslated, to be translated in the .po files), then compiled into the .mo files
-# that are committed. Needs GNU gettext (Debian: apt-get install gettext).
-MESSAGES_LOCALES := de fr
-
+# The catalogues (django_leases/locale/: German and French): every marked string extracted
+# into each language's .po file (new ones untranslated, to be translated there), then compiled
+# into the .mo files, which are committed. A new language: cd django_leases && django-admin
+# makemessages -l <code>, once. Needs GNU gettext (Debian: apt-get install gettext).
 messages: venv
-	cd django_leases && ../$(VENV)/bin/django-admin makemessages --add-location file \
-		$(addprefix --locale=,$(MESSAGES_LOCALES))
+	cd django_leases && ../$(VENV)/bin/django-admin makemessages --all --add-location file
 	cd django_leases && ../$(VENV)/bin/django-admin compilemessages
 
 # The docs site (MkDocs + Material) into site/; warnings are errors, as in CI.
