@@ -39,7 +39,7 @@ venv: $(VENV)/.installed
 TEST_PASSES ?= test-sqlite test-postgres test-mariadb
 TEST_JOBS ?= 3
 
-test: coverage-erase bytecode
+test: coverage-erase bytecode $(VENV)/.docs-installed
 	@echo "== $(TEST_PASSES), $(TEST_JOBS) at once; each pass's output follows when it ends"
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target $(TEST_PASSES)
 	@$(MAKE) --no-print-directory coverage-report
@@ -94,7 +94,7 @@ $(VENV6)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-django6 needs Python 3.12 (set PYTHON312=...)"; exit 1; }
 	$(PYTHON312) -m venv $(VENV6)
 	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV6)/bin/python -m pip install --quiet -e '.[dev]' 'Django>=6,<7'
+	$(VENV6)/bin/python -m pip install --quiet -e '.[dev,docs]' 'Django>=6,<7'
 	touch $@
 
 test-django6: $(VENV6)/.installed
