@@ -60,6 +60,7 @@ from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
@@ -769,7 +770,7 @@ class TriggerSourceDefaults(models.Model):
         verbose_name_plural = _("trigger-source defaults")
 
     def __str__(self) -> str:
-        return self.base_url or "(no address yet)"
+        return self.base_url or gettext("(no address yet)")
 
 
 class OrphanTriggerSource(TriggerSource):
