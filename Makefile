@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv bytecode test test-sqlite test-postgres test-mariadb test-django6 coverage-erase \
 	coverage-report lint docs docs-images demo bench bench-leases bench-workflows bench-scale \
-	clean
+	messages clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package and the one
 # library the demo's settings read the environment with; `make test`, `lint` and `docs` add
@@ -39,7 +39,7 @@ venv: $(VENV)/.installed
 TEST_PASSES ?= test-sqlite test-postgres test-mariadb
 TEST_JOBS ?= 3
 
-test: coverage-erase bytecode
+test: coverage-erase bytecode $(VENV)/.docs-installed
 	@echo "== $(TEST_PASSES), $(TEST_JOBS) at once; each pass's output follows when it ends"
 	@$(MAKE) --no-print-directory -k -j$(TEST_JOBS) --output-sync=target $(TEST_PASSES)
 	@$(MAKE) --no-print-directory coverage-report
@@ -94,7 +94,7 @@ $(VENV6)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-django6 needs Python 3.12 (set PYTHON312=...)"; exit 1; }
 	$(PYTHON312) -m venv $(VENV6)
 	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV6)/bin/python -m pip install --quiet -e '.[dev]' 'Django>=6,<7'
+	$(VENV6)/bin/python -m pip install --quiet -e '.[dev,docs]' 'Django>=6,<7'
 	touch $@
 
 test-django6: $(VENV6)/.installed
@@ -106,6 +106,14 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy django_leases
+
+# The catalogues (django_leases/locale/: German and French): every marked string extracted
+# into each language's .po file (new ones untranslated, to be translated there), then compiled
+# into the .mo files, which are committed. A new language: cd django_leases && django-admin
+# makemessages -l <code>, once. Needs GNU gettext (Debian: apt-get install gettext).
+messages: venv
+	cd django_leases && ../$(VENV)/bin/django-admin makemessages --all --add-location file
+	cd django_leases && ../$(VENV)/bin/django-admin compilemessages
 
 # The docs site (MkDocs + Material) into site/; warnings are errors, as in CI.
 $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml

@@ -1,11 +1,12 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class DjangoLeasesConfig(AppConfig):
     """App configuration: pins the primary-key type and registers the system checks."""
 
     name = "django_leases"
-    verbose_name = "Leases, workflows and trigger sources"
+    verbose_name = _("Leases, workflows and trigger sources")
     # Pinned so a project's DEFAULT_AUTO_FIELD never asks for a migration of ours.
     default_auto_field = "django.db.models.BigAutoField"
 

@@ -116,7 +116,7 @@ def test_superuser_force_releases(admin_client: Client, leases: dict[str, Lease]
     assert after is not None and after.token == live.token + 1
 
     messages = [str(message) for message in response.context["messages"]]
-    assert any("Force-released 1 lease(s): reports:nightly" in text for text in messages)
+    assert any("Force-released 1 lease: reports:nightly" in text for text in messages)
     assert any("not live" in text and "index:rebuild" in text for text in messages)
 
     entries = {entry.object_repr.split(" ")[0]: entry for entry in LogEntry.objects.all()}

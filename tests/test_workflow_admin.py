@@ -84,7 +84,7 @@ def test_the_run_page_shows_steps_and_every_attempt_escaped(
         for row in re.findall(r"<tr class=\"dl-attempt.*?</tr>", history, re.S)
     ]
     # One row per attempt; the first, replaced by attempt 2, says so (its row says running).
-    assert cells == [["checkout", "1", "superseded"], ["checkout", "2", "succeeded"]]
+    assert cells == [["checkout", "1", "Superseded"], ["checkout", "2", "Succeeded"]]
     assert 'class="dl-time"' in history
     assert "&lt;abc&gt;" in text and "<abc>" not in text
     assert "https://previews.example.test/x/" in text
@@ -166,7 +166,7 @@ def test_list_actions_resume_and_cancel_log_and_report_each_run(
     )
     assert response.status_code == 200
     shown = _messages(response)
-    assert any("failed → running" in m and "'build'" in m for m in shown), shown
+    assert any("Failed → Running" in m and "'build'" in m for m in shown), shown
     assert any(m.startswith("Nothing changed") and "is completed" in m for m in shown), shown
     assert WorkflowRun.objects.get(pk=failed.pk).status == "running"
     assert WorkflowRun.objects.get(pk=done.pk).status == "completed"
@@ -178,7 +178,7 @@ def test_list_actions_resume_and_cancel_log_and_report_each_run(
         {"action": "cancel_runs", "_selected_action": [str(running.pk)]},
         follow=True,
     )
-    assert any("running → cancelled" in m for m in _messages(response))
+    assert any("Running → Cancelled" in m for m in _messages(response))
     assert WorkflowRun.objects.get(pk=running.pk).status == "cancelled"
     entry = LogEntry.objects.get(object_id=str(running.pk))
     assert entry.user_id == operator.pk and "cancelled" in entry.change_message
@@ -207,7 +207,7 @@ def test_retry_step_from_the_run_page_resumes_the_run_and_logs_it(
     failed = _failed_build()
     response = client.post(_operate_url(failed, "retry-step"), {"step": "build"}, follow=True)
     assert response.redirect_chain[-1][0] == reverse(CHANGE, args=[failed.pk])
-    assert any("failed → running" in m for m in _messages(response))
+    assert any("Failed → Running" in m for m in _messages(response))
     assert WorkflowRun.objects.get(pk=failed.pk).status == "running"
     again = WorkflowStep.objects.claim_due(60)
     assert again is not None and (again.step_name, again.attempt) == ("build", 2)

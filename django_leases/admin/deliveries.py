@@ -19,6 +19,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
@@ -36,8 +38,17 @@ HANDLER_SAID_SHOWN = 120
 #: Characters of a payload a delivery's page shows.
 PAYLOAD_SHOWN = 20_000
 
-#: Outcomes, as the filter offers them.
-OUTCOMES = [(NO_RUN, "no run"), *((status.value, f"run {status.value}") for status in RunStatus)]
+
+def outcomes() -> list[tuple[str, str]]:
+    """The outcomes as the filter offers them and the list shows them, ``(value, label)`` in
+    the active language: no run, or the run's status."""
+    return [
+        (NO_RUN, gettext("no run")),
+        *(
+            (status.value, gettext("run %(status)s") % {"status": str(status.label).lower()})
+            for status in RunStatus
+        ),
+    ]
 
 
 class _DistinctValueFilter(admin.SimpleListFilter):
@@ -61,7 +72,7 @@ class _DistinctValueFilter(admin.SimpleListFilter):
 class SourceFilter(_DistinctValueFilter):
     """Filter deliveries on the source they were sent to (``source_name``)."""
 
-    title = "source"
+    title = _("source")
     parameter_name = "source"
     field = "source_name"
 
@@ -69,7 +80,7 @@ class SourceFilter(_DistinctValueFilter):
 class EventFilter(_DistinctValueFilter):
     """Filter deliveries on their provider event name (``event``)."""
 
-    title = "event"
+    title = _("event")
     parameter_name = "event"
     field = "event"
 
@@ -77,10 +88,12 @@ class EventFilter(_DistinctValueFilter):
 class OutcomeFilter(AnnotationFilter):
     """Filter on the ``outcome`` annotation (no run, or the run's status)."""
 
-    title = "outcome"
+    title = _("outcome")
     parameter_name = "outcome"
     annotation = "run_outcome"
-    options = OUTCOMES
+
+    def _options(self) -> list[tuple[str, str]]:
+        return outcomes()
 
 
 @admin.register(TriggerEvent)
@@ -114,15 +127,15 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        context = {"title": "Deliveries", **(extra_context or {})}
+        context = {"title": gettext("Deliveries"), **(extra_context or {})}
         return super().changelist_view(request, context)
 
-    @admin.display(description="received", ordering="received_at")
+    @admin.display(description=_("received"), ordering="received_at")
     def received(self, obj: TriggerEvent) -> str:
         """When the delivery arrived (``received_at``), as local time text (``str``)."""
         return local_time(obj.received_at)
 
-    @admin.display(description="source", ordering="source_name")
+    @admin.display(description=_("source"), ordering="source_name")
     def source_link(self, obj: TriggerEvent) -> str:
         """The source's name, linked to its page while it is declared."""
         source = obj.source
@@ -135,7 +148,7 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
             obj.source_name,
         )
 
-    @admin.display(description="outcome", ordering="run_outcome")
+    @admin.display(description=_("outcome"), ordering="run_outcome")
     def outcome_shown(self, obj: TriggerEvent) -> str:
         """The ``run_outcome`` annotation (no run, or the run's status) as an HTML badge, then
         what the handler said, if anything (``str``, safe HTML)."""
@@ -143,13 +156,13 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
         shown = format_html(
             '<span class="dl-outcome" data-outcome="{}">{}</span>',
             outcome,
-            dict(OUTCOMES).get(outcome, outcome),
+            dict(outcomes()).get(outcome, outcome),
         )
         if obj.outcome:
             shown = format_html("{}<br>{}", shown, cut_at_word(obj.outcome, HANDLER_SAID_SHOWN))
         return shown
 
-    @admin.display(description="workflow run")
+    @admin.display(description=_("workflow run"))
     def run_link(self, obj: TriggerEvent) -> str:
         """The id of the run the delivery started, linked to its page; ``"—"`` when none."""
         if obj.run_id is None:
@@ -160,12 +173,16 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
             obj.run_id,
         )
 
-    @admin.display(description="payload")
+    @admin.display(description=_("payload"))
     def payload_json(self, obj: TriggerEvent) -> str:
         """The stored payload as indented JSON in a ``<pre>``, cut after ``PAYLOAD_SHOWN``
         characters (saying how many more)."""
         text = json.dumps(obj.payload, ensure_ascii=False, indent=2, sort_keys=True)
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         if len(text) > PAYLOAD_SHOWN:
-            text = text[:PAYLOAD_SHOWN] + f"\n… ({len(text) - PAYLOAD_SHOWN} more characters)"
+            more = len(text) - PAYLOAD_SHOWN
+            said = ngettext("(%(count)d more character)", "(%(count)d more characters)", more) % {
+                "count": more
+            }
+            text = f"{text[:PAYLOAD_SHOWN]}\n… {said}"
         return format_html('<pre class="dl-json" id="delivery-payload">{}</pre>', text)

@@ -36,8 +36,17 @@ def local_time(value: datetime | None) -> str:
     )
 
 
-def badge(element_id: str, data_name: str, value: str, background: str, colour: str) -> str:
-    """A coloured status badge (safe HTML): ``<span id=element_id data_name=value>value</span>``."""
+def badge(
+    element_id: str,
+    data_name: str,
+    value: str,
+    background: str,
+    colour: str,
+    label: str | None = None,
+) -> str:
+    """A coloured status badge (safe HTML): ``<span id=element_id data_name=value>label</span>``,
+    ``label`` being what the reader sees (the value's label in the active language; default
+    ``value``) and ``value`` what tests and scripts read."""
     return format_html(
         '<span class="dl-status" id="{}" {}="{}" style="background:{};color:{};'
         'padding:1px 8px;border-radius:8px;font-weight:600;white-space:nowrap">{}</span>',
@@ -46,7 +55,7 @@ def badge(element_id: str, data_name: str, value: str, background: str, colour: 
         value,
         background,
         colour,
-        value,
+        value if label is None else label,
     )
 
 

@@ -9,6 +9,10 @@ which command made the change, as which OS user, on which host (``LogEntry`` has
 place for it). Where ``django.contrib.admin`` is not installed, or the project's user model
 cannot have such a user created (required fields without defaults), nothing is logged and
 the command says so once on stderr; the change itself is made all the same.
+
+The entries are records and keep the words they were written in (English, those of the
+code), whoever reads them later, as log lines do; the messages the admin shows an operator
+after an operation are in the operator's language.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import formats
 from django.utils.html import format_html
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, local_time
@@ -31,7 +34,7 @@ else:  # Django's ModelAdmin takes no type parameter at run time
 class LeaseStateFilter(AnnotationFilter):
     """Filter on the ``state`` annotation (live / lapsed / released, on the DB clock)."""
 
-    title = "state"
+    title = _("state")
     parameter_name = "state"
     states = LeaseState
 
@@ -61,34 +64,39 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
         """Whether the user may force-release leases (``force_release_lease``)."""
         return request.user.has_perm(FORCE_RELEASE_PERMISSION)
 
-    @admin.display(description="state", ordering="state")
+    @admin.display(description=_("state"), ordering="state")
     def state_display(self, obj: Lease) -> str:
-        """The ``state`` annotation (live / lapsed / released) as text (``str``)."""
-        return str(getattr(obj, "state", ""))
+        """The ``state`` annotation (live / lapsed / released) as its label in the active
+        language (``str``)."""
+        state = str(getattr(obj, "state", ""))
+        return str(LeaseState(state).label) if state in LeaseState.values else state
 
     class Media:
         css = MEDIA_CSS
 
-    @admin.display(description="expires / released", ordering="expires_at")
+    @admin.display(description=_("expires / released"), ordering="expires_at")
     def expiry(self, obj: Lease) -> str:
         """When a released lease was released, else when it expires (or expired); the page
         shows every time."""
         if obj.released_at is not None:
-            return format_html("released {}", local_time(obj.released_at))
-        lapsed = getattr(obj, "state", None) == LeaseState.LAPSED
-        return format_html("{} {}", "expired" if lapsed else "expires", local_time(obj.expires_at))
+            return format_html(gettext("released {time}"), time=local_time(obj.released_at))
+        if getattr(obj, "state", None) == LeaseState.LAPSED:
+            return format_html(gettext("expired {time}"), time=local_time(obj.expires_at))
+        return format_html(gettext("expires {time}"), time=local_time(obj.expires_at))
 
-    @admin.display(description="time left")
+    @admin.display(description=_("time left"))
     def time_left(self, obj: Lease) -> str:
-        """Seconds left on the database clock for a live lease (``"12.3 s"``); ``"—"`` otherwise."""
+        """Seconds left on the database clock for a live lease (``"12.3 s"``, the number in
+        the active language's format); ``"—"`` otherwise."""
         if getattr(obj, "state", None) != LeaseState.LIVE:
             return "—"
         db_now = getattr(obj, "db_now", None)
         if db_now is None:
             return "—"
-        return f"{obj.seconds_left(db_now):.1f} s"
+        seconds = formats.number_format(obj.seconds_left(db_now), 1)
+        return gettext("%(seconds)s s") % {"seconds": seconds}
 
-    @admin.action(description="Force release the selected leases", permissions=["force_release"])
+    @admin.action(description=_("Force release the selected leases"), permissions=["force_release"])
     def force_release(self, request: HttpRequest, queryset: QuerySet[Lease]) -> None:
         """Release each selected live lease, whoever holds it; a ``LogEntry`` per lease.
 
@@ -108,12 +116,22 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
         if released:
             self.message_user(
                 request,
-                f"Force-released {len(released)} lease(s): {', '.join(released)}.",
+                ngettext(
+                    "Force-released %(count)d lease: %(keys)s.",
+                    "Force-released %(count)d leases: %(keys)s.",
+                    len(released),
+                )
+                % {"count": len(released), "keys": ", ".join(released)},
                 messages.SUCCESS,
             )
         if not_live:
             self.message_user(
                 request,
-                f"{len(not_live)} lease(s) were not live, nothing changed: {', '.join(not_live)}.",
+                ngettext(
+                    "%(count)d lease was not live, nothing changed: %(keys)s.",
+                    "%(count)d leases were not live, nothing changed: %(keys)s.",
+                    len(not_live),
+                )
+                % {"count": len(not_live), "keys": ", ".join(not_live)},
                 messages.WARNING,
             )

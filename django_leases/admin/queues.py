@@ -15,6 +15,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.translation import gettext
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS
@@ -54,7 +55,7 @@ class WorkflowQueueAdmin(ReadOnlyAdmin, _QueueModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "opts": self.model._meta,
-            "title": "Workflow queues",
+            "title": gettext("Workflow queues"),
             "queues": queues,
             "problem": problem,
             "media": self.media,

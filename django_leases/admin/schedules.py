@@ -22,6 +22,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, badge, local_time
@@ -39,6 +41,14 @@ _STATE_COLOURS = {
     "active": ("#d1e7dd", "#0f5132"),
     "paused": ("#fff3cd", "#664d03"),
     "undeclared": ("#e0e0e0", "#333"),
+}
+
+
+#: The states' labels, as the badges say them.
+STATE_LABELS = {
+    "active": _("active"),
+    "paused": _("paused"),
+    "undeclared": _("undeclared"),
 }
 
 
@@ -90,29 +100,37 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""
         return request.user.has_perm(PAUSE_PERMISSION)
 
-    @admin.display(description="cron", ordering="cron")
+    @admin.display(description=_("cron"), ordering="cron")
     def cron_text(self, obj: WorkflowSchedule) -> str:
         """The cron expression as code on one line (safe HTML)."""
         return format_html('<code style="white-space:nowrap">{}</code>', obj.cron)
 
-    @admin.display(description="state")
+    @admin.display(description=_("state"))
     def state_badge(self, obj: WorkflowSchedule) -> str:
-        """The state (active / paused / undeclared) as a coloured badge (safe HTML)."""
+        """The state (active / paused / undeclared) as a coloured badge (safe HTML): its label
+        in the active language, the state itself in ``data-state``."""
         state = state_of(obj)
         background, colour = _STATE_COLOURS[state]
-        return badge(f"schedule-state-{obj.pk}", "data-state", state, background, colour)
+        return badge(
+            f"schedule-state-{obj.pk}",
+            "data-state",
+            state,
+            background,
+            colour,
+            label=str(STATE_LABELS[state]),
+        )
 
-    @admin.display(description="next tick", ordering="next_tick")
+    @admin.display(description=_("next tick"), ordering="next_tick")
     def next(self, obj: WorkflowSchedule) -> str:
         """When the next run is due (``"—"``: the expression never matches again)."""
         return local_time(obj.next_tick)
 
-    @admin.display(description="last tick", ordering="last_tick")
+    @admin.display(description=_("last tick"), ordering="last_tick")
     def last(self, obj: WorkflowSchedule) -> str:
         """The last tick that started a run (``"—"``: none yet)."""
         return local_time(obj.last_tick)
 
-    @admin.display(description="last run")
+    @admin.display(description=_("last run"))
     def last_run_link(self, obj: WorkflowSchedule) -> str:
         """The last tick's run, linked to its page; ``"—"`` when none."""
         if obj.last_run_id is None:
@@ -139,28 +157,49 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
                 )
             else:
                 unchanged.append(schedule.name)
-        done = "Paused" if paused else "Resumed"
         if changed:
+            if paused:
+                done = ngettext(
+                    "Paused %(count)d schedule: %(names)s.",
+                    "Paused %(count)d schedules: %(names)s.",
+                    len(changed),
+                )
+            else:
+                done = ngettext(
+                    "Resumed %(count)d schedule: %(names)s.",
+                    "Resumed %(count)d schedules: %(names)s.",
+                    len(changed),
+                )
             self.message_user(
                 request,
-                f"{done} {len(changed)} schedule(s): {', '.join(changed)}.",
+                done % {"count": len(changed), "names": ", ".join(changed)},
                 messages.SUCCESS,
             )
         if unchanged:
-            already = "paused" if paused else "active"
+            if paused:
+                already = ngettext(
+                    "%(count)d schedule was already paused, nothing changed: %(names)s.",
+                    "%(count)d schedules were already paused, nothing changed: %(names)s.",
+                    len(unchanged),
+                )
+            else:
+                already = ngettext(
+                    "%(count)d schedule was already active, nothing changed: %(names)s.",
+                    "%(count)d schedules were already active, nothing changed: %(names)s.",
+                    len(unchanged),
+                )
             self.message_user(
                 request,
-                f"{len(unchanged)} schedule(s) were already {already}, nothing changed: "
-                f"{', '.join(unchanged)}.",
+                already % {"count": len(unchanged), "names": ", ".join(unchanged)},
                 messages.WARNING,
             )
 
-    @admin.action(description="Pause the selected schedules", permissions=["pause"])
+    @admin.action(description=_("Pause the selected schedules"), permissions=["pause"])
     def pause(self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule]) -> None:
         """Pause each selected schedule (it starts no run); a ``LogEntry`` per change."""
         self._set_paused(request, queryset, True)
 
-    @admin.action(description="Resume the selected schedules", permissions=["pause"])
+    @admin.action(description=_("Resume the selected schedules"), permissions=["pause"])
     def resume(self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule]) -> None:
         """Resume each selected schedule from its next tick after now; a ``LogEntry`` per
         change."""

@@ -32,11 +32,13 @@ from typing import TYPE_CHECKING, Any, cast
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin import history
 from django_leases.admin.base import ReadOnlyAdmin
@@ -50,7 +52,7 @@ from django_leases.models import (
     TriggerSource,
 )
 from django_leases.triggers import lifecycle
-from django_leases.triggers.values import REFUSAL_REASONS
+from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
 
@@ -100,6 +102,29 @@ def shown_status(source: TriggerSource) -> str:
     return source.status or "off"
 
 
+class SourceStatusFilter(admin.SimpleListFilter):
+    """Filter sources on their status as an operator sees it (:func:`shown_status`: a row
+    never set up is ``off``), the options labelled in the active language."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        """Every status (``STATUS_LABELS``), labelled."""
+        return [(status, str(label)) for status, label in STATUS_LABELS.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Only sources in the chosen status (all for no or an unknown choice)."""
+        value = self.value()
+        if value == "off":
+            return queryset.filter(Q(status="off") | Q(status__isnull=True))
+        if value in STATUS_LABELS:
+            return queryset.filter(status=value)
+        return queryset
+
+
 class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
@@ -134,29 +159,31 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     # -- columns and fields ---------------------------------------------------------------
 
-    @admin.display(description="signing secret")
+    @admin.display(description=_("signing secret"))
     def signing_secret(self, obj: TriggerSource) -> str:
         """Whether deliveries can be checked: where the secret comes from, never the secret."""
         origin = TriggerSecret.objects.secret_origin(obj.name)
         if origin == "settings":
-            return "set in DJANGO_LEASES['WEBHOOK_SECRETS'] (it wins over a stored one)"
+            return gettext("set in DJANGO_LEASES['WEBHOOK_SECRETS'] (it wins over a stored one)")
         if origin == "stored":
-            return "stored (encrypted, in the credential store)"
+            return gettext("stored (encrypted, in the credential store)")
         return format_html(
-            '<strong id="no-secret-{}">none stored</strong>: deliveries are refused (401) until '
-            "one is: <code>manage.py trigger_sources set-secret {}</code>",
-            obj.name,
-            obj.name,
+            gettext(
+                '<strong id="no-secret-{name}">none stored</strong>: deliveries are refused '
+                "(401) until one is: {command}"
+            ),
+            name=obj.name,
+            command=format_html("<code>manage.py trigger_sources set-secret {}</code>", obj.name),
         )
 
-    @admin.display(description="the sender must send")
+    @admin.display(description=_("the sender must send"))
     def sender_headers(self, obj: TriggerSource) -> str:
         """The headers a sender registered by hand must send (the provider's list)."""
         from django_leases.triggers.providers import get_provider
 
         provider = get_provider(obj.provider)
         if provider is None:
-            return "— (the provider is not installed here)"
+            return gettext("— (the provider is not installed here)")
         headers = provider.for_config(obj.config or {}).sender_headers
         if not headers:
             return "—"
@@ -164,14 +191,18 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             "", '<tr><td class="dl-name"><code>{}</code></td><td>{}</td></tr>', headers
         )
         return format_html(
-            '<table class="dl-table" id="sender-headers"><thead><tr><th>header</th>'
-            "<th>holds</th></tr></thead><tbody>{}</tbody></table>"
-            "<p>POST to the address above; the body is what is signed, byte for byte.</p>",
+            '<table class="dl-table" id="sender-headers"><thead><tr><th>{}</th>'
+            "<th>{}</th></tr></thead><tbody>{}</tbody></table><p>{}</p>",
+            gettext("header"),
+            gettext("holds"),
             rows,
+            gettext("POST to the address above; the body is what is signed, byte for byte."),
         )
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: TriggerSource) -> str:
+        """The status (:func:`shown_status`) as a coloured badge (safe HTML): its label in the
+        active language, the status itself in ``data-status``."""
         status = shown_status(obj)
         background, colour = _BADGE_COLOURS.get(status, ("#eee", "#333"))
         return format_html(
@@ -181,21 +212,21 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             status,
             background,
             colour,
-            status,
+            STATUS_LABELS.get(status, status),
         )
 
-    @admin.display(description="detail")
+    @admin.display(description=_("detail"))
     def short_detail(self, obj: TriggerSource) -> str:
         return cut_at_word(obj.detail or "", DETAIL_SHOWN)
 
-    @admin.display(description="receives at")
+    @admin.display(description=_("receives at"))
     def receive_address(self, obj: TriggerSource) -> str:
         try:
             return lifecycle.receive_url(obj)
         except TriggerSourceError:
-            return "— (no address yet: run reconcile_trigger_sources --base-url)"
+            return gettext("— (no address yet: run reconcile_trigger_sources --base-url)")
 
-    @admin.display(description="refused", ordering="refused")
+    @admin.display(description=_("refused"), ordering="refused")
     def refused_count(self, obj: TriggerSource) -> str:
         """Deliveries refused so far, all reasons (the page has them by reason)."""
         count = int(getattr(obj, "refused", 0) or 0)
@@ -203,13 +234,13 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             return "0"
         return format_html('<span class="dl-refused" data-refused="{}">{}</span>', count, count)
 
-    @admin.display(description="refused deliveries")
+    @admin.display(description=_("refused deliveries"))
     def refusals(self, obj: TriggerSource) -> str:
         """The source's refused-delivery tallies by reason (``TriggerRefusal.objects``):
         counts only — nothing of a refused request is kept."""
         tallies = TriggerRefusal.objects.by_source([obj.name]).get(obj.name, {})
         if not tallies:
-            return "None."
+            return gettext("None.")
         rows = format_html_join(
             "",
             '<tr id="refused-{}"><td class="dl-name"><code>{}</code></td><td>{}</td>'
@@ -228,13 +259,19 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             ),
         )
         return format_html(
-            '<table class="dl-table" id="refusals"><thead><tr><th>reason</th><th>meaning</th>'
-            "<th>count</th><th>last answer</th><th>first</th><th>last</th></tr></thead>"
+            '<table class="dl-table" id="refusals"><thead><tr><th>{}</th><th>{}</th>'
+            "<th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr></thead>"
             "<tbody>{}</tbody></table>",
+            gettext("reason"),
+            gettext("meaning"),
+            gettext("count"),
+            gettext("last answer"),
+            gettext("first"),
+            gettext("last"),
             rows,
         )
 
-    @admin.display(description="recent deliveries")
+    @admin.display(description=_("recent deliveries"))
     def recent_events(self, obj: TriggerSource) -> str:
         events = list(
             TriggerEvent.objects.filter(source_name=obj.name).order_by("-received_at", "-pk")[
@@ -242,13 +279,13 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             ]
         )
         every = format_html(
-            '<p><a href="{}?{}" id="all-deliveries">All deliveries to {}</a></p>',
+            '<p><a href="{}?{}" id="all-deliveries">{}</a></p>',
             reverse("admin:django_leases_triggerevent_changelist"),
             urlencode({"source": obj.name}),
-            obj.name,
+            gettext("All deliveries to %(name)s") % {"name": obj.name},
         )
         if not events:
-            return format_html("None yet.{}", every)
+            return format_html("{}{}", gettext("None yet."), every)
         rows = format_html_join(
             "",
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -265,8 +302,13 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         )
         return format_html(
             '<table class="dl-recent-events dl-table" id="recent-events"><thead><tr>'
-            "<th>received</th><th>event</th><th>delivery</th><th>workflow run</th>"
-            "<th>outcome</th></tr></thead><tbody>{}</tbody></table>{}",
+            "<th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr></thead>"
+            "<tbody>{}</tbody></table>{}",
+            gettext("received"),
+            gettext("event"),
+            gettext("delivery"),
+            gettext("workflow run"),
+            gettext("outcome"),
             rows,
             every,
         )
@@ -318,7 +360,11 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_changelist"
         )
         if source is None:
-            self.message_user(request, f"No such trigger source ({object_id!r}).", messages.ERROR)
+            self.message_user(
+                request,
+                gettext("No such trigger source (%(id)r).") % {"id": object_id},
+                messages.ERROR,
+            )
             return HttpResponseRedirect(changelist)
         self._operate(request, [source], operation)
         back = request.POST.get("next", "")
@@ -335,15 +381,23 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         for source in sources:
             try:
                 result = run(source.name)
-            except (TriggerSourceError, UnknownTriggerSourceError, LeaseError) as exc:
-                self.message_user(request, f"{source.name}: nothing changed: {exc}", messages.ERROR)
-                continue
-            except RuntimeError as exc:  # inside a transaction (ATOMIC_REQUESTS): no lease
-                self.message_user(request, f"{source.name}: nothing changed: {exc}", messages.ERROR)
+            except (TriggerSourceError, UnknownTriggerSourceError, LeaseError, RuntimeError) as exc:
+                # RuntimeError: inside a transaction (ATOMIC_REQUESTS), so no lease.
+                said = gettext("%(name)s: nothing changed: %(error)s")
+                self.message_user(
+                    request, said % {"name": source.name, "error": exc}, messages.ERROR
+                )
                 continue
             self._log(request, source, operation, result)
             level = messages.SUCCESS if result.ok else messages.ERROR
-            self.message_user(request, f"{_VERBS[operation]} {result}", level)
+            # The detail is the provider's or the lifecycle's record, kept as it was written.
+            said = gettext("%(operation)s %(name)s: %(detail)s")
+            self.message_user(
+                request,
+                said
+                % {"operation": _VERBS[operation], "name": result.name, "detail": result.detail},
+                level,
+            )
 
     def _log(
         self,
@@ -386,10 +440,10 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
 
 _VERBS = {
-    "enable": "Enable:",
-    "disable": "Disable:",
-    "teardown": "Tear down:",
-    "forget": "Forget:",
+    "enable": _("Enable:"),
+    "disable": _("Disable:"),
+    "teardown": _("Tear down:"),
+    "forget": _("Forget:"),
 }
 
 
@@ -405,7 +459,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         "short_detail",
         "refused_count",
     )
-    list_filter = ("enabled", "provider", "status")
+    list_filter = ("enabled", "provider", SourceStatusFilter)
     actions = ("enable_sources", "disable_sources")
     operations = {
         "enable": (lifecycle.enable, "Enabled"),
@@ -423,12 +477,13 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             shown.extend(("enabled", "status_badge") if column == "switch" else (column,))
         return tuple(shown)
 
-    @admin.display(description="status · on / off", ordering="enabled")
+    @admin.display(description=_("status · on / off"), ordering="enabled")
     def switch(self, obj: TriggerSource) -> str:
         """The row's status badge over its switch: a submit button posting the changelist
         form (with its CSRF token) to this source's enable / disable view (``formaction``),
         so no nested form."""
         operation = "disable" if obj.enabled else "enable"
+        label = gettext("Turn off") if obj.enabled else gettext("Turn on")
         return format_html(
             '<span class="dl-onoff" data-enabled="{}">{}</span>'
             '<button type="submit" class="button dl-switch" id="switch-{}" name="switch" '
@@ -438,22 +493,24 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             obj.name,
             operation,
             self.operate_url(obj, operation),
-            "Turn off" if obj.enabled else "Turn on",
+            label,
             obj.name,
-            "Turn off" if obj.enabled else "Turn on",
+            label,
         )
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """``(operation, button label)`` offered on a declared source's page: turn off when it is
         on, else turn on."""
-        return [("disable", "Turn off")] if source.enabled else [("enable", "Turn on")]
+        if source.enabled:
+            return [("disable", gettext("Turn off"))]
+        return [("enable", gettext("Turn on"))]
 
-    @admin.action(description="Enable the selected trigger sources", permissions=["toggle"])
+    @admin.action(description=_("Enable the selected trigger sources"), permissions=["toggle"])
     def enable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Turn each selected source on and set it up at its provider (``lifecycle.enable``)."""
         self._operate(request, queryset.order_by("name"), "enable")
 
-    @admin.action(description="Disable the selected trigger sources", permissions=["toggle"])
+    @admin.action(description=_("Disable the selected trigger sources"), permissions=["toggle"])
     def disable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Turn each selected source off, then tear it down (``lifecycle.disable``)."""
         self._operate(request, queryset.order_by("name"), "disable")
@@ -494,7 +551,7 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
 
         return source.state is not None and get_provider(source.provider) is not None
 
-    @admin.display(description="operations")
+    @admin.display(description=_("operations"))
     def orphan_operations(self, obj: TriggerSource) -> str:
         """The list column's buttons for an orphan (HTML ``str``): forget, and tear down at the
         provider when a registration is recorded and its provider installed."""
@@ -502,10 +559,11 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
             format_html(
                 '<button type="submit" class="button dl-forget" id="forget-{}" '
                 'name="operation" value="forget" formaction="{}" formmethod="post" '
-                'title="Forget {}">Forget</button>',
+                'title="{}">{}</button>',
                 obj.name,
                 self.operate_url(obj, "forget"),
-                obj.name,
+                gettext("Forget %(name)s") % {"name": obj.name},
+                gettext("Forget"),
             )
         ]
         if self.can_tear_down(obj):
@@ -513,11 +571,12 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
                 format_html(
                     '<button type="submit" class="button dl-teardown" id="teardown-{}" '
                     'name="operation" value="teardown" formaction="{}" formmethod="post" '
-                    'title="Tear down {} at {}">Tear down at provider</button>',
+                    'title="{}">{}</button>',
                     obj.name,
                     self.operate_url(obj, "teardown"),
-                    obj.name,
-                    obj.provider,
+                    gettext("Tear down %(name)s at %(provider)s")
+                    % {"name": obj.name, "provider": obj.provider},
+                    gettext("Tear down at provider"),
                 )
             )
         return format_html_join(" ", "{}", ((button,) for button in buttons))
@@ -525,9 +584,9 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """``(operation, button label)`` offered on an orphan's page: forget, and tear down when
         :meth:`can_tear_down`."""
-        offered = [("forget", "Forget")]
+        offered = [("forget", gettext("Forget"))]
         if self.can_tear_down(source):
-            offered.append(("teardown", "Tear down at provider"))
+            offered.append(("teardown", gettext("Tear down at provider")))
         return offered
 
     def _operate(
@@ -539,22 +598,26 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
                 if self.can_tear_down(source):
                     able.append(source)
                 else:
+                    said = gettext(
+                        "%(name)s: not torn down: its provider %(provider)r is not installed "
+                        "here or nothing is registered; forget it instead."
+                    )
                     self.message_user(
                         request,
-                        f"{source.name}: not torn down: its provider {source.provider!r} is "
-                        "not installed here or nothing is registered; forget it instead.",
+                        said % {"name": source.name, "provider": source.provider},
                         messages.WARNING,
                     )
             sources = able
         super()._operate(request, sources, operation)
 
-    @admin.action(description="Forget the selected orphans", permissions=["toggle"])
+    @admin.action(description=_("Forget the selected orphans"), permissions=["toggle"])
     def forget_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Delete each selected orphan's row, provider untouched (``lifecycle.forget``)."""
         self._operate(request, queryset.order_by("name"), "forget")
 
     @admin.action(
-        description="Tear down the selected orphans at their provider", permissions=["toggle"]
+        description=_("Tear down the selected orphans at their provider"),
+        permissions=["toggle"],
     )
     def teardown_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Tear each selected orphan down at its provider and delete it (``lifecycle.teardown``)."""

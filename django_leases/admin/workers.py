@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import formats
 from django.utils.html import format_html
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, badge, local_time
@@ -40,7 +43,7 @@ _STATE_COLOURS = {
 class WorkerStateFilter(AnnotationFilter):
     """Filter on the ``state`` annotation (live / stopped / lapsed, on the DB clock)."""
 
-    title = "state"
+    title = _("state")
     parameter_name = "state"
     states = WorkerState
 
@@ -93,36 +96,41 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
             return queryset.filter(host__icontains=term), False
         return super().get_search_results(request, queryset, search_term)
 
-    @admin.display(description="state", ordering="state")
+    @admin.display(description=_("state"), ordering="state")
     def state_badge(self, obj: WorkflowWorker) -> str:
-        """The ``state`` annotation (live / lapsed / stopped) as a coloured badge (HTML ``str``)."""
+        """The ``state`` annotation (live / lapsed / stopped) as a coloured badge (HTML ``str``):
+        its label (``WorkerState``) shown, the state itself in ``data-state``."""
         state = str(getattr(obj, "state", ""))
         background, colour = _STATE_COLOURS.get(state, ("#eee", "#333"))
-        return badge(f"worker-state-{obj.pk}", "data-state", state, background, colour)
+        label = str(WorkerState(state).label) if state in WorkerState.values else state
+        return badge(f"worker-state-{obj.pk}", "data-state", state, background, colour, label)
 
-    @admin.display(description="queues")
+    @admin.display(description=_("queues"))
     def queue_names(self, obj: WorkflowWorker) -> str:
         """The queues the worker takes work from, comma-separated; ``"every queue"`` when
         unrestricted."""
         queues = [str(queue) for queue in (obj.queues or [])]
-        return ", ".join(queues) if queues else "every queue"
+        return ", ".join(queues) if queues else gettext("every queue")
 
-    @admin.display(description="in flight", ordering="in_flight")
+    @admin.display(description=_("in flight"), ordering="in_flight")
     def work(self, obj: WorkflowWorker) -> str:
         """Units of work in flight at the last heartbeat, of the worker's threads."""
-        return f"{obj.in_flight} of {obj.concurrency}"
+        return gettext("%(in_flight)d of %(concurrency)d") % {
+            "in_flight": obj.in_flight,
+            "concurrency": obj.concurrency,
+        }
 
-    @admin.display(description="since", ordering="started_at")
+    @admin.display(description=_("since"), ordering="started_at")
     def since(self, obj: WorkflowWorker) -> str:
         """When the worker started (``started_at``), as local time text."""
         return local_time(obj.started_at)
 
-    @admin.display(description="last heartbeat", ordering="beat_at")
+    @admin.display(description=_("last heartbeat"), ordering="beat_at")
     def last_heartbeat(self, obj: WorkflowWorker) -> str:
         """When the worker last beat (``beat_at``), as local time text."""
         return local_time(obj.beat_at)
 
-    @admin.display(description="heartbeat lease")
+    @admin.display(description=_("heartbeat lease"))
     def heartbeat_expires(self, obj: WorkflowWorker) -> str:
         """The heartbeat lease on the database clock: ``expires in N s`` (live), ``released``
         (stopped), ``lapsed <time>``; ``"—"`` without one."""
@@ -132,12 +140,13 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
             return "—"
         state = getattr(obj, "state", None)
         if state == WorkerState.LIVE.value:
-            return format_html("expires in {} s", f"{(expires - db_now).total_seconds():.0f}")
+            seconds = formats.number_format((expires - db_now).total_seconds(), 0)
+            return format_html(gettext("expires in {seconds} s"), seconds=seconds)
         if state == WorkerState.STOPPED.value:
-            return "released"
-        return format_html("lapsed {}", local_time(expires))
+            return gettext("released")
+        return format_html(gettext("lapsed {time}"), time=local_time(expires))
 
-    @admin.display(description="stopped at")
+    @admin.display(description=_("stopped at"))
     def stopped(self, obj: WorkflowWorker) -> str:
         """When the worker stopped (``stopped_at``), as local time text; empty while it runs."""
         return local_time(obj.stopped_at)

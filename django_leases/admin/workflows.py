@@ -25,16 +25,20 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models import (
+    AttemptStatus,
     RunStatus,
     StepStatus,
     WorkflowRun,
@@ -43,7 +47,7 @@ from django_leases.models import (
     WorkflowWait,
 )
 from django_leases.workflows.display import describe_wait, event_sent, waiting_on
-from django_leases.workflows.values import TASK_WORKFLOW, RunChange
+from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, WaitStatus
 
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
@@ -108,22 +112,27 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
     )
     readonly_fields = fields
 
-    @admin.display(description="attempt")
+    @admin.display(description=_("attempt"))
     def attempts(self, step: WorkflowStep) -> str:
         """The current attempt and the most there can be (``retries`` + 1)."""
-        return f"{step.attempt} of {step.retries + 1}"
+        return gettext("%(attempt)d of %(most)d") % {
+            "attempt": step.attempt,
+            "most": step.retries + 1,
+        }
 
-    @admin.display(description="lease / due")
+    @admin.display(description=_("lease / due"))
     def timing(self, step: WorkflowStep) -> str:
         """A running step's lease expiry, or when a waiting step (or a failed step's next
         attempt) is due."""
         if step.status == StepStatus.RUNNING and step.lease_expires_at is not None:
-            return format_html("lease until {}", local_time(step.lease_expires_at))
+            return format_html(
+                gettext("lease until {time}"), time=local_time(step.lease_expires_at)
+            )
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED) and step.available_at:
-            return format_html("due {}", local_time(step.available_at))
+            return format_html(gettext("due {time}"), time=local_time(step.available_at))
         retry_left = step.attempt <= step.retries
         if step.status == StepStatus.FAILED and retry_left and step.available_at:
-            return format_html("retry due {}", local_time(step.available_at))
+            return format_html(gettext("retry due {time}"), time=local_time(step.available_at))
         return "—"
 
     def has_view_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
@@ -131,12 +140,12 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
         otherwise also ask for ``view_workflowstep``)."""
         return request.user.has_perm(f"{WorkflowRun._meta.app_label}.view_workflowrun")
 
-    @admin.display(description="result")
+    @admin.display(description=_("result"))
     def result_json(self, step: WorkflowStep) -> str:
         """The step's recorded result as indented JSON (HTML ``str``)."""
         return _json(step.result)
 
-    @admin.display(description="error")
+    @admin.display(description=_("error"))
     def error_json(self, step: WorkflowStep) -> str:
         """The step's recorded error as indented JSON (HTML ``str``)."""
         return _json(step.error)
@@ -145,14 +154,14 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
 class RunKindFilter(admin.SimpleListFilter):
     """Runs of Django tasks (``django_leases.tasks``) or of ``@workflow`` functions."""
 
-    title = "kind"
+    title = _("kind")
     parameter_name = "kind"
 
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
     ) -> list[tuple[str, str]]:
         """The two kinds: ``task`` and ``workflow``."""
-        return [("task", "Task"), ("workflow", "Workflow")]
+        return [("task", gettext("Task")), ("workflow", gettext("Workflow"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         """Only runs of the chosen kind (all for no or an unknown choice)."""
@@ -166,7 +175,7 @@ class RunKindFilter(admin.SimpleListFilter):
 class RunQueueFilter(admin.SimpleListFilter):
     """Runs with a step on the chosen queue (a task's queue is its one step's)."""
 
-    title = "queue"
+    title = _("queue")
     parameter_name = "queue"
 
     def lookups(
@@ -187,7 +196,7 @@ class RunQueueFilter(admin.SimpleListFilter):
 class TaskPathFilter(admin.SimpleListFilter):
     """Task runs of the chosen ``@task`` (its module path)."""
 
-    title = "task"
+    title = _("task")
     parameter_name = "task"
 
     def lookups(
@@ -311,7 +320,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             raise PermissionDenied  # no such operation: nothing to offer
         run = self._run_or_none(object_id)
         if run is None:
-            self.message_user(request, f"No workflow run with id {object_id!r}.", messages.ERROR)
+            self.message_user(
+                request,
+                gettext("No workflow run with id %(id)r.") % {"id": object_id},
+                messages.ERROR,
+            )
             return HttpResponseRedirect(reverse("admin:django_leases_workflowrun_changelist"))
         if operation == "resume":
             self._operate(request, run, lambda: WorkflowRun.objects.resume(run.pk))
@@ -335,13 +348,17 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             payload = json.loads(text) if text else None
         except ValueError as exc:
             self.message_user(
-                request, f"Nothing sent: the payload is not JSON ({exc}).", messages.ERROR
+                request,
+                gettext("Nothing sent: the payload is not JSON (%(error)s).") % {"error": exc},
+                messages.ERROR,
             )
             return
         try:
             wait = WorkflowWait.objects.send_event(run.pk, name, payload)
         except (WorkflowEventRefusedError, WorkflowRunStateError, ValueError) as exc:
-            self.message_user(request, f"Nothing sent: {exc}.", messages.ERROR)
+            self.message_user(
+                request, gettext("Nothing sent: %(error)s.") % {"error": exc}, messages.ERROR
+            )
             return
         self.log_change(request, run, f"Sent event {name!r}")
         level = messages.SUCCESS if wait.reached_at is not None else messages.WARNING
@@ -355,16 +372,17 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             text,
         )
 
-    @admin.display(description="parent run")
+    @admin.display(description=_("parent run"))
     def parent_link(self, run: WorkflowRun) -> str:
         """The run that started this one with ``run.child``, linked."""
         if run.parent_id is None:
             return "—"
         return self._link(run.parent_id, str(run.parent_id))
 
-    @admin.display(description="child runs")
+    @admin.display(description=_("child runs"))
     def children_links(self, run: WorkflowRun) -> str:
-        """The runs this one started with ``run.child``, linked, with their status."""
+        """The runs this one started with ``run.child``, linked, with their status (its
+        label in the active language)."""
         children = list(
             WorkflowRun.objects.filter(parent_id=run.pk)
             .order_by("created_at", "id")
@@ -375,25 +393,35 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         return format_html_join(
             mark_safe("<br>"),
             "{} {} ({})",
-            ((self._link(pk, str(pk)), workflow, status) for pk, workflow, status in children),
+            (
+                (self._link(pk, str(pk)), workflow, _label(RunStatus, status))
+                for pk, workflow, status in children
+            ),
         )
 
-    @admin.display(description="waiting on")
+    @admin.display(description=_("waiting on"))
     def waiting_on(self, run: WorkflowRun) -> str:
         """What a running run waits for now (``WorkflowRun.waiting_on``)."""
         return (
             format_html_join(mark_safe("<br>"), "{}", ((line,) for line in waiting_on(run))) or "—"
         )
 
-    @admin.display(description="waits")
+    @admin.display(description=_("waits"))
     def waits(self, run: WorkflowRun) -> str:
         """Each wait of the run: what it waits for, and its timestamps."""
         rows = WorkflowWait.objects.filter(run=run).order_by("id")
         if not rows:
             return "—"
         return format_html(
-            "<table><thead><tr><th>name</th><th>kind</th><th>status</th><th>what</th>"
-            "<th>reached</th><th>due</th><th>done</th></tr></thead><tbody>{}</tbody></table>",
+            "<table><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th>"
+            "<th>{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+            gettext("name"),
+            gettext("kind"),
+            gettext("status"),
+            gettext("what"),
+            gettext("reached"),
+            gettext("due"),
+            gettext("done"),
             format_html_join(
                 "",
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
@@ -401,8 +429,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                 (
                     (
                         wait.name,
-                        wait.kind,
-                        wait.status,
+                        _label(WaitKind, wait.kind),
+                        _label(WaitStatus, wait.status),
                         describe_wait(wait),
                         local_time(wait.reached_at),
                         local_time(wait.due_at),
@@ -413,13 +441,13 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             ),
         )
 
-    @admin.action(description="Resume the selected runs", permissions=["operate"])
+    @admin.action(description=_("Resume the selected runs"), permissions=["operate"])
     def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         """Resume each selected suspended or failed run (``WorkflowRun.objects.resume``)."""
         for run in queryset.order_by("created_at"):
             self._operate(request, run, lambda run=run: WorkflowRun.objects.resume(run.pk))
 
-    @admin.action(description="Cancel the selected runs", permissions=["operate"])
+    @admin.action(description=_("Cancel the selected runs"), permissions=["operate"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         """Cancel each selected running or suspended run (``WorkflowRun.objects.cancel``)."""
         for run in queryset.order_by("created_at"):
@@ -429,14 +457,18 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         self, request: HttpRequest, run: WorkflowRun, operation: Callable[..., RunChange]
     ) -> RunChange | None:
         """Run ``operation`` (a store call returning a ``RunChange``); on success write a
-        ``LogEntry`` and a success message, on a refusal an error message (nothing changed)."""
+        ``LogEntry`` (``str(change)``: the history keeps the code's words, whoever reads it)
+        and a success message in the active language, on a refusal an error message (nothing
+        changed)."""
         try:
             change: RunChange = operation()
         except (WorkflowRunStateError, WorkflowStep.DoesNotExist, ValueError) as exc:
-            self.message_user(request, f"Nothing changed: {exc}.", messages.ERROR)
+            self.message_user(
+                request, gettext("Nothing changed: %(error)s.") % {"error": exc}, messages.ERROR
+            )
             return None
         self.log_change(request, run, str(change))
-        self.message_user(request, f"{change}.", messages.SUCCESS)
+        self.message_user(request, change_text(change), messages.SUCCESS)
         return change
 
     @staticmethod
@@ -458,22 +490,22 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         except ValueError:
             return queryset.none(), False
 
-    @admin.display(description="input")
+    @admin.display(description=_("input"))
     def input_json(self, run: WorkflowRun) -> str:
         """The run's input as indented JSON (HTML ``str``)."""
         return _json(run.input)
 
-    @admin.display(description="output")
+    @admin.display(description=_("output"))
     def output_json(self, run: WorkflowRun) -> str:
         """The run's output as indented JSON (HTML ``str``)."""
         return _json(run.output)
 
-    @admin.display(description="error")
+    @admin.display(description=_("error"))
     def error_json(self, run: WorkflowRun) -> str:
         """The run's error as indented JSON (HTML ``str``)."""
         return _json(run.error)
 
-    @admin.display(description="attempt history")
+    @admin.display(description=_("attempt history"))
     def history(self, run: WorkflowRun) -> str:
         """Every attempt of every step, oldest first (``WorkflowStepAttempt.objects``); an
         attempt a later one replaced says *superseded* (its row still says ``running``)."""
@@ -490,7 +522,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                     shown,
                     entry.step.step_name,
                     entry.attempt,
-                    shown,
+                    gettext("Superseded")
+                    if shown == "superseded"
+                    else _label(AttemptStatus, shown),
                     local_time(entry.started_at),
                     local_time(entry.finished_at),
                     _json(entry.result),
@@ -501,9 +535,46 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             ),
         )
         return format_html(
-            '<table class="dl-table" id="attempt-history"><thead><tr><th>step</th>'
-            "<th>attempt</th><th>status</th><th>started</th><th>finished</th>"
-            '<th class="dl-json-column">result</th><th class="dl-json-column">error</th></tr>'
+            '<table class="dl-table" id="attempt-history"><thead><tr><th>{}</th>'
+            "<th>{}</th><th>{}</th><th>{}</th><th>{}</th>"
+            '<th class="dl-json-column">{}</th><th class="dl-json-column">{}</th></tr>'
             "</thead><tbody>{}</tbody></table>",
+            gettext("step"),
+            gettext("attempt"),
+            gettext("status"),
+            gettext("started"),
+            gettext("finished"),
+            gettext("result"),
+            gettext("error"),
             rows,
         )
+
+
+def _label(choices: type[models.TextChoices], value: str) -> str:
+    """The label of ``value`` among ``choices`` in the active language; ``value`` itself when
+    it is not one of them."""
+    return str(choices(value).label) if value in choices.values else value
+
+
+def change_text(change: RunChange) -> str:
+    """What an operator operation did (``RunChange``), as the admin says it, in the active
+    language: the run, its status before and after (their labels), and the steps it made due
+    again or stopped."""
+    text = gettext("Run %(run)s: %(before)s → %(after)s") % {
+        "run": change.run_id,
+        "before": _label(RunStatus, change.before),
+        "after": _label(RunStatus, change.after),
+    }
+    if change.steps:
+        names = ", ".join(repr(step) for step in change.steps)
+        count = len(change.steps)
+        if change.after == RunStatus.CANCELLED:
+            said = ngettext("; step %(steps)s stopped", "; steps %(steps)s stopped", count)
+        else:
+            said = ngettext(
+                "; step %(steps)s due again as a new attempt",
+                "; steps %(steps)s due again as new attempts",
+                count,
+            )
+        text += said % {"steps": names}
+    return text + "."

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -288,9 +290,9 @@ def _released_expiry() -> Case:
 class LeaseState(models.TextChoices):
     """What an operator sees: held now, expired on the database clock, or given back."""
 
-    LIVE = "live", "live"
-    LAPSED = "lapsed", "lapsed"
-    RELEASED = "released", "released"
+    LIVE = "live", _("live")
+    LAPSED = "lapsed", _("lapsed")
+    RELEASED = "released", _("released")
 
 
 #: The vendors with one-statement acquire, refresh and release.
@@ -687,21 +689,25 @@ class Lease(models.Model):
     handed out before. Times are set by the database clock.
     """
 
-    key = models.CharField(max_length=MAX_KEY_LENGTH)
-    holder = models.CharField(max_length=MAX_KEY_LENGTH)
-    token = models.BigIntegerField(default=1, help_text="Fencing token; rises on every takeover.")
+    key = models.CharField(_("key"), max_length=MAX_KEY_LENGTH)
+    holder = models.CharField(_("holder"), max_length=MAX_KEY_LENGTH)
+    token = models.BigIntegerField(
+        _("token"), default=1, help_text=_("Fencing token; rises on every takeover.")
+    )
     # Not indexed on purpose: a refresh then changes no indexed column, so PostgreSQL can
     # make it a HOT update (no index writes). Lookups go through the key.
-    expires_at = models.DateTimeField()
-    acquired_at = models.DateTimeField(null=True, blank=True)
-    renewed_at = models.DateTimeField(null=True, blank=True)
-    released_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires at"))
+    acquired_at = models.DateTimeField(_("acquired at"), null=True, blank=True)
+    renewed_at = models.DateTimeField(_("renewed at"), null=True, blank=True)
+    released_at = models.DateTimeField(_("released at"), null=True, blank=True)
 
     objects: ClassVar[LeaseQuerySet] = LeaseQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
         ordering = ("key",)
+        verbose_name = _("lease")
+        verbose_name_plural = _("leases")
         permissions = (("force_release_lease", "Can force-release a lease"),)
         constraints = (
             # A constraint rather than unique=True: on PostgreSQL unique=True on a CharField
@@ -711,7 +717,11 @@ class Lease(models.Model):
         )
 
     def __str__(self) -> str:
-        return f"{self.key} (token {self.token}, held by {self.holder})"
+        return gettext("%(key)s (token %(token)s, held by %(holder)s)") % {
+            "key": self.key,
+            "token": self.token,
+            "holder": self.holder,
+        }
 
     def seconds_left(self, db_now: datetime) -> float:
         """Seconds until expiry measured against ``db_now`` (never negative)."""

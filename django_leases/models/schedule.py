@@ -35,6 +35,7 @@ from typing import ClassVar
 
 from django.db import connections, models, transaction
 from django.db.models import F
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
 from django_leases.clock import DbNow, to_aware, to_stored
@@ -195,7 +196,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         """
         alias = self.write_alias()
         fired: list[Fired] = []
-        for _ in range(MAX_ROUNDS):
+        for _round in range(MAX_ROUNDS):
             due = list(
                 self._rows(alias)
                 .filter(declared=True, paused=False, next_tick__lte=DbNow())
@@ -272,6 +273,11 @@ def _for_update(
     return rows.select_for_update()
 
 
+#: The catch-up policies' labels (the choices' labels are their names, marked for
+#: translation: the same text, so the field's choices stay as they are).
+CATCH_UP_LABELS = {"latest": _("latest"), "none": _("none")}
+
+
 class WorkflowSchedule(models.Model):
     """A cron schedule of a workflow: a run per tick, started by the workflow workers.
 
@@ -282,29 +288,32 @@ class WorkflowSchedule(models.Model):
     the code or settings: the row stops firing and stays.
     """
 
-    name = models.CharField(max_length=MAX_NAME_LENGTH, unique=True)
-    workflow = models.CharField(max_length=MAX_NAME_LENGTH)
-    cron = models.CharField(max_length=200)
-    timezone = models.CharField(max_length=64, default="UTC")
-    input = models.JSONField(default=dict, blank=True)
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, unique=True)
+    workflow = models.CharField(_("workflow"), max_length=MAX_NAME_LENGTH)
+    cron = models.CharField(_("cron"), max_length=200)
+    timezone = models.CharField(_("time zone"), max_length=64, default="UTC")
+    input = models.JSONField(_("input"), default=dict, blank=True)
     catch_up = models.CharField(
+        _("catch up"),
         max_length=16,
-        choices=[(policy, policy) for policy in CATCH_UP_POLICIES],
+        choices=[(policy, CATCH_UP_LABELS[policy]) for policy in CATCH_UP_POLICIES],
         default="latest",
     )
-    declared = models.BooleanField(default=True)
-    paused = models.BooleanField(default=False)
-    next_tick = models.DateTimeField(null=True, blank=True)
-    last_tick = models.DateTimeField(null=True, blank=True)
-    last_run_id = models.UUIDField(null=True, blank=True)
-    created_at = models.DateTimeField(db_default=DbNow())
-    updated_at = models.DateTimeField(db_default=DbNow())
+    declared = models.BooleanField(_("declared"), default=True)
+    paused = models.BooleanField(_("paused"), default=False)
+    next_tick = models.DateTimeField(_("next tick"), null=True, blank=True)
+    last_tick = models.DateTimeField(_("last tick"), null=True, blank=True)
+    last_run_id = models.UUIDField(_("last run id"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), db_default=DbNow())
+    updated_at = models.DateTimeField(_("updated at"), db_default=DbNow())
 
     objects: ClassVar[WorkflowScheduleQuerySet] = WorkflowScheduleQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
         ordering = ("name",)
+        verbose_name = _("workflow schedule")
+        verbose_name_plural = _("workflow schedules")
         permissions = (("pause_workflowschedule", "Can pause and resume workflow schedules"),)
         indexes = (models.Index(fields=["next_tick"], name="dl_schedule_next_tick"),)
 

@@ -60,6 +60,8 @@ from django.core.validators import URLValidator
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -694,24 +696,28 @@ class TriggerSource(models.Model):
     secrets never live here.
     """
 
-    name = models.CharField(max_length=MAX_NAME_LENGTH, unique=True)
-    kind = models.CharField(max_length=32, default="webhook")
-    provider = models.CharField(max_length=64)
-    config = models.JSONField(default=dict, blank=True, help_text="Non-secret provider config.")
-    base_url = models.CharField(max_length=500, null=True, blank=True)
-    label_prefix = models.CharField(max_length=200, null=True, blank=True)
-    declared = models.BooleanField(default=True)
-    enabled = models.BooleanField(default=False)
-    status = models.CharField(max_length=32, null=True, blank=True)
-    state = models.JSONField(null=True, blank=True)
-    detail = models.TextField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, unique=True)
+    kind = models.CharField(_("kind"), max_length=32, default="webhook")
+    provider = models.CharField(_("provider"), max_length=64)
+    config = models.JSONField(
+        _("config"), default=dict, blank=True, help_text=_("Non-secret provider config.")
+    )
+    base_url = models.CharField(_("base URL"), max_length=500, null=True, blank=True)
+    label_prefix = models.CharField(_("label prefix"), max_length=200, null=True, blank=True)
+    declared = models.BooleanField(_("declared"), default=True)
+    enabled = models.BooleanField(_("enabled"), default=False)
+    status = models.CharField(_("status"), max_length=32, null=True, blank=True)
+    state = models.JSONField(_("state"), null=True, blank=True)
+    detail = models.TextField(_("detail"), null=True, blank=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     objects: ClassVar[TriggerSourceQuerySet] = TriggerSourceQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
         ordering = ("name",)
+        verbose_name = _("trigger source")
+        verbose_name_plural = _("trigger sources")
         permissions = (
             ("toggle_triggersource", "Can enable, disable and tear down trigger sources"),
         )
@@ -760,11 +766,11 @@ class TriggerSourceDefaults(models.Model):
 
     class Meta:
         app_label = "django_leases"
-        verbose_name = "trigger-source defaults"
-        verbose_name_plural = "trigger-source defaults"
+        verbose_name = _("trigger-source defaults")
+        verbose_name_plural = _("trigger-source defaults")
 
     def __str__(self) -> str:
-        return self.base_url or "(no address yet)"
+        return self.base_url or gettext("(no address yet)")
 
 
 class OrphanTriggerSource(TriggerSource):
@@ -773,7 +779,8 @@ class OrphanTriggerSource(TriggerSource):
     class Meta:
         proxy = True
         app_label = "django_leases"
-        verbose_name = "orphaned trigger source"
+        verbose_name = _("orphaned trigger source")
+        verbose_name_plural = _("orphaned trigger sources")
 
 
 #: Longest outcome a ``TriggerEvent`` keeps (longer ones are cut).
@@ -786,10 +793,10 @@ class TriggerEvent(models.Model):
     source = models.ForeignKey(
         TriggerSource, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
-    source_name = models.CharField(max_length=200)
-    delivery_id = models.CharField(max_length=200)
-    event = models.CharField(max_length=200)
-    payload = models.JSONField()
+    source_name = models.CharField(_("source name"), max_length=200)
+    delivery_id = models.CharField(_("delivery id"), max_length=200)
+    event = models.CharField(_("event"), max_length=200)
+    payload = models.JSONField(_("payload"))
     run = models.ForeignKey(
         "django_leases.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL
     )
@@ -797,15 +804,17 @@ class TriggerEvent(models.Model):
         max_length=OUTCOME_LENGTH,
         blank=True,
         default="",
-        help_text="What the handler did with the delivery, when it said so.",
+        help_text=_("What the handler did with the delivery, when it said so."),
     )
-    received_at = models.DateTimeField(auto_now_add=True)
+    received_at = models.DateTimeField(_("received at"), auto_now_add=True)
 
     objects: ClassVar[TriggerEventQuerySet] = TriggerEventQuerySet.as_manager()  # type: ignore[assignment]
 
     class Meta:
         app_label = "django_leases"
         ordering = ("-received_at",)
+        verbose_name = _("trigger event")
+        verbose_name_plural = _("trigger events")
         constraints = (
             models.UniqueConstraint(
                 fields=["source_name", "delivery_id"], name="dl_event_unique_delivery"
@@ -840,7 +849,7 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
         alias = self.write_alias()
         rows = self.model._default_manager.using(alias)
         bump = {"count": F("count") + 1, "last_status": status, "last_refused_at": DbNow()}
-        for _ in range(2):
+        for _try in range(2):
             if rows.filter(source__name=source_name, reason=reason).update(**bump):
                 return True
             source = TriggerSource._default_manager.using(alias).filter(name=source_name).first()
@@ -872,7 +881,7 @@ class TriggerRefusal(models.Model):
 
     source = models.ForeignKey(TriggerSource, on_delete=models.CASCADE, related_name="refusals")
     reason = models.CharField(
-        max_length=32, choices=[(key, text) for key, (_, text) in REFUSAL_REASONS.items()]
+        max_length=32, choices=[(key, text) for key, (_status, text) in REFUSAL_REASONS.items()]
     )
     count = models.BigIntegerField(default=1)
     last_status = models.PositiveSmallIntegerField()
@@ -884,8 +893,8 @@ class TriggerRefusal(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("source", "reason")
-        verbose_name = "refused deliveries"
-        verbose_name_plural = "refused deliveries"
+        verbose_name = _("refused deliveries")
+        verbose_name_plural = _("refused deliveries")
         constraints = (
             models.UniqueConstraint(fields=["source", "reason"], name="dl_refusal_unique_reason"),
         )

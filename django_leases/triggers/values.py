@@ -12,7 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.utils.translation import gettext_lazy as _
+
 if TYPE_CHECKING:  # for annotations only: this module imports no model
+    from django.utils.functional import _StrPromise
+
     from django_leases.models import TriggerEvent
 
 #: What ``TriggerSource.status`` may hold (besides ``None``, a row never set up): ``off``
@@ -22,17 +26,27 @@ if TYPE_CHECKING:  # for annotations only: this module imports no model
 #: ``detail`` says why).
 STATUSES = ("off", "pending", "registered", "manual", "failed")
 
+#: What an operator reads for each status (the admin's badges and status filter), lazily in
+#: the active language.
+STATUS_LABELS: dict[str, _StrPromise] = {
+    "off": _("off"),
+    "pending": _("pending"),
+    "registered": _("registered"),
+    "manual": _("manual"),
+    "failed": _("failed"),
+}
+
 #: Why a delivery was refused, with the HTTP status answered: the ``reason`` of signal
 #: ``delivery_refused``, of the refused-delivery tallies (``TriggerRefusal``) and of the
 #: ``django_leases_deliveries_total`` metric.
-REFUSAL_REASONS: dict[str, tuple[int, str]] = {
-    "not_receiving": (404, "unknown, orphaned or disabled source"),
-    "bad_request": (400, "bad Content-Length, or a one-value header sent twice"),
-    "too_large": (413, "body over WEBHOOK_MAX_BODY"),
-    "no_secret": (401, "the source has no usable signing secret"),
-    "bad_signature": (401, "signature missing or not matching"),
-    "malformed": (400, "signed, but not a delivery that can be read"),
-    "not_recorded": (500, "the handler or the database failed; nothing was kept"),
+REFUSAL_REASONS: dict[str, tuple[int, _StrPromise]] = {
+    "not_receiving": (404, _("unknown, orphaned or disabled source")),
+    "bad_request": (400, _("bad Content-Length, or a one-value header sent twice")),
+    "too_large": (413, _("body over WEBHOOK_MAX_BODY")),
+    "no_secret": (401, _("the source has no usable signing secret")),
+    "bad_signature": (401, _("signature missing or not matching")),
+    "malformed": (400, _("signed, but not a delivery that can be read")),
+    "not_recorded": (500, _("the handler or the database failed; nothing was kept")),
 }
 
 

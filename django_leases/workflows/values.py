@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
 from django_leases.validation import (
@@ -37,11 +38,13 @@ class RunStatus(models.TextChoices):
     ``cancelled`` was stopped by an operator.
     """
 
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    # The labels are Django's default ones (the name, capitalised), marked for translation:
+    # the same text, so the fields' choices (and their migrations) stay as they are.
+    RUNNING = "running", _("Running")
+    SUSPENDED = "suspended", _("Suspended")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class StepStatus(models.TextChoices):
@@ -51,27 +54,27 @@ class StepStatus(models.TextChoices):
     is claimed again as attempt + 1 once ``available_at`` has passed).
     """
 
-    PENDING = "pending"
-    SCHEDULED = "scheduled"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
+    PENDING = "pending", _("Pending")
+    SCHEDULED = "scheduled", _("Scheduled")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
 
 
 class AttemptStatus(models.TextChoices):
     """One attempt's outcome. A superseded attempt stays ``running`` for ever."""
 
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
 
 
 class WaitKind(models.TextChoices):
     """What a run waits for at a wait (``run.sleep``, ``run.wait_for_event``, ``run.child``)."""
 
-    SLEEP = "sleep"
-    EVENT = "event"
-    CHILD = "child"
+    SLEEP = "sleep", _("Sleep")
+    EVENT = "event", _("Event")
+    CHILD = "child", _("Child")
 
 
 class WaitStatus(models.TextChoices):
@@ -79,9 +82,9 @@ class WaitStatus(models.TextChoices):
     sleep elapsed, the event arrived (possibly before the run reached the wait) or the child
     run finished. ``timed_out``: the event's timeout passed before it arrived (final)."""
 
-    WAITING = "waiting"
-    DONE = "done"
-    TIMED_OUT = "timed_out"
+    WAITING = "waiting", _("Waiting")
+    DONE = "done", _("Done")
+    TIMED_OUT = "timed_out", _("Timed Out")
 
 
 #: Statuses of a step waiting to be claimed (a failed one only while it has attempts left).

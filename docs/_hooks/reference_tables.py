@@ -9,6 +9,11 @@
   ``EXIT_CODES`` in ``django_leases/management/base.py`` (which also renders each command's
   ``--help``). A status the command's code exits with but its table lacks, or a command
   without a table, fails the build.
+* ``<!-- bench: KIND FILE -->`` becomes a table of the figures in ``bench/results/FILE``
+  (KIND: ``leases``, ``tasks`` or ``shapes``), with the run's commit, versions and machine
+  under it: measured numbers are read from the results ``make bench`` wrote, never copied.
+  A missing file, or a contender or figure the table needs and the file lacks, fails the
+  build.
 * A line ending with ``<!-- unbuilt-note -->`` is for readers of the raw Markdown (on
   GitHub, where the markers show nothing); the built page drops it.
 """
@@ -141,7 +146,100 @@ def exit_codes_table(name: str) -> str:
     return base.exit_codes_markdown(name)
 
 
+BENCH_RESULTS = ROOT / "bench" / "results"
+PEERS = ("django-pglock", "redis", "django-ox", "procrastinate", "django-tasks-db", "dbos")
+
+#: KIND → (contenders and how the table names them, the figures shown: (key, heading, format)).
+BENCH_TABLES: dict[str, tuple[dict[str, str], list[tuple[str, str, str]]]] = {
+    "leases": (
+        {
+            "ours": "django-leases (`Lease.objects`)",
+            "floor": "raw-SQL floor (psycopg, one statement)",
+            "pglock": "django-pglock (advisory lock)",
+            "redis": "Redis (redis-py `Lock`)",
+        },
+        [
+            ("acquire_release", "acquire + release /s, 1 connection", "{:,.0f}"),
+            ("renew", "renewals /s", "{:,.0f}"),
+            ("contended_grants", "grants /s, 8 processes on one key", "{:,.0f}"),
+        ],
+    ),
+    "tasks": (
+        {
+            "ours-tasks": "django-leases `TaskBackend` (a `@task`)",
+            "ours": "django-leases, a 1-step workflow",
+            "django-ox": "django-ox",
+            "procrastinate": "Procrastinate",
+            "django-tasks-db": "django-tasks-db",
+        },
+        [
+            ("end_to_end", "end to end /s", "{:,.0f}"),
+            ("drain_1", "drain, 1 worker /s", "{:,.0f}"),
+            ("drain_4", "drain, 4 workers /s", "{:,.0f}"),
+            ("latency_p50_ms", "idle latency p50 ms", "{:,.1f}"),
+            ("latency_p99_ms", "p99 ms", "{:,.1f}"),
+        ],
+    ),
+    "shapes": (
+        {
+            "ours": "django-leases",
+            "dbos": "DBOS Transact (defaults)",
+            "dbos-poll0.1": "DBOS Transact (polling 0.1 s)",
+            "django-ox": "django-ox",
+            "procrastinate": "Procrastinate",
+            "django-tasks-db": "django-tasks-db",
+        },
+        [
+            ("seq10_steps_per_s_1", "10-step workflow, steps /s, 1 worker", "{:,.0f}"),
+            ("seq10_steps_per_s_4", "4 workers", "{:,.0f}"),
+            ("fanout_seconds_1", "fan-out of 100, s, 1 worker", "{:,.2f}"),
+            ("fanout_seconds_4", "4 workers", "{:,.2f}"),
+        ],
+    ),
+}
+
+
+def bench_table(kind: str, name: str) -> str:
+    """The table of ``bench/results/<name>`` for ``kind`` (see :data:`BENCH_TABLES`)."""
+    import json
+
+    path = BENCH_RESULTS / name
+    if kind not in BENCH_TABLES:
+        raise PluginError(f"bench table: unknown kind {kind!r}")
+    if not path.is_file():
+        raise PluginError(f"bench table: no results file {path}")
+    run = json.loads(path.read_text(encoding="utf-8"))
+    figures = run["shapes"]["figures"] if kind == "shapes" else run["figures"]
+    contenders, shown = BENCH_TABLES[kind]
+    rows = [
+        "| | " + " | ".join(heading for _, heading, _ in shown) + " |",
+        "|---|" + "---:|" * len(shown),
+    ]
+    for contender, label in contenders.items():
+        if contender not in figures:
+            raise PluginError(f"bench table: {name} has no figures of {contender!r}")
+        cells = []
+        for key, _, form in shown:
+            if key not in figures[contender]:
+                raise PluginError(f"bench table: {name} has no {key} of {contender!r}")
+            value = figures[contender][key]  # None: not applicable to that contender
+            cells.append("—" if value is None else form.format(value))
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    versions = run["versions"]
+    machine = run["machine"]
+    peers = ", ".join(f"{package} {versions[package]}" for package in PEERS if package in versions)
+    rows.append("")
+    server = str(run["postgresql"]["server_version"]).split(" ")[0]
+    rows.append(
+        f"*`bench/results/{name}`: django-leases at `{versions['git_commit'][:7]}`, Django "
+        f"{versions['django']}, psycopg {versions['psycopg']}, {peers}; PostgreSQL {server} "
+        f"on the same machine ({machine['cpu_count']} CPUs, {machine['cpu']}).*"
+    )
+    return "\n".join(rows)
+
+
 MARKERS = {"<!-- settings-table -->": settings_table, "<!-- checks-table -->": checks_table}
+BENCH_MARKER = re.compile(r"<!-- bench: (\w+) ([\w.-]+\.json) -->")
 EXIT_CODES_MARKER = re.compile(r"<!-- exit-codes: (\w+) -->")
 
 
@@ -153,4 +251,5 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     for marker, render in MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, render())
+    markdown = BENCH_MARKER.sub(lambda match: bench_table(match[1], match[2]), markdown)
     return EXIT_CODES_MARKER.sub(lambda match: exit_codes_table(match[1]), markdown)

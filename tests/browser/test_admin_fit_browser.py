@@ -108,9 +108,9 @@ def test_the_run_page_fits_1280_pixels(
     history = page.locator("div.field-history table tbody tr")
     rows = [row.split("\t")[:3] for row in history.all_inner_texts()]
     assert rows == [
-        ["checkout", "1", "superseded"],
-        ["checkout", "2", "succeeded"],
-        ["build", "1", "failed"],
+        ["checkout", "1", "Superseded"],
+        ["checkout", "2", "Succeeded"],
+        ["build", "1", "Failed"],
     ]
     # One time format on the page: Django's localized one, for its fields and our tables.
     times = page.locator("#content time").all_inner_texts()

@@ -55,7 +55,7 @@ def test_an_operator_sees_states_and_force_releases_a_live_lease(
     page.select_option("select[name=action]", "force_release")
     page.click("button[name=index]")
     page.wait_for_selector("ul.messagelist")
-    assert "Force-released 1 lease(s): reports:nightly." in page.inner_text("ul.messagelist")
+    assert "Force-released 1 lease: reports:nightly." in page.inner_text("ul.messagelist")
     assert row(page, "reports:nightly").locator("td.field-state_display").inner_text() == (
         "released"
     )

@@ -68,7 +68,7 @@ def test_an_operator_pauses_and_resumes_a_schedule(
     page.select_option("select[name=action]", "pause")
     page.click("button[name=index]")
     page.wait_for_selector("ul.messagelist")
-    assert "Paused 1 schedule(s): nightly." in page.inner_text("ul.messagelist")
+    assert "Paused 1 schedule: nightly." in page.inner_text("ul.messagelist")
     assert row(page, "nightly").locator("[data-state]").get_attribute("data-state") == "paused"
     screenshot("after-pause")
     assert WorkflowSchedule.objects.get(name="nightly").paused
@@ -77,7 +77,7 @@ def test_an_operator_pauses_and_resumes_a_schedule(
     page.select_option("select[name=action]", "resume")
     page.click("button[name=index]")
     page.wait_for_selector("ul.messagelist")
-    assert "Resumed 1 schedule(s): nightly." in page.inner_text("ul.messagelist")
+    assert "Resumed 1 schedule: nightly." in page.inner_text("ul.messagelist")
     assert not WorkflowSchedule.objects.get(name="nightly").paused
     assert LogEntry.objects.count() == 2
 

@@ -205,8 +205,8 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert "failed" in steps.filter(has_text="announce").inner_text()
     history = page.locator("div.field-history table tbody tr")
     assert [row.split("\t")[:3] for row in history.all_inner_texts()] == [
-        ["checkout", "1", "succeeded"],
-        ["announce", "1", "failed"],
+        ["checkout", "1", "Succeeded"],
+        ["announce", "1", "Failed"],
     ]
     assert overflowing(page) == [], "run-suspended"
     docs_image(screenshot("run-suspended"), "admin-run-suspended.png")
@@ -214,16 +214,16 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     # The missing function is deployed; the operator resumes the run, a worker finishes it.
     monkeypatch.setitem(workflow_registry._step_functions, ANNOUNCE, announce)
     page.click("#workflow-operations input[name=resume]")
-    assert "suspended → running" in messages(page)
+    assert "Suspended → Running" in messages(page)
     assert field(page, "status") == RunStatus.RUNNING.label
     work()
     page.reload()
     assert field(page, "status") == RunStatus.COMPLETED.label
     assert "deployed 4a7c1e9" in field(page, "output_json")
     assert [row.split("\t")[:3] for row in history.all_inner_texts()] == [
-        ["checkout", "1", "succeeded"],
-        ["announce", "1", "failed"],
-        ["announce", "2", "succeeded"],
+        ["checkout", "1", "Succeeded"],
+        ["announce", "1", "Failed"],
+        ["announce", "2", "Succeeded"],
     ], "the resumed step ran again as attempt 2; the first attempt stays in the history"
     assert "Nothing to do: this run is completed." in page.inner_text("#workflow-operations")
     assert overflowing(page) == [], "run-completed"
