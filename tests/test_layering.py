@@ -3,7 +3,8 @@
 Read from the source with ``ast``: every ``import`` of a ``django_leases`` module, at module
 level **and inside functions** (a deferred import still ties two modules together), but not
 those under ``if TYPE_CHECKING:`` (never executed). ``from a.b import c`` is an edge to
-``a.b.c`` when that is a module, else to ``a.b``. Only explicit imports count: a package's
+``a.b.c`` and to ``a.b`` when ``a.b.c`` is a module (the package's ``__init__`` runs first),
+else to ``a.b``. Only explicit imports count: a package's
 ``__init__`` is a node like any other (the lazy public API of ``django_leases/__init__.py``,
 ``workflows/__init__.py`` and ``triggers/__init__.py`` imports by name at attribute access).
 """
@@ -103,10 +104,14 @@ def graph() -> dict[str, set[str]]:
                     anchor = _package_of(name, path).split(".")
                     anchor = anchor[: len(anchor) - node.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
-                targets = [
-                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                    for alias in node.names
-                ]
+                targets = []
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in modules:
+                        # ``from pkg import module``: the module, and the package too (its
+                        # ``__init__`` runs first).
+                        targets += [f"{base}.{alias.name}", base]
+                    else:
+                        targets.append(base)
             for target in targets:
                 if target in modules and target != name:
                     edges[name].add(target)

@@ -40,9 +40,9 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin import history
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import (
     OrphanTriggerSource,
@@ -406,10 +406,10 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         operation: str,
         result: lifecycle.LifecycleResult,
     ) -> None:
-        history.log_change(
+        log_change(
             source,
-            history.lifecycle_message(operation, result),
-            flag=history.lifecycle_flag(result),
+            lifecycle_message(operation, result),
+            flag=lifecycle_flag(result),
             user_id=request.user.pk,
         )
 

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django_leases.workflows import sql
 from django_leases.workflows.sql import (
     CLAIM_STEP_TYPES,
     LEASE_TYPES,
@@ -24,6 +23,13 @@ from django_leases.workflows.sql import (
     Arg,
     Function,
     Tables,
+    claim_step,
+    completion,
+    completion_alone,
+    insert_claimed,
+    pick_pass_alone,
+    set_result_claiming_next,
+    take_pass,
 )
 
 
@@ -110,26 +116,26 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             "claim_step",
             (ttl, queues),
             CLAIM_STEP_TYPES,
-            sql.claim_step(t, ttl, queues),
+            claim_step(t, ttl, queues),
         ),
         Function(
             "take_pass",
             (run_id, ttl, pick_holder),
             picked,
-            sql.take_pass(t, acquire, grant, run_id, ttl, pick_holder),
+            take_pass(t, acquire, grant, run_id, ttl, pick_holder),
         ),
         Function(
             "pick_pass",
             (ttl, pick_holder),
             picked,
-            sql.pick_pass_alone(t, acquire, grant, ttl, pick_holder),
+            pick_pass_alone(t, acquire, grant, ttl, pick_holder),
         ),
-        Function("insert_claimed", insert_args, ("bigint",), sql.insert_claimed(t, *insert_args)),
+        Function("insert_claimed", insert_args, ("bigint",), insert_claimed(t, *insert_args)),
         Function(
             "set_result_claiming_next",
             (step_id, payload, attempt, hold, *insert_args[1:]),
             ("bigint", "uuid", "bigint", "bigint", *PASS_STATE_TYPES),
-            sql.set_result_claiming_next(
+            set_result_claiming_next(
                 t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
             ),
         ),
@@ -137,7 +143,7 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             "complete_run",
             completion_args,
             completed,
-            sql.completion(
+            completion(
                 t, fence, fence_params, release, payload, attempt, output, key, holder, token
             ),
         ),
@@ -145,15 +151,13 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             "complete_run_alone",
             alone_args,
             alone_returns,
-            sql.completion_alone(
-                t, fence, fence_params, acquire_released, released, *alone_args[1:]
-            ),
+            completion_alone(t, fence, fence_params, acquire_released, released, *alone_args[1:]),
         ),
         Function(
             "complete_run_alone_picking",
             (*alone_args, next_holder, next_ttl),
             (*alone_returns, *picked),
-            sql.completion_alone(
+            completion_alone(
                 t,
                 fence,
                 fence_params,
@@ -167,7 +171,7 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             "complete_run_alone_claiming",
             (*alone_args, next_ttl, queues),
             (*alone_returns, *CLAIM_STEP_TYPES),
-            sql.completion_alone(
+            completion_alone(
                 t,
                 fence,
                 fence_params,
@@ -181,7 +185,7 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             "complete_run_picking",
             (*completion_args, next_holder, next_ttl),
             (*completed, *picked),
-            sql.completion(
+            completion(
                 t,
                 fence,
                 fence_params,

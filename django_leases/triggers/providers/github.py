@@ -37,7 +37,6 @@ import httpx
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import MalformedDelivery
-from django_leases.triggers.providers import http
 from django_leases.triggers.providers.base import (
     REGISTERED,
     ParsedDelivery,
@@ -48,6 +47,7 @@ from django_leases.triggers.providers.base import (
     decode_json_object,
     header_value,
 )
+from django_leases.triggers.providers.http import call, failure, masked
 from django_leases.triggers.signatures import verify_github_signature
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class GitHubProvider(Provider):
     def _call(
         self, step: str, method: str, api: str, path: str, token: str, **kwargs: Any
     ) -> httpx.Response:
-        return http.call(
+        return call(
             "GitHub",
             step,
             method,
@@ -150,7 +150,7 @@ class GitHubProvider(Provider):
 
     @staticmethod
     def _fail(step: str, response: httpx.Response, *secrets: str | None) -> ProviderError:
-        return ProviderError(http.failure("GitHub", step, response, *secrets))
+        return ProviderError(failure("GitHub", step, response, *secrets))
 
     @staticmethod
     def _hook(response: httpx.Response, step: str) -> dict[str, Any]:
@@ -248,7 +248,7 @@ class GitHubProvider(Provider):
         try:
             return self._setup(source, url, secret, repository, api, token)
         except ProviderError as exc:
-            raise http.masked(exc, secret, token) from None
+            raise masked(exc, secret, token) from None
 
     def _setup(
         self, source: TriggerSource, url: str, secret: str, repository: str, api: str, token: str
@@ -288,7 +288,7 @@ class GitHubProvider(Provider):
         try:
             response = self._call(step, "GET", api, f"/repos/{repository}/hooks/{hook_id}", token)
         except ProviderError as exc:
-            raise http.masked(exc, token) from None
+            raise masked(exc, token) from None
         if response.status_code == 404:
             raise ProviderError(f"GitHub: webhook {hook_id} on {repository} no longer exists")
         if response.status_code != 200:
@@ -301,7 +301,7 @@ class GitHubProvider(Provider):
             path = f"/repos/{repository}/hooks/{hook_id}"
             response = self._call(step, "DELETE", api, path, token)
         except ProviderError as exc:
-            raise http.masked(exc, token) from None
+            raise masked(exc, token) from None
         if response.status_code not in (204, 404):
             raise self._fail(step, response, token)
 

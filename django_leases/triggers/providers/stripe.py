@@ -41,7 +41,6 @@ from django.db import router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import MalformedDelivery
-from django_leases.triggers.providers import http
 from django_leases.triggers.providers.base import (
     REGISTERED,
     ParsedDelivery,
@@ -54,6 +53,7 @@ from django_leases.triggers.providers.base import (
     label_for,
     repeated_header,
 )
+from django_leases.triggers.providers.http import call, failure, masked
 from django_leases.triggers.signatures import (
     STRIPE_DEFAULT_TOLERANCE,
     stripe_header_repeated,
@@ -157,13 +157,11 @@ class StripeProvider(Provider):
         self, step: str, method: str, api: str, path: str, key: str, **kwargs: Any
     ) -> httpx.Response:
         headers = {"Stripe-Version": api_version()}
-        return http.call(
-            "Stripe", step, method, api + path, auth=(key, ""), headers=headers, **kwargs
-        )
+        return call("Stripe", step, method, api + path, auth=(key, ""), headers=headers, **kwargs)
 
     @staticmethod
     def _fail(step: str, response: httpx.Response, *secrets: str | None) -> ProviderError:
-        return ProviderError(http.failure("Stripe", step, response, *secrets))
+        return ProviderError(failure("Stripe", step, response, *secrets))
 
     @staticmethod
     def _object(response: httpx.Response, step: str) -> dict[str, Any]:
@@ -259,7 +257,7 @@ class StripeProvider(Provider):
         try:
             return self._setup(source, url, api, key)
         except ProviderError as exc:
-            raise http.masked(exc, key) from None
+            raise masked(exc, key) from None
 
     def _setup(self, source: TriggerSource, url: str, api: str, key: str) -> SetupOutcome:
         recorded = _endpoint_id(source.state)
