@@ -83,6 +83,10 @@ id                       what it reports
                          an unknown time zone, a ``queue`` that ``QUEUES`` does not configure,
                          or a schedule named ``django_leases.prune`` already. (A ``PRUNE``
                          that is neither ``None`` nor a dict is ``E016``.)
+``django_leases.I032``   PostgreSQL through psycopg2 rather than psycopg 3: supported, but no
+                         statement is prepared and idle workflow workers poll (every
+                         ``WORKER_POLL_INTERVAL``) instead of being woken by LISTEN/NOTIFY.
+                         Said once, naming every such database
 =======================  ==========================================================================
 
 E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
@@ -100,6 +104,7 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections, router
+from django.utils.translation import gettext as _
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -823,6 +828,35 @@ def check_prune(problems: Iterable[str]) -> list[checks.CheckMessage]:
     ]
 
 
+def check_postgresql_driver(aliases: Iterable[str]) -> list[checks.CheckMessage]:
+    """I032: one message for the PostgreSQL databases among ``aliases`` that Django runs on
+    psycopg2 (``db.psycopg3`` is false); nothing when every one has psycopg 3."""
+    from django_leases import db
+
+    on_psycopg2 = sorted(
+        alias
+        for alias in aliases
+        if connections[alias].vendor == "postgresql" and not db.psycopg3(connections[alias])
+    )
+    if not on_psycopg2:
+        return []
+    return [
+        checks.Info(
+            _(
+                "PostgreSQL database(s) %(aliases)s run on psycopg2: django-leases works, but "
+                "prepares no statement there and idle workflow workers poll (every "
+                "WORKER_POLL_INTERVAL) instead of being woken at once by LISTEN/NOTIFY."
+            )
+            % {"aliases": ", ".join(repr(alias) for alias in on_psycopg2)},
+            hint=_(
+                "Install psycopg 3 (pip install 'django-leases[postgres]') for both; to stay on "
+                'psycopg2, add "django_leases.I032" to SILENCED_SYSTEM_CHECKS.'
+            ),
+            id="django_leases.I032",
+        )
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -895,6 +929,7 @@ def django_leases_checks(
     for alias in sorted(aliases):
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
+    messages.extend(check_postgresql_driver(aliases))
     messages.extend(check_routing(_our_models(), aliases))
     messages.extend(check_schedules(schedule_problems()))
     messages.extend(check_prune(prune_problems()))

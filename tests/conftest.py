@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from importlib.util import find_spec
 
 import pytest
 from django.core.management.color import no_style
@@ -15,12 +16,16 @@ from tests import payloads as payload_sets
 from tests.helpers import reap_started_processes, tuned_sql
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say whether the extra run over the real payloads (``../shared/fixtures/``) is in."""
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say whether the extra run over the real payloads (``../shared/fixtures/``) is in, and
+    which PostgreSQL driver Django would use."""
     root = payload_sets.SHARED_DIR / "fixtures"
     if "shared" in payload_sets.set_names():
-        return f"real webhook payloads: {root} (an extra run of the payload tests)"
-    return f"real webhook payloads: {root} is not here; their extra run is not collected"
+        payloads = f"real webhook payloads: {root} (an extra run of the payload tests)"
+    else:
+        payloads = f"real webhook payloads: {root} is not here; their extra run is not collected"
+    driver = "psycopg 3" if find_spec("psycopg") else "psycopg2" if find_spec("psycopg2") else None
+    return [payloads, f"PostgreSQL driver: {driver or 'none installed'}"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,8 +38,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip_mysql = pytest.mark.skip(
         reason="needs MariaDB or MySQL (run with DATABASE_URL=mysql://...)"
     )
+    # Django's PostgreSQL backend takes psycopg 3 when it is importable, else psycopg2.
+    on_psycopg3 = on_postgres and find_spec("psycopg") is not None
+    skip_psycopg3 = pytest.mark.skip(
+        reason="needs PostgreSQL through psycopg 3 (this pass runs on psycopg2)"
+        if on_postgres
+        else "needs PostgreSQL through psycopg 3 (run with DATABASE_URL=postgres://...)"
+    )
     for item in items:
-        if "postgres_only" in item.keywords and not on_postgres:
+        if "psycopg3_only" in item.keywords and not on_psycopg3:
+            item.add_marker(skip_psycopg3)
+        elif "postgres_only" in item.keywords and not on_postgres:
             item.add_marker(skip)
         if "mysql_only" in item.keywords and not on_mysql:
             item.add_marker(skip_mysql)
