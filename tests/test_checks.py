@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from typing import Any
 
 import pytest
@@ -48,6 +49,13 @@ def _database_ids(messages: list[django_checks.CheckMessage]) -> list[str]:
     # The trigger checks (W008/W009/W014) depend on the demo's sources; leave them out.
     trigger_ids = ("django_leases.W008", "django_leases.W009", "django_leases.W014")
     return [id_ for id_ in _ids(messages) if id_ not in trigger_ids]
+
+
+def _driver_ids() -> list[str]:
+    """What the registered check says of the PostgreSQL driver on this pass: I032 on the
+    psycopg2 pass alone (Django takes psycopg 3 whenever it is importable)."""
+    on_psycopg2 = connection.vendor == "postgresql" and find_spec("psycopg") is None
+    return ["django_leases.I032"] if on_psycopg2 else []
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -249,12 +257,12 @@ def test_routing_is_quiet_without_a_router() -> None:
 
 
 def test_the_suites_own_settings_are_quiet() -> None:
-    assert _database_ids(_registered()) == []
+    assert _database_ids(_registered()) == _driver_ids()
 
 
 def test_registered_check_sees_atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
-    assert _database_ids(_registered()) == ["django_leases.W004"]
+    assert _database_ids(_registered()) == sorted(["django_leases.W004", *_driver_ids()])
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite settings")

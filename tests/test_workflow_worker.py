@@ -319,7 +319,7 @@ def _payloads_until(conn: Any, last: str) -> list[str]:
     return seen[: seen.index(last)]
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only  # LISTEN/NOTIFY: on psycopg2 workers poll
 def test_work_made_due_notifies_at_commit_and_never_on_rollback() -> None:
     channel = channel_name("default")
     listener = _raw_listener(channel)
@@ -361,7 +361,7 @@ def quick_workflow(run: Any, input: Any) -> Any:
     return [first, second]
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only  # LISTEN/NOTIFY: on psycopg2 workers poll
 def test_an_idle_worker_is_woken_by_notify_and_its_listener_survives_being_killed() -> None:
     """The worker polls only every 10 minutes here, so every pass and step below starts only
     because a notification woke it. Its connections (persistent, as in production) and its
