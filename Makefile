@@ -19,11 +19,11 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.demo-installed: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[demo]'
+	$(PY) -m pip install --quiet -e '.[demo,webhooks]'
 	touch $@
 
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[demo,dev]'
+	$(PY) -m pip install --quiet -e '.[demo,dev,webhooks]'
 	touch $@
 
 $(VENV)/.bench-installed: $(VENV)/.installed
@@ -94,7 +94,7 @@ $(VENV6)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "test-django6 needs Python 3.12 (set PYTHON312=...)"; exit 1; }
 	$(PYTHON312) -m venv $(VENV6)
 	$(VENV6)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV6)/bin/python -m pip install --quiet -e '.[dev]' 'Django>=6,<7'
+	$(VENV6)/bin/python -m pip install --quiet -e '.[dev,webhooks]' 'Django>=6,<7'
 	touch $@
 
 test-django6: $(VENV6)/.installed
@@ -136,7 +136,7 @@ $(VENVB)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "bench-workflows needs Python 3.12 (set PYTHON312=...)"; exit 1; }
 	$(PYTHON312) -m venv $(VENVB)
 	$(VENVB)/bin/python -m pip install --quiet --upgrade pip
-	$(VENVB)/bin/python -m pip install --quiet -e '.[bench]' 'Django>=6,<7'
+	$(VENVB)/bin/python -m pip install --quiet -e '.[bench,webhooks]' 'Django>=6,<7'
 	touch $@
 
 bench-workflows: $(VENVB)/.installed

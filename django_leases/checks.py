@@ -87,6 +87,11 @@ id                       what it reports
                          statement is prepared and idle workflow workers poll (every
                          ``WORKER_POLL_INTERVAL``) instead of being woken by LISTEN/NOTIFY.
                          Said once, naming every such database
+``django_leases.E033``   a declared trigger source needs what the ``webhooks`` extra installs and
+                         it is missing: cryptography (a secret kept in the credential store,
+                         i.e. no ``WEBHOOK_SECRETS`` entry) or httpx (the ``github`` and
+                         ``stripe`` providers' API calls). Said once, naming the sources and
+                         ``pip install "django-leases[webhooks]"``
 =======================  ==========================================================================
 
 E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
@@ -98,6 +103,7 @@ from __future__ import annotations
 import difflib
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -592,6 +598,11 @@ def _credential(value: object, what: str) -> None:
 
 def _secret_keys(value: object, what: str) -> None:
     # Never quoted: the values are keys.
+    if find_spec("cryptography") is None:
+        raise ValueError(
+            f"{what} is set, but cryptography is not installed to use the keys: "
+            'pip install "django-leases[webhooks]"'
+        )
     from cryptography.fernet import Fernet
 
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
@@ -857,6 +868,59 @@ def check_postgresql_driver(aliases: Iterable[str]) -> list[checks.CheckMessage]
     ]
 
 
+#: Providers whose API calls need httpx (the ``webhooks`` extra).
+HTTP_PROVIDERS = frozenset({"github", "stripe"})
+
+
+def missing_webhook_modules() -> list[str]:
+    """The distributions of the ``webhooks`` extra (``conf.WEBHOOKS_EXTRA``) not installed."""
+    from django_leases.conf import WEBHOOKS_EXTRA
+
+    return [name for name in WEBHOOKS_EXTRA if find_spec(name) is None]
+
+
+def check_webhooks_extra(
+    declared: Iterable[TriggerDeclaration], secrets: object, missing: Sequence[str]
+) -> list[checks.CheckMessage]:
+    """E033: the declared sources that need a ``missing`` module of the ``webhooks`` extra —
+    cryptography unless ``secrets`` (``WEBHOOK_SECRETS``) has the source's secret, httpx for
+    the ``github`` and ``stripe`` providers — in one message."""
+    from django_leases.conf import WEBHOOKS_EXTRA
+
+    if not missing:
+        return []
+    known: Mapping[Any, Any] = secrets if isinstance(secrets, Mapping) else {}
+    needed: dict[str, list[str]] = {}
+    for declaration in declared:
+        wants = []
+        if not known.get(declaration.name):
+            wants.append("cryptography")
+        if declaration.provider in HTTP_PROVIDERS:
+            wants.append("httpx")
+        for module in wants:
+            if module in missing:
+                needed.setdefault(module, []).append(declaration.name)
+    if not needed:
+        return []
+    sources = sorted({name for names in needed.values() for name in names})
+    return [
+        checks.Error(
+            _(
+                "Trigger source(s) %(sources)s need what the webhooks extra installs, which is "
+                "missing: %(modules)s."
+            )
+            % {
+                "sources": ", ".join(repr(name) for name in sources),
+                "modules": "; ".join(
+                    f"{module} ({WEBHOOKS_EXTRA[module]})" for module in sorted(needed)
+                ),
+            },
+            hint=_('Install it: pip install "django-leases[webhooks]".'),
+            id="django_leases.E033",
+        )
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -934,6 +998,9 @@ def django_leases_checks(
     messages.extend(check_schedules(schedule_problems()))
     messages.extend(check_prune(prune_problems()))
     declared = declarations()
+    messages.extend(
+        check_webhooks_extra(declared, leases_settings.WEBHOOK_SECRETS, missing_webhook_modules())
+    )
     stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
     messages.extend(
         check_webhook_settings(
