@@ -28,6 +28,7 @@ from django_leases.management.base import (
     LeasesCommand,
     add_database_argument,
     database_alias,
+    unmigrated_database_error,
     unreachable_database_error,
 )
 from django_leases.models import Lease
@@ -133,9 +134,10 @@ class Command(LeasesCommand):
         try:
             code = holder.run()
         except DatabaseError as exc:
-            unreachable = unreachable_database_error(database_alias(options, Lease))
-            if unreachable is not None:
-                raise unreachable from exc
+            alias = database_alias(options, Lease)
+            unusable = unreachable_database_error(alias) or unmigrated_database_error(alias)
+            if unusable is not None:
+                raise unusable from exc
             raise CommandError(f"Database error while holding lease {holder.key!r}: {exc}") from exc
         if code:
             sys.exit(code)
