@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,42 +19,33 @@ from django_leases import checks
 from django_leases.models import Lease, WorkflowSchedule
 from django_leases.triggers import registry
 from django_leases.triggers.registry import webhook_source
-from tests.helpers import unique_key
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import manage, unique_key
 
 
-def _manage(database: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _on_file(database: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``manage.py ARGS`` on the suite's settings and a SQLite file of its own."""
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
         "DATABASE_URL": f"sqlite:///{database}",
     }
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return manage(*args, env=env, timeout=300)
 
 
 def test_migrate_on_a_fresh_database_does_not_ask_to_run_migrate(tmp_path: Path) -> None:
     # The suite's settings declare the demo's trigger sources, two of them with their secret
     # in the credential store: the store is read by a database check, which waits for it.
     database = tmp_path / "fresh.sqlite3"
-    done = _manage(database, "migrate", "--noinput")
+    done = _on_file(database, "migrate", "--noinput")
     assert done.returncode == 0, done.stderr
     said = done.stdout + done.stderr
     assert "django_leases.W014" not in said and "django_leases.W008" not in said
     # Once migrated, check --database reads the store: the manual source has no secret.
-    checked = _manage(database, "check", "--database", "default")
+    checked = _on_file(database, "check", "--database", "default")
     assert "django_leases.W008" in checked.stdout + checked.stderr
     assert "'stripe-orders'" in checked.stdout + checked.stderr
     # Plain check asks no database.
-    plain = _manage(database, "check")
+    plain = _on_file(database, "check")
     assert "django_leases.W008" not in plain.stdout + plain.stderr
 
 
@@ -152,7 +142,7 @@ def test_verbosity_0_is_quiet_and_requested_output_stays() -> None:
 def test_a_command_on_an_unmigrated_database_says_so_without_a_traceback(
     tmp_path: Path, command: list[str]
 ) -> None:
-    done = _manage(tmp_path / "unmigrated.sqlite3", *command)
+    done = _on_file(tmp_path / "unmigrated.sqlite3", *command)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert "django-leases' tables are not on database 'default'" in done.stderr
