@@ -1056,7 +1056,7 @@ def _migrated(alias: str) -> bool | None:
     return ("django_leases", "0001_initial") in applied
 
 
-@checks.register(checks.Tags.database, "django_leases")
+@checks.register(checks.Tags.database)
 def stored_secrets_check(
     app_configs: Sequence[AppConfig] | None = None,
     databases: Iterable[str] | None = None,
