@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"
 
 _LAZY = {
     "hold_lease": "django_leases.leases",

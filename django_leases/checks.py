@@ -24,7 +24,8 @@ id                       what it reports
                          commit, so no other process sees them
 ``django_leases.W008``   a declared trigger source has no signing secret: every delivery gets 401
                          (none in ``WEBHOOK_SECRETS`` nor in the credential store, for a
-                         ``manual`` source or an enabled one)
+                         ``manual`` source or an enabled one). A database check (``check
+                         --database``, ``migrate``), silent before django-leases' migrations
 ``django_leases.W009``   a trigger source starts a workflow that no code registers: its deliveries
                          fail and are not recorded
 ``django_leases.E010``   ``WEBHOOK_MAX_BODY`` or ``WEBHOOK_SECRETS`` is not usable
@@ -35,9 +36,10 @@ id                       what it reports
 ``django_leases.E013``   PostgreSQL with ``TUNED_SQL`` on, migrations applied, but the workflow
                          worker's functions for this code are missing: workers refuse to start
                          (a database check: ``check --database``, ``migrate``)
-``django_leases.W014``   the credential store cannot be read (the database is unreachable, not
-                         migrated yet, or refused the query): whether each declared source
-                         without a ``WEBHOOK_SECRETS`` entry has a signing secret is unknown
+``django_leases.W014``   the credential store cannot be read (the database is unreachable or
+                         refused the query): whether each declared source without a
+                         ``WEBHOOK_SECRETS`` entry has a signing secret is unknown. A database
+                         check, as W008
 ``django_leases.E015``   ``DJANGO_LEASES`` is not a dict, or has a key django-leases does not
                          know (a misspelling): it is ignored and the setting keeps its default.
                          The message names the key meant where one is close
@@ -83,10 +85,25 @@ id                       what it reports
                          an unknown time zone, a ``queue`` that ``QUEUES`` does not configure,
                          or a schedule named ``django_leases.prune`` already. (A ``PRUNE``
                          that is neither ``None`` nor a dict is ``E016``.)
+``django_leases.I032``   PostgreSQL through psycopg2 rather than psycopg 3: supported, but no
+                         statement is prepared and idle workflow workers poll (every
+                         ``WORKER_POLL_INTERVAL``) instead of being woken by LISTEN/NOTIFY.
+                         Said once, naming every such database
+``django_leases.E033``   a declared trigger source needs what the ``webhooks`` extra installs and
+                         it is missing: cryptography (a secret kept in the credential store,
+                         i.e. no ``WEBHOOK_SECRETS`` entry) or httpx (the ``github`` and
+                         ``stripe`` providers' API calls). Said once, naming the sources and
+                         ``pip install "django-leases[webhooks]"``
+``django_leases.W034``   ``check --deploy``: ``BASE_URL`` on plain http, so deliveries (and their
+                         signatures) to the registered address cross the network unencrypted
+``django_leases.W035``   ``check --deploy``: ``GITHUB_API_URL`` or ``STRIPE_API_URL`` on plain
+                         http, so the API token is sent unencrypted
 =======================  ==========================================================================
 
-E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
-``migrate`` and the test runner.
+W008, W014, E013, E019–W022 (and E017's session half) ask the database: they are tagged
+``database`` and run with ``check --database``, ``migrate`` and the test runner, on the
+databases named; every other check reads settings and code only. W034 and W035 run with
+``check --deploy``.
 """
 
 from __future__ import annotations
@@ -94,12 +111,14 @@ from __future__ import annotations
 import difflib
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections, router
+from django.utils.translation import gettext as _
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -455,18 +474,20 @@ def check_webhook_settings(
     stored: set[str] | None = None,
     enabled: set[str] | None = None,
     unreadable: str = "the credential store could not be read",
+    *,
+    consult_store: bool = True,
 ) -> list[checks.CheckMessage]:
     """W008, W009, W014 and E010 for the trigger-source declarations and webhook settings.
 
-    ``stored``: names with a secret in the credential store; ``None`` when the store could
-    not be read, ``unreadable`` saying why (W014 then, for each source that has no
-    ``WEBHOOK_SECRETS`` entry: nothing is known either way). ``enabled``: names of enabled
-    sources. A source whose provider registers the webhook itself (GitHub, Stripe) gets its
-    secret at setup, so only an enabled one without it is reported; a ``manual`` one needs
-    an operator to store it.
+    ``consult_store=False`` leaves W008 and W014 out (what the store holds is not known
+    without asking the database: :func:`stored_secrets_check` asks it). ``stored``: names
+    with a secret in the credential store; ``None`` when the store could not be read,
+    ``unreadable`` saying why (W014 then, for each source that has no ``WEBHOOK_SECRETS``
+    entry: nothing is known either way). ``enabled``: names of enabled sources. A source
+    whose provider registers the webhook itself (GitHub, Stripe) gets its secret at setup, so
+    only an enabled one without it is reported; a ``manual`` one needs an operator to store
+    it.
     """
-    from django_leases.triggers.providers import get_provider
-
     messages: list[checks.CheckMessage] = []
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body <= 0:
         messages.append(
@@ -489,15 +510,10 @@ def check_webhook_settings(
                 id="django_leases.E010",
             )
         )
+    declared = list(declared)
+    if usable_secrets and consult_store:
+        messages.extend(check_secrets(declared, known, stored, enabled, unreadable))
     for declaration in declared:
-        name = declaration.name
-        provider = get_provider(declaration.provider)
-        manual = provider is None or not provider.manages_registration
-        if usable_secrets and not known.get(name):
-            if stored is None:
-                messages.append(_unknown_secret(name, manual, unreadable))
-            elif name not in stored and (manual or name in (enabled or set())):
-                messages.append(_missing_secret(name, manual))
         for name in declaration.started_workflows():
             if not workflow_registered(name):
                 messages.append(
@@ -509,6 +525,32 @@ def check_webhook_settings(
                         id="django_leases.W009",
                     )
                 )
+    return messages
+
+
+def check_secrets(
+    declared: Iterable[TriggerDeclaration],
+    secrets: Mapping[str, str],
+    stored: set[str] | None,
+    enabled: set[str] | None,
+    unreadable: str,
+) -> list[checks.CheckMessage]:
+    """W008 and W014 for the declared sources without a ``WEBHOOK_SECRETS`` entry
+    (``secrets``), given what the credential store holds (``stored``; ``None``: it could not
+    be read, ``unreadable`` saying why) and the enabled sources' names (``enabled``)."""
+    from django_leases.triggers.providers import get_provider
+
+    messages: list[checks.CheckMessage] = []
+    for declaration in declared:
+        name = declaration.name
+        if secrets.get(name):
+            continue
+        provider = get_provider(declaration.provider)
+        manual = provider is None or not provider.manages_registration
+        if stored is None:
+            messages.append(_unknown_secret(name, manual, unreadable))
+        elif name not in stored and (manual or name in (enabled or set())):
+            messages.append(_missing_secret(name, manual))
     return messages
 
 
@@ -587,6 +629,11 @@ def _credential(value: object, what: str) -> None:
 
 def _secret_keys(value: object, what: str) -> None:
     # Never quoted: the values are keys.
+    if find_spec("cryptography") is None:
+        raise ValueError(
+            f"{what} is set, but cryptography is not installed to use the keys: "
+            'pip install "django-leases[webhooks]"'
+        )
     from cryptography.fernet import Fernet
 
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
@@ -823,6 +870,88 @@ def check_prune(problems: Iterable[str]) -> list[checks.CheckMessage]:
     ]
 
 
+def check_postgresql_driver(aliases: Iterable[str]) -> list[checks.CheckMessage]:
+    """I032: one message for the PostgreSQL databases among ``aliases`` that Django runs on
+    psycopg2 (``db.psycopg3`` is false); nothing when every one has psycopg 3."""
+    from django_leases import db
+
+    on_psycopg2 = sorted(
+        alias
+        for alias in aliases
+        if connections[alias].vendor == "postgresql" and not db.psycopg3(connections[alias])
+    )
+    if not on_psycopg2:
+        return []
+    return [
+        checks.Info(
+            _(
+                "PostgreSQL database(s) %(aliases)s run on psycopg2: django-leases works, but "
+                "prepares no statement there and idle workflow workers poll (every "
+                "WORKER_POLL_INTERVAL) instead of being woken at once by LISTEN/NOTIFY."
+            )
+            % {"aliases": ", ".join(repr(alias) for alias in on_psycopg2)},
+            hint=_(
+                "Install psycopg 3 (pip install 'django-leases[postgres]') for both; to stay on "
+                'psycopg2, add "django_leases.I032" to SILENCED_SYSTEM_CHECKS.'
+            ),
+            id="django_leases.I032",
+        )
+    ]
+
+
+#: Providers whose API calls need httpx (the ``webhooks`` extra).
+HTTP_PROVIDERS = frozenset({"github", "stripe"})
+
+
+def missing_webhook_modules() -> list[str]:
+    """The distributions of the ``webhooks`` extra (``conf.WEBHOOKS_EXTRA``) not installed."""
+    from django_leases.conf import WEBHOOKS_EXTRA
+
+    return [name for name in WEBHOOKS_EXTRA if find_spec(name) is None]
+
+
+def check_webhooks_extra(
+    declared: Iterable[TriggerDeclaration], secrets: object, missing: Sequence[str]
+) -> list[checks.CheckMessage]:
+    """E033: the declared sources that need a ``missing`` module of the ``webhooks`` extra —
+    cryptography unless ``secrets`` (``WEBHOOK_SECRETS``) has the source's secret, httpx for
+    the ``github`` and ``stripe`` providers — in one message."""
+    from django_leases.conf import WEBHOOKS_EXTRA
+
+    if not missing:
+        return []
+    known: Mapping[Any, Any] = secrets if isinstance(secrets, Mapping) else {}
+    needed: dict[str, list[str]] = {}
+    for declaration in declared:
+        wants = []
+        if not known.get(declaration.name):
+            wants.append("cryptography")
+        if declaration.provider in HTTP_PROVIDERS:
+            wants.append("httpx")
+        for module in wants:
+            if module in missing:
+                needed.setdefault(module, []).append(declaration.name)
+    if not needed:
+        return []
+    sources = sorted({name for names in needed.values() for name in names})
+    return [
+        checks.Error(
+            _(
+                "Trigger source(s) %(sources)s need what the webhooks extra installs, which is "
+                "missing: %(modules)s."
+            )
+            % {
+                "sources": ", ".join(repr(name) for name in sources),
+                "modules": "; ".join(
+                    f"{module} ({WEBHOOKS_EXTRA[module]})" for module in sorted(needed)
+                ),
+            },
+            hint=_('Install it: pip install "django-leases[webhooks]".'),
+            id="django_leases.E033",
+        )
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -895,23 +1024,111 @@ def django_leases_checks(
     for alias in sorted(aliases):
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
+    messages.extend(check_postgresql_driver(aliases))
     messages.extend(check_routing(_our_models(), aliases))
     messages.extend(check_schedules(schedule_problems()))
     messages.extend(check_prune(prune_problems()))
     declared = declarations()
-    stored, enabled, unreadable = _stored_secrets() if declared else (None, None, "")
+    messages.extend(
+        check_webhooks_extra(declared, leases_settings.WEBHOOK_SECRETS, missing_webhook_modules())
+    )
     messages.extend(
         check_webhook_settings(
             declared,
             leases_settings.WEBHOOK_SECRETS,
             leases_settings.WEBHOOK_MAX_BODY,
             registered,
-            stored,
-            enabled,
-            unreadable,
+            consult_store=False,  # the database is stored_secrets_check's
         )
     )
     return messages
+
+
+def _migrated(alias: str) -> bool | None:
+    """Whether django-leases' first migration is applied on ``alias``; ``None`` when the
+    database cannot tell (unreachable)."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    try:
+        applied = MigrationRecorder(connections[alias]).applied_migrations()
+    except Exception:
+        return None
+    return ("django_leases", "0001_initial") in applied
+
+
+@checks.register(checks.Tags.database)
+def stored_secrets_check(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """W008 and W014: whether each declared source without a ``WEBHOOK_SECRETS`` entry has a
+    signing secret in the credential store. A database check (Django runs it with
+    ``check --database``, ``migrate`` and the test runner, on the databases named): silent
+    on a database django-leases' migrations have not reached yet, where ``migrate`` creates
+    the store (``check --database`` after it says what is missing)."""
+    from django_leases.conf import leases_settings
+    from django_leases.models import TriggerSecret
+    from django_leases.triggers.registry import declarations
+
+    declared = declarations()
+    secrets = leases_settings.WEBHOOK_SECRETS
+    if not declared or not databases or not isinstance(secrets, Mapping):
+        return []
+    alias = router.db_for_read(TriggerSecret)
+    if alias not in set(databases) or _migrated(alias) is False:
+        return []
+    stored, enabled, unreadable = _stored_secrets()
+    return check_secrets(declared, secrets, stored, enabled, unreadable)
+
+
+#: The URL settings check ``--deploy`` wants on https (W034: where providers send
+#: deliveries; W035: where the GitHub and Stripe providers send our API tokens).
+_DEPLOY_URLS = {
+    "BASE_URL": "django_leases.W034",
+    "GITHUB_API_URL": "django_leases.W035",
+    "STRIPE_API_URL": "django_leases.W035",
+}
+
+
+def check_deploy_urls(configured: object) -> list[checks.CheckMessage]:
+    """W034 and W035 for ``settings.DJANGO_LEASES`` (``configured``): a URL setting on plain
+    http. Values that are not strings are E016's."""
+    from django_leases.conf import DEFAULTS
+
+    values = dict(configured) if isinstance(configured, Mapping) else {}
+    messages: list[checks.CheckMessage] = []
+    for key, check_id in _DEPLOY_URLS.items():
+        value = values.get(key, DEFAULTS[key])
+        if not isinstance(value, str) or not value.lower().startswith("http://"):
+            continue
+        if key == "BASE_URL":
+            message = _(
+                'DJANGO_LEASES["BASE_URL"] is %(url)r, plain http: trigger sources are '
+                "registered at providers with that address, so deliveries and their "
+                "signatures would cross the network unencrypted."
+            )
+        else:
+            message = _(
+                "DJANGO_LEASES[%(key)r] is %(url)r, plain http: the provider's API token "
+                "would be sent over it unencrypted."
+            )
+        messages.append(
+            checks.Warning(
+                message % {"key": key, "url": value},
+                hint=_("Use an https:// URL in production."),
+                id=check_id,
+            )
+        )
+    return messages
+
+
+@checks.register(checks.Tags.security, "django_leases", deploy=True)
+def deploy_checks(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The ``check --deploy`` checks: W034 and W035 (:func:`check_deploy_urls`)."""
+    return check_deploy_urls(getattr(django_settings, "DJANGO_LEASES", None))
 
 
 @checks.register(checks.Tags.database)

@@ -86,7 +86,8 @@ key                            default    meaning
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -94,6 +95,7 @@ from typing import Any
 from django.conf import Settings as DjangoSettings
 from django.conf import UserSettingsHolder
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 
 from django_leases.exceptions import QueueConfigError
 
@@ -303,3 +305,32 @@ def check_queue_names(names: object) -> list[str]:
             f'DJANGO_LEASES["QUEUES"] (known: {", ".join(sorted(known))})'
         )
     return list(dict.fromkeys(str(name) for name in names))
+
+
+# -- the webhooks extra -------------------------------------------------------------------------
+
+#: The distributions ``pip install "django-leases[webhooks]"`` adds, and why: trigger sources
+#: store their signing secrets encrypted (cryptography) and call the providers' APIs (httpx).
+#: Nothing imports them until a trigger source uses them.
+WEBHOOKS_EXTRA: dict[str, str] = {
+    "cryptography": "stored signing secrets are encrypted with it",
+    "httpx": "the GitHub and Stripe providers call their APIs with it",
+}
+
+
+@contextmanager
+def webhooks_extra() -> Iterator[None]:
+    """Around the import of a module that the ``webhooks`` extra installs
+    (``with webhooks_extra(): import httpx``): an ``ImportError`` of it becomes an
+    ``ImproperlyConfigured`` naming the extra (system check ``django_leases.E033`` says so at
+    start-up for the declared sources that need it)."""
+    try:
+        yield
+    except ImportError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in WEBHOOKS_EXTRA:
+            raise
+        raise ImproperlyConfigured(
+            f"Trigger sources need {top}, which is not installed ({WEBHOOKS_EXTRA[top]}): "
+            'pip install "django-leases[webhooks]"'
+        ) from exc

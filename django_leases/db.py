@@ -19,8 +19,9 @@ both ways, so the portable path meets real row locks too.
 plans every statement it receives. :func:`cursor` gives the tuned statements a cursor that
 has the server prepare them instead (psycopg's ``prepare=True``), where that is safe:
 
-* on PostgreSQL with psycopg 3, outside ``transaction.atomic()`` (a statement that fails
-  inside a transaction would abort the caller's transaction);
+* on PostgreSQL with psycopg 3 (:func:`psycopg3`; Django's psycopg2 backend has no
+  server-side binding, so nothing is prepared there), outside ``transaction.atomic()`` (a
+  statement that fails inside a transaction would abort the caller's transaction);
 * unless ``DJANGO_LEASES["PREPARED_STATEMENTS"]`` is ``False``, or the database's
   ``DISABLE_SERVER_SIDE_CURSORS`` is ``True`` (Django's documented setting for a pooler in
   transaction mode, such as PgBouncer before 1.21, which cannot keep prepared statements);
@@ -32,6 +33,11 @@ has the server prepare them instead (psycopg's ``prepare=True``), where that is 
   prepared statement, which is what a transaction-mode pooler does: prepared statements are
   then switched off for that database alias for the life of the process (logged once), and
   the statement is sent again unprepared. Nothing ran the first time, so nothing runs twice.
+
+**Drivers.** Django's PostgreSQL backend runs on psycopg 3 when it is installed, else on
+psycopg2; :func:`psycopg3` tells which. Both are supported: with psycopg2 no statement is
+prepared and idle workers poll instead of being woken by LISTEN/NOTIFY (the listener is a
+psycopg 3 connection), which system check ``django_leases.I032`` says once.
 
 **Hot statements.** :func:`hot_fetchone` runs the lease operations' one statement each (calls
 of the PL/pgSQL functions of migration ``0017_lease_functions``, whose plans PostgreSQL caches
@@ -73,6 +79,21 @@ def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:
     """Whether a rule takes its tuned statement on ``connection``: ``TUNED_SQL`` is on and the
     connection's vendor is one of ``vendors`` (the vendors the statement is written for)."""
     return bool(leases_settings.TUNED_SQL) and connection.vendor in vendors
+
+
+@functools.cache
+def _django_uses_psycopg3() -> bool:
+    # Django's own choice (psycopg 3 if importable, else psycopg2), made once per process.
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+def psycopg3(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` is PostgreSQL through psycopg 3 (``False`` on psycopg2 and on
+    every other vendor). Without psycopg 3 nothing is prepared (:func:`prepares`) and
+    workers poll (``workflows.wakeup.listens``)."""
+    return connection.vendor == "postgresql" and _django_uses_psycopg3()
 
 
 _M = TypeVar("_M", bound=models.Model)
@@ -129,7 +150,7 @@ def prepares(connection: BaseDatabaseWrapper) -> bool:
     the module docstring for the rules)."""
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         return False
-    if not leases_settings.PREPARED_STATEMENTS:
+    if not leases_settings.PREPARED_STATEMENTS or not psycopg3(connection):
         return False
     if connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
         return False
@@ -355,8 +376,14 @@ def _cut(connection: BaseDatabaseWrapper, why: str) -> None:
     """Shut the socket of ``connection`` down (both ways), from another thread: the statement
     its owner waits on fails at once with a connection error; the owner reconnects later."""
     raw = getattr(connection, "connection", None)
-    pgconn = getattr(raw, "pgconn", None)
-    fd = getattr(pgconn, "socket", -1) if pgconn is not None else -1
+    pgconn = getattr(raw, "pgconn", None)  # psycopg 3
+    if pgconn is not None:
+        fd = getattr(pgconn, "socket", -1)
+    else:  # psycopg2: the connection's fileno()
+        try:
+            fd = raw.fileno() if raw is not None and not raw.closed else -1
+        except Exception:
+            fd = -1
     if fd < 0:
         return
     logger.warning("Cutting database connection %r: %s", connection.alias, why)
@@ -435,5 +462,6 @@ __all__ = [
     "cursor",
     "hot_fetchone",
     "prepares",
+    "psycopg3",
     "tuned",
 ]

@@ -34,6 +34,11 @@ Signals and processes:
   guarantee; the lease then lapses after its TTL while the orphaned child may still run, which
   is what the fencing token is for.
 
+POSIX only (Linux, macOS, the BSDs): process groups, ``os.killpg``, SIGHUP and SIGKILL do not
+exist on Windows. The module imports there (:data:`POSIX` is then ``False``), and
+:class:`LeaseHolder` refuses to be built with a :class:`~django_leases.exceptions.MisuseError`
+saying so; in code, :func:`~django_leases.hold_lease` works everywhere.
+
 The child is started from the calling thread before the renewal thread exists (forking a
 process with several threads and running Python code before ``exec`` is unsafe), so call
 :meth:`LeaseHolder.run` from the main thread: signal handlers can only be installed there, and
@@ -73,8 +78,21 @@ EXIT_CANNOT_EXECUTE = 126
 #: The program was not found (as shells report it).
 EXIT_NOT_FOUND = 127
 
-#: Signals the holder forwards to the child's process group.
-FORWARDED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Whether this system has what the holder needs: process groups (``os.killpg``) and the
+#: signals SIGHUP and SIGKILL. ``False`` on Windows, where :class:`LeaseHolder` refuses to run.
+POSIX = hasattr(os, "killpg") and hasattr(signal, "SIGHUP") and hasattr(signal, "SIGKILL")
+
+#: Why :class:`LeaseHolder` (``manage.py hold_lease``) cannot run where :data:`POSIX` is false.
+NOT_POSIX = (
+    "manage.py hold_lease needs a POSIX system (Linux, macOS, BSD): it runs the command in a "
+    "process group of its own and forwards SIGTERM, SIGINT and SIGHUP to it, which this system "
+    "({platform}) does not have. In Python code, hold_lease() works everywhere."
+)
+
+#: Signals the holder forwards to the child's process group (those this system has).
+FORWARDED_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
 
 #: Longest the supervision loop sleeps without looking around, seconds (a safety net; it is
 #: woken at once by the child's exit, a signal or the loss of the lease).
@@ -116,7 +134,9 @@ class LeaseHolder:
             verbose (the command maps it to ``--verbosity``). Defaults to the logger.
 
     Raises ``ValueError`` for a bad key, TTL, grace or wait timeout, or an empty command,
-    before anything is written. :meth:`run` does the work.
+    before anything is written, and :class:`~django_leases.exceptions.MisuseError` on a
+    system without process groups (Windows: :data:`POSIX` is false). :meth:`run` does the
+    work.
     """
 
     def __init__(
@@ -131,6 +151,8 @@ class LeaseHolder:
         using: str | None = None,
         report: Report | None = None,
     ) -> None:
+        if not POSIX:
+            raise MisuseError(NOT_POSIX.format(platform=sys.platform))
         self.key = check_lease_name(key, "key")
         self.command = list(command)
         if not self.command or not all(isinstance(part, str) for part in self.command):
@@ -384,5 +406,6 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_TAKEN",
     "FORWARDED_SIGNALS",
+    "POSIX",
     "LeaseHolder",
 ]

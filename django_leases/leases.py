@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, InterfaceError, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
@@ -404,7 +404,10 @@ class HeldLease:
                 ) as bound:
                     self._objects().release(self.lease)
                 return True
-            except DatabaseError as exc:
+            # psycopg2 answers a statement on a connection it already saw die (the final
+            # check's) with InterfaceError, which is not a DatabaseError; psycopg 3 with an
+            # OperationalError. Either way: a fresh connection, once.
+            except (DatabaseError, InterfaceError) as exc:
                 if not tries_left or (bound is not None and bound.cut):
                     logger.warning("Releasing lease %r failed: %s", self.key, exc)
                     return False

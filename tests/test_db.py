@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from importlib.util import find_spec
 
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
 from django_leases import db
+from django_leases.checks import check_postgresql_driver
+from django_leases.workflows.wakeup import listens, wakeup_method
 from tests.helpers import tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,6 +27,41 @@ def _forget_refusals() -> Iterator[None]:
     db._direct.clear()
 
 
+@pytest.mark.postgres_only
+def test_the_driver_is_detected_and_psycopg2_prepares_nothing_and_polls() -> None:
+    # Django takes psycopg 3 when it is importable: the psycopg2 pass of .ci/run has none.
+    on_psycopg3 = find_spec("psycopg") is not None
+    assert db.psycopg3(connection) is on_psycopg3
+    assert db.prepares(connection) is on_psycopg3
+    assert listens("default") is on_psycopg3
+    assert ("psycopg2" in wakeup_method("default", 1.0)) is not on_psycopg3
+    found = [message.id for message in check_postgresql_driver(["default"])]
+    assert found == ([] if on_psycopg3 else ["django_leases.I032"])
+    with db.cursor(connection) as cursor:  # the tuned statements' cursor works on both
+        assert cursor.execute("SELECT %s::int + 1", [1]).fetchone() == (2,)
+
+
+@pytest.mark.postgres_only
+def test_without_psycopg3_nothing_is_prepared_workers_poll_and_a_check_says_so_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(db, "_django_uses_psycopg3", lambda: False)
+    assert not db.psycopg3(connection)
+    assert not db.prepares(connection)
+    assert not listens("default")
+    assert "psycopg2: LISTEN/NOTIFY needs psycopg 3" in wakeup_method("default", 1.0)
+    messages = check_postgresql_driver(["default", "default"])
+    assert [message.id for message in messages] == ["django_leases.I032"]
+    assert "'default' run on psycopg2" in messages[0].msg
+    assert "django-leases[postgres]" in str(messages[0].hint)
+
+
+def test_the_driver_check_speaks_only_of_postgresql_on_psycopg2(vendor: str) -> None:
+    on_psycopg2 = vendor == "postgresql" and find_spec("psycopg") is None
+    assert db.psycopg3(connection) is (vendor == "postgresql" and not on_psycopg2)
+    assert len(check_postgresql_driver(["default"])) == int(on_psycopg2)
+
+
 def test_the_switch_names_the_vendors_a_statement_is_written_for() -> None:
     assert db.tuned(connection, connection.vendor)
     assert not db.tuned(connection, "some-other-vendor")
@@ -31,7 +69,7 @@ def test_the_switch_names_the_vendors_a_statement_is_written_for() -> None:
         assert not db.tuned(connection, connection.vendor)
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only
 def test_statements_are_prepared_only_where_that_is_safe() -> None:
     assert db.prepares(connection)
     with transaction.atomic():  # a refusal would abort the caller's transaction
@@ -51,7 +89,7 @@ def _prepared_count() -> int:
         return int(cursor.fetchone()[0])
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only
 def test_a_prepared_statement_is_prepared_on_the_server() -> None:
     connection.close()
     before = _prepared_count()
@@ -60,7 +98,7 @@ def test_a_prepared_statement_is_prepared_on_the_server() -> None:
     assert _prepared_count() == before + 1
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only
 @pytest.mark.parametrize("refusal", ["does not exist", "already exists"])
 def test_a_refused_prepared_statement_is_sent_again_and_preparing_stops(
     refusal: str, caplog: pytest.LogCaptureFixture
@@ -86,7 +124,7 @@ def test_a_refused_prepared_statement_is_sent_again_and_preparing_stops(
     assert len(warnings) == 1, caplog.text
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only
 def test_a_connection_through_a_proxy_prepares_nothing_from_its_first_statement(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -112,7 +150,7 @@ def test_a_connection_through_a_proxy_prepares_nothing_from_its_first_statement(
     assert len(warnings) == 1, caplog.text
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only
 def test_a_direct_connection_is_found_direct_once() -> None:
     assert db.prepares(connection)
     assert db._direct == {connection.alias: True}

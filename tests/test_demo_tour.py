@@ -39,20 +39,36 @@ def database_url(tmp_path: Path) -> Iterator[str]:
     if default["ENGINE"].endswith("mysql"):
         yield from _mysql_database(default)
         return
-    import psycopg
-
     name = "demo_tour" + os.environ.get("DL_TEST_DB_SUFFIX", "")
     user = default.get("USER") or "postgres"
     host, port = default.get("HOST") or "127.0.0.1", default.get("PORT") or 5432
     server = f"host={host} port={port} user={user} dbname=postgres"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
+
+    def admin(statement: str) -> None:
+        # The driver Django runs on: psycopg 3, or psycopg2 on the psycopg2 pass.
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        if is_psycopg3:
+            import psycopg
+
+            with psycopg.connect(server, autocommit=True) as connection:
+                connection.execute(statement)
+            return
+        import psycopg2
+
+        connection = psycopg2.connect(server)
+        try:
+            connection.autocommit = True
+            connection.cursor().execute(statement)
+        finally:
+            connection.close()
+
+    admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin(f'CREATE DATABASE "{name}"')
     try:
         yield f"postgres://{user}@{host}:{port}/{name}"
     finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _mysql_database(default: dict[str, Any]) -> Iterator[str]:

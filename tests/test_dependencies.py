@@ -13,9 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _requirements() -> dict[str, list[Requirement]]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    groups = {"dependencies": project["dependencies"], **project["optional-dependencies"]}
-    return {group: [Requirement(line) for line in lines] for group, lines in groups.items()}
+    """Requirements by where they are: ``dependencies``, each extra, each dependency group
+    (its own lines; an ``include-group`` is checked where it is defined)."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    project = pyproject["project"]
+    groups = {
+        "dependencies": project["dependencies"],
+        **project["optional-dependencies"],
+        **pyproject.get("dependency-groups", {}),
+    }
+    return {
+        group: [Requirement(line) for line in lines if isinstance(line, str)]
+        for group, lines in groups.items()
+    }
 
 
 def _lowest(requirement: Requirement) -> Version | None:

@@ -25,7 +25,9 @@ from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
 from tests.helpers import spend_steps_first
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+# psycopg 3: the plans are read from the server's notices (add_notice_handler); they do not
+# depend on the driver.
+pytestmark = [pytest.mark.psycopg3_only, pytest.mark.django_db(transaction=True)]
 
 #: Highest cost a node of a hot-path plan may have: far below PostgreSQL's default
 #: ``jit_above_cost`` (100,000) and below any plan with a disabled node (~1e10).

@@ -170,7 +170,7 @@ def test_the_switch_still_takes_the_portable_path() -> None:
     assert not any("dl_lease_" in query["sql"] for query in captured.captured_queries)
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only  # libpq's state of a dead connection is set through psycopg 3
 @pytest.mark.django_db(transaction=True)
 def test_a_dead_connection_fails_with_django_s_exception_even_before_the_statement() -> None:
     """A connection psycopg already knows is broken fails when the cursor is made: that too

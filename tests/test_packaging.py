@@ -9,9 +9,15 @@ that becomes an event and a completed run, and every django-leases admin page re
 migrations, templates and static files ship in the wheel and nothing depends on
 ``demo_project``.
 
+The venv gets the wheel alone — the lean base install, without the ``webhooks`` extra: the
+journey's ``manual`` source keeps its secret in settings, so it needs neither cryptography nor
+httpx — and the Django this suite runs on (the same release), so each cell of the matrix
+(``noxfile.py``) checks the wheel on its own Python and Django.
+
 Slow (a venv and an install): it runs once per ``make test``, in the SQLite pass (the new
 project uses its own SQLite file, whatever the suite's database is), and is skipped on the
-PostgreSQL pass with that reason.
+other passes with that reason; ``DL_PACKAGING_TEST=1`` runs it there too (the CI cells of the
+noxfile set it).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import django
 import pytest
 from django.conf import settings
 
@@ -35,9 +42,10 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.skipif(
-        not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+        not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+        and not os.environ.get("DL_PACKAGING_TEST"),
         reason="the reusable-app test runs once per `make test`, in the SQLite pass "
-        "(its new project has its own SQLite database)",
+        "(its new project has its own SQLite database; DL_PACKAGING_TEST=1 runs it here too)",
     ),
 ]
 
@@ -97,7 +105,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("django_leases.urls")),
+    path("leases/", include("django_leases.urls")),
 ]
 """
 
@@ -123,6 +131,10 @@ from django_leases.triggers import github_signature
 from django_leases.workflows import start_workflow
 
 out = {"django_leases_file": django_leases.__file__}
+import importlib.util
+import django as django_module
+out["django"] = django_module.__version__
+out["webhooks_extra"] = [m for m in ("cryptography", "httpx") if importlib.util.find_spec(m)]
 
 # A lease.
 with hold_lease("shop:nightly", ttl=30) as held:
@@ -160,7 +172,7 @@ body = json.dumps({"ref": "refs/heads/main", "pusher": {"name": "grace"}}).encod
 delivery = str(uuid.uuid4())
 client = Client()
 answer = client.post(
-    "/hooks/shop-pushes/", body, content_type="application/json",
+    "/leases/hooks/shop-pushes/", body, content_type="application/json",
     headers={
         "X-GitHub-Event": "push",
         "X-GitHub-Delivery": delivery,
@@ -169,7 +181,7 @@ answer = client.post(
 )
 out["delivery_status"] = answer.status_code
 unsigned = client.post(
-    "/hooks/shop-pushes/", body, content_type="application/json",
+    "/leases/hooks/shop-pushes/", body, content_type="application/json",
     headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": str(uuid.uuid4())},
 )
 out["unsigned_status"] = unsigned.status_code
@@ -254,7 +266,19 @@ def project(workdir: Path, wheel: Path) -> Iterator[tuple[Path, Path]]:
     venv = workdir / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=workdir, env=env)
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "--quiet", str(wheel)], cwd=workdir, env=env)
+    run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            str(wheel),
+            f"Django=={django.__version__}",
+        ],
+        cwd=workdir,
+        env=env,
+    )
     site = workdir / "site"
     site.mkdir()
     run([str(venv / "bin" / "django-admin"), "startproject", "mysite", str(site)], site, env)
@@ -302,8 +326,11 @@ def test_a_new_project_uses_leases_workflows_and_trigger_sources(
     line = next(line for line in stdout.splitlines() if line.startswith("JOURNEY "))
     journey = json.loads(line.removeprefix("JOURNEY "))
 
-    # The app came from the venv's site-packages, not from this checkout.
+    # The app came from the venv's site-packages, not from this checkout; the lean install
+    # (no webhooks extra) ran all of it, on the suite's own Django.
     assert Path(journey["django_leases_file"]).is_relative_to(python.parent.parent)
+    assert journey["webhooks_extra"] == []
+    assert journey["django"] == django.__version__
     assert journey["lease_token"] == 1
     assert journey["lease_live_inside"] is True and journey["lease_live_after"] is False
     assert journey["workflow"] == {

@@ -137,6 +137,7 @@ def test_a_worker_behind_the_pooler_runs_every_run(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.psycopg3_only  # on psycopg2 the worker polls for that reason first (test_db.py)
 def test_a_worker_behind_a_declared_pooler_says_it_polls(
     pgbouncer: int, subprocess_env: dict[str, str]
 ) -> None:
@@ -227,6 +228,7 @@ def test_migrations_and_the_admin_work_behind_the_pooler(
     assert admin.stdout.splitlines()[-1].split() == ["200", "200", "200"], admin.stdout
 
 
+@pytest.mark.psycopg3_only  # the listener is a psycopg 3 connection
 def test_the_wakeup_listener_keeps_the_options_django_was_given(pgbouncer: int) -> None:
     """The listener's keep-alive must not become a prepared statement: it kept every option
     Django connects with but ``prepare_threshold=None``, and psycopg's default prepares a

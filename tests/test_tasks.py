@@ -1010,3 +1010,30 @@ def test_a_cancelled_task_finishes_once_and_other_runs_not_at_all(
     plain = WorkflowRun.objects.start("tests.tasks.not-a-task", {})
     WorkflowRun.objects.complete(plain.id, {"done": True})
     assert task_signals == [("enqueued", result.id, "READY"), ("finished", result.id, "FAILED")]
+
+
+# -- the commands: tasks listed with their paths ------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_workflow_runs_lists_and_shows_a_task_run_with_its_task_path() -> None:
+    import io
+    import json
+
+    added = t.add.enqueue(1, 1)
+    flow = WorkflowRun.objects.start("tests.sub.two-steps", {"task": "not a task run"})
+
+    def runs(*args: str) -> str:
+        out = io.StringIO()
+        call_command("workflow_runs", *args, stdout=out)
+        return out.getvalue()
+
+    table = {line.split()[0]: line.split()[1] for line in runs("list").splitlines()[1:]}
+    assert table[added.id] == f"{TASK_WORKFLOW}:tests.workapp.tasks.add"
+    assert table[str(flow.id)] == "tests.sub.two-steps"  # its input's "task" is not a path
+    listed = {row["id"]: row for row in json.loads(runs("list", "--format", "json"))}
+    assert listed[added.id]["workflow"] == TASK_WORKFLOW
+    assert listed[added.id]["task"] == "tests.workapp.tasks.add"
+    assert listed[str(flow.id)]["task"] is None
+    first = runs("show", added.id).splitlines()[0]
+    assert first.startswith(f"Run {added.id}  {TASK_WORKFLOW}:tests.workapp.tasks.add  ")

@@ -230,7 +230,7 @@ def test_w008_registered_check_reads_the_store() -> None:
         def ours() -> list[str]:
             return [
                 m.id
-                for m in run_checks(tags=["django_leases"])
+                for m in run_checks(tags=["django_leases", "database"], databases=["default"])
                 if "'checks-manual'" in m.msg and m.id == "django_leases.W008"
             ]
 

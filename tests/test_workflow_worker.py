@@ -21,6 +21,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
+from django_leases import db
 from django_leases.models import (
     RunStatus,
     StepStatus,
@@ -255,8 +256,9 @@ def test_the_poll_interval_defaults_to_short_polling_unless_notify_wakes_workers
     settings: Any, vendor: str
 ) -> None:
     settings.DJANGO_LEASES = {}
-    expected = LISTENING_POLL_INTERVAL if vendor == "postgresql" else POLLING_POLL_INTERVAL
-    assert listens("default") is (vendor == "postgresql")
+    notified = vendor == "postgresql" and db.psycopg3(connection)  # psycopg2: polling
+    expected = LISTENING_POLL_INTERVAL if notified else POLLING_POLL_INTERVAL
+    assert listens("default") is notified
     assert Worker().poll_interval == expected
     settings.DJANGO_LEASES = {"WORKER_POLL_INTERVAL": 2.5}
     assert Worker().poll_interval == 2.5
@@ -326,7 +328,7 @@ def _payloads_until(conn: Any, last: str) -> list[str]:
     return seen[: seen.index(last)]
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only  # LISTEN/NOTIFY: on psycopg2 workers poll
 def test_work_made_due_notifies_at_commit_and_never_on_rollback() -> None:
     channel = channel_name("default")
     listener = _raw_listener(channel)
@@ -368,7 +370,7 @@ def quick_workflow(run: Any, input: Any) -> Any:
     return [first, second]
 
 
-@pytest.mark.postgres_only
+@pytest.mark.psycopg3_only  # LISTEN/NOTIFY: on psycopg2 workers poll
 def test_an_idle_worker_is_woken_by_notify_and_its_listener_survives_being_killed() -> None:
     """The worker polls only every 10 minutes here, so every pass and step below starts only
     because a notification woke it. Its connections (persistent, as in production) and its

@@ -193,6 +193,42 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
     return None
 
 
+def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError | None:
+    """The error to report when a database a command works on has never had django-leases'
+    migrations applied (its tables do not exist there).
+
+    Args:
+        given: the command's ``--database`` (an alias, a list of them, or ``None`` for every
+            alias django-leases writes to).
+
+    Returns:
+        A ``CommandError`` naming the first such alias and saying to run ``migrate``, with
+        ``returncode`` :data:`DATABASE_UNREACHABLE` (the database cannot serve the command);
+        ``None`` when every one has them (the error was something else). An alias inside a
+        caller's transaction is not looked at.
+    """
+    from django.db.migrations.recorder import MigrationRecorder
+
+    if given is None:
+        aliases = health.write_aliases()
+    else:
+        aliases = [given] if isinstance(given, str) else list(given)
+    for alias in aliases:
+        if alias not in connections or connections[alias].in_atomic_block:
+            continue
+        try:
+            applied = MigrationRecorder(connections[alias]).applied_migrations()
+        except DatabaseError:
+            continue
+        if ("django_leases", "0001_initial") not in applied:
+            return CommandError(
+                f"django-leases' tables are not on database {alias!r}: its migrations were "
+                f"never applied there. Run manage.py migrate --database {alias}.",
+                returncode=DATABASE_UNREACHABLE,
+            )
+    return None
+
+
 # -- bounded values ---------------------------------------------------------------------------
 
 #: ``run_workflow_worker --concurrency``: at most this many threads, each with a database
@@ -486,7 +522,8 @@ def _table(
 
 _UNREACHABLE = (
     DATABASE_UNREACHABLE,
-    "a database the command works on is unreachable (named on stderr)",
+    "a database the command works on is unreachable, or django-leases' migrations were never "
+    "applied to it (named on stderr)",
 )
 
 _USAGE = (
@@ -809,15 +846,18 @@ class LeasesCommand(BaseCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._base_arguments: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        self.verbosity = 1
         super().__init__(*args, **kwargs)
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         """Django's ``execute``, with a database that cannot be reached reported as such.
 
         A ``DatabaseError`` escaping the command while one of its databases (``--database``,
-        else every alias django-leases writes to) does not answer becomes a ``CommandError``
-        naming the alias, with ``returncode`` :data:`DATABASE_UNREACHABLE`: one line on
-        stderr, no traceback. Any other database error propagates unchanged.
+        else every alias django-leases writes to) does not answer, or has never had
+        django-leases' migrations applied, becomes a ``CommandError`` naming the alias (and,
+        unmigrated, saying to run ``migrate``), with ``returncode``
+        :data:`DATABASE_UNREACHABLE`: one line on stderr, no traceback. Any other database
+        error propagates unchanged.
 
         Args:
             args: the command's positional arguments.
@@ -829,13 +869,23 @@ class LeasesCommand(BaseCommand):
         Raises:
             CommandError: as the command raises it, or for an unreachable database.
         """
+        self.verbosity = int(options.get("verbosity", 1))
         try:
             return super().execute(*args, **options)
         except DatabaseError as exc:
-            unreachable = unreachable_database_error(options.get("database"))
-            if unreachable is None:
+            given = options.get("database")
+            unusable = unreachable_database_error(given) or unmigrated_database_error(given)
+            if unusable is None:
                 raise
-            raise unreachable from exc
+            raise unusable from exc
+
+    def confirm(self, message: str) -> None:
+        """Write ``message``, a confirmation of what the command did, to stdout unless
+        ``--verbosity 0`` asked for silence (Django's convention; errors still go to stderr,
+        and requested output — a listing, JSON, a run id — is written whatever the
+        verbosity)."""
+        if self.verbosity >= 1:
+            self.stdout.write(message)
 
     @property
     def command_name(self) -> str:
@@ -970,6 +1020,7 @@ __all__ = [
     "exit_codes_markdown",
     "integer_type",
     "seconds_type",
+    "unmigrated_database_error",
     "unreachable_database_error",
     "write_rows",
 ]

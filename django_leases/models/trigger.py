@@ -40,6 +40,11 @@ settings, for ``manual`` sources whose secret comes from the environment: when i
 source, ``signing_secret`` and ``ensure_secret`` answer it instead of the store.
 
 Each method opens its own transaction on the database the router picks for writes.
+
+``cryptography`` comes with the ``webhooks`` extra and is imported when a secret is first
+encrypted or decrypted, not with the models: a project without trigger sources needs neither
+it nor its dependencies (system check ``django_leases.E033`` names the extra when a declared
+source needs it).
 """
 
 from __future__ import annotations
@@ -49,11 +54,8 @@ import json
 import secrets as _secrets
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import URLValidator
@@ -65,7 +67,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
-from django_leases.conf import leases_settings
+from django_leases.conf import leases_settings, webhooks_extra
 from django_leases.exceptions import (
     CredentialError,
     SourceNotReceiving,
@@ -83,6 +85,9 @@ from django_leases.triggers.values import (
     ParsedDelivery,
 )
 from django_leases.validation import MAX_NAME_LENGTH, check_name
+
+if TYPE_CHECKING:  # cryptography (the webhooks extra) is imported when a secret is used
+    from cryptography.fernet import MultiFernet
 
 __all__ = [
     "STATUSES",
@@ -513,6 +518,9 @@ GENERATED_BYTES = 32
 
 
 def _derive(secret_key: str | bytes) -> bytes:
+    with webhooks_extra():
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     material = secret_key.encode("utf-8") if isinstance(secret_key, str) else secret_key
     derived = HKDF(
         algorithm=hashes.SHA256(), length=32, salt=b"django-leases", info=b"trigger-secrets"
@@ -544,8 +552,11 @@ def fernet() -> MultiFernet:
     """The configured keys as a ``MultiFernet`` (the first key encrypts).
 
     Raises ``ImproperlyConfigured`` when no key is configured or one is not a Fernet key
-    (the message never quotes a key).
+    (the message never quotes a key), or when cryptography (the ``webhooks`` extra) is not
+    installed.
     """
+    with webhooks_extra():
+        from cryptography.fernet import Fernet, MultiFernet
     try:
         return MultiFernet([Fernet(key) for key in _keys()])
     except (ValueError, TypeError):
@@ -565,10 +576,17 @@ def _check_secret(secret: object) -> str:
     return secret
 
 
+def _invalid_token() -> type[Exception]:
+    """``cryptography.fernet.InvalidToken`` (imported by :func:`fernet` already)."""
+    with webhooks_extra():
+        from cryptography.fernet import InvalidToken
+    return InvalidToken
+
+
 def _decrypt(name: str, ciphertext: str, box: MultiFernet) -> str:
     try:
         return box.decrypt(ciphertext.encode("ascii")).decode("utf-8")
-    except (InvalidToken, UnicodeError):
+    except (_invalid_token(), UnicodeError):
         raise CredentialError(
             f"The stored secret {name!r} cannot be decrypted with the configured keys "
             '(DJANGO_LEASES["SECRET_KEYS"] or SECRET_KEY/SECRET_KEY_FALLBACKS)',
@@ -674,7 +692,7 @@ class TriggerSecretQuerySet(db.RoutedQuerySet["TriggerSecret"]):
             for row in self.rows().select_for_update().order_by("name"):
                 try:
                     rotated = box.rotate(row.ciphertext.encode("ascii")).decode("ascii")
-                except (InvalidToken, UnicodeError):
+                except (_invalid_token(), UnicodeError):
                     raise CredentialError(
                         f"The stored secret {row.name!r} cannot be decrypted with the "
                         "configured keys; nothing was re-encrypted",

@@ -14,13 +14,13 @@ Install it for the length of a test with :func:`installed_provider`::
 that takes our signing secret (``takes_secret=True``), unless told otherwise. Its
 "provider side" (the registrations it holds) lives in memory, or, given ``ledger=PATH``, in
 a JSON file shared by every process that installs a fake with that path (for races between
-processes). Deliveries are signed like GitHub's: ``X-Fake-Signature: sha256=<hex HMAC>``
-of the body, with ``X-Fake-Event`` and ``X-Fake-Delivery`` headers (see :meth:`sign`).
+processes; POSIX only, as the file is locked with ``fcntl``). Deliveries are signed like
+GitHub's: ``X-Fake-Signature: sha256=<hex HMAC>`` of the body, with ``X-Fake-Event`` and
+``X-Fake-Delivery`` headers (see :meth:`sign`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import json
@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django_leases.exceptions import MisuseError
 from django_leases.triggers.providers import (
     ParsedDelivery,
     Provider,
@@ -102,6 +103,13 @@ class FakeProvider(Provider):
             if self.ledger is None:
                 yield self._memory
                 return
+            try:
+                import fcntl  # POSIX only: the package imports on Windows, a ledger does not
+            except ImportError:
+                raise MisuseError(
+                    "FakeProvider(ledger=...) locks its file with fcntl, which this system "
+                    "lacks (POSIX only): use it without a ledger"
+                ) from None
             self.ledger.touch(exist_ok=True)
             with self.ledger.open("r+") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.workflows.channel import channel_name, notify_work_due
 
@@ -60,9 +61,12 @@ def listens(using: str) -> bool:
     PostgreSQL, unless the alias is behind a pooler in transaction mode (its
     ``DISABLE_SERVER_SIDE_CURSORS`` is ``True``, as Django asks for one), which delivers a
     notification to whichever client holds the server connection at that moment, or
-    ``DJANGO_LEASES["WORKER_WAKEUP"]`` is ``"poll"``."""
+    ``DJANGO_LEASES["WORKER_WAKEUP"]`` is ``"poll"``, or Django runs on psycopg2 (the
+    listener is a psycopg 3 connection)."""
     connection = connections[using]
     if connection.vendor != "postgresql" or leases_settings.WORKER_WAKEUP == "poll":
+        return False
+    if not db.psycopg3(connection):
         return False
     return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
 
@@ -77,6 +81,8 @@ def wakeup_method(using: str, poll_interval: float) -> str:
         why = f"{connection.vendor} has no notifications"
     elif leases_settings.WORKER_WAKEUP == "poll":
         why = 'WORKER_WAKEUP is "poll"'
+    elif not db.psycopg3(connection):
+        why = "psycopg2: LISTEN/NOTIFY needs psycopg 3"
     else:
         why = "DISABLE_SERVER_SIDE_CURSORS: a pooler in transaction mode delivers none"
     return f"polling every {poll_interval:g} s ({why})"

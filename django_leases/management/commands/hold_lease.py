@@ -6,6 +6,9 @@ signals, the child's environment and ``PR_SET_PDEATHSIG``. The exit codes (the c
 the holder's ``EXIT_*``) are ``EXIT_CODES["hold_lease"]`` in
 :mod:`django_leases.management.base`, shown by ``--help``.
 
+POSIX only: on Windows (no process groups, no SIGHUP) it exits with a ``CommandError``
+saying so before anything is written; ``hold_lease()`` in Python code works everywhere.
+
 From code: ``call_command("hold_lease", "KEY", ttl="60", command=["prog", "arg"])`` returns
 when the exit code is 0 and raises ``SystemExit(code)`` otherwise.
 """
@@ -20,11 +23,12 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_leases.conf import leases_settings
-from django_leases.holder import EXIT_TAKEN, LeaseHolder
+from django_leases.holder import EXIT_TAKEN, NOT_POSIX, POSIX, LeaseHolder
 from django_leases.management.base import (
     LeasesCommand,
     add_database_argument,
     database_alias,
+    unmigrated_database_error,
     unreachable_database_error,
 )
 from django_leases.models import Lease
@@ -42,7 +46,8 @@ class Command(LeasesCommand):
         "The child gets DJANGO_LEASES_KEY, DJANGO_LEASES_TOKEN (the fencing token) and\n"
         "DJANGO_LEASES_HOLDER in its environment. SIGTERM, SIGINT and SIGHUP are forwarded to\n"
         "the child's process group; the lease is released once the child has ended. If the\n"
-        "holder dies, Linux sends the child SIGTERM (PR_SET_PDEATHSIG).\n"
+        "holder dies, Linux sends the child SIGTERM (PR_SET_PDEATHSIG). POSIX only (not\n"
+        "Windows).\n"
     )
     # From code, pass the program as command=[...]; on the command line it follows "--".
     stealth_options = ("command",)
@@ -102,6 +107,8 @@ class Command(LeasesCommand):
         super().run_from_argv(head)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not POSIX:
+            raise CommandError(NOT_POSIX.format(platform=sys.platform))
         command = list(options.get("command") or self._argv_command)
         if not command:
             raise CommandError(
@@ -127,9 +134,10 @@ class Command(LeasesCommand):
         try:
             code = holder.run()
         except DatabaseError as exc:
-            unreachable = unreachable_database_error(database_alias(options, Lease))
-            if unreachable is not None:
-                raise unreachable from exc
+            alias = database_alias(options, Lease)
+            unusable = unreachable_database_error(alias) or unmigrated_database_error(alias)
+            if unusable is not None:
+                raise unusable from exc
             raise CommandError(f"Database error while holding lease {holder.key!r}: {exc}") from exc
         if code:
             sys.exit(code)

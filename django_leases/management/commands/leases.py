@@ -105,4 +105,4 @@ class Command(base.LeasesCommand):
             detail = "another holder has taken it since"
         if row is not None:
             self.record_in_admin_history("release", row, f"Force-released ({detail})")
-        self.stdout.write(f"Released the live lease on {key!r} ({detail}).")
+        self.confirm(f"Released the live lease on {key!r} ({detail}).")

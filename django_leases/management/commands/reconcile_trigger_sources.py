@@ -90,11 +90,12 @@ class Command(base.LeasesCommand):
             for row in reconciled.sources
         ]
         empty = "No trigger sources are declared."
-        base.write_rows(self.stdout, options["format"], _COLUMNS, rows, empty=empty)
+        if options["format"] == "json" or self.verbosity >= 1:
+            base.write_rows(self.stdout, options["format"], _COLUMNS, rows, empty=empty)
         if options["format"] != "json":
             for result in reconciled.results:
                 if result.ok:
-                    self.stdout.write(f"set up {result}")
+                    self.confirm(f"set up {result}")
         failed = [result for result in reconciled.results if not result.ok]
         if failed:
             raise CommandError(

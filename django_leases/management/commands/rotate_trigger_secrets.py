@@ -35,4 +35,4 @@ class Command(LeasesCommand):
         except (CredentialError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from None
         noun = "secret" if count == 1 else "secrets"
-        self.stdout.write(f"Re-encrypted {count} stored trigger {noun} with the primary key.")
+        self.confirm(f"Re-encrypted {count} stored trigger {noun} with the primary key.")

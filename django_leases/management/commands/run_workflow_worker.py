@@ -31,6 +31,7 @@ from django_leases.management.base import (
     database_alias,
     integer_type,
     seconds_type,
+    unmigrated_database_error,
 )
 from django_leases.models import WorkflowStep
 from django_leases.workflows.worker import (
@@ -119,10 +120,14 @@ class Command(LeasesCommand):
             queue_limits()
         except QueueConfigError as exc:
             raise CommandError(str(exc)) from None
+        alias = database_alias(options, WorkflowStep)
+        unmigrated = unmigrated_database_error(alias)  # else each unit of work fails
+        if unmigrated is not None:
+            raise unmigrated
         try:
             worker = Worker(
                 options["concurrency"],
-                using=database_alias(options, WorkflowStep),
+                using=alias,
                 poll_interval=options["poll_interval"],
                 shutdown_grace=options["shutdown_grace"],
                 queues=options["queues"],

@@ -223,7 +223,7 @@ class Command(base.LeasesCommand):
             self.record_in_admin_history(action, row, result)
         if not result.ok:
             raise CommandError(outcome(result), returncode=EXIT_PROVIDER_FAILED)
-        self.stdout.write(outcome(result))
+        self.confirm(outcome(result))
 
     def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
         from django_leases.triggers import credentials
@@ -246,4 +246,4 @@ class Command(base.LeasesCommand):
         source = TriggerSource.objects.using(alias).filter(name=name).first()
         if source is not None:
             self.record_in_admin_history("set-secret", source, "Stored a new signing secret")
-        self.stdout.write(f"Stored the signing secret of {name} (encrypted).")
+        self.confirm(f"Stored the signing secret of {name} (encrypted).")

@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from django.db.models.fields.json import KeyTextTransform
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.management import base
@@ -38,6 +39,19 @@ from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowW
 from django_leases.models.workflow import WorkflowRunQuerySet
 from django_leases.validation import parse_run_id
 from django_leases.workflows.display import event_sent, run_overview
+from django_leases.workflows.values import TASK_WORKFLOW
+
+
+def task_path(workflow: str, path: object) -> str | None:
+    """The Django task a run runs (``myapp.tasks.send_mail``): ``path`` (its input's
+    ``"task"``) for a run of the Tasks backend's workflow, else ``None``."""
+    return path if workflow == TASK_WORKFLOW and isinstance(path, str) and path else None
+
+
+def _workflow_text(workflow: str, path: str | None) -> str:
+    """How the listings show a run's workflow: a task run's with the task's path after a
+    colon (``django_leases.task:myapp.tasks.send_mail``), as every task run shares one."""
+    return f"{workflow}:{path}" if path else workflow
 
 
 def _error_text(error: Any) -> str:
@@ -151,7 +165,7 @@ class Command(base.LeasesCommand):
                 deleted = runs.prune(timedelta(days=days), batch_size=options["batch_size"])
             except (ValueError, OverflowError) as exc:
                 raise CommandError(f"--older-than / --batch-size: {exc}") from None
-            self.stdout.write(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
+            self.confirm(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
             return
         if action == "send-event":
             self._send_event(alias, options)
@@ -174,7 +188,7 @@ class Command(base.LeasesCommand):
         if run is not None:
             subcommand = "retry" if action not in ("resume", "cancel") else action
             self.record_in_admin_history(subcommand, run, str(change))
-        self.stdout.write(str(change))
+        self.confirm(str(change))
 
     def _show(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         try:
@@ -187,7 +201,9 @@ class Command(base.LeasesCommand):
             self.stdout.write(json.dumps(overview, indent=2, default=base.json_value))
             return
         write = self.stdout.write
-        write(f"Run {run.pk}  {run.workflow}  {run.status}")
+        given = run.input.get("task") if isinstance(run.input, dict) else None
+        path = task_path(run.workflow, given)
+        write(f"Run {run.pk}  {_workflow_text(run.workflow, path)}  {run.status}")
         for label in ("key", "parent", "created_at", "finished_at", "pass_due_at"):
             if overview[label] is not None:
                 write(f"  {label}: {overview[label]}")
@@ -216,7 +232,7 @@ class Command(base.LeasesCommand):
         run = WorkflowRun.objects.db_manager(alias).filter(pk=wait.run_id).first()
         if run is not None:  # as the admin's "Send event" form logs it
             self.record_in_admin_history("send-event", run, f"Sent event {name!r}")
-        self.stdout.write(event_sent(wait))
+        self.confirm(event_sent(wait))
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         rows = runs.order_by("-created_at")
@@ -224,14 +240,22 @@ class Command(base.LeasesCommand):
             rows = rows.filter(status=options["status"])
         if options["workflow"]:
             rows = rows.filter(workflow=options["workflow"])
-        listed = [
-            {
-                "id": str(run.id),
-                "workflow": run.workflow,
-                "status": run.status,
-                "created_at": run.created_at,
-                "error": run.error,
-            }
-            for run in rows[: options["limit"]]
-        ]
+        rows = rows.annotate(task_path=KeyTextTransform("task", "input"))
+        listed = []
+        for run in rows[: options["limit"]]:
+            path = task_path(run.workflow, run.task_path)  # type: ignore[attr-defined]
+            listed.append(
+                {
+                    "id": str(run.id),
+                    "workflow": run.workflow
+                    if options["format"] == "json"
+                    else _workflow_text(run.workflow, path),
+                    "task": path,
+                    "status": run.status,
+                    "created_at": run.created_at,
+                    "error": run.error,
+                }
+            )
+        # JSON: the workflow as stored and the task's path (null but for task runs); the
+        # table: the workflow column with the path after a colon.
         base.write_rows(self.stdout, options["format"], _COLUMNS, listed, empty="No workflow runs.")

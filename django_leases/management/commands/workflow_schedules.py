@@ -99,10 +99,10 @@ class Command(base.LeasesCommand):
             raise CommandError(str(exc)) from None
         row = schedules.named(name)
         if not changed:
-            self.stdout.write(f"Schedule {name!r} was already {'paused' if paused else 'active'}.")
+            self.confirm(f"Schedule {name!r} was already {'paused' if paused else 'active'}.")
             return
         note = "Paused" if paused else "Resumed (from the next tick after now)"
         self.record_in_admin_history(options["action"], row, note)
         shown = describe(row, alias)["next_tick"]
         after = "" if paused or shown is None else f"; next tick {shown.isoformat()}"
-        self.stdout.write(f"Schedule {name!r} {'paused' if paused else 'resumed'}{after}.")
+        self.confirm(f"Schedule {name!r} {'paused' if paused else 'resumed'}{after}.")

@@ -33,8 +33,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-import httpx
-
 from django_leases.conf import leases_settings
 from django_leases.exceptions import MalformedDelivery
 from django_leases.triggers.providers.base import (
@@ -50,7 +48,9 @@ from django_leases.triggers.providers.base import (
 from django_leases.triggers.providers.http import call, failure, masked
 from django_leases.triggers.signatures import verify_github_signature
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # httpx (the webhooks extra) is imported by http.call, when used
+    import httpx
+
     from django_leases.models import TriggerSource
 
 TOKEN_VARIABLE = "DJANGO_LEASES_GITHUB_TOKEN"

@@ -3,18 +3,24 @@
 A provider API call either returns the ``httpx.Response`` (any status; the provider reads
 it) or raises :class:`ProviderError` for a network failure, naming only the provider, the
 step and the kind of failure — never a header, so never a token.
+
+``httpx`` comes with the ``webhooks`` extra (``pip install "django-leases[webhooks]"``) and
+is imported by the first call, not when Django starts: a project without trigger sources
+needs neither it nor its dependencies (system check ``django_leases.E033`` names the extra
+when a declared source needs it).
 """
 
 from __future__ import annotations
 
 import functools
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from django_leases.conf import leases_settings
+from django_leases.conf import leases_settings, webhooks_extra
 from django_leases.triggers.providers.base import ProviderError
+
+if TYPE_CHECKING:
+    import httpx
 
 #: Longest provider error message quoted back to operators, characters.
 _MAX_QUOTED = 300
@@ -31,6 +37,8 @@ def timeout() -> float:
 @functools.cache
 def _tls() -> ssl.SSLContext:
     # Built once per process: loading the CA bundle for every call is slow.
+    with webhooks_extra():
+        import httpx
     return httpx.create_ssl_context()
 
 
@@ -49,8 +57,11 @@ def call(
         method, url: the request; ``kwargs`` go to :meth:`httpx.Client.request`.
 
     Raises :class:`ProviderError` (message without any header or body) on a timeout or a
-    network failure.
+    network failure, ``ImproperlyConfigured`` when httpx (the ``webhooks`` extra) is not
+    installed.
     """
+    with webhooks_extra():
+        import httpx
     try:
         with httpx.Client(timeout=timeout(), follow_redirects=False, verify=_tls()) as client:
             return client.request(method, url, **kwargs)

@@ -36,7 +36,6 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from django.db import router
 
 from django_leases.conf import leases_settings
@@ -60,7 +59,9 @@ from django_leases.triggers.signatures import (
     verify_stripe_signature,
 )
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # httpx (the webhooks extra) is imported by http.call, when used
+    import httpx
+
     from django_leases.models import TriggerSource
 
 KEY_VARIABLE = "DJANGO_LEASES_STRIPE_API_KEY"
