@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 
 from django_leases import faults
 from django_leases.clock import db_now
@@ -127,8 +127,17 @@ def sql_path(request: pytest.FixtureRequest) -> Iterator[str]:
         yield str(request.param)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        OperationalError("server closed the connection unexpectedly"),
+        # What a driver raises for a connection it found closed: not a DatabaseError.
+        InterfaceError("connection already closed"),
+    ],
+    ids=["operational", "interface"],
+)
 def test_a_database_error_inside_a_pass_ends_the_unit_of_work_not_the_run(
-    sql_path: str, monkeypatch: pytest.MonkeyPatch
+    sql_path: str, error: Exception, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The library's own statement inside the workflow function (the pass creating and
     claiming its step) fails as a dropped connection does: the run is not failed — the error
@@ -145,13 +154,13 @@ def test_a_database_error_inside_a_pass_ends_the_unit_of_work_not_the_run(
     def dropped_once(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not failed:
             failed.append("dropped")
-            raise OperationalError("server closed the connection unexpectedly")
+            raise error
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(WorkflowStepQuerySet, "schedule_claimed", dropped_once)
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
     spend_steps_first(worker, [run_id])
-    with pytest.raises(OperationalError):
+    with pytest.raises(type(error)):
         worker.work_once()
     assert failed == ["dropped"]
     run = WorkflowRun.objects.get(pk=run_id)

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
-from django.db import DatabaseError, router
+from django.db import DatabaseError, InterfaceError, router
 
 from django_leases import tracing
 from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings
@@ -94,6 +94,11 @@ from django_leases.workflows.values import (
 logger = logging.getLogger("django_leases.workflows")
 
 _T = TypeVar("_T")
+
+#: What a statement of the library's own raises when the database fails it: a
+#: ``DatabaseError``, or an ``InterfaceError`` (a connection the driver found closed), which
+#: Django does not count among the former.
+_DATABASE_FAULTS = (DatabaseError, InterfaceError)
 
 
 #: Seconds after which a pass that found the run lease taken is tried again.
@@ -200,7 +205,7 @@ class _Pass:
             if self.pending is not None:
                 superseded(self.pending.claim, exc)
             raise _Quietly("superseded") from None
-        except DatabaseError as exc:
+        except _DATABASE_FAULTS as exc:
             raise _Interrupted(exc) from exc
         self.pending = None
         return done
@@ -225,7 +230,7 @@ class _Pass:
         if self._waits is None:
             try:
                 self._waits = WorkflowWait.objects.db_manager(self.using).for_pass(self.run.id)
-            except DatabaseError as exc:
+            except _DATABASE_FAULTS as exc:
                 raise _Interrupted(exc) from exc
         return self._waits
 
@@ -462,7 +467,7 @@ class _Pass:
             return self._carried_result()
         try:
             recorded = _record(ran, hold_pass_seconds=self.driver.lease_ttl)
-        except DatabaseError as exc:
+        except _DATABASE_FAULTS as exc:
             raise _Interrupted(exc) from exc
         if recorded.outcome in ("superseded", "suspended"):
             raise _Quietly(recorded.outcome)
@@ -809,7 +814,7 @@ class RunDriver:
             if state is None:
                 try:
                     state = runs.pass_state(self.run_id)
-                except DatabaseError as exc:
+                except _DATABASE_FAULTS as exc:
                     raise _Interrupted(exc) from exc
             if state is None or state.run.status != RunStatus.RUNNING:
                 if carrying is not None:
@@ -950,13 +955,13 @@ class RunDriver:
         this, self._current = self._current, None
         if this is not None and this.pending is not None:
             # Else its step lease lapses and another attempt runs the step.
-            with contextlib.suppress(DatabaseError):
+            with contextlib.suppress(*_DATABASE_FAULTS):
                 _record(this.pending)
         self.held.finish(vouch=False)
         if isinstance(stop.error, LeaseLostError):
             return self._pass_later(stop.error)
         # The next pass is due now, not once the run lease would have lapsed.
-        with contextlib.suppress(DatabaseError):
+        with contextlib.suppress(*_DATABASE_FAULTS):
             WorkflowRun.objects.db_manager(self.alias).request_pass(self.run_id)
         raise stop.error
 
