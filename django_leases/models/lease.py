@@ -19,6 +19,14 @@ the row lock the statement takes makes it a compare-and-set, so exactly one of m
 concurrent acquirers wins. Elsewhere, or with ``DJANGO_LEASES["TUNED_SQL"] = False``, a
 portable ORM path (``SELECT … FOR UPDATE`` then ``UPDATE`` in one transaction) keeps the same
 rules; the conformance suite runs both on PostgreSQL.
+
+**Epochs** (PostgreSQL, both paths). A new grant's token is never below
+``(timeline - 1) × EPOCH_SPAN + 1``, the *epoch floor* of the server's current WAL timeline
+(:data:`PG_EPOCH_FLOOR`): on a database that never failed over (timeline 1) tokens are
+1, 2, 3…; after a promotion (timeline 2) the next grant of every key is at least
+1,000,000,000,001, above every token the old primary can have issued — also those its
+asynchronous standby never received. ``docs/operations/replication.md`` has the why and the
+measurements.
 """
 
 from __future__ import annotations
@@ -31,7 +39,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.db import connections, models, transaction
-from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Case,
+    Expression,
+    ExpressionWrapper,
+    F,
+    Q,
+    Value,
+    When,
+)
+from django.db.models.functions import Greatest
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -41,6 +60,7 @@ from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, ttl_secon
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
 
 _RETURNED = (
     "id",
@@ -56,6 +76,53 @@ _RETURNED = (
 
 #: The columns an :func:`acquire_statement` returns, in order.
 RETURNED_COLUMNS = _RETURNED
+
+#: Tokens per epoch: on PostgreSQL, timeline ``n`` grants tokens above ``(n - 1) × EPOCH_SPAN``
+#: (decimal, so a token reads as its epoch and its count: 2000000000007 is the 7th of
+#: timeline 3's first grants' series). 10^12 takeovers of one key within one timeline (31
+#: years at 1,000 a second) would reach the next epoch's floor; 9.2 million timelines fit a
+#: ``bigint``.
+EPOCH_SPAN = 10**12
+
+#: PostgreSQL: the epoch floor of the server's current WAL timeline, ``(timeline - 1) ×``
+#: :data:`EPOCH_SPAN` (0 on a database that never failed over), as an SQL expression.
+#:
+#: The timeline is read from the name of the WAL segment being written
+#: (``pg_walfile_name(pg_current_wal_lsn())``, whose first 8 hex digits are the timeline of
+#: WAL *insertion*): a promoted server sets it before it accepts its first write, so the
+#: first grant after a promotion already has the new epoch. (``pg_control_checkpoint()``'s
+#: ``timeline_id`` would not do: it changes only once the checkpoint the promotion requests
+#: has completed, which is spread over ``checkpoint_completion_target`` — 133 s measured on a
+#: 16 MB ``shared_buffers`` server — while the server takes writes all along.) About
+#: 0.3 µs of server time; on a standby it raises, as every write does there.
+PG_EPOCH_FLOOR = (
+    "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1)"
+    f" * {EPOCH_SPAN})"
+)
+
+
+def epoch_floor_sql(connection: BaseDatabaseWrapper) -> str | None:
+    """The SQL expression of the epoch floor new tokens must exceed on ``connection``:
+    :data:`PG_EPOCH_FLOOR` on PostgreSQL, ``None`` elsewhere (SQLite has no replication;
+    MariaDB / MySQL has no timeline to read: see ``docs/operations/replication.md``)."""
+    return PG_EPOCH_FLOOR if connection.vendor == "postgresql" else None
+
+
+def token_epoch(token: int) -> int:
+    """The epoch of a fencing token (``int`` ≥ 1): 0 for tokens of a database that never
+    failed over, ``n - 1`` for tokens granted on PostgreSQL timeline ``n``."""
+    return (int(token) - 1) // EPOCH_SPAN
+
+
+class EpochFloor(Expression):
+    """The epoch floor (:func:`epoch_floor_sql`) as an ORM expression: 0 where there is none."""
+
+    output_field = BigIntegerField()
+
+    def as_sql(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper
+    ) -> tuple[str, tuple[str | int, ...]]:
+        return epoch_floor_sql(connection) or "0", ()
 
 
 def grant_sql(connection: BaseDatabaseWrapper) -> str:
@@ -75,8 +142,21 @@ def released_grant_sql(connection: BaseDatabaseWrapper) -> str:
     return f"1, {now}, {now}, {now}, {now}"
 
 
+def next_token_sql(token: str, floor: str | None) -> str:
+    """SQL for the token a takeover grants after ``token`` (an SQL expression): ``token + 1``,
+    and with an epoch ``floor`` (:func:`epoch_floor_sql`) at least ``floor + 1``."""
+    if floor is None:
+        return f"{token} + 1"
+    return f"GREATEST({token} + 1, {floor} + 1)"
+
+
 def acquire_statement(
-    connection: BaseDatabaseWrapper, table: str, rows: str, *, released: bool = False
+    connection: BaseDatabaseWrapper,
+    table: str,
+    rows: str,
+    *,
+    released: bool = False,
+    floor: str | None = None,
 ) -> str:
     """The acquire rules (module docstring) as one ``INSERT … ON CONFLICT DO UPDATE … WHERE``
     over ``rows``: a ``VALUES`` list or ``SELECT`` giving ``key, holder`` followed by
@@ -85,7 +165,9 @@ def acquire_statement(
     SQL: ``acquire`` uses it, and so does a statement that takes a lease along with other
     work (the workflow worker's pick of a run, which takes the run lease with it).
     ``released``: the rows are :func:`released_grant_sql`'s, and a takeover keeps their
-    release time (the grant is over as it is made)."""
+    release time (the grant is over as it is made). ``floor``: the epoch floor
+    (:func:`epoch_floor_sql`) a takeover's token must exceed (``rows`` then give a new key
+    ``floor + 1`` themselves); ``None`` keeps ``token + 1``."""
     now = clock.now_sql(connection)
     kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
     return (
@@ -93,7 +175,7 @@ def acquire_statement(
         "(key, holder, token, expires_at, acquired_at, renewed_at, released_at) "
         f"{rows} "
         "ON CONFLICT (key) DO UPDATE SET "
-        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"token = CASE WHEN {kept} THEN l.token ELSE {next_token_sql('l.token', floor)} END, "
         f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
         "holder = excluded.holder, expires_at = excluded.expires_at, "
         "renewed_at = excluded.renewed_at, "
@@ -151,7 +233,7 @@ def release_held_statement(table: str, key_where: str) -> str:
 
 #: The migration that installs :func:`lease_functions` (frozen text; the test suite checks
 #: that the code's definitions and the migration's agree).
-LEASE_FUNCTIONS_MIGRATION = "0017_lease_functions"
+LEASE_FUNCTIONS_MIGRATION = "0029_lease_epochs"
 
 #: The table the functions work on (the model's ``db_table``, quoted).
 _PG_TABLE = '"django_leases_lease"'
@@ -168,12 +250,16 @@ def _pg_acquire_body(table: str) -> str:
     # SET and WHERE grants it (no identity value drawn, no speculative insert); only when it
     # matched nothing (a new key, or held live by another holder) does the upsert run, which
     # inserts, or refuses, or wins a race with a concurrent first acquire exactly as before.
+    # The epoch floor is read only where a token is made (a takeover, a new key), never on
+    # the live holder's re-acquire.
     now = "statement_timestamp()"
     expiry = f"{now} + p_ttl_us * interval '1 microsecond'"
+    floor = PG_EPOCH_FLOOR
     sql = acquire_statement(
         _PgRules(),  # type: ignore[arg-type]  # only .vendor is read
         table,
-        f"VALUES (p_key, p_holder, 1, {expiry}, {now}, {now}, NULL)",
+        f"VALUES (p_key, p_holder, {floor} + 1, {expiry}, {now}, {now}, NULL)",
+        floor=floor,
     )
     head, _, _ = sql.rpartition(" RETURNING ")
     returning = (
@@ -183,7 +269,7 @@ def _pg_acquire_body(table: str) -> str:
     kept = f"(l.holder = p_holder AND l.expires_at > {now})"
     update = (
         f"UPDATE {table} AS l SET "
-        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"token = CASE WHEN {kept} THEN l.token ELSE {next_token_sql('l.token', floor)} END, "
         f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE {now} END, "
         f"holder = p_holder, expires_at = {expiry}, renewed_at = {now}, released_at = NULL "
         f"WHERE l.key = p_key AND (l.expires_at <= {now} OR l.holder = p_holder) "
@@ -416,7 +502,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         expiry = clock.db_now_plus(seconds)
         qs = self.model._default_manager.using(alias)
         # A placeholder row (token 0, lapsed long ago) so there is a row to lock; it then
-        # takes the takeover path below and comes out with token 1.
+        # takes the takeover path below and comes out with token 1 (the epoch floor + 1).
         long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
         placeholder = [self.model(key=key, holder=holder, token=0, expires_at=long_ago)]
 
@@ -448,7 +534,10 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 "released_at": None,
             }
             if not kept:
-                updates["token"] = F("token") + 1
+                token: Any = F("token") + 1
+                if epoch_floor_sql(connections[alias]) is not None:
+                    token = Greatest(token, EpochFloor() + 1)
+                updates["token"] = token
                 updates["acquired_at"] = DbNow()
             qs.filter(pk=current.pk).update(**updates)
             return qs.get(pk=current.pk)
