@@ -83,10 +83,13 @@ id                       what it reports
                          an unknown time zone, a ``queue`` that ``QUEUES`` does not configure,
                          or a schedule named ``django_leases.prune`` already. (A ``PRUNE``
                          that is neither ``None`` nor a dict is ``E016``.)
+``django_leases.W032``   the lease database has standbys (replicas) its commits do not wait for:
+                         promoting one loses acknowledged lease grants and fenced writes
+                         (:func:`django_leases.db.replication`; PostgreSQL, MariaDB)
 =======================  ==========================================================================
 
-E019–W022 (and E017's session half) ask the database: they run with ``check --database``,
-``migrate`` and the test runner.
+E019–W022, W032 (and E017's session half) ask the database: they run with
+``check --database``, ``migrate`` and the test runner.
 """
 
 from __future__ import annotations
@@ -954,4 +957,46 @@ def workflow_functions_check(
                     id="django_leases.E013",
                 )
             )
+    return messages
+
+
+def check_replication(alias: str, warning: str | None) -> list[checks.CheckMessage]:
+    """W032 for ``alias`` from :meth:`django_leases.db.Replication.warning`'s text (``None``:
+    nothing to report)."""
+    if warning is None:
+        return []
+    return [
+        checks.Warning(
+            f"Database {alias!r}: {warning}.",
+            hint=(
+                "Set synchronous_standby_names and synchronous_commit = on (or remote_apply) "
+                "on PostgreSQL, or semi-synchronous replication on MariaDB, or make sure your "
+                "failover promotes only a synchronous standby. Silence this check "
+                "(SILENCED_SYSTEM_CHECKS) once you have chosen to fail over asynchronously."
+            ),
+            id="django_leases.W032",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def replication_checks(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """W032 on each database checked that django-leases writes to: one query of the
+    server's replication state (:func:`django_leases.db.replication`)."""
+    from django_leases import db
+
+    ours, _errors = _write_aliases()
+    messages: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        if alias not in ours:
+            continue
+        try:
+            state = db.replication(connections[alias])
+        except Exception:  # an unreachable database is reported elsewhere
+            continue
+        messages.extend(check_replication(alias, None if state is None else state.warning()))
     return messages
