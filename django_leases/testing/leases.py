@@ -23,8 +23,9 @@ file-backed SQLite database (WAL, ``"transaction_mode": "IMMEDIATE"``; not ``:me
 which threads cannot share). The tokens it pins (a new key's first grant is 1) are those of a
 database that never failed over: on a PostgreSQL server promoted from a standby (a timeline
 above 1) every token carries the timeline's epoch, and a new key starts at
-``(timeline - 1) × 10**12 + 1`` (``docs/operations/replication.md``). It takes about a minute: leases that must lapse get a TTL of
-``short_ttl`` (1 s) and the tests wait two to three times that; nothing is timed.
+``(timeline - 1) × 10**12 + 1`` (``docs/operations/replication.md``). It takes about a
+minute: leases that must lapse get a TTL of ``short_ttl`` (1 s) and the tests wait two to
+three times that; nothing is timed.
 
 **Simulated outages (L16–L18).** :class:`SimulatedOutage` replaces
 ``LeaseQuerySet.refresh`` — the renew path used by the renewal thread and by the final check
