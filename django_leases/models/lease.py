@@ -32,6 +32,7 @@ measurements.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -354,6 +355,18 @@ PG_RELEASE = f"SELECT {_name['release']}(%s, %s, %s)"
 del _name
 
 
+#: Leases per statement of :meth:`LeaseQuerySet.refresh_many` where each needs parameters of
+#: its own in the SQL (MariaDB / MySQL, the portable path).
+_REFRESH_CHUNK = 500
+
+
+def _if_same_grant(row: Lease | None, lease: Lease) -> Lease | None:
+    """``row`` (a lease read back by its id) if it is still ``lease``'s grant, else ``None``."""
+    if row is None or (row.key, row.holder, row.token) != (lease.key, lease.holder, lease.token):
+        return None
+    return row
+
+
 def _check_lease(lease: object) -> None:
     if not isinstance(lease, Lease):
         raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
@@ -603,6 +616,182 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
+
+    def refresh_many(self, held: Sequence[tuple[Lease, float | timedelta]]) -> list[Lease | None]:
+        """Refresh several held leases at once: :meth:`refresh`'s rule for each
+        ``(lease, ttl)`` of ``held`` (``ttl`` a ``timedelta`` or seconds > 0, its own for
+        each lease), on the database clock, in **one statement** where the database allows.
+
+        Returns one entry per item, in order: the refreshed lease (same token), or ``None``
+        when that lease is no longer held (lapsed, released, or taken by another holder or
+        token). A failure of the statement raises (Django's ``DatabaseError``): it says
+        nothing of any lease. Raises ``ValueError`` for a bad TTL, or an item that is not a
+        :class:`Lease`, before anything is sent.
+
+        The renewal loop of the process (:class:`~django_leases.renewal.Renewer`) sends this
+        once per tick for every lease whose renewal is due. Tuned PostgreSQL: one ``UPDATE …
+        FROM unnest(…) RETURNING``; SQLite: one ``UPDATE … FROM json_each(…) RETURNING``;
+        MariaDB / MySQL: a guarded ``UPDATE`` and a read of the rows it renewed, in one
+        transaction, per 500 leases; portable path: the rows locked, updated per TTL and read
+        back, in one transaction.
+        """
+        checked: list[tuple[Lease, float]] = []
+        for lease, ttl in held:
+            _check_lease(lease)
+            checked.append((lease, ttl_seconds(ttl)))
+        if not checked:
+            return []
+        connection = self._connection()
+        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+            return self._refresh_many_pg(connection, checked)
+        if db.tuned(connection, "sqlite"):
+            return self._refresh_many_sqlite(connection, checked)
+        found: dict[int, Lease] = {}
+        for start in range(0, len(checked), _REFRESH_CHUNK):
+            chunk = checked[start : start + _REFRESH_CHUNK]
+            if db.tuned(connection, "mysql"):
+                found.update(self._refresh_many_mysql(connection, chunk))
+            else:
+                found.update(self._refresh_many_orm(chunk))
+        return [_if_same_grant(found.get(lease.pk), lease) for lease, _ in checked]
+
+    def _refresh_many_pg(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> list[Lease | None]:
+        ttl_us = [round(seconds * _MICROSECONDS) for _, seconds in held]
+        sql = (
+            f"UPDATE {self._table(connection)} AS l SET expires_at = statement_timestamp() "
+            "+ v.ttl_us * interval '1 microsecond', renewed_at = statement_timestamp() "
+            "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
+            "AS v(key, holder, token, ttl_us) "
+            "WHERE l.key = v.key AND l.holder = v.holder AND l.token = v.token "
+            "AND l.released_at IS NULL AND l.expires_at > statement_timestamp() "
+            "RETURNING l.key, l.expires_at"
+        )
+        params = (
+            [lease.key for lease, _ in held],
+            [lease.holder for lease, _ in held],
+            [lease.token for lease, _ in held],
+            ttl_us,
+        )
+        with db.cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            expiries = dict(cursor.fetchall())
+        refreshed: list[Lease | None] = []
+        for (lease, _), micros in zip(held, ttl_us, strict=True):
+            expires_at = expiries.get(lease.key)
+            if expires_at is None:
+                refreshed.append(None)
+                continue
+            renewed_at = expires_at - timedelta(microseconds=micros)
+            values = (
+                lease.pk,
+                lease.key,
+                lease.holder,
+                lease.token,
+                expires_at,
+                lease.acquired_at,
+                renewed_at,
+                None,
+            )
+            refreshed.append(self.model.from_db(connection.alias, _RETURNED, values))
+        return refreshed
+
+    def _refresh_many_sqlite(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> list[Lease | None]:
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        expiry = clock.now_plus_sql(connection).replace("%s", "v.ttl")
+        rows = [
+            [lease.key, lease.holder, lease.token, clock.seconds_param(connection, seconds)]
+            for lease, seconds in held
+        ]
+        returned = ", ".join(f"{table}.{column}" for column in _RETURNED)
+        sql = (
+            f"UPDATE {table} SET expires_at = {expiry}, renewed_at = {now} "
+            "FROM (SELECT json_extract(value, '$[0]') AS k, json_extract(value, '$[1]') AS h, "
+            "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ttl "
+            "FROM json_each(%s)) AS v "
+            f"WHERE {table}.key = v.k AND {table}.holder = v.h AND {table}.token = v.t "
+            f"AND {table}.released_at IS NULL AND {table}.expires_at > {now} "
+            f"RETURNING {returned}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [json.dumps(rows)])
+            found = {row[0]: self._from_row(connection, row) for row in cursor.fetchall()}
+        return [_if_same_grant(found.get(lease.pk), lease) for lease, _ in held]
+
+    def _refresh_many_mysql(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> dict[int, Lease]:
+        """MariaDB / MySQL: the guarded ``UPDATE`` of every lease of ``held`` (its expiry
+        by a ``CASE`` on the key, each lease's own TTL), then the rows it renewed read back,
+        in one transaction: a row renewed by it is live after it, one it left (lapsed,
+        released, another holder or token) is not."""
+        q = connection.ops.quote_name
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        expiry = clock.now_plus_sql(connection)
+        keys = ", ".join(["%s"] * len(held))
+        grants = ", ".join(["(%s, %s, %s)"] * len(held))
+        guard = (
+            f"{q('key')} IN ({keys}) AND ({q('key')}, {q('holder')}, {q('token')}) IN ({grants}) "
+            f"AND {q('released_at')} IS NULL AND {q('expires_at')} > {now}"
+        )
+        guard_params: list[Any] = [lease.key for lease, _ in held]
+        for lease, _ in held:
+            guard_params += [lease.key, lease.holder, lease.token]
+        ttls = {seconds for _, seconds in held}
+        if len(ttls) == 1:
+            expires, expires_params = expiry, [clock.seconds_param(connection, ttls.pop())]
+        else:
+            expires = (
+                f"CASE {q('key')} " + " ".join(f"WHEN %s THEN {expiry}" for _ in held) + " END"
+            )
+            expires_params = []
+            for lease, seconds in held:
+                expires_params += [lease.key, clock.seconds_param(connection, seconds)]
+        returned = ", ".join(q(column) for column in _RETURNED)
+        with transaction.atomic(using=self._alias()), connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {q('expires_at')} = {expires}, {q('renewed_at')} = {now} "
+                f"WHERE {guard}",
+                [*expires_params, *guard_params],
+            )
+            if not cursor.rowcount:
+                return {}
+            cursor.execute(f"SELECT {returned} FROM {table} WHERE {guard}", guard_params)
+            rows = cursor.fetchall()
+        return {row[0]: self._from_row(connection, row) for row in rows}
+
+    def _refresh_many_orm(self, held: Sequence[tuple[Lease, float]]) -> dict[int, Lease]:
+        """The portable path: the held, live rows of ``held`` locked, each TTL's rows
+        updated, and read back, in one transaction."""
+        alias = self._alias()
+        qs = self.model._default_manager.using(alias)
+        wanted = {(lease.key, lease.holder, lease.token): seconds for lease, seconds in held}
+        with transaction.atomic(using=alias):
+            live = (
+                qs.select_for_update()
+                .filter(
+                    key__in=[key for key, _, _ in wanted],
+                    released_at__isnull=True,
+                    expires_at__gt=DbNow(),
+                )
+                .values_list("pk", "key", "holder", "token")
+            )
+            by_ttl: dict[float, list[int]] = {}
+            for pk, key, holder, token in live:
+                seconds = wanted.get((key, holder, token))
+                if seconds is not None:
+                    by_ttl.setdefault(seconds, []).append(pk)
+            for seconds, pks in by_ttl.items():
+                qs.filter(pk__in=pks).update(
+                    expires_at=clock.db_now_plus(seconds), renewed_at=DbNow()
+                )
+            renewed = [pk for pks in by_ttl.values() for pk in pks]
+            return {row.pk: row for row in qs.filter(pk__in=renewed)} if renewed else {}
 
     def _refresh_mysql(
         self, connection: BaseDatabaseWrapper, lease: Lease, seconds: float
