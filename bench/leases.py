@@ -35,6 +35,17 @@ server is local), which says where a gap to the floor comes from.
 ``--breakdown`` then takes ours apart in one process (see :func:`run_breakdown`), and
 ``--profile CONTENDER`` prints a cProfile of one contender's loops instead of benchmarking.
 
+**Held leases** (``--held N``, default 1,000; 0 skips it): one process holds N leases through
+``hold_lease`` (TTL ``--held-ttl``, 30 s) for two renewal intervals and the stage records its
+connections to the database, its threads, the renewal statements sent per renewal tick, the
+CPU of the server processes serving it per lease renewed, and how long after a takeover of
+one of the leases its holder was told (the bound: one renewal interval, TTL/3). ``--held-tree
+TREE`` measures another source tree's ``django_leases`` the same way in the same run (the
+code before the renewer held each lease on a connection and two threads of its own: 1,001
+connections, more than a shared server's ``max_connections``; ``--held-private-cluster``
+runs the stage on a private PostgreSQL cluster with ``max_connections`` 1,300, made with
+``tests/pgcluster.py`` on a port of 5441-5449 and removed after).
+
 The figures go to stdout as a table (each with its ratio to the floor) and to
 ``bench/results/leases-<date>-<HHMM>.json``. Nothing here is a test: timing never fails a build.
 """
@@ -1349,6 +1360,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the contended measurement (single-connection figures only, e.g. a bisect)",
     )
+    parser.add_argument(
+        "--held",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="held-leases stage: one process holding N leases (0: skip; default %(default)s)",
+    )
+    parser.add_argument(
+        "--held-ttl", type=float, default=30.0, help="TTL of the held leases, s (%(default)s)"
+    )
+    parser.add_argument(
+        "--held-tree",
+        metavar="TREE",
+        action="append",
+        default=[],
+        help="also measure the held-leases stage with another tree's django_leases (repeatable)",
+    )
+    parser.add_argument(
+        "--held-private-cluster",
+        action="store_true",
+        help="run the held-leases stage on a private PostgreSQL cluster with max_connections "
+        "1300 (tests/pgcluster.py; needs PostgreSQL's server programs)",
+    )
+    parser.add_argument("--held-only", action="store_true", help="run only the held-leases stage")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.warmup < 0 or args.repeat < 1 or args.processes < 1:
         parser.error("--seconds must be > 0, --warmup >= 0, --repeat and --processes >= 1")
@@ -1476,10 +1511,12 @@ def main(argv: list[str] | None = None) -> int:
             ),
         },
     }
-    if not args.breakdown_only:
+    if not args.breakdown_only and not args.held_only:
         report.update(run_contenders(args, config, context))
     if args.breakdown or args.breakdown_only:
         report["breakdown"] = run_breakdown(config, context)
+    if args.held and not args.breakdown_only and not is_mysql(config.database_url):
+        report["held"] = run_held(args, config, context)
 
     machine["load_average_at_end"] = load_average()
     report["finished_at"] = dt.datetime.now(dt.UTC).isoformat()
@@ -1612,6 +1649,284 @@ def ratios_to_floor(figures: dict[str, dict[str, float | None]]) -> dict[str, An
             base = floor.get(metric)
             ratios[name][metric] = None if value is None or not base else value / base
     return ratios
+
+
+# -- held leases -------------------------------------------------------------------------------
+
+
+def _pss_kib(pid: int) -> int | None:
+    """Proportional set size of process ``pid`` in KiB (``/proc/<pid>/smaps_rollup``)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def held_worker(database_url: str, tree: str | None, count: int, ttl: float, results: Any) -> None:
+    """One process holding ``count`` leases (``hold_lease``, TTL ``ttl``) for two renewal
+    intervals, with the django_leases of ``tree`` (``None``: this one); puts its figures."""
+    try:
+        if tree:
+            sys.path.insert(0, tree)
+        results.put(("ok", _held(database_url, count, ttl)))
+    except BaseException as error:
+        results.put(("error", f"{type(error).__name__}: {error}"))
+        raise
+
+
+def _held(database_url: str, count: int, ttl: float) -> dict[str, Any]:
+    import threading
+    from contextlib import ExitStack
+    from unittest import mock
+
+    import psycopg
+
+    configure_django(database_url, {})
+    import django_leases
+    from django_leases import hold_lease
+    from django_leases.models import LeaseQuerySet
+
+    monitor = psycopg.connect(libpq_conninfo(database_url), autocommit=True)
+
+    def backends() -> list[int]:
+        rows = monitor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        ).fetchall()
+        return [int(pid) for (pid,) in rows]
+
+    (table_exists,) = monitor.execute(
+        "SELECT to_regclass('django_leases_lease') IS NOT NULL"
+    ).fetchone()  # type: ignore[misc]
+    if not table_exists:
+        from tests.failover import install_schema
+
+        install_schema("default")
+    counted = {"statements": 0, "renewals": 0}
+    lock = threading.Lock()
+    real_refresh = LeaseQuerySet.refresh
+    real_many = getattr(LeaseQuerySet, "refresh_many", None)
+
+    def on_renewal_thread() -> bool:
+        return threading.current_thread().name.startswith(("lease-renewal:", "lease-renewer:"))
+
+    def refresh(queryset: Any, lease: Any, ttl: Any) -> Any:
+        if on_renewal_thread():
+            with lock:
+                counted["statements"] += 1
+                counted["renewals"] += 1
+        return real_refresh(queryset, lease, ttl)
+
+    def refresh_many(queryset: Any, held: Any) -> Any:
+        if on_renewal_thread():
+            with lock:
+                counted["statements"] += 1
+                counted["renewals"] += len(held)
+        assert real_many is not None
+        return real_many(queryset, held)
+
+    interval = max(ttl / 3, 0.05)
+    stamp = uuid.uuid4().hex[:8]
+    patches = [mock.patch.object(LeaseQuerySet, "refresh", refresh)]
+    if real_many is not None:
+        patches.append(mock.patch.object(LeaseQuerySet, "refresh_many", refresh_many))
+    with ExitStack() as patched:
+        for patch in patches:
+            patched.enter_context(patch)
+        stack = ExitStack()
+        holds = []
+        started = time.monotonic()
+        for number in range(count):
+            holds.append(stack.enter_context(hold_lease(f"bench:held:{stamp}:{number}", ttl)))
+        acquired_in = time.monotonic() - started
+        pids = backends()
+        with lock:
+            counted.update(statements=0, renewals=0)
+        ticks_before = _renewer_ticks()
+        cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
+        client_before = process_cpu_seconds(os.getpid())
+        window_started = time.monotonic()
+        most_threads = threading.active_count()
+        most_connections = len(pids)
+        while time.monotonic() - window_started < 2 * interval + 1:
+            time.sleep(0.5)
+            most_threads = max(most_threads, threading.active_count())
+        window = time.monotonic() - window_started
+        most_connections = max(most_connections, len(backends()))
+        cpu_after = {pid: process_cpu_seconds(pid) for pid in pids}
+        client_after = process_cpu_seconds(os.getpid())
+        with lock:
+            statements, renewals = counted["statements"], counted["renewals"]
+        server_cpu = sum(
+            (cpu_after[pid] or 0.0) - (before or 0.0)
+            for pid, before in cpu_before.items()
+            if cpu_after.get(pid) is not None
+        )
+        ticks = None if ticks_before is None else _renewer_ticks() - ticks_before
+        cpu_loop = _renewal_cpu(holds, ttl)
+        pss = [_pss_kib(pid) for pid in backends()]
+        # A takeover of one lease by another holder, from the monitor's connection: how long
+        # until its holder is told (bound: its next renewal, one interval).
+        victim = holds[count // 2]
+        monitor.execute(
+            "UPDATE django_leases_lease SET holder = 'bench-thief', token = token + 1, "
+            "renewed_at = statement_timestamp(), acquired_at = statement_timestamp(), "
+            "expires_at = statement_timestamp() + interval '1 hour' WHERE key = %s",
+            [victim.key],
+        )
+        taken = time.monotonic()
+        told = victim.lost.wait(3 * interval + 10)
+        seen_after = time.monotonic() - taken if told else None
+        others_lost = sum(held.lost.is_set() for held in holds) - (1 if told else 0)
+        closing = time.monotonic()
+        with contextlib.suppress(Exception):
+            stack.close()  # the victim's exit raises LeaseLostError
+        closed_in = time.monotonic() - closing
+    monitor.close()
+    return {
+        "django_leases": str(Path(django_leases.__file__).parent),
+        "leases": count,
+        "ttl": ttl,
+        "renewal_interval": interval,
+        "acquired_in_s": round(acquired_in, 2),
+        "window_s": round(window, 2),
+        "connections": most_connections,
+        "threads": most_threads,
+        "renewal_statements": statements,
+        "lease_renewals": renewals,
+        "renewer_ticks": ticks,
+        "statements_per_tick": None if not ticks else statements / ticks,
+        "statements_per_second": statements / window,
+        "server_cpu_s": round(server_cpu, 3),
+        "server_cpu_us_per_renewal_in_window": (
+            None if not renewals else server_cpu / renewals * 1e6
+        ),
+        "server_cpu_us_per_renewal": cpu_loop["server_cpu_us_per_renewal"],
+        "renewal_loop": cpu_loop,
+        "client_cpu_us_per_renewal": (
+            None
+            if not renewals or client_before is None or client_after is None
+            else (client_after - client_before) / renewals * 1e6
+        ),
+        "backends_pss_mib": round(sum(p for p in pss if p) / 1024, 1) if pss else None,
+        "loss_seen_after_s": None if seen_after is None else round(seen_after, 3),
+        "loss_bound_s": interval,
+        "other_leases_lost": others_lost,
+        "released_in_s": round(closed_in, 2),
+        "load_average": load_average(),
+    }
+
+
+def _renewer_ticks() -> int | None:
+    """The ticks this process's renewers have made (``None``: a tree without renewers)."""
+    renewal_module = sys.modules.get("django_leases.renewal")
+    renewers = getattr(renewal_module, "renewers", None)
+    return None if renewers is None else sum(r.ticks for r in renewers())
+
+
+def _renewal_cpu(holds: list[Any], ttl: float, seconds: float = 4.0) -> dict[str, Any]:
+    """Server CPU per lease renewal the way the tree renews: ``refresh_many`` of every held
+    lease at once where it has it, else ``refresh`` of one lease per statement, in a loop on
+    this thread's connection for ``seconds`` (the renewer's own ticks are too few for the
+    10 ms resolution of ``/proc``)."""
+    from django.db import connection
+
+    from django_leases.models import Lease
+
+    leases = Lease.objects
+    batch = hasattr(leases, "refresh_many")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    renewed = 0
+    server_before, client_before = process_cpu_seconds(pid), process_cpu_seconds(os.getpid())
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if batch:
+            answers = leases.refresh_many([(held.lease, ttl) for held in holds])
+            renewed += sum(answer is not None for answer in answers)
+        else:
+            for held in holds[:200]:
+                renewed += leases.refresh(held.lease, ttl) is not None
+    elapsed = time.monotonic() - started
+    server_after, client_after = process_cpu_seconds(pid), process_cpu_seconds(os.getpid())
+    server = None if server_before is None or server_after is None else server_after - server_before
+    client = None if client_before is None or client_after is None else client_after - client_before
+    return {
+        "method": "refresh_many (all held leases per statement)" if batch else "refresh (one each)",
+        "seconds": round(elapsed, 2),
+        "lease_renewals": renewed,
+        "server_cpu_us_per_renewal": None
+        if server is None or not renewed
+        else server / renewed * 1e6,
+        "client_cpu_us_per_renewal": None
+        if client is None or not renewed
+        else client / renewed * 1e6,
+        "wall_us_per_renewal": elapsed / renewed * 1e6 if renewed else None,
+    }
+
+
+def run_held(args: argparse.Namespace, config: Config, context: Any) -> dict[str, Any]:
+    """The held-leases stage for this tree and each ``--held-tree``; prints and returns."""
+    trees: list[tuple[str, str | None]] = [("ours", None)]
+    trees += [(f"tree:{Path(tree).name}", str(Path(tree).resolve())) for tree in args.held_tree]
+    found: dict[str, Any] = {}
+    with contextlib.ExitStack() as cleanup:
+        database_url = config.database_url
+        if args.held_private_cluster:
+            database_url = cleanup.enter_context(_private_cluster())
+        for name, tree in trees:
+            settle(within=args.settle)
+            results = context.Queue()
+            process = context.Process(
+                target=held_worker, args=(database_url, tree, args.held, args.held_ttl, results)
+            )
+            process.start()
+            found[name] = _collect([process], results, 900)[0]
+    print(f"\nheld leases: one process, {args.held} leases, TTL {args.held_ttl:g} s")
+    rows = (
+        ("connections", "connections", "{:.0f}"),
+        ("threads", "threads", "{:.0f}"),
+        ("statements_per_second", "renewal statements/s", "{:.1f}"),
+        ("statements_per_tick", "statements per tick", "{:.2f}"),
+        ("server_cpu_us_per_renewal", "server CPU µs per renewed lease", "{:.1f}"),
+        ("client_cpu_us_per_renewal", "client CPU µs per renewed lease", "{:.1f}"),
+        ("backends_pss_mib", "server processes' PSS, MiB", "{:.1f}"),
+        ("loss_seen_after_s", "a lost lease seen after, s", "{:.2f}"),
+        ("loss_bound_s", "  (bound: one renewal interval, s)", "{:.2f}"),
+        ("other_leases_lost", "other leases lost", "{:.0f}"),
+        ("load_average", "load average (1 min)", "{:.2f}"),
+    )
+    print("  " + "".ljust(36) + "".join(name.rjust(14) for name in found))
+    for key, label, form in rows:
+        cells = []
+        for figures in found.values():
+            value = figures.get(key)
+            if isinstance(value, list):
+                value = value[0]
+            cells.append("n/a" if value is None else form.format(value))
+        print("  " + label.ljust(36) + "".join(cell.rjust(14) for cell in cells))
+    return found
+
+
+@contextlib.contextmanager
+def _private_cluster() -> Any:
+    """A private PostgreSQL cluster (``max_connections`` 1,300) with a database ``bench``;
+    yields its URL, stops and removes it after."""
+    from tests.pgcluster import Clusters, server_bindir
+
+    bindir = server_bindir(None)
+    if bindir is None:
+        raise BenchError("no PostgreSQL server programs for --held-private-cluster")
+    with Clusters(bindir) as clusters:
+        cluster = clusters.primary("held").start(
+            {"max_connections": "1300", "shared_buffers": "'256MB'"}
+        )
+        cluster.execute("CREATE DATABASE bench")
+        yield f"postgres://postgres@127.0.0.1:{cluster.port}/bench"
 
 
 def _prepare_worker(config: Config, results: Any, spec: Spec | None = None) -> None:

@@ -98,9 +98,12 @@ id                       what it reports
                          signatures) to the registered address cross the network unencrypted
 ``django_leases.W035``   ``check --deploy``: ``GITHUB_API_URL`` or ``STRIPE_API_URL`` on plain
                          http, so the API token is sent unencrypted
+``django_leases.W032``   the lease database has standbys (replicas) its commits do not wait for:
+                         promoting one loses acknowledged lease grants and fenced writes
+                         (:func:`django_leases.db.replication`; PostgreSQL, MariaDB)
 =======================  ==========================================================================
 
-W008, W014, E013, E019–W022 (and E017's session half) ask the database: they are tagged
+W008, W014, E013, E019–W022, W032 (and E017's session half) ask the database: they are tagged
 ``database`` and run with ``check --database``, ``migrate`` and the test runner, on the
 databases named; every other check reads settings and code only. W034 and W035 run with
 ``check --deploy``.
@@ -1172,4 +1175,46 @@ def workflow_functions_check(
                     id="django_leases.E013",
                 )
             )
+    return messages
+
+
+def check_replication(alias: str, warning: str | None) -> list[checks.CheckMessage]:
+    """W032 for ``alias`` from :meth:`django_leases.db.Replication.warning`'s text (``None``:
+    nothing to report)."""
+    if warning is None:
+        return []
+    return [
+        checks.Warning(
+            _("Database %(alias)r: %(warning)s.") % {"alias": alias, "warning": warning},
+            hint=_(
+                "Set synchronous_standby_names and synchronous_commit = on (or remote_apply) "
+                "on PostgreSQL, or semi-synchronous replication on MariaDB, or make sure your "
+                "failover promotes only a synchronous standby. Silence this check "
+                "(SILENCED_SYSTEM_CHECKS) once you have chosen to fail over asynchronously."
+            ),
+            id="django_leases.W032",
+        )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def replication_checks(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[checks.CheckMessage]:
+    """W032 on each database checked that django-leases writes to: one query of the
+    server's replication state (:func:`django_leases.db.replication`)."""
+    from django_leases import db
+
+    ours, _errors = _write_aliases()
+    messages: list[checks.CheckMessage] = []
+    for alias in databases or ():
+        if alias not in ours:
+            continue
+        try:
+            state = db.replication(connections[alias])
+        except Exception:  # an unreachable database is reported elsewhere
+            continue
+        messages.extend(check_replication(alias, None if state is None else state.warning()))
     return messages

@@ -40,10 +40,11 @@ prepared and idle workers poll instead of being woken by LISTEN/NOTIFY (the list
 psycopg 3 connection), which system check ``django_leases.I032`` says once.
 
 **Hot statements.** :func:`hot_fetchone` runs the lease operations' one statement each (calls
-of the PL/pgSQL functions of migration ``0017_lease_functions``, whose plans PostgreSQL caches
-per session without any prepared statement, so nothing depends on a pooler) on one psycopg
-cursor kept per connection, with the checks Django's cursor makes, instead of a new cursor
-and wrapper per call.
+of the PL/pgSQL functions of the lease functions migration,
+``models.lease.LEASE_FUNCTIONS_MIGRATION``, whose plans PostgreSQL caches per session without
+any prepared statement, so nothing depends on a pooler) on one psycopg cursor kept per
+connection, with the checks Django's cursor makes, instead of a new cursor and wrapper per
+call.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.db import connections, models, router
@@ -439,6 +441,140 @@ def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Itera
         timer.cancel()
 
 
+# -- replication --------------------------------------------------------------------------------
+
+#: PostgreSQL ``synchronous_commit`` values under which a commit waits for the synchronous
+#: standbys (``remote_write``: received, not yet flushed there; ``on``: flushed;
+#: ``remote_apply``: applied).
+WAITING_COMMITS = frozenset({"on", "remote_apply", "remote_write"})
+
+_PG_REPLICATION = (
+    "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'), "
+    "r.application_name, r.sync_state, a.datid IS NOT NULL "
+    "FROM (SELECT 1) AS one LEFT JOIN pg_stat_replication AS r ON true "
+    "LEFT JOIN pg_stat_activity AS a ON a.pid = r.pid"
+)
+
+_MARIADB_REPLICATION = (
+    "SHOW GLOBAL STATUS WHERE Variable_name IN "
+    "('Slaves_connected', 'Rpl_semi_sync_master_status', 'Rpl_semi_sync_master_clients')"
+)
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What a primary says of the standbys (replicas) streaming from it now: see
+    :func:`replication`.
+
+    Attributes:
+        standbys: how many are connected (``int``; logical replication subscribers are left
+            out where the server shows which they are).
+        asynchronous: how many of them a commit does not wait for (``int``): a promotion of
+            one of them loses the commits it had not received yet.
+        names: the ``application_name`` of each asynchronous one where the server shows it.
+        why: what makes them asynchronous (the settings), or why that is not known.
+        known: ``False`` when the server does not show which standbys are synchronous (a
+            role without ``pg_read_all_stats``): ``asynchronous`` is then 0.
+    """
+
+    standbys: int
+    asynchronous: int
+    names: tuple[str, ...] = ()
+    why: str = ""
+    known: bool = True
+
+    def warning(self) -> str | None:
+        """The warning an operator should read (``str``), or ``None`` when every connected
+        standby is synchronous (or none is connected)."""
+        if not self.asynchronous:
+            return None
+        which = f" ({', '.join(self.names)})" if self.names else ""
+        return (
+            f"{self.asynchronous} of {self.standbys} standby(s) replicate asynchronously"
+            f"{which}: {self.why}. Promoting one loses the commits it had not received: "
+            "lease grants, releases and fenced writes the holders were told had succeeded. "
+            "Tokens stay unique across the promotion on PostgreSQL (their epoch rises with "
+            "the timeline), but a holder may be told it holds a lease the new primary never "
+            "heard of. Fail over only to a synchronous standby, or make them synchronous "
+            "(synchronous_standby_names, synchronous_commit = on or remote_apply); see "
+            "docs/operations/replication.md"
+        )
+
+
+def replication(connection: BaseDatabaseWrapper) -> Replication | None:
+    """Ask the server of ``connection`` which standbys stream from it now and whether its
+    commits wait for them: one query. ``None`` where it cannot say (SQLite; MySQL, whose
+    status does not count replicas; a server that refused the query).
+
+    PostgreSQL: the physical WAL senders of ``pg_stat_replication``; a commit waits for a
+    standby when ``synchronous_standby_names`` names it (``sync_state`` ``sync`` or
+    ``quorum``) and the connection's own ``synchronous_commit`` is one of
+    :data:`WAITING_COMMITS`. A standby ``potential`` or ``async`` is not waited for.
+    MariaDB: ``Slaves_connected`` replicas, of which ``Rpl_semi_sync_master_clients`` are
+    semi-synchronous while ``Rpl_semi_sync_master_status`` is ON (it turns OFF, the primary
+    going on alone, after ``rpl_semi_sync_master_timeout``)."""
+    try:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(_PG_REPLICATION)
+                rows = cursor.fetchall()
+            return _pg_replication(rows)
+        if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+            with connection.cursor() as cursor:
+                cursor.execute(_MARIADB_REPLICATION)
+                status = {str(name): str(value) for name, value in cursor.fetchall()}
+            return _mariadb_replication(status)
+    except DatabaseError:
+        logger.debug("reading the replication state of %r failed", connection.alias, exc_info=True)
+    return None
+
+
+def _pg_replication(rows: Sequence[Sequence[Any]]) -> Replication:
+    names_setting, commit = str(rows[0][0]).strip(), str(rows[0][1])
+    senders = [row for row in rows if row[2] is not None]
+    known = all(row[3] is not None for row in senders)
+    standbys = [row for row in senders if not row[4]] if known else senders
+    if not standbys:
+        return Replication(0, 0)
+    every = tuple(str(row[2]) for row in standbys)
+    if not names_setting:
+        why = "synchronous_standby_names is empty"
+        if not known:
+            why += " (WAL senders counted, logical subscribers among them if any)"
+        return Replication(len(standbys), len(standbys), every, why, known)
+    if commit not in WAITING_COMMITS:
+        return Replication(
+            len(standbys),
+            len(standbys),
+            every,
+            f"synchronous_commit = {commit} on this connection: commits do not wait for any",
+            known,
+        )
+    if not known:
+        return Replication(
+            len(standbys),
+            0,
+            why="which standbys are synchronous is shown only to a role with pg_read_all_stats",
+            known=False,
+        )
+    late = tuple(str(row[2]) for row in standbys if row[3] in ("async", "potential"))
+    why = f"synchronous_standby_names = {names_setting!r} does not cover them"
+    return Replication(len(standbys), len(late), late, why)
+
+
+def _mariadb_replication(status: dict[str, str]) -> Replication | None:
+    if "Slaves_connected" not in status:
+        return None
+    replicas = int(status["Slaves_connected"] or 0)
+    if not replicas:
+        return Replication(0, 0)
+    if status.get("Rpl_semi_sync_master_status", "OFF").upper() != "ON":
+        return Replication(replicas, replicas, why="semi-synchronous replication is off")
+    clients = int(status.get("Rpl_semi_sync_master_clients") or 0)
+    late = max(0, replicas - clients)
+    return Replication(replicas, late, why="they are not semi-synchronous replicas")
+
+
 # -- threads ------------------------------------------------------------------------------------
 
 
@@ -455,7 +591,9 @@ def close_thread_connections() -> None:
 
 __all__ = [
     "TUNED_VENDORS",
+    "WAITING_COMMITS",
     "Bound",
+    "Replication",
     "RoutedQuerySet",
     "bounded",
     "close_thread_connections",
@@ -463,5 +601,6 @@ __all__ = [
     "hot_fetchone",
     "prepares",
     "psycopg3",
+    "replication",
     "tuned",
 ]

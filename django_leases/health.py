@@ -1,6 +1,6 @@
 """Health of a django-leases installation: what ``manage.py leases_check`` reports.
 
-Five checks, each judged on the **database clock** where time matters:
+Six checks, each judged on the **database clock** where time matters:
 
 ``database``
     Every alias django-leases writes to (the router's ``db_for_write`` for each of its models)
@@ -27,6 +27,11 @@ Five checks, each judged on the **database clock** where time matters:
     ``running`` runs that nothing will move: no pass due, no waiting step with attempts left,
     no running step, no live run lease, and no change for ``stuck_after`` seconds. They need
     an operator (resume, cancel or retry a step in the admin).
+``replication``
+    A **warning** (it does not change the exit status) when the database has standbys
+    (replicas) its commits do not wait for: promoting one loses acknowledged lease grants
+    and fenced writes (:func:`django_leases.db.replication`; system check ``W032`` says the
+    same). ``ok`` when every connected standby is synchronous, or none is connected.
 
 :func:`run_checks` returns a :class:`HealthReport`; its :attr:`~HealthReport.exit_code`
 is what the command exits with (:data:`EXIT_OK`, :data:`EXIT_PROBLEMS`,
@@ -84,6 +89,8 @@ OK = "ok"
 PROBLEM = "problem"
 UNREACHABLE = "unreachable"
 SKIPPED = "skipped"
+#: Worth an operator's attention, but not a problem: the exit status stays as it is.
+WARNING = "warning"
 
 #: Most items listed in a finding's details (the count is always exact).
 MAX_LISTED = 20
@@ -93,8 +100,9 @@ MAX_LISTED = 20
 class Finding:
     """The outcome of one check on one database alias.
 
-    ``status`` is ``"ok"``, ``"problem"``, ``"unreachable"`` (the database) or ``"skipped"``
-    (the check could not run, e.g. its database is unreachable); ``details`` is JSON.
+    ``status`` is ``"ok"``, ``"problem"``, ``"unreachable"`` (the database), ``"warning"``
+    (worth a look; the exit status stays) or ``"skipped"`` (the check could not run, e.g. its
+    database is unreachable); ``details`` is JSON.
     """
 
     check: str
@@ -296,6 +304,35 @@ def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissi
         f"'manage.py migrate django_leases {FUNCTIONS_MIGRATION} {on}' (it only creates "
         f"the functions), then 'manage.py migrate --fake {on}'",
     )
+
+
+# -- replication ------------------------------------------------------------------------------
+
+
+def check_replication(alias: str) -> Finding:
+    """Whether ``alias`` has standbys its commits do not wait for (a warning), from
+    :func:`django_leases.db.replication`."""
+    from django_leases import db
+
+    state = db.replication(connections[alias])
+    if state is None:
+        return Finding("replication", alias, OK, "no replication state to read on this database")
+    details: dict[str, Any] = {
+        "standbys": state.standbys,
+        "asynchronous": state.asynchronous,
+        "names": list(state.names),
+        "known": state.known,
+    }
+    warning = state.warning()
+    if warning is not None:
+        return Finding("replication", alias, WARNING, warning, details)
+    if not state.standbys:
+        message = "no standby is connected"
+    elif not state.known:
+        message = f"{state.standbys} standby(s) connected; {state.why}"
+    else:
+        message = f"{state.standbys} standby(s), each synchronous"
+    return Finding("replication", alias, OK, message, details)
 
 
 # -- workers, lapsed steps, stuck runs --------------------------------------------------------
@@ -520,13 +557,14 @@ def run_checks(
         database = check_database(alias)
         findings.append(database)
         if database.status != OK:
-            for name in ("migrations", "workers", "lapsed_steps", "stuck_runs"):
+            for name in ("migrations", "replication", "workers", "lapsed_steps", "stuck_runs"):
                 findings.append(Finding(name, alias, SKIPPED, "skipped: database unreachable"))
             continue
         migrations, tables_exist = _migrations(alias, migrations_max_age)
         if migrations.status == OK and tables_exist and (explicit or alias == workflow_alias):
             migrations = _guarded("migrations", alias, lambda a=alias: check_functions(a))
         findings.append(migrations)
+        findings.append(_guarded("replication", alias, lambda a=alias: check_replication(a)))
         if not explicit and alias != workflow_alias:
             continue
         if not tables_exist:
@@ -558,11 +596,14 @@ def _guarded(name: str, alias: str, check: Callable[..., Finding]) -> Finding:
 def format_text(report: HealthReport) -> str:
     """The report as lines for a terminal: a summary line, then one line per finding."""
     problems = sum(f.status in (PROBLEM, UNREACHABLE) for f in report.findings)
+    warnings = sum(f.status == WARNING for f in report.findings)
     head = (
         "django-leases: healthy"
         if report.healthy
         else (f"django-leases: {problems} problem{'s' if problems != 1 else ''}")
     )
+    if warnings:
+        head += f" ({warnings} warning{'s' if warnings != 1 else ''})"
     width = max((len(f"{f.check} [{f.alias}]") for f in report.findings), default=0)
     lines = [head]
     for finding in report.findings:
@@ -586,6 +627,7 @@ __all__ = [
     "check_database",
     "check_lapsed_steps",
     "check_migrations",
+    "check_replication",
     "check_stuck_runs",
     "check_workers",
     "format_text",

@@ -2,9 +2,9 @@
 
 :class:`LeaseHolder` is the loop behind the command: a distributed cron singleton or leader.
 It acquires the lease (``Lease.objects.acquire`` with a fresh holder name), starts the child
-with the lease in its environment, keeps the lease alive with the shared
-:class:`~django_leases.renewal.Renewal` loop (every TTL/3), and releases it when the child
-has ended — always, in a ``finally``.
+with the lease in its environment, keeps the lease alive with the process's
+:class:`~django_leases.renewal.Renewer` (every TTL/3), and releases it when the child has
+ended — always, in a ``finally``.
 
 Exit codes: :meth:`LeaseHolder.run` returns the child's code, or :data:`EXIT_TAKEN`,
 :data:`EXIT_LOST`, :data:`EXIT_CANNOT_EXECUTE`, :data:`EXIT_NOT_FOUND`, or 128 + N for a
@@ -39,7 +39,7 @@ exist on Windows. The module imports there (:data:`POSIX` is then ``False``), an
 :class:`LeaseHolder` refuses to be built with a :class:`~django_leases.exceptions.MisuseError`
 saying so; in code, :func:`~django_leases.hold_lease` works everywhere.
 
-The child is started from the calling thread before the renewal thread exists (forking a
+The child is started from the calling thread before the renewal threads exist (forking a
 process with several threads and running Python code before ``exec`` is unsafe), so call
 :meth:`LeaseHolder.run` from the main thread: signal handlers can only be installed there, and
 ``PR_SET_PDEATHSIG`` fires when the *thread* that started the child ends.

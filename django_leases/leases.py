@@ -18,8 +18,12 @@ Follows the reference ``holdLease`` (rules L9–L15) plus DESIGN §4's L16–L18
 Every holder in the package — ``hold_lease``, ``ahold_lease``, the ``hold_lease`` command
 (:mod:`django_leases.holder`), the workflow engine's run lease and the trigger-source
 lifecycle — follows one protocol, :class:`HeldLease`: acquire (or adopt a lease granted by a
-larger statement), renew every TTL/3 on :class:`~django_leases.renewal.Renewal`, vouch with a
-final check, always release.
+larger statement), renew every TTL/3, vouch with a final check, always release. The renewals
+of every hold of a process on one database alias are made by that alias's one
+:class:`~django_leases.renewal.Renewer`: one thread, one connection and one statement per
+tick for all the leases due (``Lease.objects.refresh_many``); a hold with
+``deferred_renewal`` (the workflow engine's run lease) keeps its own
+:class:`~django_leases.renewal.Renewal`.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ContextDecorator
 from datetime import timedelta
 from types import TracebackType
@@ -45,7 +49,7 @@ from django.db import DatabaseError, InterfaceError, connections, router
 from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
-from django_leases.renewal import Renewal, renewal_interval
+from django_leases.renewal import Renewal, Renewed, renewal_interval, renewer
 from django_leases.signals import lease_lost
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -84,6 +88,15 @@ def _keep(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
     _background.add(future)
     future.add_done_callback(_background.discard)
     return future
+
+
+def refresh_leases(alias: str, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
+    """The :class:`~django_leases.renewal.BatchRefresh` of holds: ``Lease.objects.refresh_many``
+    on ``alias`` for ``(lease, ttl seconds)`` pairs; one refreshed lease or ``None`` each."""
+    from django_leases.models.lease import Lease
+
+    queryset: LeaseQuerySet = Lease.objects.db_manager(alias)  # type: ignore[assignment]
+    return queryset.refresh_many(items)
 
 
 def new_holder() -> str:
@@ -140,8 +153,11 @@ class HeldLease:
         using: the database alias (default: the router's choice for ``Lease``).
         on_lost: called once, on a background thread, when the lease is seen lost (before
             the ``lease_lost`` signal is sent).
-        deferred_renewal: start the renewal threads only once a first renewal is due, and
-            vouch and release in one statement (for hot paths holding many short leases).
+        deferred_renewal: renew on a :class:`~django_leases.renewal.Renewal` of its own
+            whose threads start only once a first renewal is due, and vouch and release in
+            one statement (the workflow engine's run leases). Otherwise the lease is renewed
+            by the alias's :class:`~django_leases.renewal.Renewer`, with every other hold of
+            the process.
 
     Attributes:
         key: the lease key; ``holder``: the holder name; ``ttl``: seconds.
@@ -168,7 +184,7 @@ class HeldLease:
         self.lost = threading.Event()
         self._on_lost = on_lost
         self._deferred = deferred_renewal
-        self._renewal: Renewal | None = None
+        self._renewal: Renewal | Renewed | None = None
         self._released_live: bool | None = None
         self._unresponsive = False
         #: ``None`` until :meth:`finish` ran; then whether the lease was given back.
@@ -293,18 +309,33 @@ class HeldLease:
         than acquire it (``sent``: ``time.monotonic()`` just before that statement was sent,
         where the local deadline starts); renew it from here on. Returns ``self``."""
         self._lease = lease
-        self._renewal = Renewal(
-            self.key,
-            self.ttl,
-            self._renew,
-            held_since=sent,
-            on_lost=self._lost,
-            deferred=self._deferred,
-            lost=self.lost,
-        )
+        if self._deferred:
+            self._renewal = Renewal(
+                self.key,
+                self.ttl,
+                self._renew,
+                held_since=sent,
+                on_lost=self._lost,
+                deferred=True,
+                lost=self.lost,
+            )
+        else:
+            self._renewal = renewer(self.alias).lease(
+                self.key,
+                self.ttl,
+                item=lease,
+                refresh=refresh_leases,
+                held_since=sent,
+                on_lost=self._lost,
+                on_renewed=self._renewed,
+                lost=self.lost,
+            )
         if renew:
             self._renewal.start()
         return self
+
+    def _renewed(self, lease: Lease) -> None:
+        self._lease = lease
 
     def start_renewing(self) -> None:
         """Start the renewals of a lease acquired with ``renew=False`` (a holder that must start
@@ -673,4 +704,5 @@ __all__ = [
     "hold_lease",
     "holder_for",
     "new_holder",
+    "refresh_leases",
 ]

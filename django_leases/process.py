@@ -124,14 +124,20 @@ def _close_all(*fds: int) -> None:
 class Timer:
     r"""An action :class:`Timers` runs at ``when`` unless :meth:`cancel`\ led first."""
 
-    def __init__(self, when: float, action: Callable[[], None]) -> None:
+    def __init__(
+        self, when: float, action: Callable[[], None], owner: Timers | None = None
+    ) -> None:
         self.when = when
         self.action = action
         self.cancelled = False
+        self._owner = owner
 
     def cancel(self) -> None:
-        """Do not run the action (a no-op once it ran)."""
+        """Do not run the action (a no-op once it ran); it leaves its :class:`Timers` at once,
+        so a busy process keeps no dead timer queued until its moment."""
         self.cancelled = True
+        if self._owner is not None:
+            self._owner.discard(self)
 
 
 class Timers:
@@ -147,7 +153,7 @@ class Timers:
 
     def at(self, when: float, action: Callable[[], None]) -> Timer:
         """Run ``action`` at ``time.monotonic()`` moment ``when``; returns its :class:`Timer`."""
-        timer = Timer(when, action)
+        timer = Timer(when, action, self)
         with self._cond:
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 # (again after a fork: threads do not survive it)
@@ -159,6 +165,22 @@ class Timers:
             if self._heap[0][2] is timer:
                 self._cond.notify()
         return timer
+
+    def discard(self, timer: Timer) -> None:
+        """Take a cancelled ``timer`` out of the queue (a no-op when it is not there)."""
+        with self._cond:
+            for index, (_, _, queued) in enumerate(self._heap):
+                if queued is timer:
+                    last = self._heap.pop()
+                    if index < len(self._heap):
+                        self._heap[index] = last
+                        heapq.heapify(self._heap)
+                    return
+
+    def queued(self) -> int:
+        """How many timers wait to run (``int``)."""
+        with self._cond:
+            return len(self._heap)
 
     def _run(self) -> None:
         while True:

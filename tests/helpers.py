@@ -22,6 +22,8 @@
 * :func:`staff_user` / :func:`staff_client` — a staff user with some of django-leases'
   permissions, or a client logged in as one;
 * :func:`renewal_threads` — the renewal (and deadline) threads of live holds;
+  :func:`held_renewals` — what still renews a key (the renewers, or its own threads);
+  :func:`end_renewers` — end the renewers' threads so the next hold connects afresh;
   :func:`spend_steps_first` — spend a worker's periodic look for due steps on an idle unit;
 * :func:`raw_request` — one HTTP request written byte for byte (repeated headers, any value
   a client library would refuse) to a live server, and its answer;
@@ -719,12 +721,36 @@ def run_of(run_id: Any) -> Any:
 
 
 def renewal_threads(key: str | None = None) -> list[threading.Thread]:
-    """The renewal threads of the live hold of ``key``; with no key, every hold's renewal and
-    deadline threads (``lease-renewal:…``, ``lease-deadline:…``)."""
+    """The renewal threads of a lease renewed on threads of its own (``key``: its
+    ``lease-renewal:<key>`` thread); with no key, every renewal thread of the process: each
+    :class:`~django_leases.renewal.Renewal`'s (``lease-renewal:…``, ``lease-deadline:…``)
+    and each alias's renewer and watchdog (``lease-renewer:…``, ``lease-watchdog:…``)."""
     if key is not None:
         return [t for t in threading.enumerate() if t.name == f"lease-renewal:{key}"]
-    names = ("lease-renewal:", "lease-deadline:")
+    names = ("lease-renewal:", "lease-deadline:", "lease-renewer:", "lease-watchdog:")
     return [t for t in threading.enumerate() if t.name.startswith(names)]
+
+
+def end_renewers(monkeypatch: Any) -> None:
+    """End the renewers' threads now (none may hold a lease) and keep them from lingering
+    for the rest of the test (``RENEWER_IDLE`` 0): the next hold's renewals then open a new
+    connection, as a test that changes the connection settings needs."""
+    from django_leases import renewal
+
+    monkeypatch.setattr(renewal, "RENEWER_IDLE", 0.0)
+    for found in renewal.renewers():
+        with found.cond:
+            found.cond.notify_all()
+    wait_until(lambda: not renewal_threads(), 60, what="the renewers' threads to end")
+
+
+def held_renewals(key: str) -> list[str]:
+    """What still renews the lease ``key`` in this process: its registrations with the
+    renewers (``renewer:<alias>``) and its own renewal threads (``thread``)."""
+    from django_leases.renewal import renewers
+
+    found = [f"renewer:{r.alias}" for r in renewers() for name in r.held() if name == key]
+    return found + ["thread" for _ in renewal_threads(key)]
 
 
 def spend_steps_first(worker: Any, run_ids: Sequence[Any] | None = None) -> None:

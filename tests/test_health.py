@@ -101,8 +101,19 @@ class LeasesToBogus:
 def test_a_migrated_idle_database_is_healthy() -> None:
     report = health.run_checks()
     checks = by_check(report)
-    assert [f.status for f in report.findings] == ["ok"] * 5, health.format_text(report)
-    assert set(checks) == {"database", "migrations", "workers", "lapsed_steps", "stuck_runs"}
+    assert [f.status for f in report.findings] == ["ok"] * 6, health.format_text(report)
+    assert set(checks) == {
+        "database",
+        "migrations",
+        "replication",
+        "workers",
+        "lapsed_steps",
+        "stuck_runs",
+    }
+    assert checks["replication"].message in (
+        "no standby is connected",
+        "no replication state to read on this database",
+    )
     assert report.exit_code == health.EXIT_OK == 0
     assert "no workflow worker is running" in checks["workers"].message
 
@@ -122,6 +133,7 @@ def test_json_format_is_the_report() -> None:
     assert {c["check"] for c in data["checks"]} == {
         "database",
         "migrations",
+        "replication",
         "workers",
         "lapsed_steps",
         "stuck_runs",
@@ -146,7 +158,7 @@ def test_an_unreachable_alias_is_reported_and_its_other_checks_skipped(bogus_ali
     checks = by_check(report, bogus_alias)
     assert checks["database"].status == "unreachable"
     assert "cannot reach the database" in checks["database"].message
-    for name in ("migrations", "workers", "lapsed_steps", "stuck_runs"):
+    for name in ("migrations", "replication", "workers", "lapsed_steps", "stuck_runs"):
         assert checks[name].status == "skipped"
     assert report.exit_code == health.EXIT_UNREACHABLE == 4
 

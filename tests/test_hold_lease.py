@@ -17,10 +17,10 @@ from django_leases.exceptions import MisuseError
 from django_leases.models import Lease, LeaseQuerySet
 from tests.helpers import (
     closing_connections,
+    held_renewals,
     on_another_thread,
     race,
     race_in_processes,
-    renewal_threads,
     unique_key,
     wait_until,
 )
@@ -97,7 +97,7 @@ def test_cancelled_while_acquiring_gives_the_lease_back() -> None:
         )
     assert Lease.objects.current(key) is None
     # No renewal was left running: nothing can extend the lease behind our back.
-    wait_until(lambda: not renewal_threads(key), 60, what="no renewal thread for the key")
+    wait_until(lambda: not held_renewals(key), 60, what="nothing renewing the key")
     assert Lease.objects.current(key) is None
 
 

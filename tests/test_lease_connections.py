@@ -4,15 +4,18 @@
   next renewal fails, the one after reconnects, and the lease is still held. With new
   connections refused as well, the loss is reported (once the local deadline has passed).
 * After many ``hold_lease`` enter/exit cycles (each with renewals) no connection is left
-  open (PostgreSQL: ``pg_stat_activity``) and no renewal thread survives (both backends).
+  open (PostgreSQL: ``pg_stat_activity``) and no renewal thread survives (every backend):
+  the renewer's threads end, closing their connection, once nothing is held for
+  ``RENEWER_IDLE`` seconds.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -132,18 +135,18 @@ async def _asleep(seconds: float) -> None:
 
 @pytest.fixture
 def renewal_count() -> Iterator[list[int]]:
-    """Counts refreshes made on renewal threads, to prove the cycles renewed at all."""
+    """Counts leases refreshed by the renewer's thread, to prove the cycles renewed at all."""
     count = [0]
-    real = LeaseQuerySet.refresh
+    real = LeaseQuerySet.refresh_many
 
-    def counting(queryset: LeaseQuerySet, lease: Lease, ttl: float) -> Lease | None:
-        if threading.current_thread().name.startswith("lease-renewal:"):
-            count[0] += 1
-        return real(queryset, lease, ttl)
+    def counting(queryset: LeaseQuerySet, held: Sequence[tuple[Lease, float]]) -> Any:
+        if threading.current_thread().name.startswith("lease-renewer:"):
+            count[0] += len(held)
+        return real(queryset, held)
 
     from unittest import mock
 
-    with mock.patch.object(LeaseQuerySet, "refresh", counting):
+    with mock.patch.object(LeaseQuerySet, "refresh_many", counting):
         yield count
 
 

@@ -24,22 +24,23 @@ from django_leases.models.lease import LEASE_FUNCTIONS_MIGRATION, lease_function
 from tests.helpers import backend_pid, lapse_lease, on_another_thread, tuned_sql, unique_key
 
 
-def _latest_lease_functions() -> tuple[str, dict[str, str]]:
-    """The latest django_leases migration that defines ``LEASE_FUNCTIONS``."""
+def _latest_lease_functions() -> tuple[str, dict[str, str], tuple[str, ...]]:
+    """The latest django_leases migration that defines ``LEASE_FUNCTIONS``, and the previous
+    release's functions it keeps (``KEPT``)."""
     import django_leases.migrations as package
 
-    found: tuple[str, dict[str, str]] = ("", {})
+    found: tuple[str, dict[str, str], tuple[str, ...]] = ("", {}, ())
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"django_leases.migrations.{info.name}")
         if isinstance(getattr(module, "LEASE_FUNCTIONS", None), dict):
-            found = (info.name, module.LEASE_FUNCTIONS)
+            found = (info.name, module.LEASE_FUNCTIONS, tuple(getattr(module, "KEPT", ())))
     return found
 
 
 def test_the_latest_lease_functions_migration_holds_the_code_s_functions() -> None:
     """As ``makemigrations --check`` for the lease functions: a changed rule needs a new
     migration (its functions get new names), and LEASE_FUNCTIONS_MIGRATION names it."""
-    name, frozen = _latest_lease_functions()
+    name, frozen, _kept = _latest_lease_functions()
     assert name == LEASE_FUNCTIONS_MIGRATION
     assert frozen == lease_functions(), "the lease functions changed without a migration"
 
@@ -52,7 +53,9 @@ def test_the_migration_installed_the_functions() -> None:
             "SELECT proname FROM pg_proc WHERE starts_with(proname, 'dl_lease_') ORDER BY 1"
         )
         installed = [name for (name,) in cursor.fetchall()]
-    assert installed == sorted(lease_functions())
+    # The previous release's functions stay for its processes during a rolling deploy.
+    _name, _frozen, kept = _latest_lease_functions()
+    assert installed == sorted({*lease_functions(), *kept})
 
 
 @pytest.mark.postgres_only

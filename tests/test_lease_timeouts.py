@@ -31,7 +31,7 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.values import run_lease_key
 from django_leases.workflows.worker import Worker
-from tests.helpers import backend_pid, unique_key
+from tests.helpers import backend_pid, end_renewers, unique_key
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -91,8 +91,10 @@ class FreezableProxy:
 
 
 @pytest.fixture
-def through_proxy() -> Iterator[FreezableProxy]:
-    """Every new connection of the test database goes through a :class:`FreezableProxy`."""
+def through_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FreezableProxy]:
+    """Every new connection of the test database goes through a :class:`FreezableProxy`,
+    the renewer's too (its threads, and their connection, end first)."""
+    end_renewers(monkeypatch)
     settings = connections.settings["default"]
     proxy = FreezableProxy((settings.get("HOST") or "127.0.0.1", int(settings.get("PORT") or 5432)))
     saved = (settings.get("HOST"), settings.get("PORT"))

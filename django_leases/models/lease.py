@@ -19,11 +19,20 @@ the row lock the statement takes makes it a compare-and-set, so exactly one of m
 concurrent acquirers wins. Elsewhere, or with ``DJANGO_LEASES["TUNED_SQL"] = False``, a
 portable ORM path (``SELECT … FOR UPDATE`` then ``UPDATE`` in one transaction) keeps the same
 rules; the conformance suite runs both on PostgreSQL.
+
+**Epochs** (PostgreSQL, both paths). A new grant's token is never below
+``(timeline - 1) × EPOCH_SPAN + 1``, the *epoch floor* of the server's current WAL timeline
+(:data:`PG_EPOCH_FLOOR`): on a database that never failed over (timeline 1) tokens are
+1, 2, 3…; after a promotion (timeline 2) the next grant of every key is at least
+1,000,000,000,001, above every token the old primary can have issued — also those its
+asynchronous standby never received. ``docs/operations/replication.md`` has the why and the
+measurements.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -31,7 +40,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.db import connections, models, transaction
-from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.db.models import (
+    BigIntegerField,
+    BooleanField,
+    Case,
+    Expression,
+    ExpressionWrapper,
+    F,
+    Q,
+    Value,
+    When,
+)
+from django.db.models.functions import Greatest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -43,6 +63,7 @@ from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, ttl_secon
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
 
 _RETURNED = (
     "id",
@@ -58,6 +79,53 @@ _RETURNED = (
 
 #: The columns an :func:`acquire_statement` returns, in order.
 RETURNED_COLUMNS = _RETURNED
+
+#: Tokens per epoch: on PostgreSQL, timeline ``n`` grants tokens above ``(n - 1) × EPOCH_SPAN``
+#: (decimal, so a token reads as its epoch and its count: 2000000000007 is the 7th of
+#: timeline 3's first grants' series). 10^12 takeovers of one key within one timeline (31
+#: years at 1,000 a second) would reach the next epoch's floor; 9.2 million timelines fit a
+#: ``bigint``.
+EPOCH_SPAN = 10**12
+
+#: PostgreSQL: the epoch floor of the server's current WAL timeline, ``(timeline - 1) ×``
+#: :data:`EPOCH_SPAN` (0 on a database that never failed over), as an SQL expression.
+#:
+#: The timeline is read from the name of the WAL segment being written
+#: (``pg_walfile_name(pg_current_wal_lsn())``, whose first 8 hex digits are the timeline of
+#: WAL *insertion*): a promoted server sets it before it accepts its first write, so the
+#: first grant after a promotion already has the new epoch. (``pg_control_checkpoint()``'s
+#: ``timeline_id`` would not do: it changes only once the checkpoint the promotion requests
+#: has completed, which is spread over ``checkpoint_completion_target`` — 133 s measured on a
+#: 16 MB ``shared_buffers`` server — while the server takes writes all along.) About
+#: 0.3 µs of server time; on a standby it raises, as every write does there.
+PG_EPOCH_FLOOR = (
+    "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1)"
+    f" * {EPOCH_SPAN})"
+)
+
+
+def epoch_floor_sql(connection: BaseDatabaseWrapper) -> str | None:
+    """The SQL expression of the epoch floor new tokens must exceed on ``connection``:
+    :data:`PG_EPOCH_FLOOR` on PostgreSQL, ``None`` elsewhere (SQLite has no replication;
+    MariaDB / MySQL has no timeline to read: see ``docs/operations/replication.md``)."""
+    return PG_EPOCH_FLOOR if connection.vendor == "postgresql" else None
+
+
+def token_epoch(token: int) -> int:
+    """The epoch of a fencing token (``int`` ≥ 1): 0 for tokens of a database that never
+    failed over, ``n - 1`` for tokens granted on PostgreSQL timeline ``n``."""
+    return (int(token) - 1) // EPOCH_SPAN
+
+
+class EpochFloor(Expression):
+    """The epoch floor (:func:`epoch_floor_sql`) as an ORM expression: 0 where there is none."""
+
+    output_field = BigIntegerField()
+
+    def as_sql(
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper
+    ) -> tuple[str, tuple[str | int, ...]]:
+        return epoch_floor_sql(connection) or "0", ()
 
 
 def grant_sql(connection: BaseDatabaseWrapper) -> str:
@@ -77,8 +145,21 @@ def released_grant_sql(connection: BaseDatabaseWrapper) -> str:
     return f"1, {now}, {now}, {now}, {now}"
 
 
+def next_token_sql(token: str, floor: str | None) -> str:
+    """SQL for the token a takeover grants after ``token`` (an SQL expression): ``token + 1``,
+    and with an epoch ``floor`` (:func:`epoch_floor_sql`) at least ``floor + 1``."""
+    if floor is None:
+        return f"{token} + 1"
+    return f"GREATEST({token} + 1, {floor} + 1)"
+
+
 def acquire_statement(
-    connection: BaseDatabaseWrapper, table: str, rows: str, *, released: bool = False
+    connection: BaseDatabaseWrapper,
+    table: str,
+    rows: str,
+    *,
+    released: bool = False,
+    floor: str | None = None,
 ) -> str:
     """The acquire rules (module docstring) as one ``INSERT … ON CONFLICT DO UPDATE … WHERE``
     over ``rows``: a ``VALUES`` list or ``SELECT`` giving ``key, holder`` followed by
@@ -87,7 +168,9 @@ def acquire_statement(
     SQL: ``acquire`` uses it, and so does a statement that takes a lease along with other
     work (the workflow worker's pick of a run, which takes the run lease with it).
     ``released``: the rows are :func:`released_grant_sql`'s, and a takeover keeps their
-    release time (the grant is over as it is made)."""
+    release time (the grant is over as it is made). ``floor``: the epoch floor
+    (:func:`epoch_floor_sql`) a takeover's token must exceed (``rows`` then give a new key
+    ``floor + 1`` themselves); ``None`` keeps ``token + 1``."""
     now = clock.now_sql(connection)
     kept = f"(l.holder = excluded.holder AND l.expires_at > {now})"
     return (
@@ -95,7 +178,7 @@ def acquire_statement(
         "(key, holder, token, expires_at, acquired_at, renewed_at, released_at) "
         f"{rows} "
         "ON CONFLICT (key) DO UPDATE SET "
-        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"token = CASE WHEN {kept} THEN l.token ELSE {next_token_sql('l.token', floor)} END, "
         f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE excluded.acquired_at END, "
         "holder = excluded.holder, expires_at = excluded.expires_at, "
         "renewed_at = excluded.renewed_at, "
@@ -153,7 +236,7 @@ def release_held_statement(table: str, key_where: str) -> str:
 
 #: The migration that installs :func:`lease_functions` (frozen text; the test suite checks
 #: that the code's definitions and the migration's agree).
-LEASE_FUNCTIONS_MIGRATION = "0017_lease_functions"
+LEASE_FUNCTIONS_MIGRATION = "0030_lease_epochs"
 
 #: The table the functions work on (the model's ``db_table``, quoted).
 _PG_TABLE = '"django_leases_lease"'
@@ -170,12 +253,16 @@ def _pg_acquire_body(table: str) -> str:
     # SET and WHERE grants it (no identity value drawn, no speculative insert); only when it
     # matched nothing (a new key, or held live by another holder) does the upsert run, which
     # inserts, or refuses, or wins a race with a concurrent first acquire exactly as before.
+    # The epoch floor is read only where a token is made (a takeover, a new key), never on
+    # the live holder's re-acquire.
     now = "statement_timestamp()"
     expiry = f"{now} + p_ttl_us * interval '1 microsecond'"
+    floor = PG_EPOCH_FLOOR
     sql = acquire_statement(
         _PgRules(),  # type: ignore[arg-type]  # only .vendor is read
         table,
-        f"VALUES (p_key, p_holder, 1, {expiry}, {now}, {now}, NULL)",
+        f"VALUES (p_key, p_holder, {floor} + 1, {expiry}, {now}, {now}, NULL)",
+        floor=floor,
     )
     head, _, _ = sql.rpartition(" RETURNING ")
     returning = (
@@ -185,7 +272,7 @@ def _pg_acquire_body(table: str) -> str:
     kept = f"(l.holder = p_holder AND l.expires_at > {now})"
     update = (
         f"UPDATE {table} AS l SET "
-        f"token = CASE WHEN {kept} THEN l.token ELSE l.token + 1 END, "
+        f"token = CASE WHEN {kept} THEN l.token ELSE {next_token_sql('l.token', floor)} END, "
         f"acquired_at = CASE WHEN {kept} THEN l.acquired_at ELSE {now} END, "
         f"holder = p_holder, expires_at = {expiry}, renewed_at = {now}, released_at = NULL "
         f"WHERE l.key = p_key AND (l.expires_at <= {now} OR l.holder = p_holder) "
@@ -268,6 +355,18 @@ PG_ACQUIRE = f"SELECT * FROM {_name['acquire']}(%s, %s, %s)"
 PG_REFRESH = f"SELECT {_name['refresh']}(%s, %s, %s, %s)"
 PG_RELEASE = f"SELECT {_name['release']}(%s, %s, %s)"
 del _name
+
+
+#: Leases per statement of :meth:`LeaseQuerySet.refresh_many` where each needs parameters of
+#: its own in the SQL (MariaDB / MySQL, the portable path).
+_REFRESH_CHUNK = 500
+
+
+def _if_same_grant(row: Lease | None, lease: Lease) -> Lease | None:
+    """``row`` (a lease read back by its id) if it is still ``lease``'s grant, else ``None``."""
+    if row is None or (row.key, row.holder, row.token) != (lease.key, lease.holder, lease.token):
+        return None
+    return row
 
 
 def _check_lease(lease: object) -> None:
@@ -418,7 +517,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         expiry = clock.db_now_plus(seconds)
         qs = self.model._default_manager.using(alias)
         # A placeholder row (token 0, lapsed long ago) so there is a row to lock; it then
-        # takes the takeover path below and comes out with token 1.
+        # takes the takeover path below and comes out with token 1 (the epoch floor + 1).
         long_ago = datetime(2000, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
         placeholder = [self.model(key=key, holder=holder, token=0, expires_at=long_ago)]
 
@@ -450,7 +549,10 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 "released_at": None,
             }
             if not kept:
-                updates["token"] = F("token") + 1
+                token: Any = F("token") + 1
+                if epoch_floor_sql(connections[alias]) is not None:
+                    token = Greatest(token, EpochFloor() + 1)
+                updates["token"] = token
                 updates["acquired_at"] = DbNow()
             qs.filter(pk=current.pk).update(**updates)
             return qs.get(pk=current.pk)
@@ -516,6 +618,182 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
+
+    def refresh_many(self, held: Sequence[tuple[Lease, float | timedelta]]) -> list[Lease | None]:
+        """Refresh several held leases at once: :meth:`refresh`'s rule for each
+        ``(lease, ttl)`` of ``held`` (``ttl`` a ``timedelta`` or seconds > 0, its own for
+        each lease), on the database clock, in **one statement** where the database allows.
+
+        Returns one entry per item, in order: the refreshed lease (same token), or ``None``
+        when that lease is no longer held (lapsed, released, or taken by another holder or
+        token). A failure of the statement raises (Django's ``DatabaseError``): it says
+        nothing of any lease. Raises ``ValueError`` for a bad TTL, or an item that is not a
+        :class:`Lease`, before anything is sent.
+
+        The renewal loop of the process (:class:`~django_leases.renewal.Renewer`) sends this
+        once per tick for every lease whose renewal is due. Tuned PostgreSQL: one ``UPDATE …
+        FROM unnest(…) RETURNING``; SQLite: one ``UPDATE … FROM json_each(…) RETURNING``;
+        MariaDB / MySQL: a guarded ``UPDATE`` and a read of the rows it renewed, in one
+        transaction, per 500 leases; portable path: the rows locked, updated per TTL and read
+        back, in one transaction.
+        """
+        checked: list[tuple[Lease, float]] = []
+        for lease, ttl in held:
+            _check_lease(lease)
+            checked.append((lease, ttl_seconds(ttl)))
+        if not checked:
+            return []
+        connection = self._connection()
+        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+            return self._refresh_many_pg(connection, checked)
+        if db.tuned(connection, "sqlite"):
+            return self._refresh_many_sqlite(connection, checked)
+        found: dict[int, Lease] = {}
+        for start in range(0, len(checked), _REFRESH_CHUNK):
+            chunk = checked[start : start + _REFRESH_CHUNK]
+            if db.tuned(connection, "mysql"):
+                found.update(self._refresh_many_mysql(connection, chunk))
+            else:
+                found.update(self._refresh_many_orm(chunk))
+        return [_if_same_grant(found.get(lease.pk), lease) for lease, _ in checked]
+
+    def _refresh_many_pg(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> list[Lease | None]:
+        ttl_us = [round(seconds * _MICROSECONDS) for _, seconds in held]
+        sql = (
+            f"UPDATE {self._table(connection)} AS l SET expires_at = statement_timestamp() "
+            "+ v.ttl_us * interval '1 microsecond', renewed_at = statement_timestamp() "
+            "FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::bigint[]) "
+            "AS v(key, holder, token, ttl_us) "
+            "WHERE l.key = v.key AND l.holder = v.holder AND l.token = v.token "
+            "AND l.released_at IS NULL AND l.expires_at > statement_timestamp() "
+            "RETURNING l.key, l.expires_at"
+        )
+        params = (
+            [lease.key for lease, _ in held],
+            [lease.holder for lease, _ in held],
+            [lease.token for lease, _ in held],
+            ttl_us,
+        )
+        with db.cursor(connection) as cursor:
+            cursor.execute(sql, params)
+            expiries = dict(cursor.fetchall())
+        refreshed: list[Lease | None] = []
+        for (lease, _ttl), micros in zip(held, ttl_us, strict=True):
+            expires_at = expiries.get(lease.key)
+            if expires_at is None:
+                refreshed.append(None)
+                continue
+            renewed_at = expires_at - timedelta(microseconds=micros)
+            values = (
+                lease.pk,
+                lease.key,
+                lease.holder,
+                lease.token,
+                expires_at,
+                lease.acquired_at,
+                renewed_at,
+                None,
+            )
+            refreshed.append(self.model.from_db(connection.alias, _RETURNED, values))
+        return refreshed
+
+    def _refresh_many_sqlite(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> list[Lease | None]:
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        expiry = clock.now_plus_sql(connection).replace("%s", "v.ttl")
+        rows = [
+            [lease.key, lease.holder, lease.token, clock.seconds_param(connection, seconds)]
+            for lease, seconds in held
+        ]
+        returned = ", ".join(f"{table}.{column}" for column in _RETURNED)
+        sql = (
+            f"UPDATE {table} SET expires_at = {expiry}, renewed_at = {now} "
+            "FROM (SELECT json_extract(value, '$[0]') AS k, json_extract(value, '$[1]') AS h, "
+            "json_extract(value, '$[2]') AS t, json_extract(value, '$[3]') AS ttl "
+            "FROM json_each(%s)) AS v "
+            f"WHERE {table}.key = v.k AND {table}.holder = v.h AND {table}.token = v.t "
+            f"AND {table}.released_at IS NULL AND {table}.expires_at > {now} "
+            f"RETURNING {returned}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [json.dumps(rows)])
+            found = {row[0]: self._from_row(connection, row) for row in cursor.fetchall()}
+        return [_if_same_grant(found.get(lease.pk), lease) for lease, _ in held]
+
+    def _refresh_many_mysql(
+        self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
+    ) -> dict[int, Lease]:
+        """MariaDB / MySQL: the guarded ``UPDATE`` of every lease of ``held`` (its expiry
+        by a ``CASE`` on the key, each lease's own TTL), then the rows it renewed read back,
+        in one transaction: a row renewed by it is live after it, one it left (lapsed,
+        released, another holder or token) is not."""
+        q = connection.ops.quote_name
+        table = self._table(connection)
+        now = clock.now_sql(connection)
+        expiry = clock.now_plus_sql(connection)
+        keys = ", ".join(["%s"] * len(held))
+        grants = ", ".join(["(%s, %s, %s)"] * len(held))
+        guard = (
+            f"{q('key')} IN ({keys}) AND ({q('key')}, {q('holder')}, {q('token')}) IN ({grants}) "
+            f"AND {q('released_at')} IS NULL AND {q('expires_at')} > {now}"
+        )
+        guard_params: list[Any] = [lease.key for lease, _ttl in held]
+        for lease, _ttl in held:
+            guard_params += [lease.key, lease.holder, lease.token]
+        ttls = {seconds for _lease, seconds in held}
+        if len(ttls) == 1:
+            expires, expires_params = expiry, [clock.seconds_param(connection, ttls.pop())]
+        else:
+            expires = (
+                f"CASE {q('key')} " + " ".join(f"WHEN %s THEN {expiry}" for _ in held) + " END"
+            )
+            expires_params = []
+            for lease, seconds in held:
+                expires_params += [lease.key, clock.seconds_param(connection, seconds)]
+        returned = ", ".join(q(column) for column in _RETURNED)
+        with transaction.atomic(using=self._alias()), connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {q('expires_at')} = {expires}, {q('renewed_at')} = {now} "
+                f"WHERE {guard}",
+                [*expires_params, *guard_params],
+            )
+            if not cursor.rowcount:
+                return {}
+            cursor.execute(f"SELECT {returned} FROM {table} WHERE {guard}", guard_params)
+            rows = cursor.fetchall()
+        return {row[0]: self._from_row(connection, row) for row in rows}
+
+    def _refresh_many_orm(self, held: Sequence[tuple[Lease, float]]) -> dict[int, Lease]:
+        """The portable path: the held, live rows of ``held`` locked, each TTL's rows
+        updated, and read back, in one transaction."""
+        alias = self._alias()
+        qs = self.model._default_manager.using(alias)
+        wanted = {(lease.key, lease.holder, lease.token): seconds for lease, seconds in held}
+        with transaction.atomic(using=alias):
+            live = (
+                qs.select_for_update()
+                .filter(
+                    key__in=[key for key, _, _ in wanted],
+                    released_at__isnull=True,
+                    expires_at__gt=DbNow(),
+                )
+                .values_list("pk", "key", "holder", "token")
+            )
+            by_ttl: dict[float, list[int]] = {}
+            for pk, key, holder, token in live:
+                seconds = wanted.get((key, holder, token))
+                if seconds is not None:
+                    by_ttl.setdefault(seconds, []).append(pk)
+            for seconds, pks in by_ttl.items():
+                qs.filter(pk__in=pks).update(
+                    expires_at=clock.db_now_plus(seconds), renewed_at=DbNow()
+                )
+            renewed = [pk for pks in by_ttl.values() for pk in pks]
+            return {row.pk: row for row in qs.filter(pk__in=renewed)} if renewed else {}
 
     def _refresh_mysql(
         self, connection: BaseDatabaseWrapper, lease: Lease, seconds: float

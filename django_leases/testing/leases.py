@@ -20,16 +20,21 @@ are needed: several rules are checked with threads that use their own connection
 
 It runs under ``manage.py test`` and under pytest-django alike, on PostgreSQL and on a
 file-backed SQLite database (WAL, ``"transaction_mode": "IMMEDIATE"``; not ``:memory:``,
-which threads cannot share). It takes about a minute: leases that must lapse get a TTL of
-``short_ttl`` (1 s) and the tests wait two to three times that; nothing is timed.
+which threads cannot share). The tokens it pins (a new key's first grant is 1) are those of a
+database that never failed over: on a PostgreSQL server promoted from a standby (a timeline
+above 1) every token carries the timeline's epoch, and a new key starts at
+``(timeline - 1) × 10**12 + 1`` (``docs/operations/replication.md``). It takes about a
+minute: leases that must lapse get a TTL of ``short_ttl`` (1 s) and the tests wait two to
+three times that; nothing is timed.
 
 **Simulated outages (L16–L18).** :class:`SimulatedOutage` replaces
-``LeaseQuerySet.refresh`` — the renew path used by the renewal thread and by the final check
-of ``hold_lease`` — for the length of a ``with`` block. While the outage is on, each refresh
-fails with ``django.db.OperationalError`` before anything reaches the database, exactly as a
-dropped connection would; in ``"hang"`` mode it first blocks, as a call to a silent TCP peer
-does, until the outage ends. ``acquire`` and ``release`` are left alone so a test can still
-set up and tear down its leases.
+``LeaseQuerySet.refresh`` and ``LeaseQuerySet.refresh_many`` — the renew paths of the
+process's renewer and of the final check of ``hold_lease`` — for the length of a ``with``
+block. While the outage is on, each refresh (a renewer's tick: one statement for all its
+leases) fails with ``django.db.OperationalError`` before anything reaches the database,
+exactly as a dropped connection would; in ``"hang"`` mode it first blocks, as a call to a
+silent TCP peer does, until the outage ends. ``acquire`` and ``release`` are left alone so a
+test can still set up and tear down its leases.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 from unittest import mock
@@ -59,7 +64,8 @@ if TYPE_CHECKING:
 
 
 class SimulatedOutage:
-    """Makes ``Lease.objects.refresh`` fail as if the database were unreachable.
+    """Makes ``Lease.objects.refresh`` (and ``refresh_many``) fail as if the database were
+    unreachable.
 
     Args:
         mode: ``"raise"`` — a failing refresh raises ``django.db.OperationalError`` at once;
@@ -72,7 +78,8 @@ class SimulatedOutage:
             ...
             outage.begin()             # every refresh fails until outage.end()
 
-    ``failed`` and ``succeeded`` count refreshes (``int``) since the block began.
+    ``failed`` and ``succeeded`` count refreshes (``int``) since the block began: a
+    ``refresh_many`` call (one statement, whatever the number of leases) counts once.
     """
 
     def __init__(self, mode: str = "raise") -> None:
@@ -85,7 +92,7 @@ class SimulatedOutage:
         self._failures_left: float = 0
         self._over = threading.Event()
         self._over.set()
-        self._patch: Any = None
+        self._patches: list[Any] = []
 
     def begin(self, renewals: int | None = None) -> None:
         """Fail the next ``renewals`` refreshes (``int``), or all of them until :meth:`end`."""
@@ -102,29 +109,49 @@ class SimulatedOutage:
     def __enter__(self) -> SimulatedOutage:
 
         real_refresh = LeaseQuerySet.refresh
+        real_refresh_many = LeaseQuerySet.refresh_many
 
         def refresh(queryset: LeaseQuerySet, lease: Lease, ttl: float | timedelta) -> Lease | None:
-            with self._lock:
-                failing = self._failures_left > 0
-                if failing:
-                    self._failures_left -= 1
-                    self.failed += 1
-            if failing:
-                if self.mode == "hang":
-                    self._over.wait()
-                raise OperationalError("simulated outage: the database is unreachable")
+            self._fail_or_pass()
             result = real_refresh(queryset, lease, ttl)
-            with self._lock:
-                self.succeeded += 1
+            self._passed()
             return result
 
-        self._patch = mock.patch.object(LeaseQuerySet, "refresh", refresh)
-        self._patch.start()
+        def refresh_many(
+            queryset: LeaseQuerySet, held: Sequence[tuple[Lease, float | timedelta]]
+        ) -> list[Lease | None]:
+            self._fail_or_pass()
+            results = real_refresh_many(queryset, held)
+            self._passed()
+            return results
+
+        self._patches = [
+            mock.patch.object(LeaseQuerySet, "refresh", refresh),
+            mock.patch.object(LeaseQuerySet, "refresh_many", refresh_many),
+        ]
+        for patch in self._patches:
+            patch.start()
         return self
+
+    def _fail_or_pass(self) -> None:
+        with self._lock:
+            failing = self._failures_left > 0
+            if failing:
+                self._failures_left -= 1
+                self.failed += 1
+        if failing:
+            if self.mode == "hang":
+                self._over.wait()
+            raise OperationalError("simulated outage: the database is unreachable")
+
+    def _passed(self) -> None:
+        with self._lock:
+            self.succeeded += 1
 
     def __exit__(self, *exc_info: object) -> None:
         self.end()
-        self._patch.stop()
+        for patch in self._patches:
+            patch.stop()
 
 
 class LeaseConformanceTests(ConformanceSuite):
