@@ -88,3 +88,132 @@ def test_the_migrations_install_the_functions_and_drop_earlier_ones() -> None:
         )
         assert cursor.fetchone()[0] == 0, "an earlier function was left behind"
     assert missing_functions(connection) == []
+
+
+# -- the first release's squashed migration ------------------------------------------------------
+
+SQUASH = "0001_squashed_0030_first_release"
+
+#: Migrates the database of DATABASE_URL with the migrations the squash replaces, one by one,
+#: as a checkout before the first release did (the squash ignored), up to TARGET.
+_MIGRATE_THE_OLD_WAY = """
+import os, django
+django.setup()
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+executor = MigrationExecutor(connection)
+executor.loader = MigrationLoader(connection, replace_migrations=False)
+targets = [("django_leases", os.environ["TARGET"])]
+executor.migrate(targets, plan=executor.migration_plan(targets))
+"""
+
+
+def _fresh_database_env(env: dict[str, str], name: str) -> dict[str, str]:
+    """``env`` pointed at a new, empty database ``name`` on the test database's server."""
+    import os
+    import tempfile
+
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        path = os.path.join(tempfile.mkdtemp(), f"{name}.sqlite3")
+        return {**env, "DATABASE_URL": f"sqlite:///{path}"}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        else:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    return {**env, "DATABASE_URL": env["DATABASE_URL"].rsplit("/", 1)[0] + f"/{name}"}
+
+
+def _drop_database(name: str) -> None:
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        else:
+            cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("migrated_to", ["0030_lease_epochs", "0026_workflow_functions"])
+def test_a_database_migrated_before_the_first_release_upgrades(
+    migrated_to: str, subprocess_env: dict[str, str]
+) -> None:
+    """A checkout before the first release migrated its database with the migrations the
+    squashed one replaces — all of them, or up to an older one. ``migrate`` then applies
+    what is missing of them (nothing, or the rest), counts the squashed migration as
+    applied, and leaves a schema the models agree with."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    name = f"dl_squash_{migrated_to[:4]}"
+    env = _fresh_database_env(subprocess_env, name)
+    try:
+        old = subprocess.run(
+            [sys.executable, "-c", _MIGRATE_THE_OLD_WAY],
+            cwd=ROOT,
+            env={**env, "TARGET": migrated_to},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert old.returncode == 0, old.stderr
+        done = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "django_leases", "-v", "1"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        if migrated_to == "0030_lease_epochs":
+            assert "No migrations to apply" in done.stdout, done.stdout
+        else:
+            assert "Applying django_leases.0027_workflow_step_claimants" in done.stdout
+        assert SQUASH not in done.stdout.split("Running migrations:")[-1], "applied twice"
+        shown = subprocess.run(
+            [sys.executable, "manage.py", "showmigrations", "django_leases"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert f"[X] {SQUASH}" in shown.stdout, shown.stdout
+        check = subprocess.run(
+            [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        _drop_database(name)
+
+
+def test_the_squashed_migration_replaces_every_migration_before_it() -> None:
+    """Every migration of the first release's history is replaced (a new database applies
+    the squashed one alone) and stays in the package (a partly migrated one applies the
+    rest of them)."""
+    import importlib
+    import pkgutil
+
+    import django_leases.migrations as package
+
+    squash = importlib.import_module(f"django_leases.migrations.{SQUASH}").Migration
+    on_disk = {info.name for info in pkgutil.iter_modules(package.__path__) if info.name != SQUASH}
+    replaced = {name for app, name in squash.replaces if app == "django_leases"}
+    assert replaced <= on_disk
+    assert replaced == {name for name in on_disk if name[:4] <= "0030"}
