@@ -123,6 +123,10 @@ from django.core import checks
 from django.db import connections, router
 from django.utils.translation import gettext as _
 
+from django_leases.models import Lease, TriggerSecret, TriggerSource
+from django_leases.models.trigger import check_base_url
+from django_leases.models.workflow import FUNCTIONS_MIGRATION
+
 if TYPE_CHECKING:
     from django.apps import AppConfig
     from django.db.models import Model
@@ -340,7 +344,6 @@ def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
     """E017 (the session's level), E019, W020, E021 and W022 for one MariaDB / MySQL
     connection, by asking the server. Database errors propagate."""
     from django_leases import clock
-    from django_leases.models import Lease
 
     alias = connection.alias
     messages: list[checks.CheckMessage] = []
@@ -663,7 +666,6 @@ def _stripe_version(value: object, what: str) -> None:
 
 
 def _base_url(value: object, what: str) -> None:
-    from django_leases.models.trigger import check_base_url
 
     try:
         check_base_url(value)
@@ -977,8 +979,6 @@ def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[chec
 def _stored_secrets() -> tuple[set[str] | None, set[str] | None, str]:
     """Names with a stored secret and names of enabled sources, or ``(None, None, why)``
     when the database cannot be read (unreachable, not migrated yet, or not allowed here)."""
-    from django_leases.models import TriggerSecret, TriggerSource
-
     alias = router.db_for_read(TriggerSecret)
     try:
         stored = set(TriggerSecret.objects.using(alias).values_list("name", flat=True))
@@ -1071,7 +1071,6 @@ def stored_secrets_check(
     on a database django-leases' migrations have not reached yet, where ``migrate`` creates
     the store (``check --database`` after it says what is missing)."""
     from django_leases.conf import leases_settings
-    from django_leases.models import TriggerSecret
     from django_leases.triggers.registry import declarations
 
     declared = declarations()
@@ -1150,7 +1149,6 @@ def workflow_functions_check(
 
     from django_leases import db
     from django_leases.health import functions_missing
-    from django_leases.models.workflow import FUNCTIONS_MIGRATION
 
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():

@@ -64,6 +64,7 @@ from django.db import connections, router
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
 from django_leases.leases import HeldLease
+from django_leases.models.lease import Lease
 from django_leases.process import Doorbell, on_stop, signal_name
 from django_leases.validation import check_lease_name, renewable_ttl_seconds, seconds
 
@@ -163,7 +164,6 @@ class LeaseHolder:
         self.grace = seconds(
             leases_settings.HOLD_LEASE_KILL_GRACE if grace is None else grace, "grace"
         )
-        from django_leases.models.lease import Lease
 
         self.using = using or router.db_for_write(Lease)
         if self.using not in connections:

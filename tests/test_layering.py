@@ -198,3 +198,26 @@ def test_no_test_helper_is_defined_in_several_test_modules() -> None:
             if isinstance(node, ast.FunctionDef) and node.name in forbidden:
                 seen.setdefault(node.name, []).append(module.name)
     assert seen == {}
+
+
+#: Modules that may import the models inside a function, and why (everywhere else the models
+#: are imported at the top, where the layering allows: the app registry is ready by the time
+#: any of those modules is imported).
+DEFERRED_MODEL_IMPORTS = {
+    # The lazy public API (``from django_leases import hold_lease``) may be imported by a
+    # project's module before the app registry is ready; the models load on first use.
+    "django_leases.leases",
+}
+
+
+def test_the_models_are_imported_inside_functions_only_where_allowed() -> None:
+    found = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for sub in ast.walk(node):
+                module = sub.module if isinstance(sub, ast.ImportFrom) else None
+                if module is not None and module.startswith("django_leases.models"):
+                    found.add(name)
+    assert found <= DEFERRED_MODEL_IMPORTS, found - DEFERRED_MODEL_IMPORTS

@@ -40,6 +40,7 @@ from django.db import router
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import MalformedDelivery
+from django_leases.models import TriggerSecret
 from django_leases.triggers.providers.base import (
     REGISTERED,
     ParsedDelivery,
@@ -240,7 +241,6 @@ class StripeProvider(Provider):
 
     @staticmethod
     def _secret_stored(source: TriggerSource) -> bool:
-        from django_leases.models import TriggerSecret
         from django_leases.triggers.credentials import get_secret
 
         using = source._state.db or router.db_for_write(TriggerSecret)
