@@ -217,3 +217,41 @@ def test_the_documented_handler_starts_runs_for_opened_pull_requests_only(
     _deliver(fake, "pull_request_review", _review(7, "approved", "bob"))
     drain()
     assert WorkflowRun.objects.get().output == {"pr": 7, "approved_by": "bob"}
+
+
+def _named_run(delivery: Any) -> Any:
+    """A ``run`` callable that returns whatever the delivery says: hostile input."""
+    return delivery.payload.get("run")
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "not-a-run",
+        "",
+        " ",
+        "0" * 31,
+        "x" * 100_000,
+        12,
+        1.5,
+        True,
+        ["a", "b"],
+        {"id": "x"},
+    ],
+    ids=["word", "empty", "space", "short-hex", "long", "int", "float", "bool", "list", "dict"],
+)
+def test_a_run_callable_returning_no_run_id_is_recorded_not_an_error(
+    fake: FakeProvider, named: Any
+) -> None:
+    registry.unregister(SOURCE)
+    webhook_source(
+        SOURCE, provider="fake", events={"pull_request_review": SendEvent("approved", _named_run)}
+    )
+    response = _deliver(fake, "pull_request_review", {"run": named})
+    assert response.status_code == 202, response.content
+    event = _outcome(response)
+    assert event.run_id is None
+    assert event.outcome.startswith("event 'approved' not delivered: ")
+    assert "not a workflow run id" in event.outcome
+    assert len(event.outcome) < 200, "the value is shown cut, not whole"
+    assert not WorkflowWait.objects.exists()
