@@ -65,7 +65,11 @@ def approval(run: Any, input: dict[str, Any]) -> Any:
 
 @workflow("tests.waits.kind-clash")
 def kind_clash(run: Any, input: Any) -> Any:
-    run.sleep("approved", 1)
+    # A step first: the pass reaches the sleep carrying its result (written with the sleep).
+    run.step("first", "tests.waits.echo", 1)
+    if input.get("child"):
+        return run.child("approved", "tests.waits.nap", {"seconds": 0})
+    run.sleep("approved", 3600)
     return "slept"
 
 
@@ -132,15 +136,60 @@ def test_bad_sleep_seconds_fail_the_run_clearly_and_record_no_wait(bad: Any) -> 
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 
-def test_a_wait_name_recorded_as_another_kind_fails_the_run_and_writes_nothing() -> None:
-    run = WorkflowRun.objects.start("tests.waits.kind-clash", {})
-    send_event(run.id, "approved", {"by": "ops"})
+def test_a_wait_name_reached_as_another_kind_fails_the_run_and_writes_nothing() -> None:
+    """A name the run reached as one kind of wait (the code changed between passes) fails
+    the run when a pass reaches it as another: its recorded outcome is not that kind's."""
+    run = WorkflowRun.objects.start("tests.waits.approval", {})
+    WorkflowWait.objects.reach(run.id, "approved", WaitKind.SLEEP, seconds=3600)
     before = list(WorkflowWait.objects.filter(run_id=run.id).values())
     drain()
     failed = run_of(run.id)
     assert failed.status == RunStatus.FAILED
-    assert "recorded as an event wait" in failed.error["message"]
+    assert "recorded as a sleep wait" in failed.error["message"]
     assert list(WorkflowWait.objects.filter(run_id=run.id).values()) == before
+
+
+def test_an_early_event_named_like_a_later_sleep_yields_the_name_to_the_sleep(
+    sql_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event sent before the run reached any wait of its name was kept for a
+    ``wait_for_event`` of that name; the run reaches a ``run.sleep`` of that name instead.
+    The kept event, never delivered, is dropped (logged) and the sleep proceeds: the run
+    does not fail, and the event is never delivered (nor is a later one)."""
+    run_id = start_workflow("tests.waits.kind-clash", {})
+    send_event(run_id, "approved", {"by": "ops"})
+    with caplog.at_level("WARNING", logger="django_leases.workflows"):
+        drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.RUNNING, run.error
+    wait = wait_of(run_id, "approved")
+    assert (wait.kind, wait.status, wait.payload) == (WaitKind.SLEEP, WaitStatus.WAITING, None)
+    assert wait.reached_at is not None and run.pass_due_at == wait.due_at
+    assert WorkflowWait.objects.filter(
+        pk=wait.pk, due_at__gt=db_now_plus(3590), due_at__lte=db_now_plus(3600)
+    ).exists(), "the sleep's end is counted from the pass that reached it"
+    [dropped] = [r for r in caplog.records if "never delivered" in r.getMessage()]
+    assert str(run_id) in dropped.getMessage() and "'approved'" in dropped.getMessage()
+    with pytest.raises(WorkflowEventRefusedError, match="sleep wait"):
+        send_event(run_id, "approved", {"by": "ops, again"})
+    elapse(run_id, "approved")
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "slept")
+    assert WorkflowWait.objects.filter(run_id=run_id).count() == 1
+
+
+def test_an_early_event_named_like_a_later_child_yields_the_name_to_the_child(
+    sql_path: str,
+) -> None:
+    run_id = start_workflow("tests.waits.kind-clash", {"child": True})
+    send_event(run_id, "approved", {"by": "ops"})
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, ["before", "after"]), run.error
+    wait = wait_of(run_id, "approved")
+    assert (wait.kind, wait.status, wait.payload) == (WaitKind.CHILD, WaitStatus.DONE, None)
+    assert WorkflowRun.objects.get(parent_id=run_id).pk == wait.child_id
 
 
 def test_a_step_and_a_wait_cannot_share_a_name() -> None:
