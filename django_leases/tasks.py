@@ -647,11 +647,13 @@ def _task_error(error: Mapping[str, Any]) -> TaskError:
 def _json_value(value: Any, what: str, alias: str) -> Any:
     """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
     to read back exactly as written from database ``alias`` once stored (PostgreSQL's
-    ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``); raises
+    ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``), and to nest at
+    most ``MAX_JSON_DEPTH - 1`` levels (it is stored one level down: under ``"args"`` /
+    ``"kwargs"`` of the step's data, ``"return_value"`` of its result); raises
     :class:`TaskArgumentsError`."""
     try:
         normal = normalize_json(value)
-        check_json(normal, what)
+        check_json(normal, what, within=1)
         written = _json_text(normal)
         # Not so for an int key, say (it reads back "1"); then what the database gives back.
         same = json.loads(written) == normal

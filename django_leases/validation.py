@@ -276,11 +276,11 @@ def parse_run_id(run_id: object) -> uuid.UUID:
 # -- JSON ---------------------------------------------------------------------------------------
 
 
-def _json_problem(value: Any, path: str, depth: int) -> str | None:
+def _json_problem(value: Any, path: str, depth: int, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """The first reason ``value`` is not storable JSON, as ``"<path> <reason>"``, or ``None``.
 
-    Recursion is bounded by :data:`MAX_JSON_DEPTH`, so a deep or self-referencing value is
-    refused rather than exhausting the stack.
+    Recursion is bounded by ``max_depth`` (:data:`MAX_JSON_DEPTH`), so a deep or
+    self-referencing value is refused rather than exhausting the stack.
     """
     if value is None or isinstance(value, bool):
         return None
@@ -296,8 +296,8 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r} (not a JSON number)"
     if isinstance(value, list | tuple | dict):
-        if depth >= MAX_JSON_DEPTH:
-            return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
+        if depth >= max_depth:
+            return f"{path} nests deeper than {max_depth} levels"
         if isinstance(value, dict):
             written: dict[str, Any] = {}
             for key, item in value.items():
@@ -314,19 +314,19 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
                         f"both written as {text!a} in JSON (one value would be lost)"
                     )
                 written[text] = key
-                found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
+                found = _json_problem(item, f"{path}[{text!a}]", depth + 1, max_depth)
                 if found:
                     return found
             return None
         for index, item in enumerate(value):
-            found = _json_problem(item, f"{path}[{index}]", depth + 1)
+            found = _json_problem(item, f"{path}[{index}]", depth + 1, max_depth)
             if found:
                 return found
         return None
     return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
-def check_json(value: Any, what: str) -> Any:
+def check_json(value: Any, what: str, *, within: int = 0) -> Any:
     """Return ``value`` if it can be stored as JSON on every supported database, else raise.
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
@@ -335,12 +335,14 @@ def check_json(value: Any, what: str) -> Any:
     of one object written alike, as ``1`` and ``"1"`` or ``None`` and ``"null"``), nested at
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
+    ``within``: the number of levels (``int`` ≥ 0) the value will be stored inside another
+    JSON value (a task's arguments inside its step's data): its own limit is that much less.
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
     try:
-        problem = _json_problem(value, "$", 0)
+        problem = _json_problem(value, "$", 0, MAX_JSON_DEPTH - within)
         if problem is None:
             json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:

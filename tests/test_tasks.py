@@ -749,6 +749,42 @@ def test_arguments_nested_beyond_recursion_are_refused_with_nothing_stored() -> 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("levels", [97, 98, 99, 100, 101])
+@pytest.mark.parametrize("where", ["args", "kwargs"])
+def test_arguments_nested_to_the_limit_are_stored_or_refused_as_task_arguments(
+    levels: int, where: str
+) -> None:
+    """The arguments are stored one level inside the step's data, whose limit is 100
+    levels: a value nesting too deep there is a ``TaskArgumentsError`` (nothing stored),
+    never the ``ValueError`` of the step's data."""
+    value = _nested(levels - 1)  # ``levels`` lists deep; in args it is one level more
+    call = (lambda: t.echo.enqueue(value)) if where == "args" else lambda: t.echo.enqueue(x=value)
+    if levels + 1 > 99:  # args list (or kwargs dict) + value, inside the step's data
+        with pytest.raises(TaskArgumentsError, match="nests deeper than 99 levels"):
+            call()
+        assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
+        return
+    result = call()
+    assert t.echo.get_result(result.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("levels", [98, 99, 100, 101])
+def test_a_return_value_nested_past_the_limit_fails_as_task_arguments(levels: int) -> None:
+    result = t.nested.enqueue(levels)
+    drive()
+    result.refresh()
+    if levels <= 99:  # stored under "return_value" of the step's result
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+        assert result.return_value == _nested(levels - 1)
+        return
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "django_leases.exceptions.TaskArgumentsError"
+    assert "nests deeper than 99 levels" in error.traceback
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("value", [1e20, -0.0, {"b": 1e16, "a": [2.5e300]}])
 def test_numbers_read_back_as_written_or_are_refused(value: Any) -> None:
     # PostgreSQL's jsonb gives 1e+20 back as the integer 100000000000000000000 and -0.0 as
