@@ -18,7 +18,7 @@ from decimal import Decimal
 from numbers import Real
 from typing import Any
 
-from django_leases.conf import leases_settings
+from django_leases.conf import leases_settings, max_event_payload
 
 #: Longest lease key or holder accepted, in characters (the column width).
 MAX_KEY_LENGTH = 255
@@ -341,15 +341,47 @@ def check_json(value: Any, what: str, *, within: int = 0) -> Any:
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
+    _json_text(value, what, within)
+    return value
+
+
+def _json_text(value: Any, what: str, within: int = 0) -> str:
+    """``value`` written as JSON, compactly (no spaces, non-ASCII characters as they are),
+    once :func:`check_json` accepts it; raises its ``ValueError`` otherwise."""
+    text = ""
     try:
         problem = _json_problem(value, "$", 0, MAX_JSON_DEPTH - within)
         if problem is None:
-            json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         problem = f"$ cannot be written as JSON ({type(exc).__name__})"
     if problem is not None:
         raise ValueError(f"{what} must be storable JSON: {clean_text(problem)}")
-    return value
+    return text
+
+
+def check_event_payload(payload: Any, name: str) -> Any:
+    """Return ``payload`` if workflow event ``name`` (``str``) may carry it, else raise
+    ``ValueError``: it must be storable JSON (:func:`check_json`) of at most
+    ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes (:func:`~django_leases.conf.
+    max_event_payload`), counted as its JSON written compactly in UTF-8 — about the size of
+    the JSON document a sender sends.
+
+    Raises:
+        ValueError: the payload is not storable JSON, or larger than the limit (the message
+            says both sizes and names the setting).
+        ImproperlyConfigured: the setting is not an ``int`` ≥ 1.
+    """
+    what = f"Payload of event {name!r}"
+    text = _json_text(payload, what)
+    limit = max_event_payload()
+    if len(text) > limit or (not text.isascii() and len(text.encode("utf-8")) > limit):
+        size = len(text.encode("utf-8"))
+        raise ValueError(
+            f"{what} is {size} bytes of JSON, over the limit of {limit} bytes "
+            '(DJANGO_LEASES["MAX_EVENT_PAYLOAD"])'
+        )
+    return payload
 
 
 def clean_text(text: str) -> str:
@@ -445,6 +477,7 @@ __all__ = [
     "as_stored",
     "check_attempt",
     "check_backoff",
+    "check_event_payload",
     "check_identifier",
     "check_json",
     "check_lease_name",

@@ -255,3 +255,27 @@ def test_a_run_callable_returning_no_run_id_is_recorded_not_an_error(
     assert "not a workflow run id" in event.outcome
     assert len(event.outcome) < 200, "the value is shown cut, not whole"
     assert not WorkflowWait.objects.exists()
+
+
+def test_a_payload_over_the_event_limit_is_recorded_as_the_outcome_not_an_error(
+    fake: FakeProvider, settings: Any
+) -> None:
+    """The delivery's body is within ``WEBHOOK_MAX_BODY`` but its payload is over
+    ``MAX_EVENT_PAYLOAD``: the delivery is recorded (202) with the refusal as its outcome,
+    the event is not sent."""
+    run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(9)).json()["run_id"])
+    drain()
+    review = _review(9, "approved", "bob")
+    size = len(json.dumps(review, separators=(",", ":")).encode())
+    settings.DJANGO_LEASES = {**(settings.DJANGO_LEASES or {}), "MAX_EVENT_PAYLOAD": size - 1}
+    refused = _deliver(fake, "pull_request_review", review)
+    assert refused.status_code == 202, refused.content
+    event = _outcome(refused)
+    assert event.run_id is None
+    assert event.outcome == (
+        f"event 'approved' not delivered: Payload of event 'approved' is {size} bytes of "
+        f'JSON, over the limit of {size - 1} bytes (DJANGO_LEASES["MAX_EVENT_PAYLOAD"])'
+    )
+    assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == WaitStatus.WAITING
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": size}
+    assert _outcome(_deliver(fake, "pull_request_review", review)).run_id == run_id

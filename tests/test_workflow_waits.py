@@ -264,6 +264,43 @@ def test_bad_event_names_and_payloads_are_refused_with_nothing_stored() -> None:
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 
+def test_an_event_payload_over_the_limit_is_refused_with_nothing_stored(settings: Any) -> None:
+    """``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of compact UTF-8 JSON at most (1 MiB by
+    default): a larger payload is a ``ValueError`` naming the setting, nothing written, for
+    a waiting run and for an early event alike."""
+    waiting = start_workflow("tests.waits.approval", {})
+    drain()
+    early = WorkflowRun.objects.start("tests.waits.approval", {}).id
+    requests = {run_id: run_of(run_id).pass_requests for run_id in (waiting, early)}
+    over = {"blob": "x" * (1024 * 1024)}  # over 1 MiB: the default limit
+    for run_id in (waiting, early):
+        with pytest.raises(ValueError, match="1048587 bytes of JSON, over the limit of 1048576"):
+            send_event(run_id, "approved", over)
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": 10}
+    for run_id in (waiting, early):
+        with pytest.raises(ValueError, match="MAX_EVENT_PAYLOAD"):
+            send_event(run_id, "approved", ["é" * 4])  # 12 bytes: ["éééé"] in UTF-8
+        assert run_of(run_id).pass_requests == requests[run_id]
+    assert wait_of(waiting, "approved").status == WaitStatus.WAITING
+    assert not WorkflowWait.objects.filter(run_id=early).exists()
+    send_event(waiting, "approved", ["é" * 3])  # 10 bytes: at the limit
+    send_event(early, "approved", {"a": [1]})  # {"a":[1]}: 9 bytes
+    drain()
+    assert run_of(waiting).output == {"decision": ["ééé"]}
+    assert run_of(early).output == {"decision": {"a": [1]}}
+
+
+@pytest.mark.parametrize("bad", [0, -1, "1MB", 1.5, True, None])
+def test_an_unusable_payload_limit_is_a_configuration_error(settings: Any, bad: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    run_id = start_workflow("tests.waits.approval", {})
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": bad}
+    with pytest.raises(ImproperlyConfigured, match="MAX_EVENT_PAYLOAD"):
+        send_event(run_id, "approved", 1)
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
 def test_an_event_to_another_kind_of_wait_is_refused() -> None:
     run_id = start_workflow("tests.waits.nap", {"seconds": 3600})
     drain()

@@ -24,6 +24,7 @@ from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunState
 from django_leases.models.workflow import WorkflowRun, request_passes, write_pending
 from django_leases.validation import (
     MAX_NAME_LENGTH,
+    check_event_payload,
     check_identifier,
     check_json,
     parse_run_id,
@@ -235,10 +236,11 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             WorkflowEventRefusedError: the wait already has its event, its timeout has
                 passed on the database clock (recorded by a pass or not yet), or ``name``
                 is another kind of wait (nothing written).
-            ValueError: a bad run id or name, or a payload that is not JSON.
+            ValueError: a bad run id or name, or a payload that is not JSON or is larger
+                than ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON (nothing written).
         """
         check_identifier(name, "Event name")
-        check_json(payload, f"Payload of event {name!r}")
+        check_event_payload(payload, name)
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         runs = WorkflowRun._default_manager.using(alias)

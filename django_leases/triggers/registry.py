@@ -118,9 +118,10 @@ class SendEvent:
     The event is sent with ``WorkflowWait.objects.send_event`` inside the transaction that
     records the delivery, so the delivery, the event and the run's wake-up commit together.
     A delivery that names no run, names something that is not a run id (``run`` returned
-    another type, or text that is not a UUID), an unknown or finished run, or a wait that
-    already has its event (or timed out), is still recorded — with that outcome on its
-    row, never as an error (a provider would only send it again).
+    another type, or text that is not a UUID), an unknown or finished run, a wait that
+    already has its event (or timed out), or carries a payload no event may have (over
+    ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON), is still recorded — with that
+    outcome on its row, never as an error (a provider would only send it again).
 
     Raises ``ValueError`` where it is declared for a ``name`` no wait can have (empty,
     over 200 characters, a NUL character), a ``run`` that is not callable, or another
@@ -168,7 +169,7 @@ class SendEvent:
             WorkflowRun.DoesNotExist,
             WorkflowRunStateError,
             WorkflowEventRefusedError,
-            ValueError,  # the payload cannot be an event's (not storable JSON)
+            ValueError,  # the payload cannot be an event's: not storable, or too large
         ) as exc:
             return Handled(None, f"event {self.name!r} not delivered: {exc}")
         return Handled(wait.run_id, f"event {self.name!r} sent to run {wait.run_id}")
