@@ -326,7 +326,7 @@ def _json_problem(value: Any, path: str, depth: int, max_depth: int = MAX_JSON_D
     return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
-def check_json(value: Any, what: str, *, within: int = 0) -> Any:
+def check_json(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Return ``value`` if it can be stored as JSON on every supported database, else raise.
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
@@ -335,22 +335,23 @@ def check_json(value: Any, what: str, *, within: int = 0) -> Any:
     of one object written alike, as ``1`` and ``"1"`` or ``None`` and ``"null"``), nested at
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
-    ``within``: the number of levels (``int`` ≥ 0) the value will be stored inside another
-    JSON value (a task's arguments inside its step's data): its own limit is that much less.
+    ``max_depth`` (``int``) lowers the nesting limit: for a value stored inside another JSON
+    value (a task's arguments inside its step's data), or on a database that stores less
+    (``db.json_depth``).
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
-    _json_text(value, what, within)
+    _json_text(value, what, max_depth)
     return value
 
 
-def _json_text(value: Any, what: str, within: int = 0) -> str:
+def _json_text(value: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> str:
     """``value`` written as JSON, compactly (no spaces, non-ASCII characters as they are),
     once :func:`check_json` accepts it; raises its ``ValueError`` otherwise."""
     text = ""
     try:
-        problem = _json_problem(value, "$", 0, MAX_JSON_DEPTH - within)
+        problem = _json_problem(value, "$", 0, max_depth)
         if problem is None:
             text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
