@@ -361,9 +361,10 @@ def _json_text(value: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> str:
     return text
 
 
-def check_event_payload(payload: Any, name: str) -> Any:
+def check_event_payload(payload: Any, name: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Return ``payload`` if workflow event ``name`` (``str``) may carry it, else raise
-    ``ValueError``: it must be storable JSON (:func:`check_json`) of at most
+    ``ValueError``: it must be storable JSON (:func:`check_json`, nested at most
+    ``max_depth`` levels) of at most
     ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes (:func:`~django_leases.conf.
     max_event_payload`), counted as its JSON written compactly in UTF-8 — about the size of
     the JSON document a sender sends.
@@ -374,7 +375,7 @@ def check_event_payload(payload: Any, name: str) -> Any:
         ImproperlyConfigured: the setting is not an ``int`` ≥ 1.
     """
     what = f"Payload of event {name!r}"
-    text = _json_text(payload, what)
+    text = _json_text(payload, what, max_depth)
     limit = max_event_payload()
     if len(text) > limit or (not text.isascii() and len(text.encode("utf-8")) > limit):
         size = len(text.encode("utf-8"))

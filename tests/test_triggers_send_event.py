@@ -279,3 +279,42 @@ def test_a_payload_over_the_event_limit_is_recorded_as_the_outcome_not_an_error(
     assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == WaitStatus.WAITING
     settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": size}
     assert _outcome(_deliver(fake, "pull_request_review", review)).run_id == run_id
+
+
+def _nested_list(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("levels", [30, 31, 40])
+def test_a_delivery_as_deep_as_sources_accept_is_stored_on_every_backend(
+    fake: FakeProvider, levels: int
+) -> None:
+    """Deliveries nest at most 30 levels: what MariaDB's JSON columns store (31) with the one
+    level the delivery envelope adds (``input="delivery"``, ``payload="delivery"``). Deeper
+    is a 400 on every backend, never the 500 of a database refusing it."""
+    registry.unregister(SOURCE)
+    webhook_source(
+        SOURCE,
+        provider="fake",
+        events={
+            "pull_request": StartWorkflow(
+                WORKFLOW, input="delivery", key=lambda d: str(d.payload["number"])
+            ),
+            "pull_request_review": SendEvent("approved", run=_approved_run, payload="delivery"),
+        },
+    )
+    deep = _nested_list(levels - 1)  # inside the delivery's top-level object
+    opened = _deliver(fake, "pull_request", {**_opened(4), "deep": deep})
+    review = _deliver(fake, "pull_request_review", {**_review(4, "approved"), "deep": deep})
+    if levels > 30:
+        assert (opened.status_code, review.status_code) == (400, 400), opened.content
+        assert not TriggerEvent.objects.exists() and not WorkflowRun.objects.exists()
+        return
+    assert (opened.status_code, review.status_code) == (202, 202), opened.content
+    run = WorkflowRun.objects.get()
+    assert run.input["payload"]["deep"] == deep
+    assert _outcome(review).outcome == f"event 'approved' sent to run {run.pk}"
+    assert WorkflowWait.objects.get(run=run, name="approved").payload["payload"]["deep"] == deep

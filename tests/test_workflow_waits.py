@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 from django_leases.clock import db_now, db_now_plus
@@ -288,6 +289,32 @@ def test_an_event_payload_over_the_limit_is_refused_with_nothing_stored(settings
     drain()
     assert run_of(waiting).output == {"decision": ["ééé"]}
     assert run_of(early).output == {"decision": {"a": [1]}}
+
+
+def test_an_event_payload_deeper_than_the_database_stores_is_a_value_error() -> None:
+    """MariaDB's JSON columns refuse 32 levels of nesting (``CHECK (JSON_VALID(...))``):
+    there such a payload is a ``ValueError`` with nothing stored, not the database's
+    ``IntegrityError``; the other databases store it (up to the package's 100 levels)."""
+    mariadb = connection.vendor == "mysql" and connection.mysql_is_mariadb
+    run_id = start_workflow("tests.waits.approval", {})
+
+    def nested(levels: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    send_event(run_id, "thirty-one", nested(31))
+    assert wait_of(run_id, "thirty-one").payload == nested(31)
+    if mariadb:
+        with pytest.raises(ValueError, match="nests deeper than 31 levels"):
+            send_event(run_id, "thirty-two", nested(32))
+        assert not WorkflowWait.objects.filter(run_id=run_id, name="thirty-two").exists()
+    else:
+        send_event(run_id, "thirty-two", nested(32))
+        assert wait_of(run_id, "thirty-two").payload == nested(32)
+    with pytest.raises(ValueError, match="nests deeper than"):
+        send_event(run_id, "deeper", nested(101))
 
 
 @pytest.mark.parametrize("bad", [0, -1, "1MB", 1.5, True, None])

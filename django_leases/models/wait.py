@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, Value
 
 from django_leases import clock, db
@@ -236,13 +236,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             WorkflowEventRefusedError: the wait already has its event, its timeout has
                 passed on the database clock (recorded by a pass or not yet), or ``name``
                 is another kind of wait (nothing written).
-            ValueError: a bad run id or name, or a payload that is not JSON or is larger
-                than ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON (nothing written).
+            ValueError: a bad run id or name, or a payload that is not JSON the database
+                stores (nested too deep: 100 levels, 31 on MariaDB) or is larger than
+                ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON (nothing written).
         """
         check_identifier(name, "Event name")
-        check_event_payload(payload, name)
-        pk = parse_run_id(run_id)
         alias = self.write_alias()
+        check_event_payload(payload, name, max_depth=db.json_depth(connections[alias]))
+        pk = parse_run_id(run_id)
         runs = WorkflowRun._default_manager.using(alias)
         with transaction.atomic(using=alias):
             status = db.for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
