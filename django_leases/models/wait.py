@@ -106,7 +106,8 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
     def _take_name(self, kept: WorkflowWait, kind: str, **fields: Any) -> None:
         """Make ``kept`` — an event kept for a wait of its name that the run has not reached
         (:func:`_kept_event`) — the wait of ``kind`` the run reaches under that name now,
-        ``waiting``, with ``fields``: the event is dropped, never delivered, and logged.
+        ``waiting``, with ``fields``: the event is dropped, never delivered, and logged once
+        that commits.
 
         A name belongs to the wait the workflow reaches: a kept event cannot claim one that
         the workflow uses for a sleep or a child run, and no wait of the run will ever take
@@ -128,12 +129,15 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         if not taken:  # not a kept event any longer: whatever it is now decides
             _same_kind(self.rows().get(pk=kept.pk), kind)
             return
-        logger.warning(
-            "Run %s reached %s wait %r: the event of that name sent before it got there, "
-            "kept for a wait_for_event, is dropped, never delivered",
-            kept.run_id,
-            _a(kind),
-            kept.name,
+        transaction.on_commit(
+            lambda: logger.warning(
+                "Run %s reached %s wait %r: the event of that name sent before it got there, "
+                "kept for a wait_for_event, is dropped, never delivered",
+                kept.run_id,
+                _a(kind),
+                kept.name,
+            ),
+            using=self.write_alias(),
         )
 
     def start_child(
