@@ -677,6 +677,12 @@ def _grace(value: object, what: str) -> None:
     _number(value, what, above_zero=False)  # 0: no grace at all
 
 
+def _bytes(value: object, what: str) -> None:
+    from django_leases.conf import check_byte_limit
+
+    check_byte_limit(value, what)
+
+
 def _queues(value: object, what: str) -> None:
     """``QUEUES``: queue name -> ``{"concurrency": int ≥ 1, "rate": "N/s|m|h"}``."""
     from django_leases.conf import parse_queues
@@ -759,6 +765,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "WORKER_WAKEUP": _wakeup,
     "WORKER_SHUTDOWN_GRACE": _grace,
     "HOLD_LEASE_KILL_GRACE": _grace,
+    "MAX_EVENT_PAYLOAD": _bytes,
     "BASE_URL": _optional(_base_url),
     "SECRET_KEYS": _optional(_secret_keys),
     "PROVIDER_TIMEOUT": _number,

@@ -25,6 +25,12 @@ key                            default    meaning
 ``HOLD_LEASE_KILL_GRACE``      ``10``     seconds ``manage.py hold_lease`` waits after SIGTERM
                                           before it SIGKILLs a child whose lease was lost
 ``WEBHOOK_MAX_BODY``           ``1048576`` largest webhook body accepted, bytes (else 413)
+``MAX_EVENT_PAYLOAD``          ``1048576`` largest workflow event payload accepted, bytes of
+                                          its JSON (compact, UTF-8): a larger one is refused
+                                          with ``ValueError``, nothing written, by
+                                          ``send_event`` and every way to send one (a
+                                          ``SendEvent`` webhook handler records the refusal as
+                                          the delivery's outcome). See :func:`max_event_payload`
 ``WEBHOOK_SECRETS``            ``{}``     source name -> signing secret; when set it wins over
                                           the encrypted credential store (for ``manual``
                                           sources whose secret comes from the environment)
@@ -109,6 +115,7 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_SHUTDOWN_GRACE": 30.0,
     "HOLD_LEASE_KILL_GRACE": 10.0,
     "WEBHOOK_MAX_BODY": 1024 * 1024,
+    "MAX_EVENT_PAYLOAD": 1024 * 1024,
     "WEBHOOK_SECRETS": {},
     "BASE_URL": None,
     "SECRET_KEYS": None,
@@ -172,6 +179,33 @@ class _Settings:
 
 
 leases_settings = _Settings()
+
+
+# -- limits in bytes ----------------------------------------------------------------------------
+
+
+def check_byte_limit(value: object, what: str) -> int:
+    """``value`` if it is a number of bytes a limit may be: an ``int`` ≥ 1 (not ``bool``);
+    else ``ValueError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive int (bytes), not {value!r}")
+    return value
+
+
+def max_event_payload() -> int:
+    """``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]``, read now: the largest workflow event payload
+    accepted, in bytes of its JSON written compactly in UTF-8 (``int``, default 1 MiB).
+
+    Raises:
+        ImproperlyConfigured: the setting is not an ``int`` ≥ 1 (check
+            ``django_leases.E016`` reports it at start-up).
+    """
+    try:
+        return check_byte_limit(
+            leases_settings.MAX_EVENT_PAYLOAD, 'DJANGO_LEASES["MAX_EVENT_PAYLOAD"]'
+        )
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 # -- queues -------------------------------------------------------------------------------------

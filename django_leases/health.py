@@ -583,6 +583,14 @@ def run_checks(
     return HealthReport(findings)
 
 
+def check_liveness(aliases: Sequence[str] | None = None) -> HealthReport:
+    """The cheap part of :func:`run_checks`: whether each database django-leases writes to
+    (``aliases``; default :func:`write_aliases`) answers a ``SELECT 1`` — one query per
+    alias, whatever the tables hold. The report has only ``database`` findings."""
+    targets = list(dict.fromkeys(aliases if aliases is not None else write_aliases()))
+    return HealthReport([check_database(alias) for alias in targets])
+
+
 def _guarded(name: str, alias: str, check: Callable[..., Finding]) -> Finding:
     """Run ``check()`` in a savepoint; a database error becomes a ``problem`` finding."""
     try:
@@ -626,6 +634,7 @@ __all__ = [
     "HealthReport",
     "check_database",
     "check_lapsed_steps",
+    "check_liveness",
     "check_migrations",
     "check_replication",
     "check_stuck_runs",
@@ -643,28 +652,41 @@ VIEW_MIGRATIONS_MAX_AGE = 60.0
 
 
 def _is_staff(request: HttpRequest) -> bool:
-    """Whether the request is an active staff user's; ``False`` when the session or the user
-    cannot be read (their database is down: the probe must still answer its JSON)."""
+    """Whether the request is an active staff user's or superuser's; ``False`` when the
+    session or the user cannot be read (their database is down: the probe must still answer
+    its JSON)."""
     user = getattr(request, "user", None)
     try:
-        return bool(user is not None and user.is_active and user.is_staff)
+        return bool(user is not None and user.is_active and (user.is_staff or user.is_superuser))
     except DatabaseError:
         return False
 
 
 def health_view(request: HttpRequest) -> HttpResponse:
-    """``GET health/`` (``include("django_leases.urls")``): what ``leases_check`` answers, as
-    JSON, with status 200 when healthy and 503 otherwise — for a load balancer or an uptime
-    check. Anyone gets ``healthy``, ``exit_code`` and each check's status; staff users get
-    the details too (counts, run ids, workers); a user whose session or row cannot be read
-    (the database is down) counts as anonymous, so the answer is still JSON. The migrations
-    are read at most once a minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`), so a probe
-    costs a few queries."""
+    """``GET health/`` (``include("django_leases.urls")``): JSON with ``healthy``,
+    ``exit_code``, ``scope`` and ``checks``, status 200 when healthy and 503 otherwise.
+
+    What is checked depends on who asks:
+
+    * anyone (a load balancer, an uptime probe): **liveness** only (``"scope":
+      "liveness"``) — each database django-leases writes to answers a ``SELECT 1``
+      (:func:`check_liveness`), one query per database however many runs there are, so
+      the probe cannot load the database; each check's status, no details;
+    * an active staff user or superuser: the **full** checks ``leases_check`` runs
+      (``"scope": "full"``, :func:`run_checks`: migrations, workers, lapsed steps, stuck
+      runs, replication) with their details (counts, run ids, workers). The migrations are
+      read at most once a minute per process (:data:`VIEW_MIGRATIONS_MAX_AGE`).
+
+    A user whose session or row cannot be read (the database is down) counts as anonymous,
+    so the answer is still JSON."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponseNotAllowed(["GET", "HEAD"])
-    report = run_checks(migrations_max_age=VIEW_MIGRATIONS_MAX_AGE)
-    body = report.as_dict()
-    if not _is_staff(request):
+    if _is_staff(request):
+        report = run_checks(migrations_max_age=VIEW_MIGRATIONS_MAX_AGE)
+        body = {**report.as_dict(), "scope": "full"}
+    else:
+        report = check_liveness()
+        body = {**report.as_dict(), "scope": "liveness"}
         body["checks"] = [
             {"check": c["check"], "alias": c["alias"], "status": c["status"]}
             for c in body["checks"]

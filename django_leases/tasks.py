@@ -39,12 +39,12 @@ from typing import Any
 
 from django.core import checks
 from django.core.signals import setting_changed
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_leases import signals
+from django_leases import db, signals
 from django_leases.conf import queue_limits
 from django_leases.exceptions import (
     QueueConfigError,
@@ -647,11 +647,14 @@ def _task_error(error: Mapping[str, Any]) -> TaskError:
 def _json_value(value: Any, what: str, alias: str) -> Any:
     """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
     to read back exactly as written from database ``alias`` once stored (PostgreSQL's
-    ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``); raises
+    ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``), and to nest at
+    most one level less than the database stores (:func:`~django_leases.db.json_depth`: 100
+    levels, 31 on MariaDB), as it is stored one level down: under ``"args"`` / ``"kwargs"``
+    of the step's data, ``"return_value"`` of its result. Raises
     :class:`TaskArgumentsError`."""
     try:
         normal = normalize_json(value)
-        check_json(normal, what)
+        check_json(normal, what, max_depth=db.json_depth(connections[alias]) - 1)
         written = _json_text(normal)
         # Not so for an int key, say (it reads back "1"); then what the database gives back.
         same = json.loads(written) == normal

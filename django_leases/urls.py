@@ -6,7 +6,9 @@ Django's ``CommonMiddleware`` would answer it with a redirect, which webhook sen
 follow (and under ``DEBUG`` a POST there is a ``RuntimeError``). ``reverse()`` of
 ``django_leases:receive-webhook`` gives the address with the slash, the one registered.
 
-``health/`` answers what ``manage.py leases_check`` answers (GET; 200 healthy, 503 not).
+``health/`` answers anyone with liveness (each database django-leases writes to answers), and
+staff users with what ``manage.py leases_check`` answers (GET; 200 healthy, 503 not; see
+:func:`django_leases.health.health_view`).
 """
 
 from django.urls import path

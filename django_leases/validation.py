@@ -18,7 +18,7 @@ from decimal import Decimal
 from numbers import Real
 from typing import Any
 
-from django_leases.conf import leases_settings
+from django_leases.conf import leases_settings, max_event_payload
 
 #: Longest lease key or holder accepted, in characters (the column width).
 MAX_KEY_LENGTH = 255
@@ -276,11 +276,11 @@ def parse_run_id(run_id: object) -> uuid.UUID:
 # -- JSON ---------------------------------------------------------------------------------------
 
 
-def _json_problem(value: Any, path: str, depth: int) -> str | None:
+def _json_problem(value: Any, path: str, depth: int, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """The first reason ``value`` is not storable JSON, as ``"<path> <reason>"``, or ``None``.
 
-    Recursion is bounded by :data:`MAX_JSON_DEPTH`, so a deep or self-referencing value is
-    refused rather than exhausting the stack.
+    Recursion is bounded by ``max_depth`` (:data:`MAX_JSON_DEPTH`), so a deep or
+    self-referencing value is refused rather than exhausting the stack.
     """
     if value is None or isinstance(value, bool):
         return None
@@ -296,8 +296,8 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r} (not a JSON number)"
     if isinstance(value, list | tuple | dict):
-        if depth >= MAX_JSON_DEPTH:
-            return f"{path} nests deeper than {MAX_JSON_DEPTH} levels"
+        if depth >= max_depth:
+            return f"{path} nests deeper than {max_depth} levels"
         if isinstance(value, dict):
             written: dict[str, Any] = {}
             for key, item in value.items():
@@ -314,19 +314,19 @@ def _json_problem(value: Any, path: str, depth: int) -> str | None:
                         f"both written as {text!a} in JSON (one value would be lost)"
                     )
                 written[text] = key
-                found = _json_problem(item, f"{path}[{text!a}]", depth + 1)
+                found = _json_problem(item, f"{path}[{text!a}]", depth + 1, max_depth)
                 if found:
                     return found
             return None
         for index, item in enumerate(value):
-            found = _json_problem(item, f"{path}[{index}]", depth + 1)
+            found = _json_problem(item, f"{path}[{index}]", depth + 1, max_depth)
             if found:
                 return found
         return None
     return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
-def check_json(value: Any, what: str) -> Any:
+def check_json(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Return ``value`` if it can be stored as JSON on every supported database, else raise.
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
@@ -335,19 +335,55 @@ def check_json(value: Any, what: str) -> Any:
     of one object written alike, as ``1`` and ``"1"`` or ``None`` and ``"null"``), nested at
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
+    ``max_depth`` (``int``) lowers the nesting limit: for a value stored inside another JSON
+    value (a task's arguments inside its step's data), or on a database that stores less
+    (``db.json_depth``).
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
+    _json_text(value, what, max_depth)
+    return value
+
+
+def _json_text(value: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> str:
+    """``value`` written as JSON, compactly (no spaces, non-ASCII characters as they are),
+    once :func:`check_json` accepts it; raises its ``ValueError`` otherwise."""
+    text = ""
     try:
-        problem = _json_problem(value, "$", 0)
+        problem = _json_problem(value, "$", 0, max_depth)
         if problem is None:
-            json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         problem = f"$ cannot be written as JSON ({type(exc).__name__})"
     if problem is not None:
         raise ValueError(f"{what} must be storable JSON: {clean_text(problem)}")
-    return value
+    return text
+
+
+def check_event_payload(payload: Any, name: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Return ``payload`` if workflow event ``name`` (``str``) may carry it, else raise
+    ``ValueError``: it must be storable JSON (:func:`check_json`, nested at most
+    ``max_depth`` levels) of at most
+    ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes (:func:`~django_leases.conf.
+    max_event_payload`), counted as its JSON written compactly in UTF-8 — about the size of
+    the JSON document a sender sends.
+
+    Raises:
+        ValueError: the payload is not storable JSON, or larger than the limit (the message
+            says both sizes and names the setting).
+        ImproperlyConfigured: the setting is not an ``int`` ≥ 1.
+    """
+    what = f"Payload of event {name!r}"
+    text = _json_text(payload, what, max_depth)
+    limit = max_event_payload()
+    if len(text) > limit or (not text.isascii() and len(text.encode("utf-8")) > limit):
+        size = len(text.encode("utf-8"))
+        raise ValueError(
+            f"{what} is {size} bytes of JSON, over the limit of {limit} bytes "
+            '(DJANGO_LEASES["MAX_EVENT_PAYLOAD"])'
+        )
+    return payload
 
 
 def clean_text(text: str) -> str:
@@ -443,6 +479,7 @@ __all__ = [
     "as_stored",
     "check_attempt",
     "check_backoff",
+    "check_event_payload",
     "check_identifier",
     "check_json",
     "check_lease_name",

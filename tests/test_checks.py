@@ -530,6 +530,11 @@ def test_e015_django_leases_that_is_not_a_dict() -> None:
         ("BASE_URL", "app.example.com", "not an http(s) URL"),
         ("BASE_URL", "", "not an http(s) URL"),
         ("STRIPE_API_VERSION", 20250331, "a Stripe API version looks like"),
+        ("MAX_EVENT_PAYLOAD", 0, "must be a positive int (bytes)"),
+        ("MAX_EVENT_PAYLOAD", "1MB", "must be a positive int (bytes)"),
+        ("MAX_EVENT_PAYLOAD", 1048576.0, "must be a positive int (bytes)"),
+        ("MAX_EVENT_PAYLOAD", True, "must be a positive int (bytes)"),
+        ("MAX_EVENT_PAYLOAD", None, "must be a positive int (bytes)"),
     ],
 )
 def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str) -> None:
@@ -558,6 +563,8 @@ def test_e016_a_value_of_the_wrong_type_or_range(key: str, value: Any, said: str
         ("STRIPE_API_VERSION", "2020-08-27"),
         ("BASE_URL", None),
         ("BASE_URL", "https://app.example.com/prefix/"),
+        ("MAX_EVENT_PAYLOAD", 1),
+        ("MAX_EVENT_PAYLOAD", 100 * 1024 * 1024),
         ("STRIPE_API_VERSION", "2025-03-31.basil"),
     ],
 )

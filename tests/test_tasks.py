@@ -748,6 +748,50 @@ def test_arguments_nested_beyond_recursion_are_refused_with_nothing_stored() -> 
     assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
 
 
+def _json_depth() -> int:
+    """The deepest JSON the suite's database stores: 100 levels (the package's limit), 31 on
+    MariaDB, whose ``CHECK (JSON_VALID(...))`` refuses 32."""
+    return 31 if connection.vendor == "mysql" and connection.mysql_is_mariadb else 100
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("levels", [29, 30, 31, 32, 97, 98, 99, 100, 101])
+@pytest.mark.parametrize("where", ["args", "kwargs"])
+def test_arguments_nested_to_the_limit_are_stored_or_refused_as_task_arguments(
+    levels: int, where: str
+) -> None:
+    """The arguments are stored one level inside the step's data: a value nesting too deep
+    there is a ``TaskArgumentsError`` (nothing stored), never the ``ValueError`` of the
+    step's data nor the database's ``IntegrityError``."""
+    limit = _json_depth() - 1
+    value = _nested(levels - 1)  # ``levels`` lists deep; in args it is one level more
+    call = (lambda: t.echo.enqueue(value)) if where == "args" else lambda: t.echo.enqueue(x=value)
+    if levels + 1 > limit:  # the args list (or kwargs dict) and the value
+        with pytest.raises(TaskArgumentsError, match=f"nests deeper than {limit} levels"):
+            call()
+        assert WorkflowRun.objects.count() == 0 and WorkflowStep.objects.count() == 0
+        return
+    result = call()
+    assert t.echo.get_result(result.id).status == TaskResultStatus.READY
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("levels", [29, 30, 31, 32, 98, 99, 100, 101])
+def test_a_return_value_nested_past_the_limit_fails_as_task_arguments(levels: int) -> None:
+    limit = _json_depth() - 1  # stored under "return_value" of the step's result
+    result = t.nested.enqueue(levels)
+    drive()
+    result.refresh()
+    if levels <= limit:
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+        assert result.return_value == _nested(levels - 1)
+        return
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "django_leases.exceptions.TaskArgumentsError"
+    assert f"nests deeper than {limit} levels" in error.traceback
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("value", [1e20, -0.0, {"b": 1e16, "a": [2.5e300]}])
 def test_numbers_read_back_as_written_or_are_refused(value: Any) -> None:

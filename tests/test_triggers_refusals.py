@@ -161,6 +161,32 @@ def test_a_disabled_source_counts_its_refusals_and_an_unknown_name_adds_no_row(
     assert TriggerRefusal.objects.tally("scan-0", "not_receiving", 404) is False
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["te%00st", "%00", "test-pushes%00", "a%ED%A0%80b", "x" * 300],
+    ids=["nul", "only-nul", "source-and-nul", "surrogate-bytes", "too-long"],
+)
+def test_a_name_no_source_can_have_is_a_quiet_404(
+    source: str,
+    sent: list[tuple[str, dict[str, Any]]],
+    caplog: pytest.LogCaptureFixture,
+    name: str,
+) -> None:
+    """A hook URL whose name no source row can have (a NUL, which PostgreSQL cannot even
+    compare, bytes that are not UTF-8, over 200 characters) is a 404 like any unknown name:
+    no traceback in the log (the name is not looked up, nor counted), only the one line
+    Django writes for every 404."""
+    with caplog.at_level("DEBUG"):
+        response = _post(BODY, _headers(), url=f"/hooks/{name}/")
+    assert response.status_code == 404
+    assert "error" in response.json()
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= 30 and r.name != "django.request"]
+    assert TriggerRefusal.objects.count() == 0
+    assert [kw["reason"] for _, kw in sent] == ["not_receiving"]
+    assert TriggerRefusal.objects.tally(SOURCE + "\x00", "not_receiving", 404) is False
+
+
 def test_accepted_and_repeated_deliveries_signal_and_count_nothing(
     source: str, sent: list[tuple[str, dict[str, Any]]]
 ) -> None:

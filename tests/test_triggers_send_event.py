@@ -217,3 +217,104 @@ def test_the_documented_handler_starts_runs_for_opened_pull_requests_only(
     _deliver(fake, "pull_request_review", _review(7, "approved", "bob"))
     drain()
     assert WorkflowRun.objects.get().output == {"pr": 7, "approved_by": "bob"}
+
+
+def _named_run(delivery: Any) -> Any:
+    """A ``run`` callable that returns whatever the delivery says: hostile input."""
+    return delivery.payload.get("run")
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        "not-a-run",
+        "",
+        " ",
+        "0" * 31,
+        "x" * 100_000,
+        12,
+        1.5,
+        True,
+        ["a", "b"],
+        {"id": "x"},
+    ],
+    ids=["word", "empty", "space", "short-hex", "long", "int", "float", "bool", "list", "dict"],
+)
+def test_a_run_callable_returning_no_run_id_is_recorded_not_an_error(
+    fake: FakeProvider, named: Any
+) -> None:
+    registry.unregister(SOURCE)
+    webhook_source(
+        SOURCE, provider="fake", events={"pull_request_review": SendEvent("approved", _named_run)}
+    )
+    response = _deliver(fake, "pull_request_review", {"run": named})
+    assert response.status_code == 202, response.content
+    event = _outcome(response)
+    assert event.run_id is None
+    assert event.outcome.startswith("event 'approved' not delivered: ")
+    assert "not a workflow run id" in event.outcome
+    assert len(event.outcome) < 200, "the value is shown cut, not whole"
+    assert not WorkflowWait.objects.exists()
+
+
+def test_a_payload_over_the_event_limit_is_recorded_as_the_outcome_not_an_error(
+    fake: FakeProvider, settings: Any
+) -> None:
+    """The delivery's body is within ``WEBHOOK_MAX_BODY`` but its payload is over
+    ``MAX_EVENT_PAYLOAD``: the delivery is recorded (202) with the refusal as its outcome,
+    the event is not sent."""
+    run_id = uuid.UUID(_deliver(fake, "pull_request", _opened(9)).json()["run_id"])
+    drain()
+    review = _review(9, "approved", "bob")
+    size = len(json.dumps(review, separators=(",", ":")).encode())
+    settings.DJANGO_LEASES = {**(settings.DJANGO_LEASES or {}), "MAX_EVENT_PAYLOAD": size - 1}
+    refused = _deliver(fake, "pull_request_review", review)
+    assert refused.status_code == 202, refused.content
+    event = _outcome(refused)
+    assert event.run_id is None
+    assert event.outcome == (
+        f"event 'approved' not delivered: Payload of event 'approved' is {size} bytes of "
+        f'JSON, over the limit of {size - 1} bytes (DJANGO_LEASES["MAX_EVENT_PAYLOAD"])'
+    )
+    assert WorkflowWait.objects.get(run_id=run_id, name="approved").status == WaitStatus.WAITING
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": size}
+    assert _outcome(_deliver(fake, "pull_request_review", review)).run_id == run_id
+
+
+def _nested_list(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("levels", [30, 31, 40])
+def test_a_delivery_as_deep_as_sources_accept_is_stored_on_every_backend(
+    fake: FakeProvider, levels: int
+) -> None:
+    """Deliveries nest at most 30 levels: what MariaDB's JSON columns store (31) with the one
+    level the delivery envelope adds (``input="delivery"``, ``payload="delivery"``). Deeper
+    is a 400 on every backend, never the 500 of a database refusing it."""
+    registry.unregister(SOURCE)
+    webhook_source(
+        SOURCE,
+        provider="fake",
+        events={
+            "pull_request": StartWorkflow(
+                WORKFLOW, input="delivery", key=lambda d: str(d.payload["number"])
+            ),
+            "pull_request_review": SendEvent("approved", run=_approved_run, payload="delivery"),
+        },
+    )
+    deep = _nested_list(levels - 1)  # inside the delivery's top-level object
+    opened = _deliver(fake, "pull_request", {**_opened(4), "deep": deep})
+    review = _deliver(fake, "pull_request_review", {**_review(4, "approved"), "deep": deep})
+    if levels > 30:
+        assert (opened.status_code, review.status_code) == (400, 400), opened.content
+        assert not TriggerEvent.objects.exists() and not WorkflowRun.objects.exists()
+        return
+    assert (opened.status_code, review.status_code) == (202, 202), opened.content
+    run = WorkflowRun.objects.get()
+    assert run.input["payload"]["deep"] == deep
+    assert _outcome(review).outcome == f"event 'approved' sent to run {run.pk}"
+    assert WorkflowWait.objects.get(run=run, name="approved").payload["payload"]["deep"] == deep

@@ -1,5 +1,5 @@
 """The shipped conformance suite for waits, fan-out, child runs, idempotent starts and step
-timeouts (``django_leases.testing.waits``: W1–W7, P1–P2, K1–K2, H1–H3, T1), run on this
+timeouts (``django_leases.testing.waits``: W1–W8, P1–P2, K1–K2, H1–H3, T1), run on this
 suite's database — on PostgreSQL twice: on the tuned statements, and on the portable ORM path
 (``TUNED_SQL = False``), checking that no tuned statement was sent there."""
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models.functions import Now
 
 from django_leases.clock import db_now, db_now_plus
@@ -65,7 +66,11 @@ def approval(run: Any, input: dict[str, Any]) -> Any:
 
 @workflow("tests.waits.kind-clash")
 def kind_clash(run: Any, input: Any) -> Any:
-    run.sleep("approved", 1)
+    # A step first: the pass reaches the sleep carrying its result (written with the sleep).
+    run.step("first", "tests.waits.echo", 1)
+    if input.get("child"):
+        return run.child("approved", "tests.waits.nap", {"seconds": 0})
+    run.sleep("approved", 3600)
     return "slept"
 
 
@@ -132,15 +137,60 @@ def test_bad_sleep_seconds_fail_the_run_clearly_and_record_no_wait(bad: Any) -> 
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 
-def test_a_wait_name_recorded_as_another_kind_fails_the_run_and_writes_nothing() -> None:
-    run = WorkflowRun.objects.start("tests.waits.kind-clash", {})
-    send_event(run.id, "approved", {"by": "ops"})
+def test_a_wait_name_reached_as_another_kind_fails_the_run_and_writes_nothing() -> None:
+    """A name the run reached as one kind of wait (the code changed between passes) fails
+    the run when a pass reaches it as another: its recorded outcome is not that kind's."""
+    run = WorkflowRun.objects.start("tests.waits.approval", {})
+    WorkflowWait.objects.reach(run.id, "approved", WaitKind.SLEEP, seconds=3600)
     before = list(WorkflowWait.objects.filter(run_id=run.id).values())
     drain()
     failed = run_of(run.id)
     assert failed.status == RunStatus.FAILED
-    assert "recorded as an event wait" in failed.error["message"]
+    assert "recorded as a sleep wait" in failed.error["message"]
     assert list(WorkflowWait.objects.filter(run_id=run.id).values()) == before
+
+
+def test_an_early_event_named_like_a_later_sleep_yields_the_name_to_the_sleep(
+    sql_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event sent before the run reached any wait of its name was kept for a
+    ``wait_for_event`` of that name; the run reaches a ``run.sleep`` of that name instead.
+    The kept event, never delivered, is dropped (logged) and the sleep proceeds: the run
+    does not fail, and the event is never delivered (nor is a later one)."""
+    run_id = start_workflow("tests.waits.kind-clash", {})
+    send_event(run_id, "approved", {"by": "ops"})
+    with caplog.at_level("WARNING", logger="django_leases.workflows"):
+        drain()
+    run = run_of(run_id)
+    assert run.status == RunStatus.RUNNING, run.error
+    wait = wait_of(run_id, "approved")
+    assert (wait.kind, wait.status, wait.payload) == (WaitKind.SLEEP, WaitStatus.WAITING, None)
+    assert wait.reached_at is not None and run.pass_due_at == wait.due_at
+    assert WorkflowWait.objects.filter(
+        pk=wait.pk, due_at__gt=db_now_plus(3590), due_at__lte=db_now_plus(3600)
+    ).exists(), "the sleep's end is counted from the pass that reached it"
+    [dropped] = [r for r in caplog.records if "never delivered" in r.getMessage()]
+    assert str(run_id) in dropped.getMessage() and "'approved'" in dropped.getMessage()
+    with pytest.raises(WorkflowEventRefusedError, match="sleep wait"):
+        send_event(run_id, "approved", {"by": "ops, again"})
+    elapse(run_id, "approved")
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, "slept")
+    assert WorkflowWait.objects.filter(run_id=run_id).count() == 1
+
+
+def test_an_early_event_named_like_a_later_child_yields_the_name_to_the_child(
+    sql_path: str,
+) -> None:
+    run_id = start_workflow("tests.waits.kind-clash", {"child": True})
+    send_event(run_id, "approved", {"by": "ops"})
+    drain()
+    run = run_of(run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, ["before", "after"]), run.error
+    wait = wait_of(run_id, "approved")
+    assert (wait.kind, wait.status, wait.payload) == (WaitKind.CHILD, WaitStatus.DONE, None)
+    assert WorkflowRun.objects.get(parent_id=run_id).pk == wait.child_id
 
 
 def test_a_step_and_a_wait_cannot_share_a_name() -> None:
@@ -212,6 +262,69 @@ def test_bad_event_names_and_payloads_are_refused_with_nothing_stored() -> None:
         send_event(run_id, "", {})
     with pytest.raises(ValueError):
         send_event(run_id, "x" * 1000, {})
+    assert not WorkflowWait.objects.filter(run_id=run_id).exists()
+
+
+def test_an_event_payload_over_the_limit_is_refused_with_nothing_stored(settings: Any) -> None:
+    """``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of compact UTF-8 JSON at most (1 MiB by
+    default): a larger payload is a ``ValueError`` naming the setting, nothing written, for
+    a waiting run and for an early event alike."""
+    waiting = start_workflow("tests.waits.approval", {})
+    drain()
+    early = WorkflowRun.objects.start("tests.waits.approval", {}).id
+    requests = {run_id: run_of(run_id).pass_requests for run_id in (waiting, early)}
+    over = {"blob": "x" * (1024 * 1024)}  # over 1 MiB: the default limit
+    for run_id in (waiting, early):
+        with pytest.raises(ValueError, match="1048587 bytes of JSON, over the limit of 1048576"):
+            send_event(run_id, "approved", over)
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": 10}
+    for run_id in (waiting, early):
+        with pytest.raises(ValueError, match="MAX_EVENT_PAYLOAD"):
+            send_event(run_id, "approved", ["é" * 4])  # 12 bytes: ["éééé"] in UTF-8
+        assert run_of(run_id).pass_requests == requests[run_id]
+    assert wait_of(waiting, "approved").status == WaitStatus.WAITING
+    assert not WorkflowWait.objects.filter(run_id=early).exists()
+    send_event(waiting, "approved", ["é" * 3])  # 10 bytes: at the limit
+    send_event(early, "approved", {"a": [1]})  # {"a":[1]}: 9 bytes
+    drain()
+    assert run_of(waiting).output == {"decision": ["ééé"]}
+    assert run_of(early).output == {"decision": {"a": [1]}}
+
+
+def test_an_event_payload_deeper_than_the_database_stores_is_a_value_error() -> None:
+    """MariaDB's JSON columns refuse 32 levels of nesting (``CHECK (JSON_VALID(...))``):
+    there such a payload is a ``ValueError`` with nothing stored, not the database's
+    ``IntegrityError``; the other databases store it (up to the package's 100 levels)."""
+    mariadb = connection.vendor == "mysql" and connection.mysql_is_mariadb
+    run_id = start_workflow("tests.waits.approval", {})
+
+    def nested(levels: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    send_event(run_id, "thirty-one", nested(31))
+    assert wait_of(run_id, "thirty-one").payload == nested(31)
+    if mariadb:
+        with pytest.raises(ValueError, match="nests deeper than 31 levels"):
+            send_event(run_id, "thirty-two", nested(32))
+        assert not WorkflowWait.objects.filter(run_id=run_id, name="thirty-two").exists()
+    else:
+        send_event(run_id, "thirty-two", nested(32))
+        assert wait_of(run_id, "thirty-two").payload == nested(32)
+    with pytest.raises(ValueError, match="nests deeper than"):
+        send_event(run_id, "deeper", nested(101))
+
+
+@pytest.mark.parametrize("bad", [0, -1, "1MB", 1.5, True, None])
+def test_an_unusable_payload_limit_is_a_configuration_error(settings: Any, bad: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    run_id = start_workflow("tests.waits.approval", {})
+    settings.DJANGO_LEASES = {**settings.DJANGO_LEASES, "MAX_EVENT_PAYLOAD": bad}
+    with pytest.raises(ImproperlyConfigured, match="MAX_EVENT_PAYLOAD"):
+        send_event(run_id, "approved", 1)
     assert not WorkflowWait.objects.filter(run_id=run_id).exists()
 
 

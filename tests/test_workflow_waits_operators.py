@@ -82,6 +82,27 @@ def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
     assert WorkflowWait.objects.get(run=run, name="approved").status == WaitStatus.WAITING
 
 
+def _limited(settings: Any, limit: int) -> None:
+    """``DJANGO_LEASES["MAX_EVENT_PAYLOAD"] = limit`` (the suite's other keys kept)."""
+    settings.DJANGO_LEASES = {**(settings.DJANGO_LEASES or {}), "MAX_EVENT_PAYLOAD": limit}
+
+
+def test_send_event_refuses_a_payload_over_the_limit_storing_nothing(settings: Any) -> None:
+    _limited(settings, 20)
+    run = _run()
+    before = WorkflowRun.objects.get(pk=run.pk).pass_requests
+    with pytest.raises(CommandError, match="21 bytes of JSON, over the limit of 20 bytes"):
+        _command("send-event", str(run.id), "approved", "--payload", '"' + "x" * 19 + '"')
+    with pytest.raises(CommandError, match="MAX_EVENT_PAYLOAD"):  # also an early event
+        _command("send-event", str(run.id), "later", "--payload", '"' + "x" * 19 + '"')
+    assert WorkflowWait.objects.get(run=run, name="approved").status == WaitStatus.WAITING
+    assert not WorkflowWait.objects.filter(run=run, name="later").exists()
+    assert WorkflowRun.objects.get(pk=run.pk).pass_requests == before
+    assert not LogEntry.objects.filter(object_id=str(run.id)).exists()
+    _command("send-event", str(run.id), "approved", "--payload", '"' + "x" * 18 + '"')
+    assert WorkflowWait.objects.get(run=run, name="approved").payload == "x" * 18
+
+
 # -- the admin -------------------------------------------------------------------------------
 
 
@@ -111,6 +132,23 @@ def test_an_operator_sends_an_event_from_the_run_page(client: Client) -> None:
     bad = client.post(_send_url(run), {"name": "other", "payload": "{"}, follow=True)
     assert "not JSON" in " ".join(_messages(bad))
     assert not WorkflowWait.objects.filter(run=run, name="other").exists()
+
+
+def test_the_form_refuses_a_payload_over_the_limit_storing_nothing(
+    client: Client, settings: Any
+) -> None:
+    _limited(settings, 20)
+    client.force_login(staff_user("view_workflowrun", "operate_workflowrun"))
+    run = _run()
+    payload = '{"by": "' + "é" * 6 + '"}'  # 21 bytes of UTF-8 (compact), 15 characters
+    refused = client.post(_send_url(run), {"name": "approved", "payload": payload}, follow=True)
+    said = " ".join(_messages(refused))
+    assert "Nothing sent" in said and "21 bytes of JSON, over the limit of 20 bytes" in said
+    assert WorkflowWait.objects.get(run=run, name="approved").status == WaitStatus.WAITING
+    assert not LogEntry.objects.filter(object_id=str(run.pk)).exists()
+    sent = client.post(_send_url(run), {"name": "approved", "payload": '{"by":"ééééé"}'})
+    assert sent.status_code == 302
+    assert WorkflowWait.objects.get(run=run, name="approved").payload == {"by": "ééééé"}
 
 
 def test_without_the_operate_permission_there_is_no_form_and_a_post_is_403(

@@ -855,7 +855,9 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
             status: the HTTP status answered.
 
         Returns ``True`` when counted, ``False`` when no source row has that name (a name
-        never declared: not counted, so refusals cannot add rows without bound). One
+        never declared: not counted, so refusals cannot add rows without bound) — at once,
+        asking no database, for a name no row can have (not a usable name: a NUL character,
+        which PostgreSQL cannot even compare, a lone surrogate, over 200 characters). One
         ``UPDATE`` of the (source, reason) row in the common case; the first refusal of a
         reason inserts it, and an insert lost to a concurrent one is counted by updating.
 
@@ -864,6 +866,10 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
         """
         if reason not in REFUSAL_REASONS:
             raise ValueError(f"Unknown refusal reason {reason!r}")
+        try:
+            check_name(source_name, "Trigger source name")
+        except ValueError:
+            return False
         alias = self.write_alias()
         rows = self.model._default_manager.using(alias)
         bump = {"count": F("count") + 1, "last_status": status, "last_refused_at": DbNow()}

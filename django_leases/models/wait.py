@@ -9,12 +9,13 @@ steps, whose passes these waits wake, are :mod:`django_leases.models.workflow`'s
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, Value
 
 from django_leases import clock, db
@@ -23,12 +24,15 @@ from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunState
 from django_leases.models.workflow import WorkflowRun, request_passes, write_pending
 from django_leases.validation import (
     MAX_NAME_LENGTH,
+    check_event_payload,
     check_identifier,
     check_json,
     parse_run_id,
     wait_seconds,
 )
 from django_leases.workflows.values import PendingResult, RunStatus, WaitKind, WaitStatus
+
+logger = logging.getLogger("django_leases.workflows")
 
 
 class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
@@ -62,14 +66,16 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         """Record that the run reached wait ``name`` of ``kind`` (a :class:`WaitKind`), or
         find it: on first reach the row is created ``waiting`` with ``due_at`` = database
         now + ``seconds`` (``None``: no due time) — never recomputed later. An event that
-        arrived first already has its row (``done``); it is marked reached. Returns the row
+        arrived first already has its row (``done``); it is marked reached — or, when the
+        run reaches a sleep (not an event wait) under its name, the row becomes the sleep
+        and the event is dropped, never delivered (logged as a warning). Returns the row
         (annotated as :meth:`for_pass`). ``pending``: a step result the run's pass carries,
         written first in the same transaction (:func:`~django_leases.models.workflow.
         write_pending`).
 
         Raises ``ValueError`` for a bad name or seconds, or when ``name`` is already a wait
-        of another kind in this run, and :class:`WorkflowStepSupersededError` when
-        ``pending``'s attempt was superseded (nothing written).
+        of another kind that this run reached, and :class:`WorkflowStepSupersededError`
+        when ``pending``'s attempt was superseded (nothing written).
         """
         check_identifier(name, "Wait name")
         if seconds is not None:
@@ -78,21 +84,61 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             write_pending(alias, pending)
+            due_at = None if seconds is None else clock.db_now_plus(seconds)
             wait, created = self.rows().get_or_create(
                 run_id=pk,
                 name=name,
                 defaults={
                     "kind": kind,
                     "status": WaitStatus.WAITING,
-                    "due_at": None if seconds is None else clock.db_now_plus(seconds),
+                    "due_at": due_at,
                     "reached_at": DbNow(),
                 },
             )
-            if not created:
+            if not created and _kept_event(wait, kind):
+                self._take_name(wait, kind, due_at=due_at)
+            elif not created:
                 _same_kind(wait, kind)
                 if wait.reached_at is None:
                     self.rows().filter(pk=wait.pk).update(reached_at=DbNow())
         return self._one(wait.pk)
+
+    def _take_name(self, kept: WorkflowWait, kind: str, **fields: Any) -> None:
+        """Make ``kept`` — an event kept for a wait of its name that the run has not reached
+        (:func:`_kept_event`) — the wait of ``kind`` the run reaches under that name now,
+        ``waiting``, with ``fields``: the event is dropped, never delivered, and logged once
+        that commits.
+
+        A name belongs to the wait the workflow reaches: a kept event cannot claim one that
+        the workflow uses for a sleep or a child run, and no wait of the run will ever take
+        it (a name is used once per pass). One guarded ``UPDATE`` of the row, so its name is
+        never free for a second event meanwhile: an event sent later is refused as one to
+        another kind of wait."""
+        taken = (
+            self.rows()
+            .filter(pk=kept.pk, kind=WaitKind.EVENT, reached_at__isnull=True)
+            .update(
+                kind=kind,
+                status=WaitStatus.WAITING,
+                payload=None,
+                done_at=None,
+                reached_at=DbNow(),
+                **fields,
+            )
+        )
+        if not taken:  # not a kept event any longer: whatever it is now decides
+            _same_kind(self.rows().get(pk=kept.pk), kind)
+            return
+        transaction.on_commit(
+            lambda: logger.warning(
+                "Run %s reached %s wait %r: the event of that name sent before it got there, "
+                "kept for a wait_for_event, is dropped, never delivered",
+                kept.run_id,
+                _a(kind),
+                kept.name,
+            ),
+            using=self.write_alias(),
+        )
 
     def start_child(
         self,
@@ -109,8 +155,11 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
         completes, fails or is cancelled. ``pending``: as for :meth:`reach`.
 
+        An event kept for ``name`` (sent before the run reached any wait of that name) is
+        dropped, never delivered, as :meth:`reach` drops it: the name is the child's.
+
         Raises ``ValueError`` for a bad name, workflow or input, when ``name`` is another
-        kind of wait, or when its child is of another workflow,
+        kind of wait the run reached, or when its child is of another workflow,
         :class:`WorkflowRunStateError` when the run is no longer running (cancelled while
         its pass ran), and :class:`WorkflowStepSupersededError` as :meth:`reach`; nothing is
         written then.
@@ -123,7 +172,8 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         with transaction.atomic(using=alias):
             write_pending(alias, pending)
             wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
-            if wait is None:
+            kept = wait is not None and _kept_event(wait, WaitKind.CHILD)
+            if wait is None or kept:
                 # The parent locked and running: a cancel that committed while this pass
                 # ran found no child to cancel, so none may start after it.
                 runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
@@ -133,14 +183,17 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                         pk, status or "missing", "given a child run", "only a running run can be"
                     )
                 child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
-                wait = self.rows().create(
-                    run_id=pk,
-                    name=name,
-                    kind=WaitKind.CHILD,
-                    status=WaitStatus.WAITING,
-                    child=child,
-                    reached_at=DbNow(),
-                )
+                if wait is not None:  # an event kept for the name: the child's wait takes it
+                    self._take_name(wait, WaitKind.CHILD, child=child)
+                else:
+                    wait = self.rows().create(
+                        run_id=pk,
+                        name=name,
+                        kind=WaitKind.CHILD,
+                        status=WaitStatus.WAITING,
+                        child=child,
+                        reached_at=DbNow(),
+                    )
             else:
                 _same_kind(wait, WaitKind.CHILD)
                 if wait.child is not None and wait.child.workflow != workflow:
@@ -176,7 +229,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         One transaction, the run row locked: the run must be ``running`` or ``suspended``.
         If the run waits at ``run.wait_for_event(name)``, the wait becomes ``done`` with the
         payload; if it has not reached the wait yet, the event is kept (a ``done`` wait not
-        yet reached) and consumed when it does. Either way the run is asked for a pass (its
+        yet reached) and consumed when it does — or dropped, never delivered, if the run
+        reaches a sleep or a child run under that name instead (:meth:`reach`,
+        :meth:`start_child`). Either way the run is asked for a pass (its
         idle workers are woken), in the same transaction. Returns the wait row.
 
         Raises:
@@ -185,12 +240,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             WorkflowEventRefusedError: the wait already has its event, its timeout has
                 passed on the database clock (recorded by a pass or not yet), or ``name``
                 is another kind of wait (nothing written).
-            ValueError: a bad run id or name, or a payload that is not JSON.
+            ValueError: a bad run id or name, or a payload that is not JSON the database
+                stores (nested too deep: 100 levels, 31 on MariaDB) or is larger than
+                ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON (nothing written).
         """
         check_identifier(name, "Event name")
-        check_json(payload, f"Payload of event {name!r}")
-        pk = parse_run_id(run_id)
         alias = self.write_alias()
+        check_event_payload(payload, name, max_depth=db.json_depth(connections[alias]))
+        pk = parse_run_id(run_id)
         runs = WorkflowRun._default_manager.using(alias)
         with transaction.atomic(using=alias):
             status = db.for_update(runs.filter(pk=pk), alias).values_list("status", flat=True)
@@ -263,6 +320,12 @@ def _over() -> ExpressionWrapper[Q]:
 def _a(kind: str) -> str:
     """``kind`` of wait with its article: "a sleep", "an event", "a child"."""
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def _kept_event(wait: WorkflowWait, kind: str) -> bool:
+    """Whether ``wait`` is an event kept for a wait the run has not reached (sent early),
+    and the run now reaches another ``kind`` of wait under its name."""
+    return wait.kind == WaitKind.EVENT and wait.reached_at is None and kind != WaitKind.EVENT
 
 
 def _same_kind(wait: WorkflowWait, kind: str) -> None:

@@ -8,7 +8,7 @@ fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
-fan-out, child runs, idempotent starts and step timeouts (W1–W7, P1–P2, K1–K2, H1–H3, T1).
+fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1).
 :func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 

@@ -3,10 +3,11 @@ timeouts (DESIGN §5a), runnable against your own database.
 
 The rules, pinned on the store's QuerySet methods (what the engine calls):
 
-* W1–W7 — ``WorkflowWait.objects``: a sleep's end is recorded once on the database clock; an
+* W1–W8 — ``WorkflowWait.objects``: a sleep's end is recorded once on the database clock; an
   event is delivered exactly once (kept when early, refused a second time, one of many
   concurrent senders wins); an event and its timeout are decided by one compare-and-set;
-  an unknown or finished run is refused with nothing stored;
+  an unknown or finished run is refused with nothing stored; an early event never claims
+  a name the run reaches as a sleep or a child run (it is dropped, never delivered);
 * P1–P2 — ``WorkflowStep.objects.schedule_many``: many steps in one write, idempotently; a
   superseded attempt cannot complete a parallel step;
 * K1–K2 — ``WorkflowRun.objects.start(..., key=...)``: one run per workflow and key, also
@@ -67,7 +68,7 @@ RACERS = 8
 
 
 class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
-    """Rules W1–W7, P1–P2, K1–K2, H1–H3 and T1 as ``test_*`` methods; mix into
+    """Rules W1–W8, P1–P2, K1–K2, H1–H3 and T1 as ``test_*`` methods; mix into
     ``TransactionTestCase``. Override :attr:`workflow_database` for another alias."""
 
     # -- the harness ------------------------------------------------------------------------
@@ -192,6 +193,34 @@ class WorkflowWaitConformanceTests(WorkflowConformanceSuite):
         self.assertFalse(self.waits.filter(name="go").exists())
 
     # -- P: fan-out -------------------------------------------------------------------------
+
+    def test_w8_a_kept_event_yields_its_name_to_a_sleep_or_child_the_run_reaches(
+        self,
+    ) -> None:
+        """W8: an event kept for a name the run has not reached yields it to a sleep or a
+        child run the run reaches under it: the event is dropped, never delivered, the
+        wait proceeds, and a later event of the name is refused."""
+        run_id = self.start()
+        self.waits.send_event(run_id, "nap", {"n": 1})
+        sleep = self.waits.reach(run_id, "nap", WaitKind.SLEEP, seconds=3600)
+        self.assertEqual(
+            (sleep.kind, sleep.status, sleep.payload), (WaitKind.SLEEP, WaitStatus.WAITING, None)
+        )
+        self.assertIsNotNone(sleep.reached_at)
+        ahead = self.waits.filter(
+            pk=sleep.pk, due_at__gt=db_now_plus(3590), due_at__lte=db_now_plus(3600)
+        )
+        self.assertTrue(ahead.exists(), "the sleep's end: database now + seconds")
+        with self.assertRaisesRegex(WorkflowEventRefusedError, "sleep wait"):
+            self.waits.send_event(run_id, "nap", {"n": 2})
+        self.waits.send_event(run_id, "kid", {"n": 3})
+        child = self.waits.start_child(run_id, "kid", WORKFLOW, {"c": 1})
+        self.assertEqual((child.kind, child.status, child.payload), ("child", "waiting", None))
+        self.assertIsNotNone(child.child)
+        self.assertEqual(self.runs.filter(parent_id=run_id).get().pk, child.child_id)
+        with self.assertRaisesRegex(WorkflowEventRefusedError, "child wait"):
+            self.waits.send_event(run_id, "kid", {"n": 4})
+        self.assertEqual(self.waits.filter(run_id=run_id).count(), 2)
 
     def test_p1_many_steps_are_scheduled_in_one_write_idempotently(self) -> None:
         """P1: many steps are scheduled in one write idempotently."""

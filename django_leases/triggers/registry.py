@@ -49,7 +49,7 @@ from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunState
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun
 from django_leases.triggers.values import Delivery, Handled, Handler
-from django_leases.validation import MAX_NAME_LENGTH, check_identifier
+from django_leases.validation import MAX_NAME_LENGTH, check_identifier, parse_run_id
 from django_leases.workflows import engine
 
 if TYPE_CHECKING:
@@ -117,9 +117,11 @@ class SendEvent:
 
     The event is sent with ``WorkflowWait.objects.send_event`` inside the transaction that
     records the delivery, so the delivery, the event and the run's wake-up commit together.
-    A delivery that names no run, an unknown or finished run, or a wait that already has
-    its event (or timed out), is still recorded — with that outcome on its row, never as an
-    error (a provider would only send it again).
+    A delivery that names no run, names something that is not a run id (``run`` returned
+    another type, or text that is not a UUID), an unknown or finished run, a wait that
+    already has its event (or timed out), or carries a payload no event may have (over
+    ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON), is still recorded — with that
+    outcome on its row, never as an error (a provider would only send it again).
 
     Raises ``ValueError`` where it is declared for a ``name`` no wait can have (empty,
     over 200 characters, a NUL character), a ``run`` that is not callable, or another
@@ -143,17 +145,44 @@ class SendEvent:
             )
 
     def __call__(self, delivery: Delivery) -> Handled:
-        """Send the event; returns what came of it (never raises for a refused event)."""
-        run_id = self.run(delivery)
-        if run_id is None:
+        """Send the event; returns what came of it (never raises for a refused event, nor
+        for a ``run`` that returns something other than a run id)."""
+        named = self.run(delivery)
+        if named is None:
             return Handled(None, f"event {self.name!r}: the delivery names no run")
+        try:
+            # Only a UUID or its text: str() of anything else is no run's id either.
+            run_id = parse_run_id(named) if isinstance(named, uuid.UUID | str) else None
+        except ValueError:
+            run_id = None
+        if run_id is None:
+            return Handled(
+                None,
+                f"event {self.name!r} not delivered: the delivery names "
+                f"{_shown(named)}, which is not a workflow run id (a UUID)",
+            )
         value = delivery.payload if self.payload == "payload" else delivery.as_input()
         store = WorkflowWait.objects.db_manager(delivery.using)
         try:
             wait = store.send_event(run_id, self.name, value)
-        except (WorkflowRun.DoesNotExist, WorkflowRunStateError, WorkflowEventRefusedError) as exc:
+        except (
+            WorkflowRun.DoesNotExist,
+            WorkflowRunStateError,
+            WorkflowEventRefusedError,
+            ValueError,  # the payload cannot be an event's: not storable, or too large
+        ) as exc:
             return Handled(None, f"event {self.name!r} not delivered: {exc}")
         return Handled(wait.run_id, f"event {self.name!r} sent to run {wait.run_id}")
+
+
+def _shown(value: object) -> str:
+    """``value`` as a short, storable text for an outcome: its ``repr``, cut to 80
+    characters (``repr`` escapes NUL characters and lone surrogates)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def run_for_key(workflow: str, key: str, *, using: str | None = None) -> uuid.UUID | None:

@@ -83,7 +83,9 @@ def send_event(
         WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
         WorkflowEventRefusedError: the wait already has its event, timed out, or is
             another kind of wait (nothing written).
-        ValueError: a bad run id or name, or a payload that is not JSON (nothing written).
+        ValueError: a bad run id or name, or a payload that is not JSON or is larger than
+            ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON (nothing written).
+        ImproperlyConfigured: ``MAX_EVENT_PAYLOAD`` is not an ``int`` ≥ 1.
     """
     alias = using or router.db_for_write(WorkflowWait)
     WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)

@@ -36,6 +36,15 @@ def unjsonable() -> object:
 
 
 @task
+def nested(depth: int) -> list[Any]:
+    """A list nested ``depth`` levels deep (``[]`` is one level)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@task
 def huge_float() -> float:
     """Return ``1e20``, a float PostgreSQL's ``jsonb`` would give back as an integer."""
     return 1e20

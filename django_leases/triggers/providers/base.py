@@ -27,8 +27,11 @@ from django_leases.triggers.values import ParsedDelivery
 if TYPE_CHECKING:
     from django_leases.models import TriggerSource
 
-#: Deepest JSON nesting accepted in a payload (GitHub's payloads nest fewer than 10 levels).
-MAX_PAYLOAD_DEPTH = 64
+#: Deepest JSON nesting accepted in a payload (GitHub's payloads nest fewer than 10 levels):
+#: what every supported database stores with a level to spare — MariaDB's JSON columns refuse
+#: 32 levels (``db.MARIADB_JSON_DEPTH``), and ``StartWorkflow(..., input="delivery")`` and
+#: ``SendEvent(..., payload="delivery")`` store the payload one level down.
+MAX_PAYLOAD_DEPTH = 30
 
 #: Longest event name or delivery id accepted, in characters (the column widths).
 MAX_HEADER_VALUE = 200
