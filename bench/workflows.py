@@ -1442,10 +1442,16 @@ def summarise_shapes(
             best = min((r[key]["fanout"] for r in repetitions), key=lambda d: d["seconds"])
             found[f"fanout_seconds_{count}"] = best["seconds"]
             found[f"fanout_{count}_detail"] = best
-        singles = [r["workers_1"]["one_step"] for r in repetitions if "one_step" in r["workers_1"]]
-        if singles and found.get("seq10_1_detail"):
-            found["one_step_1_detail"] = min(singles, key=lambda d: d["seconds"])
-            found["middle_step"] = middle_step(found["seq10_1_detail"], found["one_step_1_detail"])
+        # A middle step from each repetition's two backlogs (one worker, back to back: the
+        # same conditions), then the median of each figure over the repetitions.
+        pairs = [
+            middle_step(r["workers_1"]["seq10"], r["workers_1"]["one_step"])
+            for r in repetitions
+            if "one_step" in r["workers_1"] and "seq10" in r["workers_1"]
+        ]
+        if pairs:
+            found["middle_step_repetitions"] = pairs
+            found["middle_step"] = median_of(pairs)
         figures[name] = found
     ratios: dict[str, Any] = {}
     others = [n for n in figures if n not in OURS_NAMES]
@@ -1502,6 +1508,20 @@ def middle_step(seq10: dict[str, Any], one_step: dict[str, Any]) -> dict[str, An
         out[name] = middle
         out[f"{name}_vs_run"] = middle / value if value else None
         out[f"per_step_{name}_vs_run"] = ten[key] / SEQ_STEPS / value if value else None
+    return out
+
+
+def median_of(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each number (of nested dicts too) over ``found``, which share their keys
+    (``None`` where any is ``None``)."""
+    out: dict[str, Any] = {}
+    for key, first in found[0].items():
+        if isinstance(first, dict):
+            out[key] = median_of([d[key] for d in found])
+        elif any(d[key] is None for d in found):
+            out[key] = None
+        else:
+            out[key] = statistics.median(d[key] for d in found)
     return out
 
 
@@ -1600,10 +1620,15 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
     if middles:
         lines_.append(
             "a middle step against a whole 1-step run (1 worker; backlogs of 10-step runs and of "
-            "as many 1-step runs):"
+            "as many 1-step runs, back to back; medians over the repetitions):"
         )
         for name, found in middles:
             lines_ += render_middle_step(name, found)
+            each = figures[name]["middle_step_repetitions"]
+            lines_.append(
+                f"  {name}: each repetition, middle step ÷ 1-step run, CPU worker + server: "
+                + ", ".join(f"{d['cpu_us_vs_run']:.2f}×" for d in each)
+            )
     lines_.append("per branch, the fan-out with 1 worker (the same counts):")
     for name, found in figures.items():
         d = found["fanout_1_detail"]
