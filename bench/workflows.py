@@ -55,7 +55,14 @@ multi-step workflow) and one fan-out of ``--fanout`` steps (``run.parallel``; DB
 tasks, the harness waiting for the last), each with 1 and ``--workers`` worker processes,
 frozen and released as for the drains, best of ``--shape-repeat``.
 
-A third stage, ``--scale N`` (``make bench-scale``: ``--only scale --scale 1000000``), drains
+A third stage, the sequential one (``--only sequential``; run by default), starts one run of
+``k`` no-op steps at a time for each ``k`` of ``--seq-steps`` (10, 100, 1,000), one worker
+process, ours beside DBOS Transact (and with ``--seq-candidate TREE`` ours from another source
+tree, e.g. an older commit): ms per step overall and over each tenth of the run (from the
+run's rows: ``wfbench/sequential.py``), so that growth along the run shows, and CPU per step
+of the worker and of its PostgreSQL backends.
+
+A fourth stage, ``--scale N`` (``make bench-scale``: ``--only scale --scale 1000000``), drains
 ``--tasks`` runs of ours (1 and ``--workers`` processes, persistent connections and
 ``CONN_MAX_AGE = 0``) on empty tables and on tables kept with N finished runs, filled
 server-side as the engine leaves them (``wfbench/scale.py``; that database is kept between
@@ -101,6 +108,17 @@ ROOT = BENCH_DIR.parent
 for _path in (str(ROOT), str(BENCH_DIR)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+from wfbench.sequential import (  # noqa: E402
+    DEFAULT_STEPS,
+    SEQ,
+    cpu_window,
+    dbos_boundaries,
+    ours_boundaries,
+    tenths,
+    thread_cpu_ns,
+    threads_cpu_ns,
+)
 
 from bench.common import (  # noqa: E402
     RESULTS_DIR,
@@ -412,6 +430,7 @@ class Workers:
         *,
         argv: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ):
         self.contender = contender
         self.count = count
@@ -421,6 +440,9 @@ class Workers:
         # The command of one worker process (default: the contender's Django command).
         self.argv = argv or [sys.executable, "-m", "django", *contender.worker_command]
         self.extra_env = extra_env or {}
+        # ``python -m`` puts the working directory first on sys.path: the source tree whose
+        # django_leases the workers import (ours, or a --seq-candidate tree).
+        self.cwd = cwd
         self.processes: list[subprocess.Popen[bytes]] = []
         self.count_files: list[Path] = []
         self.logs: list[Path] = []
@@ -448,7 +470,7 @@ class Workers:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    cwd=ROOT,
+                    cwd=self.cwd,
                 )
             self.processes.append(process)
             self.count_files.append(counts)
@@ -832,6 +854,21 @@ class ShapeContender:
     def failed(self) -> int:
         raise NotImplementedError
 
+    # The sequential stage (one run of ``steps`` steps): ours and DBOS only.
+
+    def start_seq(self, steps: int) -> Any:
+        """Start one run of ``steps`` no-op steps (committed on return); its id."""
+        raise NotImplementedError
+
+    def seq_finished_at(self, handle: Any) -> float | None:
+        """When run ``handle`` completed (seconds since the epoch), ``None`` while it runs;
+        :class:`BenchError` if it failed."""
+        raise NotImplementedError
+
+    def seq_boundaries(self, handle: Any, steps: int) -> list[float]:
+        """The first step's start, then each step's end (seconds since the epoch)."""
+        raise NotImplementedError
+
 
 class OursShapes(ShapeContender):
     fanout_how = "run.parallel of width steps in one run; done when the run completes"
@@ -889,6 +926,136 @@ class OursShapes(ShapeContender):
 
     def failed(self) -> int:
         return count_failed(self.tasks)
+
+    # A backlog of 1-step runs (``bench-noop``), for the middle step's figure.
+
+    def enqueue_noop(self, count: int) -> None:
+        from django.db import transaction
+
+        with transaction.atomic():
+            for _ in range(count):
+                self.tasks.enqueue()
+
+    def noop_done(self) -> int:
+        return int(
+            scalar(
+                f"SELECT count(*) FROM {self.tasks.table} WHERE workflow = %s AND status = %s",
+                ("bench-noop", "completed"),
+            )
+        )
+
+    def start_seq(self, steps: int) -> Any:
+        from django_leases.workflows import start_workflow
+
+        return start_workflow(SEQ, {"steps": steps})
+
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A query on this contender's database (the harness's)."""
+        return rows(sql, params)
+
+    def seq_finished_at(self, handle: Any) -> float | None:
+        found = self.read(
+            f"SELECT status, extract(epoch FROM finished_at)::float8 FROM {self.tasks.table} "
+            "WHERE id = %s",
+            (handle,),
+        )
+        status, finished = found[0] if found else (None, None)
+        if status in self.tasks.failed_statuses:
+            raise BenchError(f"{self.name}: run {handle} {status}")
+        return float(finished) if status == "completed" else None
+
+    def seq_boundaries(self, handle: Any, steps: int) -> list[float]:
+        from django_leases.models import WorkflowStep
+
+        return ours_boundaries(
+            self.read, WorkflowStep._meta.db_table, self.tasks.table, handle, steps
+        )
+
+
+class OursCandidate(OursShapes):
+    """Ours with ``django_leases`` imported from another source tree (``--seq-candidate``):
+    its workers run in that tree, on a database of its own migrated by that tree; the harness
+    starts its runs with a process of that tree and reads the rows with psycopg."""
+
+    def __init__(self, tree: Path, database_url: str) -> None:
+        super().__init__(f"ours@{tree.name}")
+        self.tree = tree
+        self.url = database_url
+        self.description = (
+            f"django-leases from {tree}: start_workflow (a process of that tree); manage.py "
+            "run_workflow_worker --concurrency 1, working directory that tree, on its own "
+            f"database {database_name(database_url)}"
+        )
+        self._connection: Any = None
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            BENCH_DATABASE_URL=self.url,
+            BENCH_APPLICATION_NAME=f"wfbench-{self.name}",
+            DJANGO_SETTINGS_MODULE=SETTINGS,
+            PYTHONPATH=os.pathsep.join([str(self.tree), str(BENCH_DIR), str(ROOT)]),
+        )
+        env.pop("BENCH_COUNT_STATEMENTS", None)
+        return env
+
+    def in_tree(self, *argv: str) -> str:
+        """Run ``python argv`` in the candidate tree; its stdout."""
+        done = subprocess.run(
+            [sys.executable, *argv],
+            env=self.environment(),
+            cwd=self.tree,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode:
+            raise BenchError(f"{self.name}: {' '.join(argv)[:80]} failed:\n{done.stderr[-3000:]}")
+        return done.stdout
+
+    def prepare(self) -> None:
+        """Recreate and migrate the candidate's database (with the candidate's migrations)."""
+        recreate_database(self.url)
+        self.in_tree("-m", "django", "migrate", "--verbosity", "0")
+        found = self.in_tree(
+            "-c", "import django_leases, sys; sys.stdout.write(django_leases.__file__)"
+        )
+        if not found.startswith(str(self.tree)):
+            raise BenchError(f"{self.name}: django_leases imported from {found}, not the tree")
+
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(libpq_conninfo(self.url), autocommit=True)
+        cursor = self._connection.execute(sql, params)
+        return list(cursor.fetchall()) if cursor.description is not None else []
+
+    def workers(self, count: int, workdir: Path, args: argparse.Namespace) -> Workers:
+        shape = Contender(self.name, self.description, self.tasks.worker_command, self.tasks.wakes)
+        env = {"PYTHONPATH": self.environment()["PYTHONPATH"]}
+        return Workers(shape, count, workdir, self.url, extra_env=env, cwd=self.tree)
+
+    def reset(self) -> None:
+        from django_leases.models import WorkflowWait
+
+        tables = [*self.tasks.tables(), WorkflowWait._meta.db_table]
+        self.read(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+
+    def start_seq(self, steps: int) -> Any:
+        code = (
+            "import django, sys; django.setup()\n"
+            "from django_leases.workflows import start_workflow\n"
+            f"sys.stdout.write(str(start_workflow({SEQ!r}, {{'steps': {int(steps)}}})))"
+        )
+        return uuid.UUID(self.in_tree("-c", code).strip())
+
+    def failed(self) -> int:
+        marks = ", ".join(["%s"] * len(self.tasks.failed_statuses))
+        ((count,),) = self.read(
+            f"SELECT count(*) FROM {self.tasks.table} WHERE status IN ({marks})",
+            self.tasks.failed_statuses,
+        )
+        return int(count)
 
 
 class DbosShapes(ShapeContender):
@@ -1021,6 +1188,26 @@ class DbosShapes(ShapeContender):
                 "SELECT count(*) FROM dbos.workflow_status WHERE status = ANY(%s)",
                 (list(DBOS_FAILED),),
             )
+        )
+
+    def start_seq(self, steps: int) -> Any:
+        from wfbench.dbos_app import SEQ as DBOS_SEQ
+
+        return self.client().enqueue(self.options(DBOS_SEQ), steps).get_workflow_id()
+
+    def seq_finished_at(self, handle: Any) -> float | None:
+        found = self.execute(
+            "SELECT status, updated_at FROM dbos.workflow_status WHERE workflow_uuid = %s",
+            (handle,),
+        ).fetchone()
+        status, updated = found if found else (None, None)
+        if status in DBOS_FAILED:
+            raise BenchError(f"{self.name}: workflow {handle} {status}")
+        return updated / 1e3 if status == "SUCCESS" else None
+
+    def seq_boundaries(self, handle: Any, steps: int) -> list[float]:
+        return dbos_boundaries(
+            lambda sql, params: list(self.execute(sql, params).fetchall()), handle, steps
         )
 
 
@@ -1164,6 +1351,19 @@ def run_shapes_once(
             found["workflows_per_second"] = items / found["seconds"]
             out["seq10"] = found
             workers.wait_idle()
+        if count == 1 and isinstance(shape, OursShapes):
+            # The middle step's reference: a backlog of 1-step runs, as many runs as the
+            # 10-step backlog has steps, through the same worker.
+            runs = SEQ_STEPS * args.seq_workflows
+            base = shape.noop_done()
+            out["one_step"] = measure_shape(
+                workers,
+                lambda: shape.enqueue_noop(runs),
+                lambda _: shape.noop_done() >= base + runs,
+                runs,
+                300 + runs,
+            )
+            workers.wait_idle()
         out["fanout"] = measure_shape(
             workers,
             lambda: shape.enqueue_fanout(args.fanout),
@@ -1242,6 +1442,16 @@ def summarise_shapes(
             best = min((r[key]["fanout"] for r in repetitions), key=lambda d: d["seconds"])
             found[f"fanout_seconds_{count}"] = best["seconds"]
             found[f"fanout_{count}_detail"] = best
+        # A middle step from each repetition's two backlogs (one worker, back to back: the
+        # same conditions), then the median of each figure over the repetitions.
+        pairs = [
+            middle_step(r["workers_1"]["seq10"], r["workers_1"]["one_step"])
+            for r in repetitions
+            if "one_step" in r["workers_1"] and "seq10" in r["workers_1"]
+        ]
+        if pairs:
+            found["middle_step_repetitions"] = pairs
+            found["middle_step"] = median_of(pairs)
         figures[name] = found
     ratios: dict[str, Any] = {}
     others = [n for n in figures if n not in OURS_NAMES]
@@ -1265,6 +1475,75 @@ def summarise_shapes(
                 ratios[f"{prefix}fanout_{count}_vs_best_dbos"] = figures[best][key] / ours[key]
                 ratios[f"{prefix}fanout_{count}_best_dbos"] = best
     return figures, ratios
+
+
+#: A middle step of a run ÷ a whole 1-step run, statements and CPU: at most this (issue 26).
+MIDDLE_STEP_TARGET = 0.5
+
+
+def middle_step(seq10: dict[str, Any], one_step: dict[str, Any]) -> dict[str, Any]:
+    """What a middle step costs against a whole 1-step run, from the 1-worker backlogs of
+    10-step runs (``seq10``, per step) and of 1-step runs (``one_step``, per run).
+
+    A 10-step run is a 1-step run plus nine middle steps (its first step and its completion
+    are written as a 1-step run's are; each later step is one write of the previous result
+    that creates and claims it), so a middle step is ``(10-step run − 1-step run) ÷ 9``, for
+    statements, transactions and CPU (worker, server, both); ``*_vs_run`` is that ÷ the
+    1-step run. ``per_step_*`` is the older reading: the average step of the 10-step backlog
+    (its first step and completion included) ÷ the 1-step run."""
+    keys = (
+        "statements_per_step",
+        "transactions_per_step",
+        "worker_cpu_us_per_step",
+        "server_cpu_us_per_step",
+    )
+    run = {key: one_step[key] for key in keys}
+    run["cpu_us_per_step"] = run["worker_cpu_us_per_step"] + run["server_cpu_us_per_step"]
+    ten = {key: SEQ_STEPS * seq10[key] for key in keys}
+    ten["cpu_us_per_step"] = ten["worker_cpu_us_per_step"] + ten["server_cpu_us_per_step"]
+    out: dict[str, Any] = {"one_step_run": run}
+    for key, value in run.items():
+        name = key.removesuffix("_per_step")
+        middle = (ten[key] - value) / (SEQ_STEPS - 1)
+        out[name] = middle
+        out[f"{name}_vs_run"] = middle / value if value else None
+        out[f"per_step_{name}_vs_run"] = ten[key] / SEQ_STEPS / value if value else None
+    return out
+
+
+def median_of(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each number (of nested dicts too) over ``found``, which share their keys
+    (``None`` where any is ``None``)."""
+    out: dict[str, Any] = {}
+    for key, first in found[0].items():
+        if isinstance(first, dict):
+            out[key] = median_of([d[key] for d in found])
+        elif any(d[key] is None for d in found):
+            out[key] = None
+        else:
+            out[key] = statistics.median(d[key] for d in found)
+    return out
+
+
+def render_middle_step(name: str, found: dict[str, Any]) -> list[str]:
+    run = found["one_step_run"]
+
+    def ratio(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}×"
+
+    return [
+        f"  {name}: a middle step (10-step run − 1-step run, ÷ 9): "
+        f"{found['statements']:.2f} statements, CPU {found['worker_cpu_us']:,.0f} + "
+        f"{found['server_cpu_us']:,.0f} µs; a 1-step run: {run['statements_per_step']:.2f} "
+        f"statements, CPU {run['worker_cpu_us_per_step']:,.0f} + "
+        f"{run['server_cpu_us_per_step']:,.0f} µs",
+        f"  {name}: middle step ÷ 1-step run: statements {ratio(found['statements_vs_run'])}, "
+        f"CPU worker + server {ratio(found['cpu_us_vs_run'])} (worker "
+        f"{ratio(found['worker_cpu_us_vs_run'])}, server {ratio(found['server_cpu_us_vs_run'])})"
+        f" — target ≤ {MIDDLE_STEP_TARGET:g}×; the average step of the 10-step backlog ÷ a "
+        f"1-step run: statements {ratio(found['per_step_statements_vs_run'])}, CPU "
+        f"{ratio(found['per_step_cpu_us_vs_run'])}",
+    ]
 
 
 def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) -> str:
@@ -1337,6 +1616,19 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
             f"{d['transactions_per_step']:4.1f} transactions  "
             f"CPU {d['worker_cpu_us_per_step']:6.0f} + {d['server_cpu_us_per_step']:.0f} µs"
         )
+    middles = [(n, f["middle_step"]) for n, f in figures.items() if f.get("middle_step")]
+    if middles:
+        lines_.append(
+            "a middle step against a whole 1-step run (1 worker; backlogs of 10-step runs and of "
+            "as many 1-step runs, back to back; medians over the repetitions):"
+        )
+        for name, found in middles:
+            lines_ += render_middle_step(name, found)
+            each = figures[name]["middle_step_repetitions"]
+            lines_.append(
+                f"  {name}: each repetition, middle step ÷ 1-step run, CPU worker + server: "
+                + ", ".join(f"{d['cpu_us_vs_run']:.2f}×" for d in each)
+            )
     lines_.append("per branch, the fan-out with 1 worker (the same counts):")
     for name, found in figures.items():
         d = found["fanout_1_detail"]
@@ -1346,6 +1638,264 @@ def render_shapes(figures: dict[str, dict[str, Any]], workers: int, width: int) 
             f"CPU {d['worker_cpu_us_per_step']:6.0f} + {d['server_cpu_us_per_step']:.0f} µs"
         )
     return "\n".join(lines_)
+
+
+# -- sequential: one run of k steps, as the run grows ------------------------------------------
+#
+# One run of k no-op steps at a time, one worker process, for each k of --seq-steps (10, 100,
+# 1,000), ours beside DBOS Transact (and, with --seq-candidate, ours from another tree): the
+# worker frozen while the run commits, released, the run's times read from its rows
+# (wfbench/sequential.py). Per k: ms per step overall (release → completion) and over each
+# tenth of the run, CPU per step of the worker and its PostgreSQL backends, statements per
+# step. Targets (issue 26): ours' worker CPU per step at the largest k within 1.3× of the
+# smallest; time per step ≥ 2× faster than DBOS at every k.
+
+#: Ours' worker CPU per step at the largest k ÷ at the smallest: at most this.
+SEQ_CPU_GROWTH_TARGET = 1.3
+#: The faster DBOS variant's time per step ÷ ours: at least this at every k.
+SEQ_VS_DBOS_TARGET = 2.0
+#: The contenders of the sequential stage (of --contenders), besides --seq-candidate trees.
+SEQ_NAMES = ("ours", *DBOS_NAMES)
+
+
+def measure_seq(
+    shape: ShapeContender, workers: Workers, steps: int, timeout: float
+) -> dict[str, Any]:
+    """Freeze the idle worker, start one run of ``steps`` steps (committed on return),
+    release the worker, wait for the run's completion. Its times from its rows; CPU of the
+    worker and of its PostgreSQL backends over the window (per thread, in nanoseconds, where
+    ``/proc`` allows; else in clock ticks); statements and transactions it sent."""
+    load = load_average()
+    workers.signal(signal.SIGSTOP)
+    frozen = time.perf_counter()
+    time.sleep(0.1)  # let the counters' last write land
+    counted_before = workers.counted()
+    handle = shape.start_seq(steps)
+    committed = time.perf_counter()
+    time.sleep(max(0.2, HOLD_SECONDS - (committed - frozen)))
+    pids = [process.pid for process in workers.processes]
+    ticks_before = workers.cpu()
+    threads_before = threads_cpu_ns(pids)
+    server_before = {pid: thread_cpu_ns(pid) for pid in workers.backend_pids()}
+    released = time.time()
+    workers.signal(signal.SIGCONT)
+    deadline = time.perf_counter() + timeout
+    while (finished := shape.seq_finished_at(handle)) is None:
+        if time.perf_counter() > deadline:
+            workers.check_alive()
+            raise BenchError(f"{shape.name}: a {steps}-step run not done within {timeout:g} s")
+        time.sleep(POLL_DONE)
+    threads_after = threads_cpu_ns(pids)
+    ticks_after = workers.cpu()
+    server_after = {pid: thread_cpu_ns(pid) for pid in workers.backend_pids()}
+    time.sleep(0.15)
+    counted_after = workers.counted()
+    worker_cpu, exact = cpu_window(threads_before, threads_after)
+    if worker_cpu is None or not exact:
+        worker_cpu = ticks_after - ticks_before
+    server_cpu = 0.0
+    for pid, after in server_after.items():
+        spent, _ = cpu_window(server_before.get(pid) or {}, after)
+        server_cpu += spent or 0.0
+    boundaries = shape.seq_boundaries(handle, steps)
+    if not released - 0.002 <= boundaries[0] <= boundaries[-1] <= finished + 0.002:
+        raise BenchError(f"{shape.name}: the run's times are out of order (clocks?)")
+    found = tenths(boundaries)
+    seconds = finished - released
+    return {
+        "steps": steps,
+        "run": str(handle),
+        "load_average": load,
+        "seconds": seconds,
+        "ms_per_step": 1e3 * seconds / steps,
+        "to_first_step_ms": 1e3 * (boundaries[0] - released),
+        **found,
+        "worker_cpu_us_per_step": 1e6 * worker_cpu / steps,
+        "worker_cpu_exact": exact,
+        "worker_cpu_ticks_us_per_step": 1e6 * (ticks_after - ticks_before) / steps,
+        "server_cpu_us_per_step": 1e6 * server_cpu / steps,
+        "backends": len(server_after),
+        "statements_per_step": (counted_after["statements"] - counted_before["statements"]) / steps,
+        "transactions_per_step": (counted_after["transactions"] - counted_before["transactions"])
+        / steps,
+    }
+
+
+def run_sequential_once(
+    shape: ShapeContender, args: argparse.Namespace, workdir: Path
+) -> dict[str, Any]:
+    """Fresh tables and one fresh worker: a warm-up run of 10 steps, then one run of each
+    length of ``--seq-steps``, in that order."""
+    out: dict[str, Any] = {}
+    shape.reset()
+    workers = shape.workers(1, workdir, args)
+    workers.start()
+    try:
+        shape.wait_ready(workers)
+        handle = shape.start_seq(10)
+        wait_until(lambda: shape.seq_finished_at(handle) is not None, workers, 120)
+        workers.wait_idle()
+        for steps in args.seq_steps:
+            out[str(steps)] = measure_seq(shape, workers, steps, 300 + steps)
+            workers.wait_idle()
+        failed = shape.failed()
+        if failed:
+            raise BenchError(f"{shape.name}: {failed} runs failed")
+    finally:
+        workers.stop()
+    return out
+
+
+def run_sequential(args: argparse.Namespace, workdir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every chosen contender, ``--seq-repeat`` times, interleaved in a rotating order."""
+    host = str(psycopg_conninfo(args.database_url).get("host") or "")
+    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+        # The release is timed on this machine's clock, the run's end on the server's.
+        raise SystemExit("the sequential stage needs the database server on this machine")
+    for shape in args.seq_candidates:
+        shape.prepare()
+    chosen = args.seq_chosen
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in chosen}
+    for repetition in range(args.seq_repeat):
+        shift = repetition % len(chosen)
+        for name in chosen[shift:] + chosen[:shift]:
+            found = run_sequential_once(seq_contender(args, name), args, workdir)
+            runs[name].append(found)
+            parts = [
+                f"k={steps} {d['ms_per_step']:5.2f} ms/step "
+                f"({d['first_tenth_ms']:.2f} → {d['last_tenth_ms']:.2f}) "
+                f"CPU {d['worker_cpu_us_per_step']:,.0f} µs"
+                for steps, d in found.items()
+            ]
+            print(
+                f"  [{repetition + 1}/{args.seq_repeat}] {name:<16} " + "  ".join(parts),
+                flush=True,
+            )
+    return runs
+
+
+def seq_contender(args: argparse.Namespace, name: str) -> ShapeContender:
+    for shape in args.seq_candidates:
+        if shape.name == name:
+            return shape
+    return SHAPE_CONTENDERS[name]
+
+
+def summarise_sequential(
+    runs: dict[str, list[dict[str, Any]]], steps: list[int]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Per contender and k, the repetition with the least time per step (every figure of
+    that repetition, and the median of each over the repetitions); ratios for ours and each
+    candidate: the faster DBOS variant's time per step ÷ theirs at each k, and their worker
+    CPU per step at the largest k ÷ at the smallest."""
+    figures: dict[str, dict[str, Any]] = {}
+    keys = (
+        "ms_per_step",
+        "first_tenth_ms",
+        "last_tenth_ms",
+        "worker_cpu_us_per_step",
+        "server_cpu_us_per_step",
+        "statements_per_step",
+    )
+    for name, repetitions in runs.items():
+        figures[name] = {}
+        for k in steps:
+            each = [r[str(k)] for r in repetitions]
+            best = dict(min(each, key=lambda d: d["ms_per_step"]))
+            best["medians"] = {key: statistics.median(d[key] for d in each) for key in keys}
+            best["repetitions"] = len(each)
+            figures[name][str(k)] = best
+    ratios: dict[str, Any] = {}
+    dbos = [n for n in figures if n in DBOS_NAMES]
+    for mine in (n for n in figures if n not in DBOS_NAMES):
+        found: dict[str, Any] = {}
+        for k in steps:
+            ours = figures[mine][str(k)]
+            if dbos:
+                best = min(dbos, key=lambda n, k=k: figures[n][str(k)]["ms_per_step"])
+                found[f"{k}_dbos_time_vs_ours"] = (
+                    figures[best][str(k)]["ms_per_step"] / ours["ms_per_step"]
+                )
+                found[f"{k}_best_dbos"] = best
+        low, high = figures[mine][str(min(steps))], figures[mine][str(max(steps))]
+        found["worker_cpu_growth"] = high["worker_cpu_us_per_step"] / low["worker_cpu_us_per_step"]
+        found["worker_cpu_growth_medians"] = (
+            high["medians"]["worker_cpu_us_per_step"] / low["medians"]["worker_cpu_us_per_step"]
+        )
+        ratios[mine] = found
+    return figures, ratios
+
+
+def render_sequential(
+    figures: dict[str, dict[str, Any]], ratios: dict[str, Any], steps: list[int]
+) -> str:
+    header = [
+        "contender",
+        "k",
+        "ms/step",
+        "first → last tenth",
+        "worker CPU µs/step",
+        "server CPU µs/step",
+        "statements/step",
+        "DBOS ÷ ours",
+        "load",
+    ]
+    table = [header]
+    for name, found in figures.items():
+        for k in steps:
+            d = found[str(k)]
+            versus = ratios.get(name, {}).get(f"{k}_dbos_time_vs_ours")
+            table.append(
+                [
+                    name,
+                    f"{k:,}",
+                    f"{d['ms_per_step']:.2f}",
+                    f"{d['first_tenth_ms']:.2f} → {d['last_tenth_ms']:.2f}",
+                    f"{d['worker_cpu_us_per_step']:,.0f}"
+                    + ("" if d["worker_cpu_exact"] else " (ticks)"),
+                    f"{d['server_cpu_us_per_step']:,.0f}",
+                    f"{d['statements_per_step']:.2f}",
+                    "" if versus is None else f"{versus:.2f}×",
+                    f"{d['load_average'][0]:.2f}" if d.get("load_average") else "?",
+                ]
+            )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    out = []
+    for index, row in enumerate(table):
+        out.append(
+            "  ".join(
+                [row[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            )
+        )
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    out += [
+        "",
+        "ms/step: release of the worker → the run's completion, ÷ k; the tenths from the run's "
+        "rows (first step's start → each step's end); the figures of the fastest repetition; "
+        "load: the 1-minute load average as that run started; DBOS ÷ ours: the faster DBOS "
+        "variant's ms/step ÷ ours (above 1: ours is faster)",
+    ]
+    low, high = min(steps), max(steps)
+    for mine, found in ratios.items():
+        verdicts = [
+            f"k={k:,} {found[f'{k}_dbos_time_vs_ours']:.2f}×"
+            for k in steps
+            if f"{k}_dbos_time_vs_ours" in found
+        ]
+        if verdicts:
+            out.append(
+                f"{mine}: time per step, DBOS ÷ ours: "
+                + ", ".join(verdicts)
+                + f" — target ≥ {SEQ_VS_DBOS_TARGET:g}× at every k"
+            )
+        out.append(
+            f"{mine}: worker CPU per step at k={high:,} ÷ k={low:,}: "
+            f"{found['worker_cpu_growth']:.2f}× (medians of the repetitions: "
+            f"{found['worker_cpu_growth_medians']:.2f}×) — target ≤ {SEQ_CPU_GROWTH_TARGET:g}×"
+        )
+    return "\n".join(out)
 
 
 # -- scale: the drain on tables a long-lived deployment has filled -----------------------------
@@ -1371,6 +1921,14 @@ PLAN_CAPTURED_UNITS = 2
 
 def database_name(database_url: str) -> str:
     return str(psycopg_conninfo(database_url).get("dbname") or "")
+
+
+def with_database_name(database_url: str, name: str) -> str:
+    """``database_url`` naming database ``name`` instead (same server, user, options)."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(database_url)
+    return urlunsplit(parts._replace(path="/" + quote(name)))
 
 
 @contextlib.contextmanager
@@ -2063,10 +2621,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only",
-        default="tasks,shapes",
+        default="tasks,shapes,sequential",
         help="comma-separated stages to run: tasks (the 1-step no-op against the task queues), "
-        "shapes (the 10-step workflow and the fan-out, with DBOS), scale (with --scale N; "
-        "--scale adds it); default: tasks,shapes",
+        "shapes (the 10-step workflow and the fan-out, with DBOS), sequential (one run of k "
+        "steps for each k of --seq-steps, with DBOS), scale (with --scale N; --scale adds "
+        "it); default: tasks,shapes,sequential",
+    )
+    parser.add_argument(
+        "--seq-steps",
+        default=",".join(str(k) for k in DEFAULT_STEPS),
+        help="the sequential stage's run lengths, comma-separated, each >= 10 (default "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--seq-repeat",
+        type=int,
+        default=3,
+        help="repetitions of the sequential stage (per k, the fastest is kept; default "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--seq-candidate",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="TREE",
+        help="the sequential stage also runs ours with django_leases from this source tree "
+        "(e.g. an older commit's `git archive`), as ours@<directory name>, on a database of "
+        "its own (--database-url's name + _candidate, _candidate2, …) migrated by that tree; "
+        "repeatable",
     )
     parser.add_argument(
         "--seq-workflows",
@@ -2174,18 +2757,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--conn-max-age must be a number of seconds or 'none'")
     os.environ["BENCH_CONN_MAX_AGE"] = args.conn_max_age
     sizes = (args.tasks, args.e2e_tasks, args.workers, args.repeat, args.latency_samples)
-    if min(*sizes, args.seq_workflows, args.fanout, args.shape_repeat) < 1:
+    if min(*sizes, args.seq_workflows, args.fanout, args.shape_repeat, args.seq_repeat) < 1:
         parser.error(
             "--tasks, --e2e-tasks, --workers, --repeat, --latency-samples, --seq-workflows, "
-            "--fanout, --shape-repeat must be >= 1"
+            "--fanout, --shape-repeat, --seq-repeat must be >= 1"
         )
+    try:
+        args.seq_steps = sorted({int(k) for k in args.seq_steps.split(",") if k.strip()})
+    except ValueError:
+        parser.error("--seq-steps takes whole numbers, comma-separated")
+    if not args.seq_steps or min(args.seq_steps) < 10:
+        parser.error("--seq-steps: each run length must be >= 10 (a tenth is one step or more)")
     chosen = [n.strip() for n in args.contenders.split(",") if n.strip()]
     unknown = sorted(set(chosen) - set(ALL_CONTENDERS))
     if unknown:
         parser.error(f"unknown contenders: {', '.join(unknown)}")
     args.only = {n.strip() for n in args.only.split(",") if n.strip()}
-    if not args.only or args.only - {"tasks", "shapes", "scale"}:
-        parser.error("--only takes tasks, shapes, scale (comma-separated)")
+    if not args.only or args.only - {"tasks", "shapes", "sequential", "scale"}:
+        parser.error("--only takes tasks, shapes, sequential, scale (comma-separated)")
     if args.scale < 0 or args.scale_repeat < 1:
         parser.error("--scale must be >= 0 and --scale-repeat >= 1")
     if "scale" in args.only and not args.scale:
@@ -2199,7 +2788,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.chosen = []
     if "shapes" not in args.only:
         args.shape_chosen = []
-    if not args.chosen and not args.shape_chosen and not args.run_scale:
+    args.seq_candidates = []
+    args.seq_chosen = []
+    if "sequential" in args.only:
+        for index, tree in enumerate(args.seq_candidate):
+            if not (tree / "django_leases" / "__init__.py").is_file():
+                parser.error(f"--seq-candidate {tree}: no django_leases package there")
+            suffix = "_candidate" + (str(index + 1) if index else "")
+            url = with_database_name(args.database_url, database_name(args.database_url) + suffix)
+            args.seq_candidates.append(OursCandidate(tree.resolve(), url))
+        args.seq_chosen = [n for n in SEQ_NAMES if n in chosen] + [
+            c.name for c in args.seq_candidates
+        ]
+        if len(set(args.seq_chosen)) != len(args.seq_chosen):
+            parser.error("--seq-candidate: two trees of the same directory name")
+    if not args.chosen and not args.shape_chosen and not args.seq_chosen and not args.run_scale:
         parser.error("no contender left to run in the chosen stages")
     return args
 
@@ -2252,7 +2855,7 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     database = server_facts(name)
     dbos_database = None
-    if any(n in DBOS_NAMES for n in args.shape_chosen):
+    if any(n in DBOS_NAMES for n in [*args.shape_chosen, *args.seq_chosen]):
         same_server = {
             k: v
             for k, v in psycopg_conninfo(args.dbos_database_url).items()
@@ -2289,9 +2892,13 @@ def main(argv: list[str] | None = None) -> int:
     for contender in args.shape_chosen:
         if contender not in args.chosen:
             print(f"  {contender:<16} {SHAPE_CONTENDERS[contender].description}")
+    for contender in args.seq_chosen:
+        if contender not in args.chosen and contender not in args.shape_chosen:
+            print(f"  {contender:<16} {seq_contender(args, contender).description}")
     print()
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in args.chosen}
     shape_runs: dict[str, list[dict[str, Any]]] = {}
+    seq_runs: dict[str, list[dict[str, Any]]] = {}
     scale_runs: dict[str, Any] = {}
     stage_seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="wfbench-") as tmp:
@@ -2324,6 +2931,20 @@ def main(argv: list[str] | None = None) -> int:
             shape_runs = run_shapes(args, Path(tmp))
             stage_seconds["shapes"] = time.perf_counter() - began
             machine["load_average_after_shapes"] = load_average()
+        if args.seq_chosen:
+            if stage_seconds:  # the stages before leave the load up (DBOS's processes)
+                settle(within=args.settle)
+            machine["load_average_at_sequential_start"] = load_average()
+            began = time.perf_counter()
+            print(
+                "\nsequential: one run of k no-op steps, k = "
+                + ", ".join(f"{k:,}" for k in args.seq_steps)
+                + "; 1 worker process",
+                flush=True,
+            )
+            seq_runs = run_sequential(args, Path(tmp))
+            stage_seconds["sequential"] = time.perf_counter() - began
+            machine["load_average_after_sequential"] = load_average()
         if args.run_scale:
             began = time.perf_counter()
             print(
@@ -2369,6 +2990,12 @@ def main(argv: list[str] | None = None) -> int:
             reason = SHAPE_CONTENDERS[shape_name].seq_reason
             if reason:
                 print(f"  {shape_name}: 10-step n/a: {reason}")
+    seq_figures: dict[str, Any] = {}
+    seq_ratios: dict[str, Any] = {}
+    if seq_runs:
+        seq_figures, seq_ratios = summarise_sequential(seq_runs, args.seq_steps)
+        print()
+        print(render_sequential(seq_figures, seq_ratios, args.seq_steps))
     scale_figures: dict[str, Any] = {}
     if scale_runs:
         scale_figures = summarise_scale(scale_runs, args.workers)
@@ -2405,6 +3032,9 @@ def main(argv: list[str] | None = None) -> int:
             "seq_steps": SEQ_STEPS,
             "fanout": args.fanout,
             "shape_repeat": args.shape_repeat,
+            "sequential_steps": args.seq_steps,
+            "sequential_repeat": args.seq_repeat,
+            "sequential_candidates": {c.name: str(c.tree) for c in args.seq_candidates},
             "dbos_worker_concurrency": args.dbos_worker_concurrency,
             "scale": args.scale,
             "scale_repeat": args.scale_repeat,
@@ -2444,6 +3074,13 @@ def main(argv: list[str] | None = None) -> int:
             "completion of one fan-out of --fanout (committed before the release)",
             "*_per_step": "per step (the fan-out: per branch), statements / transactions / "
             "CPU µs of the workers and of their PostgreSQL backends",
+            "middle_step": "shapes, ours: (a 10-step run − a 1-step run) ÷ 9, statements, "
+            "transactions and CPU µs; *_vs_run: ÷ the 1-step run",
+            "sequential.figures.<contender>.<k>": "one run of k steps, 1 worker: ms_per_step "
+            "(release → completion ÷ k), tenths_ms (ms per step over each tenth, from the "
+            "run's rows), worker / server CPU µs per step (worker_cpu_exact: per-thread "
+            "schedstat ns, else clock ticks), statements per step, load_average as the run "
+            "started; the fastest repetition, medians of all",
         },
         "figures": report_figures,
         "ratios": report_ratios,
@@ -2454,6 +3091,17 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": shape_ratios,
             "repetitions": shape_runs,
         },
+        "sequential": {
+            "targets": {
+                "worker_cpu_growth_at_most": SEQ_CPU_GROWTH_TARGET,
+                "dbos_time_vs_ours_at_least": SEQ_VS_DBOS_TARGET,
+            },
+            "figures": seq_figures,
+            "ratios": seq_ratios,
+            "repetitions": seq_runs,
+        }
+        if seq_runs
+        else None,
         "scale": {
             "runs_kept": args.scale,
             "target_filled_vs_empty": SCALE_TARGET,
@@ -2464,7 +3112,10 @@ def main(argv: list[str] | None = None) -> int:
         else None,
     }
     stamp = started.strftime("%Y-%m-%d-%H%M")
-    kind = "workflows-scale" if args.only == {"scale"} else "workflows"
+    kind = {
+        frozenset({"scale"}): "workflows-scale",
+        frozenset({"sequential"}): "workflows-sequential",
+    }.get(frozenset(args.only), "workflows")
     output = args.output or RESULTS_DIR / f"{kind}-{stamp}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_report(output, report)

@@ -13,6 +13,7 @@ with ``DBOSClient`` (it runs no workflow itself) and reads completions from
 The shapes, as DBOS's documentation writes them:
 
 * ``bench-seq10``: a workflow calling ten ``@DBOS.step`` no-op steps one after another;
+* ``bench-seq``: the same with ``steps`` steps (its argument; the sequential stage);
 * ``bench-fanout``: a workflow that enqueues ``width`` no-op step workflows on the queue
   (``queue.enqueue``) and waits for every handle's result.
 """
@@ -30,6 +31,7 @@ from dbos import DBOS, DBOSConfig
 APP_NAME = "wfbench"
 QUEUE = "wfbench"
 SEQ10 = "bench-seq10"
+SEQ = "bench-seq"
 FANOUT = "bench-fanout"
 FANOUT_CHILD = "bench-fanout-child"
 STEPS = 10
@@ -53,6 +55,14 @@ def seq10_workflow() -> int:
     for index in range(STEPS):
         noop_step(index)
     return STEPS
+
+
+@DBOS.workflow(name=SEQ)
+def seq_workflow(steps: int) -> int:
+    """``steps`` no-op steps, one after another."""
+    for index in range(steps):
+        noop_step(index)
+    return steps
 
 
 @DBOS.workflow(name=FANOUT_CHILD)

@@ -1,7 +1,8 @@
 """Ours: the no-op workflows of the benchmark (found by django_leases' autodiscovery).
 
 ``bench-noop``: one step (the task-queue comparison). ``bench-seq10``: ten steps, one after
-another (``run.step``). ``bench-fanout``: ``input["width"]`` steps at once (``run.parallel``).
+another (``run.step``). ``bench-seq``: ``input["steps"]`` steps one after another (the
+sequential stage). ``bench-fanout``: ``input["width"]`` steps at once (``run.parallel``).
 Every step runs the same no-op step function, so a run's cost is the engine's alone.
 """
 
@@ -13,6 +14,7 @@ from django_leases.workflows import step_function, workflow
 
 WORKFLOW = "bench-noop"
 SEQ10 = "bench-seq10"
+SEQ = "bench-seq"
 FANOUT = "bench-fanout"
 STEP_FUNCTION = "bench.noop"
 STEPS = 10
@@ -36,6 +38,15 @@ def seq10_workflow(run: Any, payload: Any) -> Any:
     for index in range(STEPS):
         run.step(f"step-{index}", STEP_FUNCTION, index)
     return STEPS
+
+
+@workflow(SEQ)
+def seq_workflow(run: Any, payload: Any) -> Any:
+    """``payload["steps"]`` no-op steps, one after another; the output is their count."""
+    steps = int(payload["steps"])
+    for index in range(steps):
+        run.step(f"step-{index}", STEP_FUNCTION, index)
+    return steps
 
 
 @workflow(FANOUT)
