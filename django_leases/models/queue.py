@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import ClassVar
 
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
 from django_leases.clock import DbNow
@@ -65,7 +66,7 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
     def _locked(self, alias: str, name: str) -> WorkflowQueue:
         """The queue's row, locked until the transaction ends (created if missing)."""
         rows = self.model._default_manager.using(alias)
-        for _ in range(2):
+        for _try in range(2):
             found = rows.select_for_update().filter(name=name).first()
             if found is not None:
                 return found
@@ -146,7 +147,8 @@ class WorkflowQueue(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("name",)
-        verbose_name = "workflow queue"
+        verbose_name = _("workflow queue")
+        verbose_name_plural = _("workflow queues")
 
     def __str__(self) -> str:
         return self.name

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, Value
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -351,7 +352,7 @@ class WorkflowWait(models.Model):
     kind = models.CharField(max_length=16, choices=WaitKind.choices)
     status = models.CharField(max_length=16, choices=WaitStatus.choices, default=WaitStatus.WAITING)
     due_at = models.DateTimeField(
-        null=True, blank=True, help_text="A sleep's end, or an event's timeout."
+        null=True, blank=True, help_text=_("A sleep's end, or an event's timeout.")
     )
     payload = models.JSONField(null=True, blank=True)
     child = models.ForeignKey(
@@ -360,7 +361,7 @@ class WorkflowWait(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
-        help_text="The child run a run.child wait started.",
+        help_text=_("The child run a run.child wait started."),
     )
     created_at = models.DateTimeField(db_default=DbNow())
     reached_at = models.DateTimeField(null=True, blank=True)
@@ -371,7 +372,8 @@ class WorkflowWait(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("id",)
-        verbose_name = "workflow wait"
+        verbose_name = _("workflow wait")
+        verbose_name_plural = _("workflow waits")
         constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_wait_unique_name"),)
 
     def __str__(self) -> str:

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from django.db import models
 from django.db.models import Value
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -23,9 +24,9 @@ class WorkerState(models.TextChoices):
     """What an operator sees of a worker process: its heartbeat lease is live, it said it
     stopped, or its lease lapsed without a word (killed, frozen or cut off)."""
 
-    LIVE = "live", "live"
-    LAPSED = "lapsed", "lapsed"
-    STOPPED = "stopped", "stopped"
+    LIVE = "live", _("live")
+    LAPSED = "lapsed", _("lapsed")
+    STOPPED = "stopped", _("stopped")
 
 
 class WorkflowWorkerQuerySet(db.RoutedQuerySet["WorkflowWorker"]):
@@ -134,13 +135,13 @@ class WorkflowWorker(models.Model):
     """A workflow worker process, as its heartbeat recorded it (DESIGN §5; ``leases_check``
     and the admin's Workers page read it). Alive while its heartbeat lease is live."""
 
-    lease_key = models.CharField(max_length=MAX_KEY_LENGTH, unique=True)
-    host = models.CharField(max_length=MAX_KEY_LENGTH)
-    pid = models.PositiveIntegerField()
-    concurrency = models.PositiveIntegerField(default=1)
-    queues = models.JSONField(default=list, blank=True, help_text="Empty: every queue.")
-    wakeup = models.CharField(max_length=MAX_KEY_LENGTH, blank=True, default="")
-    in_flight = models.PositiveIntegerField(default=0)
+    lease_key = models.CharField(_("lease key"), max_length=MAX_KEY_LENGTH, unique=True)
+    host = models.CharField(_("host"), max_length=MAX_KEY_LENGTH)
+    pid = models.PositiveIntegerField(_("pid"))
+    concurrency = models.PositiveIntegerField(_("concurrency"), default=1)
+    queues = models.JSONField(default=list, blank=True, help_text=_("Empty: every queue."))
+    wakeup = models.CharField(_("wakeup"), max_length=MAX_KEY_LENGTH, blank=True, default="")
+    in_flight = models.PositiveIntegerField(_("in flight"), default=0)
     started_at = models.DateTimeField(db_default=DbNow())
     beat_at = models.DateTimeField(db_default=DbNow())
     stopped_at = models.DateTimeField(null=True, blank=True)
@@ -150,7 +151,8 @@ class WorkflowWorker(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("-started_at",)
-        verbose_name = "workflow worker"
+        verbose_name = _("workflow worker")
+        verbose_name_plural = _("workflow workers")
 
     def __str__(self) -> str:
         return f"{self.host}:{self.pid}"

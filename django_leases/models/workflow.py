@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, ParamSpec, TypedDict, TypeVar
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery, Value
 from django.db.models.expressions import Expression, RawSQL
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db, faults, signals
 from django_leases.clock import DbNow, to_stored
@@ -1584,7 +1586,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
             ).update(available_at=DbNow())
             _wake(alias)
             found = {step.step_name: step for step in rows.filter(run_id=pk, step_name__in=names)}
-        for step_name, function_name, _ in calls:
+        for step_name, function_name, _data in calls:
             if found[step_name].function_name != function_name:
                 raise ValueError(
                     f"Step {step_name!r} of run {run_id} was recorded with step function "
@@ -1787,7 +1789,7 @@ class WorkflowStepQuerySet(db.RoutedQuerySet["WorkflowStep"]):
                 return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
         looked: set[str] = set()  # limited queues whose fullness was looked at
-        for _ in range(20):
+        for _round in range(20):
             sent = time.monotonic()
             refused: set[str] = set()
             with transaction.atomic(using=alias):
@@ -2959,23 +2961,26 @@ class WorkflowRun(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     # Lookups by workflow are served by the unique (workflow, key) index: no index of its own.
-    workflow = models.CharField(max_length=MAX_NAME_LENGTH)
-    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    workflow = models.CharField(_("workflow"), max_length=MAX_NAME_LENGTH)
+    status = models.CharField(
+        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
+    )
     input = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    pass_due_at = models.DateTimeField(null=True, blank=True)
+    pass_due_at = models.DateTimeField(_("pass due at"), null=True, blank=True)
     pass_requests = models.PositiveBigIntegerField(default=0)
     branches_left = models.PositiveIntegerField(
         default=0,
         db_default=0,
-        help_text="Parallel steps the last pass waits on that have not finished yet.",
+        help_text=_("Parallel steps the last pass waits on that have not finished yet."),
     )
     key = models.CharField(
+        _("key"),
         max_length=MAX_KEY_LENGTH,
         null=True,
         blank=True,
-        help_text="Idempotency key: one run per workflow and key.",
+        help_text=_("Idempotency key: one run per workflow and key."),
     )
     parent = models.ForeignKey(
         "self",
@@ -2983,11 +2988,11 @@ class WorkflowRun(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="children",
-        help_text="The run that started this one with run.child.",
+        help_text=_("The run that started this one with run.child."),
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     #: Set by ``WorkflowRun.objects.start``: whether that call created the run (``False``:
     #: a run with the same key existed).
@@ -2998,6 +3003,8 @@ class WorkflowRun(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("-created_at",)
+        verbose_name = _("workflow run")
+        verbose_name_plural = _("workflow runs")
         permissions = (("operate_workflowrun", "Can resume, cancel and retry workflow runs"),)
         constraints = (
             # NULL keys never collide (on every backend): only keyed starts are unique.
@@ -3069,8 +3076,8 @@ class WorkflowStep(models.Model):
     run = models.ForeignKey(
         WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False
     )
-    step_name = models.CharField(max_length=MAX_NAME_LENGTH)
-    function_name = models.CharField(max_length=MAX_NAME_LENGTH)
+    step_name = models.CharField(_("step name"), max_length=MAX_NAME_LENGTH)
+    function_name = models.CharField(_("function name"), max_length=MAX_NAME_LENGTH)
     data = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
     result = models.JSONField(null=True, blank=True)
@@ -3078,21 +3085,21 @@ class WorkflowStep(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     retries = models.PositiveIntegerField(default=5)
     retry_delay = models.FloatField(
-        default=0.0, help_text="Seconds before the first retry (later ones grow by the backoff)."
+        default=0.0, help_text=_("Seconds before the first retry (later ones grow by the backoff).")
     )
     retry_backoff = models.FloatField(
         default=1.0,
         db_default=1.0,
-        help_text="Factor each retry delay is multiplied by after the first (1: constant).",
+        help_text=_("Factor each retry delay is multiplied by after the first (1: constant)."),
     )
     retry_delay_max = models.FloatField(
-        null=True, blank=True, help_text="Seconds no retry delay exceeds (empty: one day)."
+        null=True, blank=True, help_text=_("Seconds no retry delay exceeds (empty: one day).")
     )
     timeout = models.FloatField(
-        null=True, blank=True, help_text="Seconds an attempt may run before it is failed."
+        null=True, blank=True, help_text=_("Seconds an attempt may run before it is failed.")
     )
     deadline_at = models.DateTimeField(
-        null=True, blank=True, help_text="When the running attempt times out (its timeout)."
+        null=True, blank=True, help_text=_("When the running attempt times out (its timeout).")
     )
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     claimant = models.CharField(
@@ -3100,17 +3107,17 @@ class WorkflowStep(models.Model):
         blank=True,
         default="",
         db_default="",
-        help_text="Who the claim of the running attempt names, where its write named one.",
+        help_text=_("Who the claim of the running attempt names, where its write named one."),
     )
     available_at = models.DateTimeField(null=True, blank=True)
     queue = models.CharField(
         max_length=MAX_QUEUE_LENGTH,
         default=DEFAULT_QUEUE,
         db_default=DEFAULT_QUEUE,
-        help_text="The queue it is claimed from (its step function's).",
+        help_text=_("The queue it is claimed from (its step function's)."),
     )
     priority = models.IntegerField(
-        default=0, db_default=0, help_text="Higher is claimed first; FIFO within a priority."
+        default=0, db_default=0, help_text=_("Higher is claimed first; FIFO within a priority.")
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -3120,6 +3127,8 @@ class WorkflowStep(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("created_at", "id")
+        verbose_name = _("workflow step")
+        verbose_name_plural = _("workflow steps")
         constraints = (
             models.UniqueConstraint(fields=["run", "step_name"], name="dl_step_unique_name"),
         )
@@ -3153,7 +3162,11 @@ class WorkflowStep(models.Model):
         )
 
     def __str__(self) -> str:
-        return f"{self.step_name} (attempt {self.attempt}, {self.status})"
+        return gettext("%(name)s (attempt %(attempt)d, %(status)s)") % {
+            "name": self.step_name,
+            "attempt": self.attempt,
+            "status": StepStatus(self.status).label if self.status in StepStatus else self.status,
+        }
 
     @property
     def max_attempts(self) -> int:
@@ -3185,6 +3198,8 @@ class WorkflowStepAttempt(models.Model):
     class Meta:
         app_label = "django_leases"
         ordering = ("id",)
+        verbose_name = _("step attempt")
+        verbose_name_plural = _("step attempts")
         constraints = (
             models.UniqueConstraint(fields=["step", "attempt"], name="dl_attempt_unique"),
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
@@ -47,9 +48,9 @@ def waiting_on(run: WorkflowRun) -> list[str]:
     )
     names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])
     if len(names) == 1:
-        found.append(f"waiting for step {names[0]!r}")
+        found.append(gettext("waiting for step %(name)r") % {"name": names[0]})
     elif names:
-        found.append(f"waiting for {steps.count()} parallel steps")
+        found.append(gettext("waiting for %(count)d parallel steps") % {"count": steps.count()})
     return found
 
 
@@ -113,35 +114,42 @@ def describe_wait(wait: WorkflowWait) -> str:
     child …", or how it ended."""
     if wait.kind == WaitKind.SLEEP:
         if wait.status == WaitStatus.DONE:
-            return f"slept until {_shown(wait.due_at)}"
-        return f"sleeping until {_shown(wait.due_at)}"
+            return gettext("slept until %(time)s") % {"time": _shown(wait.due_at)}
+        return gettext("sleeping until %(time)s") % {"time": _shown(wait.due_at)}
     if wait.kind == WaitKind.EVENT:
         if wait.status == WaitStatus.DONE:
-            return f"event {wait.name!r} received"
+            return gettext("event %(name)r received") % {"name": wait.name}
         if wait.status == WaitStatus.TIMED_OUT:
-            return f"event {wait.name!r} timed out"
-        until = "" if wait.due_at is None else f" until {_shown(wait.due_at)}"
-        return f"waiting for event {wait.name!r}{until}"
-    child = wait.child_id
+            return gettext("event %(name)r timed out") % {"name": wait.name}
+        if wait.due_at is None:
+            return gettext("waiting for event %(name)r") % {"name": wait.name}
+        return gettext("waiting for event %(name)r until %(time)s") % {
+            "name": wait.name,
+            "time": _shown(wait.due_at),
+        }
     if wait.status == WaitStatus.DONE:
-        return f"child {child} finished"
-    return f"waiting for child {child}"
+        return gettext("child %(run)s finished") % {"run": wait.child_id}
+    return gettext("waiting for child %(run)s") % {"run": wait.child_id}
 
 
 def event_sent(wait: WorkflowWait) -> str:
     """What became of the event just sent to ``wait`` (the command's and the admin's
     answer, one sentence): delivered, or — for a wait the run has not reached yet, early or
     a mistyped name no wait will ever consume — kept, with what the run waits for now."""
-    said = f"Event {wait.name!r} sent to run {wait.run_id}"
+    names = {"name": wait.name, "run": wait.run_id}
     if wait.reached_at is not None:
-        return f"{said}."
+        return gettext("Event %(name)r sent to run %(run)s.") % names
     run = WorkflowRun._default_manager.using(_alias(wait)).filter(pk=wait.run_id).first()
     now = "" if run is None else "; ".join(waiting_on(run))
-    return (
-        f"{said}: kept until the run reaches wait {wait.name!r}"
-        + (f" (it is now {now})" if now else "")
-        + "."
-    )
+    if not now:
+        return (
+            gettext("Event %(name)r sent to run %(run)s: kept until the run reaches wait %(name)r.")
+            % names
+        )
+    return gettext(
+        "Event %(name)r sent to run %(run)s: kept until the run reaches wait %(name)r "
+        "(it is now %(now)s)."
+    ) % {**names, "now": now}
 
 
 def _shown(when: datetime | None) -> str:
