@@ -25,7 +25,14 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
-from django_leases.models import Lease, RunStatus, TriggerEvent, TriggerSource, WorkflowRun
+from django_leases.models import (
+    Lease,
+    RunStatus,
+    StepStatus,
+    TriggerEvent,
+    TriggerSource,
+    WorkflowRun,
+)
 from django_leases.testing.providers import FakeProvider, installed_provider
 from django_leases.triggers import credentials, lifecycle, registry
 from django_leases.triggers.registry import StartWorkflow, webhook_source
@@ -201,8 +208,8 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert ANNOUNCE in field(page, "error_json")
     steps = page.locator(".tabular tbody tr.has_original")
     assert steps.count() == 2
-    assert "succeeded" in steps.filter(has_text="checkout").inner_text()
-    assert "failed" in steps.filter(has_text="announce").inner_text()
+    assert StepStatus.SUCCEEDED.label in steps.filter(has_text="checkout").inner_text()
+    assert StepStatus.FAILED.label in steps.filter(has_text="announce").inner_text()
     history = page.locator("div.field-history table tbody tr")
     assert [row.split("\t")[:3] for row in history.all_inner_texts()] == [
         ["checkout", "1", "Succeeded"],

@@ -75,7 +75,9 @@ def hold_first_attempt(context: TaskContext, marks: str) -> dict[str, int]:
     """On attempt 1: write ``<marks>/started`` and wait until ``<marks>/go`` exists (the test
     stops this worker meanwhile and has attempt 2 run elsewhere). Returns the attempt."""
     if context.attempt == 1:
-        Path(marks, "started").write_text(str(os.getpid()))
+        # Written whole, then renamed into place: the test reads it as soon as it exists.
+        Path(marks, "started.tmp").write_text(str(os.getpid()))
+        os.replace(Path(marks, "started.tmp"), Path(marks, "started"))
         while not Path(marks, "go").exists():
             time.sleep(0.02)
     return {"attempt": context.attempt}
