@@ -24,8 +24,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_leases.models import RunStatus, WorkflowRun
-from django_leases.models import workflow as workflow_models
+from django_leases.models import RunStatus, WorkflowRun, workflow_base
 from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
@@ -53,7 +52,7 @@ def functions_restored() -> Iterator[None]:
     with connection.cursor() as cursor:
         for statement in migration.FUNCTIONS.values():
             cursor.execute(statement)
-    workflow_models._without_functions.clear()
+    workflow_base.without_functions.clear()
 
 
 def _drop(short: str) -> None:

@@ -23,8 +23,14 @@ import pytest
 from django.db import connection
 
 from django_leases.clock import DbNow, db_now_plus
-from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
-from django_leases.models import workflow as workflow_models
+from django_leases.models import (
+    RunStatus,
+    StepStatus,
+    WorkflowRun,
+    WorkflowStep,
+    scheduling,
+    workflow_base,
+)
 from django_leases.models.workflow import retry_delay_after
 from django_leases.testing import drive
 from django_leases.validation import MAX_RETRY_DELAY, check_backoff
@@ -265,7 +271,7 @@ def test_run_step_records_the_backoff_and_each_retry_waits_its_delay(both_paths:
     run_id = start_workflow("tests.backoff.step", BACKOFF)
     for attempt, delay in ((1, 10), (2, 20), (3, 30)):
         before = db_clock(run_id)
-        spy = mock.patch.object(workflow_models, "_call_row", wraps=workflow_models._call_row)
+        spy = mock.patch.object(scheduling, "call_function", wraps=workflow_base.call_function)
         with spy as calls:
             if attempt == 1:  # as a worker drives a run: its step inserted already claimed
                 RunDriver(run_id, step_lease_ttl=LEASE).drive()

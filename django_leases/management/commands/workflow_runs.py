@@ -243,7 +243,7 @@ class Command(base.LeasesCommand):
         rows = rows.annotate(task_path=KeyTextTransform("task", "input"))
         listed = []
         for run in rows[: options["limit"]]:
-            path = task_path(run.workflow, run.task_path)  # type: ignore[attr-defined]
+            path = task_path(run.workflow, run.task_path)
             listed.append(
                 {
                     "id": str(run.id),

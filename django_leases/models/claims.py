@@ -1,0 +1,490 @@
+"""Claims of due steps (:class:`StepClaims`): which due step a worker takes, under its
+queue's limits, with a lapsed lease taken over or timed out, decided on the database
+clock; and the counts operators read (:class:`QueueCounts`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from django.db import connections, models, transaction
+from django.db.models import F, Q
+
+from django_leases import clock
+from django_leases.clock import DbNow
+from django_leases.conf import QueueLimits, queue_limits
+from django_leases.models.outcomes import StepOutcomes, retry_delay_after
+from django_leases.models.queue import Admission, WorkflowQueue
+from django_leases.models.workflow_base import (
+    attempt_finished,
+    attempt_model,
+    attempt_started,
+    call_function,
+    claim_from_row,
+    claims_in_one,
+    due_q,
+    falls_back,
+    is_due,
+    lease_is_live,
+    request_passes,
+    run_model,
+    step_model,
+    wake_workers,
+)
+from django_leases.validation import check_identifier, parse_run_id, ttl_seconds
+from django_leases.workflows.values import (
+    STEP_LEASE_LAPSED,
+    STEP_TIMED_OUT,
+    WAITING_STEP_STATUSES,
+    AttemptStatus,
+    Claim,
+    RunStatus,
+    StepStatus,
+)
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django_stubs_ext import WithAnnotations
+
+    from django_leases.models.workflow import WorkflowStep
+
+    class _LockingAnnotations(TypedDict):
+        """What :meth:`WorkflowStepQuerySet._locking` annotates a step with."""
+
+        lease_live: bool | None  # NULL while the step has no lease
+        due: bool
+        run_status: str
+        run_workflow: str
+        db_now: datetime  # the database clock, when the step was read
+
+    _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
+
+
+def _queue_admits(
+    alias: str, queue: str, refused: set[str] | None
+) -> tuple[bool, Admission | None]:
+    """Whether a claim of a step of ``queue`` may start, and the queue's admission to record
+    when it does (``None`` for a queue without limits). A limited queue is asked under its
+    lock (:meth:`WorkflowQueueQuerySet.admit`); a refusal adds it to ``refused``."""
+    limits = queue_limits().get(queue)
+    if limits is None or not limits.limited:
+        return True, None
+    steps = step_model()._default_manager.using(alias)
+    admission = WorkflowQueue.objects.admit(
+        alias, limits, running=lambda: steps.running_in([queue]).get(queue, 0)
+    )
+    if admission is None:
+        if refused is not None:
+            refused.add(queue)
+        return False, None
+    return True, admission
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
+    ``waiting`` (due, unclaimed), ``running`` (live lease) and ``oldest_waiting`` (seconds
+    the longest-waiting due step has been due, database clock; ``None`` when none waits)."""
+
+    waiting: int
+    running: int
+    oldest_waiting: float | None
+
+
+class StepClaims(StepOutcomes):
+    """Claims of due steps under their queues' limits (database clock)."""
+
+    def claim_for_execution(
+        self,
+        run_id: uuid.UUID | str,
+        step_name: str,
+        function_name: str,
+        lease_ttl_seconds: float,
+        *,
+        claimant: str = "",
+    ) -> Claim | None:
+        """Claim step ``step_name`` of a run for execution under a ``lease_ttl_seconds`` lease;
+        the claim names ``claimant`` (``WorkflowStep.claimant``, empty: none).
+
+        Rules (DESIGN §5, all judged on the database clock, one transaction, row locked):
+
+        * ``function_name`` differs from the recorded one → ``ValueError`` before any write;
+        * the run is not ``running``, the step ``succeeded``, the step ``running`` with a live
+          lease, or not yet due (``available_at`` in the future) → ``None``;
+        * ``pending`` / ``scheduled`` → ``running`` at the **same** attempt, lease granted;
+        * ``failed`` with attempts left, or ``running`` with a **lapsed** lease →
+          ``attempt + 1`` in the same guarded ``UPDATE`` that grants the lease, plus an
+          attempt row; every write of an earlier attempt is refused from then on;
+        * ``failed`` with no attempts left → ``None``; ``running``, lapsed and out of attempts
+          → the step fails with a "lost its worker on every attempt" error and the run is
+          asked for a pass; ``None``.
+
+        Exactly one of many concurrent claimers gets a :class:`Claim`.
+
+        Raises:
+            ValueError: bad names, run id or TTL, or a function name mismatch (nothing written).
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        check_identifier(step_name, "Step name")
+        check_identifier(function_name, "Step function name")
+        ttl = ttl_seconds(lease_ttl_seconds)
+        alias = self.write_alias()
+        sent = time.monotonic()
+        with transaction.atomic(using=alias):
+            step = (
+                self._locking(alias, skip_locked=False)
+                .filter(run_id=parse_run_id(run_id), step_name=step_name)
+                .first()
+            )
+            if step is None:
+                raise self.model.DoesNotExist(f"Run {run_id} has no step named {step_name!r}")
+            if step.function_name != function_name:
+                raise ValueError(
+                    f"Step {step_name!r} of run {run_id} runs step function "
+                    f"{step.function_name!r}, not {function_name!r}"
+                )
+            return self._claim_locked(alias, step, ttl, sent, claimant=claimant)
+
+    @falls_back
+    def claim_due(
+        self, lease_ttl_seconds: float, *, queues: Sequence[str] | None = None
+    ) -> Claim | None:
+        """Claim one due step of a running run for a worker, or ``None`` if none is due.
+
+        Due: ``running`` with a lapsed lease (taken first), or ``pending`` / ``scheduled`` /
+        ``failed``-with-attempts-left whose ``available_at`` has passed — highest
+        ``priority`` first, then first due first. Only steps of ``queues`` (names; ``None``
+        or empty: every queue), and none of a queue at its concurrency limit or out of its
+        rate (``DJANGO_LEASES["QUEUES"]``; decided under the queue's lock, see
+        :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
+        database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
+        step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL,
+        when no queue the caller may take has limits): one statement, unless a lapsed step
+        waits to be taken over.
+
+        Raises:
+            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+        """
+        ttl = ttl_seconds(lease_ttl_seconds)
+        alias = self.write_alias()
+        limits = queue_limits()
+        taken = list(queues or ())
+        connection = connections[alias]
+        if claims_in_one(connection, limits, taken):
+            # No queue this worker takes has limits: one statement, unless a lapsed step
+            # is to be taken over (below).
+            lapsed, claim = self._claim_unlimited(connection, ttl, taken)
+            if not lapsed:
+                return claim
+        blocked: set[str] = set()  # limited queues found full: passed over from then on
+        looked: set[str] = set()  # limited queues whose fullness was looked at
+        for _round in range(20):
+            sent = time.monotonic()
+            refused: set[str] = set()
+            with transaction.atomic(using=alias):
+                step = self._next_due(alias, taken, blocked)
+                if step is None:
+                    return None
+                queue = limits.get(step.queue)
+                if queue is not None and queue.limited and step.queue not in looked:
+                    # An unlocked look first: a full queue is passed over without waiting
+                    # for its lock (the claim below still decides under the lock).
+                    looked.add(step.queue)
+                    full = self._full_queues(alias, {step.queue: queue})
+                    if full:
+                        blocked |= full
+                        continue
+                claim = self._claim_locked(alias, step, ttl, sent, refused)
+            if claim is not None:
+                return claim
+            blocked |= refused
+        return None
+
+    def running_in(self, queues: Sequence[str]) -> dict[str, int]:
+        """How many steps of each of ``queues`` are running with a live lease (database
+        clock): what a queue's concurrency limit counts. Queues with none are left out."""
+        return dict(
+            self.rows()
+            .filter(queue__in=list(queues), status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue", "n")
+        )
+
+    def _full_queues(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
+        """Of the limited queues in ``limits``, those that look full now: at their
+        concurrency limit, or out of their rate (unlocked reads: a hint that spares a claim
+        the lock of a queue that would refuse it; the claim still decides under the lock)."""
+        limited = {name: queue for name, queue in limits.items() if queue.limited}
+        counted = {name: q.concurrency for name, q in limited.items() if q.concurrency is not None}
+        running = self.using(alias).running_in(sorted(counted)) if counted else {}
+        full = {name for name, limit in counted.items() if running.get(name, 0) >= limit}
+        return full | WorkflowQueue.objects.rate_used_up(alias, limited)
+
+    def queue_counts(self) -> dict[str, QueueCounts]:
+        """Per queue named by a step of a running run: its waiting steps (due, unclaimed),
+        running steps (live lease) and the age of its oldest waiting step in seconds on the
+        database clock (``None`` when none waits). Operators' views read this."""
+        steps = self.rows().filter(run__status=RunStatus.RUNNING)
+        waiting = {
+            row["queue"]: row
+            for row in steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .values("queue")
+            .annotate(
+                n=models.Count("pk"),
+                oldest=models.Min("available_at"),
+                db_now=models.Max(DbNow()),
+            )
+        }
+        running = dict(
+            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue", "n")
+        )
+        found = {}
+        for name in set(waiting) | set(running):
+            row = waiting.get(name)
+            oldest = None
+            if row is not None and row["oldest"] is not None:
+                oldest = max(0.0, (row["db_now"] - row["oldest"]).total_seconds())
+            found[name] = QueueCounts(
+                waiting=0 if row is None else int(row["n"]),
+                running=int(running.get(name, 0)),
+                oldest_waiting=oldest,
+            )
+        return found
+
+    def _claim_unlimited(
+        self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str]
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path (function ``claim_step``) for queues without
+        limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
+        (nothing was claimed: the portable path decides it), else the claim or ``None``."""
+        sent = time.monotonic()
+        row = call_function(connection, "claim_step", [ttl, list(queues) or None])
+        return claim_from_row(connection.alias, row, ttl, sent)
+
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
+        features = connections[alias].features
+        run_status: Any = F("run__status")
+        run_workflow: Any = F("run__workflow")
+        of: tuple[str, ...] = ("self",)
+        if not features.has_select_for_update_of:
+            # No FOR UPDATE OF (MariaDB, SQLite): read the run's status in a subquery, whose
+            # rows a locking read leaves unlocked (a join's would be locked too, so steps of
+            # one run could not be claimed side by side).
+            of = ()
+            runs = run_model()._default_manager.using(alias).filter(pk=models.OuterRef("run_id"))
+            run_status = models.Subquery(runs.values("status")[:1])
+            run_workflow = models.Subquery(runs.values("workflow")[:1])
+        qs = self.rows().annotate(
+            lease_live=lease_is_live(),
+            due=is_due(),
+            run_status=run_status,
+            run_workflow=run_workflow,
+            db_now=DbNow(),
+        )
+        if skip_locked and features.has_select_for_update_skip_locked:
+            return qs.select_for_update(skip_locked=True, of=of)
+        return qs.select_for_update(of=of)
+
+    def _next_due(
+        self,
+        alias: str,
+        queues: Sequence[str] = (),
+        blocked: set[str] | frozenset[str] = frozenset(),
+    ) -> _LockedStep | None:
+        base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        if queues:
+            base = base.filter(queue__in=[name for name in queues if name not in blocked])
+        elif blocked:
+            base = base.exclude(queue__in=sorted(blocked))
+        # Running steps whose lease lapsed, or whose attempt ran past its timeout.
+        lapsed = (
+            base.filter(
+                Q(lease_expires_at__lte=DbNow())
+                | Q(lease_expires_at__isnull=True)
+                | Q(deadline_at__lte=DbNow()),
+                status=StepStatus.RUNNING,
+            )
+            .order_by("lease_expires_at")
+            .first()
+        )
+        if lapsed is not None:
+            return lapsed
+        return (
+            base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .order_by("-priority", "available_at", "id")
+            .first()
+        )
+
+    def _claim_locked(
+        self,
+        alias: str,
+        step: _LockedStep,
+        ttl: float,
+        sent: float,
+        refused: set[str] | None = None,
+        *,
+        claimant: str = "",
+    ) -> Claim | None:
+        """Decide and write a claim of the locked, annotated ``step`` (inside a transaction),
+        naming ``claimant`` (empty: none).
+
+        A step of a limited queue starts only if the queue admits it (under the queue's lock,
+        :meth:`WorkflowQueueQuerySet.admit`); else ``None``, and the queue is added to
+        ``refused``."""
+        if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
+            return None
+        if step.status == StepStatus.RUNNING and step.lease_live:
+            if step.deadline_at is not None and step.deadline_at <= step.db_now:
+                self._time_out(alias, step)
+            return None
+        # Guarded on what was read, and on the run still running: a cancel that committed
+        # while this claim waited for the step row is seen here (a new statement).
+        rows = self.rows().filter(
+            pk=step.pk, attempt=step.attempt, status=step.status, run__status=RunStatus.RUNNING
+        )
+        lease = clock.db_now_plus(ttl)
+        deadline = None if step.timeout is None else clock.db_now_plus(step.timeout)
+        admission: Admission | None = None
+        if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
+            if not step.due:
+                return None
+            admitted, admission = _queue_admits(alias, step.queue, refused)
+            if not admitted:
+                return None
+            attempt = step.attempt
+            granted = rows.filter(due_q()).update(
+                status=StepStatus.RUNNING,
+                lease_expires_at=lease,
+                claimant=claimant,
+                deadline_at=deadline,
+                updated_at=DbNow(),
+            )
+        else:  # failed, or running with a lapsed lease
+            exhausted = step.attempt >= step.retries + 1
+            lapsed_q = Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True)
+            if exhausted:
+                if step.status == StepStatus.RUNNING:
+                    self._fail_lost_worker(alias, step, rows.filter(lapsed_q))
+                return None
+            if step.status == StepStatus.FAILED and not step.due:
+                return None
+            guard = due_q() if step.status == StepStatus.FAILED else lapsed_q
+            admitted, admission = _queue_admits(alias, step.queue, refused)
+            if not admitted:
+                return None
+            attempt = step.attempt + 1
+            # The new attempt and the lease in one guarded UPDATE: from here on, every write
+            # carrying an earlier attempt matches no row.
+            granted = rows.filter(guard).update(
+                status=StepStatus.RUNNING,
+                attempt=F("attempt") + 1,
+                lease_expires_at=lease,
+                claimant=claimant,
+                deadline_at=deadline,
+                result=None,
+                error=None,
+                updated_at=DbNow(),
+            )
+        if granted != 1:
+            return None
+        history: dict[str, Any] = {
+            "status": AttemptStatus.RUNNING,
+            "result": None,
+            "error": None,
+            "finished_at": None,
+        }
+        if admission is not None:
+            # The start the queue's rate log records is the attempt's start.
+            WorkflowQueue.objects.record_start(alias, admission)
+            history["started_at"] = admission.started_at
+        attempt_model()._default_manager.using(alias).update_or_create(
+            step_id=step.pk, attempt=attempt, defaults=history
+        )
+        claim = Claim(
+            step_id=step.pk,
+            run_id=step.run_id,
+            step_name=step.step_name,
+            function_name=step.function_name,
+            attempt=attempt,
+            data=step.data,
+            lease_ttl=ttl,
+            claimed_at=sent,
+            using=alias,
+            run_workflow=step.run_workflow,
+        )
+        waited = None
+        if step.available_at is not None and step.status != StepStatus.RUNNING:
+            waited = (step.db_now - step.available_at).total_seconds()
+        transaction.on_commit(lambda: attempt_started(claim, waited), using=alias)
+        return claim
+
+    def _time_out(self, alias: str, step: WorkflowStep) -> None:
+        """Fail the locked ``step``'s running attempt, past its ``timeout`` on the database
+        clock, with a ``STEP_TIMED_OUT`` error, through the fence (inside the caller's
+        transaction), as :meth:`set_error` would: retried after the step's retry delay for
+        this attempt (:func:`retry_delay_after`) if attempts remain, else the run is asked
+        for a pass. Its worker's renewals, result and error are refused from then on."""
+        error = {
+            "code": STEP_TIMED_OUT,
+            "message": (
+                f"Step {step.step_name!r} attempt {step.attempt} ran longer than its timeout "
+                f"of {step.timeout:g} s"
+            ),
+        }
+        exhausted = step.attempt >= step.retries + 1
+        delay = retry_delay_after(
+            step.attempt, step.retry_delay, step.retry_backoff, step.retry_delay_max
+        )
+        self._record_outcome(
+            alias,
+            step.pk,
+            step.attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "result": None,
+                "lease_expires_at": None,
+                "deadline_at": None,
+                "available_at": None if exhausted else clock.db_now_plus(delay),
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
+        )
+        if exhausted:
+            request_passes(alias, Q(pk=step.run_id))
+        elif not delay:
+            wake_workers(alias)
+
+    def _fail_lost_worker(
+        self, alias: str, step: WorkflowStep, rows: models.QuerySet[WorkflowStep]
+    ) -> None:
+        error = {
+            "code": STEP_LEASE_LAPSED,
+            "message": (
+                f"Step {step.step_name!r} lost its worker on every attempt "
+                f"({step.attempt} of {step.retries + 1}): its lease lapsed each time"
+            ),
+        }
+        failed = rows.update(
+            status=StepStatus.FAILED,
+            error=error,
+            lease_expires_at=None,
+            available_at=None,
+            updated_at=DbNow(),
+        )
+        if failed:
+            attempt_model()._default_manager.using(alias).filter(
+                step_id=step.pk, attempt=step.attempt, status=AttemptStatus.RUNNING
+            ).update(status=AttemptStatus.FAILED, error=error, finished_at=DbNow())
+            attempt_finished(alias, step.pk, step.attempt, StepStatus.FAILED, step.run_id)
+            request_passes(alias, Q(pk=step.run_id))

@@ -1,0 +1,328 @@
+"""What operators do to runs (:class:`RunOperations`, the upper layer of
+``WorkflowRun.objects``): resume, cancel (with the run's live descendants), retry a failed
+step, prune finished runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from django_leases import clock, db
+from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowRunStateError
+from django_leases.models.lease import Lease
+from django_leases.models.passes import RunPasses
+from django_leases.models.workflow_base import (
+    run_model,
+    run_reached,
+    step_model,
+    wake_parent,
+    wake_workers,
+)
+from django_leases.validation import check_identifier, parse_run_id, seconds
+from django_leases.workflows.values import (
+    FINISHED_RUN_STATUSES,
+    RUN_CANCELLED,
+    STEP_FUNCTION_NOT_FOUND,
+    RunChange,
+    RunStatus,
+    StepStatus,
+    run_lease_key,
+)
+
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowRun
+
+
+#: How many times :meth:`WorkflowRunQuerySet.cancel` starts over when a child appeared
+#: between its scan for children and its lock on the parent.
+_CANCEL_ROUNDS = 5
+
+
+class _StartOver(Exception):
+    """Internal: roll the cancel's transaction back and scan for children again."""
+
+
+def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
+    """Make the run's steps suspended for a missing step function due again, each granted one
+    extra attempt (the attempt that found no function never ran it). Returns their names."""
+    steps = (
+        step_model()
+        ._default_manager.using(alias)
+        .filter(run_id=run_id, status=StepStatus.FAILED, error__code=STEP_FUNCTION_NOT_FOUND)
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("retries") + 1, available_at=DbNow(), updated_at=DbNow())
+    return names
+
+
+def _grant_last_attempts(alias: str, where: Q) -> list[str]:
+    """Give each failed step matching ``where`` that is out of attempts one more, due now.
+    Returns their names."""
+    steps = (
+        step_model()
+        ._default_manager.using(alias)
+        .filter(where, status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+    )
+    names = list(steps.order_by("id").values_list("step_name", flat=True))
+    steps.update(retries=F("attempt"), available_at=DbNow(), updated_at=DbNow())
+    return names
+
+
+def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
+    """Set the run ``running``, its error, output and end cleared, due for a pass now."""
+    run_model()._default_manager.using(alias).filter(pk=run_id).update(
+        status=RunStatus.RUNNING,
+        error=None,
+        output=None,
+        finished_at=None,
+        pass_due_at=DbNow(),
+        pass_requests=F("pass_requests") + 1,
+        branches_left=0,
+        updated_at=DbNow(),
+    )
+
+
+class RunOperations(RunPasses):
+    """Operators' operations on runs: resume, cancel, retry a step, prune."""
+
+    def resume(self, run_id: uuid.UUID | str) -> RunChange:
+        """Set a ``suspended`` or ``failed`` run running again, due for a pass at once.
+
+        * **suspended** (a step function or the workflow was missing from the deployed
+          code): every step suspended for a missing step function (code
+          ``STEP_FUNCTION_NOT_FOUND``) becomes due again as a **new attempt**, and is granted
+          one extra attempt (``retries + 1``), since the attempt that found no function never
+          ran it;
+        * **failed**: the run is replayed; every step that failed on its last attempt (a
+          raised error, or a lost worker) gets one more attempt and is due at once. A run that
+          failed because its workflow function raised is simply replayed (after a deploy that
+          fixed it). ``error``, ``output`` and ``finished_at`` are cleared.
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` for an unknown id,
+        ``ValueError`` for something that is not a run id, and :class:`WorkflowRunStateError`
+        for a run that is ``running``, ``completed`` or ``cancelled`` (nothing written).
+        """
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            run.require("resume")
+            steps = _reopen_missing_function_steps(alias, run.pk)
+            if run.status == RunStatus.FAILED:
+                steps += _grant_last_attempts(alias, Q(run_id=run.pk))
+            _reopen_run(alias, run.pk)
+            wake_workers(alias)
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, tuple(steps))
+
+    def cancel(self, run_id: uuid.UUID | str) -> RunChange:
+        """Stop a ``running`` or ``suspended`` run for good: status ``cancelled``.
+
+        No further pass runs and no step of it is claimed again. A step **running** at that
+        moment is stopped: the step and its attempt are marked ``failed`` with code
+        ``RUN_CANCELLED``, so the worker's renewals return ``False`` (its
+        ``ctx.lease_lost`` is set) and its result or error is refused with
+        :class:`WorkflowStepCancelledError` — which the engine, as for any superseded
+        write, logs and drops. A worker's write that committed just before the cancel stays
+        recorded on its step (the work was done) but starts no pass. Waiting steps are taken
+        out of the due-work index (``available_at`` cleared). Cancelled is final: such a run
+        cannot be resumed.
+
+        Its child runs (``run.child``) that are running or suspended are cancelled with it,
+        and theirs, in the same transaction (each child locked before its parent, the order
+        in which a finishing child wakes its parent). A cancelled child's parent is asked
+        for a pass (``run.child`` then raises ``WorkflowChildFailedError`` there).
+
+        Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
+        ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
+        :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
+        """
+        alias = self.write_alias()
+        pk = parse_run_id(run_id)
+        error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+        cascaded = {
+            "code": RUN_CANCELLED,
+            "message": f"The run was cancelled with its parent run {pk}",
+        }
+        # Children are locked before their parent (the order in which a finishing child
+        # wakes its parent). A child that a pass started after the scan is only seen once
+        # the parent is locked: locking it then would invert that order (a deadlock with
+        # the child finishing), so the transaction is rolled back and the cancel starts
+        # over, now finding it first. No child can be started once the parent is locked
+        # (start_child locks it and needs it running), so this ends.
+        for turn in range(_CANCEL_ROUNDS):
+            last = turn == _CANCEL_ROUNDS - 1
+            try:
+                with transaction.atomic(using=alias):
+                    locked = self._live_descendants(alias, pk)  # deepest first
+                    for child_id in locked:
+                        child = self._lock_for_operator(alias, child_id)
+                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                            self._cancel_locked(alias, child, cascaded)
+                    run = self._lock_for_operator(alias, pk)
+                    run.require("cancel")
+                    late = [c for c in self._live_descendants(alias, pk) if c not in locked]
+                    if late and not last:
+                        raise _StartOver
+                    running = self._cancel_locked(alias, run, error)
+                    for child_id in late:  # the last round only: lock them after all
+                        child = self._lock_for_operator(alias, child_id)
+                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                            self._cancel_locked(alias, child, cascaded)
+                    wake_parent(alias, pk)
+            except _StartOver:
+                continue
+            return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+        raise AssertionError("unreachable: the last round never starts over")
+
+    def _live_descendants(self, alias: str, run_id: uuid.UUID) -> list[uuid.UUID]:
+        """The running or suspended runs below ``run_id`` (children, their children…),
+        deepest first."""
+        found: list[uuid.UUID] = []
+        level = [run_id]
+        live = (RunStatus.RUNNING, RunStatus.SUSPENDED)
+        while level:
+            level = list(
+                self.rows()
+                .filter(parent_id__in=level, status__in=live)
+                .order_by("created_at", "id")
+                .values_list("pk", flat=True)
+            )
+            found = level + found
+        return found
+
+    def _cancel_locked(self, alias: str, run: WorkflowRun, error: dict[str, Any]) -> list[str]:
+        """Cancel the locked ``run`` (inside the caller's transaction); the names of the
+        running steps it stopped."""
+        stepping = step_model().objects.db_manager(alias)
+        steps = stepping.filter(run_id=run.pk)
+        running = list(
+            steps.filter(status=StepStatus.RUNNING)
+            .order_by("id")
+            .values_list("pk", "attempt", "step_name")
+        )
+        for step_id, attempt, _name in running:  # locked: the fence matches
+            stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
+        steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
+        self.rows().filter(pk=run.pk).update(
+            status=RunStatus.CANCELLED,
+            error=error,
+            pass_due_at=None,
+            finished_at=DbNow(),
+            updated_at=DbNow(),
+        )
+        run_reached(alias, run.pk, RunStatus.CANCELLED)
+        return [name for _, _, name in running]
+
+    def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:
+        """Run the ``failed`` step ``step_name`` again as a new attempt, due at once.
+
+        A step that failed on its last attempt is granted one more. A ``failed`` or
+        ``suspended`` run is set running again as by :meth:`resume` (the other steps of a
+        suspended run that miss their step function are made due too, or the run could
+        never finish); a ``running`` run just gets its step due now (ahead of its retry
+        delay).
+
+        Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
+        for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
+        step, and :class:`WorkflowRunStateError` when the step is not ``failed`` or the run
+        is ``completed`` or ``cancelled`` (nothing written).
+        """
+        check_identifier(step_name, "Step name")
+        alias = self.write_alias()
+        stepping = step_model().objects.db_manager(alias)
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            step = stepping.filter(run_id=run.pk, step_name=step_name).values("status").first()
+            if step is None:
+                raise step_model().DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
+            run.require("retry")
+            if step["status"] != StepStatus.FAILED:
+                raise WorkflowRunStateError(
+                    run.pk,
+                    run.status,
+                    "retried",
+                    f"step {step_name!r} is {step['status']}; only a failed step can be",
+                )
+            others: list[str] = []
+            if run.status == RunStatus.SUSPENDED:
+                others = _reopen_missing_function_steps(alias, run.pk)
+            _grant_last_attempts(alias, Q(run_id=run.pk, step_name=step_name))
+            stepping.filter(run_id=run.pk, step_name=step_name, status=StepStatus.FAILED).update(
+                available_at=DbNow(), updated_at=DbNow()
+            )
+            if run.status != RunStatus.RUNNING:
+                _reopen_run(alias, run.pk)
+            wake_workers(alias)
+        steps = (step_name, *(name for name in others if name != step_name))
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
+        """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more
+        than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now, with their
+        steps, attempts and run leases (``workflow-run:<id>``). Returns how many runs.
+
+        Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
+        its row once released, so without pruning the lease table grows by one row per run.
+        Running and suspended runs are never touched, nor a run whose lease is live (a
+        worker still finishing with it; a later prune takes it), nor a child run
+        (``run.child``) whose parent is running, suspended or failed — the parent reads the
+        child's outcome when it replays (a failed one once resumed); it goes with or after
+        its parent. Webhook deliveries that
+        started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
+        Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
+        before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
+        ``older_than`` or ``batch_size``.
+        """
+        cutoff = seconds(older_than, "older_than")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
+        alias = self.write_alias()
+        runs = self.rows()
+        leases = Lease.objects.db_manager(alias)
+        finished = runs.filter(
+            status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+        ).exclude(
+            # A child is its parent's outcome until the parent is finished for good: one
+            # running, suspended or failed (resumable) replays ``run.child`` and reads it.
+            # A subquery, not a join: the locking read below locks run rows only.
+            parent_id__in=runs.filter(
+                status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
+            ).values("pk")
+        )
+        deleted = 0
+        skipped: set[uuid.UUID] = set()
+        while True:
+            with transaction.atomic(using=alias):
+                ids = list(
+                    db.for_update(finished.exclude(pk__in=skipped), alias)
+                    .order_by("finished_at")
+                    .values_list("pk", flat=True)[:batch_size]
+                )
+                if not ids:
+                    return deleted
+                keys = {run_lease_key(run_id): run_id for run_id in ids}
+                live = set(
+                    leases.filter(
+                        key__in=keys, released_at__isnull=True, expires_at__gt=DbNow()
+                    ).values_list("key", flat=True)
+                )
+                skipped.update(keys[key] for key in live)
+                gone = [run_id for key, run_id in keys.items() if key not in live]
+                leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
+                runs.filter(pk__in=gone).delete()
+                deleted += len(gone)
+
+    def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
+        """Lock the run's steps, then the run (inside the caller's transaction); the run."""
+        pk = parse_run_id(run_id)
+        steps = step_model()._default_manager.using(alias).filter(run_id=pk)
+        list(db.for_update(steps, alias).order_by("id").values_list("pk", flat=True))
+        run = db.for_update(self.rows().filter(pk=pk), alias).first()
+        if run is None:
+            raise run_model().DoesNotExist(f"No workflow run with id {pk}")
+        return run

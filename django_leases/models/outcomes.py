@@ -1,0 +1,347 @@
+"""A step attempt's outcome, written through its fence (:class:`StepOutcomes`, the lowest
+layer of ``WorkflowStep.objects``): the one guarded write of a result or an error with its
+attempt row, refusals of superseded attempts, retries and their delay
+(:func:`retry_delay_after`), lease renewal and the history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from django.db import models, transaction
+from django.db.models import Q, Value
+
+from django_leases import clock, db, signals
+from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowStepCancelledError, WorkflowStepSupersededError
+from django_leases.models.workflow_base import (
+    attempt_finished,
+    attempt_model,
+    fence_q,
+    request_passes,
+    run_model,
+    run_reached,
+    step_model,
+    wake_workers,
+)
+from django_leases.validation import (
+    MAX_RETRY_DELAY,
+    as_stored,
+    check_attempt,
+    error_json,
+    ttl_seconds,
+)
+from django_leases.workflows.values import (
+    STEP_FUNCTION_NOT_FOUND,
+    AttemptStatus,
+    PassState,
+    PendingResult,
+    RunStatus,
+    StepStatus,
+    StepWrite,
+)
+
+if TYPE_CHECKING:
+    # WorkflowStep: the parameter of StepOutcomes' base, a string at run time.
+    from django_leases.models.workflow import (
+        WorkflowStep,  # noqa: F401
+        WorkflowStepAttempt,
+    )
+
+
+def write_pending(alias: str, pending: PendingResult | None) -> bool:
+    """Write ``pending`` — a step attempt's result that a pass handed to its workflow and
+    did not write yet — through the step's fence, with its attempt row, inside the caller's
+    transaction on ``alias``; the run is not asked for a pass (the caller's pass is that
+    pass). Returns ``True`` if written, ``False`` for ``None`` or a repeat of this very write
+    (its first try committed).
+
+    Raises:
+        WorkflowStepSupersededError: the attempt is no longer the step's running one.
+    """
+    if pending is None:
+        return False
+    steps = StepOutcomes(step_model(), using=alias)
+    json_result = Value(pending.result, output_field=models.JSONField())
+    return steps._record_outcome(
+        alias,
+        pending.step_id,
+        pending.attempt,
+        step={
+            "status": StepStatus.SUCCEEDED,
+            "result": json_result,
+            "error": None,
+            "lease_expires_at": None,
+        },
+        history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+        repeat_of=(AttemptStatus.SUCCEEDED, pending.result),
+    )
+
+
+def retry_delay_after(
+    attempt: int,
+    retry_delay: float,
+    retry_backoff: float = 1.0,
+    retry_delay_max: float | None = None,
+) -> float:
+    """The seconds between the failure of ``attempt`` (an ``int`` >= 1) of a step and its
+    next attempt: ``min(retry_delay * retry_backoff ** (attempt - 1), cap)``, where the cap is
+    ``retry_delay_max`` (seconds) or, when that is ``None``, :data:`MAX_RETRY_DELAY` (one
+    day). With the default ``retry_backoff`` of 1.0 every delay is ``retry_delay``.
+
+    The one rule of a step's retry delay (``retry_delay`` and ``retry_delay_max`` in seconds,
+    ``retry_backoff`` a factor, as stored on the step): the store adds it to the database
+    clock where a failed attempt is recorded (:meth:`WorkflowStepQuerySet.set_error`, a timed
+    out attempt). Deterministic, without jitter: steps that fail together retry together,
+    and a delay can be told in advance. The growth is compared with the cap in logarithms
+    first, so a large factor raised to a large attempt number is capped without computing a
+    power that would overflow a float. Values the checks refuse (a factor below 1 or not
+    finite, a negative cap: a row edited by hand) read as no growth and no cap of their own.
+    """
+    cap = MAX_RETRY_DELAY
+    if retry_delay_max is not None and 0.0 <= retry_delay_max < cap:
+        cap = retry_delay_max
+    if not retry_delay > 0.0 or cap == 0.0:
+        return 0.0
+    growths = attempt - 1
+    if growths <= 0 or not 1.0 < retry_backoff < math.inf:
+        return min(retry_delay, cap)
+    exponent = growths * math.log(retry_backoff)  # the logarithm of the growth
+    if math.log(retry_delay) + exponent >= math.log(cap):
+        return cap
+    try:
+        grown = retry_delay * retry_backoff**growths
+    except OverflowError:  # a subnormal retry_delay times a growth beyond any float
+        grown = math.exp(math.log(retry_delay) + exponent)
+    return min(grown, cap)
+
+
+class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
+    """Fenced writes of an attempt's outcome, retries, lease renewal, history."""
+
+    def _state_after(self, alias: str, step_id: int, hold: float | None) -> PassState | None:
+        """The pass state of the step's run after a write that took its pass (``hold``)."""
+        if hold is None:
+            return None
+        run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).first()
+        if run_id is None:
+            return None
+        state = run_model().objects.db_manager(alias).pass_state(run_id)
+        return state if state is not None and state.run.status == RunStatus.RUNNING else None
+
+    def set_error(
+        self,
+        step_id: int,
+        error: BaseException | Mapping[str, Any] | str,
+        attempt: int,
+        *,
+        hold_pass_seconds: float | None = None,
+    ) -> StepWrite:
+        """Record ``error`` for ``attempt`` of the step; returns a :class:`StepWrite` (status
+        ``failed``).
+
+        One conditional write through the fence. With attempts left, the next attempt becomes
+        due the step's retry delay after DB now (``available_at``): ``retry_delay`` seconds
+        times ``retry_backoff`` per earlier attempt, at most ``retry_delay_max``
+        (:func:`retry_delay_after`); without, the run is asked
+        for a pass (which fails it) — taken for the caller with ``hold_pass_seconds`` (seconds), who
+        then gets the run's state in ``StepWrite.state``. The attempt row is updated in the
+        same transaction. ``error`` is an exception, a JSON mapping or a message. Writing
+        again the error this attempt already recorded returns ``written=False`` (safe to
+        retry after a lost acknowledgement).
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt;
+                nothing was written.
+            WorkflowStep.DoesNotExist: no such step.
+        """
+        check_attempt(attempt)
+        payload = error_json(error)
+        hold = None if hold_pass_seconds is None else ttl_seconds(hold_pass_seconds)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            config = (
+                self.rows()
+                .filter(pk=step_id)
+                .values("retries", "retry_delay", "retry_backoff", "retry_delay_max")
+                .first()
+            )
+            if config is None:
+                raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+            exhausted = attempt >= config["retries"] + 1
+            delay = retry_delay_after(
+                attempt,
+                config["retry_delay"],
+                config["retry_backoff"],
+                config["retry_delay_max"],
+            )
+            written = self._record_outcome(
+                alias,
+                step_id,
+                attempt,
+                step={
+                    "status": StepStatus.FAILED,
+                    "error": payload,
+                    "result": None,
+                    "lease_expires_at": None,
+                    "available_at": None if exhausted else clock.db_now_plus(delay),
+                },
+                history={"status": AttemptStatus.FAILED, "error": payload},
+                repeat_of=(AttemptStatus.FAILED, payload),
+            )
+            if written and exhausted:
+                request_passes(alias, Q(steps__pk=step_id), hold=hold)
+            elif not exhausted and not delay:
+                wake_workers(alias)  # the next attempt is due at once
+        state = self._state_after(alias, step_id, hold) if written and exhausted else None
+        return StepWrite(StepStatus.FAILED, written, state)
+
+    def suspend_for_missing_function(self, step_id: int, attempt: int, function_name: str) -> None:
+        """The step function is not registered here: fail ``attempt`` with code
+        ``STEP_FUNCTION_NOT_FOUND`` and suspend the run with the same error, fenced on
+        ``attempt`` like :meth:`set_error`. The step is not due again until the run is resumed.
+
+        Raises :class:`WorkflowStepSupersededError` (nothing written) for a stale attempt.
+        """
+        check_attempt(attempt)
+        error = {
+            "code": STEP_FUNCTION_NOT_FOUND,
+            "message": f"No step function named {function_name!r} is registered in this process",
+            "function_name": function_name,
+        }
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            self._fail_attempt_for_good(alias, step_id, attempt, error)
+            runs = (
+                run_model()
+                ._default_manager.using(alias)
+                .filter(steps__pk=step_id, status=RunStatus.RUNNING)
+            )
+            run_id = runs.values_list("pk", flat=True).first()
+            if run_id is not None and runs.update(
+                status=RunStatus.SUSPENDED, error=error, pass_due_at=None, updated_at=DbNow()
+            ):
+                run_reached(alias, run_id, RunStatus.SUSPENDED, error=error)
+
+    def refresh_lease(self, step_id: int, ttl: float | None, attempt: int) -> bool:
+        """Extend the step lease to DB now + ``ttl`` seconds, or release it (``ttl=None``).
+
+        Fenced: lands only while ``attempt`` is the step's running attempt (lease expiry is
+        not checked — a slow worker nobody replaced still owns its attempt). Returns ``True``
+        if it landed, ``False`` for a superseded or finished attempt (nothing written).
+        Raises ``ValueError`` for a bad TTL or attempt.
+        """
+        check_attempt(attempt)
+        expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
+        # One statement: atomic on its own.
+        return bool(self.rows().filter(fence_q(step_id, attempt)).update(lease_expires_at=expiry))
+
+    def _fail_attempt_for_good(
+        self, alias: str, step_id: int, attempt: int, error: dict[str, Any]
+    ) -> bool:
+        """Fail ``attempt`` with ``error`` and no retry due (step and history), through the
+        fence like every outcome; returns what :meth:`_record_outcome` returns."""
+        return self._record_outcome(
+            alias,
+            step_id,
+            attempt,
+            step={
+                "status": StepStatus.FAILED,
+                "error": error,
+                "lease_expires_at": None,
+                "available_at": None,
+            },
+            history={"status": AttemptStatus.FAILED, "error": error},
+        )
+
+    def _record_outcome(
+        self,
+        alias: str,
+        step_id: int,
+        attempt: int,
+        *,
+        step: dict[str, Any],
+        history: dict[str, Any],
+        repeat_of: tuple[str, Any] | None = None,
+    ) -> bool:
+        """Write ``attempt``'s outcome through the fence: ``step`` values on the step row,
+        then ``history`` values on the attempt row (``finished_at`` set), inside the caller's
+        transaction. Returns ``True`` when written, ``False`` when the attempt had already
+        recorded exactly ``repeat_of`` (``(attempt status, result or error)``: a retried write
+        whose acknowledgement was lost). Otherwise nothing is written and
+        :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
+        fenced = step_model()._default_manager.using(alias).filter(fence_q(step_id, attempt))
+        if not fenced.update(**step, updated_at=DbNow()):
+            if repeat_of is not None and self._already_recorded(
+                alias, step_id, attempt, *repeat_of
+            ):
+                return False
+            self._refuse(alias, step_id, attempt)
+        attempt_model()._default_manager.using(alias).filter(
+            step_id=step_id, attempt=attempt
+        ).update(**history, finished_at=DbNow())
+        attempt_finished(alias, step_id, attempt, history["status"])
+        return True
+
+    def _already_recorded(
+        self, alias: str, step_id: int, attempt: int, status: str, outcome: Any
+    ) -> bool:
+        """Whether ``attempt`` already recorded exactly this outcome (``status`` with this
+        result / error): a retried write whose first try committed but whose acknowledgement
+        was lost (a dropped connection). Decided on the attempt row, which only the owner of
+        the attempt writes and which keeps its outcome after the step moves on; a superseded
+        attempt's row stays ``running``, so it never matches."""
+        field = "result" if status == AttemptStatus.SUCCEEDED else "error"
+        row = (
+            attempt_model()
+            ._default_manager.using(alias)
+            .filter(step_id=step_id, attempt=attempt)
+            .values("status", field)
+            .first()
+        )
+        if row is None or row["status"] != status:
+            return False
+        return bool(row[field] == json.loads(json.dumps(outcome)))
+
+    def _refuse(self, alias: str, step_id: int, attempt: int) -> None:
+        row = (
+            step_model()
+            ._default_manager.using(alias)
+            .filter(pk=step_id)
+            .values_list("attempt", "run__status")
+            .first()
+        )
+        if row is None:
+            raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
+        current, run_status = row
+        signals.step_attempt_superseded.send_robust(
+            sender=step_model(),
+            step_id=step_id,
+            attempt=attempt,
+            current_attempt=current,
+            using=alias,
+        )
+        if current == attempt and run_status == RunStatus.CANCELLED:
+            raise WorkflowStepCancelledError(step_id, attempt)
+        raise WorkflowStepSupersededError(step_id, attempt, current)
+
+    def stored_json(self, value: Any) -> Any:
+        """JSON ``value`` as this database gives it back once stored: PostgreSQL's ``jsonb``
+        orders keys and rewrites numbers (:func:`~django_leases.validation.as_stored`);
+        elsewhere the JSON text round-trips. A pass that replays a result in memory must see
+        what a pass reading it would."""
+        if self.connection().vendor == "postgresql":
+            return as_stored(value)
+        return json.loads(json.dumps(value))
+
+    def history(self, run_id: uuid.UUID | str) -> list[WorkflowStepAttempt]:
+        """The run's history: one :class:`WorkflowStepAttempt` per claim, oldest first.
+
+        Each entry has its ``step`` loaded (``entry.step.step_name``). A superseded attempt
+        keeps ``status == "running"`` and never shows the result or error it was refused.
+        """
+        return list(attempt_model().objects.db_manager(self.write_alias()).for_run(run_id))

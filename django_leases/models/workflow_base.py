@@ -1,0 +1,474 @@
+"""What the workflow QuerySets share (:mod:`django_leases.models.workflow` composes them):
+the fence rule (:func:`fence_q`), the worker's hot statements as PL/pgSQL functions
+(:func:`functions`) and the fallback when one is missing (:func:`call_function`), the decoding
+of their rows, the rule that a finished step asks its run for a pass
+(:func:`request_passes`, :func:`finish_branch`), and the signals a write owes.
+
+The modules below :mod:`~django_leases.models.workflow` reach the three workflow models
+through :func:`run_model`, :func:`step_model` and :func:`attempt_model` (Django's app
+registry), never by importing the module that defines them (and imports them).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from django.apps import apps
+from django.db import DatabaseError, transaction
+from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery
+from django.db.models.expressions import Expression, RawSQL
+
+from django_leases import clock, db, signals
+from django_leases.clock import DbNow
+from django_leases.conf import QueueLimits, queue_limits
+from django_leases.models.lease import (
+    Lease,
+    acquire_statement,
+    grant_sql,
+    release_held_statement,
+    released_grant_sql,
+)
+from django_leases.signals import lease_acquired
+from django_leases.validation import parse_run_id, ttl_seconds
+from django_leases.workflows import sql
+from django_leases.workflows.channel import notify_work_due
+from django_leases.workflows.functions import Pieces, catalogue
+from django_leases.workflows.values import (
+    Claim,
+    PassClaim,
+    PassState,
+    RunStatus,
+    StepOptions,
+    StepStatus,
+)
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+
+logger = logging.getLogger("django_leases.workflows")
+
+
+@functools.cache
+def run_model() -> type[WorkflowRun]:
+    """``WorkflowRun``, from Django's app registry (see the module's docstring)."""
+    return apps.get_model("django_leases", "WorkflowRun")
+
+
+@functools.cache
+def step_model() -> type[WorkflowStep]:
+    """``WorkflowStep``, from Django's app registry."""
+    return apps.get_model("django_leases", "WorkflowStep")
+
+
+@functools.cache
+def attempt_model() -> type[WorkflowStepAttempt]:
+    """``WorkflowStepAttempt``, from Django's app registry."""
+    return apps.get_model("django_leases", "WorkflowStepAttempt")
+
+
+#: The latest migration that installs the :func:`functions` (a test checks it holds exactly
+#: their definitions).
+FUNCTIONS_MIGRATION = "0028_workflow_functions"
+
+
+def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
+    """The fence rule, in one place: the step row, only while ``attempt`` is its **running**
+    attempt. Every write a claim makes after the claim (result, error, suspension, lease
+    renewal or release) goes through it — as an ORM filter, or compiled into a tuned
+    statement (:func:`fence_sql`) — so a superseded attempt, a finished one, or one stopped
+    by a cancel matches no row. Lease expiry is deliberately not part of it."""
+    return Q(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
+
+
+def fence_sql(
+    alias: str, step_id: int | Expression, attempt: int | Expression
+) -> tuple[str, list[Any]]:
+    """:func:`fence_q` compiled into SQL for ``alias``'s database (values or SQL
+    expressions: a function's arguments)."""
+    rows = step_model()._default_manager.using(alias).filter(fence_q(step_id, attempt))
+    compiler = rows.query.get_compiler(using=alias)
+    where, params = compiler.compile(rows.query.where)
+    return where, list(params)
+
+
+def workflow_tables(connection: BaseDatabaseWrapper) -> sql.Tables:
+    quote = connection.ops.quote_name
+    return sql.Tables(
+        run=quote(run_model()._meta.db_table),
+        step=quote(step_model()._meta.db_table),
+        attempt=quote(attempt_model()._meta.db_table),
+        lease=quote(Lease._meta.db_table),
+    )
+
+
+def _acquire(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    return lambda rows: acquire_statement(connection, table, rows)
+
+
+def _release(connection: BaseDatabaseWrapper) -> Callable[[str], str]:
+    table = connection.ops.quote_name(Lease._meta.db_table)
+    return lambda where: release_held_statement(table, where)
+
+
+def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
+    """The worker's hot statements as PL/pgSQL functions for ``connection``'s database
+    (PostgreSQL), by short name (:func:`django_leases.workflows.functions.catalogue`, given
+    the fence and lease rules written here and in :mod:`~django_leases.models.lease`)."""
+    lease_table = connection.ops.quote_name(Lease._meta.db_table)
+
+    def fence(step_id: str, attempt: str) -> tuple[str, list[Any]]:
+        return fence_sql(connection.alias, RawSQL(step_id, ()), RawSQL(attempt, ()))
+
+    def acquire_released(rows: str) -> str:
+        return acquire_statement(connection, lease_table, rows, released=True)
+
+    pieces = Pieces(
+        tables=workflow_tables(connection),
+        fence=fence,
+        acquire=_acquire(connection),
+        acquire_released=acquire_released,
+        release=_release(connection),
+        grant=grant_sql(connection),
+        released=released_grant_sql(connection),
+    )
+    return catalogue(pieces)
+
+
+_calls: dict[tuple[str, str], str] = {}
+
+
+#: Aliases on which a function of this code's was found missing (for the life of the
+#: process): their workers take the portable path from then on.
+without_functions: set[str] = set()
+
+
+#: SQLSTATE of "function … does not exist" (undefined_function).
+_UNDEFINED_FUNCTION = "42883"
+
+
+class FunctionsGone(Exception):
+    """A function call found its function missing: the method runs again, portably."""
+
+
+def functions_called(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the tuned path's functions are called on ``connection``: the tuned path is on
+    (PostgreSQL), and none of them was found missing in this process."""
+    return db.tuned(connection, "postgresql") and connection.alias not in without_functions
+
+
+def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[Any]) -> Any:
+    """Call function ``short`` with ``args`` on ``connection`` and return its one row (or
+    ``None``). A function that does not exist (dropped, or of another version than this
+    code's: a rolling deploy ran a newer release's migrations) is not an error of the unit of
+    work: the alias goes portable for the rest of the process, a warning says so once, and
+    :class:`FunctionsGone` has the method run again the portable way (the call was the
+    method's first statement, outside any transaction)."""
+    key = (connection.alias, short)
+    call = _calls.get(key)
+    if call is None:
+        call = _calls[key] = functions(connection)[short].call()
+    try:
+        with db.cursor(connection) as cursor:
+            return cursor.execute(call, args).fetchone()
+    except DatabaseError as exc:
+        cause = exc.__cause__
+        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        if state != _UNDEFINED_FUNCTION or connection.in_atomic_block:
+            raise
+        if connection.alias not in without_functions:
+            without_functions.add(connection.alias)
+            logger.warning(
+                "Database %r lacks the workflow function %s of this version (%s): this "
+                "process takes the portable path from now on (a statement or a few more per "
+                "unit of work). Run 'manage.py migrate' where this version is deployed.",
+                connection.alias,
+                functions(connection)[short].name,
+                exc,
+            )
+        raise FunctionsGone(short) from exc
+
+
+_R = TypeVar("_R")
+
+
+_P = ParamSpec("_P")
+
+
+def falls_back(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` again when a function it called was missing (:func:`call_function`): the
+    second time, on the portable path."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except FunctionsGone:
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+def lease_is_live() -> ExpressionWrapper[Q]:
+    """``lease_expires_at > now`` on the database clock."""
+    return ExpressionWrapper(Q(lease_expires_at__gt=DbNow()), output_field=BooleanField())
+
+
+def due_q() -> Q:
+    """``available_at`` unset or passed, on the database clock."""
+    return Q(available_at__isnull=True) | Q(available_at__lte=DbNow())
+
+
+def is_due() -> ExpressionWrapper[Q]:
+    return ExpressionWrapper(due_q(), output_field=BooleanField())
+
+
+class Owed:
+    """The signals a write owes, sent once, by the first call."""
+
+    def __init__(self, send: Callable[[], None]) -> None:
+        self._send: Callable[[], None] | None = send
+
+    def __call__(self) -> None:
+        send, self._send = self._send, None
+        if send is not None:
+            send()
+
+
+def claims_in_one(
+    connection: BaseDatabaseWrapper, limits: Mapping[str, QueueLimits], taken: Sequence[str]
+) -> bool:
+    """Whether a claim of a due step of queues ``taken`` (empty: every queue) is the tuned
+    one statement: PostgreSQL, and no queue of ``limits`` it may take has limits."""
+    if not functions_called(connection):
+        return False
+    limited = {name for name, queue in limits.items() if queue.limited}
+    return not (limited & set(taken or limits))
+
+
+def claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool, Claim | None]:
+    """``(lapsed, claim)`` from the columns of :func:`sql.claim_step_ctes` (see
+    :meth:`WorkflowStepQuerySet._claim_unlimited`); ``sent``: ``time.monotonic()`` before
+    the statement was sent. A claim's ``step_attempt_started`` is sent once it commits."""
+    if row[0]:
+        return True, None
+    if row[1] is None:
+        return False, None
+    step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
+    claim = Claim(
+        step_id=step_id,
+        run_id=parse_run_id(run_id),
+        step_name=step_name,
+        function_name=function_name,
+        attempt=attempt,
+        data=json.loads(data),
+        lease_ttl=ttl,
+        claimed_at=sent,
+        using=alias,
+        run_created_at=row[8],
+        started_at=row[9],
+        run_workflow=row[10],
+    )
+    transaction.on_commit(lambda: attempt_started(claim, waited), using=alias)
+    return False, claim
+
+
+def pass_state_from_row(alias: str, row: Any) -> PassState:
+    """The :class:`PassState` from the columns of :func:`sql.pass_state`."""
+    run = run_model()(
+        id=parse_run_id(row[0]),
+        workflow=row[1],
+        status=row[2],
+        input=json.loads(row[3]),
+        pass_requests=row[4],
+    )
+    run._state.adding = False
+    run._state.db = alias
+    steps = {}
+    for values in json.loads(row[5]):
+        step = step_model()(run_id=run.id, **values)
+        step._state.adding = False
+        step._state.db = alias
+        steps[step.step_name] = step
+    return PassState(run=run, steps=steps)
+
+
+def with_result(state: PassState, step_id: int, stored: Any) -> None:
+    """Step ``step_id`` of ``state`` as succeeded with the ``stored`` result: a statement
+    that wrote it read the steps in its snapshot, before its own write."""
+    for step in state.steps.values():
+        if step.pk == step_id:
+            step.status = StepStatus.SUCCEEDED
+            step.result = stored
+            step.error = None
+
+
+def pass_claim(
+    alias: str, row: Any, holder: str, sent: float, connection: BaseDatabaseWrapper
+) -> PassClaim:
+    """The :class:`PassClaim` from a row of :func:`sql.pick_pass`'s columns."""
+    width = len(sql.PASS_STATE_TYPES)
+    state = pass_state_from_row(alias, row[:width])
+    lease = None
+    if row[width] is not None:
+        lease = Lease.objects.db_manager(alias).from_returned(connection, row[width:])
+        lease_acquired.send_robust(sender=Lease, lease=lease)
+    return PassClaim(
+        run_id=state.run.id,
+        using=alias,
+        state=state,
+        lease=lease,
+        lease_refused=lease is None,
+        sent=sent,
+    )
+
+
+def wake_workers(alias: str) -> None:
+    """Tell idle workers that work is due now (inside the transaction that made it due)."""
+    notify_work_due(alias)
+
+
+def run_reached(alias: str, run_id: uuid.UUID | str, status: str, **details: Any) -> None:
+    """Send the signal of a run that reached ``status`` (once its transaction commits)."""
+    signal = signals.RUN_STATUS_SIGNALS[status]
+    try:
+        pk = parse_run_id(run_id)
+    except ValueError:  # not a run's lease: nothing to tell
+        return
+    transaction.on_commit(
+        lambda: signal.send_robust(sender=run_model(), run_id=pk, using=alias, **details),
+        using=alias,
+    )
+
+
+def attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
+    """Say a claim started an attempt; ``waited``: seconds the step was due before it (on the
+    database clock; ``None`` for a lapsed lease taken over)."""
+    signals.step_attempt_started.send_robust(
+        sender=step_model(),
+        step_id=claim.step_id,
+        run_id=claim.run_id,
+        step_name=claim.step_name,
+        attempt=claim.attempt,
+        waited=waited,
+        using=claim.using,
+    )
+    return claim
+
+
+def attempt_finished(
+    alias: str, step_id: int, attempt: int, status: str, run_id: uuid.UUID | None = None
+) -> None:
+    transaction.on_commit(
+        lambda: signals.step_attempt_finished.send_robust(
+            sender=step_model(),
+            step_id=step_id,
+            run_id=run_id,
+            attempt=attempt,
+            status=status,
+            using=alias,
+        ),
+        using=alias,
+    )
+
+
+def lock_running(alias: str, run_id: uuid.UUID | str) -> bool:
+    """Lock run ``run_id`` if it is ``running`` (inside the caller's transaction); whether
+    it is."""
+    running = run_model()._default_manager.using(alias).filter(pk=run_id, status=RunStatus.RUNNING)
+    return db.for_update(running, alias).values_list("pk", flat=True).first() is not None
+
+
+def wake_parent(alias: str, run_id: uuid.UUID | str) -> None:
+    """Ask the parent of run ``run_id`` (a child started by ``run.child``) for a pass now,
+    inside the caller's transaction: the child just finished."""
+    parent = run_model()._default_manager.using(alias).filter(pk=run_id).values("parent_id")
+    request_passes(alias, Q(pk__in=parent))
+
+
+def request_passes(alias: str, where: Q, delay: float = 0.0, *, hold: float | None = None) -> int:
+    """Ask every running run matching ``where`` for a pass ``delay`` seconds from DB now.
+
+    Runs inside the caller's transaction (the methods that finish a step use it so the
+    step's outcome and the run's wake-up commit together). ``hold`` (seconds): the caller
+    runs the pass itself straight away, so the pass is taken for it as
+    :meth:`WorkflowRunQuerySet.claim_due_pass` takes one — due only ``hold`` seconds from
+    DB now (when another worker picks it should the caller die) — and nobody is woken.
+    Any count of parallel steps left (``branches_left``) is dropped: the pass counts again.
+    """
+    if hold is not None:
+        delay = ttl_seconds(hold)
+    requested = (
+        run_model()
+        ._default_manager.using(alias)
+        .filter(where, status=RunStatus.RUNNING)
+        .update(
+            pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
+            pass_requests=F("pass_requests") + 1,
+            branches_left=0,
+            updated_at=DbNow(),
+        )
+    )
+    if requested and not delay:
+        wake_workers(alias)  # due now (work due later is found by polling)
+    return requested
+
+
+def finish_branch(alias: str, step_id: int, hold: float | None = None) -> bool:
+    """The portable path of the rule that a step's result asks its run for a pass, inside
+    the caller's transaction (after the fenced write of step ``step_id``): every result
+    raises ``pass_requests``; while the run's last pass waits on more than one unfinished
+    parallel step (``branches_left`` > 1) the result only counts one off and asks for
+    nothing, else it asks as :func:`request_passes` does (``hold`` seconds: taken for the
+    caller) and the count is 0. Returns ``True`` when it asked (a running run).
+
+    Race-free without a prior lock: each ``UPDATE``'s condition on ``branches_left`` is
+    checked on the row version it locks (PostgreSQL re-checks it on the latest version after
+    waiting for a concurrent finish; MySQL/MariaDB read the latest committed version for an
+    ``UPDATE``; SQLite writes one at a time), never on an earlier snapshot (so the run is
+    found by its id, never through a subquery over its own table). Should the count
+    move between the two statements (a concurrent finish), they are tried again. A
+    sequential step (count 0) costs the one ``UPDATE`` it always did."""
+    delay = 0.0 if hold is None else ttl_seconds(hold)
+    # The run by its id, not through a join: a condition inside a subquery over the run
+    # table would be judged on the statement's snapshot, not on the locked row.
+    run_id = step_model()._default_manager.using(alias).filter(pk=step_id).values("run_id")[:1]
+    runs = (
+        run_model()
+        ._default_manager.using(alias)
+        .filter(pk=Subquery(run_id), status=RunStatus.RUNNING)
+    )
+    while True:
+        if runs.filter(branches_left__lte=1).update(
+            pass_due_at=clock.db_now_plus(delay) if delay else DbNow(),
+            pass_requests=F("pass_requests") + 1,
+            branches_left=0,
+            updated_at=DbNow(),
+        ):
+            if not delay:
+                wake_workers(alias)  # due now (work due later is found by polling)
+            return True
+        if runs.filter(branches_left__gt=1).update(
+            pass_requests=F("pass_requests") + 1,
+            branches_left=F("branches_left") - 1,
+            updated_at=DbNow(),
+        ):
+            return False
+        if not runs.exists():  # not running (any more)
+            return False
+
+
+def in_one_statement(connection: BaseDatabaseWrapper, options: StepOptions) -> bool:
+    """Whether a step with ``options`` is inserted claimed by a tuned statement here
+    (:meth:`~values.StepOptions.one_statement`, on PostgreSQL with the tuned path on)."""
+    if not functions_called(connection):
+        return False
+    limits = queue_limits().get(options.queue)
+    return options.one_statement(limited=limits is not None and limits.limited)
