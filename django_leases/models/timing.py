@@ -118,7 +118,7 @@ def check_debounce(
 
 def _due(run_after: float | datetime | None, alias: str) -> Any:
     """The ``pass_due_at`` of a start's first pass: DB now (+ seconds), or the datetime."""
-    if run_after is None:
+    if not run_after:  # None or 0: now, in the clock's own form
         return DbNow()
     if isinstance(run_after, datetime):
         return to_stored(run_after, alias)
