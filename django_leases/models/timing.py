@@ -170,13 +170,14 @@ class RunTiming(RunOperations):
                 (:meth:`expire_deadlines`). A child run (``parent``) never outlives its
                 parent's deadline: its own is the earlier of the two, and without one of
                 its own it takes its parent's.
-            debounce_key, debounce: a ``str`` (1–255 characters) and seconds > 0, together
-                (not with ``key`` nor ``run_after``): at most one **pending** run (no pass
+            debounce_key: a ``str`` (1–255 characters), with ``debounce`` (not with
+                ``key`` nor ``run_after``): at most one **pending** run (no pass
                 has run yet) per workflow and debounce key. A start while one is pending
                 replaces its input (and its deadline), moves its first pass to DB now +
                 ``debounce`` and returns it (``started`` ``False``); otherwise a new pending
                 run is created the same way. Concurrent starts make one run (a unique
                 constraint decides).
+            debounce: the debounce window, seconds > 0 (a number or a ``timedelta``).
 
         Returns the run (``started``: whether this call created it). Safe inside an outer
         transaction (a debounced start that meets a deadlock on MariaDB / MySQL there
