@@ -25,8 +25,8 @@ __all__ = [
     "LeaseConformanceTests",
     "SimulatedOutage",
     "TriggerSourceStoreConformanceTests",
-    "WorkflowTimingConformanceTests",
     "WorkflowFencingConformanceTests",
+    "WorkflowTimingConformanceTests",
     "WorkflowWaitConformanceTests",
     "drive",
 ]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
@@ -151,7 +152,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         self.assertIsNone(self.pick())
         if django_settings.USE_TZ:
             with self.assertRaisesRegex(ValueError, "aware"):
-                self.start(run_after=datetime(2030, 1, 1))  # noqa: DTZ001 - naive on purpose
+                self.start(run_after=datetime(2030, 1, 1))
             self.assertEqual(self.runs.count(), 2, "nothing written")
 
     def test_s3_bad_timing_options_are_refused_with_nothing_written(self) -> None:
@@ -305,7 +306,9 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
             [(e.attempt, e.status, e.result) for e in self.steps.history(run_id)], history
         )
         slow = self.steps.get(pk=claim.step_id)
-        self.assertEqual((slow.status, slow.error["type"]), (StepStatus.FAILED, DEADLINE_ERROR))
+        self.assertEqual(
+            (slow.status, (slow.error or {}).get("type")), (StepStatus.FAILED, DEADLINE_ERROR)
+        )
         self.assertEqual(history, [(claim.attempt, AttemptStatus.FAILED, None)])
         self.assertIsNone(self.steps.claim_due(LEASE), "nothing of the run is due any more")
 
@@ -315,17 +318,18 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         parent = self.start(deadline=3600)
         deadline = self.runs.get(pk=parent).deadline_at
         cases = {"inherits": None, "earlier": 60, "later": 7200}
-        kids = {
-            name: self.waits.start_child(parent, name, WORKFLOW, {}, deadline=own).child_id
-            for name, own in cases.items()
-        }
+        kids: dict[str, uuid.UUID] = {}
+        for name, own in cases.items():
+            kid = self.waits.start_child(parent, name, WORKFLOW, {}, deadline=own).child_id
+            assert kid is not None
+            kids[name] = kid
         self.assertEqual(self.runs.get(pk=kids["inherits"]).deadline_at, deadline)
         self.assertEqual(self.runs.get(pk=kids["later"]).deadline_at, deadline)
         earlier = self.runs.filter(pk=kids["earlier"], deadline_at__lte=db_now_plus(60))
         self.assertTrue(earlier.exists())
         free = self.start()
-        own = self.waits.start_child(free, "kid", WORKFLOW, {}, deadline=60).child_id
-        self.assertTrue(self.runs.filter(pk=own, deadline_at__lte=db_now_plus(60)).exists())
+        alone = self.waits.start_child(free, "kid", WORKFLOW, {}, deadline=60).child_id
+        self.assertTrue(self.runs.filter(pk=alone, deadline_at__lte=db_now_plus(60)).exists())
         none = self.waits.start_child(free, "none", WORKFLOW, {}).child_id
         self.assertIsNone(self.runs.get(pk=none).deadline_at)
         self.pass_deadline(kids["earlier"])
@@ -346,7 +350,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
                 pending = PendingResult(claim.step_id, claim.attempt, {"r": turn})
                 (expired, error1), (completed, error2) = run_together(
                     self.runs.expire_deadlines,
-                    lambda: self.runs.complete(run_id, {"done": turn}, pending=pending),
+                    partial(self.runs.complete, run_id, {"done": turn}, pending=pending),
                 )
                 self.assertIsNone(error1)
                 run = self.runs.get(pk=run_id)
@@ -379,7 +383,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
                 self.pass_deadline(run_id)
                 (expired, error1), (_, error2) = run_together(
                     self.runs.expire_deadlines,
-                    lambda: self.waits.send_event(run_id, "go", {"turn": turn}),
+                    partial(self.waits.send_event, run_id, "go", {"turn": turn}),
                 )
                 self.assertIsNone(error1)
                 self.assertEqual(expired, [run_id])

@@ -79,10 +79,11 @@ def start_workflow(
             :class:`~django_leases.exceptions.WorkflowDeadlineExceeded`, its live child runs
             cancelled and a step attempt still running superseded (its late write refused).
         debounce_key: a debounced start's key — a ``str`` (1–255 characters), given with
-            ``debounce`` (both or neither), not with ``key`` or ``run_after``. At most one **pending** run (no pass has run yet) per workflow and
-            debounce key: a start while one is pending replaces its input (and deadline),
-            moves its first pass to DB now + ``debounce`` and returns its id; otherwise a
-            new pending run is created the same way. Concurrent starts make one run.
+            ``debounce`` (both or neither), not with ``key`` or ``run_after``. At most one
+            **pending** run (no pass has run yet) per workflow and debounce key: a start
+            while one is pending replaces its input (and deadline), moves its first pass to
+            DB now + ``debounce`` and returns its id; otherwise a new pending run is created
+            the same way. Concurrent starts make one run.
         debounce: the debounce window, seconds > 0 (a number or a ``timedelta``).
 
     Returns the run id (``uuid.UUID``).
