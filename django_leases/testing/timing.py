@@ -337,7 +337,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.runs.get(pk=parent).status, RunStatus.RUNNING)
         self.assertTrue(self.due_now(parent), "the failed child asks its parent for a pass")
 
-    def test_d4_the_deadline_racing_a_completion_with_a_steps_result(self) -> None:
+    def test_d4_the_deadline_racing_a_completion_carrying_a_steps_result(self) -> None:
         """D4: the expiry racing the write that carries a step's result and completes the
         run: exactly one wins, the other writes nothing."""
         for turn in range(5):
@@ -368,6 +368,37 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
                     self.assertIsInstance(error2, WorkflowStepSupersededError)
                     self.assert_failed_at_deadline(run_id)
                     self.assertIsNone(run.output)
+                    self.assertEqual((step.status, step.result), (StepStatus.FAILED, None))
+                    self.assertEqual((entry.status, entry.result), (AttemptStatus.FAILED, None))
+
+    def test_d4_the_deadline_racing_a_steps_own_result_write(self) -> None:
+        """D4 (the step's own write): the expiry racing ``set_result`` of the running
+        attempt: the result lands whole before the expiry (and the run still fails at its
+        deadline), or it is refused with nothing written."""
+        for turn in range(5):
+            with self.subTest(turn=turn):
+                run_id = self.start(deadline=3600)
+                self.steps.schedule(run_id, "step", FUNCTION, retries=2)
+                claim = self.steps.claim_for_execution(run_id, "step", FUNCTION, LEASE)
+                assert claim is not None
+                self.pass_deadline(run_id)
+                (expired, error1), (_, error2) = run_together(
+                    self.runs.expire_deadlines,
+                    partial(self.steps.set_result, claim.step_id, {"r": turn}, claim.attempt),
+                )
+                self.assertEqual((expired, error1), ([run_id], None))
+                self.assert_failed_at_deadline(run_id)
+                step = self.steps.get(pk=claim.step_id)
+                [entry] = self.steps.history(run_id)
+                if error2 is None:
+                    self.assertEqual(
+                        (step.status, step.result), (StepStatus.SUCCEEDED, {"r": turn})
+                    )
+                    self.assertEqual(
+                        (entry.status, entry.result), (AttemptStatus.SUCCEEDED, {"r": turn})
+                    )
+                else:
+                    self.assertIsInstance(error2, WorkflowStepSupersededError)
                     self.assertEqual((step.status, step.result), (StepStatus.FAILED, None))
                     self.assertEqual((entry.status, entry.result), (AttemptStatus.FAILED, None))
 
