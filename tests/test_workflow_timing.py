@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 from django_leases.clock import db_now_plus
@@ -22,7 +23,7 @@ from django_leases.workflows import send_event, start_workflow, step_function, w
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import RUN_CANCELLED, AttemptStatus
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, on_another_thread, race_in_processes, run_of
+from tests.helpers import drain, on_another_thread, race_in_processes, run_of, staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -254,3 +255,14 @@ def test_eight_processes_debouncing_at_once_make_one_run(sql_path: str) -> None:
     assert len({value for value, _ in outcomes}) == 1
     assert WorkflowRun.objects.count() == 1
     assert WorkflowRun.objects.get().debounce_key == "raced"
+
+
+def test_the_run_page_shows_the_deadline_and_the_debounce_key() -> None:
+    run_id = start_workflow("tests.timing.one-step", {}, debounce_key="doc-9", debounce=60)
+    start_workflow("tests.timing.one-step", {}, deadline=60)
+    client = staff_client("view_workflowrun")
+    page = client.get(reverse("admin:django_leases_workflowrun_change", args=[run_id]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Debounce key" in text and "doc-9" in text
+    assert "Deadline" in text
