@@ -62,6 +62,12 @@ def slow_run(run: Any, input: Any) -> Any:
     return run.step("slow", "tests.timing.slow", {}, retries=3)
 
 
+@workflow("tests.timing.slow-then-more")
+def slow_then_more(run: Any, input: Any) -> Any:
+    first = run.step("slow", "tests.timing.slow", {}, retries=3)
+    return [first, run.step("more", "tests.timing.echo", {"n": 2})]
+
+
 @workflow("tests.timing.parent")
 def parent(run: Any, input: dict[str, Any]) -> Any:
     try:
@@ -204,6 +210,27 @@ def test_an_attempt_running_at_the_deadline_has_its_late_result_refused(
     [entry] = WorkflowStep.objects.history(run_id)
     assert (entry.status, entry.result) == (AttemptStatus.FAILED, None)
     assert drain() == 0, "nothing of the run is due again"
+
+
+def test_a_pass_carrying_a_result_past_the_deadline_writes_nothing(sql_path: str) -> None:
+    """A worker runs the step inline and carries its result into the pass, which writes it
+    with the next step: the deadline passed meanwhile, so that one write is refused whole."""
+    run_id = start_workflow("tests.timing.slow-then-more", {}, deadline=3600)
+
+    def expire() -> None:
+        pass_deadline(run_id)
+        assert WorkflowRun.objects.expire_deadlines() == [run_id]
+
+    during_step[:] = [lambda: on_another_thread(expire)]
+    try:
+        drain(Worker(step_lease_ttl=LEASE))
+    finally:
+        during_step.clear()
+    assert failed_at_deadline(run_id)
+    steps = {s.step_name: s for s in WorkflowStep.objects.filter(run_id=run_id)}
+    assert list(steps) == ["slow"], "no next step was written"
+    assert (steps["slow"].status, steps["slow"].result) == (StepStatus.FAILED, None)
+    assert [e.status for e in WorkflowStep.objects.history(run_id)] == [AttemptStatus.FAILED]
 
 
 def test_a_worker_fails_a_run_at_its_deadline_and_an_event_then_is_refused() -> None:
