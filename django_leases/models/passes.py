@@ -373,13 +373,16 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """Whether a pass or a waiting step of a running run is due within ``horizon``
         seconds of DB now.
 
-        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left; a
-        running step counts when its attempt's ``timeout`` ends within the horizon (a lease
-        lapsing is not foreseen here).
+        A live run's deadline passing counts too. Waiting steps are ``pending`` /
+        ``scheduled`` / ``failed`` with attempts left; a running step counts when its
+        attempt's ``timeout`` ends within the horizon (a lease lapsing is not foreseen here).
         """
         alias = self.write_alias()
         until = clock.db_now_plus(horizon)
-        if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
+        due = Q(status=RunStatus.RUNNING, pass_due_at__lte=until) | Q(
+            status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED), deadline_at__lte=until
+        )
+        if self.rows().filter(due).exists():
             return True
         waiting = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~Q(
             status=StepStatus.FAILED, attempt__gte=F("retries") + 1

@@ -35,6 +35,7 @@ _LAZY = {
     "WorkflowEventTimeout": "django_leases.exceptions",
     "WorkflowEventRefusedError": "django_leases.exceptions",
     "WorkflowChildFailedError": "django_leases.exceptions",
+    "WorkflowDeadlineExceeded": "django_leases.exceptions",
 }
 
 # A literal list, so type checkers see what the package exports (the lazy imports
@@ -46,6 +47,7 @@ __all__ = [
     "UnknownWorkflowError",
     "Worker",
     "WorkflowChildFailedError",
+    "WorkflowDeadlineExceeded",
     "WorkflowError",
     "WorkflowEventRefusedError",
     "WorkflowEventTimeout",
@@ -66,6 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
         UnknownScheduleError,
         UnknownWorkflowError,
         WorkflowChildFailedError,
+        WorkflowDeadlineExceeded,
         WorkflowError,
         WorkflowEventRefusedError,
         WorkflowEventTimeout,

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, router
@@ -50,7 +51,15 @@ WRITE_RETRY_MAX_BACKOFF = 2.0
 
 
 def start_workflow(
-    name: str, input: Any = None, *, key: str | None = None, using: str | None = None
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    run_after: float | timedelta | datetime | None = None,
+    deadline: float | timedelta | None = None,
+    debounce_key: str | None = None,
+    debounce: float | timedelta | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -59,15 +68,47 @@ def start_workflow(
     ``key`` (a ``str`` of at most 255 characters) makes the start idempotent: the same key
     for the same workflow returns the existing run's id and creates nothing, also when
     several processes start it at once (a unique constraint decides). ``using`` is a
-    database alias (default: the router's choice). Returns the run id (``uuid.UUID``).
+    database alias (default: the router's choice).
+
+    Args:
+        run_after: a delayed start — seconds ≥ 0 (a number or a ``timedelta``, counted on
+            the database clock) or a ``datetime`` (aware while ``USE_TZ`` is on): the first
+            pass is not due before then.
+        deadline: seconds > 0 (a number or a ``timedelta``) from the start, on the database
+            clock: a run not finished by then is failed with error type
+            :class:`~django_leases.exceptions.WorkflowDeadlineExceeded`, its live child runs
+            cancelled and a step attempt still running superseded (its late write refused).
+        debounce_key: a debounced start's key — a ``str`` (1–255 characters), given with
+            ``debounce`` (both or neither), not with ``key`` or ``run_after``. At most one
+            **pending** run (no pass has run yet) per workflow and debounce key: a start
+            while one is pending replaces its input (and deadline), moves its first pass to
+            DB now + ``debounce`` and returns its id; otherwise a new pending run is created
+            the same way. Concurrent starts make one run.
+        debounce: the debounce window, seconds > 0 (a number or a ``timedelta``).
+
+    Returns the run id (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+        ValueError: ``input`` is not JSON-serialisable, a bad key, or a bad or unmatched
+            timing option (negative, NaN, a naive ``datetime`` while ``USE_TZ`` is on,
+            ``debounce`` without ``debounce_key``…); nothing written.
     """
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
-    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
+    return (
+        WorkflowRun.objects.db_manager(alias)
+        .start(
+            name,
+            input,
+            key=key,
+            run_after=run_after,
+            deadline=deadline,
+            debounce_key=debounce_key,
+            debounce=debounce,
+        )
+        .id
+    )
 
 
 def send_event(

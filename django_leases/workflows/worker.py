@@ -262,6 +262,7 @@ class Worker:
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
         self._steps_first_at = 0.0  # monotonic time of the next look for due steps first
+        self._deadlines_at = 0.0  # monotonic time of the next look for runs past deadline
         self._passes_first_at = 0.0  # monotonic time a thread on a run of steps looks at passes
         #: Wake-ups of idle threads (from the listener, and from a thread that found work).
         self.wake = WakeSignal(concurrency)
@@ -505,6 +506,8 @@ class Worker:
         if self._stop.is_set():
             return False
         alias = self.alias
+        if self._deadlines_due() and WorkflowRun.objects.db_manager(alias).expire_deadlines():
+            return True
         # A driven run keeps its thread for all its steps, so due passes (new runs) would
         # otherwise always come first: once per poll interval a thread looks for a due step
         # (a lapsed lease first) before taking a new run, which bounds how long a dead
@@ -525,6 +528,16 @@ class Worker:
         # due steps is due again, or the worker stops): drive that one next.
         self._drive_following(picked)
         return True
+
+    def _deadlines_due(self) -> bool:
+        """Whether this thread looks for runs past their deadline now: one thread of the
+        worker once per poll interval (a run is failed within about one interval of it)."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._deadlines_at:
+                return False
+            self._deadlines_at = now + self.poll_interval
+            return True
 
     def _steps_first(self, on_steps: bool) -> bool:
         """Whether this thread's next unit of work is a due step rather than a due pass (see
