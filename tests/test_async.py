@@ -223,9 +223,7 @@ def httpserver_listen_address() -> tuple[str, int]:
 
 @pytest.mark.django_db
 def test_an_async_step_makes_an_async_http_call(httpserver: HTTPServer) -> None:
-    httpserver.expect_oneshot_request("/charges", method="POST").respond_with_json(
-        {"charged": 42}
-    )
+    httpserver.expect_oneshot_request("/charges", method="POST").respond_with_json({"charged": 42})
     run_id = start_workflow(
         "tests.async.one-step",
         {
@@ -303,9 +301,7 @@ def test_a_superseded_async_attempt_returning_late_is_refused() -> None:
         dispatch = start_thread(lambda: outcome.append(execute_step(stale)))
         assert _gates[started].wait(60), "attempt 1 never started"
         lapse_step_lease(run_id=run.id, step_name="only")
-        current = WorkflowStep.objects.claim_for_execution(
-            run.id, "only", "tests.async.gated", 60
-        )
+        current = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.async.gated", 60)
         assert current is not None and current.attempt == 2
         WorkflowStep.objects.set_result(current.step_id, "attempt 2", current.attempt)
         _gates[gate].set()
