@@ -142,6 +142,9 @@ def run_on_thread_loop(call: Callable[[], Awaitable[Any]]) -> Any:
     # asgiref's async_to_sync runs the coroutine on the "main event loop" of a thread that
     # sync_to_async runs, and serves that coroutine's thread-sensitive calls on this thread:
     # make this thread's loop that main loop for the call (and put back what was there).
+    # Should a later asgiref stop reading these two, async_to_sync falls back to a new loop
+    # per call (its sync calls still served here): correct, only not reused; the suite's
+    # "one loop, reused" test says so.
     local = SyncToAsync.threadlocal
     saved = (getattr(local, "main_event_loop", None), getattr(local, "main_event_loop_pid", None))
     local.main_event_loop, local.main_event_loop_pid = loop, os.getpid()
