@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import json
 import threading
@@ -42,7 +43,14 @@ from django_leases.workflows import (
 )
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.worker import Worker
-from tests.helpers import lapse_step_lease, start_thread, unique_key, wait_until
+from tests.helpers import (
+    lapse_step_lease,
+    no_queue_limits,
+    start_thread,
+    tuned_sql,
+    unique_key,
+    wait_until,
+)
 
 # -- step functions and workflows -------------------------------------------------------------
 
@@ -240,15 +248,28 @@ def test_an_async_step_makes_an_async_http_call(httpserver: HTTPServer) -> None:
     assert request.headers["Idempotency-Key"] == f"{run_id}:only"
 
 
+def sql_path(path: str) -> contextlib.AbstractContextManager[None]:
+    """``"tuned"``: the tuned statements, queue limits off (so PostgreSQL claims in one
+    statement); ``"portable"``: the portable ORM path (``TUNED_SQL`` off)."""
+    if path == "portable":
+        return tuned_sql(False)
+    stack = contextlib.ExitStack()
+    stack.enter_context(tuned_sql(True))
+    stack.enter_context(no_queue_limits())
+    return stack
+
+
 @pytest.mark.django_db(transaction=True)
-def test_200_async_steps_on_4_worker_threads_run_once_per_attempt() -> None:
+@pytest.mark.parametrize("path", ["tuned", "portable"])
+def test_200_async_steps_on_4_worker_threads_run_once_per_attempt(path: str) -> None:
     """20 runs of 10 async steps each on a worker of 4 threads: every run completes, every
     attempt the history records ran exactly once (and nothing ran that it does not record),
     each step's query ran on a worker thread, at most one loop per worker thread, and the
-    loops' threads end with the worker."""
+    loops' threads end with the worker. On both SQL paths."""
     run_ids = [start_workflow("tests.async.count", {"steps": 10}) for _ in range(20)]
-    worker = Worker(concurrency=4, poll_interval=0.05)
-    assert worker.run(once=True, handle_signals=False) == 0
+    with sql_path(path):
+        worker = Worker(concurrency=4, poll_interval=0.05)
+        assert worker.run(once=True, handle_signals=False) == 0
     runs = WorkflowRun.objects.in_bulk(run_ids)
     assert {run.status for run in runs.values()} == {RunStatus.COMPLETED}
     assert all(run.output == list(range(10)) for run in runs.values())
@@ -284,41 +305,47 @@ async def gated(data: dict[str, Any], ctx: Any) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_superseded_async_attempt_returning_late_is_refused() -> None:
+@pytest.mark.parametrize("path", ["tuned", "portable"])
+def test_a_superseded_async_attempt_returning_late_is_refused(path: str) -> None:
     """Attempt 1 awaits on a worker thread while its lease lapses (database clock) and
     attempt 2 claims and finishes the step; attempt 1 then returns: its result is refused,
     attempt 2's stays, and attempt 1's dispatch ends quietly (``"superseded"``)."""
     started, gate = uuid.uuid4().hex, uuid.uuid4().hex
     _gates[started], _gates[gate] = threading.Event(), threading.Event()
     try:
-        run = WorkflowRun.objects.start("tests.async.one-step", {})
-        WorkflowStep.objects.schedule(
-            run.id, "only", "tests.async.gated", {"started": started, "gate": gate}
-        )
-        stale = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.async.gated", 60)
-        assert stale is not None
-        outcome: list[str] = []
-        dispatch = start_thread(lambda: outcome.append(execute_step(stale)))
-        assert _gates[started].wait(60), "attempt 1 never started"
-        lapse_step_lease(run_id=run.id, step_name="only")
-        current = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.async.gated", 60)
-        assert current is not None and current.attempt == 2
-        WorkflowStep.objects.set_result(current.step_id, "attempt 2", current.attempt)
-        _gates[gate].set()
-        dispatch.join(60)
-        assert outcome == ["superseded"]
-        step = WorkflowStep.objects.get(pk=current.step_id)
-        assert (step.status, step.result, step.attempt) == ("succeeded", "attempt 2", 2)
-        history = dict(
-            WorkflowStepAttempt.objects.filter(step_id=current.step_id).values_list(
-                "attempt", "result"
-            )
-        )
-        assert history == {1: None, 2: "attempt 2"}
+        stack = contextlib.ExitStack()
+        stack.enter_context(sql_path(path))
+        stack.callback(_gates[gate].set)
+        with stack:
+            _supersede_an_awaiting_attempt(started, gate)
     finally:
-        _gates[gate].set()
         _gates.pop(started, None)
         _gates.pop(gate, None)
+
+
+def _supersede_an_awaiting_attempt(started: str, gate: str) -> None:
+    run = WorkflowRun.objects.start("tests.async.one-step", {})
+    WorkflowStep.objects.schedule(
+        run.id, "only", "tests.async.gated", {"started": started, "gate": gate}
+    )
+    stale = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.async.gated", 60)
+    assert stale is not None
+    outcome: list[str] = []
+    dispatch = start_thread(lambda: outcome.append(execute_step(stale)))
+    assert _gates[started].wait(60), "attempt 1 never started"
+    lapse_step_lease(run_id=run.id, step_name="only")
+    current = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.async.gated", 60)
+    assert current is not None and current.attempt == 2
+    WorkflowStep.objects.set_result(current.step_id, "attempt 2", current.attempt)
+    _gates[gate].set()
+    dispatch.join(60)
+    assert outcome == ["superseded"]
+    step = WorkflowStep.objects.get(pk=current.step_id)
+    assert (step.status, step.result, step.attempt) == ("succeeded", "attempt 2", 2)
+    history = dict(
+        WorkflowStepAttempt.objects.filter(step_id=current.step_id).values_list("attempt", "result")
+    )
+    assert history == {1: None, 2: "attempt 2"}
 
 
 # -- astart_workflow / asend_event from async views under ASGI ----------------------------------
