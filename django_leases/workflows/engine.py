@@ -99,10 +99,10 @@ def send_event(
 # async ORM methods do: in an async view that is the request's one sync thread (Django's ASGI
 # handler gives each request one), so the call shares that thread's connection, which Django
 # closes (or keeps, per CONN_MAX_AGE) when the request ends; in a ``TestCase`` it is the
-# test's thread, inside the test transaction. ``thread_sensitive=False``
-# would run it on a pool thread with a connection of its own that nothing closes (Django
-# keeps connections per thread and closes them at request boundaries only on the request's
-# thread), outside any transaction of the caller.
+# test's thread, inside the test transaction. ``thread_sensitive=False`` would run it on a
+# pool thread with a connection of its own that nothing closes (Django keeps connections per
+# thread and closes them at request boundaries only on the request's thread), outside any
+# transaction of the caller.
 
 
 async def astart_workflow(
@@ -112,7 +112,8 @@ async def astart_workflow(
     same arguments, return value (the run id, ``uuid.UUID``) and errors.
 
     It runs ``start_workflow`` through ``sync_to_async(thread_sensitive=True)``, on the
-    caller's sync thread and connection (see the comment above it in the source).
+    caller's sync thread and connection: in an async view, the request's sync thread; under
+    ``async_to_sync``, the calling thread, inside its open transaction if any.
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
