@@ -4,7 +4,7 @@
 ``Lease`` QuerySet, ``hold_lease`` and ``ahold_lease``). Mix it into a
 ``django.test.TransactionTestCase``; see that module's docstring.
 ``django_leases.testing.workflows.WorkflowFencingConformanceTests`` checks the claim and
-fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
+fencing rules of workflow steps (C1–C14, F1–F14) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,

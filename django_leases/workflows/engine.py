@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, router
 
 from django_leases import db, tracing
@@ -31,6 +32,7 @@ from django_leases.exceptions import (
 )
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import Renewal
+from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.
 from django_leases.workflows.registry import get_step_function as get_step_function
@@ -130,6 +132,71 @@ def send_event(
     """
     alias = using or router.db_for_write(WorkflowWait)
     WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)
+
+
+# -- starting from async code ----------------------------------------------------------------
+#
+# Both run their sync form through ``sync_to_async(thread_sensitive=True)``, as Django's own
+# async ORM methods do: in an async view that is the request's one sync thread (Django's ASGI
+# handler gives each request one), so the call shares that thread's connection, which Django
+# closes (or keeps, per CONN_MAX_AGE) when the request ends; in a ``TestCase`` it is the
+# test's thread, inside the test transaction. ``thread_sensitive=False`` would run it on a
+# pool thread with a connection of its own that nothing closes (Django keeps connections per
+# thread and closes them at request boundaries only on the request's thread), outside any
+# transaction of the caller.
+
+
+async def astart_workflow(
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    run_after: float | timedelta | datetime | None = None,
+    deadline: float | timedelta | None = None,
+    debounce_key: str | None = None,
+    debounce: float | timedelta | None = None,
+) -> uuid.UUID:
+    """The coroutine form of :func:`start_workflow`, for async views and other async code:
+    same arguments, return value (the run id, ``uuid.UUID``) and errors.
+
+    It runs ``start_workflow`` through ``sync_to_async(thread_sensitive=True)``, on the
+    caller's sync thread and connection: in an async view, the request's sync thread; under
+    ``async_to_sync``, the calling thread, inside its open transaction if any.
+
+    Raises:
+        UnknownWorkflowError: no workflow of that name is registered.
+        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+    """
+    return await sync_to_async(start_workflow, thread_sensitive=True)(
+        name,
+        input,
+        key=key,
+        using=using,
+        run_after=run_after,
+        deadline=deadline,
+        debounce_key=debounce_key,
+        debounce=debounce,
+    )
+
+
+async def asend_event(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, using: str | None = None
+) -> None:
+    """The coroutine form of :func:`send_event`: same arguments and errors; returns ``None``
+    once the event is delivered (committed, unless the caller's sync thread has a transaction
+    open). Runs ``send_event`` through ``sync_to_async(thread_sensitive=True)``.
+
+    Raises:
+        WorkflowRun.DoesNotExist: no such run (nothing written).
+        WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
+        WorkflowEventRefusedError: the wait already has its event, timed out, or is
+            another kind of wait (nothing written).
+        ValueError: a bad run id or name, or a payload that is not JSON or is too large
+            (nothing written).
+        ImproperlyConfigured: ``MAX_EVENT_PAYLOAD`` is not an ``int`` ≥ 1.
+    """
+    await sync_to_async(send_event, thread_sensitive=True)(run_id, name, payload, using=using)
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -271,7 +338,8 @@ def run_step_function(claim: Claim) -> StepRun:
     with tracing.span("django_leases.step", **attributes) as span:
         renewal.start()
         try:
-            ran.result = func(claim.data, StepContext(claim, renewal.lost))
+            # An ``async def`` one is awaited on this thread's event loop (workflows/aio.py).
+            ran.result = aio.call_step_function(func, claim.data, StepContext(claim, renewal.lost))
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
@@ -408,6 +476,8 @@ __all__ = [
     "StepContext",
     "StepRecorded",
     "StepRun",
+    "asend_event",
+    "astart_workflow",
     "execute_step",
     "held_while",
     "record_step",

@@ -5,7 +5,6 @@ Each installed app's ``workflows.py`` is imported when Django starts (see ``apps
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name, check_priority
+from django_leases.workflows.aio import is_async
 from django_leases.workflows.schedules import (
     ScheduleDeclaration,
     declaration,
@@ -57,7 +57,9 @@ class StepDeclaration:
 _step_options: dict[str, StepDeclaration] = {}
 
 
-def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
+def _register(
+    table: dict[str, Callable[..., Any]], kind: str, name: str, *, allow_async: bool = False
+) -> Callable[[F], F]:
     check_name(name, f"A {kind} name")
 
     def decorate(func: F) -> F:
@@ -66,11 +68,14 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
                 f"@{kind.replace(' ', '_')}({name!r}) decorates a function, not "
                 f"{type(func).__name__}"
             )
-        if inspect.iscoroutinefunction(func):
-            # The engine calls it synchronously: every run would get a coroutine, never awaited.
+        if not allow_async and is_async(func):
+            # A workflow function only orchestrates (run.step, run.sleep, …), replayed in passes
+            # on a worker thread: it stays synchronous; its steps may be async.
             raise TypeError(
                 f"@{kind.replace(' ', '_')}({name!r}) cannot register the coroutine function "
-                f"{func.__qualname__}: {kind}s are plain functions, run synchronously"
+                f"{getattr(func, '__qualname__', func)!r}: {kind} functions only orchestrate "
+                f"and are plain (synchronous) functions; make the work it awaits an "
+                f"async def @step_function and call it with run.step()"
             )
         existing = table.get(name)
         if existing is not None and existing is not func:
@@ -127,7 +132,8 @@ def workflow(
     Raises ``ValueError`` for a bad name or a name another function has, a bad cron
     expression, time zone, input or catch-up policy (before anything is registered), and
     ``TypeError`` (when decorating) for a non-callable or an ``async def`` function:
-    workflows run synchronously.
+    workflow functions only orchestrate (their steps do the work) and run synchronously;
+    make the awaiting an ``async def`` ``@step_function`` instead.
     """
     declared = None
     if schedule is not None:
@@ -231,13 +237,18 @@ def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -
     among due steps, higher is claimed first, first scheduled first within a priority
     (``run.step(..., priority=)`` overrides it per step).
 
+    The function may be ``async def``: it is then awaited on the event loop of the worker
+    thread that claimed its step (one loop per worker thread, reused across its steps;
+    :mod:`django_leases.workflows.aio`), fenced to its attempt like a sync one. Its
+    ``sync_to_async`` calls (Django's async ORM methods among them) run on that worker
+    thread, on its connection.
+
     Raises ``ValueError`` for a bad name, queue or priority, or a name another function
-    has, and ``TypeError`` (when decorating) for a non-callable or an ``async def``
-    function: step functions run synchronously (on worker threads).
+    has, and ``TypeError`` (when decorating) for a non-callable.
     """
     check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
     options = StepDeclaration(queue, check_priority(priority))
-    register = _register(_step_functions, "step function", name)
+    register = _register(_step_functions, "step function", name, allow_async=True)
 
     def decorate(func: F) -> F:
         registered = register(func)

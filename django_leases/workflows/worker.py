@@ -41,7 +41,7 @@ from django_leases.leases import HeldLease, new_holder
 from django_leases.models import WorkflowRun, WorkflowSchedule, WorkflowStep, WorkflowWorker
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
-from django_leases.workflows import registry
+from django_leases.workflows import aio, registry
 from django_leases.workflows.driver import (
     PASS_RETRY_DELAY,
     RunDriver,
@@ -664,6 +664,7 @@ class Worker:
                 self._died.append(name)
             self.stop()
         finally:
+            aio.close_thread_loop()
             db.close_thread_connections()
 
     def _loop(self, once: bool) -> None:
