@@ -19,6 +19,7 @@ DJANGO_LEASES = {
             "workflow": "tests.sched.tick",
             "cron": "* * * * * *",
             "input": {"from": "settings"},
+            "overlap": "allow",
         }
     },
 }
