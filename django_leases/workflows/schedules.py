@@ -290,13 +290,13 @@ def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[s
             )
             continue
         unknown = sorted(set(map(str, entry)) - SETTINGS_KEYS)
-        missing = sorted({"cron"} - set(entry))
+        missing = [repr(key) for key in ("cron",) if key not in entry]
         if "workflow" not in entry and "task" not in entry:
-            missing.insert(0, "workflow' or 'task")
+            missing.insert(0, "'workflow' or 'task'")
         if unknown or missing:
             said = []
             if missing:
-                said.append(f"missing {', '.join(map(repr, missing))}")
+                said.append(f"missing {', '.join(missing)}")
             if unknown:
                 said.append(
                     f"unknown key(s) {', '.join(map(repr, unknown))} (the keys: "

@@ -2,7 +2,9 @@
 ``DJANGO_LEASES["SCHEDULES"]`` with one per-second schedule (``every-second``, six fields, the
 seconds first) of ``tests.sched.tick``. Worker connections are persistent, as in production.
 With ``SCHED_BAD_ENTRY`` set, a second entry whose time zone does not exist is added (check
-E026)."""
+E026). With ``SCHED_OVERLAP`` set, the per-second schedule is replaced by three of
+``tests.sched.slow`` (runs live 2 s, longer than a tick), one per overlap policy: ``skip``,
+``buffer_one`` and ``cancel_other`` (``test_schedule_overlap``)."""
 
 import os
 
@@ -28,6 +30,17 @@ if os.environ.get("SCHED_BAD_ENTRY"):
         "workflow": "tests.sched.tick",
         "cron": "0 3 * * *",
         "timezone": "Europe/Atlantis",
+    }
+
+if os.environ.get("SCHED_OVERLAP"):
+    DJANGO_LEASES["SCHEDULES"] = {
+        policy: {
+            "workflow": "tests.sched.slow",
+            "cron": "* * * * * *",
+            "input": {"nap": 2},
+            "overlap": policy,
+        }
+        for policy in ("skip", "buffer_one", "cancel_other")
     }
 
 LOGGING = {
