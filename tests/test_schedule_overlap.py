@@ -147,9 +147,7 @@ def test_cancel_other_cancels_the_live_run_and_starts_the_tick(noop: str) -> Non
     runs = runs_of("c")
     assert [r.id for r in runs] == [f.run_id for f in fired]
     assert [f.cancelled for f in fired] == [None] + [f.run_id for f in fired[:-1]]
-    assert [r.status for r in runs] == [RunStatus.CANCELLED] * (len(runs) - 1) + [
-        RunStatus.RUNNING
-    ]
+    assert [r.status for r in runs] == [RunStatus.CANCELLED] * (len(runs) - 1) + [RunStatus.RUNNING]
     assert "schedule 'c' (overlap cancel_other)" in runs[0].error["message"]
 
 
@@ -173,7 +171,9 @@ def test_missed_ticks_are_recorded_as_skipped(noop: str) -> None:
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("policy", ["skip", "buffer_one", "cancel_other"])
-def test_threads_racing_the_firing_leave_one_live_run(noop: str, policy: str) -> None:
+def test_threads_racing_the_firing_leave_one_live_run(
+    noop: str, policy: str, sql_path: str
+) -> None:
     per_second("raced", policy, due_for=6)
     outcomes = race([WorkflowSchedule.objects.fire_due] * 4)
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
@@ -266,12 +266,16 @@ def test_backfill_starts_each_tick_once_however_often_it_runs(noop: str) -> None
     first = WorkflowSchedule.objects.backfill("bf", start, stop)
     assert len(first.ticks) == 30 and len(first.started) == 30 and first.existing == []
     # Overlapping and repeated: the ticks that have a run get none.
-    again = WorkflowSchedule.objects.backfill("bf", start + timedelta(seconds=20), stop + timedelta(seconds=10))
+    again = WorkflowSchedule.objects.backfill(
+        "bf", start + timedelta(seconds=20), stop + timedelta(seconds=10)
+    )
     assert len(again.started) == 10 and len(again.existing) == 10
     keys = [r.key for r in runs_of("bf")]
     assert keys == [run_key("bf", start + timedelta(seconds=i)) for i in range(40)]
     assert all(r.status == RunStatus.RUNNING for r in runs_of("bf"))  # overlap not applied
-    records = list(WorkflowScheduleBackfill.objects.order_by("id").values_list("ticks", "started", "existing"))
+    records = list(
+        WorkflowScheduleBackfill.objects.order_by("id").values_list("ticks", "started", "existing")
+    )
     assert records == [(30, 30, 0), (20, 10, 10)]
     assert not WorkflowScheduleBackfill.objects.filter(finished_at=None).exists()
     row = WorkflowSchedule.objects.get(name="bf")
@@ -353,13 +357,17 @@ def test_a_task_schedule_is_backfilled_once(task_schedule: str) -> None:
     with pytest.raises(ValueError, match="start_task"):
         WorkflowSchedule.objects.backfill("mail", start, stop)
     for _ in range(2):
-        WorkflowSchedule.objects.backfill("mail", start, stop, start_task=tasks.start_scheduled_task)
+        WorkflowSchedule.objects.backfill(
+            "mail", start, stop, start_task=tasks.start_scheduled_task
+        )
     assert WorkflowRun.objects.filter(workflow=TASK_WORKFLOW).count() == 5
 
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_threads_racing_a_task_schedule_enqueue_once_per_tick(task_schedule: str) -> None:
+def test_threads_racing_a_task_schedule_enqueue_once_per_tick(
+    task_schedule: str, sql_path: str
+) -> None:
     (row,) = WorkflowSchedule.objects.sync(registry.declared_schedules())
     first = clock().replace(microsecond=0) - timedelta(seconds=5)
     WorkflowSchedule.objects.filter(pk=row.pk).update(next_tick=to_stored(first, "default"))

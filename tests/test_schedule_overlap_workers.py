@@ -5,6 +5,7 @@ run three times at once, then again — each tick of the window started once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -103,7 +104,7 @@ def test_three_workers_one_killed_keep_one_live_run_per_schedule(
         assert len(ticks) == len(set(ticks))
         # From the runs' own records: each run was created after the one before had ended.
         ordered = sorted(started, key=lambda run: run.created_at)
-        for before, after in zip(ordered, ordered[1:], strict=False):
+        for before, after in itertools.pairwise(ordered):
             assert before.finished_at is not None, (policy, before.key, before.status)
             assert after.created_at >= before.finished_at, (policy, before.key, after.key)
         if policy == "skip":
@@ -163,7 +164,15 @@ def test_a_bad_backfill_window_is_a_command_error(subprocess_env: dict[str, str]
     assert future.returncode == 1 and "after now" in future.stderr
     garbled = manage(*base, "--start", "yesterday", "--end", "2026-01-01", env=env)
     assert garbled.returncode == 1 and "not an ISO 8601" in garbled.stderr
-    unknown = manage("workflow_schedules", "backfill", "nope", "--start", "2026-01-01",
-                     "--end", "2026-01-02", env=env)
+    unknown = manage(
+        "workflow_schedules",
+        "backfill",
+        "nope",
+        "--start",
+        "2026-01-01",
+        "--end",
+        "2026-01-02",
+        env=env,
+    )
     assert unknown.returncode == 1 and "'nope'" in unknown.stderr
     assert not WorkflowRun.objects.exists()

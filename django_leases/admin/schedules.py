@@ -210,9 +210,7 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
                 for b in backfills
             ),
         )
-        return format_html(
-            '<table id="schedule-backfills-{}">{}{}</table>', obj.pk, header, rows
-        )
+        return format_html('<table id="schedule-backfills-{}">{}{}</table>', obj.pk, header, rows)
 
     def _set_paused(
         self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule], paused: bool

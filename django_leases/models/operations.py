@@ -144,7 +144,10 @@ class RunOperations(RunPasses):
         """
         alias = self.write_alias()
         pk = parse_run_id(run_id)
-        error = {"code": RUN_CANCELLED, "message": message or "The run was cancelled by an operator"}
+        error = {
+            "code": RUN_CANCELLED,
+            "message": message or "The run was cancelled by an operator",
+        }
         cascaded = {
             "code": RUN_CANCELLED,
             "message": f"The run was cancelled with its parent run {pk}",

@@ -171,10 +171,10 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         """Make the rows match the declarations (``registry.declared_schedules()``).
 
         Upserts each declared row (workflow or task, cron, time zone, input, catch-up,
-        overlap, ``declared=True``); a new row, or one whose cron expression or time zone changed, gets
-        its ``next_tick`` counted from database now. Every other row becomes undeclared (it
-        stops firing; nothing is deleted). ``paused`` is never touched. Concurrent syncs
-        leave one row per name. Returns every row, sorted by name.
+        overlap, ``declared=True``); a new row, or one whose cron expression or time zone
+        changed, gets its ``next_tick`` counted from database now. Every other row becomes
+        undeclared (it stops firing; nothing is deleted). ``paused`` is never touched.
+        Concurrent syncs leave one row per name. Returns every row, sorted by name.
 
         Raises ``ValueError`` for two declarations with one name (nothing written).
         """
@@ -324,9 +324,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                 return None
             if skipped:
                 # The latest missed one (the one before ``tick``, or before now).
-                last_missed = latest_tick(
-                    row.cron, row.timezone, (tick or now) - _JUST_BEFORE
-                )
+                last_missed = latest_tick(row.cron, row.timezone, (tick or now) - _JUST_BEFORE)
                 self._skipped(alias, row.pk, last_missed or due, "missed", skipped)
             if tick is None:
                 return Fired(row.name, None, None, following, skipped, action="missed")
@@ -405,9 +403,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         )
         return run_id, started
 
-    def _skipped(
-        self, alias: str, pk: int, tick: datetime, reason: str, count: int = 1
-    ) -> None:
+    def _skipped(self, alias: str, pk: int, tick: datetime, reason: str, count: int = 1) -> None:
         """Record that ``count`` ticks of schedule ``pk``, the last at ``tick``, started no
         run, for ``reason`` (one of :data:`SKIP_REASONS`)."""
         self._rows(alias).filter(pk=pk).update(
@@ -476,15 +472,17 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
             raise UnknownScheduleError(name)
         if row.task and start_task is None:
             raise ValueError(f"schedule {name!r} enqueues a task: give start_task")
-        now = to_aware(row.db_now, alias)  # type: ignore[attr-defined]
+        now = to_aware(row.db_now, alias)
         if end > now:
             raise ValueError(
                 f"the backfill's end ({end.isoformat()}) is after now ({now.isoformat()}): "
                 "ticks to come are the schedule's own"
             )
         ticks = ticks_between(row.cron, row.timezone, start, end)
+        stored_start, stored_end = to_stored(start, alias), to_stored(end, alias)
+        assert stored_start is not None and stored_end is not None  # aware values given
         record = WorkflowScheduleBackfill.objects.db_manager(alias).create(
-            schedule=row, start=to_stored(start, alias), end=to_stored(end, alias), ticks=len(ticks)
+            schedule=row, start=stored_start, end=stored_end, ticks=len(ticks)
         )
         started: list[uuid.UUID] = []
         existing: list[uuid.UUID] = []
@@ -575,8 +573,8 @@ class WorkflowSchedule(models.Model):
     ``buffered_tick`` is the tick waiting for it (``buffer_one``); ``last_skipped_tick``,
     ``last_skip_reason`` and ``skipped_ticks`` record the ticks that started no run.
     ``task``, when set, is the dotted path of the Django ``@task`` each tick enqueues
-    (``input`` then holds its ``args`` and ``kwargs``). ``declared`` turns ``False`` when the declaration leaves
-    the code or settings: the row stops firing and stays.
+    (``input`` then holds its ``args`` and ``kwargs``). ``declared`` turns ``False`` when the
+    declaration leaves the code or settings: the row stops firing and stays.
     """
 
     name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, unique=True)

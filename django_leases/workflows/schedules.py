@@ -63,9 +63,9 @@ from django_leases.workflows.values import TASK_WORKFLOW
 
 __all__ = [
     "CATCH_UP_POLICIES",
+    "MAX_BACKFILL_TICKS",
     "MAX_PRUNE_BATCH_SIZE",
     "MAX_SCHEDULE_NAME_LENGTH",
-    "MAX_BACKFILL_TICKS",
     "MISSED_AFTER",
     "OVERLAP_POLICIES",
     "PRUNE_DEFAULTS",
@@ -77,8 +77,8 @@ __all__ = [
     "RUN_KEY_PREFIX",
     "ScheduleDeclaration",
     "check_catch_up",
-    "check_overlap",
     "check_cron",
+    "check_overlap",
     "check_timezone",
     "declaration",
     "from_settings",

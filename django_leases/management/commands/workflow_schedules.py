@@ -33,11 +33,11 @@ from django.core.management.base import CommandError, CommandParser
 
 from django_leases.clock import to_aware
 from django_leases.exceptions import UnknownScheduleError
-from django_leases.workflows.worker import task_starter
 from django_leases.management import base
 from django_leases.models import WorkflowSchedule
 from django_leases.models.schedule import WorkflowScheduleQuerySet
 from django_leases.workflows.registry import declared_schedules
+from django_leases.workflows.worker import task_starter
 
 _COLUMNS = base.columns(
     (
