@@ -381,3 +381,51 @@ def test_threads_racing_a_task_schedule_enqueue_once_per_tick(
     keys = [r.key for r in runs_of("mail")]
     assert len(keys) == len(set(keys)) == len(fired) >= 5
     assert WorkflowRun.objects.filter(workflow=TASK_WORKFLOW).count() == len(fired)
+
+
+# -- operators: the admin and the command -------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_shows_the_policy_the_last_skipped_tick_and_the_backfills(noop: str) -> None:
+    from django.urls import reverse
+
+    from tests.helpers import staff_client
+
+    row = per_second("s", "buffer_one")
+    WorkflowSchedule.objects.fire_due()
+    done = WorkflowSchedule.objects.backfill("s", utc(2026, 1, 1), utc(2026, 1, 1, 0, 0, 3))
+    viewer = staff_client("view_workflowschedule")
+    listing = viewer.get(reverse("admin:django_leases_workflowschedule_changelist"))
+    html = listing.content.decode()
+    assert "buffer one" in html
+    assert f'id="schedule-skipped-{row.pk}" data-reason="buffer_full"' in html
+    page = viewer.get(reverse("admin:django_leases_workflowschedule_change", args=[row.pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f'id="schedule-backfills-{row.pk}"' in html
+    assert f'data-backfill="{done.backfill_id}"' in html
+    assert "a tick was already waiting" in html  # the reason, as operators read it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_list_command_shows_the_policy_and_the_last_skipped_tick(noop: str) -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    entry = {"workflow": noop, "cron": "* * * * * *", "overlap": "skip"}
+    with override_settings(DJANGO_LEASES={"SCHEDULES": {"s": entry}}):
+        out = StringIO()
+        call_command("workflow_schedules", "list", stdout=out)
+        WorkflowSchedule.objects.filter(name="s").update(
+            next_tick=to_stored(clock().replace(microsecond=0) - timedelta(seconds=3), "default")
+        )
+        WorkflowSchedule.objects.fire_due()
+        listed = StringIO()
+        call_command("workflow_schedules", "list", "--format", "json", stdout=listed)
+    assert "OVERLAP" in out.getvalue().splitlines()[0]
+    (shown,) = json.loads(listed.getvalue())
+    assert shown["overlap"] == "skip" and shown["last_skip_reason"] == "overlap"
+    assert shown["skipped_ticks"] >= 2 and shown["last_skipped_tick"] is not None
