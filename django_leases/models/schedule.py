@@ -593,6 +593,7 @@ class WorkflowSchedule(models.Model):
         max_length=16,
         choices=[(policy, OVERLAP_LABELS[policy]) for policy in OVERLAP_POLICIES],
         default="skip",
+        db_default="skip",
         help_text=_("What a tick does while the schedule's previous run is still live."),
     )
     task = models.CharField(
@@ -600,6 +601,7 @@ class WorkflowSchedule(models.Model):
         max_length=255,
         blank=True,
         default="",
+        db_default="",
         help_text=_("The Django task each tick enqueues (empty: the workflow is started)."),
     )
     declared = models.BooleanField(_("declared"), default=True)
@@ -614,9 +616,10 @@ class WorkflowSchedule(models.Model):
         max_length=16,
         blank=True,
         default="",
+        db_default="",
         choices=[(reason, SKIP_REASON_LABELS[reason]) for reason in SKIP_REASONS],
     )
-    skipped_ticks = models.PositiveBigIntegerField(_("skipped ticks"), default=0)
+    skipped_ticks = models.PositiveBigIntegerField(_("skipped ticks"), default=0, db_default=0)
     created_at = models.DateTimeField(_("created at"), db_default=DbNow())
     updated_at = models.DateTimeField(_("updated at"), db_default=DbNow())
 
