@@ -381,21 +381,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         """Start (by its tick key) the run of ``row``'s ``tick`` inside the caller's
         transaction and make it the schedule's last run (no tick waits then);
         ``(run id, started)``."""
-        key = run_key(row.name, tick)
-        if row.task:
-            if start_task is None:
-                raise ValueError(f"schedule {row.name!r} enqueues a task: give start_task")
-            arguments = row.input if isinstance(row.input, dict) else {}
-            run_id, started = start_task(
-                alias,
-                row.task,
-                list(arguments.get("args", [])),
-                dict(arguments.get("kwargs", {})),
-                key,
-            )
-        else:
-            run = WorkflowRun.objects.db_manager(alias).start(row.workflow, row.input, key=key)
-            run_id, started = run.id, run.started
+        run_id, started = self._start_keyed(alias, row, tick, start_task)
         self._rows(alias).filter(pk=row.pk).update(
             last_tick=to_stored(tick, alias),
             last_run_id=run_id,
@@ -491,7 +477,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
             with transaction.atomic(using=alias):
                 new = 0
                 for tick in batch:
-                    run_id, fresh = self._start_backfilled(alias, row, tick, start_task)
+                    run_id, fresh = self._start_keyed(alias, row, tick, start_task)
                     (started if fresh else existing).append(run_id)
                     new += fresh
                 WorkflowScheduleBackfill.objects.db_manager(alias).filter(pk=record.pk).update(
@@ -502,22 +488,26 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         )
         return Backfilled(name, ticks, started, existing, record.pk)
 
-    def _start_backfilled(
+    def _start_keyed(
         self, alias: str, row: WorkflowSchedule, tick: datetime, start_task: TaskStarter | None
     ) -> tuple[uuid.UUID, bool]:
+        """Start the run of ``row``'s ``tick`` by its tick key (a task schedule's through
+        ``start_task``); ``(run id, started)``, ``started`` ``False`` when the key's run
+        existed (nothing written then)."""
         key = run_key(row.name, tick)
-        if row.task:
-            assert start_task is not None
-            arguments = row.input if isinstance(row.input, dict) else {}
-            return start_task(
-                alias,
-                row.task,
-                list(arguments.get("args", [])),
-                dict(arguments.get("kwargs", {})),
-                key,
-            )
-        run = WorkflowRun.objects.db_manager(alias).start(row.workflow, row.input, key=key)
-        return run.id, run.started
+        if not row.task:
+            run = WorkflowRun.objects.db_manager(alias).start(row.workflow, row.input, key=key)
+            return run.id, run.started
+        if start_task is None:
+            raise ValueError(f"schedule {row.name!r} enqueues a task: give start_task")
+        arguments = row.input if isinstance(row.input, dict) else {}
+        return start_task(
+            alias,
+            row.task,
+            list(arguments.get("args", [])),
+            dict(arguments.get("kwargs", {})),
+            key,
+        )
 
 
 #: Ticks a backfill starts per transaction.
