@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from django.utils.module_loading import import_string
+
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name, check_priority
@@ -118,6 +120,7 @@ def workflow(
     timezone: str = "UTC",
     input: Any = None,
     catch_up: str = "latest",
+    overlap: str = "skip",
 ) -> Callable[[F], F]:
     """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str`` of
     1–200 characters); the decorator returns the function unchanged.
@@ -126,11 +129,14 @@ def workflow(
     also declares a schedule named ``name``: the workflow worker starts one run per tick,
     exactly once across every worker (:mod:`django_leases.workflows.schedules`). Its
     ``timezone`` (an IANA name, default ``"UTC"``), the runs' JSON ``input`` (default ``{}``)
-    and ``catch_up`` (``"latest"``: one run for ticks missed while no worker ran; ``"none"``)
-    go with it, and mean nothing without ``schedule``.
+    ``catch_up`` (``"latest"``: one run for ticks missed while no worker ran; ``"none"``)
+    and ``overlap`` (what a tick does while the schedule's previous run is still live:
+    ``"skip"``, the default, ``"buffer_one"``, ``"cancel_other"`` or ``"allow"``) go with
+    it, and mean nothing without ``schedule``.
 
     Raises ``ValueError`` for a bad name or a name another function has, a bad cron
-    expression, time zone, input or catch-up policy (before anything is registered), and
+    expression, time zone, input, catch-up or overlap policy (before anything is
+    registered), and
     ``TypeError`` (when decorating) for a non-callable or an ``async def`` function:
     workflow functions only orchestrate (their steps do the work) and run synchronously;
     make the awaiting an ``async def`` ``@step_function`` instead.
@@ -145,6 +151,7 @@ def workflow(
             input=input,
             catch_up=catch_up,
             origin="@workflow",
+            overlap=overlap,
         )
     register = _register(_workflows, "workflow", name)
     if declared is None:
@@ -176,8 +183,9 @@ def declared_schedules() -> list[ScheduleDeclaration]:
 
 def schedule_problems() -> list[str]:
     """What is wrong with the declared schedules, one message each (check ``E026``): a bad
-    ``SCHEDULES`` entry (cron, time zone, input, catch-up, keys), one whose workflow no code
-    registers, or whose name a ``@workflow`` schedule has already."""
+    ``SCHEDULES`` entry (cron, time zone, input, catch-up, overlap, keys), one whose workflow
+    no code registers, one whose ``task`` path names no Django ``@task`` of a django-leases
+    ``TaskBackend``, or whose name a ``@workflow`` schedule has already."""
     _, problems, _ = _collect()
     return problems
 
@@ -200,6 +208,12 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
                 f"Schedule {entry.name!r} (settings): the name is taken by the schedule of "
                 f"@workflow({entry.name!r}); give the settings entry another name"
             )
+        elif entry.task:
+            problem = _task_problem(entry.task)
+            if problem:
+                problems.append(f"Schedule {entry.name!r} (settings): {problem}")
+            else:
+                found[entry.name] = entry
         elif entry.workflow not in _workflows:
             problems.append(
                 f"Schedule {entry.name!r} (settings): no loaded code registers workflow "
@@ -224,6 +238,28 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     elif prune is not None:
         found[prune.name] = prune
     return [found[name] for name in sorted(found)], problems, prune_problems
+
+
+def _task_problem(path: str) -> str:
+    """What keeps ``path`` from being the task of a schedule (``""``: nothing): it must
+    import to a Django ``@task`` whose backend enqueues once per tick key (a django-leases
+    ``TaskBackend``)."""
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        return f"the task {path!r} cannot be imported: {exc}"
+    if not (hasattr(task, "get_backend") and hasattr(task, "module_path")):
+        return f"{path!r} is not a Django @task (a function decorated with @task)"
+    try:
+        backend = task.get_backend()
+    except Exception as exc:  # an unknown backend alias: Django's own error
+        return f"the backend of task {path!r} is not usable: {exc}"
+    if not hasattr(backend, "enqueue_for_tick"):
+        return (
+            f"task {path!r} goes to backend {getattr(backend, 'alias', '?')!r}, not a "
+            "django_leases.tasks.TaskBackend: only that backend enqueues a tick exactly once"
+        )
+    return ""
 
 
 def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Callable[[F], F]:

@@ -39,6 +39,7 @@ from django_leases.exceptions import MisuseError
 from django_leases.health import functions_missing
 from django_leases.leases import HeldLease, new_holder
 from django_leases.models import WorkflowRun, WorkflowSchedule, WorkflowStep, WorkflowWorker
+from django_leases.models.schedule import TaskStarter
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
 from django_leases.workflows import aio, registry
@@ -150,6 +151,15 @@ class _Heartbeat:
             db.close_thread_connections()
 
 
+def task_starter() -> TaskStarter:
+    """What enqueues a task schedule's tick: the Tasks backend's
+    :func:`~django_leases.tasks.start_scheduled_task` (imported only when a task schedule is
+    declared: it needs Django's Tasks framework)."""
+    from django_leases.tasks import start_scheduled_task
+
+    return start_scheduled_task
+
+
 class _Schedules:
     """The worker's part in firing schedules (:mod:`django_leases.workflows.schedules`): on
     its first look it syncs the declared schedules to their rows, then at most once per
@@ -162,6 +172,8 @@ class _Schedules:
         self.interval = interval
         self.synced = False
         self._next = 0.0
+        #: Enqueues the ticks of task schedules (``None``: none is declared).
+        self.start_task: TaskStarter | None = None
 
     def tick(self) -> None:
         """From the worker's main loop: sync once, then fire what is due (rate-limited)."""
@@ -172,14 +184,29 @@ class _Schedules:
         schedules = WorkflowSchedule.objects.db_manager(self.worker.alias)
         try:
             if not self.synced:
-                schedules.sync(registry.declared_schedules())
+                declared = registry.declared_schedules()
+                schedules.sync(declared)
+                self.start_task = task_starter() if any(s.task for s in declared) else None
                 self.synced = True
-            for fired in schedules.fire_due():
+            for fired in schedules.fire_due(start_task=self.start_task):
                 if fired.tick is None:
                     logger.warning(
                         "Schedule %r: %d missed tick(s) skipped (catch_up none)",
                         fired.name,
                         fired.skipped,
+                    )
+                elif fired.action == "skipped":
+                    logger.info(
+                        "Schedule %r: tick %s skipped (%s)",
+                        fired.name,
+                        fired.tick.isoformat(),
+                        fired.reason,
+                    )
+                elif fired.action == "buffered":
+                    logger.info(
+                        "Schedule %r: tick %s waits for the previous run",
+                        fired.name,
+                        fired.tick.isoformat(),
                     )
                 else:
                     logger.info(
