@@ -19,6 +19,8 @@ A run **diverges** when the code meets an action other than the one the run reco
   inserted without ``run.patched``, renamed, or moved ahead of recorded ones);
 * a recorded step met out of its recorded order among the run's steps (reordered), or a
   recorded wait out of order among its waits;
+* the code reaches the action the run waits at while a step or wait it recorded before is
+  left unmet (one removed);
 * a step recorded with another step function, a name recorded as another kind of wait, a
   child recorded as a run of another workflow;
 * the workflow returns or raises while recorded steps or waits remain unmet (one removed);
@@ -281,6 +283,15 @@ class _DryPass:
             raise _Frontier  # the next pass does this: nothing recorded is skipped
         raise _Diverged(recorded, action)
 
+    def _stop_at(self, action: Action) -> Any:
+        """The run waits at ``action`` (recorded, not finished): its frontier. Nothing else
+        it recorded may be left unmet there (a sequential run records nothing after the
+        action it waits at): a step the code no longer reaches was removed."""
+        left = self.unreplayed()
+        if left is not None:
+            raise _Diverged(left, action)
+        raise _Frontier
+
     def _see(self, name: str) -> None:
         # The engine's rules for names (a ValueError there fails the run; here it is what
         # the workflow raises).
@@ -332,14 +343,11 @@ class _DryPass:
         if self._next_step() != step_name:
             self._in_order([step_name], action)
         self._see(step_name)
-        return self._outcome(row)
-
-    def _outcome(self, row: dict[str, Any]) -> Any:
         if row["status"] == StepStatus.SUCCEEDED:
             return row["result"]
         if row["status"] == StepStatus.FAILED and row["attempt"] >= row["retries"] + 1:
             raise WorkflowStepFailedError(row["step_name"], row["error"])
-        raise _Frontier
+        return self._stop_at(action)
 
     def parallel(
         self, calls: list[tuple[str, str, Any]], options: StepOptions, priority: int | None
@@ -370,7 +378,7 @@ class _DryPass:
             else:
                 unfinished += 1
         if unfinished:
-            raise _Frontier
+            self._stop_at(action)
         return results
 
     def child(self, name: str, workflow: str, input: Any) -> Any:
@@ -385,20 +393,22 @@ class _DryPass:
             return child.output
         if child.status in (RunStatus.FAILED, RunStatus.CANCELLED):
             raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
-        raise _Frontier
+        return self._stop_at(action)
 
     def sleep(self, name: str, seconds: float) -> None:
-        wait = self._wait(name, WaitKind.SLEEP, Action("sleep", name))
+        action = Action("sleep", name)
+        wait = self._wait(name, WaitKind.SLEEP, action)
         if wait.status != WaitStatus.DONE:
-            raise _Frontier
+            self._stop_at(action)
 
     def wait_for_event(self, name: str, timeout: float | None) -> Any:
-        wait = self._wait(name, WaitKind.EVENT, Action("event", name))
+        action = Action("event", name)
+        wait = self._wait(name, WaitKind.EVENT, action)
         if wait.status == WaitStatus.DONE:
             return wait.payload
         if wait.status == WaitStatus.TIMED_OUT:
             raise WorkflowEventTimeout(name, timeout)
-        raise _Frontier
+        return self._stop_at(action)
 
     def patched(self, name: str) -> bool:
         if name in self.seen:
