@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     RESULTS_DIR,
     add_settle_argument,
     libpq_conninfo,
@@ -93,7 +93,7 @@ def register(steps: int) -> None:
     def flow(run: Any, input: Any) -> Any:
         done = [run.step(f"s{i}", FUNCTION, i) for i in range(steps)]
         done.append(run.wait_for_event("go"))
-        return done + [run.step("last", FUNCTION, "last")]
+        return [*done, run.step("last", FUNCTION, "last")]
 
 
 def fill(runs: int, steps: int) -> None:
