@@ -8,12 +8,15 @@ fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
-fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1).
+fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1),
+and ``django_leases.testing.patches.WorkflowPatchConformanceTests`` those of ``run.patched``
+(D1–D5).
 :func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 
 from django_leases.testing.driving import drive
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
+from django_leases.testing.patches import WorkflowPatchConformanceTests
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.waits import WorkflowWaitConformanceTests
 from django_leases.testing.workflows import WorkflowFencingConformanceTests
@@ -23,6 +26,7 @@ __all__ = [
     "SimulatedOutage",
     "TriggerSourceStoreConformanceTests",
     "WorkflowFencingConformanceTests",
+    "WorkflowPatchConformanceTests",
     "WorkflowWaitConformanceTests",
     "drive",
 ]

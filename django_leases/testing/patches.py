@@ -56,6 +56,7 @@ def _new_code() -> bool:
 
 
 def echo(data: Any, ctx: Any) -> Any:
+    """The suite's step function: returns ``data``."""
     return data
 
 
@@ -129,12 +130,14 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
 
     @classmethod
     def setUpClass(cls) -> None:
+        """Register the suite's step function and workflows (again: the same functions)."""
         super().setUpClass()  # type: ignore[misc]
         step_function(ECHO)(echo)
         for name, func in _WORKFLOWS.items():
             workflow(f"{PREFIX}.{name}")(func)
 
     def setUp(self) -> None:
+        """Every rule starts on the code before the patches (version 1)."""
         super().setUp()  # type: ignore[misc]
         self.deploy(1)
 
@@ -146,14 +149,17 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         _deployed["version"] = version
 
     def start(self, name: str, input: Any = None) -> uuid.UUID:
+        """Start a run of the suite's workflow ``name`` with JSON ``input``; its id."""
         return start_workflow(f"{PREFIX}.{name}", input, using=self.workflow_database)
 
     def drive(self, run_id: uuid.UUID, *, skip_sleeps: bool = True) -> WorkflowRun:
+        """:func:`~django_leases.testing.drive` every due pass and step; run ``run_id`` then."""
         run = drive(run_id, skip_sleeps=skip_sleeps, using=self.workflow_database)
         assert run is not None
         return run
 
     def send(self, run_id: uuid.UUID, name: str, payload: Any = None) -> WorkflowRun:
+        """Send event ``name`` to run ``run_id``, then :meth:`drive` it."""
         send_event(run_id, name, payload, using=self.workflow_database)
         return self.drive(run_id)
 
@@ -163,15 +169,18 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         return dict(rows.values_list("step_name", "result"))
 
     def step_names(self, run_id: uuid.UUID) -> list[str]:
+        """The run's steps (no patch decision) in the order it recorded them."""
         rows = self.steps.filter(run_id=run_id).exclude(status=StepStatus.PATCH)
         return list(rows.order_by("id").values_list("step_name", flat=True))
 
     def assertCompleted(self, run: WorkflowRun, output: Any) -> None:
+        """Assert that ``run`` completed with ``output``."""
         self.assertEqual((run.status, run.output), (RunStatus.COMPLETED, output), run.error)
 
     # -- D1, D2: an old run keeps the old path; a new run takes the new one, for good ---------
 
     def test_d1_a_run_past_the_patch_keeps_the_old_path(self) -> None:
+        """D1: a run parked after the patch's place when it is deployed answers False."""
         run_id = self.start("insert")
         self.assertEqual(self.drive(run_id).status, RunStatus.RUNNING)  # waits for "go"
         self.deploy(2)
@@ -181,6 +190,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.step_names(run_id), ["a", "b", "c"])
 
     def test_d2_a_new_run_takes_the_new_path_and_the_answer_sticks(self) -> None:
+        """D2: a run on the new code answers True, on every later pass too."""
         self.deploy(2)
         run_id = self.start("insert")
         self.assertEqual(self.drive(run_id).status, RunStatus.RUNNING)  # waits for "go"
@@ -203,6 +213,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         return run_id
 
     def test_d3_one_patch_name_in_a_loop_is_decided_once(self) -> None:
+        """D3: one patch name in a loop is decided on the first iteration, for all."""
         run_id = self._old_loop_at_second_wait(per_iteration=False)
         self.send(run_id, "go1")
         run = self.send(run_id, "go2")
@@ -217,6 +228,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(new_id), {"new": True})
 
     def test_d3_a_patch_name_per_iteration_switches_where_the_run_stood(self) -> None:
+        """D3: a name per iteration turns True at the first iteration the run had not
+        reached."""
         run_id = self._old_loop_at_second_wait(per_iteration=True)
         self.send(run_id, "go1")
         run = self.send(run_id, "go2")
@@ -226,6 +239,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
     # -- D4: a patch after a wait ----------------------------------------------------------------
 
     def test_d4_a_run_asleep_before_the_patch_takes_the_new_path_after_the_sleep(self) -> None:
+        """D4: a run asleep before the patch answers True after the sleep; one past it
+        False."""
         past = self.start("after-sleep")
         self.drive(past)  # past the sleep and b: waits for "go"
         asleep = self.start("after-sleep")
@@ -239,6 +254,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(past), {"after-nap": False})
 
     def test_d4_a_run_waiting_for_an_event_before_the_patch_takes_the_new_path(self) -> None:
+        """D4: as for a sleep, after an event wait."""
         waiting = self.start("after-event")
         self.drive(waiting)  # waits for "first"
         past = self.start("after-event")
@@ -254,6 +270,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
     # -- D5: names ------------------------------------------------------------------------------
 
     def test_d5_a_patch_named_like_a_step_is_refused_with_nothing_recorded(self) -> None:
+        """D5: a patch named like a step of the run fails the run; nothing is recorded."""
         run_id = self.start("clash")
         run = self.drive(run_id)
         self.assertEqual(run.status, RunStatus.FAILED)
@@ -261,6 +278,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(run_id), {})
 
     def test_d5_record_patch_refuses_bad_input_with_nothing_written(self) -> None:
+        """D5: ``record_patch`` refuses a bad name or answer; a second answer is ignored."""
         run_id = self.start("insert")
         for name, value in (("", True), ("x" * 201, True), ("ok", "yes")):
             with self.subTest(name=name[:10], value=value), self.assertRaises(ValueError):

@@ -578,19 +578,25 @@ class PassCalls(Protocol):
 
     run: WorkflowRun
 
-    def step(self, step_name: str, function_name: str, data: Any, options: StepOptions) -> Any: ...
+    def step(self, step_name: str, function_name: str, data: Any, options: StepOptions) -> Any:
+        """:meth:`RunContext.step`, its arguments checked."""
 
     def parallel(
         self, calls: list[tuple[str, str, Any]], options: StepOptions, priority: int | None
-    ) -> list[Any]: ...
+    ) -> list[Any]:
+        """:meth:`RunContext.parallel`, its arguments checked."""
 
-    def child(self, name: str, workflow: str, input: Any) -> Any: ...
+    def child(self, name: str, workflow: str, input: Any) -> Any:
+        """:meth:`RunContext.child`, its arguments checked."""
 
-    def sleep(self, name: str, seconds: float) -> None: ...
+    def sleep(self, name: str, seconds: float) -> None:
+        """:meth:`RunContext.sleep`, its arguments checked (``seconds``: float)."""
 
-    def wait_for_event(self, name: str, timeout: float | None) -> Any: ...
+    def wait_for_event(self, name: str, timeout: float | None) -> Any:
+        """:meth:`RunContext.wait_for_event`, its arguments checked (``timeout``: seconds)."""
 
-    def patched(self, name: str) -> bool: ...
+    def patched(self, name: str) -> bool:
+        """:meth:`RunContext.patched`, its name checked."""
 
 
 class RunContext:
