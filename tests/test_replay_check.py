@@ -29,6 +29,7 @@ from django_leases.testing import drive
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
 from django_leases.workflows.replay_check import check_replay
 from django_leases.workflows.values import StepStatus, run_lease_key
+from tests.helpers import manage
 from tests.test_workflow_conformance import statements_sent
 
 pytestmark = pytest.mark.django_db
@@ -268,3 +269,20 @@ def test_patch_markers_are_not_steps_to_the_replay() -> None:
     assert list(markers.values_list("step_name", "function_name")) == [("add-x", "")]
     deployed["code"] = "inserted"
     assert check()[0] == 0
+
+
+def test_the_command_exits_0_then_3_as_a_process(subprocess_env: dict[str, str]) -> None:
+    done = WorkflowRun.objects.start("tests.replay.gone", {})
+    WorkflowRun.objects.complete(done.id, None)
+    ok = manage("workflow_runs", "check-replay", env=subprocess_env)
+    assert (ok.returncode, ok.stdout) == (
+        0,
+        "All 0 live run(s) replay on the code now deployed.\n",
+    ), ok.stderr
+    live = WorkflowRun.objects.start("tests.replay.gone", {})
+    failed = manage("workflow_runs", "check-replay", "--format", "json", env=subprocess_env)
+    assert failed.returncode == 3, failed.stderr
+    report = json.loads(failed.stdout)
+    assert [run["run_id"] for run in report["runs"]] == [str(live.id)]
+    assert report["runs"][0]["new"]["kind"] == "missing"
+    assert "1 of 1 live run(s) would not replay" in failed.stderr
