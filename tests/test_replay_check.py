@@ -25,6 +25,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
     WorkflowWait,
 )
+from django_leases.models.wait import WorkflowWaitQuerySet
 from django_leases.testing import drive
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
 from django_leases.workflows.replay_check import check_replay
@@ -89,6 +90,15 @@ def nap(run: Any, input: Any) -> Any:
     if deployed["code"] == "v1":
         return run.step("b", ECHO, "b")
     return run.step("b-new", ECHO, "b-new")
+
+
+@workflow("tests.replay.two-waits")
+def two_waits(run: Any, input: Any) -> Any:
+    run.step("a", ECHO, "a")
+    run.wait_for_event("go")
+    run.step("b", ECHO, "b")
+    run.wait_for_event("go2")
+    return run.step("c", ECHO, "c")
 
 
 @pytest.fixture(autouse=True)
@@ -259,7 +269,13 @@ def test_reads_are_batched_not_one_per_run() -> None:
     with CaptureQueriesContext(connection) as queries:
         report = check_replay(batch_size=5)
     assert report.checked == 12 and len(report.divergences) == 12
-    assert len(queries) == 3 * 3  # 3 batches (5, 5, 2): runs, steps, waits
+    # 3 batches (5, 5, 2): runs, steps, waits; each read and replayed again, as it diverged.
+    assert len(queries) == 3 * 3 * 2
+    deployed["code"] = "v1"
+    with CaptureQueriesContext(connection) as queries:
+        report = check_replay(batch_size=5)
+    assert report.checked == 12 and report.ok
+    assert len(queries) == 3 * 3  # nothing diverged: nothing read again
 
 
 def test_patch_markers_are_not_steps_to_the_replay() -> None:
@@ -286,3 +302,28 @@ def test_the_command_exits_0_then_3_as_a_process(subprocess_env: dict[str, str])
     assert [run["run_id"] for run in report["runs"]] == [str(live.id)]
     assert report["runs"][0]["new"]["kind"] == "missing"
     assert "1 of 1 live run(s) would not replay" in failed.stderr
+
+
+def test_a_run_that_moved_on_between_two_reads_is_read_again_not_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run_id = start_workflow("tests.replay.two-waits", {})
+    drive(run_id)  # a recorded, waits for "go"
+    read_waits = WorkflowWaitQuerySet.for_replay
+    moved: list[bool] = []
+
+    def a_worker_between_the_reads(self: Any, run_ids: Any) -> Any:
+        if not moved:  # after the steps were read: b recorded, "go2" reached
+            moved.append(True)
+            send_event(run_id, "go", 1)
+            drive(run_id)
+            assert list(WorkflowStep.objects.filter(run_id=run_id).values_list("step_name")) == [
+                ("a",),
+                ("b",),
+            ]
+        return read_waits(self, run_ids)
+
+    monkeypatch.setattr(WorkflowWaitQuerySet, "for_replay", a_worker_between_the_reads)
+    report = check_replay()
+    assert moved and report.checked == 1
+    assert report.ok, [str(found) for found in report.divergences]

@@ -121,11 +121,14 @@ class StepPatches(StepResults):
 class RunReplays(RunOperations):
     """The live runs a replay check reads, in batches."""
 
-    def live_batches(self, batch_size: int = 1000) -> Iterator[list[WorkflowRun]]:
+    def live_batches(
+        self, batch_size: int = 1000, *, only: Sequence[uuid.UUID] | None = None
+    ) -> Iterator[list[WorkflowRun]]:
         """Every live run (``running`` — a sleeping or waiting one too — and ``suspended``),
         in lists of at most ``batch_size`` (int ≥ 1), by id; each list is one read of
         ``id``, ``workflow``, ``status`` and ``input``, found after the previous list's last
-        id (a run started meanwhile is read if its id sorts later).
+        id (a run started meanwhile is read if its id sorts later). ``only``: just those of
+        these run ids that are live.
 
         Raises:
             ValueError: a bad ``batch_size``.
@@ -138,6 +141,8 @@ class RunReplays(RunOperations):
             .only("id", "workflow", "status", "input")
             .order_by("id")
         )
+        if only is not None:
+            live = live.filter(pk__in=list(only))
         after: uuid.UUID | None = None
         while True:
             batch = list((live if after is None else live.filter(pk__gt=after))[:batch_size])
