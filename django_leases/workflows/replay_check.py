@@ -32,7 +32,9 @@ places are met by name and not reported as such. Patch decisions never diverge: 
 retired from the code is simply not asked about.
 
 The reads are batched: for each batch of runs, one read of the runs, one of their steps and
-one of their waits with their child runs (no read per run).
+one of their waits with their child runs (no read per run). Those are three statements, not
+one snapshot: the runs of a batch that seem to diverge are read and replayed once more, and
+reported only if they diverge again.
 """
 
 from __future__ import annotations
