@@ -1,5 +1,5 @@
 """The shipped conformance suite for ``run.patched`` (``django_leases.testing.patches``:
-D1–D5), run on this suite's database — on PostgreSQL twice: on the tuned statements, and on
+R1–R5), run on this suite's database — on PostgreSQL twice: on the tuned statements, and on
 the portable ORM path (``TUNED_SQL = False``), checking that no tuned statement was sent
 there."""
 

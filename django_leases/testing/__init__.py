@@ -10,7 +10,7 @@ rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provide
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
 fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1),
 and ``django_leases.testing.patches.WorkflowPatchConformanceTests`` those of ``run.patched``
-(D1–D5).
+(R1–R5).
 :func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 

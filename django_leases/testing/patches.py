@@ -4,16 +4,16 @@
 The rules, pinned on whole runs driven to their end (:func:`~django_leases.testing.drive`),
 with the code "deployed" between two passes:
 
-* D1 — a run that had gone past the patch before the patch existed keeps the old path
+* R1 — a run that had gone past the patch before the patch existed keeps the old path
   (``patched`` is ``False``), and the answer is recorded;
-* D2 — a run started on the new code takes the new path (``True``), and the answer sticks
+* R2 — a run started on the new code takes the new path (``True``), and the answer sticks
   for its later passes, although by then the run recorded what the new path did (a pass
   that decided afresh would answer ``False`` there);
-* D3 — a patch inside a loop: one name is decided once for every iteration; a name per
+* R3 — a patch inside a loop: one name is decided once for every iteration; a name per
   iteration switches at the first iteration the run had not reached;
-* D4 — a patch after a sleep or an event wait: a run that waited there when the patch
+* R4 — a patch after a sleep or an event wait: a run that waited there when the patch
   arrived takes the new path once the wait is over, and one that had gone past keeps the old;
-* D5 — a patch name that is a step's name, or a bad name, is refused with nothing recorded.
+* R5 — a patch name that is a step's name, or a bad name, is refused with nothing recorded.
 
 Mix :class:`WorkflowPatchConformanceTests` into a ``TransactionTestCase``::
 
@@ -123,7 +123,7 @@ _WORKFLOWS = {
 
 
 class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
-    """Rules D1–D5 as ``test_*`` methods; mix into ``TransactionTestCase``. Override
+    """Rules R1–R5 as ``test_*`` methods; mix into ``TransactionTestCase``. Override
     :attr:`workflow_database` for another alias."""
 
     registered: ClassVar[bool] = False
@@ -177,10 +177,10 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         """Assert that ``run`` completed with ``output``."""
         self.assertEqual((run.status, run.output), (RunStatus.COMPLETED, output), run.error)
 
-    # -- D1, D2: an old run keeps the old path; a new run takes the new one, for good ---------
+    # -- R1, R2: an old run keeps the old path; a new run takes the new one, for good ---------
 
-    def test_d1_a_run_past_the_patch_keeps_the_old_path(self) -> None:
-        """D1: a run parked after the patch's place when it is deployed answers False."""
+    def test_r1_a_run_past_the_patch_keeps_the_old_path(self) -> None:
+        """R1: a run parked after the patch's place when it is deployed answers False."""
         run_id = self.start("insert")
         self.assertEqual(self.drive(run_id).status, RunStatus.RUNNING)  # waits for "go"
         self.deploy(2)
@@ -189,8 +189,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(run_id), {"new-b": False})
         self.assertEqual(self.step_names(run_id), ["a", "b", "c"])
 
-    def test_d2_a_new_run_takes_the_new_path_and_the_answer_sticks(self) -> None:
-        """D2: a run on the new code answers True, on every later pass too."""
+    def test_r2_a_new_run_takes_the_new_path_and_the_answer_sticks(self) -> None:
+        """R2: a run on the new code answers True, on every later pass too."""
         self.deploy(2)
         run_id = self.start("insert")
         self.assertEqual(self.drive(run_id).status, RunStatus.RUNNING)  # waits for "go"
@@ -202,7 +202,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(run_id), {"new-b": True})
         self.assertEqual(self.step_names(run_id), ["a", "b-new", "c"])
 
-    # -- D3: a patch inside a loop -------------------------------------------------------------
+    # -- R3: a patch inside a loop -------------------------------------------------------------
 
     def _old_loop_at_second_wait(self, per_iteration: bool) -> uuid.UUID:
         run_id = self.start("loop", {"per_iteration": per_iteration})
@@ -212,8 +212,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.deploy(2)
         return run_id
 
-    def test_d3_one_patch_name_in_a_loop_is_decided_once(self) -> None:
-        """D3: one patch name in a loop is decided on the first iteration, for all."""
+    def test_r3_one_patch_name_in_a_loop_is_decided_once(self) -> None:
+        """R3: one patch name in a loop is decided on the first iteration, for all."""
         run_id = self._old_loop_at_second_wait(per_iteration=False)
         self.send(run_id, "go1")
         run = self.send(run_id, "go2")
@@ -227,8 +227,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertCompleted(run, ["n0", "n1", "n2"])
         self.assertEqual(self.decisions(new_id), {"new": True})
 
-    def test_d3_a_patch_name_per_iteration_switches_where_the_run_stood(self) -> None:
-        """D3: a name per iteration turns True at the first iteration the run had not
+    def test_r3_a_patch_name_per_iteration_switches_where_the_run_stood(self) -> None:
+        """R3: a name per iteration turns True at the first iteration the run had not
         reached."""
         run_id = self._old_loop_at_second_wait(per_iteration=True)
         self.send(run_id, "go1")
@@ -236,10 +236,10 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertCompleted(run, ["s0", "s1", "n2"])
         self.assertEqual(self.decisions(run_id), {"new-0": False, "new-1": False, "new-2": True})
 
-    # -- D4: a patch after a wait ----------------------------------------------------------------
+    # -- R4: a patch after a wait ----------------------------------------------------------------
 
-    def test_d4_a_run_asleep_before_the_patch_takes_the_new_path_after_the_sleep(self) -> None:
-        """D4: a run asleep before the patch answers True after the sleep; one past it
+    def test_r4_a_run_asleep_before_the_patch_takes_the_new_path_after_the_sleep(self) -> None:
+        """R4: a run asleep before the patch answers True after the sleep; one past it
         False."""
         past = self.start("after-sleep")
         self.drive(past)  # past the sleep and b: waits for "go"
@@ -253,8 +253,8 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(asleep), {"after-nap": True})
         self.assertEqual(self.decisions(past), {"after-nap": False})
 
-    def test_d4_a_run_waiting_for_an_event_before_the_patch_takes_the_new_path(self) -> None:
-        """D4: as for a sleep, after an event wait."""
+    def test_r4_a_run_waiting_for_an_event_before_the_patch_takes_the_new_path(self) -> None:
+        """R4: as for a sleep, after an event wait."""
         waiting = self.start("after-event")
         self.drive(waiting)  # waits for "first"
         past = self.start("after-event")
@@ -267,18 +267,18 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.decisions(waiting), {"after-first": True})
         self.assertEqual(self.decisions(past), {"after-first": False})
 
-    # -- D5: names ------------------------------------------------------------------------------
+    # -- R5: names ------------------------------------------------------------------------------
 
-    def test_d5_a_patch_named_like_a_step_is_refused_with_nothing_recorded(self) -> None:
-        """D5: a patch named like a step of the run fails the run; nothing is recorded."""
+    def test_r5_a_patch_named_like_a_step_is_refused_with_nothing_recorded(self) -> None:
+        """R5: a patch named like a step of the run fails the run; nothing is recorded."""
         run_id = self.start("clash")
         run = self.drive(run_id)
         self.assertEqual(run.status, RunStatus.FAILED)
         self.assertIn("name of a step", str(run.error))
         self.assertEqual(self.decisions(run_id), {})
 
-    def test_d5_record_patch_refuses_bad_input_with_nothing_written(self) -> None:
-        """D5: ``record_patch`` refuses a bad name or answer; a second answer is ignored."""
+    def test_r5_record_patch_refuses_bad_input_with_nothing_written(self) -> None:
+        """R5: ``record_patch`` refuses a bad name or answer; a second answer is ignored."""
         run_id = self.start("insert")
         for name, value in (("", True), ("x" * 201, True), ("ok", "yes")):
             with self.subTest(name=name[:10], value=value), self.assertRaises(ValueError):
