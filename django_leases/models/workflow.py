@@ -46,9 +46,9 @@ from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
 from django_leases.models.outcomes import retry_delay_after, write_pending
-from django_leases.models.results import ResultWithNext, StepResults
+from django_leases.models.patches import RunReplays, StepPatches
+from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
-from django_leases.models.timing import RunTiming
 from django_leases.models.workflow_base import (
     FUNCTIONS_MIGRATION,
     fence_q,
@@ -86,20 +86,22 @@ __all__ = [
 ]
 
 
-class WorkflowRunQuerySet(RunTiming):
+class WorkflowRunQuerySet(RunReplays):
     """Domain methods of ``WorkflowRun.objects``: start, passes, finish, operators'
-    operations, delayed and debounced starts, deadlines
+    operations, delayed and debounced starts, deadlines, what a replay check reads
     (:class:`~django_leases.models.passes.RunPasses`,
     :class:`~django_leases.models.operations.RunOperations`,
-    :class:`~django_leases.models.timing.RunTiming`)."""
+    :class:`~django_leases.models.timing.RunTiming`,
+    :class:`~django_leases.models.patches.RunReplays`)."""
 
 
-class WorkflowStepQuerySet(StepResults):
-    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history
-    (:class:`~django_leases.models.outcomes.StepOutcomes`,
+class WorkflowStepQuerySet(StepPatches):
+    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history,
+    patch decisions (:class:`~django_leases.models.outcomes.StepOutcomes`,
     :class:`~django_leases.models.claims.StepClaims`,
     :class:`~django_leases.models.scheduling.StepScheduling`,
-    :class:`~django_leases.models.results.StepResults`)."""
+    :class:`~django_leases.models.results.StepResults`,
+    :class:`~django_leases.models.patches.StepPatches`)."""
 
 
 class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
