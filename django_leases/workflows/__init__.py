@@ -3,6 +3,7 @@
 Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.workflows import workflow, step_function, start_workflow, send_event
+    from django_leases.workflows import fork_run
 
 ``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
 the workflow errors (``WorkflowStepFailedError``, raised by ``run.step`` for a step out of
@@ -20,6 +21,7 @@ _LAZY = {
     "step_function": "django_leases.workflows.registry",
     "start_workflow": "django_leases.workflows.engine",
     "send_event": "django_leases.workflows.engine",
+    "fork_run": "django_leases.workflows.operators",
     "execute_step": "django_leases.workflows.engine",
     "StepContext": "django_leases.workflows.engine",
     "run_pass": "django_leases.workflows.driver",
@@ -54,6 +56,7 @@ __all__ = [
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
     "execute_step",
+    "fork_run",
     "run_pass",
     "send_event",
     "start_workflow",
@@ -81,6 +84,7 @@ if TYPE_CHECKING:  # pragma: no cover
         send_event,
         start_workflow,
     )
+    from django_leases.workflows.operators import fork_run
     from django_leases.workflows.registry import step_function, workflow
     from django_leases.workflows.worker import Worker
 

@@ -50,7 +50,12 @@ WRITE_RETRY_MAX_BACKOFF = 2.0
 
 
 def start_workflow(
-    name: str, input: Any = None, *, key: str | None = None, using: str | None = None
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -59,15 +64,20 @@ def start_workflow(
     ``key`` (a ``str`` of at most 255 characters) makes the start idempotent: the same key
     for the same workflow returns the existing run's id and creates nothing, also when
     several processes start it at once (a unique constraint decides). ``using`` is a
-    database alias (default: the router's choice). Returns the run id (``uuid.UUID``).
+    database alias (default: the router's choice). ``tags``: ``dict[str, str]`` of at most
+    16 tags, names of 1 to 64 characters, values of at most 255, stored as
+    ``WorkflowRun.tags`` and found with ``WorkflowRun.objects.tagged(**tags)`` (a start that
+    finds its key's run returns it with the tags it has). Returns the run id
+    (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+        ValueError: ``input`` is not JSON-serialisable, a bad key, or bad tags (nothing
+            written).
     """
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
-    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
+    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key, tags=tags).id
 
 
 def send_event(
@@ -106,6 +116,9 @@ class StepContext:
         started_at: when this attempt started (an aware ``datetime``, database clock), or
             ``None`` where the claim did not read it back;
         run_created_at: when the run was created (database clock), or ``None`` likewise.
+
+    ``set_progress(value)`` keeps JSON ``value`` as the step's progress (shown on the run's
+    admin page), fenced to this attempt.
     """
 
     def __init__(self, claim: Claim, lease_lost: threading.Event) -> None:
@@ -117,6 +130,23 @@ class StepContext:
         self.started_at = claim.started_at
         self.run_created_at = claim.run_created_at
         self._key = f"workflow-step:{claim.step_id}"
+        self._claim = claim
+
+    def set_progress(self, value: Any) -> None:
+        """Keep JSON ``value`` (e.g. ``{"done": 40, "of": 100}``) as the step's
+        ``progress``: one fenced write (``WorkflowStep.objects.set_progress``), shown on the
+        run's page. Call it as often as the work deserves; each call is a round trip.
+
+        Raises:
+            WorkflowStepSupersededError: this attempt was superseded (another worker runs
+                the step now) or its run was cancelled; nothing was written, and nothing
+                this attempt returns will land either: stop.
+            ValueError: ``value`` is not JSON the database stores.
+        """
+        claim = self._claim
+        WorkflowStep.objects.db_manager(claim.using).set_progress(
+            claim.step_id, value, claim.attempt
+        )
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` once the step lease is seen lost; else ``None``."""
