@@ -39,9 +39,7 @@ class StepProgress(StepResults):
         check_json(value, "Step progress", max_depth=db.json_depth(connections[alias]))
         fenced = self.rows().filter(fence_q(step_id, attempt))
         # One statement: atomic on its own.
-        if not fenced.update(
-            progress=Value(value, output_field=JSONField()), updated_at=DbNow()
-        ):
+        if not fenced.update(progress=Value(value, output_field=JSONField()), updated_at=DbNow()):
             self._refuse(alias, step_id, attempt)
 
 

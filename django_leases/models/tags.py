@@ -59,9 +59,7 @@ class WorkflowRunTag(models.Model):
         app_label = "django_leases"
         verbose_name = _("run tag")
         verbose_name_plural = _("run tags")
-        constraints = (
-            models.UniqueConstraint(fields=["run", "name"], name="dl_run_tag_unique"),
-        )
+        constraints = (models.UniqueConstraint(fields=["run", "name"], name="dl_run_tag_unique"),)
         indexes = (
             # tagged(name=value): the runs with a tag, read from the index alone.
             models.Index(fields=["name", "value", "run"], name="dl_run_tag_lookup"),
