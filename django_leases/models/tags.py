@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -35,7 +35,7 @@ class WorkflowRunTagQuerySet(db.RoutedQuerySet["WorkflowRunTag"]):
                 [self.model(run_id=run_id, name=name, value=value) for name, value in tags.items()]
             )
 
-    def runs_with(self, name: str, value: str) -> models.QuerySet[WorkflowRunTag]:
+    def runs_with(self, name: str, value: str) -> models.QuerySet[WorkflowRunTag, Any]:
         """The ids of the runs tagged ``name=value`` (a subquery for ``pk__in``)."""
         return self.filter(name=name, value=value).values("run_id")
 
