@@ -12,7 +12,7 @@ import pytest
 from django.contrib.admin.models import CHANGE as CHANGE_FLAG
 from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -26,7 +26,14 @@ from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowRun
 from django_leases.testing import drive
 from django_leases.workflows import fork_run, send_event, start_workflow, step_function, workflow
 from django_leases.workflows.engine import StepContext
-from tests.helpers import failed_run, lapse_step_lease, run_of, staff_client, tuned_sql
+from tests.helpers import (
+    failed_run,
+    lapse_step_lease,
+    run_of,
+    staff_client,
+    start_blocked,
+    tuned_sql,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -478,3 +485,23 @@ def test_the_tag_index_is_what_postgresql_uses() -> None:
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "dl_run_tag_lookup" in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_progress_write_waiting_on_the_takeover_is_refused_once_it_commits() -> None:
+    run = WorkflowRun.objects.start("tests.ops.three", {})
+    step = WorkflowStep.objects.schedule(run.id, "a", "tests.ops.record")
+    first = WorkflowStep.objects.claim_for_execution(run.id, "a", "tests.ops.record", 60)
+    assert first is not None
+    lapse_step_lease(step.pk)
+    with transaction.atomic():
+        second = WorkflowStep.objects.claim_for_execution(run.id, "a", "tests.ops.record", 60)
+        assert second is not None and second.attempt == 2  # the step row locked until commit
+        stale = start_blocked(
+            lambda: WorkflowStep.objects.set_progress(step.pk, {"stale": True}, first.attempt)
+        )
+        if connection.vendor != "sqlite":
+            assert stale.waited, "the stale write did not wait for the takeover"
+    with pytest.raises(WorkflowStepSupersededError):
+        stale.result()
+    assert WorkflowStep.objects.get(pk=step.pk).progress is None
