@@ -3,6 +3,7 @@ operations on many runs, ``fork_run`` and a step's fenced progress."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from io import StringIO
@@ -521,3 +522,14 @@ def test_a_stale_progress_write_waiting_on_the_takeover_is_refused_once_it_commi
     with pytest.raises(WorkflowStepSupersededError):
         stale.result()
     assert WorkflowStep.objects.get(pk=step.pk).progress is None
+
+
+def test_workflow_runs_show_says_tags_fork_and_progress() -> None:
+    original = _completed_three()
+    fork = fork_run(original, from_step="c")
+    drive(fork)
+    out, _ = _command("show", str(fork))
+    assert f"forked_from: {original}" in out and "tags: team=a" in out
+    shown = json.loads(_command("show", str(fork), "--format", "json")[0])
+    assert shown["tags"] == {"team": "a"} and shown["forked_from"] == str(original)
+    assert shown["steps"][-1]["progress"] == {"step": "c", "half": True}

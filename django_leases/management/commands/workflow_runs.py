@@ -349,9 +349,12 @@ class Command(base.LeasesCommand):
         given = run.input.get("task") if isinstance(run.input, dict) else None
         path = task_path(run.workflow, given)
         write(f"Run {run.pk}  {_workflow_text(run.workflow, path)}  {run.status}")
-        for label in ("key", "parent", "created_at", "finished_at", "pass_due_at"):
+        for label in ("key", "parent", "forked_from", "created_at", "finished_at", "pass_due_at"):
             if overview[label] is not None:
                 write(f"  {label}: {overview[label]}")
+        if overview["tags"]:
+            tags = " ".join(f"{name}={value}" for name, value in sorted(overview["tags"].items()))
+            write(f"  tags: {tags}")
         for label in ("output", "error"):
             if overview[label] is not None:
                 write(f"  {label}: {json.dumps(overview[label], default=base.json_value)}")
