@@ -30,8 +30,14 @@ from urllib.parse import urlencode, urlparse, urlunparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import RESULTS_DIR, add_settle_argument, machine_facts, settle  # noqa: E402
-from bench.common import load_average, write_report  # noqa: E402
+from bench.common import (  # noqa: E402
+    RESULTS_DIR,
+    add_settle_argument,
+    load_average,
+    machine_facts,
+    settle,
+    write_report,
+)
 
 
 def main() -> int:
@@ -95,7 +101,9 @@ def measure(scratch: str, args: argparse.Namespace) -> int:
     queries: dict[str, Callable[[], Any]] = {
         "tagged(pr=<one run>)": first_page(listing.tagged(pr=str(middle))),
         "tagged(team=<20k runs>), newest 100": first_page(listing.tagged(team="team-7")),
-        "tagged(team=..., pr=...)": first_page(listing.tagged(team=f"team-{middle % 50}", pr=str(middle))),
+        "tagged(team=..., pr=...)": first_page(
+            listing.tagged(team=f"team-{middle % 50}", pr=str(middle))
+        ),
         "tagged(team=<20k runs>).count()": lambda: runs.tagged(team="team-7").count(),
         "key_starts_with(<a whole key>)": first_page(
             listing.key_starts_with(f"owner/repo-{middle % 1000}#{middle}")
@@ -167,7 +175,7 @@ def plan_indexes(connection: Any, call: Callable[[], Any], capture: Any) -> list
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN " + sql)
             for (line,) in cursor.fetchall():
-                if " using " in line or " on " in line and "Index" in line:
+                if " using " in line or (" on " in line and "Index" in line):
                     words = line.split()
                     for marker in ("using", "on"):
                         if marker in words:
