@@ -94,6 +94,16 @@ def parent(run: Any, input: Any) -> Any:
     return [a["version"], k, b["version"]]
 
 
+@workflow("tests.ops.waiting-kid")
+def waiting_kid(run: Any, input: Any) -> Any:
+    return run.wait_for_event("go")
+
+
+@workflow("tests.ops.waiting-parent")
+def waiting_parent(run: Any, input: Any) -> Any:
+    return run.child("kid", "tests.ops.waiting-kid", {})
+
+
 @workflow("tests.ops.review")
 def review(run: Any, input: Any) -> Any:
     event = run.wait_for_event("review")
@@ -271,6 +281,19 @@ def test_resume_and_cancel_take_several_ids_or_filters() -> None:
     for wrong in ([str(a), "--tag", "batch=1"], [], [str(a), str(uuid.uuid4())]):
         with pytest.raises(CommandError):
             call_command("workflow_runs", "resume", *wrong, stdout=StringIO(), stderr=StringIO())
+
+
+def test_a_child_cancelled_with_its_selected_parent_is_no_refusal() -> None:
+    parent_id = start_workflow("tests.ops.waiting-parent", {})
+    drive(parent_id)
+    child = WorkflowRun.objects.get(parent_id=parent_id)
+    assert child.status == RunStatus.RUNNING
+    out, err = _command("cancel", "--status", "running")
+    assert f"Run {child.pk}: cancelled with run {parent_id}" in out and err == ""
+    assert "2 run(s) changed." in out
+    assert run_of(child.pk).status == RunStatus.CANCELLED
+    [outcome] = WorkflowRun.objects.filter(pk=child.pk).operate_each("cancel")
+    assert outcome.refused and outcome.with_run is None  # alone, it is a refusal
 
 
 def test_the_admin_retries_the_selected_runs_with_a_log_entry_each(admin_client: Client) -> None:

@@ -68,7 +68,7 @@ class RunOperatorActions(_Base):
             run.pk: run for run in WorkflowRun.objects.filter(pk__in=[o.run_id for o in outcomes])
         }
         changed = [o for o in outcomes if o.change is not None]
-        refused = [o for o in outcomes if o.change is None]
+        refused = [o for o in outcomes if o.refused]
         for outcome in changed:
             run = runs.get(outcome.run_id)
             if run is not None:
@@ -77,6 +77,13 @@ class RunOperatorActions(_Base):
             for outcome in outcomes:
                 if outcome.change is not None:
                     self.message_user(request, self.said(outcome.change), messages.SUCCESS)
+                elif outcome.with_run is not None:
+                    self.message_user(
+                        request,
+                        gettext("Run %(run)s: cancelled with run %(with)s.")
+                        % {"run": outcome.run_id, "with": outcome.with_run},
+                        messages.SUCCESS,
+                    )
                 else:
                     self.message_user(
                         request,

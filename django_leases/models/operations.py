@@ -61,11 +61,27 @@ class RunOutcome:
         run_id: the run's ``uuid.UUID``.
         change: the :class:`RunChange`, or ``None`` when the run refused the operation.
         refusal: why it refused (the error's message), or ``None``.
+        with_run: for a cancel, the selected run whose cancel already cancelled this one (its
+            parent, or an ancestor): not a refusal; ``None`` otherwise.
     """
 
     run_id: uuid.UUID
     change: RunChange | None
     refusal: str | None
+    with_run: uuid.UUID | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Whether the run refused the operation (nothing changed, and not because an
+        earlier run of the selection already took it along)."""
+        return self.change is None and self.with_run is None
+
+    def __str__(self) -> str:
+        if self.change is not None:
+            return str(self.change)
+        if self.with_run is not None:
+            return f"Run {self.run_id}: cancelled with run {self.with_run}"
+        return f"Run {self.run_id}: nothing changed: {self.refusal}"
 
 
 #: How many times :meth:`WorkflowRunQuerySet.cancel` starts over when a child appeared
@@ -351,8 +367,9 @@ class RunOperations(RunPasses):
         """Apply ``operation`` — ``"resume"`` (:meth:`resume`), ``"cancel"``
         (:meth:`cancel`) or ``"retry"`` (:meth:`retry`) — to every run this QuerySet
         selects, oldest first, **each in a transaction of its own**: a run whose state
-        refuses it is reported and the others go on (a child already cancelled with its
-        parent, for one). The selection is read once, before the first operation.
+        refuses it is reported and the others go on. A child run that the cancel of a
+        selected ancestor already cancelled is reported as such (``with_run``), not as a
+        refusal. The selection is read once, before the first operation.
 
         Returns one :class:`RunOutcome` per selected run. Raises ``ValueError`` for another
         ``operation`` (nothing written).
@@ -363,12 +380,31 @@ class RunOperations(RunPasses):
         runs = run_model().objects.db_manager(self.write_alias())
         method: Callable[[uuid.UUID], RunChange] = getattr(runs, operation)
         outcomes = []
+        changed: set[uuid.UUID] = set()
         for run_id in ids:
             try:
                 outcomes.append(RunOutcome(run_id, method(run_id), None))
+                changed.add(run_id)
             except (WorkflowRunStateError, run_model().DoesNotExist) as exc:
-                outcomes.append(RunOutcome(run_id, None, str(exc)))
+                along = self._cancelled_along(run_id, changed) if operation == "cancel" else None
+                outcomes.append(RunOutcome(run_id, None, str(exc), with_run=along))
         return outcomes
+
+    def _cancelled_along(self, run_id: uuid.UUID, cancelled: set[uuid.UUID]) -> uuid.UUID | None:
+        """The run of ``cancelled`` whose cancel took cancelled run ``run_id`` along (its
+        nearest such ancestor), or ``None``."""
+        runs = self.rows()
+        row = runs.filter(pk=run_id).values_list("status", "parent_id").first()
+        if row is None or row[0] != RunStatus.CANCELLED:
+            return None
+        parent: uuid.UUID | None = row[1]
+        for _ in range(100):  # a bound on depth; run trees are shallow
+            if parent is None:
+                return None
+            if parent in cancelled:
+                return parent
+            parent = runs.filter(pk=parent).values_list("parent_id", flat=True).first()
+        return None
 
     def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
         """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more

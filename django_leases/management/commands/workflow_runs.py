@@ -307,9 +307,12 @@ class Command(base.LeasesCommand):
             return
         refused = 0
         for outcome in outcomes:
-            if outcome.change is None:
+            if outcome.refused:
                 refused += 1
-                self.stderr.write(f"Run {outcome.run_id}: nothing changed: {outcome.refusal}")
+                self.stderr.write(str(outcome))
+                continue
+            if outcome.change is None:  # cancelled with a selected ancestor
+                self.confirm(str(outcome))
                 continue
             run = runs.filter(pk=outcome.run_id).first()
             if run is not None:
