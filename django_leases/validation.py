@@ -514,13 +514,13 @@ MAX_TAG_VALUE_LENGTH = 255
 
 
 def check_tags(tags: object) -> dict[str, str] | None:
-    """A run's ``tags`` checked: ``None`` (no tags), or a ``dict`` of at most
+    """A run's ``tags`` checked: ``None`` (no tags), or a ``dict`` (any mapping) of at most
     :data:`MAX_TAGS` (16) entries whose names are ``str`` of 1 to 64 characters and whose
     values are ``str`` of at most 255 characters (empty allowed); an empty dict is ``None``.
     Returns a new ``dict``; raises ``ValueError`` naming the offending tag otherwise."""
     if tags is None:
         return None
-    if not isinstance(tags, dict):
+    if not isinstance(tags, Mapping):
         raise ValueError(f"tags must be a dict of str to str, not {type(tags).__name__}")
     if len(tags) > MAX_TAGS:
         raise ValueError(f"A run takes at most {MAX_TAGS} tags, not {len(tags)}")

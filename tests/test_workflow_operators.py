@@ -133,6 +133,7 @@ def _steps(run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
         {1: "x"},
         {"name": "nul\x00"},
         ["team", "a"],
+        [("team", "a")],
     ],
     ids=[
         "17 tags",
@@ -143,6 +144,7 @@ def _steps(run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
         "int name",
         "NUL",
         "list",
+        "pairs",
     ],
 )
 def test_bad_tags_are_refused_with_nothing_written(tags: Any) -> None:

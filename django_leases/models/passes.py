@@ -96,7 +96,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         check_json(input, "Workflow input")
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
-        tagged = check_tags(None if tags is None else dict(tags))
+        tagged = check_tags(tags)
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
