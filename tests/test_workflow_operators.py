@@ -463,6 +463,27 @@ def test_workflow_runs_fork_and_the_run_page_fork(admin_client: Client) -> None:
     assert any("Nothing forked" in str(m) for m in refused.context["messages"])
 
 
+def test_the_admin_forks_the_selected_runs_from_their_failed_step(admin_client: Client) -> None:
+    BEHAVIOUR["fail"] = {"b"}
+    failed = [start_workflow("tests.ops.three", {}) for _ in range(2)]
+    for run_id in failed:
+        drive(run_id)
+    BEHAVIOUR["fail"] = set()
+    fine = _completed_three()  # then the fix is deployed (version 2)
+    response = admin_client.post(
+        reverse("admin:django_leases_workflowrun_changelist"),
+        {"action": "fork_runs", "_selected_action": [str(i) for i in [*failed, fine]]},
+        follow=True,
+    )
+    shown = [str(m) for m in response.context["messages"]]
+    assert "2 runs forked." in shown and any("no failed step" in m for m in shown), shown
+    for run_id in failed:
+        fork = WorkflowRun.objects.get(forked_from_id=run_id)
+        assert drive(fork.pk).output == [1, 2, 2]  # type: ignore[union-attr]
+        assert LogEntry.objects.filter(object_id=str(run_id)).count() == 1
+    assert not WorkflowRun.objects.filter(forked_from_id=fine).exists()
+
+
 # -- progress -----------------------------------------------------------------------------------
 
 

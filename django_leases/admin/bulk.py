@@ -8,7 +8,8 @@
 ``LogEntry`` for each run changed, and a message for each run (up to
 :data:`MESSAGES_PER_RUN` runs; past that, one summary and the first refusals).
 :meth:`RunOperatorActions.fork_from_form` is the run page's "Fork from step" form
-(``WorkflowRun.objects.fork``).
+(``WorkflowRun.objects.fork``); the list action *Fork the selected runs from their failed
+step* forks each from its first failed step (``WorkflowRun.objects.fork_from_failed``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,36 @@ class RunOperatorActions(_Base):
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         """Run every failed step of each selected run again (``WorkflowRun.objects.retry``)."""
         self._operate_selected(request, queryset, "retry")
+
+    @admin.action(
+        description=_("Fork the selected runs from their failed step"), permissions=["operate"]
+    )
+    def fork_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        """Fork each selected run from its first failed step
+        (``WorkflowRun.objects.fork_from_failed``): a history entry on each run forked."""
+        forked, refused = 0, []
+        for run in queryset.order_by("created_at", "id"):
+            try:
+                fork = WorkflowRun.objects.fork_from_failed(run.pk)
+            except ValueError as exc:
+                refused.append(str(exc))
+                continue
+            forked += 1
+            self.log_change(request, run, f"Forked from its failed step as run {fork.pk}")
+        if forked:
+            self.message_user(
+                request,
+                ngettext("%(count)d run forked.", "%(count)d runs forked.", forked)
+                % {"count": forked},
+                messages.SUCCESS,
+            )
+        if refused:
+            self.message_user(
+                request,
+                gettext("Nothing forked: %(error)s.")
+                % {"error": "; ".join(refused[:REFUSALS_SHOWN])},
+                messages.ERROR,
+            )
 
     def _operate_selected(
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], operation: str

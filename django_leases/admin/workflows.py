@@ -246,7 +246,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     ordering = ("-created_at",)
     date_hierarchy = None
     inlines = (WorkflowStepInline,)
-    actions = ("resume_runs", "cancel_runs", "retry_runs")
+    actions = ("resume_runs", "cancel_runs", "retry_runs", "fork_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
 
     class Media:

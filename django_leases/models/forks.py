@@ -137,5 +137,25 @@ class RunForks(RunOperations):
         self._started(alias, fork.pk, fork.workflow)
         return fork
 
+    def fork_from_failed(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """:meth:`fork` run ``run_id`` from its first failed step (the order in which the
+        workflow reached its steps): the repair of a run that failed, once code that handles
+        what made that step fail is deployed. Returns the new run. Raises
+        ``WorkflowRun.DoesNotExist`` for an unknown run and ``ValueError`` for a malformed
+        id or a run with no failed step (nothing written)."""
+        pk = parse_run_id(run_id)
+        steps = step_model()._default_manager.using(self.write_alias())
+        failed = (
+            steps.filter(run_id=pk, status=StepStatus.FAILED)
+            .order_by("id")
+            .values_list("step_name", flat=True)
+            .first()
+        )
+        if failed is None:
+            if not self.rows().filter(pk=pk).exists():
+                raise self.model.DoesNotExist(f"No workflow run with id {pk}")
+            raise ValueError(f"Run {pk} has no failed step to fork from")
+        return self.fork(pk, failed)
+
 
 __all__ = ["RunForks"]
