@@ -473,6 +473,9 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_RETRIES",
     "MAX_RETRY_DELAY",
+    "MAX_TAGS",
+    "MAX_TAG_NAME_LENGTH",
+    "MAX_TAG_VALUE_LENGTH",
     "MAX_WAIT_SECONDS",
     "MIN_TTL",
     "TTL_CEILING",
@@ -487,12 +490,63 @@ __all__ = [
     "check_priority",
     "check_retries",
     "check_step_timeout",
+    "check_tags",
     "clean_text",
     "error_json",
     "parse_run_id",
+    "parse_tag",
     "renewable_ttl_seconds",
     "seconds",
     "string_problem",
     "ttl_seconds",
     "wait_seconds",
 ]
+
+
+# -- run tags -----------------------------------------------------------------------------------
+
+#: At most this many tags per run (``start_workflow(..., tags=)``).
+MAX_TAGS = 16
+#: A tag's name: 1 to this many characters.
+MAX_TAG_NAME_LENGTH = 64
+#: A tag's value: at most this many characters (may be empty).
+MAX_TAG_VALUE_LENGTH = 255
+
+
+def check_tags(tags: object) -> dict[str, str] | None:
+    """A run's ``tags`` checked: ``None`` (no tags), or a ``dict`` (any mapping) of at most
+    :data:`MAX_TAGS` (16) entries whose names are ``str`` of 1 to 64 characters and whose
+    values are ``str`` of at most 255 characters (empty allowed); an empty dict is ``None``.
+    Returns a new ``dict``; raises ``ValueError`` naming the offending tag otherwise."""
+    if tags is None:
+        return None
+    if not isinstance(tags, Mapping):
+        raise ValueError(f"tags must be a dict of str to str, not {type(tags).__name__}")
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"A run takes at most {MAX_TAGS} tags, not {len(tags)}")
+    checked: dict[str, str] = {}
+    for name, value in tags.items():
+        check_name(name, "Tag name", max_length=MAX_TAG_NAME_LENGTH)
+        if not isinstance(value, str):
+            raise ValueError(f"Tag {name!r}: the value must be a str, not {type(value).__name__}")
+        if len(value) > MAX_TAG_VALUE_LENGTH:
+            raise ValueError(
+                f"Tag {name!r}: the value is {len(value)} characters long; "
+                f"the limit is {MAX_TAG_VALUE_LENGTH}"
+            )
+        problem = string_problem(value)
+        if problem is not None:
+            raise ValueError(f"Tag {name!r}: the value {problem}")
+        checked[name] = value
+    return checked or None
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """``"name=value"`` (a command's ``--tag``) as ``(name, value)``: split at the first
+    ``=``; raises ``ValueError`` without one or for a name or value :func:`check_tags`
+    refuses."""
+    name, equals, value = text.partition("=")
+    if not equals:
+        raise ValueError(f"A tag is NAME=VALUE, not {text!r}")
+    check_tags({name: value})
+    return name, value

@@ -192,7 +192,7 @@ def test_the_run_page_offers_an_operator_the_operations_its_state_allows(
     section = text[text.index('id="workflow-operations"') :]
     assert "Resume run" in section and "Retry step build" in section
     assert "Cancel run" not in section, "a failed run cannot be cancelled"
-    assert section.count("csrfmiddlewaretoken") == 2
+    assert section.count("csrfmiddlewaretoken") == 3  # resume, retry step, fork
     assert f'action="{_operate_url(failed, "retry-step")}"' in section
     done = WorkflowRun.objects.start("build-preview", {})
     WorkflowRun.objects.complete(done.id, None)

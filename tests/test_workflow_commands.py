@@ -61,7 +61,16 @@ def test_list_as_json_has_typed_fields(runs: dict[str, WorkflowRun]) -> None:
         str(runs[name].id) for name in ("done", "suspended", "running")
     ]
     for row in listed:
-        assert list(row) == ["id", "workflow", "task", "status", "created_at", "error"]
+        assert list(row) == [
+            "id",
+            "workflow",
+            "task",
+            "status",
+            "created_at",
+            "error",
+            "key",
+            "tags",
+        ]
         assert row["task"] is None  # a Django task's path, for task runs only
         run = WorkflowRun.objects.get(pk=row["id"])
         assert datetime.fromisoformat(row["created_at"]) == run.created_at

@@ -30,12 +30,15 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models import (
     AttemptStatus,
@@ -52,7 +55,7 @@ from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, W
 #: The permission behind resume, cancel and retry step.
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
 #: The run-page operations (the last path segment of their URLs).
-OPERATIONS = ("resume", "cancel", "retry-step", "send-event")
+OPERATIONS = ("resume", "cancel", "retry-step", "send-event", "fork")
 
 if TYPE_CHECKING:
     _StepInline = admin.TabularInline[WorkflowStep, WorkflowRun]
@@ -107,10 +110,16 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
         "status",
         "attempts",
         "timing",
+        "progress_json",
         "result_json",
         "error_json",
     )
     readonly_fields = fields
+
+    @admin.display(description=_("progress"))
+    def progress_json(self, step: WorkflowStep) -> str:
+        """What the step's attempt last said of its progress (``ctx.set_progress``)."""
+        return _json(step.progress)
 
     @admin.display(description=_("attempt"))
     def attempts(self, step: WorkflowStep) -> str:
@@ -219,17 +228,25 @@ class TaskPathFilter(admin.SimpleListFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
+class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
     with ``operate_workflowrun`` (and the view permission)."""
 
     list_display = ("id", "workflow", "status", "created_at", "finished_at", "pass_due_at")
-    list_filter = ("status", RunKindFilter, RunQueueFilter, TaskPathFilter, "workflow")
-    search_fields = ("=id",)
+    list_filter = (
+        "status",
+        RunKindFilter,
+        RunQueueFilter,
+        TaskPathFilter,
+        "workflow",
+        RunTagFilter,
+    )
+    search_fields = ("=id", "key")
+    search_help_text = _("A run's id, or its key or the start of it.")
     ordering = ("-created_at",)
     date_hierarchy = None
     inlines = (WorkflowStepInline,)
-    actions = ("resume_runs", "cancel_runs")
+    actions = ("resume_runs", "cancel_runs", "retry_runs", "fork_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
 
     class Media:
@@ -249,6 +266,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         "key",
         "deadline_at",
         "debounce_key",
+        "tags_text",
+        "forked_from_link",
         "parent_link",
         "children_links",
         "waiting_on",
@@ -300,6 +319,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
                 "cancel": "cancel" in allowed,
                 "retry_steps": failed_steps if "retry" in allowed else [],
                 "send_event": run.status in (RunStatus.RUNNING, RunStatus.SUSPENDED),
+                **self.operator_context(run),
                 "urls": {
                     op.replace("-", "_"): reverse(
                         "admin:django_leases_workflowrun_operate", args=[run.pk, op]
@@ -334,6 +354,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             self._operate(request, run, lambda: WorkflowRun.objects.cancel(run.pk))
         elif operation == "send-event":
             self._send_event(request, run)
+        elif operation == "fork":
+            fork = self.fork_from_form(request, run)
+            if fork is not None:
+                return HttpResponseRedirect(
+                    reverse("admin:django_leases_workflowrun_change", args=[fork.pk])
+                )
         else:
             step_name = request.POST.get("step", "")
             self._operate(request, run, lambda: WorkflowRun.objects.retry_step(run.pk, step_name))
@@ -443,17 +469,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
             ),
         )
 
-    @admin.action(description=_("Resume the selected runs"), permissions=["operate"])
-    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        """Resume each selected suspended or failed run (``WorkflowRun.objects.resume``)."""
-        for run in queryset.order_by("created_at"):
-            self._operate(request, run, lambda run=run: WorkflowRun.objects.resume(run.pk))
-
-    @admin.action(description=_("Cancel the selected runs"), permissions=["operate"])
-    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        """Cancel each selected running or suspended run (``WorkflowRun.objects.cancel``)."""
-        for run in queryset.order_by("created_at"):
-            self._operate(request, run, lambda run=run: WorkflowRun.objects.cancel(run.pk))
+    def said(self, change: RunChange) -> str:
+        """A change as the run list's actions say it (:func:`change_text`)."""
+        return change_text(change)
 
     def _operate(
         self, request: HttpRequest, run: WorkflowRun, operation: Callable[..., RunChange]
@@ -483,14 +501,36 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
     ) -> tuple[QuerySet[WorkflowRun], bool]:
-        # The id is a UUID: an exact match, and no database error for anything else.
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        try:
-            return queryset.filter(pk=uuid.UUID(term)), False
-        except ValueError:
-            return queryset.none(), False
+        # An id (a UUID): that run; anything else: a key, or the start of one.
+        return search_runs(queryset, search_term), False
+
+    @admin.display(description=_("tags"))
+    def tags_text(self, run: WorkflowRun) -> str:
+        """The run's tags, ``name=value``, one a line, each a link to the list filtered by it."""
+        if not run.tags:
+            return "—"
+        changelist = reverse("admin:django_leases_workflowrun_changelist")
+        return format_html_join(
+            mark_safe("<br>"),
+            '<a href="{}?{}">{}={}</a>',
+            (
+                (changelist, urlencode({"tag": f"{name}={value}"}), name, value)
+                for name, value in sorted(run.tags.items())
+            ),
+        )
+
+    @admin.display(description=_("forked from"))
+    def forked_from_link(self, run: WorkflowRun) -> str:
+        """The run this one was forked from, linked, and the runs forked from this one."""
+        links = []
+        if run.forked_from_id is not None:
+            links.append(self._link(run.forked_from_id, str(run.forked_from_id)))
+        forks = WorkflowRun.objects.filter(forked_from_id=run.pk).order_by("created_at", "id")
+        for fork_id in forks.values_list("pk", flat=True)[:20]:
+            links.append(
+                format_html("{} {}", gettext("forked as"), self._link(fork_id, str(fork_id)))
+            )
+        return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links)) or "—"
 
     @admin.display(description=_("input"))
     def input_json(self, run: WorkflowRun) -> str:

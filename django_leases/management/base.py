@@ -674,12 +674,14 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
             COMMAND_ERROR,
             "an unknown or malformed run id, an unknown step, `--limit` below 1, a bad "
             "`--older-than` / `--batch-size`, or (send-event) a bad event name or a "
-            "`--payload` that is not storable JSON; nothing changed",
+            "`--payload` that is not storable JSON, or (fork) a step the run never reached; "
+            "nothing changed",
         ),
         _USAGE,
         (
             EXIT_WRONG_STATE,
-            "the run's (or step's) state does not allow the operation; nothing changed",
+            "the run's (or step's) state does not allow the operation; nothing changed (with "
+            "several runs: that one's refusal is on stderr, the others changed)",
         ),
         (
             EXIT_REPLAY_DIVERGES,

@@ -1,6 +1,7 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
 from django_leases.models.queue import WorkflowQueue
 from django_leases.models.schedule import WorkflowSchedule, WorkflowScheduleBackfill
+from django_leases.models.tags import WorkflowRunTag
 from django_leases.models.trigger import (
     OrphanTriggerSource,
     TriggerEvent,
@@ -36,6 +37,7 @@ __all__ = [
     "WorkerState",
     "WorkflowQueue",
     "WorkflowRun",
+    "WorkflowRunTag",
     "WorkflowSchedule",
     "WorkflowScheduleBackfill",
     "WorkflowStep",

@@ -1,13 +1,15 @@
-"""What operators do to runs (:class:`RunOperations`, the upper layer of
-``WorkflowRun.objects``): resume, cancel (with the run's live descendants), retry a failed
-step, prune finished runs.
+"""What operators do to runs (:class:`RunOperations`, a layer of ``WorkflowRun.objects``):
+resume, cancel (with the run's live descendants), retry a failed step or every one, find
+runs by tag or key, apply an operation to many runs, prune finished runs.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -21,10 +23,18 @@ from django_leases.models.workflow_base import (
     run_model,
     run_reached,
     step_model,
+    tag_model,
     wake_parent,
     wake_workers,
 )
-from django_leases.validation import check_identifier, parse_run_id, seconds
+from django_leases.validation import (
+    MAX_KEY_LENGTH,
+    check_identifier,
+    check_name,
+    check_tags,
+    parse_run_id,
+    seconds,
+)
 from django_leases.workflows.values import (
     FINISHED_RUN_STATUSES,
     RUN_CANCELLED,
@@ -37,6 +47,41 @@ from django_leases.workflows.values import (
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
+
+
+#: The operations :meth:`RunOperations.operate_each` applies to many runs.
+BULK_OPERATIONS = ("resume", "cancel", "retry")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What an operation on many runs (:meth:`RunOperations.operate_each`) did to one.
+
+    Attributes:
+        run_id: the run's ``uuid.UUID``.
+        change: the :class:`RunChange`, or ``None`` when the run refused the operation.
+        refusal: why it refused (the error's message), or ``None``.
+        with_run: for a cancel, the selected run whose cancel already cancelled this one (its
+            parent, or an ancestor): not a refusal; ``None`` otherwise.
+    """
+
+    run_id: uuid.UUID
+    change: RunChange | None
+    refusal: str | None
+    with_run: uuid.UUID | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Whether the run refused the operation (nothing changed, and not because an
+        earlier run of the selection already took it along)."""
+        return self.change is None and self.with_run is None
+
+    def __str__(self) -> str:
+        if self.change is not None:
+            return str(self.change)
+        if self.with_run is not None:
+            return f"Run {self.run_id}: cancelled with run {self.with_run}"
+        return f"Run {self.run_id}: nothing changed: {self.refusal}"
 
 
 #: How many times :meth:`WorkflowRunQuerySet.cancel` starts over when a child appeared
@@ -252,18 +297,118 @@ class RunOperations(RunPasses):
                     "retried",
                     f"step {step_name!r} is {step['status']}; only a failed step can be",
                 )
-            others: list[str] = []
-            if run.status == RunStatus.SUSPENDED:
-                others = _reopen_missing_function_steps(alias, run.pk)
-            _grant_last_attempts(alias, Q(run_id=run.pk, step_name=step_name))
-            stepping.filter(run_id=run.pk, step_name=step_name, status=StepStatus.FAILED).update(
-                available_at=DbNow(), updated_at=DbNow()
-            )
-            if run.status != RunStatus.RUNNING:
-                _reopen_run(alias, run.pk)
-            wake_workers(alias)
+            others = self._retry_locked(alias, run, Q(step_name=step_name))
         steps = (step_name, *(name for name in others if name != step_name))
         return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def retry(self, run_id: uuid.UUID | str) -> RunChange:
+        """Run **every** ``failed`` step of the run again as a new attempt, due at once: what
+        :meth:`retry_step` does for one step, for each of them, in one transaction (the
+        admin's "Retry the selected runs"). A step out of attempts is granted one more; a
+        ``failed`` or ``suspended`` run is set running again.
+
+        Returns a :class:`RunChange` (``steps``: the steps made due). Raises
+        ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
+        :class:`WorkflowRunStateError` when the run is ``completed`` or ``cancelled`` or has
+        no failed step (nothing written).
+        """
+        alias = self.write_alias()
+        stepping = step_model().objects.db_manager(alias)
+        with transaction.atomic(using=alias):
+            run = self._lock_for_operator(alias, run_id)
+            run.require("retry")
+            failed = list(
+                stepping.filter(run_id=run.pk, status=StepStatus.FAILED)
+                .order_by("id")
+                .values_list("step_name", flat=True)
+            )
+            if not failed:
+                raise WorkflowRunStateError(
+                    run.pk, run.status, "retried", "it has no failed step to run again"
+                )
+            others = self._retry_locked(alias, run, Q())
+        steps = (*failed, *(name for name in others if name not in failed))
+        return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
+
+    def _retry_locked(self, alias: str, run: WorkflowRun, which: Q) -> list[str]:
+        """Make the locked run's failed steps matching ``which`` due now as new attempts
+        (granted one more when out of them) and set a suspended or failed run running
+        (inside the caller's transaction); the names of the other steps made due."""
+        stepping = step_model().objects.db_manager(alias)
+        others: list[str] = []
+        if run.status == RunStatus.SUSPENDED:
+            others = _reopen_missing_function_steps(alias, run.pk)
+        _grant_last_attempts(alias, Q(which, run_id=run.pk))
+        stepping.filter(which, run_id=run.pk, status=StepStatus.FAILED).update(
+            available_at=DbNow(), updated_at=DbNow()
+        )
+        if run.status != RunStatus.RUNNING:
+            _reopen_run(alias, run.pk)
+        wake_workers(alias)
+        return others
+
+    # -- finding runs, and operating on many ---------------------------------------------------
+
+    def tagged(self, **tags: str) -> Self:
+        """The runs carrying every one of ``tags`` (``name=value``; all must match; none:
+        every run). Served on every backend by the index of ``WorkflowRunTag`` (one
+        ``IN (SELECT run_id …)`` per tag). Raises ``ValueError`` for a name or value
+        ``start_workflow(..., tags=)`` would refuse."""
+        checked = check_tags(tags) or {}
+        found = self
+        tag_rows = tag_model().objects.db_manager(self.db)
+        for name, value in checked.items():
+            found = found.filter(pk__in=tag_rows.runs_with(name, value))
+        return found
+
+    def key_starts_with(self, text: str) -> Self:
+        """The runs whose ``key`` is ``text`` or starts with it (case-sensitive), served by
+        the ``dl_run_key`` index; ``ValueError`` for a text no key could be."""
+        check_name(text, "Run key", max_length=MAX_KEY_LENGTH)
+        return self.filter(key__startswith=text)
+
+    def operate_each(self, operation: str) -> list[RunOutcome]:
+        """Apply ``operation`` — ``"resume"`` (:meth:`resume`), ``"cancel"``
+        (:meth:`cancel`) or ``"retry"`` (:meth:`retry`) — to every run this QuerySet
+        selects, oldest first, **each in a transaction of its own**: a run whose state
+        refuses it is reported and the others go on. A child run that the cancel of a
+        selected ancestor already cancelled is reported as such (``with_run``), not as a
+        refusal. The selection is read once, before the first operation.
+
+        Returns one :class:`RunOutcome` per selected run. Raises ``ValueError`` for another
+        ``operation`` (nothing written).
+        """
+        if operation not in BULK_OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(BULK_OPERATIONS)}")
+        ids = list(self.order_by("created_at", "id").values_list("pk", flat=True))
+        runs = run_model().objects.db_manager(self.write_alias())
+        method: Callable[[uuid.UUID], RunChange] = getattr(runs, operation)
+        outcomes = []
+        changed: set[uuid.UUID] = set()
+        for run_id in ids:
+            try:
+                outcomes.append(RunOutcome(run_id, method(run_id), None))
+                changed.add(run_id)
+            except (WorkflowRunStateError, run_model().DoesNotExist) as exc:
+                along = self._cancelled_along(run_id, changed) if operation == "cancel" else None
+                outcomes.append(RunOutcome(run_id, None, str(exc), with_run=along))
+        return outcomes
+
+    def _cancelled_along(self, run_id: uuid.UUID, cancelled: set[uuid.UUID]) -> uuid.UUID | None:
+        """The run of ``cancelled`` whose cancel took cancelled run ``run_id`` along (its
+        nearest such ancestor), or ``None``."""
+        runs = self.rows()
+        row = runs.filter(pk=run_id).values_list("status", "parent_id").first()
+        if row is None or row[0] != RunStatus.CANCELLED:
+            return None
+        parent: uuid.UUID | None = row[1]
+        for _ in range(100):  # a bound on depth; run trees are shallow
+            if parent is None:
+                return None
+            if parent in cancelled:
+                return parent
+            parent = runs.filter(pk=parent).values_list("parent_id", flat=True).first()
+        return None
 
     def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
         """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more

@@ -30,6 +30,7 @@ from django_leases.models.workflow_base import (
     run_model,
     run_reached,
     step_model,
+    tag_model,
     wake_parent,
     wake_workers,
     workflow_tables,
@@ -39,6 +40,7 @@ from django_leases.validation import (
     check_identifier,
     check_json,
     check_name,
+    check_tags,
     error_json,
     parse_run_id,
     seconds,
@@ -72,6 +74,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         *,
         key: str | None = None,
         parent: uuid.UUID | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
 
@@ -80,19 +83,25 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         written — enforced by a unique constraint on ``(workflow, key)``, so concurrent starts
         with one key create one run. ``run.started`` tells them apart: ``False`` for a run
         found by its key. ``parent``: the id of the run this one is a child of
-        (``run.child``); the parent is asked for a pass when this run finishes.
+        (``run.child``); the parent is asked for a pass when this run finishes. ``tags``
+        (``dict[str, str]``, :func:`~django_leases.validation.check_tags`) are stored on the
+        run and in its tag rows (``WorkflowRun.objects.tagged``); a run found by its key
+        keeps its own.
 
         Does not check that the workflow is registered (``start_workflow`` does). Safe inside an
-        outer transaction. Raises ``ValueError`` for a bad name or key, or non-JSON input.
+        outer transaction. Raises ``ValueError`` for a bad name, key or tags, or non-JSON
+        input.
         """
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input")
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+        tagged = check_tags(tags)
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
-        if db.tuned(connection, "postgresql"):
+        # A tagged start writes its tag rows too: the portable path's transaction does.
+        if tagged is None and db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
             # run, due for its first pass, and the notification (sent when it commits); a
             # key already taken inserts nothing and notifies nobody.
@@ -128,9 +137,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                         input=value,
                         key=key,
                         parent_id=parent,
+                        tags=tagged,
                         pass_due_at=DbNow(),
                         pass_requests=1,
                     )
+                    if tagged:
+                        tag_model().objects.db_manager(alias).write(run.pk, tagged)
                     wake_workers(alias)
             except IntegrityError:
                 if key is None:

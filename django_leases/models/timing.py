@@ -28,6 +28,7 @@ every other start keeps the tuned path.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from django_leases.models.operations import RunOperations, _StartOver
 from django_leases.models.workflow_base import (
     run_reached,
     step_model,
+    tag_model,
     wake_parent,
     wake_workers,
 )
@@ -51,6 +53,7 @@ from django_leases.validation import (
     check_identifier,
     check_json,
     check_name,
+    check_tags,
     error_json,
     seconds,
     wait_seconds,
@@ -155,10 +158,11 @@ class RunTiming(RunOperations):
         deadline: float | timedelta | None = None,
         debounce_key: str | None = None,
         debounce: float | timedelta | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first
-        pass (:meth:`~django_leases.models.passes.RunPasses.start`: ``key`` and ``parent``),
-        with these options:
+        pass (:meth:`~django_leases.models.passes.RunPasses.start`: ``key``, ``parent`` and
+        ``tags``), with these options:
 
         Args:
             run_after: seconds ≥ 0 (a number or a ``timedelta``, counted on the database
@@ -173,7 +177,7 @@ class RunTiming(RunOperations):
             debounce_key: a ``str`` (1–255 characters), with ``debounce`` (not with
                 ``key`` nor ``run_after``): at most one **pending** run (no pass
                 has run yet) per workflow and debounce key. A start while one is pending
-                replaces its input (and its deadline), moves its first pass to DB now +
+                replaces its input, tags and deadline, moves its first pass to DB now +
                 ``debounce`` and returns it (``started`` ``False``); otherwise a new pending
                 run is created the same way. Concurrent starts make one run (a unique
                 constraint decides).
@@ -194,16 +198,17 @@ class RunTiming(RunOperations):
         check_json(input, "Workflow input")
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+        tagged = check_tags(tags)
         alias = self.write_alias()
         cap = None
         if parent is not None:
             cap = self.rows().filter(pk=parent).values_list("deadline_at", flat=True).first()
         if after is None and limit is None and window is None and cap is None:
-            return super().start(workflow, input, key=key, parent=parent)
+            return super().start(workflow, input, key=key, parent=parent, tags=tagged)
         value = {} if input is None else input
         if window is not None:
             assert debounce_key is not None  # checked with the window
-            return self._debounced(alias, workflow, value, debounce_key, window, limit)
+            return self._debounced(alias, workflow, value, debounce_key, window, limit, tagged)
         try:
             with transaction.atomic(using=alias):
                 run = self.rows().create(
@@ -216,7 +221,10 @@ class RunTiming(RunOperations):
                     first_pass_at=None if after is None else _due(after, alias),
                     pass_requests=1,
                     deadline_at=None if limit is None else clock.db_now_plus(limit),
+                    tags=tagged,
                 )
+                if tagged:
+                    tag_model().objects.db_manager(alias).write(run.pk, tagged)
                 if cap is not None:  # never later than the parent's deadline
                     self.rows().filter(pk=run.pk).filter(
                         Q(deadline_at=None) | Q(deadline_at__gt=cap)
@@ -239,6 +247,7 @@ class RunTiming(RunOperations):
         debounce_key: str,
         window: float,
         limit: float | None,
+        tags: dict[str, str] | None,
     ) -> WorkflowRun:
         """:meth:`start`'s debounced start (arguments checked)."""
         connection = connections[alias]
@@ -246,7 +255,9 @@ class RunTiming(RunOperations):
         for _ in range(_DEBOUNCE_ROUNDS):
             try:
                 with transaction.atomic(using=alias):
-                    run = self._debounce_once(alias, workflow, value, debounce_key, window, limit)
+                    run = self._debounce_once(
+                        alias, workflow, value, debounce_key, window, limit, tags
+                    )
             except OperationalError as exc:
                 code = exc.args[0] if exc.args else None
                 if not (owned and connection.vendor == "mysql" and code in _MYSQL_RETRYABLE):
@@ -269,6 +280,7 @@ class RunTiming(RunOperations):
         debounce_key: str,
         window: float,
         limit: float | None,
+        tags: dict[str, str] | None,
     ) -> WorkflowRun | None:
         """One try inside the caller's transaction: move the pending run, or free the key of
         a run no longer pending and create one; ``None`` when a concurrent start took the
@@ -281,10 +293,12 @@ class RunTiming(RunOperations):
             pass_due_at=due,
             first_pass_at=due,
             deadline_at=None if limit is None else clock.db_now_plus(limit),
+            tags=tags,
             updated_at=DbNow(),
         )
         if moved:
             run = holding.get()
+            tag_model().objects.db_manager(alias).write(run.pk, tags)
             run.started = False
             return run
         # A holder no longer pending gives its key up (one that became pending since the
@@ -301,7 +315,10 @@ class RunTiming(RunOperations):
                     first_pass_at=due,
                     pass_requests=1,
                     deadline_at=None if limit is None else clock.db_now_plus(limit),
+                    tags=tags,
                 )
+                if tags:
+                    tag_model().objects.db_manager(alias).write(run.pk, tags)
         except IntegrityError:
             return None
         run.started = True

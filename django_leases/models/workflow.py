@@ -45,8 +45,10 @@ from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
+from django_leases.models.forks import RunForks
+from django_leases.models.operations import RunOutcome
 from django_leases.models.outcomes import retry_delay_after, write_pending
-from django_leases.models.patches import RunReplays, StepPatches
+from django_leases.models.progress import StepProgress
 from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
 from django_leases.models.workflow_base import (
@@ -69,6 +71,7 @@ __all__ = [
     "AttemptStatus",
     "QueueCounts",
     "ResultWithNext",
+    "RunOutcome",
     "RunStatus",
     "Scheduled",
     "StepStatus",
@@ -86,22 +89,24 @@ __all__ = [
 ]
 
 
-class WorkflowRunQuerySet(RunReplays):
+class WorkflowRunQuerySet(RunForks):
     """Domain methods of ``WorkflowRun.objects``: start, passes, finish, operators'
-    operations, delayed and debounced starts, deadlines, what a replay check reads
+    operations, delayed and debounced starts, deadlines, what a replay check reads, forks
     (:class:`~django_leases.models.passes.RunPasses`,
     :class:`~django_leases.models.operations.RunOperations`,
     :class:`~django_leases.models.timing.RunTiming`,
-    :class:`~django_leases.models.patches.RunReplays`)."""
+    :class:`~django_leases.models.patches.RunReplays`,
+    :class:`~django_leases.models.forks.RunForks`)."""
 
 
-class WorkflowStepQuerySet(StepPatches):
+class WorkflowStepQuerySet(StepProgress):
     """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history,
-    patch decisions (:class:`~django_leases.models.outcomes.StepOutcomes`,
+    patch decisions, progress (:class:`~django_leases.models.outcomes.StepOutcomes`,
     :class:`~django_leases.models.claims.StepClaims`,
     :class:`~django_leases.models.scheduling.StepScheduling`,
     :class:`~django_leases.models.results.StepResults`,
-    :class:`~django_leases.models.patches.StepPatches`)."""
+    :class:`~django_leases.models.patches.StepPatches`,
+    :class:`~django_leases.models.progress.StepProgress`)."""
 
 
 class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
@@ -193,6 +198,21 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text=_("Set while a debounced start is pending: one per workflow and key."),
     )
+    tags = models.JSONField(
+        _("tags"),
+        null=True,
+        blank=True,
+        help_text=_("Names and values the run was started with, to find it by."),
+    )
+    forked_from = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        verbose_name=_("forked from"),
+        help_text=_("The run this one was forked from (fork_run)."),
+    )
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
@@ -230,6 +250,9 @@ class WorkflowRun(models.Model):
                 name="dl_run_deadline",
                 condition=Q(deadline_at__isnull=False),
             ),
+            # The admin's search by key (equal, or starts with): on PostgreSQL with the
+            # pattern operator class, so a prefix LIKE is served whatever the collation.
+            models.Index(fields=["key"], name="dl_run_key", opclasses=["varchar_pattern_ops"]),
         )
 
     def __str__(self) -> str:
@@ -331,6 +354,12 @@ class WorkflowStep(models.Model):
     )
     priority = models.IntegerField(
         default=0, db_default=0, help_text=_("Higher is claimed first; FIFO within a priority.")
+    )
+    progress = models.JSONField(
+        _("progress"),
+        null=True,
+        blank=True,
+        help_text=_("What the running attempt last said of its progress (ctx.set_progress)."),
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

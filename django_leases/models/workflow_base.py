@@ -50,6 +50,8 @@ from django_leases.workflows.values import (
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
+    from django_leases.models.tags import WorkflowRunTag
+    from django_leases.models.wait import WorkflowWait
     from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
 logger = logging.getLogger("django_leases.workflows")
@@ -71,6 +73,18 @@ def step_model() -> type[WorkflowStep]:
 def attempt_model() -> type[WorkflowStepAttempt]:
     """``WorkflowStepAttempt``, from Django's app registry."""
     return apps.get_model("django_leases", "WorkflowStepAttempt")
+
+
+@functools.cache
+def tag_model() -> type[WorkflowRunTag]:
+    """``WorkflowRunTag``, from Django's app registry."""
+    return apps.get_model("django_leases", "WorkflowRunTag")
+
+
+@functools.cache
+def wait_model() -> type[WorkflowWait]:
+    """``WorkflowWait``, from Django's app registry."""
+    return apps.get_model("django_leases", "WorkflowWait")
 
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly

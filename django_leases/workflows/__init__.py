@@ -4,6 +4,7 @@ Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.workflows import workflow, step_function, start_workflow, send_event
     from django_leases.workflows import astart_workflow, asend_event  # from async code
+    from django_leases.workflows import fork_run
 
 ``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
 the workflow errors (``WorkflowStepFailedError``, raised by ``run.step`` for a step out of
@@ -23,6 +24,7 @@ _LAZY = {
     "send_event": "django_leases.workflows.engine",
     "astart_workflow": "django_leases.workflows.engine",
     "asend_event": "django_leases.workflows.engine",
+    "fork_run": "django_leases.workflows.operators",
     "execute_step": "django_leases.workflows.engine",
     "StepContext": "django_leases.workflows.engine",
     "run_pass": "django_leases.workflows.driver",
@@ -61,6 +63,7 @@ __all__ = [
     "asend_event",
     "astart_workflow",
     "execute_step",
+    "fork_run",
     "run_pass",
     "send_event",
     "start_workflow",
@@ -91,6 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover
         send_event,
         start_workflow,
     )
+    from django_leases.workflows.operators import fork_run
     from django_leases.workflows.registry import step_function, workflow
     from django_leases.workflows.worker import Worker
 

@@ -65,7 +65,9 @@ def run_overview(run: WorkflowRun) -> dict[str, Any]:
         "workflow": run.workflow,
         "status": run.status,
         "key": run.key,
+        "tags": run.tags or {},
         "parent": run.parent_id,
+        "forked_from": run.forked_from_id,
         "created_at": run.created_at,
         "finished_at": run.finished_at,
         "pass_due_at": run.pass_due_at,
@@ -83,6 +85,7 @@ def run_overview(run: WorkflowRun) -> dict[str, Any]:
                 "available_at": step.available_at,
                 "result": step.result,
                 "error": step.error,
+                "progress": step.progress,
             }
             for step in steps
         ],

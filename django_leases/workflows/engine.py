@@ -62,6 +62,7 @@ def start_workflow(
     deadline: float | timedelta | None = None,
     debounce_key: str | None = None,
     debounce: float | timedelta | None = None,
+    tags: dict[str, str] | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -73,6 +74,10 @@ def start_workflow(
     database alias (default: the router's choice).
 
     Args:
+        tags: ``dict[str, str]`` of at most 16 tags, names of 1 to 64 characters, values of
+            at most 255, stored as ``WorkflowRun.tags`` and found with
+            ``WorkflowRun.objects.tagged(**tags)`` (a start that finds its key's run returns
+            it with the tags it has; a debounced start replaces the pending run's).
         run_after: a delayed start — seconds ≥ 0 (a number or a ``timedelta``, counted on
             the database clock) or a ``datetime`` (aware while ``USE_TZ`` is on): the first
             pass is not due before then.
@@ -94,7 +99,7 @@ def start_workflow(
         UnknownWorkflowError: no workflow of that name is registered.
         ValueError: ``input`` is not JSON-serialisable, a bad key, or a bad or unmatched
             timing option (negative, NaN, a naive ``datetime`` while ``USE_TZ`` is on,
-            ``debounce`` without ``debounce_key``…); nothing written.
+            ``debounce`` without ``debounce_key``…), or bad tags; nothing written.
     """
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
@@ -108,6 +113,7 @@ def start_workflow(
             deadline=deadline,
             debounce_key=debounce_key,
             debounce=debounce,
+            tags=tags,
         )
         .id
     )
@@ -156,6 +162,7 @@ async def astart_workflow(
     deadline: float | timedelta | None = None,
     debounce_key: str | None = None,
     debounce: float | timedelta | None = None,
+    tags: dict[str, str] | None = None,
 ) -> uuid.UUID:
     """The coroutine form of :func:`start_workflow`, for async views and other async code:
     same arguments, return value (the run id, ``uuid.UUID``) and errors.
@@ -177,6 +184,7 @@ async def astart_workflow(
         deadline=deadline,
         debounce_key=debounce_key,
         debounce=debounce,
+        tags=tags,
     )
 
 
@@ -214,6 +222,9 @@ class StepContext:
         started_at: when this attempt started (an aware ``datetime``, database clock), or
             ``None`` where the claim did not read it back;
         run_created_at: when the run was created (database clock), or ``None`` likewise.
+
+    ``set_progress(value)`` keeps JSON ``value`` as the step's progress (shown on the run's
+    admin page), fenced to this attempt.
     """
 
     def __init__(self, claim: Claim, lease_lost: threading.Event) -> None:
@@ -225,6 +236,23 @@ class StepContext:
         self.started_at = claim.started_at
         self.run_created_at = claim.run_created_at
         self._key = f"workflow-step:{claim.step_id}"
+        self._claim = claim
+
+    def set_progress(self, value: Any) -> None:
+        """Keep JSON ``value`` (e.g. ``{"done": 40, "of": 100}``) as the step's
+        ``progress``: one fenced write (``WorkflowStep.objects.set_progress``), shown on the
+        run's page. Call it as often as the work deserves; each call is a round trip.
+
+        Raises:
+            WorkflowStepSupersededError: this attempt was superseded (another worker runs
+                the step now) or its run was cancelled; nothing was written, and nothing
+                this attempt returns will land either: stop.
+            ValueError: ``value`` is not JSON the database stores.
+        """
+        claim = self._claim
+        WorkflowStep.objects.db_manager(claim.using).set_progress(
+            claim.step_id, value, claim.attempt
+        )
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` once the step lease is seen lost; else ``None``."""

@@ -1,15 +1,25 @@
 """``manage.py workflow_runs list|resume|cancel|retry``: operators' view of workflow runs.
 
-* ``workflow_runs list [--status S] [--workflow NAME] [--limit N] [--format table|json]``
-  prints one line per run, newest first: id, workflow, status, created, and the error code or
-  message if any (``json``: the stored error itself, ``null`` when none).
+* ``workflow_runs list [--status S] [--workflow NAME] [--tag NAME=VALUE]... [--key KEY]
+  [--limit N] [--format table|json]`` prints one line per run, newest first: id, workflow,
+  status, created, and the error code or message if any (``json``: the stored error itself,
+  ``null`` when none, and the run's ``key`` and ``tags``). Every ``--tag`` must match
+  (``WorkflowRun.objects.tagged``); ``--key`` is the key the run was started with, exactly.
 * ``workflow_runs show RUN_ID [--format table|json]`` prints one run: its status, output or
   error, what it waits for now, its steps and its waits (``json``: ``display.run_overview()``).
-* ``workflow_runs resume RUN_ID`` sets a suspended or failed run running again
+* ``workflow_runs resume RUN_ID...`` sets suspended or failed runs running again
   (``WorkflowRun.objects.resume``: a step that missed its step function, or that failed on
   its last attempt, runs again as a new attempt).
-* ``workflow_runs cancel RUN_ID`` stops a running or suspended run for good
+* ``workflow_runs cancel RUN_ID...`` stops running or suspended runs for good
   (``WorkflowRun.objects.cancel``).
+* Instead of ids, ``resume`` and ``cancel`` take ``--tag NAME=VALUE`` (repeatable),
+  ``--workflow NAME`` and ``--status S`` filters: every run matching them all. Several runs
+  go through ``WorkflowRun.objects...operate_each``, each in its own transaction: each change
+  is printed and logged, each refusal is said on stderr and the exit code is then
+  ``EXIT_WRONG_STATE`` (the others are done). One id alone fails as it always did.
+* ``workflow_runs fork RUN_ID --from-step NAME`` starts a new run that keeps what RUN_ID
+  recorded before step NAME and runs NAME and what follows again
+  (``django_leases.workflows.fork_run``), and prints its id.
 * ``workflow_runs retry RUN_ID STEP`` runs a failed step again as a new attempt
   (``WorkflowRun.objects.retry_step``).
 * ``workflow_runs send-event RUN_ID NAME [--payload JSON]`` sends event NAME (payload: JSON
@@ -29,6 +39,7 @@ Every action takes ``--database ALIAS``. Errors go to stderr; the exit codes are
 
 from __future__ import annotations
 
+import argparse
 import json
 from datetime import timedelta
 from typing import Any
@@ -36,13 +47,18 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db.models.fields.json import KeyTextTransform
 
-from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.exceptions import (
+    UnknownWorkflowError,
+    WorkflowEventRefusedError,
+    WorkflowRunStateError,
+)
 from django_leases.management import base
 from django_leases.management.base import EXIT_REPLAY_DIVERGES, EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.workflow import WorkflowRunQuerySet
-from django_leases.validation import parse_run_id
+from django_leases.validation import parse_run_id, parse_tag
 from django_leases.workflows.display import event_sent, run_overview
+from django_leases.workflows.operators import fork_run
 from django_leases.workflows.replay_check import check_replay
 from django_leases.workflows.values import TASK_WORKFLOW
 
@@ -86,6 +102,35 @@ _STEP_COLUMNS = base.columns(
 _WAIT_COLUMNS = base.columns(("name", "kind", "status", "what"), headers={"name": "WAIT"})
 
 
+def _tag(text: str) -> tuple[str, str]:
+    try:
+        return parse_tag(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_tag_argument(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--tag",
+        action="append",
+        type=_tag,
+        default=[],
+        metavar="NAME=VALUE",
+        help="Only runs with this tag (repeatable: every one must match).",
+    )
+
+
+def _filtered(runs: WorkflowRunQuerySet, options: dict[str, Any]) -> WorkflowRunQuerySet:
+    """``runs`` narrowed by ``--status``, ``--workflow`` and every ``--tag``."""
+    if options["status"]:
+        runs = runs.filter(status=options["status"])
+    if options["workflow"]:
+        runs = runs.filter(workflow=options["workflow"])
+    if options["tag"]:
+        runs = runs.tagged(**dict(options["tag"]))
+    return runs
+
+
 class Command(base.LeasesCommand):
     """``manage.py workflow_runs``: list, resume, cancel, retry a step of, or prune
     workflow runs."""
@@ -95,7 +140,7 @@ class Command(base.LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
             dest="action",
-            metavar="{list,show,resume,cancel,retry,send-event,prune,check-replay}",
+            metavar="{list,show,resume,cancel,retry,fork,send-event,prune,check-replay}",
             required=True,
         )
         listing = self.add_subcommand(actions, "list", help="Show runs, newest first.")
@@ -103,6 +148,8 @@ class Command(base.LeasesCommand):
             "--status", choices=list(RunStatus.values), help="Only runs in this status."
         )
         listing.add_argument("--workflow", help="Only runs of this workflow.")
+        _add_tag_argument(listing)
+        listing.add_argument("--key", help="Only the run(s) started with this key.")
         listing.add_argument(
             "--limit",
             type=base.integer_type(1, base.MAX_ROWS),
@@ -116,17 +163,41 @@ class Command(base.LeasesCommand):
         showing.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         base.add_format_argument(showing)
         resume = self.add_subcommand(
-            actions, "resume", help="Set a suspended or failed run running again."
+            actions, "resume", help="Set suspended or failed runs running again."
         )
         cancel = self.add_subcommand(
-            actions, "cancel", help="Stop a running or suspended run for good."
+            actions, "cancel", help="Stop running or suspended runs for good."
         )
+        for sub in (resume, cancel):
+            sub.add_argument(
+                "run_ids",
+                metavar="RUN_ID",
+                nargs="*",
+                help="The runs' ids (UUIDs); or select them with the filters instead.",
+            )
+            sub.add_argument(
+                "--status", choices=list(RunStatus.values), help="Every run in this status."
+            )
+            sub.add_argument("--workflow", help="Every run of this workflow.")
+            _add_tag_argument(sub)
         retry = self.add_subcommand(
             actions, "retry", help="Run a failed step again as a new attempt."
         )
-        for sub in (resume, cancel, retry):
-            sub.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
+        retry.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
         retry.add_argument("step_name", metavar="STEP", help="The step's name in the run.")
+        fork = self.add_subcommand(
+            actions,
+            "fork",
+            help="Start a new run that keeps what a run recorded before a step and runs that "
+            "step and the rest again.",
+        )
+        fork.add_argument("run_id", metavar="RUN_ID", help="The run's id (a UUID).")
+        fork.add_argument(
+            "--from-step",
+            required=True,
+            metavar="NAME",
+            help="The step to run again, with everything after it.",
+        )
         sending = self.add_subcommand(
             actions, "send-event", help="Send an event to a run waiting for it (once)."
         )
@@ -160,7 +231,7 @@ class Command(base.LeasesCommand):
             help="Replay every live run in memory on the code now deployed (writes nothing).",
         )
         base.add_format_argument(replay)
-        for sub in (listing, showing, resume, cancel, retry, sending, prune, replay):
+        for sub in (listing, showing, resume, cancel, retry, fork, sending, prune, replay):
             base.add_database_argument(sub, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -187,6 +258,16 @@ class Command(base.LeasesCommand):
         if action == "show":
             self._show(runs, options)
             return
+        if action == "fork":
+            self._fork(runs, options)
+            return
+        if action in ("resume", "cancel"):
+            selection = self._selection(runs, options)
+            if selection is None:  # one run by its id: as before, its refusal an error
+                options["run_id"] = options["run_ids"][0]
+            else:
+                self._operate_each(runs, selection, action)
+                return
         try:
             if action == "resume":
                 change = runs.resume(options["run_id"])
@@ -204,6 +285,73 @@ class Command(base.LeasesCommand):
             self.record_in_admin_history(subcommand, run, str(change))
         self.confirm(str(change))
 
+    def _selection(
+        self, runs: WorkflowRunQuerySet, options: dict[str, Any]
+    ) -> WorkflowRunQuerySet | None:
+        """The runs a ``resume`` / ``cancel`` names: ``None`` for exactly one id and no
+        filter (that run alone), else the QuerySet of the ids or of the filters."""
+        ids = options["run_ids"]
+        filters = options["tag"] or options["workflow"] or options["status"]
+        if ids and filters:
+            raise CommandError("Give run ids or --tag/--workflow/--status filters, not both.")
+        if not ids and not filters:
+            raise CommandError("Give one or more run ids, or --tag/--workflow/--status filters.")
+        if len(ids) == 1:
+            return None
+        if ids:
+            try:
+                wanted = {parse_run_id(run_id) for run_id in ids}
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            found = set(runs.filter(pk__in=wanted).values_list("pk", flat=True))
+            if wanted - found:
+                missing = ", ".join(sorted(str(pk) for pk in wanted - found))
+                raise CommandError(f"No workflow run with id {missing}; nothing changed.")
+            return runs.filter(pk__in=wanted)
+        return _filtered(runs, options)
+
+    def _operate_each(
+        self, runs: WorkflowRunQuerySet, selection: WorkflowRunQuerySet, action: str
+    ) -> None:
+        """Apply ``action`` to every selected run (``operate_each``): each change printed
+        and logged, each refusal on stderr; exit ``EXIT_WRONG_STATE`` when any refused."""
+        outcomes = selection.operate_each(action)
+        if not outcomes:
+            self.confirm("No workflow runs matched; nothing changed.")
+            return
+        refused = 0
+        for outcome in outcomes:
+            if outcome.refused:
+                refused += 1
+                self.stderr.write(str(outcome))
+                continue
+            if outcome.change is None:  # cancelled with a selected ancestor
+                self.confirm(str(outcome))
+                continue
+            run = runs.filter(pk=outcome.run_id).first()
+            if run is not None:
+                self.record_in_admin_history(action, run, str(outcome.change))
+            self.confirm(str(outcome.change))
+        done = len(outcomes) - refused
+        if refused:
+            raise CommandError(
+                f"{done} of {len(outcomes)} run(s) changed; {refused} refused.",
+                returncode=EXIT_WRONG_STATE,
+            )
+        self.confirm(f"{done} run(s) changed.")
+
+    def _fork(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
+        try:
+            fork_id = fork_run(options["run_id"], from_step=options["from_step"], using=runs.db)
+        except (WorkflowRun.DoesNotExist, UnknownWorkflowError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        original = runs.filter(pk=parse_run_id(options["run_id"])).first()
+        if original is not None:
+            self.record_in_admin_history(
+                "fork", original, f"Forked from step {options['from_step']!r} as run {fork_id}"
+            )
+        self.stdout.write(str(fork_id))
+
     def _show(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
         try:
             run = runs.get(pk=parse_run_id(options["run_id"]))
@@ -218,9 +366,12 @@ class Command(base.LeasesCommand):
         given = run.input.get("task") if isinstance(run.input, dict) else None
         path = task_path(run.workflow, given)
         write(f"Run {run.pk}  {_workflow_text(run.workflow, path)}  {run.status}")
-        for label in ("key", "parent", "created_at", "finished_at", "pass_due_at"):
+        for label in ("key", "parent", "forked_from", "created_at", "finished_at", "pass_due_at"):
             if overview[label] is not None:
                 write(f"  {label}: {overview[label]}")
+        if overview["tags"]:
+            tags = " ".join(f"{name}={value}" for name, value in sorted(overview["tags"].items()))
+            write(f"  tags: {tags}")
         for label in ("output", "error"):
             if overview[label] is not None:
                 write(f"  {label}: {json.dumps(overview[label], default=base.json_value)}")
@@ -259,11 +410,9 @@ class Command(base.LeasesCommand):
         self.confirm(event_sent(wait))
 
     def _list(self, runs: WorkflowRunQuerySet, options: dict[str, Any]) -> None:
-        rows = runs.order_by("-created_at")
-        if options["status"]:
-            rows = rows.filter(status=options["status"])
-        if options["workflow"]:
-            rows = rows.filter(workflow=options["workflow"])
+        rows = _filtered(runs, options).order_by("-created_at")
+        if options["key"] is not None:
+            rows = rows.filter(key=options["key"])
         rows = rows.annotate(task_path=KeyTextTransform("task", "input"))
         listed = []
         for run in rows[: options["limit"]]:
@@ -278,6 +427,8 @@ class Command(base.LeasesCommand):
                     "status": run.status,
                     "created_at": run.created_at,
                     "error": run.error,
+                    "key": run.key,
+                    "tags": run.tags or {},
                 }
             )
         # JSON: the workflow as stored and the task's path (null but for task runs); the

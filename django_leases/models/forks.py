@@ -1,0 +1,161 @@
+"""Forking a run from one of its steps (:class:`RunForks`, the top layer of
+``WorkflowRun.objects``; ``django_leases.workflows.fork_run`` calls it).
+
+A fork is a new run of the same workflow, input and tags whose outcomes recorded **before**
+the chosen step are copied into it, so its first pass replays them, and which runs the chosen
+step and everything after it again, with the code deployed now. The original run is only
+read. What "before" means:
+
+* **steps**: those the run created before the chosen one (lower id: the order in which the
+  workflow reached them), that had an outcome for good — succeeded, or failed with no
+  attempt left (a workflow that caught that failure meets it again). Steps still pending,
+  running or waiting out a retry run again;
+* **waits** (sleeps, events, child runs): those the run reached before the chosen step's
+  first attempt started, on the database clock, and that were decided — a sleep done, an
+  event delivered (its payload kept) or timed out, a child run's wait. A copied child wait
+  points at the same child run, which stays the original's child: the fork reads its outcome
+  and starts no new one. An event sent early to the original and not reached yet is not
+  copied.
+
+The chosen step's own attempts, results and progress are not copied (it starts at attempt 1),
+nor any attempt history: the fork's history starts with what it runs.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+from django.db.models import F, Q
+
+from django_leases.clock import DbNow
+from django_leases.models.patches import RunReplays
+from django_leases.models.workflow_base import (
+    attempt_model,
+    step_model,
+    tag_model,
+    wait_model,
+    wake_workers,
+)
+from django_leases.validation import check_identifier, parse_run_id
+from django_leases.workflows.values import RunStatus, StepStatus, WaitStatus
+
+if TYPE_CHECKING:
+    from django_leases.models.workflow import WorkflowRun
+
+#: The step columns a fork copies (the outcome and the options; never a lease or a claim).
+_STEP_COPIED = (
+    "step_name",
+    "function_name",
+    "data",
+    "status",
+    "result",
+    "error",
+    "attempt",
+    "retries",
+    "retry_delay",
+    "retry_backoff",
+    "retry_delay_max",
+    "timeout",
+    "queue",
+    "priority",
+    "progress",
+)
+#: The wait columns a fork copies.
+_WAIT_COPIED = ("name", "kind", "status", "due_at", "payload", "child_id", "reached_at", "done_at")
+
+
+class RunForks(RunReplays):
+    """Forking a run from a step (see the module's docstring)."""
+
+    def fork(self, run_id: uuid.UUID | str, from_step: str) -> WorkflowRun:
+        """Create a ``running`` run of run ``run_id``'s workflow, input and tags, its
+        ``forked_from`` that run, with the outcomes the run recorded before step
+        ``from_step`` copied (see the module's docstring), due for its first pass at once;
+        one transaction. The original run is not written, whatever its status (a running
+        one goes on: cancel it if the fork replaces it). No key is copied (keys are unique
+        per workflow), nor the parent: a fork of a child run is a run of its own.
+
+        Returns the new run. Raises ``WorkflowRun.DoesNotExist`` for an unknown run and
+        ``ValueError`` for a malformed id or step name, or a step the run never reached
+        (nothing written).
+        """
+        check_identifier(from_step, "Step name")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        steps = step_model()._default_manager.using(alias)
+        waits = wait_model()._default_manager.using(alias)
+        with transaction.atomic(using=alias):
+            original = self.rows().filter(pk=pk).first()
+            if original is None:
+                raise self.model.DoesNotExist(f"No workflow run with id {pk}")
+            start = steps.filter(run_id=pk, step_name=from_step).values_list("pk", flat=True)
+            start_id = start.first()
+            if start_id is None:
+                raise ValueError(
+                    f"Run {pk} never reached a step named {from_step!r}: a fork starts "
+                    "again from a step the run recorded"
+                )
+            first_claim = (
+                attempt_model()
+                ._default_manager.using(alias)
+                .filter(step_id=start_id)
+                .order_by("attempt")
+                .values_list("started_at", flat=True)
+                .first()
+            )
+            kept_steps = list(
+                steps.filter(run_id=pk, pk__lt=start_id)
+                .filter(
+                    Q(status=StepStatus.SUCCEEDED)
+                    | Q(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+                )
+                .order_by("id")
+                .values(*_STEP_COPIED)
+            )
+            kept_waits = waits.filter(run_id=pk, reached_at__isnull=False).exclude(
+                status=WaitStatus.WAITING
+            )
+            if first_claim is not None:
+                kept_waits = kept_waits.filter(reached_at__lt=first_claim)
+            wait_rows = list(kept_waits.order_by("id").values(*_WAIT_COPIED))
+            fork = self.rows().create(
+                workflow=original.workflow,
+                input=original.input,
+                tags=original.tags,
+                forked_from_id=pk,
+                status=RunStatus.RUNNING,
+                pass_due_at=DbNow(),
+                pass_requests=1,
+            )
+            if original.tags:
+                tag_model().objects.db_manager(alias).write(fork.pk, original.tags)
+            steps.bulk_create(step_model()(run_id=fork.pk, **row) for row in kept_steps)
+            waits.bulk_create(wait_model()(run_id=fork.pk, **row) for row in wait_rows)
+            wake_workers(alias)
+        self._started(alias, fork.pk, fork.workflow)
+        return fork
+
+    def fork_from_failed(self, run_id: uuid.UUID | str) -> WorkflowRun:
+        """:meth:`fork` run ``run_id`` from its first failed step (the order in which the
+        workflow reached its steps): the repair of a run that failed, once code that handles
+        what made that step fail is deployed. Returns the new run. Raises
+        ``WorkflowRun.DoesNotExist`` for an unknown run and ``ValueError`` for a malformed
+        id or a run with no failed step (nothing written)."""
+        pk = parse_run_id(run_id)
+        steps = step_model()._default_manager.using(self.write_alias())
+        failed = (
+            steps.filter(run_id=pk, status=StepStatus.FAILED)
+            .order_by("id")
+            .values_list("step_name", flat=True)
+            .first()
+        )
+        if failed is None:
+            if not self.rows().filter(pk=pk).exists():
+                raise self.model.DoesNotExist(f"No workflow run with id {pk}")
+            raise ValueError(f"Run {pk} has no failed step to fork from")
+        return self.fork(pk, failed)
+
+
+__all__ = ["RunForks"]
