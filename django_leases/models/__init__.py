@@ -1,5 +1,5 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
-from django_leases.models.queue import WorkflowQueue
+from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.models.schedule import WorkflowSchedule
 from django_leases.models.trigger import (
     OrphanTriggerSource,
@@ -35,6 +35,7 @@ __all__ = [
     "TriggerSourceDefaults",
     "WorkerState",
     "WorkflowQueue",
+    "WorkflowQueueKey",
     "WorkflowRun",
     "WorkflowSchedule",
     "WorkflowStep",

@@ -18,6 +18,7 @@ from django.db.models import F, Q, Value
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow, to_stored
+from django_leases.conf import check_queue_key
 from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
 from django_leases.models.scheduling import check_step, step_columns
@@ -72,8 +73,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         *,
         key: str | None = None,
         parent: uuid.UUID | None = None,
+        queue_key: str | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
+
+        ``queue_key`` (``str`` of 1–255 characters, or ``None``): the key the run's steps
+        count under for a queue's per-key limits (``WorkflowRun.queue_key``).
 
         ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent:
         while a run of ``workflow`` with that key exists, that run is returned and nothing is
@@ -89,6 +94,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         check_json(input, "Workflow input")
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+        queue_key = check_queue_key(queue_key) or ""
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
@@ -103,6 +109,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 pass_requests=1,
                 key=key,
                 parent_id=parent,
+                queue_key=queue_key,
             )
             params: list[Any] = [
                 run.id,
@@ -110,6 +117,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 json.dumps(value),
                 key,
                 parent,
+                queue_key,
                 channel_name(alias),
             ]
             with connection.cursor() as cursor:
@@ -128,6 +136,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                         input=value,
                         key=key,
                         parent_id=parent,
+                        queue_key=queue_key,
                         pass_due_at=DbNow(),
                         pass_requests=1,
                     )

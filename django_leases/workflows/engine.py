@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from django.db import InterfaceError, OperationalError, router
 
 from django_leases import db, tracing
+from django_leases.conf import check_queue_key
 from django_leases.exceptions import (
     LeaseLostError,
     WorkflowStepCancelledError,
@@ -50,7 +51,12 @@ WRITE_RETRY_MAX_BACKOFF = 2.0
 
 
 def start_workflow(
-    name: str, input: Any = None, *, key: str | None = None, using: str | None = None
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    queue_key: str | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -59,15 +65,21 @@ def start_workflow(
     ``key`` (a ``str`` of at most 255 characters) makes the start idempotent: the same key
     for the same workflow returns the existing run's id and creates nothing, also when
     several processes start it at once (a unique constraint decides). ``using`` is a
-    database alias (default: the router's choice). Returns the run id (``uuid.UUID``).
+    database alias (default: the router's choice). ``queue_key`` (a ``str`` of 1 to 255
+    characters; ``None``: none) is the key the run's steps count under for a queue's
+    per-key limits (``key_concurrency``, ``key_rate``) and round-robin order;
+    ``run.step(..., queue_key=)`` overrides it per step. Returns the run id
+    (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+        ValueError: ``input`` is not JSON-serialisable, a bad key or queue key (nothing
+            written).
     """
     get_workflow(name)
+    check_queue_key(queue_key)
     alias = using or router.db_for_write(WorkflowRun)
-    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
+    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key, queue_key=queue_key).id
 
 
 def send_event(

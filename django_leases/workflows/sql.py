@@ -86,17 +86,18 @@ def _is_running(column: str = "status") -> str:
 def start_run(t: Tables) -> str:
     """:meth:`WorkflowRunQuerySet.start`: the run, due for its first pass, and the wake-up
     notification (sent when it commits), in one statement. Parameters: run id, workflow,
-    input (JSON text), key (or ``NULL``), parent run id (or ``NULL``), notification channel.
+    input (JSON text), key (or ``NULL``), parent run id (or ``NULL``), queue key (empty:
+    none), notification channel.
     Returns ``created_at``, or no row when a run of the workflow already holds the key
     (nothing inserted, nobody woken)."""
     return f"""
         WITH run AS (
             INSERT INTO {t.run} (
-                id, workflow, status, input, key, parent_id, pass_due_at, pass_requests,
-                created_at, updated_at
+                id, workflow, status, input, key, parent_id, queue_key, pass_due_at,
+                pass_requests, created_at, updated_at
             )
-            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, %s, statement_timestamp(),
-                    1, statement_timestamp(), statement_timestamp())
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, %s, %s,
+                    statement_timestamp(), 1, statement_timestamp(), statement_timestamp())
             ON CONFLICT (workflow, key) DO NOTHING
             RETURNING created_at
         )
