@@ -116,7 +116,9 @@ class QueueFairnessConformanceTests(WorkflowConformanceSuite):
     def _run(self, queue_key: str | None = None) -> uuid.UUID:
         return start_workflow("fair.idle", {}, using=self.workflow_database, queue_key=queue_key)
 
-    def _queue(self, run_id: uuid.UUID, function: str, key: str, names: list[str], **extra: Any) -> None:
+    def _queue(
+        self, run_id: uuid.UUID, function: str, key: str, names: list[str], **extra: Any
+    ) -> None:
         for name in names:
             self.steps.schedule(
                 run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key, **extra
@@ -155,9 +157,11 @@ class QueueFairnessConformanceTests(WorkflowConformanceSuite):
             ("key_rate", 5),
         ]:
             queues = {"fair-bad": {option: bad}}
-            with self.subTest(option=option, bad=bad), override_settings(
-                DJANGO_LEASES={"QUEUES": queues}
-            ), self.assertRaisesRegex(QueueConfigError, option):
+            with (
+                self.subTest(option=option, bad=bad),
+                override_settings(DJANGO_LEASES={"QUEUES": queues}),
+                self.assertRaisesRegex(QueueConfigError, option),
+            ):
                 queue_limits()
         limits = queue_limits()["fair-two"]
         self.assertTrue(limits.keyed and limits.limited)
