@@ -327,3 +327,38 @@ def test_a_bad_queue_key_on_a_step_is_refused() -> None:
         WorkflowStep.objects.schedule(run_id, "x", "tests.fair.keys", {}, queue_key="")
     assert not WorkflowStep.objects.filter(run_id=run_id).exists()
     assert isinstance(run_id, uuid.UUID)
+
+
+def test_a_task_counts_under_the_keyword_argument_its_backend_names() -> None:
+    """``OPTIONS["queue_key_kwarg"]``: a task enqueued with that keyword argument counts
+    under its value in a keyed queue; a bad value is refused with nothing stored."""
+    pytest.importorskip("django_leases.tasks_api")
+    from django_leases.tasks_api import InvalidTask
+    from tests.workapp import tasks as t
+
+    keyed = {
+        "BACKEND": "django_leases.tasks.TaskBackend",
+        "QUEUES": ["default", "fair-keys"],
+        "OPTIONS": {"queue_key_kwarg": "tenant"},
+    }
+    with override_settings(TASKS={"default": keyed}):
+        task = t.echo.using(queue_name="fair-keys")
+        first = task.enqueue(tenant="acme", n=1)
+        second = task.enqueue(tenant=42)
+        plain = task.enqueue(n=3)
+        before = WorkflowRun.objects.count()
+        for bad in ["", "x" * 256, True, 1.5]:
+            with pytest.raises(InvalidTask, match="tenant"):
+                task.enqueue(tenant=bad)
+        assert WorkflowRun.objects.count() == before
+    keys = {
+        str(run_id): (run_key, step_key)
+        for run_id, run_key, step_key in WorkflowStep.objects.values_list(
+            "run_id", "run__queue_key", "queue_key"
+        )
+    }
+    assert keys[first.id] == ("acme", "acme")
+    assert keys[second.id] == ("42", "42")
+    assert keys[plain.id] == ("", "")
+    counts = {k.key: k.waiting for k in WorkflowStep.objects.key_counts("fair-keys")}
+    assert counts == {"acme": 1, "42": 1, "": 1}

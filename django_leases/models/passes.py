@@ -175,7 +175,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         (joining the caller's: the step is claimable once that commits). No first pass: the
         step is due at ``available_at`` (an aware ``datetime``, compared with the database
         clock by the claim; ``None``: DB now), with ``options`` (:class:`~values.StepOptions`;
-        ``None``: no retries, the defaults otherwise). The run's pass comes when the step
+        ``None``: no retries, the defaults otherwise; its ``queue_key`` is also the run's).
+        The run's pass comes when the step
         finishes and replays ``workflow``, which must call ``run.step(step_name,
         function_name, ...)``. Idle workers are woken when it commits. Used by the Django
         Tasks backend.
@@ -198,11 +199,17 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         if db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
             # run, its step and the notification (sent when it commits).
-            run = self.model(workflow=workflow, input=value, status=RunStatus.RUNNING)
+            run = self.model(
+                workflow=workflow,
+                input=value,
+                status=RunStatus.RUNNING,
+                queue_key=options.queue_key or "",
+            )
             params: list[Any] = [
                 run.id,
                 workflow,
                 json.dumps(value),
+                options.queue_key or "",
                 step_name,
                 function_name,
                 options.retries,
@@ -224,7 +231,9 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             self._started(alias, run.id, workflow)
             return run
         with transaction.atomic(using=alias):
-            run = self.rows().create(workflow=workflow, input=value)
+            run = self.rows().create(
+                workflow=workflow, input=value, queue_key=options.queue_key or ""
+            )
             step_model().objects.db_manager(alias).rows().create(
                 run=run,
                 **step_columns(step),
