@@ -29,7 +29,6 @@ from django_leases.models import Lease, RunStatus, StepStatus, WorkflowRun, Work
 from django_leases.models.workflow import WorkflowStepAttempt
 from django_leases.workflows import registry, start_workflow, step_function, workflow
 from django_leases.workflows.display import queue_overview
-from django_leases.workflows.values import StepOptions
 from django_leases.workflows.worker import Worker
 from tests.helpers import drain, in_processes, staff_client
 
@@ -225,7 +224,7 @@ def test_killed_and_stopped_workers_keep_their_key_slots_until_their_leases_laps
     workers = [context.Process(target=_serve, args=(str(tmp_path),)) for _ in range(3)]
     for process in workers:
         process.start()
-    killed, stopped, alive = workers
+    killed, stopped, _alive = workers
     lapsed_at: list[Any] = []
     try:
         _until(lambda: _ran(tmp_path, killed.pid), "the first worker ran a step")
