@@ -8,16 +8,22 @@ Two stages, written to ``bench/results/fairness-<date>-<HHMM>.json`` with the lo
 1. **backlog**: ``--big`` (10,000) steps of key ``big`` are queued (one ``run.parallel``)
    ahead of ``--small`` (100) of key ``small``, in a queue with ``key_concurrency`` =
    ``--concurrency`` (8); then ``--workers`` (4) worker processes of ``--threads`` (2)
-   threads drain it. Reported: each key's wait (an attempt's ``started_at`` less its step's
-   ``available_at``, database clock) p50 / p99 / max, where in the claim order the small
-   key's last step started, and the drain's steps per second. Steps do nothing.
+   threads drain it. Reported: each key's wait (an attempt's ``started_at`` less the moment
+   the workers were started, database clock) p50 / p99 / max, where in the claim order the
+   small key's last step started, and the drain's steps per second. Steps do nothing.
+   Beside it, where ``dbos`` is importable (``make bench-fairness`` runs under the bench
+   venv), **DBOS Transact's partitioned queue** (``wfbench/dbos_fair_app.py``, its own
+   system database ``dl_bench_dbos_fair`` on the same server): the same items as one-step
+   workflows, enqueued with ``DBOSClient`` (``queue_partition_key`` big / small) while its
+   ``--workers`` worker processes are frozen (SIGSTOP), then released together (SIGCONT);
+   ``partition_concurrency`` = ``--concurrency``, ``polling_interval_sec`` 0.1; the wait is
+   a workflow's ``started_at_epoch_ms`` less the release.
 2. **claim cost**: one thread claims ``--claims`` (2,000) due steps one at a time
    (``WorkflowStep.objects.claim_due``) from a queue without limits (the plain claim: on
    PostgreSQL one statement) and from a keyed queue (two keys alternating), each claimed
    step finished at once (``execute_step``). Reported per claim: statements sent, and CPU
    seconds of this process plus its PostgreSQL backend, during the claims only.
 
-DBOS partitioned queues beside ours: see ``bench/README.md`` (why they are not measured here).
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import statistics
 import sys
 import time
 from datetime import datetime
@@ -148,6 +153,11 @@ def backlog(args: argparse.Namespace) -> dict[str, Any]:
     queuer = Worker(step_lease_ttl=LEASE, queues=["default"])
     while queuer.work_once():  # the two first passes queue the steps, nothing else
         pass
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        released = cursor.fetchone()[0]
     connections.close_all()
     context = multiprocessing.get_context("fork")
     workers = [context.Process(target=_serve, args=(args.threads,)) for _ in range(args.workers)]
@@ -164,7 +174,7 @@ def backlog(args: argparse.Namespace) -> dict[str, Any]:
     )
     waits: dict[str, list[float]] = {"big": [], "small": []}
     for key, started, available in rows:
-        waits[key].append((started - available).total_seconds())
+        waits[key].append((started - max(available, released)).total_seconds())
     order = [key for key, _, _ in rows]
     last_small = max((i for i, key in enumerate(order) if key == "small"), default=None)
     return {
@@ -242,6 +252,117 @@ def claim_cost(args: argparse.Namespace) -> dict[str, Any]:
     return {"plain": plain, "keyed": keyed, "keyed_over_plain": ratio, "target": 1.2}
 
 
+DEFAULT_DBOS_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/dl_bench_dbos_fair"
+
+
+def dbos_backlog(args: argparse.Namespace) -> dict[str, Any]:
+    """Stage 1 for DBOS Transact's partitioned queue (see the module's docstring)."""
+    import signal
+    import subprocess
+
+    import psycopg
+    import sqlalchemy
+    from dbos import DBOSClient
+    from wfbench.dbos_fair_app import APP_NAME, ITEM, QUEUE, dbos_url
+
+    url = args.dbos_database_url
+    conninfo = libpq_conninfo(url)
+    name = conninfo.rsplit("/", 1)[1]
+    with psycopg.connect(conninfo.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    env = {
+        **os.environ,
+        "BENCH_DBOS_DATABASE_URL": url,
+        "BENCH_DBOS_PARTITION_CONCURRENCY": str(args.concurrency),
+        "PYTHONPATH": str(BENCH_DIR),
+    }
+    logs = [Path(f"/tmp/dl-bench-fair-dbos-{n}.log") for n in range(args.workers)]
+    workers = []
+    for log in logs:
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, str(BENCH_DIR / "wfbench" / "dbos_fair_app.py")],
+                env=env,
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
+        # One at a time: the first migrates the system database.
+        deadline = time.monotonic() + 120
+        while "dbos worker launched" not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or workers[-1].poll() is not None:
+                raise SystemExit(f"a DBOS worker did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    try:
+        for worker in workers:
+            os.kill(worker.pid, signal.SIGSTOP)
+        engine = sqlalchemy.create_engine(dbos_url(url))
+        client = DBOSClient(system_database_engine=engine, application_name=APP_NAME)
+        options = {"workflow_name": ITEM, "queue_name": QUEUE, "app_version": "wffair"}
+        with engine.begin() as connection:
+            for key, count in (("big", args.big), ("small", args.small)):
+                for _ in range(count):
+                    client.enqueue_in_transaction(
+                        connection, {**options, "queue_partition_key": key}
+                    )
+        with psycopg.connect(conninfo, autocommit=True) as db:
+            released = db.execute("SELECT extract(epoch FROM clock_timestamp()) * 1000").fetchone()[
+                0
+            ]
+            began = time.monotonic()
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGCONT)
+            total = args.big + args.small
+            deadline = time.monotonic() + 1800
+            while True:
+                done = db.execute(
+                    "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND status = 'SUCCESS'",
+                    [ITEM],
+                ).fetchone()[0]
+                if done >= total:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"DBOS finished {done} of {total} in 30 minutes")
+                time.sleep(0.05)
+            elapsed = time.monotonic() - began
+            rows = db.execute(
+                "SELECT queue_partition_key, started_at_epoch_ms FROM dbos.workflow_status "
+                "WHERE name = %s ORDER BY started_at_epoch_ms, workflow_uuid",
+                [ITEM],
+            ).fetchall()
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                os.kill(worker.pid, signal.SIGCONT)
+                worker.terminate()
+        for worker in workers:
+            worker.wait(60)
+    waits: dict[str, list[float]] = {"big": [], "small": []}
+    for key, started in rows:
+        waits[key].append((float(started) - float(released)) / 1000)
+    order = [key for key, _ in rows]
+    last_small = max((i for i, key in enumerate(order) if key == "small"), default=None)
+    return {
+        "steps": len(rows),
+        "drain_seconds": round(elapsed, 3),
+        "steps_per_second": round(len(rows) / elapsed, 1) if elapsed else None,
+        "small_key_wait_seconds": {
+            "p50": _percentile(waits["small"], 0.5),
+            "p99": _percentile(waits["small"], 0.99),
+            "max": max(waits["small"], default=None),
+        },
+        "big_key_wait_seconds": {
+            "p50": _percentile(waits["big"], 0.5),
+            "p99": _percentile(waits["big"], 0.99),
+            "max": max(waits["big"], default=None),
+        },
+        "small_key_last_start_in_start_order": last_small,
+        "settings": f"partition_concurrency={args.concurrency}, polling_interval_sec=0.1, "
+        f"{args.workers} worker processes (DBOS.launch), default worker thread pool",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -254,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--claims", type=int, default=2_000)
     parser.add_argument("--settle", type=float, default=240.0)
+    parser.add_argument(
+        "--dbos-database-url",
+        default=os.environ.get("BENCH_DBOS_DATABASE_URL", DEFAULT_DBOS_DATABASE_URL),
+    )
+    parser.add_argument("--no-dbos", action="store_true", help="leave DBOS Transact out")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -271,6 +397,18 @@ def main(argv: list[str] | None = None) -> int:
     report["load_average_before_backlog"] = settle(within=args.settle)
     report["backlog"] = backlog(args)
     report["load_average_after_backlog"] = load_average()
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        dbos_found = False
+    else:
+        dbos_found = True
+    if dbos_found and not args.no_dbos:
+        report["load_average_before_dbos"] = settle(within=args.settle)
+        report["dbos_partitioned_queue"] = dbos_backlog(args)
+        report["load_average_after_dbos"] = load_average()
+    else:
+        report["dbos_partitioned_queue"] = "not run: dbos is not installed here (or --no-dbos)"
     report["load_average_before_claims"] = settle(within=args.settle)
     report["claim_cost"] = claim_cost(args)
     report["load_average_at_end"] = load_average()
@@ -285,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         f"p99 {backlog_figures['small_key_wait_seconds']['p99']} s; its last start at claim "
         f"#{backlog_figures['small_key_last_start_in_claim_order']}"
     )
+    print(f"dbos: {report['dbos_partitioned_queue']}")
     print(f"claim cost: {report['claim_cost']}")
     return 0
 
