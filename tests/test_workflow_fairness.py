@@ -225,30 +225,37 @@ def test_killed_and_stopped_workers_keep_their_key_slots_until_their_leases_laps
     for process in workers:
         process.start()
     killed, stopped, _alive = workers
-    lapsed_at: list[Any] = []
+    lapsed_at: list[tuple[str, str, int, Any]] = []  # (run, step, attempt, lapsed at)
     try:
         _until(lambda: _ran(tmp_path, killed.pid), "the first worker ran a step")
         os.kill(killed.pid, signal.SIGKILL)
         killed.join()
         _until(lambda: _ran(tmp_path, stopped.pid), "the second worker ran a step")
         os.kill(stopped.pid, signal.SIGSTOP)
-        held = _ran(tmp_path, killed.pid) + _ran(tmp_path, stopped.pid)
         running = WorkflowStep.objects.filter(
             run_id__in=runs, status=StepStatus.RUNNING, lease_expires_at__gt=DbNow()
         )
         for key in "abc":
             assert running.filter(queue_key=key).count() <= 2
-        # The dead and the stopped workers' steps lapse now, on the database clock.
-        lapsed_at.append(WorkflowRun.objects.annotate(now=DbNow()).values_list("now", flat=True)[0])
-        for run_id, step_name, attempt in held:
-            WorkflowStep.objects.filter(
-                run_id=run_id, step_name=step_name, attempt=attempt, status=StepStatus.RUNNING
-            ).update(lease_expires_at=db_now_plus(-1.0))
-        for pid in (killed.pid, stopped.pid):  # the run leases of their passes
+
+        def lapse(pid: int) -> list[tuple[str, str, int]]:
+            """Lapse, on the database clock, the step leases of the attempts process ``pid``
+            started and the run leases it holds (as when its worker died)."""
+            now = WorkflowRun.objects.annotate(now=DbNow()).values_list("now", flat=True)[0]
+            held = _ran(tmp_path, pid)
+            lapsed_at.extend((run_id, name, attempt, now) for run_id, name, attempt in held)
+            for run_id, step_name, attempt in held:
+                WorkflowStep.objects.filter(
+                    run_id=run_id, step_name=step_name, attempt=attempt, status=StepStatus.RUNNING
+                ).update(lease_expires_at=db_now_plus(-1.0))
             Lease.objects.filter(holder__contains=f":{pid}:").update(expires_at=db_now_plus(-1.0))
-        # Woken again, the stopped worker finds its attempts superseded (a stopped process
-        # may also hold a claim's queue lock, which no one else would get meanwhile).
+            return held
+
+        # The stopped worker may hold row locks (a claim or a write in flight; MariaDB locks
+        # every row a locking read scans), so it is woken first; then the dead worker's and
+        # its attempts lapse, the latter under it: its late writes are refused by the fence.
         os.kill(stopped.pid, signal.SIGCONT)
+        held = lapse(killed.pid) + lapse(stopped.pid)
         _until(
             lambda: (
                 WorkflowRun.objects.filter(pk__in=runs, status=RunStatus.COMPLETED).count() == 3
@@ -266,18 +273,16 @@ def test_killed_and_stopped_workers_keep_their_key_slots_until_their_leases_laps
     # A lapsed attempt's slot is free from the lapse on (its worker, if alive, may still
     # finish it: the fence is the attempt, not the lease).
     per_key: dict[str, list[tuple[Any, Any]]] = {}
-    lapsed = {(uuid.UUID(run_id), name, attempt) for run_id, name, attempt in held}
+    lapsed = {(uuid.UUID(run_id), name, attempt): when for run_id, name, attempt, when in lapsed_at}
     for run_id, name, attempt, key, started, finished in WorkflowStepAttempt.objects.filter(
         step__queue="fair-chaos"
     ).values_list(
         "step__run_id", "step__step_name", "attempt", "step__queue_key", "started_at", "finished_at"
     ):
-        if (run_id, name, attempt) in lapsed:
-            finished = (
-                max(started, lapsed_at[0])
-                if finished is None
-                else min(finished, max(started, lapsed_at[0]))
-            )
+        when = lapsed.get((run_id, name, attempt))
+        if when is not None:
+            ended = max(started, when)
+            finished = ended if finished is None else min(finished, ended)
         assert finished is not None, "an attempt nobody lapsed never finished"
         per_key.setdefault(key, []).append((started, finished))
     assert max(_most_at_once(intervals) for intervals in per_key.values()) <= 2
