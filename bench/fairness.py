@@ -317,7 +317,8 @@ def dbos_backlog(args: argparse.Namespace) -> dict[str, Any]:
             deadline = time.monotonic() + 1800
             while True:
                 done = db.execute(
-                    "SELECT count(*) FROM dbos.workflow_status WHERE name = %s AND status = 'SUCCESS'",
+                    "SELECT count(*) FROM dbos.workflow_status "
+                    "WHERE name = %s AND status = 'SUCCESS'",
                     [ITEM],
                 ).fetchone()[0]
                 if done >= total:
