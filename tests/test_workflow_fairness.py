@@ -82,10 +82,11 @@ def queued() -> Iterator[None]:
         for name, queue in FUNCTIONS.items():
             step_function(name, queue=queue)(_work)
         step_function("tests.fair.held", queue="fair-chaos")(_held)
+        step_function("tests.fair.plain")(_work)
         try:
             yield
         finally:
-            for name in [*FUNCTIONS, "tests.fair.held"]:
+            for name in [*FUNCTIONS, "tests.fair.held", "tests.fair.plain"]:
                 registry._step_functions.pop(name, None)
                 registry._step_options.pop(name, None)
 
@@ -366,3 +367,20 @@ def test_a_task_counts_under_the_keyword_argument_its_backend_names() -> None:
     assert keys[plain.id] == ("", "")
     counts = {k.key: k.waiting for k in WorkflowStep.objects.key_counts("fair-keys")}
     assert counts == {"acme": 1, "42": 1, "": 1}
+
+
+def test_another_queues_backlog_does_not_starve_a_keyed_queue() -> None:
+    """A worker of every queue: a keyed queue's steps take their turn at their key's last
+    claim, another queue's at the time they became due — so a backlog of a plain queue that
+    became due after the key's last claim waits behind the key's next step."""
+    run_id = start_workflow("tests.fair.idle", {})
+    steps = WorkflowStep.objects
+    steps.schedule(run_id, "a0", "tests.fair.keys", {}, queue="fair-keys", queue_key="a")
+    first = steps.claim_due(LEASE)
+    assert first is not None and first.step_name == "a0"
+    for n in range(3):
+        steps.schedule(run_id, f"plain{n}", "tests.fair.plain", {}, queue="default")
+    steps.schedule(run_id, "a1", "tests.fair.keys", {}, queue="fair-keys", queue_key="a")
+    second = steps.claim_due(LEASE)
+    assert second is not None
+    assert second.step_name == "a1", "key a was claimed before the plain steps became due"

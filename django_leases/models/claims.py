@@ -9,11 +9,13 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 
 from django_leases import clock
 from django_leases.clock import DbNow
@@ -432,21 +434,25 @@ class StepClaims(StepOutcomes):
         if not keyed:
             return waiting.order_by("-priority", "available_at", "id").first()
         # Keyed queues serve their keys round-robin: within a priority, the step whose key
-        # was claimed least recently (never: first) goes first, then first due first.
+        # was claimed least recently (never: first) goes first, then first due first. A step
+        # of another queue takes its turn at the time it became due, so a keyed queue and
+        # the others interleave by time, and neither starves the other.
         turn = models.Subquery(
             WorkflowQueueKey.objects.using(alias)
             .filter(queue=models.OuterRef("queue"), key=models.OuterRef("queue_key"))
             .values("claimed_at")[:1]
         )
+        never = datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+        order = models.Case(
+            models.When(
+                queue__in=keyed,
+                then=Coalesce(turn, models.Value(never, output_field=models.DateTimeField())),
+            ),
+            default=F("available_at"),
+            output_field=models.DateTimeField(),
+        )
         return (
-            waiting.annotate(key_claimed_at=turn)
-            .order_by(
-                "-priority",
-                F("key_claimed_at").asc(nulls_first=True),
-                "available_at",
-                "id",
-            )
-            .first()
+            waiting.annotate(turn=order).order_by("-priority", "turn", "available_at", "id").first()
         )
 
     def _claim_locked(
