@@ -39,8 +39,13 @@ QUEUES = {
     "fair-keys": {"key_concurrency": 2, "concurrency": 6},
     "fair-backlog": {"key_concurrency": 8},
     "fair-chaos": {"key_concurrency": 2, "concurrency": 4},
+    "fair-key-rated": {"key_rate": "1/h"},
 }
-FUNCTIONS = {"tests.fair.keys": "fair-keys", "tests.fair.backlog": "fair-backlog"}
+FUNCTIONS = {
+    "tests.fair.keys": "fair-keys",
+    "tests.fair.backlog": "fair-backlog",
+    "tests.fair.key_rated": "fair-key-rated",
+}
 
 #: Where the chaos test's step function records who ran which attempt (set per test).
 EXECUTIONS = "DL_TEST_FAIR_EXECUTIONS"
@@ -384,3 +389,16 @@ def test_another_queues_backlog_does_not_starve_a_keyed_queue() -> None:
     second = steps.claim_due(LEASE)
     assert second is not None
     assert second.step_name == "a1", "key a was claimed before the plain steps became due"
+
+
+def test_drive_jumps_a_key_rate_window_that_holds_back_a_due_step() -> None:
+    """``drive()`` moves a key's used-up ``key_rate`` window back, as a queue's ``rate``:
+    three steps of one key on ``"1/h"`` all run."""
+    from django_leases.testing import drive
+
+    run_id = start_workflow(
+        "tests.fair.fan", {"n": 3, "function": "tests.fair.key_rated"}, queue_key="k"
+    )
+    run = drive(run_id)
+    assert run is not None and run.status == RunStatus.COMPLETED
+    assert run.output == 3

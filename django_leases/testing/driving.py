@@ -48,7 +48,7 @@ from django_leases.clock import DbNow
 from django_leases.conf import queue_limits
 from django_leases.exceptions import MisuseError
 from django_leases.leases import new_holder
-from django_leases.models.queue import WorkflowQueue
+from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun, WorkflowStep
 from django_leases.workflows.display import queue_overview
@@ -83,9 +83,10 @@ def drive(
         until: a callable checked before each pass or step; the drive stops as soon as it
             returns true.
         skip_sleeps: jump ``run.sleep`` waits, steps' retry delays and the rate windows of
-            queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``) that hold back a due step
-            forward to database now when nothing else is due (a sleep's or a delay's
-            recorded end is moved; a queue's recorded starts are moved one window back),
+            queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``, and each key's ``key_rate``)
+            that hold back a due step forward to database now when nothing else is due (a
+            sleep's or a delay's recorded end is moved; a queue's or a key's recorded starts
+            are moved one window back),
             instead of stopping. Event timeouts are never jumped.
         using: database alias (default: the router's choice for ``WorkflowRun``).
         max_units: passes and steps run at most (int ≥ 1).
@@ -157,7 +158,7 @@ def _jump_forward(alias: str) -> bool:
         )
         .update(available_at=DbNow())
     )
-    return bool(jumped) | _jump_rate_windows(alias)
+    return bool(jumped) | _jump_rate_windows(alias) | _jump_key_rate_windows(alias)
 
 
 def _jump_rate_windows(alias: str) -> bool:
@@ -183,6 +184,22 @@ def _jump_rate_windows(alias: str) -> bool:
         row = queues.get(name=name)
         window = rated[name].rate_window
         queues.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
+    return bool(held)
+
+
+def _jump_key_rate_windows(alias: str) -> bool:
+    """As :func:`_jump_rate_windows`, for the keys of queues with a ``key_rate``: each key
+    whose rate for the current window is used up, in a queue with due steps waiting, has its
+    recorded starts moved one window back. ``True`` if any key was."""
+    rated = {name: limits for name, limits in queue_limits().items() if limits.key_rate}
+    if not rated:
+        return False
+    waiting = [row.name for row in queue_overview(alias) if row.waiting and row.name in rated]
+    keys = WorkflowQueueKey.objects.using(alias)
+    held = keys.rate_used_up({name: rated[name] for name in waiting})
+    for row in keys.filter(pk__in=held):
+        window = rated[row.queue].key_rate_window
+        keys.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
     return bool(held)
 
 
