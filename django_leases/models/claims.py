@@ -452,7 +452,9 @@ class StepClaims(StepOutcomes):
             output_field=models.DateTimeField(),
         )
         return (
-            waiting.annotate(turn=order).order_by("-priority", "turn", "available_at", "id").first()
+            # Ordered by the expression, not an annotation: nothing is read back (MariaDB
+            # returns a CASE over datetimes as text).
+            waiting.order_by("-priority", order.asc(), "available_at", "id").first()
         )
 
     def _claim_locked(
