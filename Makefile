@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv bytecode test test-sqlite test-postgres test-mariadb test-django6 test-psycopg2 \
 	mariadb-timezones coverage-erase coverage-report lint docs docs-images demo bench bench-leases \
-	bench-workflows bench-scale messages clean
+	bench-workflows bench-fairness bench-scale messages clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package (with the
 # webhooks extra: the demo's trigger sources) and the demo's dependency group; `make test`,
@@ -188,7 +188,7 @@ demo: $(VENV)/.demo-installed
 LEASES_BENCH_ARGS ?= $(BENCH_ARGS)
 WORKFLOWS_BENCH_ARGS ?=
 
-bench: bench-leases bench-workflows
+bench: bench-leases bench-workflows bench-fairness
 
 bench-leases: $(VENV)/.bench-installed
 	$(PY) bench/leases.py $(LEASES_BENCH_ARGS)
@@ -206,6 +206,11 @@ $(VENVB)/.installed: pyproject.toml
 
 bench-workflows: $(VENVB)/.installed
 	$(VENVB)/bin/python bench/workflows.py $(WORKFLOWS_BENCH_ARGS)
+
+# Per-key limits: a small key's wait behind a big key's backlog, ours beside DBOS Transact's
+# partitioned queue, and the keyed claim's cost beside the plain claim (bench/fairness.py).
+bench-fairness: $(VENVB)/.installed
+	$(VENVB)/bin/python bench/fairness.py $(FAIRNESS_BENCH_ARGS)
 
 # The scale stage alone: the 1,000-run drain on empty tables and on tables kept with a million
 # finished runs (filled once into django_leases_bench_workflows_scale, kept between runs).

@@ -684,7 +684,8 @@ def _bytes(value: object, what: str) -> None:
 
 
 def _queues(value: object, what: str) -> None:
-    """``QUEUES``: queue name -> ``{"concurrency": int ≥ 1, "rate": "N/s|m|h"}``."""
+    """``QUEUES``: queue name -> ``{"concurrency": int ≥ 1, "rate": "N/s|m|h",
+    "key_concurrency": int ≥ 1, "key_rate": "N/s|m|h"}`` (each optional)."""
     from django_leases.conf import parse_queues
 
     parse_queues(value)

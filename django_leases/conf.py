@@ -64,9 +64,11 @@ key                            default    meaning
                                           the queue running across every worker, at most
                                           ``rate`` starts per second / minute / hour
                                           (``"10/s"``, ``"600/m"``, ``"3600/h"``), both
-                                          cluster-wide, on the database clock. ``"default"``
-                                          is always a queue (unlimited unless listed). See
-                                          :func:`queue_limits`
+                                          cluster-wide, on the database clock; per queue
+                                          key, ``key_concurrency`` and ``key_rate`` (a
+                                          queue with either serves its keys round-robin).
+                                          ``"default"`` is always a queue (unlimited unless
+                                          listed). See :func:`queue_limits`
 ``PREPARED_STATEMENTS``        ``True``   have PostgreSQL prepare the worker's hot statements
                                           (outside ``atomic()``); off by itself behind a pooler
                                           that refuses them, or where the database sets
@@ -220,7 +222,10 @@ MAX_QUEUE_LENGTH = 200
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
-_QUEUE_KEYS = ("concurrency", "rate")
+_QUEUE_KEYS = ("concurrency", "rate", "key_concurrency", "key_rate")
+
+#: Longest queue key (``start_workflow(queue_key=)``, the step's ``queue_key`` column).
+MAX_QUEUE_KEY_LENGTH = 255
 
 
 @dataclass(frozen=True)
@@ -234,6 +239,11 @@ class QueueLimits:
         rate: the rate as written (``"10/s"``), or ``None``: no limit.
         rate_starts: at most this many starts (``int`` ≥ 1) …
         rate_window: … in any window of this many seconds (``float``: 1, 60 or 3600).
+        key_concurrency: at most this many of its steps of one queue key running at once
+            across every worker (``int`` ≥ 1), or ``None``: no limit.
+        key_rate: the per-key rate as written (``"2/s"``), or ``None``: no limit.
+        key_rate_starts: at most this many starts of one key (``int`` ≥ 1) …
+        key_rate_window: … in any window of this many seconds.
     """
 
     name: str
@@ -241,11 +251,21 @@ class QueueLimits:
     rate: str | None = None
     rate_starts: int = 0
     rate_window: float = 0.0
+    key_concurrency: int | None = None
+    key_rate: str | None = None
+    key_rate_starts: int = 0
+    key_rate_window: float = 0.0
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the queue has per-key limits: its keys are served round-robin and each
+        key's running steps and starts are counted (DESIGN §5c)."""
+        return self.key_concurrency is not None or self.key_rate is not None
 
     @property
     def limited(self) -> bool:
         """Whether a claim of the queue's steps must take the queue lock (a limit is set)."""
-        return self.concurrency is not None or self.rate is not None
+        return self.concurrency is not None or self.rate is not None or self.keyed
 
 
 def parse_rate(value: object, what: str = "rate") -> tuple[int, float]:
@@ -293,18 +313,52 @@ def parse_queues(value: object) -> dict[str, QueueLimits]:
             raise ValueError(
                 f"{where} has unknown key(s) {', '.join(unknown)}; known: {', '.join(_QUEUE_KEYS)}"
             )
-        concurrency = limits.get("concurrency")
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise ValueError(
-                f'{where}["concurrency"] must be an integer of at least 1 (or absent: no '
-                f"limit), not {concurrency!r}"
-            )
+        counts = {}
+        for option in ("concurrency", "key_concurrency"):
+            count = limits.get(option)
+            if count is not None and (
+                isinstance(count, bool) or not isinstance(count, int) or count < 1
+            ):
+                raise ValueError(
+                    f'{where}["{option}"] must be an integer of at least 1 (or absent: no '
+                    f"limit), not {count!r}"
+                )
+            counts[option] = count
         rate = limits.get("rate")
         starts, window = (0, 0.0) if rate is None else parse_rate(rate, f'{where}["rate"]')
-        found[name] = QueueLimits(name, concurrency, rate, starts, window)
+        key_rate = limits.get("key_rate")
+        key_starts, key_window = (
+            (0, 0.0) if key_rate is None else parse_rate(key_rate, f'{where}["key_rate"]')
+        )
+        found[name] = QueueLimits(
+            name,
+            counts["concurrency"],
+            rate,
+            starts,
+            window,
+            counts["key_concurrency"],
+            key_rate,
+            key_starts,
+            key_window,
+        )
     return found
+
+
+def check_queue_key(value: object, what: str = "queue_key") -> str | None:
+    """A queue key (``start_workflow(queue_key=)``, ``run.step(queue_key=)``): ``None``, or a
+    ``str`` of 1 to 255 characters; returns it.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_KEY_LENGTH:
+        raise ValueError(
+            f"{what} must be a string of 1 to {MAX_QUEUE_KEY_LENGTH} characters (or None), "
+            f"not {value!r}"[:400]
+        )
+    return value
 
 
 def queue_limits() -> dict[str, QueueLimits]:

@@ -45,7 +45,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_leases import db, signals
-from django_leases.conf import queue_limits
+from django_leases.conf import check_queue_key, queue_limits
 from django_leases.exceptions import (
     QueueConfigError,
     TaskArgumentsError,
@@ -87,13 +87,16 @@ from django_leases.workflows.values import (
 #: ``OPTIONS`` keys and their defaults: ``retries`` (int ≥ 0: attempts after the first),
 #: ``retry_delay`` (seconds before the first retry), ``retry_backoff`` (the factor each
 #: later delay is multiplied by; 1.0: constant), ``retry_delay_max`` (seconds no delay
-#: exceeds; ``None``: one day), ``timeout`` (seconds an attempt may run, ``None``: no limit).
+#: exceeds; ``None``: one day), ``timeout`` (seconds an attempt may run, ``None``: no limit),
+#: ``queue_key_kwarg`` (the name of the keyword argument whose value is a task's queue key;
+#: ``None``: tasks have no queue key).
 DEFAULT_OPTIONS: dict[str, Any] = {
     "retries": 0,
     "retry_delay": 0.0,
     "retry_backoff": 1.0,
     "retry_delay_max": None,
     "timeout": None,
+    "queue_key_kwarg": None,
 }
 
 #: The exception class path of an error the engine itself recorded (a lost worker, a timeout,
@@ -114,6 +117,10 @@ class TaskBackend(BaseTaskBackend):
     0 to 86 400, that no delay exceeds; default ``None``: one day) and ``timeout`` (seconds
     an attempt may run before it is failed and, attempts remaining, retried; default
     ``None``). The delays are counted on the database clock, without jitter.
+    ``queue_key_kwarg`` (a keyword argument's name, default ``None``) gives tasks a queue key
+    for a queue's per-key limits (``key_concurrency``, ``key_rate``, round-robin): a task
+    enqueued with that keyword argument counts under its value (a ``str`` of 1–255
+    characters, or an ``int``, as text); one without it has no key.
 
     Raises ``InvalidTaskBackend`` (an ``ImproperlyConfigured``) for unknown or bad options.
     """
@@ -153,6 +160,14 @@ class TaskBackend(BaseTaskBackend):
             )
         except ValueError as exc:
             raise InvalidTaskBackend(f"TASKS[{alias!r}]['OPTIONS']: {exc}") from None
+        key_kwarg = merged["queue_key_kwarg"]
+        if key_kwarg is not None and (not isinstance(key_kwarg, str) or not key_kwarg):
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS']['queue_key_kwarg'] must be a keyword argument's "
+                f"name (a non-empty str) or None, not {key_kwarg!r}"
+            )
+        #: The keyword argument whose value is a task's queue key (``None``: none).
+        self.queue_key_kwarg: str | None = key_kwarg
         #: The options every task's step is created with (its queue and priority its own).
         self.step_options = step_options
         self.retries: int = step_options.retries
@@ -196,6 +211,24 @@ class TaskBackend(BaseTaskBackend):
                 f"(known: {', '.join(sorted(known))}): no worker would know its limits"
             )
 
+    def _queue_key(self, kwargs: Any) -> str | None:
+        """The queue key of a task enqueued with ``kwargs`` (``OPTIONS["queue_key_kwarg"]``).
+
+        Raises:
+            InvalidTask: the argument is there but not a ``str`` of 1–255 characters or an
+                ``int`` (nothing stored).
+        """
+        name = self.queue_key_kwarg
+        if name is None or not isinstance(kwargs, Mapping) or name not in kwargs:
+            return None
+        value = kwargs[name]
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        try:
+            return check_queue_key(value, f"Keyword argument {name!r} (the task's queue key)")
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
+
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Store ``task`` with ``args`` (a sequence) and ``kwargs`` (a mapping) as a run due
         at its ``run_after`` (``None``: now) and return its ``READY`` result, whose ``id``
@@ -206,7 +239,8 @@ class TaskBackend(BaseTaskBackend):
         Raises:
             InvalidTask: the task is not valid for this backend (Django's checks: queue,
                 priority, ``run_after``, a module-level function...; with ``QUEUES`` empty,
-                a queue ``DJANGO_LEASES["QUEUES"]`` does not configure).
+                a queue ``DJANGO_LEASES["QUEUES"]`` does not configure; a bad queue key
+                argument, see ``OPTIONS["queue_key_kwarg"]``).
             TaskArgumentsError: the arguments are not JSON that reads back as written
                 (nothing is stored).
         """
@@ -246,12 +280,16 @@ class TaskBackend(BaseTaskBackend):
             "args": args_json,
             "kwargs": kwargs_json,
         }
+        options = self.step_options.placed(task.queue_name, task.priority)
+        queue_key = self._queue_key(kwargs)
+        if queue_key is not None:
+            options = dataclasses.replace(options, queue_key=queue_key)
         run = WorkflowRun.objects.db_manager(alias).start_one_step(
             TASK_WORKFLOW,
             data,
             step_name=TASK_STEP,
             function_name=TASK_FUNCTION,
-            options=self.step_options.placed(task.queue_name, task.priority),
+            options=options,
             available_at=run_after,
             key=key,
         )

@@ -1,5 +1,5 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
-from django_leases.models.queue import WorkflowQueue
+from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.models.schedule import WorkflowSchedule, WorkflowScheduleBackfill
 from django_leases.models.tags import WorkflowRunTag
 from django_leases.models.trigger import (
@@ -36,6 +36,7 @@ __all__ = [
     "TriggerSourceDefaults",
     "WorkerState",
     "WorkflowQueue",
+    "WorkflowQueueKey",
     "WorkflowRun",
     "WorkflowRunTag",
     "WorkflowSchedule",

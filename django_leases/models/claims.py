@@ -9,17 +9,19 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 
 from django_leases import clock
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models.outcomes import StepOutcomes, retry_delay_after
-from django_leases.models.queue import Admission, WorkflowQueue
+from django_leases.models.queue import Admission, KeyRefusal, WorkflowQueue, WorkflowQueueKey
 from django_leases.models.workflow_base import (
     attempt_finished,
     attempt_model,
@@ -65,22 +67,44 @@ if TYPE_CHECKING:
     _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
 
+#: What a refused claim passes over from then on (:func:`_queue_admits`): a queue's name
+#: (the queue is full), or a key of a keyed queue (:class:`KeyRefusal`).
+Refused = set[str | KeyRefusal]
+
+
 def _queue_admits(
-    alias: str, queue: str, refused: set[str] | None
+    alias: str, step: WorkflowStep, refused: Refused | None, *, inline: bool = False
 ) -> tuple[bool, Admission | None]:
-    """Whether a claim of a step of ``queue`` may start, and the queue's admission to record
-    when it does (``None`` for a queue without limits). A limited queue is asked under its
-    lock (:meth:`WorkflowQueueQuerySet.admit`); a refusal adds it to ``refused``."""
+    """Whether a claim of ``step`` may start under its queue's limits, and the queue's
+    admission to record when it does (``None`` for a queue without limits). A limited queue
+    is asked under its lock (:meth:`WorkflowQueueQuerySet.admit`); a refusal adds the queue
+    (or, in a keyed queue, the step's key) to ``refused``. ``inline``: the claim names its
+    step (a pass running it inline), so in a keyed queue it waits its key's turn: it is
+    refused while a due step of another key whose turn comes first (claimed less recently)
+    waits at its priority or above."""
+    queue = step.queue
     limits = queue_limits().get(queue)
     if limits is None or not limits.limited:
         return True, None
     steps = step_model()._default_manager.using(alias)
+    key = step.queue_key
+    turn = None
+    if inline and limits.keyed:
+
+        def turn(claimed_at: datetime | None) -> bool:
+            return not steps.others_first(queue, key, step.priority, claimed_at)
+
     admission = WorkflowQueue.objects.admit(
-        alias, limits, running=lambda: steps.running_in([queue]).get(queue, 0)
+        alias,
+        limits,
+        running=lambda: steps.running_in([queue]).get(queue, 0),
+        key=key,
+        key_running=lambda: steps.key_running(queue, key),
+        turn=turn,
     )
-    if admission is None:
+    if not isinstance(admission, Admission):
         if refused is not None:
-            refused.add(queue)
+            refused.add(queue if admission is None else admission)
         return False, None
     return True, admission
 
@@ -94,6 +118,16 @@ class QueueCounts:
     waiting: int
     running: int
     oldest_waiting: float | None
+
+
+@dataclass(frozen=True)
+class KeyCounts:
+    """A queue key's steps as operators count them (:meth:`StepClaims.key_counts`):
+    ``running`` (live lease) and ``waiting`` (due, unclaimed); ``key`` empty: none."""
+
+    key: str
+    running: int
+    waiting: int
 
 
 class StepClaims(StepOutcomes):
@@ -148,7 +182,7 @@ class StepClaims(StepOutcomes):
                     f"Step {step_name!r} of run {run_id} runs step function "
                     f"{step.function_name!r}, not {function_name!r}"
                 )
-            return self._claim_locked(alias, step, ttl, sent, claimant=claimant)
+            return self._claim_locked(alias, step, ttl, sent, claimant=claimant, inline=True)
 
     @falls_back
     def claim_due(
@@ -182,12 +216,13 @@ class StepClaims(StepOutcomes):
             if not lapsed:
                 return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
+        keys: set[tuple[str, str]] = set()  # keys of keyed queues found full: passed over
         looked: set[str] = set()  # limited queues whose fullness was looked at
         for _round in range(20):
             sent = time.monotonic()
-            refused: set[str] = set()
+            refused: Refused = set()
             with transaction.atomic(using=alias):
-                step = self._next_due(alias, taken, blocked)
+                step = self._next_due(alias, taken, blocked, keys)
                 if step is None:
                     return None
                 queue = limits.get(step.queue)
@@ -202,7 +237,11 @@ class StepClaims(StepOutcomes):
                 claim = self._claim_locked(alias, step, ttl, sent, refused)
             if claim is not None:
                 return claim
-            blocked |= refused
+            for what in refused:
+                if isinstance(what, KeyRefusal):
+                    keys.add((what.queue, what.key))
+                else:
+                    blocked.add(what)
         return None
 
     def running_in(self, queues: Sequence[str]) -> dict[str, int]:
@@ -215,6 +254,68 @@ class StepClaims(StepOutcomes):
             .annotate(n=models.Count("pk"))
             .values_list("queue", "n")
         )
+
+    def key_running(self, queue: str, key: str) -> int:
+        """How many steps of ``queue`` under queue key ``key`` are running with a live lease
+        (database clock): what the queue's ``key_concurrency`` counts."""
+        return (
+            self.rows()
+            .filter(queue=queue, queue_key=key, status=StepStatus.RUNNING)
+            .filter(lease_expires_at__gt=DbNow())
+            .count()
+        )
+
+    def others_first(
+        self, queue: str, key: str, priority: int, claimed_at: datetime | None
+    ) -> bool:
+        """Whether a due waiting step of ``queue`` of another key than ``key``, at
+        ``priority`` or above, comes before a step of ``key`` (last claimed at
+        ``claimed_at``; ``None``: never) in the queue's round-robin order: its key was
+        claimed less recently, or never."""
+        if claimed_at is None:
+            return False
+        keys = WorkflowQueueKey.objects.using(self.write_alias())
+        before = keys.filter(queue=queue, claimed_at__lt=claimed_at).values("key")
+        known = keys.filter(queue=queue, key=models.OuterRef("queue_key"))
+        return (
+            self.rows()
+            .filter(
+                queue=queue,
+                status__in=WAITING_STEP_STATUSES,
+                available_at__lte=DbNow(),
+                priority__gte=priority,
+                run__status=RunStatus.RUNNING,
+            )
+            .exclude(queue_key=key)
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .filter(Q(queue_key__in=before) | ~models.Exists(known))
+            .exists()
+        )
+
+    def key_counts(self, queue: str, *, limit: int = 10) -> list[KeyCounts]:
+        """The busiest keys of ``queue`` (most running, then most waiting; at most
+        ``limit``): each key's running steps (live lease) and waiting steps (due,
+        unclaimed) of running runs, database clock. Operators' views read this."""
+        steps = self.rows().filter(queue=queue, run__status=RunStatus.RUNNING)
+        waiting = dict(
+            steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
+            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .values_list("queue_key")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue_key", "n")
+        )
+        running = dict(
+            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            .values_list("queue_key")
+            .annotate(n=models.Count("pk"))
+            .values_list("queue_key", "n")
+        )
+        found = [
+            KeyCounts(key, int(running.get(key, 0)), int(waiting.get(key, 0)))
+            for key in set(waiting) | set(running)
+        ]
+        found.sort(key=lambda row: (-row.running, -row.waiting, row.key))
+        return found[: max(0, limit)]
 
     def _full_queues(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
         """Of the limited queues in ``limits``, those that look full now: at their
@@ -300,12 +401,15 @@ class StepClaims(StepOutcomes):
         alias: str,
         queues: Sequence[str] = (),
         blocked: set[str] | frozenset[str] = frozenset(),
+        keys: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
     ) -> _LockedStep | None:
         base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
         if queues:
             base = base.filter(queue__in=[name for name in queues if name not in blocked])
         elif blocked:
             base = base.exclude(queue__in=sorted(blocked))
+        for queue, key in sorted(keys):
+            base = base.exclude(queue=queue, queue_key=key)
         # Running steps whose lease lapsed, or whose attempt ran past its timeout.
         lapsed = (
             base.filter(
@@ -319,11 +423,38 @@ class StepClaims(StepOutcomes):
         )
         if lapsed is not None:
             return lapsed
+        waiting = base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()).exclude(
+            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        )
+        keyed = sorted(
+            name
+            for name, limits in queue_limits().items()
+            if limits.keyed and (not queues or name in queues)
+        )
+        if not keyed:
+            return waiting.order_by("-priority", "available_at", "id").first()
+        # Keyed queues serve their keys round-robin: within a priority, the step whose key
+        # was claimed least recently (never: first) goes first, then first due first. A step
+        # of another queue takes its turn at the time it became due, so a keyed queue and
+        # the others interleave by time, and neither starves the other.
+        turn = models.Subquery(
+            WorkflowQueueKey.objects.using(alias)
+            .filter(queue=models.OuterRef("queue"), key=models.OuterRef("queue_key"))
+            .values("claimed_at")[:1]
+        )
+        never = datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+        order = models.Case(
+            models.When(
+                queue__in=keyed,
+                then=Coalesce(turn, models.Value(never, output_field=models.DateTimeField())),
+            ),
+            default=F("available_at"),
+            output_field=models.DateTimeField(),
+        )
         return (
-            base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-            .order_by("-priority", "available_at", "id")
-            .first()
+            # Ordered by the expression, not an annotation: nothing is read back (MariaDB
+            # returns a CASE over datetimes as text).
+            waiting.order_by("-priority", order.asc(), "available_at", "id").first()
         )
 
     def _claim_locked(
@@ -332,16 +463,18 @@ class StepClaims(StepOutcomes):
         step: _LockedStep,
         ttl: float,
         sent: float,
-        refused: set[str] | None = None,
+        refused: Refused | None = None,
         *,
         claimant: str = "",
+        inline: bool = False,
     ) -> Claim | None:
         """Decide and write a claim of the locked, annotated ``step`` (inside a transaction),
         naming ``claimant`` (empty: none).
 
         A step of a limited queue starts only if the queue admits it (under the queue's lock,
-        :meth:`WorkflowQueueQuerySet.admit`); else ``None``, and the queue is added to
-        ``refused``."""
+        :meth:`WorkflowQueueQuerySet.admit`); else ``None``, and the queue (or the step's
+        key) is added to ``refused``. ``inline``: the caller named the step (see
+        :func:`_queue_admits`)."""
         if step.run_status != RunStatus.RUNNING or step.status == StepStatus.SUCCEEDED:
             return None
         if step.status == StepStatus.RUNNING and step.lease_live:
@@ -359,7 +492,7 @@ class StepClaims(StepOutcomes):
         if step.status in (StepStatus.PENDING, StepStatus.SCHEDULED):
             if not step.due:
                 return None
-            admitted, admission = _queue_admits(alias, step.queue, refused)
+            admitted, admission = _queue_admits(alias, step, refused, inline=inline)
             if not admitted:
                 return None
             attempt = step.attempt
@@ -380,7 +513,7 @@ class StepClaims(StepOutcomes):
             if step.status == StepStatus.FAILED and not step.due:
                 return None
             guard = due_q() if step.status == StepStatus.FAILED else lapsed_q
-            admitted, admission = _queue_admits(alias, step.queue, refused)
+            admitted, admission = _queue_admits(alias, step, refused, inline=inline)
             if not admitted:
                 return None
             attempt = step.attempt + 1

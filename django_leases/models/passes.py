@@ -18,6 +18,7 @@ from django.db.models import F, Q, Value
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow, to_stored
+from django_leases.conf import check_queue_key
 from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
 from django_leases.models.scheduling import check_step, step_columns
@@ -75,8 +76,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         key: str | None = None,
         parent: uuid.UUID | None = None,
         tags: Mapping[str, str] | None = None,
+        queue_key: str | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first pass.
+
+        ``queue_key`` (``str`` of 1–255 characters, or ``None``): the key the run's steps
+        count under for a queue's per-key limits (``WorkflowRun.queue_key``).
 
         ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent:
         while a run of ``workflow`` with that key exists, that run is returned and nothing is
@@ -97,6 +102,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         tagged = check_tags(tags)
+        queue_key = check_queue_key(queue_key) or ""
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input
@@ -112,6 +118,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 pass_requests=1,
                 key=key,
                 parent_id=parent,
+                queue_key=queue_key,
             )
             params: list[Any] = [
                 run.id,
@@ -119,6 +126,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 json.dumps(value),
                 key,
                 parent,
+                queue_key,
                 channel_name(alias),
             ]
             with connection.cursor() as cursor:
@@ -138,6 +146,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                         key=key,
                         parent_id=parent,
                         tags=tagged,
+                        queue_key=queue_key,
                         pass_due_at=DbNow(),
                         pass_requests=1,
                     )
@@ -179,7 +188,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         (joining the caller's: the step is claimable once that commits). No first pass: the
         step is due at ``available_at`` (an aware ``datetime``, compared with the database
         clock by the claim; ``None``: DB now), with ``options`` (:class:`~values.StepOptions`;
-        ``None``: no retries, the defaults otherwise). The run's pass comes when the step
+        ``None``: no retries, the defaults otherwise; its ``queue_key`` is also the run's).
+        The run's pass comes when the step
         finishes and replays ``workflow``, which must call ``run.step(step_name,
         function_name, ...)``. Idle workers are woken when it commits. Used by the Django
         Tasks backend.
@@ -208,11 +218,17 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         if key is None and db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
             # run, its step and the notification (sent when it commits).
-            run = self.model(workflow=workflow, input=value, status=RunStatus.RUNNING)
+            run = self.model(
+                workflow=workflow,
+                input=value,
+                status=RunStatus.RUNNING,
+                queue_key=options.queue_key or "",
+            )
             params: list[Any] = [
                 run.id,
                 workflow,
                 json.dumps(value),
+                options.queue_key or "",
                 step_name,
                 function_name,
                 options.retries,
@@ -236,7 +252,9 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             return run
         try:
             with transaction.atomic(using=alias):
-                run = self.rows().create(workflow=workflow, input=value, key=key)
+                run = self.rows().create(
+                    workflow=workflow, input=value, key=key, queue_key=options.queue_key or ""
+                )
                 step_model().objects.db_manager(alias).rows().create(
                     run=run,
                     **step_columns(step),

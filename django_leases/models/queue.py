@@ -20,18 +20,33 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.conf import MAX_QUEUE_LENGTH, QueueLimits
+from django_leases.conf import MAX_QUEUE_KEY_LENGTH, MAX_QUEUE_LENGTH, QueueLimits
 
 
 @dataclass(frozen=True)
 class Admission:
     """A limited queue's go-ahead for one claim (:meth:`WorkflowQueueQuerySet.admit`), taken
     under the queue row's lock: ``started_at`` is the start it will record (database clock)
-    and ``starts`` the rate log to write once the claim is granted (``None``: no rate)."""
+    and ``starts`` the rate log to write once the claim is granted (``None``: no rate).
+    In a queue with per-key limits, ``key`` is the claimed step's queue key and
+    ``key_starts`` the key's rate log to write (``None``: no key rate)."""
 
     queue: str
     started_at: datetime
     starts: list[float] | None
+    key: str | None = None
+    key_starts: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class KeyRefusal:
+    """Why a claim of a keyed queue's step was refused: its key (``queue``, ``key``) is at
+    its ``key_concurrency`` or out of its ``key_rate`` (only that key is passed over), or
+    another key's turn comes first (``turn``: a step run inline waits in the queue)."""
+
+    queue: str
+    key: str
+    turn: bool = False
 
 
 def _epoch(moment: datetime) -> float:
@@ -74,20 +89,45 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
         raise self.model.DoesNotExist(f"Queue {name!r} has no row")  # pragma: no cover
 
     def admit(
-        self, alias: str, limits: QueueLimits, running: Callable[[], int]
-    ) -> Admission | None:
+        self,
+        alias: str,
+        limits: QueueLimits,
+        running: Callable[[], int],
+        *,
+        key: str = "",
+        key_running: Callable[[], int] | None = None,
+        turn: Callable[[datetime | None], bool] | None = None,
+    ) -> Admission | KeyRefusal | None:
         """Whether one more step of the queue ``limits`` describes may start now; inside the
         caller's claim transaction on ``alias``, whose lock of the queue row it takes.
         ``running`` counts the queue's running steps (live leases, database clock); it is
         called only once the lock is held.
 
+        In a queue with per-key limits (:attr:`QueueLimits.keyed`), ``key`` is the step's
+        queue key, ``key_running`` counts the key's running steps and ``turn`` (given the
+        time the key was last claimed, ``None``: never) says whether the key's turn has come
+        (round-robin; ``None``: not asked, the caller picked by turn). All are asked under the
+        same lock, so per-key limits are exact across every worker.
+
         Returns an :class:`Admission` (pass it to :meth:`record_start` once the claim is
-        granted), or ``None``: the queue is at its concurrency limit or its rate for the
-        current window is used up (the claim must not start the step).
+        granted), ``None``: the queue is at its concurrency limit or its rate for the
+        current window is used up (the claim must not start the step), or a
+        :class:`KeyRefusal`: the step's key may not start now.
         """
         row = self._locked(alias, limits.name)
         if limits.concurrency is not None and running() >= limits.concurrency:
             return None
+        key_row = None
+        if limits.keyed:
+            key_row = WorkflowQueueKey.objects.using(alias).of(limits.name, key)
+            if turn is not None and not turn(None if key_row is None else key_row.claimed_at):
+                return KeyRefusal(limits.name, key, turn=True)
+            if (
+                limits.key_concurrency is not None
+                and key_running is not None
+                and key_running() >= limits.key_concurrency
+            ):
+                return KeyRefusal(limits.name, key)
         # The start's time is read after the count: a step that finished before this claim
         # counted (and so is not counted) finished before this start, on the same clock.
         now: datetime = (
@@ -105,13 +145,26 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
             if len(starts) >= limits.rate_starts:
                 return None
             starts.append(moment)
-        return Admission(limits.name, now, starts)
+        key_starts = None
+        if limits.key_rate is not None:
+            moment = _epoch(now)
+            logged = [] if key_row is None else key_row.starts or []
+            key_starts = [float(t) for t in logged if float(t) > moment - limits.key_rate_window]
+            if len(key_starts) >= limits.key_rate_starts:
+                return KeyRefusal(limits.name, key)
+            key_starts.append(moment)
+        return Admission(limits.name, now, starts, key if limits.keyed else None, key_starts)
 
     def record_start(self, alias: str, admission: Admission) -> None:
-        """Write the rate log of a granted claim (inside its transaction, the lock held)."""
+        """Write the rate log of a granted claim (inside its transaction, the lock held),
+        and in a keyed queue the key's last claim and rate log."""
         if admission.starts is not None:
             self.model._default_manager.using(alias).filter(name=admission.queue).update(
                 starts=admission.starts, updated_at=DbNow()
+            )
+        if admission.key is not None:
+            WorkflowQueueKey.objects.using(alias).claimed(
+                admission.queue, admission.key, admission.started_at, admission.key_starts
             )
 
     def rate_used_up(self, alias: str, limits: Mapping[str, QueueLimits]) -> set[str]:
@@ -154,4 +207,73 @@ class WorkflowQueue(models.Model):
         return self.name
 
 
-__all__ = ["Admission", "WorkflowQueue", "WorkflowQueueQuerySet"]
+class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
+    """Domain methods of ``WorkflowQueueKey.objects``: a keyed queue's keys, when each was
+    last claimed (the round-robin order) and its rate log. Written only by claims of the
+    queue, under the queue row's lock (:meth:`WorkflowQueueQuerySet.admit`)."""
+
+    def of(self, queue: str, key: str) -> WorkflowQueueKey | None:
+        """The row of ``key`` in ``queue`` (``None``: never claimed)."""
+        return self.rows().filter(queue=queue, key=key).first()
+
+    def rate_used_up(self, limits: Mapping[str, QueueLimits]) -> list[int]:
+        """The ids of the key rows, of the queues in ``limits`` with a ``key_rate``, whose
+        rate for the current window looks used up now (database clock; unlocked reads: a
+        hint, the claim decides under the queue's lock)."""
+        rated = {name: queue for name, queue in limits.items() if queue.key_rate is not None}
+        full = []
+        for row in self.rows().filter(queue__in=sorted(rated)).annotate(db_now=DbNow()):
+            queue = rated[row.queue]
+            moment = _epoch(row.db_now)
+            recent = [t for t in row.starts or [] if float(t) > moment - queue.key_rate_window]
+            if len(recent) >= queue.key_rate_starts:
+                full.append(row.pk)
+        return full
+
+    def claimed(self, queue: str, key: str, moment: datetime, starts: list[float] | None) -> None:
+        """Record a claim of ``key`` in ``queue`` at ``moment`` (database clock), and the
+        key's rate log ``starts`` (``None``: left as it is); inside the claim's transaction,
+        the queue's lock held (so no other claim writes the row meanwhile)."""
+        values: dict[str, object] = {"claimed_at": moment}
+        if starts is not None:
+            values["starts"] = starts
+        if not self.rows().filter(queue=queue, key=key).update(**values):
+            self.rows().bulk_create(
+                [self.model(queue=queue, key=key, **values)], ignore_conflicts=True
+            )
+
+
+class WorkflowQueueKey(models.Model):
+    """A key of a queue with per-key limits (DESIGN §5c): when a step of the key was last
+    claimed (``claimed_at``, database clock: keys are served least recently claimed first)
+    and its rate log (epoch seconds of its starts within the last ``key_rate`` window).
+    Rows are created by the key's first claim."""
+
+    queue = models.CharField(max_length=MAX_QUEUE_LENGTH)
+    key = models.CharField(max_length=MAX_QUEUE_KEY_LENGTH, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    starts = models.JSONField(default=list, blank=True)
+
+    objects: ClassVar[WorkflowQueueKeyQuerySet] = WorkflowQueueKeyQuerySet.as_manager()  # type: ignore[assignment]
+
+    class Meta:
+        app_label = "django_leases"
+        ordering = ("queue", "key")
+        verbose_name = _("workflow queue key")
+        verbose_name_plural = _("workflow queue keys")
+        constraints = (
+            models.UniqueConstraint(fields=["queue", "key"], name="dl_queue_key_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.queue}:{self.key}"
+
+
+__all__ = [
+    "Admission",
+    "KeyRefusal",
+    "WorkflowQueue",
+    "WorkflowQueueKey",
+    "WorkflowQueueKeyQuerySet",
+    "WorkflowQueueQuerySet",
+]

@@ -68,6 +68,7 @@ def step_columns(step: NextStep) -> dict[str, Any]:
         "timeout": options.timeout,
         "queue": options.queue,
         "priority": options.priority,
+        "queue_key": options.queue_key or "",
     }
 
 
@@ -158,6 +159,7 @@ class StepScheduling(StepClaims):
         timeout: float | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
+        queue_key: str | None = None,
     ) -> WorkflowStep:
         """Create step ``step_name`` of a run, due now, unless it exists; return the row.
 
@@ -170,7 +172,8 @@ class StepScheduling(StepClaims):
 
         ``queue`` (``str``) is the queue it is claimed from and ``priority`` (``int``) its
         place among due steps: higher first, first due first within a priority (the engine
-        passes its step function's declaration).
+        passes its step function's declaration). ``queue_key`` (``str`` of 1–255 characters,
+        or ``None``: none) is the key it counts under for the queue's per-key limits.
 
         ``timeout`` (seconds > 0, or ``None``): an attempt running longer is failed with a
         ``STEP_TIMED_OUT`` error (and retried if attempts remain) by the next claim that
@@ -188,6 +191,7 @@ class StepScheduling(StepClaims):
             timeout=timeout,
             queue=queue,
             priority=priority,
+            queue_key=queue_key,
         )
         return self.schedule_step(run_id, NextStep(step_name, function_name, data, options))
 

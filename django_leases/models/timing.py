@@ -38,6 +38,7 @@ from django.db.models import F, Q, Value
 
 from django_leases import clock
 from django_leases.clock import DbNow, to_stored
+from django_leases.conf import check_queue_key
 from django_leases.exceptions import WorkflowDeadlineExceeded
 from django_leases.models.operations import RunOperations, _StartOver
 from django_leases.models.workflow_base import (
@@ -159,10 +160,11 @@ class RunTiming(RunOperations):
         debounce_key: str | None = None,
         debounce: float | timedelta | None = None,
         tags: Mapping[str, str] | None = None,
+        queue_key: str | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` with JSON ``input``, due for its first
-        pass (:meth:`~django_leases.models.passes.RunPasses.start`: ``key``, ``parent`` and
-        ``tags``), with these options:
+        pass (:meth:`~django_leases.models.passes.RunPasses.start`: ``key``, ``parent``,
+        ``tags`` and ``queue_key``), with these options:
 
         Args:
             run_after: seconds ≥ 0 (a number or a ``timedelta``, counted on the database
@@ -199,16 +201,21 @@ class RunTiming(RunOperations):
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         tagged = check_tags(tags)
+        keyed = check_queue_key(queue_key) or ""
         alias = self.write_alias()
         cap = None
         if parent is not None:
             cap = self.rows().filter(pk=parent).values_list("deadline_at", flat=True).first()
         if after is None and limit is None and window is None and cap is None:
-            return super().start(workflow, input, key=key, parent=parent, tags=tagged)
+            return super().start(
+                workflow, input, key=key, parent=parent, tags=tagged, queue_key=queue_key
+            )
         value = {} if input is None else input
         if window is not None:
             assert debounce_key is not None  # checked with the window
-            return self._debounced(alias, workflow, value, debounce_key, window, limit, tagged)
+            return self._debounced(
+                alias, workflow, value, debounce_key, window, limit, tagged, keyed
+            )
         try:
             with transaction.atomic(using=alias):
                 run = self.rows().create(
@@ -222,6 +229,7 @@ class RunTiming(RunOperations):
                     pass_requests=1,
                     deadline_at=None if limit is None else clock.db_now_plus(limit),
                     tags=tagged,
+                    queue_key=keyed,
                 )
                 if tagged:
                     tag_model().objects.db_manager(alias).write(run.pk, tagged)
@@ -248,6 +256,7 @@ class RunTiming(RunOperations):
         window: float,
         limit: float | None,
         tags: dict[str, str] | None,
+        queue_key: str,
     ) -> WorkflowRun:
         """:meth:`start`'s debounced start (arguments checked)."""
         connection = connections[alias]
@@ -256,7 +265,7 @@ class RunTiming(RunOperations):
             try:
                 with transaction.atomic(using=alias):
                     run = self._debounce_once(
-                        alias, workflow, value, debounce_key, window, limit, tags
+                        alias, workflow, value, debounce_key, window, limit, tags, queue_key
                     )
             except OperationalError as exc:
                 code = exc.args[0] if exc.args else None
@@ -281,6 +290,7 @@ class RunTiming(RunOperations):
         window: float,
         limit: float | None,
         tags: dict[str, str] | None,
+        queue_key: str,
     ) -> WorkflowRun | None:
         """One try inside the caller's transaction: move the pending run, or free the key of
         a run no longer pending and create one; ``None`` when a concurrent start took the
@@ -294,6 +304,7 @@ class RunTiming(RunOperations):
             first_pass_at=due,
             deadline_at=None if limit is None else clock.db_now_plus(limit),
             tags=tags,
+            queue_key=queue_key,
             updated_at=DbNow(),
         )
         if moved:
@@ -316,6 +327,7 @@ class RunTiming(RunOperations):
                     pass_requests=1,
                     deadline_at=None if limit is None else clock.db_now_plus(limit),
                     tags=tags,
+                    queue_key=queue_key,
                 )
                 if tags:
                     tag_model().objects.db_manager(alias).write(run.pk, tags)

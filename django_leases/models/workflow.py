@@ -41,7 +41,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_KEY_LENGTH, MAX_QUEUE_LENGTH
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
@@ -167,6 +167,14 @@ class WorkflowRun(models.Model):
         null=True,
         blank=True,
         help_text=_("Idempotency key: one run per workflow and key."),
+    )
+    queue_key = models.CharField(
+        _("queue key"),
+        max_length=MAX_QUEUE_KEY_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("The key its steps count under for a queue's per-key limits (empty: none)."),
     )
     parent = models.ForeignKey(
         "self",
@@ -360,6 +368,14 @@ class WorkflowStep(models.Model):
         null=True,
         blank=True,
         help_text=_("What the running attempt last said of its progress (ctx.set_progress)."),
+    )
+    queue_key = models.CharField(
+        _("queue key"),
+        max_length=MAX_QUEUE_KEY_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("The key it counts under for its queue's per-key limits (empty: none)."),
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -50,7 +50,7 @@ from django_leases.clock import DbNow
 from django_leases.conf import queue_limits
 from django_leases.exceptions import MisuseError
 from django_leases.leases import new_holder
-from django_leases.models.queue import WorkflowQueue
+from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun, WorkflowStep
 from django_leases.workflows.display import queue_overview
@@ -86,7 +86,8 @@ def drive(
             returns true.
         skip_sleeps: jump ``run.sleep`` waits, steps' retry delays, delayed starts
             (``run_after``), debounce windows (``debounce``) and the rate windows of
-            queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``) that hold back a due step
+            queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``, and each key's ``key_rate``) that
+            hold back a due step
             forward to database now when nothing else is due (a sleep's or a delay's
             recorded end is moved; a queue's recorded starts are moved one window back),
             instead of stopping. Event timeouts and run deadlines are never jumped: a run
@@ -168,7 +169,7 @@ def _jump_forward(alias: str) -> bool:
     )
     # Delayed starts (run_after) and debounce windows whose first pass is not due yet.
     jumped += WorkflowRun.objects.db_manager(alias).start_pending_now()
-    return bool(jumped) | _jump_rate_windows(alias)
+    return bool(jumped) | _jump_rate_windows(alias) | _jump_key_rate_windows(alias)
 
 
 def _jump_rate_windows(alias: str) -> bool:
@@ -194,6 +195,22 @@ def _jump_rate_windows(alias: str) -> bool:
         row = queues.get(name=name)
         window = rated[name].rate_window
         queues.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
+    return bool(held)
+
+
+def _jump_key_rate_windows(alias: str) -> bool:
+    """As :func:`_jump_rate_windows`, for the keys of queues with a ``key_rate``: each key
+    whose rate for the current window is used up, in a queue with due steps waiting, has its
+    recorded starts moved one window back. ``True`` if any key was."""
+    rated = {name: limits for name, limits in queue_limits().items() if limits.key_rate}
+    if not rated:
+        return False
+    waiting = [row.name for row in queue_overview(alias) if row.waiting and row.name in rated]
+    keys = WorkflowQueueKey.objects.using(alias)
+    held = keys.rate_used_up({name: rated[name] for name in waiting})
+    for row in keys.filter(pk__in=held):
+        window = rated[row.queue].key_rate_window
+        keys.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
     return bool(held)
 
 

@@ -18,6 +18,7 @@ from django.utils.translation import gettext
 
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
+from django_leases.models.claims import KeyCounts
 from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus
 
 
@@ -164,6 +165,10 @@ def _shown(when: datetime | None) -> str:
     return f"{when:%Y-%m-%d %H:%M:%S}"
 
 
+#: How many of a keyed queue's busiest keys operators are shown.
+BUSIEST_KEYS = 10
+
+
 @dataclass(frozen=True)
 class QueueOverview:
     """One queue as an operator sees it (:func:`queue_overview`).
@@ -177,6 +182,10 @@ class QueueOverview:
         rate: the rate as configured (``"10/s"``), or ``None``.
         oldest_waiting: seconds (``float``) the longest-waiting due step has been due, on the
             database clock; ``None`` when none waits.
+        key_concurrency: the per-key limit (``int``), or ``None``.
+        key_rate: the per-key rate as configured, or ``None``.
+        keys: in a keyed queue, its busiest keys (most running, then most waiting; at most
+            :data:`BUSIEST_KEYS`), each with its running and waiting steps.
     """
 
     name: str
@@ -186,6 +195,9 @@ class QueueOverview:
     concurrency: int | None
     rate: str | None
     oldest_waiting: float | None
+    key_concurrency: int | None = None
+    key_rate: str | None = None
+    keys: tuple[KeyCounts, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         """The row as a JSON object (``manage.py workflow_queues --format json``)."""
@@ -197,6 +209,12 @@ class QueueOverview:
             "concurrency": self.concurrency,
             "rate": self.rate,
             "oldest_waiting_seconds": self.oldest_waiting,
+            "key_concurrency": self.key_concurrency,
+            "key_rate": self.key_rate,
+            "keys": [
+                {"key": key.key, "running": key.running, "waiting": key.waiting}
+                for key in self.keys
+            ],
         }
 
 
@@ -204,7 +222,10 @@ def queue_overview(using: str | None = None) -> list[QueueOverview]:
     """Every queue — the configured ones, ``"default"``, and any a step of a running run
     names — with its waiting and running steps (:meth:`WorkflowStepQuerySet.queue_counts
     <django_leases.models.workflow.WorkflowStepQuerySet.queue_counts>`), limits and the age
-    of its oldest waiting step, by name. ``using``: database alias (default: the router's).
+    of its oldest waiting step, by name; a keyed queue also with its busiest keys
+    (:meth:`WorkflowStepQuerySet.key_counts
+    <django_leases.models.workflow.WorkflowStepQuerySet.key_counts>`). ``using``: database
+    alias (default: the router's).
 
     Raises:
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
@@ -225,12 +246,20 @@ def queue_overview(using: str | None = None) -> list[QueueOverview]:
                 concurrency=queue.concurrency,
                 rate=queue.rate,
                 oldest_waiting=None if count is None else count.oldest_waiting,
+                key_concurrency=queue.key_concurrency,
+                key_rate=queue.key_rate,
+                keys=(
+                    tuple(steps.all().key_counts(name, limit=BUSIEST_KEYS))
+                    if queue.keyed and count is not None
+                    else ()
+                ),
             )
         )
     return found
 
 
 __all__ = [
+    "BUSIEST_KEYS",
     "QueueOverview",
     "describe_wait",
     "event_sent",

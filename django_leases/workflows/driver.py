@@ -34,6 +34,7 @@ run from a step a worker claimed from its queue (its result carried into the run
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from django.db import DatabaseError, InterfaceError, router
 
 from django_leases import tracing
-from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings
+from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings, queue_limits
 from django_leases.exceptions import (
     LeaseLostError,
     LeaseTakenError,
@@ -180,6 +181,21 @@ class _Pass:
         #: Steps of the ``run.parallel`` the pass ended at that are not finished.
         self.branches = 0
         self._waits: dict[str, WorkflowWait] | None = None
+        #: The run's ``queue_key`` once read (``None``: not read yet).
+        self._queue_key: str | None = None
+
+    def keyed(self, options: StepOptions) -> StepOptions:
+        """``options`` with the run's queue key where the step gave none and its queue has
+        per-key limits (the key counts only there; read once per pass, only then)."""
+        if options.queue_key is not None:
+            return options
+        limits = queue_limits().get(options.queue)
+        if limits is None or not limits.keyed:
+            return options
+        if self._queue_key is None:
+            runs = WorkflowRun.objects.db_manager(self.using).filter(pk=self.run.id)
+            self._queue_key = runs.values_list("queue_key", flat=True).first() or ""
+        return dataclasses.replace(options, queue_key=self._queue_key or None)
 
     # -- the pending result --------------------------------------------------------------------
 
@@ -350,7 +366,10 @@ class _Pass:
         missing = [call for call in calls if call[0] not in self.steps]
         if missing:
             store = WorkflowStep.objects.db_manager(self.using)
-            each = {name: _placed(function, options, priority) for name, function, _ in missing}
+            each = {
+                name: self.keyed(_placed(function, options, priority))
+                for name, function, _ in missing
+            }
             self.steps.update(
                 self.write(
                     lambda pending: store.schedule_many(
@@ -389,7 +408,9 @@ class _Pass:
             if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
                 raise WorkflowStepFailedError(step_name, step.error)
             return self._run(self._reclaim(step))
-        return self._run(self._create(NextStep(step_name, function_name, data, options)))
+        return self._run(
+            self._create(NextStep(step_name, function_name, data, self.keyed(options)))
+        )
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -628,6 +649,7 @@ class RunContext:
         timeout: float | None = None,
         priority: int | None = None,
         queue: str | None = None,
+        queue_key: str | None = None,
     ) -> Any:
         """Run step ``step_name`` with step function ``function_name`` on JSON ``data`` and
         return its result.
@@ -650,7 +672,10 @@ class RunContext:
         ``timeout`` is recorded with the step on first reach. ``priority`` (``int``; ``None``:
         the step function's declared default, else 0) orders due steps: higher is claimed
         first, first due first within a priority. The step is claimed from ``queue``
-        (``None``: its step function's), under that queue's limits.
+        (``None``: its step function's), under that queue's limits. ``queue_key`` (``str``
+        of 1–255 characters; ``None``: the run's ``start_workflow(queue_key=)``) is the key
+        it counts under for the queue's per-key limits (``key_concurrency``, ``key_rate``)
+        and round-robin order; recorded with the step on first reach.
 
         Raises:
             WorkflowStepFailedError: the step failed on its last attempt.
@@ -671,6 +696,7 @@ class RunContext:
             timeout=timeout,
             queue=declared.queue if queue is None else queue,
             priority=declared.priority if priority is None else priority,
+            queue_key=queue_key,
         )
         return self._pass.step(step_name, function_name, data, options)
 

@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, router
 
 from django_leases import db, tracing
+from django_leases.conf import check_queue_key
 from django_leases.exceptions import (
     LeaseLostError,
     WorkflowStepCancelledError,
@@ -63,6 +64,7 @@ def start_workflow(
     debounce_key: str | None = None,
     debounce: float | timedelta | None = None,
     tags: dict[str, str] | None = None,
+    queue_key: str | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -74,6 +76,10 @@ def start_workflow(
     database alias (default: the router's choice).
 
     Args:
+        queue_key: the key the run's steps count under for a queue's per-key limits
+            (``key_concurrency``, ``key_rate``) and round-robin order — a ``str`` of 1 to 255
+            characters, ``None`` for none; ``run.step(..., queue_key=)`` overrides it per
+            step.
         tags: ``dict[str, str]`` of at most 16 tags, names of 1 to 64 characters, values of
             at most 255, stored as ``WorkflowRun.tags`` and found with
             ``WorkflowRun.objects.tagged(**tags)`` (a start that finds its key's run returns
@@ -99,9 +105,11 @@ def start_workflow(
         UnknownWorkflowError: no workflow of that name is registered.
         ValueError: ``input`` is not JSON-serialisable, a bad key, or a bad or unmatched
             timing option (negative, NaN, a naive ``datetime`` while ``USE_TZ`` is on,
-            ``debounce`` without ``debounce_key``…), or bad tags; nothing written.
+            ``debounce`` without ``debounce_key``…), bad tags or a bad
+            queue key; nothing written.
     """
     get_workflow(name)
+    check_queue_key(queue_key)
     alias = using or router.db_for_write(WorkflowRun)
     return (
         WorkflowRun.objects.db_manager(alias)
@@ -114,6 +122,7 @@ def start_workflow(
             debounce_key=debounce_key,
             debounce=debounce,
             tags=tags,
+            queue_key=queue_key,
         )
         .id
     )
@@ -163,6 +172,7 @@ async def astart_workflow(
     debounce_key: str | None = None,
     debounce: float | timedelta | None = None,
     tags: dict[str, str] | None = None,
+    queue_key: str | None = None,
 ) -> uuid.UUID:
     """The coroutine form of :func:`start_workflow`, for async views and other async code:
     same arguments, return value (the run id, ``uuid.UUID``) and errors.
@@ -185,6 +195,7 @@ async def astart_workflow(
         debounce_key=debounce_key,
         debounce=debounce,
         tags=tags,
+        queue_key=queue_key,
     )
 
 

@@ -86,17 +86,18 @@ def _is_running(column: str = "status") -> str:
 def start_run(t: Tables) -> str:
     """:meth:`WorkflowRunQuerySet.start`: the run, due for its first pass, and the wake-up
     notification (sent when it commits), in one statement. Parameters: run id, workflow,
-    input (JSON text), key (or ``NULL``), parent run id (or ``NULL``), notification channel.
+    input (JSON text), key (or ``NULL``), parent run id (or ``NULL``), queue key (empty:
+    none), notification channel.
     Returns ``created_at``, or no row when a run of the workflow already holds the key
     (nothing inserted, nobody woken)."""
     return f"""
         WITH run AS (
             INSERT INTO {t.run} (
-                id, workflow, status, input, key, parent_id, pass_due_at, pass_requests,
-                created_at, updated_at
+                id, workflow, status, input, key, parent_id, queue_key, pass_due_at,
+                pass_requests, created_at, updated_at
             )
-            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, %s, statement_timestamp(),
-                    1, statement_timestamp(), statement_timestamp())
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, %s, %s,
+                    statement_timestamp(), 1, statement_timestamp(), statement_timestamp())
             ON CONFLICT (workflow, key) DO NOTHING
             RETURNING created_at
         )
@@ -110,25 +111,25 @@ def start_one_step(t: Tables) -> str:
     now) and the wake-up notification (sent when it commits), in one statement. Parameters:
     run id, workflow, input (JSON text), step name, function name, retries, retry delay,
     retry backoff, retry delay max (or ``NULL``), timeout (or ``NULL``), queue, priority,
-    due time (``timestamptz`` or ``NULL``: DB now), notification channel. Returns the run's
-    ``created_at``."""
+    queue key (empty: none; the run's and the step's), due time (``timestamptz`` or
+    ``NULL``: DB now), notification channel. Returns the run's ``created_at``."""
     return f"""
         WITH run AS (
             INSERT INTO {t.run} (
-                id, workflow, status, input, pass_requests, branches_left, created_at,
-                updated_at
+                id, workflow, status, input, queue_key, pass_requests, branches_left,
+                created_at, updated_at
             )
-            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, 0, 0, statement_timestamp(),
-                    statement_timestamp())
-            RETURNING id, input, created_at
+            VALUES (%s, %s, {_text(RunStatus.RUNNING)}, %s::jsonb, %s, 0, 0,
+                    statement_timestamp(), statement_timestamp())
+            RETURNING id, input, queue_key, created_at
         ), step AS (
             INSERT INTO {t.step} (
                 run_id, step_name, function_name, data, status, attempt, retries, retry_delay,
-                retry_backoff, retry_delay_max, timeout, queue, priority, available_at,
-                created_at, updated_at
+                retry_backoff, retry_delay_max, timeout, queue, priority, queue_key,
+                available_at, created_at, updated_at
             )
             SELECT id, %s, %s, input, {_text(StepStatus.PENDING)}, 1, %s, %s, %s,
-                %s::double precision, %s::double precision, %s, %s,
+                %s::double precision, %s::double precision, %s, %s, queue_key,
                 coalesce(%s::timestamptz, statement_timestamp()), statement_timestamp(),
                 statement_timestamp()
             FROM run

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, check_queue_key
 from django_leases.validation import (
     check_backoff,
     check_name,
@@ -248,6 +248,8 @@ class StepOptions:
             no limit).
         queue: the queue the step is claimed from (a name of 1–200 characters).
         priority: higher is claimed first (``int`` of 32 bits; first due first within one).
+        queue_key: the key the step counts under for its queue's per-key limits (``str`` of
+            1–255 characters; ``None``: the run's ``queue_key``, if any).
 
     Every value is checked (and numbers made ``float``) when the options are made: a bad
     one is a ``ValueError`` naming it.
@@ -260,6 +262,7 @@ class StepOptions:
     timeout: float | None = None
     queue: str = DEFAULT_QUEUE
     priority: int = 0
+    queue_key: str | None = None
 
     def __post_init__(self) -> None:
         retries, retry_delay = check_retries(self.retries, self.retry_delay)
@@ -272,6 +275,7 @@ class StepOptions:
             "timeout": check_step_timeout(self.timeout),
             "queue": check_name(self.queue, "A queue name", max_length=MAX_QUEUE_LENGTH),
             "priority": check_priority(self.priority, "Step priority"),
+            "queue_key": check_queue_key(self.queue_key),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -290,6 +294,7 @@ class StepOptions:
             self.timeout is None
             and self.queue == DEFAULT_QUEUE
             and self.priority == 0
+            and not self.queue_key
             and not limited
         )
 

@@ -3,7 +3,9 @@
 Lists every queue — those ``DJANGO_LEASES["QUEUES"]`` configures, ``"default"``, and any a
 step of a running run names — with its waiting and running steps, its concurrency limit and
 rate, and the age of its oldest waiting step, as ``display.queue_overview()``
-computes them on the database clock (the admin's queue view shows the same).
+computes them on the database clock (the admin's queue view shows the same). A queue with
+per-key limits is followed by its busiest keys, each with its running and waiting steps (in
+JSON: the row's ``keys``, beside ``key_concurrency`` and ``key_rate``).
 
 Exit codes: ``EXIT_CODES["workflow_queues"]`` in :mod:`django_leases.management.base`.
 """
@@ -29,6 +31,9 @@ _COLUMNS = base.columns(
     headers={"concurrency": "LIMIT", "oldest_waiting_seconds": "OLDEST WAITING"},
     text={"oldest_waiting_seconds": _age_text},
 )
+
+
+_KEY_COLUMNS = base.columns(("key", "running", "waiting"))
 
 
 class Command(base.LeasesCommand):
@@ -58,3 +63,23 @@ class Command(base.LeasesCommand):
             [row.as_json() for row in rows],
             empty="No queues.",
         )
+        if options["format"] == "json":
+            return
+        for row in rows:
+            if row.key_concurrency is None and row.key_rate is None:
+                continue
+            self.stdout.write(
+                f"\nBusiest keys of {row.name} (per key: limit "
+                f"{'-' if row.key_concurrency is None else row.key_concurrency}, "
+                f"rate {row.key_rate or '-'}):"
+            )
+            base.write_rows(
+                self.stdout,
+                "table",
+                _KEY_COLUMNS,
+                [
+                    {"key": key.key or "(no key)", "running": key.running, "waiting": key.waiting}
+                    for key in row.keys
+                ],
+                empty="No key has running or waiting steps.",
+            )
