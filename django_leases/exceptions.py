@@ -4,9 +4,11 @@
 
     DjangoLeasesError
     ├── LeaseError (.key)                      LeaseTakenError, LeaseLostError
+    ├── FenceRefusedError (.key, .token)
     ├── WorkflowError                          WorkflowStepSupersededError
     │                                          └── WorkflowStepCancelledError
     │                                          WorkflowStepFailedError
+    │                                          WorkflowStepTimedOutError
     │                                          UnknownWorkflowError (also a LookupError)
     │                                          WorkflowRunStateError (also a ValueError)
     │                                          WorkflowFunctionsMissing
@@ -115,6 +117,35 @@ class WorkflowStepCancelledError(WorkflowStepSupersededError):
             f"Attempt {attempt} of step {step_id} was stopped: its run was cancelled; "
             "its write was refused",
         )
+
+
+class WorkflowStepTimedOutError(WorkflowError):
+    """A transactional step's attempt ran past its ``timeout`` (on the database clock): its
+    transaction was rolled back and the attempt fails with this error, code
+    ``STEP_TIMED_OUT`` (retried if attempts remain). ``.step_id``, ``.attempt`` name it."""
+
+    code = "STEP_TIMED_OUT"
+
+    def __init__(self, step_id: object, attempt: int, timeout: float | None = None) -> None:
+        limit = f" of {timeout:g} s" if timeout is not None else ""
+        super().__init__(
+            f"Attempt {attempt} of step {step_id} ran longer than its timeout{limit}; "
+            "its transaction was rolled back"
+        )
+        self.step_id = step_id
+        self.attempt = attempt
+
+
+class FenceRefusedError(DjangoLeasesError):
+    """A fenced write to an application's own rows was refused: the lease or step attempt it
+    was fenced to is no longer held, or a newer holder already wrote the row
+    (:mod:`django_leases.fencing`). Nothing was written. ``.key`` names the lease key or
+    step (``workflow-step:<id>``), ``.token`` the refused fencing token or attempt."""
+
+    def __init__(self, key: str, token: int) -> None:
+        super().__init__(f"Fenced write of {key!r} (fence {token}) was refused: a stale holder")
+        self.key = key
+        self.token = token
 
 
 class WorkflowStepFailedError(WorkflowError):
@@ -417,6 +448,7 @@ class MalformedDelivery(ReceiveError, ValueError):
 __all__ = [
     "CredentialError",
     "DjangoLeasesError",
+    "FenceRefusedError",
     "LeaseError",
     "LeaseLostError",
     "LeaseTakenError",
@@ -449,4 +481,5 @@ __all__ = [
     "WorkflowStepCancelledError",
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
+    "WorkflowStepTimedOutError",
 ]

@@ -45,9 +45,10 @@ from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
+from django_leases.models.exactly import StepTransactions
 from django_leases.models.operations import RunOperations
 from django_leases.models.outcomes import retry_delay_after, write_pending
-from django_leases.models.results import ResultWithNext, StepResults
+from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
 from django_leases.models.workflow_base import (
     FUNCTIONS_MIGRATION,
@@ -92,12 +93,13 @@ class WorkflowRunQuerySet(RunOperations):
     :class:`~django_leases.models.operations.RunOperations`)."""
 
 
-class WorkflowStepQuerySet(StepResults):
+class WorkflowStepQuerySet(StepTransactions):
     """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history
     (:class:`~django_leases.models.outcomes.StepOutcomes`,
     :class:`~django_leases.models.claims.StepClaims`,
     :class:`~django_leases.models.scheduling.StepScheduling`,
-    :class:`~django_leases.models.results.StepResults`)."""
+    :class:`~django_leases.models.results.StepResults`,
+    :class:`~django_leases.models.exactly.StepTransactions`)."""
 
 
 class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):

@@ -47,11 +47,13 @@ _schedules: dict[str, ScheduleDeclaration] = {}
 
 @dataclass(frozen=True)
 class StepDeclaration:
-    """What ``@step_function`` declared besides the callable: its ``queue`` (``str``) and
-    default ``priority`` (``int``; higher is claimed first)."""
+    """What ``@step_function`` declared besides the callable: its ``queue`` (``str``),
+    default ``priority`` (``int``; higher is claimed first) and whether it is
+    ``transactional`` (``bool``: it runs in one transaction with its result's write)."""
 
     queue: str = DEFAULT_QUEUE
     priority: int = 0
+    transactional: bool = False
 
 
 _step_options: dict[str, StepDeclaration] = {}
@@ -220,7 +222,9 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     return [found[name] for name in sorted(found)], problems, prune_problems
 
 
-def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Callable[[F], F]:
+def step_function(
+    name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0, transactional: bool = False
+) -> Callable[[F], F]:
     """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str`` of 1–200
     characters); the decorator returns the function unchanged.
 
@@ -231,12 +235,22 @@ def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -
     among due steps, higher is claimed first, first scheduled first within a priority
     (``run.step(..., priority=)`` overrides it per step).
 
-    Raises ``ValueError`` for a bad name, queue or priority, or a name another function
-    has, and ``TypeError`` (when decorating) for a non-callable or an ``async def``
-    function: step functions run synchronously (on worker threads).
+    ``transactional=True`` runs each attempt inside one transaction on the run's database,
+    and records its result **in that same transaction**, fenced to the attempt: the
+    function's writes to that database land exactly when its result does. An attempt that
+    raises, runs past its ``timeout`` or was superseded meanwhile commits nothing
+    (:mod:`django_leases.workflows.transactional`). On SQLite the transaction holds the
+    database's write lock while the function runs (check ``django_leases.W036``).
+
+    Raises ``ValueError`` for a bad name, queue, priority or ``transactional`` (not a
+    ``bool``), or a name another function has, and ``TypeError`` (when decorating) for a
+    non-callable or an ``async def`` function: step functions run synchronously (on worker
+    threads).
     """
     check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
-    options = StepDeclaration(queue, check_priority(priority))
+    if not isinstance(transactional, bool):
+        raise ValueError(f"transactional must be True or False, not {transactional!r}")
+    options = StepDeclaration(queue, check_priority(priority), transactional)
     register = _register(_step_functions, "step function", name)
 
     def decorate(func: F) -> F:
