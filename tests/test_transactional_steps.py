@@ -191,9 +191,9 @@ def test_eight_processes_racing_one_step_write_its_row_exactly_once() -> None:
     """Each process claims the step (lapsing the previous attempt's lease on the database
     clock to take it over), writes its row and waits at a barrier inside its transaction,
     so 8 attempts are in flight at once; then all try to commit."""
-    run = WorkflowRun.objects.start("tests.tx.one", {})
-    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.append")
     racers = 8
+    run = WorkflowRun.objects.start("tests.tx.one", {})
+    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.append", retries=racers)
     barrier = helpers._fork.Barrier(racers)
     workapp.RACE_BARRIER = barrier
 
@@ -204,6 +204,7 @@ def test_eight_processes_racing_one_step_write_its_row_exactly_once() -> None:
             )
             if claim is not None:
                 return claim.attempt, execute_step(claim)
+            assert WorkflowStep.objects.filter(run_id=run.id, status="running").exists()
             lapse_step_lease(run_id=run.id, step_name="only")
 
     try:
