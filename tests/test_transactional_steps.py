@@ -199,9 +199,7 @@ def test_eight_processes_racing_one_step_write_its_row_exactly_once() -> None:
 
     def racer() -> tuple[int, str]:
         while True:
-            claim = WorkflowStep.objects.claim_for_execution(
-                run.id, "only", "tests.tx.append", 600
-            )
+            claim = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.append", 600)
             if claim is not None:
                 return claim.attempt, execute_step(claim)
             assert WorkflowStep.objects.filter(run_id=run.id, status="running").exists()
