@@ -9,6 +9,7 @@
     │                                          └── WorkflowStepCancelledError
     │                                          WorkflowStepFailedError
     │                                          WorkflowStepTimedOutError
+    │                                          StepNotIdempotentError (also an AssertionError)
     │                                          UnknownWorkflowError (also a LookupError)
     │                                          WorkflowRunStateError (also a ValueError)
     │                                          WorkflowFunctionsMissing
@@ -134,6 +135,21 @@ class WorkflowStepTimedOutError(WorkflowError):
         )
         self.step_id = step_id
         self.attempt = attempt
+
+
+class StepNotIdempotentError(WorkflowError, AssertionError):
+    """``drive(..., duplicate_steps=True)`` found steps whose second run changed the database
+    (:mod:`django_leases.testing.duplicates`). ``.steps`` lists them (each names the run,
+    the step, its step function and what the second run changed). Also an
+    ``AssertionError``, so a test fails with the list."""
+
+    def __init__(self, steps: list[object]) -> None:
+        listed = "\n".join(f"  - {step}" for step in steps)
+        super().__init__(
+            f"{len(steps)} step(s) changed the database again when run a second time "
+            f"(not idempotent):\n{listed}"
+        )
+        self.steps = steps
 
 
 class FenceRefusedError(DjangoLeasesError):
@@ -465,6 +481,7 @@ __all__ = [
     "SourceNotReceiving",
     "SourceOrphaned",
     "SourceStillDeclared",
+    "StepNotIdempotentError",
     "TaskArgumentsError",
     "TaskAttemptError",
     "TaskError",

@@ -100,3 +100,27 @@ def tx_three(run: Any, input: Any) -> Any:
     second = run.step("second", "tests.tx.append", {})
     third = run.step("third", "tests.tx.plain-append", {})
     return [first, second, third]
+
+
+@step_function("tests.dup.upsert")
+def dup_upsert(data: Any, ctx: Any) -> Any:
+    """Idempotent: one ledger row per step, however often it runs."""
+    from tests.workapp.models import LedgerEntry
+
+    LedgerEntry.objects.get_or_create(run_id=ctx.run_id, step=ctx.step_name, attempt=0)
+    return "ok"
+
+
+@step_function("tests.dup.insert")
+def dup_insert(data: Any, ctx: Any) -> Any:
+    """Not idempotent: a ledger row more on every run."""
+    from tests.workapp.models import LedgerEntry
+
+    LedgerEntry.objects.create(run_id=ctx.run_id, step=ctx.step_name, attempt=ctx.attempt)
+    return "ok"
+
+
+@workflow("tests.dup.steps")
+def dup_steps(run: Any, input: Any) -> Any:
+    """The step functions ``input`` names, one step each (``s0``, ``s1``…)."""
+    return [run.step(f"s{n}", name, {}) for n, name in enumerate(input)]
