@@ -109,9 +109,8 @@ def test_the_trigger_refuses_an_older_fence_from_raw_sql() -> None:
         assert model.objects.filter(name="f").fenced_update(Fence("k", 7), balance=7) == 1
     quote = connection.ops.quote_name
     stale = "UPDATE {} SET balance = 1, fence = 6 WHERE name = 'f' AND fenced_by = 'k'"
-    with pytest.raises(DatabaseError), transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(stale.format(quote(GuardedAccount._meta.db_table)))
+    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(stale.format(quote(GuardedAccount._meta.db_table)))
     assert _balance(GuardedAccount, "f") == (7, "k", 7)
     # Newer or equal fences, and other keys, pass the trigger.
     with connection.cursor() as cursor:

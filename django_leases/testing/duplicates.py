@@ -125,11 +125,11 @@ def duplicated_steps(alias: str) -> Iterator[list[DuplicateStep]]:
         func = lookup(name)
         return None if func is None else twice(func, alias, found)
 
-    engine.get_step_function = doubling  # type: ignore[assignment]
+    engine.get_step_function = doubling
     try:
         yield found
     finally:
-        engine.get_step_function = lookup  # type: ignore[assignment]
+        engine.get_step_function = lookup
 
 
 __all__ = ["DuplicateStep", "duplicated_steps", "twice"]
