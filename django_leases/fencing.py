@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import models, router
 from django.db.migrations.operations.base import Operation
 from django.db.models import Exists, Q
+from django.utils.translation import gettext_lazy as _
 
 from django_leases.exceptions import FenceRefusedError
 from django_leases.models import Lease, WorkflowStep
@@ -159,8 +160,16 @@ class FencedModel(models.Model):
     (its token or attempt, 0 for none).
     """
 
-    fenced_by = models.CharField(max_length=MAX_FENCE_KEY, blank=True, default="")
-    fence = models.BigIntegerField(default=0)
+    fenced_by = models.CharField(
+        _("fenced by"),
+        max_length=MAX_FENCE_KEY,
+        blank=True,
+        default="",
+        help_text=_("The lease key or workflow step of the last fenced write."),
+    )
+    fence = models.BigIntegerField(
+        _("fence"), default=0, help_text=_("The fencing token or attempt of the last fenced write.")
+    )
 
     objects = FencedQuerySet.as_manager()
 
