@@ -261,3 +261,12 @@ def test_a_worker_stopped_inside_its_transaction_and_superseded_lands_nothing(
     assert run.output == {"attempt": 2, "transactional": True}
     history = WorkflowStep.objects.history(run_id)
     assert [(e.attempt, e.status) for e in history] == [(1, "running"), (2, "succeeded")]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="W036 is about SQLite")
+def test_the_registered_checks_say_w036_for_this_suites_transactional_steps() -> None:
+    from django.core import checks
+
+    said = [m for m in checks.run_checks(tags=["django_leases"]) if m.id == "django_leases.W036"]
+    assert len(said) == 1
+    assert "tests.tx.append" in said[0].msg and "tests.dup.upsert" not in said[0].msg
