@@ -10,7 +10,9 @@ with 4 threads drains them (``run(once=True)``). Measured per step: SQL statemen
 worker's connections (every ``execute`` Django sends, transaction control aside), the worker
 process's CPU seconds (user + system, from ``/proc``), and wall time; the load average is
 recorded beside each figure. Both contenders run in one session, alternating, with the same
-connection settings (``CONN_MAX_AGE = None``). Usage::
+connection settings (``CONN_MAX_AGE = None``). A second stage times a fenced ``UPDATE`` of
+one row (``FencedQuerySet.fenced_update``'s statement, the stored-fence half) on a table
+without and with the ``FenceTrigger`` trigger, ``--updates`` times each, alternating. Usage::
 
     .venv/bin/python bench/exactly_once.py [--database-url postgres://.../x_bench] [--runs 200]
 
@@ -169,6 +171,54 @@ def measure(
     }
 
 
+def trigger_cost(updates: int, rounds: int) -> list[dict[str, Any]]:
+    """Microseconds per fenced ``UPDATE`` of one row, without and with the trigger."""
+    from django.db import connection, transaction
+
+    from django_leases.fencing import trigger_sql
+
+    quote = connection.ops.quote_name
+    tables = {"without trigger": "bench_fenced_plain", "with trigger": "bench_fenced_guarded"}
+    with connection.cursor() as cursor:
+        for table in tables.values():
+            cursor.execute(f"DROP TABLE IF EXISTS {table}")
+            cursor.execute(
+                f"CREATE TABLE {table} (id int PRIMARY KEY, balance int NOT NULL, "
+                "fenced_by varchar(255) NOT NULL, fence bigint NOT NULL)"
+            )
+            cursor.execute(f"INSERT INTO {table} VALUES (1, 0, '', 0)")
+        for statement in trigger_sql("postgresql", tables["with trigger"], quote)[0]:
+            cursor.execute(statement)
+    found = []
+    token = 0
+    for _ in range(rounds):
+        for label, table in tables.items():
+            statement = (
+                f"UPDATE {table} SET balance = balance + 1, fenced_by = %s, fence = %s "
+                "WHERE id = 1 AND (fenced_by <> %s OR fence <= %s)"
+            )
+            began = time.perf_counter()
+            # One transaction: the statement and its trigger, not a commit's fsync, per update.
+            with transaction.atomic(), connection.cursor() as cursor:
+                for _ in range(updates):
+                    token += 1
+                    cursor.execute(statement, ["bench", token, "bench", token])
+            spent = time.perf_counter() - began
+            found.append(
+                {
+                    "table": label,
+                    "updates": updates,
+                    "us_per_update": round(1e6 * spent / updates, 1),
+                    "load_average": load_average(),
+                }
+            )
+            print(f"fenced UPDATE {label:>15}: {found[-1]['us_per_update']:7.1f} µs", flush=True)
+    with connection.cursor() as cursor:
+        for table in tables.values():
+            cursor.execute(f"DROP TABLE IF EXISTS {table}")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -181,6 +231,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps per run")
     parser.add_argument("--workers", default="1,4", help="worker threads, comma-separated")
     parser.add_argument("--repeat", type=int, default=2, help="alternating rounds")
+    parser.add_argument("--updates", type=int, default=2000, help="fenced UPDATEs per round")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
 
@@ -214,6 +265,7 @@ def main() -> None:
                     flush=True,
                 )
     reset()
+    trigger = trigger_cost(args.updates, args.repeat)
     report = {
         "benchmark": "exactly-once",
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -223,6 +275,7 @@ def main() -> None:
         "versions": versions(()),
         "settings": vars(args) | {"output": str(args.output)},
         "results": results,
+        "fence_trigger": trigger,
     }
     path = args.output or RESULTS_DIR / f"exactly-once-{datetime.now(UTC):%Y-%m-%d-%H%M}.json"
     write_report(path, report)
