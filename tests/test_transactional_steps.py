@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,30 @@ def test_the_context_says_transactional_and_gives_a_stable_idempotency_key() -> 
     assert k1 == k2, "the key is the same for every attempt of one step"
     assert k3 != k1, "and differs between runs"
     assert str(uuid.UUID(k1)) == k1
+    steps = {
+        s.step_name: StepContext(_claim_of(s), threading.Event()).idempotency_key
+        for s in WorkflowStep.objects.filter(run_id=other)
+    }
+    assert k3 == steps["only"]
+
+
+def _claim_of(step: WorkflowStep) -> Any:
+    from django_leases.workflows.values import Claim
+
+    return Claim(
+        step.pk, step.run_id, step.step_name, step.function_name, 1, None, 60, 0, "default"
+    )
+
+
+@pytest.mark.django_db
+def test_idempotency_keys_differ_between_the_steps_of_a_run() -> None:
+    run_id = start_workflow("tests.tx.three", {})
+    drive(run_id)
+    keys = {
+        StepContext(_claim_of(step), threading.Event()).idempotency_key
+        for step in WorkflowStep.objects.filter(run_id=run_id)
+    }
+    assert len(keys) == 3
 
 
 def test_step_function_refuses_a_transactional_that_is_not_a_bool() -> None:

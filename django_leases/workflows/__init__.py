@@ -35,6 +35,7 @@ _LAZY = {
     "WorkflowEventTimeout": "django_leases.exceptions",
     "WorkflowEventRefusedError": "django_leases.exceptions",
     "WorkflowChildFailedError": "django_leases.exceptions",
+    "WorkflowStepTimedOutError": "django_leases.exceptions",
 }
 
 # A literal list, so type checkers see what the package exports (the lazy imports
@@ -53,6 +54,7 @@ __all__ = [
     "WorkflowStepCancelledError",
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
+    "WorkflowStepTimedOutError",
     "execute_step",
     "run_pass",
     "send_event",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowStepCancelledError,
         WorkflowStepFailedError,
         WorkflowStepSupersededError,
+        WorkflowStepTimedOutError,
     )
     from django_leases.workflows.driver import RunContext, run_pass
     from django_leases.workflows.engine import (
