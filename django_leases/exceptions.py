@@ -218,6 +218,21 @@ class WorkflowChildFailedError(WorkflowError):
         self.error = error
 
 
+class WorkflowDeadlineExceeded(WorkflowError):
+    """What a run that was not finished by its deadline (``start_workflow(...,
+    deadline=)``, ``run.child(..., deadline=)``) failed with: its error records this type
+    and code ``WORKFLOW_DEADLINE_EXCEEDED``. ``.run_id`` and ``.deadline_at`` (an aware
+    ``datetime``, database clock, or ``None`` if unknown) say which run and when."""
+
+    code = "WORKFLOW_DEADLINE_EXCEEDED"
+
+    def __init__(self, run_id: uuid.UUID, deadline_at: Any = None) -> None:
+        when = "" if deadline_at is None else f" ({deadline_at.isoformat()})"
+        super().__init__(f"Run {run_id} was not finished by its deadline{when}")
+        self.run_id = run_id
+        self.deadline_at = deadline_at
+
+
 class UnknownWorkflowError(WorkflowError, LookupError):
     """No ``@workflow`` is registered under that name; ``.name`` is the name."""
 
@@ -490,6 +505,7 @@ __all__ = [
     "UnknownTriggerSourceError",
     "UnknownWorkflowError",
     "WorkflowChildFailedError",
+    "WorkflowDeadlineExceeded",
     "WorkflowError",
     "WorkflowEventRefusedError",
     "WorkflowEventTimeout",

@@ -210,10 +210,26 @@ class TaskBackend(BaseTaskBackend):
             TaskArgumentsError: the arguments are not JSON that reads back as written
                 (nothing is stored).
         """
+        result, _ = self._enqueue(task, args, kwargs, router.db_for_write(WorkflowRun), None)
+        return result
+
+    def enqueue_for_tick(
+        self, task: Task[Any, Any], args: Any, kwargs: Any, *, key: str, using: str
+    ) -> tuple[TaskResult[Any, Any], bool]:
+        """Enqueue ``task`` for a schedule's tick: as :meth:`enqueue`, on database ``using``
+        (the schedule's), with ``key`` (the tick key, ``str``) as the run's idempotency key,
+        so a tick enqueues the task once however many callers fire it. Returns the result
+        and whether this call stored it (``False``: the key's run existed, nothing written).
+
+        Raises as :meth:`enqueue` does, and ``ValueError`` for a bad key.
+        """
+        return self._enqueue(task, args, kwargs, using, key)
+
+    def _enqueue(
+        self, task: Task[Any, Any], args: Any, kwargs: Any, alias: str, key: str | None
+    ) -> tuple[TaskResult[Any, Any], bool]:
         self.validate_task(task)
         self._check_open_queue(task)
-
-        alias = router.db_for_write(WorkflowRun)
         args_json, kwargs_json = _json_arguments(task, args, kwargs, alias)
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):
@@ -237,7 +253,10 @@ class TaskBackend(BaseTaskBackend):
             function_name=TASK_FUNCTION,
             options=self.step_options.placed(task.queue_name, task.priority),
             available_at=run_after,
+            key=key,
         )
+        if not run.started:
+            return self.get_result(str(run.id)), False
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(run.id),
@@ -256,7 +275,7 @@ class TaskBackend(BaseTaskBackend):
         transaction.on_commit(
             lambda: task_enqueued.send(sender=sender, task_result=result), using=alias
         )
-        return result
+        return result, True
 
     # -- results ------------------------------------------------------------------------------
 
@@ -297,6 +316,29 @@ class TaskBackend(BaseTaskBackend):
             for name in sorted(self.queues)
             if name not in known
         ]
+
+
+def start_scheduled_task(
+    alias: str, path: str, args: list[Any], kwargs: dict[str, Any], key: str
+) -> tuple[uuid.UUID, bool]:
+    """Enqueue the ``@task`` at dotted ``path`` with ``args`` and ``kwargs`` for a schedule's
+    tick, by its tick ``key``, on database ``alias`` (the schedules'
+    ``TaskStarter``): ``(the task run's id, whether this call enqueued it)``.
+
+    Raises ``ImportError`` / ``TypeError`` when ``path`` names no ``@task``, ``TypeError``
+    when its backend is not a :class:`TaskBackend`, and what :meth:`TaskBackend.enqueue`
+    raises."""
+    task = import_string(path)
+    if not isinstance(task, Task):
+        raise TypeError(f"{path!r} is not a Django @task")
+    backend = task.get_backend()
+    if not isinstance(backend, TaskBackend):
+        raise TypeError(
+            f"task {path!r} goes to backend {backend.alias!r}, not a "
+            "django_leases.tasks.TaskBackend"
+        )
+    result, started = backend.enqueue_for_tick(task, args, kwargs, key=key, using=alias)
+    return uuid.UUID(result.id), started
 
 
 # -- what runs on the worker ---------------------------------------------------------------------
@@ -696,6 +738,7 @@ __all__ = [
     "TASK_WORKFLOW",
     "TaskBackend",
     "run_task",
+    "start_scheduled_task",
     "task_workflow",
     "worker_identity",
 ]

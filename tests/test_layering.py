@@ -53,6 +53,8 @@ LEAVES = {
     "django_leases.workflows.sql": {"django_leases.workflows.values"},
     "django_leases.workflows.functions": {"django_leases.workflows.sql"},
     "django_leases.workflows.channel": set(),
+    # Loop management for async step functions: asyncio and asgiref only.
+    "django_leases.workflows.aio": set(),
 }
 
 

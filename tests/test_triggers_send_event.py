@@ -257,6 +257,54 @@ def test_a_run_callable_returning_no_run_id_is_recorded_not_an_error(
     assert not WorkflowWait.objects.exists()
 
 
+def test_a_run_callable_that_raises_on_the_delivery_is_recorded_not_a_500(
+    fake: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The documented ``run`` callable reads ``payload["pull_request"]["number"]``: a
+    delivery of another shape makes it raise ``KeyError``. The delivery is recorded with
+    that outcome (202: the provider must not send it again), the traceback logged."""
+    response = _deliver(fake, "pull_request_review", {"review": {"state": "approved"}})
+    assert response.status_code == 202, response.content
+    event = _outcome(response)
+    assert event.run_id is None
+    assert (
+        event.outcome == "event 'approved' not delivered: its run raised KeyError('pull_request')"
+    )
+    assert "KeyError" in caplog.text
+
+
+def test_a_key_callable_that_raises_on_the_delivery_starts_nothing_and_is_recorded(
+    fake: FakeProvider,
+) -> None:
+    response = _deliver(fake, "pull_request", {"action": "opened"})
+    assert response.status_code == 202, response.content
+    event = _outcome(response)
+    assert event.run_id is None
+    assert event.outcome == (
+        f"workflow {WORKFLOW!r} not started: its key raised KeyError('pull_request')"
+    )
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_database_error_in_a_run_callable_is_not_recorded_and_answers_500(
+    fake: FakeProvider,
+) -> None:
+    """A failure of the database (not of the delivery) records nothing: the provider retries."""
+    from django.db import OperationalError
+
+    def lost(delivery: Any) -> Any:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    registry.unregister(SOURCE)
+    webhook_source(SOURCE, provider="fake", events={"pull_request_review": SendEvent("x", lost)})
+    try:
+        answered = _deliver(fake, "pull_request_review", _review(1, "approved")).status_code
+    except OperationalError:
+        answered = 500
+    assert answered == 500
+    assert not TriggerEvent.objects.exists()
+
+
 def test_a_payload_over_the_event_limit_is_recorded_as_the_outcome_not_an_error(
     fake: FakeProvider, settings: Any
 ) -> None:

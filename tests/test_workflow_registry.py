@@ -11,20 +11,32 @@ from django_leases.workflows import registry
 KINDS = ["workflow", "step_function"]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_coroutine_function_is_refused_at_declaration(kind: str) -> None:
-    """Its runs would fail later ("output ... is of type coroutine") with a "never
-    awaited" warning; the engine calls workflow and step functions synchronously."""
-    register = getattr(registry, kind)
+def test_a_coroutine_workflow_function_is_refused_at_declaration() -> None:
+    """A workflow function only orchestrates and is replayed synchronously in passes: an
+    ``async def`` one is refused, and the message says where the awaiting goes instead."""
 
     async def body(*args: Any) -> Any:
         return None
 
-    name = f"tests.registry.async-{kind}"
-    with pytest.raises(TypeError, match=r"coroutine function .*body"):
-        register(name)(body)
-    lookup = registry.get_step_function if kind == "step_function" else registry._workflows.get
-    assert lookup(name) is None
+    name = "tests.registry.async-workflow"
+    with pytest.raises(TypeError, match=r"coroutine function .*body.*only orchestrate.*step"):
+        registry.workflow(name)(body)
+    assert registry._workflows.get(name) is None
+
+
+def test_a_coroutine_step_function_is_registered() -> None:
+    """Step functions may be ``async def`` (awaited on the worker thread's event loop)."""
+
+    async def body(data: Any, ctx: Any) -> Any:
+        return None
+
+    name = "tests.registry.async-step_function"
+    try:
+        assert registry.step_function(name)(body) is body
+        assert registry.get_step_function(name) is body
+    finally:
+        registry._step_functions.pop(name, None)
+        registry._step_options.pop(name, None)
 
 
 @pytest.mark.parametrize("kind", KINDS)

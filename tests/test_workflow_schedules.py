@@ -65,15 +65,18 @@ def schedule_row(
     next_at: datetime | None,
     catch_up: str = "latest",
     timezone: str = "UTC",
+    overlap: str = "allow",
     **fields: Any,
 ) -> WorkflowSchedule:
-    """A declared schedule row of :data:`WORKFLOW` whose next tick is ``next_at``."""
+    """A declared schedule row of :data:`WORKFLOW` whose next tick is ``next_at`` (overlap
+    ``allow`` unless told: these tests fire ticks whose runs no worker runs)."""
     return WorkflowSchedule.objects.create(
         name=name,
         workflow=WORKFLOW,
         cron=cron,
         timezone=timezone,
         catch_up=catch_up,
+        overlap=overlap,
         next_tick=to_stored(next_at, connection.alias),
         **fields,
     )
@@ -199,7 +202,7 @@ def test_a_decorator_schedule_is_declared_under_the_workflow_s_name() -> None:
 
         (found,) = [s for s in registry.declared_schedules() if s.name == name]
         assert found == ScheduleDeclaration(
-            name, name, "0 3 * * *", PARIS, {"a": 1}, "latest", "@workflow"
+            name, name, "0 3 * * *", PARIS, {"a": 1}, "latest", "@workflow", "skip"
         )
     finally:
         registry.unregister_schedule(name)

@@ -4,13 +4,17 @@ Rows come from the declarations (``@workflow(..., schedule=...)`` and
 ``DJANGO_LEASES["SCHEDULES"]``), synced by the workflow workers and the
 ``workflow_schedules`` command; nothing is added or edited here. Each row shows its cron
 expression and time zone, whether it is still declared, paused or active, its next and last
-tick, and the last tick's run (linked). The actions **pause** and **resume** call
+tick, the last tick's run (linked), its overlap policy and the last tick it skipped (when and
+why). Its page also shows the task a task schedule enqueues, the tick waiting for the previous
+run (``buffer_one``), how many ticks were skipped and its latest backfills
+(``workflow_schedules backfill``). The actions **pause** and **resume** call
 ``WorkflowSchedule.objects.set_paused``; they need the ``django_leases.pause_workflowschedule``
 permission and write a ``LogEntry`` per schedule changed. Resuming counts from the next tick
 after now: ticks that passed while paused never run.
 
 Stable hooks for browser tests: the state badges have ids ``schedule-state-<pk>`` and
-``data-state`` (``active``, ``paused`` or ``undeclared``).
+``data-state`` (``active``, ``paused`` or ``undeclared``); the backfills table has the id
+``schedule-backfills-<pk>``, one row per backfill with ``data-backfill`` (its id).
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, badge, local_time
 from django_leases.models import WorkflowSchedule
+from django_leases.models.schedule import SKIP_REASON_LABELS
+
+#: Backfills shown on a schedule's page, newest first.
+BACKFILLS_SHOWN = 20
 
 #: The permission the pause and resume actions need.
 PAUSE_PERMISSION = "django_leases.pause_workflowschedule"
@@ -68,12 +76,14 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         "workflow",
         "cron_text",
         "timezone",
+        "overlap",
         "state_badge",
         "next",
         "last",
         "last_run_link",
+        "last_skipped",
     )
-    list_filter = ("paused", "declared", "workflow")
+    list_filter = ("paused", "declared", "overlap", "workflow")
     search_fields = ("name", "workflow")
     ordering = ("name",)
     actions = ("pause", "resume")
@@ -82,12 +92,18 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         "workflow",
         "cron",
         "timezone",
+        "task",
         "catch_up",
+        "overlap",
         "input",
         "state_badge",
         "next",
         "last",
         "last_run_link",
+        "buffered",
+        "last_skipped",
+        "skipped_ticks",
+        "backfill_table",
         "created_at",
         "updated_at",
     )
@@ -140,6 +156,61 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
             reverse("admin:django_leases_workflowrun_change", args=[obj.last_run_id]),
             obj.last_run_id,
         )
+
+    @admin.display(description=_("buffered tick"))
+    def buffered(self, obj: WorkflowSchedule) -> str:
+        """The tick waiting for the previous run to finish (``buffer_one``); ``"—"``: none."""
+        return local_time(obj.buffered_tick)
+
+    @admin.display(description=_("last skipped tick"), ordering="last_skipped_tick")
+    def last_skipped(self, obj: WorkflowSchedule) -> str:
+        """The last tick that started no run and why (safe HTML); ``"—"``: none yet."""
+        if obj.last_skipped_tick is None:
+            return "—"
+        reason = SKIP_REASON_LABELS.get(obj.last_skip_reason, obj.last_skip_reason)
+        return format_html(
+            '<span id="schedule-skipped-{}" data-reason="{}">{} ({})</span>',
+            obj.pk,
+            obj.last_skip_reason,
+            local_time(obj.last_skipped_tick),
+            reason,
+        )
+
+    @admin.display(description=_("backfills"))
+    def backfill_table(self, obj: WorkflowSchedule) -> str:
+        """The schedule's latest backfills as a table (safe HTML): window, ticks, runs
+        started, ticks that had a run, when, finished or not; ``"—"``: none."""
+        backfills = list(obj.backfills.all()[:BACKFILLS_SHOWN])
+        if not backfills:
+            return "—"
+        header = format_html(
+            "<tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>",
+            _("window"),
+            _("ticks"),
+            _("runs started"),
+            _("ticks that had a run"),
+            _("requested at"),
+            _("finished at"),
+        )
+        rows = format_html_join(
+            "",
+            '<tr data-backfill="{}"><td>{} – {}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    b.pk,
+                    local_time(b.start),
+                    local_time(b.end),
+                    b.ticks,
+                    b.started,
+                    b.existing,
+                    local_time(b.created_at),
+                    local_time(b.finished_at),
+                )
+                for b in backfills
+            ),
+        )
+        return format_html('<table id="schedule-backfills-{}">{}{}</table>', obj.pk, header, rows)
 
     def _set_paused(
         self, request: HttpRequest, queryset: QuerySet[WorkflowSchedule], paused: bool

@@ -247,6 +247,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         "finished_at",
         "pass_due_at",
         "key",
+        "deadline_at",
+        "debounce_key",
         "parent_link",
         "children_links",
         "waiting_on",

@@ -683,7 +683,11 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
     ),
     "workflow_schedules": _table(
         (0, "done (a pause or resume that changed nothing says so, and exits 0)"),
-        (COMMAND_ERROR, "an unknown schedule name; nothing changed"),
+        (
+            COMMAND_ERROR,
+            "an unknown schedule name, or a bad backfill window (naive-free ISO dates, "
+            "start before end, end not after now, at most 10,000 ticks); nothing changed",
+        ),
         _USAGE,
         _UNREACHABLE,
     ),

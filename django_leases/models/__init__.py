@@ -1,6 +1,6 @@
 from django_leases.models.lease import Lease, LeaseQuerySet, LeaseState
 from django_leases.models.queue import WorkflowQueue
-from django_leases.models.schedule import WorkflowSchedule
+from django_leases.models.schedule import WorkflowSchedule, WorkflowScheduleBackfill
 from django_leases.models.trigger import (
     OrphanTriggerSource,
     TriggerEvent,
@@ -37,6 +37,7 @@ __all__ = [
     "WorkflowQueue",
     "WorkflowRun",
     "WorkflowSchedule",
+    "WorkflowScheduleBackfill",
     "WorkflowStep",
     "WorkflowStepAttempt",
     "WorkflowWait",

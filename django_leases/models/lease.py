@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections, models, transaction
 from django.db.models import (
@@ -918,6 +919,35 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         """
         check_lease_name(key, "key")
         return self.filter(key=key, released_at__isnull=True, expires_at__gt=DbNow()).first()
+
+    # -- the coroutine forms: the sync methods through sync_to_async(thread_sensitive=True),
+    # as Django's own async QuerySet methods (aget, acreate, …) run theirs: on the caller's
+    # sync thread and connection (an async view's request thread; a TestCase's test thread).
+
+    async def aacquire(self, key: str, holder: str, ttl: float | timedelta) -> Lease | None:
+        """The coroutine form of :meth:`acquire`: same arguments (``ttl`` a ``timedelta`` or
+        seconds > 0), return value (the granted :class:`Lease`, or ``None`` when another
+        holder has it live; never waits) and errors (``ValueError`` for a bad key, holder
+        or TTL, before anything is written)."""
+        return await sync_to_async(self.acquire, thread_sensitive=True)(key, holder, ttl)
+
+    async def arefresh(self, lease: Lease, ttl: float | timedelta) -> Lease | None:
+        """The coroutine form of :meth:`refresh`: the refreshed lease (same token), or
+        ``None`` when ``lease`` is no longer held (lapsed on the database clock, released or
+        taken). Raises ``ValueError`` for a bad TTL (``timedelta`` or seconds > 0) or when
+        ``lease`` is not a :class:`Lease`."""
+        return await sync_to_async(self.refresh, thread_sensitive=True)(lease, ttl)
+
+    async def arelease(self, lease: Lease) -> bool:
+        """The coroutine form of :meth:`release`: ``True`` when this call released
+        ``lease``, ``False`` for a stale release (a silent no-op). Raises ``ValueError``
+        when ``lease`` is not a :class:`Lease`."""
+        return await sync_to_async(self.release, thread_sensitive=True)(lease)
+
+    async def acurrent(self, key: str) -> Lease | None:
+        """The coroutine form of :meth:`current`: the live lease on ``key`` (``str``), or
+        ``None`` when absent, lapsed or released. Raises ``ValueError`` for a bad key."""
+        return await sync_to_async(self.current, thread_sensitive=True)(key)
 
     @contextmanager
     def fenced(self, lease: Lease) -> Iterator[Lease]:

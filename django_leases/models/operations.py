@@ -119,7 +119,7 @@ class RunOperations(RunPasses):
             wake_workers(alias)
         return RunChange(run.pk, run.status, RunStatus.RUNNING, tuple(steps))
 
-    def cancel(self, run_id: uuid.UUID | str) -> RunChange:
+    def cancel(self, run_id: uuid.UUID | str, *, message: str | None = None) -> RunChange:
         """Stop a ``running`` or ``suspended`` run for good: status ``cancelled``.
 
         No further pass runs and no step of it is claimed again. A step **running** at that
@@ -137,13 +137,17 @@ class RunOperations(RunPasses):
         in which a finishing child wakes its parent). A cancelled child's parent is asked
         for a pass (``run.child`` then raises ``WorkflowChildFailedError`` there).
 
-        Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
+        ``message`` (``str``) says who cancelled it in the run's error (default: an
+        operator). Returns a :class:`RunChange` (``steps``: the running steps stopped). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` for a ``completed``, ``failed`` or ``cancelled`` run.
         """
         alias = self.write_alias()
         pk = parse_run_id(run_id)
-        error = {"code": RUN_CANCELLED, "message": "The run was cancelled by an operator"}
+        error = {
+            "code": RUN_CANCELLED,
+            "message": message or "The run was cancelled by an operator",
+        }
         cascaded = {
             "code": RUN_CANCELLED,
             "message": f"The run was cancelled with its parent run {pk}",

@@ -160,6 +160,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         function_name: str,
         options: StepOptions | None = None,
         available_at: datetime | None = None,
+        key: str | None = None,
     ) -> WorkflowRun:
         """Create a ``running`` run of ``workflow`` (JSON ``input``) together with its one step
         ``step_name`` (step function ``function_name``, data = ``input``), in one transaction
@@ -171,8 +172,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         function_name, ...)``. Idle workers are woken when it commits. Used by the Django
         Tasks backend.
 
-        Raises ``ValueError`` for a bad name, non-JSON input or a naive ``available_at``;
-        nothing is written then.
+        ``key`` (a non-empty ``str`` of at most 255 characters) makes the start idempotent as
+        in :meth:`start`: while a run of ``workflow`` holds it, that run is returned
+        (``started=False``) and nothing is written.
+
+        Raises ``ValueError`` for a bad name or key, non-JSON input or a naive
+        ``available_at``; nothing is written then.
         """
         check_identifier(workflow, "Workflow name")
         step = check_step(
@@ -183,10 +188,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             not isinstance(available_at, datetime) or available_at.tzinfo is None
         ):
             raise ValueError(f"available_at must be an aware datetime, not {available_at!r}")
+        if key is not None:
+            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         value = {} if input is None else input
         alias = self.write_alias()
         connection = connections[alias]
-        if db.tuned(connection, "postgresql"):
+        if key is None and db.tuned(connection, "postgresql"):
             # One statement (atomic on its own, or part of the caller's transaction): the
             # run, its step and the notification (sent when it commits).
             run = self.model(workflow=workflow, input=value, status=RunStatus.RUNNING)
@@ -213,16 +220,25 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             run._state.adding = False
             run._state.db = alias
             self._started(alias, run.id, workflow)
+            run.started = True
             return run
-        with transaction.atomic(using=alias):
-            run = self.rows().create(workflow=workflow, input=value)
-            step_model().objects.db_manager(alias).rows().create(
-                run=run,
-                **step_columns(step),
-                available_at=DbNow() if available_at is None else to_stored(available_at, alias),
-            )
-            wake_workers(alias)
+        try:
+            with transaction.atomic(using=alias):
+                run = self.rows().create(workflow=workflow, input=value, key=key)
+                step_model().objects.db_manager(alias).rows().create(
+                    run=run,
+                    **step_columns(step),
+                    available_at=DbNow()
+                    if available_at is None
+                    else to_stored(available_at, alias),
+                )
+                wake_workers(alias)
+        except IntegrityError:
+            if key is None:
+                raise
+            return self._keyed(workflow, key)
         self._started(alias, run.id, workflow)
+        run.started = True
         return run
 
     @staticmethod
@@ -373,13 +389,16 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """Whether a pass or a waiting step of a running run is due within ``horizon``
         seconds of DB now.
 
-        Waiting steps are ``pending`` / ``scheduled`` / ``failed`` with attempts left; a
-        running step counts when its attempt's ``timeout`` ends within the horizon (a lease
-        lapsing is not foreseen here).
+        A live run's deadline passing counts too. Waiting steps are ``pending`` /
+        ``scheduled`` / ``failed`` with attempts left; a running step counts when its
+        attempt's ``timeout`` ends within the horizon (a lease lapsing is not foreseen here).
         """
         alias = self.write_alias()
         until = clock.db_now_plus(horizon)
-        if self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=until).exists():
+        due = Q(status=RunStatus.RUNNING, pass_due_at__lte=until) | Q(
+            status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED), deadline_at__lte=until
+        )
+        if self.rows().filter(due).exists():
             return True
         waiting = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~Q(
             status=StepStatus.FAILED, attempt__gte=F("retries") + 1

@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.db import IntegrityError, connections, models, transaction
@@ -149,10 +150,13 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         input: Any = None,
         *,
         pending: PendingResult | None = None,
+        deadline: float | timedelta | None = None,
     ) -> WorkflowWait:
         """Record that the run reached ``run.child(name, workflow, input)``: on first reach,
         the child run (``workflow`` with JSON ``input``, its ``parent`` the run) and the wait
-        are created in one transaction; later, the wait is found. Returns the wait, its child
+        are created in one transaction; later, the wait is found. ``deadline`` (seconds > 0
+        or a ``timedelta``, ``None``: none of its own): the child's, from its start; it is
+        never later than the parent's (``WorkflowRun.objects.start``). Returns the wait, its child
         loaded (annotated as :meth:`for_pass`). The parent is asked for a pass when the child
         completes, fails or is cancelled. ``pending``: as for :meth:`reach`.
 
@@ -183,7 +187,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     raise WorkflowRunStateError(
                         pk, status or "missing", "given a child run", "only a running run can be"
                     )
-                child = WorkflowRun.objects.db_manager(alias).start(workflow, input, parent=pk)
+                child = WorkflowRun.objects.db_manager(alias).start(
+                    workflow, input, parent=pk, deadline=deadline
+                )
                 if wait is not None:  # an event kept for the name: the child's wait takes it
                     self._take_name(wait, WaitKind.CHILD, child=child)
                 else:

@@ -46,10 +46,10 @@ from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
 from django_leases.models.exactly import StepTransactions
-from django_leases.models.operations import RunOperations
 from django_leases.models.outcomes import retry_delay_after, write_pending
 from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
+from django_leases.models.timing import RunTiming
 from django_leases.models.workflow_base import (
     FUNCTIONS_MIGRATION,
     fence_q,
@@ -87,10 +87,12 @@ __all__ = [
 ]
 
 
-class WorkflowRunQuerySet(RunOperations):
+class WorkflowRunQuerySet(RunTiming):
     """Domain methods of ``WorkflowRun.objects``: start, passes, finish, operators'
-    operations (:class:`~django_leases.models.passes.RunPasses`,
-    :class:`~django_leases.models.operations.RunOperations`)."""
+    operations, delayed and debounced starts, deadlines
+    (:class:`~django_leases.models.passes.RunPasses`,
+    :class:`~django_leases.models.operations.RunOperations`,
+    :class:`~django_leases.models.timing.RunTiming`)."""
 
 
 class WorkflowStepQuerySet(StepTransactions):
@@ -169,12 +171,34 @@ class WorkflowRun(models.Model):
         related_name="children",
         help_text=_("The run that started this one with run.child."),
     )
+    deadline_at = models.DateTimeField(
+        _("deadline"),
+        null=True,
+        blank=True,
+        help_text=_("A run not finished by then is failed (database clock)."),
+    )
+    first_pass_at = models.DateTimeField(
+        _("first pass at"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "When a delayed or debounced start's first pass is due; the run is pending "
+            "while its next pass is due then."
+        ),
+    )
+    debounce_key = models.CharField(
+        _("debounce key"),
+        max_length=MAX_KEY_LENGTH,
+        null=True,
+        blank=True,
+        help_text=_("Set while a debounced start is pending: one per workflow and key."),
+    )
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     #: Set by ``WorkflowRun.objects.start``: whether that call created the run (``False``:
-    #: a run with the same key existed).
+    #: a run with the same key existed, or a pending debounced run took the start).
     started: bool = True
 
     objects: ClassVar[WorkflowRunQuerySet] = WorkflowRunQuerySet.as_manager()  # type: ignore[assignment]
@@ -188,6 +212,11 @@ class WorkflowRun(models.Model):
         constraints = (
             # NULL keys never collide (on every backend): only keyed starts are unique.
             models.UniqueConstraint(fields=["workflow", "key"], name="dl_run_unique_key"),
+            # At most one pending debounced run per workflow and debounce key: the key is
+            # set only while the run is pending (NULLs never collide).
+            models.UniqueConstraint(
+                fields=["workflow", "debounce_key"], name="dl_run_unique_debounce"
+            ),
         )
         indexes = (
             models.Index(
@@ -196,6 +225,11 @@ class WorkflowRun(models.Model):
                 condition=Q(pass_due_at__isnull=False),
             ),
             models.Index(fields=["status", "created_at"], name="dl_run_status"),
+            models.Index(
+                fields=["deadline_at"],
+                name="dl_run_deadline",
+                condition=Q(deadline_at__isnull=False),
+            ),
         )
 
     def __str__(self) -> str:

@@ -99,6 +99,8 @@ def fence_sql(
 
 
 def workflow_tables(connection: BaseDatabaseWrapper) -> sql.Tables:
+    """The run, step, attempt and lease tables' quoted names on ``connection``, for the
+    tuned statements of :mod:`django_leases.workflows.sql`."""
     quote = connection.ops.quote_name
     return sql.Tables(
         run=quote(run_model()._meta.db_table),
@@ -227,6 +229,7 @@ def due_q() -> Q:
 
 
 def is_due() -> ExpressionWrapper[Q]:
+    """:func:`due_q` as a boolean column (to annotate a step with whether it is due now)."""
     return ExpressionWrapper(due_q(), output_field=BooleanField())
 
 
@@ -366,6 +369,8 @@ def attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
 def attempt_finished(
     alias: str, step_id: int, attempt: int, status: str, run_id: uuid.UUID | None = None
 ) -> None:
+    """Send ``step_attempt_finished`` for attempt ``attempt`` of step ``step_id`` with
+    ``status`` once the transaction open on ``alias`` commits (never if it rolls back)."""
     transaction.on_commit(
         lambda: signals.step_attempt_finished.send_robust(
             sender=step_model(),

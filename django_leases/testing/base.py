@@ -24,6 +24,8 @@ class ConformanceSuite:
         assertIsNotNone: Callable[..., None]
         assertIs: Callable[..., None]
         assertIsInstance: Callable[..., None]
+        assertNotIsInstance: Callable[..., None]
+        assertNotEqual: Callable[..., None]
         assertIn: Callable[..., None]
         assertTrue: Callable[..., None]
         assertFalse: Callable[..., None]

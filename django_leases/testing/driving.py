@@ -30,8 +30,10 @@ queue's recorded starts are moved one window back, as if the window had passed, 
 drive goes on — a test of a workflow whose steps are rate-limited to ``"1/m"`` finishes at
 once. With ``skip_sleeps=False`` the drive stops there instead, as at a sleep, leaving those
 steps waiting (``display.queue_overview()`` counts them): that is how a test sees the
-rate hold steps back. An event's timeout is not jumped: send the event, or move the wait's
-``due_at`` yourself to test the timeout.
+rate hold steps back. Delayed starts (``run_after``) and debounce windows are jumped too. An
+event's timeout is not jumped: send the event, or move the wait's ``due_at`` yourself to test
+the timeout; nor is a run's deadline: a run past it on the database clock is failed before
+any other work is done, so move its ``deadline_at`` into the past to test it.
 
 ``duplicate_steps=True`` checks that the steps are idempotent: every step function runs
 twice, as when an attempt is superseded after its writes and the next one runs it again, and
@@ -92,11 +94,14 @@ def drive(
             that run is no longer running, and returns it. ``None``: drive every run.
         until: a callable checked before each pass or step; the drive stops as soon as it
             returns true.
-        skip_sleeps: jump ``run.sleep`` waits, steps' retry delays and the rate windows of
+        skip_sleeps: jump ``run.sleep`` waits, steps' retry delays, delayed starts
+            (``run_after``), debounce windows (``debounce``) and the rate windows of
             queues (``DJANGO_LEASES["QUEUES"][name]["rate"]``) that hold back a due step
             forward to database now when nothing else is due (a sleep's or a delay's
             recorded end is moved; a queue's recorded starts are moved one window back),
-            instead of stopping. Event timeouts are never jumped.
+            instead of stopping. Event timeouts and run deadlines are never jumped: a run
+            whose deadline has passed on the database clock is failed
+            (``WorkflowDeadlineExceeded``) before any other work.
         using: database alias (default: the router's choice for ``WorkflowRun``).
         max_units: passes and steps run at most (int ≥ 1).
         duplicate_steps: run every step function twice, the first run's result discarded
@@ -141,6 +146,9 @@ def drive(
     while not finished():
         if units >= max_units:
             raise MisuseError(f"drive(): {max_units} passes and steps ran and work is still due")
+        if runs.expire_deadlines():  # a deadline passed on the database clock: never jumped
+            units += 1
+            continue
         claim = steps.claim_due(STEP_LEASE)
         if claim is not None:
             execute_step(claim)
@@ -158,8 +166,9 @@ def drive(
 
 
 def _jump_forward(alias: str) -> bool:
-    """Make every waiting sleep of a running run, and every step waiting out a retry delay,
-    due now on the database clock (their runs due for a pass). ``True`` if any was."""
+    """Make every waiting sleep of a running run, every step waiting out a retry delay, and
+    every delayed or debounced start's first pass due now on the database clock (their
+    runs due for a pass). ``True`` if any was."""
     sleeps = WorkflowWait.objects.db_manager(alias).filter(
         kind=WaitKind.SLEEP,
         status=WaitStatus.WAITING,
@@ -182,6 +191,8 @@ def _jump_forward(alias: str) -> bool:
         )
         .update(available_at=DbNow())
     )
+    # Delayed starts (run_after) and debounce windows whose first pass is not due yet.
+    jumped += WorkflowRun.objects.db_manager(alias).start_pending_now()
     return bool(jumped) | _jump_rate_windows(alias)
 
 

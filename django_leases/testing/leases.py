@@ -1,6 +1,8 @@
 """A conformance suite for leases: rules L1–L18, runnable against your own database.
 
-L1–L8 pin ``Lease.objects`` (acquire / refresh / release / current), L9–L15 pin
+L1–L8 pin ``Lease.objects`` (acquire / refresh / release / current; the ``test_l0*_async_*``
+tests pin the same rules on their coroutine forms ``aacquire`` / ``arefresh`` / ``arelease``
+/ ``acurrent``), L9–L15 pin
 ``hold_lease`` / ``ahold_lease``, and L16–L18 pin how they behave while the database is
 unreachable. Each test's docstring names its rule.
 
@@ -44,7 +46,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 from unittest import mock
@@ -152,6 +154,15 @@ class SimulatedOutage:
         self.end()
         for patch in self._patches:
             patch.stop()
+
+
+def _awaited(call: Callable[[], Awaitable[Any]]) -> Any:
+    """Await ``call()`` from sync code (``async_to_sync``) and return its result."""
+
+    async def awaiting() -> Any:
+        return await call()
+
+    return async_to_sync(awaiting)()
 
 
 class LeaseConformanceTests(ConformanceSuite):
@@ -348,6 +359,106 @@ class LeaseConformanceTests(ConformanceSuite):
         self.lapse()
         self.assertIsNone(self.leases.refresh(lease, self.long_ttl))
         self.assertIsNone(self.leases.current(key))
+
+    # -- L1–L7 again, on the coroutine forms (aacquire, arefresh, arelease, acurrent) -----------
+
+    def test_l01_async_one_holder_at_a_time(self) -> None:
+        """L1 (async forms): ``aacquire`` grants a new key to its first holder with token 1
+        and refuses a second holder; ``acurrent`` names the first."""
+        key = self.new_key()
+
+        async def scenario() -> tuple[Lease | None, Lease | None, Lease | None]:
+            first = await self.leases.aacquire(key, "a", self.long_ttl)
+            second = await self.leases.aacquire(key, "b", self.long_ttl)
+            return first, second, await self.leases.acurrent(key)
+
+        first, second, current = async_to_sync(scenario)()
+        assert first is not None and current is not None
+        self.assertEqual((first.holder, first.token), ("a", 1))
+        self.assertIsNone(second)
+        self.assertEqual((current.holder, current.token), ("a", 1))
+
+    def test_l03_async_holder_reacquires_and_refreshes_under_same_token(self) -> None:
+        """L3, L7 (async forms): the live holder's ``aacquire`` and ``arefresh`` keep its
+        token and move its expiry later."""
+        key = self.new_key()
+
+        async def scenario() -> tuple[Lease | None, Lease | None, Lease | None]:
+            first = await self.leases.aacquire(key, "a", self.short_ttl)
+            assert first is not None
+            again = await self.leases.aacquire(key, "a", self.short_ttl * 2)
+            assert again is not None
+            return first, again, await self.leases.arefresh(again, self.long_ttl)
+
+        first, again, refreshed = async_to_sync(scenario)()
+        assert first is not None and again is not None and refreshed is not None
+        self.assertEqual({again.token, refreshed.token}, {first.token})
+        self.assertGreater(again.expires_at, first.expires_at)
+        self.assertGreater(refreshed.expires_at, again.expires_at)
+
+    def test_l05_async_release_frees_key_and_token_keeps_rising(self) -> None:
+        """L5 (async forms): ``arelease`` frees the key at once (``True``), ``acurrent`` is
+        ``None`` then, the released lease cannot be refreshed, and the next holder gets
+        token + 1."""
+        key = self.new_key()
+
+        async def scenario() -> tuple[Any, ...]:
+            first = await self.leases.aacquire(key, "a", self.long_ttl)
+            assert first is not None
+            released = await self.leases.arelease(first)
+            return (
+                first,
+                released,
+                await self.leases.acurrent(key),
+                await self.leases.arefresh(first, self.long_ttl),
+                await self.leases.aacquire(key, "b", self.long_ttl),
+            )
+
+        first, released, current, refreshed, second = async_to_sync(scenario)()
+        self.assertIs(released, True)
+        self.assertIsNone(current)
+        self.assertIsNone(refreshed)
+        self.assertEqual(second.token, first.token + 1)
+
+    def test_l06_async_stale_lease_cannot_refresh_or_release_new_holder(self) -> None:
+        """L4, L6, L7 (async forms): once a lease lapsed (on the database clock) and passed
+        on with token + 1, the stale lease's ``arefresh`` is ``None`` and its ``arelease``
+        a no-op (``False``): the new holder keeps the key, token and expiry."""
+        key = self.new_key()
+        stale = _awaited(lambda: self.leases.aacquire(key, "a", self.short_ttl))
+        assert stale is not None
+        self.lapse()
+
+        async def scenario() -> tuple[Any, ...]:
+            current = await self.leases.aacquire(key, "b", self.long_ttl)
+            return (
+                current,
+                await self.leases.arelease(stale),
+                await self.leases.arefresh(stale, self.long_ttl),
+                await self.leases.acurrent(key),
+            )
+
+        current, released, refreshed, held = async_to_sync(scenario)()
+        self.assertEqual((current.holder, current.token), ("b", stale.token + 1))
+        self.assertIs(released, False)
+        self.assertIsNone(refreshed)
+        self.assertEqual((held.holder, held.token), ("b", current.token))
+        self.assertEqual(held.expires_at, current.expires_at)
+
+    def test_l07_async_forms_refuse_bad_input_like_the_sync_ones(self) -> None:
+        """The coroutine forms raise what the sync ones raise (``ValueError``), with nothing
+        written."""
+        key = self.new_key()
+        for call in (
+            lambda: self.leases.aacquire("", "a", self.long_ttl),
+            lambda: self.leases.aacquire(key, "a", 0),
+            lambda: self.leases.acurrent("x" * 256),
+            lambda: self.leases.arefresh("not a lease", self.long_ttl),  # type: ignore[arg-type]
+            lambda: self.leases.arelease("not a lease"),  # type: ignore[arg-type]
+        ):
+            with self.subTest(call=call), self.assertRaises(ValueError):
+                _awaited(call)
+        self.assertFalse(self.leases.filter(key=key).exists())
 
     def test_l08_concurrent_acquires_admit_exactly_one(self) -> None:
         """L8: many holders acquiring one free key at the same moment: exactly one wins."""

@@ -1,4 +1,4 @@
-"""A conformance suite for fenced workflow steps: claim rules C1–C14 and fencing rules F1–F12,
+"""A conformance suite for fenced workflow steps: claim rules C1–C14 and fencing rules F1–F14,
 runnable against your own database.
 
 Every fencing scenario has a **stale** attempt — claimed, then its lease lapsed and the step
@@ -16,6 +16,7 @@ reference workflow-fencing tests are F1–F10):
   the current attempt's write lands, whatever the order of racing writes;
 * F8–F10 pin ``execute_step``: a dispatch superseded while it ran ends quietly whatever its
   step function did (missing, raised, returned): nothing written, the run not suspended;
+  F13–F14 pin the same for an ``async def`` step function superseded while it awaited;
 * F11–F12 pin what the fence is *not*: lease expiry (a slow worker nobody replaced may still
   finish) — and that an attempt writes its outcome once.
 
@@ -44,6 +45,7 @@ It runs on PostgreSQL and on a file-backed SQLite database (WAL, ``"transaction_
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,6 +54,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
 
@@ -88,6 +91,20 @@ def _taken_while_running(data: dict[str, Any], ctx: StepContext) -> Any:
     return _callbacks[data["callback"]](ctx)
 
 
+#: The ``async def`` step function the F13/F14 dispatches run: it awaits, then hands the call
+#: to the scenario (through ``sync_to_async``: on the dispatching thread and its connection).
+TAKEN_WHILE_AWAITING = "django_leases.conformance.taken-while-awaiting"
+
+
+@step_function(TAKEN_WHILE_AWAITING)
+async def _taken_while_awaiting(data: dict[str, Any], ctx: StepContext) -> Any:
+    """Awaits, then hands the call to the scenario that scheduled it (``_dispatch_stale``)."""
+    await asyncio.sleep(0)
+    outcome = await sync_to_async(_callbacks[data["callback"]])(ctx)
+    await asyncio.sleep(0)
+    return outcome
+
+
 def run_together(*calls: Callable[[], Any], timeout: float = 60.0) -> list[tuple[Any, Any]]:
     """Run each call on its own thread (and connection), released together by a barrier.
 
@@ -117,7 +134,7 @@ def run_together(*calls: Callable[[], Any], timeout: float = 60.0) -> list[tuple
 
 
 class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
-    """Rules C1–C14 and F1–F12 as ``test_*`` methods; mix into ``TransactionTestCase``.
+    """Rules C1–C14 and F1–F14 as ``test_*`` methods; mix into ``TransactionTestCase``.
 
     Class attributes you may override:
         workflow_database: the alias the workflow models live on (``str``).
@@ -580,23 +597,24 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
             [(1, "running", None, None, False), (2, "running", None, None, False)],
         )
 
-    def _dispatch_stale(self, outcome: Callable[[], Any]) -> None:
-        """Dispatch the step through ``execute_step`` with a step function that loses the step
-        to a newer claim while it runs and then does ``outcome``; check it ended quietly."""
+    def _dispatch_stale(
+        self, outcome: Callable[[], Any], function: str = TAKEN_WHILE_RUNNING
+    ) -> None:
+        """Dispatch the step through ``execute_step`` with a step function (``function``)
+        that loses the step to a newer claim while it runs and then does ``outcome``; check
+        it ended quietly."""
         taken: list[Claim] = []
 
         def lose_the_step_then(ctx: StepContext) -> Any:
             self.lapse_step_lease(ctx.run_id, ctx.step_name)
-            newer = self.steps.claim_for_execution(
-                ctx.run_id, ctx.step_name, TAKEN_WHILE_RUNNING, LEASE
-            )
+            newer = self.steps.claim_for_execution(ctx.run_id, ctx.step_name, function, LEASE)
             assert newer is not None, "the step was not claimed from under the worker"
             taken.append(newer)
             return outcome()
 
         with self._callback(lose_the_step_then) as key:
-            run_id = self.start_run(function=TAKEN_WHILE_RUNNING, data={"callback": key})
-            stale = self.claim(run_id, TAKEN_WHILE_RUNNING)
+            run_id = self.start_run(function=function, data={"callback": key})
+            stale = self.claim(run_id, function)
             assert stale is not None
             stale = _on(stale, self.workflow_database)
             with self.assertLogs("django_leases.workflows", "WARNING") as logs:
@@ -645,6 +663,21 @@ class WorkflowFencingConformanceTests(WorkflowConformanceSuite):
         recorded and the step stays with its new owner."""
         self._dispatch_stale(lambda: "stale")
 
+    def test_f13_a_superseded_async_dispatch_records_nothing(self) -> None:
+        """F13: an ``async def`` step function returned after its attempt was superseded while
+        it awaited: its result is refused like a sync one's, the step stays with its new
+        owner, and the dispatch ends quietly."""
+        self._dispatch_stale(lambda: "stale", TAKEN_WHILE_AWAITING)
+
+    def test_f14_a_superseded_async_dispatch_that_raises_ends_quietly(self) -> None:
+        """F14: an ``async def`` step function raised after its attempt was superseded: no
+        error recorded, the step left to its new owner, nothing raised."""
+
+        def declined() -> Any:
+            raise RuntimeError("the card was declined")
+
+        self._dispatch_stale(declined, TAKEN_WHILE_AWAITING)
+
     # -- what the fence is not F11–F12 ------------------------------------------------------
 
     def test_f11_a_slow_worker_nobody_replaced_may_still_finish(self) -> None:
@@ -678,4 +711,9 @@ def _on(claim: Claim, alias: str) -> Claim:
     return claim
 
 
-__all__ = ["TAKEN_WHILE_RUNNING", "WorkflowFencingConformanceTests", "run_together"]
+__all__ = [
+    "TAKEN_WHILE_AWAITING",
+    "TAKEN_WHILE_RUNNING",
+    "WorkflowFencingConformanceTests",
+    "run_together",
+]

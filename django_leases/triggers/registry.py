@@ -38,12 +38,15 @@ An event without a handler (GitHub's ``ping``, say) is still recorded, and start
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
+
+from django.db import DatabaseError
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models.wait import WorkflowWait
@@ -55,6 +58,8 @@ from django_leases.workflows import engine
 if TYPE_CHECKING:
     from django_leases.triggers.providers.base import Provider
 
+logger = logging.getLogger("django_leases.triggers")
+
 #: Kinds of trigger source. Only webhooks exist so far.
 KINDS = frozenset({"webhook"})
 
@@ -63,6 +68,34 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Config keys that would carry a secret. Config is stored in the database and shown in the
 # admin, so secrets are refused here; they belong to the credential store.
 _SECRET_WORDS = ("secret", "password", "token", "private_key", "api_key")
+
+
+class _Unread(Exception):
+    """A handler's own callable (``key``, ``run``) raised on a delivery: the text says what."""
+
+
+def _read_off(delivery: Delivery, read: Callable[[Delivery], Any], what: str) -> Any:
+    """``read(delivery)``, the project's callable that picks something off a delivery.
+
+    What it raises — a ``KeyError`` on a payload of another shape, say — is the delivery's
+    problem, not the server's: it becomes :class:`_Unread` (the delivery is recorded with
+    that outcome, and the provider is not asked to send it again), logged with its
+    traceback. A ``DatabaseError`` propagates: the delivery is then not recorded and the
+    provider retries it, as for any failure of ours.
+    """
+    try:
+        return read(delivery)
+    except DatabaseError:
+        raise
+    except Exception as exc:
+        logger.warning(
+            "Trigger source %r: the handler's %s raised on delivery %r",
+            delivery.source,
+            what,
+            delivery.delivery_id,
+            exc_info=True,
+        )
+        raise _Unread(f"its {what} raised {_shown(exc)}") from exc
 
 
 @dataclass(frozen=True)
@@ -97,11 +130,16 @@ class StartWorkflow:
         if self.key is not None and not callable(self.key):
             raise ValueError("StartWorkflow key must be a callable on the delivery, or None")
 
-    def __call__(self, delivery: Delivery) -> uuid.UUID:
-        """Start the run (or find the one with the same key); returns its id. Raises what
-        ``start_workflow`` raises."""
+    def __call__(self, delivery: Delivery) -> uuid.UUID | Handled:
+        """Start the run (or find the one with the same key); returns its id. A ``key``
+        callable that raises on the delivery starts nothing: the delivery is recorded with
+        that outcome (a :class:`Handled` without a run). Raises what ``start_workflow``
+        raises."""
         value = delivery.payload if self.input == "payload" else delivery.as_input()
-        key = None if self.key is None else self.key(delivery)
+        try:
+            key = None if self.key is None else _read_off(delivery, self.key, "key")
+        except _Unread as exc:
+            return Handled(None, f"workflow {self.workflow!r} not started: {exc}")
         return engine.start_workflow(self.workflow, value, key=key, using=delivery.using)
 
 
@@ -121,7 +159,9 @@ class SendEvent:
     another type, or text that is not a UUID), an unknown or finished run, a wait that
     already has its event (or timed out), or carries a payload no event may have (over
     ``DJANGO_LEASES["MAX_EVENT_PAYLOAD"]`` bytes of JSON), is still recorded — with that
-    outcome on its row, never as an error (a provider would only send it again).
+    outcome on its row, never as an error (a provider would only send it again). So is one
+    on which ``run`` raises (a payload of another shape): the error is logged and named in
+    the outcome.
 
     Raises ``ValueError`` where it is declared for a ``name`` no wait can have (empty,
     over 200 characters, a NUL character), a ``run`` that is not callable, or another
@@ -146,8 +186,12 @@ class SendEvent:
 
     def __call__(self, delivery: Delivery) -> Handled:
         """Send the event; returns what came of it (never raises for a refused event, nor
-        for a ``run`` that returns something other than a run id)."""
-        named = self.run(delivery)
+        for a ``run`` that returns something other than a run id or raises on the delivery;
+        a ``DatabaseError`` propagates)."""
+        try:
+            named = _read_off(delivery, self.run, "run")
+        except _Unread as exc:
+            return Handled(None, f"event {self.name!r} not delivered: {exc}")
         if named is None:
             return Handled(None, f"event {self.name!r}: the delivery names no run")
         try:

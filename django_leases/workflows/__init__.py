@@ -3,6 +3,7 @@
 Public API (imported lazily, so importing this package touches no model)::
 
     from django_leases.workflows import workflow, step_function, start_workflow, send_event
+    from django_leases.workflows import astart_workflow, asend_event  # from async code
 
 ``Worker`` (the worker threads), ``execute_step`` / ``run_pass`` (one unit of work each) and
 the workflow errors (``WorkflowStepFailedError``, raised by ``run.step`` for a step out of
@@ -20,6 +21,8 @@ _LAZY = {
     "step_function": "django_leases.workflows.registry",
     "start_workflow": "django_leases.workflows.engine",
     "send_event": "django_leases.workflows.engine",
+    "astart_workflow": "django_leases.workflows.engine",
+    "asend_event": "django_leases.workflows.engine",
     "execute_step": "django_leases.workflows.engine",
     "StepContext": "django_leases.workflows.engine",
     "run_pass": "django_leases.workflows.driver",
@@ -36,6 +39,7 @@ _LAZY = {
     "WorkflowEventRefusedError": "django_leases.exceptions",
     "WorkflowChildFailedError": "django_leases.exceptions",
     "WorkflowStepTimedOutError": "django_leases.exceptions",
+    "WorkflowDeadlineExceeded": "django_leases.exceptions",
 }
 
 # A literal list, so type checkers see what the package exports (the lazy imports
@@ -47,6 +51,7 @@ __all__ = [
     "UnknownWorkflowError",
     "Worker",
     "WorkflowChildFailedError",
+    "WorkflowDeadlineExceeded",
     "WorkflowError",
     "WorkflowEventRefusedError",
     "WorkflowEventTimeout",
@@ -55,6 +60,8 @@ __all__ = [
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
     "WorkflowStepTimedOutError",
+    "asend_event",
+    "astart_workflow",
     "execute_step",
     "run_pass",
     "send_event",
@@ -68,6 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
         UnknownScheduleError,
         UnknownWorkflowError,
         WorkflowChildFailedError,
+        WorkflowDeadlineExceeded,
         WorkflowError,
         WorkflowEventRefusedError,
         WorkflowEventTimeout,
@@ -80,6 +88,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from django_leases.workflows.driver import RunContext, run_pass
     from django_leases.workflows.engine import (
         StepContext,
+        asend_event,
+        astart_workflow,
         execute_step,
         send_event,
         start_workflow,

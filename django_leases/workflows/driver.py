@@ -55,6 +55,7 @@ from django_leases.exceptions import (
 )
 from django_leases.leases import HeldLease, new_holder
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
+from django_leases.models.timing import check_deadline
 from django_leases.models.workflow import ResultWithNext, Scheduled
 from django_leases.validation import (
     check_identifier,
@@ -270,7 +271,7 @@ class _Pass:
             raise WorkflowEventTimeout(name, timeout)
         self.end(wait.due_at)
 
-    def child(self, name: str, workflow: str, input: Any) -> Any:
+    def child(self, name: str, workflow: str, input: Any, deadline: float | None = None) -> Any:
         self.see(name)
         waits = self.waits()
         wait = waits.get(name)
@@ -279,7 +280,7 @@ class _Pass:
             get_workflow(workflow)  # UnknownWorkflowError fails this run, starting nothing
             wait = waits[name] = self.write(
                 lambda pending: store.start_child(
-                    self.run.id, name, workflow, input, pending=pending
+                    self.run.id, name, workflow, input, pending=pending, deadline=deadline
                 )
             )
         elif wait.child is not None and wait.child.workflow != workflow:
@@ -648,13 +649,25 @@ class RunContext:
         )
         return self._pass.parallel(checked, options, priority)
 
-    def child(self, name: str, workflow: str, input: Any = None) -> Any:
+    def child(
+        self,
+        name: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        deadline: float | timedelta | None = None,
+    ) -> Any:
         """Start a child run of ``workflow`` with JSON ``input`` (on the first pass that
         reaches wait ``name``) and return its output once it completed.
 
         The child is an ordinary run (``parent`` is this run; it has its own passes, steps
         and waits, on any workers); the pass ends here until it finishes, and its end asks
         this run for a pass. Cancelling this run cancels the child (and its children).
+        ``deadline`` (seconds > 0 or a ``timedelta``, from the child's start on the database
+        clock): the child not finished by then fails with ``WorkflowDeadlineExceeded``
+        (and this run's ``run.child`` raises ``WorkflowChildFailedError``). The child's
+        deadline is the earlier of its own and this run's; without one of its own it has
+        this run's.
 
         Raises:
             WorkflowChildFailedError: the child failed or was cancelled (catchable).
@@ -665,7 +678,8 @@ class RunContext:
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
         check_json(input, f"Input of child run {name!r}")
-        return self._pass.child(name, workflow, input)
+        limit = check_deadline(deadline, f"Deadline of child run {name!r}")
+        return self._pass.child(name, workflow, input, limit)
 
     def sleep(self, name: str, seconds: float | timedelta) -> None:
         """A durable timer: the run sleeps ``seconds`` (a number ≥ 0 or a ``timedelta``)

@@ -18,8 +18,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, router
 
 from django_leases import db, tracing
@@ -31,6 +33,7 @@ from django_leases.exceptions import (
 from django_leases.fencing import Fence, step_fence
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import Renewal
+from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.
 from django_leases.workflows.registry import get_step_function as get_step_function
@@ -52,7 +55,15 @@ WRITE_RETRY_MAX_BACKOFF = 2.0
 
 
 def start_workflow(
-    name: str, input: Any = None, *, key: str | None = None, using: str | None = None
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    run_after: float | timedelta | datetime | None = None,
+    deadline: float | timedelta | None = None,
+    debounce_key: str | None = None,
+    debounce: float | timedelta | None = None,
 ) -> uuid.UUID:
     """Create a run of workflow ``name`` with JSON ``input`` and its first pass, atomically.
 
@@ -61,15 +72,47 @@ def start_workflow(
     ``key`` (a ``str`` of at most 255 characters) makes the start idempotent: the same key
     for the same workflow returns the existing run's id and creates nothing, also when
     several processes start it at once (a unique constraint decides). ``using`` is a
-    database alias (default: the router's choice). Returns the run id (``uuid.UUID``).
+    database alias (default: the router's choice).
+
+    Args:
+        run_after: a delayed start — seconds ≥ 0 (a number or a ``timedelta``, counted on
+            the database clock) or a ``datetime`` (aware while ``USE_TZ`` is on): the first
+            pass is not due before then.
+        deadline: seconds > 0 (a number or a ``timedelta``) from the start, on the database
+            clock: a run not finished by then is failed with error type
+            :class:`~django_leases.exceptions.WorkflowDeadlineExceeded`, its live child runs
+            cancelled and a step attempt still running superseded (its late write refused).
+        debounce_key: a debounced start's key — a ``str`` (1–255 characters), given with
+            ``debounce`` (both or neither), not with ``key`` or ``run_after``. At most one
+            **pending** run (no pass has run yet) per workflow and debounce key: a start
+            while one is pending replaces its input (and deadline), moves its first pass to
+            DB now + ``debounce`` and returns its id; otherwise a new pending run is created
+            the same way. Concurrent starts make one run.
+        debounce: the debounce window, seconds > 0 (a number or a ``timedelta``).
+
+    Returns the run id (``uuid.UUID``).
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+        ValueError: ``input`` is not JSON-serialisable, a bad key, or a bad or unmatched
+            timing option (negative, NaN, a naive ``datetime`` while ``USE_TZ`` is on,
+            ``debounce`` without ``debounce_key``…); nothing written.
     """
     get_workflow(name)
     alias = using or router.db_for_write(WorkflowRun)
-    return WorkflowRun.objects.db_manager(alias).start(name, input, key=key).id
+    return (
+        WorkflowRun.objects.db_manager(alias)
+        .start(
+            name,
+            input,
+            key=key,
+            run_after=run_after,
+            deadline=deadline,
+            debounce_key=debounce_key,
+            debounce=debounce,
+        )
+        .id
+    )
 
 
 def send_event(
@@ -91,6 +134,71 @@ def send_event(
     """
     alias = using or router.db_for_write(WorkflowWait)
     WorkflowWait.objects.db_manager(alias).send_event(run_id, name, payload)
+
+
+# -- starting from async code ----------------------------------------------------------------
+#
+# Both run their sync form through ``sync_to_async(thread_sensitive=True)``, as Django's own
+# async ORM methods do: in an async view that is the request's one sync thread (Django's ASGI
+# handler gives each request one), so the call shares that thread's connection, which Django
+# closes (or keeps, per CONN_MAX_AGE) when the request ends; in a ``TestCase`` it is the
+# test's thread, inside the test transaction. ``thread_sensitive=False`` would run it on a
+# pool thread with a connection of its own that nothing closes (Django keeps connections per
+# thread and closes them at request boundaries only on the request's thread), outside any
+# transaction of the caller.
+
+
+async def astart_workflow(
+    name: str,
+    input: Any = None,
+    *,
+    key: str | None = None,
+    using: str | None = None,
+    run_after: float | timedelta | datetime | None = None,
+    deadline: float | timedelta | None = None,
+    debounce_key: str | None = None,
+    debounce: float | timedelta | None = None,
+) -> uuid.UUID:
+    """The coroutine form of :func:`start_workflow`, for async views and other async code:
+    same arguments, return value (the run id, ``uuid.UUID``) and errors.
+
+    It runs ``start_workflow`` through ``sync_to_async(thread_sensitive=True)``, on the
+    caller's sync thread and connection: in an async view, the request's sync thread; under
+    ``async_to_sync``, the calling thread, inside its open transaction if any.
+
+    Raises:
+        UnknownWorkflowError: no workflow of that name is registered.
+        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
+    """
+    return await sync_to_async(start_workflow, thread_sensitive=True)(
+        name,
+        input,
+        key=key,
+        using=using,
+        run_after=run_after,
+        deadline=deadline,
+        debounce_key=debounce_key,
+        debounce=debounce,
+    )
+
+
+async def asend_event(
+    run_id: uuid.UUID | str, name: str, payload: Any = None, *, using: str | None = None
+) -> None:
+    """The coroutine form of :func:`send_event`: same arguments and errors; returns ``None``
+    once the event is delivered (committed, unless the caller's sync thread has a transaction
+    open). Runs ``send_event`` through ``sync_to_async(thread_sensitive=True)``.
+
+    Raises:
+        WorkflowRun.DoesNotExist: no such run (nothing written).
+        WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
+        WorkflowEventRefusedError: the wait already has its event, timed out, or is
+            another kind of wait (nothing written).
+        ValueError: a bad run id or name, or a payload that is not JSON or is too large
+            (nothing written).
+        ImproperlyConfigured: ``MAX_EVENT_PAYLOAD`` is not an ``int`` ≥ 1.
+    """
+    await sync_to_async(send_event, thread_sensitive=True)(run_id, name, payload, using=using)
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -263,7 +371,8 @@ def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -
             if transactional:
                 ran.result, ran.recorded = _transacted(claim, func, ctx, hold_pass_seconds)
             else:
-                ran.result = func(claim.data, ctx)
+                # An ``async def`` one is awaited on this thread's event loop (workflows/aio.py).
+                ran.result = aio.call_step_function(func, claim.data, ctx)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
@@ -421,6 +530,8 @@ __all__ = [
     "StepContext",
     "StepRecorded",
     "StepRun",
+    "asend_event",
+    "astart_workflow",
     "execute_step",
     "held_while",
     "record_step",

@@ -5,14 +5,16 @@ Each installed app's ``workflows.py`` is imported when Django starts (see ``apps
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from django.utils.module_loading import import_string
+
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.validation import check_name, check_priority
+from django_leases.workflows.aio import is_async
 from django_leases.workflows.schedules import (
     ScheduleDeclaration,
     declaration,
@@ -59,7 +61,9 @@ class StepDeclaration:
 _step_options: dict[str, StepDeclaration] = {}
 
 
-def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[F], F]:
+def _register(
+    table: dict[str, Callable[..., Any]], kind: str, name: str, *, allow_async: bool = False
+) -> Callable[[F], F]:
     check_name(name, f"A {kind} name")
 
     def decorate(func: F) -> F:
@@ -68,11 +72,14 @@ def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Cal
                 f"@{kind.replace(' ', '_')}({name!r}) decorates a function, not "
                 f"{type(func).__name__}"
             )
-        if inspect.iscoroutinefunction(func):
-            # The engine calls it synchronously: every run would get a coroutine, never awaited.
+        if not allow_async and is_async(func):
+            # A workflow function only orchestrates (run.step, run.sleep, …), replayed in passes
+            # on a worker thread: it stays synchronous; its steps may be async.
             raise TypeError(
                 f"@{kind.replace(' ', '_')}({name!r}) cannot register the coroutine function "
-                f"{func.__qualname__}: {kind}s are plain functions, run synchronously"
+                f"{getattr(func, '__qualname__', func)!r}: {kind} functions only orchestrate "
+                f"and are plain (synchronous) functions; make the work it awaits an "
+                f"async def @step_function and call it with run.step()"
             )
         existing = table.get(name)
         if existing is not None and existing is not func:
@@ -115,6 +122,7 @@ def workflow(
     timezone: str = "UTC",
     input: Any = None,
     catch_up: str = "latest",
+    overlap: str = "skip",
 ) -> Callable[[F], F]:
     """Register a workflow function ``(run, input) -> JSON`` under ``name`` (a ``str`` of
     1–200 characters); the decorator returns the function unchanged.
@@ -123,13 +131,17 @@ def workflow(
     also declares a schedule named ``name``: the workflow worker starts one run per tick,
     exactly once across every worker (:mod:`django_leases.workflows.schedules`). Its
     ``timezone`` (an IANA name, default ``"UTC"``), the runs' JSON ``input`` (default ``{}``)
-    and ``catch_up`` (``"latest"``: one run for ticks missed while no worker ran; ``"none"``)
-    go with it, and mean nothing without ``schedule``.
+    ``catch_up`` (``"latest"``: one run for ticks missed while no worker ran; ``"none"``)
+    and ``overlap`` (what a tick does while the schedule's previous run is still live:
+    ``"skip"``, the default, ``"buffer_one"``, ``"cancel_other"`` or ``"allow"``) go with
+    it, and mean nothing without ``schedule``.
 
     Raises ``ValueError`` for a bad name or a name another function has, a bad cron
-    expression, time zone, input or catch-up policy (before anything is registered), and
+    expression, time zone, input, catch-up or overlap policy (before anything is
+    registered), and
     ``TypeError`` (when decorating) for a non-callable or an ``async def`` function:
-    workflows run synchronously.
+    workflow functions only orchestrate (their steps do the work) and run synchronously;
+    make the awaiting an ``async def`` ``@step_function`` instead.
     """
     declared = None
     if schedule is not None:
@@ -141,6 +153,7 @@ def workflow(
             input=input,
             catch_up=catch_up,
             origin="@workflow",
+            overlap=overlap,
         )
     register = _register(_workflows, "workflow", name)
     if declared is None:
@@ -172,8 +185,9 @@ def declared_schedules() -> list[ScheduleDeclaration]:
 
 def schedule_problems() -> list[str]:
     """What is wrong with the declared schedules, one message each (check ``E026``): a bad
-    ``SCHEDULES`` entry (cron, time zone, input, catch-up, keys), one whose workflow no code
-    registers, or whose name a ``@workflow`` schedule has already."""
+    ``SCHEDULES`` entry (cron, time zone, input, catch-up, overlap, keys), one whose workflow
+    no code registers, one whose ``task`` path names no Django ``@task`` of a django-leases
+    ``TaskBackend``, or whose name a ``@workflow`` schedule has already."""
     _, problems, _ = _collect()
     return problems
 
@@ -196,6 +210,12 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
                 f"Schedule {entry.name!r} (settings): the name is taken by the schedule of "
                 f"@workflow({entry.name!r}); give the settings entry another name"
             )
+        elif entry.task:
+            problem = _task_problem(entry.task)
+            if problem:
+                problems.append(f"Schedule {entry.name!r} (settings): {problem}")
+            else:
+                found[entry.name] = entry
         elif entry.workflow not in _workflows:
             problems.append(
                 f"Schedule {entry.name!r} (settings): no loaded code registers workflow "
@@ -222,6 +242,28 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     return [found[name] for name in sorted(found)], problems, prune_problems
 
 
+def _task_problem(path: str) -> str:
+    """What keeps ``path`` from being the task of a schedule (``""``: nothing): it must
+    import to a Django ``@task`` whose backend enqueues once per tick key (a django-leases
+    ``TaskBackend``)."""
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        return f"the task {path!r} cannot be imported: {exc}"
+    if not (hasattr(task, "get_backend") and hasattr(task, "module_path")):
+        return f"{path!r} is not a Django @task (a function decorated with @task)"
+    try:
+        backend = task.get_backend()
+    except Exception as exc:  # an unknown backend alias: Django's own error
+        return f"the backend of task {path!r} is not usable: {exc}"
+    if not hasattr(backend, "enqueue_for_tick"):
+        return (
+            f"task {path!r} goes to backend {getattr(backend, 'alias', '?')!r}, not a "
+            "django_leases.tasks.TaskBackend: only that backend enqueues a tick exactly once"
+        )
+    return ""
+
+
 def step_function(
     name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0, transactional: bool = False
 ) -> Callable[[F], F]:
@@ -235,25 +277,37 @@ def step_function(
     among due steps, higher is claimed first, first scheduled first within a priority
     (``run.step(..., priority=)`` overrides it per step).
 
+    The function may be ``async def``: it is then awaited on the event loop of the worker
+    thread that claimed its step (one loop per worker thread, reused across its steps;
+    :mod:`django_leases.workflows.aio`), fenced to its attempt like a sync one. Its
+    ``sync_to_async`` calls (Django's async ORM methods among them) run on that worker
+    thread, on its connection.
+
     ``transactional=True`` runs each attempt inside one transaction on the run's database,
     and records its result **in that same transaction**, fenced to the attempt: the
     function's writes to that database land exactly when its result does. An attempt that
     raises, runs past its ``timeout`` or was superseded meanwhile commits nothing
     (:mod:`django_leases.workflows.transactional`). On SQLite the transaction holds the
-    database's write lock while the function runs (check ``django_leases.W036``).
+    database's write lock while the function runs (check ``django_leases.W036``). A
+    transactional step function is a plain ``def``.
 
     Raises ``ValueError`` for a bad name, queue, priority or ``transactional`` (not a
     ``bool``), or a name another function has, and ``TypeError`` (when decorating) for a
-    non-callable or an ``async def`` function: step functions run synchronously (on worker
-    threads).
+    non-callable, or an ``async def`` function declared ``transactional``.
     """
     check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
     if not isinstance(transactional, bool):
         raise ValueError(f"transactional must be True or False, not {transactional!r}")
     options = StepDeclaration(queue, check_priority(priority), transactional)
-    register = _register(_step_functions, "step function", name)
+    register = _register(_step_functions, "step function", name, allow_async=True)
 
     def decorate(func: F) -> F:
+        if transactional and is_async(func):
+            raise TypeError(
+                f"@step_function({name!r}, transactional=True) cannot register the coroutine "
+                f"function {getattr(func, '__qualname__', func)!r}: a transactional step runs "
+                "in a transaction of its worker thread; make it a plain (synchronous) function"
+            )
         registered = register(func)
         _step_options[name] = options
         return registered

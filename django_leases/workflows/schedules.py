@@ -23,6 +23,19 @@ instants, and each one is a run's idempotency key (:func:`run_key`).
 This module holds no model and imports none: the store's rules (``WorkflowSchedule.objects``
 in :mod:`django_leases.models.schedule`) and the registry both use it.
 
+Overlap (``overlap``): what a tick does while the run the schedule started last is still
+**live** (running or suspended). ``"skip"`` (the default) starts nothing for it and records it
+as skipped (its time and the reason, on the schedule's row); ``"buffer_one"`` keeps it waiting
+and starts it once that run has finished (at most one tick waits: another tick while one waits
+is skipped); ``"cancel_other"`` cancels the live run (and its live children) and starts the
+tick's; ``"allow"`` starts it whatever runs. A run that ended (completed, failed, cancelled)
+is not live.
+
+A schedule may start a Django ``@task`` instead of a workflow: a ``SCHEDULES`` entry with
+``"task": "dotted.path"`` (and ``"args"``, ``"kwargs"``, JSON) enqueues that task through
+its ``TaskBackend`` (:class:`django_leases.tasks.TaskBackend`) once per tick, the tick key
+being the task run's idempotency key.
+
 Catch-up (``catch_up``): a tick fired more than :data:`MISSED_AFTER` seconds after its time
 was **missed** (no worker ran then). ``"latest"`` (the default) starts one run for the latest
 tick that is due, however many were missed; ``"none"`` starts none for missed ticks and waits
@@ -46,12 +59,15 @@ from cronsim import CronSim, CronSimError
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
 from django_leases.validation import TTL_CEILING, check_name, seconds
+from django_leases.workflows.values import TASK_WORKFLOW
 
 __all__ = [
     "CATCH_UP_POLICIES",
+    "MAX_BACKFILL_TICKS",
     "MAX_PRUNE_BATCH_SIZE",
     "MAX_SCHEDULE_NAME_LENGTH",
     "MISSED_AFTER",
+    "OVERLAP_POLICIES",
     "PRUNE_DEFAULTS",
     "PRUNE_FUNCTION",
     "PRUNE_KEYS",
@@ -62,6 +78,7 @@ __all__ = [
     "ScheduleDeclaration",
     "check_catch_up",
     "check_cron",
+    "check_overlap",
     "check_timezone",
     "declaration",
     "from_settings",
@@ -69,10 +86,15 @@ __all__ = [
     "next_tick",
     "prune_from_settings",
     "run_key",
+    "ticks_between",
 ]
 
 #: The catch-up policies: what happens to ticks no worker fired on time.
 CATCH_UP_POLICIES = ("latest", "none")
+#: The overlap policies: what a tick does while the schedule's previous run is live.
+OVERLAP_POLICIES = ("skip", "buffer_one", "cancel_other", "allow")
+#: Most ticks one backfill starts (a longer window is refused: split it).
+MAX_BACKFILL_TICKS = 10_000
 #: Seconds after its time past which an unfired tick counts as missed (workers look for due
 #: ticks about once a second, so a running worker fires a tick well within this).
 MISSED_AFTER = 10.0
@@ -97,6 +119,9 @@ class ScheduleDeclaration:
         input: the JSON input of every run it starts.
         catch_up: ``"latest"`` or ``"none"`` (see the module docstring).
         origin: where it was declared (``"@workflow"`` or ``"settings"``), for messages.
+        overlap: one of :data:`OVERLAP_POLICIES` (see the module docstring).
+        task: the dotted path of the Django ``@task`` each tick enqueues (``""``: a
+            workflow schedule); ``workflow`` is then the tasks' built-in workflow.
     """
 
     name: str
@@ -106,6 +131,8 @@ class ScheduleDeclaration:
     input: Any = field(default_factory=dict)
     catch_up: str = "latest"
     origin: str = "settings"
+    overlap: str = "skip"
+    task: str = ""
 
     def zone(self) -> ZoneInfo:
         """The schedule's time zone (``zoneinfo.ZoneInfo``)."""
@@ -150,6 +177,15 @@ def check_catch_up(policy: object) -> str:
     return str(policy)
 
 
+def check_overlap(policy: object) -> str:
+    """``policy`` if it is one of :data:`OVERLAP_POLICIES`; raises ``ValueError``."""
+    if policy not in OVERLAP_POLICIES:
+        raise ValueError(
+            f"overlap must be one of {', '.join(map(repr, OVERLAP_POLICIES))}, not {policy!r}"
+        )
+    return str(policy)
+
+
 def declaration(
     name: object,
     workflow: object,
@@ -159,6 +195,10 @@ def declaration(
     input: object = None,
     catch_up: object = "latest",
     origin: str = "settings",
+    overlap: object = "skip",
+    task: object = None,
+    args: object = None,
+    kwargs: object = None,
 ) -> ScheduleDeclaration:
     """A validated :class:`ScheduleDeclaration`.
 
@@ -170,6 +210,12 @@ def declaration(
         input: the runs' JSON input (``None``: ``{}``).
         catch_up: ``"latest"`` or ``"none"``.
         origin: where it was declared, for messages.
+        overlap: one of :data:`OVERLAP_POLICIES` (default ``"skip"``).
+        task: the dotted path of a Django ``@task`` (``str``) each tick enqueues instead of
+            starting ``workflow`` (which must then be ``None``); ``args`` (a list) and
+            ``kwargs`` (a dict of ``str`` keys), JSON, are its arguments (stored as the
+            runs' input ``{"args": ..., "kwargs": ...}``). Whether the path names a task is
+            checked later (system check ``E026``), once the apps are loaded.
 
     Raises ``ValueError`` naming the schedule and what is wrong.
     """
@@ -180,9 +226,27 @@ def declaration(
             )
         if not name.isprintable():
             raise ValueError("a schedule name must not hold control characters")
+        value = {} if input is None else input
+        path = ""
+        if task is not None:
+            if workflow is not None:
+                raise ValueError("give a 'workflow' or a 'task', not both")
+            if not isinstance(task, str) or not task.strip() or len(task) > 255:
+                raise ValueError(f"the task must be a dotted path (a str), not {task!r}")
+            if input is not None:
+                raise ValueError("a task schedule takes 'args' and 'kwargs', not 'input'")
+            arguments = [] if args is None else args
+            named = {} if kwargs is None else kwargs
+            if not isinstance(arguments, list | tuple):
+                raise ValueError(f"args must be a list, not {type(arguments).__name__}")
+            if not isinstance(named, Mapping) or not all(isinstance(k, str) for k in named):
+                raise ValueError("kwargs must be a dict with str keys")
+            path, workflow = task, TASK_WORKFLOW
+            value = {"args": list(arguments), "kwargs": dict(named)}
+        elif args is not None or kwargs is not None:
+            raise ValueError("'args' and 'kwargs' go with a 'task'")
         if not isinstance(workflow, str) or not workflow:
             raise ValueError(f"the workflow must be a workflow's name, not {workflow!r}")
-        value = {} if input is None else input
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -195,13 +259,17 @@ def declaration(
             input=value,
             catch_up=check_catch_up(catch_up),
             origin=origin,
+            overlap=check_overlap(overlap),
+            task=path,
         )
     except ValueError as exc:
         raise ValueError(f"Schedule {name!r} ({origin}): {exc}") from None
 
 
 #: The keys a ``DJANGO_LEASES["SCHEDULES"]`` entry may have.
-SETTINGS_KEYS = frozenset({"workflow", "cron", "timezone", "input", "catch_up"})
+SETTINGS_KEYS = frozenset(
+    {"workflow", "task", "args", "kwargs", "cron", "timezone", "input", "catch_up", "overlap"}
+)
 
 
 def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[str]]:
@@ -216,16 +284,19 @@ def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[s
     for name, entry in configured.items():
         if not isinstance(entry, Mapping):
             problems.append(
-                f"Schedule {name!r} (settings): must be a dict with 'workflow' and 'cron', "
+                f"Schedule {name!r} (settings): must be a dict with 'workflow' (or 'task') "
+                "and 'cron', "
                 f"not {type(entry).__name__}"
             )
             continue
         unknown = sorted(set(map(str, entry)) - SETTINGS_KEYS)
-        missing = sorted({"workflow", "cron"} - set(entry))
+        missing = [repr(key) for key in ("cron",) if key not in entry]
+        if "workflow" not in entry and "task" not in entry:
+            missing.insert(0, "'workflow' or 'task'")
         if unknown or missing:
             said = []
             if missing:
-                said.append(f"missing {', '.join(map(repr, missing))}")
+                said.append(f"missing {', '.join(missing)}")
             if unknown:
                 said.append(
                     f"unknown key(s) {', '.join(map(repr, unknown))} (the keys: "
@@ -237,11 +308,15 @@ def from_settings(configured: object) -> tuple[list[ScheduleDeclaration], list[s
             found.append(
                 declaration(
                     name,
-                    entry["workflow"],
+                    entry.get("workflow"),
                     entry["cron"],
                     timezone=entry.get("timezone", "UTC"),
                     input=entry.get("input"),
                     catch_up=entry.get("catch_up", "latest"),
+                    overlap=entry.get("overlap", "skip"),
+                    task=entry.get("task"),
+                    args=entry.get("args"),
+                    kwargs=entry.get("kwargs"),
                 )
             )
         except ValueError as exc:
@@ -339,6 +414,7 @@ def prune_from_settings(
             },
             catch_up="latest",
             origin=_PRUNE,
+            overlap="skip",
         ),
         [],
     )
@@ -398,3 +474,23 @@ def run_key(name: str, tick: datetime) -> str:
     ``datetime``): ``schedule:<name>:<tick as UTC ISO 8601>``, e.g.
     ``schedule:nightly:2026-03-29T01:00:00+00:00``. Raises ``ValueError`` for a naive tick."""
     return f"{RUN_KEY_PREFIX}{name}:{_utc(tick).isoformat()}"
+
+
+def ticks_between(cron: str, zone: str, start: datetime, end: datetime) -> list[datetime]:
+    """The ticks of ``cron`` (in time zone ``zone``) from ``start`` (included) to ``end``
+    (excluded), both aware ``datetime`` values, as aware UTC ``datetime`` values, oldest
+    first. Raises ``ValueError`` for a naive or reversed window, a bad expression or zone,
+    or more than :data:`MAX_BACKFILL_TICKS` ticks."""
+    first, last = _utc(start), _utc(end)
+    if last <= first:
+        raise ValueError(f"the window's end ({end.isoformat()}) is not after its start")
+    found: list[datetime] = []
+    moment = next_tick(cron, zone, first - timedelta(microseconds=1))
+    while moment is not None and moment < last:
+        if len(found) == MAX_BACKFILL_TICKS:
+            raise ValueError(
+                f"the window holds more than {MAX_BACKFILL_TICKS} ticks: backfill it in parts"
+            )
+        found.append(moment)
+        moment = next_tick(cron, zone, moment)
+    return found

@@ -39,9 +39,10 @@ from django_leases.exceptions import MisuseError
 from django_leases.health import functions_missing
 from django_leases.leases import HeldLease, new_holder
 from django_leases.models import WorkflowRun, WorkflowSchedule, WorkflowStep, WorkflowWorker
+from django_leases.models.schedule import TaskStarter
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
-from django_leases.workflows import registry
+from django_leases.workflows import aio, registry
 from django_leases.workflows.driver import (
     PASS_RETRY_DELAY,
     RunDriver,
@@ -150,6 +151,15 @@ class _Heartbeat:
             db.close_thread_connections()
 
 
+def task_starter() -> TaskStarter:
+    """What enqueues a task schedule's tick: the Tasks backend's
+    :func:`~django_leases.tasks.start_scheduled_task` (imported only when a task schedule is
+    declared: it needs Django's Tasks framework)."""
+    from django_leases.tasks import start_scheduled_task
+
+    return start_scheduled_task
+
+
 class _Schedules:
     """The worker's part in firing schedules (:mod:`django_leases.workflows.schedules`): on
     its first look it syncs the declared schedules to their rows, then at most once per
@@ -162,6 +172,8 @@ class _Schedules:
         self.interval = interval
         self.synced = False
         self._next = 0.0
+        #: Enqueues the ticks of task schedules (``None``: none is declared).
+        self.start_task: TaskStarter | None = None
 
     def tick(self) -> None:
         """From the worker's main loop: sync once, then fire what is due (rate-limited)."""
@@ -172,14 +184,29 @@ class _Schedules:
         schedules = WorkflowSchedule.objects.db_manager(self.worker.alias)
         try:
             if not self.synced:
-                schedules.sync(registry.declared_schedules())
+                declared = registry.declared_schedules()
+                schedules.sync(declared)
+                self.start_task = task_starter() if any(s.task for s in declared) else None
                 self.synced = True
-            for fired in schedules.fire_due():
+            for fired in schedules.fire_due(start_task=self.start_task):
                 if fired.tick is None:
                     logger.warning(
                         "Schedule %r: %d missed tick(s) skipped (catch_up none)",
                         fired.name,
                         fired.skipped,
+                    )
+                elif fired.action == "skipped":
+                    logger.info(
+                        "Schedule %r: tick %s skipped (%s)",
+                        fired.name,
+                        fired.tick.isoformat(),
+                        fired.reason,
+                    )
+                elif fired.action == "buffered":
+                    logger.info(
+                        "Schedule %r: tick %s waits for the previous run",
+                        fired.name,
+                        fired.tick.isoformat(),
                     )
                 else:
                     logger.info(
@@ -262,6 +289,7 @@ class Worker:
         self._gave_up = False
         self._died: list[str] = []  # names of threads that ended by an unexpected exception
         self._steps_first_at = 0.0  # monotonic time of the next look for due steps first
+        self._deadlines_at = 0.0  # monotonic time of the next look for runs past deadline
         self._passes_first_at = 0.0  # monotonic time a thread on a run of steps looks at passes
         #: Wake-ups of idle threads (from the listener, and from a thread that found work).
         self.wake = WakeSignal(concurrency)
@@ -505,6 +533,8 @@ class Worker:
         if self._stop.is_set():
             return False
         alias = self.alias
+        if self._deadlines_due() and WorkflowRun.objects.db_manager(alias).expire_deadlines():
+            return True
         # A driven run keeps its thread for all its steps, so due passes (new runs) would
         # otherwise always come first: once per poll interval a thread looks for a due step
         # (a lapsed lease first) before taking a new run, which bounds how long a dead
@@ -525,6 +555,16 @@ class Worker:
         # due steps is due again, or the worker stops): drive that one next.
         self._drive_following(picked)
         return True
+
+    def _deadlines_due(self) -> bool:
+        """Whether this thread looks for runs past their deadline now: one thread of the
+        worker once per poll interval (a run is failed within about one interval of it)."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._deadlines_at:
+                return False
+            self._deadlines_at = now + self.poll_interval
+            return True
 
     def _steps_first(self, on_steps: bool) -> bool:
         """Whether this thread's next unit of work is a due step rather than a due pass (see
@@ -651,6 +691,7 @@ class Worker:
                 self._died.append(name)
             self.stop()
         finally:
+            aio.close_thread_loop()
             db.close_thread_connections()
 
     def _loop(self, once: bool) -> None:

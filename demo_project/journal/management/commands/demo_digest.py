@@ -11,14 +11,13 @@ newer holder exists).
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from demo_project.journal.models import Digest, worker_name
 from django_leases.models import RunStatus, WorkflowRun
+from django_leases.process import Doorbell, on_stop
 
 NAME = "workflow-runs"
 
@@ -36,14 +35,26 @@ class Command(BaseCommand):
                 "Run me under `manage.py hold_lease KEY -- …` (no DJANGO_LEASES_TOKEN)"
             )
         token, holder = int(token_text), worker_name()
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # The signal only records itself and rings the doorbell: setting a threading.Event
+        # from a handler can deadlock the main thread waiting on that same event.
+        stopped: list[int] = []
+        doorbell = Doorbell()
+
+        def stop(signum: int) -> None:
+            stopped.append(signum)
+            doorbell.ring()
+
         self.stdout.write(f"digest job: writing as {holder} with fencing token {token}")
-        while not stop.is_set():
-            counts = {
-                "runs_completed": WorkflowRun.objects.filter(status=RunStatus.COMPLETED).count(),
-                "runs_running": WorkflowRun.objects.filter(status=RunStatus.RUNNING).count(),
-            }
-            if not Digest.objects.write(NAME, token, holder, **counts):
-                raise CommandError("a newer lease holder wrote the digest: stopping", returncode=76)
-            stop.wait(options["every"])
+        with on_stop(stop):
+            while not stopped:
+                counts = {
+                    "runs_completed": WorkflowRun.objects.filter(
+                        status=RunStatus.COMPLETED
+                    ).count(),
+                    "runs_running": WorkflowRun.objects.filter(status=RunStatus.RUNNING).count(),
+                }
+                if not Digest.objects.write(NAME, token, holder, **counts):
+                    raise CommandError(
+                        "a newer lease holder wrote the digest: stopping", returncode=76
+                    )
+                doorbell.wait(options["every"])
