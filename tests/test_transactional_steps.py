@@ -197,6 +197,17 @@ def test_step_function_refuses_a_transactional_that_is_not_a_bool() -> None:
     assert step_declaration("tests.tx.plain-append").transactional is False
 
 
+def test_a_transactional_step_function_is_a_plain_function() -> None:
+    async def coroutine(data: Any, ctx: Any) -> Any:
+        return data
+
+    with pytest.raises(TypeError, match="transactional step runs in a transaction"):
+        step_function("tests.tx.async", transactional=True)(coroutine)
+    from django_leases.workflows.registry import get_step_function
+
+    assert get_step_function("tests.tx.async") is None
+
+
 def test_w036_warns_about_transactional_steps_on_sqlite_only() -> None:
     sqlite = {"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"timeout": 20}}
     found = check_transactional_steps(["tests.tx.append"], {"default": ("sqlite", sqlite)})
