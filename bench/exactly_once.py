@@ -7,7 +7,8 @@ next step's claim, one write per step); ``transactional``: ``@step_function(...,
 transactional=True)`` (the insert and the fenced result write in one transaction, the step row
 locked first). ``--runs`` runs of each are started, then one in-process ``Worker`` with 1 and
 with 4 threads drains them (``run(once=True)``). Measured per step: SQL statements sent by the
-worker's connections (every ``execute`` Django sends, transaction control aside), the worker
+worker's connections (every ``execute`` Django sends; ``BEGIN`` / ``COMMIT`` of a transaction
+are not statements here), the worker
 process's CPU seconds (user + system, from ``/proc``), and wall time; the load average is
 recorded beside each figure. Both contenders run in one session, alternating, with the same
 connection settings (``CONN_MAX_AGE = None``). A second stage times a fenced ``UPDATE`` of
