@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -52,6 +52,35 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         database clock; ``None`` without a ``due_at``), with their child runs loaded."""
         rows = self.rows().filter(run_id=parse_run_id(run_id)).annotate(over=_over())
         return {wait.name: wait for wait in rows.select_related("child").order_by("id")}
+
+    def for_replay(self, run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[WorkflowWait]]:
+        """The waits the runs ``run_ids`` reached (a kept event no run reached yet is left
+        out), in one read, by run, each run's in the order reached (database clock, then
+        id), with their child runs' ``workflow``, ``status``, ``output`` and ``error``
+        loaded."""
+        found: dict[uuid.UUID, list[WorkflowWait]] = {pk: [] for pk in run_ids}
+        rows = (
+            self.rows()
+            .filter(run_id__in=list(run_ids), reached_at__isnull=False)
+            .select_related("child")
+            .only(
+                "run_id",
+                "name",
+                "kind",
+                "status",
+                "payload",
+                "reached_at",
+                "child_id",
+                "child__workflow",
+                "child__status",
+                "child__output",
+                "child__error",
+            )
+            .order_by("run_id", "reached_at", "id")
+        )
+        for wait in rows:
+            found[wait.run_id].append(wait)
+        return found
 
     def _one(self, wait_id: int) -> WorkflowWait:
         return self.rows().annotate(over=_over()).select_related("child").get(pk=wait_id)

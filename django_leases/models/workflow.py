@@ -47,9 +47,9 @@ from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
 from django_leases.models.exactly import StepTransactions
 from django_leases.models.outcomes import retry_delay_after, write_pending
+from django_leases.models.patches import RunReplays, StepPatches
 from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
-from django_leases.models.timing import RunTiming
 from django_leases.models.workflow_base import (
     FUNCTIONS_MIGRATION,
     fence_q,
@@ -87,20 +87,23 @@ __all__ = [
 ]
 
 
-class WorkflowRunQuerySet(RunTiming):
+class WorkflowRunQuerySet(RunReplays):
     """Domain methods of ``WorkflowRun.objects``: start, passes, finish, operators'
-    operations, delayed and debounced starts, deadlines
+    operations, delayed and debounced starts, deadlines, what a replay check reads
     (:class:`~django_leases.models.passes.RunPasses`,
     :class:`~django_leases.models.operations.RunOperations`,
-    :class:`~django_leases.models.timing.RunTiming`)."""
+    :class:`~django_leases.models.timing.RunTiming`,
+    :class:`~django_leases.models.patches.RunReplays`)."""
 
 
-class WorkflowStepQuerySet(StepTransactions):
-    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history
+class WorkflowStepQuerySet(StepTransactions, StepPatches):
+    """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history,
+    patch decisions, results in a step's own transaction
     (:class:`~django_leases.models.outcomes.StepOutcomes`,
     :class:`~django_leases.models.claims.StepClaims`,
     :class:`~django_leases.models.scheduling.StepScheduling`,
     :class:`~django_leases.models.results.StepResults`,
+    :class:`~django_leases.models.patches.StepPatches`,
     :class:`~django_leases.models.exactly.StepTransactions`)."""
 
 

@@ -8,14 +8,16 @@ fencing rules of workflow steps (C1–C14, F1–F14) the same way, and
 ``django_leases.testing.triggers.TriggerSourceStoreConformanceTests`` the trigger-source store
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
-fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1).
-``django_leases.testing.timing.WorkflowTimingConformanceTests`` checks delayed starts,
+fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1),
+and ``django_leases.testing.patches.WorkflowPatchConformanceTests`` those of ``run.patched``
+(R1–R5). ``django_leases.testing.timing.WorkflowTimingConformanceTests`` checks delayed starts,
 debounced starts and run deadlines (S1–S3, B1–B3, D1–D5).
 :func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
 """
 
 from django_leases.testing.driving import drive
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
+from django_leases.testing.patches import WorkflowPatchConformanceTests
 from django_leases.testing.timing import WorkflowTimingConformanceTests
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.waits import WorkflowWaitConformanceTests
@@ -26,6 +28,7 @@ __all__ = [
     "SimulatedOutage",
     "TriggerSourceStoreConformanceTests",
     "WorkflowFencingConformanceTests",
+    "WorkflowPatchConformanceTests",
     "WorkflowTimingConformanceTests",
     "WorkflowWaitConformanceTests",
     "drive",

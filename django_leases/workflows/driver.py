@@ -38,7 +38,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import DatabaseError, InterfaceError, router
 
@@ -173,6 +173,8 @@ class _Pass:
         #: was asked for meanwhile, which is then left due).
         self.requests: int | None = state.run.pass_requests
         self.seen: set[str] = set()
+        #: Patch names the workflow asked ``run.patched`` about in this pass.
+        self.patches: set[str] = set()
         #: When the wait the pass ended at needs the next pass (database clock).
         self.next_due: datetime | None = None
         #: Steps of the ``run.parallel`` the pass ended at that are not finished.
@@ -218,7 +220,51 @@ class _Pass:
         the second time: names are how a replay finds what it recorded)."""
         if name in self.seen:
             raise ValueError(f"Step or wait name {name!r} is used twice in run {self.run.id}")
+        recorded = self.steps.get(name)
+        if name in self.patches or (recorded is not None and recorded.status == StepStatus.PATCH):
+            raise ValueError(
+                f"{name!r} is the name of a patch (run.patched) in run {self.run.id}; a step "
+                "or wait needs a name of its own"
+            )
         self.seen.add(name)
+
+    def patched(self, name: str) -> bool:
+        """The run's answer to ``run.patched(name)``: the one it recorded, else decided and
+        recorded now (with the pending result) — ``True`` unless the run recorded steps or
+        waits that this pass has not replayed yet (it went past this point before the patch
+        existed)."""
+        if name in self.seen:
+            raise ValueError(
+                f"{name!r} is the name of a step or wait in run {self.run.id}; a patch needs "
+                "a name of its own"
+            )
+        recorded = self.steps.get(name)
+        if recorded is None:
+            decided = not self.unreplayed()
+            store = WorkflowStep.objects.db_manager(self.using)
+            recorded = self.steps[name] = self.write(
+                lambda pending: store.record_patch(self.run.id, name, decided, pending=pending)
+            )
+        elif recorded.status != StepStatus.PATCH:
+            raise ValueError(
+                f"{name!r} is the name of a step of run {self.run.id}; a patch needs a name "
+                "of its own"
+            )
+        self.patches.add(name)
+        return bool(recorded.result)
+
+    def unreplayed(self) -> bool:
+        """Whether the run recorded a step or reached a wait that this pass has not met yet
+        (patch decisions aside)."""
+        if any(
+            name not in self.seen and step.status != StepStatus.PATCH
+            for name, step in self.steps.items()
+        ):
+            return True
+        return any(
+            wait.reached_at is not None and name not in self.seen
+            for name, wait in self.waits().items()
+        )
 
     def end(self, due_at: datetime | None = None, branches: int = 0) -> NoReturn:
         """End the pass here; its next pass is due at ``due_at`` (``None``: only when
@@ -527,6 +573,34 @@ def _same_function(step_name: str, recorded: str, asked: str) -> None:
 # -- what the workflow function gets ------------------------------------------------------------
 
 
+class PassCalls(Protocol):
+    """What :class:`RunContext` calls with checked arguments: a pass of the run (the engine's,
+    or a dry one that replays the run in memory and writes nothing,
+    :mod:`django_leases.workflows.replay_check`)."""
+
+    run: WorkflowRun
+
+    def step(self, step_name: str, function_name: str, data: Any, options: StepOptions) -> Any:
+        """:meth:`RunContext.step`, its arguments checked."""
+
+    def parallel(
+        self, calls: list[tuple[str, str, Any]], options: StepOptions, priority: int | None
+    ) -> list[Any]:
+        """:meth:`RunContext.parallel`, its arguments checked."""
+
+    def child(self, name: str, workflow: str, input: Any, deadline: float | None = None) -> Any:
+        """:meth:`RunContext.child`, its arguments checked (``deadline``: seconds)."""
+
+    def sleep(self, name: str, seconds: float) -> None:
+        """:meth:`RunContext.sleep`, its arguments checked (``seconds``: float)."""
+
+    def wait_for_event(self, name: str, timeout: float | None) -> Any:
+        """:meth:`RunContext.wait_for_event`, its arguments checked (``timeout``: seconds)."""
+
+    def patched(self, name: str) -> bool:
+        """:meth:`RunContext.patched`, its name checked."""
+
+
 class RunContext:
     """What a ``@workflow`` function gets as ``run``.
 
@@ -536,7 +610,7 @@ class RunContext:
         input: the run's JSON input (also passed as the second argument).
     """
 
-    def __init__(self, this: _Pass) -> None:
+    def __init__(self, this: PassCalls) -> None:
         self.id: uuid.UUID = this.run.id
         self.workflow: str = this.run.workflow
         self.input: Any = this.run.input
@@ -697,6 +771,27 @@ class RunContext:
         check_identifier(name, "Wait name")
         delay = wait_seconds(seconds, f"Seconds of sleep {name!r}")
         self._pass.sleep(name, delay)
+
+    def patched(self, name: str) -> bool:
+        """Whether this run takes the new path at patch ``name``: ``if run.patched("x"):``
+        guards code changed under running runs (see "Changing workflows that are running"
+        in the docs).
+
+        ``True`` when the run reaches this point with the patch in its code: a run started
+        on the new code, or an old run that had not got this far. ``False`` when the run had
+        already gone past this point before the patch existed — it recorded steps or waits
+        that this pass has not replayed yet — so it keeps the old path it recorded. The
+        answer is recorded on first reach (a row of the run's steps, status ``patch``) and
+        every later pass of the run gets the same answer, wherever it stands; asking again
+        in the same pass (in a loop, say) returns it too. A patch ``name`` (``str``, 1–200
+        characters) is not a step or wait name: those of the run must differ from it.
+
+        Raises:
+            ValueError: a bad name, or a name the run uses for a step or wait (nothing is
+                written).
+        """
+        check_identifier(name, "Patch name")
+        return self._pass.patched(name)
 
     def wait_for_event(self, name: str, *, timeout: float | timedelta | None = None) -> Any:
         """Wait for event ``name`` (sent with ``send_event(run_id, name, payload)``, the
@@ -1067,6 +1162,7 @@ def run_pass(run_id: uuid.UUID | str, *, using: str | None = None) -> str:
 
 __all__ = [
     "PASS_RETRY_DELAY",
+    "PassCalls",
     "RunContext",
     "RunDriver",
     "record_alone",

@@ -51,7 +51,9 @@ class StepStatus(models.TextChoices):
     """``pending``: created by a pass, never claimed. ``scheduled``: waiting to be claimed again
     at the same attempt (e.g. after a resume). ``running``: claimed under a step lease.
     ``succeeded`` / ``failed``: the current attempt's outcome (a failed step with retries left
-    is claimed again as attempt + 1 once ``available_at`` has passed).
+    is claimed again as attempt + 1 once ``available_at`` has passed). ``patch``: not a step
+    but the run's recorded answer to ``run.patched(name)`` (``result`` is ``true`` or
+    ``false``; no step function, never claimed).
     """
 
     PENDING = "pending", _("Pending")
@@ -59,6 +61,7 @@ class StepStatus(models.TextChoices):
     RUNNING = "running", _("Running")
     SUCCEEDED = "succeeded", _("Succeeded")
     FAILED = "failed", _("Failed")
+    PATCH = "patch", _("Patch")
 
 
 class AttemptStatus(models.TextChoices):

@@ -208,8 +208,8 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
     assert ANNOUNCE in field(page, "error_json")
     steps = page.locator(".tabular tbody tr.has_original")
     assert steps.count() == 2
-    assert StepStatus.SUCCEEDED.label in steps.filter(has_text="checkout").inner_text()
-    assert StepStatus.FAILED.label in steps.filter(has_text="announce").inner_text()
+    assert str(StepStatus.SUCCEEDED.label) in steps.filter(has_text="checkout").inner_text()
+    assert str(StepStatus.FAILED.label) in steps.filter(has_text="announce").inner_text()
     history = page.locator("div.field-history table tbody tr")
     assert [row.split("\t")[:3] for row in history.all_inner_texts()] == [
         ["checkout", "1", "Succeeded"],

@@ -15,6 +15,10 @@
 * ``workflow_runs send-event RUN_ID NAME [--payload JSON]`` sends event NAME (payload: JSON
   text, default ``null``) to a running or suspended run, for its ``run.wait_for_event(NAME)``
   (``WorkflowWait.objects.send_event``: delivered once; a second one is refused).
+* ``workflow_runs check-replay [--format table|json]`` replays every live run in memory
+  against the code now deployed, writing nothing
+  (:func:`~django_leases.workflows.replay_check.check_replay`): exit 0 when every one
+  replays, 3 when any would meet an action other than the one it recorded (each named).
 * ``workflow_runs prune --older-than DAYS [--batch-size N]`` deletes runs that finished
   (completed, failed or cancelled) more than DAYS days ago, with their steps, attempts and
   run leases (``WorkflowRun.objects.prune``), and prints how many.
@@ -34,11 +38,12 @@ from django.db.models.fields.json import KeyTextTransform
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.management import base
-from django_leases.management.base import EXIT_WRONG_STATE
+from django_leases.management.base import EXIT_REPLAY_DIVERGES, EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.workflow import WorkflowRunQuerySet
 from django_leases.validation import parse_run_id
 from django_leases.workflows.display import event_sent, run_overview
+from django_leases.workflows.replay_check import check_replay
 from django_leases.workflows.values import TASK_WORKFLOW
 
 
@@ -90,7 +95,7 @@ class Command(base.LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         actions = parser.add_subparsers(
             dest="action",
-            metavar="{list,show,resume,cancel,retry,send-event,prune}",
+            metavar="{list,show,resume,cancel,retry,send-event,prune,check-replay}",
             required=True,
         )
         listing = self.add_subcommand(actions, "list", help="Show runs, newest first.")
@@ -149,7 +154,13 @@ class Command(base.LeasesCommand):
             default=500,
             help=f"Runs deleted per transaction, 1 to {base.MAX_ROWS} (default 500).",
         )
-        for sub in (listing, showing, resume, cancel, retry, sending, prune):
+        replay = self.add_subcommand(
+            actions,
+            "check-replay",
+            help="Replay every live run in memory on the code now deployed (writes nothing).",
+        )
+        base.add_format_argument(replay)
+        for sub in (listing, showing, resume, cancel, retry, sending, prune, replay):
             base.add_database_argument(sub, WorkflowRun)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -166,6 +177,9 @@ class Command(base.LeasesCommand):
             except (ValueError, OverflowError) as exc:
                 raise CommandError(f"--older-than / --batch-size: {exc}") from None
             self.confirm(f"Deleted {deleted} run(s) finished more than {days:g} day(s) ago.")
+            return
+        if action == "check-replay":
+            self._check_replay(alias, options["format"])
             return
         if action == "send-event":
             self._send_event(alias, options)
@@ -214,6 +228,16 @@ class Command(base.LeasesCommand):
             write(f"  now {line}")
         base.write_rows(self.stdout, "table", _STEP_COLUMNS, overview["steps"], empty="No steps.")
         base.write_rows(self.stdout, "table", _WAIT_COLUMNS, overview["waits"], empty="No waits.")
+
+    def _check_replay(self, alias: str, output_format: str) -> None:
+        report = check_replay(using=alias)
+        if output_format == "json":
+            self.stdout.write(json.dumps(report.as_json(), indent=2))
+        else:
+            for line in report.lines():
+                self.stdout.write(line)
+        if not report.ok:
+            raise CommandError(report.summary(), returncode=EXIT_REPLAY_DIVERGES)
 
     def _send_event(self, alias: str, options: dict[str, Any]) -> None:
         try:
