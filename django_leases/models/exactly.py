@@ -2,7 +2,8 @@
 top layer of ``WorkflowStep.objects``): what a ``@step_function(..., transactional=True)``
 needs so that its database writes and its result commit together, or not at all.
 
-The result goes through the same fenced write as any step's (:meth:`StepResults.set_result`);
+The result goes through the same fenced write as any step's
+(:meth:`~django_leases.models.results.StepResults.set_result`);
 this layer adds only what a transaction that ran user code needs first: the step row locked
 through the fence (so no takeover or timeout can interleave before the commit) and the
 attempt's ``timeout`` judged on the database clock (an attempt past it must not commit).
@@ -18,13 +19,13 @@ from django.db.models import BooleanField, Case, Value, When
 from django_leases import db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowStepTimedOutError
-from django_leases.models.results import StepResults
+from django_leases.models.patches import StepPatches
 from django_leases.models.workflow_base import fence_q
 from django_leases.validation import check_attempt
 from django_leases.workflows.values import StepWrite
 
 
-class StepTransactions(StepResults):
+class StepTransactions(StepPatches):
     """Results written in the transaction of the step function that produced them."""
 
     def attempt_running(self, step_id: int, attempt: int) -> models.QuerySet[Any]:

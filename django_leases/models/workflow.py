@@ -47,7 +47,7 @@ from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
 from django_leases.models.exactly import StepTransactions
 from django_leases.models.outcomes import retry_delay_after, write_pending
-from django_leases.models.patches import RunReplays, StepPatches
+from django_leases.models.patches import RunReplays
 from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
 from django_leases.models.workflow_base import (
@@ -96,7 +96,7 @@ class WorkflowRunQuerySet(RunReplays):
     :class:`~django_leases.models.patches.RunReplays`)."""
 
 
-class WorkflowStepQuerySet(StepTransactions, StepPatches):
+class WorkflowStepQuerySet(StepTransactions):
     """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history,
     patch decisions, results in a step's own transaction
     (:class:`~django_leases.models.outcomes.StepOutcomes`,
