@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .PHONY: venv bytecode test test-sqlite test-postgres test-mariadb test-django6 test-psycopg2 \
 	mariadb-timezones coverage-erase coverage-report lint docs docs-images demo bench bench-leases \
-	bench-workflows bench-fairness bench-scale messages clean
+	bench-workflows bench-fairness bench-exactly bench-scale messages clean
 
 # One venv, filled as far as the task needs: `make demo` installs the package (with the
 # webhooks extra: the demo's trigger sources) and the demo's dependency group; `make test`,
@@ -188,10 +188,16 @@ demo: $(VENV)/.demo-installed
 LEASES_BENCH_ARGS ?= $(BENCH_ARGS)
 WORKFLOWS_BENCH_ARGS ?=
 
-bench: bench-leases bench-workflows bench-fairness
+bench: bench-leases bench-workflows bench-fairness bench-exactly
 
 bench-leases: $(VENV)/.bench-installed
 	$(PY) bench/leases.py $(LEASES_BENCH_ARGS)
+
+# The cost of exactly once: transactional against plain steps writing one row (PostgreSQL).
+EXACTLY_BENCH_ARGS ?=
+
+bench-exactly: $(VENV)/.bench-installed
+	$(PY) bench/exactly_once.py $(EXACTLY_BENCH_ARGS)
 
 # The workflow benchmark runs every contender under one Python and one Django: django-ox needs
 # Python >= 3.12 and Django 6, so it gets its own venv with django-leases (editable) and the peers.

@@ -101,6 +101,10 @@ id                       what it reports
 ``django_leases.W032``   the lease database has standbys (replicas) its commits do not wait for:
                          promoting one loses acknowledged lease grants and fenced writes
                          (:func:`django_leases.db.replication`; PostgreSQL, MariaDB)
+``django_leases.W036``   transactional step functions (``@step_function(..., transactional=True)``)
+                         on a SQLite workflow database: each holds the database's write lock
+                         for as long as it runs, so every other writer waits, and fails with
+                         "database is locked" once the busy timeout has passed
 =======================  ==========================================================================
 
 W008, W014, E013, E019–W022, W032 (and E017's session half) ask the database: they are tagged
@@ -123,7 +127,7 @@ from django.core import checks
 from django.db import connections, router
 from django.utils.translation import gettext as _
 
-from django_leases.models import Lease, TriggerSecret, TriggerSource
+from django_leases.models import Lease, TriggerSecret, TriggerSource, WorkflowRun
 from django_leases.models.trigger import check_base_url
 from django_leases.models.workflow import FUNCTIONS_MIGRATION
 
@@ -302,6 +306,34 @@ def check_database_settings(
 MYSQL_ISOLATION = "read committed"
 #: ``MySQLdb.constants.CLIENT.FOUND_ROWS``: UPDATE reports matched rows, not changed ones.
 MYSQL_FOUND_ROWS = 2
+
+
+def check_transactional_steps(
+    transactional: Sequence[str], databases: Mapping[str, tuple[str, Mapping[str, Any]]]
+) -> list[checks.CheckMessage]:
+    """W036: ``transactional`` (names of transactional step functions) while a workflow
+    database (``databases``: alias → (vendor, settings dict)) is SQLite."""
+    if not transactional:
+        return []
+    messages: list[checks.CheckMessage] = []
+    for alias, (vendor, settings_dict) in sorted(databases.items()):
+        if vendor != "sqlite":
+            continue
+        timeout = _busy_timeout(settings_dict.get("OPTIONS") or {})
+        waited = SQLITE_DEFAULT_TIMEOUT if timeout is None else timeout
+        names = ", ".join(sorted(transactional))
+        messages.append(
+            checks.Warning(
+                f"Transactional step functions ({names}) run on SQLite database {alias!r}: "
+                "each holds the database's write lock for as long as it runs, so every other "
+                f"writer waits, and fails with 'database is locked' after {waited:g} s (the "
+                "busy timeout).",
+                hint=f"Keep them shorter than {waited:g} s (run.step(..., timeout=...)), or "
+                "run the workflows on PostgreSQL or MariaDB.",
+                id="django_leases.W036",
+            )
+        )
+    return messages
 
 
 def _mysql_isolation_error(alias: str, level: str) -> checks.CheckMessage:
@@ -1036,6 +1068,14 @@ def django_leases_checks(
         connection = connections[alias]
         messages.extend(check_database_settings(alias, connection.vendor, connection.settings_dict))
     messages.extend(check_postgresql_driver(aliases))
+    workflows = router.db_for_write(WorkflowRun)
+    if workflows in connections:
+        messages.extend(
+            check_transactional_steps(
+                [name for name, options in step_functions().items() if options.transactional],
+                {workflows: (connections[workflows].vendor, connections[workflows].settings_dict)},
+            )
+        )
     messages.extend(check_routing(_our_models(), aliases))
     messages.extend(check_schedules(schedule_problems()))
     messages.extend(check_prune(prune_problems()))

@@ -4,9 +4,12 @@
 
     DjangoLeasesError
     ├── LeaseError (.key)                      LeaseTakenError, LeaseLostError
+    ├── FenceRefusedError (.key, .token)
     ├── WorkflowError                          WorkflowStepSupersededError
     │                                          └── WorkflowStepCancelledError
     │                                          WorkflowStepFailedError
+    │                                          WorkflowStepTimedOutError
+    │                                          StepNotIdempotentError (also an AssertionError)
     │                                          UnknownWorkflowError (also a LookupError)
     │                                          WorkflowRunStateError (also a ValueError)
     │                                          WorkflowFunctionsMissing
@@ -115,6 +118,50 @@ class WorkflowStepCancelledError(WorkflowStepSupersededError):
             f"Attempt {attempt} of step {step_id} was stopped: its run was cancelled; "
             "its write was refused",
         )
+
+
+class WorkflowStepTimedOutError(WorkflowError):
+    """A transactional step's attempt ran past its ``timeout`` (on the database clock): its
+    transaction was rolled back and the attempt fails with this error, code
+    ``STEP_TIMED_OUT`` (retried if attempts remain). ``.step_id``, ``.attempt`` name it."""
+
+    code = "STEP_TIMED_OUT"
+
+    def __init__(self, step_id: object, attempt: int, timeout: float | None = None) -> None:
+        limit = f" of {timeout:g} s" if timeout is not None else ""
+        super().__init__(
+            f"Attempt {attempt} of step {step_id} ran longer than its timeout{limit}; "
+            "its transaction was rolled back"
+        )
+        self.step_id = step_id
+        self.attempt = attempt
+
+
+class StepNotIdempotentError(WorkflowError, AssertionError):
+    """``drive(..., duplicate_steps=True)`` found steps whose second run changed the database
+    (:mod:`django_leases.testing.duplicates`). ``.steps`` lists them (each names the run,
+    the step, its step function and what the second run changed). Also an
+    ``AssertionError``, so a test fails with the list."""
+
+    def __init__(self, steps: list[object]) -> None:
+        listed = "\n".join(f"  - {step}" for step in steps)
+        super().__init__(
+            f"{len(steps)} step(s) changed the database again when run a second time "
+            f"(not idempotent):\n{listed}"
+        )
+        self.steps = steps
+
+
+class FenceRefusedError(DjangoLeasesError):
+    """A fenced write to an application's own rows was refused: the lease or step attempt it
+    was fenced to is no longer held, or a newer holder already wrote the row
+    (:mod:`django_leases.fencing`). Nothing was written. ``.key`` names the lease key or
+    step (``workflow-step:<id>``), ``.token`` the refused fencing token or attempt."""
+
+    def __init__(self, key: str, token: int) -> None:
+        super().__init__(f"Fenced write of {key!r} (fence {token}) was refused: a stale holder")
+        self.key = key
+        self.token = token
 
 
 class WorkflowStepFailedError(WorkflowError):
@@ -432,6 +479,7 @@ class MalformedDelivery(ReceiveError, ValueError):
 __all__ = [
     "CredentialError",
     "DjangoLeasesError",
+    "FenceRefusedError",
     "LeaseError",
     "LeaseLostError",
     "LeaseTakenError",
@@ -448,6 +496,7 @@ __all__ = [
     "SourceNotReceiving",
     "SourceOrphaned",
     "SourceStillDeclared",
+    "StepNotIdempotentError",
     "TaskArgumentsError",
     "TaskAttemptError",
     "TaskError",
@@ -465,4 +514,5 @@ __all__ = [
     "WorkflowStepCancelledError",
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
+    "WorkflowStepTimedOutError",
 ]

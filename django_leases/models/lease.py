@@ -904,6 +904,14 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             lease_released.send_robust(sender=self.model, lease=lease)
         return live
 
+    def holding(self, lease: Lease) -> LeaseQuerySet:
+        """The row of ``lease`` while its holder still has it live (holder and token match,
+        not released, not lapsed on the database clock), else no row: for ``Exists()`` in
+        a fenced write of the application's own rows (:mod:`django_leases.fencing`).
+        Raises ``ValueError`` when ``lease`` is not a :class:`Lease`."""
+        _check_lease(lease)
+        return self.using(self._alias()).filter(_held_q(lease, live=True))
+
     def current(self, key: str) -> Lease | None:
         """The live lease on ``key`` (``str``), or ``None`` when absent, lapsed or released.
 

@@ -12,12 +12,12 @@ from django.db.models import JSONField, Value
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.models.patches import StepPatches
+from django_leases.models.exactly import StepTransactions
 from django_leases.models.workflow_base import fence_q
 from django_leases.validation import check_attempt, check_json
 
 
-class StepProgress(StepPatches):
+class StepProgress(StepTransactions):
     """The progress a running attempt reports."""
 
     def set_progress(self, step_id: int, value: Any, attempt: int) -> None:

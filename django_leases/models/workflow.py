@@ -101,11 +101,13 @@ class WorkflowRunQuerySet(RunForks):
 
 class WorkflowStepQuerySet(StepProgress):
     """Domain methods of ``WorkflowStep.objects``: schedule, claim, fenced writes, history,
-    patch decisions, progress (:class:`~django_leases.models.outcomes.StepOutcomes`,
+    patch decisions, results in a step's own transaction, progress
+    (:class:`~django_leases.models.outcomes.StepOutcomes`,
     :class:`~django_leases.models.claims.StepClaims`,
     :class:`~django_leases.models.scheduling.StepScheduling`,
     :class:`~django_leases.models.results.StepResults`,
     :class:`~django_leases.models.patches.StepPatches`,
+    :class:`~django_leases.models.exactly.StepTransactions`,
     :class:`~django_leases.models.progress.StepProgress`)."""
 
 

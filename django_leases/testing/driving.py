@@ -34,6 +34,14 @@ rate hold steps back. Delayed starts (``run_after``) and debounce windows are ju
 event's timeout is not jumped: send the event, or move the wait's ``due_at`` yourself to test
 the timeout; nor is a run's deadline: a run past it on the database clock is failed before
 any other work is done, so move its ``deadline_at`` into the past to test it.
+
+``duplicate_steps=True`` checks that the steps are idempotent: every step function runs
+twice, as when an attempt is superseded after its writes and the next one runs it again, and
+the drive raises :class:`~django_leases.exceptions.StepNotIdempotentError` naming each step
+whose second run changed the database (:mod:`django_leases.testing.duplicates`)::
+
+    def test_the_refund_steps_are_idempotent(self):
+        drive(start_workflow("refund", {"order": 17}), duplicate_steps=True)
 """
 
 from __future__ import annotations
@@ -48,11 +56,12 @@ from django.db.models import F
 
 from django_leases.clock import DbNow
 from django_leases.conf import queue_limits
-from django_leases.exceptions import MisuseError
+from django_leases.exceptions import MisuseError, StepNotIdempotentError
 from django_leases.leases import new_holder
 from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun, WorkflowStep
+from django_leases.testing.duplicates import duplicated_steps
 from django_leases.workflows.display import queue_overview
 from django_leases.workflows.driver import RunDriver, run_lease_ttl
 from django_leases.workflows.engine import execute_step
@@ -76,6 +85,7 @@ def drive(
     skip_sleeps: bool = True,
     using: str | None = None,
     max_units: int = MAX_UNITS,
+    duplicate_steps: bool = False,
 ) -> WorkflowRun | None:
     """Run every due orchestration pass and step on the calling thread until nothing is due.
 
@@ -95,6 +105,11 @@ def drive(
             (``WorkflowDeadlineExceeded``) before any other work.
         using: database alias (default: the router's choice for ``WorkflowRun``).
         max_units: passes and steps run at most (int ≥ 1).
+        duplicate_steps: run every step function twice, the first run's result discarded
+            (a transactional step's first run rolled back), and raise
+            :class:`StepNotIdempotentError` at the end when any second run changed the
+            database (compared row by row over the project's tables, django-leases' own
+            aside). Not with workers running in the same process meanwhile.
 
     Returns the run ``run_id`` as it now is (a fresh ``WorkflowRun``), or ``None`` without
     one. Works inside ``transaction.atomic()`` (a ``TestCase``) on every database.
@@ -103,11 +118,21 @@ def drive(
         WorkflowRun.DoesNotExist: no run ``run_id``.
         MisuseError: ``max_units`` passes and steps ran and work was still due (a workflow
             that never settles).
+        StepNotIdempotentError: with ``duplicate_steps``, steps whose second run changed
+            the database (the drive itself finished).
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable (as for a worker).
     """
     if isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 1:
         raise ValueError(f"max_units must be an int ≥ 1, not {max_units!r}")
     alias = using or router.db_for_write(WorkflowRun)
+    if duplicate_steps:
+        with duplicated_steps(alias) as found:
+            run = drive(
+                run_id, until=until, skip_sleeps=skip_sleeps, using=alias, max_units=max_units
+            )
+        if found:
+            raise StepNotIdempotentError(list(found))
+        return run
     runs = WorkflowRun.objects.db_manager(alias)
     steps = WorkflowStep.objects.db_manager(alias)
     if run_id is not None:

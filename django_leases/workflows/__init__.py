@@ -40,6 +40,7 @@ _LAZY = {
     "WorkflowEventTimeout": "django_leases.exceptions",
     "WorkflowEventRefusedError": "django_leases.exceptions",
     "WorkflowChildFailedError": "django_leases.exceptions",
+    "WorkflowStepTimedOutError": "django_leases.exceptions",
     "WorkflowDeadlineExceeded": "django_leases.exceptions",
 }
 
@@ -60,6 +61,7 @@ __all__ = [
     "WorkflowStepCancelledError",
     "WorkflowStepFailedError",
     "WorkflowStepSupersededError",
+    "WorkflowStepTimedOutError",
     "asend_event",
     "astart_workflow",
     "execute_step",
@@ -84,6 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowStepCancelledError,
         WorkflowStepFailedError,
         WorkflowStepSupersededError,
+        WorkflowStepTimedOutError,
     )
     from django_leases.workflows.driver import RunContext, run_pass
     from django_leases.workflows.engine import (

@@ -526,8 +526,9 @@ class _Pass:
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
-        ran = run_step_function(claim)
-        if _storable(ran):  # else recorded below, as the attempt's failure
+        # A transactional step's result is written in its own transaction, the pass held.
+        ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl)
+        if _storable(ran):  # else recorded below: the attempt's failure, or written already
             logger.info(
                 "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt
             )

@@ -31,13 +31,15 @@ from django_leases.exceptions import (
     WorkflowStepCancelledError,
     WorkflowStepSupersededError,
 )
+from django_leases.fencing import Fence, step_fence
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import Renewal
 from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.
 from django_leases.workflows.registry import get_step_function as get_step_function
-from django_leases.workflows.registry import get_workflow
+from django_leases.workflows.registry import get_workflow, step_declaration
+from django_leases.workflows.transactional import run_in_transaction
 from django_leases.workflows.values import Claim, PassState
 
 logger = logging.getLogger("django_leases.workflows")
@@ -233,12 +235,25 @@ class StepContext:
         started_at: when this attempt started (an aware ``datetime``, database clock), or
             ``None`` where the claim did not read it back;
         run_created_at: when the run was created (database clock), or ``None`` likewise.
+        transactional: ``True`` when the step function was declared
+            ``@step_function(..., transactional=True)``: this call runs inside a transaction
+            on the run's database that also records its result
+            (:mod:`django_leases.workflows.transactional`).
+        idempotency_key: a ``str`` (a UUID's text, 36 characters) that is the same for every
+            attempt of this step of this run and differs between steps and runs: send it
+            with outbound calls (Stripe's ``Idempotency-Key`` header, say) so that a second
+            attempt is recognised by the service instead of done twice.
+        fence: this attempt's :class:`~django_leases.fencing.Fence`, for writes to the
+            application's own rows that a superseded attempt must not make
+            (``FencedQuerySet.fenced_update(ctx.fence, ...)``).
 
     ``set_progress(value)`` keeps JSON ``value`` as the step's progress (shown on the run's
     admin page), fenced to this attempt.
     """
 
-    def __init__(self, claim: Claim, lease_lost: threading.Event) -> None:
+    def __init__(
+        self, claim: Claim, lease_lost: threading.Event, *, transactional: bool = False
+    ) -> None:
         self.run_id = claim.run_id
         self.step_name = claim.step_name
         self.function_name = claim.function_name
@@ -246,6 +261,9 @@ class StepContext:
         self.lease_lost = lease_lost
         self.started_at = claim.started_at
         self.run_created_at = claim.run_created_at
+        self.transactional = transactional
+        self.idempotency_key = str(uuid.uuid5(claim.run_id, claim.step_name))
+        self.fence: Fence = step_fence(claim.step_id, claim.attempt, using=claim.using)
         self._key = f"workflow-step:{claim.step_id}"
         self._claim = claim
 
@@ -282,6 +300,8 @@ class StepRun:
         result: the function's return value (when it returned).
         failure: the exception it raised (``None`` when it returned).
         missing: no step function of that name is registered in this process.
+        recorded: what a transactional step's own transaction wrote (its result, or
+            ``"superseded"``: nothing), else ``None``.
     """
 
     claim: Claim
@@ -289,11 +309,13 @@ class StepRun:
     result: Any = None
     failure: BaseException | None = None
     missing: bool = False
+    recorded: StepRecorded | None = None
 
     @property
     def succeeded(self) -> bool:
-        """The function returned (its result is to be written)."""
-        return not self.missing and self.failure is None
+        """The function returned and its result is to be written (not a transactional
+        step's: that is written in the step's own transaction, :attr:`recorded`)."""
+        return not self.missing and self.failure is None and self.recorded is None
 
 
 @dataclass(frozen=True)
@@ -357,12 +379,18 @@ def held_while(claim: Claim, work: Callable[[], object]) -> Claim | None:
     return claim if since <= claim.claimed_at else dataclasses.replace(claim, claimed_at=since)
 
 
-def run_step_function(claim: Claim) -> StepRun:
+def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -> StepRun:
     """Call the claimed step's ``@step_function`` with its data under its step lease, renewed
     every TTL/3 by :class:`~django_leases.renewal.Renewal` (fenced to ``claim.attempt``;
     its renewal threads start only once a first renewal is due). The function runs outside
     any transaction; what it returned or raised is returned, nothing is written. A step
-    function that is not registered here is reported (``missing``) without a call."""
+    function that is not registered here is reported (``missing``) without a call.
+
+    A transactional step function (``@step_function(..., transactional=True)``) runs inside
+    a transaction that also writes its result, fenced
+    (:func:`~django_leases.workflows.transactional.run_in_transaction`;
+    ``hold_pass_seconds``: as :func:`record_step` takes it): :attr:`StepRun.recorded` says
+    what was written."""
     func = get_step_function(claim.function_name)
     if func is None:
         return StepRun(claim, None, missing=True)
@@ -375,10 +403,15 @@ def run_step_function(claim: Claim) -> StepRun:
         "workflow.attempt": claim.attempt,
     }
     with tracing.span("django_leases.step", **attributes) as span:
+        transactional = step_declaration(claim.function_name).transactional
+        ctx = StepContext(claim, renewal.lost, transactional=transactional)
         renewal.start()
         try:
-            # An ``async def`` one is awaited on this thread's event loop (workflows/aio.py).
-            ran.result = aio.call_step_function(func, claim.data, StepContext(claim, renewal.lost))
+            if transactional:
+                ran.result, ran.recorded = _transacted(claim, func, ctx, hold_pass_seconds)
+            else:
+                # An ``async def`` one is awaited on this thread's event loop (workflows/aio.py).
+                ran.result = aio.call_step_function(func, claim.data, ctx)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
@@ -398,6 +431,21 @@ def run_step_function(claim: Claim) -> StepRun:
     return ran
 
 
+def _transacted(
+    claim: Claim, func: Callable[..., Any], ctx: StepContext, hold: float | None
+) -> tuple[Any, StepRecorded | None]:
+    """A transactional step's call and result write (one transaction): its result and what
+    was recorded (``None``: nothing; the ordinary write records the outcome)."""
+    done = run_in_transaction(claim, lambda: func(claim.data, ctx), hold_pass_seconds=hold)
+    if done.superseded is not None:
+        superseded(claim, done.superseded)
+        return done.result, StepRecorded("superseded")
+    wrote = done.written
+    if wrote is None:
+        return done.result, None
+    return done.result, StepRecorded(wrote.status, wrote.state, pass_requested=wrote.pass_requested)
+
+
 def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> StepRecorded:
     """Write what came of a step on its own, fenced to its attempt: the result
     (``set_result``), the error (``set_error``), or, for a missing step function, the run's
@@ -410,7 +458,12 @@ def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> Step
     A write that loses its connection is tried again on a fresh one until the step lease's
     local deadline (:func:`retrying`). A :class:`WorkflowStepSupersededError` ends it
     quietly: a warning is logged, nothing is written, and ``"superseded"`` is returned.
+
+    A transactional step's outcome, written in its own transaction (:attr:`StepRun.recorded`),
+    is returned as it is: nothing more is written.
     """
+    if ran.recorded is not None:
+        return ran.recorded
     claim = ran.claim
     store = WorkflowStep.objects.db_manager(claim.using)
     try:
@@ -452,7 +505,8 @@ def execute_step(claim: Claim, *, hold_pass_seconds: float | None = None) -> str
     ``"failed"``, ``"suspended"`` (the step function is not registered here: the run is
     suspended with code ``STEP_FUNCTION_NOT_FOUND``) or ``"superseded"``; never raises
     :class:`WorkflowStepSupersededError`. ``hold_pass_seconds``: see :func:`record_step`."""
-    return record_step(run_step_function(claim), hold_pass_seconds=hold_pass_seconds).outcome
+    ran = run_step_function(claim, hold_pass_seconds=hold_pass_seconds)
+    return record_step(ran, hold_pass_seconds=hold_pass_seconds).outcome
 
 
 def retrying(ran: StepRun, write: Callable[[], _T]) -> _T:

@@ -49,11 +49,13 @@ _schedules: dict[str, ScheduleDeclaration] = {}
 
 @dataclass(frozen=True)
 class StepDeclaration:
-    """What ``@step_function`` declared besides the callable: its ``queue`` (``str``) and
-    default ``priority`` (``int``; higher is claimed first)."""
+    """What ``@step_function`` declared besides the callable: its ``queue`` (``str``),
+    default ``priority`` (``int``; higher is claimed first) and whether it is
+    ``transactional`` (``bool``: it runs in one transaction with its result's write)."""
 
     queue: str = DEFAULT_QUEUE
     priority: int = 0
+    transactional: bool = False
 
 
 _step_options: dict[str, StepDeclaration] = {}
@@ -262,7 +264,9 @@ def _task_problem(path: str) -> str:
     return ""
 
 
-def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -> Callable[[F], F]:
+def step_function(
+    name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0, transactional: bool = False
+) -> Callable[[F], F]:
     """Register a step function ``(data, ctx) -> JSON`` under ``name`` (a ``str`` of 1–200
     characters); the decorator returns the function unchanged.
 
@@ -279,14 +283,31 @@ def step_function(name: str, *, queue: str = DEFAULT_QUEUE, priority: int = 0) -
     ``sync_to_async`` calls (Django's async ORM methods among them) run on that worker
     thread, on its connection.
 
-    Raises ``ValueError`` for a bad name, queue or priority, or a name another function
-    has, and ``TypeError`` (when decorating) for a non-callable.
+    ``transactional=True`` runs each attempt inside one transaction on the run's database,
+    and records its result **in that same transaction**, fenced to the attempt: the
+    function's writes to that database land exactly when its result does. An attempt that
+    raises, runs past its ``timeout`` or was superseded meanwhile commits nothing
+    (:mod:`django_leases.workflows.transactional`). On SQLite the transaction holds the
+    database's write lock while the function runs (check ``django_leases.W036``). A
+    transactional step function is a plain ``def``.
+
+    Raises ``ValueError`` for a bad name, queue, priority or ``transactional`` (not a
+    ``bool``), or a name another function has, and ``TypeError`` (when decorating) for a
+    non-callable, or an ``async def`` function declared ``transactional``.
     """
     check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
-    options = StepDeclaration(queue, check_priority(priority))
+    if not isinstance(transactional, bool):
+        raise ValueError(f"transactional must be True or False, not {transactional!r}")
+    options = StepDeclaration(queue, check_priority(priority), transactional)
     register = _register(_step_functions, "step function", name, allow_async=True)
 
     def decorate(func: F) -> F:
+        if transactional and is_async(func):
+            raise TypeError(
+                f"@step_function({name!r}, transactional=True) cannot register the coroutine "
+                f"function {getattr(func, '__qualname__', func)!r}: a transactional step runs "
+                "in a transaction of its worker thread; make it a plain (synchronous) function"
+            )
         registered = register(func)
         _step_options[name] = options
         return registered

@@ -1,0 +1,95 @@
+"""A step result written inside the step's own transaction (:class:`StepTransactions`, the
+top layer of ``WorkflowStep.objects``): what a ``@step_function(..., transactional=True)``
+needs so that its database writes and its result commit together, or not at all.
+
+The result goes through the same fenced write as any step's
+(:meth:`~django_leases.models.results.StepResults.set_result`);
+this layer adds only what a transaction that ran user code needs first: the step row locked
+through the fence (so no takeover or timeout can interleave before the commit) and the
+attempt's ``timeout`` judged on the database clock (an attempt past it must not commit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections, models
+from django.db.models import BooleanField, Case, Value, When
+
+from django_leases import db
+from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowStepTimedOutError
+from django_leases.models.patches import StepPatches
+from django_leases.models.workflow_base import fence_q
+from django_leases.validation import check_attempt
+from django_leases.workflows.values import StepWrite
+
+
+class StepTransactions(StepPatches):
+    """Results written in the transaction of the step function that produced them."""
+
+    def attempt_running(self, step_id: int, attempt: int) -> models.QuerySet[Any]:
+        """The step's row while ``attempt`` is its running attempt (the fence rule,
+        :func:`~django_leases.models.workflow_base.fence_q`), else no row: for
+        ``Exists()`` in a write of the application's own rows
+        (:mod:`django_leases.fencing`)."""
+        return self.rows().filter(fence_q(step_id, attempt))
+
+    def record_in_transaction(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        hold_pass_seconds: float | None = None,
+    ) -> StepWrite:
+        """Record ``result`` (JSON) for ``attempt`` of the step inside the caller's open
+        transaction, the one its step function's writes were made in: the step row is
+        locked through the fence, the attempt's timeout checked on the database clock, then
+        the result written as :meth:`set_result` writes it (``hold_pass_seconds``: as there).
+        The caller commits; on any exception it must roll back, so that nothing of the
+        attempt lands.
+
+        Args:
+            step_id: the step (``int``).
+            result: its JSON result (checked by the caller: a result that is not JSON is
+                written by :meth:`set_result` as the attempt's failure).
+            attempt: the attempt that ran (``int`` ≥ 1), the fence.
+            hold_pass_seconds: seconds the run's pass is taken for the caller, or ``None``.
+
+        Returns:
+            The :class:`~django_leases.workflows.values.StepWrite` of :meth:`set_result`.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt
+                (superseded, cancelled, or already failed for its timeout): roll back.
+            WorkflowStepTimedOutError: the attempt ran past its ``timeout``: roll back.
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: ``attempt`` is not an int ≥ 1, or no transaction is open on the
+                step's database (nothing written).
+        """
+        check_attempt(attempt)
+        alias = self.write_alias()
+        if not connections[alias].in_atomic_block:
+            raise ValueError(
+                f"record_in_transaction() needs an open transaction on database {alias!r}"
+            )
+        past = Case(
+            When(deadline_at__lte=DbNow(), then=Value(True)),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
+        row = (
+            db.for_update(self.rows().filter(fence_q(step_id, attempt)), alias)
+            .annotate(past_deadline=past)
+            .values_list("past_deadline", "timeout")
+            .first()
+        )
+        if row is None:
+            self._refuse(alias, step_id, attempt)
+        elif row[0]:
+            raise WorkflowStepTimedOutError(step_id, attempt, row[1])
+        return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
+
+
+__all__ = ["StepTransactions"]

@@ -1,0 +1,308 @@
+"""Transactional steps (``@step_function(..., transactional=True)``, DESIGN §5c): the step's
+writes and its result commit together, or not at all.
+
+* a step that writes and then raises commits nothing; its retry's write lands once;
+* a plain step that does the same keeps the failed attempt's row (the contrast);
+* a superseded attempt's transaction rolls back, in-process and with real worker processes
+  (SIGSTOPped inside its transaction, superseded, SIGCONTed: PostgreSQL and MariaDB);
+* an attempt past its timeout rolls back and fails with ``STEP_TIMED_OUT``;
+* 8 processes racing one step, each superseding the last, write its row exactly once;
+* ``ctx.transactional`` and ``ctx.idempotency_key``; system check W036 on SQLite.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_leases.checks import check_transactional_steps
+from django_leases.models import WorkflowRun, WorkflowStep
+from django_leases.testing import drive
+from django_leases.workflows import start_workflow, step_function
+from django_leases.workflows.engine import StepContext, execute_step
+from django_leases.workflows.registry import step_declaration
+from tests import helpers
+from tests.helpers import (
+    MANAGE_PY,
+    lapse_lease,
+    lapse_step_lease,
+    process_stopped,
+    race_in_processes,
+    start_process,
+    wait_until,
+)
+from tests.workapp import workflows as workapp
+from tests.workapp.models import LedgerEntry
+
+needs_row_locks = pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="SQLite's transaction holds the whole database's write lock: no other attempt "
+    "can run meanwhile (run with DATABASE_URL=postgres://... or mysql://...)",
+)
+
+
+def rows(run_id: Any) -> list[tuple[str, int]]:
+    return list(
+        LedgerEntry.objects.filter(run_id=run_id).order_by("id").values_list("step", "attempt")
+    )
+
+
+# -- in the test's transaction --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_step_that_writes_then_raises_commits_nothing_and_its_retry_lands_once() -> None:
+    run_id = start_workflow("tests.tx.one", {"fail": 2})
+    run = drive(run_id)
+    assert run is not None and run.status == "completed"
+    assert run.output == {"attempt": 3, "transactional": True}
+    # Attempts 1 and 2 wrote their row and raised: both rolled back.
+    assert rows(run_id) == [("only", 3)]
+    history = WorkflowStep.objects.history(run_id)
+    assert [entry.status for entry in history] == ["failed", "failed", "succeeded"]
+
+
+@pytest.mark.django_db
+def test_a_plain_step_that_writes_then_raises_keeps_its_row() -> None:
+    run_id = start_workflow("tests.tx.one", {"fail": 1, "function": "tests.tx.plain-append"})
+    run = drive(run_id)
+    assert run is not None and run.status == "completed"
+    assert run.output == {"attempt": 2, "transactional": False}
+    assert rows(run_id) == [("only", 1), ("only", 2)]
+
+
+@pytest.mark.django_db
+def test_an_exhausted_transactional_step_fails_the_run_with_nothing_written() -> None:
+    run_id = start_workflow("tests.tx.one", {"fail": 9, "retries": 1})
+    run = drive(run_id)
+    assert run is not None and run.status == "failed"
+    assert rows(run_id) == []
+
+
+@pytest.mark.django_db
+def test_transactional_steps_in_a_row_each_land_once() -> None:
+    run_id = start_workflow("tests.tx.three", {})
+    run = drive(run_id)
+    assert run is not None and run.status == "completed"
+    assert [r["attempt"] for r in run.output] == [1, 1, 1]
+    assert rows(run_id) == [("first", 1), ("second", 1), ("third", 1)]
+
+
+@pytest.mark.django_db
+def test_an_attempt_past_its_timeout_rolls_back_and_fails_with_step_timed_out() -> None:
+    run_id = start_workflow(
+        "tests.tx.one", {"function": "tests.tx.overrun", "timeout": 60, "retries": 1}
+    )
+    run = drive(run_id)
+    assert run is not None and run.status == "completed"
+    assert run.output == {"attempt": 2}
+    assert rows(run_id) == [("only", 2)]
+    first = WorkflowStep.objects.history(run_id)[0]
+    assert first.status == "failed"
+    assert first.error["code"] == "STEP_TIMED_OUT"
+    assert first.error["type"] == "WorkflowStepTimedOutError"
+
+
+@pytest.mark.django_db
+def test_a_superseded_attempt_rolls_back_its_writes() -> None:
+    run = WorkflowRun.objects.start("tests.tx.one", {})
+    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.append")
+    stale = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.append", 600)
+    assert stale is not None
+
+    def superseding(data: Any, ctx: StepContext) -> Any:
+        # Inside attempt 1's transaction, a takeover: its lease lapses, attempt 2 is claimed.
+        LedgerEntry.objects.create(run_id=ctx.run_id, step=ctx.step_name, attempt=ctx.attempt)
+        lapse_step_lease(stale.step_id)
+        newer = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.append", 600)
+        assert newer is not None and newer.attempt == 2
+        return {"attempt": ctx.attempt}
+
+    original = workapp.tx_append
+    try:
+        from django_leases.workflows import registry
+
+        registry._step_functions["tests.tx.append"] = superseding
+        assert execute_step(stale) == "superseded"
+    finally:
+        registry._step_functions["tests.tx.append"] = original
+    # The row and the claim of attempt 2 were in the same (rolled back) transaction: the
+    # step is as attempt 1 left it before it ran, and nothing of attempt 1 landed.
+    assert rows(run.id) == []
+    step = WorkflowStep.objects.get(run_id=run.id, step_name="only")
+    assert step.result is None
+
+
+@pytest.mark.django_db
+def test_the_context_says_transactional_and_gives_a_stable_idempotency_key() -> None:
+    run_id = start_workflow("tests.tx.one", {"fail": 1})
+    keys: list[tuple[int, str, bool]] = []
+
+    def spy(data: Any, ctx: StepContext) -> Any:
+        keys.append((ctx.attempt, ctx.idempotency_key, ctx.transactional))
+        return original(data, ctx)
+
+    from django_leases.workflows import registry
+
+    original = workapp.tx_append
+    registry._step_functions["tests.tx.append"] = spy
+    try:
+        drive(run_id)
+        other = start_workflow("tests.tx.one", {})
+        drive(other)
+    finally:
+        registry._step_functions["tests.tx.append"] = original
+    (a1, k1, t1), (a2, k2, _), (_, k3, _) = keys
+    assert (a1, a2) == (1, 2) and t1 is True
+    assert k1 == k2, "the key is the same for every attempt of one step"
+    assert k3 != k1, "and differs between runs"
+    assert str(uuid.UUID(k1)) == k1
+    steps = {
+        s.step_name: StepContext(_claim_of(s), threading.Event()).idempotency_key
+        for s in WorkflowStep.objects.filter(run_id=other)
+    }
+    assert k3 == steps["only"]
+
+
+def _claim_of(step: WorkflowStep) -> Any:
+    from django_leases.workflows.values import Claim
+
+    return Claim(
+        step.pk, step.run_id, step.step_name, step.function_name, 1, None, 60, 0, "default"
+    )
+
+
+@pytest.mark.django_db
+def test_idempotency_keys_differ_between_the_steps_of_a_run() -> None:
+    run_id = start_workflow("tests.tx.three", {})
+    drive(run_id)
+    keys = {
+        StepContext(_claim_of(step), threading.Event()).idempotency_key
+        for step in WorkflowStep.objects.filter(run_id=run_id)
+    }
+    assert len(keys) == 3
+
+
+def test_step_function_refuses_a_transactional_that_is_not_a_bool() -> None:
+    with pytest.raises(ValueError, match="transactional"):
+        step_function("tests.tx.bad", transactional="yes")  # type: ignore[arg-type]
+    assert step_declaration("tests.tx.append").transactional is True
+    assert step_declaration("tests.tx.plain-append").transactional is False
+
+
+def test_a_transactional_step_function_is_a_plain_function() -> None:
+    async def coroutine(data: Any, ctx: Any) -> Any:
+        return data
+
+    with pytest.raises(TypeError, match="transactional step runs in a transaction"):
+        step_function("tests.tx.async", transactional=True)(coroutine)
+    from django_leases.workflows.registry import get_step_function
+
+    assert get_step_function("tests.tx.async") is None
+
+
+def test_w036_warns_about_transactional_steps_on_sqlite_only() -> None:
+    sqlite = {"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {"timeout": 20}}
+    found = check_transactional_steps(["tests.tx.append"], {"default": ("sqlite", sqlite)})
+    assert [m.id for m in found] == ["django_leases.W036"]
+    assert "tests.tx.append" in found[0].msg and "20 s" in found[0].msg
+    assert check_transactional_steps([], {"default": ("sqlite", sqlite)}) == []
+    pg = {"ENGINE": "django.db.backends.postgresql"}
+    assert check_transactional_steps(["tests.tx.append"], {"default": ("postgresql", pg)}) == []
+
+
+# -- real processes -------------------------------------------------------------------------
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_eight_processes_racing_one_step_write_its_row_exactly_once() -> None:
+    """Each process claims the step (lapsing the previous attempt's lease on the database
+    clock to take it over), writes its row and waits at a barrier inside its transaction,
+    so 8 attempts are in flight at once; then all try to commit."""
+    racers = 8
+    run = WorkflowRun.objects.start("tests.tx.one", {})
+    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.append", retries=racers)
+    barrier = helpers._fork.Barrier(racers)
+    workapp.RACE_BARRIER = barrier
+
+    def racer() -> tuple[int, str]:
+        while True:
+            claim = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.append", 600)
+            if claim is not None:
+                return claim.attempt, execute_step(claim)
+            assert WorkflowStep.objects.filter(run_id=run.id, status="running").exists()
+            lapse_step_lease(run_id=run.id, step_name="only")
+
+    try:
+        outcomes = race_in_processes(*[racer for _ in range(racers)])
+    finally:
+        workapp.RACE_BARRIER = None
+    assert all(error == "" for _, error in outcomes), outcomes
+    results = sorted(value for value, _ in outcomes)
+    assert [attempt for attempt, _ in results] == list(range(1, racers + 1))
+    assert [outcome for _, outcome in results] == ["superseded"] * (racers - 1) + ["succeeded"]
+    assert rows(run.id) == [("only", racers)]
+    step = WorkflowStep.objects.get(run_id=run.id, step_name="only")
+    assert (step.status, step.attempt, step.result["attempt"]) == ("succeeded", racers, racers)
+
+
+@needs_row_locks
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_stopped_inside_its_transaction_and_superseded_lands_nothing(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A real worker runs the step, is SIGSTOPped inside its transaction (after its write),
+    superseded by a second worker's attempt 2 (its leases lapsed on the database clock), then
+    SIGCONTed: its write never lands; attempt 2's does, and the run completes with it."""
+    hold = tmp_path / "hold"
+    run_id = start_workflow("tests.tx.one", {"hold": str(hold)})
+    worker = ["run_workflow_worker", "--concurrency", "1"]
+    first = start_process([*MANAGE_PY, *worker], env=subprocess_env)
+    wait_until(lambda: Path(f"{hold}.inside").exists(), 60, what="attempt 1 inside its step")
+    assert int(Path(f"{hold}.inside").read_text()) == first.pid
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: process_stopped(first.pid), 10, what="the worker stopped")
+        lapse_step_lease(run_id=run_id, step_name="only")
+        lapse_lease(f"workflow-run:{run_id}")
+        second = start_process([*MANAGE_PY, *worker], env=subprocess_env)
+        wait_until(
+            lambda: WorkflowRun.objects.filter(pk=run_id, status="completed").exists(),
+            120,
+            what="attempt 2 to complete the run",
+        )
+        assert rows(run_id) == [("only", 2)]
+    finally:
+        Path(f"{hold}.go").touch()
+        os.kill(first.pid, signal.SIGCONT)
+    # Attempt 1 resumes, finds itself superseded at its result write and rolls back; asked
+    # to stop, its worker finishes that attempt first and says what became of it.
+    first.send_signal(signal.SIGTERM)
+    _, said = first.communicate(timeout=120)
+    assert first.returncode == 0, said
+    assert "attempt 1 was superseded (current attempt 2)" in said, said
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=120)
+    assert rows(run_id) == [("only", 2)]
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.output == {"attempt": 2, "transactional": True}
+    history = WorkflowStep.objects.history(run_id)
+    assert [(e.attempt, e.status) for e in history] == [(1, "running"), (2, "succeeded")]
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="W036 is about SQLite")
+def test_the_registered_checks_say_w036_for_this_suites_transactional_steps() -> None:
+    from django.core import checks
+
+    said = [m for m in checks.run_checks(tags=["django_leases"]) if m.id == "django_leases.W036"]
+    assert len(said) == 1
+    assert "tests.tx.append" in said[0].msg and "tests.dup.upsert" not in said[0].msg
