@@ -221,10 +221,15 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     @admin.display(description=_("receives at"))
     def receive_address(self, obj: TriggerSource) -> str:
-        try:
-            return lifecycle.receive_url(obj)
-        except TriggerSourceError:
+        missing = lifecycle.missing_url(obj)
+        if missing == "no_route":
+            return gettext(
+                "— (django_leases.urls is not in the URLconf: add "
+                "path('', include('django_leases.urls')))"
+            )
+        if missing:
             return gettext("— (no address yet: run reconcile_trigger_sources --base-url)")
+        return lifecycle.receive_url(obj)
 
     @admin.display(description=_("refused"), ordering="refused")
     def refused_count(self, obj: TriggerSource) -> str:

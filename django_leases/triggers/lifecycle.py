@@ -143,6 +143,28 @@ def receive_url(source: TriggerSource) -> str:
     return source.base_url.rstrip("/") + path
 
 
+#: Why a source has no receiving URL, as :func:`missing_url` names it, and what to do.
+MISSING_URL_HINTS = {
+    "no_address": "no address yet: run reconcile_trigger_sources --base-url URL",
+    "no_route": (
+        "django_leases.urls is not in the URLconf: add path('', include('django_leases.urls'))"
+    ),
+}
+
+
+def missing_url(source: TriggerSource) -> str | None:
+    """Why :func:`receive_url` has no URL for ``source``: ``"no_address"`` (no ``base_url``
+    known yet), ``"no_route"`` (``django_leases.urls`` is not included), or ``None`` when it
+    has one. :data:`MISSING_URL_HINTS` says what to do about each."""
+    try:
+        receive_url(source)
+    except NoAddress:
+        return "no_address"
+    except NoReceiveURL:
+        return "no_route"
+    return None
+
+
 def _objects(using: str | None) -> TriggerSourceQuerySet:
     rows = TriggerSource.objects.all()
     return rows.using(using) if using else rows
