@@ -9,10 +9,11 @@ fencing rules of workflow steps (C1–C12, F1–F12) the same way, and
 rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provider for tests.
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
 fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1).
-:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
+:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``;
+:func:`time_out` makes a wait's timeout pass now.
 """
 
-from django_leases.testing.driving import drive
+from django_leases.testing.driving import drive, time_out
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.waits import WorkflowWaitConformanceTests
@@ -25,4 +26,5 @@ __all__ = [
     "WorkflowFencingConformanceTests",
     "WorkflowWaitConformanceTests",
     "drive",
+    "time_out",
 ]
