@@ -51,10 +51,12 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets as _secrets
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -131,8 +133,36 @@ _MAX_LABEL_PREFIX = 200
 
 def check_base_url(base_url: object) -> str:
     """``base_url`` without a trailing ``/`` if it is an http(s) URL of at most 500
-    characters; ``ValueError`` otherwise (the one rule for a source's address)."""
+    characters; ``ValueError`` otherwise (the one rule for a source's address).
+
+    A host name of one label (``http://testserver``, Django's test client's host;
+    ``http://web:8000``, a service on a container network) is an address too: Django's
+    ``URLValidator`` wants a dot in a host name other than ``localhost``."""
     return _check_base_url(base_url)
+
+
+#: A host name of one DNS label (no dot), as in ``http://testserver``.
+_ONE_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _one_label_as_localhost(url: str) -> str:
+    """``url`` with a one-label host name put as ``localhost`` (so ``URLValidator`` judges
+    the rest of it), else ``url`` unchanged. ``urlsplit`` drops tabs and line breaks, so a
+    URL holding any is left to ``URLValidator`` as it is (which refuses it)."""
+    if not url.isprintable() or " " in url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return url
+    if host is None or not _ONE_LABEL.fullmatch(host) or host.isdigit():
+        return url
+    netloc = parts.netloc
+    at = netloc.rfind("@") + 1
+    if netloc[at : at + len(host)].lower() != host:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc[:at] + "localhost" + netloc[at + len(host) :]))
 
 
 def _check_base_url(base_url: object) -> str:
@@ -141,7 +171,7 @@ def _check_base_url(base_url: object) -> str:
     if len(base_url) > _MAX_ADDRESS:
         raise ValueError(f"base_url is longer than {_MAX_ADDRESS} characters")
     try:
-        URLValidator(schemes=["http", "https"])(base_url)
+        URLValidator(schemes=["http", "https"])(_one_label_as_localhost(base_url))
     except ValidationError:
         raise ValueError(
             f"base_url {base_url!r} is not an http(s) URL (e.g. https://example.com)"

@@ -10,13 +10,17 @@ rules (T1–T13). ``django_leases.testing.providers`` has a fake webhook provide
 ``django_leases.testing.waits.WorkflowWaitConformanceTests`` checks the rules of waits,
 fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1–K2, H1–H3, T1).
 :func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``;
-:func:`time_out` makes a wait's timeout pass now.
+:func:`time_out` makes a wait's timeout pass now. :func:`enable_source` and :func:`deliver`
+(:mod:`django_leases.testing.webhooks`) test webhook handlers there: a source switched on
+without a provider call, and a delivery signed as its provider signs, posted to the receive
+view.
 """
 
 from django_leases.testing.driving import drive, time_out
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.waits import WorkflowWaitConformanceTests
+from django_leases.testing.webhooks import deliver, enable_source
 from django_leases.testing.workflows import WorkflowFencingConformanceTests
 
 __all__ = [
@@ -25,6 +29,8 @@ __all__ = [
     "TriggerSourceStoreConformanceTests",
     "WorkflowFencingConformanceTests",
     "WorkflowWaitConformanceTests",
+    "deliver",
     "drive",
+    "enable_source",
     "time_out",
 ]

@@ -39,12 +39,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import router
+from django.db import connections, router
 from django.urls import NoReverseMatch, get_script_prefix, reverse
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     LeaseTakenError,
+    MisuseError,
     NoAddress,
     NoReceiveURL,
     ProviderError,
@@ -187,6 +188,14 @@ def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLea
     200 characters: not as the lease key it becomes) or a bad ``wait``."""
     check_name(name, "A trigger source name")
     seconds(wait, "wait")
+    alias = using or router.db_for_write(Lease)
+    if connections[alias].in_atomic_block:
+        raise MisuseError(
+            f"Trigger source {name!r}: enable, disable, teardown and reconcile take the "
+            "source's lease, which cannot be held inside transaction.atomic() (a TestCase). "
+            "To test a webhook handler, use django_leases.testing.enable_source() and "
+            "deliver(); to test setup at a provider, use a TransactionTestCase."
+        )
     try:
         with hold_lease(lease_key(name), using=using, wait=wait) as held:
             yield held
@@ -371,6 +380,8 @@ def enable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -
         ValueError: ``name`` is no source name (not a ``str`` of 1–200 characters), or a bad
             ``wait``.
         LeaseLostError: the source's lease lapsed mid-way (that write was not made).
+        MisuseError: called inside ``transaction.atomic()`` (a ``TestCase``): the lease
+            would protect nothing; tests use :func:`django_leases.testing.enable_source`.
     """
     objects = _objects(using)
     with _source_lease(name, using, wait) as held:
