@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import secrets as _secrets
 import uuid
@@ -189,6 +190,8 @@ def _check_label_prefix(label_prefix: object) -> str:
     return label_prefix
 
 
+logger = logging.getLogger("django_leases.triggers")
+
 #: The PostgreSQL advisory lock id that serialises ``sync`` (the bytes of "dl_trigs").
 SYNC_LOCK_ID = 0x646C5F7472696773  # "dl_trigs"
 
@@ -288,8 +291,10 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
 
         Upserts each declared row (``kind``, ``provider``, ``config``, ``declared=True``);
         new rows start disabled. Every other row becomes an orphan (``declared=False``); no
-        row is deleted. ``enabled``, ``status`` and ``state`` are never touched. Concurrent
-        syncs leave exactly one row per name.
+        row is deleted. ``enabled``, ``status`` and ``state`` are never touched. A source
+        whose provider changed loses its stored signing secret, in the same transaction (a
+        warning is logged): nobody at the new sender knows it, and check ``W008`` then says
+        one is missing. Concurrent syncs leave exactly one row per name.
 
         Returns every row (declared and orphaned), sorted by name.
 
@@ -318,8 +323,28 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             _serialise_syncs(alias)
             # Then lock the existing rows in name order: record / set_enabled on one row
             # wait here rather than in the middle of the sync.
-            list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
+            providers = dict(
+                rows.select_for_update().order_by("name").values_list("name", "provider")
+            )
             known = TriggerSourceDefaults.objects.remember(alias, **address)
+            # A source whose provider changed keeps no signing secret: the old provider's (or
+            # one we made for it) is one nobody at the new sender knows, and with it kept
+            # check W008 stayed silent while every delivery got 401.
+            switched = sorted(
+                source.name
+                for source in sources
+                if providers.get(source.name) not in (None, source.provider)
+            )
+            if switched:
+                TriggerSecret.objects.db_manager(alias).filter(name__in=switched).delete()
+                for name in switched:
+                    logger.warning(
+                        "Trigger source %r changed provider (%s → %s): its stored signing "
+                        "secret was deleted; store the new sender's secret",
+                        name,
+                        providers[name],
+                        next(source.provider for source in sources if source.name == name),
+                    )
             rows.bulk_create(
                 [
                     self.model(
