@@ -36,6 +36,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models import (
     AttemptStatus,
@@ -147,8 +148,9 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
 
     @admin.display(description=_("error"))
     def error_json(self, step: WorkflowStep) -> str:
-        """The step's recorded error as indented JSON (HTML ``str``)."""
-        return _json(step.error)
+        """The step's recorded error as JSON, its traceback (if any) below it, readable
+        (HTML ``str``; :func:`~django_leases.admin.tracebacks.error_html`)."""
+        return error_html(step.error, _json, element_id=f"traceback-{step.step_name}")
 
 
 class RunKindFilter(admin.SimpleListFilter):
@@ -502,8 +504,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
 
     @admin.display(description=_("error"))
     def error_json(self, run: WorkflowRun) -> str:
-        """The run's error as indented JSON (HTML ``str``)."""
-        return _json(run.error)
+        """The run's error as JSON, its traceback (and a failed step's) below it, readable
+        (HTML ``str``; :func:`~django_leases.admin.tracebacks.error_html`)."""
+        return error_html(run.error, _json, element_id="run-traceback")
 
     @admin.display(description=_("attempt history"))
     def history(self, run: WorkflowRun) -> str:
