@@ -605,3 +605,27 @@ def test_w040_declared_sources_without_the_receiving_urls() -> None:
         assert checks.receive_route_missing() is True
         assert "django_leases.W040" in _ids(_registered())
     assert "django_leases.W040" not in _ids(_registered())
+
+
+@pytest.mark.django_db
+def test_our_partial_indexes_raise_no_w037_where_conditions_are_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On MariaDB / MySQL Django warns ``models.W037`` for a model with a partial index.
+    For ours the full index serves the same queries (documented), so the warning is ours to
+    silence — for our models only."""
+    from django_leases.models import WorkflowRun, WorkflowStep
+
+    monkeypatch.setattr(connection.features, "supports_partial_indexes", False)
+    for model in (WorkflowRun, WorkflowStep):
+        # What Django itself says of the model…
+        plain = super(model, model).check(databases=[connection.alias])
+        assert "models.W037" in _ids(plain), model
+        # …and what the check run reports.
+        assert "models.W037" not in _ids(model.check(databases=[connection.alias])), model
+    everything = django_checks.run_checks(
+        databases=[connection.alias], include_deployment_checks=False
+    )
+    assert not [
+        m for m in everything if m.id == "models.W037" and m.obj in (WorkflowRun, WorkflowStep)
+    ]
