@@ -524,6 +524,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         )
 
     def get_urls(self) -> list[URLPattern]:
+        """The secret form's URL (``<id>/secret/``), then the operations' and Django's."""
         opts = self.model._meta
         return [
             path(
@@ -590,6 +591,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        """A declared source's page; a ``manual`` one offers its secret form to operators."""
         context = dict(extra_context or {})
         source = self.get_object(request, object_id)
         if (

@@ -28,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -48,6 +49,7 @@ from django_leases.models import (
     WorkflowWait,
 )
 from django_leases.workflows.display import describe_wait, event_sent, waiting_on
+from django_leases.workflows.timeline import timeline_for
 from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, WaitStatus
 
 #: The permission behind resume, cancel and retry step.
@@ -253,6 +255,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         "children_links",
         "waiting_on",
         "waits",
+        "timeline",
         "history",
     )
     readonly_fields = fields
@@ -507,6 +510,18 @@ class WorkflowRunAdmin(ReadOnlyAdmin, _RunModelAdmin):
         """The run's error as JSON, its traceback (and a failed step's) below it, readable
         (HTML ``str``; :func:`~django_leases.admin.tracebacks.error_html`)."""
         return error_html(run.error, _json, element_id="run-traceback")
+
+    @admin.display(description=_("timeline"))
+    def timeline(self, run: WorkflowRun) -> str:
+        """The run's steps, attempts and waits on one time axis: SVG drawn on the server
+        (:func:`django_leases.workflows.timeline.timeline_for`, template
+        ``admin/django_leases/workflowrun/timeline.html``); ``"—"`` before its first step."""
+        drawn = timeline_for(run)
+        if not drawn.lanes:
+            return "—"
+        return render_to_string(
+            "admin/django_leases/workflowrun/timeline.html", {"timeline": drawn}
+        )
 
     @admin.display(description=_("attempt history"))
     def history(self, run: WorkflowRun) -> str:
