@@ -19,6 +19,7 @@ from django_leases.workflows.timeline import (
     LABEL_WIDTH,
     MAX_LANES,
     MIN_BAR_WIDTH,
+    NAME_SHOWN,
     RIGHT_PAD,
     WIDTH,
     AttemptRow,
@@ -100,12 +101,20 @@ def test_waits_and_children_are_bars_and_a_live_run_runs_to_now() -> None:
     assert lanes["kid"].bars[0].state == "child-done"
     assert lanes["b"].bars[0].state == "running"
     assert lanes["approval"].bars[0].state == "waiting"
-    # The axis reaches the timeout still ahead, marked on its lane.
-    assert drawn.end == at(120)
-    assert lanes["approval"].marker_x == pytest.approx(WIDTH - RIGHT_PAD, abs=0.1)
-    assert (
-        lanes["approval"].bars[0].x + lanes["approval"].bars[0].width <= lanes["approval"].marker_x
+    # A live run's axis ends now; a timeout further ahead does not stretch it (unmarked)…
+    assert drawn.end == at(60)
+    assert lanes["approval"].marker_x is None
+    assert lanes["approval"].bars[0].x + lanes["approval"].bars[0].width <= WIDTH - RIGHT_PAD
+    # …one within it is marked on its lane.
+    later = build(
+        start=T0,
+        end=None,
+        now=at(200),
+        attempts=[attempt("a", 1, 0, 1, "succeeded")],
+        waits=[WaitRow("approval", "event", "waiting", at(31), at(31), due_at=at(100))],
     )
+    left, right = float(LABEL_WIDTH), float(WIDTH - RIGHT_PAD)
+    assert later.lanes[1].marker_x == pytest.approx(left + 100 * (right - left) / 200, abs=0.1)
 
 
 def test_two_hundred_steps_fit_the_width_and_tiny_attempts_stay_visible() -> None:
@@ -133,7 +142,7 @@ def test_a_long_name_is_cut_and_kept_whole_for_its_tooltip() -> None:
     [lane] = build(
         start=T0, end=at(1), now=at(1), attempts=[attempt(name, 1, 0, 1, "succeeded")]
     ).lanes
-    assert lane.name == name and lane.label.endswith("…") and len(lane.label) == 28
+    assert lane.name == name and lane.label.endswith("…") and len(lane.label) == NAME_SHOWN
 
 
 @pytest.mark.parametrize(
@@ -203,4 +212,4 @@ def test_the_run_page_draws_the_timeline_as_svg() -> None:
     assert svg.count('data-state="failed"') >= 1 and 'data-state="waiting"' in svg
     kid = str(WorkflowRun.objects.get(parent_id=run_id).pk)
     assert reverse("admin:django_leases_workflowrun_change", args=[kid]) in svg
-    assert 'class="dl-tl-due"' in svg  # the approval's timeout, ahead
+    assert 'class="dl-tl-due"' not in svg  # the approval's timeout is an hour ahead

@@ -30,9 +30,9 @@ from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun, WorkflowStepAttempt
 
 #: The drawing's width, in SVG user units (it scales to the page's width).
-WIDTH = 960
+WIDTH = 900
 #: Width of the lane labels (step and wait names) at the left.
-LABEL_WIDTH = 190
+LABEL_WIDTH = 170
 #: Room at the right of the axis.
 RIGHT_PAD = 12
 #: Height of the axis with its tick labels, above the lanes.
@@ -47,7 +47,7 @@ MIN_BAR_WIDTH = 2.0
 #: Lanes drawn at most; a run with more says how many were left out.
 MAX_LANES = 1000
 #: Characters of a lane's name shown; the whole name is in its tooltip.
-NAME_SHOWN = 28
+NAME_SHOWN = 26
 
 #: Round tick steps, seconds: the smallest giving at most :data:`MAX_TICKS` ticks is used.
 TICK_STEPS = (
@@ -304,12 +304,12 @@ def build(
     left_out = max(0, len(spans) - MAX_LANES)
     spans = spans[:MAX_LANES]
 
+    # The axis ends with the run (or now): a timeout or a sleep's end still ahead is marked
+    # where it falls inside it, never stretching it (an hour's timeout would squash the rest).
     last = end or now
-    for _, _, _, span_bars, ahead in spans:
+    for _, _, _, span_bars, _ in spans:
         for _, finish, _, _, _ in span_bars:
             last = max(last, finish)
-        if ahead is not None:
-            last = max(last, ahead)
     total = max(_seconds(last - start), 0.001)
     left, right = float(LABEL_WIDTH), float(WIDTH - RIGHT_PAD)
     scale = (right - left) / total
@@ -335,7 +335,7 @@ def build(
                 label=shown,
                 y=AXIS_HEIGHT + number * LANE_HEIGHT + (LANE_HEIGHT - BAR_HEIGHT) / 2,
                 bars=tuple(drawn),
-                marker_x=None if ahead is None else x_of(ahead),
+                marker_x=None if ahead is None or ahead > last else x_of(ahead),
             )
         )
     step = tick_step(total)
