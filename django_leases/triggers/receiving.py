@@ -62,6 +62,7 @@ from django_leases.models.trigger import (
 )
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.registry import get_declaration
+from django_leases.validation import check_name
 
 logger = logging.getLogger("django_leases.triggers")
 
@@ -174,6 +175,16 @@ def _refused(name: str, reason: str, status: int) -> None:
     )
 
 
+def _storable_name(name: str) -> bool:
+    """Whether ``name`` is one a source row can have (no NUL, which PostgreSQL cannot even
+    compare, no lone surrogate, at most 200 characters): only those are looked up."""
+    try:
+        check_name(name, "A trigger source name")
+    except ValueError:
+        return False
+    return True
+
+
 def _receive(
     name: str,
     *,
@@ -183,7 +194,7 @@ def _receive(
 ) -> Reception:
     """:func:`receive` without the counting and the signals."""
     declaration = get_declaration(name)
-    source = TriggerSource.objects.receivable(name)
+    source = TriggerSource.objects.receivable(name) if _storable_name(name) else None
     if declaration is None and source is not None:
         logger.warning(
             "Trigger source %r is enabled, but this process has no declaration of it "
