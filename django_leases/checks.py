@@ -98,6 +98,9 @@ id                       what it reports
                          signatures) to the registered address cross the network unencrypted
 ``django_leases.W035``   ``check --deploy``: ``GITHUB_API_URL`` or ``STRIPE_API_URL`` on plain
                          http, so the API token is sent unencrypted
+``django_leases.W040``   trigger sources are declared but the URLconf does not include
+                         ``django_leases.urls``: they have no URL to receive on, so enabling
+                         one fails and ``trigger_sources list`` shows URL ``-``
 ``django_leases.W032``   the lease database has standbys (replicas) its commits do not wait for:
                          promoting one loses acknowledged lease grants and fenced writes
                          (:func:`django_leases.db.replication`; PostgreSQL, MariaDB)
@@ -997,6 +1000,43 @@ def check_webhooks_extra(
     ]
 
 
+def receive_route_missing() -> bool:
+    """Whether the URLconf lacks ``django_leases.urls`` (the receive view's named route).
+    ``False`` too when the URLconf cannot be loaded at all: Django's own URL checks say so."""
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("django_leases:receive-webhook", args=["probe"])
+    except NoReverseMatch:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def check_receive_route(
+    declared: Iterable[TriggerDeclaration], route_missing: bool
+) -> list[checks.CheckMessage]:
+    """W040: sources are declared, but ``django_leases.urls`` is not in the URLconf."""
+    names = sorted(declaration.name for declaration in declared)
+    if not names or not route_missing:
+        return []
+    return [
+        checks.Warning(
+            _(
+                "Trigger source(s) %(sources)s are declared, but the URLconf does not include "
+                "django_leases.urls: they have no URL to receive deliveries on."
+            )
+            % {"sources": ", ".join(repr(name) for name in names)},
+            hint=_(
+                "Add path('leases/', include('django_leases.urls')) (any prefix) to your "
+                "ROOT_URLCONF."
+            ),
+            id="django_leases.W040",
+        )
+    ]
+
+
 def check_routing(models: Iterable[type[Model]], aliases: set[str]) -> list[checks.CheckMessage]:
     """W011: reads of our models routed elsewhere than their writes."""
     messages: list[checks.CheckMessage] = []
@@ -1083,6 +1123,7 @@ def django_leases_checks(
     messages.extend(
         check_webhooks_extra(declared, leases_settings.WEBHOOK_SECRETS, missing_webhook_modules())
     )
+    messages.extend(check_receive_route(declared, bool(declared) and receive_route_missing()))
     messages.extend(
         check_webhook_settings(
             declared,

@@ -452,6 +452,15 @@ class SourceNotReceiving(ReceiveError):
     reason = "not_receiving"
 
 
+class SourceNotDeclaredHere(ReceiveError):
+    """The source is declared and enabled (its row says so) but the process that received
+    the delivery has no declaration of it: a web process of an older deploy, or one whose
+    ``triggers.py`` failed to import. 503, so the sender delivers again later."""
+
+    status = 503
+    reason = "not_declared_here"
+
+
 class PayloadTooLarge(ReceiveError):
     """The body is over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]``: 413."""
 
@@ -493,6 +502,7 @@ __all__ = [
     "ReceiveError",
     "SignatureMismatch",
     "SourceBusy",
+    "SourceNotDeclaredHere",
     "SourceNotReceiving",
     "SourceOrphaned",
     "SourceStillDeclared",

@@ -11,6 +11,7 @@ import decimal
 import json
 import math
 import re
+import traceback
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
@@ -399,11 +400,29 @@ def _safe_repr(value: Any) -> str:
     return text if len(text) <= 2000 else text[:1997] + "..."
 
 
+#: Characters of a traceback an error keeps: its end, where the frame that raised is.
+TRACEBACK_KEPT = 8000
+
+
+def _traceback_text(error: BaseException) -> str:
+    """``error``'s traceback as Python prints it, cut to its last :data:`TRACEBACK_KEPT`
+    characters (after a line saying so); a traceback that cannot be formatted says that."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:  # a broken __str__ or __repr__ in a frame must not stop the record
+        return f"<the traceback of {type(error).__name__} could not be formatted>"
+    if len(text) > TRACEBACK_KEPT:
+        text = "… (the start is cut)\n" + text[-TRACEBACK_KEPT:]
+    return text
+
+
 def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
     """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
 
-    An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus its ``code``
-    attribute, if any, and the JSON values of its ``error_fields`` mapping, if it has one);
+    An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus, when it was
+    raised, its ``traceback``: the text Python prints, chained causes included, its last
+    :data:`TRACEBACK_KEPT` characters; its ``code`` attribute, if any; and the JSON values of
+    its ``error_fields`` mapping, if it has one, which win);
     a mapping is kept when it is storable JSON (``message`` added if missing); a string
     becomes the message. NUL characters and lone surrogates in the message, type and code
     are replaced by U+FFFD, so the error can always be written.
@@ -417,6 +436,8 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
             "type": clean_text(type(error).__name__),
             "message": clean_text(message),
         }
+        if error.__traceback__ is not None:
+            out["traceback"] = clean_text(_traceback_text(error))
         code = getattr(error, "code", None)
         if isinstance(code, str):
             out["code"] = clean_text(code)

@@ -453,3 +453,52 @@ def test_a_source_page_and_the_list_show_the_refused_delivery_tallies(
     orphan = reverse("admin:django_leases_orphantriggersource_change", args=[_pk("adm-gone")])
     orphan_page = operator.get(orphan).content.decode()
     assert 'id="refusals"' not in orphan_page and "Refused deliveries" in orphan_page
+
+
+def test_an_operator_sets_a_manual_source_s_secret_in_a_form_that_never_shows_it(
+    operator: Client, manual_sources: None, fake: FakeProvider
+) -> None:
+    chosen = "a-secret-typed-in-the-admin-4567"
+    html = _page(operator, "adm-by-hand")
+    url = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-by-hand")])
+    assert f'id="set-secret-adm-by-hand" href="{url}"' in html
+    form = operator.get(url)
+    assert form.status_code == 200
+    assert (
+        'type="password"' in form.content.decode()
+        and "No secret is stored" in form.content.decode()
+    )
+
+    # A blank or control-character secret: the form again, nothing stored, nothing echoed.
+    assert operator.post(url, {"secret": ""}).status_code == 200
+    bad = operator.post(url, {"secret": "line\x01break"})
+    assert bad.status_code == 200 and "line\x01break" not in bad.content.decode()
+    assert credentials.get_secret("adm-by-hand") is None
+
+    done = operator.post(url, {"secret": chosen}, follow=True)
+    assert credentials.get_secret("adm-by-hand") == chosen
+    assert "Stored the signing secret of adm-by-hand (encrypted)." in _messages(done)
+    assert chosen not in done.content.decode()
+    again = operator.get(url).content.decode()
+    assert chosen not in again and "A secret is stored" in again
+    entry = LogEntry.objects.filter(object_id=str(_pk("adm-by-hand"))).latest("action_time")
+    assert entry.action_flag == CHANGE and chosen not in entry.get_change_message()
+    assert "signing secret" in entry.get_change_message()
+
+
+def test_the_secret_form_needs_the_toggle_permission_and_a_manual_source(
+    manual_sources: None, fake: FakeProvider
+) -> None:
+    url = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-by-hand")])
+    viewer = _client(staff_user("view_triggersource"))
+    assert 'id="set-secret-' not in _page(viewer, "adm-by-hand")
+    assert viewer.get(url).status_code == 403
+    assert viewer.post(url, {"secret": "x" * 20}).status_code == 403
+    assert credentials.get_secret("adm-by-hand") is None
+
+    toggler = _client(staff_user("view_triggersource", "toggle_triggersource"))
+    assert toggler.get(url).status_code == 200
+    other = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-pushes")])
+    assert 'id="set-secret-' not in _page(toggler, "adm-pushes")
+    assert toggler.post(other, {"secret": "x" * 20}).status_code == 403, "not a manual source"
+    assert credentials.get_secret("adm-pushes") is None

@@ -590,3 +590,43 @@ def test_registered_check_reads_django_leases(settings: Any) -> None:
     messages = [m for m in _registered() if m.id in ("django_leases.E015", "django_leases.E016")]
     assert _ids(messages) == ["django_leases.E015", "django_leases.E016"]
     assert "Did you mean 'DEFAULT_TTL'?" in [m.hint for m in messages]
+
+
+def test_w040_declared_sources_without_the_receiving_urls() -> None:
+    """A project that declares sources but forgot ``include("django_leases.urls")`` is told
+    so (their URL is ``-`` and enabling fails); with it, or with nothing declared, quiet."""
+    declared = [TriggerDeclaration("hooks-a", "manual")]
+    assert _ids(checks.check_receive_route(declared, True)) == ["django_leases.W040"]
+    assert "hooks-a" in checks.check_receive_route(declared, True)[0].msg
+    assert checks.check_receive_route(declared, False) == []
+    assert checks.check_receive_route([], True) == []
+
+    assert checks.receive_route_missing() is False  # the test URLconf includes it
+    with override_settings(ROOT_URLCONF="tests.urls_without_leases"):
+        assert checks.receive_route_missing() is True
+        assert "django_leases.W040" in _ids(_registered())
+    assert "django_leases.W040" not in _ids(_registered())
+
+
+@pytest.mark.django_db
+def test_our_partial_indexes_raise_no_w037_where_conditions_are_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On MariaDB / MySQL Django warns ``models.W037`` for a model with a partial index.
+    For ours the full index serves the same queries (documented), so the warning is ours to
+    silence — for our models only."""
+    from django_leases.models import WorkflowRun, WorkflowStep
+
+    monkeypatch.setattr(connection.features, "supports_partial_indexes", False)
+    for model in (WorkflowRun, WorkflowStep):
+        # What Django itself says of the model…
+        plain = super(model, model).check(databases=[connection.alias])
+        assert "models.W037" in _ids(plain), model
+        # …and what the check run reports.
+        assert "models.W037" not in _ids(model.check(databases=[connection.alias])), model
+    everything = django_checks.run_checks(
+        databases=[connection.alias], include_deployment_checks=False
+    )
+    assert not [
+        m for m in everything if m.id == "models.W037" and m.obj in (WorkflowRun, WorkflowStep)
+    ]

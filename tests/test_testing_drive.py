@@ -23,7 +23,7 @@ from django_leases.models import (
     WorkflowStep,
     WorkflowWait,
 )
-from django_leases.testing import drive
+from django_leases.testing import drive, time_out
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
 from django_leases.workflows.display import queue_overview
 from django_leases.workflows.values import WaitStatus
@@ -109,6 +109,36 @@ class DriveInATestCase(TestCase):
         run = drive(run_id)
         assert run is not None
         self.assertEqual(run.output, {"timed_out": True})
+
+    def test_time_out_makes_an_event_timeout_pass(self) -> None:
+        run_id = start_workflow("tests.drive.timeout", {})
+        with self.assertRaisesMessage(ValueError, "has not reached a wait named 'approval'"):
+            time_out(run_id, "approval")
+        drive(run_id)
+        with _session_zone_ahead_of_utc():
+            wait = time_out(run_id, "approval")
+        self.assertEqual(wait.status, WaitStatus.WAITING)
+        self.assertTrue(wait.is_over())
+        run = drive(run_id)
+        assert run is not None
+        self.assertEqual(run.output, {"timed_out": True})
+        self.assertEqual(WorkflowWait.objects.get(run_id=run_id).status, WaitStatus.TIMED_OUT)
+        with self.assertRaisesMessage(ValueError, "is timed_out, no longer waiting"):
+            time_out(run_id, "approval")
+
+    def test_time_out_refuses_what_has_no_time_to_move(self) -> None:
+        run_id = start_workflow("tests.drive.everything", {})
+        drive(run_id)  # waits for "approval", which has no timeout
+        before = list(WorkflowWait.objects.values_list("name", "status", "due_at"))
+        with self.assertRaisesMessage(ValueError, "without a timeout"):
+            time_out(run_id, "approval")
+        with self.assertRaisesMessage(ValueError, "is done, no longer waiting"):
+            time_out(run_id, "a-day")
+        with self.assertRaises(ValueError):
+            time_out("not-a-run", "approval")
+        with self.assertRaises(ValueError):
+            time_out(run_id, "")
+        self.assertEqual(list(WorkflowWait.objects.values_list("name", "status", "due_at")), before)
 
     def test_without_skip_sleeps_it_stops_at_the_sleep(self) -> None:
         run_id = start_workflow("tests.drive.everything", {})

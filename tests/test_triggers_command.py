@@ -244,6 +244,7 @@ def test_list_shows_status_url_and_detail_never_a_secret(fake: FakeProvider) -> 
         "enabled": True,
         "status": "registered",
         "url": f"{BASE}/hooks/{SOURCE}/",
+        "url_missing": None,
         "refused": {},
         "state": {"hook_id": 1},
         "detail": f"Hook 1 registered to post to {BASE}/hooks/{SOURCE}/.",
@@ -409,3 +410,29 @@ def test_the_trigger_commands_refuse_a_bad_wait(command: str, wait: str) -> None
     args = ["enable", SOURCE] if command == "trigger_sources" else []
     with pytest.raises(CommandError, match="--wait"):  # parsed only: nothing is done
         parser.parse_args([*args, "--wait", wait])
+
+
+def test_list_says_why_a_source_has_no_url(settings: Any) -> None:
+    """URL ``-`` alone told nobody why: the table says it (with the fix on stderr), the
+    JSON names it in ``url_missing``."""
+    lifecycle.reconcile()  # no address known
+    err = StringIO()
+    out = StringIO()
+    call_command("trigger_sources", "list", stdout=out, stderr=err)
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith("github-pushes")]
+    assert "- (no address)" in line
+    assert "reconcile_trigger_sources --base-url" in err.getvalue()
+    listed = json.loads(_run("trigger_sources", "list", "--format", "json"))
+    assert {item["url_missing"] for item in listed} == {"no_address"}
+
+    lifecycle.reconcile(base_url=BASE)
+    settings.ROOT_URLCONF = "tests.urls_without_leases"
+    err = StringIO()
+    out = StringIO()
+    call_command("trigger_sources", "list", stdout=out, stderr=err)
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith("github-pushes")]
+    assert "- (no route)" in line
+    assert "include('django_leases.urls')" in err.getvalue()
+    listed = json.loads(_run("trigger_sources", "list", "--format", "json"))
+    assert {item["url_missing"] for item in listed} == {"no_route"}
+    assert {item["url"] for item in listed} == {None}

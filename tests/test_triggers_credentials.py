@@ -247,3 +247,30 @@ def test_concurrent_ensure_secret_agrees_on_one_secret() -> None:
     assert all(isinstance(result, str) for result in results), results
     assert set(results) == {get_secret("raced")}
     assert TriggerSecret.objects.filter(name="raced").count() == 1
+
+
+def test_a_provider_change_deletes_the_stored_secret_so_w008_speaks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """github → manual: the secret made for GitHub is one nobody at the new sender knows.
+    Kept, it silenced W008 while every delivery got 401; the sync now deletes it."""
+    from django_leases.models import TriggerSource
+
+    github = TriggerDeclaration("switching", "github", config={"repository": "a/b"})
+    TriggerSource.objects.sync([github])
+    set_secret("switching", SECRET)
+    set_secret("other", SECRET)
+    TriggerSource.objects.sync([github])  # the same provider: kept
+    assert get_secret("switching") == SECRET
+    manual = TriggerDeclaration("switching", "manual")
+    assert checks.check_secrets([manual], {}, {"switching", "other"}, set(), "") == []
+
+    with caplog.at_level(logging.WARNING, logger="django_leases.triggers"):
+        TriggerSource.objects.sync([manual])
+    assert get_secret("switching") is None
+    assert get_secret("other") == SECRET
+    assert "changed provider (github → manual)" in caplog.text
+    assert SECRET not in caplog.text
+    stored = TriggerSecret.objects.stored_names()
+    found = checks.check_secrets([manual], {}, stored, set(), "")
+    assert [message.id for message in found] == ["django_leases.W008"]

@@ -270,10 +270,14 @@ def test_orphaned_source_is_404_even_when_enabled(source: str) -> None:
     _nothing_recorded()
 
 
-def test_a_row_without_declaration_in_this_process_is_404(source: str) -> None:
+def test_a_row_without_declaration_in_this_process_is_503(source: str) -> None:
+    """Enabled, but this process has no declaration (a web process of the previous deploy):
+    refused as not declared here, 503 so the sender delivers again; nothing recorded."""
     registry.unregister(SOURCE)
     body, headers = _example()
-    assert _post(Client(), body, headers).status_code == 404
+    response = _post(Client(), body, headers)
+    assert response.status_code == 503
+    assert "not declared in this process" in response.json()["error"]
     _nothing_recorded()
 
 

@@ -278,3 +278,31 @@ def test_receiving_is_outside_atomic_requests(source: str) -> None:
         connection.settings_dict["ATOMIC_REQUESTS"] = False
     assert depth == [1]
     assert _tallies() == {"bad_signature": (1, 401)}
+
+
+def test_an_enabled_source_this_process_does_not_declare_is_a_503_of_its_own_reason(
+    source: str, sent: list[tuple[str, dict[str, Any]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A web process of the previous deploy (no declaration of the source) while the row
+    is declared and enabled: not counted as ``not_receiving`` (documented as "disabled"),
+    but as ``not_declared_here``, answered 503 so the sender delivers again."""
+    registry.unregister(SOURCE)
+    try:
+        with caplog.at_level("WARNING", logger="django_leases.triggers"):
+            response = _post(BODY, _headers())
+    finally:
+        webhook_source(SOURCE, provider="github", events={"push": _accept, "issues": _fail})
+    assert response.status_code == 503
+    assert "not declared in this process" in response.json()["error"]
+    assert _tallies() == {"not_declared_here": (1, 503)}
+    assert [kw["reason"] for _, kw in sent] == ["not_declared_here"]
+    assert "no declaration of it" in caplog.text
+    assert TriggerEvent.objects.count() == 0
+    # Disabled, the same process answers the plain 404 again.
+    TriggerSource.objects.set_enabled(SOURCE, False)
+    registry.unregister(SOURCE)
+    try:
+        assert _post(BODY, _headers()).status_code == 404
+    finally:
+        webhook_source(SOURCE, provider="github", events={"push": _accept, "issues": _fail})
+    assert _tallies()["not_receiving"] == (1, 404)

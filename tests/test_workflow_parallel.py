@@ -339,3 +339,18 @@ def test_a_drifted_count_is_set_right_by_the_next_pass(sql_path: str, passes: li
     assert branches_left(run_id) == 0
     drain(Worker(1, step_lease_ttl=LEASE))
     assert WorkflowRun.objects.get(pk=run_id).output == {"sum": 14}
+
+
+def test_the_worker_log_says_each_parallel_branch_succeeded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every branch a worker ran gets its "succeeded" line, as an inline step does (the
+    worker log used to stop at "claimed" for branches whose result a pass carried)."""
+    run_id = start_workflow("tests.parallel.fan-out", {"n": 3})
+    with caplog.at_level("INFO", logger="django_leases"):
+        drain()
+    assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
+    lines = [record.getMessage() for record in caplog.records]
+    for name in ("first", "sq-0", "sq-1", "sq-2"):
+        said = f"Run {run_id}: step {name!r} attempt 1 succeeded"
+        assert lines.count(said) == 1, (name, lines)

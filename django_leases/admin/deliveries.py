@@ -23,7 +23,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time, run_id_link
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
 
@@ -164,14 +164,9 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
 
     @admin.display(description=_("workflow run"))
     def run_link(self, obj: TriggerEvent) -> str:
-        """The id of the run the delivery started, linked to its page; ``"—"`` when none."""
-        if obj.run_id is None:
-            return "—"
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:django_leases_workflowrun_change", args=[obj.run_id]),
-            obj.run_id,
-        )
+        """The run the delivery started, linked to its page: its id's first characters, the
+        whole id in the tooltip (:func:`run_id_link`); ``"—"`` when none."""
+        return run_id_link(obj.run_id)
 
     @admin.display(description=_("payload"))
     def payload_json(self, obj: TriggerEvent) -> str:

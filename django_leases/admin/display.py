@@ -36,6 +36,34 @@ def local_time(value: datetime | None) -> str:
     )
 
 
+#: Characters of a run id a list shows, from its end. Run ids are time-ordered (UUID
+#: version 7): their first characters are the creation time, shared by every run started within
+#: a minute or so, while the last ones are random, so they tell runs apart at a glance.
+RUN_ID_SHOWN = 8
+
+
+def short_run_id(run_id: object) -> str:
+    """``run_id``'s last :data:`RUN_ID_SHOWN` characters after an ellipsis (``"…24f2c667"``)."""
+    return "…" + str(run_id)[-RUN_ID_SHOWN:]
+
+
+def run_id_link(run_id: object) -> str:
+    """A link to run ``run_id``'s admin page (safe HTML) showing :func:`short_run_id`, the
+    whole id in its tooltip (``title``) and on the page it opens: a list column that fits at
+    1280 px. ``"—"`` for ``None``."""
+    from django.urls import reverse
+
+    if run_id is None:
+        return "—"
+    text = str(run_id)
+    return format_html(
+        '<a class="dl-id" href="{}" title="{}">{}</a>',
+        reverse("admin:django_leases_workflowrun_change", args=[text]),
+        text,
+        short_run_id(text),
+    )
+
+
 def badge(
     element_id: str,
     data_name: str,

@@ -16,7 +16,10 @@ writes a ``LogEntry`` and a message with the outcome. Without the permission not
 switched, by button, URL or action (403 / the actions are not offered); as for Django's
 own actions, an operate URL also needs the list's view permission (``view_triggersource``,
 or ``view_orphantriggersource`` for the Orphans view) — a user missing either gets 403.
-No secret is kept in a row, so none can be shown.
+No secret is kept in a row, so none can be shown. A ``manual`` source's page also offers, to
+the same operators, *Set the signing secret* (``<id>/secret/``): a password field whose value
+is stored encrypted (``TriggerSecret.objects.set_secret``) and never rendered back, with a
+``LogEntry`` saying a secret was stored (not which).
 
 Stable hooks for browser tests: the switch buttons have ids ``switch-<name>`` and the
 labels *Turn on* / *Turn off*; the orphan buttons ``forget-<name>`` / ``teardown-<name>``;
@@ -29,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -221,10 +226,15 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     @admin.display(description=_("receives at"))
     def receive_address(self, obj: TriggerSource) -> str:
-        try:
-            return lifecycle.receive_url(obj)
-        except TriggerSourceError:
+        missing = lifecycle.missing_url(obj)
+        if missing == "no_route":
+            return gettext(
+                "— (django_leases.urls is not in the URLconf: add "
+                "path('', include('django_leases.urls')))"
+            )
+        if missing:
             return gettext("— (no address yet: run reconcile_trigger_sources --base-url)")
+        return lifecycle.receive_url(obj)
 
     @admin.display(description=_("refused"), ordering="refused")
     def refused_count(self, obj: TriggerSource) -> str:
@@ -447,6 +457,21 @@ _VERBS = {
 }
 
 
+class SigningSecretForm(forms.Form):
+    """A ``manual`` source's signing secret, typed by an operator: a password field that is
+    never filled in when the form is shown again."""
+
+    secret = forms.CharField(
+        label=_("signing secret"),
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        max_length=4096,
+        help_text=_(
+            "The secret you chose at the sender (or it showed you). It is stored encrypted and "
+            "never shown again; storing one replaces the stored one."
+        ),
+    )
+
+
 @admin.register(TriggerSource)
 class TriggerSourceAdmin(_TriggerSourceAdminBase):
     """Declared trigger sources: a switch per row and bulk enable / disable."""
@@ -497,6 +522,85 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             obj.name,
             label,
         )
+
+    def get_urls(self) -> list[URLPattern]:
+        """The secret form's URL (``<id>/secret/``), then the operations' and Django's."""
+        opts = self.model._meta
+        return [
+            path(
+                "<path:object_id>/secret/",
+                self.admin_site.admin_view(self.secret_view),
+                name=f"{opts.app_label}_{opts.model_name}_secret",
+            ),
+            *super().get_urls(),
+        ]
+
+    def secret_url(self, obj: TriggerSource) -> str:
+        """The URL of ``obj``'s *Set the signing secret* form."""
+        opts = self.model._meta
+        return reverse(f"admin:{opts.app_label}_{opts.model_name}_secret", args=[obj.pk])
+
+    def secret_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """``<id>/secret/``: a ``manual`` source's signing secret, set by an operator (view
+        and toggle permissions). GET shows an empty password field — a stored secret is
+        never rendered — and POST stores the one typed, encrypted, with a ``LogEntry``."""
+        if not (self.has_view_permission(request) and self.has_toggle_permission(request)):
+            raise PermissionDenied
+        source = self.get_object(request, object_id)
+        if source is None or source.provider != "manual":
+            # GitHub and Stripe sources get their secret from the setup at the provider.
+            raise PermissionDenied
+        page = reverse(
+            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change",
+            args=[source.pk],
+        )
+        form = SigningSecretForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                TriggerSecret.objects.db_manager(source._state.db).set_secret(
+                    source.name, form.cleaned_data["secret"]
+                )
+            except ValueError as exc:  # its message never quotes the secret
+                form.add_error("secret", str(exc))
+            else:
+                log_change(source, "Stored a new signing secret", user_id=request.user.pk)
+                self.message_user(
+                    request,
+                    gettext("Stored the signing secret of %(name)s (encrypted).")
+                    % {"name": source.name},
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(page)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Set the signing secret of %(name)s") % {"name": source.name},
+            "opts": self.model._meta,
+            "source": source,
+            "form": form,
+            "origin": TriggerSecret.objects.secret_origin(source.name),
+            "source_url": page,
+        }
+        return TemplateResponse(
+            request, "admin/django_leases/triggersource/secret_form.html", context
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """A declared source's page; a ``manual`` one offers its secret form to operators."""
+        context = dict(extra_context or {})
+        source = self.get_object(request, object_id)
+        if (
+            source is not None
+            and source.provider == "manual"
+            and self.has_toggle_permission(request)
+        ):
+            context["secret_form_url"] = self.secret_url(source)
+        return super().change_view(request, object_id, form_url, context)
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """``(operation, button label)`` offered on a declared source's page: turn off when it is

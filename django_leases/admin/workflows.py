@@ -28,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -39,6 +40,7 @@ from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
+from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models import (
     AttemptStatus,
@@ -50,6 +52,7 @@ from django_leases.models import (
     WorkflowWait,
 )
 from django_leases.workflows.display import describe_wait, event_sent, waiting_on
+from django_leases.workflows.timeline import timeline_for
 from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, WaitStatus
 
 #: The permission behind resume, cancel and retry step.
@@ -156,8 +159,9 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
 
     @admin.display(description=_("error"))
     def error_json(self, step: WorkflowStep) -> str:
-        """The step's recorded error as indented JSON (HTML ``str``)."""
-        return _json(step.error)
+        """The step's recorded error as JSON, its traceback (if any) below it, readable
+        (HTML ``str``; :func:`~django_leases.admin.tracebacks.error_html`)."""
+        return error_html(step.error, _json, element_id=f"traceback-{step.step_name}")
 
 
 class RunKindFilter(admin.SimpleListFilter):
@@ -272,6 +276,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         "children_links",
         "waiting_on",
         "waits",
+        "timeline",
         "history",
     )
     readonly_fields = fields
@@ -544,8 +549,21 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
 
     @admin.display(description=_("error"))
     def error_json(self, run: WorkflowRun) -> str:
-        """The run's error as indented JSON (HTML ``str``)."""
-        return _json(run.error)
+        """The run's error as JSON, its traceback (and a failed step's) below it, readable
+        (HTML ``str``; :func:`~django_leases.admin.tracebacks.error_html`)."""
+        return error_html(run.error, _json, element_id="run-traceback")
+
+    @admin.display(description=_("timeline"))
+    def timeline(self, run: WorkflowRun) -> str:
+        """The run's steps, attempts and waits on one time axis: SVG drawn on the server
+        (:func:`django_leases.workflows.timeline.timeline_for`, template
+        ``admin/django_leases/workflowrun/timeline.html``); ``"—"`` before its first step."""
+        drawn = timeline_for(run)
+        if not drawn.lanes:
+            return "—"
+        return render_to_string(
+            "admin/django_leases/workflowrun/timeline.html", {"timeline": drawn}
+        )
 
     @admin.display(description=_("attempt history"))
     def history(self, run: WorkflowRun) -> str:

@@ -51,10 +51,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
 import secrets as _secrets
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -131,8 +134,36 @@ _MAX_LABEL_PREFIX = 200
 
 def check_base_url(base_url: object) -> str:
     """``base_url`` without a trailing ``/`` if it is an http(s) URL of at most 500
-    characters; ``ValueError`` otherwise (the one rule for a source's address)."""
+    characters; ``ValueError`` otherwise (the one rule for a source's address).
+
+    A host name of one label (``http://testserver``, Django's test client's host;
+    ``http://web:8000``, a service on a container network) is an address too: Django's
+    ``URLValidator`` wants a dot in a host name other than ``localhost``."""
     return _check_base_url(base_url)
+
+
+#: A host name of one DNS label (no dot), as in ``http://testserver``.
+_ONE_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _one_label_as_localhost(url: str) -> str:
+    """``url`` with a one-label host name put as ``localhost`` (so ``URLValidator`` judges
+    the rest of it), else ``url`` unchanged. ``urlsplit`` drops tabs and line breaks, so a
+    URL holding any is left to ``URLValidator`` as it is (which refuses it)."""
+    if not url.isprintable() or " " in url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        return url
+    if host is None or not _ONE_LABEL.fullmatch(host) or host.isdigit():
+        return url
+    netloc = parts.netloc
+    at = netloc.rfind("@") + 1
+    if netloc[at : at + len(host)].lower() != host:
+        return url
+    return urlunsplit(parts._replace(netloc=netloc[:at] + "localhost" + netloc[at + len(host) :]))
 
 
 def _check_base_url(base_url: object) -> str:
@@ -141,7 +172,7 @@ def _check_base_url(base_url: object) -> str:
     if len(base_url) > _MAX_ADDRESS:
         raise ValueError(f"base_url is longer than {_MAX_ADDRESS} characters")
     try:
-        URLValidator(schemes=["http", "https"])(base_url)
+        URLValidator(schemes=["http", "https"])(_one_label_as_localhost(base_url))
     except ValidationError:
         raise ValueError(
             f"base_url {base_url!r} is not an http(s) URL (e.g. https://example.com)"
@@ -158,6 +189,8 @@ def _check_label_prefix(label_prefix: object) -> str:
         raise ValueError("label_prefix must not hold control characters")
     return label_prefix
 
+
+logger = logging.getLogger("django_leases.triggers")
 
 #: The PostgreSQL advisory lock id that serialises ``sync`` (the bytes of "dl_trigs").
 SYNC_LOCK_ID = 0x646C5F7472696773  # "dl_trigs"
@@ -258,8 +291,10 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
 
         Upserts each declared row (``kind``, ``provider``, ``config``, ``declared=True``);
         new rows start disabled. Every other row becomes an orphan (``declared=False``); no
-        row is deleted. ``enabled``, ``status`` and ``state`` are never touched. Concurrent
-        syncs leave exactly one row per name.
+        row is deleted. ``enabled``, ``status`` and ``state`` are never touched. A source
+        whose provider changed loses its stored signing secret, in the same transaction (a
+        warning is logged): nobody at the new sender knows it, and check ``W008`` then says
+        one is missing. Concurrent syncs leave exactly one row per name.
 
         Returns every row (declared and orphaned), sorted by name.
 
@@ -288,8 +323,28 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             _serialise_syncs(alias)
             # Then lock the existing rows in name order: record / set_enabled on one row
             # wait here rather than in the middle of the sync.
-            list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
+            providers = dict(
+                rows.select_for_update().order_by("name").values_list("name", "provider")
+            )
             known = TriggerSourceDefaults.objects.remember(alias, **address)
+            # A source whose provider changed keeps no signing secret: the old provider's (or
+            # one we made for it) is one nobody at the new sender knows, and with it kept
+            # check W008 stayed silent while every delivery got 401.
+            switched = sorted(
+                source.name
+                for source in sources
+                if providers.get(source.name) not in (None, source.provider)
+            )
+            if switched:
+                TriggerSecret.objects.db_manager(alias).filter(name__in=switched).delete()
+                for name in switched:
+                    logger.warning(
+                        "Trigger source %r changed provider (%s → %s): its stored signing "
+                        "secret was deleted; store the new sender's secret",
+                        name,
+                        providers[name],
+                        next(source.provider for source in sources if source.name == name),
+                    )
             rows.bulk_create(
                 [
                     self.model(

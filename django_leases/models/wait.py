@@ -259,6 +259,42 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             rows.update(status=outcome, done_at=DbNow())
         return self._one(wait.pk)
 
+    def make_due(self, run_id: uuid.UUID | str, name: str) -> WorkflowWait:
+        """End wait ``name`` of a run now: an event wait's timeout (or a sleep's end) is
+        moved to database now and the run asked for a pass, in one transaction. The pass
+        then decides the wait as if its time had come: a sleep ``done``, an event wait
+        ``timed_out`` (``WorkflowEventTimeout`` in the workflow). For tests
+        (:func:`django_leases.testing.time_out`) and operators who cut a wait short.
+
+        Returns the wait row as it now is.
+
+        Raises (nothing written):
+            ValueError: a bad run id or name; the run has not reached a wait of that name;
+                it is a child run's wait or an event wait without a ``timeout`` (no time to
+                move); it is no longer ``waiting`` (its event came, or it is decided).
+        """
+        check_identifier(name, "Wait name")
+        pk = parse_run_id(run_id)
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            wait = db.for_update(self.rows().filter(run_id=pk, name=name), alias).first()
+            if wait is None or wait.reached_at is None:
+                raise ValueError(
+                    f"Run {pk} has not reached a wait named {name!r} (drive the run there first)"
+                )
+            if wait.kind == WaitKind.CHILD:
+                raise ValueError(f"Wait {name!r} of run {pk} is a child run's: no time to move")
+            if wait.due_at is None:
+                raise ValueError(
+                    f"Wait {name!r} of run {pk} waits for its event without a timeout: "
+                    "no time to move (send the event instead)"
+                )
+            if wait.status != WaitStatus.WAITING:
+                raise ValueError(f"Wait {name!r} of run {pk} is {wait.status}, no longer waiting")
+            self.rows().filter(pk=wait.pk).update(due_at=DbNow())
+            request_passes(alias, Q(pk=pk))
+        return self._one(wait.pk)
+
     def send_event(self, run_id: uuid.UUID | str, name: str, payload: Any = None) -> WorkflowWait:
         """Deliver event ``name`` with JSON ``payload`` to a run, exactly once.
 

@@ -32,7 +32,7 @@ worker's three hot statements run as PL/pgSQL functions that the migrations inst
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.models import BooleanField, ExpressionWrapper, F, Q
@@ -58,6 +58,10 @@ from django_leases.models.workflow_base import (
     request_passes,
 )
 from django_leases.validation import MAX_KEY_LENGTH, MAX_NAME_LENGTH, parse_run_id
+
+if TYPE_CHECKING:
+    from django.core.checks import CheckMessage
+
 from django_leases.workflows.values import (
     MAX_CLAIMANT_LENGTH,
     AttemptStatus,
@@ -268,6 +272,12 @@ class WorkflowRun(models.Model):
     def __str__(self) -> str:
         return f"{self.workflow} {self.id}"
 
+    @classmethod
+    def check(cls, **kwargs: Any) -> list[CheckMessage]:
+        """Django's model checks, but ``models.W037`` (MariaDB and MySQL ignore the partial
+        indexes' conditions; the full indexes serve: :func:`db.without_partial_index_warning`)."""
+        return db.without_partial_index_warning(super().check(**kwargs))
+
     #: Which operator operation a run in each status allows, and the rule that says so.
     OPERATIONS: ClassVar[dict[str, tuple[tuple[str, ...], str, str]]] = {
         "resume": (
@@ -427,6 +437,12 @@ class WorkflowStep(models.Model):
             "attempt": self.attempt,
             "status": StepStatus(self.status).label if self.status in StepStatus else self.status,
         }
+
+    @classmethod
+    def check(cls, **kwargs: Any) -> list[CheckMessage]:
+        """Django's model checks, but ``models.W037`` (MariaDB and MySQL ignore the partial
+        indexes' conditions; the full indexes serve: :func:`db.without_partial_index_warning`)."""
+        return db.without_partial_index_warning(super().check(**kwargs))
 
     @property
     def max_attempts(self) -> int:

@@ -12,15 +12,20 @@ fan-out, child runs, idempotent starts and step timeouts (W1–W8, P1–P2, K1�
 and ``django_leases.testing.patches.WorkflowPatchConformanceTests`` those of ``run.patched``
 (R1–R5). ``django_leases.testing.timing.WorkflowTimingConformanceTests`` checks delayed starts,
 debounced starts and run deadlines (S1–S3, B1–B3, D1–D5).
-:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``.
+:func:`drive` runs your workflows to the end on the calling thread, inside a ``TestCase``;
+:func:`time_out` makes a wait's timeout pass now. :func:`enable_source` and :func:`deliver`
+(:mod:`django_leases.testing.webhooks`) test webhook handlers there: a source switched on
+without a provider call, and a delivery signed as its provider signs, posted to the receive
+view.
 """
 
-from django_leases.testing.driving import drive
+from django_leases.testing.driving import drive, time_out
 from django_leases.testing.leases import LeaseConformanceTests, SimulatedOutage
 from django_leases.testing.patches import WorkflowPatchConformanceTests
 from django_leases.testing.timing import WorkflowTimingConformanceTests
 from django_leases.testing.triggers import TriggerSourceStoreConformanceTests
 from django_leases.testing.waits import WorkflowWaitConformanceTests
+from django_leases.testing.webhooks import deliver, enable_source
 from django_leases.testing.workflows import WorkflowFencingConformanceTests
 
 __all__ = [
@@ -31,5 +36,8 @@ __all__ = [
     "WorkflowPatchConformanceTests",
     "WorkflowTimingConformanceTests",
     "WorkflowWaitConformanceTests",
+    "deliver",
     "drive",
+    "enable_source",
+    "time_out",
 ]

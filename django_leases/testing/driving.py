@@ -31,8 +31,8 @@ drive goes on — a test of a workflow whose steps are rate-limited to ``"1/m"``
 once. With ``skip_sleeps=False`` the drive stops there instead, as at a sleep, leaving those
 steps waiting (``display.queue_overview()`` counts them): that is how a test sees the
 rate hold steps back. Delayed starts (``run_after``) and debounce windows are jumped too. An
-event's timeout is not jumped: send the event, or move the wait's ``due_at`` yourself to test
-the timeout; nor is a run's deadline: a run past it on the database clock is failed before
+event's timeout is not jumped: send the event, or call :func:`time_out` to make it pass now;
+nor is a run's deadline: a run past it on the database clock is failed before
 any other work is done, so move its ``deadline_at`` into the past to test it.
 
 ``duplicate_steps=True`` checks that the steps are idempotent: every step function runs
@@ -239,4 +239,28 @@ def _jump_key_rate_windows(alias: str) -> bool:
     return bool(held)
 
 
-__all__ = ["MAX_UNITS", "STEP_LEASE", "drive"]
+def time_out(run_id: uuid.UUID | str, name: str, *, using: str | None = None) -> WorkflowWait:
+    """Make the timeout of run ``run_id``'s wait ``name`` pass now, on the database clock.
+
+    For a test of what a workflow does when ``run.wait_for_event(name, timeout=...)`` gets
+    no event: the wait's timeout is moved to database now and the run asked for a pass; the
+    next :func:`drive` raises ``WorkflowEventTimeout`` at the wait, as a worker would once
+    the timeout passed. A ``run.sleep`` is ended the same way. Works inside a ``TestCase``.
+
+    Args:
+        run_id: the run (``uuid.UUID`` or its text); it must have reached the wait.
+        name: the wait's name, as given to ``run.wait_for_event`` (or ``run.sleep``).
+        using: database alias (default: the router's choice for ``WorkflowWait``).
+
+    Returns the ``WorkflowWait`` row as it now is (still ``waiting``: the pass decides it).
+
+    Raises (nothing written):
+        ValueError: a bad run id or name; the run has not reached that wait; it waits for a
+            child run, or for an event without a timeout; or it is no longer waiting (its
+            event was sent, or its outcome is decided).
+    """
+    alias = using or router.db_for_write(WorkflowWait)
+    return WorkflowWait.objects.db_manager(alias).make_due(run_id, name)
+
+
+__all__ = ["MAX_UNITS", "STEP_LEASE", "drive", "time_out"]

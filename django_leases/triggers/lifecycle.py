@@ -39,12 +39,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import router
+from django.db import connections, router
 from django.urls import NoReverseMatch, get_script_prefix, reverse
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     LeaseTakenError,
+    MisuseError,
     NoAddress,
     NoReceiveURL,
     ProviderError,
@@ -143,6 +144,28 @@ def receive_url(source: TriggerSource) -> str:
     return source.base_url.rstrip("/") + path
 
 
+#: Why a source has no receiving URL, as :func:`missing_url` names it, and what to do.
+MISSING_URL_HINTS = {
+    "no_address": "no address yet: run reconcile_trigger_sources --base-url URL",
+    "no_route": (
+        "django_leases.urls is not in the URLconf: add path('', include('django_leases.urls'))"
+    ),
+}
+
+
+def missing_url(source: TriggerSource) -> str | None:
+    """Why :func:`receive_url` has no URL for ``source``: ``"no_address"`` (no ``base_url``
+    known yet), ``"no_route"`` (``django_leases.urls`` is not included), or ``None`` when it
+    has one. :data:`MISSING_URL_HINTS` says what to do about each."""
+    try:
+        receive_url(source)
+    except NoAddress:
+        return "no_address"
+    except NoReceiveURL:
+        return "no_route"
+    return None
+
+
 def _objects(using: str | None) -> TriggerSourceQuerySet:
     rows = TriggerSource.objects.all()
     return rows.using(using) if using else rows
@@ -165,6 +188,14 @@ def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLea
     200 characters: not as the lease key it becomes) or a bad ``wait``."""
     check_name(name, "A trigger source name")
     seconds(wait, "wait")
+    alias = using or router.db_for_write(Lease)
+    if connections[alias].in_atomic_block:
+        raise MisuseError(
+            f"Trigger source {name!r}: enable, disable, teardown and reconcile take the "
+            "source's lease, which cannot be held inside transaction.atomic() (a TestCase). "
+            "To test a webhook handler, use django_leases.testing.enable_source() and "
+            "deliver(); to test setup at a provider, use a TransactionTestCase."
+        )
     try:
         with hold_lease(lease_key(name), using=using, wait=wait) as held:
             yield held
@@ -349,6 +380,8 @@ def enable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -
         ValueError: ``name`` is no source name (not a ``str`` of 1–200 characters), or a bad
             ``wait``.
         LeaseLostError: the source's lease lapsed mid-way (that write was not made).
+        MisuseError: called inside ``transaction.atomic()`` (a ``TestCase``): the lease
+            would protect nothing; tests use :func:`django_leases.testing.enable_source`.
     """
     objects = _objects(using)
     with _source_lease(name, using, wait) as held:

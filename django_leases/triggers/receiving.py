@@ -4,7 +4,11 @@ In order, so that nothing is read or recorded for a delivery that will be refuse
 
 1. unknown, orphaned (no longer declared) or disabled source → 404, checked before the body
    is read and again, under the source row's lock, in the transaction that records the
-   delivery (so a source disabled while a body is still arriving records nothing);
+   delivery (so a source disabled while a body is still arriving records nothing); a source
+   whose row is declared and enabled but that *this process* has no declaration of (a web
+   process still on the previous deploy, or whose ``triggers.py`` failed to import) → 503
+   ``not_declared_here``, so the sender delivers again and the tally tells it apart from a
+   disabled source;
 2. a ``Content-Length`` that is not a plain decimal integer (ASCII digits only: no sign, no
    space) → 400; body over ``DJANGO_LEASES["WEBHOOK_MAX_BODY"]`` bytes, by ``Content-Length``
    or by the bytes actually sent → 413 (read by us, so Django's
@@ -47,6 +51,7 @@ from django_leases.exceptions import (
     PayloadTooLarge,
     ReceiveError,
     SignatureMismatch,
+    SourceNotDeclaredHere,
     SourceNotReceiving,
 )
 from django_leases.models.trigger import (
@@ -57,6 +62,7 @@ from django_leases.models.trigger import (
 )
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.registry import get_declaration
+from django_leases.validation import check_name
 
 logger = logging.getLogger("django_leases.triggers")
 
@@ -169,6 +175,16 @@ def _refused(name: str, reason: str, status: int) -> None:
     )
 
 
+def _storable_name(name: str) -> bool:
+    """Whether ``name`` is one a source row can have (no NUL, which PostgreSQL cannot even
+    compare, no lone surrogate, at most 200 characters): only those are looked up."""
+    try:
+        check_name(name, "A trigger source name")
+    except ValueError:
+        return False
+    return True
+
+
 def _receive(
     name: str,
     *,
@@ -178,7 +194,16 @@ def _receive(
 ) -> Reception:
     """:func:`receive` without the counting and the signals."""
     declaration = get_declaration(name)
-    source = TriggerSource.objects.receivable(name) if declaration is not None else None
+    source = TriggerSource.objects.receivable(name) if _storable_name(name) else None
+    if declaration is None and source is not None:
+        logger.warning(
+            "Trigger source %r is enabled, but this process has no declaration of it "
+            "(a deploy under way, or its triggers.py failed to import); refusing with 503",
+            name,
+        )
+        raise SourceNotDeclaredHere(
+            f"Trigger source {name!r} is not declared in this process; deliver again later"
+        )
     provider = get_provider(declaration.provider) if declaration is not None else None
     if declaration is None or source is None or provider is None:
         raise SourceNotReceiving(f"No enabled trigger source named {name!r}")

@@ -41,6 +41,10 @@ STATUS_LABELS: dict[str, _StrPromise] = {
 #: ``django_leases_deliveries_total`` metric.
 REFUSAL_REASONS: dict[str, tuple[int, _StrPromise]] = {
     "not_receiving": (404, _("unknown, orphaned or disabled source")),
+    "not_declared_here": (
+        503,
+        _("enabled, but not declared in the process that received it (a deploy under way?)"),
+    ),
     "bad_request": (400, _("bad Content-Length, or a one-value header sent twice")),
     "too_large": (413, _("body over WEBHOOK_MAX_BODY")),
     "no_secret": (401, _("the source has no usable signing secret")),

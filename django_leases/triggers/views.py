@@ -20,7 +20,8 @@ def receive_webhook(request: HttpRequest, name: str) -> JsonResponse:
     """Receive one webhook delivery for trigger source ``name``.
 
     Answers 202 (recorded; JSON with ``event_id`` and ``run_id``), 200 (repeated delivery
-    id), 404, 413, 401 or 400 (JSON ``{"error": …}``, nothing recorded), 405 with
+    id), 404, 503 (enabled, but not declared in this process), 413, 401 or 400 (JSON
+    ``{"error": …}``, nothing recorded), 405 with
     ``Allow: POST`` for other methods (JSON too, nothing read), and 500 only when recording
     itself failed (nothing was kept; the sender may deliver again).
 

@@ -945,6 +945,13 @@ class RunDriver:
             if recorded.state is None:
                 return recorded.outcome
             state, carrying = recorded.state, None
+        if carrying is not None:
+            # A step claimed from its queue (a parallel branch, a step another pass left due)
+            # whose result this pass carries: said as an inline step's is, before its write.
+            claim = carrying.claim
+            logger.info(
+                "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt
+            )
         while True:
             self.held_check()
             if state is None:

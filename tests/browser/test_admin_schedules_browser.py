@@ -55,13 +55,14 @@ def test_an_operator_pauses_and_resumes_a_schedule(
     assert row(page, "retired").locator("[data-state]").get_attribute("data-state") == (
         "undeclared"
     )
-    assert nightly.locator("td.field-cron_text").inner_text() == "0 3 * * *"
+    assert nightly.locator("td.field-cron_text").inner_text() == "0 3 * * *\nEurope/Paris"
     assert (
         nightly.locator("td.field-next time")
         .get_attribute("datetime")
         .startswith("2026-12-02T02:00:00")
     )
-    assert nightly.locator("td.field-last_run_link a").inner_text() == str(run.id)
+    last = nightly.locator("td.field-last_and_run a")
+    assert (last.inner_text(), last.get_attribute("title")) == ("…" + str(run.id)[-8:], str(run.id))
     screenshot("schedule-list")
 
     nightly.locator("input.action-select").check()
@@ -81,5 +82,5 @@ def test_an_operator_pauses_and_resumes_a_schedule(
     assert not WorkflowSchedule.objects.get(name="nightly").paused
     assert LogEntry.objects.count() == 2
 
-    row(page, "nightly").locator("td.field-last_run_link a").click()
+    row(page, "nightly").locator("td.field-last_and_run a").click()
     page.wait_for_url(f"**/workflowrun/{run.id}/change/")

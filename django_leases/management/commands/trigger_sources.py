@@ -4,8 +4,9 @@ Operators' commands for trigger sources, with the admin's semantics (both call
 :mod:`django_leases.triggers.lifecycle`):
 
 * ``list [--format table|json]`` — every source: name, provider, declared/orphan, on/off,
-  status, the URL it receives on, and the last detail (``json``: also its provider state).
-  Never a secret;
+  status, the URL it receives on (``-`` with the reason when there is none: no address yet,
+  or ``django_leases.urls`` not included — ``json``: ``url_missing``), and the last detail
+  (``json``: also its provider state). Never a secret;
 * ``enable NAME`` — turn on, then set up at the provider (needs an address: run
   ``reconcile_trigger_sources --base-url URL`` first);
 * ``disable NAME`` — turn off (deliveries refused at once), then tear down at the provider;
@@ -93,17 +94,15 @@ def status_of(source: TriggerSource) -> str:
 def describe(source: TriggerSource, refused: Mapping[str, int] | None = None) -> dict[str, Any]:
     """A source as operators see it (JSON-ready; never a secret). ``refused``: its refused
     deliveries counted by reason (``TriggerRefusal``)."""
-    try:
-        url: str | None = lifecycle.receive_url(source)
-    except TriggerSourceError:
-        url = None
+    missing = lifecycle.missing_url(source)
     return {
         "name": source.name,
         "provider": source.provider,
         "declared": source.declared,
         "enabled": source.enabled,
         "status": status_of(source),
-        "url": url,
+        "url": None if missing else lifecycle.receive_url(source),
+        "url_missing": missing,
         "refused": dict(refused or {}),
         "state": source.state,
         "detail": source.detail or "",
@@ -208,7 +207,19 @@ class Command(base.LeasesCommand):
             for row in TriggerSource.objects.using(alias).order_by("name")
         ]
         empty = "No trigger sources (run manage.py reconcile_trigger_sources)."
+        if output_format != "json":
+            # "-" alone told nobody why; the table says it, the JSON has url_missing.
+            sources = [
+                {**row, "url": f"- ({row['url_missing'].replace('_', ' ')})"}
+                if row["url_missing"]
+                else row
+                for row in sources
+            ]
         base.write_rows(self.stdout, output_format, _COLUMNS, sources, empty=empty)
+        if output_format != "json":
+            for reason in sorted({row["url_missing"] for row in sources} - {None}):
+                shown = reason.replace("_", " ")
+                self.stderr.write(f"URL - ({shown}): {lifecycle.MISSING_URL_HINTS[reason]}")
 
     def _run(self, action: str, name: str, alias: str, wait: float) -> None:
         row = TriggerSource.objects.using(alias).filter(name=name).first()
