@@ -75,7 +75,7 @@ EXIT_BUSY = getattr(os, "EX_TEMPFAIL", 75)
 #: ``workflow_runs``: the run's or step's state does not allow the operation.
 EXIT_WRONG_STATE = 3
 #: ``workflow_runs check-replay``: a live run would not replay on the code now deployed.
-EXIT_REPLAY_DIVERGES = 3
+EXIT_REPLAY_DIVERGES = EXIT_WRONG_STATE
 
 #: The package holding the commands (one module per command, named as the command).
 COMMANDS_PACKAGE = "django_leases.management.commands"
@@ -681,12 +681,9 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         (
             EXIT_WRONG_STATE,
             "the run's (or step's) state does not allow the operation; nothing changed (with "
-            "several runs: that one's refusal is on stderr, the others changed)",
-        ),
-        (
-            EXIT_REPLAY_DIVERGES,
-            "check-replay: a live run would meet an action other than the one it recorded "
-            "(each one named on stdout); nothing changed",
+            "several runs: that one's refusal is on stderr, the others changed); or "
+            "(check-replay) a live run would meet an action other than the one it recorded "
+            "(each one named on stdout), nothing changed",
         ),
         _UNREACHABLE,
     ),
