@@ -110,6 +110,28 @@ def test_drive_jumps_a_delayed_start_and_a_debounce_window() -> None:
     assert [run_of(r).output for r in (delayed, at, debounced)] == [{"n": 1}, {"n": 2}, {"n": 3}]
 
 
+def test_timed_starts_keep_their_tags_and_queue_key_and_a_debounce_replaces_the_tags() -> None:
+    """Starts through the timing options store ``tags`` and ``queue_key`` as a plain start
+    does; a debounced start while its run is pending replaces the run's tags (DESIGN §5c)."""
+    delayed = start_workflow(
+        "tests.timing.one-step", {}, run_after=60, tags={"team": "a"}, queue_key="tenant-1"
+    )
+    bounded = start_workflow("tests.timing.one-step", {}, deadline=60, tags={"team": "b"})
+    first = start_workflow(
+        "tests.timing.one-step", {}, debounce_key="doc-1", debounce=60, tags={"v": "1"}
+    )
+    again = start_workflow(
+        "tests.timing.one-step", {}, debounce_key="doc-1", debounce=60, tags={"v": "2"}
+    )
+    assert again == first
+    assert run_of(delayed).queue_key == "tenant-1"
+    assert list(WorkflowRun.objects.tagged(team="a").values_list("pk", flat=True)) == [delayed]
+    assert list(WorkflowRun.objects.tagged(team="b").values_list("pk", flat=True)) == [bounded]
+    assert run_of(first).tags == {"v": "2"}
+    assert not WorkflowRun.objects.tagged(v="1").exists()
+    assert list(WorkflowRun.objects.tagged(v="2").values_list("pk", flat=True)) == [first]
+
+
 @pytest.mark.parametrize(
     "options",
     [
