@@ -323,9 +323,11 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             _serialise_syncs(alias)
             # Then lock the existing rows in name order: record / set_enabled on one row
             # wait here rather than in the middle of the sync.
-            providers = dict(
-                rows.select_for_update().order_by("name").values_list("name", "provider")
-            )
+            list(rows.select_for_update().order_by("name").values_list("pk", flat=True))
+            # Read apart from the lock above, which stays the statement it was: on MariaDB,
+            # locking the rows through another column set takes them in another order and
+            # deadlocks with concurrent syncs (the rows are ours now: this read is stable).
+            providers = dict(rows.values_list("name", "provider"))
             known = TriggerSourceDefaults.objects.remember(alias, **address)
             # A source whose provider changed keeps no signing secret: the old provider's (or
             # one we made for it) is one nobody at the new sender knows, and with it kept
