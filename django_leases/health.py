@@ -266,10 +266,11 @@ def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissi
         ``None`` when workers can start (or the portable path is used); else the error to
         raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
         is unapplied that is ``migrate``. When it is applied and the functions were dropped
-        since, ``migrate`` would not run it again: the repair is to mark it and the
-        migrations after it unapplied without running them (``--fake``), apply it (it only
-        creates the functions) and mark the others applied again. When the running code's
-        functions are not those it installs, this version lacks the migration.
+        since, ``migrate`` would not run it again (and a database migrated with the squashed
+        first-release migration cannot be migrated back to it): the repair is
+        ``manage.py leases_check --install-functions``, which runs the statements that
+        migration froze (:func:`install_functions`). When the running code's functions are
+        not those it installs, this version lacks the migration.
 
     Raises:
         DatabaseError: the database could not be read.
@@ -293,17 +294,46 @@ def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissi
             "this version of django-leases lacks the migration that installs them; "
             "install a version that has it",
         )
-    previous = migration.Migration.dependencies[0][1]
-    on = f"--database {alias} --skip-checks"  # check E013 would stop migrate itself
     return WorkflowFunctionsMissing(
         alias,
         what,
         f"they were dropped after migration {FUNCTIONS_MIGRATION} installed them, and "
-        "'migrate' does not run an applied migration again. With no migration pending, "
-        f"run 'manage.py migrate django_leases {previous} --fake {on}', then "
-        f"'manage.py migrate django_leases {FUNCTIONS_MIGRATION} {on}' (it only creates "
-        f"the functions), then 'manage.py migrate --fake {on}'",
+        "'migrate' does not run an applied migration again. Run "
+        f"'manage.py leases_check --install-functions --database {alias}' (it creates the "
+        f"functions as migration {FUNCTIONS_MIGRATION} froze them, and changes nothing else)",
     )
+
+
+def install_functions(connection: BaseDatabaseWrapper) -> list[str]:
+    """Create the workflow functions :data:`FUNCTIONS_MIGRATION` froze that ``connection``'s
+    database lacks (``CREATE OR REPLACE FUNCTION``, in one transaction): the repair
+    :func:`functions_missing` gives for functions dropped after their migration ran.
+    Nothing else is changed; a no-op elsewhere than on PostgreSQL.
+
+    Returns the names created (``list[str]``; empty when none was missing).
+
+    Raises:
+        WorkflowFunctionsMissing: a missing function is not one that migration holds (this
+            version lacks the migration that installs it; nothing created).
+        DatabaseError: the database refused a statement (nothing created).
+    """
+    missing = missing_functions(connection)
+    if not missing:
+        return []
+    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+    frozen: dict[str, str] = migration.FUNCTIONS
+    unknown = [name for name in missing if name not in frozen]
+    if unknown:
+        raise WorkflowFunctionsMissing(
+            connection.alias,
+            f"the workflow functions {', '.join(unknown)}",
+            "this version of django-leases lacks the migration that installs them; "
+            "install a version that has it",
+        )
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        for name in missing:
+            cursor.execute(frozen[name])
+    return missing
 
 
 # -- replication ------------------------------------------------------------------------------

@@ -218,7 +218,9 @@ def test_a_missing_function_is_an_error_and_workers_refuse_to_start() -> None:
         assert [m.id for m in workflow_functions_check(databases=["default"])] == [
             "django_leases.E013"
         ]
-        with pytest.raises(WorkflowFunctionsMissing, match=r"run 'manage\.py migrate .*--fake"):
+        with pytest.raises(
+            WorkflowFunctionsMissing, match=r"Run 'manage\.py leases_check --install-functions"
+        ):
             Worker(1, step_lease_ttl=30).run(once=True, handle_signals=False)
         with tuned_sql(False):  # the portable path needs no function
             assert workflow_functions_check(databases=["default"]) == []

@@ -9,6 +9,10 @@ check and alias (status, check, message) with the runs, steps or migrations behi
 listed under it. ``--format json`` prints the report as one object, not an array of rows:
 ``{"healthy", "exit_code", "checks": [...]}``, since monitoring reads the verdict first.
 
+``--install-functions`` repairs what the migrations check reports when the workflow
+functions were dropped after their migration ran (:func:`~django_leases.health.install_functions`:
+it creates them as that migration froze them), then checks as usual.
+
 Exit codes: ``EXIT_CODES["leases_check"]`` in :mod:`django_leases.management.base`.
 """
 
@@ -19,6 +23,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import CommandParser
+from django.db import connections
 
 from django_leases import health
 from django_leases.management.base import (
@@ -61,7 +66,20 @@ class Command(LeasesCommand):
             f"(default {health.DEFAULT_STUCK_AFTER:g}).",
         )
 
+        parser.add_argument(
+            "--install-functions",
+            action="store_true",
+            help="First create the workflow functions the database lacks, as the migration "
+            "that installs them froze them (the repair the check gives when they were "
+            "dropped after it ran).",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["install_functions"]:
+            for alias in database_aliases(options) or list(connections):
+                created = health.install_functions(connections[alias])
+                if created:
+                    self.stdout.write(f"Database {alias!r}: created {', '.join(created)}")
         report = health.run_checks(
             database_aliases(options),
             overdue_after=options["overdue_after"],
