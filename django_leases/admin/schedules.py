@@ -74,11 +74,9 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         "name",
         "workflow",
         "cron_text",
-        "overlap",
-        "state_badge",
+        "state_and_overlap",
         "next",
         "last_and_run",
-        "last_skipped",
     )
     list_filter = ("paused", "declared", "overlap", "workflow")
     search_fields = ("name", "workflow")
@@ -153,9 +151,18 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
     def last_and_run(self, obj: WorkflowSchedule) -> str:
         """The last tick, its run's short id under it, linked (safe HTML): one column, so the
         list fits beside its filters at 1280 px; the page shows each whole."""
-        if obj.last_run_id is None:
-            return self.last(obj)
-        return format_html("{}<br>{}", self.last(obj), self.last_run_link(obj))
+        shown = self.last(obj)
+        if obj.last_run_id is not None:
+            shown = format_html("{}<br>{}", shown, self.last_run_link(obj))
+        if obj.last_skipped_tick is not None:  # the last skipped tick too, under them
+            shown = format_html("{}<br>{}: {}", shown, _("skipped"), self.last_skipped(obj))
+        return shown
+
+    @admin.display(description=_("state"), ordering="paused")
+    def state_and_overlap(self, obj: WorkflowSchedule) -> str:
+        """The state's badge (:meth:`state_badge`) with the overlap policy under it (safe
+        HTML): one column, so the list fits beside its filters at 1280 px."""
+        return format_html("{}<br>{}", self.state_badge(obj), obj.get_overlap_display())
 
     @admin.display(description=_("last run"))
     def last_run_link(self, obj: WorkflowSchedule) -> str:
