@@ -232,7 +232,10 @@ def test_an_operator_follows_a_delivery_to_its_run_and_operates_the_admin(
         ["announce", "1", "Failed"],
         ["announce", "2", "Succeeded"],
     ], "the resumed step ran again as attempt 2; the first attempt stays in the history"
-    assert "Nothing to do: this run is completed." in page.inner_text("#workflow-operations")
+    operations = page.inner_text("#workflow-operations")
+    # A completed run can only be forked (fork_run): no resume, cancel or retry.
+    assert "Fork from step" in operations, operations
+    assert page.locator("#workflow-operations input[type=submit]").count() == 1, operations
     assert overflowing(page) == [], "run-completed"
     screenshot("run-completed")
 
