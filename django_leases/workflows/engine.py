@@ -12,6 +12,7 @@ trying again after a connection error for as long as the step lease is vouched f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -262,10 +263,20 @@ class StepContext:
         self.started_at = claim.started_at
         self.run_created_at = claim.run_created_at
         self.transactional = transactional
-        self.idempotency_key = str(uuid.uuid5(claim.run_id, claim.step_name))
-        self.fence: Fence = step_fence(claim.step_id, claim.attempt, using=claim.using)
         self._key = f"workflow-step:{claim.step_id}"
         self._claim = claim
+
+    # Made on first use: most steps read neither, and a step is the hot path.
+    @functools.cached_property
+    def idempotency_key(self) -> str:
+        """The same for every attempt of this step of this run (see the class's doc)."""
+        return str(uuid.uuid5(self._claim.run_id, self._claim.step_name))
+
+    @functools.cached_property
+    def fence(self) -> Fence:
+        """This attempt's :class:`~django_leases.fencing.Fence` (see the class's doc)."""
+        claim = self._claim
+        return step_fence(claim.step_id, claim.attempt, using=claim.using)
 
     def set_progress(self, value: Any) -> None:
         """Keep JSON ``value`` (e.g. ``{"done": 40, "of": 100}``) as the step's
