@@ -213,3 +213,28 @@ def test_the_run_page_draws_the_timeline_as_svg() -> None:
     kid = str(WorkflowRun.objects.get(parent_id=run_id).pk)
     assert reverse("admin:django_leases_workflowrun_change", args=[kid]) in svg
     assert 'class="dl-tl-due"' not in svg  # the approval's timeout is an hour ahead
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("language", ["de", "fr"])
+def test_the_timeline_s_coordinates_are_svg_numbers_in_every_language(language: str) -> None:
+    """German and French write 170,9 for 170.9: SVG reads neither, so the drawing's numbers
+    are never localised."""
+    import re
+
+    from django.test import override_settings
+    from django.utils import translation
+
+    run_id = start_workflow("tests.timeline.parent", {})
+    drive(run_id)
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    with override_settings(LANGUAGE_CODE=language), translation.override(language):
+        page = client.get(reverse("admin:django_leases_workflowrun_change", args=[run_id]))
+    html = page.content.decode()
+    svg = html[html.index('<div class="dl-timeline" id="run-timeline">') :]
+    svg = svg[: svg.index("</svg>")]
+    coordinates = re.findall(r' (?:x|y|x1|x2|y1|y2|width|height)="([^"%]*)"', svg)
+    assert coordinates and all(re.fullmatch(r"-?\d+(\.\d+)?", value) for value in coordinates), [
+        value for value in coordinates if not re.fullmatch(r"-?\d+(\.\d+)?", value)
+    ][:5]
