@@ -579,3 +579,55 @@ def test_workflow_runs_show_says_tags_fork_and_progress() -> None:
     shown = json.loads(_command("show", str(fork), "--format", "json")[0])
     assert shown["tags"] == {"team": "a"} and shown["forked_from"] == str(original)
     assert shown["steps"][-1]["progress"] == {"step": "c", "half": True}
+
+
+# -- forks keep the patch decisions, the queue key; only a registered workflow ------------------
+
+#: The version of the code a test "deploys" for tests.ops.patched (1: before the patch).
+deployed = {"version": 1}
+
+
+@workflow("tests.ops.patched")
+def patched_flow(run: Any, input: Any) -> Any:
+    if deployed["version"] >= 2 and run.patched("extra"):
+        run.step("extra-step", "tests.ops.record", {"n": 0})
+    first = run.step("a", "tests.ops.record", {"n": 1})
+    return [first, run.step("b", "tests.ops.record", {"n": 2})]
+
+
+def test_a_fork_keeps_the_patch_decisions_made_before_its_step() -> None:
+    """The original took the patched path: the fork replays the same path up to ``b``
+    (``run.patched`` answers as it did), never a different one."""
+    deployed["version"] = 2
+    try:
+        original = start_workflow("tests.ops.patched", {}, queue_key="tenant-7")
+        drive(original)
+        fork = fork_run(original, from_step="b")
+        assert run_of(fork).queue_key == "tenant-7"
+        decisions = WorkflowStep.objects.filter(run_id=fork, status=StepStatus.PATCH)
+        assert list(decisions.values_list("step_name", "result")) == [("extra", True)]
+        drive(fork)
+        names = list(
+            WorkflowStep.objects.filter(run_id=fork)
+            .order_by("id")
+            .values_list("step_name", "status")
+        )
+        assert names == [
+            ("extra", StepStatus.PATCH),
+            ("extra-step", StepStatus.SUCCEEDED),
+            ("a", StepStatus.SUCCEEDED),
+            ("b", StepStatus.SUCCEEDED),
+        ]
+        with pytest.raises(ValueError, match="patch decision"):
+            fork_run(original, from_step="extra")
+    finally:
+        deployed["version"] = 1
+
+
+def test_the_admin_forks_only_a_workflow_this_code_runs(admin_client: Client) -> None:
+    run = WorkflowRun.objects.start("tests.ops.gone", {})
+    WorkflowStep.objects.schedule(run.id, "a", "tests.ops.record")
+    url = reverse("admin:django_leases_workflowrun_operate", args=[run.id, "fork"])
+    refused = admin_client.post(url, {"step": "a"}, follow=True)
+    assert any("Nothing forked" in str(m) for m in refused.context["messages"])
+    assert not WorkflowRun.objects.filter(forked_from_id=run.id).exists()

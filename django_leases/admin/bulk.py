@@ -23,8 +23,10 @@ from django.http import HttpRequest
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from django_leases.exceptions import UnknownWorkflowError
 from django_leases.models import WorkflowRun
-from django_leases.workflows.values import RunChange
+from django_leases.workflows.registry import get_workflow
+from django_leases.workflows.values import RunChange, StepStatus
 
 if TYPE_CHECKING:
     _Base = admin.ModelAdmin[WorkflowRun]
@@ -70,8 +72,9 @@ class RunOperatorActions(_Base):
         forked, refused = 0, []
         for run in queryset.order_by("created_at", "id"):
             try:
+                get_workflow(run.workflow)  # as fork_run: only a workflow this code runs
                 fork = WorkflowRun.objects.fork_from_failed(run.pk)
-            except ValueError as exc:
+            except (ValueError, UnknownWorkflowError) as exc:
                 refused.append(str(exc))
                 continue
             forked += 1
@@ -154,8 +157,9 @@ class RunOperatorActions(_Base):
         both runs; ``None`` with an error message when refused (nothing written)."""
         step_name = request.POST.get("step", "")
         try:
+            get_workflow(run.workflow)  # as fork_run: only a workflow this code runs
             fork = WorkflowRun.objects.fork(run.pk, step_name)
-        except ValueError as exc:
+        except (ValueError, UnknownWorkflowError) as exc:
             self.message_user(
                 request, gettext("Nothing forked: %(error)s.") % {"error": exc}, messages.ERROR
             )
@@ -172,7 +176,11 @@ class RunOperatorActions(_Base):
 
     def operator_context(self, run: WorkflowRun) -> dict[str, Any]:
         """What the run page's fork form offers: the names of the run's steps, oldest first."""
-        names = list(run.steps.order_by("id").values_list("step_name", flat=True))
+        names = list(
+            run.steps.exclude(status=StepStatus.PATCH)
+            .order_by("id")
+            .values_list("step_name", flat=True)
+        )
         return {"fork_steps": names}
 
 

@@ -70,7 +70,7 @@ class RunForks(RunReplays):
     """Forking a run from a step (see the module's docstring)."""
 
     def fork(self, run_id: uuid.UUID | str, from_step: str) -> WorkflowRun:
-        """Create a ``running`` run of run ``run_id``'s workflow, input and tags, its
+        """Create a ``running`` run of run ``run_id``'s workflow, input, tags and queue key, its
         ``forked_from`` that run, with the outcomes the run recorded before step
         ``from_step`` copied (see the module's docstring), due for its first pass at once;
         one transaction. The original run is not written, whatever its status (a running
@@ -78,8 +78,8 @@ class RunForks(RunReplays):
         per workflow), nor the parent: a fork of a child run is a run of its own.
 
         Returns the new run. Raises ``WorkflowRun.DoesNotExist`` for an unknown run and
-        ``ValueError`` for a malformed id or step name, or a step the run never reached
-        (nothing written).
+        ``ValueError`` for a malformed id or step name, a step the run never reached, or the
+        name of one of its patch decisions (nothing written).
         """
         check_identifier(from_step, "Step name")
         pk = parse_run_id(run_id)
@@ -90,8 +90,14 @@ class RunForks(RunReplays):
             original = self.rows().filter(pk=pk).first()
             if original is None:
                 raise self.model.DoesNotExist(f"No workflow run with id {pk}")
-            start = steps.filter(run_id=pk, step_name=from_step).values_list("pk", flat=True)
-            start_id = start.first()
+            start = steps.filter(run_id=pk, step_name=from_step).values_list("pk", "status")
+            found = start.first()
+            if found is not None and found[1] == StepStatus.PATCH:
+                raise ValueError(
+                    f"{from_step!r} is a patch decision of run {pk} (run.patched), not a "
+                    "step: a fork starts again from a step"
+                )
+            start_id = None if found is None else found[0]
             if start_id is None:
                 raise ValueError(
                     f"Run {pk} never reached a step named {from_step!r}: a fork starts "
@@ -110,6 +116,9 @@ class RunForks(RunReplays):
                 .filter(
                     Q(status=StepStatus.SUCCEEDED)
                     | Q(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+                    # The patch decisions made before the step: the fork replays the same
+                    # path up to it (run.patched answers as it did for the original).
+                    | Q(status=StepStatus.PATCH)
                 )
                 .order_by("id")
                 .values(*_STEP_COPIED)
@@ -124,6 +133,7 @@ class RunForks(RunReplays):
                 workflow=original.workflow,
                 input=original.input,
                 tags=original.tags,
+                queue_key=original.queue_key,
                 forked_from_id=pk,
                 status=RunStatus.RUNNING,
                 pass_due_at=DbNow(),
