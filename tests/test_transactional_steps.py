@@ -306,3 +306,35 @@ def test_the_registered_checks_say_w036_for_this_suites_transactional_steps() ->
     said = [m for m in checks.run_checks(tags=["django_leases"]) if m.id == "django_leases.W036"]
     assert len(said) == 1
     assert "tests.tx.append" in said[0].msg and "tests.dup.upsert" not in said[0].msg
+
+
+seen_while_running: list[Any] = []
+
+
+@step_function("tests.tx.progress", transactional=True)
+def reports_progress(data: Any, ctx: StepContext) -> Any:
+    """Reports progress, then looks at its step from another connection while its own
+    transaction is still open: the progress is there, and renewing the step lease (which
+    updates the same row) does not wait for this transaction."""
+    ctx.set_progress({"done": 1, "of": 2})
+
+    def from_outside() -> tuple[Any, bool]:
+        step = WorkflowStep.objects.get(pk=ctx._claim.step_id)
+        renewed = WorkflowStep.objects.refresh_lease(step.pk, 600, ctx.attempt)
+        return step.progress, renewed
+
+    seen_while_running.append(helpers.on_another_thread(from_outside, timeout=30))
+    return "done"
+
+
+@needs_row_locks
+@pytest.mark.django_db(transaction=True)
+def test_progress_of_a_transactional_step_is_seen_at_once_and_blocks_no_renewal() -> None:
+    seen_while_running.clear()
+    run = WorkflowRun.objects.start("tests.tx.one", {})
+    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.progress")
+    claim = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.progress", 600)
+    assert claim is not None
+    assert execute_step(claim) == "succeeded"
+    assert seen_while_running == [({"done": 1, "of": 2}, True)]
+    assert WorkflowStep.objects.get(pk=claim.step_id).progress == {"done": 1, "of": 2}

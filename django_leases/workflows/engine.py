@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import InterfaceError, OperationalError, router
+from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases import db, tracing
 from django_leases.conf import check_queue_key
@@ -224,6 +224,26 @@ async def asend_event(
 # -- steps --------------------------------------------------------------------------------------
 
 
+def _on_own_connection(call: Callable[[], None]) -> None:
+    """Run ``call`` on a short-lived thread, so on a database connection of its own (in
+    autocommit), and re-raise what it raised; the thread's connections are closed."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed back to the caller's thread
+            failure.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="dl-step-progress", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 class StepContext:
     """What a ``@step_function`` gets as ``ctx``.
 
@@ -290,9 +310,27 @@ class StepContext:
             ValueError: ``value`` is not JSON the database stores.
         """
         claim = self._claim
-        WorkflowStep.objects.db_manager(claim.using).set_progress(
-            claim.step_id, value, claim.attempt
-        )
+
+        def write() -> None:
+            WorkflowStep.objects.db_manager(claim.using).set_progress(
+                claim.step_id, value, claim.attempt
+            )
+
+        connection = connections[claim.using]
+        if (
+            self.transactional
+            and connection.vendor != "sqlite"
+            and len(connection.atomic_blocks) == 1
+        ):
+            # Inside a transactional step's own transaction, an UPDATE of the step row would
+            # hold its lock until the step commits: the lease's renewals, a cancel, a takeover
+            # would wait, and nobody would see the progress. Write it on a connection of its
+            # own, committed at once. (SQLite has one writer: its transaction holds the whole
+            # database anyway. Nested in an outer transaction — drive() in a TestCase — the
+            # write joins it, as every write there does.)
+            _on_own_connection(write)
+        else:
+            write()
 
     def check(self) -> None:
         """Raise :class:`LeaseLostError` once the step lease is seen lost; else ``None``."""
