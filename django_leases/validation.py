@@ -536,7 +536,7 @@ MAX_TAG_VALUE_LENGTH = 255
 
 def check_tags(tags: object) -> dict[str, str] | None:
     """A run's ``tags`` checked: ``None`` (no tags), or a ``dict`` (any mapping) of at most
-    :data:`MAX_TAGS` (16) entries whose names are ``str`` of 1 to 64 characters and whose
+    :data:`MAX_TAGS` (16) entries whose names are ``str`` of 1 to 64 characters (no ``=``) and whose
     values are ``str`` of at most 255 characters (empty allowed); an empty dict is ``None``.
     Returns a new ``dict``; raises ``ValueError`` naming the offending tag otherwise."""
     if tags is None:
@@ -548,6 +548,8 @@ def check_tags(tags: object) -> dict[str, str] | None:
     checked: dict[str, str] = {}
     for name, value in tags.items():
         check_name(name, "Tag name", max_length=MAX_TAG_NAME_LENGTH)
+        if "=" in name:  # `--tag name=value` and the admin's filter split at the first "="
+            raise ValueError(f"Tag name {name!r}: it may not hold '=' (name=value selects it)")
         if not isinstance(value, str):
             raise ValueError(f"Tag {name!r}: the value must be a str, not {type(value).__name__}")
         if len(value) > MAX_TAG_VALUE_LENGTH:

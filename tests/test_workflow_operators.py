@@ -134,6 +134,7 @@ def _steps(run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
         {"name": "nul\x00"},
         ["team", "a"],
         [("team", "a")],
+        {"a=b": "c"},
     ],
     ids=[
         "17 tags",
@@ -145,6 +146,7 @@ def _steps(run_id: uuid.UUID) -> dict[str, dict[str, Any]]:
         "NUL",
         "list",
         "pairs",
+        "= in a name",
     ],
 )
 def test_bad_tags_are_refused_with_nothing_written(tags: Any) -> None:
