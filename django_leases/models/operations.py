@@ -324,7 +324,7 @@ class RunOperations(RunPasses):
             )
             if not failed:
                 raise WorkflowRunStateError(
-                    run.pk, run.status, "retried", "it has no failed step to run again"
+                    run.pk, run.status, "retried", "a run with no failed step cannot be"
                 )
             others = self._retry_locked(alias, run, Q())
         steps = (*failed, *(name for name in others if name not in failed))
