@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 
+from django_leases.clock import db_now_plus
 from django_leases.exceptions import (
     UnknownWorkflowError,
     WorkflowStepCancelledError,
@@ -633,3 +634,17 @@ def test_the_admin_forks_only_a_workflow_this_code_runs(admin_client: Client) ->
     refused = admin_client.post(url, {"step": "a"}, follow=True)
     assert any("Nothing forked" in str(m) for m in refused.context["messages"])
     assert not WorkflowRun.objects.filter(forked_from_id=run.id).exists()
+
+
+def test_prune_keeps_the_child_a_live_fork_reads_as_its_own() -> None:
+    """A fork keeps its original's child waits: pruning the finished original must not take
+    the child the live fork will read when it replays."""
+    original = start_workflow("tests.ops.parent", {})
+    drive(original)
+    child = WorkflowRun.objects.get(workflow="tests.ops.kid")
+    fork = fork_run(original, from_step="b")  # live: not driven yet
+    WorkflowRun.objects.filter(pk__in=[original, child.pk]).update(finished_at=db_now_plus(-60))
+    WorkflowRun.objects.prune(1)
+    assert not WorkflowRun.objects.filter(pk=original).exists()
+    assert WorkflowRun.objects.filter(pk=child.pk).exists(), "the fork's child was pruned"
+    assert drive(fork).status == RunStatus.COMPLETED  # type: ignore[union-attr]

@@ -24,6 +24,7 @@ from django_leases.models.workflow_base import (
     run_reached,
     step_model,
     tag_model,
+    wait_model,
     wake_parent,
     wake_workers,
 )
@@ -421,7 +422,8 @@ class RunOperations(RunPasses):
         worker still finishing with it; a later prune takes it), nor a child run
         (``run.child``) whose parent is running, suspended or failed — the parent reads the
         child's outcome when it replays (a failed one once resumed); it goes with or after
-        its parent. Webhook deliveries that
+        its parent — nor one that such a run's fork reads (a fork keeps the child waits of
+        its original). Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
@@ -433,15 +435,29 @@ class RunOperations(RunPasses):
         alias = self.write_alias()
         runs = self.rows()
         leases = Lease.objects.db_manager(alias)
-        finished = runs.filter(
-            status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
-        ).exclude(
-            # A child is its parent's outcome until the parent is finished for good: one
-            # running, suspended or failed (resumable) replays ``run.child`` and reads it.
-            # A subquery, not a join: the locking read below locks run rows only.
-            parent_id__in=runs.filter(
-                status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
-            ).values("pk")
+        finished = (
+            runs.filter(
+                status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+            )
+            .exclude(
+                # A child is its parent's outcome until the parent is finished for good: one
+                # running, suspended or failed (resumable) replays ``run.child`` and reads it.
+                # A subquery, not a join: the locking read below locks run rows only.
+                parent_id__in=runs.filter(
+                    status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
+                ).values("pk")
+            )
+            .exclude(
+                # Nor a child another live run's wait points to: a fork copies the child waits
+                # reached before its step, so the fork reads the original's child as its own.
+                pk__in=wait_model()
+                ._default_manager.using(alias)
+                .filter(
+                    child_id__isnull=False,
+                    run__status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED),
+                )
+                .values("child_id")
+            )
         )
         deleted = 0
         skipped: set[uuid.UUID] = set()
