@@ -194,6 +194,8 @@ def test_key_search_finds_a_key_and_its_prefix() -> None:
     assert set(runs.key_starts_with("owner/").values_list("pk", flat=True)) == {pr22, pr23}
     assert not runs.key_starts_with("%").exists()  # a LIKE wildcard is a character here
     assert not runs.key_starts_with("_wner").exists()
+    assert not runs.key_starts_with("OWNER/").exists(), "the search is case-sensitive"
+    assert not runs.key_starts_with("owner/Repo#").exists()
 
 
 def _command(*args: str) -> tuple[str, str]:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import F, Q
+from django.db.models.functions import Substr
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -366,7 +367,11 @@ class RunOperations(RunPasses):
         """The runs whose ``key`` is ``text`` or starts with it (case-sensitive), served by
         the ``dl_run_key`` index; ``ValueError`` for a text no key could be."""
         check_name(text, "Run key", max_length=MAX_KEY_LENGTH)
-        return self.filter(key__startswith=text)
+        found = self.filter(key__startswith=text)
+        if connections[self.db].vendor == "sqlite":
+            # SQLite's LIKE ignores the case of ASCII letters: the head is compared as well.
+            found = found.alias(key_head=Substr("key", 1, len(text))).filter(key_head=text)
+        return found
 
     def operate_each(self, operation: str) -> list[RunOutcome]:
         """Apply ``operation`` — ``"resume"`` (:meth:`resume`), ``"cancel"``
