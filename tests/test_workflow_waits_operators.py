@@ -71,6 +71,8 @@ def test_send_event_refuses_bad_input_clearly_storing_nothing() -> None:
     run = _run()
     with pytest.raises(CommandError, match="not JSON"):
         _command("send-event", str(run.id), "approved", "--payload", "{nope")
+    with pytest.raises(CommandError, match="not JSON"):  # nested past Python's recursion
+        _command("send-event", str(run.id), "approved", "--payload", "[" * 100_000 + "]" * 100_000)
     with pytest.raises(CommandError, match="No workflow run"):
         _command("send-event", str(uuid.uuid4()), "approved")
     with pytest.raises(CommandError, match="run id"):
@@ -130,6 +132,9 @@ def test_an_operator_sends_an_event_from_the_run_page(client: Client) -> None:
     assert "Nothing sent" in " ".join(_messages(again))
     assert "already sent" in " ".join(_messages(again))
     bad = client.post(_send_url(run), {"name": "other", "payload": "{"}, follow=True)
+    assert "not JSON" in " ".join(_messages(bad))
+    deep = "[" * 100_000 + "]" * 100_000  # past Python's recursion: still a message, no 500
+    bad = client.post(_send_url(run), {"name": "other", "payload": deep}, follow=True)
     assert "not JSON" in " ".join(_messages(bad))
     assert not WorkflowWait.objects.filter(run=run, name="other").exists()
 

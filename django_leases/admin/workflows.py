@@ -379,7 +379,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         text = request.POST.get("payload", "").strip()
         try:
             payload = json.loads(text) if text else None
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             self.message_user(
                 request,
                 gettext("Nothing sent: the payload is not JSON (%(error)s).") % {"error": exc},

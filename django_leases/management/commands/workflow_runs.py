@@ -393,7 +393,7 @@ class Command(base.LeasesCommand):
     def _send_event(self, alias: str, options: dict[str, Any]) -> None:
         try:
             payload = json.loads(options["payload"])
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise CommandError(f"--payload is not JSON: {exc}") from None
         name = options["name"]
         try:
