@@ -34,7 +34,6 @@ from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
     attempt_model,
     step_model,
-    tag_model,
     wait_model,
     wake_workers,
 )
@@ -129,7 +128,8 @@ class RunForks(RunReplays):
             if first_claim is not None:
                 kept_waits = kept_waits.filter(reached_at__lt=first_claim)
             wait_rows = list(kept_waits.order_by("id").values(*_WAIT_COPIED))
-            fork = self.rows().create(
+            fork = self._create_tagged(
+                alias,
                 workflow=original.workflow,
                 input=original.input,
                 tags=original.tags,
@@ -139,8 +139,6 @@ class RunForks(RunReplays):
                 pass_due_at=DbNow(),
                 pass_requests=1,
             )
-            if original.tags:
-                tag_model().objects.db_manager(alias).write(fork.pk, original.tags)
             steps.bulk_create(step_model()(run_id=fork.pk, **row) for row in kept_steps)
             waits.bulk_create(wait_model()(run_id=fork.pk, **row) for row in wait_rows)
             wake_workers(alias)

@@ -68,6 +68,15 @@ if TYPE_CHECKING:
 class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
     """Starting runs; asking for, claiming, taking and ending their passes."""
 
+    def _create_tagged(self, alias: str, **columns: Any) -> WorkflowRun:
+        """Insert a run with ``columns`` and, when ``columns["tags"]`` holds any, its tag rows
+        (``WorkflowRun.objects.tagged`` reads those), inside the caller's transaction: the
+        one place a run's tags are written both ways."""
+        run = self.rows().create(**columns)
+        if columns.get("tags"):
+            tag_model().objects.db_manager(alias).write(run.pk, columns["tags"])
+        return run
+
     def start(
         self,
         workflow: str,
@@ -140,7 +149,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         else:
             try:
                 with transaction.atomic(using=alias):
-                    run = self.rows().create(
+                    run = self._create_tagged(
+                        alias,
                         workflow=workflow,
                         input=value,
                         key=key,
@@ -150,8 +160,6 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                         pass_due_at=DbNow(),
                         pass_requests=1,
                     )
-                    if tagged:
-                        tag_model().objects.db_manager(alias).write(run.pk, tagged)
                     wake_workers(alias)
             except IntegrityError:
                 if key is None:

@@ -218,7 +218,8 @@ class RunTiming(RunOperations):
             )
         try:
             with transaction.atomic(using=alias):
-                run = self.rows().create(
+                run = self._create_tagged(
+                    alias,
                     workflow=workflow,
                     input=value,
                     key=key,
@@ -231,8 +232,6 @@ class RunTiming(RunOperations):
                     tags=tagged,
                     queue_key=keyed,
                 )
-                if tagged:
-                    tag_model().objects.db_manager(alias).write(run.pk, tagged)
                 if cap is not None:  # never later than the parent's deadline
                     self.rows().filter(pk=run.pk).filter(
                         Q(deadline_at=None) | Q(deadline_at__gt=cap)
@@ -318,7 +317,8 @@ class RunTiming(RunOperations):
         try:
             with transaction.atomic(using=alias):
                 # One statement: the database clock reads the same in both columns.
-                run = self.rows().create(
+                run = self._create_tagged(
+                    alias,
                     workflow=workflow,
                     input=value,
                     debounce_key=debounce_key,
@@ -329,8 +329,6 @@ class RunTiming(RunOperations):
                     tags=tags,
                     queue_key=queue_key,
                 )
-                if tags:
-                    tag_model().objects.db_manager(alias).write(run.pk, tags)
         except IntegrityError:
             return None
         run.started = True
