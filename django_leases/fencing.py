@@ -3,8 +3,8 @@
 
 A model that inherits :class:`FencedModel` stores, on each row, who last wrote it
 (``fenced_by``: a lease key, or ``workflow-step:<id>`` for a workflow step) and with which
-fence (``fence``: the lease's fencing token, or the step's attempt number). Its
-``objects.fenced_update(fence, **values)`` is one guarded ``UPDATE``::
+fence (``fence``: the lease's fencing token, or the step attempt's: see :func:`step_fence`).
+Its ``objects.fenced_update(fence, **values)`` is one guarded ``UPDATE``::
 
     UPDATE … SET …, fenced_by = :key, fence = :token
      WHERE <the QuerySet's filter>
@@ -67,7 +67,8 @@ class Fence:
 
     Attributes:
         key: the lease key, or ``workflow-step:<step id>``.
-        token: the lease's fencing token, or the step's attempt number (``int`` ≥ 1).
+        token: the lease's fencing token, or the step attempt's (its attempt number above
+            the epoch floor of its claim: see :func:`step_fence`), an ``int`` ≥ 1.
         holding: the row (lease or step) that exists while the holder still holds it, for
             an ``EXISTS`` in the same statement (``None``: only the stored fence decides).
         using: the database ``holding`` is read from.
@@ -91,19 +92,24 @@ def lease_fence(lease: Lease) -> Fence:
     return Fence(lease.key, lease.token, Lease.objects.db_manager(alias).holding(lease), alias)
 
 
-def step_fence(step_id: int, attempt: int, *, using: str | None = None) -> Fence:
+def step_fence(step_id: int, attempt: int, *, using: str | None = None, floor: int = 0) -> Fence:
     """The :class:`Fence` of ``attempt`` of workflow step ``step_id`` (what ``ctx.fence`` is
-    in a step function): key ``workflow-step:<step_id>``, token the attempt; live while that
-    attempt is the step's running one (the attempt fence). ``using``: the step's database
-    (default: the router's choice).
+    in a step function): key ``workflow-step:<step_id>``, token ``floor + attempt``; live
+    while that attempt is the step's running one (the attempt fence). ``using``: the step's
+    database (default: the router's choice). ``floor``: the epoch floor of the server that
+    granted the attempt's claim (``Claim.fence_floor``; 0 on a database that never failed
+    over), so that an attempt claimed again after an asynchronous promotion lost its first
+    claim fences above every token of the old timeline (``docs/operations/replication.md``).
 
-    Raises ``ValueError`` for a bad step id or attempt."""
+    Raises ``ValueError`` for a bad step id, attempt or floor."""
     if isinstance(step_id, bool) or not isinstance(step_id, int):
         raise ValueError(f"A step id must be an int, not {step_id!r}")
     check_attempt(attempt)
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+        raise ValueError(f"An epoch floor must be an int >= 0, not {floor!r}")
     alias = using or router.db_for_write(WorkflowStep)
     holding = WorkflowStep.objects.db_manager(alias).attempt_running(step_id, attempt)
-    return Fence(f"workflow-step:{step_id}", attempt, holding, alias)
+    return Fence(f"workflow-step:{step_id}", floor + attempt, holding, alias)
 
 
 def as_fence(fence: Fence | Lease) -> Fence:

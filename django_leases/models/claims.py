@@ -20,6 +20,7 @@ from django.db.models.functions import Coalesce
 from django_leases import clock
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
+from django_leases.models.lease import EpochFloor
 from django_leases.models.outcomes import StepOutcomes, retry_delay_after
 from django_leases.models.queue import Admission, KeyRefusal, WorkflowQueue, WorkflowQueueKey
 from django_leases.models.workflow_base import (
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
         run_status: str
         run_workflow: str
         db_now: datetime  # the database clock, when the step was read
+        fence_floor: int  # the server's epoch floor, when the step was read
 
     _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
@@ -391,6 +393,7 @@ class StepClaims(StepOutcomes):
             run_status=run_status,
             run_workflow=run_workflow,
             db_now=DbNow(),
+            fence_floor=EpochFloor(),
         )
         if skip_locked and features.has_select_for_update_skip_locked:
             return qs.select_for_update(skip_locked=True, of=of)
@@ -555,6 +558,7 @@ class StepClaims(StepOutcomes):
             claimed_at=sent,
             using=alias,
             run_workflow=step.run_workflow,
+            fence_floor=step.fence_floor,
         )
         waited = None
         if step.available_at is not None and step.status != StepStatus.RUNNING:

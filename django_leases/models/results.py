@@ -293,7 +293,9 @@ class StepResults(StepScheduling):
             write = StepWrite(StepStatus.SUCCEEDED, state=state, pass_requested=state is not None)
             return ResultWithNext(write)
         run_id = parse_run_id(row[1])
-        scheduled = inserted_claimed(alias, int(row[2]), run_id, next_step, ttl, sent, claimant)
+        scheduled = inserted_claimed(
+            alias, int(row[2]), run_id, next_step, ttl, sent, claimant, fence_floor=row[-1]
+        )
         return ResultWithNext(StepWrite(StepStatus.SUCCEEDED), scheduled, row[3])
 
     def _claiming_next_portably(

@@ -19,7 +19,7 @@ from django_leases import clock
 from django_leases.clock import DbNow
 from django_leases.conf import DEFAULT_QUEUE
 from django_leases.models.claims import StepClaims
-from django_leases.models.lease import Lease
+from django_leases.models.lease import EpochFloor, Lease
 from django_leases.models.outcomes import write_pending
 from django_leases.models.workflow_base import (
     attempt_started,
@@ -114,10 +114,11 @@ def inserted_claimed(
     ttl: float,
     sent: float,
     claimant: str = "",
+    fence_floor: int = 0,
 ) -> Scheduled:
     """The :class:`Scheduled` of a step a tuned statement inserted claimed (``running`` at
     attempt 1 under a ``ttl``-second lease for ``claimant``, the statement sent at ``sent``,
-    monotonic)."""
+    monotonic, on a server whose epoch floor was ``fence_floor``)."""
     row = step_model()(
         pk=step_id,
         run_id=run_id,
@@ -138,6 +139,7 @@ def inserted_claimed(
         lease_ttl=ttl,
         claimed_at=sent,
         using=alias,
+        fence_floor=int(fence_floor),
     )
     return Scheduled(row, attempt_started(claim), True)
 
@@ -349,7 +351,9 @@ class StepScheduling(StepClaims):
         if found is None or found[0] is None:  # it exists, or the run is not running
             row, created = self._schedule(run_id, step)
             return Scheduled(row, None, created=created)
-        return inserted_claimed(alias, int(found[0]), run_id, step, ttl, sent, claimant)
+        return inserted_claimed(
+            alias, int(found[0]), run_id, step, ttl, sent, claimant, fence_floor=found[1]
+        )
 
     def _insert_and_claim(
         self,
@@ -430,7 +434,13 @@ class StepScheduling(StepClaims):
             )
             if not mine.update(lease_expires_at=clock.db_now_plus(ttl), updated_at=DbNow()):
                 return None
-            step = self.rows().get(run_id=run_id, step_name=step_name)
+            # The epoch floor is the server's now: one that lost the first claim in a
+            # promotion has no step naming this claimant, so nobody else holds this fence.
+            step = (
+                self.rows()
+                .annotate(fence_floor=EpochFloor())
+                .get(run_id=run_id, step_name=step_name)
+            )
         claim = Claim(
             step_id=step.pk,
             run_id=step.run_id,
@@ -441,5 +451,6 @@ class StepScheduling(StepClaims):
             lease_ttl=ttl,
             claimed_at=sent,
             using=alias,
+            fence_floor=step.fence_floor,
         )
         return Scheduled(step, claim, False)

@@ -29,6 +29,7 @@ from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models.lease import (
     Lease,
     acquire_statement,
+    epoch_floor_sql,
     grant_sql,
     release_held_statement,
     released_grant_sql,
@@ -161,6 +162,13 @@ def functions(connection: BaseDatabaseWrapper) -> dict[str, sql.Function]:
 _calls: dict[tuple[str, str], str] = {}
 
 
+#: The functions whose row ends in a claim: their call reads the server's epoch floor in the
+#: same statement, one column after the function's (:attr:`Claim.fence_floor`).
+CLAIMING_FUNCTIONS = frozenset(
+    {"claim_step", "complete_run_alone_claiming", "insert_claimed", "set_result_claiming_next"}
+)
+
+
 #: Aliases on which a function of this code's was found missing (for the life of the
 #: process): their workers take the portable path from then on.
 without_functions: set[str] = set()
@@ -190,7 +198,8 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
     key = (connection.alias, short)
     call = _calls.get(key)
     if call is None:
-        call = _calls[key] = functions(connection)[short].call()
+        then = (epoch_floor_sql(connection) or "0") if short in CLAIMING_FUNCTIONS else ""
+        call = _calls[key] = functions(connection)[short].call(then=then)
     try:
         with db.cursor(connection) as cursor:
             return cursor.execute(call, args).fetchone()
@@ -279,6 +288,8 @@ def claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool,
     if row[1] is None:
         return False, None
     step_id, run_id, step_name, function_name, attempt, data, waited = row[1:8]
+    # The epoch floor follows the claim's columns (CLAIMING_FUNCTIONS).
+    floor = row[len(sql.CLAIM_STEP_TYPES)]
     claim = Claim(
         step_id=step_id,
         run_id=parse_run_id(run_id),
@@ -292,6 +303,7 @@ def claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool,
         run_created_at=row[8],
         started_at=row[9],
         run_workflow=row[10],
+        fence_floor=int(floor),
     )
     transaction.on_commit(lambda: attempt_started(claim, waited), using=alias)
     return False, claim

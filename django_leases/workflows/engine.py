@@ -266,7 +266,11 @@ class StepContext:
             attempt is recognised by the service instead of done twice.
         fence: this attempt's :class:`~django_leases.fencing.Fence`, for writes to the
             application's own rows that a superseded attempt must not make
-            (``FencedQuerySet.fenced_update(ctx.fence, ...)``).
+            (``FencedQuerySet.fenced_update(ctx.fence, ...)``). Its ``token`` (an ``int``)
+            is the attempt number above the epoch floor of the server that granted the
+            claim: the attempt itself on a database that never failed over, and after an
+            asynchronous PostgreSQL promotion above every token of the old timeline — send
+            it to an outside service's compare-and-set to fence a side effect there.
 
     ``set_progress(value)`` keeps JSON ``value`` as the step's progress (shown on the run's
     admin page), fenced to this attempt.
@@ -296,7 +300,7 @@ class StepContext:
     def fence(self) -> Fence:
         """This attempt's :class:`~django_leases.fencing.Fence` (see the class's doc)."""
         claim = self._claim
-        return step_fence(claim.step_id, claim.attempt, using=claim.using)
+        return step_fence(claim.step_id, claim.attempt, using=claim.using, floor=claim.fence_floor)
 
     def set_progress(self, value: Any) -> None:
         """Keep JSON ``value`` (e.g. ``{"done": 40, "of": 100}``) as the step's

@@ -819,9 +819,11 @@ class Function:
         """The function's name (with its hash)."""
         return self.definition()[0]
 
-    def call(self) -> str:
-        """``SELECT * FROM <name>(%s, …)``: the statement that calls it."""
-        return f"SELECT * FROM {self.name}({', '.join(['%s'] * len(self.args))})"
+    def call(self, *, then: str = "") -> str:
+        """``SELECT * FROM <name>(%s, …)``: the statement that calls it; ``then``: an SQL
+        expression read in the same statement, as one more column after the function's."""
+        call = f"SELECT * FROM {self.name}({', '.join(['%s'] * len(self.args))})"
+        return f"{call} CROSS JOIN (SELECT {then}) AS read_after" if then else call
 
 
 __all__ = [

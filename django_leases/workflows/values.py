@@ -161,6 +161,12 @@ class Claim:
         started_at: when this attempt started (database clock, its attempt row's
             ``started_at``), where the claim read it; else ``None``.
         run_workflow: the run's workflow name, where the claim read it; else ``None``.
+        fence_floor: the epoch floor of the server that granted the claim, read in the
+            claim's own statement or transaction (PostgreSQL: ``(timeline - 1) ×
+            EPOCH_SPAN``, see :mod:`django_leases.models.lease`; 0 on a database that never
+            failed over, and on SQLite and MariaDB / MySQL). The attempt's fence token is
+            ``fence_floor + attempt`` (``StepContext.fence``), so an attempt claimed again
+            after an asynchronous promotion lost its first claim fences above it.
     """
 
     step_id: int
@@ -175,6 +181,7 @@ class Claim:
     run_created_at: datetime | None = field(default=None, repr=False, compare=False)
     started_at: datetime | None = field(default=None, repr=False, compare=False)
     run_workflow: str | None = field(default=None, repr=False, compare=False)
+    fence_floor: int = field(default=0, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
