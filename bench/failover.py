@@ -1,10 +1,12 @@
 """The failover table of ``docs/operations/replication.md``: the scenario of
-``tests/failover.py`` (holders granting and writing through a multi-host URL, the primary
-SIGKILLed, its standby promoted) repeated for each replication mode, the figures summed.
+``tests/failover.py`` (holders granting and writing, and workers claiming and running steps,
+through a multi-host URL, the primary SIGKILLed, its standby promoted) repeated for each
+replication mode, the figures summed.
 
 Modes: ``async-no-epoch`` (an asynchronous standby, the previous release's acquire: tokens
-without epochs), ``async`` (this release), ``sync-on`` and ``sync-remote-apply`` (a
-synchronous standby, ``synchronous_commit`` = ``on`` / ``remote_apply``).
+without epochs, and step fence tokens that are bare attempt numbers), ``async`` (this
+release), ``sync-on`` and ``sync-remote-apply`` (a synchronous standby,
+``synchronous_commit`` = ``on`` / ``remote_apply``).
 
 Private clusters on ports 5441-5449 in a temporary directory (``tests/pgcluster.py``: as
 root the server runs as ``postgres``); the Django settings are the test suite's, on the
@@ -48,6 +50,12 @@ COLUMNS = (
     ("store_writes_under_a_shared_token", "store: two holders, one token"),
     ("store_writes_refused", "store: writes refused"),
     ("failed_calls", "failed calls"),
+    ("step_executions", "step executions"),
+    ("steps_run_twice", "step attempts run twice"),
+    ("step_tokens_issued_twice", "step fence tokens issued twice"),
+    ("step_results", "step results acknowledged"),
+    ("step_results_lost", "step results lost"),
+    ("step_store_writes_under_a_shared_token", "store: two executions, one step token"),
 )
 
 

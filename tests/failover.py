@@ -29,9 +29,18 @@ A run (:func:`run_failover`):
    acknowledged writes lost (rows whose commit a holder saw succeed, missing on the promoted
    server), and writes from two holders under one token accepted by the external store.
 
+Beside the holders, ``steppers`` worker threads claim the due steps of one workflow run
+(``WorkflowStep.objects.claim_due``, the tuned statement) through the same URL, "run" each
+by writing its fence token (``ctx.fence.token``: the attempt above the claim's epoch floor)
+to another external store under the step's key, and record its result. Their figures: step
+attempts run twice (one step and attempt executed by two workers: a claim the promoted
+server never received is granted again), step fence tokens issued twice (one step and token
+executed by two workers), and acknowledged step results lost.
+
 Nothing is timed: each phase waits for what it needs (grants acknowledged, holders waiting)
 with generous timeouts. ``epoch=False`` makes the holders call the previous release's acquire
-function (tokens without epochs), for the "before" figures.
+function (tokens without epochs) and the steppers' claims read no epoch floor (fence tokens
+are bare attempt numbers, as before this release), for the "before" figures.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -52,6 +61,9 @@ from unittest import mock
 from django.db import DatabaseError, connections
 
 from tests.pgcluster import Cluster, Clusters
+
+#: The workflow (and step function) name of the steppers' run.
+STEPS_WORKFLOW = "failover.steps"
 
 #: The previous release's acquire function (migration 0017): tokens without epochs.
 PREVIOUS_ACQUIRE = "dl_lease_acquire_f76a713eb454"
@@ -66,6 +78,17 @@ class Grant:
     holder: str
     asked: float
     answered: float
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One step attempt a stepper ran: its fence ``token`` and who ran it."""
+
+    step_id: int
+    attempt: int
+    token: int
+    executor: str
+    claimed: float
 
 
 class ExternalStore:
@@ -87,6 +110,14 @@ class ExternalStore:
             self._highest[key] = token
             self.accepted.append((key, token, holder))
             return True
+
+
+def _named_twice(pairs: Iterable[tuple[Hashable, str]]) -> int:
+    """How many of the things in ``(thing, who)`` pairs more than one ``who`` names."""
+    names: dict[Hashable, set[str]] = defaultdict(set)
+    for thing, who in pairs:
+        names[thing].add(who)
+    return sum(len(who) > 1 for who in names.values())
 
 
 @dataclass
@@ -114,14 +145,32 @@ class Outcome:
     seconds: float = 0.0
     #: What ``observe`` returned, by phase (``"before"``, ``"after"``).
     observed: dict[str, Any] = field(default_factory=dict)
+    #: The steppers' executions, the step results they saw recorded (``(step id, attempt,
+    #: stepper)``), the results the promoted server has, and their external store.
+    executions: list[Execution] = field(default_factory=list)
+    results: list[tuple[int, int, str]] = field(default_factory=list)
+    surviving_results: set[tuple[int, int, str]] = field(default_factory=set)
+    step_store: ExternalStore = field(default_factory=ExternalStore)
+
+    @property
+    def steps_run_twice(self) -> int:
+        """Step attempts (step and attempt number) executed by more than one stepper."""
+        return _named_twice(((e.step_id, e.attempt), e.executor) for e in self.executions)
+
+    @property
+    def step_tokens_issued_twice(self) -> int:
+        """Step fence tokens (step and token) executed by more than one stepper."""
+        return _named_twice(((e.step_id, e.token), e.executor) for e in self.executions)
+
+    @property
+    def step_results_lost(self) -> int:
+        """Step results a stepper saw recorded, missing on the promoted server."""
+        return sum(result not in self.surviving_results for result in self.results)
 
     @property
     def tokens_issued_twice(self) -> int:
         """Keys and tokens granted to more than one holder."""
-        holders: dict[tuple[str, int], set[str]] = defaultdict(set)
-        for grant in self.grants:
-            holders[grant.key, grant.token].add(grant.holder)
-        return sum(len(names) > 1 for names in holders.values())
+        return _named_twice(((g.key, g.token), g.holder) for g in self.grants)
 
     @property
     def tokens_below_an_earlier_grant(self) -> int:
@@ -147,10 +196,7 @@ class Outcome:
     @property
     def store_writes_under_a_shared_token(self) -> int:
         """Keys and tokens under which the external store took writes of two holders."""
-        holders: dict[tuple[str, int], set[str]] = defaultdict(set)
-        for key, token, holder in self.store.accepted:
-            holders[key, token].add(holder)
-        return sum(len(names) > 1 for names in holders.values())
+        return _named_twice(((key, token), holder) for key, token, holder in self.store.accepted)
 
     def after_promotion(self) -> list[Grant]:
         """The grants asked for once the promotion had returned."""
@@ -174,6 +220,15 @@ class Outcome:
             "store_writes_under_a_shared_token": self.store_writes_under_a_shared_token,
             "store_writes_refused": self.store.refused,
             "failed_calls": self.failed_calls,
+            "step_executions": len(self.executions),
+            "step_results": len(self.results),
+            "steps_run_twice": self.steps_run_twice,
+            "step_tokens_issued_twice": self.step_tokens_issued_twice,
+            "step_results_lost": self.step_results_lost,
+            "step_store_writes_under_a_shared_token": _named_twice(
+                ((key, token), who) for key, token, who in self.step_store.accepted
+            ),
+            "step_store_writes_refused": self.step_store.refused,
             "waiting_at_kill": self.waiting_at_kill,
             "timeline": self.timeline,
             "seconds": round(self.seconds, 1),
@@ -206,15 +261,22 @@ def database_alias(alias: str, hosts: list[Cluster], dbname: str) -> Iterator[st
             delattr(connections._connections, alias)  # type: ignore[attr-defined]
 
 
-def install_schema(alias: str) -> None:
-    """The lease table, the lease functions of 0017 and of the latest lease functions
-    migration, and the fenced writes' table, on ``alias``."""
-    from django_leases.models import Lease
+def install_schema(alias: str, steps: int = 0) -> None:
+    """The app's tables, the lease functions of 0017 and of the latest lease functions
+    migration, the workflow functions, and the fenced writes' table, on ``alias``; with
+    ``steps``, one running workflow run with that many due steps."""
+    from django.apps import apps
+
+    from django_leases import health
+    from django_leases.clock import DbNow
+    from django_leases.models import WorkflowRun, WorkflowStep
     from django_leases.models.lease import LEASE_FUNCTIONS_MIGRATION
 
     connection = connections[alias]
     with connection.schema_editor() as editor:
-        editor.create_model(Lease)
+        for model in apps.get_app_config("django_leases").get_models():
+            if model._meta.managed and not model._meta.proxy:
+                editor.create_model(model)
         for name in ("0017_lease_functions", LEASE_FUNCTIONS_MIGRATION):
             module = importlib.import_module(f"django_leases.migrations.{name}")
             for statement in module.LEASE_FUNCTIONS.values():
@@ -223,6 +285,15 @@ def install_schema(alias: str) -> None:
             "CREATE TABLE failover_write (id bigserial PRIMARY KEY, key text NOT NULL, "
             "token bigint NOT NULL, holder text NOT NULL)"
         )
+    health.install_functions(connection)
+    if steps:
+        run = WorkflowRun.objects.db_manager(alias).start(STEPS_WORKFLOW, {})
+        made = WorkflowStep.objects.db_manager(alias)
+        made.bulk_create(
+            WorkflowStep(run=run, step_name=f"s{n}", function_name=STEPS_WORKFLOW)
+            for n in range(steps)
+        )
+        made.filter(run=run).update(available_at=DbNow())  # due (as schedule() makes them)
     connection.close()
 
 
@@ -240,6 +311,8 @@ def _wait(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
 class _Holders:
     """The holder threads of one run."""
 
+    role = "holder"
+
     def __init__(self, alias: str, outcome: Outcome, count: int, keys: list[str], ttl: float):
         self.alias = alias
         self.outcome = outcome
@@ -248,7 +321,9 @@ class _Holders:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.threads = [
-            threading.Thread(target=self._run, args=(n,), name=f"failover-holder-{n}", daemon=True)
+            threading.Thread(
+                target=self._run, args=(n,), name=f"failover-{self.role}-{n}", daemon=True
+            )
             for n in range(count)
         ]
 
@@ -319,6 +394,58 @@ class _Holders:
             return sum(g.answered >= moment for g in self.outcome.grants)
 
 
+class _Steppers(_Holders):
+    """The stepper threads of one run: each claims a due step, writes its fence token to
+    the steps' external store, records its result, and goes on after a short pause (so the
+    run's steps last the whole failover)."""
+
+    role = "stepper"
+
+    def _run(self, number: int) -> None:
+        from django_leases.exceptions import WorkflowStepSupersededError
+        from django_leases.fencing import step_fence
+        from django_leases.models import WorkflowStep
+
+        steps = WorkflowStep.objects.db_manager(self.alias)
+        executor = f"stepper-{number}"
+        try:
+            while not self.stop.is_set():
+                try:
+                    claim = steps.claim_due(self.ttl)
+                except DatabaseError:
+                    self._failed()
+                    continue
+                if claim is None:
+                    time.sleep(0.01)
+                    continue
+                # What a step function does with ctx.fence: its token, sent outside.
+                fence = step_fence(
+                    claim.step_id, claim.attempt, using=self.alias, floor=claim.fence_floor
+                )
+                ran = Execution(
+                    claim.step_id, claim.attempt, fence.token, executor, time.monotonic()
+                )
+                with self.lock:
+                    self.outcome.executions.append(ran)
+                self.outcome.step_store.write(f"step:{claim.step_id}", fence.token, executor)
+                try:
+                    steps.set_result(claim.step_id, executor, claim.attempt)
+                except WorkflowStepSupersededError:
+                    continue
+                except DatabaseError:
+                    self._failed()
+                    continue
+                with self.lock:
+                    self.outcome.results.append((claim.step_id, claim.attempt, executor))
+                time.sleep(0.005)
+        finally:
+            connections[self.alias].close()
+
+    def executed_since(self, moment: float) -> int:
+        with self.lock:
+            return sum(e.claimed >= moment for e in self.outcome.executions)
+
+
 def _waiting(primary: Cluster) -> tuple[int, int]:
     """How many backends of the holders wait for the synchronous standby to confirm their
     commit, and how many wait for them (a row lock: a transaction waiting to be confirmed
@@ -345,6 +472,8 @@ def run_failover(
     name: str = "",
     patience: float = 120.0,
     observe: Callable[[str, str], Any] | None = None,
+    steppers: int = 2,
+    steps: int = 5000,
 ) -> Outcome:
     """One failover (module docstring); returns its :class:`Outcome`.
 
@@ -363,8 +492,11 @@ def run_failover(
             standby streams (``"before"``, no holder started yet) and once the holders have
             stopped after the promotion (``"after"``); what it returns is kept in
             :attr:`Outcome.observed`.
+        steppers: stepper threads (0: none); ``steps``: the due steps they share. Each phase
+            also waits for ``grants`` of their executions (none before the cut).
     """
     from django_leases import db
+    from django_leases.models import WorkflowStep, workflow_base
     from django_leases.models import lease as lease_module
 
     started = time.monotonic()
@@ -373,7 +505,7 @@ def run_failover(
     primary = clusters.primary(f"primary{name}").start()
     primary.execute("CREATE DATABASE failover")
     with database_alias(f"failover-setup{name}", [primary], "failover") as setup:
-        install_schema(setup)
+        install_schema(setup, steps if steppers else 0)
     standby = clusters.standby_of(primary, standby_name).start()
     if synchronous:  # once the standby exists: until then every commit would wait for it
         primary.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{standby_name}'")
@@ -388,13 +520,19 @@ def run_failover(
         ),
         patience,
     )
-    replaced = (
-        contextlib.nullcontext()
-        if epoch
-        else mock.patch.object(
-            lease_module, "PG_ACQUIRE", f"SELECT * FROM {PREVIOUS_ACQUIRE}(%s, %s, %s)"
+    replaced = contextlib.ExitStack()
+    if not epoch:
+        replaced.enter_context(
+            mock.patch.object(
+                lease_module, "PG_ACQUIRE", f"SELECT * FROM {PREVIOUS_ACQUIRE}(%s, %s, %s)"
+            )
         )
-    )
+        # Claims without the epoch floor (tuned and portable): a step's fence token is its
+        # bare attempt number.
+        for module in (workflow_base, lease_module):
+            replaced.enter_context(mock.patch.object(module, "epoch_floor_sql", lambda c: None))
+        replaced.callback(workflow_base._calls.clear)
+    workflow_base._calls.clear()
     with database_alias(f"failover{name}", [primary, standby], "failover") as alias, replaced:
         state = db.replication(connections[alias])
         outcome.warning = None if state is None else state.warning()
@@ -402,7 +540,13 @@ def run_failover(
             outcome.observed["before"] = observe("before", alias)
         connections[alias].close()
         team = _Holders(alias, outcome, holders, [f"failover:{n}" for n in range(keys)], ttl)
+        stepping = _Steppers(alias, outcome, steppers, [], ttl)
         team.start()
+        stepping.start()
+
+        def stepped(since: float) -> bool:
+            return not steppers or stepping.executed_since(since) >= grants
+
         try:
             _wait(f"{grants} grants", lambda: team.acknowledged_since(0.0) >= grants, patience)
             senders = primary.walsender_pids()
@@ -421,8 +565,11 @@ def run_failover(
                 )
             else:
                 _wait(
-                    f"{grants} grants the standby never received",
-                    lambda: team.acknowledged_since(outcome.cut_at) >= grants,
+                    f"{grants} grants and step executions the standby never received",
+                    lambda: (
+                        team.acknowledged_since(outcome.cut_at) >= grants
+                        and stepped(outcome.cut_at)
+                    ),
                     patience,
                 )
             primary.kill()
@@ -430,18 +577,28 @@ def run_failover(
             standby.promote()
             outcome.promoted_at = time.monotonic()
             _wait(
-                f"{grants} grants after the promotion",
-                lambda: team.acknowledged_since(outcome.promoted_at) >= grants,
+                f"{grants} grants and step executions after the promotion",
+                lambda: (
+                    team.acknowledged_since(outcome.promoted_at) >= grants
+                    and stepped(outcome.promoted_at)
+                ),
                 patience,
             )
         finally:
             if primary.process is not None and primary.process.poll() is None:
                 primary.kill()  # a phase failed: end the holders' calls waiting on it
             team.finish()
+            stepping.finish()
         if observe is not None:
             outcome.observed["after"] = observe("after", alias)
     rows = standby.execute("SELECT key, token, holder FROM failover_write", dbname="failover")
     outcome.surviving = {(str(k), int(t), str(h)) for k, t, h in rows}
+    rows = standby.execute(
+        f"SELECT id, attempt, result #>> '{{}}' FROM {WorkflowStep._meta.db_table} "
+        "WHERE status = 'succeeded'",
+        dbname="failover",
+    )
+    outcome.surviving_results = {(int(i), int(a), str(r)) for i, a, r in rows}
     (timeline,) = standby.execute(
         "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int"
     )[0]

@@ -123,6 +123,18 @@ def _assert_epochs(outcome: Outcome) -> None:
     assert seen["finding"].message == "no standby is connected"
 
 
+def _assert_step_epochs(outcome: Outcome) -> None:
+    """Steps claimed before the failover fence with bare attempt numbers (epoch 0); steps
+    claimed on the promoted server with tokens of its epoch, above every earlier one."""
+    before = [e for e in outcome.executions if e.claimed < outcome.killed_at]
+    after = [e for e in outcome.executions if e.claimed >= outcome.promoted_at]
+    assert before and after
+    assert {token_epoch(e.token) for e in before} == {0}
+    assert {token_epoch(e.token) for e in after} == {outcome.timeline - 1}
+    assert all(e.token == e.attempt for e in before)
+    assert min(e.token for e in after) > max(e.token for e in before)
+
+
 def test_an_asynchronous_promotion_loses_writes_but_issues_no_token_twice(
     clusters: Clusters,
 ) -> None:
@@ -137,6 +149,13 @@ def test_an_asynchronous_promotion_loses_writes_but_issues_no_token_twice(
     assert outcome.tokens_below_an_earlier_grant == 0, figures
     assert outcome.store_writes_under_a_shared_token == 0, figures
     _assert_epochs(outcome)
+    # Steps: claims the promoted server never received are granted again, so an attempt
+    # runs twice (the RPO again); but its fence token never names two executions, and every
+    # token of the promoted server's claims is above every token before it.
+    assert outcome.steps_run_twice > 0, figures
+    assert outcome.step_results_lost > 0, figures
+    assert outcome.step_tokens_issued_twice == 0, figures
+    _assert_step_epochs(outcome)
     # And the checks said so before it happened.
     before = outcome.observed["before"]
     assert outcome.warning is not None and "replicate asynchronously" in outcome.warning
@@ -153,6 +172,10 @@ def test_without_epochs_the_same_failover_issues_tokens_twice(clusters: Clusters
     assert outcome.acknowledged_writes_lost > 0, figures
     assert outcome.tokens_issued_twice > 0, figures
     assert outcome.tokens_below_an_earlier_grant > 0, figures
+    # A step attempt claimed again runs under the same bare attempt number as its first
+    # execution: the external store takes both executions' writes under one token.
+    assert outcome.steps_run_twice > 0, figures
+    assert outcome.step_tokens_issued_twice == outcome.steps_run_twice, figures
 
 
 def test_a_synchronous_promotion_loses_nothing(clusters: Clusters) -> None:
@@ -167,6 +190,10 @@ def test_a_synchronous_promotion_loses_nothing(clusters: Clusters) -> None:
     assert outcome.tokens_below_an_earlier_grant == 0, figures
     assert outcome.store_writes_under_a_shared_token == 0, figures
     _assert_epochs(outcome)
+    assert outcome.steps_run_twice == 0, figures
+    assert outcome.step_results_lost == 0, figures
+    assert outcome.step_tokens_issued_twice == 0, figures
+    _assert_step_epochs(outcome)
     assert outcome.warning is None
     before = outcome.observed["before"]
     assert before["finding"].status == "ok"
