@@ -1,5 +1,5 @@
-"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias, and the
-per-lease :class:`Renewal` the workflow engine still uses.
+"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias, and
+:class:`Renewal`, a lease renewed on threads of its own.
 
 Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
 
@@ -17,24 +17,27 @@ Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
   never be undone by a late renewal.
 
 **One renewer per process and alias** (:func:`renewer`). Every lease ``hold_lease``,
-``ahold_lease`` and the ``hold_lease`` command hold is registered with the renewer of its
-database alias (:meth:`Renewer.lease`, then :meth:`Renewed.start`). The renewer's one
-thread (``lease-renewer:<alias>``) sleeps until a renewal is due, then renews **every lease
+``ahold_lease`` and the ``hold_lease`` command hold, and the workflow worker's run, step and
+heartbeat leases, is registered with the renewer of its database alias
+(:meth:`Renewer.lease`, then :meth:`Renewed.start`). The renewer's one thread
+(``lease-renewer:<alias>``) sleeps until a renewal is due, then renews **every lease
 due** — and every one due within the next quarter of its own interval, so leases taken at
 about the same time share their ticks from then on — in one tick: one call of each
-:data:`BatchRefresh` for all its leases (``Lease.objects.refresh_many``: one statement that
-says which were still held), on the thread's one connection. Its watchdog thread
+:data:`BatchRefresh` for all its leases (``Lease.objects.refresh_many`` for leases,
+``WorkflowStep.objects.refresh_leases`` for step leases: each one statement that says which
+were still held), on the thread's one connection. Its watchdog thread
 (``lease-watchdog:<alias>``) marks a lease lost once its local deadline passes. A holder
 learns of its own loss only (its ``lost`` event, its ``on_lost``: run on a short-lived thread,
 so a slow ``lease_lost`` receiver delays no renewal). Both threads end, and close their
 connections, once the renewer has had nothing to renew for :data:`RENEWER_IDLE` seconds.
-So a process holding 1,000 leases renews them on one connection and two threads, with one
-statement per tick, where each lease used to have a connection and two threads.
+So a process holding 1,000 leases, or a worker running 16 slow steps, renews them on one
+connection and two threads, with one statement per tick and kind of lease, where each lease
+used to have a connection and two threads.
 
 A lease without a set-based refresh registers a ``renew`` callable instead (called on the
 renewer thread, one call per lease per tick). :class:`Renewal` — a lease's own renewal and
-deadline threads, started only once its first renewal is due — is kept for the workflow
-engine's run and step leases until they register with the renewer.
+deadline threads, started only once its first renewal is due — follows the same rules for
+code that wants a lease renewed apart; none of the package's holders uses it any more.
 
 The renewal threads use their own database connections (Django's are per thread) and close
 them when they end; after a failed renewal they close them too, so the next one reconnects.
@@ -99,8 +102,9 @@ class BatchRefresh(Protocol):
     pair, in order: the item as refreshed (handed to the lease's ``on_renewed``, and
     refreshed next time) or ``None`` when that lease is no longer held. Raising says nothing
     of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
-    the leases'; a workflow step lease's would be a fenced ``UPDATE`` of the steps matching
-    id and attempt.
+    the leases' (:func:`~django_leases.leases.refresh_leases`); a workflow step lease's is
+    one fenced ``UPDATE`` of the steps matching id and attempt
+    (:func:`~django_leases.workflows.engine.refresh_step_leases`).
     """
 
     def __call__(self, alias: str, items: Sequence[tuple[Any, float]]) -> Sequence[Any | None]:
@@ -552,7 +556,7 @@ def renewers() -> list[Renewer]:
 
 class Renewal:
     """Keeps one lease alive by calling ``renew`` every TTL/3 on threads of its own (the
-    workflow engine's run and step leases, until they register with a :class:`Renewer`).
+    package's holders register with a :class:`Renewer` instead).
 
     Args:
         name: what the lease is (its key), for logs and thread names.
