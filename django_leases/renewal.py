@@ -46,6 +46,7 @@ them when they end; after a failed renewal they close them too, so the next one 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -227,6 +228,10 @@ class Renewer:
         self._watchdog: threading.Thread | None = None
         #: ``time.monotonic()`` past which the tick in flight counts as stuck.
         self._stuck_at: float | None = None
+        #: ``time.monotonic()`` until which each thread sleeps (``-inf``: it is awake,
+        #: ``inf``: until notified); a new lease due sooner wakes them.
+        self._renewer_wakes = -math.inf
+        self._watchdog_wakes = -math.inf
         self.ticks = 0
         self.calls = 0
         self.renewals = 0
@@ -291,7 +296,10 @@ class Renewer:
             lease.due = time.monotonic() + lease.interval
             self._leases[id(lease)] = lease
             self._start_threads()
-            self.cond.notify_all()
+            # Wake the threads only when they would sleep past the new lease's moments: a
+            # busy worker registers a lease per step, nearly always due after the others.
+            if lease.due < self._renewer_wakes or lease._deadline < self._watchdog_wakes:
+                self.cond.notify_all()
 
     def unregister(self, lease: Renewed) -> None:
         """Stop renewing ``lease`` (:meth:`Renewed.stop`)."""
@@ -306,7 +314,8 @@ class Renewer:
                     hanging = True
                     break
                 self.cond.wait(remaining)
-            self.cond.notify_all()
+            if not self._leases:
+                self.cond.notify_all()  # the idle countdown starts
         if hanging:
             lease.mark_lost("a renewal was still hanging when its TTL ran out")
         lease._wait_told()
@@ -361,7 +370,7 @@ class Renewer:
                     self._thread = None
                     self.cond.notify_all()  # the watchdog ends too
                     return None
-                self.cond.wait(left)
+                self._sleep(left)
                 continue
             idle_since = None
             # A lease seen lost is renewed no more (its holder is told; it stops it); one
@@ -372,17 +381,25 @@ class Renewer:
                 if not lease.lost.is_set() and not lease.in_flight
             ]
             if not active:
-                self.cond.wait()  # until a lease is registered or stopped
+                self._sleep(None)  # until a lease is registered or a tick ends
                 continue
             soonest = min(lease.due for lease in active)
             if soonest > now:
-                self.cond.wait(soonest - now)
+                self._sleep(soonest - now)
                 continue
             batch = [lease for lease in active if lease.due <= now + COALESCE * lease.interval]
             for lease in batch:
                 lease.in_flight = True
             self._stuck_at = now + min(lease.ttl for lease in batch) + STUCK_GRACE
             return batch
+
+    def _sleep(self, seconds: float | None) -> None:
+        """The renewal thread waits on ``cond`` (``None``: until notified), saying until
+        when, so that :meth:`register` wakes it only when a lease is due sooner. Under
+        ``cond``."""
+        self._renewer_wakes = math.inf if seconds is None else time.monotonic() + seconds
+        self.cond.wait(seconds)
+        self._renewer_wakes = -math.inf
 
     def _tick(self, batch: list[Renewed]) -> None:
         """Renew ``batch``: one call per refresh kind, one per ``renew`` callable."""
@@ -482,7 +499,10 @@ class Renewer:
                     if self._stuck_at is not None:
                         moments.append(self._stuck_at)
                     soonest = min(moments, default=None)
-                    self.cond.wait(None if soonest is None else max(soonest - now, 0.001))
+                    wait = None if soonest is None else max(soonest - now, 0.001)
+                    self._watchdog_wakes = math.inf if wait is None else now + wait
+                    self.cond.wait(wait)
+                    self._watchdog_wakes = -math.inf
                     continue
             lost = [x for x in expired if x._report("no renewal succeeded within its TTL")]
             _tell_later(lost, self.alias)
