@@ -29,24 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, libpq_conninfo, load_average
+from common import ROOT, libpq_conninfo, load_average, recreate_database
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/django_leases_bench_renewals"
-
-
-def _recreate(conninfo: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    name = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("dbname") or "")
-    if "bench" not in name:
-        raise SystemExit(f"refusing to drop {name!r}: the bench database's name must say 'bench'")
-    admin = psycopg.conninfo.make_conninfo(conninfo, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def _manage(tree: Path, env: dict[str, str], *argv: str) -> subprocess.Popen[bytes]:
@@ -65,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     tree = Path(args.tree).resolve()
     conninfo = libpq_conninfo(args.database_url)
-    _recreate(conninfo)
+    recreate_database(args.database_url)
     env = {
         **os.environ,
         "DATABASE_URL": args.database_url,

@@ -21,7 +21,14 @@ from django_leases.process import TIMERS
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, lapse_step_lease, renewal_threads, start_thread, wait_until
+from tests.helpers import (
+    drain,
+    end_renewers,
+    lapse_step_lease,
+    renewal_threads,
+    start_thread,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,6 +67,14 @@ def quick(data: Any, ctx: Any) -> int:
 def quick_workflow(run: Any, input: Any) -> Any:
     first = run.step("one", "tests.renewals-quick", {"n": input["n"]})
     return run.step("two", "tests.renewals-quick", {"n": first})
+
+
+@pytest.fixture(autouse=True)
+def renewers_ended(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """After each test, the renewers' threads end and close their connection (none may be
+    left on the test database when it is dropped)."""
+    yield
+    end_renewers(monkeypatch)
 
 
 class Ticks:
@@ -110,7 +125,8 @@ def ticks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Ticks]:
 def slow_steps(ticks: Ticks) -> Iterator[tuple[Worker, list[Any]]]:
     """:data:`SLOW` runs whose one step blocks until released, running on an in-process
     worker of as many threads (step lease :data:`STEP_TTL`); yields the worker and the run
-    ids. At the end the steps are released and the worker stopped."""
+    ids. At the end the steps are released and the worker stopped. (Ask for ``sql_path``
+    before it: the worker then runs on that path.)"""
     _release.clear()
     _contexts.clear()
     run_ids = [start_workflow("tests.renewals-slow", {"key": f"k{n}"}) for n in range(SLOW)]
@@ -170,42 +186,31 @@ def test_concurrent_slow_steps_are_renewed_in_one_statement_per_tick(
 
 
 def test_a_step_lease_taken_over_is_told_to_that_step_alone_and_its_result_refused(
-    sql_path: str, ticks: Ticks
+    sql_path: str, ticks: Ticks, slow_steps: tuple[Worker, list[Any]]
 ) -> None:
-    _release.clear()
-    _contexts.clear()
-    run_ids = [start_workflow("tests.renewals-slow", {"key": f"k{n}"}) for n in range(SLOW)]
-    worker = Worker(concurrency=SLOW, poll_interval=0.05, step_lease_ttl=STEP_TTL)
-    runner = start_thread(lambda: worker.run(handle_signals=False))
-    try:
-        wait_until(lambda: len(_contexts) == SLOW, PATIENCE, what="every slow step")
-        wait_until(lambda: ticks.full(SLOW), PATIENCE, what="a tick of every step")
-        victim, others = run_ids[1], run_ids[:1] + run_ids[2:]
-        # Lapse the victim's lease on the database clock, and let another worker claim
-        # the next attempt (the takeover a dead worker's steps get).
-        lapse_step_lease(run_id=victim, step_name="slow")
-        taken = WorkflowStep.objects.claim_for_execution(
-            victim, "slow", "tests.renewals-slow", 600, claimant="thief"
+    _worker, run_ids = slow_steps
+    wait_until(lambda: ticks.full(SLOW), PATIENCE, what="a tick of every step")
+    victim, others = run_ids[1], run_ids[:1] + run_ids[2:]
+    # Lapse the victim's lease on the database clock, and let another worker claim the next
+    # attempt (the takeover a dead worker's steps get).
+    lapse_step_lease(run_id=victim, step_name="slow")
+    taken = WorkflowStep.objects.claim_for_execution(
+        victim, "slow", "tests.renewals-slow", 600, claimant="thief"
+    )
+    assert taken is not None and taken.attempt == 2
+    assert _contexts["k1"].lease_lost.wait(PATIENCE), "the superseded step was never told"
+    calls = len(ticks.calls)
+    wait_until(lambda: len(ticks.calls) > calls + 1, PATIENCE, what="two more ticks")
+    assert not any(_contexts[f"k{n}"].lease_lost.is_set() for n in (0, 2, 3))
+    _release.set()
+    # The others' results land; the victim's late result does not: its step is the thief's
+    # attempt 2, and its own attempt 1 keeps ``running`` in the history.
+    for run_id in others:
+        wait_until(
+            lambda run_id=run_id: _step(run_id).status == StepStatus.SUCCEEDED,
+            PATIENCE,
+            what="the other steps' results",
         )
-        assert taken is not None and taken.attempt == 2
-        lost = _contexts["k1"].lease_lost
-        assert lost.wait(PATIENCE), "the superseded step was never told"
-        calls = len(ticks.calls)
-        wait_until(lambda: len(ticks.calls) > calls + 1, PATIENCE, what="two more ticks")
-        assert not any(_contexts[f"k{n}"].lease_lost.is_set() for n in (0, 2, 3))
-        _release.set()
-        # The others' results land; the victim's late result does not: its step is the
-        # thief's attempt 2, and its own attempt 1 keeps ``running`` in the history.
-        for run_id in others:
-            wait_until(
-                lambda run_id=run_id: _step(run_id).status == StepStatus.SUCCEEDED,
-                PATIENCE,
-                what="the other steps' results",
-            )
-    finally:
-        _release.set()
-        worker.stop()
-        runner.join(PATIENCE)
     step = _step(victim)
     assert (step.status, step.attempt, step.result) == (StepStatus.RUNNING, 2, None)
     first = WorkflowStepAttempt.objects.get(step=step, attempt=1)
