@@ -156,3 +156,21 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
     """Write ``report`` as indented JSON to ``path`` (values JSON lacks become strings)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def recreate_database(database_url: str) -> str:
+    """Drop and create the bench database (it must be a bench-only one). Returns its name."""
+    import psycopg
+    from psycopg import sql
+
+    conninfo = libpq_conninfo(database_url)
+    name = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("dbname") or "")
+    if "bench" not in name:
+        raise SystemExit(f"refusing to drop {name!r}: the bench database's name must say 'bench'")
+    admin = psycopg.conninfo.make_conninfo(conninfo, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name

@@ -128,6 +128,7 @@ from bench.common import (  # noqa: E402
     load_average,
     machine_facts,
     process_cpu_seconds,
+    recreate_database,
     settle,
     versions,
     write_report,
@@ -320,24 +321,6 @@ TASK_BACKEND_PEERS = ("django-ox", "django-tasks-db")
 
 
 # -- the database -------------------------------------------------------------------------------
-
-
-def recreate_database(database_url: str) -> str:
-    """Drop and create the bench database (it must be a bench-only one). Returns its name."""
-    import psycopg
-    from psycopg import sql
-
-    conninfo = libpq_conninfo(database_url)
-    name = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("dbname") or "")
-    if "bench" not in name:
-        raise SystemExit(f"refusing to drop {name!r}: the bench database's name must say 'bench'")
-    admin = psycopg.conninfo.make_conninfo(conninfo, dbname="postgres")
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return name
 
 
 def setup_django(database_url: str, application_name: str = "wfbench-harness") -> None:

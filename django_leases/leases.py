@@ -21,9 +21,8 @@ lifecycle — follows one protocol, :class:`HeldLease`: acquire (or adopt a leas
 larger statement), renew every TTL/3, vouch with a final check, always release. The renewals
 of every hold of a process on one database alias are made by that alias's one
 :class:`~django_leases.renewal.Renewer`: one thread, one connection and one statement per
-tick for all the leases due (``Lease.objects.refresh_many``); a hold with
-``deferred_renewal`` (the workflow engine's run lease) keeps its own
-:class:`~django_leases.renewal.Renewal`.
+tick for all the leases due (``Lease.objects.refresh_many``), the workflow engine's run
+leases too.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ from django.db import DatabaseError, InterfaceError, connections, router
 from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
-from django_leases.renewal import Renewal, Renewed, renewal_interval, renewer
+from django_leases.renewal import Renewed, renewal_interval, renewer
 from django_leases.signals import lease_lost
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -153,11 +152,11 @@ class HeldLease:
         using: the database alias (default: the router's choice for ``Lease``).
         on_lost: called once, on a background thread, when the lease is seen lost (before
             the ``lease_lost`` signal is sent).
-        deferred_renewal: renew on a :class:`~django_leases.renewal.Renewal` of its own
-            whose threads start only once a first renewal is due, and vouch and release in
-            one statement (the workflow engine's run leases). Otherwise the lease is renewed
-            by the alias's :class:`~django_leases.renewal.Renewer`, with every other hold of
-            the process.
+        release_vouches: vouch and release in one statement at the end (the workflow
+            engine's run leases), instead of a final check followed by a release.
+
+    The lease is renewed by the alias's :class:`~django_leases.renewal.Renewer`, with every
+    other lease the process holds there.
 
     Attributes:
         key: the lease key; ``holder``: the holder name; ``ttl``: seconds.
@@ -174,7 +173,7 @@ class HeldLease:
         holder: str | None = None,
         using: str | None = None,
         on_lost: Callable[[], None] | None = None,
-        deferred_renewal: bool = False,
+        release_vouches: bool = False,
     ) -> None:
         self.key = key
         self.ttl = ttl
@@ -183,8 +182,8 @@ class HeldLease:
         self._lease: Lease | None = None
         self.lost = threading.Event()
         self._on_lost = on_lost
-        self._deferred = deferred_renewal
-        self._renewal: Renewal | Renewed | None = None
+        self._release_vouches = release_vouches
+        self._renewal: Renewed | None = None
         self._released_live: bool | None = None
         self._unresponsive = False
         #: ``None`` until :meth:`finish` ran; then whether the lease was given back.
@@ -309,27 +308,16 @@ class HeldLease:
         than acquire it (``sent``: ``time.monotonic()`` just before that statement was sent,
         where the local deadline starts); renew it from here on. Returns ``self``."""
         self._lease = lease
-        if self._deferred:
-            self._renewal = Renewal(
-                self.key,
-                self.ttl,
-                self._renew,
-                held_since=sent,
-                on_lost=self._lost,
-                deferred=True,
-                lost=self.lost,
-            )
-        else:
-            self._renewal = renewer(self.alias).lease(
-                self.key,
-                self.ttl,
-                item=lease,
-                refresh=refresh_leases,
-                held_since=sent,
-                on_lost=self._lost,
-                on_renewed=self._renewed,
-                lost=self.lost,
-            )
+        self._renewal = renewer(self.alias).lease(
+            self.key,
+            self.ttl,
+            item=lease,
+            refresh=refresh_leases,
+            held_since=sent,
+            on_lost=self._lost,
+            on_renewed=self._renewed,
+            lost=self.lost,
+        )
         if renew:
             self._renewal.start()
         return self
@@ -407,7 +395,7 @@ class HeldLease:
         limit = max(FINAL_CHECK_MIN, self.deadline - time.monotonic())
         with db.bounded(connections[self.alias], limit, f"lease {self.key!r}") as bound:
             try:
-                if self._deferred:  # the check and the release in one statement
+                if self._release_vouches:  # the check and the release in one statement
                     held = self._release_held()
                     if held is not None:
                         return held, True

@@ -1,5 +1,5 @@
-"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias, and the
-per-lease :class:`Renewal` the workflow engine still uses.
+"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias, and
+:class:`Renewal`, a lease renewed on threads of its own.
 
 Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
 
@@ -17,24 +17,27 @@ Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
   never be undone by a late renewal.
 
 **One renewer per process and alias** (:func:`renewer`). Every lease ``hold_lease``,
-``ahold_lease`` and the ``hold_lease`` command hold is registered with the renewer of its
-database alias (:meth:`Renewer.lease`, then :meth:`Renewed.start`). The renewer's one
-thread (``lease-renewer:<alias>``) sleeps until a renewal is due, then renews **every lease
+``ahold_lease`` and the ``hold_lease`` command hold, and the workflow worker's run, step and
+heartbeat leases, is registered with the renewer of its database alias
+(:meth:`Renewer.lease`, then :meth:`Renewed.start`). The renewer's one thread
+(``lease-renewer:<alias>``) sleeps until a renewal is due, then renews **every lease
 due** — and every one due within the next quarter of its own interval, so leases taken at
 about the same time share their ticks from then on — in one tick: one call of each
-:data:`BatchRefresh` for all its leases (``Lease.objects.refresh_many``: one statement that
-says which were still held), on the thread's one connection. Its watchdog thread
+:data:`BatchRefresh` for all its leases (``Lease.objects.refresh_many`` for leases,
+``WorkflowStep.objects.refresh_leases`` for step leases: each one statement that says which
+were still held), on the thread's one connection. Its watchdog thread
 (``lease-watchdog:<alias>``) marks a lease lost once its local deadline passes. A holder
 learns of its own loss only (its ``lost`` event, its ``on_lost``: run on a short-lived thread,
 so a slow ``lease_lost`` receiver delays no renewal). Both threads end, and close their
 connections, once the renewer has had nothing to renew for :data:`RENEWER_IDLE` seconds.
-So a process holding 1,000 leases renews them on one connection and two threads, with one
-statement per tick, where each lease used to have a connection and two threads.
+So a process holding 1,000 leases, or a worker running 16 slow steps, renews them on one
+connection and two threads, with one statement per tick and kind of lease, where each lease
+used to have a connection and two threads.
 
 A lease without a set-based refresh registers a ``renew`` callable instead (called on the
 renewer thread, one call per lease per tick). :class:`Renewal` — a lease's own renewal and
-deadline threads, started only once its first renewal is due — is kept for the workflow
-engine's run and step leases until they register with the renewer.
+deadline threads, started only once its first renewal is due — follows the same rules for
+code that wants a lease renewed apart; none of the package's holders uses it any more.
 
 The renewal threads use their own database connections (Django's are per thread) and close
 them when they end; after a failed renewal they close them too, so the next one reconnects.
@@ -43,6 +46,7 @@ them when they end; after a failed renewal they close them too, so the next one 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -99,8 +103,9 @@ class BatchRefresh(Protocol):
     pair, in order: the item as refreshed (handed to the lease's ``on_renewed``, and
     refreshed next time) or ``None`` when that lease is no longer held. Raising says nothing
     of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
-    the leases'; a workflow step lease's would be a fenced ``UPDATE`` of the steps matching
-    id and attempt.
+    the leases' (:func:`~django_leases.leases.refresh_leases`); a workflow step lease's is
+    one fenced ``UPDATE`` of the steps matching id and attempt
+    (:func:`~django_leases.workflows.engine.refresh_step_leases`).
     """
 
     def __call__(self, alias: str, items: Sequence[tuple[Any, float]]) -> Sequence[Any | None]:
@@ -223,6 +228,10 @@ class Renewer:
         self._watchdog: threading.Thread | None = None
         #: ``time.monotonic()`` past which the tick in flight counts as stuck.
         self._stuck_at: float | None = None
+        #: ``time.monotonic()`` until which each thread sleeps (``-inf``: it is awake,
+        #: ``inf``: until notified); a new lease due sooner wakes them.
+        self._renewer_wakes = -math.inf
+        self._watchdog_wakes = -math.inf
         self.ticks = 0
         self.calls = 0
         self.renewals = 0
@@ -287,7 +296,10 @@ class Renewer:
             lease.due = time.monotonic() + lease.interval
             self._leases[id(lease)] = lease
             self._start_threads()
-            self.cond.notify_all()
+            # Wake the threads only when they would sleep past the new lease's moments: a
+            # busy worker registers a lease per step, nearly always due after the others.
+            if lease.due < self._renewer_wakes or lease._deadline < self._watchdog_wakes:
+                self.cond.notify_all()
 
     def unregister(self, lease: Renewed) -> None:
         """Stop renewing ``lease`` (:meth:`Renewed.stop`)."""
@@ -302,7 +314,8 @@ class Renewer:
                     hanging = True
                     break
                 self.cond.wait(remaining)
-            self.cond.notify_all()
+            if not self._leases:
+                self.cond.notify_all()  # the idle countdown starts
         if hanging:
             lease.mark_lost("a renewal was still hanging when its TTL ran out")
         lease._wait_told()
@@ -357,7 +370,7 @@ class Renewer:
                     self._thread = None
                     self.cond.notify_all()  # the watchdog ends too
                     return None
-                self.cond.wait(left)
+                self._sleep(left)
                 continue
             idle_since = None
             # A lease seen lost is renewed no more (its holder is told; it stops it); one
@@ -368,17 +381,25 @@ class Renewer:
                 if not lease.lost.is_set() and not lease.in_flight
             ]
             if not active:
-                self.cond.wait()  # until a lease is registered or stopped
+                self._sleep(None)  # until a lease is registered or a tick ends
                 continue
             soonest = min(lease.due for lease in active)
             if soonest > now:
-                self.cond.wait(soonest - now)
+                self._sleep(soonest - now)
                 continue
             batch = [lease for lease in active if lease.due <= now + COALESCE * lease.interval]
             for lease in batch:
                 lease.in_flight = True
             self._stuck_at = now + min(lease.ttl for lease in batch) + STUCK_GRACE
             return batch
+
+    def _sleep(self, seconds: float | None) -> None:
+        """The renewal thread waits on ``cond`` (``None``: until notified), saying until
+        when, so that :meth:`register` wakes it only when a lease is due sooner. Under
+        ``cond``."""
+        self._renewer_wakes = math.inf if seconds is None else time.monotonic() + seconds
+        self.cond.wait(seconds)
+        self._renewer_wakes = -math.inf
 
     def _tick(self, batch: list[Renewed]) -> None:
         """Renew ``batch``: one call per refresh kind, one per ``renew`` callable."""
@@ -478,7 +499,10 @@ class Renewer:
                     if self._stuck_at is not None:
                         moments.append(self._stuck_at)
                     soonest = min(moments, default=None)
-                    self.cond.wait(None if soonest is None else max(soonest - now, 0.001))
+                    wait = None if soonest is None else max(soonest - now, 0.001)
+                    self._watchdog_wakes = math.inf if wait is None else now + wait
+                    self.cond.wait(wait)
+                    self._watchdog_wakes = -math.inf
                     continue
             lost = [x for x in expired if x._report("no renewal succeeded within its TTL")]
             _tell_later(lost, self.alias)
@@ -552,7 +576,7 @@ def renewers() -> list[Renewer]:
 
 class Renewal:
     """Keeps one lease alive by calling ``renew`` every TTL/3 on threads of its own (the
-    workflow engine's run and step leases, until they register with a :class:`Renewer`).
+    package's holders register with a :class:`Renewer` instead).
 
     Args:
         name: what the lease is (its key), for logs and thread names.

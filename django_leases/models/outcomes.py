@@ -6,14 +6,17 @@ attempt row, refusals of superseded attempts, retries and their delay
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import models, transaction
 from django.db.models import Q, Value
+from django.db.models.expressions import RawSQL
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow
@@ -22,6 +25,7 @@ from django_leases.models.workflow_base import (
     attempt_finished,
     attempt_model,
     fence_q,
+    fence_sql,
     request_passes,
     run_model,
     run_reached,
@@ -44,6 +48,10 @@ from django_leases.workflows.values import (
     StepStatus,
     StepWrite,
 )
+
+#: Steps per statement of :meth:`StepOutcomes.refresh_leases` where each needs parameters of
+#: its own in the SQL (MariaDB / MySQL, the portable path).
+REFRESH_CHUNK = 500
 
 if TYPE_CHECKING:
     # WorkflowStep: the parameter of StepOutcomes' base, a string at run time.
@@ -239,6 +247,91 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
         # One statement: atomic on its own.
         return bool(self.rows().filter(fence_q(step_id, attempt)).update(lease_expires_at=expiry))
+
+    def refresh_leases(self, held: Sequence[tuple[int, int, float]]) -> list[bool]:
+        """Extend several step leases at once: :meth:`refresh_lease`'s rule for each
+        ``(step_id, attempt, ttl)`` of ``held`` (``ttl`` in seconds > 0, its own for each),
+        on the database clock, in **one statement** where the database allows.
+
+        Returns one ``bool`` per item, in order: ``True`` if that attempt's lease was
+        extended, ``False`` for a superseded or finished attempt (nothing written for it).
+        A failure of the statement raises (Django's ``DatabaseError``): it says nothing of
+        any step. Raises ``ValueError`` for a bad TTL or attempt, before anything is sent.
+
+        The renewal loop of the process (:class:`~django_leases.renewal.Renewer`) sends this
+        once per tick for every step lease of the alias whose renewal is due. Tuned
+        PostgreSQL: one ``UPDATE … FROM unnest(…) RETURNING``; tuned SQLite: one ``UPDATE …
+        FROM json_each(…) RETURNING``; elsewhere (MariaDB / MySQL, the portable path): the
+        fenced rows locked and read, then updated per TTL, in one transaction, per
+        :data:`REFRESH_CHUNK` steps.
+        """
+        items = [(step_id, check_attempt(attempt), ttl) for step_id, attempt, ttl in held]
+        # In step order: two ticks never lock the same rows in opposite orders.
+        checked = sorted({(s, a): ttl_seconds(ttl) for s, a, ttl in items}.items())
+        if not checked:
+            return []
+        connection = self.connection()
+        renewed: set[tuple[int, int]] = set()
+        if db.tuned(connection, "postgresql", "sqlite"):
+            renewed = self._refresh_leases_returning(checked)
+        else:
+            for start in range(0, len(checked), REFRESH_CHUNK):
+                renewed |= self._refresh_leases_orm(checked[start : start + REFRESH_CHUNK])
+        return [(step_id, attempt) in renewed for step_id, attempt, _ttl in items]
+
+    def _refresh_leases_returning(
+        self, held: Sequence[tuple[tuple[int, int], float]]
+    ) -> set[tuple[int, int]]:
+        """PostgreSQL and SQLite: one guarded ``UPDATE`` of every step of ``held`` joined to
+        its values, returning the steps it extended."""
+        connection = self.connection()
+        table = self.table()
+        alias = self.write_alias()
+        fence, fence_params = fence_sql(alias, RawSQL("v.id", ()), RawSQL("v.attempt", ()))
+        expiry = clock.now_plus_sql(connection).replace("%s", "v.ttl")
+        if connection.vendor == "postgresql":
+            values = "unnest(%s::bigint[], %s::bigint[], %s::float8[]) AS v(id, attempt, ttl)"
+            params: list[Any] = [
+                [step_id for (step_id, _), _ in held],
+                [attempt for (_, attempt), _ in held],
+                [ttl for _, ttl in held],
+            ]
+        else:
+            values = (
+                "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS "
+                "attempt, json_extract(value, '$[2]') AS ttl FROM json_each(%s)) AS v"
+            )
+            rows = [
+                [step_id, attempt, clock.seconds_param(connection, ttl)]
+                for (step_id, attempt), ttl in held
+            ]
+            params = [json.dumps(rows)]
+        pk, attempt_column = map(connection.ops.quote_name, ("id", "attempt"))
+        statement = (
+            f"UPDATE {table} SET lease_expires_at = {expiry} FROM {values} "
+            f"WHERE {fence} RETURNING {table}.{pk}, {table}.{attempt_column}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(statement, [*params, *fence_params])
+            return {(int(step_id), int(attempt)) for step_id, attempt in cursor.fetchall()}
+
+    def _refresh_leases_orm(
+        self, held: Sequence[tuple[tuple[int, int], float]]
+    ) -> set[tuple[int, int]]:
+        """The portable path (MariaDB / MySQL too): in one transaction, lock and read the
+        steps of ``held`` still at their attempt (:func:`fence_q`), then extend theirs, one
+        ``UPDATE`` per TTL."""
+        fence = functools.reduce(operator.or_, (fence_q(s, a) for (s, a), _ in held))
+        with transaction.atomic(using=self.write_alias()):
+            locked = self.rows().filter(fence).select_for_update().order_by("pk")
+            renewed = {(int(s), int(a)) for s, a in locked.values_list("pk", "attempt")}
+            by_ttl: dict[float, list[int]] = {}
+            for key, ttl in held:
+                if key in renewed:
+                    by_ttl.setdefault(ttl, []).append(key[0])
+            for ttl, step_ids in by_ttl.items():
+                self.rows().filter(pk__in=step_ids).update(lease_expires_at=clock.db_now_plus(ttl))
+        return renewed
 
     def _fail_attempt_for_good(
         self, alias: str, step_id: int, attempt: int, error: dict[str, Any]

@@ -891,7 +891,7 @@ class RunDriver:
             self.lease_ttl,
             holder=None if picked is None or picked.lease is None else picked.lease.holder,
             using=self.alias,
-            deferred_renewal=True,
+            release_vouches=True,
         )
         self._current: _Pass | None = None
         self._completions = 0

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -34,7 +34,7 @@ from django_leases.exceptions import (
 )
 from django_leases.fencing import Fence, step_fence
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
-from django_leases.renewal import Renewal
+from django_leases.renewal import Renewed, renewer
 from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.
@@ -358,7 +358,7 @@ class StepRun:
     """
 
     claim: Claim
-    renewal: Renewal | None
+    renewal: Renewed | None
     result: Any = None
     failure: BaseException | None = None
     missing: bool = False
@@ -391,22 +391,30 @@ class StepRecorded:
     pass_requested: bool = True
 
 
-def step_lease_renewal(claim: Claim) -> Renewal:
-    """The renewal of ``claim``'s step lease (a :class:`~django_leases.renewal.Renewal`, not
+def refresh_step_leases(
+    alias: str, items: Sequence[tuple[tuple[int, int], float]]
+) -> list[tuple[int, int] | None]:
+    """The :class:`~django_leases.renewal.BatchRefresh` of step leases: for ``((step_id,
+    attempt), ttl seconds)`` pairs, ``WorkflowStep.objects.refresh_leases`` on ``alias`` (one
+    fenced statement); each item back while its attempt still holds the step, else ``None``."""
+    store = WorkflowStep.objects.db_manager(alias)
+    held = store.refresh_leases([(step_id, attempt, ttl) for (step_id, attempt), ttl in items])
+    return [item if still else None for (item, _ttl), still in zip(items, held, strict=True)]
+
+
+def step_lease_renewal(claim: Claim) -> Renewed:
+    """The renewal of ``claim``'s step lease (a :class:`~django_leases.renewal.Renewed`, not
     started): every TTL/3 from ``claim.claimed_at``, fenced to ``claim.attempt``
-    (:meth:`~django_leases.models.workflow.WorkflowStepQuerySet.refresh_lease`), its threads
-    started only once a first renewal is due (most steps end before it)."""
-    store = WorkflowStep.objects.db_manager(claim.using)
-
-    def renew() -> bool:
-        return store.refresh_lease(claim.step_id, claim.lease_ttl, claim.attempt)
-
-    return Renewal(
+    (:meth:`~django_leases.models.workflow.WorkflowStepQuerySet.refresh_leases`), by the
+    renewer of the claim's database alias, with every other lease the process holds there:
+    one statement per tick for all the step leases due. Most steps end before their first
+    renewal is due, and cost a registration only."""
+    return renewer(claim.using).lease(
         f"workflow-step:{claim.step_id}:{claim.attempt}",
         claim.lease_ttl,
-        renew,
+        item=(claim.step_id, claim.attempt),
+        refresh=refresh_step_leases,
         held_since=claim.claimed_at,
-        deferred=True,
     )
 
 
@@ -434,8 +442,8 @@ def held_while(claim: Claim, work: Callable[[], object]) -> Claim | None:
 
 def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -> StepRun:
     """Call the claimed step's ``@step_function`` with its data under its step lease, renewed
-    every TTL/3 by :class:`~django_leases.renewal.Renewal` (fenced to ``claim.attempt``;
-    its renewal threads start only once a first renewal is due). The function runs outside
+    every TTL/3 by the alias's :class:`~django_leases.renewal.Renewer` (fenced to
+    ``claim.attempt``: :func:`step_lease_renewal`). The function runs outside
     any transaction; what it returned or raised is returned, nothing is written. A step
     function that is not registered here is reported (``missing``) without a call.
 
