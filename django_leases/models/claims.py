@@ -31,6 +31,7 @@ from django_leases.models.workflow_base import (
     claims_in_one,
     due_q,
     falls_back,
+    functions_called,
     is_due,
     lease_is_live,
     request_passes,
@@ -215,6 +216,11 @@ class StepClaims(StepOutcomes):
             lapsed, claim = self._claim_unlimited(connection, ttl, taken)
             if not lapsed:
                 return claim
+        elif len(taken) == 1 and taken[0] in limits and functions_called(connection):
+            # One limited queue: one statement under its lock, the same exception aside.
+            lapsed, claim = self._claim_limited(connection, ttl, limits[taken[0]])
+            if not lapsed:
+                return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
         keys: set[tuple[str, str]] = set()  # keys of keyed queues found full: passed over
         looked: set[str] = set()  # limited queues whose fullness was looked at
@@ -370,6 +376,32 @@ class StepClaims(StepOutcomes):
         (nothing was claimed: the portable path decides it), else the claim or ``None``."""
         sent = time.monotonic()
         row = call_function(connection, "claim_step", [ttl, list(queues) or None])
+        return claim_from_row(connection.alias, row, ttl, sent)
+
+    def _claim_limited(
+        self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path (function ``claim_queue``) for a worker of one queue
+        with limits (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits
+        and round-robin order decided in the statement under the queue's lock."""
+        sent = time.monotonic()
+        rate = limits.rate is not None
+        key_rate = limits.key_rate is not None
+        row = call_function(
+            connection,
+            "claim_queue",
+            [
+                ttl,
+                limits.name,
+                limits.keyed,
+                limits.concurrency,
+                limits.rate_starts if rate else None,
+                limits.rate_window if rate else None,
+                limits.key_concurrency,
+                limits.key_rate_starts if key_rate else None,
+                limits.key_rate_window if key_rate else None,
+            ],
+        )
         return claim_from_row(connection.alias, row, ttl, sent)
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
