@@ -199,8 +199,9 @@ class StepClaims(StepOutcomes):
         :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
         database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
         step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL,
-        when no queue the caller may take has limits): one statement, unless a lapsed step
-        waits to be taken over.
+        when no queue the caller may take has limits, or ``queues`` names one queue, with
+        limits: function ``claim_queue``): one statement, unless a lapsed step waits to be
+        taken over.
 
         Raises:
             QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
