@@ -290,10 +290,7 @@ class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
                         row.pk
                         for row in rows
                         if not rated
-                        or not any(
-                            float(t) > _epoch(row.db_now) - window
-                            for t in row.starts or []
-                        )
+                        or not any(float(t) > _epoch(row.db_now) - window for t in row.starts or [])
                     ]
                     deleted += self.rows().filter(pk__in=idle).delete()[0]
         return deleted
