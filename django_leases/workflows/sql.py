@@ -252,6 +252,20 @@ def take_pass(
     return sql, [run_id, RUN_LEASE_PREFIX, holder, seconds]
 
 
+def _claim_columns(t: Tables) -> tuple[str, str]:
+    """A claim's row (:data:`CLAIM_STEP_TYPES`) from CTEs ``lapsed``, ``claimed`` and
+    ``begun``: what goes after ``SELECT``, and the joins after a ``FROM`` of one row."""
+    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
+        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
+        claimed.waited::double precision, claimed_run.created_at,
+        (SELECT started_at FROM begun), claimed_run.workflow"""
+    joined = (
+        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
+        "ON claimed_run.id = claimed.run_id"
+    )
+    return columns, joined
+
+
 def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, in one statement:
     :func:`claim_step_ctes` as a statement of its own."""
@@ -350,14 +364,7 @@ def claim_step_ctes(
             SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
             RETURNING a.started_at
         )"""
-    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
-        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
-        claimed.waited::double precision, claimed_run.created_at,
-        (SELECT started_at FROM begun), claimed_run.workflow"""
-    joined = (
-        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
-        "ON claimed_run.id = claimed.run_id"
-    )
+    columns, joined = _claim_columns(t)
     return ctes, [seconds], columns, joined
 
 
@@ -564,14 +571,7 @@ def claim_queue(
             ON CONFLICT (queue, key) DO UPDATE
             SET claimed_at = excluded.claimed_at, starts = excluded.starts
         )"""
-    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
-        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
-        claimed.waited::double precision, claimed_run.created_at,
-        (SELECT started_at FROM begun), claimed_run.workflow"""
-    joined = (
-        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
-        "ON claimed_run.id = claimed.run_id"
-    )
+    columns, joined = _claim_columns(t)
     return f"WITH RECURSIVE {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", []
 
 
