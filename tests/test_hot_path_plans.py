@@ -17,7 +17,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
 from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import step_function, workflow
@@ -170,6 +172,28 @@ def _drive_the_hot_paths() -> None:
         )
         assert done.completed
         completed.append(run_id)
+    # A claim of a queue with limits (queue-wide and per key): one function, under the
+    # queue's lock.
+    configured = dict(getattr(settings, "DJANGO_LEASES", {}) or {})
+    configured["QUEUES"] = {
+        **(configured.get("QUEUES") or {}),
+        "tests.plans-keyed": {
+            "concurrency": 8,
+            "rate": "100/s",
+            "key_concurrency": 2,
+            "key_rate": "100/s",
+        },
+    }
+    with override_settings(DJANGO_LEASES=configured):
+        for key in ("big", "small"):
+            keyed = start_workflow("tests.plans-one", {}, queue_key=key)
+            WorkflowStep.objects.schedule(
+                keyed, "only", "tests.plans", {"n": 1}, queue="tests.plans-keyed", queue_key=key
+            )
+        for _ in range(2):
+            claim = WorkflowStep.objects.claim_due(30, queues=["tests.plans-keyed"])
+            assert claim is not None
+            WorkflowRun.objects.cancel(claim.run_id)
     for run_id in (*chained, alone, two, slept, *completed):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 
@@ -184,6 +208,8 @@ def test_no_hot_path_plan_is_jit_compiled_or_costly(plan_cache_mode: str) -> Non
     # So were the result that claims the next step, and the one that takes the next pass.
     assert any("FOR SHARE OF r ON CONFLICT (run_id, step_name)" in t for t in texts), texts
     assert any("THEN r.pass_due_at ELSE statement_timestamp()" in t for t in texts), texts
+    # And the claim of a queue with limits.
+    assert any("waiting_keys" in t for t in texts), texts
     assert _problems(plans) == []
 
 

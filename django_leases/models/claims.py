@@ -32,6 +32,7 @@ from django_leases.models.workflow_base import (
     claims_in_one,
     due_q,
     falls_back,
+    functions_called,
     is_due,
     lease_is_live,
     request_passes,
@@ -200,8 +201,9 @@ class StepClaims(StepOutcomes):
         :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
         database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
         step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL,
-        when no queue the caller may take has limits): one statement, unless a lapsed step
-        waits to be taken over.
+        when no queue the caller may take has limits, or ``queues`` names one queue, with
+        limits: function ``claim_queue``): one statement, unless a lapsed step waits to be
+        taken over.
 
         Raises:
             QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
@@ -215,6 +217,11 @@ class StepClaims(StepOutcomes):
             # No queue this worker takes has limits: one statement, unless a lapsed step
             # is to be taken over (below).
             lapsed, claim = self._claim_unlimited(connection, ttl, taken)
+            if not lapsed:
+                return claim
+        elif len(taken) == 1 and taken[0] in limits and functions_called(connection):
+            # One limited queue: one statement under its lock, the same exception aside.
+            lapsed, claim = self._claim_limited(connection, ttl, limits[taken[0]])
             if not lapsed:
                 return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
@@ -372,6 +379,32 @@ class StepClaims(StepOutcomes):
         (nothing was claimed: the portable path decides it), else the claim or ``None``."""
         sent = time.monotonic()
         row = call_function(connection, "claim_step", [ttl, list(queues) or None])
+        return claim_from_row(connection.alias, row, ttl, sent)
+
+    def _claim_limited(
+        self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path (function ``claim_queue``) for a worker of one queue
+        with limits (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits
+        and round-robin order decided in the statement under the queue's lock."""
+        sent = time.monotonic()
+        rate = limits.rate is not None
+        key_rate = limits.key_rate is not None
+        row = call_function(
+            connection,
+            "claim_queue",
+            [
+                ttl,
+                limits.name,
+                limits.keyed,
+                limits.concurrency,
+                limits.rate_starts if rate else None,
+                limits.rate_window if rate else None,
+                limits.key_concurrency,
+                limits.key_rate_starts if key_rate else None,
+                limits.key_rate_window if key_rate else None,
+            ],
+        )
         return claim_from_row(connection.alias, row, ttl, sent)
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:

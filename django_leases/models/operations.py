@@ -20,6 +20,7 @@ from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models.lease import Lease
 from django_leases.models.passes import RunPasses
+from django_leases.models.queue import WorkflowQueueKey
 from django_leases.models.workflow_base import (
     run_model,
     run_reached,
@@ -431,8 +432,10 @@ class RunOperations(RunPasses):
         its original). Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
-        before it done and leaves its own batch whole. Raises ``ValueError`` for a bad
-        ``older_than`` or ``batch_size``.
+        before it done and leaves its own batch whole. Then the rows of queue keys left
+        idle go (:meth:`WorkflowQueueKeyQuerySet.prune_idle`: nothing running or waiting, an
+        empty rate window). Raises ``ValueError`` for a bad ``older_than`` or
+        ``batch_size``.
         """
         cutoff = seconds(older_than, "older_than")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -474,7 +477,7 @@ class RunOperations(RunPasses):
                     .values_list("pk", flat=True)[:batch_size]
                 )
                 if not ids:
-                    return deleted
+                    break
                 keys = {run_lease_key(run_id): run_id for run_id in ids}
                 live = set(
                     leases.filter(
@@ -486,6 +489,8 @@ class RunOperations(RunPasses):
                 leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
                 runs.filter(pk__in=gone).delete()
                 deleted += len(gone)
+        WorkflowQueueKey.objects.using(alias).prune_idle(batch_size=batch_size)
+        return deleted
 
     def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
         """Lock the run's steps, then the run (inside the caller's transaction); the run."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
-from django.db import models
+from django.db import models, transaction
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
@@ -241,6 +241,59 @@ class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
             self.rows().bulk_create(
                 [self.model(queue=queue, key=key, **values)], ignore_conflicts=True
             )
+
+    def prune_idle(self, *, batch_size: int = 500) -> int:
+        """Delete the rows of keys with nothing running or waiting and an empty rate window:
+        no step of the key in its queue that is ``running``, ``pending``, ``scheduled`` or
+        ``failed`` in a running run, and none of the key's rate log (its queue's
+        ``key_rate``, if it still has one) within the last window on the database clock.
+        Each queue's keys are looked at and deleted under the queue row's lock, in
+        transactions of at most ``batch_size`` (int ≥ 1) rows, so no claim of the queue
+        writes a key row meanwhile. A pruned key that comes back counts as never claimed:
+        its turn comes first, as a new key's does. Returns how many rows were deleted.
+        Called by ``WorkflowRun.objects.prune`` (retention). Raises ``ValueError`` for a
+        bad ``batch_size``."""
+        from django.apps import apps
+
+        from django_leases.conf import queue_limits
+
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
+        alias = self.write_alias()
+        steps = apps.get_model("django_leases", "WorkflowStep")._default_manager.using(alias)
+        busy = steps.filter(
+            queue=models.OuterRef("queue"),
+            queue_key=models.OuterRef("key"),
+            status__in=("running", "pending", "scheduled", "failed"),
+            run__status="running",
+        )
+        limits = queue_limits()
+        deleted = 0
+        for queue in sorted(set(self.rows().values_list("queue", flat=True))):
+            window = limits[queue].key_rate_window if queue in limits else 0.0
+            rated = queue in limits and limits[queue].key_rate is not None
+            last = 0
+            while True:
+                with transaction.atomic(using=alias):
+                    WorkflowQueue.objects.using(alias)._locked(alias, queue)
+                    rows = list(
+                        self.rows()
+                        .filter(queue=queue, pk__gt=last)
+                        .filter(~models.Exists(busy))
+                        .annotate(db_now=DbNow())
+                        .order_by("pk")[:batch_size]
+                    )
+                    if not rows:
+                        break
+                    last = rows[-1].pk
+                    idle = [
+                        row.pk
+                        for row in rows
+                        if not rated
+                        or not any(float(t) > _epoch(row.db_now) - window for t in row.starts or [])
+                    ]
+                    deleted += self.rows().filter(pk__in=idle).delete()[0]
+        return deleted
 
 
 class WorkflowQueueKey(models.Model):

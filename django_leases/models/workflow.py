@@ -429,6 +429,13 @@ class WorkflowStep(models.Model):
                 name="dl_step_queue_waiting",
                 condition=Q(status__in=["pending", "scheduled", "failed"]),
             ),
+            # A limited queue's claim (``claim_queue``): its waiting steps key by key (a skip
+            # scan over the keys, then each key's first step in the claim order).
+            models.Index(
+                fields=["queue", "queue_key", "-priority", "available_at", "id"],
+                name="dl_step_key_waiting",
+                condition=Q(status__in=["pending", "scheduled", "failed"]),
+            ),
         )
 
     def __str__(self) -> str:

@@ -34,6 +34,7 @@ from django_leases.models.lease import (
     release_held_statement,
     released_grant_sql,
 )
+from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
 from django_leases.signals import lease_acquired
 from django_leases.validation import parse_run_id, ttl_seconds
 from django_leases.workflows import sql
@@ -90,7 +91,7 @@ def wait_model() -> type[WorkflowWait]:
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0028_workflow_functions"
+FUNCTIONS_MIGRATION = "0038_keyed_claims"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
@@ -122,6 +123,8 @@ def workflow_tables(connection: BaseDatabaseWrapper) -> sql.Tables:
         step=quote(step_model()._meta.db_table),
         attempt=quote(attempt_model()._meta.db_table),
         lease=quote(Lease._meta.db_table),
+        queue=quote(WorkflowQueue._meta.db_table),
+        queue_key=quote(WorkflowQueueKey._meta.db_table),
     )
 
 

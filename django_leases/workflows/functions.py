@@ -23,6 +23,8 @@ from django_leases.workflows.sql import (
     Arg,
     Function,
     Tables,
+    claim_queue,
+    claim_queue_lock,
     claim_step,
     completion,
     completion_alone,
@@ -63,6 +65,7 @@ def _arg(name: str, sql_type: str) -> Arg:
 
 def catalogue(pieces: Pieces) -> dict[str, Function]:
     """The worker's hot statements as PL/pgSQL functions, by short name: ``claim_step``,
+    ``claim_queue``,
     ``take_pass``, ``pick_pass``, ``insert_claimed``, ``set_result_claiming_next``,
     ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
     ``complete_run_alone_picking`` and ``complete_run_alone_claiming``, built from the
@@ -111,7 +114,25 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
     picked = (*PASS_STATE_TYPES, *LEASE_TYPES)
     run_id = _arg("p_run_id", "uuid")
     queues = _arg("p_queues", "text[]")
+    claim_queue_args = (
+        ttl,
+        _arg("p_queue", "text"),
+        _arg("p_keyed", "boolean"),
+        _arg("p_concurrency", "bigint"),
+        _arg("p_rate_starts", "bigint"),
+        _arg("p_rate_window", "double precision"),
+        _arg("p_key_concurrency", "bigint"),
+        _arg("p_key_rate_starts", "bigint"),
+        _arg("p_key_rate_window", "double precision"),
+    )
     found = (
+        Function(
+            "claim_queue",
+            claim_queue_args,
+            CLAIM_STEP_TYPES,
+            claim_queue(t, *claim_queue_args),
+            prelude=claim_queue_lock(t, claim_queue_args[1]),
+        ),
         Function(
             "claim_step",
             (ttl, queues),

@@ -31,12 +31,15 @@ from django_leases.workflows.values import (
 
 @dataclass(frozen=True)
 class Tables:
-    """The quoted names of the tables the statements touch."""
+    """The quoted names of the tables the statements touch (``queue``, ``queue_key``: the
+    queue and queue-key tables, for :func:`claim_queue`)."""
 
     run: str
     step: str
     attempt: str
     lease: str
+    queue: str = ""
+    queue_key: str = ""
 
 
 class Arg:
@@ -249,6 +252,20 @@ def take_pass(
     return sql, [run_id, RUN_LEASE_PREFIX, holder, seconds]
 
 
+def _claim_columns(t: Tables) -> tuple[str, str]:
+    """A claim's row (:data:`CLAIM_STEP_TYPES`) from CTEs ``lapsed``, ``claimed`` and
+    ``begun``: what goes after ``SELECT``, and the joins after a ``FROM`` of one row."""
+    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
+        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
+        claimed.waited::double precision, claimed_run.created_at,
+        (SELECT started_at FROM begun), claimed_run.workflow"""
+    joined = (
+        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
+        "ON claimed_run.id = claimed.run_id"
+    )
+    return columns, joined
+
+
 def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, in one statement:
     :func:`claim_step_ctes` as a statement of its own."""
@@ -347,14 +364,7 @@ def claim_step_ctes(
             SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
             RETURNING a.started_at
         )"""
-    columns = """(SELECT found FROM lapsed), claimed.id, claimed.run_id, claimed.step_name,
-        claimed.function_name, claimed.attempt::bigint, claimed.data::text,
-        claimed.waited::double precision, claimed_run.created_at,
-        (SELECT started_at FROM begun), claimed_run.workflow"""
-    joined = (
-        f"LEFT JOIN claimed ON true LEFT JOIN {t.run} claimed_run "
-        "ON claimed_run.id = claimed.run_id"
-    )
+    columns, joined = _claim_columns(t)
     return ctes, [seconds], columns, joined
 
 
@@ -372,6 +382,197 @@ CLAIM_STEP_TYPES = (
     "timestamptz",
     "varchar",
 )
+
+
+def claim_queue_lock(t: Tables, queue: Any) -> str:
+    """PL/pgSQL run before :func:`claim_queue` in its function: the row of queue ``queue``
+    created if missing and locked until the claim commits, so that claims of the queue are
+    serialised as the portable path's are (:class:`WorkflowQueueQuerySet`). The statement
+    after it takes a new snapshot (the function is ``VOLATILE``, READ COMMITTED), which sees
+    every claim committed before the lock was granted."""
+    lock = f"PERFORM 1 FROM {t.queue} WHERE name = {literal(queue)} FOR UPDATE;"
+    return f"""{lock}
+    IF NOT FOUND THEN
+        INSERT INTO {t.queue} (name, starts, updated_at)
+        VALUES ({literal(queue)}, '[]'::jsonb, statement_timestamp())
+        ON CONFLICT (name) DO NOTHING;
+        {lock}
+    END IF;"""
+
+
+def _recent(starts: str, window: Any, at: str) -> str:
+    """The epoch seconds in the JSON rate log ``starts`` later than ``window`` seconds
+    before ``at`` (an epoch, SQL), as a set of ``double precision`` values ``e``."""
+    return (
+        f"(SELECT e::double precision AS e FROM jsonb_array_elements_text({starts}) AS e "
+        f"WHERE e::double precision > {at} - {literal(window)})"
+    )
+
+
+def claim_queue(
+    t: Tables,
+    seconds: Any,
+    queue: Any,
+    keyed: Any,
+    concurrency: Any,
+    rate_starts: Any,
+    rate_window: Any,
+    key_concurrency: Any,
+    key_rate_starts: Any,
+    key_rate_window: Any,
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.claim_due` for one queue with limits, in one statement
+    run under the queue row's lock (:func:`claim_queue_lock` first, in the same function).
+
+    The queue admits a start while fewer than ``concurrency`` of its steps run with a live
+    lease and fewer than ``rate_starts`` of its rate log lie within the last ``rate_window``
+    seconds (``NULL``: no such limit). Its due waiting steps are looked at one key at a time
+    (a skip scan over the keys of its waiting steps, by the ``dl_step_key_waiting`` index):
+    each key's first step in the claim order (highest ``priority``, then first due). With
+    ``keyed``, a key at ``key_concurrency`` running steps or out of its ``key_rate`` is
+    passed over, and of the others' first steps the one at the highest priority whose key
+    was claimed least recently (never: first) is taken — round-robin; without, simply the
+    first in the claim order. Then, as :func:`claim_step_ctes` (``SKIP LOCKED``, lease of
+    ``seconds``, attempt row), with the start's time taken after the lock
+    (``clock_timestamp()``): appended to the queue's rate log (with a rate), and in a keyed
+    queue written as the key's last claim and appended to its rate log (with a key rate).
+    A running step of the queue whose lease lapsed is left to the portable path, as in
+    :func:`claim_step_ctes`. Its columns are :data:`CLAIM_STEP_TYPES`'."""
+    running, waiting = (
+        _text(StepStatus.RUNNING),
+        ", ".join(
+            _text(status)
+            for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
+        ),
+    )
+    failed = _text(StepStatus.FAILED)
+    q = literal(queue)
+    live_run = (
+        f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
+    )
+    at = "(SELECT epoch FROM clock)"
+    lease = f"statement_timestamp() + make_interval(secs => {literal(seconds)})"
+    ctes = f"""
+        lapsed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {t.step} s
+                WHERE s.status = {running} AND s.queue = {q} AND (
+                    s.lease_expires_at <= statement_timestamp() OR s.lease_expires_at IS NULL
+                    OR s.deadline_at <= statement_timestamp()
+                ) AND {live_run}
+            ) AS found
+        ), clock AS (
+            SELECT clock_timestamp() AS at,
+                extract(epoch FROM clock_timestamp())::double precision AS epoch
+        ), live AS (
+            SELECT s.queue_key FROM {t.step} s
+            WHERE s.status = {running} AND s.queue = {q}
+                AND s.lease_expires_at > statement_timestamp()
+        ), queue_row AS (
+            SELECT starts FROM {t.queue} WHERE name = {q}
+        ), open AS (
+            SELECT NOT (SELECT found FROM lapsed)
+                AND ({literal(concurrency)} IS NULL
+                    OR (SELECT count(*) FROM live) < {literal(concurrency)})
+                AND ({literal(rate_starts)} IS NULL OR (
+                    SELECT count(*)
+                    FROM {_recent("(SELECT starts FROM queue_row)", rate_window, at)} AS recent
+                ) < {literal(rate_starts)}) AS ok
+        ), busy AS (
+            SELECT queue_key FROM live
+            WHERE {literal(keyed)} AND {literal(key_concurrency)} IS NOT NULL
+            GROUP BY queue_key HAVING count(*) >= {literal(key_concurrency)}
+        ), waiting_keys (key) AS (
+            SELECT (
+                SELECT min(s.queue_key) FROM {t.step} s
+                WHERE s.queue = {q} AND s.status IN ({waiting})
+            ) WHERE (SELECT ok FROM open)
+            UNION ALL
+            SELECT (
+                SELECT min(s.queue_key) FROM {t.step} s
+                WHERE s.queue = {q} AND s.status IN ({waiting}) AND s.queue_key > w.key
+            ) FROM waiting_keys w WHERE w.key IS NOT NULL
+        ), candidates AS (
+            SELECT c.id, c.was, c.available_at, c.priority, c.queue_key, k.starts,
+                CASE WHEN {literal(keyed)} THEN coalesce(k.claimed_at, '-infinity')
+                    ELSE '-infinity' END AS turn
+            FROM waiting_keys w
+            CROSS JOIN LATERAL (
+                SELECT s.id, s.status AS was, s.available_at, s.priority, s.queue_key
+                FROM {t.step} s
+                WHERE s.queue = {q} AND s.queue_key = w.key AND s.status IN ({waiting})
+                    AND s.available_at <= statement_timestamp()
+                    AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
+                    AND {live_run}
+                ORDER BY s.priority DESC, s.available_at, s.id
+                LIMIT 1
+            ) AS c
+            LEFT JOIN {t.queue_key} k ON k.queue = {q} AND k.key = w.key
+            WHERE w.key IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.queue_key = w.key)
+                AND NOT ({literal(keyed)} AND {literal(key_rate_starts)} IS NOT NULL AND (
+                    SELECT count(*) FROM {_recent("k.starts", key_rate_window, at)} AS recent
+                ) >= {literal(key_rate_starts)})
+        ), top AS (
+            SELECT * FROM candidates
+            WHERE priority = (SELECT max(priority) FROM candidates)
+        ), turn AS (
+            SELECT * FROM top WHERE turn = (SELECT min(turn) FROM top)
+        ), first AS (
+            SELECT * FROM turn WHERE available_at = (SELECT min(available_at) FROM turn)
+        ), picked AS (
+            SELECT s.id, first.was, first.available_at, first.queue_key, first.starts
+            FROM {t.step} s JOIN first ON first.id = s.id
+            WHERE s.id = (SELECT min(id) FROM first) AND s.status = first.was
+                AND s.available_at <= statement_timestamp()
+            FOR UPDATE OF s SKIP LOCKED
+        ), claimed AS (
+            UPDATE {t.step} AS s
+            SET status = {running},
+                attempt = CASE WHEN picked.was = {failed} THEN s.attempt + 1 ELSE s.attempt END,
+                result = CASE WHEN picked.was = {failed} THEN NULL ELSE s.result END,
+                error = CASE WHEN picked.was = {failed} THEN NULL ELSE s.error END,
+                lease_expires_at = {lease},
+                deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
+                    ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
+                updated_at = statement_timestamp()
+            FROM picked
+            WHERE s.id = picked.id
+            RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
+                extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
+        ), begun AS (
+            INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
+            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, (SELECT at FROM clock)
+            FROM claimed
+            ON CONFLICT (step_id, attempt) DO UPDATE
+            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL,
+                started_at = excluded.started_at
+            RETURNING a.started_at
+        ), rated AS (
+            UPDATE {t.queue}
+            SET starts = (
+                    SELECT coalesce(jsonb_agg(recent.e), '[]'::jsonb)
+                    FROM {_recent("starts", rate_window, at)} AS recent
+                ) || to_jsonb({at}),
+                updated_at = statement_timestamp()
+            WHERE name = {q} AND {literal(rate_starts)} IS NOT NULL
+                AND EXISTS (SELECT 1 FROM claimed)
+        ), turned AS (
+            INSERT INTO {t.queue_key} AS k (queue, key, claimed_at, starts)
+            SELECT {q}, picked.queue_key, (SELECT at FROM clock), CASE
+                WHEN {literal(key_rate_starts)} IS NULL THEN coalesce(picked.starts, '[]'::jsonb)
+                ELSE (
+                    SELECT coalesce(jsonb_agg(recent.e), '[]'::jsonb)
+                    FROM {_recent("coalesce(picked.starts, '[]'::jsonb)", key_rate_window, at)}
+                        AS recent
+                ) || to_jsonb({at}) END
+            FROM picked
+            WHERE {literal(keyed)} AND EXISTS (SELECT 1 FROM claimed)
+            ON CONFLICT (queue, key) DO UPDATE
+            SET claimed_at = excluded.claimed_at, starts = excluded.starts
+        )"""
+    columns, joined = _claim_columns(t)
+    return f"WITH RECURSIVE {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", []
 
 
 def _claimed_insert(
@@ -788,12 +989,14 @@ FUNCTION_PREFIX = "dl_"
 @dataclass(frozen=True)
 class Function:
     """One PL/pgSQL function: ``short`` name, arguments, result column types and its body
-    (a statement with the arguments in place of its parameters)."""
+    (a statement with the arguments in place of its parameters), after ``prelude``
+    (PL/pgSQL run first, e.g. a lock; empty: none)."""
 
     short: str
     args: tuple[Arg, ...]
     returns: tuple[str, ...]
     statement: tuple[str, list[Any]]
+    prelude: str = ""
 
     def definition(self) -> tuple[str, str]:
         """``(name, CREATE OR REPLACE FUNCTION …)``: the name ends with a hash of the
@@ -808,7 +1011,11 @@ class Function:
             "RETURNS TABLE(" + columns + ") LANGUAGE plpgsql VOLATILE "
             f"{FUNCTION_SETTINGS} AS $dl$\n"
             "#variable_conflict use_column\n"
-            "BEGIN\n    RETURN QUERY " + text + ";\nEND\n$dl$"
+            "BEGIN\n"
+            + (f"    {self.prelude}\n" if self.prelude else "")
+            + "    RETURN QUERY "
+            + text
+            + ";\nEND\n$dl$"
         )
         digest = hashlib.sha256(template.encode()).hexdigest()[:12]
         name = f"{FUNCTION_PREFIX}{self.short}_{digest}"
@@ -838,6 +1045,8 @@ __all__ = [
     "Arg",
     "Function",
     "Tables",
+    "claim_queue",
+    "claim_queue_lock",
     "claim_step",
     "claim_step_ctes",
     "completion",
