@@ -105,3 +105,13 @@ def test_a_lapsed_attempt_taken_over_fences_above_the_epoch_floor(floor: int) ->
             second = WorkflowStep.objects.claim_due(30)
             assert second is not None and second.step_id == first.step_id
             assert (second.attempt, second.fence_floor) == (2, floor)
+
+
+def test_a_limited_queues_claim_fences_above_the_epoch_floor(floor: int) -> None:
+    """A worker of one limited queue claims through its own statement (``claim_queue``)."""
+    for tuned in (True, False):
+        with tuned_sql(tuned):
+            run_id = WorkflowRun.objects.start("tests.epoch-steps", {}).id
+            WorkflowStep.objects.schedule(run_id, "s", "tests.epoch-fence", queue="tests-limited")
+            claim = WorkflowStep.objects.claim_due(30, queues=["tests-limited"])
+            assert claim is not None and claim.fence_floor == floor

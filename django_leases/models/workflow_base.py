@@ -168,7 +168,13 @@ _calls: dict[tuple[str, str], str] = {}
 #: The functions whose row ends in a claim: their call reads the server's epoch floor in the
 #: same statement, one column after the function's (:attr:`Claim.fence_floor`).
 CLAIMING_FUNCTIONS = frozenset(
-    {"claim_step", "complete_run_alone_claiming", "insert_claimed", "set_result_claiming_next"}
+    {
+        "claim_queue",
+        "claim_step",
+        "complete_run_alone_claiming",
+        "insert_claimed",
+        "set_result_claiming_next",
+    }
 )
 
 
