@@ -37,7 +37,7 @@ class _DecodedOnRead(DeferredAttribute):
         return super().__get__(instance, cls)
 
 
-class RecordedJSONField(models.JSONField):  # type: ignore[type-arg]
+class RecordedJSONField(models.JSONField):
     """A ``JSONField`` whose value a query may load as JSON text, decoded when first read
     (:func:`defer_decoding`); stored, compared and migrated as a ``JSONField`` (its
     migrations name ``django.db.models.JSONField``: the column is the same)."""
