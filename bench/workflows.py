@@ -839,8 +839,14 @@ class ShapeContender:
 
     # The sequential stage (one run of ``steps`` steps): ours and DBOS only.
 
-    def start_seq(self, steps: int) -> Any:
-        """Start one run of ``steps`` no-op steps (committed on return); its id."""
+    def start_seq(self, steps: int, result_bytes: int = 0) -> Any:
+        """Start one run of ``steps`` no-op steps (each returning ``result_bytes`` bytes of
+        JSON instead, when set) (committed on return); its id."""
+        raise NotImplementedError
+
+    def table_bytes(self) -> int:
+        """Bytes of this contender's workflow tables (``pg_total_relation_size``: rows,
+        TOAST and indexes)."""
         raise NotImplementedError
 
     def seq_finished_at(self, handle: Any) -> float | None:
@@ -927,10 +933,21 @@ class OursShapes(ShapeContender):
             )
         )
 
-    def start_seq(self, steps: int) -> Any:
+    def start_seq(self, steps: int, result_bytes: int = 0) -> Any:
         from django_leases.workflows import start_workflow
 
-        return start_workflow(SEQ, {"steps": steps})
+        return start_workflow(SEQ, seq_input(steps, result_bytes))
+
+    def table_bytes(self) -> int:
+        from django_leases.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
+
+        names = [m._meta.db_table for m in (WorkflowRun, WorkflowStep, WorkflowStepAttempt)]
+        ((size,),) = self.read(
+            "SELECT sum(pg_total_relation_size(name::regclass))::bigint FROM unnest(%s::text[]) "
+            "AS name",
+            (names,),
+        )
+        return int(size or 0)
 
     def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """A query on this contender's database (the harness's)."""
@@ -1024,11 +1041,11 @@ class OursCandidate(OursShapes):
         tables = [*self.tasks.tables(), WorkflowWait._meta.db_table]
         self.read(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
 
-    def start_seq(self, steps: int) -> Any:
+    def start_seq(self, steps: int, result_bytes: int = 0) -> Any:
         code = (
             "import django, sys; django.setup()\n"
             "from django_leases.workflows import start_workflow\n"
-            f"sys.stdout.write(str(start_workflow({SEQ!r}, {{'steps': {int(steps)}}})))"
+            f"sys.stdout.write(str(start_workflow({SEQ!r}, {seq_input(steps, result_bytes)!r})))"
         )
         return uuid.UUID(self.in_tree("-c", code).strip())
 
@@ -1173,10 +1190,19 @@ class DbosShapes(ShapeContender):
             )
         )
 
-    def start_seq(self, steps: int) -> Any:
+    def start_seq(self, steps: int, result_bytes: int = 0) -> Any:
         from wfbench.dbos_app import SEQ as DBOS_SEQ
 
-        return self.client().enqueue(self.options(DBOS_SEQ), steps).get_workflow_id()
+        enqueued = self.client().enqueue(self.options(DBOS_SEQ), steps, result_bytes)
+        return enqueued.get_workflow_id()
+
+    def table_bytes(self) -> int:
+        size = self.scalar(
+            "SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'dbos' AND c.relkind = 'r'"
+        )
+        return int(size or 0)
 
     def seq_finished_at(self, handle: Any) -> float | None:
         found = self.execute(
@@ -1641,19 +1667,29 @@ SEQ_VS_DBOS_TARGET = 2.0
 SEQ_NAMES = ("ours", *DBOS_NAMES)
 
 
+def seq_input(steps: int, result_bytes: int) -> dict[str, int]:
+    """Ours' input of a sequential run: ``steps`` steps, each returning ``result_bytes``
+    bytes of JSON (0: nothing, the no-op step)."""
+    if result_bytes:
+        return {"steps": int(steps), "result_bytes": int(result_bytes)}
+    return {"steps": int(steps)}
+
+
 def measure_seq(
-    shape: ShapeContender, workers: Workers, steps: int, timeout: float
+    shape: ShapeContender, workers: Workers, steps: int, timeout: float, result_bytes: int = 0
 ) -> dict[str, Any]:
     """Freeze the idle worker, start one run of ``steps`` steps (committed on return),
     release the worker, wait for the run's completion. Its times from its rows; CPU of the
     worker and of its PostgreSQL backends over the window (per thread, in nanoseconds, where
-    ``/proc`` allows; else in clock ticks); statements and transactions it sent."""
+    ``/proc`` allows; else in clock ticks); statements and transactions it sent; what the
+    run added to the contender's tables (bytes, ``table_bytes``)."""
     load = load_average()
+    size_before = shape.table_bytes()
     workers.signal(signal.SIGSTOP)
     frozen = time.perf_counter()
     time.sleep(0.1)  # let the counters' last write land
     counted_before = workers.counted()
-    handle = shape.start_seq(steps)
+    handle = shape.start_seq(steps, result_bytes)
     committed = time.perf_counter()
     time.sleep(max(0.2, HOLD_SECONDS - (committed - frozen)))
     pids = [process.pid for process in workers.processes]
@@ -1673,6 +1709,7 @@ def measure_seq(
     server_after = {pid: thread_cpu_ns(pid) for pid in workers.backend_pids()}
     time.sleep(0.15)
     counted_after = workers.counted()
+    size_after = shape.table_bytes()
     worker_cpu, exact = cpu_window(threads_before, threads_after)
     if worker_cpu is None or not exact:
         worker_cpu = ticks_after - ticks_before
@@ -1687,6 +1724,8 @@ def measure_seq(
     seconds = finished - released
     return {
         "steps": steps,
+        "result_bytes": result_bytes,
+        "table_bytes_per_run": size_after - size_before,
         "run": str(handle),
         "load_average": load,
         "seconds": seconds,
@@ -1719,7 +1758,7 @@ def run_sequential_once(
         wait_until(lambda: shape.seq_finished_at(handle) is not None, workers, 120)
         workers.wait_idle()
         for steps in args.seq_steps:
-            out[str(steps)] = measure_seq(shape, workers, steps, 300 + steps)
+            out[str(steps)] = measure_seq(shape, workers, steps, 300 + steps, args.seq_result_bytes)
             workers.wait_idle()
         failed = shape.failed()
         if failed:
@@ -2635,6 +2674,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "repeatable",
     )
     parser.add_argument(
+        "--seq-result-bytes",
+        type=int,
+        default=0,
+        help="the sequential stage's steps each return about this many bytes of JSON "
+        "(wfbench/payloads.py; default 0: no-op steps returning nothing)",
+    )
+    parser.add_argument(
         "--seq-workflows",
         type=int,
         default=100,
@@ -3017,6 +3063,7 @@ def main(argv: list[str] | None = None) -> int:
             "shape_repeat": args.shape_repeat,
             "sequential_steps": args.seq_steps,
             "sequential_repeat": args.seq_repeat,
+            "sequential_result_bytes": args.seq_result_bytes,
             "sequential_candidates": {c.name: str(c.tree) for c in args.seq_candidates},
             "dbos_worker_concurrency": args.dbos_worker_concurrency,
             "scale": args.scale,

@@ -28,6 +28,8 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig
 
+from wfbench.payloads import sized_result
+
 APP_NAME = "wfbench"
 QUEUE = "wfbench"
 SEQ10 = "bench-seq10"
@@ -57,11 +59,21 @@ def seq10_workflow() -> int:
     return STEPS
 
 
+@DBOS.step(name="bench.sized")
+def sized_step(index: int, size: int) -> Any:
+    """Returns about ``size`` bytes of JSON (``wfbench/payloads.py``)."""
+    return sized_result(index, size)
+
+
 @DBOS.workflow(name=SEQ)
-def seq_workflow(steps: int) -> int:
-    """``steps`` no-op steps, one after another."""
+def seq_workflow(steps: int, result_bytes: int = 0) -> int:
+    """``steps`` no-op steps, one after another (each returning ``result_bytes`` bytes of
+    JSON instead, when set: ``--seq-result-bytes``)."""
     for index in range(steps):
-        noop_step(index)
+        if result_bytes:
+            sized_step(index, result_bytes)
+        else:
+            noop_step(index)
     return steps
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from django_leases.workflows import step_function, workflow
+from wfbench.payloads import sized_result
 
 WORKFLOW = "bench-noop"
 SEQ10 = "bench-seq10"
 SEQ = "bench-seq"
 FANOUT = "bench-fanout"
 STEP_FUNCTION = "bench.noop"
+SIZED_FUNCTION = "bench.sized"
 STEPS = 10
 
 
@@ -24,6 +26,12 @@ STEPS = 10
 def noop_step(data: Any, ctx: Any) -> None:
     """Does nothing; the run's cost is the engine's alone."""
     return None
+
+
+@step_function(SIZED_FUNCTION)
+def sized_step(data: Any, ctx: Any) -> Any:
+    """Returns about ``data["bytes"]`` bytes of JSON (``wfbench/payloads.py``)."""
+    return sized_result(int(data["index"]), int(data["bytes"]))
 
 
 @workflow(WORKFLOW)
@@ -42,10 +50,16 @@ def seq10_workflow(run: Any, payload: Any) -> Any:
 
 @workflow(SEQ)
 def seq_workflow(run: Any, payload: Any) -> Any:
-    """``payload["steps"]`` no-op steps, one after another; the output is their count."""
+    """``payload["steps"]`` no-op steps, one after another; the output is their count. With
+    ``payload["result_bytes"]`` (``--seq-result-bytes``), each step returns that many bytes
+    of JSON instead of nothing."""
     steps = int(payload["steps"])
+    size = int(payload.get("result_bytes") or 0)
     for index in range(steps):
-        run.step(f"step-{index}", STEP_FUNCTION, index)
+        if size:
+            run.step(f"step-{index}", SIZED_FUNCTION, {"index": index, "bytes": size})
+        else:
+            run.step(f"step-{index}", STEP_FUNCTION, index)
     return steps
 
 

@@ -569,7 +569,6 @@ class StepClaims(StepOutcomes):
             return None
         history: dict[str, Any] = {
             "status": AttemptStatus.RUNNING,
-            "result": None,
             "error": None,
             "finished_at": None,
         }

@@ -85,7 +85,7 @@ def write_pending(alias: str, pending: PendingResult | None) -> bool:
             "error": None,
             "lease_expires_at": None,
         },
-        history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+        history={"status": AttemptStatus.SUCCEEDED},
         repeat_of=(AttemptStatus.SUCCEEDED, pending.result),
     )
 
@@ -362,10 +362,11 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         repeat_of: tuple[str, Any] | None = None,
     ) -> bool:
         """Write ``attempt``'s outcome through the fence: ``step`` values on the step row,
-        then ``history`` values on the attempt row (``finished_at`` set), inside the caller's
-        transaction. Returns ``True`` when written, ``False`` when the attempt had already
-        recorded exactly ``repeat_of`` (``(attempt status, result or error)``: a retried write
-        whose acknowledgement was lost). Otherwise nothing is written and
+        then ``history`` values on the attempt row (``finished_at`` set; a result is the
+        step's alone: :class:`WorkflowStepAttempt`), inside the caller's transaction.
+        Returns ``True`` when written, ``False`` when the attempt had already recorded
+        exactly ``repeat_of`` (``(attempt status, result or error)``: a retried write whose
+        acknowledgement was lost). Otherwise nothing is written and
         :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
         fenced = step_model()._default_manager.using(alias).filter(fence_q(step_id, attempt))
         if not fenced.update(**step, updated_at=DbNow()):
@@ -386,9 +387,10 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         """Whether ``attempt`` already recorded exactly this outcome (``status`` with this
         result / error): a retried write whose first try committed but whose acknowledgement
         was lost (a dropped connection). Decided on the attempt row, which only the owner of
-        the attempt writes and which keeps its outcome after the step moves on; a superseded
+        the attempt writes and which keeps its outcome after the step moves on (a result on
+        the step, which keeps the result of the one attempt that succeeded); a superseded
         attempt's row stays ``running``, so it never matches."""
-        field = "result" if status == AttemptStatus.SUCCEEDED else "error"
+        field = "step__result" if status == AttemptStatus.SUCCEEDED else "error"
         row = (
             attempt_model()
             ._default_manager.using(alias)

@@ -14,13 +14,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F, Q, Value
+from django.db.models import F, Q, TextField, Value
+from django.db.models.functions import Cast
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow, to_stored
 from django_leases.conf import check_queue_key
 from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
+from django_leases.models.recorded import TEXT_SUFFIX
 from django_leases.models.scheduling import check_step, step_columns
 from django_leases.models.workflow_base import (
     call_function,
@@ -420,7 +422,15 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             )
             if run is None:
                 return None
-            steps = step_model().objects.db_manager(alias).filter(run_id=run.pk).order_by("id")
+            # Each result as its JSON text, decoded only should the workflow read it.
+            steps = (
+                step_model()
+                .objects.db_manager(alias)
+                .filter(run_id=run.pk)
+                .defer("result")
+                .annotate(**{"result" + TEXT_SUFFIX: Cast("result", TextField())})
+                .order_by("id")
+            )
             return PassState(run=run, steps={step.step_name: step for step in steps})
 
     def work_due_within(self, horizon: float) -> bool:

@@ -179,7 +179,7 @@ class StepResults(StepScheduling):
                     "error": None,
                     "lease_expires_at": None,
                 },
-                history={"status": AttemptStatus.SUCCEEDED, "result": json_result},
+                history={"status": AttemptStatus.SUCCEEDED},
                 repeat_of=(AttemptStatus.SUCCEEDED, result),
             )
             # A repeat (``written`` false) goes on as if it had asked: at worst one pass more.
@@ -609,7 +609,7 @@ class StepResults(StepScheduling):
             if written:
                 attempt_model()._default_manager.using(alias).filter(
                     step_id=step_id, attempt=attempt
-                ).update(status=AttemptStatus.SUCCEEDED, result=json_result, finished_at=DbNow())
+                ).update(status=AttemptStatus.SUCCEEDED, finished_at=DbNow())
                 attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
                 run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
                 runs = run_model().objects.db_manager(alias)

@@ -49,6 +49,7 @@ from django_leases.models.forks import RunForks
 from django_leases.models.operations import RunOutcome
 from django_leases.models.outcomes import retry_delay_after, write_pending
 from django_leases.models.progress import StepProgress
+from django_leases.models.recorded import RecordedJSONField
 from django_leases.models.results import ResultWithNext
 from django_leases.models.scheduling import Scheduled
 from django_leases.models.workflow_base import (
@@ -336,7 +337,8 @@ class WorkflowStep(models.Model):
     function_name = models.CharField(_("function name"), max_length=MAX_NAME_LENGTH)
     data = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
-    result = models.JSONField(null=True, blank=True)
+    # What a pass reads of the step carries its result as JSON text, decoded when read.
+    result = RecordedJSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField(default=1)
     retries = models.PositiveIntegerField(default=5)
@@ -461,6 +463,16 @@ class WorkflowStepAttempt(models.Model):
     """One claim of a step: the run history. A superseded attempt keeps ``running``.
 
     ``started_at`` and ``finished_at`` come from the database clock.
+
+    A result is stored once, on the step: a step succeeds at most once (a succeeded step is
+    never claimed again) and keeps the result of the attempt that succeeded, so that
+    attempt's :attr:`result` is read from its step (loaded with it by
+    :meth:`WorkflowStepAttemptQuerySet.for_run`) and the attempt row holds none. A failed
+    attempt keeps its ``error`` here: the step's ``error`` is only its latest attempt's.
+
+    The table keeps a ``result`` column the model no longer has (migration
+    ``0038_results_once`` emptied it): the previous release's workers still write it while a
+    rolling deploy runs both; a later release drops it.
     """
 
     # Served by the unique (step, attempt) index, whose leading column it is.
@@ -471,7 +483,6 @@ class WorkflowStepAttempt(models.Model):
     status = models.CharField(
         max_length=16, choices=AttemptStatus.choices, default=AttemptStatus.RUNNING
     )
-    result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(db_default=DbNow())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -489,3 +500,13 @@ class WorkflowStepAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of {self.step_id} ({self.status})"
+
+    @property
+    def result(self) -> Any:
+        """The attempt's result (JSON): its step's for the attempt that succeeded, ``None``
+        for any other (failed, running or superseded). Reads ``self.step``: load it with
+        the attempt (``select_related("step")``, as :meth:`~WorkflowStepAttemptQuerySet.for_run`
+        does) to read many without a query each."""
+        if self.status != AttemptStatus.SUCCEEDED:
+            return None
+        return self.step.result

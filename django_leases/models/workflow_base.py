@@ -35,6 +35,7 @@ from django_leases.models.lease import (
     released_grant_sql,
 )
 from django_leases.models.queue import WorkflowQueue, WorkflowQueueKey
+from django_leases.models.recorded import defer_decoding
 from django_leases.signals import lease_acquired
 from django_leases.validation import parse_run_id, ttl_seconds
 from django_leases.workflows import sql
@@ -91,7 +92,7 @@ def wait_model() -> type[WorkflowWait]:
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0038_keyed_claims"
+FUNCTIONS_MIGRATION = "0039_results_once"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
@@ -331,7 +332,9 @@ def pass_state_from_row(alias: str, row: Any) -> PassState:
     run._state.db = alias
     steps = {}
     for values in json.loads(row[5]):
+        text = values.pop("result")  # JSON text: decoded when the workflow reads it
         step = step_model()(run_id=run.id, **values)
+        defer_decoding(step, "result", text)
         step._state.adding = False
         step._state.db = alias
         steps[step.step_name] = step

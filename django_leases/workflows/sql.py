@@ -144,9 +144,11 @@ def start_one_step(t: Tables) -> str:
 def pass_state(run: str, step_table: str) -> str:
     """What a pass reads, for a ``RETURNING`` or select list over the run table (or its
     alias) ``run``: the run's ``id, workflow, status, input, pass_requests`` and its steps as
-    one JSON array (the fields replay needs), read in the same statement."""
+    one JSON array (the fields replay needs), read in the same statement. A step's
+    ``result`` is in it as its JSON text (a string), decoded only should the workflow read
+    it (``RecordedJSONField``)."""
     fields = ", ".join(
-        f"'{name}', s.{name}"
+        f"'{name}', s.{name}::text" if name == "result" else f"'{name}', s.{name}"
         for name in (
             "id",
             "step_name",
@@ -673,8 +675,9 @@ def _result(
     t: Tables, fence: str, fence_params: Sequence[Any], payload: Any, attempt: Any
 ) -> tuple[str, list[Any]]:
     """A step's result ``payload`` (JSON text) written through the fence (``fence``: the
-    step's WHERE for this attempt, still ``running``) and on its attempt row, as CTEs ``step``
-    (the written step's ``id, run_id``; empty when the fence refused) and ``history``.
+    step's WHERE for this attempt, still ``running``), its attempt row marked succeeded, as
+    CTEs ``step`` (the written step's ``id, run_id``; empty when the fence refused) and
+    ``history``. The result is stored once, on the step (``WorkflowStepAttempt``).
     Nothing else in a statement may land when ``step`` is empty: later CTEs test it."""
     sql = f"""step AS (
         UPDATE {t.step}
@@ -684,11 +687,10 @@ def _result(
         RETURNING id, run_id
     ), history AS (
         UPDATE {t.attempt}
-        SET status = {_text(AttemptStatus.SUCCEEDED)}, result = %s::jsonb,
-            finished_at = statement_timestamp()
+        SET status = {_text(AttemptStatus.SUCCEEDED)}, finished_at = statement_timestamp()
         WHERE step_id = (SELECT id FROM step) AND attempt = %s
     )"""
-    return sql, [payload, *fence_params, payload, attempt]
+    return sql, [payload, *fence_params, attempt]
 
 
 def set_result(
