@@ -139,7 +139,19 @@ def previous_release() -> str:
     """The commit before the one that added the latest functions migration: the code whose
     workers run while that migration is applied."""
     path = f"django_leases/migrations/{FUNCTIONS_MIGRATION}.py"
-    added = _git("log", "--diff-filter=A", "--format=%H", "-1", "--", path).strip()
+    # A merge that brings the migration in adds it against its first parent: that parent
+    # is the previous release.
+    found = _git(
+        "log",
+        "--diff-filter=A",
+        "--diff-merges=first-parent",
+        "--name-only",
+        "--format=%H",
+        "-1",
+        "--",
+        path,
+    ).split()
+    added = found[0] if found else ""
     assert added, f"{path} is not in this checkout's history"
     return _git("rev-parse", f"{added}^").strip()
 
