@@ -19,6 +19,9 @@ from decimal import Decimal
 from numbers import Real
 from typing import Any
 
+from django.db import connections
+
+from django_leases import db
 from django_leases.conf import leases_settings, max_event_payload
 
 #: Longest lease key or holder accepted, in characters (the column width).
@@ -327,7 +330,9 @@ def _json_problem(value: Any, path: str, depth: int, max_depth: int = MAX_JSON_D
     return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
-def check_json(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def check_json(
+    value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH, using: str | None = None
+) -> Any:
     """Return ``value`` if it can be stored as JSON on every supported database, else raise.
 
     The one rule for every JSON value the workflow tables hold (run input and output, step
@@ -337,12 +342,15 @@ def check_json(value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any
     most :data:`MAX_JSON_DEPTH` levels, with no string or key holding a NUL character
     (PostgreSQL's ``jsonb`` refuses ``\\u0000``) or a lone surrogate (not encodable as UTF-8).
     ``max_depth`` (``int``) lowers the nesting limit: for a value stored inside another JSON
-    value (a task's arguments inside its step's data), or on a database that stores less
-    (``db.json_depth``).
+    value (a task's arguments inside its step's data). ``using`` (a database alias): the
+    value is stored there, so the limit is at most what that database's JSON columns store
+    (``db.json_depth``: 31 levels on MariaDB, whose columns refuse deeper values).
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
+    if using is not None:
+        max_depth = min(max_depth, db.json_depth(connections[using]))
     _json_text(value, what, max_depth)
     return value
 

@@ -109,7 +109,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         input.
         """
         check_identifier(workflow, "Workflow name")
-        check_json(input, "Workflow input")
+        check_json(input, "Workflow input", using=self.write_alias())
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         tagged = check_tags(tags)
@@ -213,7 +213,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """
         check_identifier(workflow, "Workflow name")
         step = check_step(
-            NextStep(step_name, function_name, input, options or StepOptions(retries=0))
+            NextStep(step_name, function_name, input, options or StepOptions(retries=0)),
+            self.write_alias(),
         )
         options = step.options
         if available_at is not None and (
@@ -502,7 +503,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         (:func:`write_pending`; :class:`WorkflowStepSupersededError` when refused).
         """
         try:
-            check_json(output, "Workflow output")
+            check_json(output, "Workflow output", using=self.write_alias())
         except ValueError as exc:
             return self._finish(run_id, RunStatus.FAILED, error=error_json(exc), pending=pending)
         return self._finish(run_id, RunStatus.COMPLETED, output=output, pending=pending)

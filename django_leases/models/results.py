@@ -130,7 +130,7 @@ class StepResults(StepScheduling):
         """
         check_attempt(attempt)
         try:
-            check_json(result, "Step result")
+            check_json(result, "Step result", using=self.write_alias())
         except ValueError as exc:
             return self.set_error(
                 step_id,
@@ -245,13 +245,13 @@ class StepResults(StepScheduling):
                 :meth:`schedule` says); nothing was written.
         """
         check_attempt(attempt)
-        check_step(next_step)
+        check_step(next_step, self.write_alias())
         ttl = ttl_seconds(lease_ttl_seconds)
         hold = ttl_seconds(hold_pass_seconds)
         alias = self.write_alias()
         connection = connections[alias]
         try:
-            check_json(result, "Step result")
+            check_json(result, "Step result", using=self.write_alias())
         except ValueError:  # ``set_result`` turns it into the attempt's failure
             return ResultWithNext(self.set_result(step_id, result, attempt, hold_pass_seconds=hold))
         options = next_step.options
@@ -404,8 +404,8 @@ class StepResults(StepScheduling):
         usable.
         """
         check_attempt(attempt)
-        check_json(result, "Step result")
-        check_json(output, "Workflow output")
+        check_json(result, "Step result", using=self.write_alias())
+        check_json(output, "Workflow output", using=self.write_alias())
         held: Lease | str = (
             lease if lease is not None else check_lease_name(lease_holder, "lease_holder")
         )

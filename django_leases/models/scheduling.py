@@ -45,12 +45,13 @@ if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowStep
 
 
-def check_step(step: NextStep) -> NextStep:
+def check_step(step: NextStep, using: str | None = None) -> NextStep:
     """``step`` with its names and data checked (``ValueError``; its options are checked
-    when they are made); returns it."""
+    when they are made), its data for the database ``using`` (an alias) where given;
+    returns it."""
     check_identifier(step.step_name, "Step name")
     check_identifier(step.function_name, "Step function name")
-    check_json(step.data, "Step data")
+    check_json(step.data, "Step data", using=using)
     return step
 
 
@@ -209,7 +210,7 @@ class StepScheduling(StepClaims):
             WorkflowStepSupersededError: ``pending``'s attempt was superseded (nothing
                 written).
         """
-        check_step(step)
+        check_step(step, self.write_alias())
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             write_pending(alias, pending)
@@ -241,7 +242,10 @@ class StepScheduling(StepClaims):
             raise ValueError("run.parallel: a step name is given twice")
         default = StepOptions() if options is None else options
         wanted = [
-            check_step(NextStep(name, function, data, (options_of or {}).get(name, default)))
+            check_step(
+                NextStep(name, function, data, (options_of or {}).get(name, default)),
+                self.write_alias(),
+            )
             for name, function, data in calls
         ]
         pk = parse_run_id(run_id)
@@ -325,7 +329,7 @@ class StepScheduling(StepClaims):
         queue, or its queue is at its limit), or another worker claimed it first. Raises
         ``ValueError`` as :meth:`schedule` does.
         """
-        check_step(step)
+        check_step(step, self.write_alias())
         options = step.options
         if queues and options.queue not in queues:
             row, created = self._schedule(run_id, step)

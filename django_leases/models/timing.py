@@ -197,7 +197,7 @@ class RunTiming(RunOperations):
         limit = check_deadline(deadline)
         window = check_debounce(debounce_key, debounce, key=key, run_after=run_after)
         check_identifier(workflow, "Workflow name")
-        check_json(input, "Workflow input")
+        check_json(input, "Workflow input", using=self.write_alias())
         if key is not None:
             check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
         tagged = check_tags(tags)

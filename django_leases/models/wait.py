@@ -200,7 +200,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         """
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
-        check_json(input, f"Input of child run {name!r}")
+        check_json(input, f"Input of child run {name!r}", using=self.write_alias())
         pk = parse_run_id(run_id)
         alias = self.write_alias()
         with transaction.atomic(using=alias):

@@ -570,7 +570,7 @@ def _storable(ran: StepRun) -> bool:
     if not ran.succeeded:
         return False
     try:
-        check_json(ran.result, "Step result")
+        check_json(ran.result, "Step result", using=ran.claim.using)
     except ValueError:
         return False
     return True
@@ -685,7 +685,7 @@ class RunContext:
         """
         check_identifier(step_name, "Step name")
         check_identifier(function_name, "Step function name")
-        check_json(data, f"Data of step {step_name!r}")
+        check_json(data, f"Data of step {step_name!r}", using=self._pass.run._state.db)
         if queue is not None:
             queue = check_name(queue, "A queue name", max_length=MAX_QUEUE_LENGTH)
         declared = step_declaration(function_name)
@@ -738,7 +738,7 @@ class RunContext:
             step_name, function_name, data = call
             check_identifier(step_name, "Step name")
             check_identifier(function_name, "Step function name")
-            check_json(data, f"Data of step {step_name!r}")
+            check_json(data, f"Data of step {step_name!r}", using=self._pass.run._state.db)
             checked.append((step_name, function_name, data))
         options = StepOptions(
             retries=retries,
@@ -777,7 +777,7 @@ class RunContext:
         """
         check_identifier(name, "Wait name")
         check_identifier(workflow, "Workflow name")
-        check_json(input, f"Input of child run {name!r}")
+        check_json(input, f"Input of child run {name!r}", using=self._pass.run._state.db)
         limit = check_deadline(deadline, f"Deadline of child run {name!r}")
         return self._pass.child(name, workflow, input, limit)
 
@@ -1038,7 +1038,7 @@ class RunDriver:
         runs = WorkflowRun.objects.db_manager(self.alias)
         pending = this.pending
         try:
-            check_json(output, "Workflow output")
+            check_json(output, "Workflow output", using=self.alias)
         except ValueError:
             pending = None  # the run fails (as complete() says), with the result written
         if pending is None:
@@ -1143,8 +1143,8 @@ def record_alone(
     claim = ran.claim
     try:
         output = output_of(claim.run_id, ran.result)
-        check_json(ran.result, "Step result")
-        check_json(output, "Workflow output")
+        check_json(ran.result, "Step result", using=claim.using)
+        check_json(output, "Workflow output", using=claim.using)
     except ValueError:  # not JSON: the ordinary write says so
         return _record(ran).outcome, None
     store = WorkflowStep.objects.db_manager(claim.using)

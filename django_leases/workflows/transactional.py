@@ -104,7 +104,7 @@ def run_in_transaction(
         with transaction.atomic(using=claim.using):
             done.result = call()
             try:
-                check_json(done.result, "Step result")
+                check_json(done.result, "Step result", using=claim.using)
             except ValueError:
                 raise _RollBack from None
             done.written = store.record_in_transaction(
