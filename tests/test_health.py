@@ -524,9 +524,13 @@ def test_the_health_view_takes_only_get(client: Any) -> None:
 
 
 def _drop_a_workflow_function() -> str:
+    """Drop this code's ``pick_pass`` function (not one kept for the previous release)."""
+    from django_leases.models.workflow_base import functions
+
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proname LIKE 'dl_pick_pass_%'"
+            "SELECT p.oid::regprocedure::text FROM pg_proc p WHERE p.proname = %s",
+            [functions(connection)["pick_pass"].name],
         )
         (function,) = cursor.fetchone()
         cursor.execute(f"DROP FUNCTION {function}")
