@@ -83,24 +83,6 @@ def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:
     return bool(leases_settings.TUNED_SQL) and connection.vendor in vendors
 
 
-#: Deepest nesting of lists and objects MariaDB's JSON columns store: their ``CHECK
-#: (JSON_VALID(...))`` refuses a value nested 32 levels or more ("Limit of 32 on JSON nested
-#: structures depth").
-MARIADB_JSON_DEPTH = 31
-
-
-def json_depth(connection: BaseDatabaseWrapper) -> int:
-    """The deepest nesting (levels of lists and objects, ``int``) a JSON column of
-    ``connection``'s database stores: :data:`MARIADB_JSON_DEPTH` on MariaDB; elsewhere the
-    package's own limit, ``validation.MAX_JSON_DEPTH`` (PostgreSQL, SQLite and MySQL 8 store
-    at least that)."""
-    from django_leases.validation import MAX_JSON_DEPTH
-
-    if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
-        return min(MARIADB_JSON_DEPTH, MAX_JSON_DEPTH)
-    return MAX_JSON_DEPTH
-
-
 @functools.cache
 def _django_uses_psycopg3() -> bool:
     # Django's own choice (psycopg 3 if importable, else psycopg2), made once per process.
@@ -623,7 +605,6 @@ def close_thread_connections() -> None:
 
 
 __all__ = [
-    "MARIADB_JSON_DEPTH",
     "TUNED_VENDORS",
     "WAITING_COMMITS",
     "Bound",
@@ -633,7 +614,6 @@ __all__ = [
     "close_thread_connections",
     "cursor",
     "hot_fetchone",
-    "json_depth",
     "prepares",
     "psycopg3",
     "replication",

@@ -44,7 +44,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_leases import db, signals
+from django_leases import signals
 from django_leases.conf import check_queue_key, queue_limits
 from django_leases.exceptions import (
     QueueConfigError,
@@ -71,6 +71,7 @@ from django_leases.tasks_api import (
 )
 from django_leases.validation import (
     check_json,
+    json_depth,
     seconds,
 )
 from django_leases.workflows.registry import one_step_workflow, step_function, workflow
@@ -728,13 +729,13 @@ def _json_value(value: Any, what: str, alias: str) -> Any:
     """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
     to read back exactly as written from database ``alias`` once stored (PostgreSQL's
     ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``), and to nest at
-    most one level less than the database stores (:func:`~django_leases.db.json_depth`: 100
+    most one level less than the database stores (:func:`~django_leases.validation.json_depth`: 100
     levels, 31 on MariaDB), as it is stored one level down: under ``"args"`` / ``"kwargs"``
     of the step's data, ``"return_value"`` of its result. Raises
     :class:`TaskArgumentsError`."""
     try:
         normal = normalize_json(value)
-        check_json(normal, what, max_depth=db.json_depth(connections[alias]) - 1)
+        check_json(normal, what, max_depth=json_depth(connections[alias]) - 1)
         written = _json_text(normal)
         # Not so for an int key, say (it reads back "1"); then what the database gives back.
         same = json.loads(written) == normal

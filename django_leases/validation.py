@@ -21,7 +21,6 @@ from typing import Any
 
 from django.db import connections
 
-from django_leases import db
 from django_leases.conf import leases_settings, max_event_payload
 
 #: Longest lease key or holder accepted, in characters (the column width).
@@ -330,6 +329,22 @@ def _json_problem(value: Any, path: str, depth: int, max_depth: int = MAX_JSON_D
     return f"{path} is of type {type(value).__name__}, which is not JSON"
 
 
+#: Deepest nesting of lists and objects MariaDB's JSON columns store: their ``CHECK
+#: (JSON_VALID(...))`` refuses a value nested 32 levels or more ("Limit of 32 on JSON nested
+#: structures depth").
+MARIADB_JSON_DEPTH = 31
+
+
+def json_depth(connection: Any) -> int:
+    """The deepest nesting (levels of lists and objects, ``int``) a JSON column of
+    ``connection``'s database (a Django connection) stores: :data:`MARIADB_JSON_DEPTH` on
+    MariaDB; elsewhere the package's own limit, :data:`MAX_JSON_DEPTH` (PostgreSQL, SQLite
+    and MySQL 8 store at least that)."""
+    if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+        return min(MARIADB_JSON_DEPTH, MAX_JSON_DEPTH)
+    return MAX_JSON_DEPTH
+
+
 def check_json(
     value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH, using: str | None = None
 ) -> Any:
@@ -344,13 +359,13 @@ def check_json(
     ``max_depth`` (``int``) lowers the nesting limit: for a value stored inside another JSON
     value (a task's arguments inside its step's data). ``using`` (a database alias): the
     value is stored there, so the limit is at most what that database's JSON columns store
-    (``db.json_depth``: 31 levels on MariaDB, whose columns refuse deeper values).
+    (:func:`json_depth`: 31 levels on MariaDB, whose columns refuse deeper values).
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
     if using is not None:
-        max_depth = min(max_depth, db.json_depth(connections[using]))
+        max_depth = min(max_depth, json_depth(connections[using]))
     _json_text(value, what, max_depth)
     return value
 

@@ -342,9 +342,7 @@ def _supersede_an_awaiting_attempt(started: str, gate: str) -> None:
     assert outcome == ["superseded"]
     step = WorkflowStep.objects.get(pk=current.step_id)
     assert (step.status, step.result, step.attempt) == ("succeeded", "attempt 2", 2)
-    history = dict(
-        WorkflowStepAttempt.objects.filter(step_id=current.step_id).values_list("attempt", "result")
-    )
+    history = {attempt.attempt: attempt.result for attempt in WorkflowStep.objects.history(run.id)}
     assert history == {1: None, 2: "attempt 2"}
 
 

@@ -2,7 +2,7 @@
 a ``ValueError`` and nothing written — not left to the database's error.
 
 MariaDB's JSON columns refuse 32 levels of nesting (``CHECK (JSON_VALID(...))``:
-``db.json_depth`` is 31 there, 100 — the package's own limit — elsewhere). A run's input, a
+``validation.json_depth`` is 31 there, 100 — the package's own limit — elsewhere). A run's input, a
 step's data, a child's input and a step's result are all checked against the database they
 are stored on; a step result too deep fails its attempt (``STEP_RESULT_NOT_JSON``) instead of
 failing every write of it with the database's error.
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_leases import db
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
+from django_leases.validation import json_depth
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.values import STEP_RESULT_NOT_JSON
 from tests.helpers import drain, run_of
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def depth() -> int:
     """The deepest nesting this database's JSON columns store."""
-    return db.json_depth(connection)
+    return json_depth(connection)
 
 
 def nested(levels: int) -> list[Any]:

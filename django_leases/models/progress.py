@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections
 from django.db.models import JSONField, Value
 
-from django_leases import db
 from django_leases.clock import DbNow
 from django_leases.models.exactly import StepTransactions
 from django_leases.models.workflow_base import fence_q
@@ -36,7 +34,7 @@ class StepProgress(StepTransactions):
         """
         check_attempt(attempt)
         alias = self.write_alias()
-        check_json(value, "Step progress", max_depth=db.json_depth(connections[alias]))
+        check_json(value, "Step progress", using=alias)
         fenced = self.rows().filter(fence_q(step_id, attempt))
         # One statement: atomic on its own.
         if not fenced.update(progress=Value(value, output_field=JSONField()), updated_at=DbNow()):

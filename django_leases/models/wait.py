@@ -29,6 +29,7 @@ from django_leases.validation import (
     check_event_payload,
     check_identifier,
     check_json,
+    json_depth,
     parse_run_id,
     wait_seconds,
 )
@@ -318,7 +319,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         """
         check_identifier(name, "Event name")
         alias = self.write_alias()
-        check_event_payload(payload, name, max_depth=db.json_depth(connections[alias]))
+        check_event_payload(payload, name, max_depth=json_depth(connections[alias]))
         pk = parse_run_id(run_id)
         runs = WorkflowRun._default_manager.using(alias)
         with transaction.atomic(using=alias):

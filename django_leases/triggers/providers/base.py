@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 #: Deepest JSON nesting accepted in a payload (GitHub's payloads nest fewer than 10 levels):
 #: what every supported database stores with a level to spare — MariaDB's JSON columns refuse
-#: 32 levels (``db.MARIADB_JSON_DEPTH``), and ``StartWorkflow(..., input="delivery")`` and
+#: 32 levels (``validation.MARIADB_JSON_DEPTH``), and ``StartWorkflow(..., input="delivery")`` and
 #: ``SendEvent(..., payload="delivery")`` store the payload one level down.
 MAX_PAYLOAD_DEPTH = 30
 
