@@ -35,6 +35,45 @@ class StepTransactions(StepPatches):
         (:mod:`django_leases.fencing`)."""
         return self.rows().filter(fence_q(step_id, attempt))
 
+    def lock_for_result(self, step_id: int, attempt: int) -> None:
+        """Inside the caller's open transaction, the one a transactional step function's
+        writes were made in: lock the step's row through the fence (so no takeover, cancel
+        or timeout can interleave before the commit) and judge the attempt's ``timeout`` on
+        the database clock. What the caller writes next with the attempt's result commits
+        with them; on any exception it must roll back, so that nothing of the attempt lands.
+
+        Args:
+            step_id: the step (``int``).
+            attempt: the attempt that ran (``int`` ≥ 1), the fence.
+
+        Raises:
+            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt
+                (superseded, cancelled, or already failed for its timeout): roll back.
+            WorkflowStepTimedOutError: the attempt ran past its ``timeout``: roll back.
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: ``attempt`` is not an int ≥ 1, or no transaction is open on the
+                step's database (nothing written).
+        """
+        check_attempt(attempt)
+        alias = self.write_alias()
+        if not connections[alias].in_atomic_block:
+            raise ValueError(f"lock_for_result() needs an open transaction on database {alias!r}")
+        past = Case(
+            When(deadline_at__lte=DbNow(), then=Value(True)),
+            default=Value(False),
+            output_field=BooleanField(),
+        )
+        row = (
+            db.for_update(self.rows().filter(fence_q(step_id, attempt)), alias)
+            .annotate(past_deadline=past)
+            .values_list("past_deadline", "timeout")
+            .first()
+        )
+        if row is None:
+            self._refuse(alias, step_id, attempt)
+        elif row[0]:
+            raise WorkflowStepTimedOutError(step_id, attempt, row[1])
+
     def record_in_transaction(
         self,
         step_id: int,
@@ -44,11 +83,10 @@ class StepTransactions(StepPatches):
         hold_pass_seconds: float | None = None,
     ) -> StepWrite:
         """Record ``result`` (JSON) for ``attempt`` of the step inside the caller's open
-        transaction, the one its step function's writes were made in: the step row is
-        locked through the fence, the attempt's timeout checked on the database clock, then
-        the result written as :meth:`set_result` writes it (``hold_pass_seconds``: as there).
-        The caller commits; on any exception it must roll back, so that nothing of the
-        attempt lands.
+        transaction, the one its step function's writes were made in: the step row locked
+        and the timeout judged (:meth:`lock_for_result`), then the result written as
+        :meth:`set_result` writes it (``hold_pass_seconds``: as there). The caller commits;
+        on any exception it must roll back, so that nothing of the attempt lands.
 
         Args:
             step_id: the step (``int``).
@@ -68,27 +106,7 @@ class StepTransactions(StepPatches):
             ValueError: ``attempt`` is not an int ≥ 1, or no transaction is open on the
                 step's database (nothing written).
         """
-        check_attempt(attempt)
-        alias = self.write_alias()
-        if not connections[alias].in_atomic_block:
-            raise ValueError(
-                f"record_in_transaction() needs an open transaction on database {alias!r}"
-            )
-        past = Case(
-            When(deadline_at__lte=DbNow(), then=Value(True)),
-            default=Value(False),
-            output_field=BooleanField(),
-        )
-        row = (
-            db.for_update(self.rows().filter(fence_q(step_id, attempt)), alias)
-            .annotate(past_deadline=past)
-            .values_list("past_deadline", "timeout")
-            .first()
-        )
-        if row is None:
-            self._refuse(alias, step_id, attempt)
-        elif row[0]:
-            raise WorkflowStepTimedOutError(step_id, attempt, row[1])
+        self.lock_for_result(step_id, attempt)
         return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
 
 

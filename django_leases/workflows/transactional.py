@@ -50,19 +50,121 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
 
+from django_leases import faults
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import WorkflowStep
 from django_leases.validation import check_json
 from django_leases.workflows.values import Claim, StepWrite
 
+_T = TypeVar("_T")
+
 
 class _RollBack(Exception):
     """Rolls the step's transaction back without recording anything (a result that is not
-    JSON: the ordinary write records it as the attempt's failure)."""
+    JSON: the ordinary write records it as the attempt's failure; or a transaction the pass
+    could not carry to its next write)."""
+
+
+class OpenTransaction:
+    """A transactional attempt that returned JSON, its transaction still open on
+    ``claim.using`` (:func:`begin`): nothing of it is written yet. :meth:`commit` writes its
+    result — with whatever the caller writes with it — and commits; :meth:`roll_back`
+    drops it all.
+
+    Attributes:
+        claim: the attempt's :class:`~django_leases.workflows.values.Claim`.
+        open: ``True`` until it was committed or rolled back.
+    """
+
+    def __init__(self, claim: Claim, atomic: transaction.Atomic) -> None:
+        self.claim = claim
+        self.open = True
+        self._atomic = atomic
+
+    def innermost(self) -> bool:
+        """Whether this transaction is the innermost atomic block open on its connection
+        (the code that ran since opened none of its own that is still open): only then can
+        it be committed or rolled back."""
+        blocks = connections[self.claim.using].atomic_blocks
+        return bool(blocks) and blocks[-1] is self._atomic
+
+    def commit(self, write: Callable[[], _T]) -> _T:
+        """Inside the transaction, lock the step row through the attempt's fence and judge
+        its ``timeout`` (:meth:`~django_leases.models.exactly.StepTransactions.
+        lock_for_result`), call ``write`` — which writes the attempt's result, fenced, with
+        what goes with it — and commit. Returns what ``write`` returned.
+
+        Raises:
+            WorkflowStepSupersededError: the attempt was superseded (rolled back).
+            WorkflowStepTimedOutError: the attempt ran past its ``timeout`` (rolled back).
+            TransactionManagementError: not the innermost atomic block (nothing done), or
+                the transaction was marked for rollback (rolled back).
+            DatabaseError: a statement failed (rolled back), or the commit did (its
+                outcome unknown: its reply may be lost after it landed).
+            BaseException: what ``write`` raised (rolled back).
+        """
+        claim = self.claim
+        if not self.open or not self.innermost():
+            raise TransactionManagementError(
+                f"The transaction of step {claim.step_name!r} (attempt {claim.attempt}) "
+                "cannot be committed: a transaction opened since is still open"
+            )
+        try:
+            WorkflowStep.objects.db_manager(claim.using).lock_for_result(
+                claim.step_id, claim.attempt
+            )
+            done = write()
+            if connections[claim.using].needs_rollback:
+                raise TransactionManagementError("the transaction was marked for rollback")
+        except BaseException as exc:
+            self.roll_back(exc)
+            raise
+        self.open = False
+        self._atomic.__exit__(None, None, None)
+        faults.reached(
+            "workflow.step-transaction-committed", run_id=claim.run_id, step_name=claim.step_name
+        )
+        return done
+
+    def roll_back(self, error: BaseException | None = None) -> None:
+        """Roll the transaction back (once; later calls do nothing). ``error``: why, as the
+        atomic block is told."""
+        if not self.open:
+            return
+        self.open = False
+        why = error if error is not None else _RollBack()
+        self._atomic.__exit__(type(why), why, why.__traceback__)
+
+
+def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction | None]:
+    """Open a transaction on ``claim.using`` and call ``call`` (the step function, bound to
+    its data and context) inside it. Returns what it returned and, when that is JSON, the
+    transaction, still open (:class:`OpenTransaction`): the caller commits it with the
+    result or rolls it back, on this thread. A result that is not JSON is rolled back and
+    returned with ``None`` (the ordinary write records it as the attempt's failure).
+
+    Raises:
+        BaseException: what ``call`` raised, after the rollback.
+    """
+    atomic = transaction.atomic(using=claim.using)
+    atomic.__enter__()
+    opened = OpenTransaction(claim, atomic)
+    try:
+        result = call()
+    except BaseException as exc:
+        opened.roll_back(exc)
+        raise
+    try:
+        check_json(result, "Step result")
+    except ValueError as exc:
+        opened.roll_back(exc)
+        return result, None
+    return result, opened
 
 
 @dataclass
@@ -88,9 +190,9 @@ def run_in_transaction(
 ) -> Transacted:
     """Call ``call`` (the step function, bound to its data and context) inside one
     transaction on ``claim.using`` and write its result for ``claim.attempt`` in that same
-    transaction, fenced (:meth:`~django_leases.models.exactly.StepTransactions.
-    record_in_transaction`; ``hold_pass_seconds``: as :meth:`~django_leases.models.results.
-    StepResults.set_result` takes it). Returns a :class:`Transacted`.
+    transaction, fenced (:func:`begin`, then :meth:`OpenTransaction.commit` with
+    :meth:`~django_leases.models.results.StepResults.set_result`; ``hold_pass_seconds``: as
+    that takes it). Returns a :class:`Transacted`.
 
     Raises:
         BaseException: what ``call`` raised, after the rollback (the attempt's failure, to
@@ -100,21 +202,18 @@ def run_in_transaction(
     """
     store = WorkflowStep.objects.db_manager(claim.using)
     done = Transacted()
+    done.result, opened = begin(claim, call)
+    if opened is None:
+        return done
     try:
-        with transaction.atomic(using=claim.using):
-            done.result = call()
-            try:
-                check_json(done.result, "Step result")
-            except ValueError:
-                raise _RollBack from None
-            done.written = store.record_in_transaction(
+        done.written = opened.commit(
+            lambda: store.set_result(
                 claim.step_id, done.result, claim.attempt, hold_pass_seconds=hold_pass_seconds
             )
-    except _RollBack:
-        done.written = None
+        )
     except WorkflowStepSupersededError as exc:
-        done.written, done.superseded = None, exc
+        done.superseded = exc
     return done
 
 
-__all__ = ["Transacted", "run_in_transaction"]
+__all__ = ["OpenTransaction", "Transacted", "begin", "run_in_transaction"]
