@@ -114,7 +114,7 @@ def statuses(run_id: Any) -> dict[str, str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_next_step_is_created_and_claimed_in_the_step_s_own_transaction() -> None:
+def test_the_next_step_is_created_and_claimed_in_the_step_s_own_transaction(sql_path: str) -> None:
     """At each commit of a transactional step, the step the workflow asks for next is there
     already, claimed (``running``) for the worker: one transaction, not two writes; the last
     transactional step's commit is followed by the plain step's, and its commit completes
@@ -136,7 +136,7 @@ def test_the_next_step_is_created_and_claimed_in_the_step_s_own_transaction() ->
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_run_s_completion_commits_with_the_last_transactional_step() -> None:
+def test_the_run_s_completion_commits_with_the_last_transactional_step(sql_path: str) -> None:
     run_id = start_workflow("tests.tx.one", {})
     seen: list[str] = []
 
@@ -150,7 +150,7 @@ def test_the_run_s_completion_commits_with_the_last_transactional_step() -> None
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too() -> None:
+def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too(sql_path: str) -> None:
     """The write of ``first``'s result with ``second``'s creation and claim fails inside
     ``first``'s transaction (once): ``first``'s row, its result and ``second``'s claim all
     roll back, attempt 1 of ``first`` is failed, and attempt 2 does it all again — so
