@@ -114,7 +114,7 @@ def test_a_retry_after_a_lost_reply_never_adopts_another_workers_claim(
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
 
 
-# -- a transactional step's commit ------------------------------------------------------------------
+# -- a transactional step's commit ---------------------------------------------------------------
 
 
 @step_function("tests.lost-reply-transactional", transactional=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection
 
 from django_leases import faults
 from django_leases.checks import check_transactional_steps
