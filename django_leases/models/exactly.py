@@ -3,7 +3,9 @@ top layer of ``WorkflowStep.objects``): what a ``@step_function(..., transaction
 needs so that its database writes and its result commit together, or not at all.
 
 The result goes through the same fenced write as any step's
-(:meth:`~django_leases.models.results.StepResults.set_result`);
+(:meth:`~django_leases.models.results.StepResults.set_result`, or, carried by the pass that
+ran the step, the write of the workflow's next action:
+:mod:`django_leases.workflows.transactional`);
 this layer adds only what a transaction that ran user code needs first: the step row locked
 through the fence (so no takeover or timeout can interleave before the commit) and the
 attempt's ``timeout`` judged on the database clock (an attempt past it must not commit).
@@ -99,12 +101,10 @@ class StepTransactions(StepPatches):
             The :class:`~django_leases.workflows.values.StepWrite` of :meth:`set_result`.
 
         Raises:
-            WorkflowStepSupersededError: ``attempt`` is not the step's running attempt
-                (superseded, cancelled, or already failed for its timeout): roll back.
-            WorkflowStepTimedOutError: the attempt ran past its ``timeout``: roll back.
+            WorkflowStepSupersededError: as :meth:`lock_for_result` (roll back).
+            WorkflowStepTimedOutError: as :meth:`lock_for_result` (roll back).
             WorkflowStep.DoesNotExist: no such step.
-            ValueError: ``attempt`` is not an int ≥ 1, or no transaction is open on the
-                step's database (nothing written).
+            ValueError: a bad ``attempt``, or no transaction open (nothing written).
         """
         self.lock_for_result(step_id, attempt)
         return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
