@@ -13,7 +13,14 @@ The points (their names are stable; each one's docstring in the code says where 
   step's result was recorded and the step its workflow asks for next was created (claimed
   for the writer where the write could claim it); the rows are committed and the writer has
   not returned yet. A hook that raises :class:`django.db.OperationalError` here is a reply
-  lost after the commit.
+  lost after the commit. (Where the step that ran was a transactional one that the pass
+  carried, this write is made inside that step's open transaction: the rows commit with it,
+  at ``"workflow.step-transaction-committed"``.)
+* ``"workflow.step-transaction-committed"`` (context: ``run_id``, ``step_name`` of the
+  transactional step) — a transactional step's transaction committed: its function's writes,
+  its result and whatever the pass wrote with them (the next step created and claimed, a
+  wait, the run's completion…); the writer has not returned yet. A hook that raises
+  :class:`django.db.OperationalError` here is the commit's reply lost.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 #: Every fault point's name.
-POINTS = frozenset({"workflow.next-step-written"})
+POINTS = frozenset({"workflow.next-step-written", "workflow.step-transaction-committed"})
 
 _hooks: dict[str, Callable[..., None]] = {}
 _lock = threading.Lock()

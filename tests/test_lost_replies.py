@@ -23,7 +23,8 @@ from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import execute_step, start_workflow
 from django_leases.workflows.values import Claim, run_lease_key
 from django_leases.workflows.worker import Worker
-from tests.helpers import on_another_thread, spend_steps_first, tuned_sql
+from tests.helpers import lapse_step_lease, on_another_thread, spend_steps_first, tuned_sql
+from tests.workapp.models import LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,6 +110,64 @@ def test_a_retry_after_a_lost_reply_never_adopts_another_workers_claim(
             break
     ran = [(step, attempt) for run, step, attempt in _executions if run == str(run_id)]
     assert sorted(ran) == sorted(set(ran)), f"an attempt ran twice: {ran}"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
+
+
+# -- a transactional step's commit ---------------------------------------------------------------
+
+
+@step_function("tests.lost-reply-transactional", transactional=True)
+def transactional_step(data: Any, ctx: Any) -> Any:
+    """Transactional: a ledger row for this attempt, and each execution recorded."""
+    LedgerEntry.objects.create(run_id=ctx.run_id, step=ctx.step_name, attempt=ctx.attempt)
+    with _lock:
+        _executions.append((str(ctx.run_id), ctx.step_name, ctx.attempt))
+    return {"name": ctx.step_name}
+
+
+@workflow("tests.lost-reply-transactional-then-plain")
+def transactional_then_plain(run: Any, input: Any) -> Any:
+    a = run.step("a", "tests.lost-reply-transactional", {}, retries=2)
+    b = run.step("b", "tests.lost-reply-counted", {}, retries=2)
+    return [a, b]
+
+
+def test_a_lost_commit_reply_of_a_transactional_step_runs_no_attempt_twice(
+    sql_path: str,
+) -> None:
+    """Step ``a`` is transactional: its row, its result and ``b`` created and claimed for
+    the worker commit in one transaction, and the commit's reply is lost. Another worker
+    looking for due steps meanwhile finds nothing (``b`` is claimed). The worker cannot know
+    whether the commit landed, so it runs nothing more: it writes ``a``'s failure, which the
+    fence refuses (``a`` succeeded). ``b``'s attempt 1, claimed by a write its writer never
+    heard back from, never runs; once its lease lapses, attempt 2 does. Every attempt ran at
+    most once, and ``a``'s row was written once."""
+    _executions.clear()
+    run_id = start_workflow("tests.lost-reply-transactional-then-plain", {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    spend_steps_first(worker, [run_id])
+    stolen: list[Claim | None] = []
+
+    def second_worker_claims() -> None:
+        stolen.append(on_another_thread(lambda: WorkflowStep.objects.claim_due(30)))
+
+    lost = lost_reply_once("a", second_worker_claims)
+    with faults.injected("workflow.step-transaction-committed", lost):
+        assert worker.work_once() is True
+    assert stolen == [None], "the fault point was not reached, or b was not claimed"
+    steps = WorkflowStep.objects.filter(run_id=run_id)
+    assert dict(steps.values_list("step_name", "status")) == {"a": "succeeded", "b": "running"}
+    lapse_step_lease(run_id=run_id, step_name="b")
+    for _ in range(5):
+        if not worker.work_once():
+            break
+    ran = [(step, attempt) for run, step, attempt in _executions if run == str(run_id)]
+    assert sorted(ran) == sorted(set(ran)), f"an attempt ran twice: {ran}"
+    assert ("b", 1) not in ran, "b's attempt 1 ran although its claim's writer never heard of it"
+    assert ran == [("a", 1), ("b", 2)]
+    rows = LedgerEntry.objects.filter(run_id=run_id).values_list("step", "attempt")
+    assert list(rows) == [("a", 1)]
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"name": "a"}, {"name": "b"}])
 

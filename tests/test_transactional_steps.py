@@ -2,6 +2,10 @@
 writes and its result commit together, or not at all.
 
 * a step that writes and then raises commits nothing; its retry's write lands once;
+* the step's writes, its result and the workflow's next action (the next step created and
+  claimed, the run's completion) commit in one transaction; a failure after the next
+  step's claim rolls the claim back too; a workflow that opens a transaction of its own
+  around its next action gets a clear error;
 * a plain step that does the same keeps the failed attempt's row (the contrast);
 * a superseded attempt's transaction rolls back, in-process and with real worker processes
   (SIGSTOPped inside its transaction, superseded, SIGCONTed: PostgreSQL and MariaDB);
@@ -20,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
+from django_leases import faults
 from django_leases.checks import check_transactional_steps
 from django_leases.models import WorkflowRun, WorkflowStep
 from django_leases.testing import drive
@@ -31,6 +36,7 @@ from django_leases.workflows.registry import step_declaration
 from tests import helpers
 from tests.helpers import (
     MANAGE_PY,
+    drain,
     lapse_lease,
     lapse_step_lease,
     process_stopped,
@@ -93,6 +99,97 @@ def test_transactional_steps_in_a_row_each_land_once() -> None:
     assert run is not None and run.status == "completed"
     assert [r["attempt"] for r in run.output] == [1, 1, 1]
     assert rows(run_id) == [("first", 1), ("second", 1), ("third", 1)]
+
+
+def worked(run_id: Any) -> WorkflowRun:
+    """Run ``run_id`` to its end with a worker on this thread (its passes run their steps
+    inline, as workers do; ``drive()`` runs each step on its own)."""
+    drain()
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def statuses(run_id: Any) -> dict[str, str]:
+    steps = WorkflowStep.objects.filter(run_id=run_id).order_by("id")
+    return dict(steps.values_list("step_name", "status"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_next_step_is_created_and_claimed_in_the_step_s_own_transaction(sql_path: str) -> None:
+    """At each commit of a transactional step, the step the workflow asks for next is there
+    already, claimed (``running``) for the worker: one transaction, not two writes; the last
+    transactional step's commit is followed by the plain step's, and its commit completes
+    the run."""
+    run_id = start_workflow("tests.tx.three", {})
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def at_commit(**context: Any) -> None:
+        seen.append((context["step_name"], statuses(context["run_id"])))
+
+    with faults.injected("workflow.step-transaction-committed", at_commit):
+        run = worked(run_id)
+    assert run is not None and run.status == "completed"
+    assert seen == [
+        ("first", {"first": "succeeded", "second": "running"}),
+        ("second", {"first": "succeeded", "second": "succeeded", "third": "running"}),
+    ]
+    assert rows(run_id) == [("first", 1), ("second", 1), ("third", 1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_s_completion_commits_with_the_last_transactional_step(sql_path: str) -> None:
+    run_id = start_workflow("tests.tx.one", {})
+    seen: list[str] = []
+
+    def at_commit(**context: Any) -> None:
+        seen.append(WorkflowRun.objects.get(pk=context["run_id"]).status)
+
+    with faults.injected("workflow.step-transaction-committed", at_commit):
+        run = worked(run_id)
+    assert run is not None and run.status == "completed"
+    assert seen == ["completed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too(sql_path: str) -> None:
+    """The write of ``first``'s result with ``second``'s creation and claim fails inside
+    ``first``'s transaction (once): ``first``'s row, its result and ``second``'s claim all
+    roll back, attempt 1 of ``first`` is failed, and attempt 2 does it all again — so
+    ``second`` has one attempt, and every row was written once."""
+    run_id = start_workflow("tests.tx.three", {})
+    fired: list[str] = []
+
+    def fail_once(**context: Any) -> None:
+        if context["step_name"] == "second" and not fired:
+            fired.append(context["step_name"])
+            raise OperationalError("server closed the connection unexpectedly")
+
+    with faults.injected("workflow.next-step-written", fail_once):
+        run = worked(run_id)
+    assert fired == ["second"], "the fault point was not reached: the test proves nothing"
+    assert run is not None and run.status == "completed"
+    assert rows(run_id) == [("first", 2), ("second", 1), ("third", 1)]
+    history = WorkflowStep.objects.history(run_id)
+    assert [(entry.step.step_name, entry.attempt, entry.status) for entry in history] == [
+        ("first", 1, "failed"),
+        ("first", 2, "succeeded"),
+        ("second", 1, "succeeded"),
+        ("third", 1, "succeeded"),
+    ]
+    assert history[0].error["type"] == "OperationalError"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_that_opens_a_transaction_around_its_next_step_is_told() -> None:
+    """Workflow code must not open transactions; one that does around the action after a
+    transactional step gets a clear error (its run fails), and the step's writes commit
+    with that failure, once."""
+    run_id = start_workflow("tests.tx.own-transaction", {})
+    run = worked(run_id)
+    assert run is not None and run.status == "failed"
+    assert run.error["type"] == "TransactionManagementError"
+    assert "workflow code must not open transactions" in run.error["message"]
+    assert rows(run_id) == [("first", 1)]
+    assert statuses(run_id) == {"first": "succeeded"}
 
 
 @pytest.mark.django_db

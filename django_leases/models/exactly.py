@@ -3,7 +3,9 @@ top layer of ``WorkflowStep.objects``): what a ``@step_function(..., transaction
 needs so that its database writes and its result commit together, or not at all.
 
 The result goes through the same fenced write as any step's
-(:meth:`~django_leases.models.results.StepResults.set_result`);
+(:meth:`~django_leases.models.results.StepResults.set_result`, or, carried by the pass that
+ran the step, the write of the workflow's next action:
+:mod:`django_leases.workflows.transactional`);
 this layer adds only what a transaction that ran user code needs first: the step row locked
 through the fence (so no takeover or timeout can interleave before the commit) and the
 attempt's ``timeout`` judged on the database clock (an attempt past it must not commit).
@@ -35,30 +37,16 @@ class StepTransactions(StepPatches):
         (:mod:`django_leases.fencing`)."""
         return self.rows().filter(fence_q(step_id, attempt))
 
-    def record_in_transaction(
-        self,
-        step_id: int,
-        result: Any,
-        attempt: int,
-        *,
-        hold_pass_seconds: float | None = None,
-    ) -> StepWrite:
-        """Record ``result`` (JSON) for ``attempt`` of the step inside the caller's open
-        transaction, the one its step function's writes were made in: the step row is
-        locked through the fence, the attempt's timeout checked on the database clock, then
-        the result written as :meth:`set_result` writes it (``hold_pass_seconds``: as there).
-        The caller commits; on any exception it must roll back, so that nothing of the
-        attempt lands.
+    def lock_for_result(self, step_id: int, attempt: int) -> None:
+        """Inside the caller's open transaction, the one a transactional step function's
+        writes were made in: lock the step's row through the fence (so no takeover, cancel
+        or timeout can interleave before the commit) and judge the attempt's ``timeout`` on
+        the database clock. What the caller writes next with the attempt's result commits
+        with them; on any exception it must roll back, so that nothing of the attempt lands.
 
         Args:
             step_id: the step (``int``).
-            result: its JSON result (checked by the caller: a result that is not JSON is
-                written by :meth:`set_result` as the attempt's failure).
             attempt: the attempt that ran (``int`` ≥ 1), the fence.
-            hold_pass_seconds: seconds the run's pass is taken for the caller, or ``None``.
-
-        Returns:
-            The :class:`~django_leases.workflows.values.StepWrite` of :meth:`set_result`.
 
         Raises:
             WorkflowStepSupersededError: ``attempt`` is not the step's running attempt
@@ -71,9 +59,7 @@ class StepTransactions(StepPatches):
         check_attempt(attempt)
         alias = self.write_alias()
         if not connections[alias].in_atomic_block:
-            raise ValueError(
-                f"record_in_transaction() needs an open transaction on database {alias!r}"
-            )
+            raise ValueError(f"lock_for_result() needs an open transaction on database {alias!r}")
         past = Case(
             When(deadline_at__lte=DbNow(), then=Value(True)),
             default=Value(False),
@@ -89,6 +75,38 @@ class StepTransactions(StepPatches):
             self._refuse(alias, step_id, attempt)
         elif row[0]:
             raise WorkflowStepTimedOutError(step_id, attempt, row[1])
+
+    def record_in_transaction(
+        self,
+        step_id: int,
+        result: Any,
+        attempt: int,
+        *,
+        hold_pass_seconds: float | None = None,
+    ) -> StepWrite:
+        """Record ``result`` (JSON) for ``attempt`` of the step inside the caller's open
+        transaction, the one its step function's writes were made in: the step row locked
+        and the timeout judged (:meth:`lock_for_result`), then the result written as
+        :meth:`set_result` writes it (``hold_pass_seconds``: as there). The caller commits;
+        on any exception it must roll back, so that nothing of the attempt lands.
+
+        Args:
+            step_id: the step (``int``).
+            result: its JSON result (checked by the caller: a result that is not JSON is
+                written by :meth:`set_result` as the attempt's failure).
+            attempt: the attempt that ran (``int`` ≥ 1), the fence.
+            hold_pass_seconds: seconds the run's pass is taken for the caller, or ``None``.
+
+        Returns:
+            The :class:`~django_leases.workflows.values.StepWrite` of :meth:`set_result`.
+
+        Raises:
+            WorkflowStepSupersededError: as :meth:`lock_for_result` (roll back).
+            WorkflowStepTimedOutError: as :meth:`lock_for_result` (roll back).
+            WorkflowStep.DoesNotExist: no such step.
+            ValueError: a bad ``attempt``, or no transaction open (nothing written).
+        """
+        self.lock_for_result(step_id, attempt)
         return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
 
 

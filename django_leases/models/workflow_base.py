@@ -204,7 +204,8 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
     code's: a rolling deploy ran a newer release's migrations) is not an error of the unit of
     work: the alias goes portable for the rest of the process, a warning says so once, and
     :class:`FunctionsGone` has the method run again the portable way (the call was the
-    method's first statement, outside any transaction)."""
+    method's first statement, outside any transaction). Inside a transaction (which the
+    failed call aborted) the error is raised as it is, the alias gone portable all the same."""
     key = (connection.alias, short)
     call = _calls.get(key)
     if call is None:
@@ -216,7 +217,7 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
     except DatabaseError as exc:
         cause = exc.__cause__
         state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-        if state != _UNDEFINED_FUNCTION or connection.in_atomic_block:
+        if state != _UNDEFINED_FUNCTION:
             raise
         if connection.alias not in without_functions:
             without_functions.add(connection.alias)
@@ -228,6 +229,10 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
                 functions(connection)[short].name,
                 exc,
             )
+        if connection.in_atomic_block:
+            # The caller's transaction is aborted (a transactional step's, say): it fails
+            # this once; its next try takes the portable path.
+            raise
         raise FunctionsGone(short) from exc
 
 

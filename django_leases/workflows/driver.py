@@ -41,7 +41,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from django.db import DatabaseError, InterfaceError, router
+from django.db import DatabaseError, InterfaceError, connections, router
+from django.db.transaction import TransactionManagementError
 
 from django_leases import tracing
 from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings, queue_limits
@@ -75,6 +76,7 @@ from django_leases.workflows.engine import (
     superseded,
 )
 from django_leases.workflows.registry import get_workflow, step_declaration
+from django_leases.workflows.transactional import OpenTransaction
 from django_leases.workflows.values import (
     STEP_FAILED,
     WORKFLOW_ERROR,
@@ -183,6 +185,10 @@ class _Pass:
         self._waits: dict[str, WorkflowWait] | None = None
         #: The run's ``queue_key`` once read (``None``: not read yet).
         self._queue_key: str | None = None
+        #: Atomic blocks open on the run's database as the pass began (a test's, under
+        #: ``drive()``): a transactional step called at this depth carries its transaction
+        #: to the pass's next write.
+        self.depth = len(connections[self.using].atomic_blocks)
 
     def keyed(self, options: StepOptions) -> StepOptions:
         """``options`` with the run's queue key where the step gave none and its queue has
@@ -212,7 +218,11 @@ class _Pass:
         written once that returns. A write carrying a pending result is tried again after a
         lost connection while that step's lease lasts (the fence makes it safe); a fence
         failure ends the pass quietly; any other database error, or the run lease lost, ends
-        the unit of work (:class:`_Interrupted`)."""
+        the unit of work (:class:`_Interrupted`). A transactional step's pending result is
+        written inside that step's open transaction, which then commits
+        (:meth:`_write_in_transaction`)."""
+        if self.pending is not None and self.pending.transaction is not None:
+            return self._write_in_transaction(self.pending, self.pending.transaction, call)
         self.driver.held_check()
         pending = self.pending_result()
         try:
@@ -228,6 +238,92 @@ class _Pass:
             raise _Interrupted(exc) from exc
         self.pending = None
         return done
+
+    def _write_in_transaction(
+        self,
+        ran: StepRun,
+        opened: OpenTransaction,
+        call: Callable[[PendingResult | None], _T],
+    ) -> _T:
+        """:meth:`write` for a carried transactional step ``ran``: inside its open
+        transaction ``opened``, the step row locked through the fence and its timeout judged,
+        ``call(pending)`` writes the result with the workflow's next action, and the
+        transaction commits — the step function's writes, its result and that action land
+        together or not at all. Nothing is tried again (the function's writes cannot be):
+        a refusal of the fence ends the pass quietly; a lost run lease rolls back and ends
+        the unit of work (the step lease lapses, another attempt runs the step); any other
+        failure — a statement, the commit (its reply lost: whether it landed is not known
+        here), the timeout — rolls back and is the attempt's failure, written on its own
+        and fenced (refused, so nothing, where the commit did land), and the run's next pass
+        starts from there.
+
+        Raises:
+            TransactionManagementError: the workflow code opened a transaction of its own
+                that is still open (nothing written; the step's transaction stays open).
+        """
+        if not opened.innermost():
+            raise TransactionManagementError(
+                f"Run {self.run.id}: the workflow reached its next action inside a "
+                "transaction of its own while the transaction of its transactional step "
+                f"{ran.claim.step_name!r} is open; workflow code must not open transactions"
+            )
+        try:
+            self.driver.held_check()
+        except _Interrupted:
+            self.discard()
+            raise
+        pending = self.pending_result()
+        try:
+            done = opened.commit(lambda: call(pending))
+        except WorkflowStepSupersededError as exc:
+            self.pending = None
+            superseded(ran.claim, exc)
+            raise _Quietly("superseded") from None
+        except (_StartOver, _PassEnded, _Quietly, _Interrupted, KeyboardInterrupt):
+            self.pending = None
+            raise
+        except BaseException as exc:  # a statement, the commit, the timeout: rolled back
+            self.pending = None
+            self._transaction_failed(ran, exc)
+        self.pending = None
+        return done
+
+    def _transaction_failed(self, ran: StepRun, failure: BaseException) -> NoReturn:
+        """The transaction of carried step ``ran`` failed with ``failure`` (rolled back, or
+        its commit's outcome unknown): the attempt's failure, written on its own, fenced —
+        refused where the commit did land — and the run's next pass starts from there."""
+        claim = ran.claim
+        logger.warning(
+            "Run %s: the transaction of step %r attempt %d failed: %s",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+            failure,
+        )
+        failed = dataclasses.replace(ran, transaction=None, failure=failure)
+        try:
+            recorded = _record(failed, hold_pass_seconds=self.driver.lease_ttl)
+        except _DATABASE_FAULTS as exc:
+            raise _Interrupted(exc) from exc
+        _after_failure(recorded)
+
+    def discard(self) -> None:
+        """Roll back a carried transactional step's transaction that no write carried (the
+        pass ended otherwise: its run lease lost, a read of its own failed, an interrupt):
+        nothing of the attempt lands and nothing is written for it — its step lease lapses
+        and another attempt runs the step."""
+        ran = self.pending
+        if ran is None or ran.transaction is None:
+            return
+        self.pending = None
+        ran.transaction.roll_back()
+        logger.warning(
+            "Run %s: step %r attempt %d rolled back: its pass ended before its result "
+            "could be written",
+            ran.claim.run_id,
+            ran.claim.step_name,
+            ran.claim.attempt,
+        )
 
     # -- what the workflow calls ---------------------------------------------------------------
 
@@ -526,8 +622,12 @@ class _Pass:
         logger.info(
             "Run %s: step %r attempt %d claimed", claim.run_id, claim.step_name, claim.attempt
         )
-        # A transactional step's result is written in its own transaction, the pass held.
-        ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl)
+        # A transactional step called where the pass began (not inside a transaction the
+        # workflow code opened) keeps its transaction open: its result is written in it with
+        # the workflow's next action, as a plain step's is carried. Elsewhere it is written
+        # in its own transaction at once, the pass held.
+        carry = len(connections[self.using].atomic_blocks) == self.depth
+        ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl, carry=carry)
         if _storable(ran):  # else recorded below: the attempt's failure, or written already
             logger.info(
                 "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt
@@ -538,11 +638,7 @@ class _Pass:
             recorded = _record(ran, hold_pass_seconds=self.driver.lease_ttl)
         except _DATABASE_FAULTS as exc:
             raise _Interrupted(exc) from exc
-        if recorded.outcome in ("superseded", "suspended"):
-            raise _Quietly(recorded.outcome)
-        if recorded.state is None:
-            raise _Quietly("not-running")
-        raise _StartOver(recorded.state)
+        _after_failure(recorded)
 
     def _requests(self) -> int:
         """``pass_requests`` as this pass knows it (``-1`` when unknown: nothing it writes
@@ -562,6 +658,17 @@ def _record(ran: StepRun, *, hold_pass_seconds: float | None = None) -> StepReco
         recorded.outcome,
     )
     return recorded
+
+
+def _after_failure(recorded: StepRecorded) -> NoReturn:
+    """End the pass after a step's outcome was written on its own: quietly where nothing is
+    left to run (superseded, suspended, the run not running), else by starting the run's
+    next pass from the state the write left."""
+    if recorded.outcome in ("superseded", "suspended"):
+        raise _Quietly(recorded.outcome)
+    if recorded.state is None:
+        raise _Quietly("not-running")
+    raise _StartOver(recorded.state)
 
 
 def _storable(ran: StepRun) -> bool:
@@ -1030,6 +1137,8 @@ class RunDriver:
             return self._complete(this, output)
         except _Quietly as quiet:
             return quiet.outcome
+        finally:
+            this.discard()  # a step transaction no write carried: rolled back
 
     def _complete(self, this: _Pass, output: Any) -> str:
         """The workflow returned ``output``: complete the run. With a carried result, where
@@ -1055,7 +1164,7 @@ class RunDriver:
             # lapses.
             self._completions += 1
             first = self._completions == 1
-            return store.set_result_completing_run(
+            done = store.set_result_completing_run(
                 claim.step_id,
                 pending.result,
                 claim.attempt,
@@ -1066,6 +1175,10 @@ class RunDriver:
                 else None,
                 next_pass_ttl=self.lease_ttl,
             )
+            if pending.transaction is not None and not done.written:
+                # Its transaction must not commit without its result: rolled back.
+                raise TransactionManagementError("the step's result was not written")
+            return done
 
         done = this.write(write)
         if done.next_pass is not None:

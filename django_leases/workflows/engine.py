@@ -40,7 +40,7 @@ from django_leases.workflows import aio
 # Re-exported: the conformance suite patches the lookup on this module.
 from django_leases.workflows.registry import get_step_function as get_step_function
 from django_leases.workflows.registry import get_workflow, step_declaration
-from django_leases.workflows.transactional import run_in_transaction
+from django_leases.workflows.transactional import OpenTransaction, begin, run_in_transaction
 from django_leases.workflows.values import Claim, PassState
 
 logger = logging.getLogger("django_leases.workflows")
@@ -355,6 +355,8 @@ class StepRun:
         missing: no step function of that name is registered in this process.
         recorded: what a transactional step's own transaction wrote (its result, or
             ``"superseded"``: nothing), else ``None``.
+        transaction: a transactional step's transaction, still open, its result not
+            written yet (:func:`run_step_function` with ``carry``), else ``None``.
     """
 
     claim: Claim
@@ -363,6 +365,7 @@ class StepRun:
     failure: BaseException | None = None
     missing: bool = False
     recorded: StepRecorded | None = None
+    transaction: OpenTransaction | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -440,7 +443,9 @@ def held_while(claim: Claim, work: Callable[[], object]) -> Claim | None:
     return claim if since <= claim.claimed_at else dataclasses.replace(claim, claimed_at=since)
 
 
-def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -> StepRun:
+def run_step_function(
+    claim: Claim, *, hold_pass_seconds: float | None = None, carry: bool = False
+) -> StepRun:
     """Call the claimed step's ``@step_function`` with its data under its step lease, renewed
     every TTL/3 by the alias's :class:`~django_leases.renewal.Renewer` (fenced to
     ``claim.attempt``: :func:`step_lease_renewal`). The function runs outside
@@ -451,7 +456,10 @@ def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -
     a transaction that also writes its result, fenced
     (:func:`~django_leases.workflows.transactional.run_in_transaction`;
     ``hold_pass_seconds``: as :func:`record_step` takes it): :attr:`StepRun.recorded` says
-    what was written."""
+    what was written. With ``carry`` (the pass that runs it writes its result with the
+    workflow's next action) a transactional step function that returns JSON leaves its
+    transaction open, nothing written yet: :attr:`StepRun.transaction`, which the caller
+    commits or rolls back on this thread."""
     func = get_step_function(claim.function_name)
     if func is None:
         return StepRun(claim, None, missing=True)
@@ -468,7 +476,9 @@ def run_step_function(claim: Claim, *, hold_pass_seconds: float | None = None) -
         ctx = StepContext(claim, renewal.lost, transactional=transactional)
         renewal.start()
         try:
-            if transactional:
+            if transactional and carry:
+                ran.result, ran.transaction = begin(claim, lambda: func(claim.data, ctx))
+            elif transactional:
                 ran.result, ran.recorded = _transacted(claim, func, ctx, hold_pass_seconds)
             else:
                 # An ``async def`` one is awaited on this thread's event loop (workflows/aio.py).

@@ -102,6 +102,18 @@ def tx_three(run: Any, input: Any) -> Any:
     return [first, second, third]
 
 
+@workflow("tests.tx.own-transaction")
+def tx_own_transaction(run: Any, input: Any) -> Any:
+    """A transactional step, then (against the rules) the next step inside a transaction
+    the workflow opens itself."""
+    from django.db import transaction
+
+    first = run.step("first", "tests.tx.append", {})
+    with transaction.atomic():
+        second = run.step("second", "tests.tx.append", {})
+    return [first, second]
+
+
 @step_function("tests.dup.upsert")
 def dup_upsert(data: Any, ctx: Any) -> Any:
     """Idempotent: one ledger row per step, however often it runs."""
