@@ -65,8 +65,11 @@ from django.db import connections, models, router
 from django.db.utils import DatabaseError
 
 from django_leases.conf import leases_settings
+from django_leases.process import TIMERS
+from django_leases.validation import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
+    # deferred: psycopg is loaded only on a PostgreSQL database that uses it
     import psycopg
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
@@ -94,8 +97,6 @@ def json_depth(connection: BaseDatabaseWrapper) -> int:
     ``connection``'s database stores: :data:`MARIADB_JSON_DEPTH` on MariaDB; elsewhere the
     package's own limit, ``validation.MAX_JSON_DEPTH`` (PostgreSQL, SQLite and MySQL 8 store
     at least that)."""
-    from django_leases.validation import MAX_JSON_DEPTH
-
     if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
         return min(MARIADB_JSON_DEPTH, MAX_JSON_DEPTH)
     return MAX_JSON_DEPTH
@@ -104,6 +105,7 @@ def json_depth(connection: BaseDatabaseWrapper) -> int:
 @functools.cache
 def _django_uses_psycopg3() -> bool:
     # Django's own choice (psycopg 3 if importable, else psycopg2), made once per process.
+    # deferred: imports psycopg (or psycopg2): only asked on a PostgreSQL database
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return bool(is_psycopg3)
@@ -307,6 +309,7 @@ class _Statements:
 
 @functools.cache
 def _preparing_class() -> type[psycopg.Cursor[Any]]:
+    # deferred: psycopg is loaded only on a PostgreSQL database that uses it
     import psycopg
 
     class PreparingCursor(psycopg.Cursor[Any]):
@@ -449,8 +452,6 @@ def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Itera
     connection not yet open, nothing is armed. A connection attempt itself is bounded by
     ``connect_timeout`` (psycopg's default is 130 s; ``OPTIONS["connect_timeout"]`` sets it).
     """
-    from django_leases.process import TIMERS
-
     bound = Bound()
     if connection.vendor != "postgresql":
         yield bound

@@ -93,6 +93,7 @@ def _keep(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
 def refresh_leases(alias: str, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
     """The :class:`~django_leases.renewal.BatchRefresh` of holds: ``Lease.objects.refresh_many``
     on ``alias`` for ``(lease, ttl seconds)`` pairs; one refreshed lease or ``None`` each."""
+    # deferred: the lazy public API may be imported before the app registry is ready
     from django_leases.models.lease import Lease
 
     queryset: LeaseQuerySet = Lease.objects.db_manager(alias)  # type: ignore[assignment]
@@ -225,6 +226,7 @@ class HeldLease:
     # -- the protocol ---------------------------------------------------------------------------
 
     def _objects(self) -> LeaseQuerySet:
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
@@ -233,6 +235,7 @@ class HeldLease:
     @property
     def alias(self) -> str:
         """The database alias the lease lives on."""
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         return self.using or router.db_for_write(Lease)
@@ -366,6 +369,7 @@ class HeldLease:
         return True
 
     def _lost(self) -> None:
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         # Tell the body first: a failing signal receiver must not keep it from being told.

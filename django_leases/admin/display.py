@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 
@@ -51,8 +52,6 @@ def run_id_link(run_id: object) -> str:
     """A link to run ``run_id``'s admin page (safe HTML) showing :func:`short_run_id`, the
     whole id in its tooltip (``title``) and on the page it opens: a list column that fits at
     1280 px. ``"—"`` for ``None``."""
-    from django.urls import reverse
-
     if run_id is None:
         return "—"
     text = str(run_id)

@@ -57,6 +57,7 @@ from django_leases.models import (
     TriggerSource,
 )
 from django_leases.triggers import lifecycle
+from django_leases.triggers.providers import get_provider
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
@@ -184,8 +185,6 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     @admin.display(description=_("the sender must send"))
     def sender_headers(self, obj: TriggerSource) -> str:
         """The headers a sender registered by hand must send (the provider's list)."""
-        from django_leases.triggers.providers import get_provider
-
         provider = get_provider(obj.provider)
         if provider is None:
             return gettext("— (the provider is not installed here)")
@@ -651,8 +650,6 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     def can_tear_down(source: TriggerSource) -> bool:
         """Whether a teardown at the provider is possible: its provider is installed here
         and a registration is recorded (``state``)."""
-        from django_leases.triggers.providers import get_provider
-
         return source.state is not None and get_provider(source.provider) is not None
 
     @admin.display(description=_("operations"))

@@ -37,6 +37,7 @@ from decimal import Decimal
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from django.apps import apps
 from django.core.management.base import (
     BaseCommand,
     CommandError,
@@ -48,6 +49,7 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
+from django_leases.admin import history
 from django_leases.validation import seconds
 from django_leases.workflows import worker
 
@@ -209,6 +211,7 @@ def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError
         ``None`` when every one has them (the error was something else). An alias inside a
         caller's transaction is not looked at.
     """
+    # deferred: the migration machinery, loaded only when a command fails on the database
     from django.db.migrations.recorder import MigrationRecorder
 
     if given is None:
@@ -979,11 +982,8 @@ class LeasesCommand(BaseCommand):
         Without ``django.contrib.admin`` installed nothing is written; an entry that cannot be
         written is reported on stderr. The change stands either way.
         """
-        from django.apps import apps
-
         if not apps.is_installed("django.contrib.admin"):
             return
-        from django_leases.admin import history
 
         flag = history.CHANGE
         if not isinstance(message, str):

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_leases import metrics
 from django_leases.conf import queue_limits
 from django_leases.exceptions import MisuseError, QueueConfigError, WorkflowFunctionsMissing
 from django_leases.management.base import (
@@ -110,8 +111,6 @@ class Command(LeasesCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["metrics_port"] is not None:
-            from django_leases import metrics
-
             try:
                 metrics.serve(options["metrics_port"], options["metrics_addr"])
             except (ValueError, OSError) as exc:

@@ -47,7 +47,7 @@ from django_leases.management.base import (
     seconds_type,
 )
 from django_leases.models import TriggerRefusal, TriggerSource
-from django_leases.triggers import lifecycle
+from django_leases.triggers import credentials, lifecycle
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -237,8 +237,6 @@ class Command(base.LeasesCommand):
         self.confirm(outcome(result))
 
     def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
-        from django_leases.triggers import credentials
-
         try:
             TriggerSource.objects.using(alias).named(name)
         except UnknownTriggerSourceError as exc:
