@@ -309,33 +309,31 @@ class LeaseConformanceTests(ConformanceSuite):
         assert third is not None
         self.assertEqual(third.token, second.token + 1)
 
-    def test_l06_stale_lease_cannot_refresh_or_release_new_holder(self) -> None:
-        """L6: after a takeover, the old lease's refresh and release leave the new holder be."""
+    def _stale_release_after_takeover(self, taker: str) -> tuple[Lease, Lease]:
+        """Holder ``a``'s lease lapses and ``taker`` takes the key; then the stale lease is
+        released and refreshed (the refresh must answer ``None``). Returns the taker's lease
+        as granted and the key's current lease after all that (``None`` fails the test)."""
         key = self.new_key()
         stale = self.leases.acquire(key, "a", self.short_ttl)
         assert stale is not None
         self.lapse()
-        current = self.leases.acquire(key, "b", self.long_ttl)
-        assert current is not None
-        self.leases.release(stale)
-        self.assertIsNone(self.leases.refresh(stale, self.long_ttl))
-        now_held = self.leases.current(key)
-        assert now_held is not None
-        self.assertEqual((now_held.holder, now_held.token), ("b", current.token))
-        self.assertEqual(now_held.expires_at, current.expires_at)
-
-    def test_l06_same_holder_stale_token_cannot_release(self) -> None:
-        """L6: the token fences a holder from its own earlier lease on the key."""
-        key = self.new_key()
-        stale = self.leases.acquire(key, "a", self.short_ttl)
-        assert stale is not None
-        self.lapse()
-        current = self.leases.acquire(key, "a", self.long_ttl)
+        current = self.leases.acquire(key, taker, self.long_ttl)
         assert current is not None
         self.leases.release(stale)
         self.assertIsNone(self.leases.refresh(stale, self.long_ttl))
         held = self.leases.current(key)
         assert held is not None
+        return current, held
+
+    def test_l06_stale_lease_cannot_refresh_or_release_new_holder(self) -> None:
+        """L6: after a takeover, the old lease's refresh and release leave the new holder be."""
+        current, now_held = self._stale_release_after_takeover("b")
+        self.assertEqual((now_held.holder, now_held.token), ("b", current.token))
+        self.assertEqual(now_held.expires_at, current.expires_at)
+
+    def test_l06_same_holder_stale_token_cannot_release(self) -> None:
+        """L6: the token fences a holder from its own earlier lease on the key."""
+        current, held = self._stale_release_after_takeover("a")
         self.assertEqual(held.token, current.token)
 
     def test_l07_refresh_extends_live_lease(self) -> None:

@@ -83,28 +83,29 @@ def loop(run: Any, input: Any) -> Any:
     return out
 
 
-def after_sleep(run: Any, input: Any) -> Any:
-    """A patch right after a sleep."""
-    run.step("a", ECHO, "a")
-    run.sleep("nap", 3600)
-    if _new_code() and run.patched("after-nap"):
+def _patched_b(run: Any, patch: str) -> Any:
+    """Step ``b-new`` under patch ``patch`` (``b`` in the old code), then the wait for the
+    event ``go``; returns what the step returned."""
+    if _new_code() and run.patched(patch):
         taken = run.step("b-new", ECHO, "b-new")
     else:
         taken = run.step("b", ECHO, "b")
     run.wait_for_event("go")
     return taken
+
+
+def after_sleep(run: Any, input: Any) -> Any:
+    """A patch right after a sleep."""
+    run.step("a", ECHO, "a")
+    run.sleep("nap", 3600)
+    return _patched_b(run, "after-nap")
 
 
 def after_event(run: Any, input: Any) -> Any:
     """A patch right after an event wait."""
     run.step("a", ECHO, "a")
     run.wait_for_event("first")
-    if _new_code() and run.patched("after-first"):
-        taken = run.step("b-new", ECHO, "b-new")
-    else:
-        taken = run.step("b", ECHO, "b")
-    run.wait_for_event("go")
-    return taken
+    return _patched_b(run, "after-first")
 
 
 def clash(run: Any, input: Any) -> Any:
