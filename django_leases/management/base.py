@@ -328,6 +328,30 @@ def integer_type(minimum: int, maximum: int) -> Callable[[str], int]:
 # -- --format table|json ----------------------------------------------------------------------
 
 
+def add_seconds_argument(
+    parser: CommandParser | argparse.ArgumentParser,
+    flag: str,
+    *,
+    default: float | None,
+    help: str,
+    metavar: str = "S",
+    **bounds: Any,
+) -> None:
+    """Add option ``flag``, a number of seconds checked by :func:`seconds_type`.
+
+    Args:
+        parser: the command's parser (or a subcommand's).
+        flag: the option, ``"--wait"``.
+        default: its value when not given, in seconds (``None``: the setting decides).
+        help: the help text (it states the default and the bounds).
+        metavar: how the help names the value.
+        bounds: :func:`seconds_type`'s keyword arguments (``above_minimum``, ``maximum``…).
+    """
+    parser.add_argument(
+        flag, type=seconds_type(**bounds), default=default, metavar=metavar, help=help
+    )
+
+
 def add_format_argument(
     parser: argparse.ArgumentParser, *, aliases: Mapping[str, str] | None = None
 ) -> None:
