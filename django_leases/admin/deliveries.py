@@ -23,7 +23,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time, run_id_link
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, run_id_link, time_column
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
 
@@ -130,10 +130,8 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
         context = {"title": gettext("Deliveries"), **(extra_context or {})}
         return super().changelist_view(request, context)
 
-    @admin.display(description=_("received"), ordering="received_at")
-    def received(self, obj: TriggerEvent) -> str:
-        """When the delivery arrived (``received_at``), as local time text (``str``)."""
-        return local_time(obj.received_at)
+    #: When the delivery arrived (``received_at``), as local time text (``str``).
+    received = time_column("received_at", _("received"), ordering="received_at")
 
     @admin.display(description=_("source"), ordering="source_name")
     def source_link(self, obj: TriggerEvent) -> str:

@@ -13,8 +13,11 @@ fit the page at 1280 px.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
+from django.contrib import admin
 from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
@@ -35,6 +38,29 @@ def local_time(value: datetime | None) -> str:
         shown.isoformat(sep=" ", timespec="milliseconds"),
         formats.localize(shown),
     )
+
+
+def time_column(
+    field: str, description: Any, *, ordering: str | None = None
+) -> Callable[[Any, Any], str]:
+    """A list or page column showing the model's datetime ``field`` as :func:`local_time`
+    text (``"—"`` for ``None``), to assign in a ``ModelAdmin``'s body (what the time means
+    goes in a ``#:`` comment above it).
+
+    Args:
+        field: the model field (a ``datetime`` or ``None``).
+        description: the column's heading (translated).
+        ordering: the field the column sorts by; ``None``: not sortable.
+
+    Returns:
+        The display method (``admin.display``'s attributes set).
+    """
+
+    def column(model_admin: Any, obj: Any) -> str:
+        return local_time(getattr(obj, field))
+
+    column.__doc__ = f'``{field}`` as local time text (``str``; ``"—"``: none).'
+    return admin.display(description=description, ordering=ordering)(column)
 
 
 #: Characters of a run id a list shows, from its end. Run ids are time-ordered (UUID

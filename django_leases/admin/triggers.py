@@ -144,10 +144,22 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+    #: The rows it lists: declared sources, or orphans.
+    declared: bool = True
+    list_display: tuple[str, ...] = ("__str__",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        rows = super().get_queryset(request)
+        rows = super().get_queryset(request).filter(declared=self.declared)
         return cast("TriggerSourceQuerySet", rows).with_refused()
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if self.has_toggle_permission(request):
+            return self.list_display
+        return self.read_only_columns()
+
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns for a user without ``toggle_triggersource``: no buttons."""
+        return self.list_display
 
     # -- permissions ----------------------------------------------------------------------
 
@@ -490,12 +502,9 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         "disable": (lifecycle.disable, "Disabled"),
     }
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        return super().get_queryset(request).filter(declared=True)
-
-    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if self.has_toggle_permission(request):
-            return self.list_display
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns without the switch: the ``enabled`` flag and the status badge
+        in its place."""
         shown: list[str] = []
         for column in self.list_display:
             shown.extend(("enabled", "status_badge") if column == "switch" else (column,))
@@ -638,12 +647,10 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
         "teardown": (lifecycle.teardown, "Tore down"),
     }
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        return super().get_queryset(request).filter(declared=False)
+    declared = False
 
-    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if self.has_toggle_permission(request):
-            return self.list_display
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns without the forget / tear-down buttons."""
         return tuple(column for column in self.list_display if column != "orphan_operations")
 
     @staticmethod
