@@ -607,20 +607,11 @@ class ahold_lease(_HoldArguments):
     finished.
     """
 
-    def __init__(
-        self,
-        key: str,
-        ttl: float | timedelta | None = None,
-        *,
-        holder: str | None = None,
-        using: str | None = None,
-        wait: float | None = None,
-    ) -> None:
-        super().__init__(key, ttl, holder=holder, using=using, wait=wait)
-        self._task: asyncio.Task[object] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._cancelled = False
-        self._exiting = False
+    # The hold's task and loop, and where its exit stands (each ``async with`` sets them anew).
+    _task: asyncio.Task[object] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _cancelled = False
+    _exiting = False
 
     def __call__(self, func: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
         if not inspect.iscoroutinefunction(func):
