@@ -444,7 +444,15 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         context = dict(extra_context or {})
         source = self.get_object(request, object_id)
         if source is not None and self.has_toggle_permission(request):
-            context["trigger_operations"] = [
+            context.update(self.operator_context(source))
+        return super().change_view(request, object_id, form_url, context)
+
+    def operator_context(self, source: TriggerSource) -> dict[str, Any]:
+        """What ``source``'s page adds to its template context for a user with
+        ``toggle_triggersource``: the buttons of :meth:`page_operations`
+        (``trigger_operations``)."""
+        return {
+            "trigger_operations": [
                 {
                     "name": name,
                     "label": label,
@@ -453,7 +461,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
                 }
                 for name, label in self.page_operations(source)
             ]
-        return super().change_view(request, object_id, form_url, context)
+        }
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """(operation, button label) offered on ``source``'s page."""
@@ -592,23 +600,13 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             request, "admin/django_leases/triggersource/secret_form.html", context
         )
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """A declared source's page; a ``manual`` one offers its secret form to operators."""
-        context = dict(extra_context or {})
-        source = self.get_object(request, object_id)
-        if (
-            source is not None
-            and source.provider == "manual"
-            and self.has_toggle_permission(request)
-        ):
+    def operator_context(self, source: TriggerSource) -> dict[str, Any]:
+        """The operations' buttons; a ``manual`` source's page also offers its secret form
+        (``secret_form_url``)."""
+        context = super().operator_context(source)
+        if source.provider == "manual":
             context["secret_form_url"] = self.secret_url(source)
-        return super().change_view(request, object_id, form_url, context)
+        return context
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """``(operation, button label)`` offered on a declared source's page: turn off when it is
