@@ -40,16 +40,20 @@ def local_time(value: datetime | None) -> str:
     )
 
 
-def time_column(
-    field: str, description: Any, *, ordering: str | None = None
+def field_column(
+    field: str,
+    description: Any,
+    show: Callable[[Any], str],
+    *,
+    ordering: str | None = None,
 ) -> Callable[[Any, Any], str]:
-    """A list or page column showing the model's datetime ``field`` as :func:`local_time`
-    text (``"—"`` for ``None``), to assign in a ``ModelAdmin``'s body (what the time means
-    goes in a ``#:`` comment above it).
+    """A list or page column showing the model's ``field`` through ``show``, to assign in a
+    ``ModelAdmin``'s body (what the value means goes in a ``#:`` comment above it).
 
     Args:
-        field: the model field (a ``datetime`` or ``None``).
+        field: the model field.
         description: the column's heading (translated).
+        show: the field's value → safe HTML (:func:`local_time` for a ``datetime``).
         ordering: the field the column sorts by; ``None``: not sortable.
 
     Returns:
@@ -57,10 +61,18 @@ def time_column(
     """
 
     def column(model_admin: Any, obj: Any) -> str:
-        return local_time(getattr(obj, field))
+        return show(getattr(obj, field))
 
-    column.__doc__ = f'``{field}`` as local time text (``str``; ``"—"``: none).'
+    column.__doc__ = f"``{field}`` shown by ``{show.__name__}`` (HTML ``str``)."
     return admin.display(description=description, ordering=ordering)(column)
+
+
+def time_column(
+    field: str, description: Any, *, ordering: str | None = None
+) -> Callable[[Any, Any], str]:
+    """:func:`field_column` for a ``datetime`` field: :func:`local_time` text (``"—"`` for
+    ``None``). Arguments and return as there."""
+    return field_column(field, description, local_time, ordering=ordering)
 
 
 #: Characters of a run id a list shows, from its end. Run ids are time-ordered (UUID

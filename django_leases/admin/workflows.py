@@ -38,7 +38,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
 from django_leases.admin.bulk import RunOperatorActions
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.display import MEDIA_CSS, cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
@@ -119,10 +119,8 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
     )
     readonly_fields = fields
 
-    @admin.display(description=_("progress"))
-    def progress_json(self, step: WorkflowStep) -> str:
-        """What the step's attempt last said of its progress (``ctx.set_progress``)."""
-        return _json(step.progress)
+    #: What the step's attempt last said of its progress (``ctx.set_progress``).
+    progress_json = field_column("progress", _("progress"), _json)
 
     @admin.display(description=_("attempt"))
     def attempts(self, step: WorkflowStep) -> str:
@@ -152,10 +150,8 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
         otherwise also ask for ``view_workflowstep``)."""
         return request.user.has_perm(f"{WorkflowRun._meta.app_label}.view_workflowrun")
 
-    @admin.display(description=_("result"))
-    def result_json(self, step: WorkflowStep) -> str:
-        """The step's recorded result as indented JSON (HTML ``str``)."""
-        return _json(step.result)
+    #: The step's recorded result as indented JSON (HTML ``str``).
+    result_json = field_column("result", _("result"), _json)
 
     @admin.display(description=_("error"))
     def error_json(self, step: WorkflowStep) -> str:
@@ -537,15 +533,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
             )
         return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links)) or "—"
 
-    @admin.display(description=_("input"))
-    def input_json(self, run: WorkflowRun) -> str:
-        """The run's input as indented JSON (HTML ``str``)."""
-        return _json(run.input)
+    #: The run's input as indented JSON (HTML ``str``).
+    input_json = field_column("input", _("input"), _json)
 
-    @admin.display(description=_("output"))
-    def output_json(self, run: WorkflowRun) -> str:
-        """The run's output as indented JSON (HTML ``str``)."""
-        return _json(run.output)
+    #: The run's output as indented JSON (HTML ``str``).
+    output_json = field_column("output", _("output"), _json)
 
     @admin.display(description=_("error"))
     def error_json(self, run: WorkflowRun) -> str:
