@@ -56,3 +56,28 @@ class AnnotationFilter(admin.SimpleListFilter):
         if value in dict(self._options()):
             return queryset.filter(**{str(self.annotation or self.parameter_name): value})
         return queryset
+
+
+class ValueFilter(admin.SimpleListFilter):
+    """A list filter whose options are values, each its own label: subclasses set ``title``
+    and ``parameter_name`` and give :meth:`values`; those that keep :meth:`queryset` give
+    :meth:`chosen` (no choice keeps every row)."""
+
+    def values(self) -> list[str]:
+        """The values offered, in order (``list[str]``)."""
+        raise NotImplementedError
+
+    def chosen(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        """The rows of ``queryset`` for the chosen ``value``."""
+        raise NotImplementedError
+
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
+        """Each of :meth:`values` as ``(value, label)``, labelled by itself."""
+        return [(value, value) for value in self.values()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        """The rows :meth:`chosen` keeps for the chosen value; all for no choice."""
+        value = self.value()
+        return queryset if value is None else self.chosen(queryset, str(value))

@@ -36,7 +36,7 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.base import ReadOnlyAdmin, ValueFilter
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import MEDIA_CSS, cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
@@ -181,50 +181,40 @@ class RunKindFilter(admin.SimpleListFilter):
         return queryset
 
 
-class RunQueueFilter(admin.SimpleListFilter):
+class RunQueueFilter(ValueFilter):
     """Runs with a step on the chosen queue (a task's queue is its one step's)."""
 
     title = _("queue")
     parameter_name = "queue"
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
         """The queues steps were put on (at most 100, by name)."""
         queues = WorkflowStep.objects.order_by("queue").values_list("queue", flat=True)
-        return [(name, name) for name in queues.distinct()[:100]]
+        return list(queues.distinct()[:100])
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        """Only runs with a step on the chosen queue (all for no choice)."""
-        if self.value() is None:
-            return queryset
-        on_queue = WorkflowStep.objects.filter(run=OuterRef("pk"), queue=self.value())
-        return queryset.filter(Exists(on_queue))
+    def chosen(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        """Only runs with a step on the chosen queue."""
+        return queryset.filter(Exists(WorkflowStep.objects.filter(run=OuterRef("pk"), queue=value)))
 
 
-class TaskPathFilter(admin.SimpleListFilter):
+class TaskPathFilter(ValueFilter):
     """Task runs of the chosen ``@task`` (its module path)."""
 
     title = _("task")
     parameter_name = "task"
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
         """The task paths enqueued (at most 100, by path)."""
         paths = (
             WorkflowRun.objects.filter(workflow=TASK_WORKFLOW)
             .values_list("input__task", flat=True)
             .distinct()
         )
-        found = sorted({path for path in paths[:1000] if isinstance(path, str)})[:100]
-        return [(path, path) for path in found]
+        return sorted({path for path in paths[:1000] if isinstance(path, str)})[:100]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        """Only task runs of the chosen path (all for no choice)."""
-        if self.value() is None:
-            return queryset
-        return queryset.filter(workflow=TASK_WORKFLOW, input__task=self.value())
+    def chosen(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        """Only task runs of the chosen path."""
+        return queryset.filter(workflow=TASK_WORKFLOW, input__task=value)
 
 
 @admin.register(WorkflowRun)
