@@ -90,7 +90,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         clock."""
         self.runs.filter(pk=run_id).update(deadline_at=db_now_plus(-1))
 
-    def claimed_past_deadline(self, step_name: str, *, retries: int) -> tuple[uuid.UUID, Claim]:
+    def _claimed_past_deadline(self, step_name: str, *, retries: int) -> tuple[uuid.UUID, Claim]:
         """Start a run with a deadline, claim its step ``step_name`` (``retries`` retries)
         for execution, then pass the deadline; the run's id and the step's claim."""
         run_id = self.start(deadline=3600)
@@ -353,7 +353,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         run: exactly one wins, the other writes nothing."""
         for turn in range(5):
             with self.subTest(turn=turn):
-                run_id, claim = self.claimed_past_deadline("last", retries=0)
+                run_id, claim = self._claimed_past_deadline("last", retries=0)
                 pending = PendingResult(claim.step_id, claim.attempt, {"r": turn})
                 (expired, error1), (completed, error2) = run_together(
                     self.runs.expire_deadlines,
@@ -384,7 +384,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         deadline), or it is refused with nothing written."""
         for turn in range(5):
             with self.subTest(turn=turn):
-                run_id, claim = self.claimed_past_deadline("step", retries=2)
+                run_id, claim = self._claimed_past_deadline("step", retries=2)
                 (expired, error1), (_, error2) = run_together(
                     self.runs.expire_deadlines,
                     partial(self.steps.set_result, claim.step_id, {"r": turn}, claim.attempt),
