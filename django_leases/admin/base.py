@@ -9,11 +9,18 @@ from django.contrib import admin
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from django_leases.admin.display import MEDIA_CSS
 
 
 class ReadOnlyAdmin:
     """Mixin for a ``ModelAdmin`` or inline: no adding, changing or deleting; viewing needs
-    the model's view permission, as Django's admin asks."""
+    the model's view permission, as Django's admin asks. Its pages include the package's
+    stylesheet (:data:`~django_leases.admin.display.MEDIA_CSS`)."""
+
+    class Media:
+        css = MEDIA_CSS
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Never: nothing is added through these pages (``bool``)."""
@@ -56,6 +63,14 @@ class AnnotationFilter(admin.SimpleListFilter):
         if value in dict(self._options()):
             return queryset.filter(**{str(self.annotation or self.parameter_name): value})
         return queryset
+
+
+class StateFilter(AnnotationFilter):
+    """Filter on the ``state`` annotation a list's queryset carries (``with_state()``, on
+    the database clock); subclasses set ``states``."""
+
+    title = _("state")
+    parameter_name = "state"
 
 
 class ValueFilter(admin.SimpleListFilter):

@@ -23,7 +23,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin, ValueFilter
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, run_id_link, time_column
+from django_leases.admin.display import cut_at_word, run_id_link, time_column
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
 
@@ -116,9 +116,6 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
         "payload_json",
     )
     readonly_fields = fields
-
-    class Media:
-        css = MEDIA_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerEvent]:
         return TriggerEvent.objects.with_run_outcome().select_related("run", "source")

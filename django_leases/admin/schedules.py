@@ -29,7 +29,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_leases.admin.base import ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, badge, local_time, run_id_link, time_column
+from django_leases.admin.display import badge, local_time, run_id_link, time_column
 from django_leases.models import WorkflowSchedule
 from django_leases.models.schedule import SKIP_REASON_LABELS
 
@@ -103,9 +103,6 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         "updated_at",
     )
     readonly_fields = fields
-
-    class Media:
-        css = MEDIA_CSS
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""

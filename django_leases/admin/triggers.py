@@ -46,7 +46,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.display import cut_at_word, local_time
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import (
@@ -138,9 +138,6 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     fields = _FIELDS
     search_fields = ("name",)
     change_form_template = "admin/django_leases/triggersource/change_form.html"
-
-    class Media:
-        css = MEDIA_CSS
 
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}

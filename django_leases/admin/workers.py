@@ -24,8 +24,8 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, badge, local_time, time_column
+from django_leases.admin.base import ReadOnlyAdmin, StateFilter
+from django_leases.admin.display import badge, local_time, time_column
 from django_leases.models import WorkerState, WorkflowWorker
 
 if TYPE_CHECKING:
@@ -40,11 +40,9 @@ _STATE_COLOURS = {
 }
 
 
-class WorkerStateFilter(AnnotationFilter):
+class WorkerStateFilter(StateFilter):
     """Filter on the ``state`` annotation (live / stopped / lapsed, on the DB clock)."""
 
-    title = _("state")
-    parameter_name = "state"
     states = WorkerState
 
 
@@ -80,9 +78,6 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
         "stopped",
     )
     readonly_fields = fields
-
-    class Media:
-        css = MEDIA_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowWorker]:
         return WorkflowWorker.objects.with_state()

@@ -38,7 +38,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, ValueFilter
 from django_leases.admin.bulk import RunOperatorActions
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, field_column, local_time
+from django_leases.admin.display import cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
@@ -238,9 +238,6 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     inlines = (WorkflowStepInline,)
     actions = ("resume_runs", "cancel_runs", "retry_runs", "fork_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
-
-    class Media:
-        css = MEDIA_CSS
 
     fields = (
         "id",
