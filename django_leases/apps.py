@@ -1,4 +1,6 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
 
 
@@ -11,18 +13,19 @@ class DjangoLeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.utils.module_loading import autodiscover_modules
-
+        # deferred: these import the models, which needs the app registry ready
         from django_leases import checks, metrics  # noqa: F401  (registers the checks)
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         metrics.install()  # a no-op without prometheus-client
         # The built-in prune workflow and step function (DJANGO_LEASES["PRUNE"] schedules
         # them), registered whatever the settings say, so a run already started finishes.
+        # deferred: as above, it imports the models
         from django_leases.workflows import retention  # noqa: F401
 
         if _uses_task_backend():
             # The built-in task workflow and step function, for the workers to run.
+            # deferred: the models (app registry), and only when TASKS names the backend
             from django_leases import tasks  # noqa: F401
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")
@@ -30,8 +33,6 @@ class DjangoLeasesConfig(AppConfig):
 
 def _uses_task_backend() -> bool:
     """Whether ``settings.TASKS`` names ``django_leases.tasks.TaskBackend``."""
-    from django.conf import settings
-
     configured = getattr(settings, "TASKS", None)
     if not isinstance(configured, dict):
         return False

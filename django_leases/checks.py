@@ -128,11 +128,31 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.core import checks
 from django.db import connections, router
+from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext as _
 
+from django_leases import clock, db
+from django_leases.conf import (
+    DEFAULTS,
+    WEBHOOKS_EXTRA,
+    check_byte_limit,
+    leases_settings,
+    parse_queues,
+)
 from django_leases.models import Lease, TriggerSecret, TriggerSource, WorkflowRun
 from django_leases.models.trigger import check_base_url
 from django_leases.models.workflow import FUNCTIONS_MIGRATION
+from django_leases.triggers.providers import get_provider
+from django_leases.triggers.providers.stripe import check_api_version
+from django_leases.triggers.registry import declarations
+from django_leases.validation import TTL_CEILING, renewable_ttl_seconds, seconds, ttl_seconds
+from django_leases.workflows.registry import (
+    UnknownWorkflowError,
+    get_workflow,
+    prune_problems,
+    schedule_problems,
+    step_functions,
+)
 
 if TYPE_CHECKING:
     from django.apps import AppConfig
@@ -378,8 +398,6 @@ def check_mysql_settings(alias: str, settings_dict: Mapping[str, Any]) -> list[c
 def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
     """E017 (the session's level), E019, W020, E021 and W022 for one MariaDB / MySQL
     connection, by asking the server. Database errors propagate."""
-    from django_leases import clock
-
     alias = connection.alias
     messages: list[checks.CheckMessage] = []
     with connection.cursor() as cursor:
@@ -486,6 +504,7 @@ def _check_isolation(alias: str, settings_dict: Mapping[str, Any]) -> list[check
     if level is None:
         return []
     try:
+        # deferred: imports psycopg, which a project on another backend need not load
         from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
         strict = IsolationLevel(level) in (
@@ -579,8 +598,6 @@ def check_secrets(
     """W008 and W014 for the declared sources without a ``WEBHOOK_SECRETS`` entry
     (``secrets``), given what the credential store holds (``stored``; ``None``: it could not
     be read, ``unreadable`` saying why) and the enabled sources' names (``enabled``)."""
-    from django_leases.triggers.providers import get_provider
-
     messages: list[checks.CheckMessage] = []
     for declaration in declared:
         name = declaration.name
@@ -632,8 +649,6 @@ def _unknown_secret(name: str, manual: bool, unreadable: str) -> checks.CheckMes
 
 def _number(value: object, what: str, *, above_zero: bool = True) -> None:
     """An ``int`` or ``float`` (not ``bool``) of seconds, above 0 (or at least 0)."""
-    from django_leases.validation import seconds
-
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number of seconds, not {type(value).__name__}")
     seconds(value, what, above_minimum=above_zero)
@@ -675,6 +690,7 @@ def _secret_keys(value: object, what: str) -> None:
             f"{what} is set, but cryptography is not installed to use the keys: "
             'pip install "django-leases[webhooks]"'
         )
+    # deferred: cryptography is the optional webhooks extra, costly to import
     from cryptography.fernet import Fernet
 
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
@@ -692,8 +708,6 @@ def _secret_keys(value: object, what: str) -> None:
 
 
 def _stripe_version(value: object, what: str) -> None:
-    from django_leases.triggers.providers.stripe import check_api_version
-
     try:
         check_api_version(value)
     except ValueError as exc:
@@ -713,16 +727,12 @@ def _grace(value: object, what: str) -> None:
 
 
 def _bytes(value: object, what: str) -> None:
-    from django_leases.conf import check_byte_limit
-
     check_byte_limit(value, what)
 
 
 def _queues(value: object, what: str) -> None:
     """``QUEUES``: queue name -> ``{"concurrency": int ≥ 1, "rate": "N/s|m|h",
     "key_concurrency": int ≥ 1, "key_rate": "N/s|m|h"}`` (each optional)."""
-    from django_leases.conf import parse_queues
-
     parse_queues(value)
 
 
@@ -730,8 +740,6 @@ def check_step_queues(declared: Mapping[str, str], configured: object) -> list[c
     """E023 for each step function (``declared``: name -> queue) whose queue the
     ``QUEUES`` setting (``configured``) does not name; nothing when the setting itself is
     broken (E016 reports that)."""
-    from django_leases.conf import parse_queues
-
     try:
         known = parse_queues(configured)
     except ValueError:
@@ -754,21 +762,15 @@ def check_step_queues(declared: Mapping[str, str], configured: object) -> list[c
 
 
 def _lease_ttl(value: object, what: str) -> None:
-    from django_leases.validation import renewable_ttl_seconds
-
     renewable_ttl_seconds(value)
 
 
 def _max_ttl(value: object, what: str) -> None:
-    from django_leases.validation import TTL_CEILING, seconds
-
     _number(value, what)
     seconds(value, what, maximum=TTL_CEILING)  # beyond it an expiry may not be storable
 
 
 def _step_ttl(value: object, what: str) -> None:
-    from django_leases.validation import ttl_seconds
-
     ttl_seconds(value)
 
 
@@ -836,8 +838,6 @@ def _meant(key: object, known: Iterable[str]) -> str | None:
 
 def check_leases_settings(configured: object) -> list[checks.CheckMessage]:
     """E015 and E016 for ``settings.DJANGO_LEASES`` (``configured``; ``None`` when unset)."""
-    from django_leases.conf import DEFAULTS
-
     if configured is None:
         return []
     if not isinstance(configured, Mapping):
@@ -921,8 +921,6 @@ def check_prune(problems: Iterable[str]) -> list[checks.CheckMessage]:
 def check_postgresql_driver(aliases: Iterable[str]) -> list[checks.CheckMessage]:
     """I032: one message for the PostgreSQL databases among ``aliases`` that Django runs on
     psycopg2 (``db.psycopg3`` is false); nothing when every one has psycopg 3."""
-    from django_leases import db
-
     on_psycopg2 = sorted(
         alias
         for alias in aliases
@@ -953,8 +951,6 @@ HTTP_PROVIDERS = frozenset({"github", "stripe"})
 
 def missing_webhook_modules() -> list[str]:
     """The distributions of the ``webhooks`` extra (``conf.WEBHOOKS_EXTRA``) not installed."""
-    from django_leases.conf import WEBHOOKS_EXTRA
-
     return [name for name in WEBHOOKS_EXTRA if find_spec(name) is None]
 
 
@@ -964,8 +960,6 @@ def check_webhooks_extra(
     """E033: the declared sources that need a ``missing`` module of the ``webhooks`` extra —
     cryptography unless ``secrets`` (``WEBHOOK_SECRETS``) has the source's secret, httpx for
     the ``github`` and ``stripe`` providers — in one message."""
-    from django_leases.conf import WEBHOOKS_EXTRA
-
     if not missing:
         return []
     known: Mapping[Any, Any] = secrets if isinstance(secrets, Mapping) else {}
@@ -1003,8 +997,6 @@ def check_webhooks_extra(
 def receive_route_missing() -> bool:
     """Whether the URLconf lacks ``django_leases.urls`` (the receive view's named route).
     ``False`` too when the URLconf cannot be loaded at all: Django's own URL checks say so."""
-    from django.urls import NoReverseMatch, reverse
-
     try:
         reverse("django_leases:receive-webhook", args=["probe"])
     except NoReverseMatch:
@@ -1079,15 +1071,6 @@ def django_leases_checks(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
     """The registered entry point: every check above against the running settings."""
-    from django_leases.conf import leases_settings
-    from django_leases.triggers.registry import declarations
-    from django_leases.workflows.registry import (
-        UnknownWorkflowError,
-        get_workflow,
-        prune_problems,
-        schedule_problems,
-        step_functions,
-    )
 
     def registered(name: str) -> bool:
         try:
@@ -1139,6 +1122,7 @@ def django_leases_checks(
 def _migrated(alias: str) -> bool | None:
     """Whether django-leases' first migration is applied on ``alias``; ``None`` when the
     database cannot tell (unreachable)."""
+    # deferred: the migration machinery, loaded only when a database check runs
     from django.db.migrations.recorder import MigrationRecorder
 
     try:
@@ -1159,9 +1143,6 @@ def stored_secrets_check(
     ``check --database``, ``migrate`` and the test runner, on the databases named): silent
     on a database django-leases' migrations have not reached yet, where ``migrate`` creates
     the store (``check --database`` after it says what is missing)."""
-    from django_leases.conf import leases_settings
-    from django_leases.triggers.registry import declarations
-
     declared = declarations()
     secrets = leases_settings.WEBHOOK_SECRETS
     if not declared or not databases or not isinstance(secrets, Mapping):
@@ -1185,8 +1166,6 @@ _DEPLOY_URLS = {
 def check_deploy_urls(configured: object) -> list[checks.CheckMessage]:
     """W034 and W035 for ``settings.DJANGO_LEASES`` (``configured``): a URL setting on plain
     http. Values that are not strings are E016's."""
-    from django_leases.conf import DEFAULTS
-
     values = dict(configured) if isinstance(configured, Mapping) else {}
     messages: list[checks.CheckMessage] = []
     for key, check_id in _DEPLOY_URLS.items():
@@ -1234,9 +1213,9 @@ def workflow_functions_check(
     the hot-path functions of the running code (``models.workflow.functions``) are installed.
     Their names carry a hash of their statements: code whose statements changed without a
     migration that installs them finds none, and workers refuse to start."""
+    # deferred: the migration machinery (health loads the executor), only for a database check
     from django.db.migrations.recorder import MigrationRecorder
 
-    from django_leases import db
     from django_leases.health import functions_missing
 
     messages: list[checks.CheckMessage] = []
@@ -1292,8 +1271,6 @@ def replication_checks(
 ) -> list[checks.CheckMessage]:
     """W032 on each database checked that django-leases writes to: one query of the
     server's replication state (:func:`django_leases.db.replication`)."""
-    from django_leases import db
-
     ours, _errors = _write_aliases()
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():

@@ -65,8 +65,10 @@ from django.db import connections, models, router
 from django.db.utils import DatabaseError
 
 from django_leases.conf import leases_settings
+from django_leases.process import TIMERS
 
 if TYPE_CHECKING:
+    # deferred: psycopg is loaded only on a PostgreSQL database that uses it
     import psycopg
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
@@ -86,6 +88,7 @@ def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:
 @functools.cache
 def _django_uses_psycopg3() -> bool:
     # Django's own choice (psycopg 3 if importable, else psycopg2), made once per process.
+    # deferred: imports psycopg (or psycopg2): only asked on a PostgreSQL database
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
     return bool(is_psycopg3)
@@ -289,6 +292,7 @@ class _Statements:
 
 @functools.cache
 def _preparing_class() -> type[psycopg.Cursor[Any]]:
+    # deferred: psycopg is loaded only on a PostgreSQL database that uses it
     import psycopg
 
     class PreparingCursor(psycopg.Cursor[Any]):
@@ -431,8 +435,6 @@ def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Itera
     connection not yet open, nothing is armed. A connection attempt itself is bounded by
     ``connect_timeout`` (psycopg's default is 130 s; ``OPTIONS["connect_timeout"]`` sets it).
     """
-    from django_leases.process import TIMERS
-
     bound = Bound()
     if connection.vendor != "postgresql":
         yield bound

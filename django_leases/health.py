@@ -342,8 +342,6 @@ def install_functions(connection: BaseDatabaseWrapper) -> list[str]:
 def check_replication(alias: str) -> Finding:
     """Whether ``alias`` has standbys its commits do not wait for (a warning), from
     :func:`django_leases.db.replication`."""
-    from django_leases import db
-
     state = db.replication(connections[alias])
     if state is None:
         return Finding("replication", alias, OK, "no replication state to read on this database")

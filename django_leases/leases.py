@@ -92,6 +92,7 @@ def _keep(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
 def refresh_leases(alias: str, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
     """The :class:`~django_leases.renewal.BatchRefresh` of holds: ``Lease.objects.refresh_many``
     on ``alias`` for ``(lease, ttl seconds)`` pairs; one refreshed lease or ``None`` each."""
+    # deferred: the lazy public API may be imported before the app registry is ready
     from django_leases.models.lease import Lease
 
     queryset: LeaseQuerySet = Lease.objects.db_manager(alias)  # type: ignore[assignment]
@@ -224,6 +225,7 @@ class HeldLease:
     # -- the protocol ---------------------------------------------------------------------------
 
     def _objects(self) -> LeaseQuerySet:
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         # A manager with the QuerySet's methods (the stubs' plugin makes its class, unnamed here).
@@ -232,6 +234,7 @@ class HeldLease:
     @property
     def alias(self) -> str:
         """The database alias the lease lives on."""
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         return self.using or router.db_for_write(Lease)
@@ -354,6 +357,7 @@ class HeldLease:
         return True
 
     def _lost(self) -> None:
+        # deferred: the lazy public API may be imported before the app registry is ready
         from django_leases.models.lease import Lease
 
         # Tell the body first: a failing signal receiver must not keep it from being told.
@@ -591,20 +595,11 @@ class ahold_lease(_HoldArguments):
     finished.
     """
 
-    def __init__(
-        self,
-        key: str,
-        ttl: float | timedelta | None = None,
-        *,
-        holder: str | None = None,
-        using: str | None = None,
-        wait: float | None = None,
-    ) -> None:
-        super().__init__(key, ttl, holder=holder, using=using, wait=wait)
-        self._task: asyncio.Task[object] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._cancelled = False
-        self._exiting = False
+    # The hold's task and loop, and where its exit stands (each ``async with`` sets them anew).
+    _task: asyncio.Task[object] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _cancelled = False
+    _exiting = False
 
     def __call__(self, func: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
         if not inspect.iscoroutinefunction(func):

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, router
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from django_leases import renewal, signals
@@ -156,8 +157,6 @@ if prometheus_client is not None:
             )
 
         def collect(self) -> Iterator[GaugeMetricFamily]:
-            from django.db.models import Count
-
             runs = GaugeMetricFamily(
                 f"{PREFIX}_runs", "Runs by status (not finished)", labels=["status"]
             )

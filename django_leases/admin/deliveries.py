@@ -22,8 +22,8 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time, run_id_link
+from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin, ValueFilter
+from django_leases.admin.display import cut_at_word, run_id_link, time_column
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
 
@@ -51,18 +51,17 @@ def outcomes() -> list[tuple[str, str]]:
     ]
 
 
-class _DistinctValueFilter(admin.SimpleListFilter):
+class _DistinctValueFilter(ValueFilter):
     """Filter on one column's values as the table holds them (sources, events)."""
 
     field = ""
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[TriggerEvent]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
+        """The column's values in the table (at most 200, in order)."""
         values = (
             TriggerEvent.objects.order_by(self.field).values_list(self.field, flat=True).distinct()
         )
-        return [(value, value) for value in values[:200]]
+        return list(values[:200])
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         value = self.value()
@@ -118,9 +117,6 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
     )
     readonly_fields = fields
 
-    class Media:
-        css = MEDIA_CSS
-
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerEvent]:
         return TriggerEvent.objects.with_run_outcome().select_related("run", "source")
 
@@ -130,10 +126,8 @@ class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
         context = {"title": gettext("Deliveries"), **(extra_context or {})}
         return super().changelist_view(request, context)
 
-    @admin.display(description=_("received"), ordering="received_at")
-    def received(self, obj: TriggerEvent) -> str:
-        """When the delivery arrived (``received_at``), as local time text (``str``)."""
-        return local_time(obj.received_at)
+    #: When the delivery arrived (``received_at``), as local time text (``str``).
+    received = time_column("received_at", _("received"), ordering="received_at")
 
     @admin.display(description=_("source"), ordering="source_name")
     def source_link(self, obj: TriggerEvent) -> str:

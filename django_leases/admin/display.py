@@ -13,8 +13,12 @@ fit the page at 1280 px.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
+from django.contrib import admin
+from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 
@@ -36,6 +40,41 @@ def local_time(value: datetime | None) -> str:
     )
 
 
+def field_column(
+    field: str,
+    description: Any,
+    show: Callable[[Any], str],
+    *,
+    ordering: str | None = None,
+) -> Callable[[Any, Any], str]:
+    """A list or page column showing the model's ``field`` through ``show``, to assign in a
+    ``ModelAdmin``'s body (what the value means goes in a ``#:`` comment above it).
+
+    Args:
+        field: the model field.
+        description: the column's heading (translated).
+        show: the field's value → safe HTML (:func:`local_time` for a ``datetime``).
+        ordering: the field the column sorts by; ``None``: not sortable.
+
+    Returns:
+        The display method (``admin.display``'s attributes set).
+    """
+
+    def column(model_admin: Any, obj: Any) -> str:
+        return show(getattr(obj, field))
+
+    column.__doc__ = f"``{field}`` shown by ``{show.__name__}`` (HTML ``str``)."
+    return admin.display(description=description, ordering=ordering)(column)
+
+
+def time_column(
+    field: str, description: Any, *, ordering: str | None = None
+) -> Callable[[Any, Any], str]:
+    """:func:`field_column` for a ``datetime`` field: :func:`local_time` text (``"—"`` for
+    ``None``). Arguments and return as there."""
+    return field_column(field, description, local_time, ordering=ordering)
+
+
 #: Characters of a run id a list shows, from its end. Run ids are time-ordered (UUID
 #: version 7): their first characters are the creation time, shared by every run started within
 #: a minute or so, while the last ones are random, so they tell runs apart at a glance.
@@ -51,8 +90,6 @@ def run_id_link(run_id: object) -> str:
     """A link to run ``run_id``'s admin page (safe HTML) showing :func:`short_run_id`, the
     whole id in its tooltip (``title``) and on the page it opens: a list column that fits at
     1280 px. ``"—"`` for ``None``."""
-    from django.urls import reverse
-
     if run_id is None:
         return "—"
     text = str(run_id)

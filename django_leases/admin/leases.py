@@ -18,8 +18,8 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, local_time
+from django_leases.admin.base import ReadOnlyAdmin, StateFilter
+from django_leases.admin.display import local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
 
@@ -31,11 +31,9 @@ else:  # Django's ModelAdmin takes no type parameter at run time
     _LeaseModelAdmin = admin.ModelAdmin
 
 
-class LeaseStateFilter(AnnotationFilter):
+class LeaseStateFilter(StateFilter):
     """Filter on the ``state`` annotation (live / lapsed / released, on the DB clock)."""
 
-    title = _("state")
-    parameter_name = "state"
     states = LeaseState
 
 
@@ -70,9 +68,6 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
         language (``str``)."""
         state = str(getattr(obj, "state", ""))
         return str(LeaseState(state).label) if state in LeaseState.values else state
-
-    class Media:
-        css = MEDIA_CSS
 
     @admin.display(description=_("expires / released"), ordering="expires_at")
     def expiry(self, obj: Lease) -> str:

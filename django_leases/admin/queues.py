@@ -18,7 +18,6 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext
 
 from django_leases.admin.base import ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS
 from django_leases.exceptions import QueueConfigError
 from django_leases.models import WorkflowQueue
 from django_leases.workflows.display import queue_overview
@@ -36,9 +35,6 @@ class WorkflowQueueAdmin(ReadOnlyAdmin, _QueueModelAdmin):
     """The queue view: per queue, waiting, running, limit, rate and oldest waiting age."""
 
     actions = None
-
-    class Media:
-        css = MEDIA_CSS
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

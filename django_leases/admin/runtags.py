@@ -7,11 +7,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from django_leases.admin.base import ValueFilter
 from django_leases.models import WorkflowRun, WorkflowRunTag
 from django_leases.validation import parse_tag
 
@@ -22,15 +22,13 @@ TAG_ROWS_READ = 1000
 TAG_CHOICES = 50
 
 
-class RunTagFilter(admin.SimpleListFilter):
+class RunTagFilter(ValueFilter):
     """Runs carrying a tag: ``?tag=NAME=VALUE`` (``WorkflowRun.objects.tagged``)."""
 
     title = _("tag")
     parameter_name = "tag"
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
         """The tags of the newest tagged runs (at most :data:`TAG_CHOICES`, by text), and
         the one chosen."""
         rows = WorkflowRunTag.objects.order_by("-id").values_list("name", "value")
@@ -38,7 +36,7 @@ class RunTagFilter(admin.SimpleListFilter):
         chosen = self.value()
         if chosen:
             found.add(chosen)
-        return [(text, text) for text in sorted(found)[:TAG_CHOICES]]
+        return sorted(found)[:TAG_CHOICES]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         """The runs with the chosen tag; none for a value that is not ``NAME=VALUE``."""

@@ -29,7 +29,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_leases.admin.base import ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, badge, local_time, run_id_link
+from django_leases.admin.display import badge, local_time, run_id_link, time_column
 from django_leases.models import WorkflowSchedule
 from django_leases.models.schedule import SKIP_REASON_LABELS
 
@@ -104,9 +104,6 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
     )
     readonly_fields = fields
 
-    class Media:
-        css = MEDIA_CSS
-
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""
         return request.user.has_perm(PAUSE_PERMISSION)
@@ -137,15 +134,11 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
             label=str(STATE_LABELS[state]),
         )
 
-    @admin.display(description=_("next tick"), ordering="next_tick")
-    def next(self, obj: WorkflowSchedule) -> str:
-        """When the next run is due (``"—"``: the expression never matches again)."""
-        return local_time(obj.next_tick)
+    #: When the next run is due (``"—"``: the expression never matches again).
+    next = time_column("next_tick", _("next tick"), ordering="next_tick")
 
-    @admin.display(description=_("last tick"), ordering="last_tick")
-    def last(self, obj: WorkflowSchedule) -> str:
-        """The last tick that started a run (``"—"``: none yet)."""
-        return local_time(obj.last_tick)
+    #: The last tick that started a run (``"—"``: none yet).
+    last = time_column("last_tick", _("last tick"), ordering="last_tick")
 
     @admin.display(description=_("last tick · run"), ordering="last_tick")
     def last_and_run(self, obj: WorkflowSchedule) -> str:
@@ -170,10 +163,8 @@ class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
         the tooltip (:func:`run_id_link`); ``"—"`` when none."""
         return run_id_link(obj.last_run_id)
 
-    @admin.display(description=_("buffered tick"))
-    def buffered(self, obj: WorkflowSchedule) -> str:
-        """The tick waiting for the previous run to finish (``buffer_one``); ``"—"``: none."""
-        return local_time(obj.buffered_tick)
+    #: The tick waiting for the previous run to finish (``buffer_one``); ``"—"``: none.
+    buffered = time_column("buffered_tick", _("buffered tick"))
 
     @admin.display(description=_("last skipped tick"), ordering="last_skipped_tick")
     def last_skipped(self, obj: WorkflowSchedule) -> str:

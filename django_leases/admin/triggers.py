@@ -46,7 +46,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.display import cut_at_word, local_time
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import (
@@ -57,6 +57,7 @@ from django_leases.models import (
     TriggerSource,
 )
 from django_leases.triggers import lifecycle
+from django_leases.triggers.providers import get_provider
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
@@ -138,15 +139,24 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     search_fields = ("name",)
     change_form_template = "admin/django_leases/triggersource/change_form.html"
 
-    class Media:
-        css = MEDIA_CSS
-
     #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
     operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+    #: The rows it lists: declared sources, or orphans.
+    declared: bool = True
+    list_display: tuple[str, ...] = ("__str__",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        rows = super().get_queryset(request)
+        rows = super().get_queryset(request).filter(declared=self.declared)
         return cast("TriggerSourceQuerySet", rows).with_refused()
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if self.has_toggle_permission(request):
+            return self.list_display
+        return self.read_only_columns()
+
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns for a user without ``toggle_triggersource``: no buttons."""
+        return self.list_display
 
     # -- permissions ----------------------------------------------------------------------
 
@@ -184,8 +194,6 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     @admin.display(description=_("the sender must send"))
     def sender_headers(self, obj: TriggerSource) -> str:
         """The headers a sender registered by hand must send (the provider's list)."""
-        from django_leases.triggers.providers import get_provider
-
         provider = get_provider(obj.provider)
         if provider is None:
             return gettext("— (the provider is not installed here)")
@@ -433,7 +441,15 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         context = dict(extra_context or {})
         source = self.get_object(request, object_id)
         if source is not None and self.has_toggle_permission(request):
-            context["trigger_operations"] = [
+            context.update(self.operator_context(source))
+        return super().change_view(request, object_id, form_url, context)
+
+    def operator_context(self, source: TriggerSource) -> dict[str, Any]:
+        """What ``source``'s page adds to its template context for a user with
+        ``toggle_triggersource``: the buttons of :meth:`page_operations`
+        (``trigger_operations``)."""
+        return {
+            "trigger_operations": [
                 {
                     "name": name,
                     "label": label,
@@ -442,7 +458,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
                 }
                 for name, label in self.page_operations(source)
             ]
-        return super().change_view(request, object_id, form_url, context)
+        }
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """(operation, button label) offered on ``source``'s page."""
@@ -491,12 +507,9 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         "disable": (lifecycle.disable, "Disabled"),
     }
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        return super().get_queryset(request).filter(declared=True)
-
-    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if self.has_toggle_permission(request):
-            return self.list_display
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns without the switch: the ``enabled`` flag and the status badge
+        in its place."""
         shown: list[str] = []
         for column in self.list_display:
             shown.extend(("enabled", "status_badge") if column == "switch" else (column,))
@@ -584,23 +597,13 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             request, "admin/django_leases/triggersource/secret_form.html", context
         )
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """A declared source's page; a ``manual`` one offers its secret form to operators."""
-        context = dict(extra_context or {})
-        source = self.get_object(request, object_id)
-        if (
-            source is not None
-            and source.provider == "manual"
-            and self.has_toggle_permission(request)
-        ):
+    def operator_context(self, source: TriggerSource) -> dict[str, Any]:
+        """The operations' buttons; a ``manual`` source's page also offers its secret form
+        (``secret_form_url``)."""
+        context = super().operator_context(source)
+        if source.provider == "manual":
             context["secret_form_url"] = self.secret_url(source)
-        return super().change_view(request, object_id, form_url, context)
+        return context
 
     def page_operations(self, source: TriggerSource) -> list[tuple[str, str]]:
         """``(operation, button label)`` offered on a declared source's page: turn off when it is
@@ -639,20 +642,16 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
         "teardown": (lifecycle.teardown, "Tore down"),
     }
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerSource]:
-        return super().get_queryset(request).filter(declared=False)
+    declared = False
 
-    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if self.has_toggle_permission(request):
-            return self.list_display
+    def read_only_columns(self) -> tuple[str, ...]:
+        """The list's columns without the forget / tear-down buttons."""
         return tuple(column for column in self.list_display if column != "orphan_operations")
 
     @staticmethod
     def can_tear_down(source: TriggerSource) -> bool:
         """Whether a teardown at the provider is possible: its provider is installed here
         and a registration is recorded (``state``)."""
-        from django_leases.triggers.providers import get_provider
-
         return source.state is not None and get_provider(source.provider) is not None
 
     @admin.display(description=_("operations"))

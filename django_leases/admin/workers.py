@@ -24,8 +24,8 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin
-from django_leases.admin.display import MEDIA_CSS, badge, local_time
+from django_leases.admin.base import ReadOnlyAdmin, StateFilter
+from django_leases.admin.display import badge, local_time, time_column
 from django_leases.models import WorkerState, WorkflowWorker
 
 if TYPE_CHECKING:
@@ -40,11 +40,9 @@ _STATE_COLOURS = {
 }
 
 
-class WorkerStateFilter(AnnotationFilter):
+class WorkerStateFilter(StateFilter):
     """Filter on the ``state`` annotation (live / stopped / lapsed, on the DB clock)."""
 
-    title = _("state")
-    parameter_name = "state"
     states = WorkerState
 
 
@@ -80,9 +78,6 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
         "stopped",
     )
     readonly_fields = fields
-
-    class Media:
-        css = MEDIA_CSS
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowWorker]:
         return WorkflowWorker.objects.with_state()
@@ -120,15 +115,11 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
             "concurrency": obj.concurrency,
         }
 
-    @admin.display(description=_("since"), ordering="started_at")
-    def since(self, obj: WorkflowWorker) -> str:
-        """When the worker started (``started_at``), as local time text."""
-        return local_time(obj.started_at)
+    #: When the worker started (``started_at``), as local time text.
+    since = time_column("started_at", _("since"), ordering="started_at")
 
-    @admin.display(description=_("last heartbeat"), ordering="beat_at")
-    def last_heartbeat(self, obj: WorkflowWorker) -> str:
-        """When the worker last beat (``beat_at``), as local time text."""
-        return local_time(obj.beat_at)
+    #: When the worker last beat (``beat_at``), as local time text.
+    last_heartbeat = time_column("beat_at", _("last heartbeat"), ordering="beat_at")
 
     @admin.display(description=_("heartbeat lease"))
     def heartbeat_expires(self, obj: WorkflowWorker) -> str:
@@ -146,7 +137,5 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
             return gettext("released")
         return format_html(gettext("lapsed {time}"), time=local_time(expires))
 
-    @admin.display(description=_("stopped at"))
-    def stopped(self, obj: WorkflowWorker) -> str:
-        """When the worker stopped (``stopped_at``), as local time text; empty while it runs."""
-        return local_time(obj.stopped_at)
+    #: When the worker stopped (``stopped_at``), as local time text; empty while it runs.
+    stopped = time_column("stopped_at", _("stopped at"))

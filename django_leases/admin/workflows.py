@@ -36,9 +36,9 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.base import ReadOnlyAdmin, ValueFilter
 from django_leases.admin.bulk import RunOperatorActions
-from django_leases.admin.display import MEDIA_CSS, cut_at_word, local_time
+from django_leases.admin.display import cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
@@ -119,10 +119,8 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
     )
     readonly_fields = fields
 
-    @admin.display(description=_("progress"))
-    def progress_json(self, step: WorkflowStep) -> str:
-        """What the step's attempt last said of its progress (``ctx.set_progress``)."""
-        return _json(step.progress)
+    #: What the step's attempt last said of its progress (``ctx.set_progress``).
+    progress_json = field_column("progress", _("progress"), _json)
 
     @admin.display(description=_("attempt"))
     def attempts(self, step: WorkflowStep) -> str:
@@ -152,10 +150,8 @@ class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
         otherwise also ask for ``view_workflowstep``)."""
         return request.user.has_perm(f"{WorkflowRun._meta.app_label}.view_workflowrun")
 
-    @admin.display(description=_("result"))
-    def result_json(self, step: WorkflowStep) -> str:
-        """The step's recorded result as indented JSON (HTML ``str``)."""
-        return _json(step.result)
+    #: The step's recorded result as indented JSON (HTML ``str``).
+    result_json = field_column("result", _("result"), _json)
 
     @admin.display(description=_("error"))
     def error_json(self, step: WorkflowStep) -> str:
@@ -185,50 +181,40 @@ class RunKindFilter(admin.SimpleListFilter):
         return queryset
 
 
-class RunQueueFilter(admin.SimpleListFilter):
+class RunQueueFilter(ValueFilter):
     """Runs with a step on the chosen queue (a task's queue is its one step's)."""
 
     title = _("queue")
     parameter_name = "queue"
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
         """The queues steps were put on (at most 100, by name)."""
         queues = WorkflowStep.objects.order_by("queue").values_list("queue", flat=True)
-        return [(name, name) for name in queues.distinct()[:100]]
+        return list(queues.distinct()[:100])
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        """Only runs with a step on the chosen queue (all for no choice)."""
-        if self.value() is None:
-            return queryset
-        on_queue = WorkflowStep.objects.filter(run=OuterRef("pk"), queue=self.value())
-        return queryset.filter(Exists(on_queue))
+    def chosen(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        """Only runs with a step on the chosen queue."""
+        return queryset.filter(Exists(WorkflowStep.objects.filter(run=OuterRef("pk"), queue=value)))
 
 
-class TaskPathFilter(admin.SimpleListFilter):
+class TaskPathFilter(ValueFilter):
     """Task runs of the chosen ``@task`` (its module path)."""
 
     title = _("task")
     parameter_name = "task"
 
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
+    def values(self) -> list[str]:
         """The task paths enqueued (at most 100, by path)."""
         paths = (
             WorkflowRun.objects.filter(workflow=TASK_WORKFLOW)
             .values_list("input__task", flat=True)
             .distinct()
         )
-        found = sorted({path for path in paths[:1000] if isinstance(path, str)})[:100]
-        return [(path, path) for path in found]
+        return sorted({path for path in paths[:1000] if isinstance(path, str)})[:100]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        """Only task runs of the chosen path (all for no choice)."""
-        if self.value() is None:
-            return queryset
-        return queryset.filter(workflow=TASK_WORKFLOW, input__task=self.value())
+    def chosen(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        """Only task runs of the chosen path."""
+        return queryset.filter(workflow=TASK_WORKFLOW, input__task=value)
 
 
 @admin.register(WorkflowRun)
@@ -252,9 +238,6 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     inlines = (WorkflowStepInline,)
     actions = ("resume_runs", "cancel_runs", "retry_runs", "fork_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
-
-    class Media:
-        css = MEDIA_CSS
 
     fields = (
         "id",
@@ -537,15 +520,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
             )
         return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links)) or "—"
 
-    @admin.display(description=_("input"))
-    def input_json(self, run: WorkflowRun) -> str:
-        """The run's input as indented JSON (HTML ``str``)."""
-        return _json(run.input)
+    #: The run's input as indented JSON (HTML ``str``).
+    input_json = field_column("input", _("input"), _json)
 
-    @admin.display(description=_("output"))
-    def output_json(self, run: WorkflowRun) -> str:
-        """The run's output as indented JSON (HTML ``str``)."""
-        return _json(run.output)
+    #: The run's output as indented JSON (HTML ``str``).
+    output_json = field_column("output", _("output"), _json)
 
     @admin.display(description=_("error"))
     def error_json(self, run: WorkflowRun) -> str:

@@ -37,6 +37,7 @@ from decimal import Decimal
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from django.apps import apps
 from django.core.management.base import (
     BaseCommand,
     CommandError,
@@ -48,6 +49,7 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
+from django_leases.admin import history
 from django_leases.validation import seconds
 from django_leases.workflows import worker
 
@@ -209,6 +211,7 @@ def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError
         ``None`` when every one has them (the error was something else). An alias inside a
         caller's transaction is not looked at.
     """
+    # deferred: the migration machinery, loaded only when a command fails on the database
     from django.db.migrations.recorder import MigrationRecorder
 
     if given is None:
@@ -323,6 +326,30 @@ def integer_type(minimum: int, maximum: int) -> Callable[[str], int]:
 
 
 # -- --format table|json ----------------------------------------------------------------------
+
+
+def add_seconds_argument(
+    parser: CommandParser | argparse.ArgumentParser,
+    flag: str,
+    *,
+    default: float | None,
+    help: str,
+    metavar: str = "S",
+    **bounds: Any,
+) -> None:
+    """Add option ``flag``, a number of seconds checked by :func:`seconds_type`.
+
+    Args:
+        parser: the command's parser (or a subcommand's).
+        flag: the option, ``"--wait"``.
+        default: its value when not given, in seconds (``None``: the setting decides).
+        help: the help text (it states the default and the bounds).
+        metavar: how the help names the value.
+        bounds: :func:`seconds_type`'s keyword arguments (``above_minimum``, ``maximum``…).
+    """
+    parser.add_argument(
+        flag, type=seconds_type(**bounds), default=default, metavar=metavar, help=help
+    )
 
 
 def add_format_argument(
@@ -979,11 +1006,8 @@ class LeasesCommand(BaseCommand):
         Without ``django.contrib.admin`` installed nothing is written; an entry that cannot be
         written is reported on stderr. The change stands either way.
         """
-        from django.apps import apps
-
         if not apps.is_installed("django.contrib.admin"):
             return
-        from django_leases.admin import history
 
         flag = history.CHANGE
         if not isinstance(message, str):

@@ -424,6 +424,25 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                     values[index] = convert(values[index], None, connection)
         return self.model.from_db(self._alias(), _RETURNED, values)
 
+    def _refreshed(
+        self, connection: BaseDatabaseWrapper, lease: Lease, expires_at: datetime, ttl_us: int
+    ) -> Lease:
+        """``lease`` as a refresh on PostgreSQL's tuned path left it: the new ``expires_at``
+        the statement returned, and ``renewed_at`` that less the TTL (``ttl_us``,
+        microseconds), so the statement need not return the row."""
+        renewed_at = expires_at - timedelta(microseconds=ttl_us)
+        values = (
+            lease.pk,
+            lease.key,
+            lease.holder,
+            lease.token,
+            expires_at,
+            lease.acquired_at,
+            renewed_at,
+            None,
+        )
+        return self.model.from_db(connection.alias, _RETURNED, values)
+
     # -- the lease operations -----------------------------------------------------------------
 
     def acquire(self, key: str, holder: str, ttl: float | timedelta) -> Lease | None:
@@ -582,18 +601,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             expires_at = None if row is None else row[0]
             if expires_at is None:
                 return None
-            renewed_at = expires_at - timedelta(microseconds=ttl_us)
-            values = (
-                lease.pk,
-                lease.key,
-                lease.holder,
-                lease.token,
-                expires_at,
-                lease.acquired_at,
-                renewed_at,
-                None,
-            )
-            return self.model.from_db(connection.alias, _RETURNED, values)
+            return self._refreshed(connection, lease, expires_at, ttl_us)
         if db.tuned(connection, "mysql"):
             return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
@@ -686,18 +694,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             if expires_at is None:
                 refreshed.append(None)
                 continue
-            renewed_at = expires_at - timedelta(microseconds=micros)
-            values = (
-                lease.pk,
-                lease.key,
-                lease.holder,
-                lease.token,
-                expires_at,
-                lease.acquired_at,
-                renewed_at,
-                None,
-            )
-            refreshed.append(self.model.from_db(connection.alias, _RETURNED, values))
+            refreshed.append(self._refreshed(connection, lease, expires_at, micros))
         return refreshed
 
     def _refresh_many_sqlite(

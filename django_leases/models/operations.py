@@ -211,20 +211,15 @@ class RunOperations(RunPasses):
             try:
                 with transaction.atomic(using=alias):
                     locked = self._live_descendants(alias, pk)  # deepest first
-                    for child_id in locked:
-                        child = self._lock_for_operator(alias, child_id)
-                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                            self._cancel_locked(alias, child, cascaded)
+                    self._cancel_children(alias, locked, cascaded)
                     run = self._lock_for_operator(alias, pk)
                     run.require("cancel")
                     late = [c for c in self._live_descendants(alias, pk) if c not in locked]
                     if late and not last:
                         raise _StartOver
                     running = self._cancel_locked(alias, run, error)
-                    for child_id in late:  # the last round only: lock them after all
-                        child = self._lock_for_operator(alias, child_id)
-                        if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                            self._cancel_locked(alias, child, cascaded)
+                    # The last round only: lock them after all.
+                    self._cancel_children(alias, late, cascaded)
                     wake_parent(alias, pk)
             except _StartOver:
                 continue
@@ -246,6 +241,16 @@ class RunOperations(RunPasses):
             )
             found = level + found
         return found
+
+    def _cancel_children(
+        self, alias: str, children: list[uuid.UUID], error: dict[str, Any]
+    ) -> None:
+        """Lock each of ``children`` (in that order, inside the caller's transaction) and
+        cancel those still running or suspended with ``error``."""
+        for child_id in children:
+            child = self._lock_for_operator(alias, child_id)
+            if child.status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
+                self._cancel_locked(alias, child, error)
 
     def _cancel_locked(self, alias: str, run: WorkflowRun, error: dict[str, Any]) -> list[str]:
         """Cancel the locked ``run`` (inside the caller's transaction); the names of the

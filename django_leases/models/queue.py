@@ -15,12 +15,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
+from django.apps import apps
 from django.db import models, transaction
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.conf import MAX_QUEUE_KEY_LENGTH, MAX_QUEUE_LENGTH, QueueLimits
+from django_leases.conf import (
+    MAX_QUEUE_KEY_LENGTH,
+    MAX_QUEUE_LENGTH,
+    QueueLimits,
+    queue_limits,
+)
 
 
 @dataclass(frozen=True)
@@ -253,10 +259,6 @@ class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
         its turn comes first, as a new key's does. Returns how many rows were deleted.
         Called by ``WorkflowRun.objects.prune`` (retention). Raises ``ValueError`` for a
         bad ``batch_size``."""
-        from django.apps import apps
-
-        from django_leases.conf import queue_limits
-
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         alias = self.write_alias()

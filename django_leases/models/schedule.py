@@ -146,6 +146,20 @@ class Backfilled:
     backfill_id: int
 
 
+def _declared_values(schedule: ScheduleDeclaration) -> dict[str, Any]:
+    """The columns a declaration sets on its row (all but ``name``): what :meth:`sync`
+    writes on a new row and overwrites on an existing one."""
+    return {
+        "workflow": schedule.workflow,
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "input": schedule.input,
+        "catch_up": schedule.catch_up,
+        "overlap": schedule.overlap,
+        "task": schedule.task,
+    }
+
+
 class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
     """Domain methods of ``WorkflowSchedule.objects``. Each opens the transaction it needs."""
 
@@ -186,19 +200,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         with transaction.atomic(using=alias):
             rows = self._rows(alias)
             rows.bulk_create(
-                [
-                    self.model(
-                        name=s.name,
-                        workflow=s.workflow,
-                        cron=s.cron,
-                        timezone=s.timezone,
-                        input=s.input,
-                        catch_up=s.catch_up,
-                        overlap=s.overlap,
-                        task=s.task,
-                    )
-                    for s in schedules
-                ],
+                [self.model(name=s.name, **_declared_values(s)) for s in schedules],
                 ignore_conflicts=True,
             )
             for s in schedules:
@@ -208,15 +210,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                     next_tick=None
                 )
                 rows.filter(name=s.name).update(
-                    workflow=s.workflow,
-                    cron=s.cron,
-                    timezone=s.timezone,
-                    input=s.input,
-                    catch_up=s.catch_up,
-                    overlap=s.overlap,
-                    task=s.task,
-                    declared=True,
-                    updated_at=DbNow(),
+                    **_declared_values(s), declared=True, updated_at=DbNow()
                 )
             rows.filter(declared=True).exclude(name__in=names).update(
                 declared=False, updated_at=DbNow()

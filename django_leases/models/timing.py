@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -145,6 +146,21 @@ def _not_pending() -> Q:
     )
 
 
+@dataclass(frozen=True)
+class _DebouncedStart:
+    """A debounced :meth:`RunTiming.start`'s arguments, checked: the run's workflow and
+    input (``value``), its debounce key, the window and the deadline (seconds; ``None``:
+    none), its tags and its queue key."""
+
+    workflow: str
+    value: Any
+    debounce_key: str
+    window: float
+    limit: float | None
+    tags: dict[str, str] | None
+    queue_key: str
+
+
 class RunTiming(RunOperations):
     """Delayed starts, debounced starts and run deadlines."""
 
@@ -214,7 +230,7 @@ class RunTiming(RunOperations):
         if window is not None:
             assert debounce_key is not None  # checked with the window
             return self._debounced(
-                alias, workflow, value, debounce_key, window, limit, tagged, keyed
+                alias, _DebouncedStart(workflow, value, debounce_key, window, limit, tagged, keyed)
             )
         try:
             with transaction.atomic(using=alias):
@@ -246,26 +262,14 @@ class RunTiming(RunOperations):
         self._started(alias, run.pk, workflow)
         return run
 
-    def _debounced(
-        self,
-        alias: str,
-        workflow: str,
-        value: Any,
-        debounce_key: str,
-        window: float,
-        limit: float | None,
-        tags: dict[str, str] | None,
-        queue_key: str,
-    ) -> WorkflowRun:
+    def _debounced(self, alias: str, start: _DebouncedStart) -> WorkflowRun:
         """:meth:`start`'s debounced start (arguments checked)."""
         connection = connections[alias]
         owned = not connection.in_atomic_block
         for _ in range(_DEBOUNCE_ROUNDS):
             try:
                 with transaction.atomic(using=alias):
-                    run = self._debounce_once(
-                        alias, workflow, value, debounce_key, window, limit, tags, queue_key
-                    )
+                    run = self._debounce_once(alias, start)
             except OperationalError as exc:
                 code = exc.args[0] if exc.args else None
                 if not (owned and connection.vendor == "mysql" and code in _MYSQL_RETRYABLE):
@@ -273,27 +277,19 @@ class RunTiming(RunOperations):
                 continue
             if run is not None:
                 if run.started:
-                    self._started(alias, run.pk, workflow)
+                    self._started(alias, run.pk, start.workflow)
                 return run
         raise OperationalError(
-            f"Debounced start of {workflow!r} with key {debounce_key!r} lost its race "
+            f"Debounced start of {start.workflow!r} with key {start.debounce_key!r} lost its race "
             f"{_DEBOUNCE_ROUNDS} times"
         )
 
-    def _debounce_once(
-        self,
-        alias: str,
-        workflow: str,
-        value: Any,
-        debounce_key: str,
-        window: float,
-        limit: float | None,
-        tags: dict[str, str] | None,
-        queue_key: str,
-    ) -> WorkflowRun | None:
+    def _debounce_once(self, alias: str, start: _DebouncedStart) -> WorkflowRun | None:
         """One try inside the caller's transaction: move the pending run, or free the key of
         a run no longer pending and create one; ``None`` when a concurrent start took the
         key first (the caller tries again)."""
+        workflow, value, debounce_key = start.workflow, start.value, start.debounce_key
+        window, limit, tags, queue_key = start.window, start.limit, start.tags, start.queue_key
         holding = self.rows().filter(workflow=workflow, debounce_key=debounce_key)
         due = clock.db_now_plus(window)
         # One guarded UPDATE decides: the run is still pending (its first pass not picked).
@@ -390,10 +386,7 @@ class RunTiming(RunOperations):
             try:
                 with transaction.atomic(using=alias):
                     locked = self._live_descendants(alias, pk)
-                    for child_id in locked:
-                        child = self._lock_for_operator(alias, child_id)
-                        if child.status in LIVE_RUN_STATUSES:
-                            self._cancel_locked(alias, child, cascaded)
+                    self._cancel_children(alias, locked, cascaded)
                     try:
                         run = self._lock_for_operator(alias, pk)
                     except self.model.DoesNotExist:  # pruned meanwhile
@@ -409,10 +402,7 @@ class RunTiming(RunOperations):
                     late = [c for c in self._live_descendants(alias, pk) if c not in locked]
                     if late and not last:
                         raise _StartOver
-                    for child_id in late:
-                        child = self._lock_for_operator(alias, child_id)
-                        if child.status in LIVE_RUN_STATUSES:
-                            self._cancel_locked(alias, child, cascaded)
+                    self._cancel_children(alias, late, cascaded)
                     self._fail_at_deadline(alias, run)
                     wake_parent(alias, pk)
             except _StartOver:

@@ -576,6 +576,7 @@ GENERATED_BYTES = 32
 
 def _derive(secret_key: str | bytes) -> bytes:
     with webhooks_extra():
+        # deferred: cryptography is the optional webhooks extra, costly to import
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
     material = secret_key.encode("utf-8") if isinstance(secret_key, str) else secret_key
@@ -613,6 +614,7 @@ def fernet() -> MultiFernet:
     installed.
     """
     with webhooks_extra():
+        # deferred: cryptography is the optional webhooks extra, costly to import
         from cryptography.fernet import Fernet, MultiFernet
     try:
         return MultiFernet([Fernet(key) for key in _keys()])
@@ -636,6 +638,7 @@ def _check_secret(secret: object) -> str:
 def _invalid_token() -> type[Exception]:
     """``cryptography.fernet.InvalidToken`` (imported by :func:`fernet` already)."""
     with webhooks_extra():
+        # deferred: cryptography is the optional webhooks extra, costly to import
         from cryptography.fernet import InvalidToken
     return InvalidToken
 

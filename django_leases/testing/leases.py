@@ -272,10 +272,7 @@ class LeaseConformanceTests(ConformanceSuite):
     def test_l04_lapsed_lease_passes_with_next_token(self) -> None:
         """L4: once lapsed, the key passes to another holder with token + 1, and the old
         lease can no longer be refreshed."""
-        key = self.new_key()
-        old = self.leases.acquire(key, "a", self.short_ttl)
-        assert old is not None
-        self.lapse()
+        key, old = self._lapsed_lease()
         new = self.leases.acquire(key, "b", self.long_ttl)
         assert new is not None
         self.assertEqual((new.holder, new.token), ("b", old.token + 1))
@@ -284,10 +281,7 @@ class LeaseConformanceTests(ConformanceSuite):
 
     def test_l04_lapsed_lease_passes_to_its_old_holder_with_next_token(self) -> None:
         """L4: a lapsed lease taken again by its own old holder is a takeover: token + 1."""
-        key = self.new_key()
-        old = self.leases.acquire(key, "a", self.short_ttl)
-        assert old is not None
-        self.lapse()
+        key, old = self._lapsed_lease()
         self.assertIsNone(self.leases.current(key))
         again = self.leases.acquire(key, "a", self.long_ttl)
         assert again is not None
@@ -309,33 +303,37 @@ class LeaseConformanceTests(ConformanceSuite):
         assert third is not None
         self.assertEqual(third.token, second.token + 1)
 
-    def test_l06_stale_lease_cannot_refresh_or_release_new_holder(self) -> None:
-        """L6: after a takeover, the old lease's refresh and release leave the new holder be."""
+    def _lapsed_lease(self) -> tuple[str, Lease]:
+        """A new key acquired by holder ``a`` for :attr:`short_ttl`, then lapsed
+        (:meth:`lapse`): the key and the lease as granted."""
         key = self.new_key()
-        stale = self.leases.acquire(key, "a", self.short_ttl)
-        assert stale is not None
+        lease = self.leases.acquire(key, "a", self.short_ttl)
+        assert lease is not None
         self.lapse()
-        current = self.leases.acquire(key, "b", self.long_ttl)
-        assert current is not None
-        self.leases.release(stale)
-        self.assertIsNone(self.leases.refresh(stale, self.long_ttl))
-        now_held = self.leases.current(key)
-        assert now_held is not None
-        self.assertEqual((now_held.holder, now_held.token), ("b", current.token))
-        self.assertEqual(now_held.expires_at, current.expires_at)
+        return key, lease
 
-    def test_l06_same_holder_stale_token_cannot_release(self) -> None:
-        """L6: the token fences a holder from its own earlier lease on the key."""
-        key = self.new_key()
-        stale = self.leases.acquire(key, "a", self.short_ttl)
-        assert stale is not None
-        self.lapse()
-        current = self.leases.acquire(key, "a", self.long_ttl)
+    def _stale_release_after_takeover(self, taker: str) -> tuple[Lease, Lease]:
+        """Holder ``a``'s lease lapses and ``taker`` takes the key; then the stale lease is
+        released and refreshed (the refresh must answer ``None``). Returns the taker's lease
+        as granted and the key's current lease after all that (``None`` fails the test)."""
+        key, stale = self._lapsed_lease()
+        current = self.leases.acquire(key, taker, self.long_ttl)
         assert current is not None
         self.leases.release(stale)
         self.assertIsNone(self.leases.refresh(stale, self.long_ttl))
         held = self.leases.current(key)
         assert held is not None
+        return current, held
+
+    def test_l06_stale_lease_cannot_refresh_or_release_new_holder(self) -> None:
+        """L6: after a takeover, the old lease's refresh and release leave the new holder be."""
+        current, now_held = self._stale_release_after_takeover("b")
+        self.assertEqual((now_held.holder, now_held.token), ("b", current.token))
+        self.assertEqual(now_held.expires_at, current.expires_at)
+
+    def test_l06_same_holder_stale_token_cannot_release(self) -> None:
+        """L6: the token fences a holder from its own earlier lease on the key."""
+        current, held = self._stale_release_after_takeover("a")
         self.assertEqual(held.token, current.token)
 
     def test_l07_refresh_extends_live_lease(self) -> None:
@@ -353,10 +351,7 @@ class LeaseConformanceTests(ConformanceSuite):
 
     def test_l07_lapsed_lease_cannot_be_refreshed_even_if_untaken(self) -> None:
         """L7: a lease that lapsed on the database clock cannot be refreshed, taken or not."""
-        key = self.new_key()
-        lease = self.leases.acquire(key, "a", self.short_ttl)
-        assert lease is not None
-        self.lapse()
+        key, lease = self._lapsed_lease()
         self.assertIsNone(self.leases.refresh(lease, self.long_ttl))
         self.assertIsNone(self.leases.current(key))
 

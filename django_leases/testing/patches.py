@@ -83,28 +83,29 @@ def loop(run: Any, input: Any) -> Any:
     return out
 
 
-def after_sleep(run: Any, input: Any) -> Any:
-    """A patch right after a sleep."""
-    run.step("a", ECHO, "a")
-    run.sleep("nap", 3600)
-    if _new_code() and run.patched("after-nap"):
+def _patched_b(run: Any, patch: str) -> Any:
+    """Step ``b-new`` under patch ``patch`` (``b`` in the old code), then the wait for the
+    event ``go``; returns what the step returned."""
+    if _new_code() and run.patched(patch):
         taken = run.step("b-new", ECHO, "b-new")
     else:
         taken = run.step("b", ECHO, "b")
     run.wait_for_event("go")
     return taken
+
+
+def after_sleep(run: Any, input: Any) -> Any:
+    """A patch right after a sleep."""
+    run.step("a", ECHO, "a")
+    run.sleep("nap", 3600)
+    return _patched_b(run, "after-nap")
 
 
 def after_event(run: Any, input: Any) -> Any:
     """A patch right after an event wait."""
     run.step("a", ECHO, "a")
     run.wait_for_event("first")
-    if _new_code() and run.patched("after-first"):
-        taken = run.step("b-new", ECHO, "b-new")
-    else:
-        taken = run.step("b", ECHO, "b")
-    run.wait_for_event("go")
-    return taken
+    return _patched_b(run, "after-first")
 
 
 def clash(run: Any, input: Any) -> Any:
@@ -236,6 +237,14 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertCompleted(run, ["s0", "s1", "n2"])
         self.assertEqual(self.decisions(run_id), {"new-0": False, "new-1": False, "new-2": True})
 
+    def _assert_new_and_old_paths(self, new: uuid.UUID, old: uuid.UUID, patch: str) -> None:
+        """Send ``go`` to runs ``new`` and ``old``, waiting for it: ``new`` ends on ``b-new``
+        (``patch`` answered True), ``old`` on ``b`` (False)."""
+        self.assertCompleted(self.send(new, "go"), "b-new")
+        self.assertCompleted(self.send(old, "go"), "b")
+        self.assertEqual(self.decisions(new), {patch: True})
+        self.assertEqual(self.decisions(old), {patch: False})
+
     # -- R4: a patch after a wait ----------------------------------------------------------------
 
     def test_r4_a_run_asleep_before_the_patch_takes_the_new_path_after_the_sleep(self) -> None:
@@ -248,10 +257,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.assertEqual(self.step_names(asleep), ["a"])
         self.deploy(2)
         self.drive(asleep)  # the sleep is over: the patch is reached for the first time
-        self.assertCompleted(self.send(asleep, "go"), "b-new")
-        self.assertCompleted(self.send(past, "go"), "b")
-        self.assertEqual(self.decisions(asleep), {"after-nap": True})
-        self.assertEqual(self.decisions(past), {"after-nap": False})
+        self._assert_new_and_old_paths(asleep, past, "after-nap")
 
     def test_r4_a_run_waiting_for_an_event_before_the_patch_takes_the_new_path(self) -> None:
         """R4: as for a sleep, after an event wait."""
@@ -262,10 +268,7 @@ class WorkflowPatchConformanceTests(WorkflowConformanceSuite):
         self.send(past, "first")  # past the patch's place: waits for "go"
         self.deploy(2)
         self.send(waiting, "first")
-        self.assertCompleted(self.send(waiting, "go"), "b-new")
-        self.assertCompleted(self.send(past, "go"), "b")
-        self.assertEqual(self.decisions(waiting), {"after-first": True})
-        self.assertEqual(self.decisions(past), {"after-first": False})
+        self._assert_new_and_old_paths(waiting, past, "after-first")
 
     # -- R5: names ------------------------------------------------------------------------------
 

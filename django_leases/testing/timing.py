@@ -58,6 +58,7 @@ from django_leases.testing.workflows import run_together
 from django_leases.workflows.values import (
     RUN_CANCELLED,
     AttemptStatus,
+    Claim,
     PendingResult,
     RunStatus,
     StepStatus,
@@ -88,6 +89,16 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         """**Harness hook.** Make run ``run_id``'s deadline a second ago on the database
         clock."""
         self.runs.filter(pk=run_id).update(deadline_at=db_now_plus(-1))
+
+    def _claimed_past_deadline(self, step_name: str, *, retries: int) -> tuple[uuid.UUID, Claim]:
+        """Start a run with a deadline, claim its step ``step_name`` (``retries`` retries)
+        for execution, then pass the deadline; the run's id and the step's claim."""
+        run_id = self.start(deadline=3600)
+        self.steps.schedule(run_id, step_name, FUNCTION, retries=retries)
+        claim = self.steps.claim_for_execution(run_id, step_name, FUNCTION, LEASE)
+        assert claim is not None
+        self.pass_deadline(run_id)
+        return run_id, claim
 
     def pass_first_pass(self, run_id: uuid.UUID) -> None:
         """**Harness hook.** Make a pending run's first pass due a second ago (still
@@ -342,11 +353,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         run: exactly one wins, the other writes nothing."""
         for turn in range(5):
             with self.subTest(turn=turn):
-                run_id = self.start(deadline=3600)
-                self.steps.schedule(run_id, "last", FUNCTION, retries=0)
-                claim = self.steps.claim_for_execution(run_id, "last", FUNCTION, LEASE)
-                assert claim is not None
-                self.pass_deadline(run_id)
+                run_id, claim = self._claimed_past_deadline("last", retries=0)
                 pending = PendingResult(claim.step_id, claim.attempt, {"r": turn})
                 (expired, error1), (completed, error2) = run_together(
                     self.runs.expire_deadlines,
@@ -377,11 +384,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
         deadline), or it is refused with nothing written."""
         for turn in range(5):
             with self.subTest(turn=turn):
-                run_id = self.start(deadline=3600)
-                self.steps.schedule(run_id, "step", FUNCTION, retries=2)
-                claim = self.steps.claim_for_execution(run_id, "step", FUNCTION, LEASE)
-                assert claim is not None
-                self.pass_deadline(run_id)
+                run_id, claim = self._claimed_past_deadline("step", retries=2)
                 (expired, error1), (_, error2) = run_together(
                     self.runs.expire_deadlines,
                     partial(self.steps.set_result, claim.step_id, {"r": turn}, claim.attempt),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django_leases.workflows.sql import (
@@ -125,6 +126,13 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
         _arg("p_key_rate_starts", "bigint"),
         _arg("p_key_rate_window", "double precision"),
     )
+    # The completions differ only by what follows them (a pass picked, a step claimed).
+    complete = partial(
+        completion, t, fence, fence_params, release, payload, attempt, output, key, holder, token
+    )
+    complete_alone = partial(
+        completion_alone, t, fence, fence_params, acquire_released, released, *alone_args[1:]
+    )
     found = (
         Function(
             "claim_queue",
@@ -160,65 +168,25 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
                 t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
             ),
         ),
-        Function(
-            "complete_run",
-            completion_args,
-            completed,
-            completion(
-                t, fence, fence_params, release, payload, attempt, output, key, holder, token
-            ),
-        ),
-        Function(
-            "complete_run_alone",
-            alone_args,
-            alone_returns,
-            completion_alone(t, fence, fence_params, acquire_released, released, *alone_args[1:]),
-        ),
+        Function("complete_run", completion_args, completed, complete()),
+        Function("complete_run_alone", alone_args, alone_returns, complete_alone()),
         Function(
             "complete_run_alone_picking",
             (*alone_args, next_holder, next_ttl),
             (*alone_returns, *picked),
-            completion_alone(
-                t,
-                fence,
-                fence_params,
-                acquire_released,
-                released,
-                *alone_args[1:],
-                pick=(acquire, grant, next_ttl, next_holder),
-            ),
+            complete_alone(pick=(acquire, grant, next_ttl, next_holder)),
         ),
         Function(
             "complete_run_alone_claiming",
             (*alone_args, next_ttl, queues),
             (*alone_returns, *CLAIM_STEP_TYPES),
-            completion_alone(
-                t,
-                fence,
-                fence_params,
-                acquire_released,
-                released,
-                *alone_args[1:],
-                claim=(next_ttl, queues),
-            ),
+            complete_alone(claim=(next_ttl, queues)),
         ),
         Function(
             "complete_run_picking",
             (*completion_args, next_holder, next_ttl),
             (*completed, *picked),
-            completion(
-                t,
-                fence,
-                fence_params,
-                release,
-                payload,
-                attempt,
-                output,
-                key,
-                holder,
-                token,
-                pick=(acquire, grant, next_ttl, next_holder),
-            ),
+            complete(pick=(acquire, grant, next_ttl, next_holder)),
         ),
     )
     return {function.short: function for function in found}

@@ -248,21 +248,22 @@ class _DryPass:
 
     # -- what is left of the records ----------------------------------------------------------
 
+    def _first_unseen(self, order: list[str], met: int) -> tuple[str | None, int]:
+        """The first name of ``order`` from index ``met`` on not met yet (``None``: none),
+        and the index it stands at (those before it were all met)."""
+        while met < len(order):
+            if order[met] not in self.seen:
+                return order[met], met
+            met += 1
+        return None, met
+
     def _next_step(self) -> str | None:
-        while self._steps_met < len(self.step_order):
-            name = self.step_order[self._steps_met]
-            if name not in self.seen:
-                return name
-            self._steps_met += 1
-        return None
+        name, self._steps_met = self._first_unseen(self.step_order, self._steps_met)
+        return name
 
     def _next_wait(self) -> str | None:
-        while self._waits_met < len(self.wait_order):
-            name = self.wait_order[self._waits_met]
-            if name not in self.seen:
-                return name
-            self._waits_met += 1
-        return None
+        name, self._waits_met = self._first_unseen(self.wait_order, self._waits_met)
+        return name
 
     def unreplayed(self) -> Action | None:
         """The earliest recorded step or wait not met yet (``None``: all were met)."""

@@ -39,6 +39,7 @@ from django_leases.conf import leases_settings
 from django_leases.workflows.channel import channel_name, notify_work_due
 
 if TYPE_CHECKING:  # psycopg is imported when a listener connects (PostgreSQL only)
+    # deferred: psycopg is loaded only by a PostgreSQL worker that listens
     import psycopg
     from psycopg.rows import TupleRow
 
@@ -221,6 +222,7 @@ class WakeupListener:
             return None
 
     def _connect(self) -> psycopg.Connection[TupleRow]:
+        # deferred: psycopg is loaded only by a PostgreSQL worker that listens
         import psycopg
         from psycopg import sql
 

@@ -30,8 +30,8 @@ from django_leases.management.base import (
     LeasesCommand,
     add_database_argument,
     add_format_argument,
+    add_seconds_argument,
     database_aliases,
-    seconds_type,
 )
 
 
@@ -49,22 +49,27 @@ class Command(LeasesCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         add_format_argument(parser, aliases={"text": "table"})
         add_database_argument(parser, None, repeatable=True)
-        parser.add_argument(
-            "--overdue-after",
-            type=seconds_type(above_minimum=True),
-            default=health.DEFAULT_OVERDUE_AFTER,
-            metavar="SECONDS",
-            help="Due work or a lapsed step waiting longer than this is a problem "
-            f"(default {health.DEFAULT_OVERDUE_AFTER:g}).",
-        )
-        parser.add_argument(
-            "--stuck-after",
-            type=seconds_type(above_minimum=True),
-            default=health.DEFAULT_STUCK_AFTER,
-            metavar="SECONDS",
-            help="A running run with nothing due or running for longer than this is stuck "
-            f"(default {health.DEFAULT_STUCK_AFTER:g}).",
-        )
+        # The two thresholds (seconds above 0) that turn waiting work into a problem.
+        for flag, default, meaning in (
+            (
+                "--overdue-after",
+                health.DEFAULT_OVERDUE_AFTER,
+                "Due work or a lapsed step waiting longer than this is a problem",
+            ),
+            (
+                "--stuck-after",
+                health.DEFAULT_STUCK_AFTER,
+                "A running run with nothing due or running for longer than this is stuck",
+            ),
+        ):
+            add_seconds_argument(
+                parser,
+                flag,
+                default=default,
+                metavar="SECONDS",
+                above_minimum=True,
+                help=f"{meaning} (default {default:g}).",
+            )
 
         parser.add_argument(
             "--install-functions",

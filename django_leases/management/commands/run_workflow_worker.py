@@ -20,6 +20,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from django_leases import metrics
 from django_leases.conf import queue_limits
 from django_leases.exceptions import MisuseError, QueueConfigError, WorkflowFunctionsMissing
 from django_leases.management.base import (
@@ -28,9 +29,9 @@ from django_leases.management.base import (
     USAGE_ERROR,
     LeasesCommand,
     add_database_argument,
+    add_seconds_argument,
     database_alias,
     integer_type,
-    seconds_type,
     unmigrated_database_error,
 )
 from django_leases.models import WorkflowStep
@@ -68,11 +69,10 @@ class Command(LeasesCommand):
             help="Exit 0 as soon as no pass and no step is due (now or within ~2 s).",
         )
         add_database_argument(parser, WorkflowStep)
-        parser.add_argument(
+        add_seconds_argument(
+            parser,
             "--poll-interval",
-            type=seconds_type(),
             default=None,
-            metavar="S",
             help="Seconds an idle thread waits before looking again when not woken earlier "
             "(default WORKER_POLL_INTERVAL; unset: 1 on PostgreSQL, 0.25 elsewhere).",
         )
@@ -99,19 +99,16 @@ class Command(LeasesCommand):
             help='Take only the steps of queue NAME (repeatable; "default" or a queue of '
             'DJANGO_LEASES["QUEUES"]). Default: every queue.',
         )
-        parser.add_argument(
+        add_seconds_argument(
+            parser,
             "--shutdown-grace",
-            type=seconds_type(),
             default=None,
-            metavar="S",
             help="Seconds in-flight work may take to finish after SIGTERM "
             "(default WORKER_SHUTDOWN_GRACE).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["metrics_port"] is not None:
-            from django_leases import metrics
-
             try:
                 metrics.serve(options["metrics_port"], options["metrics_addr"])
             except (ValueError, OSError) as exc:

@@ -44,10 +44,10 @@ from django_leases.management.base import (
     EXIT_BUSY,
     EXIT_PROVIDER_FAILED,
     MAX_WAIT,
-    seconds_type,
+    add_seconds_argument,
 )
 from django_leases.models import TriggerRefusal, TriggerSource
-from django_leases.triggers import lifecycle
+from django_leases.triggers import credentials, lifecycle
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -76,11 +76,11 @@ def add_wait_argument(parser: CommandParser) -> None:
     Args:
         parser: a trigger-source command's parser, or one of its subcommands'.
     """
-    parser.add_argument(
+    add_seconds_argument(
+        parser,
         "--wait",
-        type=seconds_type(maximum=MAX_WAIT),
         default=lifecycle.DEFAULT_WAIT,
-        metavar="S",
+        maximum=MAX_WAIT,
         help="Seconds to wait for another operation on a source before reporting it busy, "
         f"0 to {MAX_WAIT:g} (default {lifecycle.DEFAULT_WAIT:g}).",
     )
@@ -237,8 +237,6 @@ class Command(base.LeasesCommand):
         self.confirm(outcome(result))
 
     def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
-        from django_leases.triggers import credentials
-
         try:
             TriggerSource.objects.using(alias).named(name)
         except UnknownTriggerSourceError as exc:

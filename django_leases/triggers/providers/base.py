@@ -21,7 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.urls import NoReverseMatch, reverse
+
 from django_leases.exceptions import MalformedDelivery, ProviderError
+from django_leases.triggers.registry import get_declaration
 from django_leases.triggers.values import ParsedDelivery
 
 if TYPE_CHECKING:
@@ -278,8 +281,6 @@ def decode_json_object(raw: bytes | str) -> dict[str, Any]:
 
 def declared_events(source: TriggerSource) -> list[str]:
     """The event names the declaration of ``source`` handles, sorted (``[]`` for an orphan)."""
-    from django_leases.triggers.registry import get_declaration
-
     declaration = get_declaration(source.name)
     return sorted(declaration.events) if declaration is not None else []
 
@@ -292,8 +293,6 @@ def label_for(source: TriggerSource) -> str:
 def receive_url(source: TriggerSource) -> str | None:
     """The full URL deliveries for ``source`` are posted to, from its ``base_url`` and the
     ``django_leases:receive-webhook`` route (``None`` while no address is known)."""
-    from django.urls import NoReverseMatch, reverse
-
     if not source.base_url:
         return None
     try:

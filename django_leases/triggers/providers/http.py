@@ -20,6 +20,7 @@ from django_leases.conf import leases_settings, webhooks_extra
 from django_leases.triggers.providers.base import ProviderError
 
 if TYPE_CHECKING:
+    # deferred: httpx is the optional webhooks extra, costly to import
     import httpx
 
 #: Longest provider error message quoted back to operators, characters.
@@ -38,6 +39,7 @@ def timeout() -> float:
 def _tls() -> ssl.SSLContext:
     # Built once per process: loading the CA bundle for every call is slow.
     with webhooks_extra():
+        # deferred: httpx is the optional webhooks extra, costly to import
         import httpx
     return httpx.create_ssl_context()
 
@@ -61,6 +63,7 @@ def call(
     installed.
     """
     with webhooks_extra():
+        # deferred: httpx is the optional webhooks extra, costly to import
         import httpx
     try:
         with httpx.Client(timeout=timeout(), follow_redirects=False, verify=_tls()) as client:

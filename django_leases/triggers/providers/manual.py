@@ -27,6 +27,8 @@ from django_leases.triggers.providers.base import (
     declared_events,
     receive_url,
 )
+from django_leases.triggers.providers.github import GitHubProvider
+from django_leases.triggers.providers.stripe import StripeProvider
 
 if TYPE_CHECKING:
     from django_leases.models import TriggerSource
@@ -39,9 +41,6 @@ SCHEMES = {
 
 
 def _scheme_provider(scheme: str) -> Provider:
-    from django_leases.triggers.providers.github import GitHubProvider
-    from django_leases.triggers.providers.stripe import StripeProvider
-
     return StripeProvider() if scheme == "stripe" else GitHubProvider()
 
 

@@ -41,6 +41,7 @@ from django.db import router
 from django_leases.conf import leases_settings
 from django_leases.exceptions import MalformedDelivery
 from django_leases.models import TriggerSecret
+from django_leases.triggers.credentials import get_secret
 from django_leases.triggers.providers.base import (
     REGISTERED,
     ParsedDelivery,
@@ -241,8 +242,6 @@ class StripeProvider(Provider):
 
     @staticmethod
     def _secret_stored(source: TriggerSource) -> bool:
-        from django_leases.triggers.credentials import get_secret
-
         using = source._state.db or router.db_for_write(TriggerSecret)
         return get_secret(source.name, using=using) is not None
 
