@@ -440,7 +440,8 @@ def _traceback_text(error: BaseException) -> str:
 
 
 def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]:
-    """The JSON form of a step or run error: at least ``{"message": str}``; always storable.
+    """The JSON form of a step or run error: at least ``{"message": str}``; always storable,
+    on every supported database.
 
     An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus, when it was
     raised, its ``traceback``: the text Python prints, chained causes included, its last
@@ -449,6 +450,11 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
     a mapping is kept when it is storable JSON (``message`` added if missing); a string
     becomes the message. NUL characters and lone surrogates in the message, type and code
     are replaced by U+FFFD, so the error can always be written.
+
+    Errors nest at most :data:`MARIADB_JSON_DEPTH` levels whatever the database (the least a
+    supported database stores, so an error reads the same everywhere): an exception's error
+    is one level less, so that a run's ``STEP_FAILED`` error can hold it (``step_error``);
+    an ``error_fields`` value or a mapping's value that would nest deeper is left out.
     """
     if isinstance(error, BaseException):
         try:
@@ -470,18 +476,19 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
         if isinstance(fields, Mapping):  # what the exception asks to be recorded besides
             for key, field in fields.items():
                 field = clean_text(field) if isinstance(field, str) else field
-                if _json_problem(field, "$", 1) is None:
+                if _json_problem(field, "$", 2, MARIADB_JSON_DEPTH) is None:
                     out[clean_text(str(key))] = field
         return out
     if isinstance(error, Mapping):
         out = {str(k): v for k, v in error.items()}
         try:
-            check_json(out, "error")
+            check_json(out, "error", max_depth=MARIADB_JSON_DEPTH)
         except ValueError:
             out = {
                 str(k): v
                 for k, v in out.items()
-                if _json_problem(v, "$", 1) is None and string_problem(str(k)) is None
+                if _json_problem(v, "$", 1, MARIADB_JSON_DEPTH) is None
+                and string_problem(str(k)) is None
             }
             out["message"] = clean_text(str(error.get("message", "")) or _safe_repr(error))
         if not isinstance(out.get("message"), str):

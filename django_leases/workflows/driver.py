@@ -200,7 +200,10 @@ class _Pass:
             return options
         if self._queue_key is None:
             runs = WorkflowRun.objects.db_manager(self.using).filter(pk=self.run.id)
-            self._queue_key = runs.values_list("queue_key", flat=True).first() or ""
+            try:
+                self._queue_key = runs.values_list("queue_key", flat=True).first() or ""
+            except _DATABASE_FAULTS as exc:  # the library's read: ends the unit, not the run
+                raise _Interrupted(exc) from exc
         return dataclasses.replace(options, queue_key=self._queue_key or None)
 
     # -- the pending result --------------------------------------------------------------------
