@@ -38,6 +38,7 @@ from django_leases.models import TriggerEvent, TriggerSource, WorkflowRun
 from django_leases.triggers import registry
 from django_leases.triggers.registry import StartWorkflow, webhook_source
 from django_leases.triggers.signatures import github_signature, stripe_signature
+from django_leases.triggers.values import Delivery
 from django_leases.workflows import workflow
 from tests.helpers import raw_request
 from tests.payloads import GITHUB_SECRET, STRIPE_SECRET, Sample, ours
@@ -793,3 +794,40 @@ def test_hostile_requests_over_http_leave_nothing_but_the_valid_delivery(
     )
     run = WorkflowRun.objects.get()
     assert (event.run_id, run.workflow, run.input) == (run.pk, WORKFLOW, valid.payload)
+
+
+class _UnprintableText(str):
+    """Text whose own methods raise (a project's ``run`` callable may return anything)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    def strip(self, chars: Any = None) -> str:
+        raise RuntimeError("no strip")
+
+
+class _UnprintableUUID(uuid.UUID):
+    """A UUID whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "named",
+    [_UnprintableText("01a24958-4b6d-754b-8f91-23bfe3afce55"), _UnprintableUUID(int=7)],
+    ids=["str-subclass", "uuid-subclass"],
+)
+def test_a_send_event_run_callable_returning_a_hostile_subclass_gets_an_outcome(
+    named: Any,
+) -> None:
+    """Whatever the ``run`` callable returns, the handler answers with an outcome and never
+    raises (the receiver would answer 500 and the provider retry for ever)."""
+    handler = registry.SendEvent("go", run=lambda delivery: named)
+    delivery = Delivery(
+        source="hostile", provider="fake", event="push", delivery_id="d-1", payload={}
+    )
+    handled = handler(delivery)
+    assert handled.run_id is None
+    assert isinstance(handled.outcome, str) and handled.outcome

@@ -195,9 +195,13 @@ class SendEvent:
         if named is None:
             return Handled(None, f"event {self.name!r}: the delivery names no run")
         try:
-            # Only a UUID or its text: str() of anything else is no run's id either.
-            run_id = parse_run_id(named) if isinstance(named, uuid.UUID | str) else None
-        except ValueError:
+            # Only a UUID or its text: str() of anything else is no run's id either. Read
+            # as the plain types, so a subclass's own methods are never called.
+            if isinstance(named, uuid.UUID):
+                run_id: uuid.UUID | None = uuid.UUID(int=named.int)
+            else:
+                run_id = parse_run_id(str.__str__(named)) if isinstance(named, str) else None
+        except Exception:  # the project's callable returned something no run id is made of
             run_id = None
         if run_id is None:
             return Handled(
