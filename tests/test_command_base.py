@@ -278,3 +278,37 @@ def test_the_docs_build_fails_on_a_missing_exit_code(
     monkeypatch.undo()
     with pytest.raises(PluginError, match="no exit-code table for the command 'nope'"):
         hook.on_page_markdown("<!-- exit-codes: nope -->")
+
+
+NO_ADMIN_SETTINGS = """\
+SECRET_KEY = "not-a-secret"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_leases"]
+DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": {name!r}}}}}
+"""
+
+
+def test_every_command_loads_in_a_project_without_the_admin(tmp_path: Path) -> None:
+    """The admin is optional: a project without ``django.contrib.admin`` runs every
+    command (loading one must not import ``django_leases.admin``, whose ModelAdmins need
+    the admin installed). ``--help`` loads a command's module and builds its parser."""
+    import subprocess
+    import sys
+
+    (tmp_path / "noadmin_settings.py").write_text(
+        NO_ADMIN_SETTINGS.format(name=str(tmp_path / "db.sqlite3"))
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "noadmin_settings"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    commands = Path(base.__file__).parent / "commands"
+    names = sorted(p.stem for p in commands.glob("*.py") if p.stem != "__init__")
+    assert "run_workflow_worker" in names
+    for name in names:
+        done = subprocess.run(
+            [sys.executable, "-m", "django", name, "--help"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (name, done.stderr[-2000:])

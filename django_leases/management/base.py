@@ -49,7 +49,6 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import health, holder
-from django_leases.admin import history
 from django_leases.validation import seconds
 from django_leases.workflows import worker
 
@@ -1008,6 +1007,9 @@ class LeasesCommand(BaseCommand):
         """
         if not apps.is_installed("django.contrib.admin"):
             return
+        # deferred: the admin is optional; importing it registers ModelAdmins, which needs
+        # django.contrib.admin installed (a project without it runs every command).
+        from django_leases.admin import history
 
         flag = history.CHANGE
         if not isinstance(message, str):
