@@ -384,10 +384,23 @@ class StepClaims(StepOutcomes):
     def _claim_limited(
         self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits
     ) -> tuple[bool, Claim | None]:
-        """:meth:`claim_due`'s tuned path (function ``claim_queue``) for a worker of one queue
-        with limits (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits
-        and round-robin order decided in the statement under the queue's lock."""
+        """:meth:`claim_due`'s tuned path for a worker of one queue with limits
+        (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits and
+        round-robin order decided in the statement under the queue's lock — the function of
+        the queue's shape: ``claim_queue_keyed`` (keyed, no rate), ``claim_queue_counted``
+        (a concurrency alone), else ``claim_queue``."""
         sent = time.monotonic()
+        if limits.rate is None and limits.key_rate is None:
+            # The statement of the queue's shape: no rate log read or written, and in a
+            # queue without keys no skip scan over keys and no key row.
+            if limits.keyed:
+                short = "claim_queue_keyed"
+                args: list[Any] = [ttl, limits.name, limits.concurrency, limits.key_concurrency]
+            else:
+                short = "claim_queue_counted"
+                args = [ttl, limits.name, limits.concurrency]
+            row = call_function(connection, short, args)
+            return claim_from_row(connection.alias, row, ttl, sent)
         rate = limits.rate is not None
         key_rate = limits.key_rate is not None
         row = call_function(

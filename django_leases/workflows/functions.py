@@ -24,6 +24,7 @@ from django_leases.workflows.sql import (
     Function,
     Tables,
     claim_queue,
+    claim_queue_counted,
     claim_queue_lock,
     claim_step,
     completion,
@@ -65,7 +66,8 @@ def _arg(name: str, sql_type: str) -> Arg:
 
 def catalogue(pieces: Pieces) -> dict[str, Function]:
     """The worker's hot statements as PL/pgSQL functions, by short name: ``claim_step``,
-    ``claim_queue``,
+    ``claim_queue`` (any limited queue), ``claim_queue_keyed`` (a keyed queue without rates),
+    ``claim_queue_counted`` (a queue whose only limit is its concurrency),
     ``take_pass``, ``pick_pass``, ``insert_claimed``, ``set_result_claiming_next``,
     ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
     ``complete_run_alone_picking`` and ``complete_run_alone_claiming``, built from the
@@ -125,13 +127,28 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
         _arg("p_key_rate_starts", "bigint"),
         _arg("p_key_rate_window", "double precision"),
     )
+    _, queue, _, concurrency, _, _, key_concurrency, _, _ = claim_queue_args
     found = (
         Function(
             "claim_queue",
             claim_queue_args,
             CLAIM_STEP_TYPES,
             claim_queue(t, *claim_queue_args),
-            prelude=claim_queue_lock(t, claim_queue_args[1]),
+            prelude=claim_queue_lock(t, queue),
+        ),
+        Function(
+            "claim_queue_keyed",
+            (ttl, queue, concurrency, key_concurrency),
+            CLAIM_STEP_TYPES,
+            claim_queue(t, ttl, queue, True, concurrency, None, None, key_concurrency, None, None),
+            prelude=claim_queue_lock(t, queue),
+        ),
+        Function(
+            "claim_queue_counted",
+            (ttl, queue, concurrency),
+            CLAIM_STEP_TYPES,
+            claim_queue_counted(t, ttl, queue, concurrency),
+            prelude=claim_queue_lock(t, queue),
         ),
         Function(
             "claim_step",
