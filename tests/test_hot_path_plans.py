@@ -198,6 +198,12 @@ def _drive_the_hot_paths() -> None:
                 claim = WorkflowStep.objects.claim_due(30, queues=[queue])
                 assert claim is not None
                 WorkflowRun.objects.cancel(claim.run_id)
+        # A worker of a limited queue and another: the other queues' claim excludes it.
+        mixed = start_workflow("tests.plans-one", {})
+        WorkflowStep.objects.schedule(mixed, "only", "tests.plans", {"n": 1})
+        claim = WorkflowStep.objects.claim_due(30, queues=["default", "tests.plans-counted"])
+        assert claim is not None and claim.run_id == mixed
+        WorkflowRun.objects.cancel(mixed)
     for run_id in (*chained, alone, two, slept, *completed):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 
@@ -216,6 +222,7 @@ def test_no_hot_path_plan_is_jit_compiled_or_costly(plan_cache_mode: str) -> Non
     assert any("firsts AS" in t and "rated AS" in t for t in texts), texts
     assert any("firsts AS" in t and "rated AS" not in t for t in texts), texts
     assert any("< p_concurrency AND s.status IN" in t for t in texts), texts
+    assert any("NOT (s.queue = ANY (p_excluded))" in t for t in texts), texts
     assert _problems(plans) == []
 
 

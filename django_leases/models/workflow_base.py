@@ -174,6 +174,7 @@ CLAIMING_FUNCTIONS = frozenset(
         "claim_queue_counted",
         "claim_queue_keyed",
         "claim_step",
+        "claim_step_except",
         "complete_run_alone_claiming",
         "insert_claimed",
         "set_result_claiming_next",

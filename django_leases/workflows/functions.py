@@ -27,6 +27,7 @@ from django_leases.workflows.sql import (
     claim_queue_counted,
     claim_queue_lock,
     claim_step,
+    claim_step_except,
     completion,
     completion_alone,
     insert_claimed,
@@ -68,6 +69,7 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
     """The worker's hot statements as PL/pgSQL functions, by short name: ``claim_step``,
     ``claim_queue`` (any limited queue), ``claim_queue_keyed`` (a keyed queue without rates),
     ``claim_queue_counted`` (a queue whose only limit is its concurrency),
+    ``claim_step_except`` (the unlimited queues of a worker that also takes limited ones),
     ``take_pass``, ``pick_pass``, ``insert_claimed``, ``set_result_claiming_next``,
     ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
     ``complete_run_alone_picking`` and ``complete_run_alone_claiming``, built from the
@@ -155,6 +157,12 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             (ttl, queues),
             CLAIM_STEP_TYPES,
             claim_step(t, ttl, queues),
+        ),
+        Function(
+            "claim_step_except",
+            (ttl, queues, _arg("p_excluded", "text[]")),
+            CLAIM_STEP_TYPES,
+            claim_step_except(t, ttl, queues, _arg("p_excluded", "text[]")),
         ),
         Function(
             "take_pass",

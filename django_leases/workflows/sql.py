@@ -275,6 +275,13 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
+def claim_step_except(t: Tables, seconds: Any, queues: Any, excluded: Any) -> tuple[str, list[Any]]:
+    """:func:`claim_step` of ``queues`` (``NULL``: every queue) but never of ``excluded`` (a
+    text array): the unlimited queues' claim of a worker that also takes limited queues."""
+    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues, excluded=excluded)
+    return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
+
+
 def claim_step_ctes(
     t: Tables,
     seconds: Any,
@@ -283,6 +290,7 @@ def claim_step_ctes(
     after_waits: bool = False,
     queue: str = "",
     admit: str = "",
+    excluded: Any = None,
 ) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
     statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
@@ -312,7 +320,9 @@ def claim_step_ctes(
     with its steps (``SKIP LOCKED``): the caller's next look for due steps takes them.
 
     ``queue``: instead of ``queues``, the one queue (SQL) to claim from; ``admit``: an SQL
-    condition without which nothing is picked (a limit of that queue, :func:`claim_queue_counted`).
+    condition without which nothing is picked (a limit of that queue, :func:`claim_queue_counted`);
+    ``excluded``: a text array of queues never to claim from (the limited queues of a worker
+    that claims those through their own statements, :func:`claim_step_except`).
 
     Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
     the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
@@ -328,6 +338,8 @@ def claim_step_ctes(
     of_queues = f"({literal(queues)} IS NULL OR s.queue = ANY ({literal(queues)}))"
     if queue:
         of_queues = f"s.queue = {queue}"
+    if excluded is not None:
+        of_queues = f"{of_queues} AND NOT (s.queue = ANY ({literal(excluded)}))"
     admitted = f" AND {admit}" if admit else ""
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
@@ -1118,6 +1130,7 @@ __all__ = [
     "claim_queue_lock",
     "claim_step",
     "claim_step_ctes",
+    "claim_step_except",
     "completion",
     "completion_alone",
     "insert_claimed",
