@@ -112,6 +112,12 @@ def _queue_admits(
     return True, admission
 
 
+def _never() -> datetime:
+    """A keyed queue's turn for a key never claimed: before any claim (aware when
+    ``USE_TZ``)."""
+    return datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
@@ -440,9 +446,11 @@ class StepClaims(StepOutcomes):
         priority and then by when it became due, is claimed by its own statement
         (``claim_step_except`` for the unlimited queues, :meth:`_claim_limited` for a
         limited one: its limits and round-robin decided there). A limited queue that admits
-        nothing now is passed over for the next. Order across queues: priority, then first
-        due — a keyed queue's step competes with its own due time, where the portable path
-        uses its key's last claim (the round-robin within the queue is the same)."""
+        nothing now is passed over for the next. Order across queues: priority, then the
+        time each queue takes its turn at — its first due step's due time, or in a keyed
+        queue its first due step's key's last claim (never: first), where the portable path
+        takes the last claim of the key whose turn it is in the queue (the same key, or one
+        claimed less recently: the tuned path may then place the keyed queue later)."""
         alias = connection.alias
         limited = sorted(
             name for name, queue in limits.items() if queue.limited and (not taken or name in taken)
@@ -457,24 +465,37 @@ class StepClaims(StepOutcomes):
                 | Q(lease_expires_at__isnull=True)
                 | Q(deadline_at__lte=DbNow())
             )
-            .annotate(source=models.Value(-1))
-            .values_list("source", "priority", "available_at")[:1]
+            .annotate(source=models.Value(-1), order_at=F("available_at"))
+            .values_list("source", "priority", "order_at")[:1]
         )
         waiting = steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()).exclude(
             status=StepStatus.FAILED, attempt__gte=F("retries") + 1
         )
+        at = models.DateTimeField()
         heads = []
         if others or not taken:
             rest = waiting.filter(queue__in=others) if taken else waiting.exclude(queue__in=limited)
-            heads.append(rest.annotate(source=models.Value(len(limited))))
-        # A source is an index into ``limited`` (its queue), or past it (the others).
-        heads.extend(
-            waiting.filter(queue=name).annotate(source=models.Value(index))
-            for index, name in enumerate(limited)
-        )
+            heads.append(
+                rest.annotate(source=models.Value(len(limited)), order_at=F("available_at"))
+            )
+        # A source is an index into ``limited`` (its queue), or past it (the others). A keyed
+        # queue takes its turn at its first due step's key's last claim (never: first), as
+        # in the portable path's order; any other queue at its first due step's due time.
+        for index, name in enumerate(limited):
+            head = waiting.filter(queue=name).annotate(source=models.Value(index))
+            if limits[name].keyed:
+                turn = models.Subquery(
+                    WorkflowQueueKey.objects.using(alias)
+                    .filter(queue=name, key=models.OuterRef("queue_key"))
+                    .values("claimed_at")[:1]
+                )
+                order_at: Any = Coalesce(turn, models.Value(_never(), output_field=at))
+            else:
+                order_at = F("available_at")
+            heads.append(head.annotate(order_at=order_at))
         firsts = [
             head.order_by("-priority", "available_at", "id").values_list(
-                "source", "priority", "available_at"
+                "source", "priority", "order_at"
             )[:1]
             for head in heads
         ]
@@ -564,7 +585,7 @@ class StepClaims(StepOutcomes):
             .filter(queue=models.OuterRef("queue"), key=models.OuterRef("queue_key"))
             .values("claimed_at")[:1]
         )
-        never = datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+        never = _never()
         order = models.Case(
             models.When(
                 queue__in=keyed,

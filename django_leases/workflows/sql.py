@@ -291,6 +291,7 @@ def claim_step_ctes(
     queue: str = "",
     admit: str = "",
     excluded: Any = None,
+    started: str = "statement_timestamp()",
 ) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
     statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
@@ -322,7 +323,8 @@ def claim_step_ctes(
     ``queue``: instead of ``queues``, the one queue (SQL) to claim from; ``admit``: an SQL
     condition without which nothing is picked (a limit of that queue, :func:`claim_queue_counted`);
     ``excluded``: a text array of queues never to claim from (the limited queues of a worker
-    that claims those through their own statements, :func:`claim_step_except`).
+    that claims those through their own statements, :func:`claim_step_except`); ``started``:
+    the attempt's ``started_at`` (SQL; a claim under a queue's lock takes the time after it).
 
     Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
     the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
@@ -341,6 +343,7 @@ def claim_step_ctes(
     if excluded is not None:
         of_queues = f"{of_queues} AND NOT (s.queue = ANY ({literal(excluded)}))"
     admitted = f" AND {admit}" if admit else ""
+    restarted = "" if started == "statement_timestamp()" else ", started_at = excluded.started_at"
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
     )
@@ -384,10 +387,10 @@ def claim_step_ctes(
                 extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
         ), begun AS (
             INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
-            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, statement_timestamp()
+            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, {started}
             FROM claimed
             ON CONFLICT (step_id, attempt) DO UPDATE
-            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
+            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL{restarted}
             RETURNING a.started_at
         )"""
     columns, joined = _claim_columns(t)
@@ -451,10 +454,14 @@ def claim_queue_counted(
     ``concurrency``, in one statement run under the queue row's lock
     (:func:`claim_queue_lock` first, in the same function): :func:`claim_step_ctes` for the
     queue, admitted while fewer than ``concurrency`` of its steps run with a live lease. No
-    skip scan over keys, no rate log, no key row: a queue without keys or rates needs none."""
+    skip scan over keys, no rate log, no key row: a queue without keys or rates needs none.
+    The attempt starts at the time after the lock (``clock_timestamp()``), as in
+    :func:`claim_queue`."""
     q = literal(queue)
     admit = f"{_live_count(t, q)} < {literal(concurrency)}"
-    ctes, params, columns, joined = claim_step_ctes(t, seconds, None, queue=q, admit=admit)
+    ctes, params, columns, joined = claim_step_ctes(
+        t, seconds, None, queue=q, admit=admit, started="clock_timestamp()"
+    )
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
