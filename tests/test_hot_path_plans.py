@@ -183,17 +183,27 @@ def _drive_the_hot_paths() -> None:
             "key_concurrency": 2,
             "key_rate": "100/s",
         },
+        # The statements of the queues of one shape: keyed without rates, a concurrency alone.
+        "tests.plans-keyed-only": {"key_concurrency": 2},
+        "tests.plans-counted": {"concurrency": 2},
     }
     with override_settings(DJANGO_LEASES=configured):
-        for key in ("big", "small"):
-            keyed = start_workflow("tests.plans-one", {}, queue_key=key)
-            WorkflowStep.objects.schedule(
-                keyed, "only", "tests.plans", {"n": 1}, queue="tests.plans-keyed", queue_key=key
-            )
-        for _ in range(2):
-            claim = WorkflowStep.objects.claim_due(30, queues=["tests.plans-keyed"])
-            assert claim is not None
-            WorkflowRun.objects.cancel(claim.run_id)
+        for queue in ("tests.plans-keyed", "tests.plans-keyed-only", "tests.plans-counted"):
+            for key in ("big", "small"):
+                keyed = start_workflow("tests.plans-one", {}, queue_key=key)
+                WorkflowStep.objects.schedule(
+                    keyed, "only", "tests.plans", {"n": 1}, queue=queue, queue_key=key
+                )
+            for _ in range(2):
+                claim = WorkflowStep.objects.claim_due(30, queues=[queue])
+                assert claim is not None
+                WorkflowRun.objects.cancel(claim.run_id)
+        # A worker of a limited queue and another: the other queues' claim excludes it.
+        mixed = start_workflow("tests.plans-one", {})
+        WorkflowStep.objects.schedule(mixed, "only", "tests.plans", {"n": 1})
+        claim = WorkflowStep.objects.claim_due(30, queues=["default", "tests.plans-counted"])
+        assert claim is not None and claim.run_id == mixed
+        WorkflowRun.objects.cancel(mixed)
     for run_id in (*chained, alone, two, slept, *completed):
         assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
 
@@ -208,8 +218,11 @@ def test_no_hot_path_plan_is_jit_compiled_or_costly(plan_cache_mode: str) -> Non
     # So were the result that claims the next step, and the one that takes the next pass.
     assert any("FOR SHARE OF r ON CONFLICT (run_id, step_name)" in t for t in texts), texts
     assert any("THEN r.pass_due_at ELSE statement_timestamp()" in t for t in texts), texts
-    # And the claim of a queue with limits.
-    assert any("waiting_keys" in t for t in texts), texts
+    # And the claims of a queue with limits: any, keyed without rates, a concurrency alone.
+    assert any("firsts AS" in t and "rated AS" in t for t in texts), texts
+    assert any("firsts AS" in t and "rated AS" not in t for t in texts), texts
+    assert any("< p_concurrency AND s.status IN" in t for t in texts), texts
+    assert any("NOT (s.queue = ANY (p_excluded))" in t for t in texts), texts
     assert _problems(plans) == []
 
 

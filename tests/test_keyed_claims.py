@@ -1,5 +1,6 @@
 """The claim of a worker of one limited queue (``claim_queue`` on PostgreSQL's tuned path:
-one statement; the portable path elsewhere), and the pruning of idle queue-key rows.
+one statement; the portable path elsewhere), of a worker of limited queues and others (two
+statements on the tuned path), and the pruning of idle queue-key rows.
 
 The limits themselves, one claimer at a time, are the fairness conformance suite's
 (``tests/test_workflow_fairness_conformance.py``, both paths on PostgreSQL)."""
@@ -30,6 +31,7 @@ QUEUES = {
     "kc-capped": {"concurrency": 1},
 }
 FUNCTIONS = {
+    "tests.kc.plain": "kc-plain",  # not configured: no limits
     "tests.kc.keyed": "kc-keyed",
     "tests.kc.rated": "kc-rated",
     "tests.kc.capped": "kc-capped",
@@ -54,11 +56,13 @@ def _queues() -> Iterator[None]:
         registry._step_options.pop(name, None)
 
 
-def _queue(key: str, names: list[str], function: str = "tests.kc.keyed") -> uuid.UUID:
+def _queue(
+    key: str, names: list[str], function: str = "tests.kc.keyed", *, priority: int = 0
+) -> uuid.UUID:
     run_id = start_workflow("tests.kc.idle", {}, queue_key=key)
     for name in names:
         WorkflowStep.objects.schedule(
-            run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key
+            run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key, priority=priority
         )
     return run_id
 
@@ -123,6 +127,52 @@ def test_the_queue_wide_concurrency_and_the_key_rate_hold_on_both_paths(sql_path
             names.append(claim.step_name)
             _finish(claim.step_name)
         assert names == ["r1", "q1"]  # r2 waits for its key's rate window
+
+
+@pytest.mark.parametrize("sql_path", ["tuned", "portable"])
+@pytest.mark.parametrize("every_queue", [False, True])
+def test_a_worker_of_a_limited_queue_and_another_keeps_the_order_and_the_limits(
+    sql_path: str, every_queue: bool
+) -> None:
+    queues = None if every_queue else ["kc-plain", "kc-keyed"]
+    with tuned_sql(sql_path == "tuned"):
+        # Due in this order: two steps of key "big" (key_concurrency 1), one of the
+        # unlimited queue, then one of key "small"; last, an unlimited step of higher
+        # priority, which goes first.
+        _queue("big", ["b1", "b2"])
+        _queue("p", ["p1"], "tests.kc.plain")
+        _queue("small", ["s1"])
+        _queue("urgent", ["u1"], "tests.kc.plain", priority=5)
+        claimed, counts = [], []
+        for _ in range(5):
+            with CaptureQueriesContext(connection) as queries:
+                claim = WorkflowStep.objects.claim_due(LEASE, queues=queues)
+            if claim is None:
+                break
+            claimed.append(claim.step_name)
+            counts.append(len(queries))
+        # b2 waits: its key runs b1 (key_concurrency 1). The portable path places kc-keyed
+        # at the turn of the key whose turn it is (s1's "small", never claimed: first); the
+        # tuned path at its first due step's key's turn (b2's "big", claimed after p1 became
+        # due), so p1 goes first there: the documented difference.
+        tuned = sql_path == "tuned" and connection.vendor == "postgresql"
+        assert claimed == (["u1", "b1", "p1", "s1"] if tuned else ["u1", "b1", "s1", "p1"])
+        if tuned:
+            # The first due steps' queues read, then the claim of the first's own statement.
+            assert counts == [2, 2, 2, 2], counts
+        _finish("b1")
+        again = WorkflowStep.objects.claim_due(LEASE, queues=queues)
+        assert again is not None and again.step_name == "b2"
+
+
+@pytest.mark.postgres_only
+def test_a_lapsed_step_of_a_mixed_worker_is_taken_over_the_portable_way() -> None:
+    _queue("p", ["p1"], "tests.kc.plain")
+    first = WorkflowStep.objects.claim_due(LEASE, queues=["kc-plain", "kc-keyed"])
+    assert first is not None and first.attempt == 1
+    WorkflowStep.objects.filter(pk=first.step_id).update(lease_expires_at=db_now_plus(-1.0))
+    again = WorkflowStep.objects.claim_due(LEASE, queues=["kc-plain", "kc-keyed"])
+    assert again is not None and (again.step_id, again.attempt) == (first.step_id, 2)
 
 
 def test_prune_deletes_only_idle_key_rows() -> None:

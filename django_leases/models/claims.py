@@ -112,6 +112,12 @@ def _queue_admits(
     return True, admission
 
 
+def _never() -> datetime:
+    """A keyed queue's turn for a key never claimed: before any claim (aware when
+    ``USE_TZ``)."""
+    return datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
@@ -200,10 +206,10 @@ class StepClaims(StepOutcomes):
         rate (``DJANGO_LEASES["QUEUES"]``; decided under the queue's lock, see
         :class:`WorkflowQueueQuerySet`). Rows are picked with ``SKIP LOCKED`` where the
         database has it. The claim follows :meth:`claim_for_execution`'s rules; a lapsed
-        step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL,
-        when no queue the caller may take has limits, or ``queues`` names one queue, with
-        limits: function ``claim_queue``): one statement, unless a lapsed step waits to be
-        taken over.
+        step out of attempts is failed on the way and the next one tried. Tuned (PostgreSQL):
+        one statement when no queue the caller may take has limits, or ``queues`` names one
+        queue, with limits (function ``claim_queue`` or its variants); else two (see
+        :meth:`_claim_mixed`); unless a lapsed step waits to be taken over.
 
         Raises:
             QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
@@ -222,6 +228,12 @@ class StepClaims(StepOutcomes):
         elif len(taken) == 1 and taken[0] in limits and functions_called(connection):
             # One limited queue: one statement under its lock, the same exception aside.
             lapsed, claim = self._claim_limited(connection, ttl, limits[taken[0]])
+            if not lapsed:
+                return claim
+        elif functions_called(connection):
+            # Limited queues and others: the first due step's queue looked up, then claimed
+            # by its own statement.
+            lapsed, claim = self._claim_mixed(connection, ttl, limits, taken)
             if not lapsed:
                 return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
@@ -384,10 +396,23 @@ class StepClaims(StepOutcomes):
     def _claim_limited(
         self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits
     ) -> tuple[bool, Claim | None]:
-        """:meth:`claim_due`'s tuned path (function ``claim_queue``) for a worker of one queue
-        with limits (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits
-        and round-robin order decided in the statement under the queue's lock."""
+        """:meth:`claim_due`'s tuned path for a worker of one queue with limits
+        (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits and
+        round-robin order decided in the statement under the queue's lock — the function of
+        the queue's shape: ``claim_queue_keyed`` (keyed, no rate), ``claim_queue_counted``
+        (a concurrency alone), else ``claim_queue``."""
         sent = time.monotonic()
+        if limits.rate is None and limits.key_rate is None:
+            # The statement of the queue's shape: no rate log read or written, and in a
+            # queue without keys no skip scan over keys and no key row.
+            if limits.keyed:
+                short = "claim_queue_keyed"
+                args: list[Any] = [ttl, limits.name, limits.concurrency, limits.key_concurrency]
+            else:
+                short = "claim_queue_counted"
+                args = [ttl, limits.name, limits.concurrency]
+            row = call_function(connection, short, args)
+            return claim_from_row(connection.alias, row, ttl, sent)
         rate = limits.rate is not None
         key_rate = limits.key_rate is not None
         row = call_function(
@@ -406,6 +431,88 @@ class StepClaims(StepOutcomes):
             ],
         )
         return claim_from_row(connection.alias, row, ttl, sent)
+
+    def _claim_mixed(
+        self,
+        connection: BaseDatabaseWrapper,
+        ttl: float,
+        limits: Mapping[str, QueueLimits],
+        taken: Sequence[str],
+    ) -> tuple[bool, Claim | None]:
+        """:meth:`claim_due`'s tuned path for a worker of limited queues and others
+        (``taken``; empty: every queue): one statement reads the first due step of the
+        unlimited queues and of each limited one (and whether a lapsed step waits: then
+        ``(True, None)``, the portable path takes it over); then the first of those, by
+        priority and then by when it became due, is claimed by its own statement
+        (``claim_step_except`` for the unlimited queues, :meth:`_claim_limited` for a
+        limited one: its limits and round-robin decided there). A limited queue that admits
+        nothing now is passed over for the next. Order across queues: priority, then the
+        time each queue takes its turn at — its first due step's due time, or in a keyed
+        queue its first due step's key's last claim (never: first), where the portable path
+        takes the last claim of the key whose turn it is in the queue (the same key, or one
+        claimed less recently: the tuned path may then place the keyed queue later)."""
+        alias = connection.alias
+        limited = sorted(
+            name for name, queue in limits.items() if queue.limited and (not taken or name in taken)
+        )
+        others = [name for name in taken if name not in limited]
+        steps = self.using(alias).rows().filter(run__status=RunStatus.RUNNING)
+        of_taken = steps.filter(queue__in=taken) if taken else steps
+        lapsed = (
+            of_taken.filter(status=StepStatus.RUNNING)
+            .filter(
+                Q(lease_expires_at__lte=DbNow())
+                | Q(lease_expires_at__isnull=True)
+                | Q(deadline_at__lte=DbNow())
+            )
+            .annotate(source=models.Value(-1), order_at=F("available_at"))
+            .values_list("source", "priority", "order_at")[:1]
+        )
+        waiting = steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()).exclude(
+            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        )
+        at = models.DateTimeField()
+        heads = []
+        if others or not taken:
+            rest = waiting.filter(queue__in=others) if taken else waiting.exclude(queue__in=limited)
+            heads.append(
+                rest.annotate(source=models.Value(len(limited)), order_at=F("available_at"))
+            )
+        # A source is an index into ``limited`` (its queue), or past it (the others). A keyed
+        # queue takes its turn at its first due step's key's last claim (never: first), as
+        # in the portable path's order; any other queue at its first due step's due time.
+        for index, name in enumerate(limited):
+            head = waiting.filter(queue=name).annotate(source=models.Value(index))
+            if limits[name].keyed:
+                turn = models.Subquery(
+                    WorkflowQueueKey.objects.using(alias)
+                    .filter(queue=name, key=models.OuterRef("queue_key"))
+                    .values("claimed_at")[:1]
+                )
+                order_at: Any = Coalesce(turn, models.Value(_never(), output_field=at))
+            else:
+                order_at = F("available_at")
+            heads.append(head.annotate(order_at=order_at))
+        firsts = [
+            head.order_by("-priority", "available_at", "id").values_list(
+                "source", "priority", "order_at"
+            )[:1]
+            for head in heads
+        ]
+        found = list(lapsed.union(*firsts, all=True))
+        if any(source < 0 for source, _, _ in found):
+            return True, None
+        found.sort(key=lambda row: (-row[1], row[2]))
+        for source, _, _ in found:
+            if source == len(limited):
+                sent = time.monotonic()
+                row = call_function(connection, "claim_step_except", [ttl, others or None, limited])
+                lapsed_now, claim = claim_from_row(alias, row, ttl, sent)
+            else:
+                lapsed_now, claim = self._claim_limited(connection, ttl, limits[limited[source]])
+            if lapsed_now or claim is not None:
+                return lapsed_now, claim
+        return False, None
 
     def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
         features = connections[alias].features
@@ -478,7 +585,7 @@ class StepClaims(StepOutcomes):
             .filter(queue=models.OuterRef("queue"), key=models.OuterRef("queue_key"))
             .values("claimed_at")[:1]
         )
-        never = datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
+        never = _never()
         order = models.Case(
             models.When(
                 queue__in=keyed,

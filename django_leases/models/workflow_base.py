@@ -92,7 +92,7 @@ def wait_model() -> type[WorkflowWait]:
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0039_results_once"
+FUNCTIONS_MIGRATION = "0040_fair_passes"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
@@ -171,7 +171,10 @@ _calls: dict[tuple[str, str], str] = {}
 CLAIMING_FUNCTIONS = frozenset(
     {
         "claim_queue",
+        "claim_queue_counted",
+        "claim_queue_keyed",
         "claim_step",
+        "claim_step_except",
         "complete_run_alone_claiming",
         "insert_claimed",
         "set_result_claiming_next",

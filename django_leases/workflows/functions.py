@@ -25,8 +25,10 @@ from django_leases.workflows.sql import (
     Function,
     Tables,
     claim_queue,
+    claim_queue_counted,
     claim_queue_lock,
     claim_step,
+    claim_step_except,
     completion,
     completion_alone,
     insert_claimed,
@@ -66,7 +68,9 @@ def _arg(name: str, sql_type: str) -> Arg:
 
 def catalogue(pieces: Pieces) -> dict[str, Function]:
     """The worker's hot statements as PL/pgSQL functions, by short name: ``claim_step``,
-    ``claim_queue``,
+    ``claim_queue`` (any limited queue), ``claim_queue_keyed`` (a keyed queue without rates),
+    ``claim_queue_counted`` (a queue whose only limit is its concurrency),
+    ``claim_step_except`` (the unlimited queues of a worker that also takes limited ones),
     ``take_pass``, ``pick_pass``, ``insert_claimed``, ``set_result_claiming_next``,
     ``complete_run``, ``complete_run_picking``, ``complete_run_alone``,
     ``complete_run_alone_picking`` and ``complete_run_alone_claiming``, built from the
@@ -133,19 +137,40 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
     complete_alone = partial(
         completion_alone, t, fence, fence_params, acquire_released, released, *alone_args[1:]
     )
+    _, queue, _, concurrency, _, _, key_concurrency, _, _ = claim_queue_args
     found = (
         Function(
             "claim_queue",
             claim_queue_args,
             CLAIM_STEP_TYPES,
             claim_queue(t, *claim_queue_args),
-            prelude=claim_queue_lock(t, claim_queue_args[1]),
+            prelude=claim_queue_lock(t, queue),
+        ),
+        Function(
+            "claim_queue_keyed",
+            (ttl, queue, concurrency, key_concurrency),
+            CLAIM_STEP_TYPES,
+            claim_queue(t, ttl, queue, True, concurrency, None, None, key_concurrency, None, None),
+            prelude=claim_queue_lock(t, queue),
+        ),
+        Function(
+            "claim_queue_counted",
+            (ttl, queue, concurrency),
+            CLAIM_STEP_TYPES,
+            claim_queue_counted(t, ttl, queue, concurrency),
+            prelude=claim_queue_lock(t, queue),
         ),
         Function(
             "claim_step",
             (ttl, queues),
             CLAIM_STEP_TYPES,
             claim_step(t, ttl, queues),
+        ),
+        Function(
+            "claim_step_except",
+            (ttl, queues, _arg("p_excluded", "text[]")),
+            CLAIM_STEP_TYPES,
+            claim_step_except(t, ttl, queues, _arg("p_excluded", "text[]")),
         ),
         Function(
             "take_pass",

@@ -275,8 +275,23 @@ def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
+def claim_step_except(t: Tables, seconds: Any, queues: Any, excluded: Any) -> tuple[str, list[Any]]:
+    """:func:`claim_step` of ``queues`` (``NULL``: every queue) but never of ``excluded`` (a
+    text array): the unlimited queues' claim of a worker that also takes limited queues."""
+    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues, excluded=excluded)
+    return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
+
+
 def claim_step_ctes(
-    t: Tables, seconds: Any, queues: Any, *, after_waits: bool = False
+    t: Tables,
+    seconds: Any,
+    queues: Any,
+    *,
+    after_waits: bool = False,
+    queue: str = "",
+    admit: str = "",
+    excluded: Any = None,
+    started: str = "statement_timestamp()",
 ) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
     statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
@@ -305,6 +320,12 @@ def claim_step_ctes(
     re-checked on its latest version. A run row another transaction is writing is skipped
     with its steps (``SKIP LOCKED``): the caller's next look for due steps takes them.
 
+    ``queue``: instead of ``queues``, the one queue (SQL) to claim from; ``admit``: an SQL
+    condition without which nothing is picked (a limit of that queue, :func:`claim_queue_counted`);
+    ``excluded``: a text array of queues never to claim from (the limited queues of a worker
+    that claims those through their own statements, :func:`claim_step_except`); ``started``:
+    the attempt's ``started_at`` (SQL; a claim under a queue's lock takes the time after it).
+
     Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
     the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
     one row)."""
@@ -317,6 +338,12 @@ def claim_step_ctes(
     )
     failed = _text(StepStatus.FAILED)
     of_queues = f"({literal(queues)} IS NULL OR s.queue = ANY ({literal(queues)}))"
+    if queue:
+        of_queues = f"s.queue = {queue}"
+    if excluded is not None:
+        of_queues = f"{of_queues} AND NOT (s.queue = ANY ({literal(excluded)}))"
+    admitted = f" AND {admit}" if admit else ""
+    restarted = "" if started == "statement_timestamp()" else ", started_at = excluded.started_at"
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
     )
@@ -336,7 +363,7 @@ def claim_step_ctes(
             ) AS found
         ), picked AS (
             SELECT s.id, s.status AS was, s.available_at FROM {t.step} s{run_joined}
-            WHERE NOT (SELECT found FROM lapsed)
+            WHERE NOT (SELECT found FROM lapsed){admitted}
                 AND s.status IN ({waiting}) AND {of_queues}
                 AND s.available_at <= statement_timestamp()
                 AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
@@ -360,10 +387,10 @@ def claim_step_ctes(
                 extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
         ), begun AS (
             INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
-            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, statement_timestamp()
+            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, {started}
             FROM claimed
             ON CONFLICT (step_id, attempt) DO UPDATE
-            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL
+            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL{restarted}
             RETURNING a.started_at
         )"""
     columns, joined = _claim_columns(t)
@@ -411,6 +438,33 @@ def _recent(starts: str, window: Any, at: str) -> str:
     )
 
 
+def _live_count(t: Tables, queue: str) -> str:
+    """How many steps of queue ``queue`` (SQL) run with a live lease: what its concurrency
+    counts (an SQL expression)."""
+    return (
+        f"(SELECT count(*) FROM {t.step} s WHERE s.status = {_text(StepStatus.RUNNING)} "
+        f"AND s.queue = {queue} AND s.lease_expires_at > statement_timestamp())"
+    )
+
+
+def claim_queue_counted(
+    t: Tables, seconds: Any, queue: Any, concurrency: Any
+) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.claim_due` for one queue whose only limit is its
+    ``concurrency``, in one statement run under the queue row's lock
+    (:func:`claim_queue_lock` first, in the same function): :func:`claim_step_ctes` for the
+    queue, admitted while fewer than ``concurrency`` of its steps run with a live lease. No
+    skip scan over keys, no rate log, no key row: a queue without keys or rates needs none.
+    The attempt starts at the time after the lock (``clock_timestamp()``), as in
+    :func:`claim_queue`."""
+    q = literal(queue)
+    admit = f"{_live_count(t, q)} < {literal(concurrency)}"
+    ctes, params, columns, joined = claim_step_ctes(
+        t, seconds, None, queue=q, admit=admit, started="clock_timestamp()"
+    )
+    return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
+
+
 def claim_queue(
     t: Tables,
     seconds: Any,
@@ -429,17 +483,22 @@ def claim_queue(
     The queue admits a start while fewer than ``concurrency`` of its steps run with a live
     lease and fewer than ``rate_starts`` of its rate log lie within the last ``rate_window``
     seconds (``NULL``: no such limit). Its due waiting steps are looked at one key at a time
-    (a skip scan over the keys of its waiting steps, by the ``dl_step_key_waiting`` index):
-    each key's first step in the claim order (highest ``priority``, then first due). With
-    ``keyed``, a key at ``key_concurrency`` running steps or out of its ``key_rate`` is
-    passed over, and of the others' first steps the one at the highest priority whose key
-    was claimed least recently (never: first) is taken — round-robin; without, simply the
-    first in the claim order. Then, as :func:`claim_step_ctes` (``SKIP LOCKED``, lease of
-    ``seconds``, attempt row), with the start's time taken after the lock
+    (a skip scan by the ``dl_step_key_waiting`` index, one index probe per key: the next
+    key's first step in the claim order — highest ``priority``, then first due — that may
+    start). With ``keyed``, a key at ``key_concurrency`` running steps or out of its
+    ``key_rate`` is passed over, and of the others' first steps the one at the highest
+    priority whose key was claimed least recently (never: first) is taken — round-robin;
+    without, simply the first in the claim order. Then, as :func:`claim_step_ctes` (``SKIP
+    LOCKED``, lease of ``seconds``, attempt row), with the start's time taken after the lock
     (``clock_timestamp()``): appended to the queue's rate log (with a rate), and in a keyed
     queue written as the key's last claim and appended to its rate log (with a key rate).
     A running step of the queue whose lease lapsed is left to the portable path, as in
-    :func:`claim_step_ctes`. Its columns are :data:`CLAIM_STEP_TYPES`'."""
+    :func:`claim_step_ctes`. Its columns are :data:`CLAIM_STEP_TYPES`'.
+
+    A variant for a queue of one shape is built by giving the builder Python values, not
+    arguments: ``keyed`` ``True``; ``None`` for ``rate_starts`` (and ``rate_window``) or
+    ``key_rate_starts`` (and ``key_rate_window``) leaves out the rate logs' reading and
+    writing altogether (the statement a keyed queue without rates runs)."""
     running, waiting = (
         _text(StepStatus.RUNNING),
         ", ".join(
@@ -449,11 +508,62 @@ def claim_queue(
     )
     failed = _text(StepStatus.FAILED)
     q = literal(queue)
+    is_keyed = "true" if keyed is True else literal(keyed)
+    rated = rate_starts is not None
+    key_rated = key_rate_starts is not None
     live_run = (
         f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
     )
     at = "(SELECT epoch FROM clock)"
     lease = f"statement_timestamp() + make_interval(secs => {literal(seconds)})"
+    admits = [f"({literal(concurrency)} IS NULL OR {_live_count(t, q)} < {literal(concurrency)})"]
+    if rated:
+        recent = _recent(f"(SELECT starts FROM {t.queue} WHERE name = {q})", rate_window, at)
+        admits.append(
+            f"({literal(rate_starts)} IS NULL OR "
+            f"(SELECT count(*) FROM {recent} AS recent) < {literal(rate_starts)})"
+        )
+    # A key's first step that may start, in the claim order, after key ``after`` (SQL; the
+    # first key: none).
+    first_step = """(
+                SELECT s.id, s.status AS was, s.available_at, s.priority, s.queue_key
+                FROM {step} s
+                WHERE s.queue = {q}{after} AND s.status IN ({waiting})
+                    AND s.available_at <= statement_timestamp()
+                    AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
+                    AND {live_run}
+                ORDER BY s.queue_key, s.priority DESC, s.available_at, s.id
+                LIMIT 1
+            )"""
+
+    def first_after(after: str) -> str:
+        return first_step.format(
+            step=t.step, q=q, after=after, waiting=waiting, failed=failed, live_run=live_run
+        )
+
+    key_rate_refused = ""
+    if key_rated:
+        key_rate_refused = f"""
+                AND NOT ({is_keyed} AND {literal(key_rate_starts)} IS NOT NULL AND (
+                    SELECT count(*) FROM {_recent("k.starts", key_rate_window, at)} AS recent
+                ) >= {literal(key_rate_starts)})"""
+    busy, live = "", ""
+    if key_concurrency is not None:
+        live = f"""live AS (
+            SELECT s.queue_key FROM {t.step} s
+            WHERE s.status = {running} AND s.queue = {q}
+                AND s.lease_expires_at > statement_timestamp()
+        ), busy AS (
+            SELECT queue_key FROM live
+            WHERE {is_keyed} AND {literal(key_concurrency)} IS NOT NULL
+            GROUP BY queue_key HAVING count(*) >= {literal(key_concurrency)}
+        ), """
+        busy = """
+                AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.queue_key = w.queue_key)"""
+        admits[0] = (
+            f"({literal(concurrency)} IS NULL "
+            f"OR (SELECT count(*) FROM live) < {literal(concurrency)})"
+        )
     ctes = f"""
         lapsed AS (
             SELECT EXISTS (
@@ -466,55 +576,20 @@ def claim_queue(
         ), clock AS (
             SELECT clock_timestamp() AS at,
                 extract(epoch FROM clock_timestamp())::double precision AS epoch
-        ), live AS (
-            SELECT s.queue_key FROM {t.step} s
-            WHERE s.status = {running} AND s.queue = {q}
-                AND s.lease_expires_at > statement_timestamp()
-        ), queue_row AS (
-            SELECT starts FROM {t.queue} WHERE name = {q}
-        ), open AS (
-            SELECT NOT (SELECT found FROM lapsed)
-                AND ({literal(concurrency)} IS NULL
-                    OR (SELECT count(*) FROM live) < {literal(concurrency)})
-                AND ({literal(rate_starts)} IS NULL OR (
-                    SELECT count(*)
-                    FROM {_recent("(SELECT starts FROM queue_row)", rate_window, at)} AS recent
-                ) < {literal(rate_starts)}) AS ok
-        ), busy AS (
-            SELECT queue_key FROM live
-            WHERE {literal(keyed)} AND {literal(key_concurrency)} IS NOT NULL
-            GROUP BY queue_key HAVING count(*) >= {literal(key_concurrency)}
-        ), waiting_keys (key) AS (
-            SELECT (
-                SELECT min(s.queue_key) FROM {t.step} s
-                WHERE s.queue = {q} AND s.status IN ({waiting})
-            ) WHERE (SELECT ok FROM open)
+        ), {live}firsts AS (
+            SELECT f.* FROM {first_after("")} AS f
+            WHERE NOT (SELECT found FROM lapsed) AND {" AND ".join(admits)}
             UNION ALL
-            SELECT (
-                SELECT min(s.queue_key) FROM {t.step} s
-                WHERE s.queue = {q} AND s.status IN ({waiting}) AND s.queue_key > w.key
-            ) FROM waiting_keys w WHERE w.key IS NOT NULL
+            SELECT f.* FROM firsts w
+            CROSS JOIN LATERAL {first_after(" AND s.queue_key > w.queue_key")} AS f
         ), candidates AS (
-            SELECT c.id, c.was, c.available_at, c.priority, c.queue_key, k.starts,
-                CASE WHEN {literal(keyed)} THEN coalesce(k.claimed_at, '-infinity')
+            SELECT w.id, w.was, w.available_at, w.priority, w.queue_key,
+                {"k.starts" if key_rated else "NULL::jsonb AS starts"},
+                CASE WHEN {is_keyed} THEN coalesce(k.claimed_at, '-infinity')
                     ELSE '-infinity' END AS turn
-            FROM waiting_keys w
-            CROSS JOIN LATERAL (
-                SELECT s.id, s.status AS was, s.available_at, s.priority, s.queue_key
-                FROM {t.step} s
-                WHERE s.queue = {q} AND s.queue_key = w.key AND s.status IN ({waiting})
-                    AND s.available_at <= statement_timestamp()
-                    AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
-                    AND {live_run}
-                ORDER BY s.priority DESC, s.available_at, s.id
-                LIMIT 1
-            ) AS c
-            LEFT JOIN {t.queue_key} k ON k.queue = {q} AND k.key = w.key
-            WHERE w.key IS NOT NULL
-                AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.queue_key = w.key)
-                AND NOT ({literal(keyed)} AND {literal(key_rate_starts)} IS NOT NULL AND (
-                    SELECT count(*) FROM {_recent("k.starts", key_rate_window, at)} AS recent
-                ) >= {literal(key_rate_starts)})
+            FROM firsts w
+            LEFT JOIN {t.queue_key} k ON k.queue = {q} AND k.key = w.queue_key
+            WHERE true{busy}{key_rate_refused}
         ), top AS (
             SELECT * FROM candidates
             WHERE priority = (SELECT max(priority) FROM candidates)
@@ -550,7 +625,9 @@ def claim_queue(
             SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL,
                 started_at = excluded.started_at
             RETURNING a.started_at
-        ), rated AS (
+        )"""
+    if rated:
+        ctes += f""", rated AS (
             UPDATE {t.queue}
             SET starts = (
                     SELECT coalesce(jsonb_agg(recent.e), '[]'::jsonb)
@@ -559,19 +636,27 @@ def claim_queue(
                 updated_at = statement_timestamp()
             WHERE name = {q} AND {literal(rate_starts)} IS NOT NULL
                 AND EXISTS (SELECT 1 FROM claimed)
-        ), turned AS (
-            INSERT INTO {t.queue_key} AS k (queue, key, claimed_at, starts)
-            SELECT {q}, picked.queue_key, (SELECT at FROM clock), CASE
+        )"""
+    if key_rated:
+        starts = f"""CASE
                 WHEN {literal(key_rate_starts)} IS NULL THEN coalesce(picked.starts, '[]'::jsonb)
                 ELSE (
                     SELECT coalesce(jsonb_agg(recent.e), '[]'::jsonb)
                     FROM {_recent("coalesce(picked.starts, '[]'::jsonb)", key_rate_window, at)}
                         AS recent
-                ) || to_jsonb({at}) END
+                ) || to_jsonb({at}) END"""
+        written = "claimed_at = excluded.claimed_at, starts = excluded.starts"
+    else:
+        # No key rate: the key's rate log is left as it is (a new key's: empty).
+        starts = "'[]'::jsonb"
+        written = "claimed_at = excluded.claimed_at"
+    ctes += f""", turned AS (
+            INSERT INTO {t.queue_key} AS k (queue, key, claimed_at, starts)
+            SELECT {q}, picked.queue_key, (SELECT at FROM clock), {starts}
             FROM picked
-            WHERE {literal(keyed)} AND EXISTS (SELECT 1 FROM claimed)
+            WHERE {is_keyed} AND EXISTS (SELECT 1 FROM claimed)
             ON CONFLICT (queue, key) DO UPDATE
-            SET claimed_at = excluded.claimed_at, starts = excluded.starts
+            SET {written}
         )"""
     columns, joined = _claim_columns(t)
     return f"WITH RECURSIVE {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", []
@@ -1048,9 +1133,11 @@ __all__ = [
     "Function",
     "Tables",
     "claim_queue",
+    "claim_queue_counted",
     "claim_queue_lock",
     "claim_step",
     "claim_step_ctes",
+    "claim_step_except",
     "completion",
     "completion_alone",
     "insert_claimed",
