@@ -45,13 +45,14 @@ them when they end; after a failed renewal they close them too, so the next one 
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from django.db import connections
 
@@ -64,8 +65,9 @@ logger = logging.getLogger("django_leases.renewal")
 #: How many renewals fit in one lease.
 RENEWALS_PER_LEASE = 3
 
-#: Called with each renewal's outcome (``"held"``, ``"lost"``, ``"failed"``), on the renewal
-#: thread: the metrics count them. Observers must be quick and must not raise.
+#: Called with each renewal's outcome (``"held"``, ``"lost"``, ``"failed"``, ``"skipped"``: its
+#: row was locked by another transaction), on the renewal thread: the metrics count them.
+#: Observers must be quick and must not raise.
 observers: list[Callable[[str], None]] = []
 
 
@@ -96,19 +98,40 @@ COALESCE = 0.25
 STUCK_GRACE = 1.0
 
 
+class Unknown(enum.Enum):
+    """The type of :data:`UNKNOWN`."""
+
+    UNKNOWN = "unknown"
+
+    def __bool__(self) -> bool:
+        raise TypeError("UNKNOWN is neither held nor lost: compare it with `is UNKNOWN`")
+
+
+#: A set-based refresh's answer for one lease whose row another transaction held locked:
+#: the row was skipped (``SKIP LOCKED``), so nothing is known of that lease this tick. The
+#: renewer counts it as a failed renewal of that lease alone (its local deadline rules: lost
+#: only if it stays unrenewed past its TTL); the other leases of the statement are renewed.
+#: Not truthy nor falsy (``bool(UNKNOWN)`` raises): test it with ``is UNKNOWN``.
+UNKNOWN: Final = Unknown.UNKNOWN
+
+
 class BatchRefresh(Protocol):
     """Refreshes several leases of one kind on database ``alias`` in one statement.
 
     Called on the renewer thread with ``(item, ttl seconds)`` pairs; returns one entry per
     pair, in order: the item as refreshed (handed to the lease's ``on_renewed``, and
-    refreshed next time) or ``None`` when that lease is no longer held. Raising says nothing
-    of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
+    refreshed next time), ``None`` when that lease is no longer held, or :data:`UNKNOWN`
+    when its row was locked by another transaction and skipped (a failed renewal of that
+    lease alone: one row lock must not make every lease of the process wait). Raising says
+    nothing of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
     the leases' (:func:`~django_leases.leases.refresh_leases`); a workflow step lease's is
     one fenced ``UPDATE`` of the steps matching id and attempt
     (:func:`~django_leases.workflows.engine.refresh_step_leases`).
     """
 
-    def __call__(self, alias: str, items: Sequence[tuple[Any, float]]) -> Sequence[Any | None]:
+    def __call__(
+        self, alias: str, items: Sequence[tuple[Any, float]]
+    ) -> Sequence[Any | Unknown | None]:
         """Refresh ``items`` on ``alias``; see the class docstring."""
         ...
 
@@ -405,6 +428,7 @@ class Renewer:
         """Renew ``batch``: one call per refresh kind, one per ``renew`` callable."""
         sent = time.monotonic()
         outcomes: list[tuple[Renewed, bool | None]] = []
+        skipped: list[Renewed] = []
         failed = False
         kinds: dict[int, list[Renewed]] = {}
         for lease in batch:
@@ -431,6 +455,10 @@ class Renewer:
                     outcomes.extend((lease, None) for lease in leases)
                     continue
                 for lease, answer in zip(leases, answers, strict=True):
+                    if answer is UNKNOWN:
+                        skipped.append(lease)
+                        outcomes.append((lease, None))
+                        continue
                     outcomes.append((lease, answer is not None))
                     if answer is not None:
                         lease.item = answer
@@ -450,6 +478,12 @@ class Renewer:
                     failed = True
                     outcomes.append((lease, None))
         finally:
+            if skipped:
+                logger.info(
+                    "Renewal of lease(s) %s on %r skipped: locked by another transaction",
+                    _names(skipped),
+                    self.alias,
+                )
             if failed:
                 db.close_thread_connections()
             answered = {id(lease) for lease, _ in outcomes}
@@ -467,8 +501,12 @@ class Renewer:
                 self.cond.notify_all()
         now = time.monotonic()
         lost: list[Renewed] = []
+        locked = {id(lease) for lease in skipped}
         for lease, held in outcomes:
-            _observed("failed" if held is None else "held" if held else "lost")
+            if held is None:
+                _observed("skipped" if id(lease) in locked else "failed")
+            else:
+                _observed("held" if held else "lost")
             if held is False:
                 reason = "the database says it is no longer held"
             elif held is None and now >= lease.deadline:
