@@ -117,8 +117,17 @@ def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
     # The locked lease's TTL outlasts the lock: skipped, not lost.
     locked, *others = _holds(12.0, 3.0, 3.0, 3.0)
     try:
+        renewed = locked._renewal
+        assert renewed is not None
         row = LockedRow(locked.lease)
         try:
+            # The locked lease's renewal comes due (and is sent, or waits for the row).
+            due = renewed.due
+            wait_until(
+                lambda: renewed.due > due or renewed.in_flight,
+                PATIENCE,
+                what="a renewal of the locked lease",
+            )
             # Each other lease's expiry as of now: while the row stays locked, the database
             # clock passes them all. Were the renewal waiting for the row, they would lapse.
             expiries = [Lease.objects.get(pk=held.lease.pk).expires_at for held in others]
@@ -134,9 +143,9 @@ def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
         finally:
             row.end()
         # Unlocked: renewed again at its next tick.
-        renewed = Lease.objects.get(pk=locked.lease.pk).renewed_at
+        last = Lease.objects.get(pk=locked.lease.pk).renewed_at
         wait_until(
-            lambda: Lease.objects.get(pk=locked.lease.pk).renewed_at > renewed,
+            lambda: Lease.objects.get(pk=locked.lease.pk).renewed_at > last,
             PATIENCE,
             what="a renewal of the unlocked lease",
         )
