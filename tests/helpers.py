@@ -722,9 +722,10 @@ def run_of(run_id: Any) -> Any:
 
 def renewal_threads(key: str | None = None) -> list[threading.Thread]:
     """The renewal threads of a lease renewed on threads of its own (``key``: its
-    ``lease-renewal:<key>`` thread); with no key, every renewal thread of the process: each
-    :class:`~django_leases.renewal.Renewal`'s (``lease-renewal:…``, ``lease-deadline:…``)
-    and each alias's renewer and watchdog (``lease-renewer:…``, ``lease-watchdog:…``)."""
+    ``lease-renewal:<key>`` thread, as leases had before the renewer: none should be left);
+    with no key, every renewal thread of the process: such threads (``lease-renewal:…``,
+    ``lease-deadline:…``) and each alias's renewer and watchdog (``lease-renewer:…``,
+    ``lease-watchdog:…``)."""
     if key is not None:
         return [t for t in threading.enumerate() if t.name == f"lease-renewal:{key}"]
     names = ("lease-renewal:", "lease-deadline:", "lease-renewer:", "lease-watchdog:")

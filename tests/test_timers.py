@@ -32,12 +32,13 @@ def test_a_cancelled_timer_leaves_the_queue_at_once() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_deferred_renewals_and_bounded_statements_leave_no_timer_behind() -> None:
+def test_renewed_leases_and_bounded_statements_leave_no_timer_behind() -> None:
     from django_leases import db
 
     before = TIMERS.queued()
+    renewer = renewal.Renewer("timers")
     for _ in range(20):
-        step = renewal.Renewal(unique_key("deferred"), 30.0, lambda: True, deferred=True)
+        step = renewer.lease(unique_key("deferred"), 30.0, renew=lambda: True)
         step.start()
         step.stop()
         with db.bounded(connection, 30.0, "a quick statement"):
