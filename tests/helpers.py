@@ -732,14 +732,15 @@ def renewal_threads(key: str | None = None) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(names)]
 
 
-def end_renewers(monkeypatch: Any) -> None:
+def end_renewers(monkeypatch: Any, *more: Any) -> None:
     """End the renewers' threads now (none may hold a lease) and keep them from lingering
     for the rest of the test (``RENEWER_IDLE`` 0): the next hold's renewals then open a new
-    connection, as a test that changes the connection settings needs."""
+    connection, as a test that changes the connection settings needs. ``more``: renewers
+    a test made itself (``Renewer(...)``), ended too."""
     from django_leases import renewal
 
     monkeypatch.setattr(renewal, "RENEWER_IDLE", 0.0)
-    for found in renewal.renewers():
+    for found in [*renewal.renewers(), *more]:
         with found.cond:
             found.cond.notify_all()
     wait_until(lambda: not renewal_threads(), 60, what="the renewers' threads to end")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from django_leases.renewal import Renewer, renewal_interval
-from tests.helpers import unique_key, wait_until
+from tests.helpers import end_renewers, unique_key, wait_until
 
 #: Generous bound for polling a condition (never a timed assertion).
 DEADLINE = 60.0
@@ -24,19 +26,25 @@ def _own_threads(name: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name in own]
 
 
-def test_a_lease_stopped_before_its_first_renewal_costs_no_call_and_no_thread() -> None:
+def test_a_lease_stopped_before_its_first_renewal_costs_no_call_and_no_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = unique_key("deferred")
     calls: list[int] = []
-    lease = Renewer(name).lease(name, 3600.0, renew=lambda: bool(calls.append(1)) or True)
+    renewer = Renewer(name)
+    lease = renewer.lease(name, 3600.0, renew=lambda: bool(calls.append(1)) or True)
     lease.start()
     assert not _own_threads(name)
     lease.stop()
     lease.stop()  # idempotent
     assert calls == []
     assert not lease.lost.is_set()
+    end_renewers(monkeypatch, renewer)
 
 
-def test_a_lease_is_renewed_every_interval_and_never_after_stop_returned() -> None:
+def test_a_lease_is_renewed_every_interval_and_never_after_stop_returned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = unique_key("deferred")
     ttl = RENEWED_TTL
     calls: list[float] = []
@@ -57,4 +65,5 @@ def test_a_lease_is_renewed_every_interval_and_never_after_stop_returned() -> No
     count = len(calls)
     assert not lease.in_flight
     assert renewer.held() == []
+    end_renewers(monkeypatch, renewer)
     assert len(calls) == count, "a renewal ran after stop() returned"

@@ -12,7 +12,7 @@ from django.db import connection
 from django_leases import renewal
 from django_leases.models import Lease
 from django_leases.process import TIMERS, Timers
-from tests.helpers import unique_key, wait_until
+from tests.helpers import end_renewers, unique_key, wait_until
 
 PATIENCE = 60.0
 
@@ -32,7 +32,9 @@ def test_a_cancelled_timer_leaves_the_queue_at_once() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_renewed_leases_and_bounded_statements_leave_no_timer_behind() -> None:
+def test_renewed_leases_and_bounded_statements_leave_no_timer_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from django_leases import db
 
     before = TIMERS.queued()
@@ -44,3 +46,4 @@ def test_renewed_leases_and_bounded_statements_leave_no_timer_behind() -> None:
         with db.bounded(connection, 30.0, "a quick statement"):
             Lease.objects.filter(pk=-1).exists()
     assert TIMERS.queued() <= before
+    end_renewers(monkeypatch, renewer)
