@@ -696,8 +696,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         """Tuned PostgreSQL: one statement. ``held`` reads the rows still held (no lock),
         ``locked`` locks those no other transaction has locked (``SKIP LOCKED``; ``NO KEY
         UPDATE``, the lock the ``UPDATE`` takes), ``renewed`` extends them (the guard
-        checked again on the row as locked). A row held but not renewed was locked
-        elsewhere: unknown."""
+        checked again on the row as locked: a takeover committed since the read is not
+        renewed). A row held but not renewed was locked elsewhere: unknown. Each part
+        reaches the lease rows by key or id, never by a scan of the table."""
         table = self._table(connection)
         guard = (
             "l.key = v.key AND l.holder = v.holder AND l.token = v.token "
@@ -707,13 +708,12 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         sql = (
             "WITH v AS (SELECT * FROM unnest(%s::text[], %s::text[], %s::bigint[], "
             "%s::bigint[]) AS v(key, holder, token, ttl_us)), "
-            f"held AS (SELECT l.id, l.key FROM {table} AS l JOIN v ON {guard}), "
-            f"locked AS (SELECT l.id FROM {table} AS l WHERE l.id IN (SELECT id FROM held) "
-            "FOR NO KEY UPDATE SKIP LOCKED), "
+            f"held AS (SELECT l.id, v.* FROM v JOIN {table} AS l ON {guard}), "
+            f"locked AS (SELECT held.* FROM held JOIN {table} AS l USING (id) "
+            "FOR NO KEY UPDATE OF l SKIP LOCKED), "
             f"renewed AS (UPDATE {table} AS l SET expires_at = statement_timestamp() "
             "+ v.ttl_us * interval '1 microsecond', renewed_at = statement_timestamp() "
-            f"FROM v WHERE {guard} AND l.id IN (SELECT id FROM locked) "
-            "RETURNING l.id, l.expires_at) "
+            f"FROM locked AS v WHERE l.id = v.id AND {guard} RETURNING l.id, l.expires_at) "
             "SELECT held.key, renewed.expires_at FROM held LEFT JOIN renewed USING (id)"
         )
         params = (
