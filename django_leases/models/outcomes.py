@@ -325,9 +325,10 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
                 f"locked AS (SELECT fenced.id FROM fenced JOIN {table} ON {table}.{pk} = "
                 f"fenced.id FOR NO KEY UPDATE OF {table} SKIP LOCKED), "
                 f"renewed AS (UPDATE {table} SET lease_expires_at = {expiry} FROM locked "
-                f"JOIN v USING (id) WHERE {fence} RETURNING {table}.{pk} AS id) "
-                "SELECT fenced.id, fenced.attempt, renewed.id IS NOT NULL "
-                "FROM fenced LEFT JOIN renewed USING (id)"
+                f"JOIN v USING (id) WHERE {fence} "
+                f"RETURNING {table}.{pk} AS id, {table}.{attempt_column} AS attempt) "
+                "SELECT id, attempt, true FROM renewed UNION ALL SELECT id, attempt, false "
+                "FROM fenced WHERE id NOT IN (SELECT id FROM renewed)"
             )
             params: list[Any] = [
                 [step_id for (step_id, _), _ in held],
