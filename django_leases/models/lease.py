@@ -583,18 +583,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             expires_at = None if row is None else row[0]
             if expires_at is None:
                 return None
-            renewed_at = expires_at - timedelta(microseconds=ttl_us)
-            values = (
-                lease.pk,
-                lease.key,
-                lease.holder,
-                lease.token,
-                expires_at,
-                lease.acquired_at,
-                renewed_at,
-                None,
-            )
-            return self.model.from_db(connection.alias, _RETURNED, values)
+            return self._refreshed(connection, lease, expires_at, ttl_us)
         if db.tuned(connection, "mysql"):
             return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
@@ -620,6 +609,24 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return None if row is None else self._from_row(connection, row)
+
+    def _refreshed(
+        self, connection: BaseDatabaseWrapper, lease: Lease, expires_at: datetime, ttl_us: int
+    ) -> Lease:
+        """``lease`` as a tuned PostgreSQL refresh left it: new expiry ``expires_at``,
+        renewed ``ttl_us`` microseconds before it (the statement's time), not released."""
+        renewed_at = expires_at - timedelta(microseconds=ttl_us)
+        values = (
+            lease.pk,
+            lease.key,
+            lease.holder,
+            lease.token,
+            expires_at,
+            lease.acquired_at,
+            renewed_at,
+            None,
+        )
+        return self.model.from_db(connection.alias, _RETURNED, values)
 
     def refresh_many(
         self, held: Sequence[tuple[Lease, float | timedelta]]
@@ -737,18 +744,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             if expires_at is None:
                 refreshed.append(UNKNOWN)
                 continue
-            renewed_at = expires_at - timedelta(microseconds=micros)
-            values = (
-                lease.pk,
-                lease.key,
-                lease.holder,
-                lease.token,
-                expires_at,
-                lease.acquired_at,
-                renewed_at,
-                None,
-            )
-            refreshed.append(self.model.from_db(connection.alias, _RETURNED, values))
+            refreshed.append(self._refreshed(connection, lease, expires_at, micros))
         return refreshed
 
     def _refresh_many_sqlite(
