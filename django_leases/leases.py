@@ -48,7 +48,7 @@ from django.db import DatabaseError, InterfaceError, connections, router
 from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import LeaseLostError, LeaseTakenError, MisuseError
-from django_leases.renewal import Renewed, renewal_interval, renewer
+from django_leases.renewal import Renewed, Unknown, renewal_interval, renewer
 from django_leases.signals import lease_lost
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -89,9 +89,12 @@ def _keep(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
     return future
 
 
-def refresh_leases(alias: str, items: Sequence[tuple[Lease, float]]) -> list[Lease | None]:
+def refresh_leases(
+    alias: str, items: Sequence[tuple[Lease, float]]
+) -> list[Lease | Unknown | None]:
     """The :class:`~django_leases.renewal.BatchRefresh` of holds: ``Lease.objects.refresh_many``
-    on ``alias`` for ``(lease, ttl seconds)`` pairs; one refreshed lease or ``None`` each."""
+    on ``alias`` for ``(lease, ttl seconds)`` pairs; one refreshed lease, ``None`` (not held)
+    or :data:`~django_leases.renewal.UNKNOWN` (its row locked elsewhere) each."""
     # deferred: the lazy public API may be imported before the app registry is ready
     from django_leases.models.lease import Lease
 

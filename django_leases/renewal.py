@@ -1,5 +1,4 @@
-"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias, and
-:class:`Renewal`, a lease renewed on threads of its own.
+"""The TTL/3 renewal loop: one :class:`Renewer` per process and database alias.
 
 Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
 
@@ -35,37 +34,36 @@ connection and two threads, with one statement per tick and kind of lease, where
 used to have a connection and two threads.
 
 A lease without a set-based refresh registers a ``renew`` callable instead (called on the
-renewer thread, one call per lease per tick). :class:`Renewal` — a lease's own renewal and
-deadline threads, started only once its first renewal is due — follows the same rules for
-code that wants a lease renewed apart; none of the package's holders uses it any more.
+renewer thread, one call per lease per tick).
 
-The renewal threads use their own database connections (Django's are per thread) and close
-them when they end; after a failed renewal they close them too, so the next one reconnects.
+The renewal thread uses its own database connection (Django's are per thread) and closes
+it when it ends; after a failed renewal it closes it too, so the next one reconnects.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from django.db import connections
 
 from django_leases import db
 from django_leases.conf import leases_settings
-from django_leases.process import TIMERS, Timer
 
 logger = logging.getLogger("django_leases.renewal")
 
 #: How many renewals fit in one lease.
 RENEWALS_PER_LEASE = 3
 
-#: Called with each renewal's outcome (``"held"``, ``"lost"``, ``"failed"``), on the renewal
-#: thread: the metrics count them. Observers must be quick and must not raise.
+#: Called with each renewal's outcome (``"held"``, ``"lost"``, ``"failed"``, ``"skipped"``: its
+#: row was locked by another transaction), on the renewal thread: the metrics count them.
+#: Observers must be quick and must not raise.
 observers: list[Callable[[str], None]] = []
 
 
@@ -96,19 +94,40 @@ COALESCE = 0.25
 STUCK_GRACE = 1.0
 
 
+class Unknown(enum.Enum):
+    """The type of :data:`UNKNOWN`."""
+
+    UNKNOWN = "unknown"
+
+    def __bool__(self) -> bool:
+        raise TypeError("UNKNOWN is neither held nor lost: compare it with `is UNKNOWN`")
+
+
+#: A set-based refresh's answer for one lease whose row another transaction held locked:
+#: the row was skipped (``SKIP LOCKED``), so nothing is known of that lease this tick. The
+#: renewer counts it as a failed renewal of that lease alone (its local deadline rules: lost
+#: only if it stays unrenewed past its TTL); the other leases of the statement are renewed.
+#: Not truthy nor falsy (``bool(UNKNOWN)`` raises): test it with ``is UNKNOWN``.
+UNKNOWN: Final = Unknown.UNKNOWN
+
+
 class BatchRefresh(Protocol):
     """Refreshes several leases of one kind on database ``alias`` in one statement.
 
     Called on the renewer thread with ``(item, ttl seconds)`` pairs; returns one entry per
     pair, in order: the item as refreshed (handed to the lease's ``on_renewed``, and
-    refreshed next time) or ``None`` when that lease is no longer held. Raising says nothing
-    of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
+    refreshed next time), ``None`` when that lease is no longer held, or :data:`UNKNOWN`
+    when its row was locked by another transaction and skipped (a failed renewal of that
+    lease alone: one row lock must not make every lease of the process wait). Raising says
+    nothing of any lease (each counts as a renewal that failed). ``Lease.objects.refresh_many`` is
     the leases' (:func:`~django_leases.leases.refresh_leases`); a workflow step lease's is
     one fenced ``UPDATE`` of the steps matching id and attempt
     (:func:`~django_leases.workflows.engine.refresh_step_leases`).
     """
 
-    def __call__(self, alias: str, items: Sequence[tuple[Any, float]]) -> Sequence[Any | None]:
+    def __call__(
+        self, alias: str, items: Sequence[tuple[Any, float]]
+    ) -> Sequence[Any | Unknown | None]:
         """Refresh ``items`` on ``alias``; see the class docstring."""
         ...
 
@@ -118,7 +137,6 @@ class Renewed:
 
     Call :meth:`start` once, and :meth:`stop` exactly when done (idempotent). ``lost`` is a
     :class:`threading.Event` set when the lease is lost; :attr:`deadline` the local deadline.
-    The same protocol as :class:`Renewal`.
     """
 
     def __init__(
@@ -405,6 +423,7 @@ class Renewer:
         """Renew ``batch``: one call per refresh kind, one per ``renew`` callable."""
         sent = time.monotonic()
         outcomes: list[tuple[Renewed, bool | None]] = []
+        skipped: list[Renewed] = []
         failed = False
         kinds: dict[int, list[Renewed]] = {}
         for lease in batch:
@@ -431,6 +450,10 @@ class Renewer:
                     outcomes.extend((lease, None) for lease in leases)
                     continue
                 for lease, answer in zip(leases, answers, strict=True):
+                    if answer is UNKNOWN:
+                        skipped.append(lease)
+                        outcomes.append((lease, None))
+                        continue
                     outcomes.append((lease, answer is not None))
                     if answer is not None:
                         lease.item = answer
@@ -450,6 +473,12 @@ class Renewer:
                     failed = True
                     outcomes.append((lease, None))
         finally:
+            if skipped:
+                logger.info(
+                    "Renewal of lease(s) %s on %r skipped: locked by another transaction",
+                    _names(skipped),
+                    self.alias,
+                )
             if failed:
                 db.close_thread_connections()
             answered = {id(lease) for lease, _ in outcomes}
@@ -467,8 +496,12 @@ class Renewer:
                 self.cond.notify_all()
         now = time.monotonic()
         lost: list[Renewed] = []
+        locked = {id(lease) for lease in skipped}
         for lease, held in outcomes:
-            _observed("failed" if held is None else "held" if held else "lost")
+            if held is None:
+                _observed("skipped" if id(lease) in locked else "failed")
+            else:
+                _observed("held" if held else "lost")
             if held is False:
                 reason = "the database says it is no longer held"
             elif held is None and now >= lease.deadline:
@@ -572,185 +605,3 @@ def renewers() -> list[Renewer]:
     """This process's renewers, one per alias that has had a lease renewed."""
     with _renewers_lock:
         return list(_renewers.values()) if _renewers_pid == os.getpid() else []
-
-
-class Renewal:
-    """Keeps one lease alive by calling ``renew`` every TTL/3 on threads of its own (the
-    package's holders register with a :class:`Renewer` instead).
-
-    Args:
-        name: what the lease is (its key), for logs and thread names.
-        ttl: the lease's TTL in seconds (float).
-        renew: called on the renewal thread; returns ``True`` while the lease is still held,
-            ``False`` once it is not. An exception means "unknown".
-        held_since: ``time.monotonic()`` taken just before the acquisition was sent; the
-            first local deadline is ``held_since + ttl``. Defaults to now.
-        on_lost: called once, on a background thread, when the lease is seen lost.
-        lost: the :class:`threading.Event` to set when the lease is lost (default: a new one;
-            a holder passes its own, which exists before the renewal does).
-
-        deferred: start the renewal and deadline threads only once the first renewal is
-            due (``interval`` seconds after :meth:`start`), from the process's one timer
-            thread (:data:`~django_leases.process.TIMERS`). A unit of work that ends before
-            then (most workflow passes and steps) starts no thread at all, and :meth:`stop`
-            has nothing to wait for. Once started, the threads follow the rules above
-            unchanged.
-
-    ``lost`` is a :class:`threading.Event` set when the lease is lost. Call :meth:`start`
-    once and :meth:`stop` exactly when done (it is idempotent).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        ttl: float,
-        renew: Callable[[], bool],
-        *,
-        held_since: float | None = None,
-        on_lost: Callable[[], None] | None = None,
-        deferred: bool = False,
-        lost: threading.Event | None = None,
-    ) -> None:
-        self.name = name
-        self.ttl = ttl
-        self.interval = renewal_interval(ttl)
-        self.lost = threading.Event() if lost is None else lost
-        self._renew = renew
-        self._on_lost = on_lost
-        self._deadline = (time.monotonic() if held_since is None else held_since) + ttl
-        self._stopped = threading.Event()
-        self._cond = threading.Condition()
-        self._lost_once = threading.Lock()
-        self._lost_reported = False
-        # Made when they start: a deferred renewal usually never does, and a Thread object
-        # costs more than the rest of this one.
-        self._renewer: threading.Thread | None = None
-        self._watchdog: threading.Thread | None = None
-        self._deferred = deferred
-        self._threads_lock = threading.Lock()
-        self._threads_started = False
-        self._first_wait = self.interval
-        self._timer: Timer | None = None
-
-    @property
-    def deadline(self) -> float:
-        """The local deadline (``time.monotonic()`` seconds) the lease is vouched for until."""
-        with self._cond:
-            return self._deadline
-
-    def start(self) -> Renewal:
-        """Start the renewal and deadline threads (deferred: schedule their start for when the
-        first renewal is due); returns ``self``."""
-        if self._deferred:
-            self._timer = TIMERS.at(time.monotonic() + self.interval, self._start_now)
-        else:
-            self._start_threads(self.interval)
-        return self
-
-    def _start_now(self) -> None:
-        """The first renewal is due (deferred start, on the timer thread)."""
-        try:
-            self._start_threads(0.0)
-        except Exception:  # e.g. no thread can be started: the deadline still rules
-            logger.exception("Could not start the renewal of lease %r", self.name)
-
-    def _start_threads(self, first_wait: float) -> None:
-        with self._threads_lock:
-            if self._stopped.is_set() or self._threads_started:
-                return
-            self._threads_started = True
-            self._first_wait = first_wait
-            self._renewer = threading.Thread(
-                target=self._renew_loop, name=f"lease-renewal:{self.name}", daemon=True
-            )
-            self._watchdog = threading.Thread(
-                target=self._watch_deadline, name=f"lease-deadline:{self.name}", daemon=True
-            )
-            self._renewer.start()
-            self._watchdog.start()
-
-    def stop(self) -> None:
-        """Stop renewing, waiting for a renewal in flight to finish. Idempotent.
-
-        The wait is bounded by the local deadline: a renewal still hanging when the deadline
-        passes (a dead TCP peer) can no longer vouch for the lease, so the lease is marked
-        lost and the hung renewal is left to end on its own. It cannot undo a later release:
-        ``refresh`` never extends a released lease.
-        """
-        with self._threads_lock:
-            self._stopped.set()
-            started = self._threads_started
-        if self._timer is not None:
-            self._timer.cancel()
-        if not started:
-            return  # no renewal ever ran or can run now: nothing to wait for
-        with self._cond:
-            self._cond.notify_all()
-        current = threading.current_thread()
-        renewer, watchdog = self._renewer, self._watchdog
-        while renewer is not None and renewer.is_alive() and renewer is not current:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                self.mark_lost("a renewal was still hanging when its TTL ran out")
-                break
-            renewer.join(remaining)
-        if watchdog is not None and watchdog.is_alive() and watchdog is not current:
-            watchdog.join()
-
-    def mark_lost(self, reason: str) -> None:
-        """Record the loss (once) and tell ``on_lost``."""
-        with self._lost_once:
-            if self._lost_reported:
-                return
-            self._lost_reported = True
-        logger.warning("Lease %r lost: %s", self.name, reason)
-        self.lost.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._on_lost is not None:
-            try:
-                self._on_lost()
-            except Exception:
-                logger.exception("on_lost callback of lease %r failed", self.name)
-
-    def _renew_loop(self) -> None:
-        try:
-            wait = self._first_wait
-            while not self.lost.is_set():
-                if self._stopped.wait(wait):
-                    return
-                wait = self.interval
-                sent = time.monotonic()
-                try:
-                    held: bool | None = bool(self._renew())
-                except Exception as exc:  # the database may be briefly unreachable
-                    held = None
-                    logger.warning("Renewal of lease %r failed: %s", self.name, exc)
-                    self._close_connections()
-                _observed("failed" if held is None else "held" if held else "lost")
-                if held:
-                    with self._cond:
-                        self._deadline = max(self._deadline, sent + self.ttl)
-                        self._cond.notify_all()
-                elif held is False:
-                    self.mark_lost("the database says it is no longer held")
-                elif time.monotonic() >= self.deadline:
-                    self.mark_lost("renewals kept failing past its TTL")
-        finally:
-            self._close_connections()
-
-    def _watch_deadline(self) -> None:
-        with self._cond:
-            while not self._stopped.is_set() and not self.lost.is_set():
-                remaining = self._deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            expired = not self._stopped.is_set() and not self.lost.is_set()
-        if expired:
-            self.mark_lost("no renewal succeeded within its TTL")
-
-    @staticmethod
-    def _close_connections() -> None:
-        # Django's connections are per thread: this closes only the renewal thread's own.
-        db.close_thread_connections()

@@ -722,23 +722,25 @@ def run_of(run_id: Any) -> Any:
 
 def renewal_threads(key: str | None = None) -> list[threading.Thread]:
     """The renewal threads of a lease renewed on threads of its own (``key``: its
-    ``lease-renewal:<key>`` thread); with no key, every renewal thread of the process: each
-    :class:`~django_leases.renewal.Renewal`'s (``lease-renewal:…``, ``lease-deadline:…``)
-    and each alias's renewer and watchdog (``lease-renewer:…``, ``lease-watchdog:…``)."""
+    ``lease-renewal:<key>`` thread, as leases had before the renewer: none should be left);
+    with no key, every renewal thread of the process: such threads (``lease-renewal:…``,
+    ``lease-deadline:…``) and each alias's renewer and watchdog (``lease-renewer:…``,
+    ``lease-watchdog:…``)."""
     if key is not None:
         return [t for t in threading.enumerate() if t.name == f"lease-renewal:{key}"]
     names = ("lease-renewal:", "lease-deadline:", "lease-renewer:", "lease-watchdog:")
     return [t for t in threading.enumerate() if t.name.startswith(names)]
 
 
-def end_renewers(monkeypatch: Any) -> None:
+def end_renewers(monkeypatch: Any, *more: Any) -> None:
     """End the renewers' threads now (none may hold a lease) and keep them from lingering
     for the rest of the test (``RENEWER_IDLE`` 0): the next hold's renewals then open a new
-    connection, as a test that changes the connection settings needs."""
+    connection, as a test that changes the connection settings needs. ``more``: renewers
+    a test made itself (``Renewer(...)``), ended too."""
     from django_leases import renewal
 
     monkeypatch.setattr(renewal, "RENEWER_IDLE", 0.0)
-    for found in renewal.renewers():
+    for found in [*renewal.renewers(), *more]:
         with found.cond:
             found.cond.notify_all()
     wait_until(lambda: not renewal_threads(), 60, what="the renewers' threads to end")

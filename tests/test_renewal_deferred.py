@@ -1,12 +1,17 @@
-"""``Renewal(deferred=True)``: threads only once a first renewal is due, same rules after."""
+"""A lease on the renewer costs nothing until its first renewal is due, and follows the rules
+after: what ``Renewal(deferred=True)`` — a lease's own threads, started only once due —
+pinned before every holder moved to the process's renewer (issue 31). The renew callable's
+answers (held, not held, raising) are ``tests/test_renewer.py``'s."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from django_leases.renewal import Renewal, renewal_interval
-from tests.helpers import unique_key, wait_until
+import pytest
+
+from django_leases.renewal import Renewer, renewal_interval
+from tests.helpers import end_renewers, unique_key, wait_until
 
 #: Generous bound for polling a condition (never a timed assertion).
 DEADLINE = 60.0
@@ -15,28 +20,31 @@ DEADLINE = 60.0
 RENEWED_TTL = 3.0
 
 
-def _threads(name: str) -> list[threading.Thread]:
-    return [
-        t
-        for t in threading.enumerate()
-        if t.name in (f"lease-renewal:{name}", f"lease-deadline:{name}")
-    ]
+def _own_threads(name: str) -> list[threading.Thread]:
+    """Threads of the lease ``name``'s own (none: the renewer's two threads serve them all)."""
+    own = (f"lease-renewal:{name}", f"lease-deadline:{name}")
+    return [t for t in threading.enumerate() if t.name in own]
 
 
-def test_a_deferred_renewal_stopped_before_its_first_renewal_starts_no_thread() -> None:
+def test_a_lease_stopped_before_its_first_renewal_costs_no_call_and_no_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = unique_key("deferred")
     calls: list[int] = []
-    renewal = Renewal(name, 3600.0, lambda: bool(calls.append(1)) or True, deferred=True)
-    renewal.start()
-    assert not _threads(name), "threads started before any renewal was due"
-    renewal.stop()
-    renewal.stop()  # idempotent
-    assert not _threads(name)
+    renewer = Renewer(name)
+    lease = renewer.lease(name, 3600.0, renew=lambda: bool(calls.append(1)) or True)
+    lease.start()
+    assert not _own_threads(name)
+    lease.stop()
+    lease.stop()  # idempotent
     assert calls == []
-    assert not renewal.lost.is_set()
+    assert not lease.lost.is_set()
+    end_renewers(monkeypatch, renewer)
 
 
-def test_a_deferred_renewal_renews_every_interval_once_due() -> None:
+def test_a_lease_is_renewed_every_interval_and_never_after_stop_returned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     name = unique_key("deferred")
     ttl = RENEWED_TTL
     calls: list[float] = []
@@ -45,42 +53,17 @@ def test_a_deferred_renewal_renews_every_interval_once_due() -> None:
         calls.append(time.monotonic())
         return True
 
-    renewal = Renewal(name, ttl, renew, deferred=True).start()
+    renewer = Renewer(name)
+    lease = renewer.lease(name, ttl, renew=renew).start()
     try:
         wait_until(lambda: len(calls) >= 3, DEADLINE, what="three renewals")
-        assert not renewal.lost.is_set()
+        assert not lease.lost.is_set()
         assert renewal_interval(ttl) > 0
+        assert not _own_threads(name)
     finally:
-        renewal.stop()
+        lease.stop()
     count = len(calls)
-    assert not any(t.is_alive() for t in _threads(name)), "stop() left a renewal thread running"
+    assert not lease.in_flight
+    assert renewer.held() == []
+    end_renewers(monkeypatch, renewer)
     assert len(calls) == count, "a renewal ran after stop() returned"
-
-
-def test_a_deferred_renewal_answered_not_held_marks_the_lease_lost() -> None:
-    name = unique_key("deferred")
-    told: list[bool] = []
-    renewal = Renewal(name, 0.6, lambda: False, deferred=True, on_lost=lambda: told.append(True))
-    renewal.start()
-    try:
-        wait_until(renewal.lost.is_set, DEADLINE, what="the lease seen lost")
-        assert told == [True]
-    finally:
-        renewal.stop()
-
-
-def test_a_deferred_renewal_that_keeps_failing_is_lost_at_its_deadline() -> None:
-    name = unique_key("deferred")
-
-    def renew() -> bool:
-        raise OSError("database unreachable")
-
-    began = time.monotonic()
-    renewal = Renewal(name, 0.6, renew, deferred=True).start()
-    try:
-        wait_until(
-            renewal.lost.is_set, DEADLINE, what="the lease seen lost once its deadline passed"
-        )
-        assert time.monotonic() >= began + 0.6, "lost before its deadline"
-    finally:
-        renewal.stop()

@@ -12,7 +12,7 @@ from django.db import connection
 from django_leases import renewal
 from django_leases.models import Lease
 from django_leases.process import TIMERS, Timers
-from tests.helpers import unique_key, wait_until
+from tests.helpers import end_renewers, unique_key, wait_until
 
 PATIENCE = 60.0
 
@@ -32,14 +32,18 @@ def test_a_cancelled_timer_leaves_the_queue_at_once() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_deferred_renewals_and_bounded_statements_leave_no_timer_behind() -> None:
+def test_renewed_leases_and_bounded_statements_leave_no_timer_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from django_leases import db
 
     before = TIMERS.queued()
+    renewer = renewal.Renewer("timers")
     for _ in range(20):
-        step = renewal.Renewal(unique_key("deferred"), 30.0, lambda: True, deferred=True)
+        step = renewer.lease(unique_key("deferred"), 30.0, renew=lambda: True)
         step.start()
         step.stop()
         with db.bounded(connection, 30.0, "a quick statement"):
             Lease.objects.filter(pk=-1).exists()
     assert TIMERS.queued() <= before
+    end_renewers(monkeypatch, renewer)

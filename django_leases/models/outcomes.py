@@ -11,7 +11,7 @@ import json
 import math
 import operator
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import models, transaction
@@ -32,6 +32,7 @@ from django_leases.models.workflow_base import (
     step_model,
     wake_workers,
 )
+from django_leases.renewal import UNKNOWN, Unknown
 from django_leases.validation import (
     MAX_RETRY_DELAY,
     as_stored,
@@ -52,6 +53,12 @@ from django_leases.workflows.values import (
 #: Steps per statement of :meth:`StepOutcomes.refresh_leases` where each needs parameters of
 #: its own in the SQL (MariaDB / MySQL, the portable path).
 REFRESH_CHUNK = 500
+
+
+def _fences(steps: Iterable[tuple[int, int]]) -> Q:
+    """:func:`fence_q` of each ``(step_id, attempt)`` of ``steps`` (at least one), or'd."""
+    return functools.reduce(operator.or_, (fence_q(s, a) for s, a in steps))
+
 
 if TYPE_CHECKING:
     # WorkflowStep: the parameter of StepOutcomes' base, a string at run time.
@@ -248,21 +255,26 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         # One statement: atomic on its own.
         return bool(self.rows().filter(fence_q(step_id, attempt)).update(lease_expires_at=expiry))
 
-    def refresh_leases(self, held: Sequence[tuple[int, int, float]]) -> list[bool]:
+    def refresh_leases(self, held: Sequence[tuple[int, int, float]]) -> list[bool | Unknown]:
         """Extend several step leases at once: :meth:`refresh_lease`'s rule for each
         ``(step_id, attempt, ttl)`` of ``held`` (``ttl`` in seconds > 0, its own for each),
         on the database clock, in **one statement** where the database allows.
 
-        Returns one ``bool`` per item, in order: ``True`` if that attempt's lease was
-        extended, ``False`` for a superseded or finished attempt (nothing written for it).
-        A failure of the statement raises (Django's ``DatabaseError``): it says nothing of
-        any step. Raises ``ValueError`` for a bad TTL or attempt, before anything is sent.
+        Returns one entry per item, in order: ``True`` if that attempt's lease was extended,
+        ``False`` for a superseded or finished attempt (nothing written for it), or
+        :data:`~django_leases.renewal.UNKNOWN` when its step row was locked by another
+        transaction (a transactional step's own, on MariaDB): skipped, not waited for, so one
+        locked row never holds up the renewal of the others (PostgreSQL, MariaDB >= 10.6,
+        MySQL >= 8). A failure of the statement raises (Django's ``DatabaseError``): it says
+        nothing of any step. Raises ``ValueError`` for a bad TTL or attempt, before anything
+        is sent.
 
         The renewal loop of the process (:class:`~django_leases.renewal.Renewer`) sends this
         once per tick for every step lease of the alias whose renewal is due. Tuned
-        PostgreSQL: one ``UPDATE … FROM unnest(…) RETURNING``; tuned SQLite: one ``UPDATE …
-        FROM json_each(…) RETURNING``; elsewhere (MariaDB / MySQL, the portable path): the
-        fenced rows locked and read, then updated per TTL, in one transaction, per
+        PostgreSQL: one statement (the fenced rows read, the unlocked ones locked with ``SKIP
+        LOCKED`` and updated, in ``WITH`` parts); tuned SQLite: one ``UPDATE … FROM
+        json_each(…) RETURNING``; elsewhere (MariaDB / MySQL, the portable path): the fenced
+        rows locked (``SKIP LOCKED``) and read, then updated per TTL, in one transaction, per
         :data:`REFRESH_CHUNK` steps.
         """
         items = [(step_id, check_attempt(attempt), ttl) for step_id, attempt, ttl in held]
@@ -272,65 +284,96 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
             return []
         connection = self.connection()
         renewed: set[tuple[int, int]] = set()
+        locked: set[tuple[int, int]] = set()
         if db.tuned(connection, "postgresql", "sqlite"):
-            renewed = self._refresh_leases_returning(checked)
+            renewed, locked = self._refresh_leases_returning(checked)
         else:
             for start in range(0, len(checked), REFRESH_CHUNK):
-                renewed |= self._refresh_leases_orm(checked[start : start + REFRESH_CHUNK])
-        return [(step_id, attempt) in renewed for step_id, attempt, _ttl in items]
+                chunk = checked[start : start + REFRESH_CHUNK]
+                with transaction.atomic(using=self.write_alias()):
+                    done = self._refresh_leases_orm(chunk)
+                    renewed |= done
+                    if len(done) < len(chunk):
+                        fence = _fences(key for key, _ in chunk if key not in done)
+                        found = self.rows().filter(fence).values_list("pk", "attempt")
+                        locked |= {(int(s), int(a)) for s, a in found}
+        return [
+            UNKNOWN if (step_id, attempt) in locked else (step_id, attempt) in renewed
+            for step_id, attempt, _ttl in items
+        ]
 
     def _refresh_leases_returning(
         self, held: Sequence[tuple[tuple[int, int], float]]
-    ) -> set[tuple[int, int]]:
+    ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
         """PostgreSQL and SQLite: one guarded ``UPDATE`` of every step of ``held`` joined to
-        its values, returning the steps it extended."""
+        its values; returns the steps it extended and those it skipped, locked elsewhere.
+        PostgreSQL: the fenced rows read (``fenced``, no lock), those no other transaction
+        has locked locked (``SKIP LOCKED``), and updated, in one statement; SQLite locks the
+        whole database, never a row."""
         connection = self.connection()
         table = self.table()
         alias = self.write_alias()
         fence, fence_params = fence_sql(alias, RawSQL("v.id", ()), RawSQL("v.attempt", ()))
         expiry = clock.now_plus_sql(connection).replace("%s", "v.ttl")
+        pk, attempt_column = map(connection.ops.quote_name, ("id", "attempt"))
         if connection.vendor == "postgresql":
             values = "unnest(%s::bigint[], %s::bigint[], %s::float8[]) AS v(id, attempt, ttl)"
+            statement = (
+                f"WITH v AS (SELECT * FROM {values}), "
+                f"fenced AS (SELECT {table}.{pk} AS id, {table}.{attempt_column} AS attempt "
+                f"FROM {table}, v WHERE {fence}), "
+                f"locked AS (SELECT fenced.id FROM fenced JOIN {table} ON {table}.{pk} = "
+                f"fenced.id FOR NO KEY UPDATE OF {table} SKIP LOCKED), "
+                f"renewed AS (UPDATE {table} SET lease_expires_at = {expiry} FROM locked "
+                f"JOIN v USING (id) WHERE {fence} "
+                f"RETURNING {table}.{pk} AS id, {table}.{attempt_column} AS attempt) "
+                "SELECT id, attempt, true FROM renewed UNION ALL SELECT id, attempt, false "
+                "FROM fenced WHERE id NOT IN (SELECT id FROM renewed)"
+            )
             params: list[Any] = [
                 [step_id for (step_id, _), _ in held],
                 [attempt for (_, attempt), _ in held],
                 [ttl for _, ttl in held],
+                *fence_params,
+                *fence_params,
             ]
-        else:
-            values = (
-                "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS "
-                "attempt, json_extract(value, '$[2]') AS ttl FROM json_each(%s)) AS v"
-            )
-            rows = [
-                [step_id, attempt, clock.seconds_param(connection, ttl)]
-                for (step_id, attempt), ttl in held
-            ]
-            params = [json.dumps(rows)]
-        pk, attempt_column = map(connection.ops.quote_name, ("id", "attempt"))
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                rows = [((int(s), int(a)), bool(done)) for s, a, done in cursor.fetchall()]
+            return {key for key, done in rows if done}, {key for key, done in rows if not done}
+        values = (
+            "(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS "
+            "attempt, json_extract(value, '$[2]') AS ttl FROM json_each(%s)) AS v"
+        )
+        rows_json = [
+            [step_id, attempt, clock.seconds_param(connection, ttl)]
+            for (step_id, attempt), ttl in held
+        ]
         statement = (
             f"UPDATE {table} SET lease_expires_at = {expiry} FROM {values} "
             f"WHERE {fence} RETURNING {table}.{pk}, {table}.{attempt_column}"
         )
         with connection.cursor() as cursor:
-            cursor.execute(statement, [*params, *fence_params])
-            return {(int(step_id), int(attempt)) for step_id, attempt in cursor.fetchall()}
+            cursor.execute(statement, [json.dumps(rows_json), *fence_params])
+            return {(int(step_id), int(attempt)) for step_id, attempt in cursor.fetchall()}, set()
 
     def _refresh_leases_orm(
         self, held: Sequence[tuple[tuple[int, int], float]]
     ) -> set[tuple[int, int]]:
-        """The portable path (MariaDB / MySQL too): in one transaction, lock and read the
-        steps of ``held`` still at their attempt (:func:`fence_q`), then extend theirs, one
-        ``UPDATE`` per TTL."""
-        fence = functools.reduce(operator.or_, (fence_q(s, a) for (s, a), _ in held))
-        with transaction.atomic(using=self.write_alias()):
-            locked = self.rows().filter(fence).select_for_update().order_by("pk")
-            renewed = {(int(s), int(a)) for s, a in locked.values_list("pk", "attempt")}
-            by_ttl: dict[float, list[int]] = {}
-            for key, ttl in held:
-                if key in renewed:
-                    by_ttl.setdefault(ttl, []).append(key[0])
-            for ttl, step_ids in by_ttl.items():
-                self.rows().filter(pk__in=step_ids).update(lease_expires_at=clock.db_now_plus(ttl))
+        """The portable path (MariaDB / MySQL too), inside the caller's transaction: lock
+        and read the steps of ``held`` still at their attempt (:func:`fence_q`; ``SKIP
+        LOCKED`` where the database has it: a row locked elsewhere is left out), then extend
+        theirs, one ``UPDATE`` per TTL. Returns the steps extended."""
+        skip = self.connection().features.has_select_for_update_skip_locked
+        fence = _fences(key for key, _ in held)
+        locked = self.rows().filter(fence).select_for_update(skip_locked=skip).order_by("pk")
+        renewed = {(int(s), int(a)) for s, a in locked.values_list("pk", "attempt")}
+        by_ttl: dict[float, list[int]] = {}
+        for key, ttl in held:
+            if key in renewed:
+                by_ttl.setdefault(ttl, []).append(key[0])
+        for ttl, step_ids in by_ttl.items():
+            self.rows().filter(pk__in=step_ids).update(lease_expires_at=clock.db_now_plus(ttl))
         return renewed
 
     def _fail_attempt_for_good(

@@ -57,6 +57,7 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 from django_leases.exceptions import LeaseLostError, LeaseTakenError
 from django_leases.leases import ahold_lease, hold_lease
 from django_leases.models import Lease, LeaseQuerySet
+from django_leases.renewal import Unknown
 from django_leases.testing.base import ConformanceSuite
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ class SimulatedOutage:
 
         def refresh_many(
             queryset: LeaseQuerySet, held: Sequence[tuple[Lease, float | timedelta]]
-        ) -> list[Lease | None]:
+        ) -> list[Lease | Unknown | None]:
             self._fail_or_pass()
             results = real_refresh_many(queryset, held)
             self._passed()

@@ -34,7 +34,7 @@ from django_leases.exceptions import (
 )
 from django_leases.fencing import Fence, step_fence
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
-from django_leases.renewal import Renewed, renewer
+from django_leases.renewal import UNKNOWN, Renewed, Unknown, renewer
 from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.
@@ -396,13 +396,17 @@ class StepRecorded:
 
 def refresh_step_leases(
     alias: str, items: Sequence[tuple[tuple[int, int], float]]
-) -> list[tuple[int, int] | None]:
+) -> list[tuple[int, int] | Unknown | None]:
     """The :class:`~django_leases.renewal.BatchRefresh` of step leases: for ``((step_id,
     attempt), ttl seconds)`` pairs, ``WorkflowStep.objects.refresh_leases`` on ``alias`` (one
-    fenced statement); each item back while its attempt still holds the step, else ``None``."""
+    fenced statement); each item back while its attempt still holds the step, ``None`` once
+    not, :data:`~django_leases.renewal.UNKNOWN` while its row is locked elsewhere."""
     store = WorkflowStep.objects.db_manager(alias)
     held = store.refresh_leases([(step_id, attempt, ttl) for (step_id, attempt), ttl in items])
-    return [item if still else None for (item, _ttl), still in zip(items, held, strict=True)]
+    return [
+        UNKNOWN if still is UNKNOWN else item if still else None
+        for (item, _ttl), still in zip(items, held, strict=True)
+    ]
 
 
 def step_lease_renewal(claim: Claim) -> Renewed:
