@@ -880,3 +880,11 @@ def process_stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (state ``T`` in ``/proc/<pid>/stat``; Linux)."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def json_nested(levels: int) -> list[Any]:
+    """A list nested ``levels`` deep (``[]`` is one level): JSON as deep as a test needs."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value

@@ -19,7 +19,7 @@ from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.validation import json_depth
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.values import STEP_RESULT_NOT_JSON
-from tests.helpers import drain, run_of
+from tests.helpers import drain, json_nested, run_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,18 +29,10 @@ def depth() -> int:
     return json_depth(connection)
 
 
-def nested(levels: int) -> list[Any]:
-    """A list nested ``levels`` deep (``[]`` is one level)."""
-    value: list[Any] = []
-    for _ in range(levels - 1):
-        value = [value]
-    return value
-
-
 @step_function("tests.depth-echo")
 def echo(data: Any, ctx: Any) -> Any:
     """Returns a value nested as deep as ``data["levels"]`` asks."""
-    return nested(data["levels"])
+    return json_nested(data["levels"])
 
 
 @workflow("tests.depth-steps")
@@ -50,15 +42,15 @@ def depth_steps(run: Any, input: Any) -> Any:
 
 @workflow("tests.depth-data")
 def depth_data(run: Any, input: Any) -> Any:
-    return run.step("echo", "tests.depth-echo", {"levels": 1, "deep": nested(depth() + 1)})
+    return run.step("echo", "tests.depth-echo", {"levels": 1, "deep": json_nested(depth() + 1)})
 
 
 def test_a_run_input_deeper_than_the_database_stores_is_refused_with_nothing_written() -> None:
     deepest = depth()
     before = WorkflowRun.objects.count()
-    start_workflow("tests.depth-steps", {"levels": 1, "deep": nested(deepest - 1)})
+    start_workflow("tests.depth-steps", {"levels": 1, "deep": json_nested(deepest - 1)})
     with pytest.raises(ValueError, match=f"nests deeper than {deepest} levels"):
-        start_workflow("tests.depth-steps", {"levels": 1, "deep": nested(deepest)})
+        start_workflow("tests.depth-steps", {"levels": 1, "deep": json_nested(deepest)})
     assert WorkflowRun.objects.count() == before + 1
 
 
@@ -78,7 +70,7 @@ def test_a_step_result_deeper_than_the_database_stores_fails_its_attempt() -> No
     too_deep = start_workflow("tests.depth-steps", {"levels": deepest + 1})
     drain()
     assert run_of(stored).status == RunStatus.COMPLETED
-    assert run_of(stored).output == nested(deepest)
+    assert run_of(stored).output == json_nested(deepest)
     step = WorkflowStep.objects.get(run_id=too_deep, step_name="echo")
     assert step.error is not None and step.error["code"] == STEP_RESULT_NOT_JSON
     assert run_of(too_deep).status == RunStatus.FAILED

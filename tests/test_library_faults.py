@@ -24,7 +24,7 @@ from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.validation import json_depth
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.worker import Worker
-from tests.helpers import tuned_sql
+from tests.helpers import json_nested, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,20 +94,12 @@ def test_a_dropped_connection_reading_the_runs_queue_key_does_not_fail_the_run(
 # -- errors nested deeper than a database stores ---------------------------------------------------
 
 
-def nested(levels: int) -> list[Any]:
-    """A list nested ``levels`` deep (``[]`` is one level)."""
-    value: list[Any] = []
-    for _ in range(levels - 1):
-        value = [value]
-    return value
-
-
 class DeepError(Exception):
     """An exception whose ``error_fields`` value nests ``levels`` deep."""
 
     def __init__(self, levels: int) -> None:
         super().__init__("deep")
-        self.error_fields = {"detail": nested(levels)}
+        self.error_fields = {"detail": json_nested(levels)}
 
 
 @step_function("tests.faults-deep-error")
@@ -150,4 +142,4 @@ def test_a_step_error_with_a_deep_field_is_recorded_and_fits_in_the_runs_error(
 def test_an_error_field_that_fits_everywhere_is_kept() -> None:
     run_id = start_workflow("tests.faults-step-raises-deep", {"levels": 29})
     run, _ = settle(run_id)
-    assert run.error["step_error"]["detail"] == nested(29)
+    assert run.error["step_error"]["detail"] == json_nested(29)
