@@ -41,10 +41,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from django.db import DatabaseError, InterfaceError, connections, router
+from django.db import connections, router
 from django.db.transaction import TransactionManagementError
 
-from django_leases import tracing
+from django_leases import db, tracing
 from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings, queue_limits
 from django_leases.exceptions import (
     LeaseLostError,
@@ -99,10 +99,8 @@ logger = logging.getLogger("django_leases.workflows")
 
 _T = TypeVar("_T")
 
-#: What a statement of the library's own raises when the database fails it: a
-#: ``DatabaseError``, or an ``InterfaceError`` (a connection the driver found closed), which
-#: Django does not count among the former.
-_DATABASE_FAULTS = (DatabaseError, InterfaceError)
+#: What a statement of the library's own raises when the database fails it.
+_DATABASE_FAULTS = db.DATABASE_FAULTS
 
 
 #: Seconds after which a pass that found the run lease taken is tried again.
@@ -282,11 +280,54 @@ class _Pass:
         except (_StartOver, _PassEnded, _Quietly, _Interrupted, KeyboardInterrupt):
             self.pending = None
             raise
-        except BaseException as exc:  # a statement, the commit, the timeout: rolled back
+        except TransactionManagementError as exc:  # left failed, or its result refused
+            self.pending = None
+            self._transaction_failed(ran, exc)
+        except _DATABASE_FAULTS as exc:  # the library's own statement, or the commit
+            self.pending = None
+            self._transaction_lost(ran, opened, exc)
+        except BaseException as exc:  # the timeout, what the write raised: rolled back
             self.pending = None
             self._transaction_failed(ran, exc)
         self.pending = None
         return done
+
+    def _transaction_lost(
+        self, ran: StepRun, opened: OpenTransaction, error: BaseException
+    ) -> NoReturn:
+        """A statement of the library's own in the transaction of carried step ``ran``
+        failed, or the commit did (``opened.commit_sent``: its reply lost, it may have
+        landed): a transient database error, not the step's — the unit of work ends
+        (:class:`_Interrupted`: the run lease released, the run's pass due now). Nothing is
+        run again here and nothing the worker holds is left to lapse: on a fresh connection,
+        where the transaction did not land the attempt is given back (its next attempt runs at
+        once, not counted against ``retries``: :meth:`~django_leases.models.exactly.
+        StepTransactions.give_back`); where it did, a next step it claimed for this worker is
+        handed back unclaimed (:meth:`~django_leases.models.scheduling.StepScheduling.
+        unclaim_created`)."""
+        claim = ran.claim
+        logger.warning(
+            "Run %s: the transaction of step %r attempt %d was cut short (%s); the unit of "
+            "work ends",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+            error,
+        )
+        store = WorkflowStep.objects.db_manager(claim.using)
+        lease = self.driver.held.lease
+        try:
+            if not connections[claim.using].in_atomic_block:
+                connections[claim.using].close()  # the next statement reconnects
+            why = f"its transaction was cut short by a database error: {error}"
+            if store.give_back(claim.step_id, claim.attempt, why[:1000]):
+                pass  # not landed: the attempt is given back, the step due again at once
+            elif opened.commit_sent and lease is not None:
+                claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
+                store.unclaim_created(claim.run_id, claimant)
+        except _DATABASE_FAULTS:
+            logger.warning("Run %s: could not release its step leases", claim.run_id)
+        raise _Interrupted(error) from error
 
     def _transaction_failed(self, ran: StepRun, failure: BaseException) -> NoReturn:
         """The transaction of carried step ``ran`` failed with ``failure`` (rolled back, or

@@ -90,7 +90,7 @@ from typing import Any, TypeVar
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from django_leases import faults
+from django_leases import db, faults
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import WorkflowStep
 from django_leases.validation import check_json
@@ -119,6 +119,9 @@ class OpenTransaction:
     def __init__(self, claim: Claim, atomic: transaction.Atomic) -> None:
         self.claim = claim
         self.open = True
+        #: The commit was sent: a failure since leaves its outcome unknown (it may have
+        #: landed, its reply lost).
+        self.commit_sent = False
         self._atomic = atomic
 
     def innermost(self) -> bool:
@@ -160,6 +163,7 @@ class OpenTransaction:
             self.roll_back(exc)
             raise
         self.open = False
+        self.commit_sent = True
         self._atomic.__exit__(None, None, None)
         faults.reached(
             "workflow.step-transaction-committed", run_id=claim.run_id, step_name=claim.step_name
@@ -191,6 +195,12 @@ def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction |
     opened = OpenTransaction(claim, atomic)
     try:
         result = call()
+        if db.transaction_failed(connections[claim.using]):
+            raise TransactionManagementError(
+                f"Step function {claim.function_name!r} returned with its transaction failed: "
+                "it caught a database error without rolling back to a savepoint (wrap the "
+                "statement in transaction.atomic() to go on after it)"
+            )
     except BaseException as exc:
         opened.roll_back(exc)
         raise
