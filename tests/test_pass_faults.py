@@ -209,6 +209,41 @@ def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
     assert ran == [("t", 1), ("t", 2)] + ([("u", 1)] if flow == "tx-then" else [])
 
 
+@workflow("tests.pass-faults-tx-queued")
+def tx_queued(run: Any, input: Any) -> Any:
+    return run.step("t", "tests.pass-faults-tx", {}, retries=0, queue="tests-other")
+
+
+def test_a_queued_transactional_steps_result_write_dropped_does_not_fail_the_run(
+    sql_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a transactional step claimed from its queue (its result written at the
+    end of its own transaction, not carried): the attempt is given back, the next one runs
+    at once, the run completes."""
+    from django_leases.models.exactly import StepTransactions
+
+    real = StepTransactions.lock_for_result
+    failed: list[int] = []
+
+    def dropped_once(self: Any, step_id: int, attempt: int) -> None:
+        if not failed:
+            failed.append(step_id)
+            raise OperationalError("server closed the connection unexpectedly")
+        real(self, step_id, attempt)
+
+    _executions.clear()
+    run_id = start_workflow("tests.pass-faults-tx-queued", {})
+    _work(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
+    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped_once)
+    assert _work(_worker(queues=["tests-other"])) == 1
+    monkeypatch.undo()
+    assert failed, "the result write was never reached"
+    _work(_worker())
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.output) == (RunStatus.COMPLETED, {"t": "t"}), run.error
+    assert [(s, a) for _, s, a in _executions] == [("t", 1), ("t", 2)]
+
+
 def test_a_transactional_steps_own_database_error_fails_the_attempt(sql_path: str) -> None:
     """The line: a database error the step function's own queries raise (and let out) is
     the attempt's failure, as any exception of the step's; with no retry left the run

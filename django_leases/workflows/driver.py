@@ -76,7 +76,7 @@ from django_leases.workflows.engine import (
     superseded,
 )
 from django_leases.workflows.registry import get_workflow, step_declaration
-from django_leases.workflows.transactional import OpenTransaction
+from django_leases.workflows.transactional import OpenTransaction, cut_short
 from django_leases.workflows.values import (
     STEP_FAILED,
     WORKFLOW_ERROR,
@@ -298,35 +298,16 @@ class _Pass:
         """A statement of the library's own in the transaction of carried step ``ran``
         failed, or the commit did (``opened.commit_sent``: its reply lost, it may have
         landed): a transient database error, not the step's — the unit of work ends
-        (:class:`_Interrupted`: the run lease released, the run's pass due now). Nothing is
-        run again here and nothing the worker holds is left to lapse: on a fresh connection,
-        where the transaction did not land the attempt is given back (its next attempt runs at
-        once, not counted against ``retries``: :meth:`~django_leases.models.exactly.
-        StepTransactions.give_back`); where it did, a next step it claimed for this worker is
-        handed back unclaimed (:meth:`~django_leases.models.scheduling.StepScheduling.
-        unclaim_created`)."""
-        claim = ran.claim
-        logger.warning(
-            "Run %s: the transaction of step %r attempt %d was cut short (%s); the unit of "
-            "work ends",
-            claim.run_id,
-            claim.step_name,
-            claim.attempt,
-            error,
-        )
-        store = WorkflowStep.objects.db_manager(claim.using)
+        (:class:`_Interrupted`: the run lease released, the run's pass due now), and nothing
+        the worker holds is left to lapse (:func:`~django_leases.workflows.transactional.
+        cut_short`: the attempt given back, or a next step the commit claimed for this worker
+        handed back unclaimed)."""
         lease = self.driver.held.lease
-        try:
-            if not connections[claim.using].in_atomic_block:
-                connections[claim.using].close()  # the next statement reconnects
-            why = f"its transaction was cut short by a database error: {error}"
-            if store.give_back(claim.step_id, claim.attempt, why[:1000]):
-                pass  # not landed: the attempt is given back, the step due again at once
-            elif opened.commit_sent and lease is not None:
-                claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
-                store.unclaim_created(claim.run_id, claimant)
-        except _DATABASE_FAULTS:
-            logger.warning("Run %s: could not release its step leases", claim.run_id)
+        claimant = None
+        if opened.commit_sent and lease is not None:
+            claim = ran.claim
+            claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
+        cut_short(ran.claim, error, claimant=claimant)
         raise _Interrupted(error) from error
 
     def _transaction_failed(self, ran: StepRun, failure: BaseException) -> NoReturn:
@@ -668,7 +649,10 @@ class _Pass:
         # the workflow's next action, as a plain step's is carried. Elsewhere it is written
         # in its own transaction at once, the pass held.
         carry = len(connections[self.using].atomic_blocks) == self.depth
-        ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl, carry=carry)
+        try:
+            ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl, carry=carry)
+        except _DATABASE_FAULTS as exc:  # a transactional step's transaction cut short
+            raise _Interrupted(exc) from exc
         if _storable(ran):  # else recorded below: the attempt's failure, or written already
             logger.info(
                 "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt
