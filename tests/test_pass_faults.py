@@ -173,16 +173,10 @@ def tx_then(run: Any, input: Any) -> Any:
     return [t, u]
 
 
-@pytest.mark.parametrize("flow", ["tx-once", "tx-then"])
-def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
-    sql_path: str, flow: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The library's own statement inside a transactional step's transaction (the fenced
-    lock of the step row before its result is written) fails as a dropped connection does:
-    the transaction rolls back, nothing of the attempt is kept. That is a transient database
-    error of the library's, not the step function's error: the run is not failed for it
-    (here the step has no retry left to absorb it), the step's lease is released so another
-    attempt runs at once, and the run is not left idle."""
+def _drop_lock_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the fenced lock of a transactional step's row (the library's first statement
+    in the step's transaction once the function returned) fail once as a dropped
+    connection does; returns the list the failed step's id is put in."""
     from django_leases.models.exactly import StepTransactions
 
     real = StepTransactions.lock_for_result
@@ -194,9 +188,23 @@ def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
             raise OperationalError("server closed the connection unexpectedly")
         real(self, step_id, attempt)
 
+    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped_once)
+    return failed
+
+
+@pytest.mark.parametrize("flow", ["tx-once", "tx-then"])
+def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
+    sql_path: str, flow: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library's own statement inside a transactional step's transaction (the fenced
+    lock of the step row before its result is written) fails as a dropped connection does:
+    the transaction rolls back, nothing of the attempt is kept. That is a transient database
+    error of the library's, not the step function's error: the run is not failed for it
+    (here the step has no retry left to absorb it), the attempt is given back so the next
+    one runs at once, and the run is not left idle."""
     _executions.clear()
     run_id = start_workflow(f"tests.pass-faults-{flow}", {})
-    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped_once)
+    failed = _drop_lock_once(monkeypatch)
     worker = _worker()
     assert _work(worker) == 1
     monkeypatch.undo()
@@ -220,21 +228,10 @@ def test_a_queued_transactional_steps_result_write_dropped_does_not_fail_the_run
     """The same for a transactional step claimed from its queue (its result written at the
     end of its own transaction, not carried): the attempt is given back, the next one runs
     at once, the run completes."""
-    from django_leases.models.exactly import StepTransactions
-
-    real = StepTransactions.lock_for_result
-    failed: list[int] = []
-
-    def dropped_once(self: Any, step_id: int, attempt: int) -> None:
-        if not failed:
-            failed.append(step_id)
-            raise OperationalError("server closed the connection unexpectedly")
-        real(self, step_id, attempt)
-
     _executions.clear()
     run_id = start_workflow("tests.pass-faults-tx-queued", {})
     _work(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
-    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped_once)
+    failed = _drop_lock_once(monkeypatch)
     assert _work(_worker(queues=["tests-other"])) == 1
     monkeypatch.undo()
     assert failed, "the result write was never reached"
