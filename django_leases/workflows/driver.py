@@ -249,11 +249,12 @@ class _Pass:
         transaction commits — the step function's writes, its result and that action land
         together or not at all. Nothing is tried again (the function's writes cannot be):
         a refusal of the fence ends the pass quietly; a lost run lease rolls back and ends
-        the unit of work (the step lease lapses, another attempt runs the step); any other
-        failure — a statement, the commit (its reply lost: whether it landed is not known
-        here), the timeout — rolls back and is the attempt's failure, written on its own
-        and fenced (refused, so nothing, where the commit did land), and the run's next pass
-        starts from there.
+        the unit of work (the step lease lapses, another attempt runs the step); a database
+        error of a statement of the library's own or of the commit (its reply lost: it may
+        have landed) ends the unit of work too (:meth:`_transaction_lost`: the attempt given
+        back, or what the commit claimed handed back); any other failure — the timeout, a
+        ``TransactionManagementError`` — rolls back and is the attempt's failure, written
+        on its own and fenced, and the run's next pass starts from there.
 
         Raises:
             TransactionManagementError: the workflow code opened a transaction of its own
