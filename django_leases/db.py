@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.db import connections, models, router
-from django.db.utils import DatabaseError
+from django.db.utils import DatabaseError, InterfaceError
 
 from django_leases.conf import leases_settings
 from django_leases.process import TIMERS
@@ -74,6 +74,11 @@ if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
 
 logger = logging.getLogger("django_leases.db")
+
+#: What a statement raises when the database fails it: a ``DatabaseError``, or an
+#: ``InterfaceError`` (a connection the driver found closed), which Django does not count
+#: among the former.
+DATABASE_FAULTS = (DatabaseError, InterfaceError)
 
 #: Vendors that have tuned statements for at least one rule.
 TUNED_VENDORS = frozenset({"postgresql", "sqlite"})
@@ -592,6 +597,24 @@ def _mariadb_replication(status: dict[str, str]) -> Replication | None:
     return Replication(replicas, late, why="they are not semi-synchronous replicas")
 
 
+def transaction_failed(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the transaction open on ``connection`` can only be rolled back: marked for
+    rollback by Django (an exception left an inner ``atomic`` block), or — PostgreSQL — a
+    statement in it failed and was caught without a savepoint (every later statement would
+    fail "current transaction is aborted"). ``False`` outside a transaction."""
+    if not connection.in_atomic_block:
+        return False
+    if connection.needs_rollback:
+        return True
+    raw = connection.connection
+    if connection.vendor != "postgresql" or raw is None:
+        return False
+    # libpq's PQTRANS_INERROR (3), as psycopg 3 and psycopg2 report it.
+    if psycopg3(connection):
+        return int(raw.info.transaction_status) == 3
+    return int(raw.get_transaction_status()) == 3
+
+
 # -- threads ------------------------------------------------------------------------------------
 
 
@@ -607,6 +630,7 @@ def close_thread_connections() -> None:
 
 
 __all__ = [
+    "DATABASE_FAULTS",
     "TUNED_VENDORS",
     "WAITING_COMMITS",
     "Bound",
@@ -619,5 +643,6 @@ __all__ = [
     "prepares",
     "psycopg3",
     "replication",
+    "transaction_failed",
     "tuned",
 ]

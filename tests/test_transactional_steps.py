@@ -153,8 +153,9 @@ def test_the_run_s_completion_commits_with_the_last_transactional_step(sql_path:
 def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too(sql_path: str) -> None:
     """The write of ``first``'s result with ``second``'s creation and claim fails inside
     ``first``'s transaction (once): ``first``'s row, its result and ``second``'s claim all
-    roll back, attempt 1 of ``first`` is failed, and attempt 2 does it all again — so
-    ``second`` has one attempt, and every row was written once."""
+    roll back, the unit of work ends (a database error of the library's own), attempt 1 of
+    ``first`` is given back (``STEP_TRANSACTION_CUT_SHORT``), and attempt 2 does it all
+    again — so ``second`` has one attempt, and every row was written once."""
     run_id = start_workflow("tests.tx.three", {})
     fired: list[str] = []
 
@@ -164,6 +165,8 @@ def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too(sql_path
             raise OperationalError("server closed the connection unexpectedly")
 
     with faults.injected("workflow.next-step-written", fail_once):
+        with pytest.raises(OperationalError):
+            drain()  # the unit of work the error ends
         run = worked(run_id)
     assert fired == ["second"], "the fault point was not reached: the test proves nothing"
     assert run is not None and run.status == "completed"
@@ -175,7 +178,8 @@ def test_a_failure_after_the_next_step_s_claim_rolls_the_claim_back_too(sql_path
         ("second", 1, "succeeded"),
         ("third", 1, "succeeded"),
     ]
-    assert history[0].error["type"] == "OperationalError"
+    assert history[0].error["code"] == "STEP_TRANSACTION_CUT_SHORT"
+    assert "server closed the connection" in history[0].error["message"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections, models
-from django.db.models import BooleanField, Case, Value, When
+from django.db import connections, models, transaction
+from django.db.models import BooleanField, Case, F, Value, When
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.exceptions import WorkflowStepTimedOutError
+from django_leases.exceptions import WorkflowStepSupersededError, WorkflowStepTimedOutError
 from django_leases.models.patches import StepPatches
-from django_leases.models.workflow_base import fence_q
+from django_leases.models.workflow_base import fence_q, wake_workers
 from django_leases.validation import check_attempt
-from django_leases.workflows.values import StepWrite
+from django_leases.workflows.values import (
+    STEP_TRANSACTION_CUT_SHORT,
+    AttemptStatus,
+    StepStatus,
+    StepWrite,
+)
 
 
 class StepTransactions(StepPatches):
@@ -108,6 +113,48 @@ class StepTransactions(StepPatches):
         """
         self.lock_for_result(step_id, attempt)
         return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
+
+    def give_back(self, step_id: int, attempt: int, why: str) -> bool:
+        """Give back ``attempt`` of a transactional step whose transaction a database error of
+        the library's own cut short, rolled back (nothing of it landed): the attempt is
+        recorded failed with code ``STEP_TRANSACTION_CUT_SHORT`` and message ``why``, and the
+        step is due again at once **without it counting against** ``retries`` (the step's
+        ``retries`` grows by one): a transient error of the library's never fails a run, and
+        the next execution is a new attempt (``attempt + 1``, fenced as any). Fenced, one
+        transaction; wakes waiting workers.
+
+        Args:
+            step_id: the step (``int``).
+            attempt: the attempt that was cut short (``int`` ≥ 1), the fence.
+            why: the message recorded (``str``).
+
+        Returns:
+            ``True`` when given back; ``False`` when ``attempt`` is not the step's running
+            attempt (superseded, finished — its commit did land — or no such step).
+
+        Raises:
+            ValueError: ``attempt`` is not an int ≥ 1.
+        """
+        check_attempt(attempt)
+        alias = self.write_alias()
+        error = {"code": STEP_TRANSACTION_CUT_SHORT, "message": why}
+        step = {
+            "status": StepStatus.FAILED,
+            "error": error,
+            "result": None,
+            "lease_expires_at": None,
+            "deadline_at": None,
+            "available_at": DbNow(),
+            "retries": F("retries") + 1,
+        }
+        history = {"status": AttemptStatus.FAILED, "error": error}
+        try:
+            with transaction.atomic(using=alias):
+                self._record_outcome(alias, step_id, attempt, step=step, history=history)
+        except (WorkflowStepSupersededError, self.model.DoesNotExist):
+            return False
+        wake_workers(alias)
+        return True
 
 
 __all__ = ["StepTransactions"]

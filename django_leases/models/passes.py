@@ -7,6 +7,7 @@ or the run.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from django_leases.validation import (
 from django_leases.workflows import sql
 from django_leases.workflows.channel import channel_name
 from django_leases.workflows.values import (
+    RUN_LEASE_PREFIX,
     WAITING_STEP_STATUSES,
     NextStep,
     PassClaim,
@@ -65,6 +67,8 @@ from django_leases.workflows.values import (
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
+
+logger = logging.getLogger("django_leases.workflows")
 
 
 class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
@@ -317,16 +321,64 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         finds the lease taken does). Without ``lease_holder`` no lease is taken (the caller
         takes it) and ``lease_refused`` is ``False``. ``PassClaim.state`` holds the run and
         its steps as the pick read them. Tuned (PostgreSQL, with a holder): all of it is one
-        statement.
+        statement; elsewhere the pick and the lease are one transaction.
+
+        A database error ends the call (it is raised) with no pass left taken: a pick that
+        failed rolled back, and one whose reply was lost (it may have landed) is put back
+        (:meth:`put_back_passes`, for ``lease_holder``, when the database still answers), so
+        the run's pass is due again at once rather than after ``ttl``. (On the portable path
+        ``lease_acquired`` is sent before the transaction commits: a commit that then fails
+        leaves a receiver told of a grant that was rolled back or given back.)
         """
         ttl = ttl_seconds(ttl)
         alias = self.write_alias()
-        connection = connections[alias]
         sent = time.monotonic()
+        try:
+            return self._pick_pass(alias, ttl, lease_holder, sent)
+        except db.DATABASE_FAULTS:
+            if lease_holder is not None:
+                self.put_back_passes(lease_holder)
+            raise
+
+    def _pick_pass(
+        self, alias: str, ttl: float, lease_holder: str | None, sent: float
+    ) -> PassClaim | None:
+        """:meth:`claim_due_pass` without its clean-up after a database error."""
+        connection = connections[alias]
         if lease_holder is not None and functions_called(connection):
             row = call_function(connection, "pick_pass", [ttl, lease_holder])
             return None if row is None else pass_claim(alias, row, lease_holder, sent, connection)
         return self._claim_due_pass_portably(alias, ttl, lease_holder, sent)
+
+    def put_back_passes(self, lease_holder: str) -> int:
+        """After a pick or a take of a pass by ``lease_holder`` failed (its reply lost: it may
+        have landed), give back what it may hold: every run lease ``lease_holder`` holds is
+        released and its run's pass made due now. ``lease_holder`` names one pick (a fresh
+        holder each time, :func:`~django_leases.leases.new_holder`), so nothing else is
+        touched. Best effort, on a fresh connection when the database still answers: a
+        database error is logged and swallowed (the lease then lapses after its TTL). Does
+        nothing inside a transaction (the caller's would be left broken).
+
+        Returns the number of run leases given back.
+        """
+        alias = self.write_alias()
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            return 0
+        leases = Lease.objects.db_manager(alias)
+        given = 0
+        try:
+            connection.close()  # the next statement reconnects: the old one may be dead
+            held = leases.filter(
+                holder=lease_holder, key__startswith=RUN_LEASE_PREFIX, released_at__isnull=True
+            )
+            for lease in held:
+                leases.release(lease)
+                self.request_pass(lease.key.removeprefix(RUN_LEASE_PREFIX))
+                given += 1
+        except db.DATABASE_FAULTS:
+            logger.warning("Could not give back the passes of %s", lease_holder, exc_info=True)
+        return given
 
     def _claim_due_pass_portably(
         self,
@@ -339,6 +391,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """:meth:`claim_due_pass`'s portable path; ``besides``: a run never to pick (the run
         a completion just wrote, as the tuned completion's pick leaves it out)."""
         connection = connections[alias]
+        # One transaction with the lease: a failure between the pick and the grant rolls the
+        # pick back (else the run would wait out ``ttl``). The house's order: run, then lease.
         with transaction.atomic(using=alias):
             due = self.rows().filter(status=RunStatus.RUNNING, pass_due_at__lte=DbNow())
             if besides is not None:
@@ -355,12 +409,12 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 .update(pass_due_at=clock.db_now_plus(ttl))
             )
             state = self.pass_state(run_id) if picked else None
-        if state is None:
-            return None
-        lease = None
-        if lease_holder is not None:
-            key = run_lease_key(run_id)
-            lease = Lease.objects.db_manager(alias).acquire(key, lease_holder, ttl)
+            if state is None:
+                return None
+            lease = None
+            if lease_holder is not None:
+                key = run_lease_key(run_id)
+                lease = Lease.objects.db_manager(alias).acquire(key, lease_holder, ttl)
         return PassClaim(
             run_id=run_id,
             using=alias,
@@ -384,11 +438,22 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         than one unfinished parallel step (``branches_left`` > 1: the result asks for no
         pass, so nothing is taken — a wide fan-out's branches read nothing here). Tuned
         (PostgreSQL): one statement.
+
+        A database error is raised after any run lease the call may have taken (its reply
+        lost) is given back (:meth:`put_back_passes`, when the database still answers).
         """
         ttl = ttl_seconds(ttl)
+        pk = parse_run_id(run_id)
+        try:
+            return self._take_pass(pk, ttl, lease_holder)
+        except db.DATABASE_FAULTS:
+            self.put_back_passes(lease_holder)
+            raise
+
+    def _take_pass(self, pk: uuid.UUID, ttl: float, lease_holder: str) -> PassClaim | None:
+        """:meth:`take_pass` without its clean-up after a database error."""
         alias = self.write_alias()
         connection = connections[alias]
-        pk = parse_run_id(run_id)
         sent = time.monotonic()
         if functions_called(connection):
             row = call_function(connection, "take_pass", [pk, ttl, lease_holder])

@@ -458,3 +458,33 @@ class StepScheduling(StepClaims):
             fence_floor=step.fence_floor,
         )
         return Scheduled(step, claim, False)
+
+    def unclaim_created(self, run_id: uuid.UUID | str, claimant: str) -> int:
+        """Hand back, unclaimed, every step of run ``run_id`` that a write of the caller
+        created claimed under ``claimant`` and whose attempt 1 nobody ran (the write's reply
+        was lost, and the caller will not run it): the step is ``pending`` again at attempt
+        1, due at once for any worker (its next claim runs attempt 1, the first execution of
+        it). Only that write names ``claimant``, and a takeover would have moved the step
+        past attempt 1, so nobody else holds that claim. Wakes waiting workers. Returns how
+        many steps were handed back.
+
+        Raises:
+            ValueError: an empty ``claimant`` (it would name every unnamed claim).
+        """
+        if not claimant:
+            raise ValueError("unclaim_created needs the claimant the write named")
+        alias = self.write_alias()
+        mine = self.rows().filter(
+            run_id=parse_run_id(run_id), status=StepStatus.RUNNING, attempt=1, claimant=claimant
+        )
+        handed = mine.update(
+            status=StepStatus.PENDING,
+            lease_expires_at=None,
+            deadline_at=None,
+            claimant="",
+            available_at=DbNow(),
+            updated_at=DbNow(),
+        )
+        if handed:
+            wake_workers(alias)
+        return handed

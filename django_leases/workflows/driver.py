@@ -41,10 +41,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from django.db import DatabaseError, InterfaceError, connections, router
+from django.db import connections, router
 from django.db.transaction import TransactionManagementError
 
-from django_leases import tracing
+from django_leases import db, tracing
 from django_leases.conf import MAX_QUEUE_LENGTH, leases_settings, queue_limits
 from django_leases.exceptions import (
     LeaseLostError,
@@ -76,7 +76,7 @@ from django_leases.workflows.engine import (
     superseded,
 )
 from django_leases.workflows.registry import get_workflow, step_declaration
-from django_leases.workflows.transactional import OpenTransaction
+from django_leases.workflows.transactional import OpenTransaction, cut_short
 from django_leases.workflows.values import (
     STEP_FAILED,
     WORKFLOW_ERROR,
@@ -99,10 +99,8 @@ logger = logging.getLogger("django_leases.workflows")
 
 _T = TypeVar("_T")
 
-#: What a statement of the library's own raises when the database fails it: a
-#: ``DatabaseError``, or an ``InterfaceError`` (a connection the driver found closed), which
-#: Django does not count among the former.
-_DATABASE_FAULTS = (DatabaseError, InterfaceError)
+#: What a statement of the library's own raises when the database fails it.
+_DATABASE_FAULTS = db.DATABASE_FAULTS
 
 
 #: Seconds after which a pass that found the run lease taken is tried again.
@@ -254,11 +252,12 @@ class _Pass:
         transaction commits — the step function's writes, its result and that action land
         together or not at all. Nothing is tried again (the function's writes cannot be):
         a refusal of the fence ends the pass quietly; a lost run lease rolls back and ends
-        the unit of work (the step lease lapses, another attempt runs the step); any other
-        failure — a statement, the commit (its reply lost: whether it landed is not known
-        here), the timeout — rolls back and is the attempt's failure, written on its own
-        and fenced (refused, so nothing, where the commit did land), and the run's next pass
-        starts from there.
+        the unit of work (the step lease lapses, another attempt runs the step); a database
+        error of a statement of the library's own or of the commit (its reply lost: it may
+        have landed) ends the unit of work too (:meth:`_transaction_lost`: the attempt given
+        back, or what the commit claimed handed back); any other failure — the timeout, a
+        ``TransactionManagementError`` — rolls back and is the attempt's failure, written
+        on its own and fenced, and the run's next pass starts from there.
 
         Raises:
             TransactionManagementError: the workflow code opened a transaction of its own
@@ -285,11 +284,35 @@ class _Pass:
         except (_StartOver, _PassEnded, _Quietly, _Interrupted, KeyboardInterrupt):
             self.pending = None
             raise
-        except BaseException as exc:  # a statement, the commit, the timeout: rolled back
+        except TransactionManagementError as exc:  # left failed, or its result refused
+            self.pending = None
+            self._transaction_failed(ran, exc)
+        except _DATABASE_FAULTS as exc:  # the library's own statement, or the commit
+            self.pending = None
+            self._transaction_lost(ran, opened, exc)
+        except BaseException as exc:  # the timeout, what the write raised: rolled back
             self.pending = None
             self._transaction_failed(ran, exc)
         self.pending = None
         return done
+
+    def _transaction_lost(
+        self, ran: StepRun, opened: OpenTransaction, error: BaseException
+    ) -> NoReturn:
+        """A statement of the library's own in the transaction of carried step ``ran``
+        failed, or the commit did (``opened.commit_sent``: its reply lost, it may have
+        landed): a transient database error, not the step's — the unit of work ends
+        (:class:`_Interrupted`: the run lease released, the run's pass due now), and nothing
+        the worker holds is left to lapse (:func:`~django_leases.workflows.transactional.
+        cut_short`: the attempt given back, or a next step the commit claimed for this worker
+        handed back unclaimed)."""
+        lease = self.driver.held.lease
+        claimant = None
+        if opened.commit_sent and lease is not None:
+            claim = ran.claim
+            claimant = claimant_name(lease.holder, lease.token, claim.step_id, claim.attempt)
+        cut_short(ran.claim, error, claimant=claimant)
+        raise _Interrupted(error) from error
 
     def _transaction_failed(self, ran: StepRun, failure: BaseException) -> NoReturn:
         """The transaction of carried step ``ran`` failed with ``failure`` (rolled back, or
@@ -630,7 +653,10 @@ class _Pass:
         # the workflow's next action, as a plain step's is carried. Elsewhere it is written
         # in its own transaction at once, the pass held.
         carry = len(connections[self.using].atomic_blocks) == self.depth
-        ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl, carry=carry)
+        try:
+            ran = run_step_function(claim, hold_pass_seconds=self.driver.lease_ttl, carry=carry)
+        except _DATABASE_FAULTS as exc:  # a transactional step's transaction cut short
+            raise _Interrupted(exc) from exc
         if _storable(ran):  # else recorded below: the attempt's failure, or written already
             logger.info(
                 "Run %s: step %r attempt %d succeeded", claim.run_id, claim.step_name, claim.attempt

@@ -40,7 +40,12 @@ from django_leases.workflows import aio
 # Re-exported: the conformance suite patches the lookup on this module.
 from django_leases.workflows.registry import get_step_function as get_step_function
 from django_leases.workflows.registry import get_workflow, step_declaration
-from django_leases.workflows.transactional import OpenTransaction, begin, run_in_transaction
+from django_leases.workflows.transactional import (
+    CutShort,
+    OpenTransaction,
+    begin,
+    run_in_transaction,
+)
 from django_leases.workflows.values import Claim, PassState
 
 logger = logging.getLogger("django_leases.workflows")
@@ -463,7 +468,14 @@ def run_step_function(
     what was written. With ``carry`` (the pass that runs it writes its result with the
     workflow's next action) a transactional step function that returns JSON leaves its
     transaction open, nothing written yet: :attr:`StepRun.transaction`, which the caller
-    commits or rolls back on this thread."""
+    commits or rolls back on this thread.
+
+    Raises:
+        DatabaseError: a transactional step's transaction was cut short by a statement of
+            the library's own (its attempt given back:
+            :func:`~django_leases.workflows.transactional.cut_short`); the unit of work
+            ends. What the function itself raises is returned as the attempt's failure.
+    """
     func = get_step_function(claim.function_name)
     if func is None:
         return StepRun(claim, None, missing=True)
@@ -489,6 +501,8 @@ def run_step_function(
                 ran.result = aio.call_step_function(func, claim.data, ctx)
         except KeyboardInterrupt:
             raise
+        except CutShort as cut:  # the library's own database error: the unit of work ends
+            raise cut.error from None
         except BaseException as exc:  # SystemExit, GeneratorExit…: this attempt's failure
             ran.failure = exc
         finally:

@@ -40,16 +40,35 @@ the result), ``run.sleep``, ``run.wait_for_event``, ``run.child``, ``run.paralle
 and that action's write is made inside the transaction, which then commits. So the step's
 writes, its result and the next claim land together or not at all:
 
-* a failure of that write or of the commit, or the timeout, rolls it all back and is the
-  attempt's failure (written on its own, fenced; retried if attempts remain);
+* the timeout, or an exception the write raised that is not a database error, rolls it all
+  back and is the attempt's failure (written on its own, fenced; retried if attempts
+  remain);
+* a database error of the library's own statements there — the lock, the write, the
+  commit — rolls back and ends the unit of work (:func:`cut_short`; see "Whose error it
+  is" below);
 * a fence refusal rolls back and ends the pass quietly;
 * a pass that ends without that write (its run lease lost, a read failing, an interrupt)
   rolls back and writes nothing: the step lease lapses and another attempt runs the step;
 * a **lost commit reply** (the connection fails as the commit is sent, so it may have
-  landed) is the attempt's failure too: its fenced write is refused where the commit landed,
-  and the worker runs nothing more of the run — a next step claimed by that commit is run by
-  its next attempt once its lease lapses. No attempt runs twice (``tests/test_lost_replies.
-  py``; fault point ``"workflow.step-transaction-committed"``).
+  landed) ends the unit of work too; on a fresh connection the worker finds out what
+  landed: not landed, the attempt is given back; landed, a next step that commit claimed
+  for this worker is handed back unclaimed (its attempt 1 never ran) and the run lease
+  released, so the run goes on at once. No attempt runs twice (``tests/test_lost_replies.
+  py``, ``tests/test_pass_faults.py``; fault point ``"workflow.step-transaction-committed"``).
+
+**Whose error it is** (the line). The attempt's failure: whatever the step function raises
+while it runs — a ``DatabaseError`` of its own queries (an ``IntegrityError``, say)
+included — and a transaction it returns unusable (it caught a database error without a
+savepoint: :func:`~django_leases.db.transaction_failed`, told as a
+``TransactionManagementError``), the attempt's ``timeout``, and a
+``TransactionManagementError`` of the workflow code's own. The library's: a
+``DatabaseError`` (or ``InterfaceError``) raised by its own statements after the function
+returned — :meth:`~django_leases.models.exactly.StepTransactions.lock_for_result`, the
+result write with the next action, the commit. Those are transient: the transaction rolls
+back (or its outcome is looked up), the unit of work ends, and the attempt is given back
+(:meth:`~django_leases.models.exactly.StepTransactions.give_back`: code
+``STEP_TRANSACTION_CUT_SHORT``, not counted against ``retries``) so its next attempt runs at
+once. A run never fails for them.
 
 The workflow code between the step and its next action runs inside the transaction: it is
 orchestration, deterministic and free of side effects outside ``run.*``, so it is short (on
@@ -77,12 +96,13 @@ claims, lease renewals, web requests — waits meanwhile, and gives up with "dat
 locked" after the busy timeout. Keep transactional steps on SQLite shorter than that timeout
 (system check ``django_leases.W036``).
 
-A connection error inside the transaction (the commit's reply lost, say) is the attempt's
-failure: what it wrote is either all committed with its result, or none of it.
+A connection error inside the transaction (the commit's reply lost, say) ends the unit of
+work: what the attempt wrote is either all committed with its result, or none of it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -90,13 +110,15 @@ from typing import Any, TypeVar
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from django_leases import faults
+from django_leases import db, faults
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import WorkflowStep
 from django_leases.validation import check_json
 from django_leases.workflows.values import Claim, StepWrite
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("django_leases.workflows")
 
 
 class _RollBack(Exception):
@@ -119,6 +141,9 @@ class OpenTransaction:
     def __init__(self, claim: Claim, atomic: transaction.Atomic) -> None:
         self.claim = claim
         self.open = True
+        #: The commit was sent: a failure since leaves its outcome unknown (it may have
+        #: landed, its reply lost).
+        self.commit_sent = False
         self._atomic = atomic
 
     def innermost(self) -> bool:
@@ -160,6 +185,7 @@ class OpenTransaction:
             self.roll_back(exc)
             raise
         self.open = False
+        self.commit_sent = True
         self._atomic.__exit__(None, None, None)
         faults.reached(
             "workflow.step-transaction-committed", run_id=claim.run_id, step_name=claim.step_name
@@ -191,6 +217,12 @@ def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction |
     opened = OpenTransaction(claim, atomic)
     try:
         result = call()
+        if db.transaction_failed(connections[claim.using]):
+            raise TransactionManagementError(
+                f"Step function {claim.function_name!r} returned with its transaction failed: "
+                "it caught a database error without rolling back to a savepoint (wrap the "
+                "statement in transaction.atomic() to go on after it)"
+            )
     except BaseException as exc:
         opened.roll_back(exc)
         raise
@@ -200,6 +232,47 @@ def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction |
         opened.roll_back(exc)
         return result, None
     return result, opened
+
+
+class CutShort(BaseException):
+    """A database error of the library's own statements ended a transactional attempt's
+    transaction (:func:`run_in_transaction`), which was then handled by :func:`cut_short`:
+    not the attempt's failure. A ``BaseException``, so that the step's ``except`` clauses
+    cannot take it for the function's error; ``error`` is the database error, raised again
+    by :func:`~django_leases.workflows.engine.run_step_function` to end the unit of work."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def cut_short(claim: Claim, error: BaseException, *, claimant: str | None = None) -> None:
+    """A database error of the library's own (``error``) ended the transaction of attempt
+    ``claim`` — its lock, its result write or its commit, whose reply may be lost after it
+    landed. Best effort, on a fresh connection when the database answers (else the leases
+    lapse): where the attempt is still running (the transaction did not land) it is given
+    back (:meth:`~django_leases.models.exactly.StepTransactions.give_back`: due again at
+    once, not counted against ``retries``); where it landed, the steps that commit claimed
+    under ``claimant`` (when given) for a worker that will not run them are handed back
+    unclaimed (:meth:`~django_leases.models.scheduling.StepScheduling.unclaim_created`).
+    Never runs anything; never raises a database error."""
+    logger.warning(
+        "Run %s: the transaction of step %r attempt %d was cut short (%s); the unit of work ends",
+        claim.run_id,
+        claim.step_name,
+        claim.attempt,
+        error,
+    )
+    store = WorkflowStep.objects.db_manager(claim.using)
+    connection = connections[claim.using]
+    try:
+        if not connection.in_atomic_block:
+            connection.close()  # the next statement reconnects: the old one may be dead
+        why = f"Its transaction was cut short by a database error: {error}"
+        if not store.give_back(claim.step_id, claim.attempt, why[:1000]) and claimant:
+            store.unclaim_created(claim.run_id, claimant)
+    except db.DATABASE_FAULTS:
+        logger.warning("Run %s: could not give back step %r", claim.run_id, claim.step_name)
 
 
 @dataclass
@@ -233,7 +306,10 @@ def run_in_transaction(
         BaseException: what ``call`` raised, after the rollback (the attempt's failure, to
             be recorded on its own).
         WorkflowStepTimedOutError: the attempt ran past its ``timeout`` (rolled back).
-        DatabaseError: the transaction failed (rolled back, or the commit's outcome unknown).
+        TransactionManagementError: ``call`` left its transaction unusable (rolled back;
+            the attempt's failure).
+        CutShort: a statement of the library's own, or the commit, failed (rolled back, or
+            the commit's outcome unknown), handled by :func:`cut_short`.
     """
     store = WorkflowStep.objects.db_manager(claim.using)
     done = Transacted()
@@ -248,7 +324,12 @@ def run_in_transaction(
         )
     except WorkflowStepSupersededError as exc:
         done.superseded = exc
+    except TransactionManagementError:
+        raise  # the function left its transaction unusable: the attempt's failure
+    except db.DATABASE_FAULTS as exc:
+        cut_short(claim, exc)
+        raise CutShort(exc) from exc
     return done
 
 
-__all__ = ["OpenTransaction", "Transacted", "begin", "run_in_transaction"]
+__all__ = ["CutShort", "OpenTransaction", "Transacted", "begin", "cut_short", "run_in_transaction"]

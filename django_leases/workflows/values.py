@@ -106,6 +106,9 @@ STEP_LEASE_LAPSED = "STEP_LEASE_LAPSED"
 STEP_RESULT_NOT_JSON = "STEP_RESULT_NOT_JSON"
 #: Error code of a step attempt that ran longer than the step's ``timeout``.
 STEP_TIMED_OUT = "STEP_TIMED_OUT"
+#: Error code of a transactional step attempt whose transaction a database error of the
+#: library's own cut short (rolled back): given back, it does not count against ``retries``.
+STEP_TRANSACTION_CUT_SHORT = "STEP_TRANSACTION_CUT_SHORT"
 #: Error code of a run failed because a step failed on its last attempt.
 STEP_FAILED = "STEP_FAILED"
 #: Error code of a run whose workflow function raised.
@@ -408,6 +411,7 @@ __all__ = [
     "STEP_LEASE_LAPSED",
     "STEP_RESULT_NOT_JSON",
     "STEP_TIMED_OUT",
+    "STEP_TRANSACTION_CUT_SHORT",
     "TASK_FUNCTION",
     "TASK_STEP",
     "TASK_WORKFLOW",

@@ -643,9 +643,16 @@ class Worker:
             if following is not None:
                 self.wake.wake_if_waiting()  # there may be more: an idle thread looks too
             return following
-        picked = WorkflowRun.objects.db_manager(alias).take_pass(
-            claim.run_id, run_lease_ttl(), new_holder()
-        )
+        try:
+            picked = WorkflowRun.objects.db_manager(alias).take_pass(
+                claim.run_id, run_lease_ttl(), new_holder()
+            )
+        except db.DATABASE_FAULTS:
+            # The unit of work ends, but not the result this thread holds: written on its
+            # own (fenced; its run asked for a pass), as an interrupted pass writes one.
+            with contextlib.suppress(*db.DATABASE_FAULTS):
+                record_step(ran)
+            raise
         driver = self._driver(claim.run_id, picked, chain=self._may_chain())
         logger.debug("Run %s: after its step, %s", claim.run_id, driver.drive(carrying=ran))
         if driver.next_pass is None:
