@@ -382,6 +382,11 @@ class Renewer:
                 return None  # retired while a tick was stuck: a new thread took over
             now = time.monotonic()
             if not self._leases:
+                if idle_since is None:
+                    # Nothing to renew: no connection stays open while the thread idles.
+                    # (An open SQLite connection must not be carried across a fork: the
+                    # child's own connections to that file would fail, "disk I/O error".)
+                    db.close_thread_connections()
                 idle_since = now if idle_since is None else idle_since
                 left = idle_since + RENEWER_IDLE - now
                 if left <= 0:
