@@ -269,7 +269,7 @@ def install_schema(alias: str, steps: int = 0) -> None:
 
     from django_leases import health
     from django_leases.clock import DbNow
-    from django_leases.models import WorkflowRun, WorkflowStep
+    from django_leases.models import WorkflowRun, WorkflowStep, WorkflowStepAttempt
     from django_leases.models.lease import LEASE_FUNCTIONS_MIGRATION
 
     connection = connections[alias]
@@ -277,6 +277,11 @@ def install_schema(alias: str, steps: int = 0) -> None:
         for model in apps.get_app_config("django_leases").get_models():
             if model._meta.managed and not model._meta.proxy:
                 editor.create_model(model)
+        # The column 0039 keeps in the table for a release (the model has forgotten it;
+        # the functions still clear it): the tables as the migrations leave them.
+        editor.execute(
+            f"ALTER TABLE {WorkflowStepAttempt._meta.db_table} ADD COLUMN result jsonb NULL"
+        )
         for name in ("0017_lease_functions", LEASE_FUNCTIONS_MIGRATION):
             module = importlib.import_module(f"django_leases.migrations.{name}")
             for statement in module.LEASE_FUNCTIONS.values():
