@@ -24,7 +24,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.workflows.values import STEP_RESULT_NOT_JSON, Claim
-from tests.helpers import lapse_step_lease
+from tests.helpers import lapse_step_lease, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -275,7 +275,11 @@ def test_finding_due_work_can_use_the_partial_indexes() -> None:
         WorkflowRun.objects.filter(status="running").update(pass_due_at=db_now_plus(3600))
         WorkflowStep.objects.update(available_at=db_now_plus(3600))
         with CaptureQueriesContext(connection) as captured:
-            assert WorkflowStep.objects.claim_due(LEASE) is None
+            # The portable claim's reads (a worker of every queue, some of them limited,
+            # claims with one read of each queue's first due step on the tuned path since
+            # 0040; the portable path's two reads are the ones planned here).
+            with tuned_sql(False):
+                assert WorkflowStep.objects.claim_due(LEASE) is None
             assert WorkflowRun.objects.claim_due_pass(LEASE) is None  # one WITH … UPDATE
             assert WorkflowRun.objects.work_due_within(1.0) is False
         transaction.set_rollback(True)
