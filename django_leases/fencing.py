@@ -92,24 +92,29 @@ def lease_fence(lease: Lease) -> Fence:
     return Fence(lease.key, lease.token, Lease.objects.db_manager(alias).holding(lease), alias)
 
 
-def step_fence(step_id: int, attempt: int, *, using: str | None = None, floor: int = 0) -> Fence:
+def step_fence(
+    step_id: int, attempt: int, *, using: str | None = None, floor: int | None = None
+) -> Fence:
     """The :class:`Fence` of ``attempt`` of workflow step ``step_id`` (what ``ctx.fence`` is
     in a step function): key ``workflow-step:<step_id>``, token ``floor + attempt``; live
-    while that attempt is the step's running one (the attempt fence). ``using``: the step's
-    database (default: the router's choice). ``floor``: the epoch floor of the server that
-    granted the attempt's claim (``Claim.fence_floor``; 0 on a database that never failed
-    over), so that an attempt claimed again after an asynchronous promotion lost its first
-    claim fences above every token of the old timeline (``docs/operations/replication.md``).
+    while that attempt is the step's running one (the attempt fence) under the claim that
+    ran it. ``using``: the step's database (default: the router's choice). ``floor``: the
+    epoch floor of the server that granted the attempt's claim (``Claim.fence_floor``; 0 on
+    a database that never failed over), so that an attempt claimed again after an
+    asynchronous promotion lost its first claim fences above every token of the old
+    timeline, and the first claim's worker is no longer live
+    (``docs/operations/replication.md``). ``None``: token ``attempt``, and liveness judged
+    on the attempt alone.
 
     Raises ``ValueError`` for a bad step id, attempt or floor."""
     if isinstance(step_id, bool) or not isinstance(step_id, int):
         raise ValueError(f"A step id must be an int, not {step_id!r}")
     check_attempt(attempt)
-    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, int) or floor < 0):
         raise ValueError(f"An epoch floor must be an int >= 0, not {floor!r}")
     alias = using or router.db_for_write(WorkflowStep)
-    holding = WorkflowStep.objects.db_manager(alias).attempt_running(step_id, attempt)
-    return Fence(f"workflow-step:{step_id}", floor + attempt, holding, alias)
+    holding = WorkflowStep.objects.db_manager(alias).attempt_running(step_id, attempt, floor)
+    return Fence(f"workflow-step:{step_id}", (floor or 0) + attempt, holding, alias)
 
 
 def as_fence(fence: Fence | Lease) -> Fence:

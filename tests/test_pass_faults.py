@@ -182,11 +182,11 @@ def _drop_lock_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = StepTransactions.lock_for_result
     failed: list[int] = []
 
-    def dropped_once(self: Any, step_id: int, attempt: int) -> None:
+    def dropped_once(self: Any, step_id: int, attempt: int, **options: Any) -> None:
         if not failed:
             failed.append(step_id)
             raise OperationalError("server closed the connection unexpectedly")
-        real(self, step_id, attempt)
+        real(self, step_id, attempt, **options)
 
     monkeypatch.setattr(StepTransactions, "lock_for_result", dropped_once)
     return failed

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
         run_status: str
         run_workflow: str
         db_now: datetime  # the database clock, when the step was read
-        fence_floor: int  # the server's epoch floor, when the step was read
+        server_floor: int  # the server's epoch floor, when the step was read
 
     _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
@@ -533,7 +533,7 @@ class StepClaims(StepOutcomes):
             run_status=run_status,
             run_workflow=run_workflow,
             db_now=DbNow(),
-            fence_floor=EpochFloor(),
+            server_floor=EpochFloor(),
         )
         if skip_locked and features.has_select_for_update_skip_locked:
             return qs.select_for_update(skip_locked=True, of=of)
@@ -643,6 +643,7 @@ class StepClaims(StepOutcomes):
                 status=StepStatus.RUNNING,
                 lease_expires_at=lease,
                 claimant=claimant,
+                fence_floor=step.server_floor,
                 deadline_at=deadline,
                 updated_at=DbNow(),
             )
@@ -667,6 +668,7 @@ class StepClaims(StepOutcomes):
                 attempt=F("attempt") + 1,
                 lease_expires_at=lease,
                 claimant=claimant,
+                fence_floor=step.server_floor,
                 deadline_at=deadline,
                 result=None,
                 error=None,
@@ -697,7 +699,7 @@ class StepClaims(StepOutcomes):
             claimed_at=sent,
             using=alias,
             run_workflow=step.run_workflow,
-            fence_floor=step.fence_floor,
+            fence_floor=step.server_floor,
         )
         waited = None
         if step.available_at is not None and step.status != StepStatus.RUNNING:

@@ -35,14 +35,24 @@ from django_leases.workflows.values import (
 class StepTransactions(StepPatches):
     """Results written in the transaction of the step function that produced them."""
 
-    def attempt_running(self, step_id: int, attempt: int) -> models.QuerySet[Any]:
+    def attempt_running(
+        self, step_id: int, attempt: int, floor: int | None = None
+    ) -> models.QuerySet[Any]:
         """The step's row while ``attempt`` is its running attempt (the fence rule,
-        :func:`~django_leases.models.workflow_base.fence_q`), else no row: for
-        ``Exists()`` in a write of the application's own rows
-        (:mod:`django_leases.fencing`)."""
-        return self.rows().filter(fence_q(step_id, attempt))
+        :func:`~django_leases.models.workflow_base.fence_q`) **under the claim that ran it**,
+        else no row: for ``Exists()`` in a write of the application's own rows
+        (:mod:`django_leases.fencing`) and for :meth:`lock_for_result`.
 
-    def lock_for_result(self, step_id: int, attempt: int) -> None:
+        ``floor``: the epoch floor of the claim (``Claim.fence_floor``), which each claim
+        stores on the step row (``fence_floor``). After an asynchronous promotion lost a
+        claim, the promoted server hands the same attempt out again under a higher floor;
+        the first claim's worker, still running, then matches no row, however its writes
+        reach the new primary. ``None``: the attempt alone decides (a caller that does not
+        know the claim's floor)."""
+        rows = self.rows().filter(fence_q(step_id, attempt))
+        return rows if floor is None else rows.filter(fence_floor=floor)
+
+    def lock_for_result(self, step_id: int, attempt: int, *, floor: int | None = None) -> None:
         """Inside the caller's open transaction, the one a transactional step function's
         writes were made in: lock the step's row through the fence (so no takeover, cancel
         or timeout can interleave before the commit) and judge the attempt's ``timeout`` on
@@ -52,10 +62,13 @@ class StepTransactions(StepPatches):
         Args:
             step_id: the step (``int``).
             attempt: the attempt that ran (``int`` ≥ 1), the fence.
+            floor: the epoch floor of the attempt's claim (``int``; ``None``: not compared),
+                see :meth:`attempt_running`.
 
         Raises:
             WorkflowStepSupersededError: ``attempt`` is not the step's running attempt
-                (superseded, cancelled, or already failed for its timeout): roll back.
+                under the claim that ran it (superseded, cancelled, claimed again after a
+                promotion lost that claim, or already failed for its timeout): roll back.
             WorkflowStepTimedOutError: the attempt ran past its ``timeout``: roll back.
             WorkflowStep.DoesNotExist: no such step.
             ValueError: ``attempt`` is not an int ≥ 1, or no transaction is open on the
@@ -71,7 +84,7 @@ class StepTransactions(StepPatches):
             output_field=BooleanField(),
         )
         row = (
-            db.for_update(self.rows().filter(fence_q(step_id, attempt)), alias)
+            db.for_update(self.attempt_running(step_id, attempt, floor), alias)
             .annotate(past_deadline=past)
             .values_list("past_deadline", "timeout")
             .first()
@@ -88,6 +101,7 @@ class StepTransactions(StepPatches):
         attempt: int,
         *,
         hold_pass_seconds: float | None = None,
+        floor: int | None = None,
     ) -> StepWrite:
         """Record ``result`` (JSON) for ``attempt`` of the step inside the caller's open
         transaction, the one its step function's writes were made in: the step row locked
@@ -101,6 +115,7 @@ class StepTransactions(StepPatches):
                 written by :meth:`set_result` as the attempt's failure).
             attempt: the attempt that ran (``int`` ≥ 1), the fence.
             hold_pass_seconds: seconds the run's pass is taken for the caller, or ``None``.
+            floor: the epoch floor of the attempt's claim, as for :meth:`lock_for_result`.
 
         Returns:
             The :class:`~django_leases.workflows.values.StepWrite` of :meth:`set_result`.
@@ -111,7 +126,7 @@ class StepTransactions(StepPatches):
             WorkflowStep.DoesNotExist: no such step.
             ValueError: a bad ``attempt``, or no transaction open (nothing written).
         """
-        self.lock_for_result(step_id, attempt)
+        self.lock_for_result(step_id, attempt, floor=floor)
         return self.set_result(step_id, result, attempt, hold_pass_seconds=hold_pass_seconds)
 
     def give_back(self, step_id: int, attempt: int, why: str) -> bool:

@@ -19,7 +19,7 @@ from django_leases import clock
 from django_leases.clock import DbNow
 from django_leases.conf import DEFAULT_QUEUE
 from django_leases.models.claims import StepClaims
-from django_leases.models.lease import EpochFloor, Lease
+from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
 from django_leases.models.workflow_base import (
     attempt_started,
@@ -126,6 +126,7 @@ def inserted_claimed(
         status=StepStatus.RUNNING,
         attempt=1,
         claimant=claimant,
+        fence_floor=int(fence_floor),
         **step_columns(step),
     )
     row._state.adding = False
@@ -438,13 +439,9 @@ class StepScheduling(StepClaims):
             )
             if not mine.update(lease_expires_at=clock.db_now_plus(ttl), updated_at=DbNow()):
                 return None
-            # The epoch floor is the server's now: one that lost the first claim in a
-            # promotion has no step naming this claimant, so nobody else holds this fence.
-            step = (
-                self.rows()
-                .annotate(fence_floor=EpochFloor())
-                .get(run_id=run_id, step_name=step_name)
-            )
+            # The claim's epoch floor is the one its write stored on the step: a server that
+            # lost that write in a promotion has no step naming this claimant.
+            step = self.rows().get(run_id=run_id, step_name=step_name)
         claim = Claim(
             step_id=step.pk,
             run_id=step.run_id,

@@ -367,6 +367,17 @@ class WorkflowStep(models.Model):
         db_default="",
         help_text=_("Who the claim of the running attempt names, where its write named one."),
     )
+    # Stored by every claim: a step fence is live only under the claim that ran it
+    # (``attempt_running``), even when a promoted server hands the same attempt out again.
+    fence_floor = models.BigIntegerField(
+        _("fence floor"),
+        default=0,
+        db_default=0,
+        help_text=_(
+            "The epoch floor of the server that granted the running attempt's claim "
+            "(0: a database that never failed over)."
+        ),
+    )
     available_at = models.DateTimeField(null=True, blank=True)
     queue = models.CharField(
         max_length=MAX_QUEUE_LENGTH,

@@ -27,6 +27,7 @@ from django_leases import clock, db, signals
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models.lease import (
+    PG_EPOCH_FLOOR,
     Lease,
     acquire_statement,
     epoch_floor_sql,
@@ -92,7 +93,7 @@ def wait_model() -> type[WorkflowWait]:
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0040_fair_passes"
+FUNCTIONS_MIGRATION = "0042_step_fence_floor_functions"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
@@ -126,6 +127,7 @@ def workflow_tables(connection: BaseDatabaseWrapper) -> sql.Tables:
         lease=quote(Lease._meta.db_table),
         queue=quote(WorkflowQueue._meta.db_table),
         queue_key=quote(WorkflowQueueKey._meta.db_table),
+        floor=PG_EPOCH_FLOOR,
     )
 
 

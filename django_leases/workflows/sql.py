@@ -40,6 +40,8 @@ class Tables:
     lease: str
     queue: str = ""
     queue_key: str = ""
+    #: The server's epoch floor (SQL), which a claim stores on the step row it claims.
+    floor: str = "0"
 
 
 class Arg:
@@ -380,6 +382,7 @@ def claim_step_ctes(
                 lease_expires_at = statement_timestamp() + make_interval(secs => %s),
                 deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
                     ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
+                fence_floor = {t.floor},
                 updated_at = statement_timestamp()
             FROM picked
             WHERE s.id = picked.id
@@ -612,6 +615,7 @@ def claim_queue(
                 lease_expires_at = {lease},
                 deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
                     ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
+                fence_floor = {t.floor},
                 updated_at = statement_timestamp()
             FROM picked
             WHERE s.id = picked.id
@@ -686,10 +690,10 @@ def _claimed_insert(
             INSERT INTO {t.step} (
                 run_id, step_name, function_name, data, status, attempt, retries,
                 retry_delay, retry_backoff, retry_delay_max, lease_expires_at, claimant,
-                available_at, created_at, updated_at
+                fence_floor, available_at, created_at, updated_at
             )
             SELECT r.id, %s, %s, %s::jsonb, {_text(StepStatus.RUNNING)}, 1, %s, %s, %s, %s,
-                   statement_timestamp() + make_interval(secs => %s), %s,
+                   statement_timestamp() + make_interval(secs => %s), %s, {t.floor},
                    statement_timestamp(), statement_timestamp(), statement_timestamp()
             {run_row}
             ON CONFLICT (run_id, step_name) DO NOTHING

@@ -176,7 +176,7 @@ class OpenTransaction:
             )
         try:
             WorkflowStep.objects.db_manager(claim.using).lock_for_result(
-                claim.step_id, claim.attempt
+                claim.step_id, claim.attempt, floor=claim.fence_floor
             )
             done = write()
             if connections[claim.using].needs_rollback:
