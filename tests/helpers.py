@@ -710,6 +710,27 @@ def drain(worker: Any = None, limit: int = 5000) -> int:
     return done
 
 
+def settle(run_id: Any, rounds: int = 3) -> None:
+    """Finish run ``run_id`` after worker processes stopped: drain its due work on this
+    thread, and where a write a busy SQLite refused ended a unit of work (a step stays
+    claimed, or the run lease held, until its lease lapses, as a dead worker's — the
+    release on the way out may be refused too), lapse those on the database clock and drain
+    again, at most ``rounds`` times. Leaves the run as it settled: the caller asserts."""
+    from django_leases.models import Lease, WorkflowRun, WorkflowStep
+    from django_leases.workflows.values import run_lease_key
+
+    drain()
+    for _ in range(rounds):
+        if WorkflowRun.objects.filter(pk=run_id, status="running").values("pk").first() is None:
+            return
+        steps = WorkflowStep.objects.filter(run_id=run_id, status="running")
+        steps.update(lease_expires_at=db_now() - timedelta(seconds=1))
+        Lease.objects.filter(key=run_lease_key(run_id), expires_at__gt=db_now()).update(
+            expires_at=db_now() - timedelta(seconds=1)
+        )
+        drain()
+
+
 def run_of(run_id: Any) -> Any:
     """The ``WorkflowRun`` with id ``run_id`` (a UUID or its text), read afresh."""
     from django_leases.models import WorkflowRun

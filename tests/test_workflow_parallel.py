@@ -24,6 +24,7 @@ from tests.helpers import (
     drain,
     in_processes,
     lapse_step_lease,
+    settle,
     start_blocked,
 )
 
@@ -171,12 +172,7 @@ def test_two_hundred_steps_with_four_worker_processes_run_once_per_attempt() -> 
 
     outcomes = in_processes([work] * 4)
     assert outcomes == [(0, "")] * 4
-    drain()
-    # A write a busy SQLite refused ends its unit of work (the step stays claimed until its
-    # lease lapses, as a dead worker's): lapse those on the database clock, then finish.
-    if WorkflowStep.objects.filter(run_id=run_id, status="running").exists():
-        lapse_step_lease(run_id=run_id)
-        drain()
+    settle(run_id)
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.COMPLETED
     assert run.output["sum"] == sum(n * n for n in range(200))

@@ -34,7 +34,7 @@ from django_leases.workflows.display import queue_overview
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import NextStep, StepOptions
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, in_processes, lapse_step_lease, staff_client
+from tests.helpers import drain, in_processes, lapse_step_lease, settle, staff_client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -358,12 +358,7 @@ def test_four_workers_of_four_threads_never_run_more_than_the_concurrency() -> N
 def test_four_workers_never_start_more_than_the_rate_in_any_window() -> None:
     run_id = start_workflow("tests.queues.fan", {"n": 100, "function": "tests.queues.rated"})
     assert _workers(4, 2) == [(0, "")] * 4
-    drain()
-    # A write a busy SQLite refused ends its unit of work (the step stays claimed until its
-    # lease lapses, as a dead worker's): lapse those on the database clock, then finish.
-    if WorkflowStep.objects.filter(run_id=run_id, status="running").exists():
-        lapse_step_lease(run_id=run_id)
-        drain()
+    settle(run_id)
     assert WorkflowRun.objects.get(pk=run_id).status == RunStatus.COMPLETED
     starts = sorted(start for start, _ in _intervals("tests-rated"))
     assert len(starts) == 100
