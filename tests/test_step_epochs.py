@@ -269,3 +269,14 @@ def test_a_transactional_step_whose_claim_was_taken_again_commits_nothing() -> N
         registry._step_functions["tests.tx.append"] = original
     assert not LedgerEntry.objects.filter(run_id=run.id).exists()
     assert WorkflowStep.objects.get(pk=stale.step_id).result is None
+
+
+def test_a_mixed_workers_claim_fences_above_the_epoch_floor(floor: int) -> None:
+    """A worker of every queue, some of them limited, claims an unlimited queue's step
+    through its own statement (``claim_step_except``) beside the limited queues' claims."""
+    for tuned in (True, False):
+        with tuned_sql(tuned):
+            run_id = WorkflowRun.objects.start("tests.epoch-steps", {}).id
+            WorkflowStep.objects.schedule(run_id, "s", "tests.epoch-fence")
+            claim = WorkflowStep.objects.claim_due(30)
+            assert claim is not None and claim.fence_floor == floor
