@@ -284,6 +284,59 @@ def claim_step_except(t: Tables, seconds: Any, queues: Any, excluded: Any) -> tu
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
+def _run_of_step_running(t: Tables) -> str:
+    """Whether the run of step ``s`` is running (an SQL condition)."""
+    return f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
+
+
+def _lapsed(t: Tables, of_queues: str, live_run: str) -> str:
+    """CTE ``lapsed``: whether a running step of ``of_queues`` (an SQL condition on ``s``)
+    of a running run (``live_run``) has a lapsed lease or ran past its timeout — the
+    portable path takes those over first, so a claim statement claims nothing meanwhile."""
+    return f"""lapsed AS (
+            SELECT EXISTS (
+                SELECT 1 FROM {t.step} s
+                WHERE s.status = {_text(StepStatus.RUNNING)} AND {of_queues} AND (
+                    s.lease_expires_at <= statement_timestamp() OR s.lease_expires_at IS NULL
+                    OR s.deadline_at <= statement_timestamp()
+                ) AND {live_run}
+            ) AS found
+        )"""
+
+
+def _claimed(t: Tables, lease: str, started: str) -> str:
+    """CTEs ``claimed`` (the step ``picked`` — ``id, was, available_at`` — started under a
+    step lease ending at ``lease``: ``running``, the attempt raised after a failure, the
+    deadline from its ``timeout``, the server's epoch floor stored; its row's columns) and
+    ``begun`` (its attempt row, started at ``started``; a claim of an attempt given back
+    restarts its row), the one way every claim statement writes a claim."""
+    failed = _text(StepStatus.FAILED)
+    restarted = "" if started == "statement_timestamp()" else ", started_at = excluded.started_at"
+    return f"""claimed AS (
+            UPDATE {t.step} AS s
+            SET status = {_text(StepStatus.RUNNING)},
+                attempt = CASE WHEN picked.was = {failed} THEN s.attempt + 1 ELSE s.attempt END,
+                result = CASE WHEN picked.was = {failed} THEN NULL ELSE s.result END,
+                error = CASE WHEN picked.was = {failed} THEN NULL ELSE s.error END,
+                lease_expires_at = {lease},
+                deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
+                    ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
+                fence_floor = {t.floor},
+                updated_at = statement_timestamp()
+            FROM picked
+            WHERE s.id = picked.id
+            RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
+                extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
+        ), begun AS (
+            INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
+            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, {started}
+            FROM claimed
+            ON CONFLICT (step_id, attempt) DO UPDATE
+            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL{restarted}
+            RETURNING a.started_at
+        )"""
+
+
 def claim_step_ctes(
     t: Tables,
     seconds: Any,
@@ -331,12 +384,8 @@ def claim_step_ctes(
     Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
     the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
     one row)."""
-    running, waiting = (
-        _text(StepStatus.RUNNING),
-        ", ".join(
-            _text(status)
-            for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
-        ),
+    waiting = ", ".join(
+        _text(status) for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
     )
     failed = _text(StepStatus.FAILED)
     of_queues = f"({literal(queues)} IS NULL OR s.queue = ANY ({literal(queues)}))"
@@ -345,25 +394,14 @@ def claim_step_ctes(
     if excluded is not None:
         of_queues = f"{of_queues} AND NOT (s.queue = ANY ({literal(excluded)}))"
     admitted = f" AND {admit}" if admit else ""
-    restarted = "" if started == "statement_timestamp()" else ", started_at = excluded.started_at"
-    live_run = (
-        f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
-    )
+    live_run = _run_of_step_running(t)
     run_joined, run_live, run_locked = "", live_run, ""
     if after_waits:
         run_joined = f" JOIN {t.run} r ON r.id = s.run_id"
         run_live = _is_running("r.status")
         run_locked = " FOR SHARE OF r SKIP LOCKED"
     ctes = f"""
-        lapsed AS (
-            SELECT EXISTS (
-                SELECT 1 FROM {t.step} s
-                WHERE s.status = {running} AND {of_queues} AND (
-                    s.lease_expires_at <= statement_timestamp() OR s.lease_expires_at IS NULL
-                    OR s.deadline_at <= statement_timestamp()
-                ) AND {live_run}
-            ) AS found
-        ), picked AS (
+        {_lapsed(t, of_queues, live_run)}, picked AS (
             SELECT s.id, s.status AS was, s.available_at FROM {t.step} s{run_joined}
             WHERE NOT (SELECT found FROM lapsed){admitted}
                 AND s.status IN ({waiting}) AND {of_queues}
@@ -373,29 +411,7 @@ def claim_step_ctes(
             ORDER BY s.priority DESC, s.available_at, s.id
             LIMIT 1
             FOR UPDATE OF s SKIP LOCKED{run_locked}
-        ), claimed AS (
-            UPDATE {t.step} AS s
-            SET status = {running},
-                attempt = CASE WHEN picked.was = {failed} THEN s.attempt + 1 ELSE s.attempt END,
-                result = CASE WHEN picked.was = {failed} THEN NULL ELSE s.result END,
-                error = CASE WHEN picked.was = {failed} THEN NULL ELSE s.error END,
-                lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-                deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
-                    ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
-                fence_floor = {t.floor},
-                updated_at = statement_timestamp()
-            FROM picked
-            WHERE s.id = picked.id
-            RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
-                extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
-        ), begun AS (
-            INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
-            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, {started}
-            FROM claimed
-            ON CONFLICT (step_id, attempt) DO UPDATE
-            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL{restarted}
-            RETURNING a.started_at
-        )"""
+        ), {_claimed(t, "statement_timestamp() + make_interval(secs => %s)", started)}"""
     columns, joined = _claim_columns(t)
     return ctes, [seconds], columns, joined
 
@@ -514,9 +530,7 @@ def claim_queue(
     is_keyed = "true" if keyed is True else literal(keyed)
     rated = rate_starts is not None
     key_rated = key_rate_starts is not None
-    live_run = (
-        f"EXISTS (SELECT 1 FROM {t.run} r WHERE r.id = s.run_id AND {_is_running('r.status')})"
-    )
+    live_run = _run_of_step_running(t)
     at = "(SELECT epoch FROM clock)"
     lease = f"statement_timestamp() + make_interval(secs => {literal(seconds)})"
     admits = [f"({literal(concurrency)} IS NULL OR {_live_count(t, q)} < {literal(concurrency)})"]
@@ -568,15 +582,7 @@ def claim_queue(
             f"OR (SELECT count(*) FROM live) < {literal(concurrency)})"
         )
     ctes = f"""
-        lapsed AS (
-            SELECT EXISTS (
-                SELECT 1 FROM {t.step} s
-                WHERE s.status = {running} AND s.queue = {q} AND (
-                    s.lease_expires_at <= statement_timestamp() OR s.lease_expires_at IS NULL
-                    OR s.deadline_at <= statement_timestamp()
-                ) AND {live_run}
-            ) AS found
-        ), clock AS (
+        {_lapsed(t, f"s.queue = {q}", live_run)}, clock AS (
             SELECT clock_timestamp() AS at,
                 extract(epoch FROM clock_timestamp())::double precision AS epoch
         ), {live}firsts AS (
@@ -606,30 +612,7 @@ def claim_queue(
             WHERE s.id = (SELECT min(id) FROM first) AND s.status = first.was
                 AND s.available_at <= statement_timestamp()
             FOR UPDATE OF s SKIP LOCKED
-        ), claimed AS (
-            UPDATE {t.step} AS s
-            SET status = {running},
-                attempt = CASE WHEN picked.was = {failed} THEN s.attempt + 1 ELSE s.attempt END,
-                result = CASE WHEN picked.was = {failed} THEN NULL ELSE s.result END,
-                error = CASE WHEN picked.was = {failed} THEN NULL ELSE s.error END,
-                lease_expires_at = {lease},
-                deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
-                    ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
-                fence_floor = {t.floor},
-                updated_at = statement_timestamp()
-            FROM picked
-            WHERE s.id = picked.id
-            RETURNING s.id, s.run_id, s.step_name, s.function_name, s.attempt, s.data,
-                extract(epoch FROM statement_timestamp() - picked.available_at) AS waited
-        ), begun AS (
-            INSERT INTO {t.attempt} AS a (step_id, attempt, status, started_at)
-            SELECT id, attempt, {_text(AttemptStatus.RUNNING)}, (SELECT at FROM clock)
-            FROM claimed
-            ON CONFLICT (step_id, attempt) DO UPDATE
-            SET status = excluded.status, result = NULL, error = NULL, finished_at = NULL,
-                started_at = excluded.started_at
-            RETURNING a.started_at
-        )"""
+        ), {_claimed(t, lease, "(SELECT at FROM clock)")}"""
     if rated:
         ctes += f""", rated AS (
             UPDATE {t.queue}
