@@ -89,9 +89,12 @@ class Fault:
         self.at, self.after = at, after
         self.seen = 0
         self.failed: str | None = None
+        #: Per statement seen, whether it ran inside a transaction.
+        self.in_transaction: list[bool] = []
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.seen += 1
+        self.in_transaction.append(context["connection"].in_atomic_block)
         if self.seen != self.at:
             return execute(sql, params, many, context)
         self.failed = sql
@@ -133,8 +136,13 @@ def test_every_statement_of_a_run_failing_in_turn_loses_nothing_and_runs_nothing
     _, clean = _run(counted)
     assert (clean.status, clean.output) == (RunStatus.COMPLETED, OUTPUT)
     assert counted.seen > 10, counted.seen
+    # After a statement inside a transaction, the lost session rolls it back: that is the
+    # fault before it, swept already. After an autocommit one, it has landed.
+    statements = [
+        at for at, inside in enumerate(counted.in_transaction, start=1) if not (after and inside)
+    ]
     wrong: list[tuple[int, str, Any]] = []
-    for at in range(1, counted.seen + 1):
+    for at in statements:
         _executions.clear()
         fault = Fault(at, after=after)
         run_id, run = _run(fault)
@@ -143,4 +151,4 @@ def test_every_statement_of_a_run_failing_in_turn_loses_nothing_and_runs_nothing
         ledger = LedgerEntry.objects.filter(run_id=run_id).count()
         if (run.status, run.output) != (RunStatus.COMPLETED, OUTPUT) or twice or ledger != 1:
             wrong.append((at, (fault.failed or "")[:120], (run.status, run.error, twice, ledger)))
-    assert wrong == [], f"{len(wrong)} of {counted.seen} statements: {wrong}"
+    assert wrong == [], f"{len(wrong)} of {len(statements)} statements: {wrong}"
