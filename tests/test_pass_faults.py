@@ -18,6 +18,7 @@ from django.db.models import Q
 from django_leases.clock import db_now
 from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import start_workflow, step_function, workflow
+from django_leases.workflows.values import STEP_TRANSACTION_CUT_SHORT
 from django_leases.workflows.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -215,6 +216,33 @@ def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
     assert run.output == output
     ran = [(s, a) for _, s, a in _executions]
     assert ran == [("t", 1), ("t", 2)] + ([("u", 1)] if flow == "tx-then" else [])
+
+
+def test_a_library_error_on_every_attempt_fails_the_step_after_the_give_backs(
+    sql_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fenced lock fails on every attempt: after ``MAX_GIVE_BACKS`` attempts given back
+    (not counted against ``retries=0``), the next one counts, and the run fails — an error
+    that recurs every time is not retried for ever."""
+    from django_leases.models.exactly import MAX_GIVE_BACKS, StepTransactions
+
+    def dropped(self: Any, step_id: int, attempt: int, **options: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    _executions.clear()
+    run_id = start_workflow("tests.pass-faults-tx-once", {})
+    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped)
+    assert _work(_worker()) == MAX_GIVE_BACKS + 1
+    monkeypatch.undo()
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.FAILED, run.status
+    assert [a for _, s, a in _executions] == list(range(1, MAX_GIVE_BACKS + 2))
+    step = WorkflowStep.objects.get(run_id=run_id, step_name="t")
+    assert (step.status, step.retries, step.error["code"]) == (
+        "failed",
+        MAX_GIVE_BACKS,
+        STEP_TRANSACTION_CUT_SHORT,
+    )
 
 
 @workflow("tests.pass-faults-tx-queued")

@@ -22,7 +22,7 @@ from django_leases import db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowStepSupersededError, WorkflowStepTimedOutError
 from django_leases.models.patches import StepPatches
-from django_leases.models.workflow_base import fence_q, wake_workers
+from django_leases.models.workflow_base import attempt_model, fence_q, wake_workers
 from django_leases.validation import check_attempt
 from django_leases.workflows.values import (
     STEP_TRANSACTION_CUT_SHORT,
@@ -30,6 +30,12 @@ from django_leases.workflows.values import (
     StepStatus,
     StepWrite,
 )
+
+#: Attempts of one step that :meth:`StepTransactions.give_back` gives back without counting
+#: them against the step's ``retries``; from the next one on, a give-back counts as any
+#: failed attempt, so a library error that recurs on every attempt ends in the step's failure
+#: rather than in attempts for ever.
+MAX_GIVE_BACKS = 10
 
 
 class StepTransactions(StepPatches):
@@ -135,8 +141,10 @@ class StepTransactions(StepPatches):
         recorded failed with code ``STEP_TRANSACTION_CUT_SHORT`` and message ``why``, and the
         step is due again at once **without it counting against** ``retries`` (the step's
         ``retries`` grows by one): a transient error of the library's never fails a run, and
-        the next execution is a new attempt (``attempt + 1``, fenced as any). Fenced, one
-        transaction; wakes waiting workers.
+        the next execution is a new attempt (``attempt + 1``, fenced as any). A step given
+        back :data:`MAX_GIVE_BACKS` times already is not given more: its attempt counts
+        against ``retries`` as a failed attempt does (an error that recurs on every attempt
+        is not transient). Fenced, one transaction; wakes waiting workers.
 
         Args:
             step_id: the step (``int``).
@@ -163,8 +171,14 @@ class StepTransactions(StepPatches):
             "retries": F("retries") + 1,
         }
         history = {"status": AttemptStatus.FAILED, "error": error}
+        attempts = attempt_model()._default_manager.using(alias)
         try:
             with transaction.atomic(using=alias):
+                given = attempts.filter(
+                    step_id=step_id, error__code=STEP_TRANSACTION_CUT_SHORT
+                ).count()
+                if given >= MAX_GIVE_BACKS:
+                    del step["retries"]
                 self._record_outcome(alias, step_id, attempt, step=step, history=history)
         except (WorkflowStepSupersededError, self.model.DoesNotExist):
             return False
