@@ -23,6 +23,7 @@ from django_leases.workflows.sql import (
     PASS_STATE_TYPES,
     Arg,
     Function,
+    NewStep,
     Tables,
     claim_queue,
     claim_queue_counted,
@@ -104,6 +105,8 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
         _arg("p_finish_pass", "bigint"),
         _arg("p_claimant", "text"),
     )
+    finish_pass, claimant = insert_args[9:]
+    new_step = NewStep(*insert_args[1:9], claimant=claimant)
     completed = ("bigint", "bigint", "boolean", "timestamptz")
     hold = _arg("p_hold", "double precision")
     acquire_released, released = pieces.acquire_released, pieces.released
@@ -184,13 +187,18 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
             picked,
             pick_pass_alone(t, acquire, grant, ttl, pick_holder),
         ),
-        Function("insert_claimed", insert_args, ("bigint",), insert_claimed(t, *insert_args)),
+        Function(
+            "insert_claimed",
+            insert_args,
+            ("bigint",),
+            insert_claimed(t, insert_args[0], new_step, finish_pass),
+        ),
         Function(
             "set_result_claiming_next",
             (step_id, payload, attempt, hold, *insert_args[1:]),
             ("bigint", "uuid", "bigint", "bigint", *PASS_STATE_TYPES),
             set_result_claiming_next(
-                t, fence, fence_params, payload, attempt, hold, *insert_args[1:]
+                t, fence, fence_params, payload, attempt, hold, new_step, finish_pass
             ),
         ),
         Function("complete_run", completion_args, completed, complete()),

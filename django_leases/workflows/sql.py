@@ -44,6 +44,24 @@ class Tables:
     floor: str = "0"
 
 
+@dataclass(frozen=True)
+class NewStep:
+    """The columns of a step a statement inserts claimed (values, or :class:`Arg` in a
+    function's body): its name, step function, ``data`` (JSON text), retry settings
+    (``retry_delay_max`` ``NULL``: no cap of its own), the step lease's ``seconds`` and
+    the ``claimant`` its claim names."""
+
+    step_name: Any
+    function_name: Any
+    data: Any
+    retries: Any
+    retry_delay: Any
+    retry_backoff: Any
+    retry_delay_max: Any
+    seconds: Any
+    claimant: Any
+
+
 class Arg:
     """A function's argument, by ``name`` and SQL type, where a statement takes a parameter.
 
@@ -649,26 +667,11 @@ def claim_queue(
     return f"WITH RECURSIVE {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", []
 
 
-def _claimed_insert(
-    t: Tables,
-    run_row: str,
-    step_name: Any,
-    function_name: Any,
-    data: Any,
-    retries: Any,
-    retry_delay: Any,
-    retry_backoff: Any,
-    retry_delay_max: Any,
-    seconds: Any,
-    claimant: Any,
-    *,
-    name: str,
-) -> tuple[str, list[Any]]:
-    """CTEs ``{name}`` (a new step inserted ``running`` at attempt 1 with a ``seconds`` lease
-    whose claim names ``claimant``, into the run ``run_row`` selects — a ``FROM … WHERE …``
-    over the run table aliased ``r`` — unless the run has a step of that name; its ``id``)
-    and ``{name}_history`` (its attempt row). ``data`` is JSON text; the retry settings are
-    recorded as given."""
+def _claimed_insert(t: Tables, run_row: str, new: NewStep, *, name: str) -> tuple[str, list[Any]]:
+    """CTEs ``{name}`` (step ``new`` inserted ``running`` at attempt 1 with its lease, its
+    claim naming its claimant, into the run ``run_row`` selects — a ``FROM … WHERE …`` over
+    the run table aliased ``r`` — unless the run has a step of that name; its ``id``) and
+    ``{name}_history`` (its attempt row)."""
     sql = f"""{name} AS (
             INSERT INTO {t.step} (
                 run_id, step_name, function_name, data, status, attempt, retries,
@@ -686,52 +689,27 @@ def _claimed_insert(
             SELECT id, 1, {_text(AttemptStatus.RUNNING)}, statement_timestamp() FROM {name}
         )"""
     params = [
-        step_name,
-        function_name,
-        data,
-        retries,
-        retry_delay,
-        retry_backoff,
-        retry_delay_max,
-        seconds,
-        claimant,
+        new.step_name,
+        new.function_name,
+        new.data,
+        new.retries,
+        new.retry_delay,
+        new.retry_backoff,
+        new.retry_delay_max,
+        new.seconds,
+        new.claimant,
     ]
     return sql, params
 
 
-def insert_claimed(
-    t: Tables,
-    run_id: Any,
-    step_name: Any,
-    function_name: Any,
-    data: Any,
-    retries: Any,
-    retry_delay: Any,
-    retry_backoff: Any,
-    retry_delay_max: Any,
-    seconds: Any,
-    finish_pass: Any,
-    claimant: Any,
-) -> tuple[str, list[Any]]:
-    """:meth:`WorkflowStepQuerySet.schedule_claimed`: insert the step ``running`` at attempt 1
-    with its lease (its claim naming ``claimant``) and its attempt row, if the run is running
-    and the step does not exist yet, and end the pass (``finish_pass``: the ``pass_requests``
-    the pass read) when it was inserted. ``data`` is JSON text; ``retries``, ``retry_delay``,
-    ``retry_backoff`` and ``retry_delay_max`` (``NULL``: no cap of its own) are recorded as
-    given. Returns the new step's id, or no row."""
+def insert_claimed(t: Tables, run_id: Any, new: NewStep, finish_pass: Any) -> tuple[str, list[Any]]:
+    """:meth:`WorkflowStepQuerySet.schedule_claimed`: insert step ``new`` ``running`` at
+    attempt 1 with its lease (its claim naming its claimant) and its attempt row, if the run
+    is running and the step does not exist yet, and end the pass (``finish_pass``: the
+    ``pass_requests`` the pass read) when it was inserted. Returns the new step's id, or no
+    row."""
     inserted, params = _claimed_insert(
-        t,
-        f"FROM {t.run} r WHERE r.id = %s AND {_is_running('r.status')}",
-        step_name,
-        function_name,
-        data,
-        retries,
-        retry_delay,
-        retry_backoff,
-        retry_delay_max,
-        seconds,
-        claimant,
-        name="step",
+        t, f"FROM {t.run} r WHERE r.id = %s AND {_is_running('r.status')}", new, name="step"
     )
     sql = f"""
         WITH {inserted}, finished AS (
@@ -819,20 +797,12 @@ def set_result_claiming_next(
     payload: Any,
     attempt: Any,
     hold: Any,
-    step_name: Any,
-    function_name: Any,
-    data: Any,
-    retries: Any,
-    retry_delay: Any,
-    retry_backoff: Any,
-    retry_delay_max: Any,
-    seconds: Any,
+    new: NewStep,
     finish_pass: Any,
-    claimant: Any,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result_claiming_next`: the fenced result and its
-    attempt row (as :func:`set_result`), and the step the run's pass asks for next inserted
-    claimed for ``claimant`` (as :func:`insert_claimed`), in one statement.
+    attempt row (as :func:`set_result`), and step ``new``, the one the run's pass asks for
+    next, inserted claimed for its claimant (as :func:`insert_claimed`), in one statement.
 
     The next step is inserted only when the result was written, the run is ``running`` and
     its last pass waits on nothing else (``branches_left`` ≤ 1), and no step of that name
@@ -851,15 +821,7 @@ def set_result_claiming_next(
             WHERE r.id = (SELECT run_id FROM step) AND {_is_running("r.status")}
                 AND r.branches_left <= 1
             FOR SHARE OF r""",
-        step_name,
-        function_name,
-        data,
-        retries,
-        retry_delay,
-        retry_backoff,
-        retry_delay_max,
-        seconds,
-        claimant,
+        new,
         name="next",
     )
     sql = f"""
