@@ -15,7 +15,7 @@ import pytest
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.db.models import Q
 
-from django_leases.clock import db_now
+from django_leases.clock import DbNow, db_now
 from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.values import STEP_TRANSACTION_CUT_SHORT
@@ -243,6 +243,94 @@ def test_a_library_error_on_every_attempt_fails_the_step_after_the_give_backs(
         MAX_GIVE_BACKS,
         STEP_TRANSACTION_CUT_SHORT,
     )
+
+
+@workflow("tests.pass-faults-given-back")
+def given_back_flow(run: Any, input: Any) -> Any:
+    return run.step("t", "tests.pass-faults-count", {}, **input)
+
+
+def _cut_short_step(options: dict[str, Any]) -> tuple[Any, WorkflowStep]:
+    """A run whose step ``t`` (of queue ``tests-given-back``, with ``options``) is due, the
+    pass that scheduled it over (no pass of the run due)."""
+    run = WorkflowRun.objects.start("tests.pass-faults-given-back", options)
+    step = WorkflowStep.objects.schedule(
+        run.id, "t", "tests.pass-faults-count", queue="tests-given-back", **options
+    )
+    WorkflowRun.objects.filter(pk=run.id).update(pass_due_at=None)
+    return run, step
+
+
+def _give_back(step_id: int, times: int) -> None:
+    """Claim step ``step_id`` and give its attempt back, ``times`` times over."""
+    for _ in range(times):
+        claim = WorkflowStep.objects.claim_due(30, queues=["tests-given-back"])
+        assert claim is not None and claim.step_id == step_id
+        assert WorkflowStep.objects.give_back(step_id, claim.attempt, "cut short")
+
+
+def test_a_give_back_past_the_bound_is_a_failed_attempt_with_its_retry_delay(
+    sql_path: str,
+) -> None:
+    from django_leases.models.exactly import MAX_GIVE_BACKS
+
+    _, step = _cut_short_step({"retries": 3, "retry_delay": 600})
+    _give_back(step.pk, MAX_GIVE_BACKS + 1)
+    row = WorkflowStep.objects.get(pk=step.pk)
+    assert (row.status, row.attempt, row.retries) == ("failed", MAX_GIVE_BACKS + 1, 3 + 10)
+    assert WorkflowStep.objects.filter(pk=step.pk, available_at__gt=DbNow()).exists(), (
+        "the counted attempt is due at once: no retry delay"
+    )
+
+
+def test_a_give_back_past_the_bound_that_ends_the_retries_asks_for_the_runs_pass(
+    sql_path: str,
+) -> None:
+    from django_leases.models.exactly import MAX_GIVE_BACKS
+
+    run, step = _cut_short_step({"retries": 0})
+    _give_back(step.pk, MAX_GIVE_BACKS + 1)
+    row = WorkflowStep.objects.get(pk=step.pk)
+    assert row.status == "failed" and row.attempt == row.retries + 1
+    assert WorkflowRun.objects.filter(pk=run.id, pass_due_at__lte=db_now()).exists(), (
+        "the step failed for good and no pass of its run is due: the run would hang"
+    )
+    _work(_worker())
+    assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.FAILED
+
+
+def test_an_operators_retry_starts_the_count_of_give_backs_again(sql_path: str) -> None:
+    from django_leases.models.exactly import MAX_GIVE_BACKS
+
+    run, step = _cut_short_step({"retries": 0})
+    _give_back(step.pk, MAX_GIVE_BACKS + 1)
+    _work(_worker())  # the run fails with its step
+    WorkflowRun.objects.retry_step(run.id, "t")
+    _give_back(step.pk, 1)
+    row = WorkflowStep.objects.get(pk=step.pk)
+    assert (row.given_back, row.attempt < row.retries + 1) == (1, True), (
+        "one transient error after an operator's retry failed the step for good"
+    )
+
+
+def test_a_queued_transactional_step_failing_every_attempt_fails_its_run(
+    sql_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the bound test above, for a step claimed from its own queue (not carried by the
+    pass): once the give-backs are spent, the run fails rather than waits."""
+    from django_leases.models.exactly import StepTransactions
+
+    def dropped(self: Any, step_id: int, attempt: int, **options: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    run_id = start_workflow("tests.pass-faults-tx-queued", {})
+    _work(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
+    monkeypatch.setattr(StepTransactions, "lock_for_result", dropped)
+    _work(_worker(queues=["tests-other"]))
+    monkeypatch.undo()
+    _work(_worker())
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == RunStatus.FAILED, (run.status, run.pass_due_at)
 
 
 @workflow("tests.pass-faults-tx-queued")

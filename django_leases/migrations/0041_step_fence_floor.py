@@ -12,6 +12,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='workflowstep',
+            name='given_back',
+            field=models.PositiveIntegerField(db_default=0, default=0, help_text='Attempts a library error cut short and gave back since an operator last retried the step (the first 10 are not counted against its retries).', verbose_name='given back'),
+        ),
+        migrations.AddField(
+            model_name='workflowstep',
             name='fence_floor',
             field=models.BigIntegerField(db_default=0, default=0, help_text="The epoch floor of the server that granted the running attempt's claim (0: a database that never failed over).", verbose_name='fence floor'),
         ),

@@ -22,7 +22,7 @@ from django_leases import db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowStepSupersededError, WorkflowStepTimedOutError
 from django_leases.models.patches import StepPatches
-from django_leases.models.workflow_base import attempt_model, fence_q, wake_workers
+from django_leases.models.workflow_base import fence_q, wake_workers
 from django_leases.validation import check_attempt
 from django_leases.workflows.values import (
     STEP_TRANSACTION_CUT_SHORT,
@@ -32,9 +32,11 @@ from django_leases.workflows.values import (
 )
 
 #: Attempts of one step that :meth:`StepTransactions.give_back` gives back without counting
-#: them against the step's ``retries``; from the next one on, a give-back counts as any
-#: failed attempt, so a library error that recurs on every attempt ends in the step's failure
-#: rather than in attempts for ever.
+#: them against the step's ``retries`` (``WorkflowStep.given_back``, set to 0 again by an
+#: operator's retry); from the next one on, a cut-short attempt is recorded as any failed
+#: attempt is (:meth:`~django_leases.models.outcomes.StepOutcomes.set_error`: the retry
+#: delay, and the run's pass once no attempt is left), so a library error that recurs on
+#: every attempt ends in the step's failure rather than in attempts for ever.
 MAX_GIVE_BACKS = 10
 
 
@@ -142,9 +144,10 @@ class StepTransactions(StepPatches):
         step is due again at once **without it counting against** ``retries`` (the step's
         ``retries`` grows by one): a transient error of the library's never fails a run, and
         the next execution is a new attempt (``attempt + 1``, fenced as any). A step given
-        back :data:`MAX_GIVE_BACKS` times already is not given more: its attempt counts
-        against ``retries`` as a failed attempt does (an error that recurs on every attempt
-        is not transient). Fenced, one transaction; wakes waiting workers.
+        back :data:`MAX_GIVE_BACKS` times since an operator last retried it is not given
+        more: its attempt is recorded failed as :meth:`set_error` records one (an error that
+        recurs on every attempt is not transient). Fenced, one transaction; wakes waiting
+        workers.
 
         Args:
             step_id: the step (``int``).
@@ -169,16 +172,15 @@ class StepTransactions(StepPatches):
             "deadline_at": None,
             "available_at": DbNow(),
             "retries": F("retries") + 1,
+            "given_back": F("given_back") + 1,
         }
         history = {"status": AttemptStatus.FAILED, "error": error}
-        attempts = attempt_model()._default_manager.using(alias)
+        given = self.rows().filter(pk=step_id).values_list("given_back", flat=True).first()
         try:
+            if given is not None and given >= MAX_GIVE_BACKS:
+                self.set_error(step_id, error, attempt)
+                return True
             with transaction.atomic(using=alias):
-                given = attempts.filter(
-                    step_id=step_id, error__code=STEP_TRANSACTION_CUT_SHORT
-                ).count()
-                if given >= MAX_GIVE_BACKS:
-                    del step["retries"]
                 self._record_outcome(alias, step_id, attempt, step=step, history=history)
         except (WorkflowStepSupersededError, self.model.DoesNotExist):
             return False

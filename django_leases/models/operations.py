@@ -340,15 +340,16 @@ class RunOperations(RunPasses):
 
     def _retry_locked(self, alias: str, run: WorkflowRun, which: Q) -> list[str]:
         """Make the locked run's failed steps matching ``which`` due now as new attempts
-        (granted one more when out of them) and set a suspended or failed run running
-        (inside the caller's transaction); the names of the other steps made due."""
+        (granted one more when out of them, their count of give-backs started again) and set
+        a suspended or failed run running (inside the caller's transaction); the names of the
+        other steps made due."""
         stepping = step_model().objects.db_manager(alias)
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:
             others = _reopen_missing_function_steps(alias, run.pk)
         _grant_last_attempts(alias, Q(which, run_id=run.pk))
         stepping.filter(which, run_id=run.pk, status=StepStatus.FAILED).update(
-            available_at=DbNow(), updated_at=DbNow()
+            available_at=DbNow(), given_back=0, updated_at=DbNow()
         )
         if run.status != RunStatus.RUNNING:
             _reopen_run(alias, run.pk)

@@ -367,6 +367,15 @@ class WorkflowStep(models.Model):
         db_default="",
         help_text=_("Who the claim of the running attempt names, where its write named one."),
     )
+    given_back = models.PositiveIntegerField(
+        _("given back"),
+        default=0,
+        db_default=0,
+        help_text=_(
+            "Attempts a library error cut short and gave back since an operator last retried "
+            "the step (the first 10 are not counted against its retries)."
+        ),
+    )
     # Stored by every claim: a step fence is live only under the claim that ran it
     # (``attempt_running``), even when a promoted server hands the same attempt out again.
     fence_floor = models.BigIntegerField(
