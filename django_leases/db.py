@@ -84,6 +84,20 @@ DATABASE_FAULTS = (DatabaseError, InterfaceError)
 TUNED_VENDORS = frozenset({"postgresql", "sqlite"})
 
 
+#: MariaDB / MySQL error numbers of a deadlock and of a lock wait that timed out: InnoDB rolls
+#: the whole transaction back (racing inserts of one unique key deadlock there, each keeping a
+#: shared lock on the winner's key after its duplicate-key error).
+_MYSQL_RETRYABLE = (1213, 1205)
+
+
+def rolled_back_whole(connection: BaseDatabaseWrapper, exc: BaseException) -> bool:
+    """Whether ``exc``, raised on ``connection``, is a MariaDB / MySQL deadlock or lock-wait
+    timeout, after which the server rolled the whole transaction back: a caller that owns
+    the transaction (it was not inside another) may run it again from its start."""
+    code = exc.args[0] if exc.args else None
+    return connection.vendor == "mysql" and code in _MYSQL_RETRYABLE
+
+
 def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:
     """Whether a rule takes its tuned statement on ``connection``: ``TUNED_SQL`` is on and the
     connection's vendor is one of ``vendors`` (the vendors the statement is written for)."""

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from django.db import connections, models, transaction
+from django.db import OperationalError, connections, models, transaction
 from django.db.models import F
 from django.utils.translation import gettext_lazy as _
 
@@ -188,7 +188,9 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         overlap, ``declared=True``); a new row, or one whose cron expression or time zone
         changed, gets its ``next_tick`` counted from database now. Every other row becomes
         undeclared (it stops firing; nothing is deleted). ``paused`` is never touched.
-        Concurrent syncs leave one row per name. Returns every row, sorted by name.
+        Concurrent syncs leave one row per name; on MariaDB / MySQL, where racing syncs can
+        deadlock (their inserts of one name), the loser runs again, unless it was called
+        inside a transaction of the caller's. Returns every row, sorted by name.
 
         Raises ``ValueError`` for two declarations with one name (nothing written).
         """
@@ -197,6 +199,20 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         if len(set(names)) != len(names):
             raise ValueError("sync() got two schedules with the same name")
         alias = self.write_alias()
+        connection = connections[alias]
+        owned = not connection.in_atomic_block
+        for _round in range(_SYNC_ROUNDS - 1):
+            try:
+                return self._sync(alias, schedules, names)
+            except OperationalError as exc:
+                if not (owned and db.rolled_back_whole(connection, exc)):
+                    raise
+        return self._sync(alias, schedules, names)
+
+    def _sync(
+        self, alias: str, schedules: list[ScheduleDeclaration], names: list[str]
+    ) -> list[WorkflowSchedule]:
+        """:meth:`sync`'s one transaction."""
         with transaction.atomic(using=alias):
             rows = self._rows(alias)
             rows.bulk_create(
@@ -519,6 +535,11 @@ def _estimate_between(row: WorkflowSchedule, first: datetime, last: datetime) ->
         count += 1
         moment = next_tick(row.cron, row.timezone, moment)
     return count
+
+
+#: How many times :meth:`WorkflowScheduleQuerySet.sync` runs when MariaDB / MySQL rolls it
+#: back for a deadlock with a concurrent sync.
+_SYNC_ROUNDS = 5
 
 
 def _for_update(

@@ -37,7 +37,7 @@ from django.conf import settings as django_settings
 from django.db import IntegrityError, OperationalError, connections, models, transaction
 from django.db.models import F, Q, Value
 
-from django_leases import clock
+from django_leases import clock, db
 from django_leases.clock import DbNow, to_stored
 from django_leases.conf import check_queue_key
 from django_leases.exceptions import WorkflowDeadlineExceeded
@@ -76,11 +76,6 @@ _DEBOUNCE_ROUNDS = 20
 #: How many times :meth:`RunTiming.expire_deadlines` starts a run's expiry over when a
 #: child appeared between its scan for children and its lock on the run.
 _EXPIRE_ROUNDS = 5
-
-#: MariaDB / MySQL error numbers of a deadlock and of a lock wait that timed out: the
-#: losers of a race of inserts of one unique key can deadlock there (each keeps a shared
-#: lock on the winner's key after its duplicate-key error), and are rolled back whole.
-_MYSQL_RETRYABLE = (1213, 1205)
 
 
 def check_run_after(value: object, what: str = "run_after") -> float | datetime | None:
@@ -271,8 +266,7 @@ class RunTiming(RunOperations):
                 with transaction.atomic(using=alias):
                     run = self._debounce_once(alias, start)
             except OperationalError as exc:
-                code = exc.args[0] if exc.args else None
-                if not (owned and connection.vendor == "mysql" and code in _MYSQL_RETRYABLE):
+                if not (owned and db.rolled_back_whole(connection, exc)):
                     raise
                 continue
             if run is not None:
