@@ -715,19 +715,25 @@ def settle(run_id: Any, rounds: int = 3) -> None:
     thread, and where a write a busy SQLite refused ended a unit of work (a step stays
     claimed, or the run lease held, until its lease lapses, as a dead worker's — the
     release on the way out may be refused too), lapse those on the database clock and drain
-    again, at most ``rounds`` times. Leaves the run as it settled: the caller asserts."""
+    again, at most ``rounds`` times; from the second round on, the run's pass is also made
+    due (a pass request whose write was refused with its unit). Leaves the run as it
+    settled: the caller asserts. For tests of limits and order under worker processes on a
+    busy SQLite, not of liveness (``tests/test_statement_faults.py`` is that)."""
     from django_leases.models import Lease, WorkflowRun, WorkflowStep
     from django_leases.workflows.values import run_lease_key
 
     drain()
-    for _ in range(rounds):
-        if WorkflowRun.objects.filter(pk=run_id, status="running").values("pk").first() is None:
+    for again in range(rounds):
+        running = WorkflowRun.objects.filter(pk=run_id, status="running")
+        if running.values("pk").first() is None:
             return
         steps = WorkflowStep.objects.filter(run_id=run_id, status="running")
         steps.update(lease_expires_at=db_now() - timedelta(seconds=1))
         Lease.objects.filter(key=run_lease_key(run_id), expires_at__gt=db_now()).update(
             expires_at=db_now() - timedelta(seconds=1)
         )
+        if again:
+            running.update(pass_due_at=db_now())
         drain()
 
 

@@ -43,7 +43,7 @@ def keyed_queue() -> Iterator[None]:
         yield
 
 
-def settle(run_id: Any, units: int = 20) -> tuple[WorkflowRun, list[str]]:
+def work_through(run_id: Any, units: int = 20) -> tuple[WorkflowRun, list[str]]:
     """Work until nothing is due (at most ``units``): the run, and the database errors the
     units raised (as the worker's loop takes them)."""
     worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
@@ -84,10 +84,10 @@ def test_a_dropped_connection_reading_the_runs_queue_key_does_not_fail_the_run(
     with keyed_queue(), tuned_sql(tuned):
         run_id = start_workflow("tests.faults-keyed", {}, queue_key="tenant-1")
         with connection.execute_wrapper(drop_queue_key_read):
-            run, errors = settle(run_id, units=3)
+            run, errors = work_through(run_id, units=3)
         assert failed, "the queue key was never read: the test proves nothing"
         assert run.status != RunStatus.FAILED, run.error
-        run, errors = settle(run_id)
+        run, errors = work_through(run_id)
         assert (run.status, run.output, errors) == (RunStatus.COMPLETED, {"s": "k"}, [])
 
 
@@ -120,7 +120,7 @@ def step_raises_deep(run: Any, input: Any) -> Any:
 @pytest.mark.parametrize("less", [0, 1, 2])
 def test_a_workflow_error_with_a_deep_field_is_recorded(less: int) -> None:
     run_id = start_workflow("tests.faults-raises-deep", {"levels": json_depth(connection) - less})
-    run, errors = settle(run_id)
+    run, errors = work_through(run_id)
     assert (run.status, errors) == (RunStatus.FAILED, [])
     assert run.error["type"] == "DeepError"
 
@@ -132,7 +132,7 @@ def test_a_step_error_with_a_deep_field_is_recorded_and_fits_in_the_runs_error(
     run_id = start_workflow(
         "tests.faults-step-raises-deep", {"levels": json_depth(connection) - less}
     )
-    run, errors = settle(run_id)
+    run, errors = work_through(run_id)
     assert (run.status, errors) == (RunStatus.FAILED, [])
     step = WorkflowStep.objects.get(run_id=run_id, step_name="s")
     assert step.status == "failed" and step.error["type"] == "DeepError"
@@ -141,5 +141,5 @@ def test_a_step_error_with_a_deep_field_is_recorded_and_fits_in_the_runs_error(
 
 def test_an_error_field_that_fits_everywhere_is_kept() -> None:
     run_id = start_workflow("tests.faults-step-raises-deep", {"levels": 29})
-    run, _ = settle(run_id)
+    run, _ = work_through(run_id)
     assert run.error["step_error"]["detail"] == json_nested(29)
