@@ -710,6 +710,27 @@ def drain(worker: Any = None, limit: int = 5000) -> int:
     return done
 
 
+def work_until_idle(worker: Any, units: int = 100) -> int:
+    """Units of work with ``worker`` (a ``Worker``) on this thread until none is due (twice
+    idle), as the worker's loop takes them: a database error ends its unit and the
+    thread's connections are closed (the next unit reconnects). Returns how many units
+    raised one; fails the test after ``units`` units: the run never settles."""
+    from django.db import DatabaseError, InterfaceError
+
+    from django_leases import db
+
+    errors = idle = 0
+    for _ in range(units):
+        try:
+            idle = 0 if worker.work_once() else idle + 1
+            if idle == 2:
+                return errors
+        except (DatabaseError, InterfaceError):
+            errors += 1
+            db.close_thread_connections()
+    raise AssertionError("the run never settles")
+
+
 def settle(run_id: Any, rounds: int = 3) -> None:
     """Finish run ``run_id`` after worker processes stopped: drain its due work on this
     thread, and where a write a busy SQLite refused ended a unit of work (a step stays

@@ -20,6 +20,7 @@ from django_leases.models import Lease, RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.values import STEP_TRANSACTION_CUT_SHORT
 from django_leases.workflows.worker import Worker
+from tests.helpers import work_until_idle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,20 +50,6 @@ def counted_tx(data: Any, ctx: Any) -> Any:
 
 def _worker(**options: Any) -> Worker:
     return Worker(1, step_lease_ttl=30, poll_interval=3600, **options)
-
-
-def _work(worker: Worker, units: int = 100) -> int:
-    """Units of work until none is due (twice idle); a database error (the injected one)
-    ends a unit, as the worker's loop takes it. Returns how many units raised one."""
-    errors = idle = 0
-    for _ in range(units):
-        try:
-            idle = 0 if worker.work_once() else idle + 1
-            if idle == 2:
-                return errors
-        except (DatabaseError, InterfaceError):
-            errors += 1
-    raise AssertionError("the run never settles")
 
 
 def _idle(run_id: Any) -> str | None:
@@ -123,7 +110,7 @@ def test_a_pass_picked_whose_run_lease_acquire_fails_is_due_again_at_once(
     assert due and not held.exists(), (
         f"the run idles: pass due at {run.pass_due_at}, run lease held: {held.exists()}"
     )
-    _work(worker)
+    work_until_idle(worker)
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"s": "only"})
 
@@ -154,7 +141,7 @@ def test_a_pick_whose_reply_is_lost_leaves_the_pass_due(
     monkeypatch.undo()
     assert lost, "no pick's reply was lost"
     assert _idle(run_id) is None, _idle(run_id)
-    _work(worker)
+    work_until_idle(worker)
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"s": "only"})
 
@@ -207,7 +194,7 @@ def test_a_transactional_steps_result_write_dropped_does_not_fail_the_run(
     run_id = start_workflow(f"tests.pass-faults-{flow}", {})
     failed = _drop_lock_once(monkeypatch)
     worker = _worker()
-    assert _work(worker) == 1
+    assert work_until_idle(worker) == 1
     monkeypatch.undo()
     assert failed, "the result write was never reached"
     run = WorkflowRun.objects.get(pk=run_id)
@@ -232,7 +219,7 @@ def test_a_library_error_on_every_attempt_fails_the_step_after_the_give_backs(
     _executions.clear()
     run_id = start_workflow("tests.pass-faults-tx-once", {})
     monkeypatch.setattr(StepTransactions, "lock_for_result", dropped)
-    assert _work(_worker()) == MAX_GIVE_BACKS + 1
+    assert work_until_idle(_worker()) == MAX_GIVE_BACKS + 1
     monkeypatch.undo()
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.FAILED, run.status
@@ -295,7 +282,7 @@ def test_a_give_back_past_the_bound_that_ends_the_retries_asks_for_the_runs_pass
     assert WorkflowRun.objects.filter(pk=run.id, pass_due_at__lte=db_now()).exists(), (
         "the step failed for good and no pass of its run is due: the run would hang"
     )
-    _work(_worker())
+    work_until_idle(_worker())
     assert WorkflowRun.objects.get(pk=run.id).status == RunStatus.FAILED
 
 
@@ -304,7 +291,7 @@ def test_an_operators_retry_starts_the_count_of_give_backs_again(sql_path: str) 
 
     run, step = _cut_short_step({"retries": 0})
     _give_back(step.pk, MAX_GIVE_BACKS + 1)
-    _work(_worker())  # the run fails with its step
+    work_until_idle(_worker())  # the run fails with its step
     WorkflowRun.objects.retry_step(run.id, "t")
     _give_back(step.pk, 1)
     row = WorkflowStep.objects.get(pk=step.pk)
@@ -324,11 +311,11 @@ def test_a_queued_transactional_step_failing_every_attempt_fails_its_run(
         raise OperationalError("server closed the connection unexpectedly")
 
     run_id = start_workflow("tests.pass-faults-tx-queued", {})
-    _work(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
+    work_until_idle(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
     monkeypatch.setattr(StepTransactions, "lock_for_result", dropped)
-    _work(_worker(queues=["tests-other"]))
+    work_until_idle(_worker(queues=["tests-other"]))
     monkeypatch.undo()
-    _work(_worker())
+    work_until_idle(_worker())
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.status == RunStatus.FAILED, (run.status, run.pass_due_at)
 
@@ -346,12 +333,12 @@ def test_a_queued_transactional_steps_result_write_dropped_does_not_fail_the_run
     at once, the run completes."""
     _executions.clear()
     run_id = start_workflow("tests.pass-faults-tx-queued", {})
-    _work(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
+    work_until_idle(_worker(queues=["default"]))  # the pass creates "t" for its queue's workers
     failed = _drop_lock_once(monkeypatch)
-    assert _work(_worker(queues=["tests-other"])) == 1
+    assert work_until_idle(_worker(queues=["tests-other"])) == 1
     monkeypatch.undo()
     assert failed, "the result write was never reached"
-    _work(_worker())
+    work_until_idle(_worker())
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, {"t": "t"}), run.error
     assert [(s, a) for _, s, a in _executions] == [("t", 1), ("t", 2)]
@@ -362,7 +349,7 @@ def test_a_transactional_steps_own_database_error_fails_the_attempt(sql_path: st
     the attempt's failure, as any exception of the step's; with no retry left the run
     fails ``STEP_FAILED``."""
     run_id = start_workflow("tests.pass-faults-tx-raises", {})
-    _work(_worker())
+    work_until_idle(_worker())
     run = WorkflowRun.objects.get(pk=run_id)
     error = run.error or {}
     assert (run.status, error.get("code")) == (RunStatus.FAILED, "STEP_FAILED"), error
@@ -409,7 +396,7 @@ def test_a_transactional_steps_commit_reply_lost_leaves_no_idle_run(
     monkeypatch.setattr(BaseDatabaseWrapper, "_commit", commit_then_lose)
     armed.set()
     worker = _worker()
-    _work(worker)
+    work_until_idle(worker)
     armed.clear()
     monkeypatch.undo()
     assert lost, "no commit reply was lost"
@@ -452,16 +439,16 @@ def test_a_dropped_connection_taking_the_pass_keeps_the_steps_result(
 
     _executions.clear()
     run_id = start_workflow("tests.pass-faults-queued", {})
-    _work(_worker(queues=["default"]))  # the pass creates "q" for its queue's workers
+    work_until_idle(_worker(queues=["default"]))  # the pass creates "q" for its queue's workers
     other = _worker(queues=["tests-other"])
     monkeypatch.setattr(RunPasses, "take_pass", dropped_once)
-    assert _work(other) == 1
+    assert work_until_idle(other) == 1
     monkeypatch.undo()
     assert failed, "take_pass was never called"
     step = WorkflowStep.objects.get(run_id=run_id, step_name="q")
     assert (step.status, step.attempt) == ("succeeded", 1)
     assert _idle(run_id) is None, _idle(run_id)
-    _work(_worker())
+    work_until_idle(_worker())
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.output) == (RunStatus.COMPLETED, [{"s": "q"}, {"s": "after"}])
     ran = [(s, a) for r, s, a in _executions if r == str(run_id)]
@@ -499,7 +486,7 @@ def test_a_transactional_step_that_leaves_its_transaction_failed_fails_the_attem
     if connection.vendor != "postgresql":
         pytest.skip("only PostgreSQL aborts a transaction on a failed statement")
     run_id = start_workflow("tests.pass-faults-tx-swallows", {})
-    _work(_worker())
+    work_until_idle(_worker())
     run = WorkflowRun.objects.get(pk=run_id)
     error = run.error or {}
     assert (run.status, error.get("code")) == (RunStatus.FAILED, "STEP_FAILED"), error

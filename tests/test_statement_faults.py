@@ -17,13 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, OperationalError, connection
+from django.db import OperationalError, connection
 
-from django_leases import db
 from django_leases.models import RunStatus, WorkflowRun
 from django_leases.workflows import start_workflow, step_function, workflow
 from django_leases.workflows.worker import Worker
-from tests.helpers import settle
+from tests.helpers import settle, work_until_idle
 from tests.workapp.models import LedgerEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -112,14 +111,8 @@ def _run(fault: Fault) -> tuple[str, WorkflowRun]:
     that raised a database error ends, its connection closed), under ``fault``; then what
     it left held is lapsed and the run settled."""
     run_id = str(start_workflow("tests.sweep", {}))
-    worker = Worker(1, step_lease_ttl=60.0, poll_interval=3600)
     with connection.execute_wrapper(fault):
-        for _ in range(100):
-            try:
-                if not worker.work_once():
-                    break
-            except DatabaseError:
-                db.close_thread_connections()
+        work_until_idle(Worker(1, step_lease_ttl=60.0, poll_interval=3600))
     settle(run_id)
     return run_id, WorkflowRun.objects.get(pk=run_id)
 
