@@ -96,23 +96,40 @@ def queued() -> Iterator[None]:
                 registry._step_options.pop(name, None)
 
 
-def _intervals(queue: str) -> dict[str, list[tuple[Any, Any]]]:
+def _intervals(
+    queue: str, lapsed: dict[tuple[Any, str, int], Any] | None = None
+) -> dict[str, list[tuple[Any, Any]]]:
     """Per queue key, the ``(started_at, finished_at)`` of each attempt of ``queue``'s
-    steps. An attempt never finished (a write a busy SQLite refused ended its unit; its
-    lease was lapsed and the step taken over) ends where its step's next attempt started."""
+    steps. An attempt the test lapsed (``lapsed``: ``(run id, step name, attempt)`` → the
+    database time of the lapse) frees its slot from the lapse on: its worker, if alive, may
+    still finish it (the fence is the attempt, not the lease). An attempt never finished (a
+    write a busy SQLite refused ended its unit, or its worker died before the test saw it
+    run; its lease lapsed and the step was taken over) ends where its step's next attempt
+    started, at the latest."""
     attempts = list(
         WorkflowStepAttempt.objects.filter(step__queue=queue)
         .order_by("step_id", "attempt")
-        .values_list("step_id", "step__queue_key", "started_at", "finished_at")
+        .values_list(
+            "step_id",
+            "step__queue_key",
+            "started_at",
+            "finished_at",
+            "step__run_id",
+            "step__step_name",
+            "attempt",
+        )
     )
     found: dict[str, list[tuple[Any, Any]]] = {}
-    for (step_id, key, started, finished), after in zip(
+    for (step_id, key, started, finished, *name), after in zip(
         attempts, [*attempts[1:], None], strict=True
     ):
-        if finished is None and after is not None and after[0] == step_id:
-            finished = after[2]
-        assert finished is not None, "an attempt never finished"
-        found.setdefault(key, []).append((started, finished))
+        ends = [] if finished is None else [finished]
+        if after is not None and after[0] == step_id:
+            ends.append(after[2])
+        if lapsed is not None and tuple(name) in lapsed:
+            ends.append(max(started, lapsed[tuple(name)]))
+        assert ends, "an attempt never finished"
+        found.setdefault(key, []).append((started, min(ends)))
     return found
 
 
@@ -307,21 +324,8 @@ def test_killed_and_stopped_workers_keep_their_key_slots_until_their_leases_laps
         for process in workers:
             process.join(60)
     assert lapsed_at and held
-    # A lapsed attempt's slot is free from the lapse on (its worker, if alive, may still
-    # finish it: the fence is the attempt, not the lease).
-    per_key: dict[str, list[tuple[Any, Any]]] = {}
     lapsed = {(uuid.UUID(run_id), name, attempt): when for run_id, name, attempt, when in lapsed_at}
-    for run_id, name, attempt, key, started, finished in WorkflowStepAttempt.objects.filter(
-        step__queue="fair-chaos"
-    ).values_list(
-        "step__run_id", "step__step_name", "attempt", "step__queue_key", "started_at", "finished_at"
-    ):
-        when = lapsed.get((run_id, name, attempt))
-        if when is not None:
-            ended = max(started, when)
-            finished = ended if finished is None else min(finished, ended)
-        assert finished is not None, "an attempt nobody lapsed never finished"
-        per_key.setdefault(key, []).append((started, finished))
+    per_key = _intervals("fair-chaos", lapsed)
     assert max(_most_at_once(intervals) for intervals in per_key.values()) <= 2
     everything = [interval for intervals in per_key.values() for interval in intervals]
     assert _most_at_once(everything) <= 4
