@@ -498,15 +498,22 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
 
 
 def as_stored(value: Any) -> Any:
-    """JSON ``value`` as PostgreSQL's ``jsonb`` gives it back once stored: object keys in
-    jsonb's order (shorter first, then bytewise) and a number written with an exponent read
-    back as jsonb prints it (``1e+16`` comes back as the integer ``10000000000000000``,
-    ``-0.0`` as ``0.0``). A
-    pass that replays a result in memory must see what a pass reading it would see."""
+    """JSON ``value`` (one :func:`check_json` accepts) as PostgreSQL's ``jsonb`` gives it
+    back once stored: object keys in jsonb's order (shorter first, then bytewise), a key
+    that is not a string as JSON writes it (``1`` as ``"1"``, ``None`` as ``"null"``), a
+    tuple as a list, and a number written with an exponent read back as jsonb prints it
+    (``1e+16`` comes back as the integer ``10000000000000000``, ``-0.0`` as ``0.0``). A pass
+    that replays a result in memory must see what a pass reading it would see."""
     if isinstance(value, dict):
-        keys = sorted(value, key=lambda key: (len(key.encode()), key.encode()))
+        try:
+            keys = sorted(value, key=_jsonb_key_order)
+        except AttributeError:  # a key that is not a string: as JSON writes it
+            written = {json.dumps(key) if not isinstance(key, str) else key: key for key in value}
+            return {
+                key: as_stored(value[written[key]]) for key in sorted(written, key=_jsonb_key_order)
+            }
         return {key: as_stored(value[key]) for key in keys}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [as_stored(item) for item in value]
     if isinstance(value, float):
         if value == 0.0:
@@ -516,6 +523,12 @@ def as_stored(value: Any) -> Any:
             plain = format(decimal.Decimal(text), "f")
             return float(plain) if "." in plain else int(plain)
     return value
+
+
+def _jsonb_key_order(key: str) -> tuple[int, bytes]:
+    """Where jsonb puts object key ``key``: shorter first (in UTF-8), then bytewise."""
+    written = key.encode()
+    return len(written), written
 
 
 __all__ = [
