@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from datetime import timedelta
 from decimal import Decimal
+from itertools import accumulate, repeat
 from numbers import Real
 from typing import Any
 
@@ -370,9 +371,54 @@ def check_json(
     return value
 
 
+#: What each character that may stand outside a string in JSON text adds to the nesting.
+_NESTING_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of lists and objects in ``text``, JSON as :func:`json.dumps`
+    writes it (compact separators): its brackets outside strings, where a string's ``\\\\``
+    and ``\\"`` escapes are dropped first so that every remaining ``"`` opens or closes
+    one."""
+    bare = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(bare.split('"')[::2])
+    return max(accumulate(map(_NESTING_STEP.get, outside, repeat(0))), default=0)
+
+
+def _quick_json_text(value: Any, max_depth: int) -> str | None:
+    """``value`` as :func:`_json_text` writes it when a look at the text alone shows that
+    :func:`_json_problem` would find nothing, else ``None`` (the walk then says what is
+    wrong, or that nothing is). The encoder refuses what is not JSON, a non-finite number
+    and an integer too long to write; sorting each object's keys refuses an object whose
+    keys mix a string with another type, the only keys that could be written alike; a NUL
+    is escaped as ``\\u0000`` (a string holding that text falls back to the walk); a lone
+    surrogate is written as it is, which UTF-8 cannot encode. All in C, where the walk visits every
+    value in Python: about 3× faster for a 100 KB result."""
+    try:
+        text = json.dumps(
+            value, allow_nan=False, ensure_ascii=False, separators=(",", ":"), sort_keys=True
+        )
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if "\\u0000" in text:
+        return None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    if text.count("[") + text.count("{") > max_depth and _nesting(text) > max_depth:
+        return None
+    return text
+
+
 def _json_text(value: Any, what: str, max_depth: int = MAX_JSON_DEPTH) -> str:
-    """``value`` written as JSON, compactly (no spaces, non-ASCII characters as they are),
-    once :func:`check_json` accepts it; raises its ``ValueError`` otherwise."""
+    """``value`` written as JSON, compactly (no spaces, non-ASCII characters as they are,
+    each object's keys in order where they are of one type), once :func:`check_json`
+    accepts it; raises its ``ValueError`` otherwise."""
+    quick = _quick_json_text(value, max_depth)
+    if quick is not None:
+        return quick
     text = ""
     try:
         problem = _json_problem(value, "$", 0, max_depth)

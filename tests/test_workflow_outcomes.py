@@ -5,6 +5,7 @@ are, and out-of-range ``retries`` / ``retry_delay``."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from django.db import OperationalError
 from django.test import Client
 from django.urls import reverse
 
+from django_leases import validation
 from django_leases.admin.workflows import _json
 from django_leases.exceptions import WorkflowStepSupersededError
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
@@ -337,6 +339,52 @@ def test_start_workflow_refuses_input_whose_keys_collide_as_json(given: dict[Any
 )
 def test_check_json_accepts_storable_json(value: Any) -> None:
     assert check_json(value, "Thing") is value
+
+
+#: Values the text-only check and the walk must judge alike (each side of every rule).
+QUICK_CASES: list[Any] = [
+    {"rows": [{"i": i, "v": "x" * 20} for i in range(300)]},
+    'quote " and backslash \\ and \\" and brackets [[[{{{',
+    {"k[": ["]", "{", '\\"[[', [[["deep"]]]]},
+    "text that says \\u0000 but holds no NUL",
+    "a\x00b",
+    "\ud800",
+    "é😀 and ✓",
+    {"\udfff": 1},
+    {1: "a", 2.5: "b", False: "d"},
+    {1: "a", "1": "b"},
+    {None: 1, 2: 3},
+    (1, [2, (3,)]),
+    float("nan"),
+    pytest.param(10**5000, id="an-int-too-long-to-write"),
+    {1, 2},
+    _cycle(),
+]
+
+
+@pytest.mark.parametrize("depth", [2, 5, 31, 100])
+@pytest.mark.parametrize("value", QUICK_CASES + [_nested(n) for n in (1, 4, 5, 6, 30, 31, 99, 100)])
+def test_the_text_check_never_accepts_what_the_walk_refuses(value: Any, depth: int) -> None:
+    """:func:`check_json` reads the written text first and walks the value only when the
+    text does not settle it: whatever the text accepts, the walk accepts too."""
+    quick = validation._quick_json_text(value, depth)
+    if quick is not None:
+        assert validation._json_problem(value, "$", 0, depth) is None
+        assert quick == json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "value", [*QUICK_CASES[:3], "é😀 and ✓", QUICK_CASES[8], QUICK_CASES[11], _nested(99)]
+)
+def test_storable_json_is_settled_by_its_text(value: Any) -> None:
+    """The quick path is taken (the walk, a Python call per value, is not)."""
+    assert validation._quick_json_text(value, 100) is not None
+
+
+def test_the_nesting_read_from_the_text_counts_brackets_outside_strings_only() -> None:
+    assert validation._nesting(json.dumps({"a": ["[[[", {"b": '\\"{{'}]})) == 3
+    assert validation._nesting(json.dumps(_nested(40), separators=(",", ":"))) == 40
+    assert validation._nesting(json.dumps("[[[")) == 0
 
 
 def test_error_json_replaces_nul_and_lone_surrogates() -> None:
