@@ -258,3 +258,59 @@ def test_the_squashed_migration_replaces_every_migration_before_it() -> None:
     replaced = {name for app, name in squash.replaces if app == "django_leases"}
     assert replaced <= on_disk
     assert replaced == {name for name in on_disk if name[:4] <= "0030"}
+
+
+def _compression(table: str) -> dict[str, str]:
+    """``table``'s columns with a compression method of their own, and the method
+    (``l``: LZ4, ``p``: pglz)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attname, attcompression FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attcompression <> ''",
+            [table],
+        )
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_json_columns_compress_with_lz4_and_a_table_held_elsewhere_keeps_pglz(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """0043 gives every JSON column LZ4 compression; a table another transaction holds
+    keeps its columns as they were, the migration goes through and says so, and applying it
+    again once the table is free finishes the job."""
+    from django.db import connection, connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    step, run = "django_leases_workflowstep", "django_leases_workflowrun"
+    lz4 = "0043_json_compression_lz4"
+    assert _compression(step) == {"data": "l", "result": "l", "error": "l", "progress": "l"}
+    assert _compression(run)["output"] == "l"
+
+    def migrate(target: str) -> None:
+        executor = MigrationExecutor(connection)
+        executor.migrate([("django_leases", target)])
+
+    holder = connections.create_connection("default")
+    try:
+        migrate("0042_step_fence_floor_functions")
+        assert _compression(step) == {}
+        with holder.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(f"LOCK TABLE {step} IN SHARE UPDATE EXCLUSIVE MODE")
+            migrate(lz4)
+            cursor.execute("ROLLBACK")
+        assert _compression(step) == {}
+        assert _compression(run)["output"] == "l"
+        assert f"{step} keeps its compression" in capsys.readouterr().out
+        migrate("0042_step_fence_floor_functions")
+    finally:
+        holder.close()
+        migrate(lz4)
+        MigrationExecutor(connection).migrate(
+            MigrationExecutor(connection).loader.graph.leaf_nodes()
+        )
+    assert _compression(step)["result"] == "l"
