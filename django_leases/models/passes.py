@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,35 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             tag_model().objects.db_manager(alias).write(run.pk, columns["tags"])
         return run
 
+    def _insert_started(
+        self,
+        alias: str,
+        *,
+        wake: bool,
+        then: Callable[[WorkflowRun], object] | None = None,
+        **columns: Any,
+    ) -> WorkflowRun:
+        """Create a run with ``columns`` (:meth:`_create_tagged`) in a transaction of its own
+        (a savepoint inside the caller's), calling ``then(run)`` in it and, when ``wake``
+        (a ``bool``), waking idle workers; the run comes back ``started``, its
+        ``run_started`` sent once that commits. Where ``columns["key"]`` is already held,
+        that key's run comes back instead (``started=False``) and nothing is written."""
+        workflow, key = columns["workflow"], columns.get("key")
+        try:
+            with transaction.atomic(using=alias):
+                run = self._create_tagged(alias, **columns)
+                if then is not None:
+                    then(run)
+                if wake:
+                    wake_workers(alias)
+        except IntegrityError:
+            if key is None:
+                raise
+            return self._keyed(workflow, key)
+        run.started = True
+        self._started(alias, run.pk, workflow)
+        return run
+
     def start(
         self,
         workflow: str,
@@ -152,28 +181,21 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             run.created_at = run.updated_at = run.pass_due_at = row[0]
             run._state.adding = False
             run._state.db = alias
-        else:
-            try:
-                with transaction.atomic(using=alias):
-                    run = self._create_tagged(
-                        alias,
-                        workflow=workflow,
-                        input=value,
-                        key=key,
-                        parent_id=parent,
-                        tags=tagged,
-                        queue_key=queue_key,
-                        pass_due_at=DbNow(),
-                        pass_requests=1,
-                    )
-                    wake_workers(alias)
-            except IntegrityError:
-                if key is None:
-                    raise
-                return self._keyed(workflow, key)
-        run.started = True
-        self._started(alias, run.id, workflow)
-        return run
+            run.started = True
+            self._started(alias, run.id, workflow)
+            return run
+        return self._insert_started(
+            alias,
+            wake=True,
+            workflow=workflow,
+            input=value,
+            key=key,
+            parent_id=parent,
+            tags=tagged,
+            queue_key=queue_key,
+            pass_due_at=DbNow(),
+            pass_requests=1,
+        )
 
     def _keyed(self, workflow: str, key: str | None) -> WorkflowRun:
         """The run of ``workflow`` holding ``key`` (a start that found it), ``started=False``."""
@@ -265,26 +287,26 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             self._started(alias, run.id, workflow)
             run.started = True
             return run
-        try:
-            with transaction.atomic(using=alias):
-                run = self.rows().create(
-                    workflow=workflow, input=value, key=key, queue_key=options.queue_key or ""
-                )
-                step_model().objects.db_manager(alias).rows().create(
+        return self._insert_started(
+            alias,
+            wake=True,
+            then=lambda run: (
+                step_model()
+                .objects.db_manager(alias)
+                .rows()
+                .create(
                     run=run,
                     **step_columns(step),
                     available_at=DbNow()
                     if available_at is None
                     else to_stored(available_at, alias),
                 )
-                wake_workers(alias)
-        except IntegrityError:
-            if key is None:
-                raise
-            return self._keyed(workflow, key)
-        self._started(alias, run.id, workflow)
-        run.started = True
-        return run
+            ),
+            workflow=workflow,
+            input=value,
+            key=key,
+            queue_key=options.queue_key or "",
+        )
 
     @staticmethod
     def _started(alias: str, run_id: uuid.UUID, workflow: str) -> None:

@@ -47,7 +47,6 @@ from django_leases.models.workflow_base import (
     step_model,
     tag_model,
     wake_parent,
-    wake_workers,
 )
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -227,35 +226,29 @@ class RunTiming(RunOperations):
             return self._debounced(
                 alias, _DebouncedStart(workflow, value, debounce_key, window, limit, tagged, keyed)
             )
-        try:
-            with transaction.atomic(using=alias):
-                run = self._create_tagged(
-                    alias,
-                    workflow=workflow,
-                    input=value,
-                    key=key,
-                    parent_id=parent,
-                    pass_due_at=_due(after, alias),
-                    # Pending until its first pass is picked (one statement: one clock).
-                    first_pass_at=None if after is None else _due(after, alias),
-                    pass_requests=1,
-                    deadline_at=None if limit is None else clock.db_now_plus(limit),
-                    tags=tagged,
-                    queue_key=keyed,
-                )
-                if cap is not None:  # never later than the parent's deadline
-                    self.rows().filter(pk=run.pk).filter(
-                        Q(deadline_at=None) | Q(deadline_at__gt=cap)
-                    ).update(deadline_at=cap)
-                if after is None:
-                    wake_workers(alias)
-        except IntegrityError:
-            if key is None:
-                raise
-            return self._keyed(workflow, key)
-        run.started = True
-        self._started(alias, run.pk, workflow)
-        return run
+
+        def capped(run: WorkflowRun) -> None:  # never later than the parent's deadline
+            if cap is not None:
+                self.rows().filter(pk=run.pk).filter(
+                    Q(deadline_at=None) | Q(deadline_at__gt=cap)
+                ).update(deadline_at=cap)
+
+        return self._insert_started(
+            alias,
+            wake=after is None,
+            then=capped,
+            workflow=workflow,
+            input=value,
+            key=key,
+            parent_id=parent,
+            pass_due_at=_due(after, alias),
+            # Pending until its first pass is picked (one statement: one clock).
+            first_pass_at=None if after is None else _due(after, alias),
+            pass_requests=1,
+            deadline_at=None if limit is None else clock.db_now_plus(limit),
+            tags=tagged,
+            queue_key=keyed,
+        )
 
     def _debounced(self, alias: str, start: _DebouncedStart) -> WorkflowRun:
         """:meth:`start`'s debounced start (arguments checked)."""
