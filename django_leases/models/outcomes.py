@@ -81,20 +81,7 @@ def write_pending(alias: str, pending: PendingResult | None) -> bool:
     if pending is None:
         return False
     steps = StepOutcomes(step_model(), using=alias)
-    json_result = Value(pending.result, output_field=models.JSONField())
-    return steps._record_outcome(
-        alias,
-        pending.step_id,
-        pending.attempt,
-        step={
-            "status": StepStatus.SUCCEEDED,
-            "result": json_result,
-            "error": None,
-            "lease_expires_at": None,
-        },
-        history={"status": AttemptStatus.SUCCEEDED},
-        repeat_of=(AttemptStatus.SUCCEEDED, pending.result),
-    )
+    return steps._record_success(alias, pending.step_id, pending.attempt, pending.result)
 
 
 def retry_delay_after(
@@ -392,6 +379,24 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
                 "available_at": None,
             },
             history={"status": AttemptStatus.FAILED, "error": error},
+        )
+
+    def _record_success(self, alias: str, step_id: int, attempt: int, result: Any) -> bool:
+        """:meth:`_record_outcome` of ``attempt`` succeeding with JSON ``result`` (its lease
+        ended, any error cleared): ``True`` when written, ``False`` for a repeat of this very
+        write; a refusal raises as there."""
+        return self._record_outcome(
+            alias,
+            step_id,
+            attempt,
+            step={
+                "status": StepStatus.SUCCEEDED,
+                "result": Value(result, output_field=models.JSONField()),
+                "error": None,
+                "lease_expires_at": None,
+            },
+            history={"status": AttemptStatus.SUCCEEDED},
+            repeat_of=(AttemptStatus.SUCCEEDED, result),
         )
 
     def _record_outcome(

@@ -167,21 +167,8 @@ class StepResults(StepScheduling):
             if self._already_recorded(alias, step_id, attempt, AttemptStatus.SUCCEEDED, result):
                 return StepWrite(StepStatus.SUCCEEDED, written=False)
             self._refuse(alias, step_id, attempt)
-        json_result = Value(result, output_field=models.JSONField())
         with transaction.atomic(using=alias):
-            written = self._record_outcome(
-                alias,
-                step_id,
-                attempt,
-                step={
-                    "status": StepStatus.SUCCEEDED,
-                    "result": json_result,
-                    "error": None,
-                    "lease_expires_at": None,
-                },
-                history={"status": AttemptStatus.SUCCEEDED},
-                repeat_of=(AttemptStatus.SUCCEEDED, result),
-            )
+            written = self._record_success(alias, step_id, attempt, result)
             # A repeat (``written`` false) goes on as if it had asked: at worst one pass more.
             asked = finish_branch(alias, step_id, hold) if written else True
         state = self._state_after(alias, step_id, hold) if asked else None
