@@ -29,6 +29,7 @@ from django_leases.models.workflow_base import (
     attempt_started,
     call_function,
     claim_from_row,
+    claim_of_step,
     claims_in_one,
     due_q,
     falls_back,
@@ -688,18 +689,14 @@ class StepClaims(StepOutcomes):
         attempt_model()._default_manager.using(alias).update_or_create(
             step_id=step.pk, attempt=attempt, defaults=history
         )
-        claim = Claim(
-            step_id=step.pk,
-            run_id=step.run_id,
-            step_name=step.step_name,
-            function_name=step.function_name,
+        claim = claim_of_step(
+            alias,
+            step,
+            ttl,
+            sent,
             attempt=attempt,
-            data=step.data,
-            lease_ttl=ttl,
-            claimed_at=sent,
-            using=alias,
-            run_workflow=step.run_workflow,
             fence_floor=step.server_floor,
+            run_workflow=step.run_workflow,
         )
         waited = None
         if step.available_at is not None and step.status != StepStatus.RUNNING:

@@ -24,6 +24,7 @@ from django_leases.models.outcomes import write_pending
 from django_leases.models.workflow_base import (
     attempt_started,
     call_function,
+    claim_of_step,
     falls_back,
     in_one_statement,
     run_model,
@@ -131,18 +132,7 @@ def inserted_claimed(
     )
     row._state.adding = False
     row._state.db = alias
-    claim = Claim(
-        step_id=step_id,
-        run_id=run_id,
-        step_name=step.step_name,
-        function_name=step.function_name,
-        attempt=1,
-        data=row.data,
-        lease_ttl=ttl,
-        claimed_at=sent,
-        using=alias,
-        fence_floor=int(fence_floor),
-    )
+    claim = claim_of_step(alias, row, ttl, sent, attempt=1, fence_floor=int(fence_floor))
     return Scheduled(row, attempt_started(claim), True)
 
 
@@ -442,18 +432,7 @@ class StepScheduling(StepClaims):
             # The claim's epoch floor is the one its write stored on the step: a server that
             # lost that write in a promotion has no step naming this claimant.
             step = self.rows().get(run_id=run_id, step_name=step_name)
-        claim = Claim(
-            step_id=step.pk,
-            run_id=step.run_id,
-            step_name=step_name,
-            function_name=step.function_name,
-            attempt=1,
-            data=step.data,
-            lease_ttl=ttl,
-            claimed_at=sent,
-            using=alias,
-            fence_floor=step.fence_floor,
-        )
+        claim = claim_of_step(alias, step, ttl, sent, attempt=1, fence_floor=step.fence_floor)
         return Scheduled(step, claim, False)
 
     def unclaim_created(self, run_id: uuid.UUID | str, claimant: str) -> int:

@@ -329,6 +329,35 @@ def claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool,
     return False, claim
 
 
+def claim_of_step(
+    alias: str,
+    step: Any,
+    ttl: float,
+    sent: float,
+    *,
+    attempt: int,
+    fence_floor: int,
+    run_workflow: str | None = None,
+) -> Claim:
+    """The :class:`Claim` of ``attempt`` (an ``int`` ≥ 1) of ``step`` (a ``WorkflowStep``
+    row: its id, run, names and data) on ``alias``, under a ``ttl``-second lease, the claim
+    sent at ``sent`` (``time.monotonic()``) and granted on a server whose epoch floor was
+    ``fence_floor``; ``run_workflow``: the run's workflow name, where the claim read it."""
+    return Claim(
+        step_id=step.pk,
+        run_id=step.run_id,
+        step_name=step.step_name,
+        function_name=step.function_name,
+        attempt=attempt,
+        data=step.data,
+        lease_ttl=ttl,
+        claimed_at=sent,
+        using=alias,
+        run_workflow=run_workflow,
+        fence_floor=fence_floor,
+    )
+
+
 def pass_state_from_row(alias: str, row: Any) -> PassState:
     """The :class:`PassState` from the columns of :func:`sql.pass_state`."""
     run = run_model()(
