@@ -326,9 +326,13 @@ class _Pass:
             claim.attempt,
             failure,
         )
-        failed = dataclasses.replace(ran, transaction=None, failure=failure)
+        self._write_alone(dataclasses.replace(ran, transaction=None, failure=failure))
+
+    def _write_alone(self, ran: StepRun) -> NoReturn:
+        """Write step ``ran``'s outcome on its own (fenced, the pass held), then end the pass
+        from what that write left (:func:`_after_failure`); a database fault interrupts it."""
         try:
-            recorded = _record(failed, hold_pass_seconds=self.driver.lease_ttl)
+            recorded = _record(ran, hold_pass_seconds=self.driver.lease_ttl)
         except _DATABASE_FAULTS as exc:
             raise _Interrupted(exc) from exc
         _after_failure(recorded)
@@ -663,11 +667,7 @@ class _Pass:
             )
             self.pending = ran
             return self._carried_result()
-        try:
-            recorded = _record(ran, hold_pass_seconds=self.driver.lease_ttl)
-        except _DATABASE_FAULTS as exc:
-            raise _Interrupted(exc) from exc
-        _after_failure(recorded)
+        self._write_alone(ran)
 
     def _requests(self) -> int:
         """``pass_requests`` as this pass knows it (``-1`` when unknown: nothing it writes
