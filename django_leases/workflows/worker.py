@@ -39,7 +39,7 @@ from django_leases.exceptions import MisuseError
 from django_leases.health import functions_missing
 from django_leases.leases import HeldLease, new_holder
 from django_leases.models import WorkflowRun, WorkflowSchedule, WorkflowStep, WorkflowWorker
-from django_leases.models.schedule import TaskStarter
+from django_leases.models.schedule import Fired, TaskStarter
 from django_leases.process import on_stop, signal_name
 from django_leases.validation import seconds, ttl_seconds
 from django_leases.workflows import aio, registry
@@ -195,31 +195,31 @@ class _Schedules:
                         fired.name,
                         fired.skipped,
                     )
-                elif fired.action == "skipped":
-                    logger.info(
-                        "Schedule %r: tick %s skipped (%s)",
-                        fired.name,
-                        fired.tick.isoformat(),
-                        fired.reason,
-                    )
-                elif fired.action == "buffered":
-                    logger.info(
-                        "Schedule %r: tick %s waits for the previous run",
-                        fired.name,
-                        fired.tick.isoformat(),
-                    )
                 else:
                     logger.info(
-                        "Schedule %r: tick %s started run %s%s",
-                        fired.name,
-                        fired.tick.isoformat(),
-                        fired.run_id,
-                        f" ({fired.skipped} missed tick(s) before it)" if fired.skipped else "",
+                        "Schedule %r: tick %s %s", fired.name, fired.tick.isoformat(), _did(fired)
                     )
         except Exception as exc:  # unreachable, or not migrated yet: at the next look
             logger.warning("Workflow schedules: %s; trying again later", exc)
         finally:
             db.close_thread_connections()
+
+
+def _log_attempt(claim: Claim, outcome: str) -> None:
+    """Log (info) how the attempt of ``claim`` the worker ran ended: ``outcome``, a word."""
+    logger.info(
+        "Run %s: step %r attempt %d %s", claim.run_id, claim.step_name, claim.attempt, outcome
+    )
+
+
+def _did(fired: Fired) -> str:
+    """What the schedule did with ``fired``'s tick, for the worker's log line."""
+    if fired.action == "skipped":
+        return f"skipped ({fired.reason})"
+    if fired.action == "buffered":
+        return "waits for the previous run"
+    missed = f" ({fired.skipped} missed tick(s) before it)" if fired.skipped else ""
+    return f"started run {fired.run_id}{missed}"
 
 
 class Worker:
@@ -615,13 +615,7 @@ class Worker:
         ran = run_step_function(claim)
         if self._stop.is_set() or not ran.succeeded:
             outcome = record_step(ran).outcome
-            logger.info(
-                "Run %s: step %r attempt %d %s",
-                claim.run_id,
-                claim.step_name,
-                claim.attempt,
-                outcome,
-            )
+            _log_attempt(claim, outcome)
             return None
         output_of = one_step_output(claim.run_workflow, claim.step_name)
         if output_of is not None:
@@ -632,13 +626,7 @@ class Worker:
                 )
             else:
                 outcome, following = record_alone(ran, output_of, chain=self._may_chain())
-            logger.info(
-                "Run %s: step %r attempt %d %s",
-                claim.run_id,
-                claim.step_name,
-                claim.attempt,
-                outcome,
-            )
+            _log_attempt(claim, outcome)
             self._claimed_here.on_steps = following is None
             if following is not None:
                 self.wake.wake_if_waiting()  # there may be more: an idle thread looks too
