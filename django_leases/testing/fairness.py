@@ -263,22 +263,20 @@ class QueueFairnessConformanceTests(WorkflowConformanceSuite):
         self._queue(run_id, "fair.two", "b", ["b0"])
         run = self.runs.get(pk=run_id)
         options = StepOptions(queue="fair-two", queue_key="a")
-        scheduled = self.steps.schedule_claimed(
-            run_id,
-            NextStep("a1", "fair.two", {}, options),
-            lease_ttl_seconds=LEASE,
-            finish_pass=run.pass_requests,
-        )
-        self.assertIsNone(scheduled.claim, "key b's turn comes first")
+
+        def inline(step_name: str) -> bool:  # whether the pass may run it inline
+            scheduled = self.steps.schedule_claimed(
+                run_id,
+                NextStep(step_name, "fair.two", {}, options),
+                lease_ttl_seconds=LEASE,
+                finish_pass=run.pass_requests,
+            )
+            return scheduled.claim is not None
+
+        self.assertFalse(inline("a1"), "key b's turn comes first")
         self.assertEqual(self.steps.get(run_id=run_id, step_name="a1").status, "pending")
         self.assertEqual(self._claim_all(), ["b0", "a1"])
-        alone = self.steps.schedule_claimed(
-            run_id,
-            NextStep("a2", "fair.two", {}, options),
-            lease_ttl_seconds=LEASE,
-            finish_pass=run.pass_requests,
-        )
-        self.assertIsNotNone(alone.claim, "no other key waits: it runs inline")
+        self.assertTrue(inline("a2"), "no other key waits: it runs inline")
 
     # -- Q9: the run's key -----------------------------------------------------------------
 
