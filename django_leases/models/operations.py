@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from django.db import connections, transaction
 from django.db.models import F, Q
@@ -94,6 +94,9 @@ _CANCEL_ROUNDS = 5
 
 class _StartOver(Exception):
     """Internal: roll the cancel's transaction back and scan for children again."""
+
+
+_T = TypeVar("_T")
 
 
 def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
@@ -200,30 +203,62 @@ class RunOperations(RunPasses):
             "code": RUN_CANCELLED,
             "message": f"The run was cancelled with its parent run {pk}",
         }
-        # Children are locked before their parent (the order in which a finishing child
-        # wakes its parent). A child that a pass started after the scan is only seen once
-        # the parent is locked: locking it then would invert that order (a deadlock with
-        # the child finishing), so the transaction is rolled back and the cancel starts
-        # over, now finding it first. No child can be started once the parent is locked
-        # (start_child locks it and needs it running), so this ends.
-        for turn in range(_CANCEL_ROUNDS):
-            last = turn == _CANCEL_ROUNDS - 1
+
+        def lock() -> WorkflowRun:
+            run = self._lock_for_operator(alias, pk)
+            run.require("cancel")
+            return run
+
+        def end(run: WorkflowRun, late: list[uuid.UUID]) -> RunChange:
+            running = self._cancel_locked(alias, run, error)
+            # The last round only: lock them after all.
+            self._cancel_children(alias, late, cascaded)
+            return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+
+        change = self._end_with_descendants(alias, pk, cascaded, _CANCEL_ROUNDS, lock, end)
+        assert change is not None  # lock() raises rather than find nothing to do
+        return change
+
+    def _end_with_descendants(
+        self,
+        alias: str,
+        pk: uuid.UUID,
+        cascaded: dict[str, Any],
+        rounds: int,
+        lock: Callable[[], WorkflowRun | None],
+        end: Callable[[WorkflowRun, list[uuid.UUID]], _T],
+    ) -> _T | None:
+        """End run ``pk`` with its running or suspended descendants, in one transaction of
+        its own (a savepoint in the caller's): the descendants are cancelled with error
+        ``cascaded`` (a JSON ``dict``), then ``lock()`` locks and checks the run (``None``:
+        nothing to do; all is rolled back and ``None`` returned), then ``end(run, late)``
+        ends it, cancelling ``late`` too (children started after the scan, on the last of
+        ``rounds`` tries only), and its parent is woken. Returns what ``end`` returned.
+
+        Children are locked before their parent (the order in which a finishing child wakes
+        its parent). A child that a pass started after the scan is only seen once the parent
+        is locked: locking it then would invert that order (a deadlock with the child
+        finishing), so the transaction is rolled back and it starts over, now finding it
+        first. No child can be started once the parent is locked (start_child locks it and
+        needs it running), so this ends."""
+        for turn in range(rounds):
+            last = turn == rounds - 1
             try:
                 with transaction.atomic(using=alias):
                     locked = self._live_descendants(alias, pk)  # deepest first
                     self._cancel_children(alias, locked, cascaded)
-                    run = self._lock_for_operator(alias, pk)
-                    run.require("cancel")
+                    run = lock()
+                    if run is None:
+                        transaction.set_rollback(True, using=alias)
+                        return None
                     late = [c for c in self._live_descendants(alias, pk) if c not in locked]
                     if late and not last:
                         raise _StartOver
-                    running = self._cancel_locked(alias, run, error)
-                    # The last round only: lock them after all.
-                    self._cancel_children(alias, late, cascaded)
+                    ended = end(run, late)
                     wake_parent(alias, pk)
             except _StartOver:
                 continue
-            return RunChange(run.pk, run.status, RunStatus.CANCELLED, tuple(running))
+            return ended
         raise AssertionError("unreachable: the last round never starts over")
 
     def _live_descendants(self, alias: str, run_id: uuid.UUID) -> list[uuid.UUID]:
@@ -255,6 +290,17 @@ class RunOperations(RunPasses):
     def _cancel_locked(self, alias: str, run: WorkflowRun, error: dict[str, Any]) -> list[str]:
         """Cancel the locked ``run`` (inside the caller's transaction); the names of the
         running steps it stopped."""
+        running = self._end_locked(alias, run, RunStatus.CANCELLED, error)
+        run_reached(alias, run.pk, RunStatus.CANCELLED)
+        return running
+
+    def _end_locked(
+        self, alias: str, run: WorkflowRun, status: str, error: dict[str, Any], **columns: Any
+    ) -> list[str]:
+        """Finish the locked ``run`` with ``status`` and ``error`` (a JSON ``dict``), and
+        ``columns`` set on it too, inside the caller's transaction: its running attempts
+        failed with ``error`` through their fence, its waiting steps out of the due-work
+        index. Returns the names of the running steps it stopped."""
         stepping = step_model().objects.db_manager(alias)
         steps = stepping.filter(run_id=run.pk)
         running = list(
@@ -266,13 +312,13 @@ class RunOperations(RunPasses):
             stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
         steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
         self.rows().filter(pk=run.pk).update(
-            status=RunStatus.CANCELLED,
+            status=status,
             error=error,
             pass_due_at=None,
+            **columns,
             finished_at=DbNow(),
             updated_at=DbNow(),
         )
-        run_reached(alias, run.pk, RunStatus.CANCELLED)
         return [name for _, _, name in running]
 
     def retry_step(self, run_id: uuid.UUID | str, step_name: str) -> RunChange:

@@ -41,12 +41,10 @@ from django_leases import clock, db
 from django_leases.clock import DbNow, to_stored
 from django_leases.conf import check_queue_key
 from django_leases.exceptions import WorkflowDeadlineExceeded
-from django_leases.models.operations import RunOperations, _StartOver
+from django_leases.models.operations import RunOperations
 from django_leases.models.workflow_base import (
     run_reached,
-    step_model,
     tag_model,
-    wake_parent,
 )
 from django_leases.validation import (
     MAX_KEY_LENGTH,
@@ -59,7 +57,7 @@ from django_leases.validation import (
     seconds,
     wait_seconds,
 )
-from django_leases.workflows.values import RUN_CANCELLED, RunStatus, StepStatus
+from django_leases.workflows.values import RUN_CANCELLED, RunStatus
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -367,56 +365,30 @@ class RunTiming(RunOperations):
             "code": RUN_CANCELLED,
             "message": f"The run was cancelled: its parent run {pk} passed its deadline",
         }
-        # Children locked before their parent, as RunOperations.cancel does (and why).
-        for turn in range(_EXPIRE_ROUNDS):
-            last = turn == _EXPIRE_ROUNDS - 1
+
+        def lock() -> WorkflowRun | None:
             try:
-                with transaction.atomic(using=alias):
-                    locked = self._live_descendants(alias, pk)
-                    self._cancel_children(alias, locked, cascaded)
-                    try:
-                        run = self._lock_for_operator(alias, pk)
-                    except self.model.DoesNotExist:  # pruned meanwhile
-                        transaction.set_rollback(True, using=alias)
-                        return False
-                    past = self.rows().filter(
-                        pk=pk, status__in=LIVE_RUN_STATUSES, deadline_at__lte=DbNow()
-                    )
-                    if not past.exists():
-                        # Finished (or moved) meanwhile: roll the children's cancel back.
-                        transaction.set_rollback(True, using=alias)
-                        return False
-                    late = [c for c in self._live_descendants(alias, pk) if c not in locked]
-                    if late and not last:
-                        raise _StartOver
-                    self._cancel_children(alias, late, cascaded)
-                    self._fail_at_deadline(alias, run)
-                    wake_parent(alias, pk)
-            except _StartOver:
-                continue
+                run = self._lock_for_operator(alias, pk)
+            except self.model.DoesNotExist:  # pruned meanwhile
+                return None
+            past = self.rows().filter(pk=pk, status__in=LIVE_RUN_STATUSES, deadline_at__lte=DbNow())
+            # Finished (or moved) meanwhile: the children's cancel is rolled back.
+            return run if past.exists() else None
+
+        def end(run: WorkflowRun, late: list[uuid.UUID]) -> bool:
+            self._cancel_children(alias, late, cascaded)
+            self._fail_at_deadline(alias, run)
             return True
-        raise AssertionError("unreachable: the last round never starts over")
+
+        # Children locked before their parent, as RunOperations.cancel does (and why).
+        return bool(self._end_with_descendants(alias, pk, cascaded, _EXPIRE_ROUNDS, lock, end))
 
     def _fail_at_deadline(self, alias: str, run: WorkflowRun) -> None:
         """Fail the locked ``run`` with its deadline error (inside the caller's
         transaction): its running attempts failed through their fence, waiting steps out
         of the due-work index."""
         error = error_json(WorkflowDeadlineExceeded(run.pk, run.deadline_at))
-        stepping = step_model().objects.db_manager(alias)
-        steps = stepping.filter(run_id=run.pk)
-        running = list(steps.filter(status=StepStatus.RUNNING).values_list("pk", "attempt"))
-        for step_id, attempt in running:  # locked: the fence matches
-            stepping.all()._fail_attempt_for_good(alias, step_id, attempt, error)
-        steps.exclude(available_at=None).update(available_at=None, updated_at=DbNow())
-        self.rows().filter(pk=run.pk).update(
-            status=RunStatus.FAILED,
-            error=error,
-            pass_due_at=None,
-            branches_left=0,
-            debounce_key=None,
-            finished_at=DbNow(),
-            updated_at=DbNow(),
-        )
+        self._end_locked(alias, run, RunStatus.FAILED, error, branches_left=0, debounce_key=None)
         run_reached(alias, run.pk, RunStatus.FAILED, error=error)
 
     def deadline_due_within(self, horizon: float) -> bool:
