@@ -196,6 +196,47 @@ def test_a_workflow_that_opens_a_transaction_around_its_next_step_is_told() -> N
     assert statuses(run_id) == {"first": "succeeded"}
 
 
+@pytest.mark.parametrize("raises", [False, True], ids=["returns", "raises"])
+@pytest.mark.parametrize("runner", ["worker", "drive"])
+@pytest.mark.django_db(transaction=True)
+def test_a_step_that_leaves_an_atomic_block_open_commits_nothing_and_the_thread_goes_on(
+    runner: str, raises: bool
+) -> None:
+    """A transactional step that enters ``transaction.atomic()`` and never leaves it: its
+    attempt's writes (in that block and before it) roll back and the attempt fails with a
+    clear error; attempt 2's row lands once; the thread's connection is usable after, so
+    the next run completes on it."""
+    run_id = start_workflow(
+        "tests.tx.one", {"function": "tests.tx.leave-open", "raise": raises, "retries": 1}
+    )
+    run = worked(run_id) if runner == "worker" else drive(run_id)
+    assert run is not None and run.status == "completed"
+    assert rows(run_id) == [("only", 2)]
+    first = WorkflowStep.objects.history(run_id)[0]
+    assert first.status == "failed"
+    if raises:
+        assert "fails inside a block it never left" in first.error["message"]
+    else:
+        assert "block of its own that it never left" in first.error["message"]
+    assert not connection.in_atomic_block
+    again = start_workflow("tests.tx.one", {})
+    assert (worked(again) if runner == "worker" else drive(again)).status == "completed"
+    assert rows(again) == [("only", 1)]
+
+
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_transactional_step_returning_a_coroutine_fails_clearly_and_awaits_nothing() -> None:
+    run_id = start_workflow(
+        "tests.tx.one", {"function": "tests.tx.returns-coroutine", "retries": 0}
+    )
+    run = drive(run_id)
+    assert run is not None and run.status == "failed"
+    error = WorkflowStep.objects.history(run_id)[0].error
+    assert error["type"] == "TypeError"
+    assert "returned a coroutine: a transactional step is a plain" in error["message"]
+
+
 @pytest.mark.django_db
 def test_an_attempt_past_its_timeout_rolls_back_and_fails_with_step_timed_out() -> None:
     run_id = start_workflow(

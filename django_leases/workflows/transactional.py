@@ -102,6 +102,7 @@ work: what the attempt wrote is either all committed with its result, or none of
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -199,6 +200,12 @@ class OpenTransaction:
             return
         self.open = False
         why = error if error is not None else _RollBack()
+        blocks = connections[self.claim.using].atomic_blocks
+        if any(block is self._atomic for block in blocks):
+            # Blocks the step function entered and never exited go first, as failed: each
+            # rolls back to its savepoint, then this one rolls the whole attempt back.
+            while blocks[-1] is not self._atomic:
+                blocks[-1].__exit__(type(why), why, why.__traceback__)
         self._atomic.__exit__(type(why), why, why.__traceback__)
 
 
@@ -210,13 +217,28 @@ def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction |
     returned with ``None`` (the ordinary write records it as the attempt's failure).
 
     Raises:
-        BaseException: what ``call`` raised, after the rollback.
+        BaseException: what ``call`` raised, after the rollback (atomic blocks it entered
+            and left open rolled back first).
+        TransactionManagementError: ``call`` returned inside an atomic block of its own,
+            or with its transaction failed (rolled back).
     """
     atomic = transaction.atomic(using=claim.using)
     atomic.__enter__()
     opened = OpenTransaction(claim, atomic)
     try:
         result = call()
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited: a transactional step runs on its worker thread
+            raise TypeError(
+                f"Step function {claim.function_name!r} returned a coroutine: a transactional "
+                "step is a plain (synchronous) function"
+            )
+        if not opened.innermost():
+            raise TransactionManagementError(
+                f"Step function {claim.function_name!r} returned inside a transaction.atomic() "
+                "block of its own that it never left: its attempt's writes are rolled back "
+                "(use atomic() as a context manager)"
+            )
         if db.transaction_failed(connections[claim.using]):
             raise TransactionManagementError(
                 f"Step function {claim.function_name!r} returned with its transaction failed: "

@@ -73,6 +73,33 @@ def tx_overrun(data: Any, ctx: Any) -> Any:
     return {"attempt": ctx.attempt}
 
 
+@step_function("tests.tx.leave-open", transactional=True)
+def tx_leave_open(data: Any, ctx: Any) -> Any:
+    """Transactional: append a ledger row, enter an atomic block and never leave it, append
+    another; on attempt 1 then raise (``data["raise"]``) or return. Later attempts append
+    one row and return."""
+    from django.db import transaction
+
+    from tests.workapp.models import LedgerEntry
+
+    LedgerEntry.objects.create(run_id=ctx.run_id, step=ctx.step_name, attempt=ctx.attempt)
+    if ctx.attempt == 1:
+        transaction.atomic().__enter__()
+        LedgerEntry.objects.create(run_id=ctx.run_id, step="inner", attempt=ctx.attempt)
+        if data.get("raise"):
+            raise RuntimeError("attempt 1 fails inside a block it never left")
+    return {"attempt": ctx.attempt}
+
+
+@step_function("tests.tx.returns-coroutine", transactional=True)
+def tx_returns_coroutine(data: Any, ctx: Any) -> Any:
+    """Transactional, a plain function that returns a coroutine (as an unmarked decorator
+    around an ``async def`` would)."""
+    import asyncio
+
+    return asyncio.sleep(0, result={"never": "awaited"})
+
+
 @step_function("tests.tx.plain-append")
 def plain_append(data: Any, ctx: Any) -> Any:
     """As ``tests.tx.append``, not transactional: its row stays when it raises."""
