@@ -24,6 +24,37 @@ def test_a_coroutine_workflow_function_is_refused_at_declaration() -> None:
     assert registry._workflows.get(name) is None
 
 
+class _AsyncCallable:
+    async def __call__(self, *args: Any) -> Any:
+        return None
+
+
+def test_an_object_with_an_async_call_is_a_coroutine_function_to_the_registry() -> None:
+    """Refused as a workflow and as a transactional step, as ``async def`` functions are;
+    as a plain step it is awaited."""
+    with pytest.raises(TypeError, match="coroutine function"):
+        registry.workflow("tests.registry.async-object")(_AsyncCallable())
+    with pytest.raises(TypeError, match="coroutine function"):
+        registry.step_function("tests.registry.async-object-tx", transactional=True)(
+            _AsyncCallable()
+        )
+    assert registry._workflows.get("tests.registry.async-object") is None
+    assert registry.get_step_function("tests.registry.async-object-tx") is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_async_generator_function_is_refused_at_declaration(kind: str) -> None:
+    async def body(*args: Any) -> Any:
+        yield None
+
+    register = getattr(registry, kind)
+    name = f"tests.registry.async-generator-{kind}"
+    with pytest.raises(TypeError, match=r"async generator function .*does not yield"):
+        register(name)(body)
+    lookup = registry.get_step_function if kind == "step_function" else registry._workflows.get
+    assert lookup(name) is None
+
+
 def test_a_coroutine_step_function_is_registered() -> None:
     """Step functions may be ``async def`` (awaited on the worker thread's event loop)."""
 

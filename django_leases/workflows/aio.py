@@ -48,8 +48,12 @@ _local = threading.local()
 
 def is_async(func: Callable[..., Any]) -> bool:
     """Whether ``func`` is a coroutine function (``async def``, also behind
-    ``functools.partial`` or marked with ``asgiref.sync.markcoroutinefunction``)."""
-    return bool(iscoroutinefunction(func) or inspect.iscoroutinefunction(func))
+    ``functools.partial`` or marked with ``asgiref.sync.markcoroutinefunction``), or an
+    object whose ``__call__`` is one."""
+    if iscoroutinefunction(func) or inspect.iscoroutinefunction(func):
+        return True
+    call = None if inspect.isroutine(func) else inspect.getattr_static(type(func), "__call__", None)
+    return inspect.iscoroutinefunction(call)
 
 
 class _ThreadLoop:

@@ -5,6 +5,7 @@ Each installed app's ``workflows.py`` is imported when Django starts (see ``apps
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -71,6 +72,12 @@ def _register(
             raise TypeError(
                 f"@{kind.replace(' ', '_')}({name!r}) decorates a function, not "
                 f"{type(func).__name__}"
+            )
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"@{kind.replace(' ', '_')}({name!r}) cannot register the async generator "
+                f"function {getattr(func, '__qualname__', func)!r}: a {kind} returns its "
+                "result (JSON); it does not yield"
             )
         if not allow_async and is_async(func):
             # A workflow function only orchestrates (run.step, run.sleep, …), replayed in passes
