@@ -39,6 +39,7 @@ backwards under the same key (PostgreSQL, MariaDB / MySQL, SQLite).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -49,7 +50,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.exceptions import FenceRefusedError
 from django_leases.models import Lease, WorkflowStep
-from django_leases.validation import check_attempt
+from django_leases.validation import check_attempt, check_name
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -59,6 +60,8 @@ _M = TypeVar("_M", bound=models.Model)
 
 #: Longest ``fenced_by``: a lease key's (``Lease.key``).
 MAX_FENCE_KEY = 255
+#: Largest fence token: what the ``fence`` column (a signed 64-bit integer) holds.
+MAX_TOKEN = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,15 @@ class Fence:
     token: int
     holding: models.QuerySet[Any] | None = field(default=None, compare=False, repr=False)
     using: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        """Refuse a key that is not a storable name of at most :data:`MAX_FENCE_KEY`
+        characters, and a token that is not an ``int`` from 1 to 2**63 - 1 (the ``fence``
+        column), with ``ValueError``: nothing is written with a bad fence."""
+        check_name(self.key, "A fence key", max_length=MAX_FENCE_KEY)
+        token = self.token
+        if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
+            raise ValueError(f"A fence token must be an int from 1 to {MAX_TOKEN}, not {token!r}")
 
 
 def lease_fence(lease: Lease) -> Fence:
@@ -192,7 +204,13 @@ class FencedModel(models.Model):
 
 
 def _trigger_name(table: str) -> str:
-    return f"{table[:40]}_older_fence"
+    """The trigger's (and on PostgreSQL its function's) name for ``table``: the table's
+    name, and past 40 characters its first 31 and a digest of the whole, so that two long
+    names alike at the start get triggers of their own (within the 63 characters of a
+    PostgreSQL name)."""
+    if len(table) > 40:
+        table = f"{table[:31]}_{hashlib.sha256(table.encode()).hexdigest()[:8]}"
+    return f"{table}_older_fence"
 
 
 def trigger_sql(vendor: str, table: str, quote: Any) -> tuple[list[str], list[str]]:
@@ -215,7 +233,9 @@ def trigger_sql(vendor: str, table: str, quote: Any) -> tuple[list[str], list[st
         return [
             f"CREATE TRIGGER {n} BEFORE UPDATE ON {t} FOR EACH ROW BEGIN "
             "IF NEW.fenced_by = OLD.fenced_by AND NEW.fence < OLD.fence THEN "
-            "SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'fenced write refused: older fence'; "
+            "SIGNAL SQLSTATE '23000' SET MESSAGE_TEXT = 'fenced write refused: older fence', "
+            # 4025 (a CHECK constraint failed): Django raises IntegrityError for it.
+            "MYSQL_ERRNO = 4025; "
             "END IF; END"
         ], [f"DROP TRIGGER IF EXISTS {n}"]
     if vendor == "sqlite":
@@ -231,8 +251,10 @@ class FenceTrigger(Operation):
     """A migration operation: a trigger on ``model_name``'s table (a :class:`FencedModel`)
     that refuses any ``UPDATE`` moving a row's ``fence`` backwards under the same
     ``fenced_by`` — raw SQL and other programs included — with an ``IntegrityError``
-    (PostgreSQL: ``check_violation``; SQLite: an abort; MariaDB / MySQL: a ``SIGNAL``, which
-    the driver reports as a database error). Reversible. Put it after the model's
+    (PostgreSQL: ``check_violation``; SQLite: an abort; MariaDB / MySQL: a ``SIGNAL`` with
+    the error number of a failed ``CHECK`` constraint, 4025). Reversible. A trigger created
+    by an earlier version on MariaDB / MySQL raised an ``OperationalError`` (1644): migrate
+    the operation back and forth to get the new one. Put it after the model's
     ``CreateModel``::
 
         operations = [

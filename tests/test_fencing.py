@@ -5,7 +5,7 @@ trigger refuses an older fence from raw SQL."""
 from __future__ import annotations
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from django_leases.exceptions import FenceRefusedError
 from django_leases.fencing import Fence, lease_fence, step_fence, trigger_sql
@@ -99,7 +99,22 @@ def test_bad_fences_are_refused_with_nothing_written() -> None:
         lease_fence(Lease(key="never-saved", holder="h"))
     with pytest.raises(ValueError):
         step_fence(1, 0)
+    for key, token in [
+        ("k", 0),
+        ("k", -5),
+        ("k", True),
+        ("k", 2**63),
+        ("k", 1.0),
+        (5, 1),
+        (None, 1),
+        ("", 1),
+        ("k" * 256, 1),
+        ("k\x00", 1),
+    ]:
+        with pytest.raises(ValueError, match="fence"):
+            Account.objects.filter(name="e").fenced_update(Fence(key, token), balance=1)  # type: ignore[arg-type]
     assert _balance(Account, "e") == (0, "", 0)
+    assert Fence("k" * 255, 2**63 - 1).token == 2**63 - 1
 
 
 def test_the_trigger_refuses_an_older_fence_from_raw_sql() -> None:
@@ -109,7 +124,7 @@ def test_the_trigger_refuses_an_older_fence_from_raw_sql() -> None:
         assert model.objects.filter(name="f").fenced_update(Fence("k", 7), balance=7) == 1
     quote = connection.ops.quote_name
     stale = "UPDATE {} SET balance = 1, fence = 6 WHERE name = 'f' AND fenced_by = 'k'"
-    with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(stale.format(quote(GuardedAccount._meta.db_table)))
     assert _balance(GuardedAccount, "f") == (7, "k", 7)
     # Newer or equal fences, and other keys, pass the trigger.
@@ -133,3 +148,14 @@ def test_trigger_sql_is_empty_for_other_databases() -> None:
     assert trigger_sql("oracle", "t", str) == ([], [])
     create, drop = trigger_sql("postgresql", "t", lambda name: f'"{name}"')
     assert len(create) == 2 and len(drop) == 2
+
+
+def test_long_table_names_alike_at_the_start_get_triggers_of_their_own() -> None:
+    quote = connection.ops.quote_name
+    first, second = "app_" + "x" * 60 + "_one", "app_" + "x" * 60 + "_two"
+    names = {trigger_sql("postgresql", table, str)[1][0].split()[4] for table in (first, second)}
+    assert len(names) == 2 and all(len(name) <= 63 for name in names)
+    # A name of up to 40 characters is kept as it was (triggers created earlier still match).
+    assert trigger_sql("sqlite", "app_config", quote)[1] == [
+        f"DROP TRIGGER IF EXISTS {quote('app_config_older_fence')}"
+    ]
