@@ -241,9 +241,10 @@ def begin(claim: Claim, call: Callable[[], Any]) -> tuple[Any, OpenTransaction |
             )
         if db.transaction_failed(connections[claim.using]):
             raise TransactionManagementError(
-                f"Step function {claim.function_name!r} returned with its transaction failed: "
-                "it caught a database error without rolling back to a savepoint (wrap the "
-                "statement in transaction.atomic() to go on after it)"
+                f"Step function {claim.function_name!r} returned with its transaction failed "
+                "or marked for rollback: it caught a database error without rolling back to a "
+                "savepoint (wrap the statement in transaction.atomic() to go on after it), or "
+                "called transaction.set_rollback(True)"
             )
     except BaseException as exc:
         opened.roll_back(exc)
