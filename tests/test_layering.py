@@ -234,12 +234,7 @@ MOST_DEFERRED_IMPORTS = 40
 
 #: Deferred imports still without a reason, as ``(path under django_leases/, line's text)``:
 #: hoist each to its module's head, or give it its reason, and take it out of this set.
-UNEXPLAINED_DEFERRED_IMPORTS = {
-    ("testing/fairness.py", "from django_leases.conf import queue_limits"),
-    ("workflows/worker.py", "import os"),
-    ("workflows/worker.py", "import socket"),
-    ("workflows/worker.py", "from django_leases.tasks import start_scheduled_task"),
-}
+UNEXPLAINED_DEFERRED_IMPORTS: set[tuple[str, str]] = set()
 
 
 def deferred_imports() -> list[tuple[str, int, bool]]:

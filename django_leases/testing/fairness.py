@@ -42,6 +42,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_leases.clock import db_now_plus
+from django_leases.conf import queue_limits
 from django_leases.exceptions import QueueConfigError
 from django_leases.testing.base import WorkflowConformanceSuite
 from django_leases.testing.driving import drive
@@ -149,8 +150,6 @@ class QueueFairnessConformanceTests(WorkflowConformanceSuite):
     def test_q2_bad_per_key_settings_are_clear_errors(self) -> None:
         """Q2: ``key_concurrency`` not an integer ≥ 1, or a malformed ``key_rate`` → a
         :class:`QueueConfigError` naming the option."""
-        from django_leases.conf import queue_limits
-
         for option, bad in [
             ("key_concurrency", 0),
             ("key_concurrency", True),

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
@@ -89,9 +91,6 @@ class _Heartbeat:
     stops. Never fatal: without a database the worker runs on, unseen."""
 
     def __init__(self, worker: Worker) -> None:
-        import os
-        import socket
-
         self.worker = worker
         self.ttl = run_lease_ttl()
         self.host = socket.gethostname()[:200]
@@ -155,6 +154,8 @@ def task_starter() -> TaskStarter:
     """What enqueues a task schedule's tick: the Tasks backend's
     :func:`~django_leases.tasks.start_scheduled_task` (imported only when a task schedule is
     declared: it needs Django's Tasks framework)."""
+    # deferred: django_leases.tasks needs Django's Tasks framework (an optional dependency)
+    # and registers the task workflow as it loads
     from django_leases.tasks import start_scheduled_task
 
     return start_scheduled_task
