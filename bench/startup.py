@@ -1,0 +1,243 @@
+"""What ``django_leases`` adds to a project's start-up: ``django.setup()`` with and without it.
+
+Two projects, the same but for one line: the contrib apps an admin site needs (admin, auth,
+contenttypes, sessions, messages, staticfiles), and that list plus ``django_leases``. Each
+run is a fresh interpreter (nothing imported, bytecode already compiled by a warm-up run)
+that configures the settings and times ``django.setup()`` — the imports it makes, every
+app's ``ready()`` and the admin's autodiscovery. The runs alternate, plain and with, so
+load that comes and goes falls on both; the figures are the best and the median of
+``--runs`` of each, and their ratio (the target: with ≤ 1.10 × plain, best against best).
+
+One more run of each under ``python -X importtime`` says where the difference goes: every
+module only the project with ``django_leases`` imports, its own ("self") import time summed
+per top-level package, and our modules with the largest own and cumulative times.
+
+::
+
+    .venv/bin/python bench/startup.py                  # 15 runs of each, JSON to bench/results/
+    .venv/bin/python bench/startup.py --runs 31 --top 25
+    .venv/bin/python bench/startup.py --no-write       # print only
+
+The load average is recorded before and after (two cores shared with other work make single
+figures noisy; compare best against best, and runs made at a like load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS_DIR, ROOT, load_average, machine_facts, write_report
+
+#: The project without us: what a site with Django's admin installs.
+PLAIN_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+]
+WITH_APPS = [*PLAIN_APPS, "django_leases"]
+
+#: Run in each fresh interpreter: argv[1] is the JSON list of apps. Prints a JSON line with
+#: the seconds ``django.setup()`` took and the modules loaded after it.
+CHILD = """\
+import json, sys, time
+t0 = time.perf_counter()
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=json.loads(sys.argv[1]),
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    MIDDLEWARE=[
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+    ],
+    TEMPLATES=[{
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {"context_processors": [
+            "django.template.context_processors.request",
+            "django.contrib.auth.context_processors.auth",
+            "django.contrib.messages.context_processors.messages",
+        ]},
+    }],
+    USE_TZ=True,
+    SECRET_KEY="bench-startup",
+    STATIC_URL="static/",
+)
+t1 = time.perf_counter()
+django.setup()
+t2 = time.perf_counter()
+print(json.dumps({"setup": t2 - t1, "total": t2 - t0, "modules": sorted(sys.modules)}))
+"""
+
+
+def run_child(apps: list[str], *, importtime: bool = False) -> tuple[dict[str, Any], str]:
+    """One fresh interpreter's figures (and its stderr: the ``-X importtime`` table)."""
+    command = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*command, json.dumps(apps)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"the child failed ({apps[-1]}):\n{done.stderr}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["process"] = wall
+    return figures, done.stderr
+
+
+def parse_importtime(stderr: str) -> list[tuple[str, int, int]]:
+    """``(module, self µs, cumulative µs)`` for each line of a ``-X importtime`` table."""
+    rows = []
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cumulative_us, name = line[len("import time:") :].split("|", 2)
+        rows.append((name.strip(), int(self_us), int(cumulative_us)))
+    return rows
+
+
+def breakdown(plain_stderr: str, with_stderr: str, top: int) -> dict[str, Any]:
+    """Where the project with us spends import time the plain project does not."""
+    plain = {name for name, _, _ in parse_importtime(plain_stderr)}
+    rows = parse_importtime(with_stderr)
+    extra = [(name, own, cumulative) for name, own, cumulative in rows if name not in plain]
+    by_package: dict[str, int] = defaultdict(int)
+    for name, own, _ in extra:
+        by_package[name.split(".")[0]] += own
+    ours = [row for row in extra if row[0].split(".")[0] == "django_leases"]
+    return {
+        "extra_modules": len(extra),
+        "extra_self_ms": round(sum(own for _, own, _ in extra) / 1000, 1),
+        "self_ms_by_package": {
+            package: round(own / 1000, 1)
+            for package, own in sorted(by_package.items(), key=lambda item: -item[1])
+        },
+        "ours_by_self_ms": [
+            [name, round(own / 1000, 1)] for name, own, _ in sorted(ours, key=lambda r: -r[1])
+        ][:top],
+        "ours_by_cumulative_ms": [
+            [name, round(cumulative / 1000, 1)]
+            for name, _, cumulative in sorted(ours, key=lambda r: -r[2])
+        ][:top],
+        "third_party_extra": sorted(
+            package
+            for package in by_package
+            if package not in ("django_leases", "django") and not package.startswith("_")
+        ),
+    }
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "best_ms": round(min(values) * 1000, 1),
+        "median_ms": round(statistics.median(values) * 1000, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=15, help="runs of each project (15)")
+    parser.add_argument("--top", type=int, default=15, help="our modules listed (15)")
+    parser.add_argument("--label", default="", help="a word for the report's file name")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+
+    load_before = load_average()
+    # Warm-up: bytecode compiled, the file cache filled, for both.
+    run_child(PLAIN_APPS)
+    run_child(WITH_APPS)
+    figures: dict[str, dict[str, list[float]]] = {
+        "plain": defaultdict(list),
+        "with": defaultdict(list),
+    }
+    modules: dict[str, list[str]] = {}
+    for _ in range(args.runs):
+        for key, apps in (("plain", PLAIN_APPS), ("with", WITH_APPS)):
+            result, _ = run_child(apps)
+            for measure in ("setup", "total", "process"):
+                figures[key][measure].append(result[measure])
+            modules[key] = result["modules"]
+    _, plain_stderr = run_child(PLAIN_APPS, importtime=True)
+    _, with_stderr = run_child(WITH_APPS, importtime=True)
+    load_after = load_average()
+
+    report: dict[str, Any] = {
+        "benchmark": "startup",
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_facts(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "runs": args.runs,
+        "plain_apps": PLAIN_APPS,
+        "with_apps": WITH_APPS,
+    }
+    for measure in ("setup", "total", "process"):
+        plain = summary(figures["plain"][measure])
+        with_us = summary(figures["with"][measure])
+        report[measure] = {
+            "plain": plain,
+            "with": with_us,
+            "ratio_best": round(with_us["best_ms"] / plain["best_ms"], 3),
+            "ratio_median": round(with_us["median_ms"] / plain["median_ms"], 3),
+        }
+    report["modules_loaded"] = {key: len(names) for key, names in modules.items()}
+    report["importtime"] = breakdown(plain_stderr, with_stderr, args.top)
+    try:
+        report["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        report["git_commit"] = None
+
+    setup = report["setup"]
+    print(
+        f"django.setup(): plain {setup['plain']['best_ms']} ms (median "
+        f"{setup['plain']['median_ms']}), with django_leases {setup['with']['best_ms']} ms "
+        f"(median {setup['with']['median_ms']}): ×{setup['ratio_best']} best, "
+        f"×{setup['ratio_median']} median; load {load_before} → {load_after}"
+    )
+    process = report["process"]
+    print(
+        f"whole process: plain {process['plain']['best_ms']} ms, with "
+        f"{process['with']['best_ms']} ms: ×{process['ratio_best']} best"
+    )
+    importtime = report["importtime"]
+    print(
+        f"-X importtime: {importtime['extra_modules']} modules more, "
+        f"{importtime['extra_self_ms']} ms own time: {importtime['self_ms_by_package']}"
+    )
+    for name, ms in importtime["ours_by_cumulative_ms"]:
+        print(f"  {ms:8.1f} ms cumulative  {name}")
+    if not args.no_write:
+        stamp = datetime.now().strftime("%Y-%m-%d-%H%M")
+        label = f"-{args.label}" if args.label else ""
+        path = RESULTS_DIR / f"startup-{stamp}{label}.json"
+        write_report(path, report)
+        print(f"written to {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
