@@ -11,14 +11,30 @@ costs next to nothing.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any
 
-try:  # pragma: no cover - the import itself is what is optional
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover
-    _trace = None  # type: ignore[assignment]
+#: ``opentelemetry.trace`` once :func:`_opentelemetry` has looked: the module, or ``None``
+#: where ``opentelemetry-api`` is not installed. Looked up at the first span, not as the
+#: module loads: the API (and ``typing_extensions`` it pulls in) costs a project's start-up
+#: several milliseconds, and only a worker running a pass ever opens a span.
+_trace: ModuleType | None = None
+_looked = False
+
+
+def _opentelemetry() -> ModuleType | None:
+    """``opentelemetry.trace``, imported on the first call, or ``None`` without the API."""
+    global _trace, _looked
+    if not _looked:
+        try:  # pragma: no cover - the import itself is what is optional
+            _trace = importlib.import_module("opentelemetry.trace")
+        except ImportError:  # pragma: no cover
+            _trace = None
+        _looked = True
+    return _trace
 
 
 class _Span:
@@ -38,10 +54,11 @@ def span(name: str, **attributes: Any) -> Iterator[_Span]:
     """A span named ``name`` with ``attributes`` (``str`` / ``int`` / ``float`` / ``bool``
     values; others are given as text) around the block; an exception it raises is recorded
     on the span and propagates."""
-    if _trace is None:
+    trace = _opentelemetry()
+    if trace is None:
         yield _Span()
         return
-    tracer = _trace.get_tracer("django_leases")
+    tracer = trace.get_tracer("django_leases")
     shown = {
         k: v if isinstance(v, str | int | float | bool) else str(v) for k, v in attributes.items()
     }
