@@ -53,7 +53,6 @@ from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun
 from django_leases.triggers.values import Delivery, Handled, Handler
 from django_leases.validation import MAX_NAME_LENGTH, check_identifier, parse_run_id
-from django_leases.workflows import engine
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers.base import Provider
@@ -140,6 +139,10 @@ class StartWorkflow:
             key = None if self.key is None else _read_off(delivery, self.key, "key")
         except _Unread as exc:
             return Handled(None, f"workflow {self.workflow!r} not started: {exc}")
+        # deferred: start-up cost. This module loads as Django starts (the providers, the
+        # checks); the engine (fencing, renewal, tracing) only when a delivery starts a run.
+        from django_leases.workflows import engine
+
         return engine.start_workflow(self.workflow, value, key=key, using=delivery.using)
 
 
