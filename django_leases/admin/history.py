@@ -21,14 +21,15 @@ import getpass
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, IntegrityError, models, router, transaction
 
-from django_leases.triggers.lifecycle import LifecycleResult
+if TYPE_CHECKING:  # annotations only: the lifecycle loads when an operation runs
+    from django_leases.triggers.lifecycle import LifecycleResult
 
 __all__ = [
     "ADDITION",

@@ -56,7 +56,6 @@ from django_leases.models import (
     TriggerSecret,
     TriggerSource,
 )
-from django_leases.triggers import lifecycle
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
@@ -64,6 +63,7 @@ TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
 
 if TYPE_CHECKING:
     from django_leases.models.trigger import TriggerSourceQuerySet
+    from django_leases.triggers.lifecycle import LifecycleResult
 
     _SourceModelAdmin = admin.ModelAdmin[TriggerSource]
 else:  # Django's ModelAdmin takes no type parameter at run time
@@ -139,8 +139,11 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     search_fields = ("name",)
     change_form_template = "admin/django_leases/triggersource/change_form.html"
 
-    #: Operations this admin offers: URL segment → (lifecycle function, past tense for logs).
-    operations: dict[str, tuple[Callable[..., lifecycle.LifecycleResult], str]] = {}
+    #: Operations this admin offers: URL segment → (the name of the function of
+    #: :mod:`django_leases.triggers.lifecycle` that runs it, past tense for logs). Names, not
+    #: the functions: the admin registers as Django starts, the lifecycle loads when an
+    #: operation runs or a list first shows a receive address.
+    operations: dict[str, tuple[str, str]] = {}
     #: The rows it lists: declared sources, or orphans.
     declared: bool = True
     list_display: tuple[str, ...] = ("__str__",)
@@ -234,6 +237,10 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     @admin.display(description=_("receives at"))
     def receive_address(self, obj: TriggerSource) -> str:
+        # deferred: start-up cost. The admin registers as Django starts; the lifecycle
+        # (leases, the providers' set-up) loads when a list first shows an address.
+        from django_leases.triggers import lifecycle
+
         missing = lifecycle.missing_url(obj)
         if missing == "no_route":
             return gettext(
@@ -395,7 +402,10 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         self, request: HttpRequest, sources: Iterable[TriggerSource], operation: str
     ) -> None:
         """Run ``operation`` on each source through the lifecycle; log and report each."""
-        run, _ = self.operations[operation]
+        # deferred: start-up cost, as in receive_address: loaded by the first operation
+        from django_leases.triggers import lifecycle
+
+        run: Callable[[str], LifecycleResult] = getattr(lifecycle, self.operations[operation][0])
         for source in sources:
             try:
                 result = run(source.name)
@@ -422,7 +432,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         request: HttpRequest,
         source: TriggerSource,
         operation: str,
-        result: lifecycle.LifecycleResult,
+        result: LifecycleResult,
     ) -> None:
         log_change(
             source,
@@ -503,8 +513,8 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
     list_filter = ("enabled", "provider", SourceStatusFilter)
     actions = ("enable_sources", "disable_sources")
     operations = {
-        "enable": (lifecycle.enable, "Enabled"),
-        "disable": (lifecycle.disable, "Disabled"),
+        "enable": ("enable", "Enabled"),
+        "disable": ("disable", "Disabled"),
     }
 
     def read_only_columns(self) -> tuple[str, ...]:
@@ -638,8 +648,8 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
     list_filter = ("enabled", "provider")
     actions = ("forget_sources", "teardown_sources")
     operations = {
-        "forget": (lifecycle.forget, "Forgot"),
-        "teardown": (lifecycle.teardown, "Tore down"),
+        "forget": ("forget", "Forgot"),
+        "teardown": ("teardown", "Tore down"),
     }
 
     declared = False

@@ -52,7 +52,6 @@ from django_leases.models import (
     WorkflowWait,
 )
 from django_leases.workflows.display import describe_wait, event_sent, waiting_on
-from django_leases.workflows.timeline import timeline_for
 from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, WaitStatus
 
 #: The permission behind resume, cancel and retry step.
@@ -537,6 +536,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         """The run's steps, attempts and waits on one time axis: SVG drawn on the server
         (:func:`django_leases.workflows.timeline.timeline_for`, template
         ``admin/django_leases/workflowrun/timeline.html``); ``"—"`` before its first step."""
+        # deferred: start-up cost. The admin registers as Django starts; the renderer (its
+        # layout dataclasses) is needed only on a run's page.
+        from django_leases.workflows.timeline import timeline_for
+
         drawn = timeline_for(run)
         if not drawn.lanes:
             return "—"
