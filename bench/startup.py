@@ -17,6 +17,11 @@ per top-level package, and our modules with the largest own and cumulative times
     .venv/bin/python bench/startup.py                  # 15 runs of each, JSON to bench/results/
     .venv/bin/python bench/startup.py --runs 31 --top 25
     .venv/bin/python bench/startup.py --no-write       # print only
+    .venv/bin/python bench/startup.py --without prometheus_client --label lean
+
+``--without PACKAGE`` (repeatable) hides a top-level package from both projects, as if it
+were not installed: ``--without prometheus_client --without opentelemetry`` measures a lean
+install, where the optional metrics and tracing cost nothing.
 
 The load average is recorded before and after (two cores shared with other work make single
 figures noisy; compare best against best, and runs made at a like load).
@@ -56,8 +61,45 @@ WITH_APPS = [*PLAIN_APPS, "django_leases"]
 CHILD = """\
 import json, sys, time
 t0 = time.perf_counter()
+hidden = tuple(json.loads(sys.argv[2]))
+if hidden:
+    import importlib.abc
+
+    class Hide(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in hidden:
+                raise ModuleNotFoundError(f"No module named {name!r} (hidden)", name=name)
+            return None
+
+    sys.meta_path.insert(0, Hide())
 import django
+from django.apps import AppConfig
 from django.conf import settings
+phases = {}
+
+
+def timed(method, phase):
+    def wrapper(self):
+        started = time.perf_counter()
+        try:
+            return method(self)
+        finally:
+            phases[f"{self.label}.{phase}"] = time.perf_counter() - started
+
+    return wrapper
+
+
+AppConfig.import_models = timed(AppConfig.import_models, "models")
+create = AppConfig.create.__func__
+
+
+def create_timed(cls, entry):
+    config = create(cls, entry)
+    config.ready = timed(type(config).ready, "ready").__get__(config)
+    return config
+
+
+AppConfig.create = classmethod(create_timed)
 settings.configure(
     INSTALLED_APPS=json.loads(sys.argv[1]),
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
@@ -82,19 +124,28 @@ settings.configure(
 t1 = time.perf_counter()
 django.setup()
 t2 = time.perf_counter()
-print(json.dumps({"setup": t2 - t1, "total": t2 - t0, "modules": sorted(sys.modules)}))
+print(json.dumps({
+    "setup": t2 - t1, "total": t2 - t0, "phases": phases, "modules": sorted(sys.modules)
+}))
 """
 
 
-def run_child(apps: list[str], *, importtime: bool = False) -> tuple[dict[str, Any], str]:
-    """One fresh interpreter's figures (and its stderr: the ``-X importtime`` table)."""
+def run_child(
+    apps: list[str], *, importtime: bool = False, hidden: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], str]:
+    """One fresh interpreter's figures (and its stderr: the ``-X importtime`` table); the
+    top-level packages ``hidden`` cannot be imported in it."""
     command = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.perf_counter()
     done = subprocess.run(
-        [*command, json.dumps(apps)], cwd=ROOT, env=env, capture_output=True, text=True
+        [*command, json.dumps(apps), json.dumps(hidden)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     wall = time.perf_counter() - started
     if done.returncode != 0:
@@ -158,26 +209,41 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15, help="runs of each project (15)")
     parser.add_argument("--top", type=int, default=15, help="our modules listed (15)")
     parser.add_argument("--label", default="", help="a word for the report's file name")
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PACKAGE",
+        help="a top-level package neither project may import, as if not installed (a lean "
+        "install: --without prometheus_client --without opentelemetry); repeatable",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    hidden = tuple(args.without)
 
     load_before = load_average()
     # Warm-up: bytecode compiled, the file cache filled, for both.
-    run_child(PLAIN_APPS)
-    run_child(WITH_APPS)
+    run_child(PLAIN_APPS, hidden=hidden)
+    run_child(WITH_APPS, hidden=hidden)
     figures: dict[str, dict[str, list[float]]] = {
         "plain": defaultdict(list),
         "with": defaultdict(list),
     }
     modules: dict[str, list[str]] = {}
+    phases: dict[str, dict[str, list[float]]] = {
+        "plain": defaultdict(list),
+        "with": defaultdict(list),
+    }
     for _ in range(args.runs):
         for key, apps in (("plain", PLAIN_APPS), ("with", WITH_APPS)):
-            result, _ = run_child(apps)
+            result, _ = run_child(apps, hidden=hidden)
             for measure in ("setup", "total", "process"):
                 figures[key][measure].append(result[measure])
+            for phase, seconds in result["phases"].items():
+                phases[key][phase].append(seconds)
             modules[key] = result["modules"]
-    _, plain_stderr = run_child(PLAIN_APPS, importtime=True)
-    _, with_stderr = run_child(WITH_APPS, importtime=True)
+    _, plain_stderr = run_child(PLAIN_APPS, importtime=True, hidden=hidden)
+    _, with_stderr = run_child(WITH_APPS, importtime=True, hidden=hidden)
     load_after = load_average()
 
     report: dict[str, Any] = {
@@ -187,6 +253,7 @@ def main() -> None:
         "load_average_before": load_before,
         "load_average_after": load_after,
         "runs": args.runs,
+        "hidden_packages": list(hidden),
         "plain_apps": PLAIN_APPS,
         "with_apps": WITH_APPS,
     }
@@ -199,6 +266,16 @@ def main() -> None:
             "ratio_best": round(with_us["best_ms"] / plain["best_ms"], 3),
             "ratio_median": round(with_us["median_ms"] / plain["median_ms"], 3),
         }
+    # Each app's models import and ready(), median ms: the admin's ready() imports every
+    # app's admin module (ours among them in the project with us).
+    report["phases_median_ms"] = {
+        key: {
+            phase: round(statistics.median(values) * 1000, 1)
+            for phase, values in sorted(phases[key].items())
+            if statistics.median(values) >= 0.0005
+        }
+        for key in ("plain", "with")
+    }
     report["modules_loaded"] = {key: len(names) for key, names in modules.items()}
     report["importtime"] = breakdown(plain_stderr, with_stderr, args.top)
     try:
@@ -223,6 +300,15 @@ def main() -> None:
     print(
         f"whole process: plain {process['plain']['best_ms']} ms, with "
         f"{process['with']['best_ms']} ms: ×{process['ratio_best']} best"
+    )
+    ours = {
+        phase: ms
+        for phase, ms in report["phases_median_ms"]["with"].items()
+        if phase.startswith("django_leases.") or phase == "admin.ready"
+    }
+    print(
+        f"phases (median ms, with us): {ours}; plain admin.ready "
+        f"{report['phases_median_ms']['plain'].get('admin.ready')}"
     )
     importtime = report["importtime"]
     print(
