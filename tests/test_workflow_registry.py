@@ -11,6 +11,12 @@ from django_leases.workflows import registry
 KINDS = ["workflow", "step_function"]
 
 
+def _registered(kind: str, name: str) -> Any:
+    """What ``kind``'s registry holds under ``name`` (``None``: nothing)."""
+    lookup = registry.get_step_function if kind == "step_function" else registry._workflows.get
+    return lookup(name)
+
+
 def test_a_coroutine_workflow_function_is_refused_at_declaration() -> None:
     """A workflow function only orchestrates and is replayed synchronously in passes: an
     ``async def`` one is refused, and the message says where the awaiting goes instead."""
@@ -51,8 +57,7 @@ def test_an_async_generator_function_is_refused_at_declaration(kind: str) -> Non
     name = f"tests.registry.async-generator-{kind}"
     with pytest.raises(TypeError, match=r"async generator function .*does not yield"):
         register(name)(body)
-    lookup = registry.get_step_function if kind == "step_function" else registry._workflows.get
-    assert lookup(name) is None
+    assert _registered(kind, name) is None
 
 
 def test_a_coroutine_step_function_is_registered() -> None:
@@ -77,8 +82,7 @@ def test_a_non_callable_is_refused_at_declaration(kind: str, thing: Any) -> None
     name = f"tests.registry.not-callable-{kind}"
     with pytest.raises(TypeError, match=f"not {type(thing).__name__}"):
         register(name)(thing)
-    lookup = registry.get_step_function if kind == "step_function" else registry._workflows.get
-    assert lookup(name) is None
+    assert _registered(kind, name) is None
 
 
 @pytest.mark.parametrize("kind", KINDS)
