@@ -1,7 +1,12 @@
+import json
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
+
+from django_leases.models.lease import LEASE_FUNCTIONS_MIGRATION
+from django_leases.models.workflow import FUNCTIONS_MIGRATION
 
 
 @pytest.mark.django_db
@@ -50,7 +55,6 @@ def _drift() -> list[str]:
 def test_the_latest_functions_migration_holds_the_code_s_functions() -> None:
     """As ``makemigrations --check`` for the PostgreSQL functions: regenerate with
     ``python -m tests.functions_migration <name>`` (see that module)."""
-    from django_leases.models.workflow import FUNCTIONS_MIGRATION
 
     name, frozen = _latest_functions_migration()
     assert name == FUNCTIONS_MIGRATION, "FUNCTIONS_MIGRATION does not name the latest one"
@@ -70,7 +74,12 @@ def test_the_drift_check_fails_when_the_generator_changes(monkeypatch: pytest.Mo
 
 # -- the first release's squashed migration ------------------------------------------------------
 
-SQUASH = "0001_squashed_0030_first_release"
+SQUASH = "0001_squashed_0043_first_release"
+
+#: The squashed migration that stood for 0001–0030 before :data:`SQUASH` took its place: a
+#: checkout of that time migrated a new database with it alone (``tests/old_squash_migrations``
+#: holds it as it was).
+OLD_SQUASH = "0001_squashed_0030_first_release"
 
 #: Migrates the database of DATABASE_URL with the migrations the squash replaces, one by one,
 #: as a checkout before the first release did (the squash ignored), up to TARGET.
@@ -84,6 +93,76 @@ executor = MigrationExecutor(connection)
 executor.loader = MigrationLoader(connection, replace_migrations=False)
 targets = [("django_leases", os.environ["TARGET"])]
 executor.migrate(targets, plan=executor.migration_plan(targets))
+"""
+
+#: Migrates the (new) database of DATABASE_URL as a checkout did while OLD_SQUASH was the
+#: package's first migration: OLD_SQUASH alone, which Django records with the thirty it
+#: replaces.
+_MIGRATE_WITH_THE_OLD_SQUASH = """
+import django
+django.setup()
+from django.conf import settings
+from django.core.management import call_command
+settings.MIGRATION_MODULES = {"django_leases": "tests.old_squash_migrations"}
+call_command("migrate", "django_leases", verbosity=0)
+"""
+
+#: Prints, as JSON, what the database of DATABASE_URL holds of the app: each table's columns
+#: and constraints (Django's introspection); on PostgreSQL each index's definition (partial
+#: ones with their condition), each column's storage options (fill factor, compression) and
+#: each ``dl_`` function's definition; on SQLite each index's statement. The names SQLite and
+#: MariaDB's introspection make up for unnamed constraints (``fk_0``,
+#: ``__unnamed_constraint_6__``) count the table's columns in the order they were added, which
+#: differs between a table built at once and one grown by migrations: they are left out.
+_DESCRIBE = r"""
+import json, re, django
+django.setup()
+from django.db import connection
+introspection = connection.introspection
+found = {"tables": {}, "indexes": [], "storage": [], "functions": {}}
+with connection.cursor() as cursor:
+    for table in sorted(introspection.table_names(cursor)):
+        if not table.startswith("django_leases_"):
+            continue
+        columns = sorted(
+            [str(value) for value in column]
+            for column in introspection.get_table_description(cursor, table)
+        )
+        constraints = sorted(
+            json.dumps(
+                {**constraint, "name": re.sub(r"^(fk_\d+|__unnamed_constraint_\d+__)$", "", name)},
+                sort_keys=True,
+                default=str,
+            )
+            for name, constraint in introspection.get_constraints(cursor, table).items()
+        )
+        found["tables"][table] = {"columns": columns, "constraints": constraints}
+    if connection.vendor == "postgresql":
+        cursor.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND starts_with(tablename, 'django_leases_') ORDER BY 1"
+        )
+        found["indexes"] = [row[0] for row in cursor.fetchall()]
+        cursor.execute(
+            "SELECT c.relname, c.reloptions::text, a.attname, a.attcompression::text "
+            "FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND a.attnum > 0 "
+            "AND NOT a.attisdropped AND starts_with(c.relname, 'django_leases_') ORDER BY 1, 3"
+        )
+        found["storage"] = [list(row) for row in cursor.fetchall()]
+        cursor.execute(
+            "SELECT p.proname, pg_get_functiondef(p.oid) FROM pg_proc p "
+            "WHERE p.pronamespace = current_schema()::regnamespace "
+            "AND starts_with(p.proname, 'dl_')"
+        )
+        found["functions"] = dict(cursor.fetchall())
+    elif connection.vendor == "sqlite":
+        cursor.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
+            "AND tbl_name LIKE 'django_leases_%' ORDER BY 1"
+        )
+        found["indexes"] = [row[0] for row in cursor.fetchall()]
+print(json.dumps(found))
 """
 
 
@@ -156,8 +235,8 @@ def test_the_migrations_install_the_functions_and_drop_earlier_ones(
 ) -> None:
     """A functions migration installs the code's functions and drops the earlier ones of
     their families (a database migrated before the first release meets ``0028`` on its way
-    up). Run in a database of its own: the test database's history holds the squashed
-    migration, which cannot be unapplied to a migration it replaces."""
+    up). Run in a database of its own, migrated the old way: the test database was built by
+    the squashed migration, which installs only the code's functions."""
     import subprocess
     import sys
 
@@ -180,84 +259,189 @@ def test_the_migrations_install_the_functions_and_drop_earlier_ones(
         _drop_database(name)
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("migrated_to", ["0030_lease_epochs", "0026_workflow_functions"])
-def test_a_database_migrated_before_the_first_release_upgrades(
-    migrated_to: str, subprocess_env: dict[str, str]
-) -> None:
-    """A checkout before the first release migrated its database with the migrations the
-    squashed one replaces — all of them, or up to an older one. ``migrate`` then applies
-    what is missing of them (nothing, or the rest), counts the squashed migration as
-    applied, and leaves a schema the models agree with."""
+def _python(code: str, env: dict[str, str], **more: str) -> str:
+    """Run ``code`` in a child Python in the project's root with ``env`` (and ``more``) to its
+    end, which must be a success; its output."""
     import subprocess
     import sys
 
     from tests.helpers import ROOT
 
-    name = f"dl_squash_{migrated_to[:4]}"
-    env = _fresh_database_env(subprocess_env, name)
-    try:
-        old = subprocess.run(
-            [sys.executable, "-c", _MIGRATE_THE_OLD_WAY],
-            cwd=ROOT,
-            env={**env, "TARGET": migrated_to},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert old.returncode == 0, old.stderr
-        done = subprocess.run(
-            [sys.executable, "manage.py", "migrate", "django_leases", "-v", "1"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        import re
-
-        applied = re.findall(r"Applying django_leases\.(\w+)", done.stdout)
-        missing = [f"00{n}" for n in range(int(migrated_to[:4]) + 1, 31)]
-        # What it lacked of the thirty, then what came after them; never the squash.
-        assert [name[:4] for name in applied if name[:4] <= "0030"] == missing, applied
-        assert SQUASH not in applied, "the squashed migration was applied on top"
-        shown = subprocess.run(
-            [sys.executable, "manage.py", "showmigrations", "django_leases"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert f"[X] {SQUASH}" in shown.stdout, shown.stdout
-        check = subprocess.run(
-            [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
-    finally:
-        _drop_database(name)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, **more},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
-def test_the_squashed_migration_replaces_every_migration_before_it() -> None:
-    """Every migration of the first release's history is replaced (a new database applies
-    the squashed one alone) and stays in the package (a partly migrated one applies the
-    rest of them)."""
-    import importlib
+def _migrate(env: dict[str, str]) -> list[str]:
+    """``manage.py migrate django_leases`` on ``env``'s database, after which the models and
+    the migrations agree there and the squashed migration counts as applied; the migrations
+    it applied, in order."""
+    import re
+
+    from tests.helpers import manage
+
+    done = manage("migrate", "django_leases", "-v", "1", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = manage("showmigrations", "django_leases", env=env, timeout=300)
+    assert f"[X] {SQUASH}" in shown.stdout, shown.stdout
+    check = manage("makemigrations", "--check", "--dry-run", env=env, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return re.findall(r"Applying django_leases\.(\w+)", done.stdout)
+
+
+def _recorded(env: dict[str, str]) -> list[str]:
+    """The django_leases migrations ``env``'s database records as applied, by name."""
+    code = (
+        "import django; django.setup()\n"
+        "from django.db import connection\n"
+        "from django.db.migrations.recorder import MigrationRecorder\n"
+        "applied = MigrationRecorder(connection).applied_migrations()\n"
+        "print(*sorted(name for app, name in applied if app == 'django_leases'))\n"
+    )
+    return _python(code, env).split()
+
+
+def _originals() -> list[str]:
+    """The migrations the squashed one replaces, in order: every other one of the package."""
     import pkgutil
 
     import django_leases.migrations as package
 
-    squash = importlib.import_module(f"django_leases.migrations.{SQUASH}").Migration
-    on_disk = {info.name for info in pkgutil.iter_modules(package.__path__) if info.name != SQUASH}
-    replaced = {name for app, name in squash.replaces if app == "django_leases"}
-    assert replaced <= on_disk
-    assert replaced == {name for name in on_disk if name[:4] <= "0030"}
+    return sorted(
+        info.name for info in pkgutil.iter_modules(package.__path__) if info.name != SQUASH
+    )
+
+
+#: What a new database migrated by the squashed migration holds (``_DESCRIBE``), once a test
+#: of this run described one.
+_NEW: dict[str, Any] = {}
+
+
+def _new_database(env: dict[str, str]) -> dict[str, Any]:
+    """What a new database holds once ``migrate`` applied the squashed migration to it, which
+    is all ``migrate`` applies and records it with the 43 it replaces (described once a run)."""
+    if not _NEW:
+        name = "dl_squash_new"
+        new = _fresh_database_env(env, name)
+        try:
+            assert _migrate(new) == [SQUASH]
+            assert _recorded(new) == sorted([SQUASH, *_originals()])
+            _NEW.update(json.loads(_python(_DESCRIBE, new)))
+        finally:
+            _drop_database(name)
+    return _NEW
+
+
+@pytest.mark.timeout(600)
+def test_a_new_database_applies_the_squashed_migration_alone(
+    subprocess_env: dict[str, str],
+) -> None:
+    """``migrate`` builds a new database with the squashed migration alone; on PostgreSQL it
+    has the code's functions (workflow and lease: what ``health`` asks for), the run and step
+    tables' fill factor and the JSON columns' LZ4 compression."""
+    from django.db import connection
+
+    from django_leases.models.lease import lease_functions
+    from tests.functions_migration import definitions
+
+    new = _new_database(subprocess_env)
+    assert "django_leases_workflowstepattempt" in new["tables"]
+    if connection.vendor != "postgresql":
+        return
+    assert set(new["functions"]) == {*definitions(), *lease_functions()}
+    storage = {
+        (table, column): (options, method) for table, options, column, method in new["storage"]
+    }
+    assert storage["django_leases_workflowstep", "result"] == ("{fillfactor=80}", "l")
+    assert storage["django_leases_workflowrun", "output"] == ("{fillfactor=80}", "l")
+    assert storage["django_leases_lease", "key"] == (None, "")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "migrated_to",
+    [
+        "0043_json_compression_lz4",
+        "0035_operators",
+        "0030_lease_epochs",
+        "0020_workflow_functions",
+        OLD_SQUASH,
+    ],
+)
+def test_a_database_migrated_before_the_first_release_upgrades(
+    migrated_to: str, subprocess_env: dict[str, str]
+) -> None:
+    """A checkout before the first release migrated its database with the migrations the
+    squashed one replaces — all of them, or up to an older one — or with the earlier squashed
+    migration (:data:`OLD_SQUASH`, recorded with the thirty it replaced). ``migrate`` then
+    applies what is missing of them (nothing, or the rest), counts the squashed migration as
+    applied, and leaves the database a new one would be: the same tables, columns,
+    constraints and indexes, storage options and functions (plus the earlier functions the
+    functions migrations keep for a rolling deploy)."""
+    import importlib
+
+    name = f"dl_squash_{migrated_to[:4]}" + ("_old" if migrated_to == OLD_SQUASH else "")
+    new = _new_database(subprocess_env)
+    env = _fresh_database_env(subprocess_env, name)
+    originals = _originals()
+    try:
+        if migrated_to == OLD_SQUASH:
+            _python(_MIGRATE_WITH_THE_OLD_SQUASH, env)
+            had = originals[:30]
+            assert _recorded(env) == sorted([OLD_SQUASH, *had])
+        else:
+            _python(_MIGRATE_THE_OLD_WAY, env, TARGET=migrated_to)
+            had = originals[: originals.index(migrated_to) + 1]
+            # (all 43 applied: the migrate that applied them recorded the squashed one too)
+            assert [name for name in _recorded(env) if name != SQUASH] == had
+        assert _migrate(env) == originals[len(had) :]
+        upgraded = json.loads(_python(_DESCRIBE, env))
+    finally:
+        _drop_database(name)
+    assert upgraded["tables"] == new["tables"]
+    assert upgraded["indexes"] == new["indexes"]
+    assert upgraded["storage"] == new["storage"]
+    functions = upgraded["functions"]
+    assert {name: functions.get(name) for name in new["functions"]} == new["functions"]
+    kept = {
+        *importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}").KEPT,
+        *importlib.import_module(f"django_leases.migrations.{LEASE_FUNCTIONS_MIGRATION}").KEPT,
+    }
+    assert set(functions) - set(new["functions"]) <= kept
+
+
+def test_the_squashed_migration_replaces_every_migration_and_holds_their_functions() -> None:
+    """Every migration of the first release's history is replaced (a new database applies
+    the squashed one alone) and stays in the package (a partly migrated one applies the
+    rest of them); no other squashed migration is left (Django 5.2 cannot load one squash
+    of another). The functions it installs are the text the last functions migrations it
+    replaces froze."""
+    import importlib
+
+    squash = importlib.import_module(f"django_leases.migrations.{SQUASH}")
+    originals = _originals()
+    assert [name for app, name in squash.Migration.replaces if app == "django_leases"] == originals
+    assert len(originals) == 43 and not any("_squashed_" in name for name in originals)
+    assert squash.Migration.dependencies == []
+    assert (
+        squash.FUNCTIONS
+        == importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}").FUNCTIONS
+    )
+    assert (
+        squash.LEASE_FUNCTIONS
+        == importlib.import_module(
+            f"django_leases.migrations.{LEASE_FUNCTIONS_MIGRATION}"
+        ).LEASE_FUNCTIONS
+    )
+    for module in (FUNCTIONS_MIGRATION, LEASE_FUNCTIONS_MIGRATION):
+        assert module in originals, f"{module} is not one the squashed migration replaces"
 
 
 def _compression(table: str) -> dict[str, str]:

@@ -299,7 +299,7 @@ def test_the_wheel_holds_the_package_and_only_the_package(wheel: Path) -> None:
         metadata = archive.read(metadata_name).decode()
     missing = [name for name in tracked_package_files() if name not in names]
     assert not missing, f"files of the package missing from the wheel: {missing}"
-    assert "django_leases/migrations/0001_squashed_0030_first_release.py" in names
+    assert "django_leases/migrations/0001_squashed_0043_first_release.py" in names
     assert "django_leases/py.typed" in names
     strays = sorted(
         name

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_leases', '0001_squashed_0030_first_release'),
+        ('django_leases', '0030_lease_epochs'),
     ]
 
     operations = [
