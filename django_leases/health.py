@@ -266,8 +266,7 @@ def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissi
         ``None`` when workers can start (or the portable path is used); else the error to
         raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
         is unapplied that is ``migrate``. When it is applied and the functions were dropped
-        since, ``migrate`` would not run it again (and a database migrated with the squashed
-        first-release migration cannot be migrated back to it): the repair is
+        since, ``migrate`` would not run it again: the repair is
         ``manage.py leases_check --install-functions``, which runs the statements that
         migration froze (:func:`install_functions`). When the running code's functions are
         not those it installs, this version lacks the migration.
