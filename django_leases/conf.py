@@ -93,6 +93,7 @@ key                            default    meaning
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -361,18 +362,39 @@ def check_queue_key(value: object, what: str = "queue_key") -> str | None:
     return value
 
 
+#: The last ``QUEUES`` value :func:`queue_limits` parsed: a deep copy of it, and what it parsed
+#: to. The worker asks for the limits twice per step; parsing them each time was a tenth of a
+#: middle step's CPU. The setting is still read on every call, and compared (``==``, in C for
+#: the dicts it is made of) with the copy, so an override, or a dict changed in place, is
+#: parsed afresh.
+_parsed_queues: tuple[object, dict[str, QueueLimits]] | None = None
+
+
 def queue_limits() -> dict[str, QueueLimits]:
     """The configured queues (``DJANGO_LEASES["QUEUES"]``, read now) by name, ``"default"``
-    always among them.
+    always among them (a new dict on each call).
 
     Raises:
         QueueConfigError: the setting is not usable (an ``ImproperlyConfigured``; check
             ``django_leases.E016`` reports it at start-up).
     """
+    global _parsed_queues
+    value = leases_settings.QUEUES
+    parsed = _parsed_queues
     try:
-        return parse_queues(leases_settings.QUEUES)
+        if parsed is not None and type(value) is type(parsed[0]) and value == parsed[0]:
+            return dict(parsed[1])
+    except Exception:  # a value whose comparison raises: parsed (and refused) below
+        pass
+    try:
+        limits = parse_queues(value)
     except ValueError as exc:
         raise QueueConfigError(str(exc)) from None
+    try:
+        _parsed_queues = (copy.deepcopy(value), limits)
+    except Exception:  # a mapping that cannot be copied is parsed on every call
+        _parsed_queues = None
+    return dict(limits)
 
 
 def check_queue_names(names: object) -> list[str]:

@@ -265,6 +265,31 @@ def test_good_queue_settings_parse() -> None:
     assert not limits["default"].limited
 
 
+def test_the_limits_follow_the_setting_through_overrides_and_changes_in_place() -> None:
+    """The parsed limits are kept between calls (the worker asks twice per step), but the
+    setting is read each time: an override, a dict changed in place and a setting made bad
+    are all seen at the next call, and a caller changing what it got changes nothing."""
+    outside = set(queue_limits())
+    queues: dict[str, Any] = {"a": {"concurrency": 2}}
+    with override_settings(DJANGO_LEASES={"QUEUES": queues}):
+        first = queue_limits()
+        assert first["a"].concurrency == 2
+        first.pop("a")
+        assert queue_limits()["a"].concurrency == 2
+        queues["a"]["concurrency"] = 3  # in place: the same dict
+        assert queue_limits()["a"].concurrency == 3
+        queues["b"] = {"rate": "5/s"}
+        assert set(queue_limits()) == {"default", "a", "b"}
+        queues["b"]["rate"] = "five"
+        with pytest.raises(QueueConfigError, match="rate"):
+            queue_limits()
+        with pytest.raises(QueueConfigError, match="rate"):
+            queue_limits()
+        with override_settings(DJANGO_LEASES={"QUEUES": {"c": {}}}):
+            assert set(queue_limits()) == {"default", "c"}
+    assert set(queue_limits()) == outside
+
+
 # -- the limits, one claimer --------------------------------------------------------------------
 
 

@@ -167,6 +167,9 @@ class _Pass:
         self.run = state.run
         self.steps = state.steps
         self.using = driver.alias
+        #: The step rows' manager on the pass's database, made once (``db_manager`` copies
+        #: the manager each time it is asked, twice per step).
+        self.store = WorkflowStep.objects.db_manager(self.using)
         #: A succeeded step whose result this pass carries, unwritten: written with the
         #: pass's next write.
         self.pending = pending
@@ -383,7 +386,7 @@ class _Pass:
         recorded = self.steps.get(name)
         if recorded is None:
             decided = not self.unreplayed()
-            store = WorkflowStep.objects.db_manager(self.using)
+            store = self.store
             recorded = self.steps[name] = self.write(
                 lambda pending: store.record_patch(self.run.id, name, decided, pending=pending)
             )
@@ -491,7 +494,7 @@ class _Pass:
             self.see(step_name)
         missing = [call for call in calls if call[0] not in self.steps]
         if missing:
-            store = WorkflowStep.objects.db_manager(self.using)
+            store = self.store
             each = {
                 name: self.keyed(_placed(function, options, priority))
                 for name, function, _ in missing
@@ -548,12 +551,12 @@ class _Pass:
         """The carried result as the database will give it back (a copy: the workflow may
         change what it is given, and the result is written later)."""
         assert self.pending is not None
-        return WorkflowStep.objects.db_manager(self.using).stored_json(self.pending.result)
+        return self.store.stored_json(self.pending.result)
 
     def _create(self, wanted: NextStep) -> Claim | None:
         """Create step ``wanted`` with the pending result — claimed for this thread when it
         may run it here — and return its claim; ``None``: created for other workers."""
-        store = WorkflowStep.objects.db_manager(self.using)
+        store = self.store
         driver = self.driver
         ttl = driver.step_lease_ttl if driver.keep_going() else None
         if ttl is None:
@@ -633,7 +636,7 @@ class _Pass:
             or (driver.queues and step.queue not in driver.queues)
         ):
             self.end()
-        store = WorkflowStep.objects.db_manager(self.using)
+        store = self.store
         claim = self.write(
             lambda _: store.claim_for_execution(
                 self.run.id, step.step_name, step.function_name, ttl
