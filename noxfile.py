@@ -19,11 +19,11 @@ and 6.1 need Python >= 3.12, so 3.11 only meets Django 5.2.
 
 ``.ci/run`` runs ``make test`` (Python 3.11 and Django 5.2 on SQLite, PostgreSQL with
 psycopg 3 and with psycopg2, and MariaDB: the whole suite but for the psycopg2 subset;
-Python 3.12 and Django 6.1 on SQLite: the suite but for the process-level chaos files and the
-demo tour, ``DJANGO6_LEFT_TO_5_2`` in the Makefile) and then the cells tagged ``ci``
-(:data:`CI_CELLS`) on :data:`CI_TESTS`, so every Python, every Django and every database of
-the matrix runs in CI within its time budget. The rest of the matrix is for release time:
-``nox`` runs it all.
+Python 3.12 and Django 6.1 on SQLite: the suite but for the process-level chaos, the
+statement-fault sweep and the demo tour, ``DJANGO6_LEFT_TO_5_2`` in the Makefile) and then
+the cells tagged ``ci`` (:data:`CI_CELLS`) on :data:`CI_TESTS`, so every Python, every Django
+and every database of the matrix runs in CI within its time budget. The rest of the matrix is
+for release time: ``nox`` runs it all.
 """
 
 from __future__ import annotations
