@@ -237,24 +237,11 @@ def test_the_migrations_install_the_functions_and_drop_earlier_ones(
     their families (a database migrated before the first release meets ``0028`` on its way
     up). Run in a database of its own, migrated the old way: the test database was built by
     the squashed migration, which installs only the code's functions."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
     name = "dl_functions_drop"
     env = _fresh_database_env(subprocess_env, name)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", _LEAVE_AN_EARLIER_FUNCTION],
-            cwd=ROOT,
-            env={**env, "TARGET": "0027_workflow_step_claimants"},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.split("\n")[-2] == "left 0 missing []", done.stdout
+        out = _python(_LEAVE_AN_EARLIER_FUNCTION, env, TARGET="0027_workflow_step_claimants")
+        assert out.split("\n")[-2] == "left 0 missing []", out
     finally:
         _drop_database(name)
 
