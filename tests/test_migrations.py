@@ -333,9 +333,13 @@ def _new_database(env: dict[str, str]) -> dict[str, Any]:
 def test_a_new_database_applies_the_squashed_migration_alone(
     subprocess_env: dict[str, str],
 ) -> None:
-    """``migrate`` builds a new database with the squashed migration alone; on PostgreSQL it
-    has the code's functions (workflow and lease: what ``health`` asks for), the run and step
-    tables' fill factor and the JSON columns' LZ4 compression."""
+    """``migrate`` builds a new database with the squashed migration alone of the 43 it
+    replaces (then the later ones); on PostgreSQL it has the code's functions (workflow and
+    lease: what ``health`` asks for) and those the latest functions migrations keep for the
+    previous release's workers, the run and step tables' fill factor and the JSON columns'
+    LZ4 compression."""
+    import importlib
+
     from django.db import connection
 
     from django_leases.models.lease import lease_functions
@@ -345,7 +349,8 @@ def test_a_new_database_applies_the_squashed_migration_alone(
     assert "django_leases_workflowstepattempt" in new["tables"]
     if connection.vendor != "postgresql":
         return
-    assert set(new["functions"]) == {*definitions(), *lease_functions()}
+    kept = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}").KEPT
+    assert set(new["functions"]) == {*definitions(), *lease_functions(), *kept}
     storage = {
         (table, column): (options, method) for table, options, column, method in new["storage"]
     }
@@ -412,7 +417,7 @@ def test_the_squashed_migration_replaces_every_migration_and_holds_their_functio
     the squashed one alone) and stays in the package (a partly migrated one applies the
     rest of them); no other squashed migration is left (Django 5.2 cannot load one squash
     of another). The functions it installs are the text the last functions migrations it
-    replaces froze."""
+    replaces froze (a later functions migration installs its own beside them)."""
     import importlib
 
     squash = importlib.import_module(f"django_leases.migrations.{SQUASH}")
@@ -421,18 +426,13 @@ def test_the_squashed_migration_replaces_every_migration_and_holds_their_functio
     assert [name for app, name in squash.Migration.replaces if app == "django_leases"] == originals
     assert len(originals) == 43 and not any("_squashed_" in name for name in on_disk)
     assert squash.Migration.dependencies == []
-    assert (
-        squash.FUNCTIONS
-        == importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}").FUNCTIONS
-    )
-    assert (
-        squash.LEASE_FUNCTIONS
-        == importlib.import_module(
-            f"django_leases.migrations.{LEASE_FUNCTIONS_MIGRATION}"
-        ).LEASE_FUNCTIONS
-    )
-    for module in (FUNCTIONS_MIGRATION, LEASE_FUNCTIONS_MIGRATION):
-        assert module in originals, f"{module} is not one the squashed migration replaces"
+    modules = [importlib.import_module(f"django_leases.migrations.{name}") for name in originals]
+    last_functions = [module for module in modules if hasattr(module, "FUNCTIONS")][-1]
+    last_lease_functions = [module for module in modules if hasattr(module, "LEASE_FUNCTIONS")][-1]
+    assert squash.FUNCTIONS == last_functions.FUNCTIONS
+    assert squash.LEASE_FUNCTIONS == last_lease_functions.LEASE_FUNCTIONS
+    assert last_lease_functions.__name__.rsplit(".", 1)[1] == LEASE_FUNCTIONS_MIGRATION
+    assert FUNCTIONS_MIGRATION in on_disk
 
 
 def _compression(table: str) -> dict[str, str]:

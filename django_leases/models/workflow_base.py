@@ -93,7 +93,7 @@ def wait_model() -> type[WorkflowWait]:
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0042_step_fence_floor_functions"
+FUNCTIONS_MIGRATION = "0044_keyed_claim_functions"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:

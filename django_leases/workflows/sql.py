@@ -576,11 +576,15 @@ def claim_queue(
             step=t.step, q=q, after=after, waiting=waiting, failed=failed, live_run=live_run
         )
 
+    # The key's row, read by one index probe per candidate (a key or two in the common case:
+    # cheaper than building a hash table for a join).
+    key_row = f"FROM {t.queue_key} k WHERE k.queue = {q} AND k.key = w.queue_key"
     key_rate_refused = ""
     if key_rated:
         key_rate_refused = f"""
                 AND NOT ({is_keyed} AND {literal(key_rate_starts)} IS NOT NULL AND (
-                    SELECT count(*) FROM {_recent("k.starts", key_rate_window, at)} AS recent
+                    SELECT count(*)
+                    FROM {_recent(f"(SELECT k.starts {key_row})", key_rate_window, at)} AS recent
                 ) >= {literal(key_rate_starts)})"""
     busy, live = "", ""
     if key_concurrency is not None:
@@ -588,13 +592,11 @@ def claim_queue(
             SELECT s.queue_key FROM {t.step} s
             WHERE s.status = {running} AND s.queue = {q}
                 AND s.lease_expires_at > statement_timestamp()
-        ), busy AS (
-            SELECT queue_key FROM live
-            WHERE {is_keyed} AND {literal(key_concurrency)} IS NOT NULL
-            GROUP BY queue_key HAVING count(*) >= {literal(key_concurrency)}
         ), """
-        busy = """
-                AND NOT EXISTS (SELECT 1 FROM busy WHERE busy.queue_key = w.queue_key)"""
+        busy = f"""
+                AND NOT ({is_keyed} AND {literal(key_concurrency)} IS NOT NULL AND (
+                    SELECT count(*) FROM live WHERE live.queue_key = w.queue_key
+                ) >= {literal(key_concurrency)})"""
         admits[0] = (
             f"({literal(concurrency)} IS NULL "
             f"OR (SELECT count(*) FROM live) < {literal(concurrency)})"
@@ -611,11 +613,10 @@ def claim_queue(
             CROSS JOIN LATERAL {first_after(" AND s.queue_key > w.queue_key")} AS f
         ), candidates AS (
             SELECT w.id, w.was, w.available_at, w.priority, w.queue_key,
-                {"k.starts" if key_rated else "NULL::jsonb AS starts"},
-                CASE WHEN {is_keyed} THEN coalesce(k.claimed_at, '-infinity')
+                {f"(SELECT k.starts {key_row})" if key_rated else "NULL::jsonb"} AS starts,
+                CASE WHEN {is_keyed} THEN coalesce((SELECT k.claimed_at {key_row}), '-infinity')
                     ELSE '-infinity' END AS turn
             FROM firsts w
-            LEFT JOIN {t.queue_key} k ON k.queue = {q} AND k.key = w.queue_key
             WHERE true{busy}{key_rate_refused}
         ), top AS (
             SELECT * FROM candidates
