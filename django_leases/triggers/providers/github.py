@@ -27,7 +27,6 @@ Receiving: ``X-Hub-Signature-256``; event ``X-GitHub-Event``; delivery id
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,14 @@ from django_leases.triggers.providers.base import (
     decode_json_object,
     header_value,
 )
-from django_leases.triggers.providers.http import call, failure, masked
+from django_leases.triggers.providers.http import (
+    api_url,
+    call,
+    credential,
+    failure,
+    json_or_none,
+    masked,
+)
 from django_leases.triggers.signatures import verify_github_signature
 
 if TYPE_CHECKING:  # httpx (the webhooks extra) is imported by http.call, when used
@@ -60,12 +66,7 @@ _UNSUBSCRIBABLE = frozenset({"ping"})
 
 
 def _token() -> str:
-    token = leases_settings.GITHUB_TOKEN or os.environ.get(TOKEN_VARIABLE)
-    if not isinstance(token, str) or not token.strip():
-        raise ProviderError(
-            f'GitHub: no API token: set DJANGO_LEASES["GITHUB_TOKEN"] or {TOKEN_VARIABLE}'
-        )
-    return token.strip()
+    return credential("GitHub", "token", "GITHUB_TOKEN", TOKEN_VARIABLE)
 
 
 def _repository(config: Mapping[str, Any] | None) -> str:
@@ -82,10 +83,7 @@ def _repository(config: Mapping[str, Any] | None) -> str:
 
 
 def _api_url(config: Mapping[str, Any] | None) -> str:
-    url = (config or {}).get("api_url") or leases_settings.GITHUB_API_URL
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ProviderError("GitHub: the API URL must be an http(s) URL")
-    return url.rstrip("/")
+    return api_url("GitHub", config, leases_settings.GITHUB_API_URL)
 
 
 def _hook_id(state: Mapping[str, Any] | None) -> int | None:
@@ -154,10 +152,7 @@ class GitHubProvider(Provider):
 
     @staticmethod
     def _hook(response: httpx.Response, step: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
+        data = json_or_none(response)
         if not isinstance(data, dict) or not isinstance(data.get("id"), int):
             raise ProviderError(f"GitHub: could not {step}: the API's answer holds no hook id")
         return data
@@ -198,10 +193,7 @@ class GitHubProvider(Provider):
         )
         if response.status_code != 200:
             raise self._fail(step, response, token)
-        try:
-            hooks = response.json()
-        except ValueError:
-            hooks = None
+        hooks = json_or_none(response)
         if not isinstance(hooks, list):
             raise ProviderError(f"GitHub: could not {step}: the answer is not a list")
         for hook in hooks:

@@ -13,7 +13,9 @@ when a declared source needs it).
 from __future__ import annotations
 
 import functools
+import os
 import ssl
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from django_leases.conf import leases_settings, webhooks_extra
@@ -33,6 +35,36 @@ def timeout() -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ProviderError('DJANGO_LEASES["PROVIDER_TIMEOUT"] must be a positive number')
     return float(value)
+
+
+def credential(provider: str, what: str, setting: str, variable: str) -> str:
+    """The API credential ``DJANGO_LEASES[setting]``, else the environment ``variable``,
+    stripped: ``credential("GitHub", "token", "GITHUB_TOKEN", "DJANGO_LEASES_GITHUB_TOKEN")``.
+    Raises :class:`ProviderError` naming both places (never a value) when neither holds one."""
+    value = getattr(leases_settings, setting) or os.environ.get(variable)
+    if not isinstance(value, str) or not value.strip():
+        raise ProviderError(
+            f'{provider}: no API {what}: set DJANGO_LEASES["{setting}"] or {variable}'
+        )
+    return value.strip()
+
+
+def api_url(provider: str, config: Mapping[str, Any] | None, default: str) -> str:
+    """The API root: the source's ``config["api_url"]``, else ``default`` (the setting), without
+    a trailing ``/``. Raises :class:`ProviderError` for one that is not an http(s) URL."""
+    url = (config or {}).get("api_url") or default
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ProviderError(f"{provider}: the API URL must be an http(s) URL")
+    return url.rstrip("/")
+
+
+def json_or_none(response: httpx.Response) -> Any:
+    """The response body as JSON, or ``None`` when it is not JSON (the caller checks what it
+    holds)."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
 
 
 @functools.cache
@@ -151,10 +183,7 @@ def quoted_message(response: httpx.Response, *secrets: str | None) -> str:
     more of a secret's characters); the excerpt is then cut at 300 characters.
     """
     message = ""
-    try:
-        data = response.json()
-    except ValueError:
-        data = None
+    data = json_or_none(response)
     if isinstance(data, dict):
         inner = data.get("error")
         if isinstance(inner, dict):  # Stripe: {"error": {"message": …}}

@@ -31,7 +31,6 @@ seconds, default 300); delivery id = the event's ``id``; event name = its ``type
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,14 @@ from django_leases.triggers.providers.base import (
     label_for,
     repeated_header,
 )
-from django_leases.triggers.providers.http import call, failure, masked
+from django_leases.triggers.providers.http import (
+    api_url,
+    call,
+    credential,
+    failure,
+    json_or_none,
+    masked,
+)
 from django_leases.triggers.signatures import (
     STRIPE_DEFAULT_TOLERANCE,
     stripe_header_repeated,
@@ -97,19 +103,11 @@ def api_version() -> str:
 
 
 def _key() -> str:
-    key = leases_settings.STRIPE_API_KEY or os.environ.get(KEY_VARIABLE)
-    if not isinstance(key, str) or not key.strip():
-        raise ProviderError(
-            f'Stripe: no API key: set DJANGO_LEASES["STRIPE_API_KEY"] or {KEY_VARIABLE}'
-        )
-    return key.strip()
+    return credential("Stripe", "key", "STRIPE_API_KEY", KEY_VARIABLE)
 
 
 def _api_url(config: Mapping[str, Any] | None) -> str:
-    url = (config or {}).get("api_url") or leases_settings.STRIPE_API_URL
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ProviderError("Stripe: the API URL must be an http(s) URL")
-    return url.rstrip("/")
+    return api_url("Stripe", config, leases_settings.STRIPE_API_URL)
 
 
 _ENDPOINT_ID = re.compile(r"^[A-Za-z0-9_]{1,100}$")
@@ -168,10 +166,7 @@ class StripeProvider(Provider):
 
     @staticmethod
     def _object(response: httpx.Response, step: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
+        data = json_or_none(response)
         if not isinstance(data, dict) or not isinstance(data.get("id"), str):
             raise ProviderError(f"Stripe: could not {step}: the API's answer holds no id")
         return data
@@ -227,10 +222,7 @@ class StripeProvider(Provider):
         response = self._call(step, "GET", api, "/v1/webhook_endpoints", key, params={"limit": 100})
         if response.status_code != 200:
             raise self._fail(step, response, key)
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
+        data = json_or_none(response)
         items = data.get("data") if isinstance(data, dict) else None
         if not isinstance(items, list):
             raise ProviderError(f"Stripe: could not {step}: the answer holds no list")
