@@ -1,17 +1,44 @@
-"""What several django-leases admin pages share: read-only lists and annotation filters."""
+"""What several django-leases admin pages share: read-only lists, annotation filters and the
+names of the pages the admin classes add."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.display import MEDIA_CSS
+
+
+def url_name(model_admin: admin.ModelAdmin[Any], page: str) -> str:
+    """The URL name of ``model_admin``'s ``page``, as Django's admin names its own
+    (``change``, ``changelist``) and so ours (``operate``, ``secret``): ``<app>_<model>_<page>``,
+    e.g. ``django_leases_triggersource_operate``."""
+    opts = model_admin.model._meta
+    return f"{opts.app_label}_{opts.model_name}_{page}"
+
+
+def page_url(model_admin: admin.ModelAdmin[Any], page: str, *args: Any) -> str:
+    """The URL of ``model_admin``'s ``page`` (:func:`url_name`) for ``args`` (``str``)."""
+    return reverse(f"admin:{url_name(model_admin, page)}", args=args)
+
+
+def object_page(
+    model_admin: admin.ModelAdmin[Any],
+    route: str,
+    view: Callable[..., HttpResponse],
+    page: str,
+) -> URLPattern:
+    """The pattern of one object's extra ``page`` of ``model_admin``:
+    ``<path:object_id>/<route>`` served by ``view``, named by :func:`url_name`. ``get_urls``
+    puts it before Django's patterns, whose ``<path:object_id>/`` would match it too."""
+    return path(f"<path:object_id>/{route}", view, name=url_name(model_admin, page))
 
 
 class ReadOnlyAdmin:

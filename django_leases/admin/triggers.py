@@ -39,13 +39,13 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.base import ReadOnlyAdmin, object_page, page_url
 from django_leases.admin.display import cut_at_word, local_time
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
@@ -351,23 +351,14 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     # -- operations -----------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
-        # Before the default ones: their ``<path:object_id>/`` would match these too.
-        opts = self.model._meta
         view = transaction.non_atomic_requests(self.admin_site.admin_view(self.operate_view))
         return [
-            path(
-                "<path:object_id>/operate/<str:operation>/",
-                view,
-                name=f"{opts.app_label}_{opts.model_name}_operate",
-            ),
+            object_page(self, "operate/<str:operation>/", view, "operate"),
             *super().get_urls(),
         ]
 
     def operate_url(self, obj: TriggerSource, operation: str) -> str:
-        opts = self.model._meta
-        return reverse(
-            f"admin:{opts.app_label}_{opts.model_name}_operate", args=[obj.pk, operation]
-        )
+        return page_url(self, "operate", obj.pk, operation)
 
     def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
         """POST ``<id>/operate/<operation>/``: run one lifecycle operation on one source, log
@@ -381,9 +372,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         if operation not in self.operations:
             raise PermissionDenied
         source = self.get_object(request, object_id)
-        changelist = reverse(
-            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_changelist"
-        )
+        changelist = page_url(self, "changelist")
         if source is None:
             self.message_user(
                 request,
@@ -548,20 +537,12 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
 
     def get_urls(self) -> list[URLPattern]:
         """The secret form's URL (``<id>/secret/``), then the operations' and Django's."""
-        opts = self.model._meta
-        return [
-            path(
-                "<path:object_id>/secret/",
-                self.admin_site.admin_view(self.secret_view),
-                name=f"{opts.app_label}_{opts.model_name}_secret",
-            ),
-            *super().get_urls(),
-        ]
+        view = self.admin_site.admin_view(self.secret_view)
+        return [object_page(self, "secret/", view, "secret"), *super().get_urls()]
 
     def secret_url(self, obj: TriggerSource) -> str:
         """The URL of ``obj``'s *Set the signing secret* form."""
-        opts = self.model._meta
-        return reverse(f"admin:{opts.app_label}_{opts.model_name}_secret", args=[obj.pk])
+        return page_url(self, "secret", obj.pk)
 
     def secret_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """``<id>/secret/``: a ``manual`` source's signing secret, set by an operator (view
@@ -573,10 +554,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         if source is None or source.provider != "manual":
             # GitHub and Stripe sources get their secret from the setup at the provider.
             raise PermissionDenied
-        page = reverse(
-            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change",
-            args=[source.pk],
-        )
+        page = page_url(self, "change", source.pk)
         form = SigningSecretForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             try:

@@ -29,14 +29,14 @@ from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.loader import render_to_string
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin, ValueFilter
+from django_leases.admin.base import ReadOnlyAdmin, ValueFilter, object_page
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
@@ -272,14 +272,9 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         """The run operations' URL (``<id>/operate/<operation>/``), then Django's (a list
         of ``URLPattern``)."""
-        # Before the default ones: their ``<path:object_id>/`` would match these too.
-        opts = self.model._meta
+        view = self.admin_site.admin_view(self.operate_view)
         return [
-            path(
-                "<path:object_id>/operate/<str:operation>/",
-                self.admin_site.admin_view(self.operate_view),
-                name=f"{opts.app_label}_{opts.model_name}_operate",
-            ),
+            object_page(self, "operate/<str:operation>/", view, "operate"),
             *super().get_urls(),
         ]
 
