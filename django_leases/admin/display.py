@@ -1,4 +1,5 @@
-"""How the django-leases admin pages show values: one time format, badges, whole-word cuts.
+"""How the django-leases admin pages show values: one time format, badges, choice labels,
+whole-word cuts.
 
 Times: every time on these pages is shown as Django's admin shows a date and time — in the
 current time zone (``TIME_ZONE``, or the one a middleware activated) and the active
@@ -18,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
@@ -122,6 +124,12 @@ def badge(
         colour,
         value if label is None else label,
     )
+
+
+def choice_label(choices: type[models.TextChoices], value: str) -> str:
+    """The label of ``value`` among ``choices`` in the active language; ``value`` itself when
+    it is not one of them."""
+    return str(choices(value).label) if value in choices.values else value
 
 
 def cut_at_word(text: str, limit: int) -> str:

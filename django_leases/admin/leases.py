@@ -19,7 +19,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, StateFilter
-from django_leases.admin.display import local_time
+from django_leases.admin.display import choice_label, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
 
@@ -66,8 +66,7 @@ class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
     def state_display(self, obj: Lease) -> str:
         """The ``state`` annotation (live / lapsed / released) as its label in the active
         language (``str``)."""
-        state = str(getattr(obj, "state", ""))
-        return str(LeaseState(state).label) if state in LeaseState.values else state
+        return choice_label(LeaseState, str(getattr(obj, "state", "")))
 
     @admin.display(description=_("expires / released"), ordering="expires_at")
     def expiry(self, obj: Lease) -> str:

@@ -25,7 +25,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, StateFilter
-from django_leases.admin.display import badge, local_time, time_column
+from django_leases.admin.display import badge, choice_label, local_time, time_column
 from django_leases.models import WorkerState, WorkflowWorker
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
         its label (``WorkerState``) shown, the state itself in ``data-state``."""
         state = str(getattr(obj, "state", ""))
         background, colour = _STATE_COLOURS.get(state, ("#eee", "#333"))
-        label = str(WorkerState(state).label) if state in WorkerState.values else state
+        label = choice_label(WorkerState, state)
         return badge(f"worker-state-{obj.pk}", "data-state", state, background, colour, label)
 
     @admin.display(description=_("queues"))

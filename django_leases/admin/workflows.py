@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import models
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.loader import render_to_string
@@ -38,7 +37,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, ValueFilter, object_page
 from django_leases.admin.bulk import RunOperatorActions
-from django_leases.admin.display import cut_at_word, field_column, local_time
+from django_leases.admin.display import choice_label, cut_at_word, field_column, local_time
 from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
@@ -404,7 +403,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
             mark_safe("<br>"),
             "{} {} ({})",
             (
-                (self._link(pk, str(pk)), workflow, _label(RunStatus, status))
+                (self._link(pk, str(pk)), workflow, choice_label(RunStatus, status))
                 for pk, workflow, status in children
             ),
         )
@@ -439,8 +438,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
                 (
                     (
                         wait.name,
-                        _label(WaitKind, wait.kind),
-                        _label(WaitStatus, wait.status),
+                        choice_label(WaitKind, wait.kind),
+                        choice_label(WaitStatus, wait.status),
                         describe_wait(wait),
                         local_time(wait.reached_at),
                         local_time(wait.due_at),
@@ -561,7 +560,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
                     entry.attempt,
                     gettext("Superseded")
                     if shown == "superseded"
-                    else _label(AttemptStatus, shown),
+                    else choice_label(AttemptStatus, shown),
                     local_time(entry.started_at),
                     local_time(entry.finished_at),
                     _json(entry.result),
@@ -587,20 +586,14 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         )
 
 
-def _label(choices: type[models.TextChoices], value: str) -> str:
-    """The label of ``value`` among ``choices`` in the active language; ``value`` itself when
-    it is not one of them."""
-    return str(choices(value).label) if value in choices.values else value
-
-
 def change_text(change: RunChange) -> str:
     """What an operator operation did (``RunChange``), as the admin says it, in the active
     language: the run, its status before and after (their labels), and the steps it made due
     again or stopped."""
     text = gettext("Run %(run)s: %(before)s → %(after)s") % {
         "run": change.run_id,
-        "before": _label(RunStatus, change.before),
-        "after": _label(RunStatus, change.after),
+        "before": choice_label(RunStatus, change.before),
+        "after": choice_label(RunStatus, change.after),
     }
     if change.steps:
         names = ", ".join(repr(step) for step in change.steps)
