@@ -88,6 +88,11 @@ def short_run_id(run_id: object) -> str:
     return "…" + str(run_id)[-RUN_ID_SHOWN:]
 
 
+def run_url(run_id: object) -> str:
+    """The URL of run ``run_id``'s admin page (``str``)."""
+    return reverse("admin:django_leases_workflowrun_change", args=[str(run_id)])
+
+
 def run_id_link(run_id: object) -> str:
     """A link to run ``run_id``'s admin page (safe HTML) showing :func:`short_run_id`, the
     whole id in its tooltip (``title``) and on the page it opens: a list column that fits at
@@ -96,11 +101,16 @@ def run_id_link(run_id: object) -> str:
         return "—"
     text = str(run_id)
     return format_html(
-        '<a class="dl-id" href="{}" title="{}">{}</a>',
-        reverse("admin:django_leases_workflowrun_change", args=[text]),
-        text,
-        short_run_id(text),
+        '<a class="dl-id" href="{}" title="{}">{}</a>', run_url(text), text, short_run_id(text)
     )
+
+
+def whole_run_id_link(run_id: object) -> str:
+    """A link to run ``run_id``'s admin page (safe HTML) showing the whole id, for a run's
+    page and a source's deliveries; ``"—"`` for ``None``."""
+    if run_id is None:
+        return "—"
+    return format_html('<a href="{}">{}</a>', run_url(run_id), run_id)
 
 
 def badge(

@@ -46,7 +46,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, object_page, page_url
-from django_leases.admin.display import cut_at_word, local_time
+from django_leases.admin.display import cut_at_word, local_time, whole_run_id_link
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
 from django_leases.models import (
@@ -319,7 +319,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
                     local_time(event.received_at),
                     event.event,
                     event.delivery_id,
-                    self._run_link(event),
+                    whole_run_id_link(event.run_id),
                     event.outcome or "—",
                 )
                 for event in events
@@ -336,16 +336,6 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             gettext("outcome"),
             rows,
             every,
-        )
-
-    @staticmethod
-    def _run_link(event: TriggerEvent) -> str:
-        if event.run_id is None:
-            return "—"
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:django_leases_workflowrun_change", args=[event.run_id]),
-            event.run_id,
         )
 
     # -- operations -----------------------------------------------------------------------

@@ -37,7 +37,14 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ReadOnlyAdmin, ValueFilter, object_page
 from django_leases.admin.bulk import RunOperatorActions
-from django_leases.admin.display import choice_label, cut_at_word, field_column, local_time
+from django_leases.admin.display import (
+    choice_label,
+    cut_at_word,
+    field_column,
+    local_time,
+    run_url,
+    whole_run_id_link,
+)
 from django_leases.admin.runtags import RunTagFilter, search_runs
 from django_leases.admin.tracebacks import error_html
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
@@ -338,15 +345,11 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         elif operation == "fork":
             fork = self.fork_from_form(request, run)
             if fork is not None:
-                return HttpResponseRedirect(
-                    reverse("admin:django_leases_workflowrun_change", args=[fork.pk])
-                )
+                return HttpResponseRedirect(run_url(fork.pk))
         else:
             step_name = request.POST.get("step", "")
             self._operate(request, run, lambda: WorkflowRun.objects.retry_step(run.pk, step_name))
-        return HttpResponseRedirect(
-            reverse("admin:django_leases_workflowrun_change", args=[run.pk])
-        )
+        return HttpResponseRedirect(run_url(run.pk))
 
     def _send_event(self, request: HttpRequest, run: WorkflowRun) -> None:
         """Send the event named in the form (``name``, ``payload`` as JSON text, empty for
@@ -373,20 +376,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         level = messages.SUCCESS if wait.reached_at is not None else messages.WARNING
         self.message_user(request, event_sent(wait), level)
 
-    @staticmethod
-    def _link(run_id: uuid.UUID, text: str) -> str:
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:django_leases_workflowrun_change", args=[run_id]),
-            text,
-        )
-
     @admin.display(description=_("parent run"))
     def parent_link(self, run: WorkflowRun) -> str:
         """The run that started this one with ``run.child``, linked."""
         if run.parent_id is None:
             return "—"
-        return self._link(run.parent_id, str(run.parent_id))
+        return whole_run_id_link(run.parent_id)
 
     @admin.display(description=_("child runs"))
     def children_links(self, run: WorkflowRun) -> str:
@@ -403,7 +398,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
             mark_safe("<br>"),
             "{} {} ({})",
             (
-                (self._link(pk, str(pk)), workflow, choice_label(RunStatus, status))
+                (whole_run_id_link(pk), workflow, choice_label(RunStatus, status))
                 for pk, workflow, status in children
             ),
         )
@@ -505,12 +500,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         """The run this one was forked from, linked, and the runs forked from this one."""
         links = []
         if run.forked_from_id is not None:
-            links.append(self._link(run.forked_from_id, str(run.forked_from_id)))
+            links.append(whole_run_id_link(run.forked_from_id))
         forks = WorkflowRun.objects.filter(forked_from_id=run.pk).order_by("created_at", "id")
         for fork_id in forks.values_list("pk", flat=True)[:20]:
-            links.append(
-                format_html("{} {}", gettext("forked as"), self._link(fork_id, str(fork_id)))
-            )
+            links.append(format_html("{} {}", gettext("forked as"), whole_run_id_link(fork_id)))
         return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links)) or "—"
 
     #: The run's input as indented JSON (HTML ``str``).
