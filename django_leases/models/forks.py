@@ -38,24 +38,22 @@ from django_leases.models.workflow_base import (
     wake_workers,
 )
 from django_leases.validation import check_identifier, parse_run_id
-from django_leases.workflows.values import RunStatus, StepStatus, WaitStatus
+from django_leases.workflows.values import (
+    REPLAYED_STEP_FIELDS,
+    RETRY_DELAY_FIELDS,
+    RunStatus,
+    StepStatus,
+    WaitStatus,
+)
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
 
 #: The step columns a fork copies (the outcome and the options; never a lease or a claim).
 _STEP_COPIED = (
-    "step_name",
-    "function_name",
+    *REPLAYED_STEP_FIELDS,
     "data",
-    "status",
-    "result",
-    "error",
-    "attempt",
-    "retries",
-    "retry_delay",
-    "retry_backoff",
-    "retry_delay_max",
+    *RETRY_DELAY_FIELDS,
     "timeout",
     "queue",
     "priority",

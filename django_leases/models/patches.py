@@ -35,7 +35,12 @@ from django_leases.models.outcomes import write_pending
 from django_leases.models.results import StepResults
 from django_leases.models.timing import RunTiming
 from django_leases.validation import check_identifier, parse_run_id
-from django_leases.workflows.values import PendingResult, RunStatus, StepStatus
+from django_leases.workflows.values import (
+    REPLAYED_STEP_FIELDS,
+    PendingResult,
+    RunStatus,
+    StepStatus,
+)
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun, WorkflowStep
@@ -44,18 +49,7 @@ if TYPE_CHECKING:
 LIVE_RUN_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
 #: The fields of a step a replay reads.
-REPLAY_STEP_FIELDS = (
-    "run_id",
-    "id",
-    "step_name",
-    "function_name",
-    "status",
-    "result",
-    "error",
-    "attempt",
-    "retries",
-    "created_at",
-)
+REPLAY_STEP_FIELDS = ("run_id", "id", *REPLAYED_STEP_FIELDS, "created_at")
 
 
 class StepPatches(StepResults):

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django_leases.workflows.values import (
+    REPLAYED_STEP_FIELDS,
+    RETRY_DELAY_FIELDS,
     RUN_LEASE_PREFIX,
     AttemptStatus,
     RunStatus,
@@ -169,19 +171,7 @@ def pass_state(run: str, step_table: str) -> str:
     it (``RecordedJSONField``)."""
     fields = ", ".join(
         f"'{name}', s.{name}::text" if name == "result" else f"'{name}', s.{name}"
-        for name in (
-            "id",
-            "step_name",
-            "function_name",
-            "status",
-            "result",
-            "error",
-            "attempt",
-            "retries",
-            "retry_delay",
-            "retry_backoff",
-            "retry_delay_max",
-        )
+        for name in ("id", *REPLAYED_STEP_FIELDS, *RETRY_DELAY_FIELDS)
     )
     return (
         f"{run}.id, {run}.workflow, {run}.status, {run}.input::text, {run}.pass_requests, "

@@ -96,6 +96,21 @@ WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FA
 #: Statuses of a run that has finished for good (or until an operator resumes a failed one).
 FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
+#: The columns of a step that its run's replay goes by: its names and its recorded outcome
+#: (what a pass, a replay check and a fork all read of it).
+REPLAYED_STEP_FIELDS = (
+    "step_name",
+    "function_name",
+    "status",
+    "result",
+    "error",
+    "attempt",
+    "retries",
+)
+
+#: The columns of a step's retry delay (:class:`StepOptions`; ``retries`` is replayed).
+RETRY_DELAY_FIELDS = ("retry_delay", "retry_backoff", "retry_delay_max")
+
 #: Error code of a run suspended because a step function is not registered in this process.
 STEP_FUNCTION_NOT_FOUND = "STEP_FUNCTION_NOT_FOUND"
 #: Error code of a run suspended because its workflow is not registered in this process.
@@ -404,6 +419,8 @@ TASK_STEP = "task"
 __all__ = [
     "FINISHED_RUN_STATUSES",
     "MAX_CLAIMANT_LENGTH",
+    "REPLAYED_STEP_FIELDS",
+    "RETRY_DELAY_FIELDS",
     "RUN_CANCELLED",
     "RUN_LEASE_PREFIX",
     "STEP_FAILED",
