@@ -22,10 +22,10 @@ from django_leases import clock, db, signals
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowStepCancelledError, WorkflowStepSupersededError
 from django_leases.models.workflow_base import (
-    attempt_finished,
     attempt_model,
     fence_q,
     fence_sql,
+    finish_attempt,
     request_passes,
     run_model,
     run_reached,
@@ -423,10 +423,7 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
             ):
                 return False
             self._refuse(alias, step_id, attempt)
-        attempt_model()._default_manager.using(alias).filter(
-            step_id=step_id, attempt=attempt
-        ).update(**history, finished_at=DbNow())
-        attempt_finished(alias, step_id, attempt, history["status"])
+        finish_attempt(alias, step_id, attempt, history)
         return True
 
     def _already_recorded(

@@ -32,13 +32,13 @@ from django_leases.models.scheduling import (
 from django_leases.models.workflow_base import (
     Owed,
     attempt_finished,
-    attempt_model,
     call_function,
     claim_from_row,
     claims_in_one,
     falls_back,
     fence_q,
     fence_sql,
+    finish_attempt,
     finish_branch,
     functions_called,
     in_one_statement,
@@ -594,10 +594,7 @@ class StepResults(StepScheduling):
                 )
             )
             if written:
-                attempt_model()._default_manager.using(alias).filter(
-                    step_id=step_id, attempt=attempt
-                ).update(status=AttemptStatus.SUCCEEDED, finished_at=DbNow())
-                attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
+                finish_attempt(alias, step_id, attempt, {"status": AttemptStatus.SUCCEEDED})
                 run_id = self.rows().filter(pk=step_id).values_list("run_id", flat=True).get()
                 runs = run_model().objects.db_manager(alias)
                 leases = Lease.objects.db_manager(alias)

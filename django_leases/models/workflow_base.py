@@ -461,6 +461,17 @@ def attempt_finished(
     )
 
 
+def finish_attempt(alias: str, step_id: int, attempt: int, history: Mapping[str, Any]) -> None:
+    """Write ``history`` (the ``status`` of attempt ``attempt`` of step ``step_id``, and its
+    ``error`` where it failed) on the attempt's row, ``finished_at`` set, and send
+    :func:`attempt_finished` with that status: inside the caller's transaction, once the
+    outcome went through the step's fence."""
+    attempt_model()._default_manager.using(alias).filter(step_id=step_id, attempt=attempt).update(
+        **history, finished_at=DbNow()
+    )
+    attempt_finished(alias, step_id, attempt, history["status"])
+
+
 def lock_running(alias: str, run_id: uuid.UUID | str) -> bool:
     """Lock run ``run_id`` if it is ``running`` (inside the caller's transaction); whether
     it is."""
