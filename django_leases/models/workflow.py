@@ -62,6 +62,7 @@ from django_leases.validation import MAX_KEY_LENGTH, MAX_NAME_LENGTH, parse_run_
 
 if TYPE_CHECKING:
     from django.core.checks import CheckMessage
+    from django.utils.functional import _StrPromise
 
 from django_leases.workflows.values import (
     MAX_CLAIMANT_LENGTH,
@@ -137,6 +138,19 @@ class WorkflowStepAttemptQuerySet(db.RoutedQuerySet["WorkflowStepAttempt"]):
 # -- the models ---------------------------------------------------------------------------------
 
 
+def _queue_key_field(help_text: _StrPromise) -> models.CharField[str, str]:
+    """The ``queue_key`` column of a run and of a step: a key of at most
+    ``MAX_QUEUE_KEY_LENGTH`` characters, empty (also in the database's default) for none."""
+    return models.CharField(
+        _("queue key"),
+        max_length=MAX_QUEUE_KEY_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=help_text,
+    )
+
+
 class WorkflowRun(models.Model):
     """One execution of a ``@workflow``; replayed from the start on each orchestration pass.
 
@@ -175,13 +189,8 @@ class WorkflowRun(models.Model):
         blank=True,
         help_text=_("Idempotency key: one run per workflow and key."),
     )
-    queue_key = models.CharField(
-        _("queue key"),
-        max_length=MAX_QUEUE_KEY_LENGTH,
-        blank=True,
-        default="",
-        db_default="",
-        help_text=_("The key its steps count under for a queue's per-key limits (empty: none)."),
+    queue_key = _queue_key_field(
+        _("The key its steps count under for a queue's per-key limits (empty: none).")
     )
     parent = models.ForeignKey(
         "self",
@@ -403,13 +412,8 @@ class WorkflowStep(models.Model):
         blank=True,
         help_text=_("What the running attempt last said of its progress (ctx.set_progress)."),
     )
-    queue_key = models.CharField(
-        _("queue key"),
-        max_length=MAX_QUEUE_KEY_LENGTH,
-        blank=True,
-        default="",
-        db_default="",
-        help_text=_("The key it counts under for its queue's per-key limits (empty: none)."),
+    queue_key = _queue_key_field(
+        _("The key it counts under for its queue's per-key limits (empty: none).")
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
