@@ -112,6 +112,19 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         self._started(alias, run.pk, workflow)
         return run
 
+    def _check_start(
+        self, workflow: str, input: Any, key: str | None, tags: object, queue_key: object
+    ) -> tuple[dict[str, str] | None, str]:
+        """The arguments every start shares, checked (``ValueError``): the ``workflow`` name,
+        JSON ``input``, ``key``, ``tags`` and ``queue_key``. Returns the tags as
+        :func:`~django_leases.validation.check_tags` gives them and the queue key (``""``:
+        none)."""
+        check_identifier(workflow, "Workflow name")
+        check_json(input, "Workflow input", using=self.write_alias())
+        if key is not None:
+            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+        return check_tags(tags), check_queue_key(queue_key) or ""
+
     def start(
         self,
         workflow: str,
@@ -141,12 +154,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         outer transaction. Raises ``ValueError`` for a bad name, key or tags, or non-JSON
         input.
         """
-        check_identifier(workflow, "Workflow name")
-        check_json(input, "Workflow input", using=self.write_alias())
-        if key is not None:
-            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
-        tagged = check_tags(tags)
-        queue_key = check_queue_key(queue_key) or ""
+        tagged, queue_key = self._check_start(workflow, input, key, tags, queue_key)
         alias = self.write_alias()
         connection = connections[alias]
         value = {} if input is None else input

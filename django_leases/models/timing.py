@@ -39,7 +39,6 @@ from django.db.models import F, Q, Value
 
 from django_leases import clock, db
 from django_leases.clock import DbNow, to_stored
-from django_leases.conf import check_queue_key
 from django_leases.exceptions import WorkflowDeadlineExceeded
 from django_leases.models.operations import RunOperations
 from django_leases.models.workflow_base import (
@@ -49,10 +48,7 @@ from django_leases.models.workflow_base import (
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     MAX_WAIT_SECONDS,
-    check_identifier,
-    check_json,
     check_name,
-    check_tags,
     error_json,
     seconds,
     wait_seconds,
@@ -204,12 +200,7 @@ class RunTiming(RunOperations):
         after = check_run_after(run_after)
         limit = check_deadline(deadline)
         window = check_debounce(debounce_key, debounce, key=key, run_after=run_after)
-        check_identifier(workflow, "Workflow name")
-        check_json(input, "Workflow input", using=self.write_alias())
-        if key is not None:
-            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
-        tagged = check_tags(tags)
-        keyed = check_queue_key(queue_key) or ""
+        tagged, keyed = self._check_start(workflow, input, key, tags, queue_key)
         alias = self.write_alias()
         cap = None
         if parent is not None:
