@@ -150,6 +150,13 @@ def main(argv: list[str]) -> int:
     previous = leaves[0][1]
     if previous == argv[0]:  # rewriting the latest migration in place
         previous = loader.graph.node_map[leaves[0]].parents.copy().pop().key[1]
+    replaced = loader.disk_migrations["django_leases", previous].replaces
+    if replaced:
+        # After a squashed migration, depend on the last one it replaces: Django maps that to
+        # the squash where the squash applies, and ``migrate django_leases <a replaced one>``
+        # then unapplies this migration too (depending on the squash itself, it stayed
+        # applied with its dependencies gone).
+        previous = replaced[-1][1]
     target.write_text(render(previous, previous_functions(argv[0])))
     print(f"wrote {target}")
     return 0

@@ -435,6 +435,22 @@ def test_the_squashed_migration_replaces_every_migration_and_holds_their_functio
     assert FUNCTIONS_MIGRATION in on_disk
 
 
+def test_a_migration_after_the_squash_depends_on_what_it_replaces_not_on_it() -> None:
+    """A later migration names the last migration the squash replaces, which Django maps to
+    the squash where the squash applies. Named after the squash itself, it stayed applied
+    when ``migrate django_leases 0034_deploys`` unapplied the replaced migrations under it
+    (on PostgreSQL its functions then went with 0042's, and the check that they are
+    installed refused the ``migrate`` that would put them back)."""
+    import importlib
+
+    later = [name for name in _on_disk() if name[:4] > "0043"]
+    assert later, "no migration after the squash: this test has nothing to look at"
+    for name in later:
+        migration = importlib.import_module(f"django_leases.migrations.{name}").Migration
+        ours = [dependency for app, dependency in migration.dependencies if app == "django_leases"]
+        assert SQUASH not in ours, f"{name} depends on {SQUASH}: name 0043_json_compression_lz4"
+
+
 def _compression(table: str) -> dict[str, str]:
     """``table``'s columns with a compression method of their own, and the method
     (``l``: LZ4, ``p``: pglz)."""

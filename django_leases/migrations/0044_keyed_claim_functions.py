@@ -63,6 +63,6 @@ def uninstall(apps, schema_editor):  # type: ignore[no-untyped-def]
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_leases", "0001_squashed_0043_first_release")]
+    dependencies = [("django_leases", "0043_json_compression_lz4")]
 
     operations = [migrations.RunPython(install, uninstall, elidable=False)]
