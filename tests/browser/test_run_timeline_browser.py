@@ -69,7 +69,7 @@ def spread_over_time(run_id: Any) -> None:
     run = WorkflowRun.objects.get(pk=run_id)
     base = run.created_at - timedelta(minutes=15)
     WorkflowRun.objects.filter(pk=run_id).update(created_at=base)
-    attempts = WorkflowStepAttempt.objects.for_run(run_id).order_by("id")
+    attempts = WorkflowStepAttempt.objects.for_run(run_id).select_related("step").order_by("id")
     for entry in attempts:
         n = int(entry.step.step_name.split("-")[1])
         start = base + timedelta(seconds=3 * n + (1.2 if entry.attempt > 1 else 0))
