@@ -36,7 +36,9 @@ def _hold_here(data: Any, ctx: Any) -> None:
 
     hold = data.get("hold") if isinstance(data, dict) else None
     if hold and ctx.attempt == 1:
-        Path(f"{hold}.inside").write_text(str(os.getpid()))
+        # Written aside, then renamed: the test reads the pid as soon as the file exists.
+        Path(f"{hold}.inside.tmp").write_text(str(os.getpid()))
+        os.replace(f"{hold}.inside.tmp", f"{hold}.inside")
         deadline = time.monotonic() + 120
         while not Path(f"{hold}.go").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
