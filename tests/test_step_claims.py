@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_leases import signals
 from django_leases.models import (
@@ -24,6 +25,7 @@ from django_leases.models import (
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
+    claims,
 )
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
@@ -208,3 +210,60 @@ def test_racing_claims_take_each_step_once(sql_switch: bool) -> None:
     found = race([claimer] * 4)
     names = [name for names in found for name in names]
     assert sorted(names) == sorted(f"s{n}" for n in range(12)), "each step claimed exactly once"
+
+
+def _claim_beside_an_open_claim() -> tuple[str | None, str | None]:
+    """Claim a step of ``default`` while another thread's claim of one sits in its open
+    transaction; the names of both steps claimed (``None``: none)."""
+    claimed, done = threading.Event(), threading.Event()
+
+    @closing_connections
+    def holder() -> str | None:
+        with transaction.atomic():
+            claim = WorkflowStep.objects.claim_due(LEASE, queues=["default"])
+            claimed.set()
+            assert done.wait(60), "the other claim did not finish"
+        return None if claim is None else claim.step_name
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(holder)
+        try:
+            assert claimed.wait(60), "the first claim did not finish"
+            other = WorkflowStep.objects.claim_due(LEASE, queues=["default"])
+        finally:
+            done.set()
+        first = held.result(60)
+    return first, None if other is None else other.step_name
+
+
+def test_a_claim_in_its_transaction_hides_only_its_own_step(sql_switch: bool) -> None:
+    """A claim whose transaction is still open locks its step, not the rows it read on the
+    way: another claim meanwhile takes another run's step. (InnoDB locks every row a
+    locking read reads through a secondary index, and a claim's read of a queue's lapsed
+    steps reads all of the queue's steps: claims racing it skipped every step and found
+    none due.)"""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite writes one at a time: a second claim waits for the first")
+    for n in range(24):
+        _schedule(_run(), f"s{n}")
+    first, other = _claim_beside_an_open_claim()
+    assert first is not None and other is not None, (first, other)
+    assert first != other
+
+
+@pytest.mark.parametrize("rounds", [2, 1], ids=["next-round", "locking-read"])
+def test_a_claim_whose_candidates_are_taken_reads_on(
+    sql_switch: bool, rounds: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MariaDB / MySQL read a claim's candidates without a lock, then lock them one at a
+    time: when every candidate read is taken meanwhile, the claim reads the next ones, and
+    after its last round of reads one locking read decides."""
+    if connection.vendor != "mysql":
+        pytest.skip("Elsewhere a claim locks what it finds in one read")
+    monkeypatch.setattr(claims, "LOCK_CANDIDATES", 1)
+    monkeypatch.setattr(claims, "LOCK_ROUNDS", rounds)
+    for n in range(3):
+        _schedule(_run(), f"s{n}")
+    first, other = _claim_beside_an_open_claim()
+    # The open claim took s0, which the second still reads as pending and finds locked.
+    assert (first, other) == ("s0", "s1")

@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowStep
 
     class _LockingAnnotations(TypedDict):
-        """What :meth:`WorkflowStepQuerySet._locking` annotates a step with."""
+        """What :meth:`StepClaims._annotated` annotates a step with."""
 
         lease_live: bool | None  # NULL while the step has no lease
         due: bool
@@ -70,6 +70,12 @@ if TYPE_CHECKING:
 
     _LockedStep = WithAnnotations["WorkflowStep", _LockingAnnotations]
 
+
+#: MariaDB / MySQL: how many due steps a claim reads (no lock) before it locks them one at
+#: a time, and how many such reads it makes before one locking read decides
+#: (:meth:`StepClaims._lock_first`).
+LOCK_CANDIDATES = 16
+LOCK_ROUNDS = 4
 
 #: What a refused claim passes over from then on (:func:`_queue_admits`): a queue's name
 #: (the queue is full), or a key of a keyed queue (:class:`KeyRefusal`).
@@ -515,20 +521,18 @@ class StepClaims(StepOutcomes):
                 return lapsed_now, claim
         return False, None
 
-    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
-        features = connections[alias].features
+    def _annotated(self, alias: str) -> models.QuerySet[_LockedStep]:
+        """Steps with what a claim decides on (:class:`_LockedStep`), not yet locked."""
         run_status: Any = F("run__status")
         run_workflow: Any = F("run__workflow")
-        of: tuple[str, ...] = ("self",)
-        if not features.has_select_for_update_of:
+        if not connections[alias].features.has_select_for_update_of:
             # No FOR UPDATE OF (MariaDB, SQLite): read the run's status in a subquery, whose
             # rows a locking read leaves unlocked (a join's would be locked too, so steps of
             # one run could not be claimed side by side).
-            of = ()
             runs = run_model()._default_manager.using(alias).filter(pk=models.OuterRef("run_id"))
             run_status = models.Subquery(runs.values("status")[:1])
             run_workflow = models.Subquery(runs.values("workflow")[:1])
-        qs = self.rows().annotate(
+        return self.rows().annotate(
             lease_live=lease_is_live(),
             due=is_due(),
             run_status=run_status,
@@ -536,9 +540,50 @@ class StepClaims(StepOutcomes):
             db_now=DbNow(),
             server_floor=EpochFloor(),
         )
+
+    @staticmethod
+    def _locked(
+        steps: models.QuerySet[_LockedStep], alias: str, *, skip_locked: bool
+    ) -> models.QuerySet[_LockedStep]:
+        """``steps`` read with a row lock on the steps (``SKIP LOCKED`` where asked for and
+        the database has it), never on the runs."""
+        features = connections[alias].features
+        of = ("self",) if features.has_select_for_update_of else ()
         if skip_locked and features.has_select_for_update_skip_locked:
-            return qs.select_for_update(skip_locked=True, of=of)
-        return qs.select_for_update(of=of)
+            return steps.select_for_update(skip_locked=True, of=of)
+        return steps.select_for_update(of=of)
+
+    def _locking(self, alias: str, *, skip_locked: bool) -> models.QuerySet[_LockedStep]:
+        return self._locked(self._annotated(alias), alias, skip_locked=skip_locked)
+
+    def _lock_first(self, alias: str, ordered: models.QuerySet[_LockedStep]) -> _LockedStep | None:
+        """The first step of ``ordered`` that no other transaction has locked, locked, read
+        as the lock found it; ``None`` if there is none.
+
+        PostgreSQL locks only the rows a locking read returns: one ``SKIP LOCKED`` read.
+        InnoDB (MariaDB / MySQL) locks every row the read's plan reads, matching or not,
+        where it reads through a secondary index, even at READ COMMITTED, and keeps the
+        locks until the transaction ends; other claims then skip those steps and can find
+        none due while many are. There the candidates are read without a lock, then locked
+        one at a time by primary key, their conditions checked again under the lock. When
+        :data:`LOCK_CANDIDATES` × :data:`LOCK_ROUNDS` candidates are all taken meanwhile,
+        the one locking read decides."""
+        if connections[alias].vendor != "mysql":
+            return self._locked(ordered, alias, skip_locked=True).first()
+        tried: list[int] = []
+        for _round in range(LOCK_ROUNDS):
+            candidates = list(
+                ordered.exclude(pk__in=tried).values_list("pk", flat=True)[:LOCK_CANDIDATES]
+            )
+            for pk in candidates:
+                one = ordered.order_by().filter(pk=pk)
+                step = self._locked(one, alias, skip_locked=True).first()
+                if step is not None:
+                    return step
+            if len(candidates) < LOCK_CANDIDATES:
+                return None
+            tried += candidates
+        return self._locked(ordered, alias, skip_locked=True).first()
 
     def _next_due(
         self,
@@ -547,7 +592,7 @@ class StepClaims(StepOutcomes):
         blocked: set[str] | frozenset[str] = frozenset(),
         keys: set[tuple[str, str]] | frozenset[tuple[str, str]] = frozenset(),
     ) -> _LockedStep | None:
-        base = self._locking(alias, skip_locked=True).filter(run__status=RunStatus.RUNNING)
+        base = self._annotated(alias).filter(run_status=RunStatus.RUNNING)
         if queues:
             base = base.filter(queue__in=[name for name in queues if name not in blocked])
         elif blocked:
@@ -555,15 +600,14 @@ class StepClaims(StepOutcomes):
         for queue, key in sorted(keys):
             base = base.exclude(queue=queue, queue_key=key)
         # Running steps whose lease lapsed, or whose attempt ran past its timeout.
-        lapsed = (
+        lapsed = self._lock_first(
+            alias,
             base.filter(
                 Q(lease_expires_at__lte=DbNow())
                 | Q(lease_expires_at__isnull=True)
                 | Q(deadline_at__lte=DbNow()),
                 status=StepStatus.RUNNING,
-            )
-            .order_by("lease_expires_at")
-            .first()
+            ).order_by("lease_expires_at"),
         )
         if lapsed is not None:
             return lapsed
@@ -576,7 +620,7 @@ class StepClaims(StepOutcomes):
             if limits.keyed and (not queues or name in queues)
         )
         if not keyed:
-            return waiting.order_by("-priority", "available_at", "id").first()
+            return self._lock_first(alias, waiting.order_by("-priority", "available_at", "id"))
         # Keyed queues serve their keys round-robin: within a priority, the step whose key
         # was claimed least recently (never: first) goes first, then first due first. A step
         # of another queue takes its turn at the time it became due, so a keyed queue and
@@ -595,10 +639,10 @@ class StepClaims(StepOutcomes):
             default=F("available_at"),
             output_field=models.DateTimeField(),
         )
-        return (
-            # Ordered by the expression, not an annotation: nothing is read back (MariaDB
-            # returns a CASE over datetimes as text).
-            waiting.order_by("-priority", order.asc(), "available_at", "id").first()
+        # Ordered by the expression, not an annotation: nothing is read back (MariaDB
+        # returns a CASE over datetimes as text).
+        return self._lock_first(
+            alias, waiting.order_by("-priority", order.asc(), "available_at", "id")
         )
 
     def _claim_locked(
