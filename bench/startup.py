@@ -18,10 +18,17 @@ per top-level package, and our modules with the largest own and cumulative times
     .venv/bin/python bench/startup.py --runs 31 --top 25
     .venv/bin/python bench/startup.py --no-write       # print only
     .venv/bin/python bench/startup.py --without prometheus_client --label lean
+    .venv/bin/python bench/startup.py --floor          # and our models alone, beside
 
 ``--without PACKAGE`` (repeatable) hides a top-level package from both projects, as if it
 were not installed: ``--without prometheus_client --without opentelemetry`` measures a lean
 install, where the optional metrics and tracing cost nothing.
+
+``--floor`` adds a third project: the plain one plus an app with our models alone — the
+same classes, fields, indexes and constraints, generated from our models' migration state,
+each registered in the admin with a default ``ModelAdmin``, and not one module of
+``django_leases`` imported. What that app costs is what our tables cost Django to build,
+the floor under anything we could shave off our own code.
 
 The load average is recorded before and after (two cores shared with other work make single
 figures noisy; compare best against best, and runs made at a like load).
@@ -35,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -130,13 +138,97 @@ print(json.dumps({
 """
 
 
+#: Run once with our app installed: prints the source of a models module holding our models
+#: alone (fields, options, indexes and constraints through the migration writer), with
+#: nothing of ``django_leases`` imported by it.
+FLOOR_SOURCE = """\
+import json, sys
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=json.loads(sys.argv[1]),
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    USE_TZ=True,
+    SECRET_KEY="bench-startup",
+)
+django.setup()
+from django.apps import apps
+from django.db.migrations.state import ModelState
+from django.db.migrations.writer import MigrationWriter
+imports = {"from django.db import models", "import uuid"}
+classes = []
+ours = list(apps.get_app_config("django_leases").get_models(include_auto_created=False))
+names = {model._meta.label_lower: model.__name__ for model in ours}
+for model in ours:
+    state = ModelState.from_model(model)
+    bases = ", ".join(
+        names[base.lower()] if isinstance(base, str) else "models.Model" for base in state.bases
+    )
+    lines = [f"class {state.name}({bases}):"]
+    for name, field in state.fields.items():
+        code, found = MigrationWriter.serialize(field)
+        imports |= found
+        lines.append(f"    {name} = {code}")
+    lines += ["", "    class Meta:", "        app_label = 'django_leases'"]
+    for option, value in state.options.items():
+        code, found = MigrationWriter.serialize(value)
+        imports |= found
+        lines.append(f"        {option} = {code}")
+    classes.append("\\n".join(lines))
+mine = {line for line in imports if "django_leases" in line}
+source = "\\n".join(sorted(imports - mine)) + "\\n\\n\\n" + "\\n\\n\\n".join(classes) + "\\n"
+# Our expressions and defaults, by Django's and the standard library's nearest.
+source = source.replace("django_leases.clock.DbNow()", "models.functions.Now()")
+source = source.replace("django_leases.ids.uuid7", "uuid.uuid4")
+assert "django_leases." not in source.replace("'django_leases", "")
+print(source)
+"""
+
+FLOOR_APPS = [*PLAIN_APPS, "leasesfloor.apps.FloorConfig"]
+
+
+def write_floor_app(directory: Path) -> None:
+    """Write the ``leasesfloor`` package into ``directory``: our models alone (see
+    :data:`FLOOR_SOURCE`), labelled ``django_leases``, each registered in the admin."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_SOURCE, json.dumps(WITH_APPS)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    package = directory / "leasesfloor"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(done.stdout)
+    (package / "apps.py").write_text(
+        "from django.apps import AppConfig\n\n\n"
+        "class FloorConfig(AppConfig):\n"
+        '    name = "leasesfloor"\n'
+        '    label = "django_leases"\n'
+        '    default_auto_field = "django.db.models.BigAutoField"\n'
+    )
+    (package / "admin.py").write_text(
+        "from django.apps import apps\nfrom django.contrib import admin\n\n"
+        'for model in apps.get_app_config("django_leases").get_models():\n'
+        "    admin.site.register(model)\n"
+    )
+
+
 def run_child(
-    apps: list[str], *, importtime: bool = False, hidden: tuple[str, ...] = ()
+    apps: list[str],
+    *,
+    importtime: bool = False,
+    hidden: tuple[str, ...] = (),
+    path: tuple[Path, ...] = (),
 ) -> tuple[dict[str, Any], str]:
     """One fresh interpreter's figures (and its stderr: the ``-X importtime`` table); the
-    top-level packages ``hidden`` cannot be imported in it."""
+    top-level packages ``hidden`` cannot be imported in it; ``path``: more import roots."""
     command = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, *path)))}
     env.pop("DJANGO_SETTINGS_MODULE", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.perf_counter()
@@ -217,26 +309,36 @@ def main() -> None:
         help="a top-level package neither project may import, as if not installed (a lean "
         "install: --without prometheus_client --without opentelemetry); repeatable",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also a project with our models alone and nothing of our code (the floor)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
-    hidden = tuple(args.without)
+    with tempfile.TemporaryDirectory() as directory:
+        path: tuple[Path, ...] = ()
+        if args.floor:
+            write_floor_app(Path(directory))
+            path = (Path(directory),)
+        measure_all(args, tuple(args.without), path)
 
+
+def measure_all(args: argparse.Namespace, hidden: tuple[str, ...], path: tuple[Path, ...]) -> None:
+    """Run, report and write the figures (``path``: where the floor's app is, if any)."""
+    projects = {"plain": PLAIN_APPS, "with": WITH_APPS}
+    if path:
+        projects["floor"] = FLOOR_APPS
     load_before = load_average()
-    # Warm-up: bytecode compiled, the file cache filled, for both.
-    run_child(PLAIN_APPS, hidden=hidden)
-    run_child(WITH_APPS, hidden=hidden)
-    figures: dict[str, dict[str, list[float]]] = {
-        "plain": defaultdict(list),
-        "with": defaultdict(list),
-    }
+    # Warm-up: bytecode compiled, the file cache filled, for each.
+    for apps in projects.values():
+        run_child(apps, hidden=hidden, path=path)
+    figures: dict[str, dict[str, list[float]]] = {key: defaultdict(list) for key in projects}
     modules: dict[str, list[str]] = {}
-    phases: dict[str, dict[str, list[float]]] = {
-        "plain": defaultdict(list),
-        "with": defaultdict(list),
-    }
+    phases: dict[str, dict[str, list[float]]] = {key: defaultdict(list) for key in projects}
     for _ in range(args.runs):
-        for key, apps in (("plain", PLAIN_APPS), ("with", WITH_APPS)):
-            result, _ = run_child(apps, hidden=hidden)
+        for key, apps in projects.items():
+            result, _ = run_child(apps, hidden=hidden, path=path)
             for measure in ("setup", "total", "process"):
                 figures[key][measure].append(result[measure])
             for phase, seconds in result["phases"].items():
@@ -266,6 +368,13 @@ def main() -> None:
             "ratio_best": round(with_us["best_ms"] / plain["best_ms"], 3),
             "ratio_median": round(with_us["median_ms"] / plain["median_ms"], 3),
         }
+        if path:
+            floor = summary(figures["floor"][measure])
+            report[measure] |= {
+                "floor": floor,
+                "floor_ratio_best": round(floor["best_ms"] / plain["best_ms"], 3),
+                "floor_ratio_median": round(floor["median_ms"] / plain["median_ms"], 3),
+            }
     # Each app's models import and ready(), median ms: the admin's ready() imports every
     # app's admin module (ours among them in the project with us).
     report["phases_median_ms"] = {
@@ -274,7 +383,7 @@ def main() -> None:
             for phase, values in sorted(phases[key].items())
             if statistics.median(values) >= 0.0005
         }
-        for key in ("plain", "with")
+        for key in projects
     }
     report["modules_loaded"] = {key: len(names) for key, names in modules.items()}
     report["importtime"] = breakdown(plain_stderr, with_stderr, args.top)
@@ -296,6 +405,12 @@ def main() -> None:
         f"(median {setup['with']['median_ms']}): ×{setup['ratio_best']} best, "
         f"×{setup['ratio_median']} median; load {load_before} → {load_after}"
     )
+    if path:
+        print(
+            f"the floor (our models alone, admin-registered): {setup['floor']['best_ms']} ms "
+            f"(median {setup['floor']['median_ms']}): ×{setup['floor_ratio_best']} best, "
+            f"×{setup['floor_ratio_median']} median"
+        )
     process = report["process"]
     print(
         f"whole process: plain {process['plain']['best_ms']} ms, with "
