@@ -237,11 +237,11 @@ def _claim_beside_an_open_claim() -> tuple[str | None, str | None]:
 
 
 def test_a_claim_in_its_transaction_hides_only_its_own_step(sql_switch: bool) -> None:
-    """A claim whose transaction is still open locks its step, not the rows it read on the
-    way: another claim meanwhile takes another run's step. (InnoDB locks every row a
-    locking read reads through a secondary index, and a claim's read of a queue's lapsed
-    steps reads all of the queue's steps: claims racing it skipped every step and found
-    none due.)"""
+    """A claim whose transaction is still open locks its step, not the rows its search read:
+    another claim meanwhile takes another run's step. (InnoDB locks every row a locking
+    read reads through a secondary index, and a claim's read of a queue's lapsed steps
+    reads all of the queue's steps: claims racing it skipped every step and found none
+    due.)"""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite writes one at a time: a second claim waits for the first")
     for n in range(24):

@@ -20,6 +20,7 @@ import pytest
 from django.core import checks as django_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
@@ -34,7 +35,15 @@ from django_leases.workflows.display import queue_overview
 from django_leases.workflows.engine import execute_step
 from django_leases.workflows.values import NextStep, StepOptions
 from django_leases.workflows.worker import Worker
-from tests.helpers import drain, in_processes, lapse_step_lease, settle, staff_client
+from tests.helpers import (
+    closing_connections,
+    drain,
+    in_processes,
+    lapse_step_lease,
+    race,
+    settle,
+    staff_client,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -373,6 +382,27 @@ def _workers(processes: int, threads: int) -> list[tuple[Any, str]]:
         )
 
     return in_processes([work] * processes, timeout=300.0)
+
+
+def test_racing_first_claims_of_a_limited_queue_take_its_limit_without_deadlock() -> None:
+    """Eight claims race for a limited queue that has no row yet: each creates the row or
+    waits for the claim that does, none fails (InnoDB deadlocked two claims whose ignored
+    inserts each held a shared lock on the new row), and the limit holds."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite writes one at a time: there is no race to lose")
+    assert not WorkflowQueue.objects.filter(name="tests-limited").exists()
+    run_id = _run()
+    for n in range(20):
+        _schedule(run_id, f"c{n}", "tests.queues.limited")
+
+    @closing_connections
+    def claimer() -> list[int]:
+        claims = (WorkflowStep.objects.claim_due(60, queues=["tests-limited"]) for _ in range(3))
+        return [claim.step_id for claim in claims if claim is not None]
+
+    found = race([claimer] * 8)
+    assert all(isinstance(claimed, list) for claimed in found), found
+    assert sum(len(claimed) for claimed in found) == 3
 
 
 def test_four_workers_of_four_threads_never_run_more_than_the_concurrency() -> None:

@@ -565,7 +565,10 @@ class StepClaims(StepOutcomes):
         where it reads through a secondary index, even at READ COMMITTED, and keeps the
         locks until the transaction ends; other claims then skip those steps and can find
         none due while many are. There the candidates are read without a lock, then locked
-        one at a time by primary key, their conditions checked again under the lock. When
+        one at a time by primary key, their conditions checked again under the lock. A
+        candidate another claim took meanwhile stays locked too until the transaction ends
+        (InnoDB keeps the lock of a row it read under lock, matching or not): a claim holds
+        its step and those few, not the rows its search read. When
         :data:`LOCK_CANDIDATES` × :data:`LOCK_ROUNDS` candidates are all taken meanwhile,
         the one locking read decides."""
         if connections[alias].vendor != "mysql":

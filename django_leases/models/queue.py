@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import ClassVar
 
 from django.apps import apps
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
@@ -87,11 +87,21 @@ class WorkflowQueueQuerySet(db.RoutedQuerySet["WorkflowQueue"]):
     def _locked(self, alias: str, name: str) -> WorkflowQueue:
         """The queue's row, locked until the transaction ends (created if missing)."""
         rows = self.model._default_manager.using(alias)
+        targets = connections[alias].features.supports_update_conflicts_with_target
         for _try in range(2):
             found = rows.select_for_update().filter(name=name).first()
             if found is not None:
                 return found
-            rows.bulk_create([self.model(name=name)], ignore_conflicts=True)
+            # An upsert, not INSERT IGNORE: on InnoDB the duplicate-key check of an ignored
+            # insert takes a shared lock on the row another claim has just inserted, and two
+            # such claims, each then asking for the row's lock above, deadlock. The upsert
+            # waits for the exclusive lock instead, and holds it.
+            rows.bulk_create(
+                [self.model(name=name)],
+                update_conflicts=True,
+                unique_fields=["name"] if targets else None,
+                update_fields=["name"],
+            )
         raise self.model.DoesNotExist(f"Queue {name!r} has no row")  # pragma: no cover
 
     def admit(
