@@ -267,3 +267,32 @@ def test_a_claim_whose_candidates_are_taken_reads_on(
     first, other = _claim_beside_an_open_claim()
     # The open claim took s0, which the second still reads as pending and finds locked.
     assert (first, other) == ("s0", "s1")
+
+
+@pytest.mark.parametrize("candidates", [16, 1], ids=["candidates", "locking-read"])
+def test_eight_racing_claimers_take_each_of_200_steps_once(
+    candidates: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MariaDB / MySQL: eight claimers, each claiming until it finds nothing, take each of
+    200 steps of 20 runs exactly once and leave none due, by the candidates path and (one
+    candidate, one round) mostly by the locking read after it."""
+    if connection.vendor != "mysql":
+        pytest.skip("The MariaDB / MySQL claim's paths (elsewhere: the racing test above)")
+    if candidates == 1:
+        monkeypatch.setattr(claims, "LOCK_CANDIDATES", 1)
+        monkeypatch.setattr(claims, "LOCK_ROUNDS", 1)
+    runs = [_run() for _ in range(20)]
+    ids = [_schedule(runs[n % 20], f"s{n}", priority=n % 3).pk for n in range(200)]
+
+    @closing_connections
+    def claimer() -> list[int]:
+        taken = []
+        while (claim := WorkflowStep.objects.claim_due(LEASE)) is not None:
+            taken.append(claim.step_id)
+        return taken
+
+    with no_queue_limits():
+        found = race([claimer] * 8, timeout=180)
+    assert all(isinstance(taken, list) for taken in found), found
+    assert sorted(step for taken in found for step in taken) == sorted(ids)
+    assert not WorkflowStepAttempt.objects.filter(step_id__in=ids).exclude(attempt=1).exists()
