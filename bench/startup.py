@@ -190,12 +190,10 @@ FLOOR_APPS = [*PLAIN_APPS, "leasesfloor.apps.FloorConfig"]
 def write_floor_app(directory: Path) -> None:
     """Write the ``leasesfloor`` package into ``directory``: our models alone (see
     :data:`FLOOR_SOURCE`), labelled ``django_leases``, each registered in the admin."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
     done = subprocess.run(
         [sys.executable, "-c", FLOOR_SOURCE, json.dumps(WITH_APPS)],
         cwd=ROOT,
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         check=True,
@@ -218,6 +216,14 @@ def write_floor_app(directory: Path) -> None:
     )
 
 
+def child_env(path: tuple[Path, ...] = ()) -> dict[str, str]:
+    """A child interpreter's environment: this checkout (and ``path``) importable, no
+    settings module of the caller's."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, *path)))}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env
+
+
 def run_child(
     apps: list[str],
     *,
@@ -228,8 +234,7 @@ def run_child(
     """One fresh interpreter's figures (and its stderr: the ``-X importtime`` table); the
     top-level packages ``hidden`` cannot be imported in it; ``path``: more import roots."""
     command = [sys.executable, *(["-X", "importtime"] if importtime else []), "-c", CHILD]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (ROOT, *path)))}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = child_env(path)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     started = time.perf_counter()
     done = subprocess.run(
@@ -361,20 +366,15 @@ def measure_all(args: argparse.Namespace, hidden: tuple[str, ...], path: tuple[P
     }
     for measure in ("setup", "total", "process"):
         plain = summary(figures["plain"][measure])
-        with_us = summary(figures["with"][measure])
-        report[measure] = {
-            "plain": plain,
-            "with": with_us,
-            "ratio_best": round(with_us["best_ms"] / plain["best_ms"], 3),
-            "ratio_median": round(with_us["median_ms"] / plain["median_ms"], 3),
-        }
-        if path:
-            floor = summary(figures["floor"][measure])
-            report[measure] |= {
-                "floor": floor,
-                "floor_ratio_best": round(floor["best_ms"] / plain["best_ms"], 3),
-                "floor_ratio_median": round(floor["median_ms"] / plain["median_ms"], 3),
-            }
+        report[measure] = {"plain": plain}
+        for key, prefix in (("with", ""), ("floor", "floor_")):
+            if key in projects:
+                other = summary(figures[key][measure])
+                report[measure] |= {
+                    key: other,
+                    f"{prefix}ratio_best": round(other["best_ms"] / plain["best_ms"], 3),
+                    f"{prefix}ratio_median": round(other["median_ms"] / plain["median_ms"], 3),
+                }
     # Each app's models import and ready(), median ms: the admin's ready() imports every
     # app's admin module (ours among them in the project with us).
     report["phases_median_ms"] = {
