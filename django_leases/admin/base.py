@@ -1,15 +1,16 @@
-"""What several django-leases admin pages share: read-only lists, annotation filters and the
-names of the pages the admin classes add."""
+"""What several django-leases admin pages share: read-only lists, annotation filters, the
+names of the pages the admin classes add, and the operations an object's page offers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.contrib import admin
-from django.db import models
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import models, transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext_lazy as _
 
@@ -39,6 +40,95 @@ def object_page(
     ``<path:object_id>/<route>`` served by ``view``, named by :func:`url_name`. ``get_urls``
     puts it before Django's patterns, whose ``<path:object_id>/`` would match it too."""
     return path(f"<path:object_id>/{route}", view, name=url_name(model_admin, page))
+
+
+if TYPE_CHECKING:
+    from django.utils.functional import _StrPromise
+
+    _OperatedAdmin = admin.ModelAdmin[Any]
+else:  # Django's ModelAdmin takes no type parameter at run time
+    _OperatedAdmin = object
+
+
+class ObjectOperations(_OperatedAdmin):
+    """Mixin for a ``ModelAdmin`` whose objects' pages offer operations, with the rule of who
+    may run them in one place:
+
+    * ``<id>/operate/<operation>/`` (a POST; another method is 405) runs one of
+      :attr:`operations` through :meth:`run_operation`, whose response it returns;
+    * a user needs the list's view permission *and* :meth:`has_operate_permission` (else
+      403), checked before the object is looked up, as for Django's own actions, so that an
+      id's existence is not revealed either; an unknown operation is 403, an unknown object
+      an error message (:attr:`missing_message`) and the list;
+    * for such a user, the object's page has :meth:`operator_context` in its template
+      context.
+    """
+
+    #: The ``<operation>`` segments the operate URL takes.
+    operations: ClassVar[Collection[str]] = ()
+    #: The error message for an object that is not there (``%(id)r``: the id asked for).
+    missing_message: ClassVar[str | _StrPromise] = _("No such object (%(id)r).")
+    #: Whether operations run outside the request's transaction (``ATOMIC_REQUESTS``): for
+    #: those that take a lease or call a provider, which a transaction would hold open.
+    operate_outside_transaction: ClassVar[bool] = False
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may run this admin's operations (``bool``)."""
+        raise NotImplementedError
+
+    def check_operator(self, request: HttpRequest) -> None:
+        """Raise ``PermissionDenied`` unless the user may view the list and operate."""
+        if not (self.has_view_permission(request) and self.has_operate_permission(request)):
+            raise PermissionDenied
+
+    def run_operation(self, request: HttpRequest, obj: Any, operation: str) -> HttpResponse:
+        """Run ``operation`` (one of :attr:`operations`) on ``obj`` for a user allowed
+        to; say how it went (messages, ``LogEntry``) and return where to go next."""
+        raise NotImplementedError
+
+    def operator_context(self, obj: Any) -> dict[str, Any]:
+        """What ``obj``'s page adds to its template context for a user allowed to operate
+        (``dict``; none here)."""
+        return {}
+
+    def operate_url(self, obj: Any, operation: str) -> str:
+        """The URL that runs ``operation`` on ``obj`` (``str``; POST only)."""
+        return page_url(self, "operate", obj.pk, operation)
+
+    def get_urls(self) -> list[URLPattern]:
+        """The operate URL (``<id>/operate/<operation>/``), then the others (``URLPattern``)."""
+        view = self.admin_site.admin_view(self.operate_view)
+        if self.operate_outside_transaction:
+            view = transaction.non_atomic_requests(view)
+        return [object_page(self, "operate/<str:operation>/", view, "operate"), *super().get_urls()]
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        """POST ``<id>/operate/<operation>/``: :meth:`run_operation` for a user allowed to."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        self.check_operator(request)
+        if operation not in self.operations:
+            raise PermissionDenied  # no such operation: nothing to offer
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            self.message_user(request, self.missing_message % {"id": object_id}, messages.ERROR)
+            return HttpResponseRedirect(page_url(self, "changelist"))
+        return self.run_operation(request, obj, operation)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Django's object page, with :meth:`operator_context` for a user allowed to operate
+        (``HttpResponse``)."""
+        context = dict(extra_context or {})
+        obj = self.get_object(request, object_id)
+        if obj is not None and self.has_operate_permission(request):
+            context.update(self.operator_context(obj))
+        return super().change_view(request, object_id, form_url, context)
 
 
 class ReadOnlyAdmin:

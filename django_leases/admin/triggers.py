@@ -30,14 +30,13 @@ the badges ``status-<name>`` with ``data-status``; a source page's operations li
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
 from django.utils.html import format_html, format_html_join
@@ -45,7 +44,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin, object_page, page_url
+from django_leases.admin.base import ObjectOperations, ReadOnlyAdmin, object_page, page_url
 from django_leases.admin.display import cut_at_word, local_time, whole_run_id_link
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
@@ -131,7 +130,7 @@ class SourceStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
-class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
+class _TriggerSourceAdminBase(ReadOnlyAdmin, ObjectOperations, _SourceModelAdmin):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
     readonly_fields = _FIELDS
@@ -143,7 +142,11 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
     #: :mod:`django_leases.triggers.lifecycle` that runs it, past tense for logs). Names, not
     #: the functions: the admin registers as Django starts, the lifecycle loads when an
     #: operation runs or a list first shows a receive address.
-    operations: dict[str, tuple[str, str]] = {}
+    operations: ClassVar[dict[str, tuple[str, str]]] = {}
+    missing_message = _("No such trigger source (%(id)r).")
+    #: A lifecycle operation holds the source's lease and calls its provider: no request
+    #: transaction around it.
+    operate_outside_transaction = True
     #: The rows it lists: declared sources, or orphans.
     declared: bool = True
     list_display: tuple[str, ...] = ("__str__",)
@@ -153,7 +156,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
         return cast("TriggerSourceQuerySet", rows).with_refused()
 
     def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if self.has_toggle_permission(request):
+        if self.has_operate_permission(request):
             return self.list_display
         return self.read_only_columns()
 
@@ -163,7 +166,7 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     # -- permissions ----------------------------------------------------------------------
 
-    def has_toggle_permission(self, request: HttpRequest) -> bool:
+    def has_operate_permission(self, request: HttpRequest) -> bool:
         """Whether the user may switch, tear down and forget sources (``toggle_triggersource``)."""
         return bool(request.user.has_perm(TOGGLE_PERMISSION))
 
@@ -340,42 +343,17 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
 
     # -- operations -----------------------------------------------------------------------
 
-    def get_urls(self) -> list[URLPattern]:
-        view = transaction.non_atomic_requests(self.admin_site.admin_view(self.operate_view))
-        return [
-            object_page(self, "operate/<str:operation>/", view, "operate"),
-            *super().get_urls(),
-        ]
-
-    def operate_url(self, obj: TriggerSource, operation: str) -> str:
-        return page_url(self, "operate", obj.pk, operation)
-
-    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
-        """POST ``<id>/operate/<operation>/``: run one lifecycle operation on one source, log
-        it, say how it went, and go back to the list (or to ``next``, one of ours)."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        # As for Django's actions: this list's view permission *and* the toggle one, checked
-        # before the row is looked up, so an id's existence is not revealed either.
-        if not (self.has_view_permission(request) and self.has_toggle_permission(request)):
-            raise PermissionDenied
-        if operation not in self.operations:
-            raise PermissionDenied
-        source = self.get_object(request, object_id)
-        changelist = page_url(self, "changelist")
-        if source is None:
-            self.message_user(
-                request,
-                gettext("No such trigger source (%(id)r).") % {"id": object_id},
-                messages.ERROR,
-            )
-            return HttpResponseRedirect(changelist)
-        self._operate(request, [source], operation)
+    def run_operation(
+        self, request: HttpRequest, obj: TriggerSource, operation: str
+    ) -> HttpResponse:
+        """Run one lifecycle operation on one source (:meth:`_operate`), then go back to the
+        list, or to ``next`` (one of ours) while the source is still listed."""
+        self._operate(request, [obj], operation)
         back = request.POST.get("next", "")
-        still_there = self.get_queryset(request).filter(pk=source.pk).exists()
+        still_there = self.get_queryset(request).filter(pk=obj.pk).exists()
         if still_there and back.startswith(reverse("admin:index")) and "//" not in back:
             return HttpResponseRedirect(back)
-        return HttpResponseRedirect(changelist)
+        return HttpResponseRedirect(page_url(self, "changelist"))
 
     def _operate(
         self, request: HttpRequest, sources: Iterable[TriggerSource], operation: str
@@ -419,19 +397,6 @@ class _TriggerSourceAdminBase(ReadOnlyAdmin, _SourceModelAdmin):
             flag=lifecycle_flag(result),
             user_id=request.user.pk,
         )
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
-        source = self.get_object(request, object_id)
-        if source is not None and self.has_toggle_permission(request):
-            context.update(self.operator_context(source))
-        return super().change_view(request, object_id, form_url, context)
 
     def operator_context(self, source: TriggerSource) -> dict[str, Any]:
         """What ``source``'s page adds to its template context for a user with
@@ -538,8 +503,7 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         """``<id>/secret/``: a ``manual`` source's signing secret, set by an operator (view
         and toggle permissions). GET shows an empty password field — a stored secret is
         never rendered — and POST stores the one typed, encrypted, with a ``LogEntry``."""
-        if not (self.has_view_permission(request) and self.has_toggle_permission(request)):
-            raise PermissionDenied
+        self.check_operator(request)
         source = self.get_object(request, object_id)
         if source is None or source.provider != "manual":
             # GitHub and Stripe sources get their secret from the setup at the provider.
@@ -590,12 +554,12 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
             return [("disable", gettext("Turn off"))]
         return [("enable", gettext("Turn on"))]
 
-    @admin.action(description=_("Enable the selected trigger sources"), permissions=["toggle"])
+    @admin.action(description=_("Enable the selected trigger sources"), permissions=["operate"])
     def enable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Turn each selected source on and set it up at its provider (``lifecycle.enable``)."""
         self._operate(request, queryset.order_by("name"), "enable")
 
-    @admin.action(description=_("Disable the selected trigger sources"), permissions=["toggle"])
+    @admin.action(description=_("Disable the selected trigger sources"), permissions=["operate"])
     def disable_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Turn each selected source off, then tear it down (``lifecycle.disable``)."""
         self._operate(request, queryset.order_by("name"), "disable")
@@ -691,14 +655,14 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
             sources = able
         super()._operate(request, sources, operation)
 
-    @admin.action(description=_("Forget the selected orphans"), permissions=["toggle"])
+    @admin.action(description=_("Forget the selected orphans"), permissions=["operate"])
     def forget_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Delete each selected orphan's row, provider untouched (``lifecycle.forget``)."""
         self._operate(request, queryset.order_by("name"), "forget")
 
     @admin.action(
         description=_("Tear down the selected orphans at their provider"),
-        permissions=["toggle"],
+        permissions=["operate"],
     )
     def teardown_sources(self, request: HttpRequest, queryset: QuerySet[TriggerSource]) -> None:
         """Tear each selected orphan down at its provider and delete it (``lifecycle.teardown``)."""

@@ -19,23 +19,21 @@ there (before the run is looked up) and never sees the actions or the buttons.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.db.models import Exists, OuterRef, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
-from django.urls import URLPattern, reverse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin, ValueFilter, object_page
+from django_leases.admin.base import ObjectOperations, ReadOnlyAdmin, ValueFilter
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import (
     choice_label,
@@ -223,7 +221,7 @@ class TaskPathFilter(ValueFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
+class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, ObjectOperations, _RunModelAdmin):
     """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
     with ``operate_workflowrun`` (and the view permission)."""
 
@@ -243,6 +241,8 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
     inlines = (WorkflowStepInline,)
     actions = ("resume_runs", "cancel_runs", "retry_runs", "fork_runs")
     change_form_template = "admin/django_leases/workflowrun/change_form.html"
+    operations = OPERATIONS
+    missing_message = _("No workflow run with id %(id)r.")
 
     fields = (
         "id",
@@ -275,67 +275,30 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         """Whether the user may resume, cancel and retry (``operate_workflowrun``)."""
         return bool(request.user.has_perm(OPERATE_PERMISSION))
 
-    def get_urls(self) -> list[URLPattern]:
-        """The run operations' URL (``<id>/operate/<operation>/``), then Django's (a list
-        of ``URLPattern``)."""
-        view = self.admin_site.admin_view(self.operate_view)
-        return [
-            object_page(self, "operate/<str:operation>/", view, "operate"),
-            *super().get_urls(),
-        ]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """Django's run page, with the operations the user may start on this run in the context
-        (``HttpResponse``)."""
-        context = dict(extra_context or {})
-        run = self._run_or_none(object_id)
-        if run is not None and self.has_operate_permission(request):
-            allowed = run.allowed_operations()
-            failed_steps = list(
-                WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
-                .order_by("created_at", "id")
-                .values_list("step_name", flat=True)
-            )
-            context["operations"] = {
+    def operator_context(self, run: WorkflowRun) -> dict[str, Any]:
+        """The operations this user may start on ``run``'s page (``operations``: which are
+        offered, the failed steps to retry, the fork form's steps, their URLs)."""
+        allowed = run.allowed_operations()
+        failed_steps = list(
+            WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
+            .order_by("created_at", "id")
+            .values_list("step_name", flat=True)
+        )
+        return {
+            "operations": {
                 "resume": "resume" in allowed,
                 "cancel": "cancel" in allowed,
                 "retry_steps": failed_steps if "retry" in allowed else [],
                 "send_event": run.status in (RunStatus.RUNNING, RunStatus.SUSPENDED),
-                **self.operator_context(run),
-                "urls": {
-                    op.replace("-", "_"): reverse(
-                        "admin:django_leases_workflowrun_operate", args=[run.pk, op]
-                    )
-                    for op in OPERATIONS
-                },
+                **super().operator_context(run),
+                "urls": {op.replace("-", "_"): self.operate_url(run, op) for op in self.operations},
             }
-        return super().change_view(request, object_id, form_url, context)
+        }
 
-    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
-        """POST ``<run id>/operate/<resume|cancel|retry-step>/`` (``step`` in the form for
-        retry-step): run the operation, log it, say how it went, back to the run page."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        # As for Django's actions: the view permission *and* the operate one, checked before
-        # the run is looked up, so an id's existence is not revealed either.
-        if not (self.has_view_permission(request) and self.has_operate_permission(request)):
-            raise PermissionDenied
-        if operation not in OPERATIONS:
-            raise PermissionDenied  # no such operation: nothing to offer
-        run = self._run_or_none(object_id)
-        if run is None:
-            self.message_user(
-                request,
-                gettext("No workflow run with id %(id)r.") % {"id": object_id},
-                messages.ERROR,
-            )
-            return HttpResponseRedirect(reverse("admin:django_leases_workflowrun_changelist"))
+    def run_operation(self, request: HttpRequest, obj: WorkflowRun, operation: str) -> HttpResponse:
+        """Resume, cancel, retry the step named in the form (``step``), send an event or fork;
+        back to the run's page (the fork's, for a fork)."""
+        run = obj
         if operation == "resume":
             self._operate(request, run, lambda: WorkflowRun.objects.resume(run.pk))
         elif operation == "cancel":
@@ -466,13 +429,6 @@ class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, _RunModelAdmin):
         self.log_change(request, run, str(change))
         self.message_user(request, change_text(change), messages.SUCCESS)
         return change
-
-    @staticmethod
-    def _run_or_none(object_id: str) -> WorkflowRun | None:
-        try:
-            return WorkflowRun.objects.filter(pk=uuid.UUID(str(object_id))).first()
-        except ValueError:
-            return None
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
