@@ -99,6 +99,26 @@ class ResultWithNext:
     pass_requests: int | None = None
 
 
+@dataclass(frozen=True)
+class _Completion:
+    """A checked :meth:`~StepResults.set_result_completing_run` call, for its three paths:
+    the step's result for its attempt (the fence), the run's output, the run lease (held,
+    or the holder to take it for an instant) and the holder and TTL (seconds) of the next
+    pass to pick (``None``: no pick)."""
+
+    step_id: int
+    result: Any
+    attempt: int
+    output: Any
+    lease: Lease | str
+    next_holder: str | None
+    next_ttl: float
+
+    def head(self) -> list[Any]:
+        """The tuned statements' first arguments: step, result, attempt, output (JSON)."""
+        return [self.step_id, json.dumps(self.result), self.attempt, json.dumps(self.output)]
+
+
 class StepResults(StepScheduling):
     """A result with what follows it: the pass, the next step, or the run's end."""
 
@@ -409,64 +429,31 @@ class StepResults(StepScheduling):
             and isinstance(held, str)
             and claims_in_one(connection, queue_limits(), taken)
         )
+        call = _Completion(step_id, result, attempt, output, held, next_pass_holder, next_ttl)
         if not functions_called(connection):
-            done = self._complete_run_portably(
-                alias,
-                step_id,
-                result,
-                attempt,
-                output,
-                held,
-                next_pass_holder,
-                next_ttl,
-            )
+            done = self._complete_run_portably(alias, call)
         elif isinstance(held, str):
             done = self._complete_run_alone(
-                connection,
-                step_id,
-                result,
-                attempt,
-                output,
-                held,
-                next_pass_holder,
-                next_ttl,
-                claim=step_ttl if in_one else None,
-                queues=taken,
+                connection, call, held, claim=step_ttl if in_one else None, queues=taken
             )
         else:
-            done = self._complete_run_holding(
-                connection, step_id, result, attempt, output, held, next_pass_holder, next_ttl
-            )
+            done = self._complete_run_holding(connection, call, held)
         if step_ttl is None or in_one:
             return done
         return dataclasses.replace(done, next_step=self.claim_due(step_ttl, queues=taken))
 
     def _complete_run_holding(
-        self,
-        connection: BaseDatabaseWrapper,
-        step_id: int,
-        result: Any,
-        attempt: int,
-        output: Any,
-        held: Lease,
-        next_pass_holder: str | None,
-        next_ttl: float,
+        self, connection: BaseDatabaseWrapper, call: _Completion, held: Lease
     ) -> RunCompletion:
         """:meth:`set_result_completing_run` with the run lease ``held``, tuned: one
         statement."""
         alias = connection.alias
-        args: list[Any] = [
-            step_id,
-            json.dumps(result),
-            attempt,
-            json.dumps(output),
-            held.key,
-            held.holder,
-            held.token,
-        ]
+        step_id, attempt, output = call.step_id, call.attempt, call.output
+        next_pass_holder = call.next_holder
+        args = [*call.head(), held.key, held.holder, held.token]
         short = "complete_run"
         if next_pass_holder is not None:
-            args += [next_pass_holder, next_ttl]
+            args += [next_pass_holder, call.next_ttl]
             short = "complete_run_picking"
         sent = time.monotonic()
         row = call_function(connection, short, args)
@@ -492,32 +479,23 @@ class StepResults(StepScheduling):
     def _complete_run_alone(
         self,
         connection: BaseDatabaseWrapper,
-        step_id: int,
-        result: Any,
-        attempt: int,
-        output: Any,
+        call: _Completion,
         holder: str,
-        next_holder: str | None,
-        next_ttl: float,
         *,
         claim: float | None = None,
         queues: Sequence[str] = (),
     ) -> RunCompletion:
-        """:meth:`set_result_completing_run` without a held run lease, tuned: one statement;
-        ``claim``: the step lease TTL (seconds) of the next due step of ``queues`` (empty:
-        every queue; none of them limited) it claims too."""
+        """:meth:`set_result_completing_run` without a held run lease (the run lease taken
+        for an instant for ``holder``), tuned: one statement; ``claim``: the step lease TTL
+        (seconds) of the next due step of ``queues`` (empty: every queue; none of them
+        limited) it claims too."""
         alias = connection.alias
-        args: list[Any] = [
-            step_id,
-            json.dumps(result),
-            attempt,
-            json.dumps(output),
-            holder,
-            channel_name(alias),
-        ]
+        step_id, attempt, output = call.step_id, call.attempt, call.output
+        next_holder = call.next_holder
+        args = [*call.head(), holder, channel_name(alias)]
         short = "complete_run_alone"
         if next_holder is not None:
-            args += [next_holder, next_ttl]
+            args += [next_holder, call.next_ttl]
             short = "complete_run_alone_picking"
         elif claim is not None:
             args += [claim, list(queues) or None]
@@ -563,20 +541,11 @@ class StepResults(StepScheduling):
             notify=Owed(notify) if next_step is not None and not lapsed else nothing_owed,
         )
 
-    def _complete_run_portably(
-        self,
-        alias: str,
-        step_id: int,
-        result: Any,
-        attempt: int,
-        output: Any,
-        lease: Lease | str,
-        next_holder: str | None,
-        next_ttl: float,
-    ) -> RunCompletion:
-        """:meth:`set_result_completing_run`'s portable path: one transaction, then the pick.
-        ``lease``: the held run lease, or the holder to take it for an instant."""
-        json_result = Value(result, output_field=models.JSONField())
+    def _complete_run_portably(self, alias: str, call: _Completion) -> RunCompletion:
+        """:meth:`set_result_completing_run`'s portable path: one transaction, then the pick."""
+        step_id, attempt, output, lease = call.step_id, call.attempt, call.output, call.lease
+        next_holder, next_ttl = call.next_holder, call.next_ttl
+        json_result = Value(call.result, output_field=models.JSONField())
         live: bool | None = None
         completed = asked = False
         alone = isinstance(lease, str)
