@@ -74,7 +74,9 @@ id                       what it reports
                          ``workflow`` or ``cron``, has an unknown key, a cron expression cronsim
                          cannot read (or one that never matches), an unknown time zone, a
                          ``catch_up`` other than ``"latest"`` / ``"none"``, input that is not
-                         JSON, a workflow no loaded code registers, or the name of a
+                         storable JSON (as a run's input: no NUL, no lone surrogate, no keys
+                         written alike, nested at most 100 levels), a workflow no loaded
+                         code registers, or the name of a
                          ``@workflow(schedule=...)`` schedule. (A bad ``@workflow`` schedule
                          raises ``ValueError`` at import already.)
 ``django_leases.E031``   ``DJANGO_LEASES["PRUNE"]`` cannot be used as set, so no prune would run:

@@ -345,23 +345,6 @@ def parse_queues(value: object) -> dict[str, QueueLimits]:
     return found
 
 
-def check_queue_key(value: object, what: str = "queue_key") -> str | None:
-    """A queue key (``start_workflow(queue_key=)``, ``run.step(queue_key=)``): ``None``, or a
-    ``str`` of 1 to 255 characters; returns it.
-
-    Raises:
-        ValueError: anything else.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_QUEUE_KEY_LENGTH:
-        raise ValueError(
-            f"{what} must be a string of 1 to {MAX_QUEUE_KEY_LENGTH} characters (or None), "
-            f"not {value!r}"[:400]
-        )
-    return value
-
-
 #: The last ``QUEUES`` value :func:`queue_limits` parsed: a deep copy of it, and what it parsed
 #: to. The worker asks for the limits twice per step; parsing them each time was a tenth of a
 #: middle step's CPU. The setting is still read on every call, and compared (``==``, in C for

@@ -45,13 +45,14 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from django_leases import signals
-from django_leases.conf import check_queue_key, queue_limits
+from django_leases.conf import queue_limits
 from django_leases.exceptions import (
     QueueConfigError,
     TaskArgumentsError,
     TaskAttemptError,
     WorkflowStepFailedError,
 )
+from django_leases.models.timing import check_run_after
 from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 from django_leases.tasks_api import (
     BaseTaskBackend,
@@ -71,6 +72,7 @@ from django_leases.tasks_api import (
 )
 from django_leases.validation import (
     check_json,
+    check_queue_key,
     json_depth,
     seconds,
 )
@@ -181,8 +183,9 @@ class TaskBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         """Django's checks of ``task`` for this backend, then that its priority is an ``int``
-        (Django takes ``True`` or ``1.0``). Django calls this when a task is built or
-        ``using()`` changes it, and ``enqueue`` again.
+        (Django takes ``True`` or ``1.0``) and its ``run_after`` falls within the years 1 to
+        9999 in UTC. Django calls this when a task is built or ``using()`` changes it, and
+        ``enqueue`` again.
 
         Raises:
             InvalidTask: the task is not valid here (nothing stored).
@@ -191,6 +194,10 @@ class TaskBackend(BaseTaskBackend):
         priority = task.priority
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidTask(f"priority must be an int, not {priority!r}")
+        try:
+            check_run_after(task.run_after)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
 
     def _check_open_queue(self, task: Task[Any, Any]) -> None:
         """With ``QUEUES`` empty, Django lets a task name any queue: at enqueue, the engine

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_leases.conf import leases_settings, max_event_payload
+from django_leases.conf import MAX_QUEUE_KEY_LENGTH, leases_settings, max_event_payload
 
 #: Longest lease key or holder accepted, in characters (the column width).
 MAX_KEY_LENGTH = 255
@@ -89,6 +89,18 @@ def check_lease_name(value: object, what: str) -> str:
     """:func:`check_name` for a lease ``key`` or ``holder`` (``what``): up to
     :data:`MAX_KEY_LENGTH` (255) characters."""
     return check_name(value, f"Lease {what}", max_length=MAX_KEY_LENGTH)
+
+
+def check_queue_key(value: object, what: str = "queue_key") -> str | None:
+    """A queue key (``start_workflow(queue_key=)``, ``run.step(queue_key=)``): ``None``, or a
+    name of 1 to 255 characters (:func:`check_name`); returns it.
+
+    Raises:
+        ValueError: anything else, naming ``what``.
+    """
+    if value is None:
+        return None
+    return check_name(value, what, max_length=MAX_QUEUE_KEY_LENGTH)
 
 
 def check_identifier(value: object, what: str) -> str:

@@ -171,8 +171,8 @@ def registry_zone(name: str) -> Any:
         ({"cron": "* * */20 * 1L"}, "never matches"),
         ({"timezone": "Mars/Olympus"}, "unknown time zone"),
         ({"catch_up": "all"}, "catch_up"),
-        ({"input": {"when": datetime(2026, 1, 1)}}, "not JSON"),
-        ({"input": float("nan")}, "not JSON"),
+        ({"input": {"when": datetime(2026, 1, 1)}}, "storable JSON"),
+        ({"input": float("nan")}, "storable JSON"),
     ],
 )
 def test_a_bad_declaration_is_a_clear_error(fields: dict[str, Any], message: str) -> None:

@@ -20,7 +20,6 @@ from django.db.models.functions import Cast
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow, to_stored
-from django_leases.conf import check_queue_key
 from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
 from django_leases.models.recorded import TEXT_SUFFIX
@@ -44,6 +43,7 @@ from django_leases.validation import (
     check_identifier,
     check_json,
     check_name,
+    check_queue_key,
     check_tags,
     error_json,
     parse_run_id,

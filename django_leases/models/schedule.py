@@ -60,7 +60,7 @@ from django_leases import db
 from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.exceptions import UnknownScheduleError, WorkflowRunStateError
 from django_leases.models.workflow import WorkflowRun
-from django_leases.validation import MAX_NAME_LENGTH
+from django_leases.validation import MAX_NAME_LENGTH, check_json
 from django_leases.workflows.schedules import (
     CATCH_UP_POLICIES,
     MISSED_AFTER,
@@ -192,13 +192,18 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         deadlock (their inserts of one name), the loser runs again, unless it was called
         inside a transaction of the caller's. Returns every row, sorted by name.
 
-        Raises ``ValueError`` for two declarations with one name (nothing written).
+        Raises ``ValueError`` for two declarations with one name, or for an input this
+        database's JSON columns cannot store (nested deeper than MariaDB's 31 levels; a
+        declaration checks it against the package's own limit only), naming the schedule
+        (nothing written).
         """
         schedules = sorted(declared, key=lambda schedule: schedule.name)
         names = [schedule.name for schedule in schedules]
         if len(set(names)) != len(names):
             raise ValueError("sync() got two schedules with the same name")
         alias = self.write_alias()
+        for schedule in schedules:
+            check_json(schedule.input, f"Schedule {schedule.name!r}: the input", using=alias)
         connection = connections[alias]
         owned = not connection.in_atomic_block
         for _round in range(_SYNC_ROUNDS - 1):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
@@ -73,13 +73,21 @@ _EXPIRE_ROUNDS = 5
 
 def check_run_after(value: object, what: str = "run_after") -> float | datetime | None:
     """``value`` as seconds (≥ 0, a number or a ``timedelta``) or a ``datetime``, or
-    ``None``. A naive ``datetime`` is refused while ``USE_TZ`` is on; NaN, infinities and
-    negative seconds always. Raises ``ValueError`` naming ``what``."""
+    ``None``. A naive ``datetime`` is refused while ``USE_TZ`` is on, an aware one whose
+    instant falls outside years 1 to 9999 in UTC (what a ``datetime`` read back can hold);
+    NaN, infinities and negative seconds always. Raises ``ValueError`` naming ``what``."""
     if value is None:
         return None
     if isinstance(value, datetime):
         if django_settings.USE_TZ and value.tzinfo is None:
             raise ValueError(f"{what} must be an aware datetime while USE_TZ is on, not {value!r}")
+        if value.tzinfo is not None:
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                raise ValueError(
+                    f"{what} must fall within the years 1 to 9999 in UTC, not {value!r}"
+                ) from None
         return value
     return wait_seconds(value, what)
 

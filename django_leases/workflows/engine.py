@@ -26,7 +26,6 @@ from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connections, router
 
 from django_leases import db, tracing
-from django_leases.conf import check_queue_key
 from django_leases.exceptions import (
     LeaseLostError,
     WorkflowStepCancelledError,
@@ -35,6 +34,7 @@ from django_leases.exceptions import (
 from django_leases.fencing import Fence, step_fence
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import UNKNOWN, Renewed, Unknown, renewer
+from django_leases.validation import check_queue_key
 from django_leases.workflows import aio
 
 # Re-exported: the conformance suite patches the lookup on this module.

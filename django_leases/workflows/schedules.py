@@ -48,7 +48,6 @@ One schedule is built in: ``DJANGO_LEASES["PRUNE"]`` (:func:`prune_from_settings
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -58,7 +57,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
-from django_leases.validation import TTL_CEILING, check_name, seconds
+from django_leases.validation import TTL_CEILING, check_json, check_name, seconds
 from django_leases.workflows.values import TASK_WORKFLOW
 
 __all__ = [
@@ -207,7 +206,8 @@ def declaration(
         workflow: the workflow's name (``str``; whether it is registered is not checked here).
         cron: a cron expression (:func:`check_cron`).
         timezone: an IANA time zone name (:func:`check_timezone`).
-        input: the runs' JSON input (``None``: ``{}``).
+        input: the runs' JSON input (``None``: ``{}``), storable as every run's is
+            (:func:`~django_leases.validation.check_json`).
         catch_up: ``"latest"`` or ``"none"``.
         origin: where it was declared, for messages.
         overlap: one of :data:`OVERLAP_POLICIES` (default ``"skip"``).
@@ -247,10 +247,9 @@ def declaration(
             raise ValueError("'args' and 'kwargs' go with a 'task'")
         if not isinstance(workflow, str) or not workflow:
             raise ValueError(f"the workflow must be a workflow's name, not {workflow!r}")
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the input is not JSON: {exc}") from None
+        # As every tick's start will check it (on the schedule's database, which may lower
+        # the nesting limit: WorkflowScheduleQuerySet.sync).
+        check_json(value, "the input")
         return ScheduleDeclaration(
             name=name,
             workflow=workflow,

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, check_queue_key
+from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
 from django_leases.validation import (
     check_backoff,
     check_name,
     check_priority,
+    check_queue_key,
     check_retries,
     check_step_timeout,
 )
