@@ -50,7 +50,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_leases.exceptions import FenceRefusedError
 from django_leases.models import Lease, WorkflowStep
-from django_leases.validation import check_attempt, check_name
+from django_leases.validation import check_attempt, check_name, check_token
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -60,8 +60,6 @@ _M = TypeVar("_M", bound=models.Model)
 
 #: Longest ``fenced_by``: a lease key's (``Lease.key``).
 MAX_FENCE_KEY = 255
-#: Largest fence token: what the ``fence`` column (a signed 64-bit integer) holds.
-MAX_TOKEN = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -87,9 +85,7 @@ class Fence:
         characters, and a token that is not an ``int`` from 1 to 2**63 - 1 (the ``fence``
         column), with ``ValueError``: nothing is written with a bad fence."""
         check_name(self.key, "A fence key", max_length=MAX_FENCE_KEY)
-        token = self.token
-        if isinstance(token, bool) or not isinstance(token, int) or not 1 <= token <= MAX_TOKEN:
-            raise ValueError(f"A fence token must be an int from 1 to {MAX_TOKEN}, not {token!r}")
+        check_token(self.token, "A fence token")
 
 
 def lease_fence(lease: Lease) -> Fence:

@@ -91,6 +91,18 @@ def check_lease_name(value: object, what: str) -> str:
     return check_name(value, f"Lease {what}", max_length=MAX_KEY_LENGTH)
 
 
+#: Largest fencing token: what a signed 64-bit column (``Lease.token``, ``fence``) holds.
+MAX_TOKEN = 2**63 - 1
+
+
+def check_token(value: object, what: str) -> int:
+    """``value`` if it is a fencing token: an ``int`` (not ``bool``) from 1 to
+    :data:`MAX_TOKEN`; else ``ValueError`` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKEN:
+        raise ValueError(f"{what} must be an int from 1 to {MAX_TOKEN}, not {value!r}"[:300])
+    return value
+
+
 def check_queue_key(value: object, what: str = "queue_key") -> str | None:
     """A queue key (``start_workflow(queue_key=)``, ``run.step(queue_key=)``): ``None``, or a
     name of 1 to 255 characters (:func:`check_name`); returns it.

@@ -260,6 +260,40 @@ def test_lease_methods_refuse_what_is_not_a_lease(unchanged: None, thing: Any) -
         pass
 
 
+@pytest.mark.parametrize(
+    ("fields", "what"),
+    [
+        ({"token": "1"}, "Lease token"),
+        ({"token": 2**63}, "Lease token"),
+        ({"token": 1.0}, "Lease token"),
+        ({"token": True}, "Lease token"),
+        ({"token": 0}, "Lease token"),
+        ({"key": "k\x00"}, "Lease key"),
+        ({"holder": "h\ud800"}, "Lease holder"),
+        ({"key": "k" * 256}, "Lease key"),
+    ],
+)
+def test_a_lease_built_by_hand_that_no_row_could_hold_is_refused(
+    fields: dict[str, Any], what: str
+) -> None:
+    """A ``Lease`` made by hand (not returned by ``acquire``) whose key, holder or token no
+    lease row could hold is a ``ValueError`` naming the field, never a driver's error (a
+    token past 64 bits, a NUL) nor a lease refreshed or released through a token of another
+    type that the database would cast."""
+    key = unique_key("by-hand")
+    held = Lease.objects.acquire(key, "holder", 60)
+    assert held is not None
+    forged = Lease(**{"key": key, "holder": "holder", "token": held.token, **fields})
+    before = _snapshot()
+    with pytest.raises(ValueError, match=what):
+        Lease.objects.refresh(forged, 60)
+    with pytest.raises(ValueError, match=what):
+        Lease.objects.release(forged)
+    with pytest.raises(ValueError, match=what), Lease.objects.fenced(forged):
+        pass
+    assert _snapshot() == before  # still held, untouched
+
+
 # -- unicode round-trips --------------------------------------------------------------------
 
 UNICODE_NAMES = [

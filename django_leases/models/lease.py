@@ -61,7 +61,7 @@ from django_leases.clock import DbNow
 from django_leases.exceptions import LeaseLostError
 from django_leases.renewal import UNKNOWN, Unknown
 from django_leases.signals import lease_acquired, lease_released
-from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, ttl_seconds
+from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, check_token, ttl_seconds
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -372,8 +372,13 @@ def _if_same_grant(row: Lease | None, lease: Lease) -> Lease | None:
 
 
 def _check_lease(lease: object) -> None:
+    """Refuse what is not a :class:`Lease` (``ValueError``), or one whose key, holder or
+    token no lease row could hold (one built by hand): never a database error."""
     if not isinstance(lease, Lease):
         raise ValueError(f"Expected a Lease (as returned by acquire), not {type(lease).__name__}")
+    check_lease_name(lease.key, "key")
+    check_lease_name(lease.holder, "holder")
+    check_token(lease.token, "Lease token")
 
 
 def _held_q(lease: Lease, *, live: bool = False) -> Q:
