@@ -1211,6 +1211,8 @@ def workflow_functions_check(
 ) -> list[checks.CheckMessage]:
     """E013, and E017–W022 on MariaDB / MySQL (:func:`check_mysql_database`).
 
+    Only on a database the routers let django-leases' tables be on
+    (:func:`~django_leases.health.holds_tables`).
     E013: on each PostgreSQL database checked that has django-leases' migrations applied,
     the hot-path functions of the running code (``models.workflow.functions``) are installed.
     Their names carry a hash of their statements: code whose statements changed without a
@@ -1218,10 +1220,12 @@ def workflow_functions_check(
     # deferred: the migration machinery (health loads the executor), only for a database check
     from django.db.migrations.recorder import MigrationRecorder
 
-    from django_leases.health import functions_missing
+    from django_leases.health import functions_missing, holds_tables
 
     messages: list[checks.CheckMessage] = []
     for alias in databases or ():
+        if not holds_tables(alias):
+            continue  # the routers keep django-leases off it: nothing of ours to check
         connection = connections[alias]
         if connection.vendor == "mysql":
             messages.extend(check_mysql_database(connection))

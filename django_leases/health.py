@@ -153,6 +153,14 @@ def write_aliases() -> list[str]:
     return sorted({router.db_for_write(model) for model in _models().values()})
 
 
+def holds_tables(alias: str) -> bool:
+    """Whether the database routers let django-leases' tables be on ``alias`` (a database
+    alias): ``allow_migrate`` for one of its models at least. ``migrate`` records the
+    migrations of a database the routers keep it off, though no table is created there, so
+    the migration record alone cannot tell."""
+    return any(router.allow_migrate_model(alias, model) for model in _models().values())
+
+
 # -- database ---------------------------------------------------------------------------------
 
 
@@ -394,7 +402,7 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
     )
     runs = run_model._default_manager.using(alias)
     steps = step_model._default_manager.using(alias)
-    leases = lease_model._default_manager.using(router.db_for_write(lease_model))
+    leases = lease_model._default_manager.using(alias)
     live_leases = leases.filter(expires_at__gt=DbNow(), released_at__isnull=True)
 
     overdue_passes = runs.filter(status="running", pass_due_at__lte=_ago(overdue_after))
@@ -402,11 +410,7 @@ def check_workers(alias: str, overdue_after: float) -> Finding:
         _waiting_q(), run__status="running", available_at__lte=_ago(overdue_after)
     )
 
-    alive = list(
-        WorkflowWorker.objects.db_manager(router.db_for_write(WorkflowWorker))
-        .live()
-        .order_by("host", "pid")
-    )
+    alive = list(WorkflowWorker.objects.db_manager(alias).live().order_by("host", "pid"))
     latest = attempt_model._default_manager.using(alias).aggregate(
         latest=Max("started_at"), db_now=Max(DbNow())
     )
@@ -527,7 +531,7 @@ def check_stuck_runs(alias: str, stuck_after: float) -> Finding:
     if candidate_ids:
         keys = {f"{RUN_LEASE_PREFIX}{run_id}": run_id for run_id in candidate_ids}
         held = set(
-            lease_model._default_manager.using(router.db_for_write(lease_model))
+            lease_model._default_manager.using(alias)
             .filter(key__in=list(keys), expires_at__gt=DbNow(), released_at__isnull=True)
             .values_list("key", flat=True)
         )

@@ -477,7 +477,7 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
         _started_here(ctx.run_id, live)
     else:  # earlier attempts' errors and workers are read back
         _started_here(ctx.run_id, None)
-        run = WorkflowRun.objects.db_manager(router.db_for_write(WorkflowRun)).get(pk=ctx.run_id)
+        run = WorkflowRun.objects.db_manager(ctx.using).get(pk=ctx.run_id)
         live = _result_of(run, task=task, running=(ctx.attempt, worker_id))
     task_started.send(sender=type(backend), task_result=live)
     try:
@@ -485,9 +485,7 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
             value = task.call(TaskContext(task_result=live), *data["args"], **data["kwargs"])
         else:
             value = task.call(*data["args"], **data["kwargs"])
-        value = _json_value(
-            value, f"The return value of task {task.module_path}", router.db_for_write(WorkflowRun)
-        )
+        value = _json_value(value, f"The return value of task {task.module_path}", ctx.using)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # this attempt's failure: recorded with what Django shows

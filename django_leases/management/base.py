@@ -197,8 +197,8 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
 
 
 def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError | None:
-    """The error to report when a database a command works on has never had django-leases'
-    migrations applied (its tables do not exist there).
+    """The error to report when a database a command works on has none of django-leases'
+    tables: its migrations were never applied there, or the routers keep them off it.
 
     Args:
         given: the command's ``--database`` (an alias, a list of them, or ``None`` for every
@@ -220,6 +220,12 @@ def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError
     for alias in aliases:
         if alias not in connections or connections[alias].in_atomic_block:
             continue
+        if not health.holds_tables(alias):
+            return CommandError(
+                f"django-leases' tables are not on database {alias!r}: the database routers "
+                "keep them off it (allow_migrate). Name a database they are on.",
+                returncode=DATABASE_UNREACHABLE,
+            )
         try:
             applied = MigrationRecorder(connections[alias]).applied_migrations()
         except DatabaseError:

@@ -303,7 +303,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
                 .objects.db_manager(alias)
                 .rows()
                 .create(
-                    run=run,
+                    run_id=run.pk,
                     **step_columns(step),
                     available_at=DbNow()
                     if available_at is None

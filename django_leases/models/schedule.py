@@ -483,7 +483,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         stored_start, stored_end = to_stored(start, alias), to_stored(end, alias)
         assert stored_start is not None and stored_end is not None  # aware values given
         record = WorkflowScheduleBackfill.objects.db_manager(alias).create(
-            schedule=row, start=stored_start, end=stored_end, ticks=len(ticks)
+            schedule_id=row.pk, start=stored_start, end=stored_end, ticks=len(ticks)
         )
         started: list[uuid.UUID] = []
         existing: list[uuid.UUID] = []

@@ -531,7 +531,7 @@ class TriggerEventQuerySet(db.RoutedQuerySet["TriggerEvent"]):
             try:
                 with transaction.atomic(using=alias):
                     event = rows.create(
-                        source=source,
+                        source_id=source.pk,
                         source_name=source.name,
                         delivery_id=parsed.delivery_id,
                         event=parsed.event,
@@ -941,7 +941,7 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
                 return False
             try:
                 with transaction.atomic(using=alias):
-                    rows.create(source=source, reason=reason, last_status=status)
+                    rows.create(source_id=source.pk, reason=reason, last_status=status)
                 return True
             except IntegrityError:  # a concurrent first refusal inserted it: update it
                 continue

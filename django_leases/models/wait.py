@@ -221,14 +221,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     workflow, input, parent=pk, deadline=deadline
                 )
                 if wait is not None:  # an event kept for the name: the child's wait takes it
-                    self._take_name(wait, WaitKind.CHILD, child=child)
+                    self._take_name(wait, WaitKind.CHILD, child_id=child.pk)
                 else:
                     wait = self.rows().create(
                         run_id=pk,
                         name=name,
                         kind=WaitKind.CHILD,
                         status=WaitStatus.WAITING,
-                        child=child,
+                        child_id=child.pk,
                         reached_at=DbNow(),
                     )
             else:

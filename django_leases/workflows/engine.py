@@ -261,6 +261,9 @@ class StepContext:
         started_at: when this attempt started (an aware ``datetime``, database clock), or
             ``None`` where the claim did not read it back;
         run_created_at: when the run was created (database clock), or ``None`` likewise.
+        using: the alias of the database the run is on (``str``): where a worker's
+            ``--database`` or ``start_workflow(using=)`` put it, which need not be the
+            router's choice.
         transactional: ``True`` when the step function was declared
             ``@step_function(..., transactional=True)``: this call runs inside a transaction
             on the run's database that also records its result
@@ -291,6 +294,7 @@ class StepContext:
         self.lease_lost = lease_lost
         self.started_at = claim.started_at
         self.run_created_at = claim.run_created_at
+        self.using = claim.using
         self.transactional = transactional
         self._key = f"workflow-step:{claim.step_id}"
         self._claim = claim
