@@ -2,7 +2,9 @@
 lone surrogate in a queue key, a ``run_after`` whose instant falls outside years 1–9999
 in UTC, a schedule's input no run could carry. Each is refused where it enters, with a
 ``ValueError`` (``InvalidTask`` for a task) naming it, and nothing is written — never a
-driver's error, a run replayed for ever, or a stored row no query can read back."""
+driver's error, a run replayed for ever, or a stored row no query can read back. (And a
+workflow name that is not a ``str``: a ``ValueError`` too, not the registry's
+``TypeError``.)"""
 
 from __future__ import annotations
 
@@ -169,3 +171,13 @@ def test_a_schedule_input_mariadb_cannot_store_is_not_dropped_silently() -> None
     with pytest.raises(ValueError, match="Schedule 'deep'"):
         WorkflowSchedule.objects.sync([deep, other])
     assert not WorkflowSchedule.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", [["a"], {"a": 1}, None, 7])
+def test_start_workflow_refuses_a_name_that_is_not_a_str(name: Any) -> None:
+    """A workflow name of another type is a ``ValueError`` saying so (a list or a dict was a
+    bare ``TypeError: unhashable type`` from the registry's lookup), nothing written."""
+    with pytest.raises(ValueError, match="A workflow name must be a str"):
+        start_workflow(name)
+    assert not WorkflowRun.objects.exists()

@@ -111,10 +111,10 @@ def start_workflow(
 
     Raises:
         UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, a bad key, or a bad or unmatched
-            timing option (negative, NaN, a naive ``datetime`` while ``USE_TZ`` is on,
-            ``debounce`` without ``debounce_key``…), bad tags or a bad
-            queue key; nothing written.
+        ValueError: ``name`` is not a ``str``, ``input`` is not JSON-serialisable, a bad
+            key, or a bad or unmatched timing option (negative, NaN, a naive ``datetime``
+            while ``USE_TZ`` is on, ``debounce`` without ``debounce_key``…), bad tags or a
+            bad queue key; nothing written.
     """
     get_workflow(name)
     check_queue_key(queue_key)

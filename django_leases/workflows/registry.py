@@ -334,7 +334,14 @@ def step_functions() -> dict[str, StepDeclaration]:
 
 
 def get_workflow(name: str) -> Callable[..., Any]:
-    """The workflow registered as ``name``; raises :class:`UnknownWorkflowError`."""
+    """The workflow registered as ``name`` (a ``str``).
+
+    Raises:
+        UnknownWorkflowError: no workflow of that name is registered.
+        ValueError: ``name`` is not a ``str`` (as for every name: :func:`check_name`).
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"A workflow name must be a str, not {type(name).__name__}")
     try:
         return _workflows[name]
     except KeyError:
