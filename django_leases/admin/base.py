@@ -42,15 +42,34 @@ def object_page(
     return path(f"<path:object_id>/{route}", view, name=url_name(model_admin, page))
 
 
+class _Untyped:
+    """``name[...]`` at run time: ``base``, whatever the parameters (Django's admin classes
+    take no type parameter at run time; django-stubs types them by model)."""
+
+    def __init__(self, base: type) -> None:
+        self.base = base
+
+    def __getitem__(self, _parameters: object) -> type:
+        return self.base
+
+
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise
 
-    _OperatedAdmin = admin.ModelAdmin[Any]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _OperatedAdmin = object
+    ModelAdminOf = admin.ModelAdmin
+    TabularInlineOf = admin.TabularInline
+    AdminMixinOf = admin.ModelAdmin
+else:
+    #: ``ModelAdminOf[Model]``: Django's ``ModelAdmin``, typed for ``Model``.
+    ModelAdminOf = _Untyped(admin.ModelAdmin)
+    #: ``TabularInlineOf[Model, Parent]``: Django's ``TabularInline``, typed.
+    TabularInlineOf = _Untyped(admin.TabularInline)
+    #: ``AdminMixinOf[Model]``: the base of a mixin of a ``ModelAdmin`` of ``Model``: typed
+    #: as one, a plain ``object`` at run time.
+    AdminMixinOf = _Untyped(object)
 
 
-class ObjectOperations(_OperatedAdmin):
+class ObjectOperations(AdminMixinOf[Any]):
     """Mixin for a ``ModelAdmin`` whose objects' pages offer operations, with the rule of who
     may run them in one place:
 

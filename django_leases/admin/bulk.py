@@ -15,7 +15,7 @@ step* forks each from its first failed step (``WorkflowRun.objects.fork_from_fai
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -23,15 +23,11 @@ from django.http import HttpRequest
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
+from django_leases.admin.base import AdminMixinOf
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.models import WorkflowRun
 from django_leases.workflows.registry import get_workflow
 from django_leases.workflows.values import RunChange, StepStatus
-
-if TYPE_CHECKING:
-    _Base = admin.ModelAdmin[WorkflowRun]
-else:
-    _Base = object
 
 #: With more selected runs than this, the outcome is one summary message, not one per run.
 MESSAGES_PER_RUN = 10
@@ -39,7 +35,7 @@ MESSAGES_PER_RUN = 10
 REFUSALS_SHOWN = 5
 
 
-class RunOperatorActions(_Base):
+class RunOperatorActions(AdminMixinOf[WorkflowRun]):
     """List actions on the selected runs, and the fork form of a run's page."""
 
     def said(self, change: RunChange) -> str:

@@ -12,7 +12,7 @@ page.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -22,15 +22,10 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ReadOnlyAdmin, ValueFilter
+from django_leases.admin.base import AnnotationFilter, ModelAdminOf, ReadOnlyAdmin, ValueFilter
 from django_leases.admin.display import cut_at_word, run_id_link, time_column
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
-
-if TYPE_CHECKING:
-    _EventModelAdmin = admin.ModelAdmin[TriggerEvent]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _EventModelAdmin = admin.ModelAdmin
 
 #: Characters of what a handler said that the list shows.
 HANDLER_SAID_SHOWN = 120
@@ -96,7 +91,7 @@ class OutcomeFilter(AnnotationFilter):
 
 
 @admin.register(TriggerEvent)
-class DeliveryAdmin(ReadOnlyAdmin, _EventModelAdmin):
+class DeliveryAdmin(ReadOnlyAdmin, ModelAdminOf[TriggerEvent]):
     """Accepted deliveries, newest first; read-only."""
 
     list_display = ("received", "source_link", "event", "delivery_id", "outcome_shown", "run_link")

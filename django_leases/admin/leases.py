@@ -8,8 +8,6 @@ write is the "force release" action, offered only to users with the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -18,17 +16,12 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin, StateFilter
+from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin, StateFilter
 from django_leases.admin.display import choice_label, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
 
 FORCE_RELEASE_PERMISSION = "django_leases.force_release_lease"
-
-if TYPE_CHECKING:
-    _LeaseModelAdmin = admin.ModelAdmin[Lease]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _LeaseModelAdmin = admin.ModelAdmin
 
 
 class LeaseStateFilter(StateFilter):
@@ -38,7 +31,7 @@ class LeaseStateFilter(StateFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(ReadOnlyAdmin, _LeaseModelAdmin):
+class LeaseAdmin(ReadOnlyAdmin, ModelAdminOf[Lease]):
     """Read-only list of leases; "force release" behind its own permission."""
 
     list_display = (

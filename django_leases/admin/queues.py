@@ -17,7 +17,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext
 
-from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin
 from django_leases.exceptions import QueueConfigError
 from django_leases.models import WorkflowQueue
 from django_leases.workflows.display import queue_overview
@@ -25,13 +25,9 @@ from django_leases.workflows.display import queue_overview
 if TYPE_CHECKING:
     from django.http import HttpResponse
 
-    _QueueModelAdmin = admin.ModelAdmin[WorkflowQueue]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _QueueModelAdmin = admin.ModelAdmin
-
 
 @admin.register(WorkflowQueue)
-class WorkflowQueueAdmin(ReadOnlyAdmin, _QueueModelAdmin):
+class WorkflowQueueAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowQueue]):
     """The queue view: per queue, waiting, running, limit, rate and oldest waiting age."""
 
     actions = None

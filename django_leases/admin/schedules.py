@@ -19,8 +19,6 @@ Stable hooks for browser tests: the state badges have ids ``schedule-state-<pk>`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -28,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_leases.admin.base import ReadOnlyAdmin
+from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin
 from django_leases.admin.display import badge, local_time, run_id_link, time_column
 from django_leases.models import WorkflowSchedule
 from django_leases.models.schedule import SKIP_REASON_LABELS
@@ -38,11 +36,6 @@ BACKFILLS_SHOWN = 20
 
 #: The permission the pause and resume actions need.
 PAUSE_PERMISSION = "django_leases.pause_workflowschedule"
-
-if TYPE_CHECKING:
-    _ScheduleModelAdmin = admin.ModelAdmin[WorkflowSchedule]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _ScheduleModelAdmin = admin.ModelAdmin
 
 _STATE_COLOURS = {
     "active": ("#d1e7dd", "#0f5132"),
@@ -67,7 +60,7 @@ def state_of(schedule: WorkflowSchedule) -> str:
 
 
 @admin.register(WorkflowSchedule)
-class WorkflowScheduleAdmin(ReadOnlyAdmin, _ScheduleModelAdmin):
+class WorkflowScheduleAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowSchedule]):
     """Read-only list of schedules; pause and resume behind their permission."""
 
     list_display = (

@@ -44,7 +44,13 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ObjectOperations, ReadOnlyAdmin, object_page, page_url
+from django_leases.admin.base import (
+    ModelAdminOf,
+    ObjectOperations,
+    ReadOnlyAdmin,
+    object_page,
+    page_url,
+)
 from django_leases.admin.display import cut_at_word, local_time, whole_run_id_link
 from django_leases.admin.history import lifecycle_flag, lifecycle_message, log_change
 from django_leases.exceptions import LeaseError, TriggerSourceError, UnknownTriggerSourceError
@@ -64,9 +70,6 @@ if TYPE_CHECKING:
     from django_leases.models.trigger import TriggerSourceQuerySet
     from django_leases.triggers.lifecycle import LifecycleResult
 
-    _SourceModelAdmin = admin.ModelAdmin[TriggerSource]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _SourceModelAdmin = admin.ModelAdmin
 
 #: How many deliveries a source's page lists.
 RECENT_EVENTS = 20
@@ -130,7 +133,7 @@ class SourceStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
-class _TriggerSourceAdminBase(ReadOnlyAdmin, ObjectOperations, _SourceModelAdmin):
+class _TriggerSourceAdminBase(ReadOnlyAdmin, ObjectOperations, ModelAdminOf[TriggerSource]):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
     readonly_fields = _FIELDS

@@ -14,8 +14,6 @@ Stable hooks for browser tests: the state badges have ids ``worker-state-<pk>`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -24,14 +22,9 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ReadOnlyAdmin, StateFilter
+from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin, StateFilter
 from django_leases.admin.display import badge, choice_label, local_time, time_column
 from django_leases.models import WorkerState, WorkflowWorker
-
-if TYPE_CHECKING:
-    _WorkerModelAdmin = admin.ModelAdmin[WorkflowWorker]
-else:  # Django's ModelAdmin takes no type parameter at run time
-    _WorkerModelAdmin = admin.ModelAdmin
 
 _STATE_COLOURS = {
     WorkerState.LIVE.value: ("#d1e7dd", "#0f5132"),
@@ -47,7 +40,7 @@ class WorkerStateFilter(StateFilter):
 
 
 @admin.register(WorkflowWorker)
-class WorkflowWorkerAdmin(ReadOnlyAdmin, _WorkerModelAdmin):
+class WorkflowWorkerAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowWorker]):
     """Read-only list of worker processes and their heartbeat."""
 
     list_display = (

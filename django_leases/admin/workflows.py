@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import Exists, OuterRef, QuerySet
@@ -33,7 +33,13 @@ from django.utils.safestring import mark_safe
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ObjectOperations, ReadOnlyAdmin, ValueFilter
+from django_leases.admin.base import (
+    ModelAdminOf,
+    ObjectOperations,
+    ReadOnlyAdmin,
+    TabularInlineOf,
+    ValueFilter,
+)
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import (
     choice_label,
@@ -62,13 +68,6 @@ from django_leases.workflows.values import TASK_WORKFLOW, RunChange, WaitKind, W
 OPERATE_PERMISSION = "django_leases.operate_workflowrun"
 #: The run-page operations (the last path segment of their URLs).
 OPERATIONS = ("resume", "cancel", "retry-step", "send-event", "fork")
-
-if TYPE_CHECKING:
-    _StepInline = admin.TabularInline[WorkflowStep, WorkflowRun]
-    _RunModelAdmin = admin.ModelAdmin[WorkflowRun]
-else:  # Django's admin classes take no type parameters at run time
-    _StepInline = admin.TabularInline
-    _RunModelAdmin = admin.ModelAdmin
 
 
 def _json_text(value: Any) -> str:
@@ -102,7 +101,7 @@ def _json(value: Any) -> str:
 JSON_SHOWN = 300
 
 
-class WorkflowStepInline(ReadOnlyAdmin, _StepInline):
+class WorkflowStepInline(ReadOnlyAdmin, TabularInlineOf[WorkflowStep, WorkflowRun]):
     """A run's steps on its page, read-only, oldest first."""
 
     model = WorkflowStep
@@ -221,7 +220,9 @@ class TaskPathFilter(ValueFilter):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(ReadOnlyAdmin, RunOperatorActions, ObjectOperations, _RunModelAdmin):
+class WorkflowRunAdmin(
+    ReadOnlyAdmin, RunOperatorActions, ObjectOperations, ModelAdminOf[WorkflowRun]
+):
     """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
     with ``operate_workflowrun`` (and the view permission)."""
 
