@@ -66,11 +66,12 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
         """Fork each selected run from its first failed step
         (``WorkflowRun.objects.fork_from_failed``): a history entry on each run forked."""
         forked, refused = 0, []
-        for run in queryset.order_by("created_at", "id"):
+        selected = list(queryset.order_by("created_at", "id"))
+        for run in selected:
             try:
                 get_workflow(run.workflow)  # as fork_run: only a workflow this code runs
                 fork = WorkflowRun.objects.fork_from_failed(run.pk)
-            except (ValueError, UnknownWorkflowError) as exc:
+            except (ValueError, UnknownWorkflowError, WorkflowRun.DoesNotExist) as exc:
                 refused.append(str(exc))
                 continue
             forked += 1
@@ -82,12 +83,12 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
                 % {"count": forked},
                 messages.SUCCESS,
             )
-        if refused:
+        if len(selected) > MESSAGES_PER_RUN:
+            self._say_refused(request, refused)
+            return
+        for refusal in refused:  # each run left alone, named by its refusal
             self.message_user(
-                request,
-                gettext("Nothing forked: %(error)s.")
-                % {"error": "; ".join(refused[:REFUSALS_SHOWN])},
-                messages.ERROR,
+                request, gettext("Not forked: %(error)s.") % {"error": refusal}, messages.ERROR
             )
 
     def _operate_selected(
@@ -132,21 +133,27 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
                 + ").",
                 messages.SUCCESS,
             )
-        if refused:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d run refused; nothing changed there: %(first)s",
-                    "%(count)d runs refused; nothing changed there: %(first)s",
-                    len(refused),
-                )
-                % {
-                    "count": len(refused),
-                    "first": "; ".join(str(o.refusal) for o in refused[:REFUSALS_SHOWN])
-                    + ("…" if len(refused) > REFUSALS_SHOWN else ""),
-                },
-                messages.ERROR,
+        self._say_refused(request, [str(o.refusal) for o in refused])
+
+    def _say_refused(self, request: HttpRequest, refusals: list[str]) -> None:
+        """One message for the runs an action left alone (``refusals``: why, one per run):
+        how many, and the first :data:`REFUSALS_SHOWN` reasons; none when there are none."""
+        if not refusals:
+            return
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d run refused; nothing changed there: %(first)s",
+                "%(count)d runs refused; nothing changed there: %(first)s",
+                len(refusals),
             )
+            % {
+                "count": len(refusals),
+                "first": "; ".join(refusals[:REFUSALS_SHOWN])
+                + ("…" if len(refusals) > REFUSALS_SHOWN else ""),
+            },
+            messages.ERROR,
+        )
 
     def fork_from_form(self, request: HttpRequest, run: WorkflowRun) -> WorkflowRun | None:
         """Fork ``run`` from the step named in the form (``step``): the new run, logged on
@@ -155,7 +162,7 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
         try:
             get_workflow(run.workflow)  # as fork_run: only a workflow this code runs
             fork = WorkflowRun.objects.fork(run.pk, step_name)
-        except (ValueError, UnknownWorkflowError) as exc:
+        except (ValueError, UnknownWorkflowError, WorkflowRun.DoesNotExist) as exc:
             self.message_user(
                 request, gettext("Nothing forked: %(error)s.") % {"error": exc}, messages.ERROR
             )

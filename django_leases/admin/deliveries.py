@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import AnnotationFilter, ModelAdminOf, ReadOnlyAdmin, ValueFilter
+from django_leases.admin.base import AnnotationFilter, ModelAdminOf, ReadOnlyModelAdmin, ValueFilter
 from django_leases.admin.display import cut_at_word, run_id_link, time_column
 from django_leases.models import RunStatus, TriggerEvent
 from django_leases.models.trigger import NO_RUN
@@ -91,7 +91,7 @@ class OutcomeFilter(AnnotationFilter):
 
 
 @admin.register(TriggerEvent)
-class DeliveryAdmin(ReadOnlyAdmin, ModelAdminOf[TriggerEvent]):
+class DeliveryAdmin(ReadOnlyModelAdmin, ModelAdminOf[TriggerEvent]):
     """Accepted deliveries, newest first; read-only."""
 
     list_display = ("received", "source_link", "event", "delivery_id", "outcome_shown", "run_link")

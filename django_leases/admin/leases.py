@@ -16,7 +16,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin, StateFilter
+from django_leases.admin.base import ModelAdminOf, ReadOnlyModelAdmin, StateFilter
 from django_leases.admin.display import choice_label, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
@@ -31,7 +31,7 @@ class LeaseStateFilter(StateFilter):
 
 
 @admin.register(Lease)
-class LeaseAdmin(ReadOnlyAdmin, ModelAdminOf[Lease]):
+class LeaseAdmin(ReadOnlyModelAdmin, ModelAdminOf[Lease]):
     """Read-only list of leases; "force release" behind its own permission."""
 
     list_display = (

@@ -17,7 +17,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext
 
-from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin
+from django_leases.admin.base import ModelAdminOf, ReadOnlyModelAdmin
 from django_leases.exceptions import QueueConfigError
 from django_leases.models import WorkflowQueue
 from django_leases.workflows.display import queue_overview
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @admin.register(WorkflowQueue)
-class WorkflowQueueAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowQueue]):
+class WorkflowQueueAdmin(ReadOnlyModelAdmin, ModelAdminOf[WorkflowQueue]):
     """The queue view: per queue, waiting, running, limit, rate and oldest waiting age."""
 
     actions = None

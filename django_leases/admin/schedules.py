@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin
+from django_leases.admin.base import ModelAdminOf, ReadOnlyModelAdmin
 from django_leases.admin.display import badge, local_time, run_id_link, time_column
 from django_leases.models import WorkflowSchedule
 from django_leases.models.schedule import SKIP_REASON_LABELS
@@ -60,7 +60,7 @@ def state_of(schedule: WorkflowSchedule) -> str:
 
 
 @admin.register(WorkflowSchedule)
-class WorkflowScheduleAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowSchedule]):
+class WorkflowScheduleAdmin(ReadOnlyModelAdmin, ModelAdminOf[WorkflowSchedule]):
     """Read-only list of schedules; pause and resume behind their permission."""
 
     list_display = (

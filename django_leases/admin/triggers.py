@@ -47,7 +47,7 @@ from django.utils.translation import gettext_lazy as _
 from django_leases.admin.base import (
     ModelAdminOf,
     ObjectOperations,
-    ReadOnlyAdmin,
+    ReadOnlyModelAdmin,
     object_page,
     page_url,
 )
@@ -133,7 +133,7 @@ class SourceStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
-class _TriggerSourceAdminBase(ReadOnlyAdmin, ObjectOperations, ModelAdminOf[TriggerSource]):
+class _TriggerSourceAdminBase(ReadOnlyModelAdmin, ObjectOperations, ModelAdminOf[TriggerSource]):
     """Read-only lists and pages; the operations are POST views and actions over the lifecycle."""
 
     readonly_fields = _FIELDS

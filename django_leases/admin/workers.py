@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_leases.admin.base import ModelAdminOf, ReadOnlyAdmin, StateFilter
+from django_leases.admin.base import ModelAdminOf, ReadOnlyModelAdmin, StateFilter
 from django_leases.admin.display import badge, choice_label, local_time, time_column
 from django_leases.models import WorkerState, WorkflowWorker
 
@@ -40,7 +40,7 @@ class WorkerStateFilter(StateFilter):
 
 
 @admin.register(WorkflowWorker)
-class WorkflowWorkerAdmin(ReadOnlyAdmin, ModelAdminOf[WorkflowWorker]):
+class WorkflowWorkerAdmin(ReadOnlyModelAdmin, ModelAdminOf[WorkflowWorker]):
     """Read-only list of worker processes and their heartbeat."""
 
     list_display = (

@@ -37,6 +37,7 @@ from django_leases.admin.base import (
     ModelAdminOf,
     ObjectOperations,
     ReadOnlyAdmin,
+    ReadOnlyModelAdmin,
     TabularInlineOf,
     ValueFilter,
 )
@@ -221,7 +222,7 @@ class TaskPathFilter(ValueFilter):
 
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(
-    ReadOnlyAdmin, RunOperatorActions, ObjectOperations, ModelAdminOf[WorkflowRun]
+    ReadOnlyModelAdmin, RunOperatorActions, ObjectOperations, ModelAdminOf[WorkflowRun]
 ):
     """Workflow runs: read-only pages, with resume, cancel and retry-step operations for users
     with ``operate_workflowrun`` (and the view permission)."""
@@ -422,6 +423,9 @@ class WorkflowRunAdmin(
         changed)."""
         try:
             change: RunChange = operation()
+        except WorkflowRun.DoesNotExist:  # deleted meanwhile (a prune): as an unknown id
+            self.message_user(request, self.missing_message % {"id": run.pk}, messages.ERROR)
+            return None
         except (WorkflowRunStateError, WorkflowStep.DoesNotExist, ValueError) as exc:
             self.message_user(
                 request, gettext("Nothing changed: %(error)s.") % {"error": exc}, messages.ERROR

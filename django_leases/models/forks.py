@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.db.models import F, Q
 
+from django_leases import db
 from django_leases.clock import DbNow
 from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
@@ -84,7 +85,9 @@ class RunForks(RunReplays):
         steps = step_model()._default_manager.using(alias)
         waits = wait_model()._default_manager.using(alias)
         with transaction.atomic(using=alias):
-            original = self.rows().filter(pk=pk).first()
+            # Locked: a prune deleting the run meanwhile either waits for the fork, or has
+            # deleted it by the time the lock is granted (then: no such run).
+            original = db.for_update(self.rows().filter(pk=pk), alias).first()
             if original is None:
                 raise self.model.DoesNotExist(f"No workflow run with id {pk}")
             start = steps.filter(run_id=pk, step_name=from_step).values_list("pk", "status")

@@ -436,16 +436,26 @@ def _batch_size(value: object) -> int:
 def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None:
         raise ValueError(f"a tick is computed from an aware datetime, not {moment!r}")
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise _out_of_years(moment) from None
+
+
+def _out_of_years(moment: datetime) -> ValueError:
+    """The error for a moment whose ticks would fall outside what a ``datetime`` holds."""
+    return ValueError(f"{moment.isoformat()} is too near the years 1 or 9999 to tick from")
 
 
 def next_tick(cron: str, zone: str, after: datetime) -> datetime | None:
     """The first tick of ``cron`` (read in time zone ``zone``) strictly after ``after`` (an
     aware ``datetime``), as an aware UTC ``datetime``; ``None`` when there is none in the next
     50 years. Raises ``ValueError`` for a bad expression or zone, or a naive ``after``."""
-    local = _utc(after).astimezone(ZoneInfo(check_timezone(zone)))
     try:
+        local = _utc(after).astimezone(ZoneInfo(check_timezone(zone)))
         return _utc(next(CronSim(cron, local)))
+    except OverflowError:
+        raise _out_of_years(after) from None
     except CronSimError as exc:
         raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
     except StopIteration:
@@ -458,10 +468,12 @@ def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
     before. Raises ``ValueError`` as :func:`next_tick` does."""
     # cronsim going backwards from a time with microseconds looks first at that time's
     # whole second, so "at or before" is the whole second of ``at`` plus a microsecond.
-    start = _utc(at).replace(microsecond=0) + timedelta(microseconds=1)
-    local = start.astimezone(ZoneInfo(check_timezone(zone)))
     try:
+        start = _utc(at).replace(microsecond=0) + timedelta(microseconds=1)
+        local = start.astimezone(ZoneInfo(check_timezone(zone)))
         return _utc(next(CronSim(cron, local, reverse=True)))
+    except OverflowError:
+        raise _out_of_years(at) from None
     except CronSimError as exc:
         raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
     except StopIteration:
@@ -483,6 +495,8 @@ def ticks_between(cron: str, zone: str, start: datetime, end: datetime) -> list[
     first, last = _utc(start), _utc(end)
     if last <= first:
         raise ValueError(f"the window's end ({end.isoformat()}) is not after its start")
+    if first == datetime.min.replace(tzinfo=UTC):
+        raise _out_of_years(start)
     found: list[datetime] = []
     moment = next_tick(cron, zone, first - timedelta(microseconds=1))
     while moment is not None and moment < last:
