@@ -192,3 +192,13 @@ def test_forking_selected_runs_names_every_run_left_alone() -> None:
     unnamed = [str(run.pk) for run in left_alone if str(run.pk) not in text]
     assert unnamed == [], f"runs left alone but not named: {unnamed}; messages: {shown}"
     assert not any(m.startswith("Nothing forked") for m in shown), shown
+
+
+@pytest.mark.django_db
+def test_an_operation_on_an_id_of_5000_characters_says_so_in_a_short_message() -> None:
+    """An unknown id is named in the message, cut to its first 100 characters: a crafted
+    URL does not fill the operator's page (or the session's message store)."""
+    client = staff_client("view_workflowrun", "operate_workflowrun")
+    response = client.post(_operate_url("x" * 5000, "resume"), follow=True)
+    (said,) = _messages(response)
+    assert "x" * 100 + "…" in said and len(said) < 200, said

@@ -130,7 +130,8 @@ class ObjectOperations(AdminMixinOf[Any]):
             raise PermissionDenied  # no such operation: nothing to offer
         obj = self.get_object(request, object_id)
         if obj is None:
-            self.message_user(request, self.missing_message % {"id": object_id}, messages.ERROR)
+            shown = object_id if len(object_id) <= 100 else object_id[:100] + "…"
+            self.message_user(request, self.missing_message % {"id": shown}, messages.ERROR)
             return HttpResponseRedirect(page_url(self, "changelist"))
         return self.run_operation(request, obj, operation)
 
