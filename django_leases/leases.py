@@ -143,6 +143,29 @@ def _wait_seconds(wait: object) -> float | None:
     return seconds(wait, "wait")
 
 
+class Backoff:
+    """The pauses between tries of a wait for a taken lease: 20 ms doubling up to
+    ``min(1 s, TTL/3)``, within ``wait`` seconds (``math.inf``: for ever; ``None``: no wait,
+    so no pause at all)."""
+
+    def __init__(self, wait: float | None, ttl: float) -> None:
+        limit = _wait_seconds(wait)
+        #: Whether there is a wait (``wait`` was not ``None``).
+        self.waits = limit is not None
+        self._give_up = None if limit is None else time.monotonic() + limit
+        self._pause = WAIT_FIRST_PAUSE
+        self._longest = min(WAIT_MAX_PAUSE, renewal_interval(ttl))
+
+    def next_pause(self) -> float | None:
+        """Seconds to pause before the next try, or ``None``: the wait is over."""
+        left = 0.0 if self._give_up is None else self._give_up - time.monotonic()
+        if left <= 0:
+            return None
+        pause = min(self._pause, left)
+        self._pause = min(self._pause * 2, self._longest)
+        return pause
+
+
 class HeldLease:
     """One hold of a lease: what a ``hold_lease`` body gets, and the protocol every holder
     follows (acquire or adopt → renew every TTL/3 → final check → release).
@@ -268,6 +291,34 @@ class HeldLease:
                 would be invisible to others until that transaction commits).
             DatabaseError: without ``wait``, as the acquire statement raised it.
         """
+        backoff = Backoff(wait, self.ttl)
+        while True:
+            if self.try_acquire(waiting=backoff.waits, observe=observe, renew=renew):
+                return self
+            pause = backoff.next_pause()
+            if pause is None or (stop is not None and stop()):
+                raise LeaseTakenError(self.key)
+            time.sleep(pause)
+            if stop is not None and stop():
+                # Stopped during the pause (a cancelled waiter): do not try once more, or a
+                # key given up meanwhile would be taken for a caller that has gone.
+                raise LeaseTakenError(self.key)
+
+    def try_acquire(
+        self,
+        *,
+        waiting: bool = False,
+        observe: Callable[[str, BaseException | None], None] | None = None,
+        renew: bool = True,
+    ) -> bool:
+        """One try of :meth:`acquire`: whether the lease was granted (then it is held, and
+        renewed unless ``renew`` is false). ``waiting``: a database error is logged, told to
+        ``observe`` and answered ``False`` (the caller tries again), not raised.
+
+        Raises:
+            MisuseError: as :meth:`acquire`.
+            DatabaseError: not ``waiting``, as the acquire statement raised it.
+        """
         alias = self.alias
         if connections[alias].in_atomic_block:
             # The grant would stay invisible to everyone else until the outer transaction
@@ -278,36 +329,23 @@ class HeldLease:
                 "Take the lease outside the transaction (in tests, use TransactionTestCase "
                 "or django_db(transaction=True))."
             )
-        limit = _wait_seconds(wait)
-        give_up = None if limit is None else time.monotonic() + limit
-        pause = WAIT_FIRST_PAUSE
-        longest = min(WAIT_MAX_PAUSE, renewal_interval(self.ttl))
-        while True:
-            sent = time.monotonic()
-            try:
-                lease = self._objects().acquire(self.key, self.holder, self.ttl)
-            except DatabaseError as exc:
-                if give_up is None:
-                    raise
-                logger.warning("Could not reach the database to acquire %r: %s", self.key, exc)
-                if observe is not None:
-                    observe("unreachable", exc)
-                db.close_thread_connections()
-                lease = None
-            else:
-                if lease is not None:
-                    return self.adopt(lease, sent, renew=renew)
-                if observe is not None:
-                    observe("taken", None)
-            left = 0.0 if give_up is None else give_up - time.monotonic()
-            if left <= 0 or (stop is not None and stop()):
-                raise LeaseTakenError(self.key)
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, longest)
-            if stop is not None and stop():
-                # Stopped during the pause (a cancelled waiter): do not try once more, or a
-                # key given up meanwhile would be taken for a caller that has gone.
-                raise LeaseTakenError(self.key)
+        sent = time.monotonic()
+        try:
+            lease = self._objects().acquire(self.key, self.holder, self.ttl)
+        except DatabaseError as exc:
+            if not waiting:
+                raise
+            logger.warning("Could not reach the database to acquire %r: %s", self.key, exc)
+            if observe is not None:
+                observe("unreachable", exc)
+            db.close_thread_connections()
+            return False
+        if lease is None:
+            if observe is not None:
+                observe("taken", None)
+            return False
+        self.adopt(lease, sent, renew=renew)
+        return True
 
     def adopt(self, lease: Lease, sent: float, *, renew: bool = True) -> HeldLease:
         """Hold ``lease``, granted to this key and holder by a statement that may have done more
@@ -450,35 +488,35 @@ LeaseHandle = HeldLease
 
 
 class _Entry:
-    """An acquisition for ``ahold_lease`` that can be abandoned while it is in flight.
+    """One try of an ``ahold_lease`` acquisition, which can be abandoned while in flight.
 
-    :meth:`run` acquires on a worker thread; :meth:`abandon` (called on the event loop when
+    :meth:`run` tries once on a worker thread; :meth:`abandon` (called on the event loop when
     the task is cancelled) makes sure whatever it acquired is given back, by ``run`` itself
     if it has not finished yet, else by a short-lived thread. No event-loop task is involved,
     so this holds even if the loop shuts down first.
     """
 
-    def __init__(self, held: HeldLease, wait: float | None) -> None:
+    def __init__(self, held: HeldLease, waiting: bool) -> None:
         self.held = held
-        self.wait = wait
+        self.waiting = waiting
         self._lock = threading.Lock()
-        self._entered = False
+        self._granted = False
         self._abandoned = False
 
-    def run(self) -> HeldLease:
-        self.held.acquire(wait=self.wait, stop=lambda: self._abandoned)
+    def run(self) -> bool:
+        granted = self.held.try_acquire(waiting=self.waiting)
         with self._lock:
-            self._entered = True
+            self._granted = granted
             abandoned = self._abandoned
-        if abandoned:
+        if abandoned and granted:
             self._give_back()
-        return self.held
+        return granted
 
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True
-            entered = self._entered
-        if entered:
+            granted = self._granted
+        if granted:
             threading.Thread(target=self._give_back, kwargs={"close": True}, daemon=True).start()
 
     def _give_back(self, close: bool = False) -> None:
@@ -603,6 +641,8 @@ class ahold_lease(_HoldArguments):
     _loop: asyncio.AbstractEventLoop | None = None
     _cancelled = False
     _exiting = False
+    #: Entered, from the start of the acquisition to the end of the exit.
+    _busy = False
 
     def __call__(self, func: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
         if not inspect.iscoroutinefunction(func):
@@ -631,23 +671,42 @@ class ahold_lease(_HoldArguments):
             self._loop.call_soon_threadsafe(self._cancel_body)
 
     async def __aenter__(self) -> HeldLease:
-        if self._held is not None:
+        if self._busy:  # entered already, or still acquiring for another task
             raise MisuseError("ahold_lease(...) is not reentrant; create a new one")
+        self._busy = True
+        try:
+            held = await self._acquire()
+        except BaseException:
+            self._busy = False
+            raise
+        self._held = held
+        return held
+
+    async def _acquire(self) -> HeldLease:
+        """Acquire, one try at a time on a worker thread; a wait's pauses are spent on the
+        event loop, so the context's one sync thread (``thread_sensitive``) stays free for
+        the others — the holder's own release among them."""
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False
         held = self._held_lease(on_lost=self._lost_from_thread)
-        entry = _Entry(held, self.wait)
-        entering = _keep(asyncio.ensure_future(sync_to_async(entry.run)()))
-        try:
-            await asyncio.shield(entering)
-        except asyncio.CancelledError:
-            # The acquisition goes on in its thread; whatever it gets is given back (else
-            # its renewal thread would keep the lease alive for a task that is gone).
-            entry.abandon()
-            raise
-        self._held = held
-        return held
+        backoff = Backoff(self.wait, self.ttl)
+        while True:
+            entry = _Entry(held, backoff.waits)
+            trying = _keep(asyncio.ensure_future(sync_to_async(entry.run)()))
+            try:
+                granted = await asyncio.shield(trying)
+            except asyncio.CancelledError:
+                # The try goes on in its thread; whatever it gets is given back (else its
+                # renewal thread would keep the lease alive for a task that is gone).
+                entry.abandon()
+                raise
+            if granted:
+                return held
+            pause = backoff.next_pause()
+            if pause is None:
+                raise LeaseTakenError(self.key)
+            await asyncio.sleep(pause)
 
     async def __aexit__(
         self,
@@ -655,6 +714,12 @@ class ahold_lease(_HoldArguments):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        try:
+            await self._exit(exc_type, exc)
+        finally:
+            self._busy = False
+
+    async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         self._exiting = True
         held, self._held = self._held, None
         assert held is not None
