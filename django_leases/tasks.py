@@ -740,7 +740,7 @@ def _json_value(value: Any, what: str, alias: str) -> Any:
     :class:`TaskArgumentsError`."""
     try:
         normal = normalize_json(value)
-        check_json(normal, what, max_depth=json_depth(connections[alias]) - 1)
+        check_json(normal, what, max_depth=json_depth(connections[alias]) - 1, using=alias)
         written = _json_text(normal)
         # Not so for an int key, say (it reads back "1"); then what the database gives back.
         same = json.loads(written) == normal
@@ -748,7 +748,10 @@ def _json_value(value: Any, what: str, alias: str) -> Any:
     except RecursionError:
         raise TaskArgumentsError(f"{what} must be JSON: nested too deeply") from None
     except (TypeError, ValueError) as exc:
-        raise TaskArgumentsError(f"{what} must be JSON (read back as written): {exc}") from None
+        said = str(exc)  # check_json's own message names ``what`` already
+        if not said.startswith(what):
+            said = f"{what} must be JSON (read back as written): {said}"
+        raise TaskArgumentsError(said) from None
     if not same:
         raise TaskArgumentsError(f"{what} does not read back from JSON as written")
     read_back = _json_text(stored)

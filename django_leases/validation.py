@@ -13,6 +13,7 @@ import math
 import re
 import traceback
 import uuid
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from decimal import Decimal
@@ -370,6 +371,31 @@ def json_depth(connection: Any) -> int:
     return MAX_JSON_DEPTH
 
 
+#: Bytes of a statement kept for all but its one large JSON value (MariaDB / MySQL).
+STATEMENT_ROOM = 64 * 1024
+
+#: ``max_allowed_packet`` as each MariaDB / MySQL connection read it (a global of the server,
+#: fixed for a session): asked once per connection object.
+_packet_sizes: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def json_size_limit(connection: Any) -> int | None:
+    """The most bytes of JSON text one value may take in a statement to ``connection``'s
+    database (a Django connection): on MariaDB / MySQL the server's ``max_allowed_packet``
+    less :data:`STATEMENT_ROOM` — a longer statement is refused and the server drops the
+    connection, and the caller's transaction with it; elsewhere ``None`` (no limit short of
+    the column's own). Asks the server once per connection."""
+    if connection.vendor != "mysql":
+        return None
+    size = _packet_sizes.get(connection)
+    if size is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            size = int(cursor.fetchone()[0])
+        _packet_sizes[connection] = size
+    return max(size - STATEMENT_ROOM, STATEMENT_ROOM)
+
+
 def check_json(
     value: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH, using: str | None = None
 ) -> Any:
@@ -384,14 +410,27 @@ def check_json(
     ``max_depth`` (``int``) lowers the nesting limit: for a value stored inside another JSON
     value (a task's arguments inside its step's data). ``using`` (a database alias): the
     value is stored there, so the limit is at most what that database's JSON columns store
-    (:func:`json_depth`: 31 levels on MariaDB, whose columns refuse deeper values).
+    (:func:`json_depth`: 31 levels on MariaDB, whose columns refuse deeper values), and its
+    text at most what one statement to it may carry (:func:`json_size_limit`: MariaDB's
+    ``max_allowed_packet``).
 
     Raises ``ValueError`` naming ``what`` and where in the value the problem is (the message
     itself is always storable).
     """
-    if using is not None:
-        max_depth = min(max_depth, json_depth(connections[using]))
-    _json_text(value, what, max_depth)
+    if using is None:
+        _json_text(value, what, max_depth)
+        return value
+    connection = connections[using]
+    text = _json_text(value, what, min(max_depth, json_depth(connection)))
+    limit = json_size_limit(connection)
+    if limit is not None and len(text) * 4 > limit:  # else it fits whatever its characters
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise ValueError(
+                f"{what} must be storable JSON: $ is {size} bytes as JSON text, more than the "
+                f"{limit} one statement to this database server may carry "
+                "(max_allowed_packet)"
+            )
     return value
 
 
