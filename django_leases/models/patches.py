@@ -116,13 +116,17 @@ class RunReplays(RunTiming):
     """The live runs a replay check reads, in batches."""
 
     def live_batches(
-        self, batch_size: int = 1000, *, only: Sequence[uuid.UUID] | None = None
+        self,
+        batch_size: int = 1000,
+        *,
+        only: Sequence[uuid.UUID] | None = None,
+        statuses: Sequence[str] = LIVE_RUN_STATUSES,
     ) -> Iterator[list[WorkflowRun]]:
-        """Every live run (``running`` — a sleeping or waiting one too — and ``suspended``),
-        in lists of at most ``batch_size`` (int ≥ 1), by id; each list is one read of
-        ``id``, ``workflow``, ``status`` and ``input``, found after the previous list's last
-        id (a run started meanwhile is read if its id sorts later). ``only``: just those of
-        these run ids that are live.
+        """Every live run (``running`` — a sleeping or waiting one too — and ``suspended``;
+        ``statuses``: those instead), in lists of at most ``batch_size`` (int ≥ 1), by id;
+        each list is one read of ``id``, ``workflow``, ``status`` and ``input``, found after
+        the previous list's last id (a run started meanwhile is read if its id sorts later).
+        ``only``: just those of these run ids that are live.
 
         Raises:
             ValueError: a bad ``batch_size``.
@@ -131,7 +135,7 @@ class RunReplays(RunTiming):
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         live = (
             self.rows()
-            .filter(status__in=LIVE_RUN_STATUSES)
+            .filter(status__in=list(statuses))
             .only("id", "workflow", "status", "input")
             .order_by("id")
         )

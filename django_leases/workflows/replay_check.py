@@ -1,7 +1,8 @@
 """A replay check for deploys (DESIGN §5c): does every live run replay on the code now
 deployed? ``manage.py workflow_runs check-replay`` runs :func:`check_replay`.
 
-Each live run (``running`` — a sleeping or waiting one too — and ``suspended``) is replayed
+Each live run (``running`` — a sleeping or waiting one too — and ``suspended``), and each
+``failed`` one (an operator's resume replays it on the code then deployed), is replayed
 **in memory** against the registered workflow functions, as a pass would replay it, with
 what the run recorded: a succeeded step returns its recorded result, a finished wait its
 outcome, a patch its recorded answer. Nothing is written, no lease is taken and no step
@@ -56,6 +57,7 @@ from django_leases.exceptions import (
     WorkflowStepFailedError,
 )
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
+from django_leases.models.patches import LIVE_RUN_STATUSES
 from django_leases.workflows.driver import RunContext
 from django_leases.workflows.registry import get_workflow
 from django_leases.workflows.values import (
@@ -458,10 +460,15 @@ def replay_run(
     return None if left is None else diverged(left, Action("return"))
 
 
+#: The runs the check replays: the live ones, which a pass replays, and the failed ones,
+#: which an operator's resume replays.
+REPLAYED_STATUSES = (*LIVE_RUN_STATUSES, RunStatus.FAILED)
+
+
 def check_replay(*, using: str | None = None, batch_size: int = BATCH_SIZE) -> ReplayReport:
-    """Replay every live run (``running``, ``suspended``) in memory against the workflow
-    code now registered, writing nothing (see the module's docstring for what replays and
-    what diverges).
+    """Replay every live run (``running``, ``suspended``) and every ``failed`` one (a resume
+    replays it) in memory against the workflow code now registered, writing nothing (see
+    the module's docstring for what replays and what diverges).
 
     Args:
         using: database alias (default: the router's choice for ``WorkflowRun``).
@@ -490,7 +497,7 @@ def check_replay(*, using: str | None = None, batch_size: int = BATCH_SIZE) -> R
         diverged = (replay_run(run, steps_of[run.pk], waits_of[run.pk]) for run in batch)
         return [divergence for divergence in diverged if divergence is not None]
 
-    for batch in runs.live_batches(batch_size):
+    for batch in runs.live_batches(batch_size, statuses=REPLAYED_STATUSES):
         checked += len(batch)
         first = replayed(batch)
         if first:
@@ -498,13 +505,16 @@ def check_replay(*, using: str | None = None, batch_size: int = BATCH_SIZE) -> R
             # between two of them can make a run look as if it diverged. Those runs are read
             # and replayed once more; a run diverges if it does again (a code change does,
             # every time) and is still live.
-            again = runs.live_batches(batch_size, only=[found.run_id for found in first])
+            again = runs.live_batches(
+                batch_size, only=[found.run_id for found in first], statuses=REPLAYED_STATUSES
+            )
             found += replayed(next(again, []))
     return ReplayReport(checked, found, time.monotonic() - started)
 
 
 __all__ = [
     "BATCH_SIZE",
+    "REPLAYED_STATUSES",
     "Action",
     "Divergence",
     "ReplayReport",
