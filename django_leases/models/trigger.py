@@ -337,6 +337,15 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
                 for source in sources
                 if providers.get(source.name) not in (None, source.provider)
             )
+            # The registration made at the former provider is kept, as ``state["previous"]``,
+            # for the lifecycle to tear down before the source is set up at its new one.
+            previous = {
+                name: {"previous": {"provider": providers[name], "config": config, "state": state}}
+                for name, config, state in rows.filter(name__in=switched).values_list(
+                    "name", "config", "state"
+                )
+                if state is not None and "previous" not in state
+            }
             if switched:
                 TriggerSecret.objects.db_manager(alias).filter(name__in=switched).delete()
                 for name in switched:
@@ -364,11 +373,13 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             )
             rows.filter(name__in=names, declared=False).update(declared=True, updated_at=DbNow())
             for source in sources:
+                kept = {"state": previous[source.name]} if source.name in previous else {}
                 rows.filter(name=source.name).update(
                     kind=source.kind,
                     provider=source.provider,
                     config=dict(source.config),
                     **address,
+                    **kept,
                 )
             rows.filter(declared=True).exclude(name__in=names).update(
                 declared=False, updated_at=DbNow()

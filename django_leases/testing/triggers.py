@@ -147,16 +147,26 @@ class TriggerSourceStoreConformanceTests(ConformanceSuite):
 
     def test_t4_sync_never_touches_enabled_status_or_state(self) -> None:
         """T4: sync leaves enabled, status, state and detail alone; the declaration's own
-        fields (provider, kind, config) follow the code."""
+        fields (provider, kind, config) follow the code. When the provider changes, the
+        registration recorded at the former one is kept as ``state["previous"]`` (provider,
+        config and state), for the lifecycle to tear down there."""
         self.sources.sync([Declared("a", config={"repository": "o/a"})])
         self.sources.set_enabled("a", True)
         self.sources.record("a", status="failed", detail="boom", state={"id": 1})
-        self.sources.sync([Declared("a", provider="stripe", config={"repository": "o/moved"})])
+        self.sources.sync([Declared("a", config={"repository": "o/moved"})])
         row = self.row("a")
         self.assertEqual(
             (row.enabled, row.status, row.detail, row.state), (True, "failed", "boom", {"id": 1})
         )
-        self.assertEqual((row.provider, row.config), ("stripe", {"repository": "o/moved"}))
+        self.assertEqual((row.provider, row.config), ("github", {"repository": "o/moved"}))
+        self.sources.sync([Declared("a", provider="stripe", config={"repository": "o/x"})])
+        row = self.row("a")
+        former = {"provider": "github", "config": {"repository": "o/moved"}, "state": {"id": 1}}
+        self.assertEqual(
+            (row.enabled, row.status, row.detail, row.state),
+            (True, "failed", "boom", {"previous": former}),
+        )
+        self.assertEqual((row.provider, row.config), ("stripe", {"repository": "o/x"}))
 
     def test_t5_sync_keeps_a_known_address_when_none_is_given(self) -> None:
         """T5: a sync without base_url / label_prefix keeps each row's known ones, and a new

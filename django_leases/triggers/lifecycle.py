@@ -33,6 +33,7 @@ anything, and provider calls are network calls that must not hold a transaction 
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ from django.urls import NoReverseMatch, get_script_prefix, reverse
 
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
+    LeaseError,
     LeaseTakenError,
     MisuseError,
     NoAddress,
@@ -255,6 +257,9 @@ def _set_up(
     row = objects.named(name)
     try:
         url = receive_url(row)
+        torn, why = _tear_down_previous(row)
+        if not torn:
+            raise ProviderError(why)
         outcome = provider.setup(row, url, secret)
         if outcome.status not in ("registered", "manual"):
             raise ProviderError(
@@ -320,7 +325,7 @@ def reconcile(
             continue
         try:
             results.append(_reconcile_one(objects, row.name, using, wait))
-        except TriggerSourceError as exc:
+        except (TriggerSourceError, LeaseError) as exc:  # that source's; the others go on
             results.append(
                 LifecycleResult(
                     name=row.name,
@@ -424,7 +429,9 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
             return changed
 
         changed = _fenced(held, using, flip)
-        ok, message = _tear_down(objects.named(name), provider)
+        ok, message = _tear_down(
+            objects.named(name), provider, after_failed_setup=row.status == "failed"
+        )
         if ok:
             if provider is not None and not provider.manages_registration:
                 message = (
@@ -442,10 +449,44 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
         return _result(objects, name, "disable", ok=ok, changed=changed)
 
 
-def _tear_down(row: TriggerSource, provider: Provider | None) -> tuple[bool, str]:
-    """Ask the provider to drop ``row``'s registration. Returns (success, error text)."""
-    if row.state is None:
+def _tear_down_previous(row: TriggerSource) -> tuple[bool, str]:
+    """Tear down the registration ``row`` kept from its former provider (its declaration
+    moved to another: the sync recorded it as ``state["previous"]``). Returns (success,
+    error text); nothing to do is success."""
+    state = row.state if isinstance(row.state, dict) else {}
+    previous = state.get("previous")
+    if not isinstance(previous, dict):
         return True, ""
+    former = copy.copy(row)
+    former.provider = str(previous.get("provider"))
+    former.config = previous.get("config") or {}
+    former.state = previous.get("state")
+    ok, message = _tear_down(former, _provider(former.provider))
+    return ok, "" if ok else f"the registration at the former provider: {message}"
+
+
+def _tear_down(
+    row: TriggerSource, provider: Provider | None, *, after_failed_setup: bool = False
+) -> tuple[bool, str]:
+    """Ask the provider to drop ``row``'s registration: the recorded one, or, with none
+    recorded ``after_failed_setup`` (the source's status was ``failed``), one the provider
+    holds for the source's address all the same (a setup whose answer was lost after the
+    provider made it). Returns (success, error text)."""
+    torn, why = _tear_down_previous(row)
+    if not torn:
+        return False, why
+    if row.state is None:
+        if not after_failed_setup or provider is None or not provider.manages_registration:
+            return True, ""
+        try:
+            found = provider.unrecorded(row, receive_url(row))
+        except (NoAddress, NoReceiveURL):
+            return True, ""  # never had an address: nothing can post to it
+        except ProviderError as exc:
+            return False, f"looking for a registration at {provider.name} failed: {exc}"
+        if found is None:
+            return True, ""
+        row.state = found
     if provider is None:
         return False, (
             f"provider {row.provider!r} is not installed, so its registration was not torn "
@@ -487,7 +528,9 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
         if row.state is not None and provider is None:
             raise ProviderNotInstalled(name, row.provider)
         _fenced(held, using, lambda: objects.set_enabled(name, False))
-        ok, message = _tear_down(objects.named(name), provider)
+        ok, message = _tear_down(
+            objects.named(name), provider, after_failed_setup=row.status == "failed"
+        )
         if not ok:
             text = f"Not torn down: {message}"
             _fenced(held, using, lambda: objects.record(name, status="failed", detail=text))

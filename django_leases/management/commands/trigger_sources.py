@@ -47,7 +47,7 @@ from django_leases.management.base import (
     add_seconds_argument,
 )
 from django_leases.models import TriggerRefusal, TriggerSource
-from django_leases.triggers import credentials, lifecycle
+from django_leases.triggers import credentials, lifecycle, registry
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -238,9 +238,17 @@ class Command(base.LeasesCommand):
 
     def _set_secret(self, alias: str, name: str, stdin: IO[str]) -> None:
         try:
-            TriggerSource.objects.using(alias).named(name)
+            declared = TriggerSource.objects.using(alias).named(name)
         except UnknownTriggerSourceError as exc:
             raise CommandError(str(exc)) from None
+        provider = registry.get_provider(declared.provider)
+        if provider is not None and provider.manages_registration and not provider.takes_secret:
+            # The provider chose the secret it signs with (Stripe) and never shows it again:
+            # another one stored here would refuse every delivery, and no setup would mend it.
+            raise CommandError(
+                f"{name} is a {declared.provider} source: {declared.provider} chooses the secret "
+                "it signs with, which its setup stores (enable the source); nothing stored."
+            )
         if getattr(stdin, "isatty", lambda: False)():
             secret = getpass.getpass(f"Signing secret of {name}: ")
         else:

@@ -128,6 +128,13 @@ class Provider:
         """
         raise NotImplementedError
 
+    def unrecorded(self, source: TriggerSource, url: str) -> dict[str, Any] | None:
+        """The state of a registration at the provider that posts to ``url`` though none is
+        recorded for ``source`` (a setup whose answer was lost after the provider made it),
+        for :meth:`teardown` to remove; ``None`` when there is none, or the provider cannot
+        tell (the default). Raises :class:`ProviderError` as :meth:`teardown` does."""
+        return None
+
     def teardown(self, source: TriggerSource) -> None:
         """Remove the registration recorded in ``source.state`` at the provider.
 

@@ -297,6 +297,16 @@ class GitHubProvider(Provider):
         if response.status_code not in (204, 404):
             raise self._fail(step, response, token)
 
+    def unrecorded(self, source: TriggerSource, url: str) -> dict[str, Any] | None:
+        """The hook of the declared repository that posts to ``url``, as a state, if any."""
+        config = source.config or {}
+        repository, api, token = _repository(config), _api_url(config), _token()
+        try:
+            found = self._find_by_url(api, repository, url, token)
+        except ProviderError as exc:
+            raise masked(exc, token) from None
+        return None if found is None else {"hook_id": found, "repository": repository}
+
     def teardown(self, source: TriggerSource) -> None:
         """``DELETE`` the recorded hook; one already gone (404) or none recorded is success."""
         hook_id = _hook_id(source.state)

@@ -191,10 +191,28 @@ def quoted_message(response: httpx.Response, *secrets: str | None) -> str:
         text = data.get("message")
         if isinstance(text, str):
             message = text
+        # GitHub's 422 says "Validation Failed" and puts the reasons in errors[].message.
+        errors = data.get("errors")
+        if isinstance(errors, list):
+            reasons = [e.get("message") for e in errors if isinstance(e, dict)]
+            told = "; ".join(r for r in reasons if isinstance(r, str) and r)
+            if told:
+                message = f"{message}: {told}" if message else told
     message = " ".join(mask(message, *secrets).split())
     if len(message) > _MAX_QUOTED:
         message = message[: _MAX_QUOTED - 1] + "…"
     return message
+
+
+def rate_limited(response: httpx.Response) -> bool:
+    """Whether a 403 or 429 is a rate limit, not a refusal: GitHub answers its limits with
+    403 and ``Retry-After``, or ``X-RateLimit-Remaining: 0``."""
+    headers = response.headers
+    return (
+        response.status_code == 429
+        or "Retry-After" in headers
+        or headers.get("X-RateLimit-Remaining", "").strip() == "0"
+    )
 
 
 def failure(provider: str, step: str, response: httpx.Response, *secrets: str | None) -> str:
@@ -210,5 +228,10 @@ def failure(provider: str, step: str, response: httpx.Response, *secrets: str | 
     reason = reasons.get(status) or (
         f"the API failed ({status})" if status >= 500 else f"unexpected answer ({status})"
     )
+    if status in (403, 429) and rate_limited(response):
+        reason = f"rate-limited ({status})"
+        wait = response.headers.get("Retry-After", "").strip()
+        if wait.isdigit():
+            reason += f", retry after {int(wait)} s"
     quoted = quoted_message(response, *secrets)
     return f"{provider}: could not {step}: {reason}" + (f": {quoted}" if quoted else "")

@@ -10,7 +10,9 @@ the declared event names, or ``*`` when ``*`` is declared —, ``description`` =
 source name, ``metadata[trigger_source]``) and hands the ``secret`` Stripe returns **once** to
 the lifecycle (:attr:`SetupOutcome.secret`), which stores it encrypted; state is
 ``{"endpoint_id": "we_…"}``. Re-setup with a recorded endpoint that still exists updates it
-(``url``, ``enabled_events``) — unless no signing secret is stored for the source any more:
+(``url``, ``enabled_events``, and ``disabled=false``: an endpoint Stripe disabled after its
+deliveries kept failing is enabled again) — unless no signing secret is stored for the
+source any more:
 Stripe never shows a secret again, so that endpoint is deleted and a new one created. An
 endpoint deleted behind our back, or one never recorded, is looked for by URL first (deleted,
 for the same reason, as we cannot have its secret) and then created: a source never owns two
@@ -186,6 +188,8 @@ class StripeProvider(Provider):
         }
         if create:
             form["metadata[trigger_source]"] = source.name
+        else:  # an endpoint Stripe disabled after failed deliveries is enabled again
+            form["disabled"] = "false"
         return form
 
     @staticmethod
@@ -307,6 +311,15 @@ class StripeProvider(Provider):
         if endpoint.get("status") == "disabled":
             raise ProviderError(f"Stripe: webhook endpoint {endpoint_id} is disabled at Stripe")
         return self._outcome(endpoint, "found", None)
+
+    def unrecorded(self, source: TriggerSource, url: str) -> dict[str, Any] | None:
+        """An endpoint that posts to ``url``, as a state, if any."""
+        key = _key()
+        try:
+            found = self._find_by_url(_api_url(source.config or {}), url, key)
+        except ProviderError as exc:
+            raise masked(exc, key) from None
+        return {"endpoint_id": found[0]} if found else None
 
     def teardown(self, source: TriggerSource) -> None:
         """Delete the recorded endpoint; one already gone (404) or none recorded is success."""
