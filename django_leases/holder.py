@@ -22,15 +22,18 @@ Signals and processes:
 * The child runs in its **own process group**: SIGTERM, SIGINT and SIGHUP sent to the holder
   are forwarded to that whole group (so ``sh -c 'a; b'`` stops ``b`` too), and a terminal's
   Ctrl-C reaches the child once, through the holder. The holder keeps renewing until the child
-  has ended, then releases the lease and exits with the child's code. Being outside the
-  terminal's foreground group, the child cannot read from the terminal.
+  has ended — and the processes it left in its group too: they get SIGTERM once the child has
+  exited, SIGKILL after the grace period — then releases the lease and exits with the child's
+  code. Being outside the terminal's foreground group, the child cannot read from the
+  terminal.
 * When the lease is lost, the group gets SIGTERM, and SIGKILL after the grace period
   (``--grace``, default ``DJANGO_LEASES["HOLD_LEASE_KILL_GRACE"]``) if anything in it is still
   running.
 * If the holder itself dies (even by SIGKILL), Linux sends the child SIGTERM
-  (``prctl(PR_SET_PDEATHSIG)``, set in the child before it execs the program), so the child does
-  not keep running unfenced. Only the direct child gets this signal: a shell script should
-  ``exec`` its long-running program or pass SIGTERM on. Elsewhere than Linux there is no such
+  (``prctl(PR_SET_PDEATHSIG)``, set in the child before it execs the program), so a child that
+  stops on SIGTERM does not keep running unfenced. Only the direct child gets this signal: a
+  shell script should ``exec`` its long-running program or pass SIGTERM on; a child that
+  ignores SIGTERM runs on (its writes are what the fencing token is for). Elsewhere than Linux there is no such
   guarantee; the lease then lapses after its TTL while the orphaned child may still run, which
   is what the fencing token is for.
 
@@ -302,13 +305,18 @@ class LeaseHolder:
         self._wake.ring()
 
     def _supervise(self, child: subprocess.Popen[bytes]) -> bool:
-        """Wait for the child to end, forwarding signals; returns whether the lease was lost."""
+        """Wait for the child's whole process group to end, forwarding signals; returns
+        whether the lease was lost. The lease is held (and renewed) until then: processes
+        the child left behind get SIGTERM once it has exited, SIGKILL after the grace
+        period, before the lease is given up — no part of the job runs unfenced."""
         kill_at: float | None = None
+        lost = False
         while True:
             timeout = _TICK if kill_at is None else max(0.0, min(_TICK, kill_at - time.monotonic()))
             self._wake.wait(timeout)
             self._forward_signals(child)
-            if kill_at is None and self.held.lost.is_set():
+            if not lost and self.held.lost.is_set():
+                lost = True
                 self._say(
                     1,
                     f"Lease {self.key!r} was lost: sending SIGTERM to the command "
@@ -317,17 +325,25 @@ class LeaseHolder:
                 self._signal_group(child, signal.SIGTERM)
                 kill_at = time.monotonic() + self.grace
             if kill_at is None:
-                if child.poll() is not None:
+                if child.poll() is None:
+                    continue
+                if not self._group_alive(child):
                     return False
-                continue
-            # Lost: wait until the whole group has ended, or the grace period is over.
+                self._say(
+                    1,
+                    "The command exited, leaving processes of its group running: sending them "
+                    f"SIGTERM (SIGKILL in {self.grace:g} s) before the lease is released.",
+                )
+                self._signal_group(child, signal.SIGTERM)
+                kill_at = time.monotonic() + self.grace
+            # Wait until the whole group has ended, or the grace period is over.
             if child.poll() is not None and not self._group_alive(child):
-                return True
+                return lost
             if time.monotonic() >= kill_at:
                 self._say(1, f"The command outlived the {self.grace:g} s grace: SIGKILL.")
                 self._signal_group(child, signal.SIGKILL)
                 child.wait()
-                return True
+                return lost
 
     def _terminate(self, child: subprocess.Popen[bytes]) -> None:
         """SIGTERM the child's group, SIGKILL after the grace period; waits for the child."""
