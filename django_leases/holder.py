@@ -33,9 +33,9 @@ Signals and processes:
   (``prctl(PR_SET_PDEATHSIG)``, set in the child before it execs the program), so a child that
   stops on SIGTERM does not keep running unfenced. Only the direct child gets this signal: a
   shell script should ``exec`` its long-running program or pass SIGTERM on; a child that
-  ignores SIGTERM runs on (its writes are what the fencing token is for). Elsewhere than Linux there is no such
-  guarantee; the lease then lapses after its TTL while the orphaned child may still run, which
-  is what the fencing token is for.
+  ignores SIGTERM runs on. Elsewhere than Linux there is no such guarantee. Either way the
+  lease lapses after its TTL while the orphaned child may still run, which is what the fencing
+  token is for.
 
 POSIX only (Linux, macOS, the BSDs): process groups, ``os.killpg``, SIGHUP and SIGKILL do not
 exist on Windows. The module imports there (:data:`POSIX` is then ``False``), and
