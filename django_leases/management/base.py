@@ -378,7 +378,10 @@ def add_format_argument(
 
 
 def cell_text(value: Any) -> str:
-    """A value as a table cell: ``-`` for none, ISO 8601 to the second for a timestamp.
+    """A value as a table cell: ``-`` for none, ISO 8601 to the second for a timestamp, and
+    any control or bidirectional-override character escaped (``\n``, ``\u202e``), so a
+    name taken from user input (a queue key, a lease key) cannot start a row of its own or
+    turn the line around on the terminal.
 
     Args:
         value: a row's value.
@@ -390,7 +393,10 @@ def cell_text(value: Any) -> str:
         return "-"
     if isinstance(value, datetime):
         return value.isoformat(timespec="seconds")
-    return str(value)
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 @dataclass(frozen=True)

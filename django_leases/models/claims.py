@@ -272,26 +272,36 @@ class StepClaims(StepOutcomes):
                     blocked.add(what)
         return None
 
+    def holding_slots(self) -> models.QuerySet[Any]:
+        """The steps that take a slot of their queue's limits: running with a live lease
+        (database clock), whatever their run's status (a failed run's sibling still runs).
+        What the claim counts, and what operators' views show as running."""
+        return self.rows().filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+
+    def awaiting_claim(self) -> models.QuerySet[Any]:
+        """The steps of running runs a claim would take now: due and unclaimed (with attempts
+        left), or running with a lapsed lease (their worker is gone: taken over)."""
+        due = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()) & ~Q(
+            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        )
+        lapsed = Q(status=StepStatus.RUNNING, lease_expires_at__lte=DbNow())
+        return self.rows().filter(due | lapsed, run__status=RunStatus.RUNNING)
+
     def running_in(self, queues: Sequence[str]) -> dict[str, int]:
-        """How many steps of each of ``queues`` are running with a live lease (database
-        clock): what a queue's concurrency limit counts. Queues with none are left out."""
+        """How many steps of each of ``queues`` hold a slot (:meth:`holding_slots`): what a
+        queue's concurrency limit counts. Queues with none are left out."""
         return dict(
-            self.rows()
-            .filter(queue__in=list(queues), status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            self.holding_slots()
+            .filter(queue__in=list(queues))
             .values_list("queue")
             .annotate(n=models.Count("pk"))
             .values_list("queue", "n")
         )
 
     def key_running(self, queue: str, key: str) -> int:
-        """How many steps of ``queue`` under queue key ``key`` are running with a live lease
-        (database clock): what the queue's ``key_concurrency`` counts."""
-        return (
-            self.rows()
-            .filter(queue=queue, queue_key=key, status=StepStatus.RUNNING)
-            .filter(lease_expires_at__gt=DbNow())
-            .count()
-        )
+        """How many steps of ``queue`` under queue key ``key`` hold a slot
+        (:meth:`holding_slots`): what the queue's ``key_concurrency`` counts."""
+        return self.holding_slots().filter(queue=queue, queue_key=key).count()
 
     def others_first(
         self, queue: str, key: str, priority: int, claimed_at: datetime | None
@@ -322,18 +332,18 @@ class StepClaims(StepOutcomes):
 
     def key_counts(self, queue: str, *, limit: int = 10) -> list[KeyCounts]:
         """The busiest keys of ``queue`` (most running, then most waiting; at most
-        ``limit``): each key's running steps (live lease) and waiting steps (due,
-        unclaimed) of running runs, database clock. Operators' views read this."""
-        steps = self.rows().filter(queue=queue, run__status=RunStatus.RUNNING)
+        ``limit``): each key's running steps (:meth:`holding_slots`) and waiting ones
+        (:meth:`awaiting_claim`), database clock. Operators' views read this."""
         waiting = dict(
-            steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            self.awaiting_claim()
+            .filter(queue=queue)
             .values_list("queue_key")
             .annotate(n=models.Count("pk"))
             .values_list("queue_key", "n")
         )
         running = dict(
-            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            self.holding_slots()
+            .filter(queue=queue)
             .values_list("queue_key")
             .annotate(n=models.Count("pk"))
             .values_list("queue_key", "n")
@@ -356,23 +366,27 @@ class StepClaims(StepOutcomes):
         return full | WorkflowQueue.objects.rate_used_up(alias, limited)
 
     def queue_counts(self) -> dict[str, QueueCounts]:
-        """Per queue named by a step of a running run: its waiting steps (due, unclaimed),
-        running steps (live lease) and the age of its oldest waiting step in seconds on the
-        database clock (``None`` when none waits). Operators' views read this."""
-        steps = self.rows().filter(run__status=RunStatus.RUNNING)
+        """Per queue named by a waiting or running step: its waiting steps
+        (:meth:`awaiting_claim`), running steps (:meth:`holding_slots`: what its limits
+        count) and the age of its oldest waiting step in seconds on the database clock
+        (``None`` when none waits; a step whose worker is gone waits since its lease
+        lapsed). Operators' views read this."""
+        since = models.Case(
+            models.When(status=StepStatus.RUNNING, then=F("lease_expires_at")),
+            default=F("available_at"),
+        )
         waiting = {
             row["queue"]: row
-            for row in steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow())
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            for row in self.awaiting_claim()
             .values("queue")
             .annotate(
                 n=models.Count("pk"),
-                oldest=models.Min("available_at"),
+                oldest=models.Min(since),
                 db_now=models.Max(DbNow()),
             )
         }
         running = dict(
-            steps.filter(status=StepStatus.RUNNING, lease_expires_at__gt=DbNow())
+            self.holding_slots()
             .values_list("queue")
             .annotate(n=models.Count("pk"))
             .values_list("queue", "n")

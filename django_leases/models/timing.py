@@ -191,7 +191,8 @@ class RunTiming(RunOperations):
             debounce_key: a ``str`` (1–255 characters), with ``debounce`` (not with
                 ``key`` nor ``run_after``): at most one **pending** run (no pass
                 has run yet) per workflow and debounce key. A start while one is pending
-                replaces its input, tags and deadline, moves its first pass to DB now +
+                replaces its input (and its deadline, tags and queue key where this start
+                gives them: those it leaves out are kept), moves its first pass to DB now +
                 ``debounce`` and returns it (``started`` ``False``); otherwise a new pending
                 run is created the same way. Concurrent starts make one run (a unique
                 constraint decides).
@@ -277,18 +278,26 @@ class RunTiming(RunOperations):
         holding = self.rows().filter(workflow=workflow, debounce_key=debounce_key)
         due = clock.db_now_plus(window)
         # One guarded UPDATE decides: the run is still pending (its first pass not picked).
+        # What this start gives replaces the pending run's; what it leaves out (no deadline,
+        # no tags, no queue key) the run keeps.
+        given: dict[str, Any] = {}
+        if limit is not None:
+            given["deadline_at"] = clock.db_now_plus(limit)
+        if tags is not None:
+            given["tags"] = tags
+        if queue_key:
+            given["queue_key"] = queue_key
         moved = holding.filter(_pending()).update(
             input=Value(value, output_field=models.JSONField()),
             pass_due_at=due,
             first_pass_at=due,
-            deadline_at=None if limit is None else clock.db_now_plus(limit),
-            tags=tags,
-            queue_key=queue_key,
             updated_at=DbNow(),
+            **given,
         )
         if moved:
             run = holding.get()
-            tag_model().objects.db_manager(alias).write(run.pk, tags)
+            if tags is not None:
+                tag_model().objects.db_manager(alias).write(run.pk, tags)
             run.started = False
             return run
         # A holder no longer pending gives its key up (one that became pending since the
