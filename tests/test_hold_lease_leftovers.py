@@ -6,15 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from django_leases.models import LeaseState
-from tests.test_command_hold_lease import (
+from tests.test_command_hold_lease import (  # noqa: F401  (the holders fixture)
     TTL,
     Holders,
+    holders,
     lease_row,
     pid_alive,
 )
@@ -26,17 +25,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def holders(subprocess_env: dict[str, str], tmp_path: Path) -> Iterator[Holders]:
-    helper = Holders(subprocess_env, tmp_path)
-    try:
-        yield helper
-    finally:
-        helper.cleanup()
-
-
 def test_grandchild_left_by_the_child_is_stopped_before_the_lease_is_released(
-    holders: Holders,
+    holders: Holders,  # noqa: F811
 ) -> None:
     """``sh -c 'worker & exit 0'``: the child ends, the worker it started runs on in the
     child's process group. The holder stops the group (SIGTERM, SIGKILL after the grace), as

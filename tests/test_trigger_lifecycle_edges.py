@@ -54,16 +54,22 @@ class MisbehavingGitHub(FakeGitHub):
         return response
 
 
-@pytest.fixture
-def gh(httpserver: HTTPServer, settings: Any, declared: None) -> Iterator[MisbehavingGitHub]:  # noqa: F811
-    fake = MisbehavingGitHub()
+def _serving(httpserver: HTTPServer, settings: Any, fake: Any, **api: str) -> None:
+    """``fake`` answers every request; ``api``: the settings naming its URL and credential
+    (``"URL"`` for the server's own); the declared sources synced."""
     httpserver.expect_request(re.compile(".*")).respond_with_handler(fake.handle)
+    url = httpserver.url_for("/")
     settings.DJANGO_LEASES = {
-        "GITHUB_API_URL": httpserver.url_for("/"),
-        "GITHUB_TOKEN": TOKEN,
+        **{name: url if value == "URL" else value for name, value in api.items()},
         "PROVIDER_TIMEOUT": 5.0,
     }
     TriggerSource.objects.sync(registry.declarations(), base_url=BASE)
+
+
+@pytest.fixture
+def gh(httpserver: HTTPServer, settings: Any, declared: None) -> Iterator[MisbehavingGitHub]:  # noqa: F811
+    fake = MisbehavingGitHub()
+    _serving(httpserver, settings, fake, GITHUB_API_URL="URL", GITHUB_TOKEN=TOKEN)
     yield fake
     fake.hang.set()
 
@@ -183,13 +189,7 @@ class StripeHonouringDisabled(FakeStripe):
 @pytest.fixture
 def st(httpserver: HTTPServer, settings: Any, declared: None) -> StripeHonouringDisabled:  # noqa: F811
     fake = StripeHonouringDisabled()
-    httpserver.expect_request(re.compile(".*")).respond_with_handler(fake.handle)
-    settings.DJANGO_LEASES = {
-        "STRIPE_API_URL": httpserver.url_for("/"),
-        "STRIPE_API_KEY": STRIPE_KEY,
-        "PROVIDER_TIMEOUT": 5.0,
-    }
-    TriggerSource.objects.sync(registry.declarations(), base_url=BASE)
+    _serving(httpserver, settings, fake, STRIPE_API_URL="URL", STRIPE_API_KEY=STRIPE_KEY)
     return fake
 
 
