@@ -136,6 +136,7 @@ from django.utils.translation import gettext as _
 from django_leases import clock, db
 from django_leases.conf import (
     DEFAULTS,
+    MAX_POLL_INTERVAL,
     WEBHOOKS_EXTRA,
     check_byte_limit,
     leases_settings,
@@ -656,6 +657,12 @@ def _number(value: object, what: str, *, above_zero: bool = True) -> None:
     seconds(value, what, above_minimum=above_zero)
 
 
+def _poll_interval(value: object, what: str) -> None:
+    """:func:`_number`, at most :data:`~django_leases.conf.MAX_POLL_INTERVAL` (a day)."""
+    _number(value, what)
+    seconds(value, what, above_minimum=True, maximum=MAX_POLL_INTERVAL)
+
+
 def _optional(rule: Callable[[object, str], None]) -> Callable[[object, str], None]:
     def check(value: object, what: str) -> None:
         if value is not None:
@@ -801,7 +808,7 @@ SETTING_RULES: dict[str, Callable[[object, str], None]] = {
     "RENEWAL_FLOOR": _number,
     "MAX_TTL": _max_ttl,
     "STEP_LEASE_TTL": _step_ttl,
-    "WORKER_POLL_INTERVAL": _optional(_number),
+    "WORKER_POLL_INTERVAL": _optional(_poll_interval),
     "WORKER_WAKEUP": _wakeup,
     "WORKER_SHUTDOWN_GRACE": _grace,
     "HOLD_LEASE_KILL_GRACE": _grace,

@@ -139,6 +139,11 @@ DEFAULTS: dict[str, Any] = {
 
 _ABSENT = object()
 
+#: The longest ``WORKER_POLL_INTERVAL`` (and ``--poll-interval``), seconds: a day. An idle
+#: worker is woken by notifications; a longer wait than this is a mistake (and past what a
+#: thread can wait for, an error on every idle thread).
+MAX_POLL_INTERVAL = 24 * 3600.0
+
 
 def _lookup_overrides() -> Any:
     """``settings.DJANGO_LEASES`` (or ``None``), read afresh on every call — override_settings

@@ -81,6 +81,8 @@ EXIT_UNREACHABLE = 4
 DEFAULT_OVERDUE_AFTER = 60.0
 #: Default seconds a running run may sit unmoving before it counts as stuck.
 DEFAULT_STUCK_AFTER = 300.0
+#: The longest of either threshold, seconds (a year): what the database clock can subtract.
+MAX_THRESHOLD = 366 * 24 * 3600.0
 
 #: Key prefix of the lease an orchestration pass holds (see ``workflows.engine.run_lease_key``).
 RUN_LEASE_PREFIX = "workflow-run:"
@@ -578,8 +580,10 @@ def run_checks(
     ``bool`` or a string. Database errors are
     findings, never exceptions.
     """
-    overdue_after = seconds(overdue_after, "overdue_after", above_minimum=True)
-    stuck_after = seconds(stuck_after, "stuck_after", above_minimum=True)
+    overdue_after = seconds(
+        overdue_after, "overdue_after", above_minimum=True, maximum=MAX_THRESHOLD
+    )
+    stuck_after = seconds(stuck_after, "stuck_after", above_minimum=True, maximum=MAX_THRESHOLD)
     explicit = aliases is not None
     targets = list(dict.fromkeys(aliases if aliases is not None else write_aliases()))
     workflow_alias = router.db_for_write(_models()["WorkflowRun"])

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from django.db import close_old_connections, connections, router
 
 from django_leases import db
-from django_leases.conf import check_queue_names, leases_settings
+from django_leases.conf import MAX_POLL_INTERVAL, check_queue_names, leases_settings
 from django_leases.exceptions import MisuseError
 from django_leases.health import functions_missing
 from django_leases.leases import HeldLease, new_holder
@@ -266,7 +266,7 @@ class Worker:
             poll_interval = (
                 LISTENING_POLL_INTERVAL if listens(self.alias) else POLLING_POLL_INTERVAL
             )
-        self.poll_interval = seconds(poll_interval, "poll_interval")
+        self.poll_interval = seconds(poll_interval, "poll_interval", maximum=MAX_POLL_INTERVAL)
         self.shutdown_grace = seconds(
             leases_settings.WORKER_SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
             "shutdown_grace",

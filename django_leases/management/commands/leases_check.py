@@ -68,7 +68,8 @@ class Command(LeasesCommand):
                 default=default,
                 metavar="SECONDS",
                 above_minimum=True,
-                help=f"{meaning} (default {default:g}).",
+                maximum=health.MAX_THRESHOLD,
+                help=f"{meaning} (default {default:g}; at most a year).",
             )
 
         parser.add_argument(

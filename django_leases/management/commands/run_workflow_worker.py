@@ -21,7 +21,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from django_leases import metrics
-from django_leases.conf import queue_limits
+from django_leases.conf import MAX_POLL_INTERVAL, queue_limits
 from django_leases.exceptions import MisuseError, QueueConfigError, WorkflowFunctionsMissing
 from django_leases.management.base import (
     MAX_CONCURRENCY,
@@ -73,8 +73,10 @@ class Command(LeasesCommand):
             parser,
             "--poll-interval",
             default=None,
+            maximum=MAX_POLL_INTERVAL,
             help="Seconds an idle thread waits before looking again when not woken earlier "
-            "(default WORKER_POLL_INTERVAL; unset: 1 on PostgreSQL, 0.25 elsewhere).",
+            "(default WORKER_POLL_INTERVAL; unset: 1 on PostgreSQL, 0.25 elsewhere; at most "
+            "a day).",
         )
         parser.add_argument(
             "--metrics-port",
