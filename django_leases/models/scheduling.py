@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowStep
 
 
+#: Steps of a fan-out per insert statement: within SQLite's bound parameters and a
+#: statement MariaDB takes whole (``max_allowed_packet``), for steps of small data.
+FAN_OUT_BATCH = 500
+
+
 def check_step(step: NextStep, using: str | None = None) -> NextStep:
     """``step`` with its names and data checked (``ValueError``; its options are checked
     when they are made), its data for the database ``using`` (an alias) where given;
@@ -246,7 +251,7 @@ class StepScheduling(StepClaims):
             write_pending(alias, pending)
             rows.bulk_create(
                 [self.model(run_id=pk, **step_columns(step)) for step in wanted],
-                batch_size=500,
+                batch_size=FAN_OUT_BATCH,
                 ignore_conflicts=True,  # recorded already (by another pass): left as it is
             )
             # Due on the database clock (bulk_create writes values, not expressions).

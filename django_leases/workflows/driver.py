@@ -854,7 +854,7 @@ class RunContext:
         data)``; returns their results, in the order of ``calls``.
 
         The first pass that reaches it schedules every step of ``calls`` not recorded yet in
-        one write (any number: 1,000 steps are one insert); any workers claim and run them
+        one write (any number: an insert statement per 500 steps); any workers claim and run them
         concurrently, each under its own lease and attempt fence like any step. The pass
         ends here until all have finished. ``retries``, ``retry_delay`` (seconds),
         ``retry_backoff`` (a factor ≥ 1) and ``retry_delay_max`` (seconds or ``None``) apply
