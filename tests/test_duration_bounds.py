@@ -6,11 +6,10 @@ dying on its first idle wait."""
 from __future__ import annotations
 
 import json
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from django_leases import health
 from django_leases.checks import check_leases_settings
@@ -18,15 +17,7 @@ from django_leases.management.base import USAGE_ERROR
 from django_leases.models import WorkflowRun
 from django_leases.workflows.worker import Worker
 from tests.helpers import MANAGE_PY, start_process
-
-
-def leases_check(*args: str) -> tuple[int, str]:
-    out = StringIO()
-    try:
-        call_command("leases_check", *args, stdout=out)
-    except SystemExit as exc:
-        return int(exc.code or 0), out.getvalue()
-    return 0, out.getvalue()
+from tests.test_health import run_command
 
 
 @pytest.mark.django_db
@@ -39,8 +30,8 @@ def test_leases_check_refuses_a_threshold_past_a_year(option: str, value: str) -
     DataError: timestamp out of range" and exit 3.)"""
     WorkflowRun.objects.start("health-test", {"n": 1})
     with pytest.raises(CommandError, match=option):
-        leases_check(option, value, "--format", "json")
-    code, out = leases_check(option, str(health.MAX_THRESHOLD), "--format", "json")
+        run_command(option, value, "--format", "json")
+    code, out = run_command(option, str(health.MAX_THRESHOLD), "--format", "json")
     report = json.loads(out)
     failed = [c for c in report["checks"] if "the check failed" in c["message"]]
     assert failed == [] and code == 0, out
