@@ -125,6 +125,16 @@ def _never() -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC if settings.USE_TZ else None)
 
 
+def _counted(steps: models.QuerySet[Any], field: str) -> dict[Any, int]:
+    """How many of ``steps`` there are per value of ``field`` (values with none left out)."""
+    return {
+        value: int(n)
+        for value, n in steps.values_list(field)
+        .annotate(n=models.Count("pk"))
+        .values_list(field, "n")
+    }
+
+
 @dataclass(frozen=True)
 class QueueCounts:
     """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
@@ -290,13 +300,7 @@ class StepClaims(StepOutcomes):
     def running_in(self, queues: Sequence[str]) -> dict[str, int]:
         """How many steps of each of ``queues`` hold a slot (:meth:`holding_slots`): what a
         queue's concurrency limit counts. Queues with none are left out."""
-        return dict(
-            self.holding_slots()
-            .filter(queue__in=list(queues))
-            .values_list("queue")
-            .annotate(n=models.Count("pk"))
-            .values_list("queue", "n")
-        )
+        return _counted(self.holding_slots().filter(queue__in=list(queues)), "queue")
 
     def key_running(self, queue: str, key: str) -> int:
         """How many steps of ``queue`` under queue key ``key`` hold a slot
@@ -334,20 +338,8 @@ class StepClaims(StepOutcomes):
         """The busiest keys of ``queue`` (most running, then most waiting; at most
         ``limit``): each key's running steps (:meth:`holding_slots`) and waiting ones
         (:meth:`awaiting_claim`), database clock. Operators' views read this."""
-        waiting = dict(
-            self.awaiting_claim()
-            .filter(queue=queue)
-            .values_list("queue_key")
-            .annotate(n=models.Count("pk"))
-            .values_list("queue_key", "n")
-        )
-        running = dict(
-            self.holding_slots()
-            .filter(queue=queue)
-            .values_list("queue_key")
-            .annotate(n=models.Count("pk"))
-            .values_list("queue_key", "n")
-        )
+        waiting = _counted(self.awaiting_claim().filter(queue=queue), "queue_key")
+        running = _counted(self.holding_slots().filter(queue=queue), "queue_key")
         found = [
             KeyCounts(key, int(running.get(key, 0)), int(waiting.get(key, 0)))
             for key in set(waiting) | set(running)
@@ -385,12 +377,7 @@ class StepClaims(StepOutcomes):
                 db_now=models.Max(DbNow()),
             )
         }
-        running = dict(
-            self.holding_slots()
-            .values_list("queue")
-            .annotate(n=models.Count("pk"))
-            .values_list("queue", "n")
-        )
+        running = _counted(self.holding_slots(), "queue")
         found = {}
         for name in set(waiting) | set(running):
             row = waiting.get(name)

@@ -451,15 +451,7 @@ def next_tick(cron: str, zone: str, after: datetime) -> datetime | None:
     """The first tick of ``cron`` (read in time zone ``zone``) strictly after ``after`` (an
     aware ``datetime``), as an aware UTC ``datetime``; ``None`` when there is none in the next
     50 years. Raises ``ValueError`` for a bad expression or zone, or a naive ``after``."""
-    try:
-        local = _utc(after).astimezone(ZoneInfo(check_timezone(zone)))
-        return _utc(next(CronSim(cron, local)))
-    except OverflowError:
-        raise _out_of_years(after) from None
-    except CronSimError as exc:
-        raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
-    except StopIteration:
-        return None
+    return _first_tick(cron, zone, after, after)
 
 
 def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
@@ -470,10 +462,22 @@ def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
     # whole second, so "at or before" is the whole second of ``at`` plus a microsecond.
     try:
         start = _utc(at).replace(microsecond=0) + timedelta(microseconds=1)
-        local = start.astimezone(ZoneInfo(check_timezone(zone)))
-        return _utc(next(CronSim(cron, local, reverse=True)))
     except OverflowError:
         raise _out_of_years(at) from None
+    return _first_tick(cron, zone, start, at, reverse=True)
+
+
+def _first_tick(
+    cron: str, zone: str, start: datetime, asked: datetime, *, reverse: bool = False
+) -> datetime | None:
+    """The first tick of ``cron`` in ``zone`` from ``start`` (forwards, or back with
+    ``reverse``) as an aware UTC ``datetime``, ``None`` past 50 years; ``ValueError`` for a
+    bad expression or zone, or a moment (``asked``) too near the years 1 or 9999."""
+    try:
+        local = _utc(start).astimezone(ZoneInfo(check_timezone(zone)))
+        return _utc(next(CronSim(cron, local, reverse=reverse)))
+    except OverflowError:
+        raise _out_of_years(asked) from None
     except CronSimError as exc:
         raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
     except StopIteration:
