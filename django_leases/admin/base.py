@@ -171,6 +171,14 @@ class ReadOnlyAdmin:
         """Never: nothing is deleted through these pages (``bool``)."""
         return False
 
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: Any = None
+    ) -> list[str] | tuple[str, ...]:
+        """The declared ``readonly_fields``, else every name in ``fields``: a page that
+        changes nothing shows each field read-only, display methods among them."""
+        declared: list[str] | tuple[str, ...] = getattr(self, "readonly_fields", ())
+        return declared or tuple(getattr(self, "fields", None) or ())
+
 
 class AnnotationFilter(admin.SimpleListFilter):
     """A list filter on an annotation the list's queryset carries, named ``parameter_name``.

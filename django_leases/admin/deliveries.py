@@ -110,7 +110,6 @@ class DeliveryAdmin(ReadOnlyModelAdmin, ModelAdminOf[TriggerEvent]):
         "run_link",
         "payload_json",
     )
-    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TriggerEvent]:
         return TriggerEvent.objects.with_run_outcome().select_related("run", "source")

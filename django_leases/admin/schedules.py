@@ -95,7 +95,6 @@ class WorkflowScheduleAdmin(ReadOnlyModelAdmin, ModelAdminOf[WorkflowSchedule]):
         "created_at",
         "updated_at",
     )
-    readonly_fields = fields
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         """Whether the user may pause and resume schedules (``pause_workflowschedule``)."""

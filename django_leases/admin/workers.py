@@ -70,7 +70,6 @@ class WorkflowWorkerAdmin(ReadOnlyModelAdmin, ModelAdminOf[WorkflowWorker]):
         "heartbeat_expires",
         "stopped",
     )
-    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowWorker]:
         return WorkflowWorker.objects.with_state()

@@ -120,7 +120,6 @@ class WorkflowStepInline(ReadOnlyAdmin, TabularInlineOf[WorkflowStep, WorkflowRu
         "result_json",
         "error_json",
     )
-    readonly_fields = fields
 
     #: What the step's attempt last said of its progress (``ctx.set_progress``).
     progress_json = field_column("progress", _("progress"), _json)
@@ -269,7 +268,6 @@ class WorkflowRunAdmin(
         "timeline",
         "history",
     )
-    readonly_fields = fields
 
     # -- operators ------------------------------------------------------------------------------
 

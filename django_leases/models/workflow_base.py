@@ -5,7 +5,7 @@ of their rows, the rule that a finished step asks its run for a pass
 (:func:`request_passes`, :func:`finish_branch`), and the signals a write owes.
 
 The modules below :mod:`~django_leases.models.workflow` reach the three workflow models
-through :func:`run_model`, :func:`step_model` and :func:`attempt_model` (Django's app
+through :data:`run_model`, :data:`step_model` and :data:`attempt_model` (Django's app
 registry), never by importing the module that defines them (and imports them).
 """
 
@@ -61,34 +61,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_leases.workflows")
 
 
-@functools.cache
-def run_model() -> type[WorkflowRun]:
-    """``WorkflowRun``, from Django's app registry (see the module's docstring)."""
-    return apps.get_model("django_leases", "WorkflowRun")
+def _registered(model_name: str) -> Callable[[], Any]:
+    """A function of no arguments that returns this app's model ``model_name`` (``str``)
+    from Django's app registry, looked up on the first call and kept."""
+    return functools.cache(lambda: apps.get_model("django_leases", model_name))
 
 
-@functools.cache
-def step_model() -> type[WorkflowStep]:
-    """``WorkflowStep``, from Django's app registry."""
-    return apps.get_model("django_leases", "WorkflowStep")
-
-
-@functools.cache
-def attempt_model() -> type[WorkflowStepAttempt]:
-    """``WorkflowStepAttempt``, from Django's app registry."""
-    return apps.get_model("django_leases", "WorkflowStepAttempt")
-
-
-@functools.cache
-def tag_model() -> type[WorkflowRunTag]:
-    """``WorkflowRunTag``, from Django's app registry."""
-    return apps.get_model("django_leases", "WorkflowRunTag")
-
-
-@functools.cache
-def wait_model() -> type[WorkflowWait]:
-    """``WorkflowWait``, from Django's app registry."""
-    return apps.get_model("django_leases", "WorkflowWait")
+#: ``WorkflowRun``, ``WorkflowStep``, ``WorkflowStepAttempt``, ``WorkflowRunTag`` and
+#: ``WorkflowWait``, each from Django's app registry (see the module's docstring).
+run_model: Callable[[], type[WorkflowRun]] = _registered("WorkflowRun")
+step_model: Callable[[], type[WorkflowStep]] = _registered("WorkflowStep")
+attempt_model: Callable[[], type[WorkflowStepAttempt]] = _registered("WorkflowStepAttempt")
+tag_model: Callable[[], type[WorkflowRunTag]] = _registered("WorkflowRunTag")
+wait_model: Callable[[], type[WorkflowWait]] = _registered("WorkflowWait")
 
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly

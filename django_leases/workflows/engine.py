@@ -17,10 +17,10 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connections, router
@@ -51,6 +51,7 @@ from django_leases.workflows.values import Claim, PassState
 logger = logging.getLogger("django_leases.workflows")
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 #: First pause before a fenced write that lost its connection is tried again, seconds.
 WRITE_RETRY_BACKOFF = 0.1
@@ -169,61 +170,40 @@ def send_event(
 # transaction of the caller.
 
 
-async def astart_workflow(
-    name: str,
-    input: Any = None,
-    *,
-    key: str | None = None,
-    using: str | None = None,
-    run_after: float | timedelta | datetime | None = None,
-    deadline: float | timedelta | None = None,
-    debounce_key: str | None = None,
-    debounce: float | timedelta | None = None,
-    tags: dict[str, str] | None = None,
-    queue_key: str | None = None,
-) -> uuid.UUID:
+def _coroutine_form(function: Callable[_P, _T], doc: str) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """``function`` as a coroutine function named ``a<its name>`` with docstring ``doc``:
+    each call runs ``function`` through ``sync_to_async(thread_sensitive=True)`` with the
+    same arguments and returns (or raises) what it did. Its signature is ``function``'s
+    (``inspect.signature`` follows ``__wrapped__``), so the two never drift apart."""
+
+    @functools.wraps(function)
+    async def coroutine(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await sync_to_async(function, thread_sensitive=True)(*args, **kwargs)
+
+    coroutine.__name__ = coroutine.__qualname__ = f"a{function.__name__}"
+    coroutine.__doc__ = doc
+    return coroutine
+
+
+astart_workflow = _coroutine_form(
+    start_workflow,
     """The coroutine form of :func:`start_workflow`, for async views and other async code:
     same arguments, return value (the run id, ``uuid.UUID``) and errors.
 
     It runs ``start_workflow`` through ``sync_to_async(thread_sensitive=True)``, on the
     caller's sync thread and connection: in an async view, the request's sync thread; under
     ``async_to_sync``, the calling thread, inside its open transaction if any.
+    """,
+)
 
-    Raises:
-        UnknownWorkflowError: no workflow of that name is registered.
-        ValueError: ``input`` is not JSON-serialisable, or a bad key (nothing written).
-    """
-    return await sync_to_async(start_workflow, thread_sensitive=True)(
-        name,
-        input,
-        key=key,
-        using=using,
-        run_after=run_after,
-        deadline=deadline,
-        debounce_key=debounce_key,
-        debounce=debounce,
-        tags=tags,
-        queue_key=queue_key,
-    )
-
-
-async def asend_event(
-    run_id: uuid.UUID | str, name: str, payload: Any = None, *, using: str | None = None
-) -> None:
+asend_event = _coroutine_form(
+    send_event,
     """The coroutine form of :func:`send_event`: same arguments and errors; returns ``None``
     once the event is delivered (committed, unless the caller's sync thread has a transaction
-    open). Runs ``send_event`` through ``sync_to_async(thread_sensitive=True)``.
-
-    Raises:
-        WorkflowRun.DoesNotExist: no such run (nothing written).
-        WorkflowRunStateError: the run is completed, failed or cancelled (nothing written).
-        WorkflowEventRefusedError: the wait already has its event, timed out, or is
-            another kind of wait (nothing written).
-        ValueError: a bad run id or name, or a payload that is not JSON or is too large
-            (nothing written).
-        ImproperlyConfigured: ``MAX_EVENT_PAYLOAD`` is not an ``int`` ≥ 1.
-    """
-    await sync_to_async(send_event, thread_sensitive=True)(run_id, name, payload, using=using)
+    open), and raises what ``send_event`` raises (nothing written then). Runs ``send_event``
+    through ``sync_to_async(thread_sensitive=True)``.
+    """,
+)
 
 
 # -- steps --------------------------------------------------------------------------------------
