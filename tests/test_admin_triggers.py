@@ -3,6 +3,7 @@ actions, the Orphans view, the permission, CSRF, log entries, and that no secret
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -486,9 +488,12 @@ def test_an_operator_sets_a_manual_source_s_secret_in_a_form_that_never_shows_it
     assert "signing secret" in entry.get_change_message()
 
 
-def test_the_secret_form_needs_the_toggle_permission_and_a_manual_source(
+def test_the_secret_form_needs_the_toggle_permission_and_a_secret_set_by_hand(
     manual_sources: None, fake: FakeProvider
 ) -> None:
+    """The form is for operators with the toggle permission, on a source whose secret may be
+    set by hand (``manual``, or a provider that is sent ours, as GitHub is) — not on one whose
+    provider chooses its own (Stripe), which ``trigger_sources set-secret`` refuses too."""
     url = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-by-hand")])
     viewer = _client(staff_user("view_triggersource"))
     assert 'id="set-secret-' not in _page(viewer, "adm-by-hand")
@@ -498,7 +503,24 @@ def test_the_secret_form_needs_the_toggle_permission_and_a_manual_source(
 
     toggler = _client(staff_user("view_triggersource", "toggle_triggersource"))
     assert toggler.get(url).status_code == 200
+
+    # A provider that is sent our secret at setup (GitHub's way): the form is offered.
+    other = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-releases")])
+    assert fake.takes_secret and f'id="set-secret-adm-releases" href="{other}"' in _page(
+        toggler, "adm-releases"
+    )
+    assert toggler.post(other, {"secret": "y" * 20}).status_code == 302
+    assert credentials.get_secret("adm-releases") == "y" * 20
+
+    # A provider that chooses its own secret (Stripe's way): no form, and a POST is refused.
+    fake.takes_secret = False
+    kept = credentials.get_secret("adm-pushes")
     other = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-pushes")])
-    assert 'id="set-secret-' not in _page(toggler, "adm-pushes")
-    assert toggler.post(other, {"secret": "x" * 20}).status_code == 403, "not a manual source"
-    assert credentials.get_secret("adm-pushes") is None
+    page = _page(toggler, "adm-pushes")
+    assert 'id="set-secret-' not in page
+    assert kept is None and "turn the source on: its setup stores the secret" in page
+    assert toggler.post(other, {"secret": "x" * 20}).status_code == 403, "the provider's choice"
+    assert credentials.get_secret("adm-pushes") == kept
+    with pytest.raises(CommandError, match="chooses the secret"):
+        call_command("trigger_sources", "set-secret", "adm-pushes", stdin=io.StringIO("x\n"))
+    assert credentials.get_secret("adm-pushes") == kept

@@ -62,6 +62,7 @@ from django_leases.models import (
     TriggerSource,
 )
 from django_leases.triggers.providers import get_provider
+from django_leases.triggers.registry import secret_set_by_hand
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
@@ -191,13 +192,18 @@ class _TriggerSourceAdminBase(ReadOnlyModelAdmin, ObjectOperations, ModelAdminOf
             return gettext("set in DJANGO_LEASES['WEBHOOK_SECRETS'] (it wins over a stored one)")
         if origin == "stored":
             return gettext("stored (encrypted, in the credential store)")
+        remedy: str
+        if secret_set_by_hand(obj.provider):
+            remedy = format_html("<code>manage.py trigger_sources set-secret {}</code>", obj.name)
+        else:
+            remedy = gettext("turn the source on: its setup stores the secret the provider chooses")
         return format_html(
             gettext(
                 '<strong id="no-secret-{name}">none stored</strong>: deliveries are refused '
                 "(401) until one is: {command}"
             ),
             name=obj.name,
-            command=format_html("<code>manage.py trigger_sources set-secret {}</code>", obj.name),
+            command=remedy,
         )
 
     @admin.display(description=_("the sender must send"))
@@ -431,8 +437,8 @@ _VERBS = {
 
 
 class SigningSecretForm(forms.Form):
-    """A ``manual`` source's signing secret, typed by an operator: a password field that is
-    never filled in when the form is shown again."""
+    """A source's signing secret, typed by an operator: a password field that is never filled
+    in when the form is shown again."""
 
     secret = forms.CharField(
         label=_("signing secret"),
@@ -503,13 +509,14 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         return page_url(self, "secret", obj.pk)
 
     def secret_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """``<id>/secret/``: a ``manual`` source's signing secret, set by an operator (view
-        and toggle permissions). GET shows an empty password field — a stored secret is
-        never rendered — and POST stores the one typed, encrypted, with a ``LogEntry``."""
+        """``<id>/secret/``: a source's signing secret, set by an operator (view and toggle
+        permissions), where :func:`~django_leases.triggers.registry.secret_set_by_hand` allows
+        it (``manual`` and GitHub sources, not Stripe's). GET shows an empty password field —
+        a stored secret is never rendered — and POST stores the one typed, encrypted, with a
+        ``LogEntry``."""
         self.check_operator(request)
         source = self.get_object(request, object_id)
-        if source is None or source.provider != "manual":
-            # GitHub and Stripe sources get their secret from the setup at the provider.
+        if source is None or not secret_set_by_hand(source.provider):
             raise PermissionDenied
         page = page_url(self, "change", source.pk)
         form = SigningSecretForm(request.POST if request.method == "POST" else None)
@@ -543,10 +550,11 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         )
 
     def operator_context(self, source: TriggerSource) -> dict[str, Any]:
-        """The operations' buttons; a ``manual`` source's page also offers its secret form
-        (``secret_form_url``)."""
+        """The operations' buttons; the page of a source whose secret an operator may set
+        (:func:`~django_leases.triggers.registry.secret_set_by_hand`) also offers its secret
+        form (``secret_form_url``)."""
         context = super().operator_context(source)
-        if source.provider == "manual":
+        if secret_set_by_hand(source.provider):
             context["secret_form_url"] = self.secret_url(source)
         return context
 

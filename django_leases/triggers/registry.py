@@ -296,6 +296,18 @@ def get_provider(name: str) -> Provider | None:
     return _providers.get(name) if isinstance(name, str) else None
 
 
+def secret_set_by_hand(provider_name: str) -> bool:
+    """Whether an operator may store the signing secret of a source of provider
+    ``provider_name`` (``str``) by hand — the admin's form and ``trigger_sources set-secret``
+    both ask this. ``True`` where no registration sets one (``manual``) and where the setup
+    sends ours to the provider (GitHub: the stored secret is sent at the source's next
+    enable); ``False`` where the provider chooses its own and never shows it again (Stripe:
+    another one stored would refuse every delivery, and its setup stores the right one), and
+    where no provider of that name is installed."""
+    provider = get_provider(provider_name)
+    return provider is not None and (not provider.manages_registration or provider.takes_secret)
+
+
 def provider_names() -> list[str]:
     """Names of the installed providers, sorted."""
     return sorted(_providers)

@@ -241,10 +241,7 @@ class Command(base.LeasesCommand):
             declared = TriggerSource.objects.using(alias).named(name)
         except UnknownTriggerSourceError as exc:
             raise CommandError(str(exc)) from None
-        provider = registry.get_provider(declared.provider)
-        if provider is not None and provider.manages_registration and not provider.takes_secret:
-            # The provider chose the secret it signs with (Stripe) and never shows it again:
-            # another one stored here would refuse every delivery, and no setup would mend it.
+        if not registry.secret_set_by_hand(declared.provider):
             raise CommandError(
                 f"{name} is a {declared.provider} source: {declared.provider} chooses the secret "
                 "it signs with, which its setup stores (enable the source); nothing stored."
