@@ -265,13 +265,20 @@ class StepClaims(StepOutcomes):
                     return None
                 queue = limits.get(step.queue)
                 if queue is not None and queue.limited and step.queue not in looked:
-                    # An unlocked look first: a full queue is passed over without waiting
-                    # for its lock (the claim below still decides under the lock).
+                    # An unlocked look first: a full queue, and in a keyed queue every key
+                    # at its limit, is passed over without waiting for the queue's lock (the
+                    # claim below still decides under the lock). Keys found full one claim
+                    # at a time would take a round each: behind more full keys than rounds,
+                    # a key with room would never be reached.
                     looked.add(step.queue)
                     full = self._full_queues(alias, {step.queue: queue})
                     if full:
                         blocked |= full
                         continue
+                    if queue.keyed:
+                        keys |= self._full_keys(alias, queue)
+                        if (step.queue, step.queue_key) in keys:
+                            continue
                 claim = self._claim_locked(alias, step, ttl, sent, refused)
             if claim is not None:
                 return claim
@@ -356,6 +363,21 @@ class StepClaims(StepOutcomes):
         running = self.using(alias).running_in(sorted(counted)) if counted else {}
         full = {name for name, limit in counted.items() if running.get(name, 0) >= limit}
         return full | WorkflowQueue.objects.rate_used_up(alias, limited)
+
+    def _full_keys(self, alias: str, limits: QueueLimits) -> set[tuple[str, str]]:
+        """Of the keys of keyed queue ``limits``, those that look full now, as ``(queue,
+        key)``: at their ``key_concurrency``, or out of their ``key_rate`` (unlocked reads:
+        a hint, as :meth:`_full_queues`; the claim decides under the queue's lock)."""
+        full: set[str] = set()
+        if limits.key_concurrency is not None:
+            running = _counted(
+                self.using(alias).holding_slots().filter(queue=limits.name), "queue_key"
+            )
+            full |= {key for key, n in running.items() if n >= limits.key_concurrency}
+        if limits.key_rate is not None:
+            rows = WorkflowQueueKey.objects.using(alias).rate_used_up({limits.name: limits})
+            full |= {row.key for row in rows}
+        return {(limits.name, key) for key in full}
 
     def queue_counts(self) -> dict[str, QueueCounts]:
         """Per queue named by a waiting or running step: its waiting steps
@@ -601,8 +623,11 @@ class StepClaims(StepOutcomes):
             base = base.filter(queue__in=[name for name in queues if name not in blocked])
         elif blocked:
             base = base.exclude(queue__in=sorted(blocked))
+        passed_over: dict[str, list[str]] = {}
         for queue, key in sorted(keys):
-            base = base.exclude(queue=queue, queue_key=key)
+            passed_over.setdefault(queue, []).append(key)
+        for queue, names in passed_over.items():
+            base = base.exclude(queue=queue, queue_key__in=names)
         # Running steps whose lease lapsed, or whose attempt ran past its timeout.
         lapsed = self._lock_first(
             alias,

@@ -10,7 +10,7 @@ running steps — belongs to the steps (:mod:`django_leases.models.workflow`), w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
@@ -232,10 +232,10 @@ class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
         """The row of ``key`` in ``queue`` (``None``: never claimed)."""
         return self.rows().filter(queue=queue, key=key).first()
 
-    def rate_used_up(self, limits: Mapping[str, QueueLimits]) -> list[int]:
-        """The ids of the key rows, of the queues in ``limits`` with a ``key_rate``, whose
-        rate for the current window looks used up now (database clock; unlocked reads: a
-        hint, the claim decides under the queue's lock)."""
+    def rate_used_up(self, limits: Mapping[str, QueueLimits]) -> Sequence[WorkflowQueueKey]:
+        """The key rows, of the queues in ``limits`` with a ``key_rate``, whose rate for the
+        current window looks used up now (database clock; unlocked reads: a hint, the claim
+        decides under the queue's lock)."""
         rated = {name: queue for name, queue in limits.items() if queue.key_rate is not None}
         full = []
         for row in self.rows().filter(queue__in=sorted(rated)).annotate(db_now=DbNow()):
@@ -243,7 +243,7 @@ class WorkflowQueueKeyQuerySet(db.RoutedQuerySet["WorkflowQueueKey"]):
             moment = _epoch(row.db_now)
             recent = [t for t in row.starts or [] if float(t) > moment - queue.key_rate_window]
             if len(recent) >= queue.key_rate_starts:
-                full.append(row.pk)
+                full.append(row)
         return full
 
     def claimed(self, queue: str, key: str, moment: datetime, starts: list[float] | None) -> None:

@@ -233,7 +233,7 @@ def _jump_key_rate_windows(alias: str) -> bool:
     waiting = [row.name for row in queue_overview(alias) if row.waiting and row.name in rated]
     keys = WorkflowQueueKey.objects.using(alias)
     held = keys.rate_used_up({name: rated[name] for name in waiting})
-    for row in keys.filter(pk__in=held):
+    for row in held:
         window = rated[row.queue].key_rate_window
         keys.filter(pk=row.pk).update(starts=[float(t) - window for t in row.starts or []])
     return bool(held)
