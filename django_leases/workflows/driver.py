@@ -428,8 +428,14 @@ class _Pass:
 
     def reach(self, name: str, kind: str, seconds: float | None = None) -> WorkflowWait:
         """The wait ``name`` as recorded; recorded now (with the pending result) if this is
-        the first pass to reach it."""
+        the first pass to reach it. ``ValueError`` where the run recorded a step of that
+        name (the code changed under it: a wait cannot take the step's place)."""
         self.see(name)
+        if name in self.steps:
+            raise ValueError(
+                f"{name!r} is the name of a step of run {self.run.id}; a wait needs a name "
+                "of its own"
+            )
         waits = self.waits()
         wait = waits.get(name)
         if wait is None or wait.kind != kind or wait.reached_at is None:

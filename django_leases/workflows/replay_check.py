@@ -451,7 +451,9 @@ def replay_run(
         return None
     except _Diverged as found:
         return diverged(found.recorded, found.new)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a pass fails the run on what code raises
         left = dry.unreplayed()
         if left is None:
             return None  # the next pass ends the run as the workflow says
