@@ -329,6 +329,21 @@ def test_check_replay_reports_a_step_named_after_the_clock() -> None:
     assert found.recorded.name != found.new.name
 
 
+@pytest.mark.django_db
+def test_drive_calls_a_workflow_that_meets_new_steps_on_every_replay_not_deterministic() -> None:
+    """Under ``drive()`` every step is run by itself and the next pass replays: a step named
+    from the clock is a new step to each replay, so the run never settles. ``drive()`` says
+    so after a few passes (``MisuseError`` naming the steps left unmet) instead of running
+    the step function until ``max_units`` (100,000 by default: minutes)."""
+    from django_leases.exceptions import MisuseError
+    from django_leases.testing.driving import UNREPLAYED_PASSES
+
+    run_id = start_workflow("tests.replay-divergence.stamped", {})
+    with pytest.raises(MisuseError, match=r"does not replay.*'stamp-"):
+        drive(run_id)
+    assert len(ran) == UNREPLAYED_PASSES, ran
+
+
 # -- a step function changed under a parked fan-out ------------------------------------------
 
 

@@ -76,6 +76,9 @@ STEP_LEASE = 600.0
 
 #: How many passes and steps one :func:`drive` runs at most before it gives up.
 MAX_UNITS = 100_000
+#: Passes in a row that leave more of a run's recorded steps unmet before :func:`drive`
+#: calls the workflow not deterministic.
+UNREPLAYED_PASSES = 3
 
 
 def drive(
@@ -117,7 +120,10 @@ def drive(
     Raises:
         WorkflowRun.DoesNotExist: no run ``run_id``.
         MisuseError: ``max_units`` passes and steps ran and work was still due (a workflow
-            that never settles).
+            that never settles); or a run's passes left more of its recorded steps unmet
+            each time, :data:`UNREPLAYED_PASSES` passes in a row (a workflow that is not
+            deterministic — a step named from the clock, say — meets a new step on every
+            replay and would run until ``max_units``).
         StepNotIdempotentError: with ``duplicate_steps``, steps whose second run changed
             the database (the drive itself finished).
         QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable (as for a worker).
@@ -144,6 +150,7 @@ def drive(
         return run_id is not None and not runs.filter(pk=run_id, status=RunStatus.RUNNING).exists()
 
     units = 0
+    unmet: dict[str, tuple[frozenset[str], int]] = {}
     while not finished():
         if units >= max_units:
             raise MisuseError(f"drive(): {max_units} passes and steps ran and work is still due")
@@ -157,13 +164,35 @@ def drive(
             continue
         picked = runs.claim_due_pass(run_lease_ttl(), lease_holder=new_holder())
         if picked is not None:
-            RunDriver(picked.run_id, using=alias, picked=picked).drive()
+            driver = RunDriver(picked.run_id, using=alias, picked=picked)
+            driver.drive()
+            _check_replayed(str(picked.run_id), driver.unmet_steps(), unmet)
             units += 1
             continue
         if skip_sleeps and _jump_forward(alias):
             continue
         break
     return None if run_id is None else runs.get(pk=run_id)
+
+
+def _check_replayed(
+    run_id: str, now: frozenset[str], unmet: dict[str, tuple[frozenset[str], int]]
+) -> None:
+    """Note the steps run ``run_id`` recorded that its last pass did not meet (``now``);
+    raise :class:`MisuseError` once more of them were left unmet after each of
+    :data:`UNREPLAYED_PASSES` passes in a row. A step removed from the code (a deploy a
+    test simulates) stays unmet, the same set every pass: that is allowed."""
+    before, growing = unmet.get(run_id, (frozenset(), 0))
+    growing = growing + 1 if now > before else 0
+    unmet[run_id] = (now, growing)
+    if growing >= UNREPLAYED_PASSES:
+        names = ", ".join(repr(name) for name in sorted(now)[:5])
+        raise MisuseError(
+            f"drive(): run {run_id} does not replay: {growing} passes in a row met new steps "
+            f"and left recorded ones unmet ({names}{', …' if len(now) > 5 else ''}). Workflow "
+            "code must make the same calls on every replay: no step or wait names from the "
+            "clock, random numbers or reads outside a step"
+        )
 
 
 def _jump_forward(alias: str) -> bool:

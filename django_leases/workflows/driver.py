@@ -1082,6 +1082,19 @@ class RunDriver:
             return self._pass_later(exc)
         return outcome
 
+    def unmet_steps(self) -> frozenset[str]:
+        """The names of the steps the run had recorded that its last pass did not meet (the
+        workflow took another path: its code changed, or it is not deterministic); empty
+        before a pass, or after one a fault interrupted."""
+        this = self._current
+        if this is None:
+            return frozenset()
+        return frozenset(
+            name
+            for name, step in this.steps.items()
+            if name not in this.seen and step.status != StepStatus.PATCH
+        )
+
     def _passes(self, state: PassState | None, carrying: StepRun | None) -> str:
         runs = WorkflowRun.objects.db_manager(self.alias)
         if carrying is not None and not _storable(carrying):
