@@ -63,6 +63,7 @@ from django_leases.models.workflow import WorkflowRun
 from django_leases.validation import MAX_NAME_LENGTH, check_json
 from django_leases.workflows.schedules import (
     CATCH_UP_POLICIES,
+    MAX_CRON_LENGTH,
     MISSED_AFTER,
     OVERLAP_POLICIES,
     ScheduleDeclaration,
@@ -589,7 +590,7 @@ class WorkflowSchedule(models.Model):
 
     name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, unique=True)
     workflow = models.CharField(_("workflow"), max_length=MAX_NAME_LENGTH)
-    cron = models.CharField(_("cron"), max_length=200)
+    cron = models.CharField(_("cron"), max_length=MAX_CRON_LENGTH)
     timezone = models.CharField(_("time zone"), max_length=64, default="UTC")
     input = models.JSONField(_("input"), default=dict, blank=True)
     catch_up = models.CharField(

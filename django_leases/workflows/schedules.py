@@ -48,7 +48,7 @@ One schedule is built in: ``DJANGO_LEASES["PRUNE"]`` (:func:`prune_from_settings
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,6 +63,7 @@ from django_leases.workflows.values import TASK_WORKFLOW
 __all__ = [
     "CATCH_UP_POLICIES",
     "MAX_BACKFILL_TICKS",
+    "MAX_CRON_LENGTH",
     "MAX_PRUNE_BATCH_SIZE",
     "MAX_SCHEDULE_NAME_LENGTH",
     "MISSED_AFTER",
@@ -102,6 +103,9 @@ RUN_KEY_PREFIX = "schedule:"
 #: Longest schedule name: the run key (prefix, name, ``:``, a 25-character UTC instant) must
 #: fit the 255 characters of a run key.
 MAX_SCHEDULE_NAME_LENGTH = 200
+#: The longest cron expression a schedule stores (``WorkflowSchedule.cron``), characters.
+MAX_CRON_LENGTH = 200
+
 #: How far ahead a cron expression must match at least once (cronsim looks 50 years ahead).
 _HORIZON_YEARS = 50
 
@@ -139,10 +143,16 @@ class ScheduleDeclaration:
 
 
 def check_cron(cron: object) -> str:
-    """``cron`` if it is a cron expression cronsim reads and that matches at least once in
-    the next 50 years; raises ``ValueError`` saying what is wrong."""
+    """``cron`` if it is a cron expression of at most :data:`MAX_CRON_LENGTH` characters
+    that cronsim reads and that matches at least once in the next 50 years; raises
+    ``ValueError`` saying what is wrong."""
     if not isinstance(cron, str) or not cron.strip():
         raise ValueError(f"a cron expression must be a non-empty str, not {cron!r}")
+    if len(cron) > MAX_CRON_LENGTH:
+        raise ValueError(
+            f"a cron expression is at most {MAX_CRON_LENGTH} characters, not {len(cron)} "
+            f"({cron[:40]!r}…)"
+        )
     start = datetime(2000, 1, 1, tzinfo=UTC)
     try:
         ticks = CronSim(cron, start)
@@ -451,7 +461,16 @@ def next_tick(cron: str, zone: str, after: datetime) -> datetime | None:
     """The first tick of ``cron`` (read in time zone ``zone``) strictly after ``after`` (an
     aware ``datetime``), as an aware UTC ``datetime``; ``None`` when there is none in the next
     50 years. Raises ``ValueError`` for a bad expression or zone, or a naive ``after``."""
-    return _first_tick(cron, zone, after, after)
+    try:
+        moment = _utc(after)
+    except OverflowError:
+        raise _out_of_years(after) from None
+    # cronsim reads a local time in the second pass of an hour the clocks repeat (autumn) as
+    # its first pass, and may give a tick of the first pass, already gone: passed over.
+    for tick in _ticks(cron, zone, after, after):
+        if tick > moment:
+            return tick
+    return None
 
 
 def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
@@ -461,27 +480,41 @@ def latest_tick(cron: str, zone: str, at: datetime) -> datetime | None:
     # cronsim going backwards from a time with microseconds looks first at that time's
     # whole second, so "at or before" is the whole second of ``at`` plus a microsecond.
     try:
-        start = _utc(at).replace(microsecond=0) + timedelta(microseconds=1)
+        moment = _utc(at)
+        start = moment.replace(microsecond=0) + timedelta(microseconds=1)
     except OverflowError:
         raise _out_of_years(at) from None
-    return _first_tick(cron, zone, start, at, reverse=True)
+    latest = next(_ticks(cron, zone, start, at, reverse=True), None)
+    # Going back from the second pass of a repeated hour, cronsim starts from its first pass
+    # and can miss the ticks between the two: they are found going forwards.
+    while latest is not None:
+        following = next_tick(cron, zone, latest)
+        if following is None or following > moment:
+            break
+        latest = following
+    return latest
 
 
-def _first_tick(
+def _ticks(
     cron: str, zone: str, start: datetime, asked: datetime, *, reverse: bool = False
-) -> datetime | None:
-    """The first tick of ``cron`` in ``zone`` from ``start`` (forwards, or back with
-    ``reverse``) as an aware UTC ``datetime``, ``None`` past 50 years; ``ValueError`` for a
+) -> Iterator[datetime]:
+    """The ticks cronsim gives for ``cron`` in ``zone`` from ``start`` (forwards, or back
+    with ``reverse``), as aware UTC ``datetime`` values, for 50 years; ``ValueError`` for a
     bad expression or zone, or a moment (``asked``) too near the years 1 or 9999."""
     try:
         local = _utc(start).astimezone(ZoneInfo(check_timezone(zone)))
-        return _utc(next(CronSim(cron, local, reverse=reverse)))
+        ticks = CronSim(cron, local, reverse=reverse)
     except OverflowError:
         raise _out_of_years(asked) from None
     except CronSimError as exc:
         raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
-    except StopIteration:
-        return None
+    while True:
+        try:
+            yield _utc(next(ticks))
+        except OverflowError:
+            raise _out_of_years(asked) from None
+        except StopIteration:
+            return
 
 
 def run_key(name: str, tick: datetime) -> str:
