@@ -90,6 +90,53 @@ TUNED_VENDORS = frozenset({"postgresql", "sqlite"})
 _MYSQL_RETRYABLE = (1213, 1205)
 
 
+#: PostgreSQL's SQLSTATE for a write refused in a read-only transaction (a hot standby,
+#: ``default_transaction_read_only``), and MariaDB / MySQL's error numbers for it (a read-only
+#: transaction; a server started ``--read-only``, whose error also names the option).
+_READ_ONLY_SQLSTATE = "25006"
+_MYSQL_READ_ONLY_TRANSACTION = 1792
+_MYSQL_OPTION_PREVENTS = 1290
+
+
+def refused_as_read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database refusing a write because it is read-only: a
+    PostgreSQL hot standby or ``default_transaction_read_only``, a MariaDB / MySQL
+    read-only transaction or ``--read-only`` server, a SQLite file opened read-only."""
+    cause = exc.__cause__ or exc
+    if _READ_ONLY_SQLSTATE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None)):
+        return True
+    code = exc.args[0] if exc.args else None
+    if code == _MYSQL_READ_ONLY_TRANSACTION or "attempt to write a readonly database" in str(exc):
+        return True  # the latter: SQLite's, for a read-only file or query_only
+    return code == _MYSQL_OPTION_PREVENTS and "read-only" in str(exc)
+
+
+def read_only_reason(connection: BaseDatabaseWrapper) -> str | None:
+    """Why ``connection``'s database refuses writes — a PostgreSQL standby in recovery or a
+    read-only session, a MariaDB / MySQL read-only session, SQLite's ``query_only`` — or
+    ``None`` when it takes them. One query; a database error propagates."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
+            recovery, read_only = cursor.fetchone()
+            if recovery:
+                return "it is a standby in recovery (pg_is_in_recovery())"
+            if read_only == "on":
+                return "its sessions are read-only (default_transaction_read_only)"
+        elif connection.vendor == "mysql":
+            # MariaDB names it tx_read_only; MySQL 8, transaction_read_only.
+            mariadb = getattr(connection, "mysql_is_mariadb", True)
+            variable = "tx_read_only" if mariadb else "transaction_read_only"
+            cursor.execute(f"SELECT @@{variable}")
+            if int(cursor.fetchone()[0]):
+                return f"its sessions are read-only ({variable})"
+        elif connection.vendor == "sqlite":
+            cursor.execute("PRAGMA query_only")
+            if int(cursor.fetchone()[0]):
+                return "it is opened read-only (PRAGMA query_only)"
+    return None
+
+
 def rolled_back_whole(connection: BaseDatabaseWrapper, exc: BaseException) -> bool:
     """Whether ``exc``, raised on ``connection``, is a MariaDB / MySQL deadlock or lock-wait
     timeout, after which the server rolled the whole transaction back: a caller that owns
@@ -221,10 +268,13 @@ def _behind_a_proxy(connection: BaseDatabaseWrapper) -> bool:
         if not direct:
             _unprepared.add(connection.alias)
     if first and not direct:
+        # Which mode the pooler is in cannot be seen from here: the advice is for the one
+        # that needs a setting, and says that the others need none.
         logger.warning(
-            "Database %r is reached on port %s and the server listens on %s: a pooler in "
-            "between? django-leases prepares no statements on it; set "
-            "DISABLE_SERVER_SIDE_CURSORS = True for it to say so up front",
+            "Database %r is reached on port %s and the server listens on %s: a pooler or a "
+            "tunnel in between? django-leases prepares no statements on it. A pooler in "
+            "transaction mode: set DISABLE_SERVER_SIDE_CURSORS = True (workers then poll "
+            "instead of LISTEN). In session mode, or through a tunnel: nothing to set",
             connection.alias,
             client_port,
             server_port,

@@ -146,7 +146,7 @@ def test_a_connection_through_a_proxy_prepares_nothing_from_its_first_statement(
     assert _prepared_count() == before
     assert not db.prepares(connection)
     assert asked == ["ports"], "asked once per alias and process"
-    warnings = [r for r in caplog.records if "a pooler in between" in r.getMessage()]
+    warnings = [r for r in caplog.records if "a pooler or a tunnel in between" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
 
 

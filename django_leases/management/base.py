@@ -48,7 +48,7 @@ from django.core.management.base import (
 from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
-from django_leases import health, holder
+from django_leases import db, health, holder
 from django_leases.validation import seconds
 from django_leases.workflows import worker
 
@@ -191,6 +191,41 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
         if finding.status == health.UNREACHABLE:
             return CommandError(
                 f"Database {alias!r} is unreachable: {finding.message}",
+                returncode=DATABASE_UNREACHABLE,
+            )
+    return None
+
+
+def read_only_database_error(given: str | Sequence[str] | None) -> CommandError | None:
+    """The error to report when a database a command writes to refuses writes: a
+    PostgreSQL standby, a read-only session or server (:func:`~django_leases.db.read_only_reason`).
+
+    Args:
+        given: the command's ``--database`` (an alias, a list of them, or ``None`` for every
+            alias django-leases writes to).
+
+    Returns:
+        A ``CommandError`` naming the first such alias and why, with ``returncode``
+        :data:`DATABASE_UNREACHABLE` (the database cannot serve the command); ``None`` when
+        every one takes writes, or cannot be asked (an unreachable database is
+        :func:`unreachable_database_error`'s to report). An alias inside a caller's
+        transaction is not asked.
+    """
+    if given is None:
+        aliases = health.write_aliases()
+    else:
+        aliases = [given] if isinstance(given, str) else list(given)
+    for alias in aliases:
+        if alias not in connections or connections[alias].in_atomic_block:
+            continue
+        try:
+            reason = db.read_only_reason(connections[alias])
+        except DatabaseError:
+            continue
+        if reason is not None:
+            return CommandError(
+                f"Database {alias!r} refuses writes: {reason}. Point the command at the "
+                "primary (a read-write database).",
                 returncode=DATABASE_UNREACHABLE,
             )
     return None
@@ -664,7 +699,8 @@ EXIT_CODES: dict[str, ExitCodeTable] = {
         (
             worker.EXIT_DATABASE_UNREACHABLE,
             "a database is unreachable: at the start, or with `--once` after 10 failures in "
-            "a row (named on stderr)",
+            "a row (named on stderr); or, at the start, it lacks django-leases' tables or "
+            "refuses writes (a standby, a read-only session)",
         ),
         (
             worker.EXIT_ABANDONED,
@@ -1067,6 +1103,7 @@ __all__ = [
     "exit_codes_help",
     "exit_codes_markdown",
     "integer_type",
+    "read_only_database_error",
     "seconds_type",
     "unmigrated_database_error",
     "unreachable_database_error",

@@ -702,12 +702,22 @@ class Worker:
                 close_old_connections()
                 did = self.work_once()
                 failures = 0
-            except BaseException:
+            except BaseException as exc:
                 # Whatever a unit of work raises (SystemExit from user code included)
                 # is logged and the thread carries on: it must not die from it.
                 failed = True
                 failures += 1
-                logger.exception("Workflow worker: a unit of work failed; backing off")
+                if db.refused_as_read_only(exc):
+                    # Not a fault of the work: the database turned read-only (a failover
+                    # demoted it, a standby behind the address). Said in one line.
+                    logger.error(
+                        "Workflow worker: database %r refuses writes (%s): a standby or a "
+                        "read-only session behind its address? Backing off",
+                        self.alias,
+                        str(exc).strip(),
+                    )
+                else:
+                    logger.exception("Workflow worker: a unit of work failed; backing off")
                 db.close_thread_connections()
             finally:
                 try:

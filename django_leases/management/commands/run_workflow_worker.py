@@ -32,6 +32,7 @@ from django_leases.management.base import (
     add_seconds_argument,
     database_alias,
     integer_type,
+    read_only_database_error,
     unmigrated_database_error,
 )
 from django_leases.models import WorkflowStep
@@ -120,9 +121,10 @@ class Command(LeasesCommand):
         except QueueConfigError as exc:
             raise CommandError(str(exc)) from None
         alias = database_alias(options, WorkflowStep)
-        unmigrated = unmigrated_database_error(alias)  # else each unit of work fails
-        if unmigrated is not None:
-            raise unmigrated
+        # Else each unit of work fails, logged as a database fault, until --once gives up.
+        unusable = unmigrated_database_error(alias) or read_only_database_error(alias)
+        if unusable is not None:
+            raise unusable
         try:
             worker = Worker(
                 options["concurrency"],
