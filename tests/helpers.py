@@ -936,3 +936,117 @@ def json_nested(levels: int) -> list[Any]:
     for _ in range(levels - 1):
         value = [value]
     return value
+
+
+PGBOUNCER = "/usr/sbin/pgbouncer"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def running_pgbouncer(pool_mode: str, *, pool_size: int | None = None) -> Iterator[int]:
+    """Debian's PgBouncer on a private port in front of the suite's PostgreSQL
+    (127.0.0.1:5432), in ``pool_mode`` (``"transaction"`` or ``"session"``) with at most
+    ``pool_size`` server connections per pool (``None``: PgBouncer's default); yields its
+    port. Without PgBouncer the test is skipped, and fails under ``CI=true``."""
+    import pwd
+    import shutil
+    import tempfile
+    import textwrap
+
+    import pytest
+
+    program = shutil.which("pgbouncer") or PGBOUNCER
+    if not os.path.exists(program):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("pgbouncer is not installed: the pooler tests must run under CI")
+        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="dl-pgbouncer-"))
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    size = "" if pool_size is None else f"default_pool_size = {pool_size}\n"
+    (folder / "pgbouncer.ini").write_text(
+        textwrap.dedent(
+            f"""\
+            [databases]
+            * = host=127.0.0.1 port=5432
+            [pgbouncer]
+            listen_addr = 127.0.0.1
+            listen_port = {port}
+            unix_socket_dir =
+            auth_type = trust
+            auth_file = {folder}/users.txt
+            pool_mode = {pool_mode}
+            max_client_conn = 200
+            ignore_startup_parameters = extra_float_digits,options
+            logfile = {folder}/pgbouncer.log
+            pidfile = {folder}/pgbouncer.pid
+            """
+        )
+        + size
+    )
+    user = "postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        entry = pwd.getpwnam(user)
+        for path in (folder, *folder.iterdir()):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    command = [program, *(["-u", user] if user else []), str(folder / "pgbouncer.ini")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def accepting() -> bool:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout else ""
+            raise AssertionError(f"pgbouncer exited with {process.returncode}: {output}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    wait_until(accepting, 30, what="pgbouncer accepting connections")
+    try:
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def with_queues(queues: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``DJANGO_LEASES`` setting with ``queues`` added to (or replacing entries of) its
+    ``QUEUES``, for ``override_settings``."""
+    configured = dict(getattr(settings, "DJANGO_LEASES", {}) or {})
+    configured["QUEUES"] = {**(configured.get("QUEUES") or {}), **queues}
+    return configured
+
+
+@contextmanager
+def limited_queues(queues: dict[str, dict[str, Any]], functions: dict[str, str]) -> Iterator[None]:
+    """For the block: ``queues`` configured (:func:`with_queues`) and, for each name in
+    ``functions``, a step function doing nothing on the queue it maps to."""
+    from django_leases.workflows import registry, step_function
+
+    for name, queue in functions.items():
+        step_function(name, queue=queue)(lambda data, ctx: None)
+    try:
+        with override_settings(DJANGO_LEASES=with_queues(queues)):
+            yield
+    finally:
+        for name in functions:
+            registry._step_functions.pop(name, None)
+            registry._step_options.pop(name, None)
+
+
+def finish_step(step_name: str) -> None:
+    """Record a ``None`` result for the running step ``step_name`` (its current attempt)."""
+    from django_leases.models import WorkflowStep
+
+    step = WorkflowStep.objects.get(step_name=step_name)
+    assert WorkflowStep.objects.set_result(step.pk, None, step.attempt)

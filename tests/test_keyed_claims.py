@@ -12,15 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
-from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_leases.clock import db_now_plus
 from django_leases.models import StepStatus, WorkflowQueueKey, WorkflowRun, WorkflowStep
-from django_leases.workflows import registry, start_workflow, step_function, workflow
-from tests.helpers import tuned_sql
+from django_leases.workflows import start_workflow, workflow
+from tests.helpers import finish_step, limited_queues, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,15 +43,8 @@ def _idle(run: Any, input: Any) -> Any:
 
 @pytest.fixture(autouse=True)
 def _queues() -> Iterator[None]:
-    configured = dict(getattr(settings, "DJANGO_LEASES", {}) or {})
-    configured["QUEUES"] = {**(configured.get("QUEUES") or {}), **QUEUES}
-    for name, queue in FUNCTIONS.items():
-        step_function(name, queue=queue)(lambda data, ctx: None)
-    with override_settings(DJANGO_LEASES=configured):
+    with limited_queues(QUEUES, FUNCTIONS):
         yield
-    for name in FUNCTIONS:
-        registry._step_functions.pop(name, None)
-        registry._step_options.pop(name, None)
 
 
 def _queue(
@@ -65,11 +56,6 @@ def _queue(
             run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key, priority=priority
         )
     return run_id
-
-
-def _finish(step_name: str) -> None:
-    step = WorkflowStep.objects.get(step_name=step_name)
-    assert WorkflowStep.objects.set_result(step.pk, None, step.attempt)
 
 
 @pytest.mark.postgres_only
@@ -91,11 +77,11 @@ def test_a_keyed_claim_is_one_statement_and_serves_keys_in_turn() -> None:
     assert WorkflowStep.objects.claim_due(LEASE, queues=["kc-keyed"]) is None
     # Round-robin: the key claimed least recently goes first, whatever its backlog.
     for done in ("b1", "s1"):
-        _finish(done)
+        finish_step(done)
     order = []
     while (claim := WorkflowStep.objects.claim_due(LEASE, queues=["kc-keyed"])) is not None:
         order.append(claim.step_name)
-        _finish(claim.step_name)
+        finish_step(claim.step_name)
     assert order == ["b2", "s2", "b3"]
     turns = dict(WorkflowQueueKey.objects.filter(queue="kc-keyed").values_list("key", "claimed_at"))
     assert turns["big"] > turns["small"]
@@ -125,7 +111,7 @@ def test_the_queue_wide_concurrency_and_the_key_rate_hold_on_both_paths(sql_path
         names = []
         while (claim := WorkflowStep.objects.claim_due(LEASE, queues=["kc-rated"])) is not None:
             names.append(claim.step_name)
-            _finish(claim.step_name)
+            finish_step(claim.step_name)
         assert names == ["r1", "q1"]  # r2 waits for its key's rate window
 
 
@@ -160,7 +146,7 @@ def test_a_worker_of_a_limited_queue_and_another_keeps_the_order_and_the_limits(
         if tuned:
             # The first due steps' queues read, then the claim of the first's own statement.
             assert counts == [2, 2, 2, 2], counts
-        _finish("b1")
+        finish_step("b1")
         again = WorkflowStep.objects.claim_due(LEASE, queues=queues)
         assert again is not None and again.step_name == "b2"
 
@@ -182,7 +168,7 @@ def test_prune_deletes_only_idle_key_rows() -> None:
     for queue in ("kc-keyed", "kc-keyed", "kc-rated"):
         claim = WorkflowStep.objects.claim_due(LEASE, queues=[queue])
         assert claim is not None
-        _finish(claim.step_name)
+        finish_step(claim.step_name)
     # Keys "busy" (k2 still waits), "done" (finished) and "rated" (its start lies within
     # its key_rate window of an hour), plus a key of a queue no longer configured.
     WorkflowQueueKey.objects.create(queue="kc-gone", key="old", claimed_at=db_now_plus(0.0))

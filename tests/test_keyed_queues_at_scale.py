@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
@@ -22,12 +21,10 @@ from django_leases.models import (
     WorkflowStepAttempt,
 )
 from django_leases.workflows import (
-    registry,
     start_workflow,
-    step_function,
     workflow,
 )
-from tests.helpers import race, tuned_sql
+from tests.helpers import finish_step, limited_queues, race, tuned_sql, with_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,21 +48,10 @@ def _idle(run: Any, input: Any) -> Any:
     return None
 
 
-def _configured(queues: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    configured = dict(getattr(settings, "DJANGO_LEASES", {}) or {})
-    configured["QUEUES"] = {**(configured.get("QUEUES") or {}), **queues}
-    return configured
-
-
 @pytest.fixture(autouse=True)
 def _queues() -> Iterator[None]:
-    for name, queue in FUNCTIONS.items():
-        step_function(name, queue=queue)(lambda data, ctx: None)
-    with override_settings(DJANGO_LEASES=_configured(QUEUES)):
+    with limited_queues(QUEUES, FUNCTIONS):
         yield
-    for name in FUNCTIONS:
-        registry._step_functions.pop(name, None)
-        registry._step_options.pop(name, None)
 
 
 def _queue(key: str, names: list[str], function: str = "tests.bk.keyed") -> uuid.UUID:
@@ -75,11 +61,6 @@ def _queue(key: str, names: list[str], function: str = "tests.bk.keyed") -> uuid
             run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key
         )
     return run_id
-
-
-def _finish(step_name: str) -> None:
-    step = WorkflowStep.objects.get(step_name=step_name)
-    assert WorkflowStep.objects.set_result(step.pk, None, step.attempt)
 
 
 def _running_per_key(queue: str) -> Counter[str]:
@@ -108,7 +89,7 @@ def test_a_cold_key_is_claimed_behind_more_than_twenty_keys_at_their_limit(sql_p
         _queue("cold", ["cold-1"])
         claim = WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed"])
         assert claim is not None and claim.step_name == "cold-1"
-        _finish("cold-1")
+        finish_step("cold-1")
         cold_run = WorkflowStep.objects.get(step_name="cold-1").run_id
         WorkflowStep.objects.schedule(
             cold_run, "cold-2", "tests.bk.keyed", {}, queue="bk-keyed", queue_key="cold"
@@ -134,7 +115,7 @@ def test_a_cold_key_is_claimed_by_a_worker_of_every_queue_behind_many_full_keys(
             assert WorkflowStep.objects.claim_due(LEASE) is not None
         _queue("cold", ["cold-1"])
         assert WorkflowStep.objects.claim_due(LEASE).step_name == "cold-1"
-        _finish("cold-1")
+        finish_step("cold-1")
         cold_run = WorkflowStep.objects.get(step_name="cold-1").run_id
         WorkflowStep.objects.schedule(
             cold_run, "cold-2", "tests.bk.keyed", {}, queue="bk-keyed", queue_key="cold"
@@ -154,7 +135,7 @@ def test_a_cold_key_is_claimed_behind_more_than_twenty_keys_out_of_their_key_rat
             _queue(key, [f"{key}-a", f"{key}-b", f"{key}-c"], "tests.bk.rated")
         claimed = 0
         while (claim := WorkflowStep.objects.claim_due(LEASE, queues=["bk-rated"])) is not None:
-            _finish(claim.step_name)
+            finish_step(claim.step_name)
             claimed += 1
             if claimed == 2 * len(hot):
                 break
@@ -164,7 +145,7 @@ def test_a_cold_key_is_claimed_behind_more_than_twenty_keys_out_of_their_key_rat
         cold_run = _queue("cold", ["cold-1"], "tests.bk.rated")
         claim = WorkflowStep.objects.claim_due(LEASE, queues=["bk-rated"])
         assert claim is not None and claim.step_name == "cold-1"
-        _finish("cold-1")
+        finish_step("cold-1")
         WorkflowStep.objects.schedule(
             cold_run, "cold-2", "tests.bk.rated", {}, queue="bk-rated", queue_key="cold"
         )
@@ -203,11 +184,11 @@ def test_a_key_of_255_four_byte_characters_is_claimed_counted_and_pruned(sql_pat
         while (claim := WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed"])) is not None:
             got.append(claim.step_name)
         assert sorted(got) == ["l1", "o1"]
-        _finish("l1")
-        _finish("o1")
+        finish_step("l1")
+        finish_step("o1")
         claim = WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed"])
         assert claim is not None and claim.step_name == "l2"
-        _finish("l2")
+        finish_step("l2")
         assert set(WorkflowQueueKey.objects.values_list("key", flat=True)) == {long_key, other}
         assert WorkflowQueueKey.objects.prune_idle() == 2
         assert not WorkflowQueueKey.objects.exists()
@@ -223,9 +204,9 @@ def test_lowering_key_concurrency_while_steps_run_admits_nothing_until_below(
         assert WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed2"]) is not None
         assert WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed2"]) is None
         with override_settings(
-            DJANGO_LEASES=_configured({**QUEUES, "bk-keyed2": {"key_concurrency": 1}})
+            DJANGO_LEASES=with_queues({**QUEUES, "bk-keyed2": {"key_concurrency": 1}})
         ):
-            _finish(WorkflowStep.objects.filter(status="running").first().step_name)
+            finish_step(WorkflowStep.objects.filter(status="running").first().step_name)
             # one still runs: at the new limit of 1
             assert WorkflowStep.objects.claim_due(LEASE, queues=["bk-keyed2"]) is None
             assert _running_per_key("bk-keyed2") == {"k": 1}
@@ -290,7 +271,7 @@ def test_prune_keeps_per_key_rows_bounded_as_keys_come_and_go() -> None:
         names = _claim_until_none("bk-keyed", rounds=100)
         assert len(names) == 40
         for name in names:
-            _finish(name)
+            finish_step(name)
         assert WorkflowQueueKey.objects.count() == 40
         WorkflowRun.objects.filter(status="running").update(status="succeeded")
         assert WorkflowQueueKey.objects.prune_idle(batch_size=7) == 40

@@ -17,14 +17,10 @@ user's machine and fails under ``CI=true`` (``.ci/run`` installs it).
 
 from __future__ import annotations
 
-import os
-import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,77 +29,19 @@ from django.db import connection
 
 from django_leases.models import Lease, RunStatus, WorkflowRun
 from django_leases.workflows.engine import start_workflow
-from tests.helpers import manage, start_process, unique_key, wait_until
+from tests.helpers import manage, running_pgbouncer, start_process, unique_key, wait_until
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
 
-PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def pgbouncer() -> Iterator[int]:
-    """A PgBouncer in transaction mode in front of 127.0.0.1:5432; yields its port."""
-    if not os.path.exists(PGBOUNCER):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("pgbouncer is not installed: the pooler tests must run under CI")
-        pytest.skip("pgbouncer is not installed (apt-get install pgbouncer)")
-    port = _free_port()
-    folder = Path(tempfile.mkdtemp(prefix="dl-pgbouncer-"))
-    (folder / "users.txt").write_text('"postgres" ""\n')
-    (folder / "pgbouncer.ini").write_text(
-        textwrap.dedent(
-            f"""\
-            [databases]
-            * = host=127.0.0.1 port=5432
-            [pgbouncer]
-            listen_addr = 127.0.0.1
-            listen_port = {port}
-            unix_socket_dir =
-            auth_type = trust
-            auth_file = {folder}/users.txt
-            pool_mode = transaction
-            default_pool_size = 3
-            max_client_conn = 200
-            ignore_startup_parameters = extra_float_digits,options
-            logfile = {folder}/pgbouncer.log
-            pidfile = {folder}/pgbouncer.pid
-            """
-        )
-    )
-    user = "postgres" if os.geteuid() == 0 else None
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (folder, *folder.iterdir()):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    command = [PGBOUNCER, *(["-u", user] if user else []), str(folder / "pgbouncer.ini")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def accepting() -> bool:
-        if process.poll() is not None:
-            output = process.stdout.read().decode() if process.stdout else ""
-            raise AssertionError(f"pgbouncer exited with {process.returncode}: {output}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            return False
-        return True
-
-    wait_until(accepting, 30, what="pgbouncer accepting connections")
-    try:
+    """A PgBouncer in transaction mode, a pool of 3, in front of 127.0.0.1:5432; yields its
+    port."""
+    with running_pgbouncer("transaction", pool_size=3) as port:
         yield port
-    finally:
-        process.terminate()
-        process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _env(base: dict[str, str], port: int, *, declared: bool) -> dict[str, str]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
 
 from django_leases.models import RunStatus, WorkflowStep, WorkflowWait
 from django_leases.testing import drive
@@ -19,6 +17,7 @@ from django_leases.workflows import send_event, start_workflow, step_function, w
 from django_leases.workflows.replay_check import check_replay
 from django_leases.workflows.values import StepStatus
 from tests.helpers import drain, run_of
+from tests.test_replay_check import check
 
 ECHO = "tests.replay-divergence.echo"
 OTHER = "tests.replay-divergence.other"
@@ -31,16 +30,14 @@ ran: list[str] = []
 calls: dict[str, int] = {}
 
 
-@step_function(ECHO)
-def echo(data: Any, ctx: Any) -> Any:
+def _noted(data: Any, ctx: Any) -> Any:
+    """Both step functions: note the step's name, return its data."""
     ran.append(ctx.step_name)
     return data
 
 
-@step_function(OTHER)
-def other(data: Any, ctx: Any) -> Any:
-    ran.append(ctx.step_name)
-    return data
+step_function(ECHO)(_noted)
+step_function(OTHER)(_noted)
 
 
 @pytest.fixture(autouse=True)
@@ -50,16 +47,6 @@ def v1_deployed() -> Iterator[None]:
     calls.clear()
     yield
     deployed.clear()
-
-
-def check(*args: str) -> tuple[int, str, str]:
-    """``workflow_runs check-replay ARGS``: (exit status, stdout, stderr)."""
-    out, err = StringIO(), StringIO()
-    try:
-        call_command("workflow_runs", "check-replay", *args, stdout=out, stderr=err)
-    except CommandError as exc:
-        return exc.returncode, out.getvalue(), str(exc)
-    return 0, out.getvalue(), err.getvalue()
 
 
 def _count(name: str) -> None:

@@ -4,7 +4,6 @@ firings on every backend, pause and resume with a waiting tick (docs/howto/sched
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,10 +12,9 @@ from django.db import connection, models
 from django.db.models import Value
 from django.db.models.functions import Cast
 
-from django_leases.clock import now_sql, to_aware, to_stored
+from django_leases.clock import to_aware, to_stored
 from django_leases.models import WorkflowRun, WorkflowSchedule
 from django_leases.models import schedule as schedule_module
-from django_leases.workflows import registry
 from django_leases.workflows.schedules import (
     MAX_CRON_LENGTH,
     declaration,
@@ -27,31 +25,16 @@ from django_leases.workflows.schedules import (
 )
 from django_leases.workflows.values import RunStatus
 from tests.helpers import race
+from tests.test_schedule_overlap import WORKFLOW, clock, noop  # noqa: F401  (noop: a fixture)
 
-WORKFLOW = "tests.schedule_edges.noop"
+#: Every test here may start runs of WORKFLOW: the fixture registers it.
+pytestmark = pytest.mark.usefixtures("noop")
+
 BERLIN = "Europe/Berlin"
 
 
 def utc(*parts: int) -> datetime:
     return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
-
-
-@pytest.fixture
-def noop() -> Iterator[str]:
-    registry._workflows[WORKFLOW] = lambda run, input: input
-    try:
-        yield WORKFLOW
-    finally:
-        registry._workflows.pop(WORKFLOW, None)
-
-
-def clock() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {now_sql(connection).replace('%%', '%')}")
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return to_aware(value, connection.alias)
 
 
 @pytest.fixture
@@ -128,18 +111,16 @@ def test_a_backfill_window_starting_in_the_repeated_hour_holds_no_earlier_tick(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_catch_up_in_the_repeated_autumn_hour_runs_once_and_moves_on(
-    noop: str, fake_db_clock: Any
-) -> None:
+def test_catch_up_in_the_repeated_autumn_hour_runs_once_and_moves_on(fake_db_clock: Any) -> None:
     # Workers down over Berlin's 02:30 CEST on the fall-back day, back at 02:05 CET (the
     # second pass of the hour). Docs: catch_up "latest" starts ONE run for the latest due
     # tick; the schedule then waits for its next tick (the next day's 02:30).
     tick = utc(2026, 10, 25, 0, 30)
     yesterday = utc(2026, 10, 24, 0, 30)  # fired on time the day before
-    WorkflowRun.objects.start(noop, {}, key=run_key("fallback", yesterday))
+    WorkflowRun.objects.start(WORKFLOW, {}, key=run_key("fallback", yesterday))
     WorkflowSchedule.objects.create(
         name="fallback",
-        workflow=noop,
+        workflow=WORKFLOW,
         cron="30 2 * * *",
         timezone=BERLIN,
         overlap="allow",
@@ -158,13 +139,11 @@ def test_catch_up_in_the_repeated_autumn_hour_runs_once_and_moves_on(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_catch_up_none_in_the_repeated_hour_counts_skipped_ticks_once(
-    noop: str, fake_db_clock: Any
-) -> None:
+def test_catch_up_none_in_the_repeated_hour_counts_skipped_ticks_once(fake_db_clock: Any) -> None:
     tick = utc(2026, 10, 25, 0, 30)
     WorkflowSchedule.objects.create(
         name="fallback-none",
-        workflow=noop,
+        workflow=WORKFLOW,
         cron="30 2 * * *",
         timezone=BERLIN,
         catch_up="none",
@@ -181,14 +160,14 @@ def test_catch_up_none_in_the_repeated_hour_counts_skipped_ticks_once(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_schedule_created_in_the_repeated_hour_counts_from_the_next_tick_after_now(
-    noop: str, fake_db_clock: Any
+    fake_db_clock: Any,
 ) -> None:
     # Docs: "A new schedule ... counts from the next tick after now." Synced at 02:05 CET on
     # the fall-back day (after that day's 02:30 CEST passed), its first tick is tomorrow's.
     now = utc(2026, 10, 25, 1, 5)
     fake_db_clock(now)
     (row,) = WorkflowSchedule.objects.sync(
-        [declaration("fresh-at-fallback", noop, "30 2 * * *", timezone=BERLIN)]
+        [declaration("fresh-at-fallback", WORKFLOW, "30 2 * * *", timezone=BERLIN)]
     )
     assert row.next_tick is not None and to_aware(row.next_tick, "default") > now, row.next_tick
     # And firing at that moment starts nothing: the tick before the schedule existed never runs.
@@ -198,12 +177,12 @@ def test_a_schedule_created_in_the_repeated_hour_counts_from_the_next_tick_after
 
 @pytest.mark.django_db(transaction=True)
 def test_a_schedule_resumed_in_the_repeated_hour_runs_no_tick_that_passed_while_paused(
-    noop: str, fake_db_clock: Any
+    fake_db_clock: Any,
 ) -> None:
     # Docs: "Resuming counts from the next tick after now: ticks that passed while it was
     # paused never run."
     fake_db_clock(utc(2026, 10, 24, 12))
-    WorkflowSchedule.objects.sync([declaration("resumed", noop, "30 2 * * *", timezone=BERLIN)])
+    WorkflowSchedule.objects.sync([declaration("resumed", WORKFLOW, "30 2 * * *", timezone=BERLIN)])
     WorkflowSchedule.objects.set_paused("resumed", True)
     now = utc(2026, 10, 25, 1, 5)  # 02:30 CEST passed while paused
     fake_db_clock(now)
@@ -240,18 +219,18 @@ def test_the_spring_change_catch_up_finds_the_moved_tick() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_cron_expression_longer_than_its_column_is_refused_at_declaration(noop: str) -> None:
+def test_a_cron_expression_longer_than_its_column_is_refused_at_declaration() -> None:
     """A valid expression cronsim reads, longer than the 200-character ``cron`` column: a
     ``ValueError`` when it is declared, never a ``DataError`` in the sync (one transaction
     for every schedule: one bad row would keep them all from syncing)."""
     cron = ",".join(["0"] * 120) + " * * * *"
     assert len(cron) > MAX_CRON_LENGTH
     with pytest.raises(ValueError, match=f"at most {MAX_CRON_LENGTH} characters"):
-        declaration("long-cron", noop, cron)
+        declaration("long-cron", WORKFLOW, cron)
     # One of exactly the column's length is taken, and stored whole.
     exactly = ",".join(["0"] * 95) + ",10 * * * *"
     assert len(exactly) == MAX_CRON_LENGTH
-    (row,) = WorkflowSchedule.objects.sync([declaration("long-cron", noop, exactly)])
+    (row,) = WorkflowSchedule.objects.sync([declaration("long-cron", WORKFLOW, exactly)])
     assert WorkflowSchedule.objects.get(pk=row.pk).cron == exactly
 
 
@@ -259,13 +238,13 @@ def test_a_cron_expression_longer_than_its_column_is_refused_at_declaration(noop
 
 
 @pytest.mark.django_db(transaction=True)
-def test_threads_racing_fire_due_start_each_tick_once_on_every_backend(noop: str) -> None:
+def test_threads_racing_fire_due_start_each_tick_once_on_every_backend() -> None:
     # Docs: "Safe to call from any number of threads and processes at once" (the suite's own
     # race test is PostgreSQL-only).
     first = clock().replace(microsecond=0) - timedelta(seconds=5)
     WorkflowSchedule.objects.create(
         name="raced-everywhere",
-        workflow=noop,
+        workflow=WORKFLOW,
         cron="* * * * * *",
         overlap="allow",
         next_tick=to_stored(first, connection.alias),
@@ -284,13 +263,13 @@ def test_threads_racing_fire_due_start_each_tick_once_on_every_backend(noop: str
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_paused_schedule_with_a_waiting_tick_starts_nothing_until_resumed(noop: str) -> None:
+def test_a_paused_schedule_with_a_waiting_tick_starts_nothing_until_resumed() -> None:
     # held or not: a buffered tick must not start while paused.
     now = clock().replace(microsecond=0)
-    live = WorkflowRun.objects.start(noop, {}, key="previous")
+    live = WorkflowRun.objects.start(WORKFLOW, {}, key="previous")
     WorkflowSchedule.objects.create(
         name="buffered-paused",
-        workflow=noop,
+        workflow=WORKFLOW,
         cron="0 3 * * *",
         overlap="buffer_one",
         next_tick=to_stored(now + timedelta(days=1), connection.alias),

@@ -6,15 +6,8 @@ restarted under a running worker. The read-only probe itself is tested on every 
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +15,7 @@ from django.db import connection
 
 from django_leases.models import RunStatus, WorkflowRun
 from django_leases.workflows.engine import start_workflow
-from tests.helpers import manage, start_process, unique_key, wait_until
+from tests.helpers import manage, running_pgbouncer, start_process, unique_key, wait_until
 
 pytestmark = [pytest.mark.postgres_only]
 
@@ -93,67 +86,12 @@ def test_a_worker_refuses_to_start_on_a_database_that_refuses_writes(
 
 # -- poolers, role settings, restarts --------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
-PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
 
 @pytest.fixture
 def session_pooler() -> Iterator[int]:
     """PgBouncer in *session* mode in front of 127.0.0.1:5432; yields its port."""
-    if not os.path.exists(PGBOUNCER):
-        pytest.skip("pgbouncer is not installed")
-    port = _free_port()
-    folder = Path(tempfile.mkdtemp(prefix="dl-session-pgbouncer-"))
-    (folder / "users.txt").write_text('"postgres" ""\n')
-    (folder / "pgbouncer.ini").write_text(
-        textwrap.dedent(f"""\
-        [databases]
-        * = host=127.0.0.1 port=5432
-        [pgbouncer]
-        listen_addr = 127.0.0.1
-        listen_port = {port}
-        unix_socket_dir =
-        auth_type = trust
-        auth_file = {folder}/users.txt
-        pool_mode = session
-        max_client_conn = 200
-        ignore_startup_parameters = extra_float_digits,options
-        logfile = {folder}/pgbouncer.log
-        pidfile = {folder}/pgbouncer.pid
-        """)
-    )
-    user = "postgres" if os.geteuid() == 0 else None
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (folder, *folder.iterdir()):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    process = subprocess.Popen(
-        [PGBOUNCER, *(["-u", user] if user else []), str(folder / "pgbouncer.ini")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def accepting() -> bool:
-        assert process.poll() is None
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            return False
-        return True
-
-    wait_until(accepting, 30, what="pgbouncer accepting")
-    try:
+    with running_pgbouncer("session") as port:
         yield port
-    finally:
-        process.terminate()
-        process.wait(10)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slow

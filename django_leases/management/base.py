@@ -168,6 +168,14 @@ def _configured(alias: str) -> str:
     return alias
 
 
+def _aliases(given: str | Sequence[str] | None) -> list[str]:
+    """The aliases a command's ``--database`` names (``None``: every alias django-leases
+    writes to)."""
+    if given is None:
+        return list(health.write_aliases())
+    return [given] if isinstance(given, str) else list(given)
+
+
 def unreachable_database_error(given: str | Sequence[str] | None) -> CommandError | None:
     """The error to report when a database a command works on does not answer.
 
@@ -180,10 +188,7 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
         ``returncode`` :data:`DATABASE_UNREACHABLE`; ``None`` when every one answers (the
         error was something else). An alias inside a caller's transaction is not probed.
     """
-    if given is None:
-        aliases = health.write_aliases()
-    else:
-        aliases = [given] if isinstance(given, str) else list(given)
+    aliases = _aliases(given)
     for alias in aliases:
         if alias in connections and connections[alias].in_atomic_block:
             continue  # a caller's transaction (broken, perhaps): a probe would say nothing
@@ -211,10 +216,7 @@ def read_only_database_error(given: str | Sequence[str] | None) -> CommandError 
         :func:`unreachable_database_error`'s to report). An alias inside a caller's
         transaction is not asked.
     """
-    if given is None:
-        aliases = health.write_aliases()
-    else:
-        aliases = [given] if isinstance(given, str) else list(given)
+    aliases = _aliases(given)
     for alias in aliases:
         if alias not in connections or connections[alias].in_atomic_block:
             continue
@@ -248,10 +250,7 @@ def unmigrated_database_error(given: str | Sequence[str] | None) -> CommandError
     # deferred: the migration machinery, loaded only when a command fails on the database
     from django.db.migrations.recorder import MigrationRecorder
 
-    if given is None:
-        aliases = health.write_aliases()
-    else:
-        aliases = [given] if isinstance(given, str) else list(given)
+    aliases = _aliases(given)
     for alias in aliases:
         if alias not in connections or connections[alias].in_atomic_block:
             continue
