@@ -1,5 +1,9 @@
+from typing import Any
+
 from django.apps import AppConfig
 from django.conf import settings
+from django.db import connections
+from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
 
@@ -18,6 +22,7 @@ class DjangoLeasesConfig(AppConfig):
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         metrics.install()  # a no-op without prometheus-client
+        post_migrate.connect(_after_migrate, sender=self, dispatch_uid="django_leases.fencing")
         # The built-in prune workflow and step function (DJANGO_LEASES["PRUNE"] schedules
         # them), registered whatever the settings say, so a run already started finishes.
         # deferred: as above, it imports the models
@@ -29,6 +34,17 @@ class DjangoLeasesConfig(AppConfig):
             from django_leases import tasks  # noqa: F401
         # Declarations in code: each installed app's workflows.py and triggers.py.
         autodiscover_modules("workflows", "triggers")
+
+
+def _after_migrate(sender: AppConfig, using: str, plan: Any = None, **kwargs: Any) -> None:
+    """After a ``migrate`` that applied something on SQLite: the fence triggers a rebuilt
+    table lost are created again (:func:`~django_leases.fencing.restore_fence_triggers`).
+    Not after a ``flush`` (no plan), which rebuilds nothing."""
+    if plan and connections[using].vendor == "sqlite":
+        # deferred: fencing imports the models; needed only after a migrate on SQLite
+        from django_leases.fencing import restore_fence_triggers
+
+        restore_fence_triggers(using)
 
 
 def _uses_task_backend() -> bool:

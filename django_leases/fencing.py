@@ -43,7 +43,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import models, router
+from django.core.exceptions import FieldDoesNotExist
+from django.db import connections, models, router
 from django.db.migrations.operations.base import Operation
 from django.db.models import Exists, Q
 from django.utils.translation import gettext_lazy as _
@@ -160,14 +161,43 @@ class FencedQuerySet(models.QuerySet[_M]):
         fenced = as_fence(fence)
         if "fence" in values or "fenced_by" in values:
             raise ValueError("fenced_update() sets fence and fenced_by itself")
+        self._check_one_table(values)
         alias = self._db or router.db_for_write(self.model)  # type: ignore[attr-defined]
-        rows = self.using(alias).filter(~Q(fenced_by=fenced.key) | Q(fence__lte=fenced.token))
+        rows: models.QuerySet[_M] = self.using(alias)
+        if rows.query.count_active_tables() > 1:
+            # A filter through a relation: Django would move the whole WHERE, fence check
+            # included, into "pk IN (SELECT … JOIN …)", which PostgreSQL does not evaluate
+            # again on the row version a wait let through. The rows are chosen by that
+            # subquery; the fence and the holder are checked on the row itself.
+            rows = self.model._base_manager.using(alias).filter(pk__in=rows.values("pk"))
+        rows = rows.filter(~Q(fenced_by=fenced.key) | Q(fence__lte=fenced.token))
         if fenced.holding is not None and fenced.using == alias:
             rows = rows.filter(Exists(fenced.holding.values("pk")))
         written = rows.update(fenced_by=fenced.key, fence=fenced.token, **values)
         if strict and not written:
             raise FenceRefusedError(fenced.key, fenced.token)
         return written
+
+    def _check_one_table(self, values: dict[str, Any]) -> None:
+        """``ValueError`` unless the fence columns and every column in ``values`` are on the
+        model's own table: Django writes a multi-table-inheritance parent's columns in a
+        statement of their own, after selecting the rows, and no check in one statement
+        could then fence both."""
+        meta = self.model._meta
+        concrete = meta.concrete_model
+        own = set(concrete._meta.local_concrete_fields) if concrete is not None else set()
+        for name in ("fenced_by", "fence", *values):
+            try:
+                field = meta.get_field(name)
+            except FieldDoesNotExist:
+                continue  # Django's update() names it
+            if field not in own:
+                owner = field.model._meta.label if field.model is not None else "another model"
+                raise ValueError(
+                    f"fenced_update() writes one table: {meta.label}.{name} is a column of "
+                    f"{owner}'s table (multi-table inheritance). Write through {owner}'s "
+                    "manager, or keep the fenced columns on this model's own table"
+                )
 
 
 class FencedModel(models.Model):
@@ -241,6 +271,49 @@ def trigger_sql(vendor: str, table: str, quote: Any) -> tuple[list[str], list[st
             "BEGIN SELECT RAISE(ABORT, 'fenced write refused: older fence'); END"
         ], [f"DROP TRIGGER IF EXISTS {n}"]
     return [], []
+
+
+def restore_fence_triggers(using: str) -> list[str]:
+    """Create again, on SQLite database ``using`` (an alias), the trigger of every applied
+    :class:`FenceTrigger` whose table lost it, and return those tables' names. SQLite drops a
+    table's triggers when a migration rebuilds the table, which most changes of a column do;
+    ``migrate`` calls this when it is done (``post_migrate``). Nothing on other databases,
+    which keep a table's triggers through ``ALTER TABLE``."""
+    connection = connections[using]
+    if connection.vendor != "sqlite":
+        return []
+    # deferred: the migration machinery, loaded only after a migrate on SQLite
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connection, ignore_no_migrations=True)
+    # Squashed migrations' replaced names are recorded as applied, not nodes of the graph.
+    applied = [key for key in loader.applied_migrations if key in loader.graph.nodes]
+    state = loader.project_state(applied)
+    restored = []
+    for key in applied:
+        migration = loader.graph.nodes[key]
+        for operation in getattr(migration, "operations", ()):
+            if not isinstance(operation, FenceTrigger):
+                continue
+            try:
+                model = state.apps.get_model(key[0], operation.model_name)
+            except LookupError:
+                continue  # deleted by a later migration
+            table = model._meta.db_table
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = %s",
+                    [_trigger_name(table)],
+                )
+                if (
+                    cursor.fetchone() is not None
+                    or table not in connection.introspection.table_names(cursor)
+                ):
+                    continue
+                for statement in trigger_sql("sqlite", table, connection.ops.quote_name)[0]:
+                    cursor.execute(statement)
+            restored.append(table)
+    return restored
 
 
 class FenceTrigger(Operation):
@@ -317,6 +390,7 @@ __all__ = [
     "FencedQuerySet",
     "as_fence",
     "lease_fence",
+    "restore_fence_triggers",
     "step_fence",
     "trigger_sql",
 ]

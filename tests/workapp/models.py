@@ -39,3 +39,37 @@ class GuardedAccount(FencedModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Customer(models.Model):
+    """Whom an :class:`Order` belongs to: a fenced update can filter through it."""
+
+    name = models.CharField(max_length=50)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Order(FencedModel):
+    """A fenced row reached through a relation (``customer__name``)."""
+
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE)
+    status = models.CharField(max_length=50, default="new")
+
+    def __str__(self) -> str:
+        return f"{self.customer_id}:{self.status}"
+
+
+class FencedParent(FencedModel):
+    """A fenced model with a multi-table-inheritance child (:class:`FencedChild`)."""
+
+    status = models.CharField(max_length=50, default="new")
+
+    def __str__(self) -> str:
+        return self.status
+
+
+class FencedChild(FencedParent):
+    """Its fence columns are its parent's table's: ``fenced_update`` refuses it."""
+
+    note = models.CharField(max_length=50, default="")
