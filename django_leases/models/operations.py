@@ -125,6 +125,32 @@ def _grant_last_attempts(alias: str, where: Q) -> list[str]:
     return names
 
 
+#: A parent in one of these is over for good: nothing will read a child's outcome again.
+_FINAL_PARENT_STATUSES = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+
+
+def _require_open_parent(alias: str, run: WorkflowRun, verb: str) -> None:
+    """:class:`WorkflowRunStateError` when ``run`` is a child run whose parent is completed
+    or cancelled: set running again, it would be an orphan nobody waits for, which no cancel
+    of its parent reaches any more. A failed parent may be resumed, and read it again."""
+    if run.parent_id is None:
+        return
+    status = (
+        run_model()
+        ._default_manager.using(alias)
+        .filter(pk=run.parent_id)
+        .values_list("status", flat=True)
+        .first()
+    )
+    if status in _FINAL_PARENT_STATUSES:
+        raise WorkflowRunStateError(
+            run.pk,
+            run.status,
+            verb,
+            f"its parent run {run.parent_id} is {status}; a child of a finished parent cannot be",
+        )
+
+
 def _reopen_run(alias: str, run_id: uuid.UUID) -> None:
     """Set the run ``running``, its error, output and end cleared, due for a pass now."""
     run_model()._default_manager.using(alias).filter(pk=run_id).update(
@@ -157,12 +183,14 @@ class RunOperations(RunPasses):
 
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` for an unknown id,
         ``ValueError`` for something that is not a run id, and :class:`WorkflowRunStateError`
-        for a run that is ``running``, ``completed`` or ``cancelled`` (nothing written).
+        for a run that is ``running``, ``completed`` or ``cancelled``, or a child run whose
+        parent is ``completed`` or ``cancelled`` (nothing written).
         """
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
             run.require("resume")
+            _require_open_parent(alias, run, "resumed")
             steps = _reopen_missing_function_steps(alias, run.pk)
             if run.status == RunStatus.FAILED:
                 steps += _grant_last_attempts(alias, Q(run_id=run.pk))
@@ -332,8 +360,9 @@ class RunOperations(RunPasses):
 
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
         for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
-        step, and :class:`WorkflowRunStateError` when the step is not ``failed`` or the run
-        is ``completed`` or ``cancelled`` (nothing written).
+        step, and :class:`WorkflowRunStateError` when the step is not ``failed``, the run
+        is ``completed`` or ``cancelled``, or it is a failed child run whose parent is
+        ``completed`` or ``cancelled`` (nothing written).
         """
         check_identifier(step_name, "Step name")
         alias = self.write_alias()
@@ -364,7 +393,8 @@ class RunOperations(RunPasses):
         Returns a :class:`RunChange` (``steps``: the steps made due). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` when the run is ``completed`` or ``cancelled`` or has
-        no failed step (nothing written).
+        no failed step, or is a failed child run whose parent is ``completed`` or
+        ``cancelled`` (nothing written).
         """
         alias = self.write_alias()
         stepping = step_model().objects.db_manager(alias)
@@ -390,6 +420,8 @@ class RunOperations(RunPasses):
         a suspended or failed run running (inside the caller's transaction); the names of the
         other steps made due."""
         stepping = step_model().objects.db_manager(alias)
+        if run.status != RunStatus.RUNNING:
+            _require_open_parent(alias, run, "retried")
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:
             others = _reopen_missing_function_steps(alias, run.pk)

@@ -567,6 +567,17 @@ class Worker:
             self._deadlines_at = now + self.poll_interval
             return True
 
+    def _keep_going(self) -> bool:
+        """Whether a pass may claim and run its run's next step on this thread: not once the
+        worker stops, nor while the look for runs past their deadline is overdue by a whole
+        poll interval (every thread busy driving runs: none came back to take it). The pass
+        then leaves the step to its queue, and this thread takes the look first, so a run
+        driven step after step still fails at its deadline."""
+        if self._stop.is_set():
+            return False
+        with self._lock:
+            return time.monotonic() < self._deadlines_at + self.poll_interval
+
     def _steps_first(self, on_steps: bool) -> bool:
         """Whether this thread's next unit of work is a due step rather than a due pass (see
         :meth:`_work_once`); ``on_steps``: its last unit was a step that left no pass to
@@ -668,7 +679,7 @@ class Worker:
             run_id,
             using=self.alias,
             step_lease_ttl=self.step_lease_ttl,
-            keep_going=lambda: not self._stop.is_set(),
+            keep_going=self._keep_going,
             picked=picked,
             chain=chain,
             queues=self.queues,
