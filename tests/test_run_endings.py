@@ -197,21 +197,31 @@ def test_a_cancel_and_a_deadline_racing_end_the_parent_once(ends: Any) -> None:
     assert run_of(child.pk).status == RunStatus.CANCELLED
 
 
-# -- 3. a cancel while a real worker runs the child's step ---------------------------------------
+# -- 3. a cancel, or the parent's deadline, while a real worker runs the child's step ---------
 
 
-def test_cancelling_a_parent_while_a_worker_runs_its_childs_step_lands_nothing(ends: Any) -> None:
-    entered, release = gate("kid-step")
+@pytest.mark.parametrize("ending", ["cancel", "deadline"])
+def test_ending_a_parent_while_a_worker_runs_its_childs_step_lands_nothing(
+    ends: Any, ending: str
+) -> None:
+    """The parent cancelled, or failed at its deadline, while a worker thread is inside its
+    child's step: the step is failed ``RUN_CANCELLED`` (its late result refused), the child
+    cancelled, and each run sends one end signal."""
+    entered, release = gate(f"kid-{ending}")
     run_id = start_workflow(
         "tests.run_endings.parent",
-        {"workflow": "tests.run_endings.gated-kid", "child": {"gate": "kid-step"}},
+        {"workflow": "tests.run_endings.gated-kid", "child": {"gate": f"kid-{ending}"}},
+        deadline=3600 if ending == "deadline" else None,
     )
     worker = Worker(step_lease_ttl=LEASE)
     thread = start_thread(lambda: drain(worker))
     assert entered.wait(60), "the child's step never started"
     child = kid_of(run_id)
-    change = WorkflowRun.objects.cancel(run_id)
-    assert change.after == RunStatus.CANCELLED
+    if ending == "cancel":
+        assert WorkflowRun.objects.cancel(run_id).after == RunStatus.CANCELLED
+    else:
+        past_deadline(run_id)
+        assert WorkflowRun.objects.expire_deadlines() == [run_id]
     release.set()
     thread.join(60)
     assert not thread.is_alive()
@@ -219,9 +229,14 @@ def test_cancelling_a_parent_while_a_worker_runs_its_childs_step_lands_nothing(e
     step = WorkflowStep.objects.get(run_id=child.pk, step_name="work")
     assert step.status == "failed" and step.error["code"] == RUN_CANCELLED
     assert run_of(child.pk).status == RunStatus.CANCELLED
-    assert run_of(run_id).status == RunStatus.CANCELLED
+    status, signal = (
+        (RunStatus.CANCELLED, "run_cancelled")
+        if ending == "cancel"
+        else (RunStatus.FAILED, "run_failed")
+    )
+    assert run_of(run_id).status == status
     assert ends_of(ends, child.pk) == ["run_cancelled"]
-    assert ends_of(ends, run_id) == ["run_cancelled"]
+    assert ends_of(ends, run_id) == [signal]
 
 
 # -- 4. a deadline passing while the only worker runs a step ---------------------------------------
@@ -431,31 +446,3 @@ def test_a_childs_cancel_racing_its_parents_deadline_ends_each_once(ends: Any) -
         assert run_of(run_id).status == RunStatus.FAILED
         assert ends_of(ends, run_id) == ["run_failed"]
         assert ends_of(ends, child.pk) == ["run_cancelled"]
-
-
-# -- 12. a parent's deadline while a real worker runs its child's step ---------------------------
-
-
-def test_a_parents_deadline_while_a_worker_runs_its_childs_step_lands_nothing(ends: Any) -> None:
-    entered, release = gate("kid-deadline")
-    run_id = start_workflow(
-        "tests.run_endings.parent",
-        {"workflow": "tests.run_endings.gated-kid", "child": {"gate": "kid-deadline"}},
-        deadline=3600,
-    )
-    worker = Worker(step_lease_ttl=LEASE)
-    thread = start_thread(lambda: drain(worker))
-    assert entered.wait(60), "the child's step never started"
-    child = kid_of(run_id)
-    past_deadline(run_id)
-    assert WorkflowRun.objects.expire_deadlines() == [run_id]
-    release.set()
-    thread.join(60)
-    assert not thread.is_alive()
-    drain()
-    step = WorkflowStep.objects.get(run_id=child.pk, step_name="work")
-    assert step.status == "failed" and step.error["code"] == RUN_CANCELLED
-    assert run_of(child.pk).status == RunStatus.CANCELLED
-    assert run_of(run_id).status == RunStatus.FAILED
-    assert ends_of(ends, child.pk) == ["run_cancelled"]
-    assert ends_of(ends, run_id) == ["run_failed"]

@@ -1,31 +1,25 @@
 """Transactional steps at their edges: an ``on_commit`` hook that raises after the commit, a
 rolled-back savepoint, a step that closes its own connection, a superseded attempt's hook
-and fenced write, and a worker SIGKILLed inside the step's transaction: each attempt's writes
-land with its result or not at all, and one attempt's land once."""
+and fenced write: each attempt's writes land with its result or not at all, and one
+attempt's land once (a worker SIGKILLed or SIGSTOPped inside the step's transaction:
+``tests/test_transactional_steps.py``)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 
 from django_leases.models import WorkflowRun, WorkflowStep
 from django_leases.testing import drive
-from django_leases.workflows import start_workflow, step_function
+from django_leases.workflows import registry, start_workflow, step_function
 from django_leases.workflows.engine import StepContext, execute_step
 from tests.helpers import (
-    MANAGE_PY,
     drain,
-    lapse_lease,
     lapse_step_lease,
     on_another_thread,
-    start_process,
-    wait_until,
 )
 from tests.workapp.models import Account, LedgerEntry
 
@@ -34,6 +28,17 @@ def rows(run_id: Any) -> list[tuple[str, int]]:
     return list(
         LedgerEntry.objects.filter(run_id=run_id).order_by("id").values_list("step", "attempt")
     )
+
+
+def finished(function: str, runner: str) -> WorkflowRun:
+    """A run of ``tests.tx.one`` over step function ``function``, run to its end by a worker
+    or by ``drive()``."""
+    run_id = start_workflow("tests.tx.one", {"function": function})
+    if runner == "worker":
+        drain()
+    else:
+        drive(run_id)
+    return WorkflowRun.objects.get(pk=run_id)
 
 
 _calls: list[tuple[str, int]] = []
@@ -103,12 +108,8 @@ def with_savepoint(data: Any, ctx: StepContext) -> Any:
 @pytest.mark.django_db(transaction=True)
 def test_a_step_with_a_rolled_back_savepoint_lands_once(runner: str) -> None:
     _hooks_ran.clear()
-    run_id = start_workflow("tests.tx.one", {"function": "tests.tx-edges.savepoint"})
-    if runner == "worker":
-        drain()
-    else:
-        drive(run_id)
-    run = WorkflowRun.objects.get(pk=run_id)
+    run = finished("tests.tx-edges.savepoint", runner)
+    run_id = run.pk
     assert (run.status, run.output) == ("completed", {"attempt": 2})
     assert rows(run_id) == [("only", 2)]
     assert _hooks_ran == [("only", 2)]
@@ -129,18 +130,15 @@ def closes_connection(data: Any, ctx: StepContext) -> Any:
 def test_a_step_that_closes_its_connection_lands_nothing_and_its_retry_lands_once(
     runner: str,
 ) -> None:
-    run_id = start_workflow("tests.tx.one", {"function": "tests.tx-edges.closes"})
-    if runner == "worker":
-        drain()
-    else:
-        drive(run_id)
-    run = WorkflowRun.objects.get(pk=run_id)
+    run = finished("tests.tx-edges.closes", runner)
     assert (run.status, run.output) == ("completed", {"attempt": 2})
-    assert rows(run_id) == [("only", 2)]
+    assert rows(run.pk) == [("only", 2)]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_superseded_attempt_runs_no_on_commit_hook_and_its_fenced_row_stays() -> None:
+def test_a_superseded_attempt_runs_no_on_commit_hook_and_its_fenced_row_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _hooks_ran.clear()
     run = WorkflowRun.objects.start("tests.tx.one", {})
     WorkflowStep.objects.schedule(run.id, "only", "tests.tx.append")
@@ -164,44 +162,9 @@ def test_a_superseded_attempt_runs_no_on_commit_hook_and_its_fenced_row_stays() 
             on_another_thread(take_over)
         return {"attempt": ctx.attempt}
 
-    from django_leases.workflows import registry
-
-    original = registry._step_functions["tests.tx.append"]
-    registry._step_functions["tests.tx.append"] = superseding
-    try:
-        assert execute_step(stale) == "superseded"
-    finally:
-        registry._step_functions["tests.tx.append"] = original
+    monkeypatch.setitem(registry._step_functions, "tests.tx.append", superseding)
+    assert execute_step(stale) == "superseded"
     assert rows(run.id) == []
     assert _hooks_ran == []
     row = Account.objects.get(name="sup")
     assert (row.balance, row.fenced_by, row.fence) == (0, "", 0)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_worker_killed_inside_its_transaction_lands_nothing(
-    subprocess_env: dict[str, str], tmp_path: Path
-) -> None:
-    """SIGKILL between the step's write and its commit: nothing of attempt 1 lands; attempt
-    2 (another worker) lands once."""
-    hold = tmp_path / "hold"
-    run_id = start_workflow("tests.tx.one", {"hold": str(hold)})
-    worker = ["run_workflow_worker", "--concurrency", "1"]
-    first = start_process([*MANAGE_PY, *worker], env=subprocess_env)
-    wait_until(lambda: Path(f"{hold}.inside").exists(), 60, what="attempt 1 inside its step")
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(30)
-    connections.close_all()
-    lapse_step_lease(run_id=run_id, step_name="only")
-    lapse_lease(f"workflow-run:{run_id}")
-    second = start_process([*MANAGE_PY, *worker], env=subprocess_env)
-    wait_until(
-        lambda: WorkflowRun.objects.filter(pk=run_id, status="completed").exists(),
-        120,
-        what="attempt 2 to complete the run",
-    )
-    second.send_signal(signal.SIGTERM)
-    second.communicate(timeout=120)
-    assert rows(run_id) == [("only", 2)]
-    assert WorkflowRun.objects.get(pk=run_id).output == {"attempt": 2, "transactional": True}

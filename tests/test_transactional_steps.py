@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 
 from django_leases import faults
 from django_leases.checks import check_transactional_steps
@@ -396,6 +397,52 @@ def test_eight_processes_racing_one_step_write_its_row_exactly_once() -> None:
     assert (step.status, step.attempt, step.result["attempt"]) == ("succeeded", racers, racers)
 
 
+_ONE_WORKER = ["run_workflow_worker", "--concurrency", "1"]
+
+
+def _worker_inside_attempt_1(hold: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A worker process whose attempt 1 of the run's step is inside its transaction (it
+    wrote its row and waits for ``hold``.go)."""
+    first = start_process([*MANAGE_PY, *_ONE_WORKER], env=env)
+    wait_until(lambda: Path(f"{hold}.inside").exists(), 60, what="attempt 1 inside its step")
+    assert int(Path(f"{hold}.inside").read_text()) == first.pid
+    return first
+
+
+def _attempt_2_completes(run_id: Any, env: dict[str, str]) -> subprocess.Popen[str]:
+    """Lapse the run's step and run leases on the database clock and start a second worker;
+    return it once its attempt 2 completed the run."""
+    lapse_step_lease(run_id=run_id, step_name="only")
+    lapse_lease(f"workflow-run:{run_id}")
+    second = start_process([*MANAGE_PY, *_ONE_WORKER], env=env)
+    wait_until(
+        lambda: WorkflowRun.objects.filter(pk=run_id, status="completed").exists(),
+        120,
+        what="attempt 2 to complete the run",
+    )
+    return second
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_worker_killed_inside_its_transaction_lands_nothing(
+    subprocess_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL between the step's write and its commit: nothing of attempt 1 lands; attempt
+    2 (another worker) lands once, and the run completes with it."""
+    hold = tmp_path / "hold"
+    run_id = start_workflow("tests.tx.one", {"hold": str(hold)})
+    first = _worker_inside_attempt_1(hold, subprocess_env)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(30)
+    connections.close_all()
+    second = _attempt_2_completes(run_id, subprocess_env)
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=120)
+    assert rows(run_id) == [("only", 2)]
+    assert WorkflowRun.objects.get(pk=run_id).output == {"attempt": 2, "transactional": True}
+
+
 @needs_row_locks
 @pytest.mark.slow
 @pytest.mark.timeout(300)
@@ -407,21 +454,11 @@ def test_a_worker_stopped_inside_its_transaction_and_superseded_lands_nothing(
     SIGCONTed: its write never lands; attempt 2's does, and the run completes with it."""
     hold = tmp_path / "hold"
     run_id = start_workflow("tests.tx.one", {"hold": str(hold)})
-    worker = ["run_workflow_worker", "--concurrency", "1"]
-    first = start_process([*MANAGE_PY, *worker], env=subprocess_env)
-    wait_until(lambda: Path(f"{hold}.inside").exists(), 60, what="attempt 1 inside its step")
-    assert int(Path(f"{hold}.inside").read_text()) == first.pid
+    first = _worker_inside_attempt_1(hold, subprocess_env)
     os.kill(first.pid, signal.SIGSTOP)
     try:
         wait_until(lambda: process_stopped(first.pid), 10, what="the worker stopped")
-        lapse_step_lease(run_id=run_id, step_name="only")
-        lapse_lease(f"workflow-run:{run_id}")
-        second = start_process([*MANAGE_PY, *worker], env=subprocess_env)
-        wait_until(
-            lambda: WorkflowRun.objects.filter(pk=run_id, status="completed").exists(),
-            120,
-            what="attempt 2 to complete the run",
-        )
+        second = _attempt_2_completes(run_id, subprocess_env)
         assert rows(run_id) == [("only", 2)]
     finally:
         Path(f"{hold}.go").touch()
