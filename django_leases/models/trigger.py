@@ -490,9 +490,13 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
         """
         alias = self._alias()
         with transaction.atomic(using=alias):
-            deleted, _ = self._rows(alias).filter(name=name).delete()
-            if not deleted:
+            rows = self._rows(alias)
+            # Locked first, as forget() does: a refusal counted meanwhile (a delivery to the
+            # source, off by now) waits for the delete, then finds no row (and is logged),
+            # instead of inserting a refusal between the cascade and the row's delete.
+            if not rows.select_for_update().filter(name=name).exists():
                 raise UnknownTriggerSourceError(name)
+            rows.filter(name=name).delete()
 
 
 #: A delivery's outcome when it started no workflow run (its handler called a function, or

@@ -216,6 +216,14 @@ def _receive(
     body = read(limit + 1)
     if len(body) > limit:
         raise PayloadTooLarge(f"The body is over the limit of {limit} bytes")
+    if not body and not content_length and "chunked" in lowered.get("transfer-encoding", ""):
+        # Django under WSGI reads no body without a Content-Length: the sender is told so,
+        # not that its signature (of a body we never saw) is wrong.
+        raise MalformedDelivery(
+            "A body sent without Content-Length (chunked) cannot be read here: send its "
+            "Content-Length",
+            reason="bad_request",
+        )
 
     try:
         secret = TriggerSecret.objects.db_manager(source._state.db).signing_secret(name)

@@ -530,7 +530,8 @@ def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> Step
 
     A write that loses its connection is tried again on a fresh one until the step lease's
     local deadline (:func:`retrying`). A :class:`WorkflowStepSupersededError` ends it
-    quietly: a warning is logged, nothing is written, and ``"superseded"`` is returned.
+    quietly: a warning is logged, nothing is written, and ``"superseded"`` is returned; so
+    does a step whose row is gone (its run deleted, by retention say).
 
     A transactional step's outcome, written in its own transaction (:attr:`StepRun.recorded`),
     is returned as it is: nothing more is written.
@@ -569,6 +570,16 @@ def record_step(ran: StepRun, *, hold_pass_seconds: float | None = None) -> Step
         return retrying(ran, write_error)
     except WorkflowStepSupersededError as exc:
         superseded(claim, exc)
+        return StepRecorded("superseded")
+    except WorkflowStep.DoesNotExist:
+        # The step's row is gone: its run was deleted (retention pruned a cancelled run
+        # whose step was still running here). Nothing is left to write to.
+        logger.warning(
+            "Run %s: step %r attempt %d finished after its run was deleted; its outcome is dropped",
+            claim.run_id,
+            claim.step_name,
+            claim.attempt,
+        )
         return StepRecorded("superseded")
 
 
