@@ -339,6 +339,11 @@ class RunTiming(RunOperations):
 
     # -- deadlines ------------------------------------------------------------------------
 
+    def past_deadline(self) -> models.QuerySet[WorkflowRun]:
+        """The running or suspended runs whose ``deadline_at`` has passed on the database
+        clock: what :meth:`expire_deadlines` fails."""
+        return self.rows().filter(status__in=LIVE_RUN_STATUSES, deadline_at__lte=DbNow())
+
     def expire_deadlines(self, limit: int = 100) -> list[uuid.UUID]:
         """Fail every running or suspended run whose ``deadline_at`` has passed on the
         database clock (at most ``limit``, an int ≥ 1, earliest first), each in a
@@ -358,8 +363,7 @@ class RunTiming(RunOperations):
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be an int ≥ 1, not {limit!r}")
         due = list(
-            self.rows()
-            .filter(status__in=LIVE_RUN_STATUSES, deadline_at__lte=DbNow())
+            self.past_deadline()
             .order_by("deadline_at", "created_at", "id")
             .values_list("pk", flat=True)[:limit]
         )

@@ -569,14 +569,21 @@ class Worker:
 
     def _keep_going(self) -> bool:
         """Whether a pass may claim and run its run's next step on this thread: not once the
-        worker stops, nor while the look for runs past their deadline is overdue by a whole
-        poll interval (every thread busy driving runs: none came back to take it). The pass
-        then leaves the step to its queue, and this thread takes the look first, so a run
-        driven step after step still fails at its deadline."""
+        worker stops, nor when the look for runs past their deadline is overdue by a whole
+        poll interval (every thread busy driving runs: none came back to take it) and a run
+        is past its deadline. The pass then leaves the step to its queue and this thread
+        takes the look first, so a run driven step after step still fails at its deadline.
+        With none past it, the look is counted as done (one read) and the pass goes on."""
         if self._stop.is_set():
             return False
         with self._lock:
-            return time.monotonic() < self._deadlines_at + self.poll_interval
+            if time.monotonic() < self._deadlines_at + self.poll_interval:
+                return True
+        if WorkflowRun.objects.db_manager(self.alias).past_deadline().exists():
+            return False
+        with self._lock:
+            self._deadlines_at = time.monotonic() + self.poll_interval
+        return True
 
     def _steps_first(self, on_steps: bool) -> bool:
         """Whether this thread's next unit of work is a due step rather than a due pass (see
