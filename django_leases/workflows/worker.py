@@ -576,13 +576,15 @@ class Worker:
         With none past it, the look is counted as done (one read) and the pass goes on."""
         if self._stop.is_set():
             return False
+        # At most one such read a second, however short the poll interval.
+        grace = max(self.poll_interval, 1.0)
         with self._lock:
-            if time.monotonic() < self._deadlines_at + self.poll_interval:
+            if time.monotonic() < self._deadlines_at + grace:
                 return True
         if WorkflowRun.objects.db_manager(self.alias).past_deadline().exists():
             return False
         with self._lock:
-            self._deadlines_at = time.monotonic() + self.poll_interval
+            self._deadlines_at = time.monotonic()
         return True
 
     def _steps_first(self, on_steps: bool) -> bool:
