@@ -175,7 +175,9 @@ def test_a_parents_deadline_fails_it_once_and_cancels_its_child_once(ends: Any) 
     assert ends_of(ends, child.pk) == ["run_cancelled"]
 
 
-def test_a_cancel_and_a_deadline_racing_end_the_parent_once(ends: Any) -> None:
+def _parent_past_deadline_with_waiting_child() -> tuple[uuid.UUID, WorkflowRun]:
+    """A parent run whose child waits for an event, driven until it waits, and its deadline
+    moved into the past on the database clock; returns the parent's id and the child."""
     run_id = start_workflow(
         "tests.run_endings.parent",
         {"workflow": "tests.run_endings.waiting-kid"},
@@ -184,6 +186,11 @@ def test_a_cancel_and_a_deadline_racing_end_the_parent_once(ends: Any) -> None:
     drain()
     child = kid_of(run_id)
     past_deadline(run_id)
+    return run_id, child
+
+
+def test_a_cancel_and_a_deadline_racing_end_the_parent_once(ends: Any) -> None:
+    run_id, child = _parent_past_deadline_with_waiting_child()
     results = race(
         [lambda: WorkflowRun.objects.cancel(run_id), lambda: WorkflowRun.objects.expire_deadlines()]
     )
@@ -423,14 +430,7 @@ def test_a_childs_own_later_deadline_is_capped_by_its_parents() -> None:
 
 def test_a_childs_cancel_racing_its_parents_deadline_ends_each_once(ends: Any) -> None:
     for _ in range(3):
-        run_id = start_workflow(
-            "tests.run_endings.parent",
-            {"workflow": "tests.run_endings.waiting-kid"},
-            deadline=3600,
-        )
-        drain()
-        child = kid_of(run_id)
-        past_deadline(run_id)
+        run_id, child = _parent_past_deadline_with_waiting_child()
         results = race(
             [
                 lambda child=child: WorkflowRun.objects.cancel(child.pk),
