@@ -21,7 +21,7 @@ class DjangoLeasesConfig(AppConfig):
         from django_leases import checks, metrics  # noqa: F401  (registers the checks)
         from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
-        metrics.install()  # a no-op without prometheus-client
+        metrics.connect()  # counts from now on; a no-op without prometheus-client
         post_migrate.connect(_after_migrate, sender=self, dispatch_uid="django_leases.fencing")
         # The built-in prune workflow and step function (DJANGO_LEASES["PRUNE"] schedules
         # them), registered whatever the settings say, so a run already started finishes.

@@ -1,7 +1,9 @@
 """Prometheus metrics (optional: ``pip install django-leases[prometheus]``).
 
-When ``prometheus-client`` is installed, the app registers its metrics in the default
-registry as Django starts (:func:`install`). Two kinds:
+When ``prometheus-client`` is installed, the app counts from the moment Django starts: it
+connects its signal receivers then (:func:`connect`, which imports nothing), and registers
+its metrics in the default registry the first time one is counted or scraped
+(:func:`install`), so a process that never counts pays nothing for the import. Two kinds:
 
 * **counters of this process**, kept from the package's signals: leases acquired, released
   and lost; renewals by outcome; step attempts started and finished by outcome, superseded
@@ -23,29 +25,18 @@ Without ``prometheus-client`` nothing is registered and the view answers 404.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-from django.db import DatabaseError, router
-from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from django_leases import renewal, signals
-from django_leases.models.worker import WorkflowWorker
-from django_leases.models.workflow import WorkflowRun, WorkflowStep
 from django_leases.triggers.registry import get_declaration
-from django_leases.workflows.values import RunStatus, StepStatus
 
 #: The ``source`` label of a delivery refused for a name no source declares.
 UNDECLARED = "(undeclared)"
-
-try:  # pragma: no cover - the import itself is what is optional
-    import prometheus_client
-    from prometheus_client.core import GaugeMetricFamily
-    from prometheus_client.registry import Collector
-except ImportError:  # pragma: no cover
-    prometheus_client = None  # type: ignore[assignment]
 
 #: Prefix of every metric name.
 PREFIX = "django_leases"
@@ -55,22 +46,44 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0)
 
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}
+_connected: list[bool] = []
 
 
+@functools.cache
 def available() -> bool:
-    """Whether ``prometheus-client`` is installed."""
-    return prometheus_client is not None
+    """Whether ``prometheus-client`` is installed (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except ImportError:  # a finder that refuses the name: not installed, as far as we go
+        return False
+
+
+def connect() -> None:
+    """Count from now on (the app's ``ready()`` calls it): connect the signal receivers and
+    the renewal observer, which register the metrics (:func:`install`) when they first
+    count. Imports nothing; a no-op without ``prometheus-client`` or when connected."""
+    if not available():
+        return
+    with _lock:
+        if _connected:
+            return
+        _connected.append(True)
+    _connect()
+    renewal.observers.append(lambda outcome: _metric("renewals").labels(outcome).inc())
 
 
 def install() -> bool:
-    """Register the metrics and their signal receivers (once per process); returns whether
-    they are registered (``False`` without ``prometheus-client``)."""
-    if prometheus_client is None:
+    """Register the metrics in ``prometheus_client.REGISTRY`` and connect the receivers
+    (once per process); returns whether they are registered (``False`` without
+    ``prometheus-client``)."""
+    if not available():
         return False
+    connect()
     with _lock:
         if _installed:
             return True
-        counter, histogram = prometheus_client.Counter, prometheus_client.Histogram
+        client = _client()
+        counter, histogram = client.Counter, client.Histogram
         found = {
             "leases": counter(f"{PREFIX}_leases", "Lease grants, releases and losses", ["event"]),
             "renewals": counter(f"{PREFIX}_renewals", "Lease renewals by outcome", ["outcome"]),
@@ -87,123 +100,69 @@ def install() -> bool:
                 buckets=WAIT_BUCKETS,
             ),
         }
-        prometheus_client.REGISTRY.register(_DatabaseCollector())
+        # deferred: it imports prometheus-client at its top
+        from django_leases.metrics_collector import DatabaseCollector
+
+        client.REGISTRY.register(DatabaseCollector(PREFIX))
         _installed.update(found)
-        _connect()
-        renewals: Any = found["renewals"]
-        renewal.observers.append(lambda outcome: renewals.labels(outcome).inc())
     return True
+
+
+def _client() -> Any:
+    """The ``prometheus_client`` module (call it only where :func:`available`)."""
+    import prometheus_client  # deferred: the optional extra, imported when first used
+
+    return prometheus_client
+
+
+def _metric(name: str) -> Any:
+    """The metric ``name``, registering them all first if none is (:func:`install`)."""
+    if not _installed:
+        install()
+    return _installed[name]
 
 
 def _connect() -> None:
     """Count from the signals (strong references: the receivers live as long as the process)."""
-    leases, attempts, runs = _installed["leases"], _installed["attempts"], _installed["runs"]
 
     def on(signal: Any, handler: Any) -> None:
         signal.connect(handler, weak=False, dispatch_uid=f"django_leases.metrics:{id(signal)}")
 
-    on(signals.lease_acquired, lambda sender, **kw: leases.labels("acquired").inc())
-    on(signals.lease_released, lambda sender, **kw: leases.labels("released").inc())
-    on(signals.lease_lost, lambda sender, **kw: leases.labels("lost").inc())
+    def lease(event: str) -> Any:
+        return lambda sender, **kwargs: _metric("leases").labels(event).inc()
+
+    on(signals.lease_acquired, lease("acquired"))
+    on(signals.lease_released, lease("released"))
+    on(signals.lease_lost, lease("lost"))
 
     def started(sender: Any, waited: float | None = None, **kwargs: Any) -> None:
-        attempts.labels("started").inc()
+        _metric("attempts").labels("started").inc()
         if waited is not None:
-            _installed["waited"].observe(max(0.0, waited))
+            _metric("waited").observe(max(0.0, waited))
 
     on(signals.step_attempt_started, started)
     on(
         signals.step_attempt_finished,
-        lambda sender, status, **kw: attempts.labels(str(status)).inc(),
+        lambda sender, status, **kw: _metric("attempts").labels(str(status)).inc(),
     )
-    on(signals.step_attempt_superseded, lambda sender, **kw: attempts.labels("superseded").inc())
+    on(
+        signals.step_attempt_superseded,
+        lambda sender, **kw: _metric("attempts").labels("superseded").inc(),
+    )
     for status, signal in signals.RUN_STATUS_SIGNALS.items():
-        on(signal, lambda sender, status=status, **kw: runs.labels(status).inc())
+        on(signal, lambda sender, status=status, **kw: _metric("runs").labels(status).inc())
 
     def accepted(sender: Any, source: str, duplicate: bool = False, **kwargs: Any) -> None:
-        _installed["deliveries"].labels(source, "duplicate" if duplicate else "accepted").inc()
+        _metric("deliveries").labels(source, "duplicate" if duplicate else "accepted").inc()
 
     def refused(sender: Any, source: str, reason: str, **kwargs: Any) -> None:
         # A name from the URL that no source declares is one label, not one per name: a
         # scan of random addresses must not grow the exposition without bound.
         shown = source if get_declaration(source) is not None else UNDECLARED
-        _installed["deliveries"].labels(shown, reason).inc()
+        _metric("deliveries").labels(shown, reason).inc()
 
     on(signals.delivery_accepted, accepted)
     on(signals.delivery_refused, refused)
-
-
-if prometheus_client is not None:
-
-    class _DatabaseCollector(Collector):
-        """Gauges read at scrape time from the database the workflow tables are written to."""
-
-        def describe(self) -> Iterator[GaugeMetricFamily]:
-            """The families without their values: registering must not query (the app
-            registers them while Django starts)."""
-            yield from self._families()
-
-        def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
-            return (
-                GaugeMetricFamily(
-                    f"{PREFIX}_runs", "Runs by status (not finished)", labels=["status"]
-                ),
-                GaugeMetricFamily(
-                    f"{PREFIX}_steps",
-                    "Steps of running runs waiting or running, by queue and status",
-                    labels=["queue", "status"],
-                ),
-                GaugeMetricFamily(f"{PREFIX}_workers", "Live workflow worker processes"),
-            )
-
-        def collect(self) -> Iterator[GaugeMetricFamily]:
-            runs = GaugeMetricFamily(
-                f"{PREFIX}_runs", "Runs by status (not finished)", labels=["status"]
-            )
-            steps = GaugeMetricFamily(
-                f"{PREFIX}_steps",
-                "Steps of running runs waiting or running, by queue and status",
-                labels=["queue", "status"],
-            )
-            workers = GaugeMetricFamily(f"{PREFIX}_workers", "Live workflow worker processes")
-            alias = router.db_for_write(WorkflowRun)
-            try:
-                counts = dict(
-                    WorkflowRun.objects.db_manager(alias)
-                    .filter(status__in=[RunStatus.RUNNING, RunStatus.SUSPENDED])
-                    .values_list("status")
-                    .annotate(n=Count("pk"))
-                    .values_list("status", "n")
-                )
-                for run_status in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                    runs.add_metric([run_status.value], counts.get(run_status.value, 0))
-                waiting = {
-                    (queue, status): n
-                    for queue, status, n in WorkflowStep.objects.db_manager(alias)
-                    .filter(
-                        run__status=RunStatus.RUNNING,
-                        status__in=[StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING],
-                    )
-                    .values_list("queue", "status")
-                    .annotate(n=Count("pk"))
-                    .values_list("queue", "status", "n")
-                }
-                queues = sorted({"default"} | {queue for queue, _ in waiting})
-                for queue in queues:
-                    for step_status in (
-                        StepStatus.PENDING,
-                        StepStatus.SCHEDULED,
-                        StepStatus.RUNNING,
-                    ):
-                        steps.add_metric(
-                            [queue, step_status.value], waiting.get((queue, step_status.value), 0)
-                        )
-                workers.add_metric([], WorkflowWorker.objects.db_manager(alias).live().count())
-            except DatabaseError:  # a scrape must not fail for an unreachable database
-                return
-            yield runs
-            yield steps
-            yield workers
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -213,9 +172,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     (``include("django_leases.metrics_urls")`` under an internal prefix)."""
     if not install():
         return HttpResponseNotFound("prometheus-client is not installed")
+    client = _client()
     return HttpResponse(
-        prometheus_client.generate_latest(prometheus_client.REGISTRY),
-        content_type=prometheus_client.CONTENT_TYPE_LATEST,
+        client.generate_latest(client.REGISTRY), content_type=client.CONTENT_TYPE_LATEST
     )
 
 
@@ -224,7 +183,7 @@ def serve(port: int, addr: str = "127.0.0.1") -> None:
     ``prometheus-client``)."""
     if not install():
         raise ValueError("--metrics-port needs prometheus-client: pip install prometheus-client")
-    prometheus_client.start_http_server(port, addr=addr)
+    _client().start_http_server(port, addr=addr)
 
 
-__all__ = ["available", "install", "metrics_view", "serve"]
+__all__ = ["available", "connect", "install", "metrics_view", "serve"]

@@ -136,9 +136,43 @@ def test_deliveries_are_counted_by_source_and_outcome(client: Any, settings: Any
 def test_without_prometheus_client_the_view_is_a_404(
     client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics, "prometheus_client", None)
+    monkeypatch.setattr(metrics, "available", lambda: False)
     monkeypatch.setattr(metrics, "_installed", {})
     assert client.get("/internal/metrics/").status_code == 404
+
+
+#: Run in a fresh interpreter: Django starts with the app, then one lease grant is signalled.
+FRESH_PROCESS = """\
+import sys
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_leases"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+print("imported at start:", "prometheus_client" in sys.modules)
+from django_leases import signals
+
+signals.lease_acquired.send(sender=None, key="k", token=1)
+from prometheus_client import REGISTRY
+
+print("counted:", REGISTRY.get_sample_value("django_leases_leases_total", {"event": "acquired"}))
+"""
+
+
+def test_the_first_count_registers_the_metrics_not_django_starting() -> None:
+    """A process that never counts (a ``migrate``, a shell) does not import
+    prometheus-client; the first signal counted registers the metrics and counts itself."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["imported at start: False", "counted: 1.0"]
 
 
 def test_passes_and_steps_are_traced_with_opentelemetry() -> None:

@@ -509,12 +509,13 @@ def test_a_step_a_pass_schedules_and_claims_itself_obeys_its_queue(tuned: bool) 
 
 def test_the_steps_gauge_is_labelled_with_each_steps_queue() -> None:
     pytest.importorskip("prometheus_client")
-    from django_leases import metrics
+    from django_leases.metrics import PREFIX
+    from django_leases.metrics_collector import DatabaseCollector
 
     run_id = _run()
     _schedule(run_id, "m", "tests.queues.mail")
     _schedule(run_id, "d", "tests.queues.plain")
-    collector = metrics._DatabaseCollector()
+    collector = DatabaseCollector(PREFIX)
     steps = next(family for family in collector.collect() if family.name.endswith("_steps"))
     found = {
         (sample.labels["queue"], sample.labels["status"]): sample.value for sample in steps.samples
