@@ -14,8 +14,10 @@ read. What "before" means:
   first attempt started, on the database clock, and that were decided — a sleep done, an
   event delivered (its payload kept) or timed out, a child run's wait. A copied child wait
   points at the same child run, which stays the original's child: the fork reads its outcome
-  and starts no new one. An event sent early to the original and not reached yet is not
-  copied.
+  and starts no new one. So a fork is refused while such a child is running again (resumed
+  or retried since), or when it was pruned; while the fork is not finished, the child is
+  not resumed or retried, and a prune keeps it. An event sent early to the original and not
+  reached yet is not copied.
 
 The chosen step's own attempts, results and progress are not copied (it starts at attempt 1),
 nor any attempt history: the fork's history starts with what it runs.
@@ -24,13 +26,14 @@ nor any attempt history: the fork's history starts with what it runs.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import F, Q
 
 from django_leases import db
 from django_leases.clock import DbNow
+from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
     attempt_model,
@@ -40,10 +43,12 @@ from django_leases.models.workflow_base import (
 )
 from django_leases.validation import check_identifier, parse_run_id
 from django_leases.workflows.values import (
+    FINISHED_RUN_STATUSES,
     REPLAYED_STEP_FIELDS,
     RETRY_DELAY_FIELDS,
     RunStatus,
     StepStatus,
+    WaitKind,
     WaitStatus,
 )
 
@@ -75,9 +80,11 @@ class RunForks(RunReplays):
         one goes on: cancel it if the fork replaces it). No key is copied (keys are unique
         per workflow), nor the parent: a fork of a child run is a run of its own.
 
-        Returns the new run. Raises ``WorkflowRun.DoesNotExist`` for an unknown run and
-        ``ValueError`` for a malformed id or step name, a step the run never reached, or the
-        name of one of its patch decisions (nothing written).
+        Returns the new run. Raises ``WorkflowRun.DoesNotExist`` for an unknown run,
+        ``ValueError`` for a malformed id or step name, a step the run never reached, the
+        name of one of its patch decisions, or a child run it would read that was pruned,
+        and :class:`WorkflowRunStateError` when such a child is running again (resumed or
+        retried: fork once it finished); nothing is written then.
         """
         check_identifier(from_step, "Step name")
         pk = parse_run_id(run_id)
@@ -129,6 +136,7 @@ class RunForks(RunReplays):
             if first_claim is not None:
                 kept_waits = kept_waits.filter(reached_at__lt=first_claim)
             wait_rows = list(kept_waits.order_by("id").values(*_WAIT_COPIED))
+            self._require_children_read(pk, from_step, wait_rows)
             fork = self._create_tagged(
                 alias,
                 workflow=original.workflow,
@@ -145,6 +153,41 @@ class RunForks(RunReplays):
             wake_workers(alias)
         self._started(alias, fork.pk, fork.workflow)
         return fork
+
+    def _require_children_read(
+        self, pk: uuid.UUID, from_step: str, wait_rows: list[dict[str, Any]]
+    ) -> None:
+        """Refuse a fork whose copied child waits would not read the outcome the original
+        read: a child run pruned since (from a database pruned before a child was kept with
+        its parent: ``ValueError``), or one set running again since (resumed or retried:
+        :class:`WorkflowRunStateError`; the fork would wait for an end that wakes only the
+        child's parent)."""
+        children = {
+            row["child_id"]: row["name"] for row in wait_rows if row["kind"] == WaitKind.CHILD
+        }
+        if None in children:
+            raise ValueError(
+                f"The child run of run {pk}'s wait {children[None]!r} was pruned: a fork from "
+                f"{from_step!r} could not read its outcome; fork from a step the run reached "
+                "before that run.child"
+            )
+        unfinished = (
+            self.rows()
+            .filter(pk__in=children)
+            .exclude(status__in=FINISHED_RUN_STATUSES)
+            .values_list("pk", "status")
+            .first()
+        )
+        if unfinished is not None:
+            child, status = unfinished
+            raise WorkflowRunStateError(
+                child,
+                status,
+                "forked past it",
+                f"run {pk} reads it as its child {children[child]!r}, and a fork reads the "
+                f"outcome it had; fork once it finished, or from a step before it: run {pk} "
+                "cannot be",
+            )
 
     def fork_from_failed(self, run_id: uuid.UUID | str) -> WorkflowRun:
         """:meth:`fork` run ``run_id`` from its first failed step (the order in which the

@@ -127,27 +127,64 @@ def _grant_last_attempts(alias: str, where: Q) -> list[str]:
 
 #: A parent in one of these is over for good: nothing will read a child's outcome again.
 _FINAL_PARENT_STATUSES = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+#: A fork in one of these may replay its copied child waits at any moment.
+_REPLAYING_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
 
-def _require_open_parent(alias: str, run: WorkflowRun, verb: str) -> None:
-    """:class:`WorkflowRunStateError` when ``run`` is a child run whose parent is completed
-    or cancelled: set running again, it would be an orphan nobody waits for, which no cancel
-    of its parent reaches any more. A failed parent may be resumed, and read it again."""
-    if run.parent_id is None:
-        return
-    status = (
-        run_model()
-        ._default_manager.using(alias)
-        .filter(pk=run.parent_id)
-        .values_list("status", flat=True)
+def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
+    """:class:`WorkflowRunStateError` when setting ``run`` running again would strand a run
+    that reads a child's outcome (a fork reads the child runs its original read, through
+    copied ``run.child`` waits, and no end of such a child wakes it: only its parent):
+
+    * ``run`` is a child whose parent is completed or cancelled: it would be an orphan
+      nobody waits for, which no cancel of its parent reaches any more (a failed parent may
+      be resumed, and read it again);
+    * ``run`` is a child a running or suspended fork of its parent read: the fork's replays
+      would meet another outcome than its history was made of (a failed fork is like the
+      failed parent: resume the child first, then it);
+    * ``run`` is such a fork and a child it read is running again: it would wait for an end
+      that never wakes it (resume it once that child finished).
+    """
+    runs = run_model()._default_manager.using(alias)
+    waits = wait_model()._default_manager.using(alias)
+    if run.parent_id is not None:
+        status = runs.filter(pk=run.parent_id).values_list("status", flat=True).first()
+        if status in _FINAL_PARENT_STATUSES:
+            raise WorkflowRunStateError(
+                run.pk,
+                run.status,
+                verb,
+                f"its parent run {run.parent_id} is {status}; a child of a finished parent "
+                "cannot be",
+            )
+        fork = (
+            waits.filter(child_id=run.pk, run__status__in=_REPLAYING_STATUSES)
+            .exclude(run_id=run.parent_id)
+            .values_list("run_id", flat=True)
+            .first()
+        )
+        if fork is not None:
+            raise WorkflowRunStateError(
+                run.pk,
+                run.status,
+                verb,
+                f"run {fork}, a fork of its parent, read its outcome as its own child and is "
+                "not finished (cancel it first); a child a fork reads cannot be",
+            )
+    unfinished = (
+        waits.filter(run_id=run.pk, child_id__isnull=False)
+        .exclude(child__parent_id=run.pk)
+        .exclude(child__status__in=FINISHED_RUN_STATUSES)
+        .values_list("child_id", flat=True)
         .first()
     )
-    if status in _FINAL_PARENT_STATUSES:
+    if unfinished is not None:
         raise WorkflowRunStateError(
             run.pk,
             run.status,
             verb,
-            f"its parent run {run.parent_id} is {status}; a child of a finished parent cannot be",
+            f"it reads child run {unfinished} (copied when it was forked), which runs again; "
+            "until that child finished it cannot be",
         )
 
 
@@ -183,14 +220,16 @@ class RunOperations(RunPasses):
 
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` for an unknown id,
         ``ValueError`` for something that is not a run id, and :class:`WorkflowRunStateError`
-        for a run that is ``running``, ``completed`` or ``cancelled``, or a child run whose
-        parent is ``completed`` or ``cancelled`` (nothing written).
+        for a run that is ``running``, ``completed`` or ``cancelled``, or one whose resume
+        would strand a run that reads a child's outcome (:func:`_require_reopenable`: a child
+        of a finished parent, a child a running fork read, a fork whose child runs again;
+        nothing written).
         """
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
             run.require("resume")
-            _require_open_parent(alias, run, "resumed")
+            _require_reopenable(alias, run, "resumed")
             steps = _reopen_missing_function_steps(alias, run.pk)
             if run.status == RunStatus.FAILED:
                 steps += _grant_last_attempts(alias, Q(run_id=run.pk))
@@ -361,8 +400,8 @@ class RunOperations(RunPasses):
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
         for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
         step, and :class:`WorkflowRunStateError` when the step is not ``failed``, the run
-        is ``completed`` or ``cancelled``, or it is a failed child run whose parent is
-        ``completed`` or ``cancelled`` (nothing written).
+        is ``completed`` or ``cancelled``, or setting it running again would strand a run
+        that reads a child's outcome (:func:`_require_reopenable`; nothing written).
         """
         check_identifier(step_name, "Step name")
         alias = self.write_alias()
@@ -393,8 +432,8 @@ class RunOperations(RunPasses):
         Returns a :class:`RunChange` (``steps``: the steps made due). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` when the run is ``completed`` or ``cancelled`` or has
-        no failed step, or is a failed child run whose parent is ``completed`` or
-        ``cancelled`` (nothing written).
+        no failed step, or setting it running again would strand a run that reads a
+        child's outcome (:func:`_require_reopenable`; nothing written).
         """
         alias = self.write_alias()
         stepping = step_model().objects.db_manager(alias)
@@ -421,7 +460,7 @@ class RunOperations(RunPasses):
         other steps made due."""
         stepping = step_model().objects.db_manager(alias)
         if run.status != RunStatus.RUNNING:
-            _require_open_parent(alias, run, "retried")
+            _require_reopenable(alias, run, "retried")
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:
             others = _reopen_missing_function_steps(alias, run.pk)
@@ -502,18 +541,18 @@ class RunOperations(RunPasses):
         return None
 
     def prune(self, older_than: float | timedelta, *, batch_size: int = 500) -> int:
-        """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished more
-        than ``older_than`` (seconds ≥ 0, or a ``timedelta``) before database now, with their
-        steps, attempts and run leases (``workflow-run:<id>``). Returns how many runs.
+        """Delete finished runs (``completed``, ``failed``, ``cancelled``) that finished
+        ``older_than`` (seconds ≥ 0, or a ``timedelta``) or more before database now, with
+        their steps, attempts and run leases (``workflow-run:<id>``). Returns how many runs.
 
         Retention, for an operator (``manage.py workflow_runs prune``): a run's lease keeps
         its row once released, so without pruning the lease table grows by one row per run.
         Running and suspended runs are never touched, nor a run whose lease is live (a
         worker still finishing with it; a later prune takes it), nor a child run
-        (``run.child``) whose parent is running, suspended or failed — the parent reads the
-        child's outcome when it replays (a failed one once resumed); it goes with or after
-        its parent — nor one that such a run's fork reads (a fork keeps the child waits of
-        its original). Webhook deliveries that
+        (``run.child``) while its parent, or a fork that copied the parent's wait on it, is
+        kept, whatever their status: they read its outcome when they replay, and a finished
+        run may still be forked; it goes with or after every run that reads it (in the same
+        call, a batch later). Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Then the rows of queue keys left
@@ -531,23 +570,17 @@ class RunOperations(RunPasses):
             runs.filter(
                 status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
             )
+            # A run another run reads as its child goes with or after every such run: its
+            # parent (``run.child``), and any fork that copied that wait (whatever their
+            # status: a finished run may still be forked, and a fork reads the same child).
+            # Subqueries, not joins: the locking read below locks run rows only. Serialised
+            # with a fork by the lock on the run it copies from: a fork commits before that
+            # run's deletion does, so a later batch's statement sees the fork's waits.
+            .exclude(parent_id__isnull=False)
             .exclude(
-                # A child is its parent's outcome until the parent is finished for good: one
-                # running, suspended or failed (resumable) replays ``run.child`` and reads it.
-                # A subquery, not a join: the locking read below locks run rows only.
-                parent_id__in=runs.filter(
-                    status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED)
-                ).values("pk")
-            )
-            .exclude(
-                # Nor a child another live run's wait points to: a fork copies the child waits
-                # reached before its step, so the fork reads the original's child as its own.
                 pk__in=wait_model()
                 ._default_manager.using(alias)
-                .filter(
-                    child_id__isnull=False,
-                    run__status__in=(RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED),
-                )
+                .filter(child_id__isnull=False)
                 .values("child_id")
             )
         )
