@@ -104,7 +104,7 @@ def _assert_fork_replays_the_original(fork_id: Any, parent: WorkflowRun, kid: Wo
     assert WorkflowRun.objects.filter(parent_id=fork_id).count() == 0
 
 
-def _race(
+def _held_while_contending(
     first: Any, second: Any, paused: tuple[Any, str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``first()`` on a thread until it first calls ``paused`` (``(owner, name)``: the
@@ -241,7 +241,7 @@ def test_a_prune_while_a_fork_holds_the_original_keeps_the_child_the_fork_copied
     parent, kid = _completed_family()
     _age(kid, 41)
     _age(parent, 40)
-    forked, pruned = _race(
+    forked, pruned = _held_while_contending(
         lambda: WorkflowRun.objects.fork(parent.pk, "after"),
         lambda: WorkflowRun.objects.prune(30 * DAY),
         (forks_module, "wake_workers"),
@@ -259,7 +259,7 @@ def test_a_fork_while_a_prune_holds_the_original_finds_no_run() -> None:
     parent, kid = _completed_family()
     _age(kid, 41)
     _age(parent, 40)
-    pruned, forked = _race(
+    pruned, forked = _held_while_contending(
         lambda: WorkflowRun.objects.prune(30 * DAY, batch_size=1),
         lambda: WorkflowRun.objects.fork(parent.pk, "after"),
         (operations, "run_lease_key"),
@@ -278,7 +278,7 @@ def test_a_prune_racing_a_fork_of_a_kept_parent_deletes_nothing_it_reads() -> No
     parent, kid = _completed_family()
     _age(kid, 40)
     _age(parent, 1)
-    forked, pruned = _race(
+    forked, pruned = _held_while_contending(
         lambda: WorkflowRun.objects.fork(parent.pk, "after"),
         lambda: WorkflowRun.objects.prune(30 * DAY),
         (forks_module.RunForks, "_create_tagged"),
