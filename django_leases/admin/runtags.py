@@ -46,7 +46,7 @@ class RunTagFilter(ValueFilter):
             name, value = parse_tag(str(self.value()))
         except ValueError:
             return queryset.none()
-        return queryset.tagged(**{name: value})  # type: ignore[attr-defined,no-any-return]
+        return queryset.tagged({name: value})  # type: ignore[attr-defined,no-any-return]
 
 
 def search_runs(queryset: QuerySet[WorkflowRun], term: str) -> QuerySet[WorkflowRun]:

@@ -6,7 +6,7 @@ runs by tag or key, apply an operation to many runs, prune finished runs.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -475,12 +475,14 @@ class RunOperations(RunPasses):
 
     # -- finding runs, and operating on many ---------------------------------------------------
 
-    def tagged(self, **tags: str) -> Self:
-        """The runs carrying every one of ``tags`` (``name=value``; all must match; none:
-        every run). Served on every backend by the index of ``WorkflowRunTag`` (one
-        ``IN (SELECT run_id …)`` per tag). Raises ``ValueError`` for a name or value
-        ``start_workflow(..., tags=)`` would refuse."""
-        checked = check_tags(tags) or {}
+    def tagged(self, tags: Mapping[str, str] | None = None, /, **named: str) -> Self:
+        """The runs carrying every one of ``tags`` (a ``dict[str, str]``) and ``named``
+        (``name=value``): all must match; none: every run. A tag whose name is not a
+        Python keyword argument's (``self``, ``env-name``) goes in ``tags``. Served on every
+        backend by the index of ``WorkflowRunTag`` (one ``IN (SELECT run_id …)`` per tag).
+        Raises ``ValueError`` for a name or value ``start_workflow(..., tags=)`` would
+        refuse."""
+        checked = check_tags({**(tags or {}), **named}) or {}
         found = self
         tag_rows = tag_model().objects.db_manager(self.db)
         for name, value in checked.items():

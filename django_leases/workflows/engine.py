@@ -91,7 +91,7 @@ def start_workflow(
             step.
         tags: ``dict[str, str]`` of at most 16 tags, names of 1 to 64 characters, values of
             at most 255, stored as ``WorkflowRun.tags`` and found with
-            ``WorkflowRun.objects.tagged(**tags)`` (a start that finds its key's run returns
+            ``WorkflowRun.objects.tagged(tags)`` (a start that finds its key's run returns
             it with the tags it has; a debounced start replaces the pending run's).
         run_after: a delayed start — seconds ≥ 0 (a number or a ``timedelta``, counted on
             the database clock) or a ``datetime`` (aware while ``USE_TZ`` is on): the first

@@ -127,7 +127,7 @@ def _filtered(runs: WorkflowRunQuerySet, options: dict[str, Any]) -> WorkflowRun
     if options["workflow"]:
         runs = runs.filter(workflow=options["workflow"])
     if options["tag"]:
-        runs = runs.tagged(**dict(options["tag"]))
+        runs = runs.tagged(dict(options["tag"]))
     return runs
 
 
