@@ -457,7 +457,7 @@ def test_workflow_runs_fork_and_the_run_page_fork(admin_client: Client) -> None:
         call_command("workflow_runs", "fork", str(original), "--from-step", "x", stdout=StringIO())
     page = admin_client.get(reverse("admin:django_leases_workflowrun_change", args=[original]))
     text = page.content.decode()
-    assert 'id="fork-run"' in text and '<option value="b">b</option>' in text
+    assert 'id="fork-run"' in text and '<option value="b">' in text
     url = reverse("admin:django_leases_workflowrun_operate", args=[original, "fork"])
     response = admin_client.post(url, {"step": "b"})
     second = WorkflowRun.objects.filter(forked_from_id=original).exclude(pk=fork).get()

@@ -7,11 +7,13 @@ from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied, SuspiciousOperation, ValidationError
 from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.display import MEDIA_CSS
@@ -246,7 +248,29 @@ class ValueFilter(admin.SimpleListFilter):
 class ReadOnlyModelAdmin(ReadOnlyAdmin, AdminMixinOf[Any]):
     """:class:`ReadOnlyAdmin` for a registered ``ModelAdmin``: its list also refuses a query
     string that holds a NUL character (400 Bad Request), which no database stores and
-    PostgreSQL refuses in a query — a crafted ``?workflow=%00`` is never a 500."""
+    PostgreSQL refuses in a query — a crafted ``?workflow=%00`` is never a 500 — and an
+    action posted for a selected id the model's key cannot hold (a stale or crafted form:
+    Django would raise while selecting the rows)."""
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        """Django's action, unless a selected id is not one of this model's keys: then a
+        message, nothing done, and back to the list."""
+        key = self.model._meta.pk
+        assert key is not None  # every model has a primary key
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                key.to_python(value)
+            except ValidationError:
+                self.message_user(
+                    request,
+                    gettext("%(value)r is not the id of a %(model)s: nothing was done.")
+                    % {"value": value[:64], "model": self.model._meta.verbose_name},
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

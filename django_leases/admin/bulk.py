@@ -100,10 +100,15 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
         }
         changed = [o for o in outcomes if o.change is not None]
         refused = [o for o in outcomes if o.refused]
-        for outcome in changed:
+        along = [o for o in outcomes if o.with_run is not None]
+        for outcome in outcomes:
             run = runs.get(outcome.run_id)
-            if run is not None:
+            if run is None:
+                continue
+            if outcome.change is not None:
                 self.log_change(request, run, str(outcome.change))
+            elif outcome.with_run is not None:
+                self.log_change(request, run, f"Cancelled with run {outcome.with_run}")
         if len(outcomes) <= MESSAGES_PER_RUN:
             for outcome in outcomes:
                 if outcome.change is not None:
@@ -131,6 +136,17 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
                 + " ("
                 + ", ".join(f"{status}: {count}" for status, count in sorted(after.items()))
                 + ").",
+                messages.SUCCESS,
+            )
+        if along:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d more run was cancelled with a run it belongs to.",
+                    "%(count)d more runs were cancelled with runs they belong to.",
+                    len(along),
+                )
+                % {"count": len(along)},
                 messages.SUCCESS,
             )
         self._say_refused(request, [str(o.refusal) for o in refused])
@@ -177,14 +193,18 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
         )
         return fork
 
+    #: Step names the fork form offers (the run's latest; any other may be typed).
+    FORK_STEPS_SHOWN = 200
+
     def operator_context(self, run: WorkflowRun) -> dict[str, Any]:
-        """What the run page's fork form offers: the names of the run's steps, oldest first."""
+        """What the run page's fork form offers: the names of the run's latest
+        :data:`FORK_STEPS_SHOWN` steps, oldest first (the form takes any name typed)."""
         names = list(
             run.steps.exclude(status=StepStatus.PATCH)
-            .order_by("id")
-            .values_list("step_name", flat=True)
+            .order_by("-id")
+            .values_list("step_name", flat=True)[: self.FORK_STEPS_SHOWN]
         )
-        return {"fork_steps": names}
+        return {"fork_steps": names[::-1]}
 
 
 __all__ = ["MESSAGES_PER_RUN", "RunOperatorActions"]

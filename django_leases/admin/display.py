@@ -14,7 +14,7 @@ fit the page at 1280 px.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
+from django.utils.translation import ngettext
 
 #: The stylesheet every django-leases admin page includes (``ModelAdmin.Media.css``).
 MEDIA_CSS = {"all": ("django_leases/admin.css",)}
@@ -75,6 +76,24 @@ def time_column(
     """:func:`field_column` for a ``datetime`` field: :func:`local_time` text (``"—"`` for
     ``None``). Arguments and return as there."""
     return field_column(field, description, local_time, ordering=ordering)
+
+
+#: Items of one kind a page or message lists one by one (child runs, forks, lease keys); the
+#: rest are counted (:func:`and_more`).
+LINKS_SHOWN = 20
+
+
+def and_more(count: int) -> str:
+    """``"… and N more"`` in the active language: what follows a list cut after its first
+    items (``count``: how many it leaves out)."""
+    return ngettext("… and %(count)d more", "… and %(count)d more", count) % {"count": count}
+
+
+def listed(items: Sequence[str], shown: int = LINKS_SHOWN) -> str:
+    """The first ``shown`` of ``items`` joined with commas, then :func:`and_more` for the rest
+    (a message about thousands of rows stays short)."""
+    text = ", ".join(items[:shown])
+    return text if len(items) <= shown else f"{text} {and_more(len(items) - shown)}"
 
 
 #: Characters of a run id a list shows, from its end. Run ids are time-ordered (UUID

@@ -17,7 +17,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import ModelAdminOf, ReadOnlyModelAdmin, StateFilter
-from django_leases.admin.display import choice_label, local_time
+from django_leases.admin.display import choice_label, listed, local_time
 from django_leases.models import Lease, LeaseState
 from django_leases.models.lease import RETURNED_COLUMNS
 
@@ -108,7 +108,7 @@ class LeaseAdmin(ReadOnlyModelAdmin, ModelAdminOf[Lease]):
                     "Force-released %(count)d leases: %(keys)s.",
                     len(released),
                 )
-                % {"count": len(released), "keys": ", ".join(released)},
+                % {"count": len(released), "keys": listed(released)},
                 messages.SUCCESS,
             )
         if not_live:
@@ -119,6 +119,6 @@ class LeaseAdmin(ReadOnlyModelAdmin, ModelAdminOf[Lease]):
                     "%(count)d leases were not live, nothing changed: %(keys)s.",
                     len(not_live),
                 )
-                % {"count": len(not_live), "keys": ", ".join(not_live)},
+                % {"count": len(not_live), "keys": listed(not_live)},
                 messages.WARNING,
             )

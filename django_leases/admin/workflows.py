@@ -24,6 +24,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import Exists, OuterRef, QuerySet
+from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -43,6 +44,8 @@ from django_leases.admin.base import (
 )
 from django_leases.admin.bulk import RunOperatorActions
 from django_leases.admin.display import (
+    LINKS_SHOWN,
+    and_more,
     choice_label,
     cut_at_word,
     field_column,
@@ -101,11 +104,37 @@ def _json(value: Any) -> str:
 #: Characters of a stored JSON value the run page shows (whole words, then "…").
 JSON_SHOWN = 300
 
+#: Rows of one kind a run's page shows — its steps, its attempt history, the fork form's
+#: steps, the failed steps to retry: the latest ones, with how many earlier ones are left out
+#: (a run of thousands of steps is a page of hundreds of kilobytes, not megabytes).
+ROWS_SHOWN = 200
+
+
+class LatestStepsFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
+    """The run's latest :data:`ROWS_SHOWN` steps, oldest first; ``hidden``: how many earlier
+    steps it leaves out (the inline's template says so)."""
+
+    hidden = 0
+
+    def get_queryset(self) -> QuerySet[WorkflowStep]:
+        """The latest steps (one more read, and a count when there are more)."""
+        if not hasattr(self, "_latest"):
+            rows = super().get_queryset()
+            newest = list(
+                rows.order_by("-created_at", "-id").values_list("pk", flat=True)[:ROWS_SHOWN]
+            )
+            if len(newest) == ROWS_SHOWN:
+                self.hidden = rows.count() - ROWS_SHOWN
+            self._latest = rows.filter(pk__in=newest)
+        return self._latest
+
 
 class WorkflowStepInline(ReadOnlyAdmin, TabularInlineOf[WorkflowStep, WorkflowRun]):
     """A run's steps on its page, read-only, oldest first."""
 
     model = WorkflowStep
+    formset = LatestStepsFormSet
+    template = "admin/django_leases/workflowrun/steps_inline.html"
     extra = 0
     can_delete = False
     show_change_link = False
@@ -281,9 +310,9 @@ class WorkflowRunAdmin(
         allowed = run.allowed_operations()
         failed_steps = list(
             WorkflowStep.objects.filter(run=run, status=StepStatus.FAILED)
-            .order_by("created_at", "id")
-            .values_list("step_name", flat=True)
-        )
+            .order_by("-created_at", "-id")
+            .values_list("step_name", flat=True)[:ROWS_SHOWN]
+        )[::-1]
         return {
             "operations": {
                 "resume": "resume" in allowed,
@@ -349,22 +378,20 @@ class WorkflowRunAdmin(
     @admin.display(description=_("child runs"))
     def children_links(self, run: WorkflowRun) -> str:
         """The runs this one started with ``run.child``, linked, with their status (its
-        label in the active language)."""
-        children = list(
-            WorkflowRun.objects.filter(parent_id=run.pk)
-            .order_by("created_at", "id")
-            .values_list("pk", "workflow", "status")
-        )
-        if not children:
+        label in the active language): the first :data:`LINKS_SHOWN`, then how many more."""
+        children = WorkflowRun.objects.filter(parent_id=run.pk).order_by("created_at", "id")
+        shown = list(children.values_list("pk", "workflow", "status")[:LINKS_SHOWN])
+        if not shown:
             return "—"
-        return format_html_join(
-            mark_safe("<br>"),
-            "{} {} ({})",
-            (
-                (whole_run_id_link(pk), workflow, choice_label(RunStatus, status))
-                for pk, workflow, status in children
-            ),
-        )
+        lines: list[str] = [
+            format_html(
+                "{} {} ({})", whole_run_id_link(pk), workflow, choice_label(RunStatus, status)
+            )
+            for pk, workflow, status in shown
+        ]
+        if len(shown) == LINKS_SHOWN and (more := children.count() - LINKS_SHOWN) > 0:
+            lines.append(and_more(more))
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
     @admin.display(description=_("waiting on"))
     def waiting_on(self, run: WorkflowRun) -> str:
@@ -461,8 +488,11 @@ class WorkflowRunAdmin(
         if run.forked_from_id is not None:
             links.append(whole_run_id_link(run.forked_from_id))
         forks = WorkflowRun.objects.filter(forked_from_id=run.pk).order_by("created_at", "id")
-        for fork_id in forks.values_list("pk", flat=True)[:20]:
+        fork_ids = list(forks.values_list("pk", flat=True)[:LINKS_SHOWN])
+        for fork_id in fork_ids:
             links.append(format_html("{} {}", gettext("forked as"), whole_run_id_link(fork_id)))
+        if len(fork_ids) == LINKS_SHOWN and (more := forks.count() - LINKS_SHOWN) > 0:
+            links.append(and_more(more))
         return format_html_join(mark_safe("<br>"), "{}", ((link,) for link in links)) or "—"
 
     #: The run's input as indented JSON (HTML ``str``).
@@ -495,11 +525,14 @@ class WorkflowRunAdmin(
 
     @admin.display(description=_("attempt history"))
     def history(self, run: WorkflowRun) -> str:
-        """Every attempt of every step, oldest first (``WorkflowStepAttempt.objects``); an
+        """The run's latest :data:`ROWS_SHOWN` attempts of its steps, oldest first
+        (``WorkflowStepAttempt.objects``), after how many earlier ones are left out; an
         attempt a later one replaced says *superseded* (its row still says ``running``)."""
-        entries = list(WorkflowStepAttempt.objects.for_run(run.pk).with_superseded())
+        attempts = WorkflowStepAttempt.objects.for_run(run.pk).with_superseded()
+        entries = list(attempts.reverse()[:ROWS_SHOWN])[::-1]
         if not entries:
             return "—"
+        hidden = attempts.count() - ROWS_SHOWN if len(entries) == ROWS_SHOWN else 0
         rows = format_html_join(
             "",
             '<tr class="dl-attempt dl-attempt-{}"><td class="dl-name">{}</td>'
@@ -523,10 +556,21 @@ class WorkflowRunAdmin(
             ),
         )
         return format_html(
-            '<table class="dl-table" id="attempt-history"><thead><tr><th>{}</th>'
+            '{}<table class="dl-table" id="attempt-history"><thead><tr><th>{}</th>'
             "<th>{}</th><th>{}</th><th>{}</th><th>{}</th>"
             '<th class="dl-json-column">{}</th><th class="dl-json-column">{}</th></tr>'
             "</thead><tbody>{}</tbody></table>",
+            format_html(
+                '<p class="help">{}</p>',
+                ngettext(
+                    "The %(count)d earlier attempt is not shown.",
+                    "The %(count)d earlier attempts are not shown.",
+                    hidden,
+                )
+                % {"count": hidden},
+            )
+            if hidden > 0
+            else "",
             gettext("step"),
             gettext("attempt"),
             gettext("status"),

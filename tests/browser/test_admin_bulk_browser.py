@@ -84,7 +84,7 @@ def test_an_operator_retries_and_cancels_the_runs_of_a_tag_and_forks_one(
 
     page.goto(f"/admin/django_leases/workflowrun/{failed[0].pk}/change/")
     assert "team=billing" in page.inner_text(".field-tags_text")
-    page.select_option("#fork-step", "checkout")
+    page.fill("#fork-step", "checkout")
     page.click("#fork-run input[type=submit]")
     page.wait_for_selector("ul.messagelist")
     fork = WorkflowRun.objects.get(forked_from_id=failed[0].pk)
