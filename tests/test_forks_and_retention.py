@@ -360,6 +360,44 @@ def test_a_failed_fork_is_resumed_once_the_child_it_read_finished_again() -> Non
     assert run_of(fork.pk).output == {"got": 7, "after": 1}
 
 
+def test_a_child_a_running_fork_reads_is_not_resumed_once_its_parent_was_pruned() -> None:
+    """The failed original is pruned (its fork reads the failed child, so the child stays,
+    its parent emptied); the child is still not set running while the fork runs, and the
+    fork ends as a run that read that failure."""
+    parent, kid = _failed_family()
+    FAILS.update(compensate=False)
+    fork = WorkflowRun.objects.fork_from_failed(parent.pk)
+    _age(parent, 40)
+    _age(kid, 40)
+    assert WorkflowRun.objects.prune(30 * DAY) == 1  # the original only
+    assert run_of(kid.pk).parent_id is None
+    FAILS.update(kid=False)
+    for operation in (WorkflowRun.objects.resume, WorkflowRun.objects.retry):
+        with pytest.raises(WorkflowRunStateError, match=str(fork.pk)):
+            operation(kid.pk)
+    drain()
+    assert run_of(fork.pk).output == {"got": -1, "after": 1}
+
+
+def test_a_resume_of_the_child_racing_a_fork_that_reads_it_is_ordered_by_the_childs_lock() -> None:
+    """A fork locks the children it reads before it reads them: a resume of one of them
+    waits for the fork, then meets its wait and is refused (or, first, sets the child
+    running and the fork is refused). Never both."""
+    _needs_row_locks()
+    parent, kid = _failed_family()
+    FAILS.update(kid=False, compensate=False)
+    forked, resumed = _held_while_contending(
+        lambda: WorkflowRun.objects.fork_from_failed(parent.pk),
+        lambda: WorkflowRun.objects.resume(kid.pk),
+        (forks_module.RunForks, "_create_tagged"),
+    )
+    assert "error" not in forked, forked
+    assert isinstance(resumed.get("error"), WorkflowRunStateError), resumed
+    assert run_of(kid.pk).status == RunStatus.FAILED
+    drain()
+    assert run_of(forked["value"].pk).output == {"got": -1, "after": 1}
+
+
 def test_a_finished_fork_keeps_the_outcome_it_read_when_the_child_is_resumed_later() -> None:
     parent, kid = _failed_family()
     FAILS.update(kid=False, compensate=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,9 +140,9 @@ def test_without_prometheus_client_the_view_is_a_404(
     assert client.get("/internal/metrics/").status_code == 404
 
 
-#: Run in a fresh interpreter: Django starts with the app, then one lease grant is signalled.
+#: The head of the scripts run in a fresh interpreter: settings with the app, not started.
 FRESH_PROCESS = """\
-import sys
+import sys, threading
 import django
 from django.conf import settings
 
@@ -151,6 +150,27 @@ settings.configure(
     INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_leases"],
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
 )
+"""
+
+
+def _in_a_fresh_process(script: str) -> list[str]:
+    """What ``script`` (after :data:`FRESH_PROCESS`) prints, a line each, in a fresh
+    interpreter (where nothing registered the metrics yet)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS + script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_the_first_count_registers_the_metrics_not_django_starting() -> None:
+    """A process that never counts (a ``migrate``, a shell) does not import
+    prometheus-client; the first signal counted registers the metrics and counts itself."""
+    assert _in_a_fresh_process(
+        """\
 django.setup()
 print("imported at start:", "prometheus_client" in sys.modules)
 from django_leases import signals
@@ -160,51 +180,84 @@ from prometheus_client import REGISTRY
 
 print("counted:", REGISTRY.get_sample_value("django_leases_leases_total", {"event": "acquired"}))
 """
+    ) == ["imported at start: False", "counted: 1.0"]
 
 
-def test_the_first_count_registers_the_metrics_not_django_starting() -> None:
-    """A process that never counts (a ``migrate``, a shell) does not import
-    prometheus-client; the first signal counted registers the metrics and counts itself."""
-    import subprocess
-    import sys
+def test_the_first_counts_from_many_threads_and_a_racing_scrape_lose_nothing() -> None:
+    """Eight threads count their first leases and renewals while a scrape registers the
+    metrics: every count is there, the scrape answers."""
+    assert _in_a_fresh_process(
+        """\
+django.setup()
+from django.test import RequestFactory
+from django_leases import metrics, renewal, signals
 
-    done = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["imported at start: False", "counted: 1.0"]
+THREADS, EACH = 8, 200
+barrier = threading.Barrier(THREADS + 1)
+scraped = []
+
+def count():
+    barrier.wait()
+    for _ in range(EACH):
+        signals.lease_acquired.send(sender=None, key="k", token=1)
+        renewal._observed("held")
+
+def scrape():
+    barrier.wait()
+    scraped.append(metrics.metrics_view(RequestFactory().get("/metrics/")).status_code)
+
+threads = [threading.Thread(target=count) for _ in range(THREADS)]
+threads.append(threading.Thread(target=scrape))
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+from prometheus_client import REGISTRY
+
+print(REGISTRY.get_sample_value("django_leases_leases_total", {"event": "acquired"}))
+print(REGISTRY.get_sample_value("django_leases_renewals_total", {"outcome": "held"}))
+print(scraped)
+"""
+    ) == ["1600.0", "1600.0", "[200]"]
 
 
-def test_passes_and_steps_are_traced_with_opentelemetry() -> None:
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+def test_without_prometheus_client_leases_work_and_the_metrics_are_refused() -> None:
+    assert _in_a_fresh_process(
+        """\
+sys.modules["prometheus_client"] = None  # hidden: as if not installed
+django.setup()
+from django.core.management import call_command
+from django.test import RequestFactory
+from django_leases import metrics, signals
+from django_leases.models import Lease
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    previous = trace._TRACER_PROVIDER  # type: ignore[attr-defined]
-    trace._TRACER_PROVIDER = provider  # type: ignore[attr-defined]
-    try:
-        run_id = start_workflow("tests.metrics-one", {"n": 1})
-        assert Worker(1, step_lease_ttl=30).work_once()
-    finally:
-        trace._TRACER_PROVIDER = previous  # type: ignore[attr-defined]
-    spans = exporter.get_finished_spans()
-    names = [s.name for s in spans]
-    assert names.count("django_leases.step") == 1 and "django_leases.pass" in names, names
-    step_span = next(s for s in spans if s.name == "django_leases.step")
-    assert dict(step_span.attributes or {}) == {
-        "workflow.run_id": str(run_id),
-        "workflow.step": "only",
-        "workflow.function": "tests.metrics",
-        "workflow.attempt": 1,
-        "workflow.outcome": "returned",
-    }
-    passes = [s for s in spans if s.name == "django_leases.pass"]
-    assert {dict(s.attributes or {})["workflow.outcome"] for s in passes} <= {
-        "waiting",
-        "completed",
-    }
-    assert re.fullmatch(r"[0-9a-f-]{36}", str(dict(passes[0].attributes or {})["workflow.run_id"]))
+call_command("migrate", verbosity=0)
+lease = Lease.objects.acquire("k", "me", 30)
+signals.lease_acquired.send(sender=None, key="k", token=1)
+print(lease is not None, metrics.available(), metrics.install())
+try:
+    metrics.serve(0)
+except ValueError:
+    print("refused")
+print(metrics.metrics_view(RequestFactory().get("/metrics/")).status_code)
+"""
+    ) == ["True False False", "refused", "404"]
+
+
+def test_a_worker_serving_before_anything_counted_lists_the_counters() -> None:
+    """``--metrics-port`` serves at once; a later registration is not a second one."""
+    assert _in_a_fresh_process(
+        """\
+django.setup()
+import socket, urllib.request
+from django_leases import metrics
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+metrics.serve(port)
+metrics.install()
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+print("# HELP django_leases_leases_total" in body, "# HELP django_leases_renewals_total" in body)
+"""
+    ) == ["True True"]

@@ -92,6 +92,10 @@ class RunForks(RunReplays):
         steps = step_model()._default_manager.using(alias)
         waits = wait_model()._default_manager.using(alias)
         with transaction.atomic(using=alias):
+            # The child runs the fork may read are locked first, children before their parent
+            # as a cancel locks them: a resume or retry of one waits for the fork and then
+            # sees its wait, or has set it running by the time the fork reads its status.
+            self._lock_children(alias, pk)
             # Locked: a prune deleting the run meanwhile either waits for the fork, or has
             # deleted it by the time the lock is granted (then: no such run).
             original = db.for_update(self.rows().filter(pk=pk), alias).first()
@@ -136,6 +140,8 @@ class RunForks(RunReplays):
             if first_claim is not None:
                 kept_waits = kept_waits.filter(reached_at__lt=first_claim)
             wait_rows = list(kept_waits.order_by("id").values(*_WAIT_COPIED))
+            # A child reached since the first lock (the original still runs) is locked now.
+            self._lock_children(alias, pk, only={row["child_id"] for row in wait_rows})
             self._require_children_read(pk, from_step, wait_rows)
             fork = self._create_tagged(
                 alias,
@@ -153,6 +159,21 @@ class RunForks(RunReplays):
             wake_workers(alias)
         self._started(alias, fork.pk, fork.workflow)
         return fork
+
+    def _lock_children(
+        self, alias: str, pk: uuid.UUID, only: set[uuid.UUID | None] | None = None
+    ) -> None:
+        """Lock the child runs run ``pk``'s waits point at (``only``: those of them in this
+        set), in a cancel's order (oldest first)."""
+        waits = (
+            wait_model()
+            ._default_manager.using(alias)
+            .filter(run_id=pk, kind=WaitKind.CHILD, child_id__isnull=False)
+        )
+        if only is not None:
+            waits = waits.filter(child_id__in=[child for child in only if child is not None])
+        children = self.rows().filter(pk__in=waits.values("child_id")).order_by("created_at", "id")
+        list(db.for_update(children, alias).values_list("pk", flat=True))
 
     def _require_children_read(
         self, pk: uuid.UUID, from_step: str, wait_rows: list[dict[str, Any]]

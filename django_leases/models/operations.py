@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from django.db import connections, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Substr
 
 from django_leases import clock, db
@@ -157,20 +157,20 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
                 f"its parent run {run.parent_id} is {status}; a child of a finished parent "
                 "cannot be",
             )
-        fork = (
-            waits.filter(child_id=run.pk, run__status__in=_REPLAYING_STATUSES)
-            .exclude(run_id=run.parent_id)
-            .values_list("run_id", flat=True)
-            .first()
+    # Its forks (any run's wait on it but its parent's; also once the parent was pruned).
+    # The caller holds the run's lock, which a fork takes too before it reads the child.
+    readers = waits.filter(child_id=run.pk, run__status__in=_REPLAYING_STATUSES)
+    if run.parent_id is not None:
+        readers = readers.exclude(run_id=run.parent_id)
+    fork = readers.values_list("run_id", flat=True).first()
+    if fork is not None:
+        raise WorkflowRunStateError(
+            run.pk,
+            run.status,
+            verb,
+            f"run {fork}, a fork of its parent, read its outcome as its own child and is "
+            "not finished (cancel it first); a child a fork reads cannot be",
         )
-        if fork is not None:
-            raise WorkflowRunStateError(
-                run.pk,
-                run.status,
-                verb,
-                f"run {fork}, a fork of its parent, read its outcome as its own child and is "
-                "not finished (cancel it first); a child a fork reads cannot be",
-            )
     unfinished = (
         waits.filter(run_id=run.pk, child_id__isnull=False)
         .exclude(child__parent_id=run.pk)
@@ -567,7 +567,6 @@ class RunOperations(RunPasses):
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         alias = self.write_alias()
         runs = self.rows()
-        leases = Lease.objects.db_manager(alias)
         finished = (
             runs.filter(
                 status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
@@ -575,41 +574,72 @@ class RunOperations(RunPasses):
             # A run another run reads as its child goes with or after every such run: its
             # parent (``run.child``), and any fork that copied that wait (whatever their
             # status: a finished run may still be forked, and a fork reads the same child).
-            # Subqueries, not joins: the locking read below locks run rows only. Serialised
+            # Subqueries, not joins: the locking read below locks run rows only (NOT EXISTS,
+            # an anti-join on the waits' child index at any number of waits). Serialised
             # with a fork by the lock on the run it copies from: a fork commits before that
             # run's deletion does, so a later batch's statement sees the fork's waits.
             .exclude(parent_id__isnull=False)
             .exclude(
-                pk__in=wait_model()
-                ._default_manager.using(alias)
-                .filter(child_id__isnull=False)
-                .values("child_id")
+                Exists(wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk")))
             )
         )
         deleted = 0
         skipped: set[uuid.UUID] = set()
         while True:
-            with transaction.atomic(using=alias):
-                ids = list(
-                    db.for_update(finished.exclude(pk__in=skipped), alias)
-                    .order_by("finished_at")
-                    .values_list("pk", flat=True)[:batch_size]
-                )
-                if not ids:
+            # Sweeps in creation order (run ids are time-ordered), each batch after the last
+            # one's greatest id: the primary key's index is walked from there, never over
+            # the rows already deleted nor sorting every candidate per batch. A run freed by
+            # a batch (its parent deleted) that lies behind it waits for the next sweep; a
+            # sweep that deletes nothing is the last.
+            swept = 0
+            after: uuid.UUID | None = None
+            while True:
+                candidates = finished.exclude(pk__in=skipped).order_by("pk")
+                if after is not None:
+                    candidates = candidates.filter(pk__gt=after)
+                chosen = list(candidates.values_list("pk", flat=True)[:batch_size])
+                if not chosen:
                     break
-                keys = {run_lease_key(run_id): run_id for run_id in ids}
-                live = set(
-                    leases.filter(
-                        key__in=keys, released_at__isnull=True, expires_at__gt=DbNow()
-                    ).values_list("key", flat=True)
-                )
-                skipped.update(keys[key] for key in live)
-                gone = [run_id for key, run_id in keys.items() if key not in live]
-                leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
-                runs.filter(pk__in=gone).delete()
-                deleted += len(gone)
+                after = chosen[-1]
+                swept += self._prune_batch(alias, candidates, chosen, skipped)
+            deleted += swept
+            if not swept:
+                break
         WorkflowQueueKey.objects.using(alias).prune_idle(batch_size=batch_size)
         return deleted
+
+    def _prune_batch(
+        self,
+        alias: str,
+        candidates: QuerySet[WorkflowRun],
+        chosen: list[uuid.UUID],
+        skipped: set[uuid.UUID],
+    ) -> int:
+        """Delete the ``chosen`` runs that are still ``candidates`` and whose lease is not
+        live (those go into ``skipped``), with their leases, in one transaction; how many."""
+        runs = self.rows()
+        leases = Lease.objects.db_manager(alias)
+        with transaction.atomic(using=alias):
+            # Children before their parents, as a cancel and a fork lock them: deleting a
+            # run empties its children's parent and its forks' origin (rows a fork or an
+            # operator may hold), so those are locked first, then the batch, still as it
+            # was chosen (another prune may have taken some meanwhile).
+            bound = runs.filter(Q(parent_id__in=chosen) | Q(forked_from_id__in=chosen))
+            list(db.for_update(bound.order_by("created_at", "id"), alias).values_list("pk"))
+            ids = list(
+                db.for_update(candidates.filter(pk__in=chosen), alias).values_list("pk", flat=True)
+            )
+            keys = {run_lease_key(run_id): run_id for run_id in ids}
+            live = set(
+                leases.filter(
+                    key__in=keys, released_at__isnull=True, expires_at__gt=DbNow()
+                ).values_list("key", flat=True)
+            )
+            skipped.update(keys[key] for key in live)
+            gone = [run_id for key, run_id in keys.items() if key not in live]
+            leases.filter(key__in=[run_lease_key(run_id) for run_id in gone]).delete()
+            runs.filter(pk__in=gone).delete()
+        return len(gone)
 
     def _lock_for_operator(self, alias: str, run_id: uuid.UUID | str) -> WorkflowRun:
         """Lock the run's steps, then the run (inside the caller's transaction); the run."""
