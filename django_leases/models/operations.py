@@ -567,22 +567,10 @@ class RunOperations(RunPasses):
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         alias = self.write_alias()
         runs = self.rows()
-        finished = (
-            runs.filter(
-                status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
-            )
-            # A run another run reads as its child goes with or after every such run: its
-            # parent (``run.child``), and any fork that copied that wait (whatever their
-            # status: a finished run may still be forked, and a fork reads the same child).
-            # Subqueries, not joins: the locking read below locks run rows only (NOT EXISTS,
-            # an anti-join on the waits' child index at any number of waits). Serialised
-            # with a fork by the lock on the run it copies from: a fork commits before that
-            # run's deletion does, so a later batch's statement sees the fork's waits.
-            .exclude(parent_id__isnull=False)
-            .exclude(
-                Exists(wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk")))
-            )
-        )
+        finished = runs.filter(
+            status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+        ).exclude(parent_id__isnull=False)
+        read_as_child = wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk"))
         deleted = 0
         skipped: set[uuid.UUID] = set()
         while True:
@@ -594,7 +582,19 @@ class RunOperations(RunPasses):
             swept = 0
             after: uuid.UUID | None = None
             while True:
-                candidates = finished.exclude(pk__in=skipped).order_by("pk")
+                # A run another run reads as its child goes with or after every such run:
+                # its parent (``run.child``; above) and any fork that copied that wait
+                # (whatever their status: a finished run may still be forked, and a fork
+                # reads the same child). NOT EXISTS, not a join: the locking read locks run
+                # rows only; bounded below by ``after`` as the runs are, so an anti-join
+                # walking the waits' child index starts where the batch does. Serialised
+                # with a fork by the locks on the children and the run it copies from.
+                readers = (
+                    read_as_child if after is None else read_as_child.filter(child_id__gt=after)
+                )
+                candidates = (
+                    finished.exclude(pk__in=skipped).exclude(Exists(readers)).order_by("pk")
+                )
                 if after is not None:
                     candidates = candidates.filter(pk__gt=after)
                 chosen = list(candidates.values_list("pk", flat=True)[:batch_size])
