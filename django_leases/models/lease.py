@@ -728,9 +728,10 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             "FOR NO KEY UPDATE OF l SKIP LOCKED), "
             f"renewed AS (UPDATE {table} AS l SET expires_at = statement_timestamp() "
             "+ v.ttl_us * interval '1 microsecond', renewed_at = statement_timestamp() "
-            f"FROM locked AS v WHERE l.id = v.id AND {guard} RETURNING l.id, l.key, l.expires_at) "
-            "SELECT key, expires_at FROM renewed UNION ALL "
-            "SELECT key, NULL FROM held WHERE id NOT IN (SELECT id FROM renewed)"
+            f"FROM locked AS v WHERE l.id = v.id AND {guard} "
+            "RETURNING l.id, l.key, l.holder, l.token, l.expires_at) "
+            "SELECT key, holder, token, expires_at FROM renewed UNION ALL "
+            "SELECT key, holder, token, NULL FROM held WHERE id NOT IN (SELECT id FROM renewed)"
         )
         params = (
             [lease.key for lease, _ in held],
@@ -740,13 +741,16 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         )
         with db.cursor(connection) as cursor:
             cursor.execute(sql, params)
-            expiries = dict(cursor.fetchall())
+            # By grant, not key: a lapsed grant and its successor's may be asked together
+            # (two holds of one key in a process), and only the current one is answered.
+            expiries = {(key, holder, token): at for key, holder, token, at in cursor.fetchall()}
         refreshed: list[Lease | Unknown | None] = []
         for (lease, _ttl), micros in zip(held, ttl_us, strict=True):
-            if lease.key not in expiries:
+            grant = (lease.key, lease.holder, lease.token)
+            if grant not in expiries:
                 refreshed.append(None)
                 continue
-            expires_at = expiries[lease.key]
+            expires_at = expiries[grant]
             if expires_at is None:
                 refreshed.append(UNKNOWN)
                 continue
@@ -783,8 +787,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
     ) -> dict[int, Lease]:
         """MariaDB / MySQL, inside the caller's transaction: the rows of ``held`` still held
         locked (``SKIP LOCKED`` where the server has it: a row locked elsewhere is left
-        out), their expiry extended by one ``UPDATE`` (a ``CASE`` on the key: each lease's
-        own TTL), and read back. Returns the renewed rows by id."""
+        out), their expiry extended by one ``UPDATE`` (a ``CASE`` on the row id: the TTL of
+        the grant the row holds, not of a lapsed grant of the same key asked beside it),
+        and read back. Returns the renewed rows by id."""
         q = connection.ops.quote_name
         table = self._table(connection)
         now = clock.now_sql(connection)
@@ -801,23 +806,24 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         skip = " SKIP LOCKED" if connection.features.has_select_for_update_skip_locked else ""
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT {q('id')}, {q('key')} FROM {table} WHERE {guard} FOR UPDATE{skip}",
+                f"SELECT {q('id')}, {q('key')}, {q('holder')}, {q('token')} FROM {table} "
+                f"WHERE {guard} FOR UPDATE{skip}",
                 guard_params,
             )
-            locked = dict(cursor.fetchall())
+            wanted = {(lease.key, lease.holder, lease.token): seconds for lease, seconds in held}
+            locked = {row[0]: wanted[tuple(row[1:])] for row in cursor.fetchall()}
             if not locked:
                 return {}
-            keys_locked = set(locked.values())
-            ttls = {seconds for lease, seconds in held if lease.key in keys_locked}
+            ttls = set(locked.values())
             if len(ttls) == 1:
                 expires, expires_params = expiry, [clock.seconds_param(connection, ttls.pop())]
             else:
                 expires = (
-                    f"CASE {q('key')} " + " ".join(f"WHEN %s THEN {expiry}" for _ in held) + " END"
+                    f"CASE {q('id')} " + " ".join(f"WHEN %s THEN {expiry}" for _ in locked) + " END"
                 )
                 expires_params = []
-                for lease, seconds in held:
-                    expires_params += [lease.key, clock.seconds_param(connection, seconds)]
+                for pk, seconds in locked.items():
+                    expires_params += [pk, clock.seconds_param(connection, seconds)]
             ids = ", ".join(["%s"] * len(locked))
             cursor.execute(
                 f"UPDATE {table} SET {q('expires_at')} = {expires}, {q('renewed_at')} = {now} "
