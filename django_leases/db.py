@@ -218,6 +218,26 @@ def for_update(qs: _QS, alias: str) -> _QS:
     return qs.select_for_update()
 
 
+def disown_after_fork(wrapper: BaseDatabaseWrapper) -> None:
+    """In a forked child, for a connection the parent opened (``wrapper``, a Django
+    connection): its socket, the parent's session copied by the fork, is pointed at
+    ``/dev/null`` in this process, so that nothing the child does with the copy — a close,
+    a collected object — reaches the parent's session. Nothing for SQLite or a closed
+    connection."""
+    raw = wrapper.connection
+    if raw is None or wrapper.vendor == "sqlite":
+        return
+    try:
+        fd = int(raw.fileno())  # psycopg 3, psycopg2 and mysqlclient all have it
+    except Exception:  # already unusable: nothing to protect
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 # -- prepared statements ------------------------------------------------------------------------
 
 _unprepared_lock = threading.Lock()

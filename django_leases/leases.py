@@ -213,6 +213,8 @@ class HeldLease:
         self._renewal: Renewed | None = None
         self._released_live: bool | None = None
         self._unresponsive = False
+        #: The process holding it: a child forked inside the hold holds nothing.
+        self._pid = os.getpid()
         #: ``None`` until :meth:`finish` ran; then whether the lease was given back.
         self.released: bool | None = None
 
@@ -413,6 +415,11 @@ class HeldLease:
         waits on a database that stopped answering for longer than the local deadline and
         :data:`RELEASE_TIMEOUT`: its connection is cut (``db.bounded``)."""
         if self.released is not None or self._renewal is None:
+            return
+        if os.getpid() != self._pid:
+            # A child forked inside the hold, leaving the block: the lease is its parent's,
+            # who renews it and gives it back; the child neither stops that nor releases it.
+            self.released = False
             return
         self.released = False
         released = self._released_live is not None

@@ -49,12 +49,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from django.db import connections
 
 from django_leases import db
 from django_leases.conf import leases_settings
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("django_leases.renewal")
 
@@ -175,6 +178,8 @@ class Renewed:
         #: returns only after the holder was told, as a joined renewal thread did.
         self._told = threading.Event()
         self._teller: threading.Thread | None = None
+        #: The process renewing it (a forked child's copy is not renewed there).
+        self._pid = os.getpid()
 
     @property
     def deadline(self) -> float:
@@ -192,7 +197,11 @@ class Renewed:
         """Stop renewing, waiting for a renewal of this lease in flight to finish.
         Idempotent. The wait is bounded by the local deadline: a renewal still hanging then
         can no longer vouch for the lease, which is marked lost (the hung call is left to end
-        on its own; ``refresh`` never extends a released lease)."""
+        on its own; ``refresh`` never extends a released lease). In a child forked since it
+        started, nothing: the renewer is the parent's (its locks may have been held at the
+        fork)."""
+        if os.getpid() != self._pid:
+            return
         self.renewer.unregister(self)
 
     def mark_lost(self, reason: str) -> None:
@@ -253,6 +262,9 @@ class Renewer:
         self.ticks = 0
         self.calls = 0
         self.renewals = 0
+        #: The renewal thread's connection, once it sent a batch refresh: a forked child
+        #: disowns its copy (:func:`_after_fork_in_child`).
+        self._connection: BaseDatabaseWrapper | None = None
 
     # -- registration --------------------------------------------------------------------------
 
@@ -441,9 +453,9 @@ class Renewer:
                 bound = min(lease.ttl for lease in leases)
                 self.calls += 1
                 try:
-                    with db.bounded(
-                        connections[self.alias], bound, f"renewal of {len(leases)} lease(s)"
-                    ):
+                    # This thread's connection, for a forked child to disown.
+                    self._connection = connections[self.alias]
+                    with db.bounded(self._connection, bound, f"renewal of {len(leases)} lease(s)"):
                         answers = list(refresh(self.alias, [(x.item, x.ttl) for x in leases]))
                     if len(answers) != len(leases):
                         raise RuntimeError(f"{refresh!r} answered {len(answers)} of {len(leases)}")
@@ -610,3 +622,22 @@ def renewers() -> list[Renewer]:
     """This process's renewers, one per alias that has had a lease renewed."""
     with _renewers_lock:
         return list(_renewers.values()) if _renewers_pid == os.getpid() else []
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: the parent's renewers are not the child's (their threads did not
+    survive the fork), nor is their lock, which another thread may have held at the fork.
+    Their connections are the parent's sessions: the child's copies are pointed at nothing
+    (:func:`db.disown_after_fork`), so that no close of a copy, when the child collects it,
+    ends the parent's session (mysqlclient and psycopg2 would send it a goodbye)."""
+    global _renewers_lock, _renewers_pid
+    for inherited in _renewers.values():
+        if inherited._connection is not None:
+            db.disown_after_fork(inherited._connection)
+    _renewers_lock = threading.Lock()
+    _renewers.clear()
+    _renewers_pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
