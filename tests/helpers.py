@@ -1050,3 +1050,17 @@ def finish_step(step_name: str) -> None:
 
     step = WorkflowStep.objects.get(step_name=step_name)
     assert WorkflowStep.objects.set_result(step.pk, None, step.attempt)
+
+
+def holds_renewed_together(ttls: Sequence[float], prefix: str = "held") -> list[Any]:
+    """Holds (``HeldLease``) of these TTLs (seconds) on new keys starting with ``prefix``,
+    each acquired first and registered with the renewer after: their first renewals are due
+    together, so they share every tick."""
+    from django_leases.leases import HeldLease
+
+    holds = [HeldLease(unique_key(prefix), ttl) for ttl in ttls]
+    for held in holds:
+        held.acquire(renew=False)
+    for held in holds:
+        held.start_renewing()
+    return holds

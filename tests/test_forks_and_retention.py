@@ -232,23 +232,34 @@ def test_the_prune_cutoff_includes_a_run_finished_exactly_older_than_ago() -> No
 # -- a fork racing a prune ------------------------------------------------------------------------
 
 
-def test_a_prune_while_a_fork_holds_the_original_keeps_the_child_the_fork_copied() -> None:
-    """Original and child finished 40 days ago. A fork has locked the original and written
-    its copy (its child wait included), not yet committed; a prune waits for the original's
-    lock. The fork commits, the prune deletes the original only: the child is read by the
-    committed fork."""
+@pytest.mark.parametrize(
+    ("parent_age", "paused", "pruned_count"),
+    [
+        # The fork has written its copy, not committed; the prune waits for the children's
+        # lock, then deletes the original only: the committed fork reads the child.
+        (40, (forks_module, "wake_workers"), 1),
+        # The original finished a day ago (kept): the fork has read the child wait when
+        # the prune runs, which takes nothing (the child is the kept original's).
+        (1, (forks_module.RunForks, "_create_tagged"), 0),
+    ],
+)
+def test_a_prune_racing_a_fork_deletes_no_child_the_fork_reads(
+    parent_age: float, paused: tuple[Any, str], pruned_count: int
+) -> None:
+    """The child finished 41 days ago; a 30-day prune runs while a fork of its parent is
+    inside its transaction: the fork commits whole and still reads the child."""
     _needs_row_locks()
     parent, kid = _completed_family()
     _age(kid, 41)
-    _age(parent, 40)
+    _age(parent, parent_age)
     forked, pruned = _held_while_contending(
         lambda: WorkflowRun.objects.fork(parent.pk, "after"),
         lambda: WorkflowRun.objects.prune(30 * DAY),
-        (forks_module, "wake_workers"),
+        paused,
     )
     assert "error" not in forked and "error" not in pruned, (forked, pruned)
-    assert pruned["value"] == 1
-    assert not WorkflowRun.objects.filter(pk=parent.pk).exists()
+    assert pruned["value"] == pruned_count
+    assert WorkflowRun.objects.filter(pk=parent.pk).exists() == (pruned_count == 0)
     _assert_fork_replays_the_original(forked["value"].pk, parent, kid)
 
 
@@ -268,24 +279,6 @@ def test_a_fork_while_a_prune_holds_the_original_finds_no_run() -> None:
     assert pruned["value"] == 2
     assert isinstance(forked.get("error"), WorkflowRun.DoesNotExist), forked
     assert not WorkflowRun.objects.exists()
-
-
-def test_a_prune_racing_a_fork_of_a_kept_parent_deletes_nothing_it_reads() -> None:
-    """The child finished 40 days ago, its parent a day ago; a fork of the parent has read
-    the child wait when a prune runs: the prune takes nothing (the child is the kept
-    parent's), and the fork commits whole."""
-    _needs_row_locks()
-    parent, kid = _completed_family()
-    _age(kid, 40)
-    _age(parent, 1)
-    forked, pruned = _held_while_contending(
-        lambda: WorkflowRun.objects.fork(parent.pk, "after"),
-        lambda: WorkflowRun.objects.prune(30 * DAY),
-        (forks_module.RunForks, "_create_tagged"),
-    )
-    assert "error" not in forked and "error" not in pruned, (forked, pruned)
-    assert pruned["value"] == 0
-    _assert_fork_replays_the_original(forked["value"].pk, parent, kid)
 
 
 # -- a fork reads the outcome its original read ---------------------------------------------------

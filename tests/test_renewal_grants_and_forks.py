@@ -21,7 +21,7 @@ from django_leases.clock import db_now_plus
 from django_leases.leases import HeldLease, hold_lease
 from django_leases.models import Lease
 from django_leases.renewal import UNKNOWN
-from tests.helpers import lapse_lease, unique_key, wait_until
+from tests.helpers import holds_renewed_together, lapse_lease, unique_key, wait_until
 
 PATIENCE = 60.0
 
@@ -117,15 +117,6 @@ def outcomes() -> Any:
         renewal.observers.remove(seen.append)
 
 
-def _hold_together(*ttls: float) -> list[HeldLease]:
-    holds = [HeldLease(unique_key("renewal-fork"), ttl) for ttl in ttls]
-    for held in holds:
-        held.acquire(renew=False)
-    for held in holds:
-        held.start_renewing()
-    return holds
-
-
 @pytest.mark.django_db(transaction=True)
 def test_forked_children_that_collect_garbage_leave_the_parents_renewals_alone(
     outcomes: list[str],
@@ -145,7 +136,7 @@ def test_forked_children_that_collect_garbage_leave_the_parents_renewals_alone(
         gc.collect()
         return True
 
-    holds = _hold_together(3.0, 3.0)
+    holds = holds_renewed_together([3.0, 3.0], "renewal-fork")
     the_renewer = renewal.renewer("default")
     try:
         ticks = the_renewer.ticks
@@ -255,7 +246,7 @@ def test_the_renewal_connection_killed_costs_no_lease_and_leaves_one_renewer(
 
     if connection.vendor == "sqlite":
         pytest.skip("no server connection to kill")
-    holds = _hold_together(3.0, 3.0, 60.0)
+    holds = holds_renewed_together([3.0, 3.0, 60.0], "renewal-fork")
     the_renewer = renewal.renewer("default")
     try:
         ticks = the_renewer.ticks

@@ -28,12 +28,11 @@ from django.db.models import QuerySet
 
 from django_leases import LeaseLostError, renewal
 from django_leases.clock import DbNow
-from django_leases.leases import HeldLease
 from django_leases.models import Lease, StepStatus, WorkflowStep
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
-from tests.helpers import end_renewers, start_thread, unique_key, wait_until
+from tests.helpers import end_renewers, holds_renewed_together, start_thread, wait_until
 from tests.workapp.models import Account
 
 pytestmark = [
@@ -101,21 +100,11 @@ class LockedRow:
         self._thread.join(PATIENCE)
 
 
-def _holds(*ttls: float) -> list[HeldLease]:
-    """Holds of these TTLs, acquired first and registered with the renewer after."""
-    holds = [HeldLease(unique_key("locks"), ttl) for ttl in ttls]
-    for held in holds:
-        held.acquire(renew=False)
-    for held in holds:
-        held.start_renewing()
-    return holds
-
-
 def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
     sql_path: str, outcomes: list[str]
 ) -> None:
     # The locked lease's TTL outlasts the lock: skipped, not lost.
-    locked, *others = _holds(12.0, 3.0, 3.0, 3.0)
+    locked, *others = holds_renewed_together([12.0, 3.0, 3.0, 3.0], "locks")
     try:
         renewed = locked._renewal
         assert renewed is not None
@@ -156,7 +145,7 @@ def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
 
 
 def test_a_lease_row_locked_past_its_ttl_is_lost_alone(outcomes: list[str]) -> None:
-    locked, *others = _holds(3.0, 3.0, 3.0)
+    locked, *others = holds_renewed_together([3.0, 3.0, 3.0], "locks")
     try:
         row = LockedRow(locked.lease)
         try:

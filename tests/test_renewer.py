@@ -25,6 +25,7 @@ from django_leases.leases import HeldLease
 from django_leases.models import Lease, LeaseQuerySet
 from tests.helpers import (
     held_renewals,
+    holds_renewed_together,
     on_another_thread,
     renewal_threads,
     unique_key,
@@ -53,23 +54,12 @@ def refresh_calls() -> Iterator[list[tuple[str, int]]]:
         yield calls
 
 
-def _hold_many(count: int, ttl: float) -> list[HeldLease]:
-    """``count`` holds acquired first and registered with the renewer after: their first
-    renewals are due together, so they share every tick."""
-    holds = [HeldLease(unique_key("renewer"), ttl) for _ in range(count)]
-    for held in holds:
-        held.acquire(renew=False)
-    for held in holds:
-        held.start_renewing()
-    return holds
-
-
 @pytest.mark.django_db(transaction=True)
 def test_every_hold_is_renewed_by_one_thread_with_one_statement_per_tick(
     refresh_calls: list[tuple[str, int]],
 ) -> None:
     count, ttl = 40, 3.0
-    holds = _hold_many(count, ttl)
+    holds = holds_renewed_together([ttl] * count, "renewer")
     the_renewer = renewal.renewer("default")
     ticks = the_renewer.ticks
     try:
@@ -102,7 +92,7 @@ def test_every_hold_is_renewed_by_one_thread_with_one_statement_per_tick(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_lease_lost_among_many_is_told_to_its_holder_alone() -> None:
-    holds = _hold_many(12, 3.0)
+    holds = holds_renewed_together([3.0] * 12, "renewer")
     victim, others = holds[5], holds[:5] + holds[6:]
     told: list[str] = []
     victim._on_lost = lambda: told.append(threading.current_thread().name)
@@ -130,7 +120,7 @@ def test_the_renewer_s_threads_and_connection_end_when_nothing_is_held(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(renewal, "RENEWER_IDLE", 0.5)
-    holds = _hold_many(3, 3.0)
+    holds = holds_renewed_together([3.0] * 3, "renewer")
     the_renewer = renewal.renewer("default")
     ticks = the_renewer.ticks
     wait_until(lambda: the_renewer.ticks > ticks, PATIENCE, what="a tick")
@@ -146,7 +136,7 @@ def test_the_renewer_s_threads_and_connection_end_when_nothing_is_held(
             )
             assert cursor.fetchone()[0] == 0
     # And they come back with the next hold.
-    (again,) = _hold_many(1, 3.0)
+    (again,) = holds_renewed_together([3.0], "renewer")
     try:
         assert sorted(t.name for t in renewal_threads()) == [
             "lease-renewer:default",
@@ -162,7 +152,7 @@ def test_a_failed_tick_counts_for_every_lease_of_it_and_the_next_one_renews(
 ) -> None:
     from django.db import OperationalError
 
-    holds = _hold_many(5, 3.0)
+    holds = holds_renewed_together([3.0] * 5, "renewer")
     real = LeaseQuerySet.refresh_many
     failures = [1]
 
