@@ -111,6 +111,20 @@ def sql_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
+def renewal_outcomes() -> Iterator[list[str]]:
+    """The renewal outcomes the process's renewers report (``held``, ``lost``, ``failed``,
+    ``skipped``), in order, while the test runs."""
+    from django_leases import renewal
+
+    seen: list[str] = []
+    renewal.observers.append(seen.append)
+    try:
+        yield seen
+    finally:
+        renewal.observers.remove(seen.append)
+
+
+@pytest.fixture
 def vendor() -> str:
     """``"postgresql"``, ``"sqlite"`` or ``"mysql"``: the database the suite runs on."""
     return connection.vendor

@@ -106,20 +106,9 @@ def test_a_lapsed_hold_is_told_lost_though_its_successor_in_the_process_shares_i
 # -- fork ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def outcomes() -> Any:
-    """Each renewal outcome the renewers report (``held``, ``lost``, ``failed``, ``skipped``)."""
-    seen: list[str] = []
-    renewal.observers.append(seen.append)
-    try:
-        yield seen
-    finally:
-        renewal.observers.remove(seen.append)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_forked_children_that_collect_garbage_leave_the_parents_renewals_alone(
-    outcomes: list[str],
+    renewal_outcomes: list[str],
 ) -> None:
     """A process holding leases forks children (a job runner forking one per job, a
     prefork pool) that run Python: their garbage collector frees what the parent's renewal
@@ -141,7 +130,7 @@ def test_forked_children_that_collect_garbage_leave_the_parents_renewals_alone(
     try:
         ticks = the_renewer.ticks
         wait_until(lambda: the_renewer.ticks > ticks, PATIENCE, what="a tick")
-        del outcomes[:]
+        del renewal_outcomes[:]
         for _ in range(5):  # five ticks: 5 s, past the 3 s TTL
             before = the_renewer.ticks
             assert in_processes([child]) == [(True, "")]
@@ -151,8 +140,10 @@ def test_forked_children_that_collect_garbage_leave_the_parents_renewals_alone(
 
             wait_until(ticked, PATIENCE, what="a tick")
         lost = [held.key for held in holds if held.lost.is_set()]
-        assert not lost, f"the parent lost {lost}; its renewals after the forks: {outcomes}"
-        assert "failed" not in outcomes, f"the parent's renewals after the forks: {outcomes}"
+        assert not lost, f"the parent lost {lost}; its renewals after the forks: {renewal_outcomes}"
+        assert "failed" not in renewal_outcomes, (
+            f"the parent's renewals after the forks: {renewal_outcomes}"
+        )
     finally:
         connections.close_all()
         for held in holds:
@@ -237,7 +228,7 @@ def test_a_fork_while_another_thread_looks_up_a_renewer_leaves_the_child_a_renew
 
 @pytest.mark.django_db(transaction=True)
 def test_the_renewal_connection_killed_costs_no_lease_and_leaves_one_renewer(
-    outcomes: list[str],
+    renewal_outcomes: list[str],
 ) -> None:
     """The renewer's backend killed (``pg_terminate_backend`` / ``KILL CONNECTION``, as a
     failover or an operator does): one failed tick at most, the leases survive, the next
@@ -255,7 +246,7 @@ def test_the_renewal_connection_killed_costs_no_lease_and_leaves_one_renewer(
         ticks = the_renewer.ticks
         wait_until(lambda: the_renewer.ticks >= ticks + 4, PATIENCE, what="four ticks")
         assert not any(held.lost.is_set() for held in holds)
-        assert outcomes[-1] == "held"
+        assert renewal_outcomes[-1] == "held"
         names = sorted(t.name for t in renewal_threads())
         assert names == ["lease-renewer:default", "lease-watchdog:default"], names
     finally:

@@ -26,7 +26,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import QuerySet
 
-from django_leases import LeaseLostError, renewal
+from django_leases import LeaseLostError
 from django_leases.clock import DbNow
 from django_leases.models import Lease, StepStatus, WorkflowStep
 from django_leases.workflows import step_function, workflow
@@ -51,17 +51,6 @@ PATIENCE = 60.0
 def renewers_ended(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     end_renewers(monkeypatch)
-
-
-@pytest.fixture
-def outcomes() -> Iterator[list[str]]:
-    """The renewal outcomes the renewer reports (``held``, ``skipped``, …), in order."""
-    seen: list[str] = []
-    renewal.observers.append(seen.append)
-    try:
-        yield seen
-    finally:
-        renewal.observers.remove(seen.append)
 
 
 def _db_clock_past(rows: QuerySet[Any], moment: datetime) -> bool:
@@ -101,7 +90,7 @@ class LockedRow:
 
 
 def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
-    sql_path: str, outcomes: list[str]
+    sql_path: str, renewal_outcomes: list[str]
 ) -> None:
     # The locked lease's TTL outlasts the lock: skipped, not lost.
     locked, *others = holds_renewed_together([12.0, 3.0, 3.0, 3.0], "locks")
@@ -127,7 +116,9 @@ def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
             )
             assert all(_live(held.lease) for held in others), "a locked row stalled the others"
             assert not any(held.lost.is_set() for held in others)
-            wait_until(lambda: "skipped" in outcomes, PATIENCE, what="the locked lease's renewal")
+            wait_until(
+                lambda: "skipped" in renewal_outcomes, PATIENCE, what="the locked lease's renewal"
+            )
             assert not locked.lost.is_set()
         finally:
             row.end()
@@ -144,13 +135,13 @@ def test_a_locked_lease_row_holds_up_no_other_lease_s_renewal(
             held.finish(vouch=True)
 
 
-def test_a_lease_row_locked_past_its_ttl_is_lost_alone(outcomes: list[str]) -> None:
+def test_a_lease_row_locked_past_its_ttl_is_lost_alone(renewal_outcomes: list[str]) -> None:
     locked, *others = holds_renewed_together([3.0, 3.0, 3.0], "locks")
     try:
         row = LockedRow(locked.lease)
         try:
             assert locked.lost.wait(PATIENCE), "a lease left unrenewed past its TTL kept on"
-            assert "skipped" in outcomes
+            assert "skipped" in renewal_outcomes
             assert not any(held.lost.is_set() for held in others)
             assert all(_live(held.lease) for held in others)
         finally:
@@ -206,7 +197,7 @@ def locks_workflow(run: Any, input: Any) -> Any:
 
 def test_a_step_row_locked_by_its_transactional_step_holds_up_no_other_step_lease(
     sql_path: str,
-    outcomes: list[str],
+    renewal_outcomes: list[str],
 ) -> None:
     _release.clear()
     _started.clear()
@@ -231,7 +222,9 @@ def test_a_step_row_locked_by_its_transactional_step_holds_up_no_other_step_leas
         held = steps.filter(status=StepStatus.RUNNING, attempt=1, lease_expires_at__gt=DbNow())
         assert held.count() == 2, "a locked step row stalled the other steps' renewals"
         assert not any(_started[key].lease_lost.is_set() for key in ("s0", "s1"))
-        wait_until(lambda: "skipped" in outcomes, PATIENCE, what="the locked step's renewal")
+        wait_until(
+            lambda: "skipped" in renewal_outcomes, PATIENCE, what="the locked step's renewal"
+        )
     finally:
         _release.set()
         worker.stop()
