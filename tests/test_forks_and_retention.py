@@ -391,6 +391,27 @@ def test_a_resume_of_the_child_racing_a_fork_that_reads_it_is_ordered_by_the_chi
     assert run_of(forked["value"].pk).output == {"got": -1, "after": 1}
 
 
+def test_a_resume_of_a_failed_fork_racing_a_resume_of_its_child_is_ordered_too() -> None:
+    """A failed fork and the failed child it read, resumed at once by two operators: the
+    fork's resume locks the child it reads, so one of the two is refused — never a fork
+    running while its child runs again (no end of the child would wake it)."""
+    _needs_row_locks()
+    parent, kid = _failed_family()
+    fork = WorkflowRun.objects.fork_from_failed(parent.pk)
+    drain()
+    assert run_of(fork.pk).status == RunStatus.FAILED
+    FAILS.update(kid=False, compensate=False)
+    resumed_fork, resumed_kid = _held_while_contending(
+        lambda: WorkflowRun.objects.resume(fork.pk),
+        lambda: WorkflowRun.objects.resume(kid.pk),
+        (operations, "_reopen_missing_function_steps"),
+    )
+    assert "error" not in resumed_fork, resumed_fork
+    assert isinstance(resumed_kid.get("error"), WorkflowRunStateError), resumed_kid
+    drain()
+    assert run_of(fork.pk).output == {"got": -1, "after": 1}
+
+
 def test_a_finished_fork_keeps_the_outcome_it_read_when_the_child_is_resumed_later() -> None:
     parent, kid = _failed_family()
     FAILS.update(kid=False, compensate=False)

@@ -127,6 +127,8 @@ def _grant_last_attempts(alias: str, where: Q) -> list[str]:
 
 #: A parent in one of these is over for good: nothing will read a child's outcome again.
 _FINAL_PARENT_STATUSES = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+#: The statuses of a finished run, as strings (compared with values read back).
+_FINISHED = frozenset(str(status) for status in FINISHED_RUN_STATUSES)
 #: A fork in one of these may replay its copied child waits at any moment.
 _REPLAYING_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
@@ -171,12 +173,15 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
             f"run {fork}, a fork of its parent, read its outcome as its own child and is "
             "not finished (cancel it first); a child a fork reads cannot be",
         )
-    unfinished = (
-        waits.filter(run_id=run.pk, child_id__isnull=False)
-        .exclude(child__parent_id=run.pk)
-        .exclude(child__status__in=FINISHED_RUN_STATUSES)
-        .values_list("child_id", flat=True)
-        .first()
+    # The children it reads through copied waits, locked: a resume of one racing this one
+    # waits for it and then finds this run reading it, or set it running first.
+    copied = waits.filter(run_id=run.pk, child_id__isnull=False).exclude(child__parent_id=run.pk)
+    children = db.for_update(
+        runs.filter(pk__in=copied.values("child_id")).order_by("created_at", "id"), alias
+    )
+    unfinished = next(
+        (pk for pk, status in children.values_list("pk", "status") if status not in _FINISHED),
+        None,
     )
     if unfinished is not None:
         raise WorkflowRunStateError(
