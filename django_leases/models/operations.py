@@ -127,8 +127,6 @@ def _grant_last_attempts(alias: str, where: Q) -> list[str]:
 
 #: A parent in one of these is over for good: nothing will read a child's outcome again.
 _FINAL_PARENT_STATUSES = (RunStatus.COMPLETED, RunStatus.CANCELLED)
-#: The statuses of a finished run, as strings (compared with values read back).
-_FINISHED = frozenset(str(status) for status in FINISHED_RUN_STATUSES)
 #: A fork in one of these may replay its copied child waits at any moment.
 _REPLAYING_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
@@ -180,7 +178,11 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
         runs.filter(pk__in=copied.values("child_id")).order_by("created_at", "id"), alias
     )
     unfinished = next(
-        (pk for pk, status in children.values_list("pk", "status") if status not in _FINISHED),
+        (
+            pk
+            for pk, status in children.values_list("pk", "status")
+            if status not in FINISHED_RUN_STATUSES
+        ),
         None,
     )
     if unfinished is not None:
