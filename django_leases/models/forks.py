@@ -37,6 +37,7 @@ from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
     attempt_model,
+    lock_runs,
     step_model,
     wait_model,
     wake_workers,
@@ -172,8 +173,7 @@ class RunForks(RunReplays):
         )
         if only is not None:
             waits = waits.filter(child_id__in=[child for child in only if child is not None])
-        children = self.rows().filter(pk__in=waits.values("child_id")).order_by("created_at", "id")
-        list(db.for_update(children, alias).values_list("pk", flat=True))
+        lock_runs(alias, self.rows().filter(pk__in=waits.values("child_id")))
 
     def _require_children_read(
         self, pk: uuid.UUID, from_step: str, wait_rows: list[dict[str, Any]]

@@ -22,6 +22,7 @@ from django_leases.models.lease import Lease
 from django_leases.models.passes import RunPasses
 from django_leases.models.queue import WorkflowQueueKey
 from django_leases.models.workflow_base import (
+    lock_runs,
     run_model,
     run_reached,
     step_model,
@@ -174,17 +175,8 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
     # The children it reads through copied waits, locked: a resume of one racing this one
     # waits for it and then finds this run reading it, or set it running first.
     copied = waits.filter(run_id=run.pk, child_id__isnull=False).exclude(child__parent_id=run.pk)
-    children = db.for_update(
-        runs.filter(pk__in=copied.values("child_id")).order_by("created_at", "id"), alias
-    )
-    unfinished = next(
-        (
-            pk
-            for pk, status in children.values_list("pk", "status")
-            if status not in FINISHED_RUN_STATUSES
-        ),
-        None,
-    )
+    children = lock_runs(alias, runs.filter(pk__in=copied.values("child_id")), "pk", "status")
+    unfinished = next((pk for pk, status in children if status not in FINISHED_RUN_STATUSES), None)
     if unfinished is not None:
         raise WorkflowRunStateError(
             run.pk,
@@ -632,7 +624,7 @@ class RunOperations(RunPasses):
             # operator may hold), so those are locked first, then the batch, still as it
             # was chosen (another prune may have taken some meanwhile).
             bound = runs.filter(Q(parent_id__in=chosen) | Q(forked_from_id__in=chosen))
-            list(db.for_update(bound.order_by("created_at", "id"), alias).values_list("pk"))
+            lock_runs(alias, bound)
             ids = list(
                 db.for_update(candidates.filter(pk__in=chosen), alias).values_list("pk", flat=True)
             )

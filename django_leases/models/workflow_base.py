@@ -464,6 +464,15 @@ def lock_running(alias: str, run_id: uuid.UUID | str) -> bool:
     return db.for_update(running, alias).values_list("pk", flat=True).first() is not None
 
 
+def lock_runs(alias: str, runs: Any, *fields: str) -> list[tuple[Any, ...]]:
+    """Lock ``runs`` (a QuerySet of runs) inside the caller's transaction, oldest first: the
+    order every writer locking several runs keeps (children before their parent, as a
+    finishing child wakes it: a cancel, a fork, a resume, a prune). Returns their ``fields``
+    (default: the id), in that order."""
+    ordered = runs.order_by("created_at", "id")
+    return list(db.for_update(ordered, alias).values_list(*(fields or ("pk",))))
+
+
 def wake_parent(alias: str, run_id: uuid.UUID | str) -> None:
     """Ask the parent of run ``run_id`` (a child started by ``run.child``) for a pass now,
     inside the caller's transaction: the child just finished."""
