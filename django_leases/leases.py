@@ -18,8 +18,8 @@ Follows the reference ``holdLease`` (rules L9–L15) plus DESIGN §4's L16–L18
 Every holder in the package — ``hold_lease``, ``ahold_lease``, the ``hold_lease`` command
 (:mod:`django_leases.holder`), the workflow engine's run lease and the trigger-source
 lifecycle — follows one protocol, :class:`HeldLease`: acquire (or adopt a lease granted by a
-larger statement), renew every TTL/3, vouch with a final check, always release. The renewals
-of every hold of a process on one database alias are made by that alias's one
+larger statement), renew every TTL/3, vouch with a final check, release unless it lapsed. The
+renewals of every hold of a process on one database alias are made by that alias's one
 :class:`~django_leases.renewal.Renewer`: one thread, one connection and one statement per
 tick for all the leases due (``Lease.objects.refresh_many``), the workflow engine's run
 leases too.
@@ -36,8 +36,9 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import ContextDecorator
+from contextlib import ContextDecorator, suppress
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -239,7 +240,15 @@ class HeldLease:
         return self.lease.token
 
     def check(self) -> None:
-        """Raise :class:`LeaseLostError` if the lease has been seen lost; else return ``None``."""
+        """Raise :class:`LeaseLostError` if the lease is lost; else return ``None``.
+
+        Lost: seen lost by a renewal or the watchdog, or its local deadline (:attr:`deadline`)
+        passed with no renewal vouching for it since. A holder paused past its TTL (SIGSTOP,
+        a long GC, a suspended VM) thus learns it at its first check after resuming, whichever
+        of its threads runs first; the loss is then recorded as the watchdog would
+        (:attr:`lost`, ``on_lost``, the ``lease_lost`` signal)."""
+        if not self.lost.is_set() and self.released is None and self._lapsed():
+            self.mark_lost("its local deadline passed with no renewal vouching for it")
         if self.lost.is_set():
             raise LeaseLostError(self.key)
 
@@ -410,10 +419,12 @@ class HeldLease:
 
     def finish(self, *, vouch: bool) -> None:
         """Stop renewing; with ``vouch``, check once more that the lease is still held and
-        raise :class:`LeaseLostError` if that cannot be confirmed; always release (a release
-        that fails is logged, never raised: the lease then lapses after its TTL). None of it
-        waits on a database that stopped answering for longer than the local deadline and
-        :data:`RELEASE_TIMEOUT`: its connection is cut (``db.bounded``)."""
+        raise :class:`LeaseLostError` if that cannot be confirmed; release (a release that
+        fails is logged, never raised: the lease then lapses after its TTL). A lease whose
+        local deadline has passed is not released: it has lapsed, and the database, which
+        most likely stopped answering, is not asked (a holder of a lost lease exits at once).
+        None of it waits on a database that stopped answering for longer than the local
+        deadline and :data:`RELEASE_TIMEOUT`: its connection is cut (``db.bounded``)."""
         if self.released is not None or self._renewal is None:
             return
         if os.getpid() != self._pid:
@@ -436,7 +447,20 @@ class HeldLease:
                     self.mark_lost("the final check could not vouch for it")
                     raise LeaseLostError(self.key)
         finally:
-            self.released = True if released else self._release()
+            if released:
+                self.released = True
+            elif self._lapsed():
+                # Nothing to give back, and no wait on a database that may have stopped
+                # answering (which is how most leases get here).
+                self.released = False
+            else:
+                self.released = self._release()
+
+    def _lapsed(self) -> bool:
+        """Whether the local deadline has passed: no renewal vouched for the lease within its
+        TTL, so it has lapsed on the database clock too (its expiry there is at most the
+        statement's latency later)."""
+        return self._renewal is not None and time.monotonic() >= self._renewal.deadline
 
     def _final_check(self) -> tuple[bool, bool]:
         """Whether the lease was still held, and whether that check also released it."""
@@ -516,7 +540,7 @@ class _Entry:
             self._granted = granted
             abandoned = self._abandoned
         if abandoned and granted:
-            self._give_back()
+            _give_back(self.held, "a cancelled acquire")
         return granted
 
     def abandon(self) -> None:
@@ -524,16 +548,27 @@ class _Entry:
             self._abandoned = True
             granted = self._granted
         if granted:
-            threading.Thread(target=self._give_back, kwargs={"close": True}, daemon=True).start()
+            _give_back_on_a_thread(self.held, "a cancelled acquire")
 
-    def _give_back(self, close: bool = False) -> None:
-        try:
-            self.held.finish(vouch=False)
-        except Exception:
-            logger.warning("Giving back lease %r after a cancelled acquire failed", self.held.key)
-        finally:
-            if close:
-                connections.close_all()
+
+def _give_back(held: HeldLease, after: str, *, close: bool = False) -> None:
+    """Stop renewing ``held`` and release it, on this thread; a failure is logged (the lease
+    then lapses after its TTL). ``after``: what left it without its holder, for the log."""
+    try:
+        held.finish(vouch=False)
+    except Exception:
+        logger.warning("Giving back lease %r after %s failed", held.key, after, exc_info=True)
+    finally:
+        if close:
+            connections.close_all()
+
+
+def _give_back_on_a_thread(held: HeldLease, after: str) -> None:
+    """:func:`_give_back` on a short-lived thread of its own, which closes its connections:
+    for a holder that can neither wait for the release nor run it on an event loop."""
+    threading.Thread(
+        target=_give_back, args=(held, after), kwargs={"close": True}, daemon=True
+    ).start()
 
 
 class _HoldArguments:
@@ -644,7 +679,9 @@ class ahold_lease(_HoldArguments):
     """
 
     # The hold's task and loop, and where its exit stands (each ``async with`` sets them anew).
-    _task: asyncio.Task[object] | None = None
+    # The task only weakly: the renewer keeps this object (its ``on_lost``), and a task kept
+    # through it could never be collected, nor its coroutine closed (see ``_closed``).
+    _task_ref: weakref.ref[asyncio.Task[object]] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cancelled = False
     _exiting = False
@@ -667,15 +704,23 @@ class ahold_lease(_HoldArguments):
 
         return held_call
 
+    def _task(self) -> asyncio.Task[object] | None:
+        """The hold's task, while it exists."""
+        return None if self._task_ref is None else self._task_ref()
+
     def _cancel_body(self) -> None:  # runs on the event loop
-        if self._exiting or self._task is None or self._task.done():
+        task = self._task()
+        if self._exiting or task is None or task.done():
             return
         self._cancelled = True
-        self._task.cancel(msg=f"lease {self.key!r} lost")
+        task.cancel(msg=f"lease {self.key!r} lost")
 
     def _lost_from_thread(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._cancel_body)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # the task can never run again: there is no body left to stop
+        with suppress(RuntimeError):  # the loop closed since
+            loop.call_soon_threadsafe(self._cancel_body)
 
     async def __aenter__(self) -> HeldLease:
         if self._busy:  # entered already, or still acquiring for another task
@@ -693,7 +738,8 @@ class ahold_lease(_HoldArguments):
         """Acquire, one try at a time on a worker thread; a wait's pauses are spent on the
         event loop, so the context's one sync thread (``thread_sensitive``) stays free for
         the others — the holder's own release among them."""
-        self._task = asyncio.current_task()
+        task = asyncio.current_task()
+        self._task_ref = None if task is None else weakref.ref(task)
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False
         held = self._held_lease(on_lost=self._lost_from_thread)
@@ -722,9 +768,22 @@ class ahold_lease(_HoldArguments):
         tb: TracebackType | None,
     ) -> None:
         try:
+            if exc_type is GeneratorExit:
+                self._closed()
+                return
             await self._exit(exc_type, exc)
         finally:
             self._busy = False
+
+    def _closed(self) -> None:
+        """The body's coroutine is being closed without its task: collected after its event
+        loop closed, or ``close()``d. Nothing may be awaited here (there is no loop to come
+        back on), so the lease is given back on a thread of its own rather than renewed for
+        a holder that is gone."""
+        held, self._held = self._held, None
+        assert held is not None
+        self._exiting = True
+        _give_back_on_a_thread(held, "its holder's coroutine was closed")
 
     async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         self._exiting = True
@@ -745,8 +804,9 @@ class ahold_lease(_HoldArguments):
                 break
         if self._cancelled:
             # Undo our own cancel() whatever the body did with it, as asyncio.timeout does.
-            assert self._task is not None
-            self._task.uncancel()
+            task = self._task()
+            assert task is not None  # the one running this
+            task.uncancel()
         if ours:
             raise LeaseLostError(self.key) from exc
         finishing.result()
