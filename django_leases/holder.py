@@ -161,6 +161,8 @@ class LeaseHolder:
         self.command = list(command)
         if not self.command or not all(isinstance(part, str) for part in self.command):
             raise ValueError("The command to run must be a non-empty list of strings")
+        if any("\0" in part for part in self.command):
+            raise ValueError("The command to run must not contain a NUL character")
         self.ttl = renewable_ttl_seconds(ttl)
         self.wait = wait
         self.wait_timeout = None if wait_timeout is None else seconds(wait_timeout, "wait timeout")
@@ -356,8 +358,13 @@ class LeaseHolder:
 
     @staticmethod
     def _signal_group(child: subprocess.Popen[bytes], signum: int) -> None:
+        """Send ``signum`` to the child's process group, then SIGCONT (as systemd and a shell's
+        ``kill %job`` do): a stopped process acts on the signal rather than keeping it pending
+        while the lease is renewed on its behalf."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signum)
+            if signum not in (signal.SIGKILL, signal.SIGCONT):
+                os.killpg(child.pid, signal.SIGCONT)
 
     @staticmethod
     def _group_alive(child: subprocess.Popen[bytes]) -> bool:
@@ -388,10 +395,16 @@ class LeaseHolder:
                 self._signal_group(child, signum)
 
     def _say(self, level: int, message: str) -> None:
-        if self._report is not None:
-            self._report(level, message)
-        else:
-            logger.log(logging.INFO if level <= 1 else logging.DEBUG, message)
+        """Report ``message``; a report that cannot be written (stderr a closed pipe, a hung-up
+        terminal) is dropped: it must never cost the child a signal, the lease its release or
+        the command its exit status."""
+        try:
+            if self._report is not None:
+                self._report(level, message)
+            else:
+                logger.log(logging.INFO if level <= 1 else logging.DEBUG, message)
+        except (OSError, ValueError):
+            pass
 
 
 def _child_setup(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 from django.core.management.color import no_style
@@ -14,6 +15,7 @@ from django.test import TransactionTestCase
 
 from tests import payloads as payload_sets
 from tests.helpers import reap_started_processes, tuned_sql
+from tests.hold_command import Holders
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -162,3 +164,14 @@ def _reap_started_processes() -> Iterator[None]:
     """No test leaves a process it started, or its pipes, behind."""
     yield
     reap_started_processes()
+
+
+@pytest.fixture
+def holders(subprocess_env: dict[str, str], tmp_path: Path) -> Iterator[Holders]:
+    """Starts ``manage.py hold_lease`` processes (:class:`~tests.hold_command.Holders`); kills
+    what is left of them at the end."""
+    helper = Holders(subprocess_env, tmp_path)
+    try:
+        yield helper
+    finally:
+        helper.cleanup()

@@ -10,13 +10,7 @@ import sys
 import pytest
 
 from django_leases.models import LeaseState
-from tests.test_command_hold_lease import (  # noqa: F401  (the holders fixture)
-    TTL,
-    Holders,
-    holders,
-    lease_row,
-    pid_alive,
-)
+from tests.hold_command import TTL, Holders, lease_row, pid_alive
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -26,7 +20,7 @@ pytestmark = [
 
 
 def test_grandchild_left_by_the_child_is_stopped_before_the_lease_is_released(
-    holders: Holders,  # noqa: F811
+    holders: Holders,
 ) -> None:
     """``sh -c 'worker & exit 0'``: the child ends, the worker it started runs on in the
     child's process group. The holder stops the group (SIGTERM, SIGKILL after the grace), as
