@@ -1,6 +1,7 @@
 """Signals sent by django-leases (Django's ``django.dispatch``).
 
-Leases (``sender=Lease``):
+Leases (``sender=Lease``; ``lease_acquired`` and ``lease_released`` are sent once the
+transaction that made them true commits — at once outside one, never if it rolls back):
 
 - ``lease_acquired(lease)``: ``Lease.objects.acquire`` granted a lease (also a grant made
   with a larger statement, such as the worker's pick of a run with its run lease).
@@ -21,7 +22,7 @@ Workflow runs (``sender=WorkflowRun``; ``run_id`` a ``uuid.UUID``, ``using`` the
 Steps (``sender=WorkflowStep``; ``step_id`` an ``int``, ``attempt`` the fencing number):
 
 - ``step_attempt_started(step_id, run_id, step_name, attempt, using)``: a claim started an
-  attempt;
+  attempt (once the claim commits);
 - ``step_attempt_finished(step_id, run_id, attempt, status, using)``: the attempt's outcome
   was written (``status`` ``"succeeded"`` or ``"failed"``);
 - ``step_attempt_superseded(step_id, attempt, current_attempt, using)``: a write of an

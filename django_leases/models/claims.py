@@ -774,8 +774,7 @@ class StepClaims(StepOutcomes):
         waited = None
         if step.available_at is not None and step.status != StepStatus.RUNNING:
             waited = (step.db_now - step.available_at).total_seconds()
-        transaction.on_commit(lambda: attempt_started(claim, waited), using=alias)
-        return claim
+        return attempt_started(claim, waited)
 
     def _time_out(self, alias: str, step: WorkflowStep) -> None:
         """Fail the locked ``step``'s running attempt, past its ``timeout`` on the database

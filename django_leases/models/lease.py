@@ -53,6 +53,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.functions import Greatest
+from django.dispatch import Signal
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -371,6 +372,15 @@ def _if_same_grant(row: Lease | None, lease: Lease) -> Lease | None:
     return row
 
 
+def announce(signal: Signal, lease: Lease, alias: str) -> None:
+    """Send lease signal ``signal`` (``lease_acquired``, ``lease_released``) for ``lease`` once
+    the transaction open on database ``alias`` commits — at once outside a transaction, never
+    if it rolls back: receivers hear of grants and releases that happened, each once.
+    ``send_robust``: a failing receiver is logged, and never makes a granted lease look
+    refused (it would stay taken, unknown to anyone, until it lapsed)."""
+    transaction.on_commit(lambda: signal.send_robust(sender=Lease, lease=lease), using=alias)
+
+
 def _check_lease(lease: object) -> None:
     """Refuse what is not a :class:`Lease` (``ValueError``), or one whose key, holder or
     token no lease row could hold (one built by hand): never a database error."""
@@ -478,9 +488,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         else:
             lease = self._acquire_orm(key, holder, seconds)
         if lease is not None:
-            # send_robust: a failing receiver is logged and must not make a granted lease
-            # look refused (it would stay taken, unknown to anyone, until it lapsed).
-            lease_acquired.send_robust(sender=self.model, lease=lease)
+            announce(lease_acquired, lease, connection.alias)
         return lease
 
     def _acquire_pg(
@@ -923,7 +931,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                 .update(released_at=DbNow(), expires_at=_released_expiry())
             )
         if released:
-            lease_released.send_robust(sender=self.model, lease=lease)
+            announce(lease_released, lease, self._alias())
         return bool(released)
 
     def release_held(self, lease: Lease) -> bool | None:
@@ -967,7 +975,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
                     )
             live = None if held is None else bool(held[1])
         if live is not None:
-            lease_released.send_robust(sender=self.model, lease=lease)
+            announce(lease_released, lease, self._alias())
         return live
 
     def holding(self, lease: Lease) -> LeaseQuerySet:

@@ -356,9 +356,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         A database error ends the call (it is raised) with no pass left taken: a pick that
         failed rolled back, and one whose reply was lost (it may have landed) is put back
         (:meth:`put_back_passes`, for ``lease_holder``, when the database still answers), so
-        the run's pass is due again at once rather than after ``ttl``. (On the portable path
-        ``lease_acquired`` is sent before the transaction commits: a commit that then fails
-        leaves a receiver told of a grant that was rolled back or given back.)
+        the run's pass is due again at once rather than after ``ttl``. ``lease_acquired`` is
+        sent once the grant commits: never for one rolled back.
         """
         ttl = ttl_seconds(ttl)
         alias = self.write_alias()

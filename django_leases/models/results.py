@@ -20,7 +20,7 @@ from django.db.models import F, Q, Value
 from django_leases import db, faults
 from django_leases.clock import DbNow
 from django_leases.conf import queue_limits
-from django_leases.models.lease import Lease
+from django_leases.models.lease import Lease, announce
 from django_leases.models.outcomes import write_pending
 from django_leases.models.scheduling import (
     Scheduled,
@@ -462,7 +462,7 @@ class StepResults(StepScheduling):
         if next_pass_holder is not None and row[width] is not None:
             next_pass = pass_claim(alias, row[width:], next_pass_holder, sent, connection)
         if row[2] is not None:
-            lease_released.send_robust(sender=Lease, lease=held)
+            announce(lease_released, held, alias)
         if row[0]:
             attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
         if row[1]:
@@ -519,8 +519,8 @@ class StepResults(StepScheduling):
 
         def notify() -> None:
             if granted is not None:
-                lease_acquired.send_robust(sender=Lease, lease=granted)
-                lease_released.send_robust(sender=Lease, lease=granted)
+                announce(lease_acquired, granted, alias)
+                announce(lease_released, granted, alias)
             if row[0]:
                 attempt_finished(alias, step_id, attempt, StepStatus.SUCCEEDED)
             if row[1] is not None:

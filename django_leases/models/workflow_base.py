@@ -30,6 +30,7 @@ from django_leases.models.lease import (
     PG_EPOCH_FLOOR,
     Lease,
     acquire_statement,
+    announce,
     epoch_floor_sql,
     grant_sql,
     release_held_statement,
@@ -310,7 +311,7 @@ def claim_from_row(alias: str, row: Any, ttl: float, sent: float) -> tuple[bool,
         run_workflow=row[10],
         fence_floor=int(floor),
     )
-    transaction.on_commit(lambda: attempt_started(claim, waited), using=alias)
+    attempt_started(claim, waited)
     return False, claim
 
 
@@ -384,7 +385,7 @@ def pass_claim(
     lease = None
     if row[width] is not None:
         lease = Lease.objects.db_manager(alias).from_returned(connection, row[width:])
-        lease_acquired.send_robust(sender=Lease, lease=lease)
+        announce(lease_acquired, lease, alias)
     return PassClaim(
         run_id=state.run.id,
         using=alias,
@@ -414,15 +415,20 @@ def run_reached(alias: str, run_id: uuid.UUID | str, status: str, **details: Any
 
 
 def attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
-    """Say a claim started an attempt; ``waited``: seconds the step was due before it (on the
-    database clock; ``None`` for a lapsed lease taken over)."""
-    signals.step_attempt_started.send_robust(
-        sender=step_model(),
-        step_id=claim.step_id,
-        run_id=claim.run_id,
-        step_name=claim.step_name,
-        attempt=claim.attempt,
-        waited=waited,
+    """Say a claim started an attempt, once the transaction open on its database commits (at
+    once outside one; never if it rolls back: a claim carried by a write that never commits
+    started nothing). ``waited``: seconds the step was due before it (on the database clock;
+    ``None`` for a lapsed lease taken over). Returns ``claim``."""
+    transaction.on_commit(
+        lambda: signals.step_attempt_started.send_robust(
+            sender=step_model(),
+            step_id=claim.step_id,
+            run_id=claim.run_id,
+            step_name=claim.step_name,
+            attempt=claim.attempt,
+            waited=waited,
+            using=claim.using,
+        ),
         using=claim.using,
     )
     return claim
