@@ -2,8 +2,11 @@
 
 Behaviour follows the reference ``keepLeaseAlive`` (rules L12–L18):
 
-* a lease is renewed every ``max(ttl / 3, RENEWAL_FLOOR)`` seconds, so a failed renewal still
-  leaves two more before the lease runs out; a lease's renewals never overlap;
+* a lease is renewed every ``max(ttl / 3, RENEWAL_FLOOR)`` seconds, and a renewal that proved
+  nothing (it raised, or its row was locked) is tried again after half that
+  (:func:`retry_interval`), so a failed renewal still leaves at least two more before the
+  lease runs out — not one, and a third racing the deadline; a lease's renewals never
+  overlap;
 * a renewal that answers "not held" marks the lease **lost** at once;
 * a renewal that raises proves nothing: the lease is counted lost only once the *local
   deadline* has passed — the monotonic time at which the last successful renewal (or the
@@ -83,6 +86,13 @@ def renewal_interval(ttl: float) -> float:
     return max(ttl / RENEWALS_PER_LEASE, float(leases_settings.RENEWAL_FLOOR))
 
 
+def retry_interval(ttl: float) -> float:
+    """Seconds after a renewal of a ``ttl``-second lease that proved nothing (it raised, or
+    the row was locked) before the next try: half of :func:`renewal_interval`, no less than
+    ``RENEWAL_FLOOR``."""
+    return max(renewal_interval(ttl) / 2, float(leases_settings.RENEWAL_FLOOR))
+
+
 #: Seconds a renewer with nothing to renew keeps its threads (and their connection) before
 #: they end; the next lease registered starts them again.
 RENEWER_IDLE = 5.0
@@ -160,6 +170,7 @@ class Renewed:
         self.name = name
         self.ttl = ttl
         self.interval = renewal_interval(ttl)
+        self.retry_interval = retry_interval(ttl)
         self.item = item
         self.refresh = refresh
         self.renew = renew
@@ -507,7 +518,9 @@ class Renewer:
                 self.renewals += len(batch)
                 for lease, held in outcomes:
                     lease.in_flight = False
-                    lease.due = sent + lease.interval
+                    lease.due = sent + (
+                        lease.interval if held is not None else lease.retry_interval
+                    )
                     if held:
                         lease._deadline = max(lease._deadline, sent + lease.ttl)
                 self.cond.notify_all()
