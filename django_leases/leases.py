@@ -571,6 +571,15 @@ def _give_back_on_a_thread(held: HeldLease, after: str) -> None:
     ).start()
 
 
+def _loop_running() -> bool:
+    """Whether an event loop runs on this thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class _HoldArguments:
     """``hold_lease`` / ``ahold_lease``'s arguments, checked (``ValueError``) and kept."""
 
@@ -768,7 +777,7 @@ class ahold_lease(_HoldArguments):
         tb: TracebackType | None,
     ) -> None:
         try:
-            if exc_type is GeneratorExit:
+            if exc_type is GeneratorExit and not _loop_running():
                 self._closed()
                 return
             await self._exit(exc_type, exc)
@@ -776,10 +785,11 @@ class ahold_lease(_HoldArguments):
             self._busy = False
 
     def _closed(self) -> None:
-        """The body's coroutine is being closed without its task: collected after its event
-        loop closed, or ``close()``d. Nothing may be awaited here (there is no loop to come
-        back on), so the lease is given back on a thread of its own rather than renewed for
-        a holder that is gone."""
+        """The body's coroutine is being closed with no event loop running: collected after
+        its loop closed, or ``close()``d outside one. Nothing may be awaited here (there is
+        no loop to come back on), so the lease is given back on a thread of its own rather
+        than renewed for a holder that is gone. (An async generator closed by ``aclose()``
+        on its loop exits as any body does: its release is awaited.)"""
         held, self._held = self._held, None
         assert held is not None
         self._exiting = True

@@ -220,3 +220,23 @@ def test_a_holder_resumed_past_its_local_deadline_learns_it_at_its_first_check()
             wait_until(lambda: told == [key], 10, what="lease_lost sent once")
     finally:
         lease_lost.disconnect(dispatch_uid=key)
+
+
+def test_an_async_generator_closed_on_its_loop_has_released_when_aclose_returns() -> None:
+    """A hold inside an async generator (a streamed response whose client went away) closed
+    with ``aclose()`` on its running loop exits as any body does: the release is awaited, so
+    the key is free by the time ``aclose()`` returns."""
+    key = unique_key("agen")
+
+    async def stream() -> Any:
+        async with ahold_lease(key, 30):
+            yield 1
+            yield 2
+
+    async def scenario() -> Any:
+        chunks = stream()
+        assert await chunks.__anext__() == 1
+        await chunks.aclose()
+        return await asyncio.to_thread(closing_connections(Lease.objects.current), key)
+
+    assert async_to_sync(scenario)() is None
