@@ -727,7 +727,18 @@ class Worker:
                 # is logged and the thread carries on: it must not die from it.
                 failed = True
                 failures += 1
-                if db.refused_as_read_only(exc):
+                if failures > 1:
+                    # The streak's first failure had its traceback; a database that stays
+                    # away would otherwise fill the log with one per thread and backoff.
+                    logger.warning(
+                        "Workflow worker: a unit of work failed again (%d in a row: %s: %s); "
+                        "backing off %.1f s",
+                        failures,
+                        type(exc).__name__,
+                        " ".join(str(exc).split()),
+                        _backoff(failures),
+                    )
+                elif db.refused_as_read_only(exc):
                     # Not a fault of the work: the database turned read-only (a failover
                     # demoted it, a standby behind the address). Said in one line.
                     logger.error(
@@ -763,8 +774,7 @@ class Worker:
                     self._gave_up = True
                     self.stop()
                     break
-                backoff = min(FAILURE_BACKOFF * 2 ** min(failures - 1, 10), MAX_BACKOFF)
-                self._stop.wait(backoff)
+                self._stop.wait(_backoff(failures))
             elif not did:
                 self.wake.wait(min(self.poll_interval, 0.05) if once else self.poll_interval)
 
@@ -783,6 +793,12 @@ class Worker:
             return False
         with self._lock:
             return not soon and self._working == 0 and self._progress == seen
+
+
+def _backoff(failures: int) -> float:
+    """Seconds a worker thread waits after ``failures`` failed units in a row: from
+    :data:`FAILURE_BACKOFF`, doubling, at most :data:`MAX_BACKOFF`."""
+    return float(min(FAILURE_BACKOFF * 2 ** min(failures - 1, 10), MAX_BACKOFF))
 
 
 __all__ = ["EXIT_ABANDONED", "EXIT_DATABASE_UNREACHABLE", "EXIT_THREAD_DIED", "Worker"]
