@@ -56,12 +56,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from django.db import connections, models, router
+from django.db import connections, models, router, transaction
 from django.db.utils import DatabaseError, InterfaceError
 
 from django_leases.conf import leases_settings
@@ -697,6 +697,19 @@ def transaction_failed(connection: BaseDatabaseWrapper) -> bool:
     if psycopg3(connection):
         return int(raw.info.transaction_status) == 3
     return int(raw.get_transaction_status()) == 3
+
+
+def after_commit(func: Callable[[], object], using: str) -> None:
+    """Call ``func`` once the transaction open on database ``using`` commits: at once in
+    autocommit, never if it rolls back (``transaction.on_commit``). Under manual transaction
+    management (``set_autocommit(False)`` outside ``atomic()``), where Django keeps no
+    ``on_commit`` callbacks, at once as well: what was written is not known to commit, but a
+    statement of ours must not fail for it."""
+    connection = connections[using]
+    if connection.in_atomic_block or connection.get_autocommit():
+        transaction.on_commit(func, using=using)
+    else:
+        func()
 
 
 # -- threads ------------------------------------------------------------------------------------

@@ -377,8 +377,9 @@ def announce(signal: Signal, lease: Lease, alias: str) -> None:
     the transaction open on database ``alias`` commits — at once outside a transaction, never
     if it rolls back: receivers hear of grants and releases that happened, each once.
     ``send_robust``: a failing receiver is logged, and never makes a granted lease look
-    refused (it would stay taken, unknown to anyone, until it lapsed)."""
-    transaction.on_commit(lambda: signal.send_robust(sender=Lease, lease=lease), using=alias)
+    refused (it would stay taken, unknown to anyone, until it lapsed). Under manual
+    transaction management, at once (:func:`db.after_commit`)."""
+    db.after_commit(lambda: signal.send_robust(sender=Lease, lease=lease), alias)
 
 
 def _check_lease(lease: object) -> None:

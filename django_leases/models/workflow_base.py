@@ -419,7 +419,7 @@ def attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
     once outside one; never if it rolls back: a claim carried by a write that never commits
     started nothing). ``waited``: seconds the step was due before it (on the database clock;
     ``None`` for a lapsed lease taken over). Returns ``claim``."""
-    transaction.on_commit(
+    db.after_commit(
         lambda: signals.step_attempt_started.send_robust(
             sender=step_model(),
             step_id=claim.step_id,
@@ -429,7 +429,7 @@ def attempt_started(claim: Claim, waited: float | None = 0.0) -> Claim:
             waited=waited,
             using=claim.using,
         ),
-        using=claim.using,
+        claim.using,
     )
     return claim
 

@@ -1,0 +1,49 @@
+"""Lease operations work under manual transaction management (``set_autocommit(False)``).
+
+Rule: ``Lease.objects.acquire`` / ``release`` are plain statements that a caller may run in a
+transaction it manages itself (Django's documented ``set_autocommit(False)`` + ``commit()``).
+Sending ``lease_acquired`` / ``lease_released`` "once the transaction commits" must not turn a
+granted lease into an exception: Django's ``transaction.on_commit`` raises
+``TransactionManagementError`` when autocommit is off outside ``atomic()``, so the grant (or
+the release) has already been made when the caller is told it failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from django_leases.models import Lease
+from django_leases.signals import lease_acquired, lease_released
+from tests.helpers import unique_key
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_acquire_and_release_under_manual_transaction_management() -> None:
+    key = unique_key("probe-manual")
+    heard: list[str] = []
+
+    def on_acquired(sender: Any, **kwargs: Any) -> None:
+        heard.append("acquired")
+
+    def on_released(sender: Any, **kwargs: Any) -> None:
+        heard.append("released")
+
+    lease_acquired.connect(on_acquired, weak=False)
+    lease_released.connect(on_released, weak=False)
+    transaction.set_autocommit(False)
+    try:
+        lease = Lease.objects.acquire(key, "manual", 60)  # raises TransactionManagementError
+        assert lease is not None
+        transaction.commit()
+        assert Lease.objects.release(lease)
+        transaction.commit()
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+        lease_acquired.disconnect(on_acquired)
+        lease_released.disconnect(on_released)
+    assert Lease.objects.filter(key=key, released_at__isnull=False).exists()
