@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from django.db.models.functions import Cast
 
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow, to_stored
-from django_leases.models.lease import Lease
+from django_leases.models.lease import Lease, announce
 from django_leases.models.outcomes import write_pending
 from django_leases.models.recorded import TEXT_SUFFIX
 from django_leases.models.scheduling import check_step, step_columns
@@ -38,6 +38,7 @@ from django_leases.models.workflow_base import (
     wake_workers,
     workflow_tables,
 )
+from django_leases.signals import lease_acquired
 from django_leases.validation import (
     MAX_KEY_LENGTH,
     check_identifier,
@@ -379,7 +380,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             return None if row is None else pass_claim(alias, row, lease_holder, sent, connection)
         return self._claim_due_pass_portably(alias, ttl, lease_holder, sent)
 
-    def put_back_passes(self, lease_holder: str) -> int:
+    def put_back_passes(self, lease_holder: str, announced: Sequence[Lease] = ()) -> int:
         """After a pick or a take of a pass by ``lease_holder`` failed (its reply lost: it may
         have landed), give back what it may hold: every run lease ``lease_holder`` holds is
         released and its run's pass made due now. ``lease_holder`` names one pick (a fresh
@@ -387,6 +388,10 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         touched. Best effort, on a fresh connection when the database still answers: a
         database error is logged and swallowed (the lease then lapses after its TTL). Does
         nothing inside a transaction (the caller's would be left broken).
+
+        A grant given back is announced (``lease_acquired``) before its release unless it is
+        one of ``announced`` (grants the failed call had already announced): a lost reply
+        lost the announcement with it, and each release announced follows its grant's.
 
         Returns the number of run leases given back.
         """
@@ -401,7 +406,10 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             held = leases.filter(
                 holder=lease_holder, key__startswith=RUN_LEASE_PREFIX, released_at__isnull=True
             )
+            told = {(lease.key, lease.token) for lease in announced}
             for lease in held:
+                if (lease.key, lease.token) not in told:
+                    announce(lease_acquired, lease, alias)
                 leases.release(lease)
                 self.request_pass(lease.key.removeprefix(RUN_LEASE_PREFIX))
                 given += 1
@@ -473,14 +481,18 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """
         ttl = ttl_seconds(ttl)
         pk = parse_run_id(run_id)
+        announced: list[Lease] = []
         try:
-            return self._take_pass(pk, ttl, lease_holder)
+            return self._take_pass(pk, ttl, lease_holder, announced)
         except db.DATABASE_FAULTS:
-            self.put_back_passes(lease_holder)
+            self.put_back_passes(lease_holder, announced)
             raise
 
-    def _take_pass(self, pk: uuid.UUID, ttl: float, lease_holder: str) -> PassClaim | None:
-        """:meth:`take_pass` without its clean-up after a database error."""
+    def _take_pass(
+        self, pk: uuid.UUID, ttl: float, lease_holder: str, announced: list[Lease]
+    ) -> PassClaim | None:
+        """:meth:`take_pass` without its clean-up after a database error; the grant it made
+        and announced (the portable path) is added to ``announced``."""
         alias = self.write_alias()
         connection = connections[alias]
         sent = time.monotonic()
@@ -490,6 +502,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         if not self.rows().filter(pk=pk, status=RunStatus.RUNNING, branches_left__lte=1).exists():
             return None
         lease = Lease.objects.db_manager(alias).acquire(run_lease_key(pk), lease_holder, ttl)
+        if lease is not None:
+            announced.append(lease)
         state = self.pass_state(pk)
         if state is None or state.run.status != RunStatus.RUNNING:
             if lease is not None:
