@@ -34,13 +34,14 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ContextDecorator, suppress
 from datetime import timedelta
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -247,7 +248,12 @@ class HeldLease:
         a long GC, a suspended VM) thus learns it at its first check after resuming, whichever
         of its threads runs first; the loss is then recorded as the watchdog would
         (:attr:`lost`, ``on_lost``, the ``lease_lost`` signal)."""
-        if not self.lost.is_set() and self.released is None and self._lapsed():
+        if (
+            not self.lost.is_set()
+            and self.released is None
+            and os.getpid() == self._pid  # a forked child only reads what its parent saw
+            and self._lapsed()
+        ):
             self.mark_lost("its local deadline passed with no renewal vouching for it")
         if self.lost.is_set():
             raise LeaseLostError(self.key)
@@ -421,8 +427,9 @@ class HeldLease:
         """Stop renewing; with ``vouch``, check once more that the lease is still held and
         raise :class:`LeaseLostError` if that cannot be confirmed; release (a release that
         fails is logged, never raised: the lease then lapses after its TTL). A lease whose
-        local deadline has passed is not released: it has lapsed, and the database, which
-        most likely stopped answering, is not asked (a holder of a lost lease exits at once).
+        local deadline has passed and that was seen lost is not released: it has lapsed, and
+        the database, which most likely stopped answering, is not asked (a holder of a lost
+        lease exits at once).
         None of it waits on a database that stopped answering for longer than the local
         deadline and :data:`RELEASE_TIMEOUT`: its connection is cut (``db.bounded``)."""
         if self.released is not None or self._renewal is None:
@@ -449,9 +456,10 @@ class HeldLease:
         finally:
             if released:
                 self.released = True
-            elif self._lapsed():
+            elif self.lost.is_set() and self._lapsed():
                 # Nothing to give back, and no wait on a database that may have stopped
-                # answering (which is how most leases get here).
+                # answering (which is how most leases get here). A final check that renewed
+                # the lease, however late its answer came, left it live: that one is released.
                 self.released = False
             else:
                 self.released = self._release()
@@ -459,8 +467,10 @@ class HeldLease:
     def _lapsed(self) -> bool:
         """Whether the local deadline has passed: no renewal vouched for the lease within its
         TTL, so it has lapsed on the database clock too (its expiry there is at most the
-        statement's latency later)."""
-        return self._renewal is not None and time.monotonic() >= self._renewal.deadline
+        statement's latency later). Read without the renewer's lock (a float, written whole):
+        ``check()`` calls it on every call, also in a child forked while another thread held
+        that lock."""
+        return self._renewal is not None and time.monotonic() >= self._renewal._deadline
 
     def _final_check(self) -> tuple[bool, bool]:
         """Whether the lease was still held, and whether that check also released it."""
@@ -571,8 +581,13 @@ def _give_back_on_a_thread(held: HeldLease, after: str) -> None:
     ).start()
 
 
-def _loop_running() -> bool:
-    """Whether an event loop runs on this thread."""
+def _can_await_closing(frame: FrameType | None) -> bool:
+    """Whether the body running ``async with`` in ``frame``, being closed (GeneratorExit),
+    may still await: an async generator closed by ``aclose()`` on a running loop may; a
+    coroutine closed by ``close()`` (or collected) may not, whatever loop runs on the thread
+    — awaiting there makes Python raise "coroutine ignored GeneratorExit"."""
+    if frame is None or not frame.f_code.co_flags & inspect.CO_ASYNC_GENERATOR:
+        return False
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -777,7 +792,7 @@ class ahold_lease(_HoldArguments):
         tb: TracebackType | None,
     ) -> None:
         try:
-            if exc_type is GeneratorExit and not _loop_running():
+            if exc_type is GeneratorExit and not _can_await_closing(sys._getframe(1)):
                 self._closed()
                 return
             await self._exit(exc_type, exc)
@@ -785,11 +800,11 @@ class ahold_lease(_HoldArguments):
             self._busy = False
 
     def _closed(self) -> None:
-        """The body's coroutine is being closed with no event loop running: collected after
-        its loop closed, or ``close()``d outside one. Nothing may be awaited here (there is
-        no loop to come back on), so the lease is given back on a thread of its own rather
-        than renewed for a holder that is gone. (An async generator closed by ``aclose()``
-        on its loop exits as any body does: its release is awaited.)"""
+        """The body's coroutine is being closed (``close()``, or collected: after its loop
+        closed, or on a thread where another loop runs). Nothing may be awaited here, so the
+        lease is given back on a thread of its own rather than renewed for a holder that is
+        gone. (An async generator closed by ``aclose()`` on its loop exits as any body does:
+        its release is awaited.)"""
         held, self._held = self._held, None
         assert held is not None
         self._exiting = True
