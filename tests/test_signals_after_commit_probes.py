@@ -1,4 +1,4 @@
-"""Passing probes of the reviewed changes (kept as regression checks).
+"""Lease signals against transactions, and small edges of the hold_lease command and renewals.
 
 Rules: ``lease_acquired``/``lease_released`` are sent once the transaction commits, never for
 a rolled-back one, at once outside a transaction; ``hold_lease`` sends acquired before
