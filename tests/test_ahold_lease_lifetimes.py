@@ -240,3 +240,72 @@ def test_an_async_generator_closed_on_its_loop_has_released_when_aclose_returns(
         return await asyncio.to_thread(closing_connections(Lease.objects.current), key)
 
     assert async_to_sync(scenario)() is None
+
+
+def test_a_hold_closed_from_another_running_loop_is_given_back() -> None:
+    """``coroutine.close()`` called from a coroutine of another loop on the same thread (a
+    later ``asyncio.run``): the closing body must not await — Python would raise "coroutine
+    ignored GeneratorExit" at the caller — and gives its lease back."""
+    key = unique_key("closed-in-loop")
+    entered = threading.Event()
+    raised: list[RuntimeError] = []
+
+    def scenario() -> None:
+        loop = asyncio.new_event_loop()
+        coroutine = hold_for_ever(key, entered)
+        task = loop.create_task(coroutine)
+        loop.run_until_complete(asyncio.to_thread(entered.wait, 30))
+        loop.close()
+        del task
+
+        async def later() -> None:
+            try:
+                coroutine.close()
+            except RuntimeError as exc:
+                raised.append(exc)
+
+        asyncio.run(later())
+
+    on_another_thread(closing_connections(scenario))
+    given_back(key)
+    assert not raised, f"close() raised {raised[0]!r}"
+
+
+def test_a_hold_collected_while_another_loop_runs_is_given_back() -> None:
+    """The task of a loop closed earlier, collected by a ``gc`` pass that runs while the
+    thread's next loop runs: given back (before, its release was scheduled on that other
+    loop and cancelled when it ended, and the lease renewed on)."""
+    key = unique_key("collected-elsewhere")
+    entered = threading.Event()
+
+    def scenario() -> None:
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(hold_for_ever(key, entered))
+        loop.run_until_complete(asyncio.to_thread(entered.wait, 30))
+        loop.close()
+        del task
+
+        async def next_loop() -> None:
+            gc.collect()
+
+        asyncio.run(next_loop())
+
+    on_another_thread(closing_connections(scenario))
+    given_back(key)
+
+
+def test_a_forgotten_task_collected_on_its_running_loop_is_given_back() -> None:
+    """A task nobody kept, collected on its own loop while that loop runs on."""
+    key = unique_key("collected")
+    entered = threading.Event()
+
+    def scenario() -> None:
+        async def main() -> None:
+            asyncio.get_running_loop().create_task(hold_for_ever(key, entered))
+            await asyncio.to_thread(entered.wait, 30)
+            gc.collect()
+
+        asyncio.run(main())
+
+    on_another_thread(closing_connections(scenario))
+    given_back(key)
