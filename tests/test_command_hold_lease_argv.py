@@ -38,7 +38,7 @@ def test_django_options_after_the_dashes_belong_to_the_program(
     holders: Holders,
     extra: list[str],
 ) -> None:
-    """PASSES. ``-- sh -c ... --settings=x`` (as ``-- python manage.py other --settings=x``
+    """``-- sh -c ... --settings=x`` (as ``-- python manage.py other --settings=x``
     would): the holder uses its own settings and passes the options on untouched."""
     key = "hold-cmd:argv"
     argv_file = holders.dir / "argv.txt"
@@ -58,7 +58,7 @@ def test_django_options_after_the_dashes_belong_to_the_program(
     ids=["255-emoji", "trailing-space", "case", "space", "newline", "dash"],
 )
 def test_unusual_keys_are_held_exactly(holders: Holders, key: str) -> None:
-    """PASSES. Any 1-255 character key (four-byte characters, spaces, a newline; "job " is
+    """Any 1-255 character key (four-byte characters, spaces, a newline; "job " is
     not "job") is held and released under exactly that key."""
     neighbour = {"job ": "job", "Job": "job", " ": "  ", "a\nb": "a b"}.get(key)
     if neighbour is not None:  # a nearly equal key, held by someone else

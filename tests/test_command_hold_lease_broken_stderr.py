@@ -37,9 +37,9 @@ def _not_on_sqlite() -> None:
 def test_a_closed_stderr_at_verbosity_2_does_not_leave_the_lease_held(
     subprocess_env: dict[str, str], tmp_path: object
 ) -> None:
-    """FAILS: with ``-v 2`` the "Acquired lease" message is written after the grant and
-    before ``run()``'s try/finally; an EPIPE there escapes and the lease is never released
-    (it stays held, with a long TTL, by a process that has exited)."""
+    """With ``-v 2`` the "Acquired lease" message is written after the grant: a stderr
+    nobody reads (EPIPE) must not keep the holder from running the command and releasing
+    the lease (it stayed held for its TTL by a process that had exited)."""
     key = "hold-cmd:broken-stderr"
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody will ever read the holder's stderr
@@ -85,7 +85,7 @@ def _start_with_closed_stderr(env: dict[str, str], *args: str) -> subprocess.Pop
 def test_control_a_closed_stderr_at_default_verbosity_runs_and_releases(
     subprocess_env: dict[str, str],
 ) -> None:
-    """PASSES (control): at the default verbosity nothing is written on a clean run, so the
+    """at the default verbosity nothing is written on a clean run, so the
     closed stderr is never touched: exit 0, lease released."""
     key = "hold-cmd:broken-stderr-v1"
     proc = _start_with_closed_stderr(subprocess_env, key, "--ttl", "600", "--", "true")
@@ -101,10 +101,10 @@ def test_control_a_closed_stderr_at_default_verbosity_runs_and_releases(
 def test_a_closed_stderr_does_not_change_the_exit_code_of_a_forwarded_sigterm(
     subprocess_env: dict[str, str], tmp_path: object
 ) -> None:
-    """FAILS: the holder forwards SIGTERM and must exit with the child's status (143 for a
-    ``sleep`` killed by it, ``EXIT_CODES["hold_lease"]``). The "Forwarding SIGTERM" message
-    raises EPIPE inside the supervision loop; the holder exits 1 (a traceback), and the
-    signal is only delivered by the emergency ``_terminate``."""
+    """The holder forwards SIGTERM and exits with the child's status (143 for a ``sleep``
+    killed by it, ``EXIT_CODES["hold_lease"]``), also when its "Forwarding SIGTERM" message
+    cannot be written (it exited 1 with a traceback, the signal sent only by the emergency
+    ``_terminate``)."""
     import signal
     from pathlib import Path
 

@@ -1,7 +1,7 @@
 """Edges of ``manage.py hold_lease`` (real processes, real databases).
 
-Each test's docstring states the rule it checks and whether it held (PASSES) or broke
-(FAILS) when written. Leases are lapsed on the database clock; nothing is ordered by sleeps.
+Each test's docstring states the rule it checks. Leases are lapsed on the database clock;
+nothing is ordered by sleeps.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ pytestmark = [
 def test_sighup_to_the_holder_is_forwarded_and_its_status_passed_on(
     holders: Holders,
 ) -> None:
-    """PASSES. SIGHUP is forwarded to the child's group (the child does not handle it, so it
+    """SIGHUP is forwarded to the child's group (the child does not handle it, so it
     dies of it): the holder exits 128 + SIGHUP and releases the lease."""
     key = "hold-cmd:sighup"
     holder = holders.start(key, "--ttl", str(TTL), "--", *holders.child("a", "--hold"))
@@ -50,7 +50,7 @@ def test_sighup_to_the_holder_is_forwarded_and_its_status_passed_on(
 def test_sigkilled_child_exits_137_and_the_lease_is_released(
     holders: Holders,
 ) -> None:
-    """PASSES. A child killed by SIGKILL: the holder exits 128 + 9 and releases at once."""
+    """A child killed by SIGKILL: the holder exits 128 + 9 and releases at once."""
     key = "hold-cmd:child-sigkill"
     holder = holders.start(key, "--ttl", "600", "--", *holders.child("a", "--hold"))
     a = holders.info("a")
@@ -64,7 +64,7 @@ def test_sigkilled_child_exits_137_and_the_lease_is_released(
 def test_stopped_child_under_a_lost_lease_is_sigkilled_after_the_grace(
     holders: Holders,
 ) -> None:
-    """PASSES. Only the child is SIGSTOPped; the lease is then lost (lapsed and taken). The
+    """Only the child is SIGSTOPped; the lease is then lost (lapsed and taken). The
     stopped child cannot act on SIGTERM; the holder SIGKILLs it after --grace, exits 76 and
     leaves the new holder's lease alone."""
     key = "hold-cmd:stopped-child"
@@ -87,7 +87,7 @@ def test_stopped_child_under_a_lost_lease_is_sigkilled_after_the_grace(
 def test_renewal_connection_killed_mid_hold_reconnects_and_keeps_the_lease(
     holders: Holders,
 ) -> None:
-    """PASSES. The server kills every connection of the holder (pg_terminate_backend / KILL)
+    """The server kills every connection of the holder (pg_terminate_backend / KILL)
     mid-hold, once: renewals reconnect, the child runs on under the same token, and the
     holder exits with the child's status, releasing the lease."""
     if connection.vendor == "sqlite":
@@ -118,7 +118,7 @@ def test_program_that_cannot_be_executed_exits_126_and_releases(
     holders: Holders,
     kind: str,
 ) -> None:
-    """PASSES. A program found but not executable: exit 126, a message, the lease released."""
+    """A program found but not executable: exit 126, a message, the lease released."""
     target = holders.dir / "prog"
     if kind == "directory":
         target.mkdir()
@@ -133,12 +133,9 @@ def test_program_that_cannot_be_executed_exits_126_and_releases(
 
 
 def test_a_command_with_a_nul_byte_is_refused_before_anything_is_written() -> None:
-    """FAILS. ``LeaseHolder`` promises ValueError (the command: CommandError) for a bad
-    command "before anything is written", as for a bad key or TTL. A command part with a NUL
-    character (``call_command(..., command=["echo\\x00"])``) passes the check (it only asks
-    for non-empty strings), the lease is acquired, and Popen's ``ValueError: embedded null
-    byte`` escapes as a bare ValueError (not CommandError, not an exit code) after a lease row
-    was written."""
+    """A command part with a NUL character is a bad command: refused (``CommandError``)
+    before anything is written, as a bad key or TTL is — not acquired and then failed in
+    ``Popen`` with a bare ``ValueError``."""
     key = "hold-cmd:nul-command"
     with pytest.raises(CommandError):
         call_command("hold_lease", key, ttl="5", command=["echo\x00"])
@@ -148,11 +145,11 @@ def test_a_command_with_a_nul_byte_is_refused_before_anything_is_written() -> No
 def test_forwarded_sigterm_reaches_a_stopped_child(
     holders: Holders,
 ) -> None:
-    """FAILS (arguable). The child is SIGSTOPped (a debugger, ``kill -STOP``, SIGTTIN), then
-    the holder gets SIGTERM (``systemctl stop``, a CronJob deadline). The holder forwards it
-    to the group but sends no SIGCONT, as systemd and a shell's ``kill %job`` do, so the
-    stopped child never acts on it: the holder waits and renews for ever, keeping the key.
-    Expected: the child gets the SIGTERM (handler runs, exit 42) and the holder exits 42."""
+    """The child is SIGSTOPped (a debugger, ``kill -STOP``, SIGTTIN), then the holder gets
+    SIGTERM (``systemctl stop``, a CronJob deadline): the holder forwards it with a SIGCONT,
+    as systemd and a shell's ``kill %job`` do, so the child acts on it (its handler runs,
+    exit 42) and the holder exits 42 — rather than renewing the key for a child that never
+    wakes."""
     key = "hold-cmd:term-stopped-child"
     holder = holders.start(key, "--ttl", str(TTL), "--", *holders.child("a", "--hold"))
     a = holders.info("a")

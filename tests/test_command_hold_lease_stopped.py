@@ -32,7 +32,7 @@ def test_child_that_finished_while_its_holder_was_stopped_past_the_ttl_is_not_vo
     holders: Holders,
     intruder: bool,
 ) -> None:
-    """PASSES. The child exits 0 while the holder is stopped; the lease lapses (and maybe is
+    """The child exits 0 while the holder is stopped; the lease lapses (and maybe is
     taken). On SIGCONT the holder cannot vouch: exit 76; the intruder keeps its lease."""
     key = f"hold-cmd:stopped-holder-{intruder}"
     holder = holders.start(key, "--ttl", str(TTL), "--", *holders.child("a", "--hold"))
@@ -59,7 +59,7 @@ def test_child_that_finished_while_its_holder_was_stopped_past_the_ttl_is_not_vo
 def test_holder_stopped_briefly_within_its_ttl_carries_on(
     holders: Holders,
 ) -> None:
-    """PASSES. A SIGSTOP shorter than the TTL (a renewal due meanwhile) costs nothing: the
+    """A SIGSTOP shorter than the TTL (a renewal due meanwhile) costs nothing: the
     holder renews on SIGCONT and exits 0 with the lease released."""
     key = "hold-cmd:stopped-briefly"
     holder = holders.start(key, "--ttl", "30", "--", *holders.child("a", "--hold"))
@@ -79,7 +79,7 @@ def test_holder_stopped_briefly_within_its_ttl_carries_on(
 def test_sigterm_sent_while_stopped_past_the_ttl_then_taken(
     holders: Holders,
 ) -> None:
-    """PASSES. SIGTERM arrives while the holder is stopped; the lease is lapsed and taken.
+    """SIGTERM arrives while the holder is stopped; the lease is lapsed and taken.
     On SIGCONT: the child is stopped, the holder exits 76 (lost, not the child's 42), and
     the intruder's lease is untouched."""
     key = "hold-cmd:stopped-term"

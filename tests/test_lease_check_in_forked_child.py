@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_check_in_a_child_forked_while_the_renewer_lock_was_held_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    key = unique_key("probe-fork")
+    key = unique_key("check-in-child")
     with hold_lease(key, 30) as held:
         renewal = held._renewal
         assert renewal is not None

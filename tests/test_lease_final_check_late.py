@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_final_check_answered_after_the_local_deadline_still_releases(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    key = unique_key("probe-final")
+    key = unique_key("late-final-check")
     real_refresh = LeaseQuerySet.refresh
     holds: list[Any] = []
     finishing: list[bool] = []

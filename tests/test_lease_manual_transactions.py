@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_acquire_and_release_under_manual_transaction_management() -> None:
-    key = unique_key("probe-manual")
+    key = unique_key("manual-transactions")
     heard: list[str] = []
 
     def on_acquired(sender: Any, **kwargs: Any) -> None:

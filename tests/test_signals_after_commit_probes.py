@@ -41,7 +41,7 @@ def heard() -> Any:
 
 
 def test_rolled_back_grant_and_release_are_not_announced(heard: list[tuple[str, str]]) -> None:
-    key = unique_key("probe-probe")
+    key = unique_key("signals-rolled-back")
     with pytest.raises(RuntimeError), transaction.atomic():
         assert Lease.objects.acquire(key, "a", 60) is not None
         assert heard == []
@@ -61,7 +61,7 @@ def test_rolled_back_grant_and_release_are_not_announced(heard: list[tuple[str, 
 def test_hold_lease_announces_acquired_then_released(
     heard: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    key = unique_key("probe-probe-hold")
+    key = unique_key("signals-hold")
     with hold_lease(key, 30):
         assert heard == [("acquired", key)]
     end_renewers(monkeypatch)
