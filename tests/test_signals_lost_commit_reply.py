@@ -5,9 +5,9 @@ happened, each once; a (key, token) announced released was announced acquired. T
 portable pick of a run's pass (SQLite, MariaDB, and PostgreSQL without tuned SQL) takes the
 run lease inside its transaction. When the commit lands but its reply is lost, the pick
 raises and ``put_back_passes`` releases the lease it may hold — the grant happened (there is
-a row to release). ``lease_released`` is sent for it, yet ``lease_acquired`` never was: its
-``on_commit`` was dropped with the failed commit. Counters (``metrics``) then see more
-releases than grants.
+a row to release). Its ``lease_acquired`` was dropped with the failed commit's
+``on_commit``, so it is sent as the grant is given back, before its ``lease_released``:
+counters (``metrics``) never see more releases than grants.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def heard() -> Iterator[dict[str, list[tuple[str, int]]]]:
 def test_a_pick_whose_commit_reply_was_lost_announces_the_grant_it_gives_back(
     monkeypatch: pytest.MonkeyPatch, heard: dict[str, list[tuple[str, int]]]
 ) -> None:
-    run = WorkflowRun.objects.start("probe.lost-commit", {})
+    run = WorkflowRun.objects.start("lost-commit.pick", {})
     real_commit = BaseDatabaseWrapper._commit  # type: ignore[attr-defined]
     armed = [True]
 
@@ -62,7 +62,7 @@ def test_a_pick_whose_commit_reply_was_lost_announces_the_grant_it_gives_back(
     with tuned_sql(False):
         monkeypatch.setattr(BaseDatabaseWrapper, "_commit", reply_lost)
         with pytest.raises(DatabaseError):
-            WorkflowRun.objects.claim_due_pass(60, lease_holder="probe-pick")
+            WorkflowRun.objects.claim_due_pass(60, lease_holder="lost-reply-pick")
         monkeypatch.undo()
     key = f"{RUN_LEASE_PREFIX}{run.id}"
     row = Lease.objects.with_state().get(key=key)
