@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 
 from django_leases.models import WorkflowRun
+from django_leases.models.passes import RunPasses
 from django_leases.workflows import start_workflow
-from tests.helpers import race_in_processes
+from tests.helpers import race_in_processes, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,6 +69,37 @@ def test_concurrent_starts_with_one_key_make_one_run(sql_path: str) -> None:
     assert not errors, "\n\n".join(errors)  # a str: printed whole
     assert len({value for value, _ in outcomes}) == 1
     assert WorkflowRun.objects.filter(key="raced").count() == 1
+
+
+def test_a_keyed_start_rolled_back_by_a_deadlock_starts_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MariaDB / MySQL: starts racing on one key can deadlock (the race above met it under
+    load), and InnoDB then rolls the whole transaction back. A start that owns its
+    transaction runs it again rather than failing; inside the caller's transaction, or on
+    another database (where the error is no deadlock rollback), the error is raised."""
+    real = RunPasses._create_tagged
+    deadlocks = [OperationalError(1213, "Deadlock found when trying to get lock")]
+
+    def deadlocking(self: RunPasses, alias: str, **columns: Any) -> Any:
+        if deadlocks:
+            raise deadlocks.pop()
+        return real(self, alias, **columns)
+
+    monkeypatch.setattr(RunPasses, "_create_tagged", deadlocking)
+    with tuned_sql(False):
+        if connection.vendor == "mysql":
+            run = WorkflowRun.objects.start("tests.sub.two-steps", {}, key="deadlocked")
+            assert run.started and not deadlocks
+            deadlocks.append(OperationalError(1213, "Deadlock found when trying to get lock"))
+            with pytest.raises(OperationalError), transaction.atomic():
+                WorkflowRun.objects.start("tests.sub.two-steps", {}, key="inside")
+        else:
+            with pytest.raises(OperationalError):
+                WorkflowRun.objects.start("tests.sub.two-steps", {}, key="deadlocked")
+    assert list(WorkflowRun.objects.values_list("key", flat=True)) == (
+        ["deadlocked"] if connection.vendor == "mysql" else []
+    )
 
 
 def test_the_command_takes_a_key() -> None:
