@@ -39,12 +39,12 @@ from typing import Any
 
 from django.core import checks
 from django.core.signals import setting_changed
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_leases import signals
+from django_leases import db, signals
 from django_leases.conf import queue_limits
 from django_leases.exceptions import (
     QueueConfigError,
@@ -318,9 +318,7 @@ class TaskBackend(BaseTaskBackend):
             worker_ids=[],
         )
         sender = type(self)
-        transaction.on_commit(
-            lambda: task_enqueued.send(sender=sender, task_result=result), using=alias
-        )
+        db.after_commit(lambda: task_enqueued.send(sender=sender, task_result=result), alias)
         return result, True
 
     # -- results ------------------------------------------------------------------------------

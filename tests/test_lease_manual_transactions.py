@@ -1,4 +1,4 @@
-"""Lease operations work under manual transaction management (``set_autocommit(False)``).
+"""Lease operations and starts work under manual transaction management (``set_autocommit(False)``).
 
 Rule: ``Lease.objects.acquire`` / ``release`` are plain statements that a caller may run in a
 transaction it manages itself (Django's documented ``set_autocommit(False)`` + ``commit()``).
@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from django_leases.models import Lease
-from django_leases.signals import lease_acquired, lease_released
-from tests.helpers import unique_key
+from django_leases.models import Lease, WorkflowRun
+from django_leases.signals import lease_acquired, lease_released, run_started
+from django_leases.workflows import start_workflow
+from tests.helpers import tuned_sql, unique_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,3 +48,26 @@ def test_acquire_and_release_under_manual_transaction_management() -> None:
         lease_acquired.disconnect(on_acquired)
         lease_released.disconnect(on_released)
     assert Lease.objects.filter(key=key, released_at__isnull=False).exists()
+
+
+def test_a_workflow_started_under_manual_transaction_management_is_told() -> None:
+    """The same for a run: ``start_workflow`` inside a transaction the caller manages writes
+    the run and sends ``run_started`` rather than raising after the run was written. Every
+    signal of the package waits for the commit through one helper (``db.after_commit``)."""
+    heard: list[str] = []
+
+    def on_started(sender: Any, workflow: str, **kwargs: Any) -> None:
+        heard.append(workflow)
+
+    run_started.connect(on_started, weak=False)
+    transaction.set_autocommit(False)
+    try:
+        with tuned_sql(False):
+            run_id = start_workflow("tests.sub.two-steps", {})
+        transaction.commit()
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+        run_started.disconnect(on_started)
+    assert WorkflowRun.objects.filter(pk=run_id).exists()
+    assert heard == ["tests.sub.two-steps"]

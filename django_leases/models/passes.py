@@ -338,11 +338,11 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
     @staticmethod
     def _started(alias: str, run_id: uuid.UUID, workflow: str) -> None:
         """Send ``run_started`` for a run just created, once its transaction commits."""
-        transaction.on_commit(
+        db.after_commit(
             lambda: signals.run_started.send_robust(
                 sender=run_model(), run_id=run_id, workflow=workflow, using=alias
             ),
-            using=alias,
+            alias,
         )
 
     def request_pass(self, run_id: uuid.UUID | str, delay: float = 0.0) -> bool:

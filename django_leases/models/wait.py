@@ -161,7 +161,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         if not taken:  # not a kept event any longer: whatever it is now decides
             _same_kind(self.rows().get(pk=kept.pk), kind)
             return
-        transaction.on_commit(
+        db.after_commit(
             lambda: logger.warning(
                 "Run %s reached %s wait %r: the event of that name sent before it got there, "
                 "kept for a wait_for_event, is dropped, never delivered",
@@ -169,7 +169,7 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 _a(kind),
                 kept.name,
             ),
-            using=self.write_alias(),
+            self.write_alias(),
         )
 
     def start_child(

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.apps import apps
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery
 from django.db.models.expressions import Expression, RawSQL
 
@@ -408,9 +408,8 @@ def run_reached(alias: str, run_id: uuid.UUID | str, status: str, **details: Any
         pk = parse_run_id(run_id)
     except ValueError:  # not a run's lease: nothing to tell
         return
-    transaction.on_commit(
-        lambda: signal.send_robust(sender=run_model(), run_id=pk, using=alias, **details),
-        using=alias,
+    db.after_commit(
+        lambda: signal.send_robust(sender=run_model(), run_id=pk, using=alias, **details), alias
     )
 
 
@@ -439,7 +438,7 @@ def attempt_finished(
 ) -> None:
     """Send ``step_attempt_finished`` for attempt ``attempt`` of step ``step_id`` with
     ``status`` once the transaction open on ``alias`` commits (never if it rolls back)."""
-    transaction.on_commit(
+    db.after_commit(
         lambda: signals.step_attempt_finished.send_robust(
             sender=step_model(),
             step_id=step_id,
@@ -448,7 +447,7 @@ def attempt_finished(
             status=status,
             using=alias,
         ),
-        using=alias,
+        alias,
     )
 
 
