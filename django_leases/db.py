@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.db import connections, models, router, transaction
-from django.db.utils import DatabaseError, InterfaceError
+from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from django_leases.conf import leases_settings
 from django_leases.process import TIMERS
@@ -143,6 +143,40 @@ def rolled_back_whole(connection: BaseDatabaseWrapper, exc: BaseException) -> bo
     the transaction (it was not inside another) may run it again from its start."""
     code = exc.args[0] if exc.args else None
     return connection.vendor == "mysql" and code in _MYSQL_RETRYABLE
+
+
+#: How many times :func:`again_after_whole_rollback` runs a transaction in all.
+WHOLE_ROLLBACK_ROUNDS = 5
+
+_T = TypeVar("_T")
+
+
+def again_after_whole_rollback(
+    alias: str, run: Callable[[], _T], rounds: int = WHOLE_ROLLBACK_ROUNDS
+) -> _T:
+    """Call ``run`` — a function of no arguments that runs one whole transaction of its own
+    on database ``alias`` (``str``) and returns its result — and call it again, up to
+    ``rounds`` (``int`` ≥ 1) calls in all, each time MariaDB / MySQL rolled that transaction
+    back whole (:func:`rolled_back_whole`: a deadlock or lock-wait timeout, typically with a
+    concurrent writer of the same unique key). Only when the caller holds no transaction on
+    ``alias``: inside the caller's, the rollback took the caller's work too, so the error is
+    raised at once. Returns what ``run`` returned.
+
+    Raises:
+        OperationalError: ``run``'s, when it is not such a rollback, when the caller is in
+            a transaction, or on the last round.
+        Exception: whatever else ``run`` raises, at once.
+    """
+    connection = connections[alias]
+    owned = not connection.in_atomic_block
+    for round_ in range(1, rounds):
+        try:
+            return run()
+        except OperationalError as exc:
+            if not (owned and rolled_back_whole(connection, exc)):
+                raise
+            logger.debug("transaction rolled back whole on %r (round %d): again", alias, round_)
+    return run()
 
 
 def tuned(connection: BaseDatabaseWrapper, *vendors: str) -> bool:

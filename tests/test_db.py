@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from importlib.util import find_spec
+from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 
 from django_leases import db
@@ -154,3 +155,43 @@ def test_a_connection_through_a_proxy_prepares_nothing_from_its_first_statement(
 def test_a_direct_connection_is_found_direct_once() -> None:
     assert db.prepares(connection)
     assert db._direct == {connection.alias: True}
+
+
+def test_a_transaction_rolled_back_whole_runs_again_only_where_that_is_safe() -> None:
+    """``again_after_whole_rollback`` calls a transaction again after a MariaDB / MySQL
+    deadlock rollback, at most ``rounds`` calls in all, and only for a caller in no
+    transaction of its own (inside one, the rollback took the caller's work too). Any other
+    error, and the same error on another database (where it is no such rollback), is raised
+    at once."""
+    calls: list[int] = []
+
+    def deadlocking(times: int) -> Any:
+        def run() -> str:
+            calls.append(1)
+            if len(calls) <= times:
+                raise OperationalError(1213, "Deadlock found when trying to get lock")
+            return "done"
+
+        return run
+
+    mysql = connection.vendor == "mysql"
+    if mysql:
+        assert db.again_after_whole_rollback("default", deadlocking(2), rounds=3) == "done"
+        assert len(calls) == 3
+    calls.clear()
+    with pytest.raises(OperationalError):
+        db.again_after_whole_rollback("default", deadlocking(3), rounds=3)
+    assert len(calls) == (3 if mysql else 1)
+    calls.clear()
+    with transaction.atomic(), pytest.raises(OperationalError):
+        db.again_after_whole_rollback("default", deadlocking(1))
+    assert len(calls) == 1
+    calls.clear()
+
+    def failing() -> None:
+        calls.append(1)
+        raise OperationalError(2006, "MySQL server has gone away")
+
+    with pytest.raises(OperationalError):
+        db.again_after_whole_rollback("default", failing)
+    assert len(calls) == 1

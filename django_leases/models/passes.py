@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, OperationalError, connections, models, transaction
+from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, Q, TextField, Value
 from django.db.models.functions import Cast
 
@@ -72,11 +72,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_leases.workflows")
 
 
-#: How many times a start that owns its transaction runs it again after MariaDB / MySQL
-#: rolled it back for a deadlock (racing starts of one key).
-INSERT_ROUNDS = 5
-
-
 class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
     """Starting runs; asking for, claiming, taking and ending their passes."""
 
@@ -104,29 +99,26 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         that key's run comes back instead (``started=False``) and nothing is written.
 
         On MariaDB / MySQL, starts racing on one key can deadlock (InnoDB rolls the whole
-        transaction back): a call that owns its transaction starts over, up to
-        :data:`INSERT_ROUNDS` times; inside the caller's transaction the ``OperationalError``
-        is raised."""
+        transaction back): a call that owns its transaction starts over
+        (:func:`~django_leases.db.again_after_whole_rollback`); inside the caller's
+        transaction the ``OperationalError`` is raised."""
         workflow, key = columns["workflow"], columns.get("key")
-        connection = connections[alias]
-        owned = not connection.in_atomic_block
-        for round_ in range(1, INSERT_ROUNDS + 1):
-            try:
-                with transaction.atomic(using=alias):
-                    run = self._create_tagged(alias, **columns)
-                    if then is not None:
-                        then(run)
-                    if wake:
-                        wake_workers(alias)
-            except IntegrityError:
-                if key is None:
-                    raise
-                return self._keyed(workflow, key)
-            except OperationalError as exc:
-                if round_ == INSERT_ROUNDS or not (owned and db.rolled_back_whole(connection, exc)):
-                    raise
-                continue
-            break
+
+        def insert() -> WorkflowRun:
+            with transaction.atomic(using=alias):
+                run = self._create_tagged(alias, **columns)
+                if then is not None:
+                    then(run)
+                if wake:
+                    wake_workers(alias)
+            return run
+
+        try:
+            run = db.again_after_whole_rollback(alias, insert)
+        except IntegrityError:
+            if key is None:
+                raise
+            return self._keyed(workflow, key)
         run.started = True
         self._started(alias, run.pk, workflow)
         return run

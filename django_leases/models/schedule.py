@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from django.db import OperationalError, connections, models, transaction
+from django.db import connections, models, transaction
 from django.db.models import F
 from django.utils.translation import gettext_lazy as _
 
@@ -205,15 +205,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         alias = self.write_alias()
         for schedule in schedules:
             check_json(schedule.input, f"Schedule {schedule.name!r}: the input", using=alias)
-        connection = connections[alias]
-        owned = not connection.in_atomic_block
-        for _round in range(_SYNC_ROUNDS - 1):
-            try:
-                return self._sync(alias, schedules, names)
-            except OperationalError as exc:
-                if not (owned and db.rolled_back_whole(connection, exc)):
-                    raise
-        return self._sync(alias, schedules, names)
+        return db.again_after_whole_rollback(alias, lambda: self._sync(alias, schedules, names))
 
     def _sync(
         self, alias: str, schedules: list[ScheduleDeclaration], names: list[str]
@@ -541,11 +533,6 @@ def _estimate_between(row: WorkflowSchedule, first: datetime, last: datetime) ->
         count += 1
         moment = next_tick(row.cron, row.timezone, moment)
     return count
-
-
-#: How many times :meth:`WorkflowScheduleQuerySet.sync` runs when MariaDB / MySQL rolls it
-#: back for a deadlock with a concurrent sync.
-_SYNC_ROUNDS = 5
 
 
 def _for_update(

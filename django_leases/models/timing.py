@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
-from django.db import IntegrityError, OperationalError, connections, models, transaction
+from django.db import IntegrityError, OperationalError, models, transaction
 from django.db.models import F, Q, Value
 
 from django_leases import clock, db
@@ -250,16 +250,14 @@ class RunTiming(RunOperations):
 
     def _debounced(self, alias: str, start: _DebouncedStart) -> WorkflowRun:
         """:meth:`start`'s debounced start (arguments checked)."""
-        connection = connections[alias]
-        owned = not connection.in_atomic_block
+
+        def once() -> WorkflowRun | None:
+            with transaction.atomic(using=alias):
+                return self._debounce_once(alias, start)
+
         for _ in range(_DEBOUNCE_ROUNDS):
-            try:
-                with transaction.atomic(using=alias):
-                    run = self._debounce_once(alias, start)
-            except OperationalError as exc:
-                if not (owned and db.rolled_back_whole(connection, exc)):
-                    raise
-                continue
+            # A deadlock (MariaDB / MySQL) is run again at once; a lost race, by this loop.
+            run = db.again_after_whole_rollback(alias, once)
             if run is not None:
                 if run.started:
                     self._started(alias, run.pk, start.workflow)
