@@ -12,7 +12,7 @@ from django.db import connection, models
 from django.db.models import Value
 from django.db.models.functions import Cast
 
-from django_leases.clock import to_aware, to_stored
+from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.models import WorkflowRun, WorkflowSchedule
 from django_leases.models import schedule as schedule_module
 from django_leases.workflows.schedules import (
@@ -280,3 +280,46 @@ def test_a_paused_schedule_with_a_waiting_tick_starts_nothing_until_resumed() ->
     WorkflowRun.objects.filter(pk=live.id).update(status=RunStatus.COMPLETED)
     assert WorkflowSchedule.objects.fire_due() == []
     assert keys_of("buffered-paused") == []
+
+
+# -- an edit between a firing's read and its tick ------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_taken_after_an_edit_committed_starts_the_edited_schedule() -> None:
+    """A tick is taken by the guarded UPDATE that moves ``next_tick``; what it starts is read
+    again under that lock. So an edit of the input (a deploy's ``sync``) committed between a
+    worker's read of the due row and its firing is the input the tick's run gets, never the
+    one read before the edit. The interleaving is made exact by firing a row read before the
+    edit, as ``fire_due`` does between its read and ``_fire``."""
+    alias = connection.alias
+    WorkflowSchedule.objects.sync([declaration("edited", WORKFLOW, "* * * * * *", input={"v": 1})])
+    WorkflowSchedule.objects.filter(name="edited").update(
+        next_tick=to_stored(clock() - timedelta(seconds=1), alias)
+    )
+    stale = WorkflowSchedule.objects.filter(name="edited").annotate(db_now=DbNow()).get()
+    WorkflowSchedule.objects.sync([declaration("edited", WORKFLOW, "* * * * * *", input={"v": 2})])
+    fired = WorkflowSchedule.objects.all()._fire(alias, stale)
+    assert fired is not None and fired.run_id is not None
+    assert WorkflowRun.objects.get(pk=fired.run_id).input == {"v": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_buffered_tick_started_after_an_edit_committed_starts_the_edited_schedule() -> None:
+    """The same for a waiting (``buffer_one``) tick: started once its previous run ended,
+    with the input read under the row's lock, not the one read before an edit."""
+    alias = connection.alias
+    now = clock().replace(microsecond=0)
+    WorkflowSchedule.objects.sync(
+        [declaration("edited-buffer", WORKFLOW, "0 3 * * *", input={"v": 1}, overlap="buffer_one")]
+    )
+    WorkflowSchedule.objects.filter(name="edited-buffer").update(
+        buffered_tick=to_stored(now - timedelta(seconds=5), alias)
+    )
+    stale = row_of("edited-buffer")
+    WorkflowSchedule.objects.sync(
+        [declaration("edited-buffer", WORKFLOW, "0 3 * * *", input={"v": 2}, overlap="buffer_one")]
+    )
+    fired = WorkflowSchedule.objects.all()._start_buffered(alias, stale, None)
+    assert fired is not None and fired.run_id is not None
+    assert WorkflowRun.objects.get(pk=fired.run_id).input == {"v": 2}

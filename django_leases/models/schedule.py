@@ -325,6 +325,7 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                 next_tick=row.next_tick,
                 cron=row.cron,
                 timezone=row.timezone,
+                catch_up=row.catch_up,
                 declared=True,
                 paused=False,
             ).update(next_tick=to_stored(following, alias), updated_at=DbNow())
@@ -336,15 +337,15 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                 self._skipped(alias, row.pk, last_missed or due, "missed", skipped)
             if tick is None:
                 return Fired(row.name, None, None, following, skipped, action="missed")
-            # Under the row's lock (taken by the UPDATE): what ran last, what waits.
-            locked = rows.filter(pk=row.pk).values("last_run_id", "buffered_tick", "overlap")
-            state = locked.get()
-            policy = state["overlap"]
-            previous = state["last_run_id"]
+            # Read again under the row's lock (taken by the UPDATE): what ran last, what
+            # waits, and what a tick starts (an edit committed since the first read counts).
+            row = rows.get(pk=row.pk)
+            policy = row.overlap
+            previous = row.last_run_id
             live = previous is not None and policy != "allow" and self._live(alias, previous)
-            if not live and state["buffered_tick"] is not None:
+            if not live and row.buffered_tick is not None:
                 # A waiting tick goes first; this one then meets its run.
-                waited = to_aware(state["buffered_tick"], alias)
+                waited = to_aware(row.buffered_tick, alias)
                 previous, _ = self._start_tick(alias, row, waited, start_task)
                 live = True
             cancelled = None
@@ -419,13 +420,14 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                 pk=row.pk, buffered_tick=row.buffered_tick, declared=True, paused=False
             ).update(updated_at=DbNow()):
                 return None
-            previous = rows.filter(pk=row.pk).values_list("last_run_id", flat=True).get()
+            row = rows.get(pk=row.pk)  # read again under the lock, as in _fire
+            previous = row.last_run_id
             if previous is not None and self._live(alias, previous):
                 return None  # a run started since it was read: the tick waits on
             assert row.buffered_tick is not None
             tick = to_aware(row.buffered_tick, alias)
             run_id, _ = self._start_tick(alias, row, tick, start_task)
-            following = rows.filter(pk=row.pk).values_list("next_tick", flat=True).get()
+            following = row.next_tick
         shown = None if following is None else to_aware(following, alias)
         return Fired(row.name, tick, run_id, shown)
 
