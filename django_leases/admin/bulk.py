@@ -9,7 +9,7 @@
 :data:`MESSAGES_PER_RUN` runs; past that, one summary and the first refusals).
 :meth:`RunOperatorActions.fork_from_form` is the run page's "Fork from step" form
 (``WorkflowRun.objects.fork``); the list action *Fork the selected runs from their failed
-step* forks each from its first failed step (``WorkflowRun.objects.fork_from_failed``).
+step* forks each from the step that failed it (``WorkflowRun.objects.fork_from_failed``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
         description=_("Fork the selected runs from their failed step"), permissions=["operate"]
     )
     def fork_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        """Fork each selected run from its first failed step
+        """Fork each selected run from the step that failed it
         (``WorkflowRun.objects.fork_from_failed``): a history entry on each run forked."""
         forked, refused = 0, []
         selected = list(queryset.order_by("created_at", "id"))

@@ -9,7 +9,11 @@ read. What "before" means:
 * **steps**: those the run created before the chosen one (lower id: the order in which the
   workflow reached them), that had an outcome for good — succeeded, or failed with no
   attempt left (a workflow that caught that failure meets it again). Steps still pending,
-  running or waiting out a retry run again;
+  running or waiting out a retry run again, and so do steps the run's end stopped (failed
+  with a cancel's or a deadline's error: they did not fail on their own);
+* **patch decisions** (``run.patched``): those recorded before the chosen step. One the run
+  first met after it had gone past the patch's place (answered ``False``) was recorded after
+  the chosen step: the fork, which runs that step again, decides it afresh (today's path);
 * **waits** (sleeps, events, child runs): those the run reached before the chosen step's
   first attempt started, on the database clock, and that were decided — a sleep done, an
   event delivered (its payload kept) or timed out, a child run's wait. A copied child wait
@@ -33,7 +37,7 @@ from django.db.models import F, Q
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.exceptions import WorkflowRunStateError
+from django_leases.exceptions import WorkflowDeadlineExceeded, WorkflowRunStateError
 from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
     attempt_model,
@@ -47,6 +51,8 @@ from django_leases.workflows.values import (
     FINISHED_RUN_STATUSES,
     REPLAYED_STEP_FIELDS,
     RETRY_DELAY_FIELDS,
+    RUN_CANCELLED,
+    STEP_FAILED,
     RunStatus,
     StepStatus,
     WaitKind,
@@ -66,6 +72,22 @@ _STEP_COPIED = (
     "priority",
     "progress",
 )
+#: The error codes a running step attempt is failed with when its run ends under it (a
+#: cancel, a deadline): the step did not fail on its own, so a fork runs it again.
+_STOPPED_BY_RUN_END = frozenset({RUN_CANCELLED, WorkflowDeadlineExceeded.code})
+
+
+def _stopped_by_run_end(step: dict[str, Any]) -> bool:
+    """Whether a step row (``values()`` of :data:`_STEP_COPIED`) failed because its run ended
+    under it, not on its own."""
+    error = step["error"]
+    return (
+        step["status"] == StepStatus.FAILED
+        and isinstance(error, dict)
+        and error.get("code") in _STOPPED_BY_RUN_END
+    )
+
+
 #: The wait columns a fork copies.
 _WAIT_COPIED = ("name", "kind", "status", "due_at", "payload", "child_id", "reached_at", "done_at")
 
@@ -123,18 +145,21 @@ class RunForks(RunReplays):
                 .values_list("started_at", flat=True)
                 .first()
             )
-            kept_steps = list(
+            copied = (
                 steps.filter(run_id=pk, pk__lt=start_id)
                 .filter(
                     Q(status=StepStatus.SUCCEEDED)
                     | Q(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-                    # The patch decisions made before the step: the fork replays the same
-                    # path up to it (run.patched answers as it did for the original).
+                    # The patch decisions recorded before the step: the fork replays the
+                    # same path up to it (run.patched answers as it did for the original).
+                    # One recorded after it (a patch deployed while the run was parked past
+                    # its place) is decided again: the fork runs the step with today's code.
                     | Q(status=StepStatus.PATCH)
                 )
                 .order_by("id")
                 .values(*_STEP_COPIED)
             )
+            kept_steps = [row for row in copied if not _stopped_by_run_end(row)]
             kept_waits = waits.filter(run_id=pk, reached_at__isnull=False).exclude(
                 status=WaitStatus.WAITING
             )
@@ -211,24 +236,32 @@ class RunForks(RunReplays):
             )
 
     def fork_from_failed(self, run_id: uuid.UUID | str) -> WorkflowRun:
-        """:meth:`fork` run ``run_id`` from its first failed step (the order in which the
-        workflow reached its steps): the repair of a run that failed, once code that handles
-        what made that step fail is deployed. Returns the new run. Raises
+        """:meth:`fork` run ``run_id`` from the step that failed it: the repair of a run that
+        failed, once code that handles what made that step fail is deployed. That step is
+        the one the run's error names (code ``STEP_FAILED``); for a run that ended
+        otherwise (the workflow raised, a cancel, a deadline), its latest step that failed
+        for good or was stopped by that end, in the order the workflow reached its steps.
+        A failure the workflow caught and went on from is not where the fork starts: the
+        steps that succeeded after it would run again. Returns the new run. Raises
         ``WorkflowRun.DoesNotExist`` for an unknown run and ``ValueError`` for a malformed
-        id or a run with no failed step (nothing written)."""
+        id or a run with no such step (nothing written)."""
         pk = parse_run_id(run_id)
-        steps = step_model()._default_manager.using(self.write_alias())
-        failed = (
-            steps.filter(run_id=pk, status=StepStatus.FAILED)
-            .order_by("id")
-            .values_list("step_name", flat=True)
-            .first()
-        )
-        if failed is None:
+        alias = self.write_alias()
+        error = self.rows().filter(pk=pk).values_list("error", flat=True).first()
+        steps = step_model()._default_manager.using(alias).filter(run_id=pk)
+        named = None
+        if isinstance(error, dict) and error.get("code") == STEP_FAILED:
+            named = error.get("step_name")
+        if named:
+            failed = steps.filter(step_name=named, status=StepStatus.FAILED)
+        else:
+            failed = steps.filter(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+        step_name = failed.order_by("-id").values_list("step_name", flat=True).first()
+        if step_name is None:
             if not self.rows().filter(pk=pk).exists():
                 raise self.model.DoesNotExist(f"No workflow run with id {pk}")
             raise ValueError(f"Run {pk} has no failed step to fork from")
-        return self.fork(pk, failed)
+        return self.fork(pk, step_name)
 
 
 __all__ = ["RunForks"]
