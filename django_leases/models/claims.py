@@ -264,7 +264,13 @@ class StepClaims(StepOutcomes):
                 if step is None:
                     return None
                 queue = limits.get(step.queue)
-                if queue is not None and queue.limited and step.queue not in looked:
+                # A running step past its timeout, or lapsed on its last attempt, is failed
+                # below without a slot of its queue: it needs no room (its own slot is
+                # what a full queue is waiting for).
+                takes_room = step.status != StepStatus.RUNNING or (
+                    not step.lease_live and step.attempt < step.retries + 1
+                )
+                if queue is not None and queue.limited and takes_room and step.queue not in looked:
                     # An unlocked look first: a full queue, and in a keyed queue every key
                     # at its limit, is passed over without waiting for the queue's lock (the
                     # claim below still decides under the lock). Keys found full one claim
