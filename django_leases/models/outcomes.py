@@ -26,6 +26,7 @@ from django_leases.models.workflow_base import (
     fence_q,
     fence_sql,
     finish_attempt,
+    renewal_q,
     request_passes,
     run_model,
     run_reached,
@@ -56,8 +57,8 @@ REFRESH_CHUNK = 500
 
 
 def _fences(steps: Iterable[tuple[int, int]]) -> Q:
-    """:func:`fence_q` of each ``(step_id, attempt)`` of ``steps`` (at least one), or'd."""
-    return functools.reduce(operator.or_, (fence_q(s, a) for s, a in steps))
+    """:func:`renewal_q` of each ``(step_id, attempt)`` of ``steps`` (at least one), or'd."""
+    return functools.reduce(operator.or_, (renewal_q(s, a) for s, a in steps))
 
 
 if TYPE_CHECKING:
@@ -232,15 +233,18 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
     def refresh_lease(self, step_id: int, ttl: float | None, attempt: int) -> bool:
         """Extend the step lease to DB now + ``ttl`` seconds, or release it (``ttl=None``).
 
-        Fenced: lands only while ``attempt`` is the step's running attempt (lease expiry is
-        not checked — a slow worker nobody replaced still owns its attempt). Returns ``True``
-        if it landed, ``False`` for a superseded or finished attempt (nothing written).
-        Raises ``ValueError`` for a bad TTL or attempt.
+        Fenced: lands only while ``attempt`` is the step's running attempt. Lease expiry is
+        not checked — a slow worker nobody replaced still owns its attempt — except that a
+        lapsed lease of a step of a limited queue is not extended (:func:`renewal_q`: it
+        holds no slot); a release always lands. Returns ``True`` if it landed, ``False`` for
+        a superseded or finished attempt, or such a lapsed lease (nothing written). Raises
+        ``ValueError`` for a bad TTL or attempt.
         """
         check_attempt(attempt)
+        rule = fence_q(step_id, attempt) if ttl is None else renewal_q(step_id, attempt)
         expiry = None if ttl is None else clock.db_now_plus(ttl_seconds(ttl))
         # One statement: atomic on its own.
-        return bool(self.rows().filter(fence_q(step_id, attempt)).update(lease_expires_at=expiry))
+        return bool(self.rows().filter(rule).update(lease_expires_at=expiry))
 
     def refresh_leases(self, held: Sequence[tuple[int, int, float]]) -> list[bool | Unknown]:
         """Extend several step leases at once: :meth:`refresh_lease`'s rule for each
@@ -300,7 +304,9 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         connection = self.connection()
         table = self.table()
         alias = self.write_alias()
-        fence, fence_params = fence_sql(alias, RawSQL("v.id", ()), RawSQL("v.attempt", ()))
+        fence, fence_params = fence_sql(
+            alias, RawSQL("v.id", ()), RawSQL("v.attempt", ()), renewal=True
+        )
         expiry = clock.now_plus_sql(connection).replace("%s", "v.ttl")
         pk, attempt_column = map(connection.ops.quote_name, ("id", "attempt"))
         if connection.vendor == "postgresql":

@@ -28,6 +28,7 @@ from django_leases.models.workflow_base import (
     falls_back,
     in_one_statement,
     run_model,
+    slot_kept_q,
     step_model,
     wake_workers,
 )
@@ -425,6 +426,7 @@ class StepScheduling(StepClaims):
             if held is None:
                 return None
             mine = self.rows().filter(
+                slot_kept_q(),  # a lapsed lease of a limited queue is lost
                 run_id=run_id,
                 step_name=step_name,
                 status=StepStatus.RUNNING,

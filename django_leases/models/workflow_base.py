@@ -91,12 +91,33 @@ def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:
     return Q(pk=step_id, attempt=attempt, status=StepStatus.RUNNING)
 
 
+def slot_kept_q() -> Q:
+    """The steps whose lease may be extended as far as their queue's limits go: any step of
+    a queue without limits (``DJANGO_LEASES["QUEUES"]``), a step of a limited one only while
+    its lease is live on the database clock. A lapsed lease holds no slot of its queue,
+    which may have admitted another step in its place: brought back to life, it would put
+    the queue over its limits, so its worker is told it lost the lease instead (the step is
+    taken over as a new attempt once the queue admits it; a result its worker writes
+    meanwhile still lands, by the fence). In a queue without limits a slow worker nobody
+    replaced keeps its attempt and may renew."""
+    limited = sorted(name for name, limits in queue_limits().items() if limits.limited)
+    if not limited:
+        return Q()
+    return Q(lease_expires_at__gt=DbNow()) | ~Q(queue__in=limited)
+
+
+def renewal_q(step_id: int | Expression, attempt: int | Expression) -> Q:
+    """The rule a step lease's renewal lands by: :func:`fence_q` and :func:`slot_kept_q`."""
+    return fence_q(step_id, attempt) & slot_kept_q()
+
+
 def fence_sql(
-    alias: str, step_id: int | Expression, attempt: int | Expression
+    alias: str, step_id: int | Expression, attempt: int | Expression, *, renewal: bool = False
 ) -> tuple[str, list[Any]]:
-    """:func:`fence_q` compiled into SQL for ``alias``'s database (values or SQL
-    expressions: a function's arguments)."""
-    rows = step_model()._default_manager.using(alias).filter(fence_q(step_id, attempt))
+    """:func:`fence_q` (``renewal``: :func:`renewal_q`) compiled into SQL for ``alias``'s
+    database (values or SQL expressions: a function's arguments)."""
+    rule = renewal_q if renewal else fence_q
+    rows = step_model()._default_manager.using(alias).filter(rule(step_id, attempt))
     compiler = rows.query.get_compiler(using=alias)
     where, params = compiler.compile(rows.query.where)
     return where, list(params)
