@@ -274,16 +274,23 @@ class QueueLimits:
         return self.concurrency is not None or self.rate is not None or self.keyed
 
 
+#: The largest count a queue limit may name (``concurrency``, ``key_concurrency``, a rate's
+#: ``N``): a PostgreSQL ``integer``, as the tuned claim passes it. A larger one would be no
+#: limit in practice, and the claim's statement could not take it.
+MAX_QUEUE_LIMIT = 2**31 - 1
+
+
 def parse_rate(value: object, what: str = "rate") -> tuple[int, float]:
-    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (``N`` an integer ≥ 1) as ``(N, window seconds)``.
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` (``N`` an integer from 1 to
+    :data:`MAX_QUEUE_LIMIT`) as ``(N, window seconds)``.
 
     Raises ``ValueError`` (naming ``what``) for anything else.
     """
     match = _RATE.match(value) if isinstance(value, str) else None
-    if match is None or int(match.group(1)) < 1:
+    if match is None or not 1 <= int(match.group(1)) <= MAX_QUEUE_LIMIT:
         raise ValueError(
-            f'{what} must be "N/s", "N/m" or "N/h" with N an integer of at least 1 '
-            f'(e.g. "10/s", "600/m"), not {value!r}'
+            f'{what} must be "N/s", "N/m" or "N/h" with N an integer from 1 to '
+            f'{MAX_QUEUE_LIMIT} (e.g. "10/s", "600/m"), not {value!r}'
         )
     return int(match.group(1)), RATE_UNITS[match.group(2)]
 
@@ -294,7 +301,8 @@ def parse_queues(value: object) -> dict[str, QueueLimits]:
 
     Raises ``ValueError`` with a message naming the bad part: not a dict, a name that is not
     a non-empty string of at most 200 characters, a queue's value not a dict, an unknown key,
-    a ``concurrency`` that is not an integer ≥ 1 (``bool`` refused), a malformed ``rate``.
+    a ``concurrency`` that is not an integer from 1 to :data:`MAX_QUEUE_LIMIT` (``bool``
+    refused), a malformed ``rate``.
     """
     what = 'DJANGO_LEASES["QUEUES"]'
     if not isinstance(value, Mapping):
@@ -323,11 +331,13 @@ def parse_queues(value: object) -> dict[str, QueueLimits]:
         for option in ("concurrency", "key_concurrency"):
             count = limits.get(option)
             if count is not None and (
-                isinstance(count, bool) or not isinstance(count, int) or count < 1
+                isinstance(count, bool)
+                or not isinstance(count, int)
+                or not 1 <= count <= MAX_QUEUE_LIMIT
             ):
                 raise ValueError(
-                    f'{where}["{option}"] must be an integer of at least 1 (or absent: no '
-                    f"limit), not {count!r}"
+                    f'{where}["{option}"] must be an integer from 1 to {MAX_QUEUE_LIMIT} (or '
+                    f"absent: no limit), not {count!r}"
                 )
             counts[option] = count
         rate = limits.get("rate")
