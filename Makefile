@@ -154,7 +154,7 @@ PSYCOPG2_TESTS ?= tests/test_db.py tests/test_lease_conformance.py tests/test_le
 	tests/test_step_claims.py tests/test_workflow_conformance.py tests/test_workflow_engine.py \
 	tests/test_workflow_worker.py tests/test_waits_conformance.py tests/test_workflow_hot_path.py \
 	tests/test_triggers_receiving.py tests/test_tasks.py tests/test_checks.py \
-	tests/test_lease_timeouts.py tests/test_renewal_deferred.py
+	tests/test_lease_timeouts.py tests/test_renewal_deferred.py tests/test_lease_dead_connections.py
 
 $(VENVPG2)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENVPG2)

@@ -491,7 +491,8 @@ def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any
     The lease operations call this once per acquire, refresh and release, where Django's own
     cursor (a new psycopg cursor and its wrapper per call) costs about as much client CPU as
     the statement. It does what Django's cursor does that matters — the async-safety check,
-    the connection made or replaced (``CONN_MAX_AGE``, ``CONN_HEALTH_CHECKS``), the thread
+    the connection made or replaced (``CONN_MAX_AGE``, ``CONN_HEALTH_CHECKS``; and, outside
+    a transaction, one the driver already found closed), the thread
     check, the refusal inside a broken ``atomic()`` block, Django's database exceptions (and
     the connection marked unusable after one) — on one psycopg cursor kept for the
     connection. While Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an
@@ -503,6 +504,12 @@ def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any
             cursor.execute(sql, params)
             return cursor.fetchone()
     connection.close_if_health_check_failed()
+    raw = connection.connection
+    if raw is not None and getattr(raw, "closed", False) and not connection.in_atomic_block:
+        # A connection the driver already found dead (psycopg2 keeps it, closed, and
+        # Django reconnects only when it has none): outside a transaction nothing is lost
+        # by connecting afresh.
+        connection.close()
     connection.ensure_connection()
     connection.validate_thread_sharing()
     if connection.needs_rollback:

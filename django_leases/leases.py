@@ -349,7 +349,7 @@ class HeldLease:
         sent = time.monotonic()
         try:
             lease = self._objects().acquire(self.key, self.holder, self.ttl)
-        except DatabaseError as exc:
+        except db.DATABASE_FAULTS as exc:  # psycopg2: a closed connection's InterfaceError
             if not waiting:
                 raise
             logger.warning("Could not reach the database to acquire %r: %s", self.key, exc)
