@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-from django.db import connection
 
 from django_leases.models import Lease
 from tests.helpers import MANAGE_PY, ROOT, wait_until
@@ -26,12 +25,10 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _not_on_sqlite() -> None:
-    # The test settings' system checks print warnings (W036) on SQLite: with a closed stderr
-    # the command dies in Django's check phase, before the holder runs at all.
-    if connection.vendor == "sqlite":
-        pytest.skip("system-check warnings on SQLite hit the closed stderr first")
+#: The system checks' own messages (W036 on SQLite, I032 on psycopg2) would hit the closed
+#: stderr first and end the command before the holder runs: the checks are not what these
+#: tests are about.
+NO_CHECKS = "--skip-checks"
 
 
 def test_a_closed_stderr_at_verbosity_2_does_not_leave_the_lease_held(
@@ -45,7 +42,7 @@ def test_a_closed_stderr_at_verbosity_2_does_not_leave_the_lease_held(
     os.close(read_end)  # nobody will ever read the holder's stderr
     try:
         proc = subprocess.Popen(
-            [*MANAGE_PY, "hold_lease", key, "--ttl", "600", "-v", "2", "--", "true"],
+            [*MANAGE_PY, "hold_lease", NO_CHECKS, key, "--ttl", "600", "-v", "2", "--", "true"],
             cwd=ROOT,
             env=subprocess_env,
             stdout=subprocess.DEVNULL,
@@ -72,7 +69,7 @@ def _start_with_closed_stderr(env: dict[str, str], *args: str) -> subprocess.Pop
     os.close(read_end)
     try:
         return subprocess.Popen(
-            [*MANAGE_PY, "hold_lease", *args],
+            [*MANAGE_PY, "hold_lease", NO_CHECKS, *args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -16,8 +16,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
+
+# The clusters are driven through psycopg 3 (tests/pgcluster.py): on the psycopg2 pass this
+# module is skipped whole, as its psycopg3_only mark says (hence the imports below it).
+# ruff: noqa: E402
+psycopg = pytest.importorskip("psycopg", reason="the test clusters are driven by psycopg 3")
+
 from django.db import connection, connections
 
 from django_leases import health
@@ -28,7 +33,7 @@ from tests.failover import Outcome, run_failover
 from tests.helpers import tuned_sql
 from tests.pgcluster import Clusters, server_bindir
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.slow]
+pytestmark = [pytest.mark.postgres_only, pytest.mark.psycopg3_only, pytest.mark.slow]
 
 #: Keys the "before" phase grants once and releases, on each SQL path, for the "after"
 #: phase to take over on the promoted server.
