@@ -85,11 +85,11 @@ $(VENV)/.mysql-installed: $(VENV)/.installed pyproject.toml
 	    "headers (Debian: apt-get install pkg-config libmariadb-dev)" >&2; exit 1; }
 	touch $@
 
-# The USE_TZ = False tests store datetimes in a named zone, so MariaDB needs its time zone
+# A database TIME_ZONE's clock (CONVERT_TZ; checks E021, W041) needs MariaDB's time zone
 # tables; loaded once (an empty mysql.time_zone_name means they never were), with
 # mysql_tzinfo_to_sql and the mysql client (Debian: mariadb-client, which the server
 # package brings) as MARIADB_URL's user, who must be allowed to write the mysql schema
-# (root is). Without the tables those tests skip on a user's machine and fail under CI=true.
+# (root is).
 mariadb-timezones: venv
 	@set -e; eval "$$($(PY) -c 'import shlex, sys; from urllib.parse import urlsplit; \
 	u = urlsplit(sys.argv[1]); \

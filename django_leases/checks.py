@@ -61,9 +61,8 @@ id                       what it reports
 ``django_leases.W020``   MariaDB / MySQL session ``sql_mode`` without ``STRICT_TRANS_TABLES``: a
                          value that does not fit is cut or zeroed with a warning, not refused
 ``django_leases.E021``   MariaDB / MySQL: Django stores datetimes in a named time zone there
-                         (``TIME_ZONE`` with ``USE_TZ = False``, or ``DATABASES[...]["TIME_ZONE"]``)
-                         and the server's time zone tables do not know it: the database clock
-                         (``CONVERT_TZ``) would be NULL
+                         (``DATABASES[...]["TIME_ZONE"]``) and the server's time zone tables do
+                         not know it: the database clock (``CONVERT_TZ``) would be NULL
 ``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
                          insensitive, or pads spaces: "a", "A" and "a " would be one lease
 ``django_leases.E023``   a ``@step_function`` names a queue that ``DJANGO_LEASES["QUEUES"]`` does
@@ -110,9 +109,12 @@ id                       what it reports
                          on a SQLite workflow database: each holds the database's write lock
                          for as long as it runs, so every other writer waits, and fails with
                          "database is locked" once the busy timeout has passed
+``django_leases.W041``   MariaDB / MySQL: that database ``TIME_ZONE`` has daylight saving: its
+                         wall clock skips and repeats an hour, so a lease taken just before a
+                         change lapses early (two holders) or an hour late
 =======================  ==========================================================================
 
-W008, W014, E013, E019–W022, W032 (and E017's session half) ask the database: they are tagged
+W008, W014, E013, E019–W022, W032, W041 (and E017's session half) ask the database: they are tagged
 ``database`` and run with ``check --database``, ``migrate`` and the test runner, on the
 databases named; every other check reads settings and code only. W034 and W035 run with
 ``check --deploy``.
@@ -123,8 +125,10 @@ from __future__ import annotations
 import difflib
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -399,7 +403,7 @@ def check_mysql_settings(alias: str, settings_dict: Mapping[str, Any]) -> list[c
 
 
 def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
-    """E017 (the session's level), E019, W020, E021 and W022 for one MariaDB / MySQL
+    """E017 (the session's level), E019, W020, E021, W041 and W022 for one MariaDB / MySQL
     connection, by asking the server. Database errors propagate."""
     alias = connection.alias
     messages: list[checks.CheckMessage] = []
@@ -460,9 +464,22 @@ def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
                         "know: the database clock (CONVERT_TZ(UTC_TIMESTAMP(6), ...)) would "
                         "be NULL, and no lease could be taken.",
                         hint="Load the time zone tables (mysql_tzinfo_to_sql /usr/share/zoneinfo"
-                        " | mysql mysql), or store datetimes in UTC (USE_TZ = True without "
-                        "a database TIME_ZONE).",
+                        " | mysql mysql), or store datetimes in UTC (no database TIME_ZONE).",
                         id="django_leases.E021",
+                    )
+                )
+            if _has_daylight_saving(zone):
+                messages.append(
+                    checks.Warning(
+                        f"MariaDB / MySQL database {alias!r}: Django stores datetimes there as "
+                        f"wall-clock times of {zone!r}, a zone with daylight saving. Its wall "
+                        "clock skips an hour each spring and repeats one each autumn: a lease "
+                        "or step lease taken just before a change lapses early (another "
+                        "holder may take it while the first still works) or an hour late, and "
+                        "times in the repeated hour are ambiguous.",
+                        hint="Leave DATABASES[...]['TIME_ZONE'] unset (UTC), as Django "
+                        "recommends for any database it alone writes.",
+                        id="django_leases.W041",
                     )
                 )
         cursor.execute(
@@ -485,6 +502,23 @@ def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
                 )
             )
     return messages
+
+
+def _has_daylight_saving(zone: str) -> bool:
+    """Whether time zone ``zone`` (an IANA name) changes its UTC offset in the course of this
+    year or the next. A fixed offset (``+02:00``) never does; a name unknown here is E021's
+    to report, not this."""
+    try:
+        info = ZoneInfo(zone)
+    except (ValueError, ZoneInfoNotFoundError):
+        return False
+    year = datetime.now(UTC).year
+    offsets = {
+        datetime(when, month, 1, tzinfo=info).utcoffset()
+        for when in (year, year + 1)
+        for month in range(1, 13)
+    }
+    return len(offsets) > 1
 
 
 def _exact_collation(cursor: Any, connection: Any, collation: str) -> bool:

@@ -8,11 +8,15 @@ Expressions here are evaluated inside the statement that uses them, at **stateme
   transaction-start ``now()``;
 * SQLite: ``strftime('%Y-%m-%d %H:%M:%f', 'now')``, millisecond precision, constant within
   one statement, in the text form Django stores datetimes in;
-* MariaDB / MySQL: ``UTC_TIMESTAMP(6)``, microseconds, in the zone Django stores datetimes in
-  on that connection (:func:`mysql_zone`): UTC unless ``DATABASES[...]["TIME_ZONE"]`` (with
-  ``USE_TZ = True``) or ``TIME_ZONE`` (with ``USE_TZ = False``) names another zone, which is
-  then reached with ``CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '<zone>')`` and needs the
-  server's time zone tables (a system check says when they are missing).
+* MariaDB / MySQL: ``UTC_TIMESTAMP(6)``, microseconds, in UTC (:func:`mysql_zone`). Only a
+  ``DATABASES[...]["TIME_ZONE"]`` naming another zone (with ``USE_TZ = True``: Django then
+  reads every datetime of that database in that zone) makes it
+  ``CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', '<zone>')``, which needs the server's time zone
+  tables (a system check says when they are missing, another when the zone has daylight
+  saving: its wall clock skips an hour and repeats one). With ``USE_TZ = False`` the library's
+  own times are naive UTC there, as on SQLite: a wall clock in ``TIME_ZONE`` would go back an
+  hour each autumn, and a lease taken before the change would lapse an hour late (one taken
+  before the spring change, early).
 
   MariaDB and MySQL have two kinds of clock function. ``NOW()``, ``CURRENT_TIMESTAMP``,
   ``UTC_TIMESTAMP()`` and ``UNIX_TIMESTAMP()`` give the time the statement **began** (the
@@ -52,10 +56,15 @@ _ZONE_NAME = re.compile(r"[A-Za-z0-9/_+:-]+")
 
 
 def mysql_zone(connection: BaseDatabaseWrapper) -> str | None:
-    """The zone Django stores naive datetimes in on a MariaDB / MySQL ``connection``
-    (Django's ``connection.timezone_name``), or ``None`` when that is UTC.
+    """The zone the database clock is written in on a MariaDB / MySQL ``connection``:
+    ``None`` for UTC, which it is unless ``USE_TZ`` is on and the database's
+    ``DATABASES[...]["TIME_ZONE"]`` names another (Django's ``connection.timezone_name``,
+    the zone Django then reads that database's datetimes in). With ``USE_TZ`` off the
+    library's times are naive UTC (see the module's docstring).
 
     Raises ``ValueError`` for a name that is not a time zone name."""
+    if not django_settings.USE_TZ:
+        return None
     name = str(connection.timezone_name)
     if name.upper() in {"UTC", "ETC/UTC", "+00:00", "Z"}:
         return None
@@ -134,13 +143,16 @@ def seconds_param(connection: BaseDatabaseWrapper, seconds: float) -> float | in
 
 
 def _zone_of(alias: str) -> Any:
-    """The zone naive datetimes are in on ``alias`` when ``USE_TZ`` is off: UTC on SQLite (the
-    database clock, ``strftime('now')``, is UTC there), the connection's zone elsewhere
-    (``TIME_ZONE``, or the database's own ``TIME_ZONE``), never the zone a request activated.
-    (Django's ``connection.timezone`` is ``None`` without ``USE_TZ``, which would mean the
-    active zone to ``make_aware`` / ``make_naive``.)"""
+    """The zone the library's naive datetimes are in on ``alias`` when ``USE_TZ`` is off: UTC
+    on SQLite (the database clock, ``strftime('now')``, is UTC there) and on MariaDB / MySQL
+    (:func:`mysql_zone`); on PostgreSQL, whose columns hold instants, the connection's zone
+    (``TIME_ZONE``) — never the zone a request activated. (Django's ``connection.timezone``
+    is ``None`` without ``USE_TZ``, which would mean the active zone to ``make_aware`` /
+    ``make_naive``.)"""
     connection = connections[alias]
-    return UTC if connection.vendor == "sqlite" else ZoneInfo(connection.timezone_name)
+    if connection.vendor in ("sqlite", "mysql"):
+        return UTC
+    return ZoneInfo(connection.timezone_name)
 
 
 def to_aware(value: datetime, alias: str) -> datetime:

@@ -13,7 +13,6 @@ lease's first expiry with the lease still held.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -147,31 +146,15 @@ def test_hold_lease_renews_under_a_skewed_app_clock(skewed_app_clock: timedelta)
 def naive_datetimes() -> Iterator[None]:
     """``USE_TZ = False`` in a zone with daylight saving, on a fresh connection.
 
-    MariaDB / MySQL store those datetimes in the zone too, reached from UTC_TIMESTAMP(6) with
-    CONVERT_TZ: that needs the server's time zone tables. Without them (E021) this is a
-    skip on a developer's machine and a failure under ``CI=true`` (``.ci/run`` loads them).
+    PostgreSQL reads its instants in that zone; SQLite and MariaDB / MySQL keep the
+    library's naive times in UTC (no time zone tables needed).
     """
     connection.close()
     with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
         connection.close()
-        if connection.vendor == "mysql":
-            _need_time_zone_tables("America/New_York")
         yield
         connection.close()
     connection.close()
-
-
-def _need_time_zone_tables(zone: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CONVERT_TZ('2000-01-01 00:00:00', '+00:00', %s)", [zone])
-        known = cursor.fetchone()[0] is not None
-    if known:
-        return
-    why = f"the MariaDB / MySQL server's time zone tables do not know {zone}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{why} under CI (load them: mysql_tzinfo_to_sql /usr/share/zoneinfo)")
-    connection.close()
-    pytest.skip(f"{why} (load them: mysql_tzinfo_to_sql /usr/share/zoneinfo | mysql mysql)")
 
 
 def test_use_tz_false(naive_datetimes: None, sql_path: str) -> None:

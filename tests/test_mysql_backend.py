@@ -8,6 +8,7 @@ upsert acquire, and the system checks for settings that break leases.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -97,10 +98,17 @@ def test_db_now_is_utc_whatever_the_session_time_zone() -> None:
 def test_db_now_sql() -> None:
     assert clock.now_sql(connection) == "UTC_TIMESTAMP(6)"
     assert clock.seconds_param(connection, 1.5) == 1_500_000
+    # Naive times (USE_TZ = False) are UTC, whatever TIME_ZONE says: a wall clock with
+    # daylight saving would repeat an hour.
     with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
-        assert clock.mysql_zone(connection) == "Europe/Paris"
-        assert clock.now_sql(connection) == "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'Europe/Paris')"
+        assert clock.mysql_zone(connection) is None
+        assert clock.now_sql(connection) == "UTC_TIMESTAMP(6)"
     assert clock.mysql_zone(connection) is None
+    # A database TIME_ZONE (USE_TZ = True): Django reads that database in that zone.
+    paris = SimpleNamespace(vendor="mysql", timezone_name="Europe/Paris")
+    assert clock.mysql_zone(paris) == "Europe/Paris"  # type: ignore[arg-type]
+    expected = "CONVERT_TZ(UTC_TIMESTAMP(6), '+00:00', 'Europe/Paris')"
+    assert clock.now_sql(paris) == expected  # type: ignore[arg-type]
 
 
 def test_a_zone_name_that_is_not_one_is_refused() -> None:
@@ -256,6 +264,23 @@ def test_e021_a_storage_zone_the_server_does_not_know(monkeypatch: pytest.Monkey
     # An offset needs no time zone tables.
     monkeypatch.setattr(clock, "mysql_zone", lambda connection: "+02:00")
     assert checks.check_mysql_database(connection) == []
+
+
+def test_w041_a_storage_zone_with_daylight_saving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database TIME_ZONE with daylight saving (its wall clock skips and repeats an hour)
+    is warned of; a zone without it, or a fixed offset, is not."""
+    monkeypatch.setattr(clock, "mysql_zone", lambda connection: "Europe/Paris")
+    # (E021 too where the server's time zone tables were never loaded.)
+    messages = [m for m in checks.check_mysql_database(connection) if not m.id.endswith("E021")]
+    assert [m.id for m in messages] == ["django_leases.W041"]
+    assert "Europe/Paris" in messages[0].msg
+    for steady in ("Asia/Kolkata", "+05:30"):
+        monkeypatch.setattr(clock, "mysql_zone", functools.partial(_zone_named, steady))
+        assert checks.check_mysql_database(connection) == []
+
+
+def _zone_named(zone: str, connection: object) -> str:
+    return zone
 
 
 @pytest.mark.parametrize(
