@@ -101,16 +101,27 @@ def check_deadline(value: object, what: str = "deadline") -> float | None:
 
 
 def check_debounce(
-    debounce_key: object, debounce: object, *, key: object, run_after: object
+    debounce_key: object,
+    debounce: object,
+    *,
+    key: object,
+    run_after: object,
+    parent: object = None,
 ) -> float | None:
     """The debounce window in seconds (> 0) when ``debounce_key`` is given, else ``None``.
-    Both or neither; not with ``key`` nor ``run_after``. ``ValueError`` otherwise."""
+    Both or neither; not with ``key``, ``run_after`` nor ``parent``. ``ValueError``
+    otherwise."""
     if debounce_key is None and debounce is None:
         return None
     if debounce_key is None or debounce is None:
         raise ValueError("debounce_key and debounce go together: give both or neither")
     if key is not None:
         raise ValueError("A debounced start takes no key (debounce_key is its key)")
+    if parent is not None:
+        raise ValueError(
+            "A debounced start takes no parent: starts of many callers make one run, which "
+            "is no one run's child (start a child with run.child)"
+        )
     if run_after is not None:
         raise ValueError("A debounced start takes no run_after (debounce sets its first pass)")
     check_name(debounce_key, "Debounce key", max_length=MAX_KEY_LENGTH)
@@ -189,7 +200,7 @@ class RunTiming(RunOperations):
                 parent's deadline: its own is the earlier of the two, and without one of
                 its own it takes its parent's.
             debounce_key: a ``str`` (1–255 characters), with ``debounce`` (not with
-                ``key`` nor ``run_after``): at most one **pending** run (no pass
+                ``key``, ``run_after`` nor ``parent``): at most one **pending** run (no pass
                 has run yet) per workflow and debounce key. A start while one is pending
                 replaces its input (and its deadline, tags and queue key where this start
                 gives them: those it leaves out are kept), moves its first pass to DB now +
@@ -208,7 +219,7 @@ class RunTiming(RunOperations):
         """
         after = check_run_after(run_after)
         limit = check_deadline(deadline)
-        window = check_debounce(debounce_key, debounce, key=key, run_after=run_after)
+        window = check_debounce(debounce_key, debounce, key=key, run_after=run_after, parent=parent)
         tagged, keyed = self._check_start(workflow, input, key, tags, queue_key)
         alias = self.write_alias()
         cap = None

@@ -188,6 +188,7 @@ class WorkflowTimingConformanceTests(WorkflowConformanceSuite):
             {"debounce_key": 7, "debounce": 5},
             {"debounce_key": "k", "debounce": 5, "key": "k"},
             {"debounce_key": "k", "debounce": 5, "run_after": 5},
+            {"debounce_key": "k", "debounce": 5, "parent": uuid.uuid4()},
         ]
         for options in bad:
             with self.subTest(options=options), self.assertRaises(ValueError):
