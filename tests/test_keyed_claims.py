@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -17,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_leases.clock import db_now_plus
 from django_leases.models import StepStatus, WorkflowQueueKey, WorkflowRun, WorkflowStep
-from django_leases.workflows import start_workflow, workflow
+from django_leases.workflows import start_workflow
 from tests.helpers import finish_step, limited_queues, tuned_sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,11 +35,6 @@ FUNCTIONS = {
 }
 
 
-@workflow("tests.kc.idle")
-def _idle(run: Any, input: Any) -> Any:
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _queues() -> Iterator[None]:
     with limited_queues(QUEUES, FUNCTIONS):
@@ -50,7 +44,7 @@ def _queues() -> Iterator[None]:
 def _queue(
     key: str, names: list[str], function: str = "tests.kc.keyed", *, priority: int = 0
 ) -> uuid.UUID:
-    run_id = start_workflow("tests.kc.idle", {}, queue_key=key)
+    run_id = start_workflow("tests.idle", {}, queue_key=key)
     for name in names:
         WorkflowStep.objects.schedule(
             run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key, priority=priority

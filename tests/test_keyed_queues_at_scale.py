@@ -22,7 +22,6 @@ from django_leases.models import (
 )
 from django_leases.workflows import (
     start_workflow,
-    workflow,
 )
 from tests.helpers import finish_step, limited_queues, race, tuned_sql, with_queues
 
@@ -43,11 +42,6 @@ FUNCTIONS = {
 }
 
 
-@workflow("tests.bk.idle")
-def _idle(run: Any, input: Any) -> Any:
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _queues() -> Iterator[None]:
     with limited_queues(QUEUES, FUNCTIONS):
@@ -55,7 +49,7 @@ def _queues() -> Iterator[None]:
 
 
 def _queue(key: str, names: list[str], function: str = "tests.bk.keyed") -> uuid.UUID:
-    run_id = start_workflow("tests.bk.idle", {}, queue_key=key)
+    run_id = start_workflow("tests.idle", {}, queue_key=key)
     for name in names:
         WorkflowStep.objects.schedule(
             run_id, name, function, {}, queue=FUNCTIONS[function], queue_key=key
@@ -284,7 +278,7 @@ def test_3000_keys_a_hot_key_and_a_cold_one_the_claim_stays_bounded(sql_path: st
     statements and the hot key gets one turn per round of the other keys."""
     from django.test.utils import CaptureQueriesContext
 
-    run_id = start_workflow("tests.bk.idle", {}, queue_key="hot")
+    run_id = start_workflow("tests.idle", {}, queue_key="hot")
     rows = []
     base = WorkflowStep.objects.get_queryset().model
     for i in range(200):

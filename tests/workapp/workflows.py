@@ -1,4 +1,5 @@
-"""``tests.sub.two-steps``: two steps of ``tests.sub.echo``, which returns its data."""
+"""``tests.sub.two-steps``: two steps of ``tests.sub.echo``, which returns its data; and
+``tests.idle``, a workflow that does nothing (tests that schedule steps by hand start it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def two_steps(run: Any, input: Any) -> Any:
     """Two steps in a row; the output is both results."""
     first = run.step("first", "tests.sub.echo", {"n": 1})
     return [first, run.step("second", "tests.sub.echo", {"n": 2})]
+
+
+@workflow("tests.idle")
+def idle(run: Any, input: Any) -> None:
+    """Nothing: a run for steps a test schedules and claims by hand."""
+    return None
 
 
 # -- exactly once (tests/test_transactional_steps.py, tests/test_fencing.py) --------------------
