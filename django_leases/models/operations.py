@@ -46,6 +46,7 @@ from django_leases.workflows.values import (
     RunChange,
     RunStatus,
     StepStatus,
+    WaitStatus,
     run_lease_key,
 )
 
@@ -113,6 +114,10 @@ def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
     return names
 
 
+#: A failed step out of attempts (failed for good).
+_EXHAUSTED = Q(attempt__gte=F("retries") + 1)
+
+
 def _grant_last_attempts(alias: str, where: Q) -> list[str]:
     """Give each failed step matching ``where`` that is out of attempts one more, due now.
     Returns their names."""
@@ -140,6 +145,9 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
     * ``run`` is a child whose parent is completed or cancelled: it would be an orphan
       nobody waits for, which no cancel of its parent reaches any more (a failed parent may
       be resumed, and read it again);
+    * ``run`` is a child whose running or suspended parent read its outcome (a pass of the
+      parent settled its wait) and went on from it: the parent's replays would meet another
+      outcome than its history was made of;
     * ``run`` is a child a running or suspended fork of its parent read: the fork's replays
       would meet another outcome than its history was made of (a failed fork is like the
       failed parent: resume the child first, then it);
@@ -157,6 +165,16 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
                 verb,
                 f"its parent run {run.parent_id} is {status}; a child of a finished parent "
                 "cannot be",
+            )
+        read = waits.filter(run_id=run.parent_id, child_id=run.pk, status=WaitStatus.DONE)
+        if status in _REPLAYING_STATUSES and read.exists():
+            raise WorkflowRunStateError(
+                run.pk,
+                run.status,
+                verb,
+                f"its parent run {run.parent_id} is {status} and went on from its outcome "
+                "(run.child); cancel the parent first, or fork it from before run.child; a "
+                "child whose live parent read it cannot be",
             )
     # Its forks (any run's wait on it but its parent's; also once the parent was pruned).
     # The caller holds the run's lock, which a fork takes too before it reads the child.
@@ -394,20 +412,27 @@ class RunOperations(RunPasses):
         ``suspended`` run is set running again as by :meth:`resume` (the other steps of a
         suspended run that miss their step function are made due too, or the run could
         never finish); a ``running`` run just gets its step due now (ahead of its retry
-        delay).
+        delay), which it must still have attempts for: one that failed for good there may
+        have been caught by a pass that went on from it, whose replays would meet another
+        outcome.
 
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
         for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
-        step, and :class:`WorkflowRunStateError` when the step is not ``failed``, the run
-        is ``completed`` or ``cancelled``, or setting it running again would strand a run
-        that reads a child's outcome (:func:`_require_reopenable`; nothing written).
+        step, and :class:`WorkflowRunStateError` when the step is not ``failed`` (or, in a
+        ``running`` run, failed for good), the run is ``completed`` or ``cancelled``, or
+        setting it running again would strand a run that reads a child's outcome
+        (:func:`_require_reopenable`; nothing written).
         """
         check_identifier(step_name, "Step name")
         alias = self.write_alias()
         stepping = step_model().objects.db_manager(alias)
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
-            step = stepping.filter(run_id=run.pk, step_name=step_name).values("status").first()
+            step = (
+                stepping.filter(run_id=run.pk, step_name=step_name)
+                .values("status", "attempt", "retries")
+                .first()
+            )
             if step is None:
                 raise step_model().DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
             run.require("retry")
@@ -418,6 +443,15 @@ class RunOperations(RunPasses):
                     "retried",
                     f"step {step_name!r} is {step['status']}; only a failed step can be",
                 )
+            if run.status == RunStatus.RUNNING and step["attempt"] >= step["retries"] + 1:
+                raise WorkflowRunStateError(
+                    run.pk,
+                    run.status,
+                    "retried",
+                    f"step {step_name!r} failed on its last attempt, and a pass of the run may "
+                    "have gone on from that failure (caught it): retry it once the run has "
+                    "failed, or fork the run; a step failed for good in a running run cannot be",
+                )
             others = self._retry_locked(alias, run, Q(step_name=step_name))
         steps = (step_name, *(name for name in others if name != step_name))
         return RunChange(run.pk, run.status, RunStatus.RUNNING, steps)
@@ -426,12 +460,14 @@ class RunOperations(RunPasses):
         """Run **every** ``failed`` step of the run again as a new attempt, due at once: what
         :meth:`retry_step` does for one step, for each of them, in one transaction (the
         admin's "Retry the selected runs"). A step out of attempts is granted one more; a
-        ``failed`` or ``suspended`` run is set running again.
+        ``failed`` or ``suspended`` run is set running again. Of a ``running`` run only the
+        failed steps with attempts left are made due (one failed for good may have been
+        caught by a pass that went on).
 
         Returns a :class:`RunChange` (``steps``: the steps made due). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
         :class:`WorkflowRunStateError` when the run is ``completed`` or ``cancelled`` or has
-        no failed step, or setting it running again would strand a run that reads a
+        no such failed step, or setting it running again would strand a run that reads a
         child's outcome (:func:`_require_reopenable`; nothing written).
         """
         alias = self.write_alias()
@@ -439,14 +475,16 @@ class RunOperations(RunPasses):
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
             run.require("retry")
-            failed = list(
-                stepping.filter(run_id=run.pk, status=StepStatus.FAILED)
-                .order_by("id")
-                .values_list("step_name", flat=True)
-            )
+            failed_steps = stepping.filter(run_id=run.pk, status=StepStatus.FAILED)
+            if run.status == RunStatus.RUNNING:
+                failed_steps = failed_steps.exclude(_EXHAUSTED)
+            failed = list(failed_steps.order_by("id").values_list("step_name", flat=True))
             if not failed:
                 raise WorkflowRunStateError(
-                    run.pk, run.status, "retried", "a run with no failed step cannot be"
+                    run.pk,
+                    run.status,
+                    "retried",
+                    "a run with no failed step (a running one: none with attempts left) cannot be",
                 )
             others = self._retry_locked(alias, run, Q())
         steps = (*failed, *(name for name in others if name not in failed))
@@ -458,7 +496,11 @@ class RunOperations(RunPasses):
         a suspended or failed run running (inside the caller's transaction); the names of the
         other steps made due."""
         stepping = step_model().objects.db_manager(alias)
-        if run.status != RunStatus.RUNNING:
+        if run.status == RunStatus.RUNNING:
+            # A step failed for good there may have been read by a pass that went on from it
+            # (caught it): only steps with attempts left are made due early.
+            which &= ~_EXHAUSTED
+        else:
             _require_reopenable(alias, run, "retried")
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:

@@ -1,0 +1,153 @@
+"""An outcome a run's pass read is the outcome its every later replay reads
+(docs/howto/operators.md). A run that caught a child's failure (``WorkflowChildFailedError``)
+or a branch's failure for good (``WorkflowStepFailedError``) and went on has its history made
+of that failure, so while it may still replay (running or suspended) an operator cannot set that
+outcome moving again: resuming or retrying the child is refused while its live parent read it,
+and a running run's step that failed for good is not retried (one with attempts left still
+is). Nothing is written by a refusal, and the run finishes on the path it took."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_leases.exceptions import (
+    WorkflowChildFailedError,
+    WorkflowRunStateError,
+    WorkflowStepFailedError,
+)
+from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.workflows import send_event, start_workflow, step_function, workflow
+from tests.helpers import drain, run_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: The steps that fail while their name is in it.
+FAILING: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _failing() -> Any:
+    FAILING.clear()
+    FAILING.update({"k", "a"})
+    yield
+    FAILING.clear()
+
+
+@step_function("tests.read-once.work")
+def work(data: dict[str, Any], ctx: Any) -> Any:
+    if ctx.step_name in FAILING:
+        raise RuntimeError(f"{ctx.step_name} fails")
+    return data.get("n", ctx.step_name)
+
+
+@workflow("tests.read-once.kid")
+def kid_workflow(run: Any, input: Any) -> Any:
+    return run.step("k", "tests.read-once.work", {"n": 7}, retries=0)
+
+
+@workflow("tests.read-once.parent")
+def parent_workflow(run: Any, input: Any) -> Any:
+    try:
+        got = run.child("kid", "tests.read-once.kid", {})
+        path = "child"
+    except WorkflowChildFailedError:
+        got = run.step("compensate", "tests.read-once.work", {"n": -1}, retries=0)
+        path = "compensated"
+    run.wait_for_event("go")
+    return {"got": got, "path": path}
+
+
+@workflow("tests.read-once.fan")
+def fan_workflow(run: Any, input: Any) -> Any:
+    calls = [(name, "tests.read-once.work", {}) for name in ("a", "b")]
+    try:
+        got = run.parallel(calls, retries=0)
+        path = "fanned"
+    except WorkflowStepFailedError:
+        got = run.step("compensate", "tests.read-once.work", {"n": "c"}, retries=0)
+        path = "compensated"
+    run.wait_for_event("go")
+    return {"got": got, "path": path}
+
+
+def _finish(run_id: Any) -> WorkflowRun:
+    send_event(run_id, "go", {})
+    drain()
+    return run_of(run_id)
+
+
+@pytest.mark.parametrize("operation", ["resume", "retry"])
+@pytest.mark.parametrize("parent_status", [RunStatus.RUNNING, RunStatus.SUSPENDED])
+def test_a_child_whose_live_parent_went_on_from_its_failure_is_not_reopened(
+    operation: str, parent_status: str
+) -> None:
+    """The parent caught its child's failure, compensated and waits (running; or suspended,
+    as a missing step function leaves it): the child's resume or retry is refused, nothing
+    written, and the parent, once going again, completes on the compensated path."""
+    run_id = start_workflow("tests.read-once.parent", {})
+    drain()
+    kid = WorkflowRun.objects.get(parent_id=run_id)
+    assert kid.status == RunStatus.FAILED
+    assert run_of(run_id).status == RunStatus.RUNNING
+    WorkflowRun.objects.filter(pk=run_id).update(status=parent_status)
+    FAILING.clear()  # a deploy fixed the child
+    with pytest.raises(WorkflowRunStateError, match="went on from its outcome"):
+        getattr(WorkflowRun.objects, operation)(kid.pk)
+    assert run_of(kid.pk).status == RunStatus.FAILED
+    assert WorkflowStep.objects.get(run_id=kid.pk, step_name="k").status == StepStatus.FAILED
+    WorkflowRun.objects.filter(pk=run_id).update(status=RunStatus.RUNNING)
+    parent = _finish(run_id)
+    assert parent.status == RunStatus.COMPLETED, (parent.status, parent.error)
+    assert parent.output == {"got": -1, "path": "compensated"}
+
+
+def test_a_child_whose_parent_failed_on_it_is_resumed_first_as_documented() -> None:
+    """A parent that did not catch its child's failure failed with it: resuming the child,
+    then the parent, is still the documented repair."""
+    run_id = start_workflow("tests.read-once.kid-uncaught", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.FAILED
+    kid = WorkflowRun.objects.get(parent_id=run_id)
+    FAILING.clear()
+    WorkflowRun.objects.resume(kid.pk)
+    drain()
+    assert run_of(kid.pk).status == RunStatus.COMPLETED
+    WorkflowRun.objects.resume(run_id)
+    drain()
+    assert run_of(run_id).output == 7
+
+
+@workflow("tests.read-once.kid-uncaught")
+def uncaught_workflow(run: Any, input: Any) -> Any:
+    return run.child("kid", "tests.read-once.kid", {})
+
+
+def test_a_running_runs_step_that_failed_for_good_is_not_retried() -> None:
+    """Branch ``a`` failed for good, the run caught it, compensated and waits: retrying
+    ``a`` (alone, or with every failed step) is refused, nothing written, and the run
+    completes on the compensated path."""
+    run_id = start_workflow("tests.read-once.fan", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.RUNNING
+    FAILING.clear()
+    with pytest.raises(WorkflowRunStateError, match="failed on its last attempt"):
+        WorkflowRun.objects.retry_step(run_id, "a")
+    with pytest.raises(WorkflowRunStateError, match="no failed step"):
+        WorkflowRun.objects.retry(run_id)
+    a = WorkflowStep.objects.get(run_id=run_id, step_name="a")
+    assert (a.status, a.attempt, a.retries) == (StepStatus.FAILED, 1, 0)
+    run = _finish(run_id)
+    assert run.status == RunStatus.COMPLETED, (run.status, run.error)
+    assert run.output == {"got": "c", "path": "compensated"}
+
+
+def test_a_running_runs_step_with_attempts_left_is_retried_early() -> None:
+    """A failed step that still has attempts is made due now (ahead of its retry delay), as
+    before: no pass has read a failure of it."""
+    run_id = start_workflow("tests.read-once.fan", {})
+    drain()
+    WorkflowStep.objects.filter(run_id=run_id, step_name="a").update(retries=3)
+    WorkflowRun.objects.retry_step(run_id, "a")
+    assert WorkflowRun.objects.retry(run_id).steps == ("a",)
