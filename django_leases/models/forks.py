@@ -252,11 +252,18 @@ class RunForks(RunReplays):
         named = None
         if isinstance(error, dict) and error.get("code") == STEP_FAILED:
             named = error.get("step_name")
+        failed = steps.filter(status=StepStatus.FAILED).order_by("-id")
         if named:
-            failed = steps.filter(step_name=named, status=StepStatus.FAILED)
+            step_name = failed.filter(step_name=named).values_list("step_name", flat=True).first()
         else:
-            failed = steps.filter(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-        step_name = failed.order_by("-id").values_list("step_name", flat=True).first()
+            step_name = next(
+                (
+                    row["step_name"]
+                    for row in failed.values("step_name", "status", "attempt", "retries", "error")
+                    if row["attempt"] >= row["retries"] + 1 or _stopped_by_run_end(row)
+                ),
+                None,
+            )
         if step_name is None:
             if not self.rows().filter(pk=pk).exists():
                 raise self.model.DoesNotExist(f"No workflow run with id {pk}")
