@@ -323,3 +323,20 @@ def test_a_buffered_tick_started_after_an_edit_committed_starts_the_edited_sched
     fired = WorkflowSchedule.objects.all()._start_buffered(alias, stale, None)
     assert fired is not None and fired.run_id is not None
     assert WorkflowRun.objects.get(pk=fired.run_id).input == {"v": 2}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_schedule_turned_task_between_read_and_tick_is_left_due() -> None:
+    """``fire_due()`` without ``start_task`` leaves task schedules due for a caller that has
+    one. A schedule turned into a task schedule (a deploy's ``sync``) after this caller read
+    it, and before its tick was taken, is left due too: nothing started, nothing raised (the
+    scheduler round of every worker without tasks would fail on it), ``next_tick`` kept."""
+    alias = connection.alias
+    due = clock().replace(microsecond=0) - timedelta(seconds=1)
+    WorkflowSchedule.objects.sync([declaration("turns-task", WORKFLOW, "0 3 * * *")])
+    WorkflowSchedule.objects.filter(name="turns-task").update(next_tick=to_stored(due, alias))
+    stale = WorkflowSchedule.objects.filter(name="turns-task").annotate(db_now=DbNow()).get()
+    WorkflowSchedule.objects.filter(name="turns-task").update(task="tests.workapp.tasks.add")
+    assert WorkflowSchedule.objects.all()._fire(alias, stale) is None
+    assert to_aware(row_of("turns-task").next_tick, alias) == due  # type: ignore[arg-type]
+    assert keys_of("turns-task") == []

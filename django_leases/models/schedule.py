@@ -326,6 +326,8 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
                 cron=row.cron,
                 timezone=row.timezone,
                 catch_up=row.catch_up,
+                # A caller without start_task leaves a schedule turned task meanwhile due.
+                task=row.task,
                 declared=True,
                 paused=False,
             ).update(next_tick=to_stored(following, alias), updated_at=DbNow())
@@ -417,7 +419,11 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         with transaction.atomic(using=alias):
             rows = self._rows(alias)
             if not rows.filter(
-                pk=row.pk, buffered_tick=row.buffered_tick, declared=True, paused=False
+                pk=row.pk,
+                buffered_tick=row.buffered_tick,
+                task=row.task,
+                declared=True,
+                paused=False,
             ).update(updated_at=DbNow()):
                 return None
             row = rows.get(pk=row.pk)  # read again under the lock, as in _fire
