@@ -145,6 +145,16 @@ def rolled_back_whole(connection: BaseDatabaseWrapper, exc: BaseException) -> bo
     return connection.vendor == "mysql" and code in _MYSQL_RETRYABLE
 
 
+def outside_transactions(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the caller holds no transaction on ``connection``: in no ``atomic()`` block,
+    and not in a manual one either (``transaction.set_autocommit(False)``). Connecting afresh
+    or running a transaction again from its start loses nothing of the caller's then."""
+    if connection.in_atomic_block:
+        return False
+    # Not connected yet: no transaction (set_autocommit(False) connects first).
+    return connection.connection is None or bool(connection.autocommit)
+
+
 #: How many times :func:`again_after_whole_rollback` runs a transaction in all.
 WHOLE_ROLLBACK_ROUNDS = 5
 
@@ -159,8 +169,8 @@ def again_after_whole_rollback(
     ``rounds`` (``int`` ≥ 1) calls in all, each time MariaDB / MySQL rolled that transaction
     back whole (:func:`rolled_back_whole`: a deadlock or lock-wait timeout, typically with a
     concurrent writer of the same unique key). Only when the caller holds no transaction on
-    ``alias``: inside the caller's, the rollback took the caller's work too, so the error is
-    raised at once. Returns what ``run`` returned.
+    ``alias`` (:func:`outside_transactions`): inside the caller's, the rollback took the
+    caller's work too, so the error is raised at once. Returns what ``run`` returned.
 
     Raises:
         OperationalError: ``run``'s, when it is not such a rollback, when the caller is in
@@ -168,7 +178,7 @@ def again_after_whole_rollback(
         Exception: whatever else ``run`` raises, at once.
     """
     connection = connections[alias]
-    owned = not connection.in_atomic_block
+    owned = outside_transactions(connection)
     for round_ in range(1, rounds):
         try:
             return run()
@@ -505,7 +515,7 @@ def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any
             return cursor.fetchone()
     connection.close_if_health_check_failed()
     raw = connection.connection
-    if raw is not None and getattr(raw, "closed", False) and not connection.in_atomic_block:
+    if raw is not None and getattr(raw, "closed", False) and outside_transactions(connection):
         # A connection the driver already found dead (psycopg2 keeps it, closed, and
         # Django reconnects only when it has none): outside a transaction nothing is lost
         # by connecting afresh.

@@ -10,12 +10,14 @@ database error while waiting is logged and tried again", counts that error among
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 
 from django_leases import hold_lease
+from django_leases.db import DATABASE_FAULTS
 from django_leases.models import Lease
 from tests.helpers import backend_pid, on_another_thread, unique_key
 
@@ -85,3 +87,21 @@ def test_a_waiting_ahold_reconnects_after_the_server_ended_its_connection() -> N
             await sync_to_async(lambda: connection.close())()
 
     assert async_to_sync(body)()
+
+
+def test_a_dead_connection_is_not_replaced_inside_a_manual_transaction() -> None:
+    """Rule: with autocommit off (the caller's manual transaction), a lease acquire on a
+    connection the server ended does not connect afresh in autocommit: it fails, nothing is
+    committed behind the caller's back, and the connection is still not in autocommit."""
+    key = unique_key("manual-tx-dead")
+    transaction.set_autocommit(False)
+    try:
+        _kill_own_backend_and_fail_a_query()
+        with pytest.raises(DATABASE_FAULTS):
+            Lease.objects.acquire(key, "manual-holder", 5)
+        assert connection.autocommit is False
+        with contextlib.suppress(*DATABASE_FAULTS):
+            transaction.rollback()
+    finally:
+        connection.close()
+    assert not Lease.objects.filter(key=key).exists(), "the lease was committed"
