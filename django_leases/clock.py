@@ -44,7 +44,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings as django_settings
-from django.db import connections
+from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import DateTimeField, ExpressionWrapper, Value
 from django.db.models.expressions import Combinable
@@ -181,3 +181,28 @@ __all__ = [
     "to_aware",
     "to_stored",
 ]
+
+
+class AutoTimeField(DateTimeField):  # type: ignore[type-arg]
+    """Django's ``DateTimeField`` for ``auto_now`` / ``auto_now_add`` columns of the library's
+    models, whose value is in the zone the library keeps its own times in on the model's
+    database (:func:`to_stored`). With ``USE_TZ`` on that is Django's own value. With it off,
+    Django writes naive ``TIME_ZONE`` times, while the database clock writes naive UTC on
+    SQLite and MariaDB / MySQL: a run would be created hours after it finished, a task
+    enqueued after it started. Deconstructs as ``DateTimeField``: no migration."""
+
+    def pre_save(self, model_instance: Any, add: bool) -> Any:
+        """The value saved (and set on ``model_instance``): now, for an ``auto_now`` field,
+        or an ``auto_now_add`` one on insert (``add``); else the instance's own value."""
+        if django_settings.USE_TZ or not (self.auto_now or (self.auto_now_add and add)):
+            return super().pre_save(model_instance, add)
+        # The database the instance is saved to: known once it was saved; else the router's.
+        alias = model_instance._state.db or router.db_for_write(type(model_instance))
+        value = to_stored(datetime.now(UTC), alias)
+        setattr(model_instance, self.attname, value)
+        return value
+
+    def deconstruct(self) -> Any:
+        """As Django's ``DateTimeField`` (the migrations name no class of ours)."""
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.DateTimeField", args, kwargs

@@ -69,7 +69,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
-from django_leases.clock import DbNow
+from django_leases.clock import AutoTimeField, DbNow
 from django_leases.conf import leases_settings, webhooks_extra
 from django_leases.exceptions import (
     CredentialError,
@@ -802,7 +802,7 @@ class TriggerSource(models.Model):
     status = models.CharField(_("status"), max_length=32, null=True, blank=True)
     state = models.JSONField(_("state"), null=True, blank=True)
     detail = models.TextField(_("detail"), null=True, blank=True)
-    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    updated_at = AutoTimeField(_("updated at"), auto_now=True)
 
     objects: ClassVar[TriggerSourceQuerySet] = TriggerSourceQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -853,7 +853,7 @@ class TriggerSourceDefaults(models.Model):
 
     base_url = models.CharField(max_length=500, null=True, blank=True)
     label_prefix = models.CharField(max_length=200, null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = AutoTimeField(auto_now=True)
 
     objects: ClassVar[TriggerSourceDefaultsQuerySet] = TriggerSourceDefaultsQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -899,7 +899,7 @@ class TriggerEvent(models.Model):
         default="",
         help_text=_("What the handler did with the delivery, when it said so."),
     )
-    received_at = models.DateTimeField(_("received at"), auto_now_add=True)
+    received_at = AutoTimeField(_("received at"), auto_now_add=True)
 
     objects: ClassVar[TriggerEventQuerySet] = TriggerEventQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -984,8 +984,8 @@ class TriggerRefusal(models.Model):
     )
     count = models.BigIntegerField(default=1)
     last_status = models.PositiveSmallIntegerField()
-    first_refused_at = models.DateTimeField(auto_now_add=True)
-    last_refused_at = models.DateTimeField(auto_now_add=True)
+    first_refused_at = AutoTimeField(auto_now_add=True)
+    last_refused_at = AutoTimeField(auto_now_add=True)
 
     objects: ClassVar[TriggerRefusalQuerySet] = TriggerRefusalQuerySet.as_manager()  # type: ignore[assignment]
 
@@ -1012,7 +1012,7 @@ class TriggerSecret(models.Model):
 
     name = models.CharField(max_length=MAX_NAME_LENGTH, unique=True)
     ciphertext = models.TextField()
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = AutoTimeField(auto_now=True)
 
     objects: ClassVar[TriggerSecretQuerySet] = TriggerSecretQuerySet.as_manager()  # type: ignore[assignment]
 

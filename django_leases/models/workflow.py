@@ -40,7 +40,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import db
-from django_leases.clock import DbNow
+from django_leases.clock import AutoTimeField, DbNow
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_KEY_LENGTH, MAX_QUEUE_LENGTH
 from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
@@ -237,8 +237,8 @@ class WorkflowRun(models.Model):
         verbose_name=_("forked from"),
         help_text=_("The run this one was forked from (fork_run)."),
     )
-    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
-    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+    created_at = AutoTimeField(_("created at"), auto_now_add=True)
+    updated_at = AutoTimeField(_("updated at"), auto_now=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
 
     #: Set by ``WorkflowRun.objects.start``: whether that call created the run (``False``:
@@ -415,8 +415,8 @@ class WorkflowStep(models.Model):
     queue_key = _queue_key_field(
         _("The key it counts under for its queue's per-key limits (empty: none).")
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = AutoTimeField(auto_now_add=True)
+    updated_at = AutoTimeField(auto_now=True)
 
     objects: ClassVar[WorkflowStepQuerySet] = WorkflowStepQuerySet.as_manager()  # type: ignore[assignment]
 
