@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 from django_leases.exceptions import (
     WorkflowChildFailedError,
@@ -18,8 +19,9 @@ from django_leases.exceptions import (
     WorkflowStepFailedError,
 )
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
+from django_leases.models.wait import WorkflowWaitQuerySet
 from django_leases.workflows import send_event, start_workflow, step_function, workflow
-from tests.helpers import drain, run_of
+from tests.helpers import drain, run_of, start_blocked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -151,3 +153,77 @@ def test_a_running_runs_step_with_attempts_left_is_retried_early() -> None:
     WorkflowStep.objects.filter(run_id=run_id, step_name="a").update(retries=3)
     WorkflowRun.objects.retry_step(run_id, "a")
     assert WorkflowRun.objects.retry(run_id).steps == ("a",)
+
+
+def test_a_resume_before_the_parents_reading_pass_settles_is_read_by_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parent's pass read its child failed; before it settles the wait, an operator
+    resumes the child (committed first). The pass reads the child again under its lock,
+    finds it running, settles nothing and ends: the parent then reads the child's new
+    outcome, and never compensates for a failure that no longer stands."""
+    original = WorkflowWaitQuerySet.settle_child
+    resumed: list[Any] = []
+
+    def settle_child(self: Any, wait: Any, *, pending: Any = None) -> Any:
+        if not resumed and wait.name == "kid":
+            FAILING.clear()  # a deploy fixed the child
+            resumed.append(WorkflowRun.objects.resume(wait.child_id))
+        return original(self, wait, pending=pending)
+
+    monkeypatch.setattr(WorkflowWaitQuerySet, "settle_child", settle_child)
+    run_id = start_workflow("tests.read-once.parent", {})
+    drain()
+    assert resumed, "the parent's pass never settled its child wait"
+    kid = WorkflowRun.objects.get(parent_id=run_id)
+    assert run_of(kid.pk).status == RunStatus.COMPLETED
+    assert not WorkflowStep.objects.filter(run_id=run_id, step_name="compensate").exists()
+    parent = _finish(run_id)
+    assert parent.output == {"got": 7, "path": "child"}
+
+
+def test_a_resume_racing_the_parents_settled_read_waits_for_it_and_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The parent's pass has read its child failed and settled the wait, its transaction
+    still open: an operator's resume of the child waits on the child's row lock (ordered
+    with the database's lock waits, no sleep), then finds the wait settled and is refused.
+    The parent compensates, and the child stays failed."""
+    original = WorkflowWaitQuerySet.settle_child
+    raced: list[Any] = []
+
+    def settle_child(self: Any, wait: Any, *, pending: Any = None) -> Any:
+        if raced or wait.name != "kid":
+            return original(self, wait, pending=pending)
+        FAILING.clear()
+        with transaction.atomic():
+            settled = original(self, wait, pending=pending)
+            raced.append(start_blocked(lambda: WorkflowRun.objects.resume(wait.child_id)))
+        return settled
+
+    monkeypatch.setattr(WorkflowWaitQuerySet, "settle_child", settle_child)
+    run_id = start_workflow("tests.read-once.parent", {})
+    drain()
+    assert raced, "the parent's pass never settled its child wait"
+    if connection.vendor != "sqlite":  # SQLite cannot show a waiting connection
+        assert raced[0].waited
+    with pytest.raises(WorkflowRunStateError, match="went on from its outcome"):
+        raced[0].result()
+    assert run_of(WorkflowRun.objects.get(parent_id=run_id).pk).status == RunStatus.FAILED
+    parent = _finish(run_id)
+    assert parent.output == {"got": -1, "path": "compensated"}
+
+
+def test_a_suspended_runs_step_that_failed_for_good_is_not_retried() -> None:
+    """A suspended run (a missing step function leaves one) may replay as much as a running
+    one: its caught, failed-for-good step is not retried either, alone or with the others."""
+    run_id = start_workflow("tests.read-once.fan", {})
+    drain()
+    WorkflowRun.objects.filter(pk=run_id).update(status=RunStatus.SUSPENDED)
+    FAILING.clear()
+    with pytest.raises(WorkflowRunStateError, match="failed on its last attempt"):
+        WorkflowRun.objects.retry_step(run_id, "a")
+    with pytest.raises(WorkflowRunStateError, match="no failed step"):
+        WorkflowRun.objects.retry(run_id)
+    WorkflowRun.objects.filter(pk=run_id).update(status=RunStatus.RUNNING)
+    assert _finish(run_id).output == {"got": "c", "path": "compensated"}

@@ -147,7 +147,8 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
       be resumed, and read it again);
     * ``run`` is a child whose running or suspended parent read its outcome (a pass of the
       parent settled its wait) and went on from it: the parent's replays would meet another
-      outcome than its history was made of;
+      outcome than its history was made of (a failed parent is the operator's to repair:
+      resume the child, then it — or fork it, if it went on from the child's failure);
     * ``run`` is a child a running or suspended fork of its parent read: the fork's replays
       would meet another outcome than its history was made of (a failed fork is like the
       failed parent: resume the child first, then it);
@@ -412,16 +413,16 @@ class RunOperations(RunPasses):
         ``suspended`` run is set running again as by :meth:`resume` (the other steps of a
         suspended run that miss their step function are made due too, or the run could
         never finish); a ``running`` run just gets its step due now (ahead of its retry
-        delay), which it must still have attempts for: one that failed for good there may
-        have been caught by a pass that went on from it, whose replays would meet another
-        outcome.
+        delay), which it must still have attempts for: one that failed for good in a running
+        or suspended run may have been caught by a pass that went on from it, whose replays
+        would meet another outcome.
 
         Returns a :class:`RunChange`. Raises ``WorkflowRun.DoesNotExist`` / ``ValueError``
         for an unknown or malformed run id, ``WorkflowStep.DoesNotExist`` for an unknown
         step, and :class:`WorkflowRunStateError` when the step is not ``failed`` (or, in a
-        ``running`` run, failed for good), the run is ``completed`` or ``cancelled``, or
-        setting it running again would strand a run that reads a child's outcome
-        (:func:`_require_reopenable`; nothing written).
+        ``running`` or ``suspended`` run, failed for good), the run is ``completed`` or
+        ``cancelled``, or setting it running again would strand a run that reads a child's
+        outcome (:func:`_require_reopenable`; nothing written).
         """
         check_identifier(step_name, "Step name")
         alias = self.write_alias()
@@ -443,14 +444,14 @@ class RunOperations(RunPasses):
                     "retried",
                     f"step {step_name!r} is {step['status']}; only a failed step can be",
                 )
-            if run.status == RunStatus.RUNNING and step["attempt"] >= step["retries"] + 1:
+            if run.status in _REPLAYING_STATUSES and step["attempt"] >= step["retries"] + 1:
                 raise WorkflowRunStateError(
                     run.pk,
                     run.status,
                     "retried",
                     f"step {step_name!r} failed on its last attempt, and a pass of the run may "
                     "have gone on from that failure (caught it): retry it once the run has "
-                    "failed, or fork the run; a step failed for good in a running run cannot be",
+                    "failed, or fork the run; a step failed for good in a live run cannot be",
                 )
             others = self._retry_locked(alias, run, Q(step_name=step_name))
         steps = (step_name, *(name for name in others if name != step_name))
@@ -460,9 +461,11 @@ class RunOperations(RunPasses):
         """Run **every** ``failed`` step of the run again as a new attempt, due at once: what
         :meth:`retry_step` does for one step, for each of them, in one transaction (the
         admin's "Retry the selected runs"). A step out of attempts is granted one more; a
-        ``failed`` or ``suspended`` run is set running again. Of a ``running`` run only the
-        failed steps with attempts left are made due (one failed for good may have been
-        caught by a pass that went on).
+        ``failed`` or ``suspended`` run is set running again. Of a ``running`` or ``suspended``
+        run only the failed steps with attempts left are made due (one failed for good may
+        have been caught by a pass that went on); of a ``failed`` run, every one (including
+        one the workflow caught and went past: fork a run that compensated for such a
+        failure instead, :meth:`fork_from_failed`).
 
         Returns a :class:`RunChange` (``steps``: the steps made due). Raises
         ``WorkflowRun.DoesNotExist`` / ``ValueError`` for an unknown or malformed id and
@@ -476,7 +479,7 @@ class RunOperations(RunPasses):
             run = self._lock_for_operator(alias, run_id)
             run.require("retry")
             failed_steps = stepping.filter(run_id=run.pk, status=StepStatus.FAILED)
-            if run.status == RunStatus.RUNNING:
+            if run.status in _REPLAYING_STATUSES:
                 failed_steps = failed_steps.exclude(_EXHAUSTED)
             failed = list(failed_steps.order_by("id").values_list("step_name", flat=True))
             if not failed:
@@ -484,7 +487,7 @@ class RunOperations(RunPasses):
                     run.pk,
                     run.status,
                     "retried",
-                    "a run with no failed step (a running one: none with attempts left) cannot be",
+                    "a run with no failed step (a live one: none with attempts left) cannot be",
                 )
             others = self._retry_locked(alias, run, Q())
         steps = (*failed, *(name for name in others if name not in failed))
@@ -496,11 +499,11 @@ class RunOperations(RunPasses):
         a suspended or failed run running (inside the caller's transaction); the names of the
         other steps made due."""
         stepping = step_model().objects.db_manager(alias)
-        if run.status == RunStatus.RUNNING:
+        if run.status in _REPLAYING_STATUSES:
             # A step failed for good there may have been read by a pass that went on from it
-            # (caught it): only steps with attempts left are made due early.
+            # (caught it): only steps with attempts left are made due.
             which &= ~_EXHAUSTED
-        else:
+        if run.status != RunStatus.RUNNING:
             _require_reopenable(alias, run, "retried")
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:

@@ -33,7 +33,13 @@ from django_leases.validation import (
     parse_run_id,
     wait_seconds,
 )
-from django_leases.workflows.values import PendingResult, RunStatus, WaitKind, WaitStatus
+from django_leases.workflows.values import (
+    FINISHED_RUN_STATUSES,
+    PendingResult,
+    RunStatus,
+    WaitKind,
+    WaitStatus,
+)
 
 logger = logging.getLogger("django_leases.workflows")
 
@@ -240,12 +246,28 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     )
         return self._one(wait.pk)
 
-    def settle_child(self, wait: WorkflowWait, *, pending: PendingResult | None = None) -> None:
-        """Mark a child wait ``done`` once its child run has finished (for operators; the
-        outcome itself is the child's status). ``pending``: as for :meth:`reach`."""
-        rows = self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING)
-        with _with_pending(self.write_alias(), pending):
-            rows.update(status=WaitStatus.DONE, done_at=DbNow())
+    def settle_child(
+        self, wait: WorkflowWait, *, pending: PendingResult | None = None
+    ) -> WorkflowRun | None:
+        """Mark a child wait ``done`` once its child run has finished: the outcome the pass
+        goes on from is then read (the outcome itself is the child's status). The child is
+        read again under its row's lock — the lock an operator's resume or retry of the
+        child takes, which refuses a child whose wait is ``done`` — so the two never both
+        go on. Returns the child as read under that lock; ``None`` when it is no longer
+        finished (reopened since the pass read it; the wait stays ``waiting``, and the
+        child's end asks the parent for its next pass). One transaction, with ``pending``
+        (as for :meth:`reach`) written first."""
+        alias = self.write_alias()
+        with transaction.atomic(using=alias):
+            write_pending(alias, pending)
+            runs = WorkflowRun._default_manager.using(alias).filter(pk=wait.child_id)
+            child = db.for_update(runs, alias).first()
+            if child is None or child.status not in FINISHED_RUN_STATUSES:
+                return None
+            self.rows().filter(pk=wait.pk, status=WaitStatus.WAITING).update(
+                status=WaitStatus.DONE, done_at=DbNow()
+            )
+            return child
 
     def settle(self, wait: WorkflowWait, *, pending: PendingResult | None = None) -> WorkflowWait:
         """Decide a ``waiting`` wait whose ``due_at`` has passed on the database clock: a

@@ -487,7 +487,11 @@ class _Pass:
             raise WorkflowChildFailedError(name, None, "missing", "the child run was deleted")
         if child.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
             if wait.status == WaitStatus.WAITING:
-                self.write(lambda pending: store.settle_child(wait, pending=pending))
+                # Read again under the child's lock: an operator may have reopened it since.
+                settled = self.write(lambda pending: store.settle_child(wait, pending=pending))
+                if settled is None:
+                    self.end()  # running again: its end asks for the next pass
+                child = settled
             if child.status == RunStatus.COMPLETED:
                 return child.output
             raise WorkflowChildFailedError(name, child.pk, child.status, child.error)
