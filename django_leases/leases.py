@@ -337,12 +337,13 @@ class HeldLease:
             DatabaseError: not ``waiting``, as the acquire statement raised it.
         """
         alias = self.alias
-        if connections[alias].in_atomic_block:
+        if not db.outside_transactions(connections[alias]):
             # The grant would stay invisible to everyone else until the outer transaction
             # commits, and the renewal thread (its own connection) would wait on the row lock.
             raise MisuseError(
-                f"hold_lease({self.key!r}) cannot run inside transaction.atomic() on "
-                f"database {alias!r}: a lease must be committed to protect anything. "
+                f"hold_lease({self.key!r}) cannot run inside transaction.atomic() (or with "
+                f"autocommit off) on database {alias!r}: a lease must be committed to "
+                "protect anything. "
                 "Take the lease outside the transaction (in tests, use TransactionTestCase "
                 "or django_db(transaction=True))."
             )

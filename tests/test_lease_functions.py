@@ -177,16 +177,23 @@ def test_the_switch_still_takes_the_portable_path() -> None:
 
 @pytest.mark.psycopg3_only  # libpq's state of a dead connection is set through psycopg 3
 @pytest.mark.django_db(transaction=True)
-def test_a_dead_connection_fails_with_django_s_exception_even_before_the_statement() -> None:
-    """A connection psycopg already knows is broken fails when the cursor is made: that too
-    must be Django's exception (callers such as the hold's release retry on it)."""
+def test_a_connection_the_driver_knows_dead_is_replaced_outside_a_transaction() -> None:
+    """A connection psycopg already knows is broken is replaced by the lease statements
+    outside a transaction (nothing of the caller's is lost); inside one, it fails when the
+    cursor is made, with Django's exception (callers such as the hold's release retry on
+    it)."""
     key = unique_key("fn-dead")
     connection.close()
     lease = Lease.objects.acquire(key, "a", 30)  # a fresh connection, and its kept cursor
     assert lease is not None
     connection.connection.pgconn.finish()  # as libpq leaves a connection it saw die
     connection._dl_hot_cursor = None  # type: ignore[attr-defined]  # a cursor must be made
-    with pytest.raises(OperationalError):
-        Lease.objects.release(lease)
+    assert Lease.objects.release(lease) is True
+    lease = Lease.objects.acquire(key, "a", 30)
+    assert lease is not None
+    with pytest.raises(OperationalError), transaction.atomic():
+        connection.connection.pgconn.finish()
+        connection._dl_hot_cursor = None  # type: ignore[attr-defined]
+        Lease.objects.refresh(lease, 30)
     close_old_connections()
     assert Lease.objects.release(lease) is True

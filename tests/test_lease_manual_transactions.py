@@ -71,3 +71,22 @@ def test_a_workflow_started_under_manual_transaction_management_is_told() -> Non
         run_started.disconnect(on_started)
     assert WorkflowRun.objects.filter(pk=run_id).exists()
     assert heard == ["tests.sub.two-steps"]
+
+
+def test_a_hold_and_a_worker_are_refused_under_manual_transaction_management() -> None:
+    """``hold_lease`` and a workflow worker refuse a caller's manual transaction as they
+    refuse ``atomic()``: the grant would stay invisible until the caller commits, and the
+    worker's threads would never see the transaction's rows."""
+    from django_leases import hold_lease
+    from django_leases.exceptions import MisuseError
+    from django_leases.workflows.worker import Worker
+
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(MisuseError, match="autocommit off"), hold_lease("manual-hold", ttl=5):
+            pass
+        with pytest.raises(MisuseError, match="autocommit off"):
+            Worker()._check_ready()
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)

@@ -190,7 +190,7 @@ def unreachable_database_error(given: str | Sequence[str] | None) -> CommandErro
     """
     aliases = _aliases(given)
     for alias in aliases:
-        if alias in connections and connections[alias].in_atomic_block:
+        if alias in connections and not db.outside_transactions(connections[alias]):
             continue  # a caller's transaction (broken, perhaps): a probe would say nothing
         finding = health.check_database(alias)
         if finding.status == health.UNREACHABLE:

@@ -84,7 +84,7 @@ class StepTransactions(StepPatches):
         """
         check_attempt(attempt)
         alias = self.write_alias()
-        if not connections[alias].in_atomic_block:
+        if db.outside_transactions(connections[alias]):
             raise ValueError(f"lock_for_result() needs an open transaction on database {alias!r}")
         past = Case(
             When(deadline_at__lte=DbNow(), then=Value(True)),

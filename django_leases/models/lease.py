@@ -562,7 +562,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             if not qs.filter(key=key).exists():
                 qs.bulk_create(placeholder, ignore_conflicts=True)
 
-        outside = not connections[alias].in_atomic_block
+        outside = db.outside_transactions(connections[alias])
         if outside:
             # Its own statement, committed at once: that shared lock, kept to the locking
             # read below, would deadlock two acquirers (each holding it, each waiting to lock

@@ -407,7 +407,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         """
         alias = self.write_alias()
         connection = connections[alias]
-        if connection.in_atomic_block:
+        if not db.outside_transactions(connection):
             return 0
         leases = Lease.objects.db_manager(alias)
         given = 0

@@ -241,7 +241,7 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
                 functions(connection)[short].name,
                 exc,
             )
-        if connection.in_atomic_block:
+        if not db.outside_transactions(connection):
             # The caller's transaction is aborted (a transactional step's, say): it fails
             # this once; its next try takes the portable path.
             raise

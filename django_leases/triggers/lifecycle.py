@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections, router
 from django.urls import NoReverseMatch, get_script_prefix, reverse
 
+from django_leases import db
 from django_leases.conf import leases_settings
 from django_leases.exceptions import (
     LeaseError,
@@ -191,10 +192,11 @@ def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLea
     check_name(name, "A trigger source name")
     seconds(wait, "wait")
     alias = using or router.db_for_write(Lease)
-    if connections[alias].in_atomic_block:
+    if not db.outside_transactions(connections[alias]):
         raise MisuseError(
             f"Trigger source {name!r}: enable, disable, teardown and reconcile take the "
-            "source's lease, which cannot be held inside transaction.atomic() (a TestCase). "
+            "source's lease, which cannot be held inside transaction.atomic() (a TestCase) "
+            "or with autocommit off. "
             "To test a webhook handler, use django_leases.testing.enable_source() and "
             "deliver(); to test setup at a provider, use a TransactionTestCase."
         )

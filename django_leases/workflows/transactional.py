@@ -289,7 +289,7 @@ def cut_short(claim: Claim, error: BaseException, *, claimant: str | None = None
     store = WorkflowStep.objects.db_manager(claim.using)
     connection = connections[claim.using]
     try:
-        if not connection.in_atomic_block:
+        if db.outside_transactions(connection):
             connection.close()  # the next statement reconnects: the old one may be dead
         why = f"Its transaction was cut short by a database error: {error}"
         if not store.give_back(claim.step_id, claim.attempt, why[:1000]) and claimant:

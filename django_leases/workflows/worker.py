@@ -493,12 +493,13 @@ class Worker:
         """Refuse to start where the tuned statements' functions are missing (the migrations
         install them): every unit of work would fail."""
         connection = connections[self.alias]
-        if connection.in_atomic_block:
+        if not db.outside_transactions(connection):
             # Its threads have connections of their own: they would never see this
             # transaction's rows (a TestCase's), and wait for work that is not there.
             raise MisuseError(
-                f"A workflow worker cannot run inside transaction.atomic() on database "
-                f"{self.alias!r} (a TestCase runs each test in one): its threads use their own "
+                f"A workflow worker cannot run inside transaction.atomic() (or with "
+                f"autocommit off) on database {self.alias!r} (a TestCase runs each test in "
+                "one): its threads use their own "
                 "connections and cannot see this transaction's rows. In tests, drive the runs "
                 "on this thread with django_leases.testing.drive(), or use "
                 "TransactionTestCase or django_db(transaction=True)."
