@@ -31,7 +31,6 @@ import json
 import os
 import socket
 import threading
-import traceback
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -75,6 +74,7 @@ from django_leases.validation import (
     check_queue_key,
     json_depth,
     seconds,
+    traceback_text,
 )
 from django_leases.workflows.registry import one_step_workflow, step_function, workflow
 from django_leases.workflows.values import (
@@ -468,7 +468,7 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
         backend = task_backends[data["backend"]]
         task = _task_of(data)
     except Exception as exc:  # the task is gone from the code, or its backend from TASKS
-        raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
+        raise TaskAttemptError(exc, traceback_text(exc), worker_id) from exc
 
     if ctx.attempt == 1 and ctx.started_at is not None and ctx.run_created_at is not None:
         live = _first_attempt_result(task, ctx, data, worker_id)
@@ -487,7 +487,7 @@ def run_task(data: Any, ctx: Any) -> dict[str, Any]:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # this attempt's failure: recorded with what Django shows
-        raise TaskAttemptError(exc, "".join(traceback.format_exception(exc)), worker_id) from exc
+        raise TaskAttemptError(exc, traceback_text(exc), worker_id) from exc
     return {"return_value": value, "worker_id": worker_id}
 
 

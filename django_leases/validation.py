@@ -534,15 +534,36 @@ def _safe_repr(value: Any) -> str:
 
 #: Characters of a traceback an error keeps: its end, where the frame that raised is.
 TRACEBACK_KEPT = 8000
+#: How many characters of an error's message, and of each text its ``error_fields`` add, an
+#: error record keeps (the start): a message of megabytes would not fit the record's row
+#: (MariaDB's ``max_allowed_packet``), and the attempt's error would be lost with it.
+MESSAGE_KEPT = 10_000
+#: How many characters of one chunk of a traceback (a frame, or the line naming the exception
+#: with its message) :func:`traceback_text` keeps: a huge message must not push every frame,
+#: and its own exception's name, out of the :data:`TRACEBACK_KEPT` kept.
+TRACEBACK_CHUNK_KEPT = 2000
 
 
-def _traceback_text(error: BaseException) -> str:
-    """``error``'s traceback as Python prints it, cut to its last :data:`TRACEBACK_KEPT`
-    characters (after a line saying so); a traceback that cannot be formatted says that."""
+def _kept(text: str) -> str:
+    """``text`` cut to its first :data:`MESSAGE_KEPT` characters (saying so), cleaned."""
+    if len(text) > MESSAGE_KEPT:
+        text = text[:MESSAGE_KEPT] + " … (the rest is cut)"
+    return clean_text(text)
+
+
+def traceback_text(error: BaseException) -> str:
+    """``error``'s traceback as Python prints it, each chunk (a frame; the line naming an
+    exception, with its message) cut to :data:`TRACEBACK_CHUNK_KEPT` characters and the whole
+    to its last :data:`TRACEBACK_KEPT` (after a line saying so); a traceback that cannot be
+    formatted says that."""
     try:
-        text = "".join(traceback.format_exception(error))
+        chunks = traceback.format_exception(error)
     except Exception:  # a broken __str__ or __repr__ in a frame must not stop the record
         return f"<the traceback of {type(error).__name__} could not be formatted>"
+    text = "".join(
+        chunk if len(chunk) <= TRACEBACK_CHUNK_KEPT else chunk[:TRACEBACK_CHUNK_KEPT] + " … (cut)\n"
+        for chunk in chunks
+    )
     if len(text) > TRACEBACK_KEPT:
         text = "… (the start is cut)\n" + text[-TRACEBACK_KEPT:]
     return text
@@ -552,7 +573,8 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
     """The JSON form of a step or run error: at least ``{"message": str}``; always storable,
     on every supported database.
 
-    An exception gives ``{"type": <class name>, "message": str(exc)}`` (plus, when it was
+    An exception gives ``{"type": <class name>, "message": str(exc)}`` (its first
+    :data:`MESSAGE_KEPT` characters, as for every text an error adds; plus, when it was
     raised, its ``traceback``: the text Python prints, chained causes included, its last
     :data:`TRACEBACK_KEPT` characters; its ``code`` attribute, if any; and the JSON values of
     its ``error_fields`` mapping, if it has one, which win);
@@ -572,10 +594,10 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
             message = f"<{type(error).__name__}: str() failed>"
         out: dict[str, Any] = {
             "type": clean_text(type(error).__name__),
-            "message": clean_text(message),
+            "message": _kept(message),
         }
         if error.__traceback__ is not None:
-            out["traceback"] = clean_text(_traceback_text(error))
+            out["traceback"] = clean_text(traceback_text(error))
         code = getattr(error, "code", None)
         if isinstance(code, str):
             out["code"] = clean_text(code)
@@ -584,7 +606,7 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
         fields = getattr(error, "error_fields", None)
         if isinstance(fields, Mapping):  # what the exception asks to be recorded besides
             for key, field in fields.items():
-                field = clean_text(field) if isinstance(field, str) else field
+                field = _kept(field) if isinstance(field, str) else field
                 if _json_problem(field, "$", 2, MARIADB_JSON_DEPTH) is None:
                     out[clean_text(str(key))] = field
         return out
@@ -602,8 +624,9 @@ def error_json(error: BaseException | Mapping[str, Any] | str) -> dict[str, Any]
             out["message"] = clean_text(str(error.get("message", "")) or _safe_repr(error))
         if not isinstance(out.get("message"), str):
             out["message"] = clean_text("" if out.get("message") is None else str(out["message"]))
+        out["message"] = _kept(out["message"])
         return out
-    return {"message": clean_text(str(error))}
+    return {"message": _kept(str(error))}
 
 
 def as_stored(value: Any) -> Any:

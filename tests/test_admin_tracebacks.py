@@ -77,6 +77,8 @@ def test_a_workflow_that_raises_shows_where_on_the_run_page() -> None:
 
 
 def test_an_error_keeps_the_end_of_a_long_traceback_and_none_when_never_raised() -> None:
+    """A traceback longer than TRACEBACK_KEPT keeps its end (where the raise is); a chunk of
+    it holding a huge message is cut on its own, so the exception's name stays in view."""
     try:
         try:
             raise LookupError("k" * (2 * TRACEBACK_KEPT))  # a cause with a huge message
@@ -85,6 +87,17 @@ def test_an_error_keeps_the_end_of_a_long_traceback_and_none_when_never_raised()
     except ValueError as exc:
         recorded = error_json(exc)
     assert len(recorded["traceback"]) <= TRACEBACK_KEPT + 30
-    assert recorded["traceback"].startswith("… (the start is cut)")
+    assert "LookupError: kkk" in recorded["traceback"]
     assert recorded["traceback"].rstrip().endswith("ValueError: at the bottom")
+    causes: BaseException | None = None
+    for n in range(60):  # a long chain: more text than is kept
+        try:
+            raise KeyError(f"{n}: " + "v" * 300) from causes
+        except KeyError as exc:
+            causes = exc
+    assert causes is not None
+    long = error_json(causes)["traceback"]
+    assert len(long) <= TRACEBACK_KEPT + 30
+    assert long.startswith("… (the start is cut)")
+    assert long.rstrip().endswith("v'")
     assert "traceback" not in error_json(ValueError("built, never raised"))
