@@ -170,19 +170,6 @@ def to_stored(value: datetime | None, alias: str) -> datetime | None:
     return django_timezone.make_naive(value, _zone_of(alias))
 
 
-__all__ = [
-    "DbNow",
-    "db_now",
-    "db_now_plus",
-    "mysql_zone",
-    "now_plus_sql",
-    "now_sql",
-    "seconds_param",
-    "to_aware",
-    "to_stored",
-]
-
-
 class AutoTimeField(DateTimeField):  # type: ignore[type-arg]
     """Django's ``DateTimeField`` for ``auto_now`` / ``auto_now_add`` columns of the library's
     models, whose value is in the zone the library keeps its own times in on the model's
@@ -206,3 +193,17 @@ class AutoTimeField(DateTimeField):  # type: ignore[type-arg]
         """As Django's ``DateTimeField`` (the migrations name no class of ours)."""
         name, _path, args, kwargs = super().deconstruct()
         return name, "django.db.models.DateTimeField", args, kwargs
+
+
+__all__ = [
+    "AutoTimeField",
+    "DbNow",
+    "db_now",
+    "db_now_plus",
+    "mysql_zone",
+    "now_plus_sql",
+    "now_sql",
+    "seconds_param",
+    "to_aware",
+    "to_stored",
+]

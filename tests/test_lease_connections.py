@@ -91,15 +91,34 @@ def test_renewal_recovers_after_its_connection_is_killed(caplog: pytest.LogCaptu
     assert Lease.objects.current(key) is None
 
 
+#: Holds a test may start again when a loaded machine kept a 1 s TTL's first renewal from
+#: landing in time (the lease is then lost before the fault the test is about).
+HOLD_TRIES = 5
+
+
 @pytest.mark.postgres_only
 def test_loss_reported_within_ttl_when_renewals_cannot_reconnect() -> None:
-    key, ttl = unique_key("connections"), 1.0
-    with pytest.raises(LeaseLostError), hold_lease(key, ttl) as held:
-        _wait_for_renewals(key, 1)
-        with _new_connections_refused():
-            terminate_other_backends()
-            assert held.lost.wait(PATIENCE), "the unreachable database went unnoticed"
-    assert Lease.objects.current(key) is None  # released from this connection
+    """A hold whose renewals cannot reconnect learns it lost the lease, and it is released.
+    The renewal thread is the subject, so the TTL is 1 s: a hold whose first renewal did not
+    land before its TTL (a loaded machine) is started again, never counted either way."""
+    for _try in range(HOLD_TRIES):
+        key, ttl = unique_key("connections"), 1.0
+        with pytest.raises(LeaseLostError), hold_lease(key, ttl) as held:
+            first = _renewed_at(key)
+            renewed = wait_until(
+                lambda: held.lost.is_set() or _renewed_at(key) != first,  # noqa: B023
+                PATIENCE,
+                what=f"a renewal of {key}, or its loss",
+            )
+            if held.lost.is_set():  # lost before the fault: the machine was too slow
+                continue
+            assert renewed
+            with _new_connections_refused():
+                terminate_other_backends()
+                assert held.lost.wait(PATIENCE), "the unreachable database went unnoticed"
+        assert Lease.objects.current(key) is None  # released from this connection
+        return
+    pytest.fail(f"no hold of a 1 s TTL renewed once in {HOLD_TRIES} tries")
 
 
 def _cycle_many(renewals: list[int]) -> None:
