@@ -43,7 +43,8 @@ def order(run: Any, input: Any) -> Any:
     with contextlib.suppress(WorkflowStepFailedError):  # optional: may fail
         run.step("enrich", "tests.forkrepair.act", {}, retries=0)
     run.step("charge", "tests.forkrepair.act", {}, retries=0)
-    return run.step("ship", "tests.forkrepair.act", {}, retries=0)
+    # Retries for "ship": the run's end may stop it on an attempt that was not its last.
+    return run.step("ship", "tests.forkrepair.act", {}, retries=input.get("ship_retries", 0))
 
 
 @workflow("tests.forkrepair.raises")
@@ -182,22 +183,13 @@ def test_a_fork_from_a_step_after_the_patch_point_keeps_its_answer() -> None:
     assert _decisions(fork) == {"add-fraud-check": True}
 
 
-@workflow("tests.forkrepair.order-retrying")
-def order_retrying(run: Any, input: Any) -> Any:
-    with contextlib.suppress(WorkflowStepFailedError):  # optional: may fail
-        run.step("enrich", "tests.forkrepair.act", {}, retries=0)
-    run.step("charge", "tests.forkrepair.act", {}, retries=0)
-    # "ship" retries: the run's end may stop it on an attempt that was not its last.
-    return run.step("ship", "tests.forkrepair.act", {}, retries=2)
-
-
 @pytest.mark.parametrize("end", ["deadline", "cancel"])
 def test_fork_from_failed_starts_at_the_step_the_end_stopped_with_attempts_left(end: str) -> None:
     """``fork_from_failed`` of a run a deadline or a cancel ended while ``ship`` ran the first
     of its three attempts forks from ``ship``: ``enrich`` (failed for good, caught) and
     ``charge`` (succeeded) are kept, not run again."""
     STATE["fail"] = {"enrich"}
-    original = start_workflow("tests.forkrepair.order-retrying", {})
+    original = start_workflow("tests.forkrepair.order", {"ship_retries": 2})
     steps = WorkflowStep.objects.filter(run_id=original)
     drive(original, until=lambda: steps.filter(step_name="ship").exists())
     if steps.get(step_name="ship").status != StepStatus.RUNNING:

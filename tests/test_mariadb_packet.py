@@ -39,6 +39,12 @@ def returns_text_of(size: int) -> str:
     return "y" * size
 
 
+@task
+def raises_text_of(size: int) -> None:
+    """Raise a ``ValueError`` whose message is ``size`` characters long."""
+    raise ValueError("z" * size)
+
+
 @pytest.mark.mysql_only
 @pytest.mark.django_db(transaction=True)
 def test_a_return_value_larger_than_the_server_takes_fails_the_attempt_as_itself() -> None:
@@ -48,22 +54,42 @@ def test_a_return_value_larger_than_the_server_takes_fails_the_attempt_as_itself
     connection, tried again for the whole step lease, and the task failed as "lost its worker
     on every attempt" — an engine error that blamed the worker.)"""
     result = returns_text_of.enqueue(max_allowed_packet() + 1024 * 1024)
+    _work_until_it_ended(result)
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path != ENGINE_ERROR_PATH, error.traceback
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_task_raising_a_message_larger_than_the_server_takes_fails_as_itself() -> None:
+    """A task raises an exception whose message (so its traceback) is larger than
+    ``max_allowed_packet``: it fails with that exception's class path, its message and
+    traceback cut to what an error record keeps — not as an engine error ("lost its worker",
+    after the write of a record too large for the server was retried for the whole lease)."""
+    result = raises_text_of.enqueue(max_allowed_packet() + 1024 * 1024)
+    _work_until_it_ended(result)
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError", error.traceback[-300:]
+
+
+def _work_until_it_ended(result: Any) -> None:
+    """Run a real worker (6 s step leases) until the task of ``result`` has ended; refresh
+    ``result``."""
     worker = Worker(1, step_lease_ttl=6, poll_interval=0.1)
     thread = threading.Thread(target=lambda: worker.run(handle_signals=False), daemon=True)
     thread.start()
     try:
         wait_until(
             lambda: WorkflowRun.objects.get(pk=result.id).status != "running",
-            60,
+            90,
             what="the task to end",
         )
     finally:
         worker.stop()
         thread.join(60)
     result.refresh()
-    assert result.status == TaskResultStatus.FAILED
-    [error] = result.errors
-    assert error.exception_class_path != ENGINE_ERROR_PATH, error.traceback
 
 
 @pytest.mark.mysql_only
