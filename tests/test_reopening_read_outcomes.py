@@ -20,7 +20,7 @@ from django_leases.exceptions import (
 )
 from django_leases.models import RunStatus, StepStatus, WorkflowRun, WorkflowStep
 from django_leases.models.wait import WorkflowWaitQuerySet
-from django_leases.workflows import send_event, start_workflow, step_function, workflow
+from django_leases.workflows import registry, send_event, start_workflow, step_function, workflow
 from tests.helpers import drain, run_of, start_blocked
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -227,3 +227,27 @@ def test_a_suspended_runs_step_that_failed_for_good_is_not_retried() -> None:
         WorkflowRun.objects.retry(run_id)
     WorkflowRun.objects.filter(pk=run_id).update(status=RunStatus.RUNNING)
     assert _finish(run_id).output == {"got": "c", "path": "compensated"}
+
+
+@workflow("tests.read-once.missing")
+def missing_workflow(run: Any, input: Any) -> Any:
+    return run.step("late", "tests.read-once.not-deployed-yet", {}, retries=0)
+
+
+@pytest.mark.parametrize("operation", ["retry_step", "retry"])
+def test_a_suspended_runs_step_whose_function_was_missing_is_retried(operation: str) -> None:
+    """A step whose function was missing (on its only attempt) suspended its run: no pass
+    read a failure of it, so once the function is deployed the operator's retry of the
+    step, or of the run, makes it due and the run completes."""
+    run_id = start_workflow("tests.read-once.missing", {})
+    drain()
+    assert run_of(run_id).status == RunStatus.SUSPENDED
+    step_function("tests.read-once.not-deployed-yet")(lambda data, ctx: "here")
+    try:
+        args = (run_id, "late") if operation == "retry_step" else (run_id,)
+        getattr(WorkflowRun.objects, operation)(*args)
+        drain()
+        assert run_of(run_id).output == "here"
+    finally:
+        registry._step_functions.pop("tests.read-once.not-deployed-yet", None)
+        registry._step_options.pop("tests.read-once.not-deployed-yet", None)

@@ -114,8 +114,10 @@ def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
     return names
 
 
-#: A failed step out of attempts (failed for good).
-_EXHAUSTED = Q(attempt__gte=F("retries") + 1)
+#: A failed step a pass may have read: out of attempts, and not failed for a missing step
+#: function (that failure suspends the run; no pass reads it). Negated, a step whose error
+#: has no code counts as read (SQL's unknown): never retried in a live run.
+_READ_FAILURE = Q(attempt__gte=F("retries") + 1) & ~Q(error__code=STEP_FUNCTION_NOT_FOUND)
 
 
 def _grant_last_attempts(alias: str, where: Q) -> list[str]:
@@ -431,7 +433,7 @@ class RunOperations(RunPasses):
             run = self._lock_for_operator(alias, run_id)
             step = (
                 stepping.filter(run_id=run.pk, step_name=step_name)
-                .values("status", "attempt", "retries")
+                .values("status", "attempt", "retries", "error")
                 .first()
             )
             if step is None:
@@ -444,7 +446,11 @@ class RunOperations(RunPasses):
                     "retried",
                     f"step {step_name!r} is {step['status']}; only a failed step can be",
                 )
-            if run.status in _REPLAYING_STATUSES and step["attempt"] >= step["retries"] + 1:
+            missing = isinstance(step["error"], dict) and (
+                step["error"].get("code") == STEP_FUNCTION_NOT_FOUND
+            )
+            read = step["attempt"] >= step["retries"] + 1 and not missing
+            if run.status in _REPLAYING_STATUSES and read:
                 raise WorkflowRunStateError(
                     run.pk,
                     run.status,
@@ -480,7 +486,7 @@ class RunOperations(RunPasses):
             run.require("retry")
             failed_steps = stepping.filter(run_id=run.pk, status=StepStatus.FAILED)
             if run.status in _REPLAYING_STATUSES:
-                failed_steps = failed_steps.exclude(_EXHAUSTED)
+                failed_steps = failed_steps.exclude(_READ_FAILURE)
             failed = list(failed_steps.order_by("id").values_list("step_name", flat=True))
             if not failed:
                 raise WorkflowRunStateError(
@@ -502,7 +508,7 @@ class RunOperations(RunPasses):
         if run.status in _REPLAYING_STATUSES:
             # A step failed for good there may have been read by a pass that went on from it
             # (caught it): only steps with attempts left are made due.
-            which &= ~_EXHAUSTED
+            which &= ~_READ_FAILURE
         if run.status != RunStatus.RUNNING:
             _require_reopenable(alias, run, "retried")
         others: list[str] = []
