@@ -431,11 +431,8 @@ class RunOperations(RunPasses):
         stepping = step_model().objects.db_manager(alias)
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
-            step = (
-                stepping.filter(run_id=run.pk, step_name=step_name)
-                .values("status", "attempt", "retries", "error")
-                .first()
-            )
+            named = stepping.filter(run_id=run.pk, step_name=step_name)
+            step = named.values("status").first()
             if step is None:
                 raise step_model().DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
             run.require("retry")
@@ -446,11 +443,7 @@ class RunOperations(RunPasses):
                     "retried",
                     f"step {step_name!r} is {step['status']}; only a failed step can be",
                 )
-            missing = isinstance(step["error"], dict) and (
-                step["error"].get("code") == STEP_FUNCTION_NOT_FOUND
-            )
-            read = step["attempt"] >= step["retries"] + 1 and not missing
-            if run.status in _REPLAYING_STATUSES and read:
+            if run.status in _REPLAYING_STATUSES and not named.exclude(_READ_FAILURE).exists():
                 raise WorkflowRunStateError(
                     run.pk,
                     run.status,
