@@ -63,6 +63,7 @@ from django_leases.exceptions import WorkflowFunctionsMissing
 from django_leases.models.worker import WorkflowWorker
 from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.validation import seconds
+from django_leases.workflows.values import attempts_left_q
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -382,7 +383,7 @@ def _ago(seconds: float) -> Combinable:
 
 def _waiting_q() -> Q:
     """Steps waiting to run: pending / scheduled, or failed with attempts left."""
-    return Q(status__in=["pending", "scheduled"]) | Q(status="failed", attempt__lt=F("retries") + 1)
+    return Q(status__in=["pending", "scheduled"]) | (Q(status="failed") & attempts_left_q())
 
 
 def _listed(values: Iterable[Any]) -> list[str]:

@@ -158,7 +158,7 @@ class WorkflowStepInline(ReadOnlyAdmin, TabularInlineOf[WorkflowStep, WorkflowRu
         """The current attempt and the most there can be (``retries`` + 1)."""
         return gettext("%(attempt)d of %(most)d") % {
             "attempt": step.attempt,
-            "most": step.retries + 1,
+            "most": step.max_attempts,
         }
 
     @admin.display(description=_("lease / due"))

@@ -50,6 +50,8 @@ from django_leases.workflows.values import (
     Claim,
     RunStatus,
     StepStatus,
+    exhausted,
+    failed_for_good_q,
 )
 
 if TYPE_CHECKING:
@@ -268,7 +270,7 @@ class StepClaims(StepOutcomes):
                 # below without a slot of its queue: it needs no room (its own slot is
                 # what a full queue is waiting for).
                 takes_room = step.status != StepStatus.RUNNING or (
-                    not step.lease_live and step.attempt < step.retries + 1
+                    not step.lease_live and not exhausted(step.attempt, step.retries)
                 )
                 if queue is not None and queue.limited and takes_room and step.queue not in looked:
                     # An unlocked look first: a full queue, and in a keyed queue every key
@@ -304,9 +306,7 @@ class StepClaims(StepOutcomes):
     def awaiting_claim(self) -> models.QuerySet[Any]:
         """The steps of running runs a claim would take now: due and unclaimed (with attempts
         left), or running with a lapsed lease (their worker is gone: taken over)."""
-        due = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()) & ~Q(
-            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
-        )
+        due = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()) & ~failed_for_good_q()
         lapsed = Q(status=StepStatus.RUNNING, lease_expires_at__lte=DbNow())
         return self.rows().filter(due | lapsed, run__status=RunStatus.RUNNING)
 
@@ -342,7 +342,7 @@ class StepClaims(StepOutcomes):
                 run__status=RunStatus.RUNNING,
             )
             .exclude(queue_key=key)
-            .exclude(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+            .exclude(failed_for_good_q())
             .filter(Q(queue_key__in=before) | ~models.Exists(known))
             .exists()
         )
@@ -505,7 +505,7 @@ class StepClaims(StepOutcomes):
             .values_list("source", "priority", "order_at")[:1]
         )
         waiting = steps.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()).exclude(
-            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+            failed_for_good_q()
         )
         at = models.DateTimeField()
         heads = []
@@ -647,7 +647,7 @@ class StepClaims(StepOutcomes):
         if lapsed is not None:
             return lapsed
         waiting = base.filter(status__in=WAITING_STEP_STATUSES, available_at__lte=DbNow()).exclude(
-            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+            failed_for_good_q()
         )
         keyed = sorted(
             name
@@ -728,9 +728,8 @@ class StepClaims(StepOutcomes):
                 updated_at=DbNow(),
             )
         else:  # failed, or running with a lapsed lease
-            exhausted = step.attempt >= step.retries + 1
             lapsed_q = Q(lease_expires_at__lte=DbNow()) | Q(lease_expires_at__isnull=True)
-            if exhausted:
+            if exhausted(step.attempt, step.retries):
                 if step.status == StepStatus.RUNNING:
                     self._fail_lost_worker(alias, step, rows.filter(lapsed_q))
                 return None
@@ -795,7 +794,7 @@ class StepClaims(StepOutcomes):
                 f"of {step.timeout:g} s"
             ),
         }
-        exhausted = step.attempt >= step.retries + 1
+        last = exhausted(step.attempt, step.retries)
         delay = retry_delay_after(
             step.attempt, step.retry_delay, step.retry_backoff, step.retry_delay_max
         )
@@ -809,11 +808,11 @@ class StepClaims(StepOutcomes):
                 "result": None,
                 "lease_expires_at": None,
                 "deadline_at": None,
-                "available_at": None if exhausted else clock.db_now_plus(delay),
+                "available_at": None if last else clock.db_now_plus(delay),
             },
             history={"status": AttemptStatus.FAILED, "error": error},
         )
-        if exhausted:
+        if last:
             request_passes(alias, Q(pk=step.run_id))
         elif not delay:
             wake_workers(alias)
@@ -825,7 +824,7 @@ class StepClaims(StepOutcomes):
             "code": STEP_LEASE_LAPSED,
             "message": (
                 f"Step {step.step_name!r} lost its worker on every attempt "
-                f"({step.attempt} of {step.retries + 1}): its lease lapsed each time"
+                f"({step.attempt} of {step.max_attempts}): its lease lapsed each time"
             ),
         }
         failed = rows.update(

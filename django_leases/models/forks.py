@@ -33,7 +33,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
 from django_leases import db
 from django_leases.clock import DbNow
@@ -57,6 +57,7 @@ from django_leases.workflows.values import (
     StepStatus,
     WaitKind,
     WaitStatus,
+    failed_for_good_q,
 )
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class RunForks(RunReplays):
                 steps.filter(run_id=pk, pk__lt=start_id)
                 .filter(
                     Q(status=StepStatus.SUCCEEDED)
-                    | Q(status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
+                    | failed_for_good_q()
                     # The patch decisions recorded before the step: the fork replays the
                     # same path up to it (run.patched answers as it did for the original).
                     # One recorded after it (a patch deployed while the run was parked past

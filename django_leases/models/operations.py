@@ -47,6 +47,8 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     WaitStatus,
+    exhausted_q,
+    failed_for_good_q,
     run_lease_key,
 )
 
@@ -117,17 +119,13 @@ def _reopen_missing_function_steps(alias: str, run_id: uuid.UUID) -> list[str]:
 #: A failed step a pass may have read: out of attempts, and not failed for a missing step
 #: function (that failure suspends the run; no pass reads it). Negated, a step whose error
 #: has no code counts as read (SQL's unknown): never retried in a live run.
-_READ_FAILURE = Q(attempt__gte=F("retries") + 1) & ~Q(error__code=STEP_FUNCTION_NOT_FOUND)
+_READ_FAILURE = exhausted_q() & ~Q(error__code=STEP_FUNCTION_NOT_FOUND)
 
 
 def _grant_last_attempts(alias: str, where: Q) -> list[str]:
     """Give each failed step matching ``where`` that is out of attempts one more, due now.
     Returns their names."""
-    steps = (
-        step_model()
-        ._default_manager.using(alias)
-        .filter(where, status=StepStatus.FAILED, attempt__gte=F("retries") + 1)
-    )
+    steps = step_model()._default_manager.using(alias).filter(where, failed_for_good_q())
     names = list(steps.order_by("id").values_list("step_name", flat=True))
     steps.update(retries=F("attempt"), available_at=DbNow(), updated_at=DbNow())
     return names

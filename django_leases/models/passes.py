@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import F, Q, TextField, Value
+from django.db.models import Q, TextField, Value
 from django.db.models.functions import Cast
 
 from django_leases import clock, db, signals
@@ -63,6 +63,7 @@ from django_leases.workflows.values import (
     RunStatus,
     StepOptions,
     StepStatus,
+    failed_for_good_q,
     run_lease_key,
 )
 
@@ -567,8 +568,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         )
         if self.rows().filter(due).exists():
             return True
-        waiting = Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~Q(
-            status=StepStatus.FAILED, attempt__gte=F("retries") + 1
+        waiting = (
+            Q(status__in=WAITING_STEP_STATUSES, available_at__lte=until) & ~failed_for_good_q()
         )
         timing_out = Q(status=StepStatus.RUNNING, deadline_at__lte=until)  # a step timeout
         return (

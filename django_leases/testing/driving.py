@@ -65,7 +65,13 @@ from django_leases.testing.duplicates import duplicated_steps
 from django_leases.workflows.display import queue_overview
 from django_leases.workflows.driver import RunDriver, run_lease_ttl
 from django_leases.workflows.engine import execute_step
-from django_leases.workflows.values import RunStatus, StepStatus, WaitKind, WaitStatus
+from django_leases.workflows.values import (
+    RunStatus,
+    StepStatus,
+    WaitKind,
+    WaitStatus,
+    attempts_left_q,
+)
 
 if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun
@@ -214,8 +220,8 @@ def _jump_forward(alias: str) -> bool:
     jumped += (
         WorkflowStep.objects.db_manager(alias)
         .filter(
+            attempts_left_q(),
             status=StepStatus.FAILED,
-            attempt__lt=F("retries") + 1,
             available_at__gt=DbNow(),
             run__status=RunStatus.RUNNING,
         )

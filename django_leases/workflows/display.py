@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext
 
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.claims import KeyCounts
-from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus
+from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus, attempts_left_q
 
 
 def _alias(instance: Any) -> str:
@@ -44,7 +44,7 @@ def waiting_on(run: WorkflowRun) -> list[str]:
         .filter(run_id=run.pk)
         .filter(
             Q(status__in=(StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.RUNNING))
-            | Q(status=StepStatus.FAILED, attempt__lt=F("retries") + 1)
+            | (Q(status=StepStatus.FAILED) & attempts_left_q())
         )
     )
     names = list(steps.order_by("id").values_list("step_name", flat=True)[:2])

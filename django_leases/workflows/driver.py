@@ -92,6 +92,7 @@ from django_leases.workflows.values import (
     WaitKind,
     WaitStatus,
     claimant_name,
+    exhausted,
     run_lease_key,
 )
 
@@ -525,7 +526,7 @@ class _Pass:
                 results.append(self._carried_result())
             elif step.status == StepStatus.SUCCEEDED:
                 results.append(step.result)
-            elif step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+            elif step.status == StepStatus.FAILED and exhausted(step.attempt, step.retries):
                 raise WorkflowStepFailedError(step_name, step.error)
             else:
                 unfinished += 1  # pending, scheduled, running, or failed with attempts left
@@ -544,7 +545,7 @@ class _Pass:
             _same_function(step_name, step.function_name, function_name)
             if step.status == StepStatus.SUCCEEDED:
                 return step.result
-            if step.status == StepStatus.FAILED and step.attempt >= step.retries + 1:
+            if step.status == StepStatus.FAILED and exhausted(step.attempt, step.retries):
                 raise WorkflowStepFailedError(step_name, step.error)
             return self._run(self._reclaim(step))
         return self._run(

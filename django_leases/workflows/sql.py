@@ -105,6 +105,12 @@ def _is_running(column: str = "status") -> str:
     return f"({column} = {_text(RunStatus.RUNNING)}) IS TRUE"
 
 
+def _failed_for_good(step: str) -> str:
+    """Step ``step`` (an alias) failed on its last attempt: no claim retries it. The rule of
+    :func:`~django_leases.workflows.values.failed_for_good_q`, in SQL."""
+    return f"({step}.status = {_text(StepStatus.FAILED)} AND {step}.attempt >= {step}.retries + 1)"
+
+
 # -- statements ---------------------------------------------------------------------------------
 
 
@@ -395,7 +401,6 @@ def claim_step_ctes(
     waiting = ", ".join(
         _text(status) for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
     )
-    failed = _text(StepStatus.FAILED)
     of_queues = f"({literal(queues)} IS NULL OR s.queue = ANY ({literal(queues)}))"
     if queue:
         of_queues = f"s.queue = {queue}"
@@ -414,7 +419,7 @@ def claim_step_ctes(
             WHERE NOT (SELECT found FROM lapsed){admitted}
                 AND s.status IN ({waiting}) AND {of_queues}
                 AND s.available_at <= statement_timestamp()
-                AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
+                AND NOT {_failed_for_good("s")}
                 AND {run_live}
             ORDER BY s.priority DESC, s.available_at, s.id
             LIMIT 1
@@ -533,7 +538,6 @@ def claim_queue(
             for status in (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FAILED)
         ),
     )
-    failed = _text(StepStatus.FAILED)
     q = literal(queue)
     is_keyed = "true" if keyed is True else literal(keyed)
     rated = rate_starts is not None
@@ -555,7 +559,7 @@ def claim_queue(
                 FROM {step} s
                 WHERE s.queue = {q}{after} AND s.status IN ({waiting})
                     AND s.available_at <= statement_timestamp()
-                    AND NOT (s.status = {failed} AND s.attempt >= s.retries + 1)
+                    AND NOT {failed_for_good}
                     AND {live_run}
                 ORDER BY s.queue_key, s.priority DESC, s.available_at, s.id
                 LIMIT 1
@@ -563,7 +567,12 @@ def claim_queue(
 
     def first_after(after: str) -> str:
         return first_step.format(
-            step=t.step, q=q, after=after, waiting=waiting, failed=failed, live_run=live_run
+            step=t.step,
+            q=q,
+            after=after,
+            waiting=waiting,
+            failed_for_good=_failed_for_good("s"),
+            live_run=live_run,
         )
 
     # The key's row, read by one index probe per candidate (a key or two in the common case:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
@@ -96,6 +97,31 @@ WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FA
 
 #: Statuses of a run that has finished for good (or until an operator resumes a failed one).
 FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+def exhausted(attempt: int, retries: int) -> bool:
+    """Whether attempt ``attempt`` (``int``, from 1) is a step's last: ``retries`` (``int``)
+    allows ``retries + 1`` attempts. A failed step whose attempt is its last failed for
+    good; one with attempts left is claimed again once due. The one rule, here and in SQL
+    (:func:`exhausted_q`, ``sql.py``'s ``_exhausted``)."""
+    return attempt >= retries + 1
+
+
+def exhausted_q() -> Q:
+    """:func:`exhausted` as a filter on ``WorkflowStep`` rows (``attempt >= retries + 1``)."""
+    return Q(attempt__gte=F("retries") + 1)
+
+
+def attempts_left_q() -> Q:
+    """The steps whose attempt is not their last (``attempt < retries + 1``): a failed one
+    is claimed again once due."""
+    return Q(attempt__lt=F("retries") + 1)
+
+
+def failed_for_good_q() -> Q:
+    """The steps that failed on their last attempt: no claim retries them."""
+    return Q(status=StepStatus.FAILED) & exhausted_q()
+
 
 #: The columns of a step that its run's replay goes by: its names and its recorded outcome
 #: (what a pass, a replay check and a fork all read of it).
@@ -451,7 +477,11 @@ __all__ = [
     "StepWrite",
     "WaitKind",
     "WaitStatus",
+    "attempts_left_q",
     "claimant_name",
+    "exhausted",
+    "exhausted_q",
+    "failed_for_good_q",
     "nothing_owed",
     "run_lease_key",
 ]
