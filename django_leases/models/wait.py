@@ -212,9 +212,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
         alias = self.write_alias()
         with transaction.atomic(using=alias):
             write_pending(alias, pending)
-            wait = self.rows().filter(run_id=pk, name=name).select_related("child").first()
-            kept = wait is not None and _kept_event(wait, WaitKind.CHILD)
-            if wait is None or kept:
+            named = self.rows().filter(run_id=pk, name=name).select_related("child")
+            wait = named.first()
+            if wait is None or _kept_event(wait, WaitKind.CHILD):
                 # The parent locked and running: a cancel that committed while this pass
                 # ran found no child to cancel, so none may start after it.
                 runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
@@ -223,6 +223,12 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     raise WorkflowRunStateError(
                         pk, status or "missing", "given a child run", "only a running run can be"
                     )
+                # Read again under that lock, which every pass starting a child takes: another
+                # pass of the run (a stale one, or the one that took over) may have started
+                # the child while this one waited for it. A second child would run its work
+                # again, read by no wait.
+                wait = named.first()
+            if wait is None or _kept_event(wait, WaitKind.CHILD):
                 child = WorkflowRun.objects.db_manager(alias).start(
                     workflow, input, parent=pk, deadline=deadline
                 )
