@@ -24,12 +24,13 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_leases.models import RunStatus, WorkflowRun, workflow_base
+from django_leases.models import RunStatus, WorkflowRun, WorkflowStep, workflow_base
 from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.workflows import step_function, workflow
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.worker import Worker
 from tests.helpers import ROOT, spend_steps_first
+from tests.workapp.models import LedgerEntry
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -84,6 +85,39 @@ def test_a_worker_whose_function_is_dropped_takes_the_portable_path_and_fails_no
     said = [r.getMessage() for r in caplog.records if "portable path" in r.getMessage()]
     assert len(said) == 1, said
     assert functions(connection)[short].name in said[0]
+
+
+@pytest.mark.parametrize("dropped", ["set_result_claiming_next", "every function"])
+def test_a_transactional_step_whose_function_is_dropped_runs_once_and_fails_nothing(
+    dropped: str, functions_restored: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A transactional step's result is written inside the step's own transaction, so the
+    call that finds its function gone is made there. It neither ends the unit of work nor
+    costs the step an attempt: the step's writes and its result commit once, on the
+    portable path, and the worker says so once."""
+    first = start_workflow("tests.tx.three", {})
+    worker = Worker(1, step_lease_ttl=30, poll_interval=3600)
+    spend_steps_first(worker, [first])
+    while worker.work_once():
+        pass
+    assert WorkflowRun.objects.get(pk=first).status == RunStatus.COMPLETED
+    for short in functions(connection) if dropped == "every function" else [dropped]:
+        _drop(short)
+    three = start_workflow("tests.tx.three", {})
+    one = start_workflow("tests.tx.one", {})
+    with caplog.at_level(logging.WARNING, logger="django_leases.workflows"):
+        for _ in range(10):
+            if not worker.work_once():  # raises if a unit failed
+                break
+    for run_id, steps in ((three, ["first", "second", "third"]), (one, ["only"])):
+        run = WorkflowRun.objects.get(pk=run_id)
+        assert run.status == RunStatus.COMPLETED, (run.status, run.error)
+        ran = LedgerEntry.objects.filter(run_id=run_id).values_list("step", "attempt")
+        assert sorted(ran) == [(step, 1) for step in steps]
+        attempts = WorkflowStep.objects.filter(run_id=run_id).values_list("step_name", "attempt")
+        assert sorted(attempts) == [(step, 1) for step in steps]
+    said = [r.getMessage() for r in caplog.records if "portable path" in r.getMessage()]
+    assert len(said) <= 1, said
 
 
 # -- a worker of the previous release while the new migrations apply ------------------------------

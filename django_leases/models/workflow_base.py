@@ -16,10 +16,11 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from django.apps import apps
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Subquery
 from django.db.models.expressions import Expression, RawSQL
 
@@ -215,16 +216,21 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
     ``None``). A function that does not exist (dropped, or of another version than this
     code's: a rolling deploy ran a newer release's migrations) is not an error of the unit of
     work: the alias goes portable for the rest of the process, a warning says so once, and
-    :class:`FunctionsGone` has the method run again the portable way (the call was the
-    method's first statement, outside any transaction). Inside a transaction (which the
-    failed call aborted) the error is raised as it is, the alias gone portable all the same."""
+    :class:`FunctionsGone` has the method run again the portable way (the call is the
+    method's first write). Inside a transaction (a transactional step's, whose result is
+    written in it) the call is made in a savepoint, so the failed call leaves that
+    transaction as it was and the method runs again in it."""
     key = (connection.alias, short)
     call = _calls.get(key)
     if call is None:
         then = (epoch_floor_sql(connection) or "0") if short in CLAIMING_FUNCTIONS else ""
         call = _calls[key] = functions(connection)[short].call(then=then)
+    inside = not db.outside_transactions(connection)
     try:
-        with db.cursor(connection) as cursor:
+        with (
+            transaction.atomic(using=connection.alias) if inside else nullcontext(),
+            db.cursor(connection) as cursor,
+        ):
             return cursor.execute(call, args).fetchone()
     except DatabaseError as exc:
         cause = exc.__cause__
@@ -241,10 +247,6 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
                 functions(connection)[short].name,
                 exc,
             )
-        if not db.outside_transactions(connection):
-            # The caller's transaction is aborted (a transactional step's, say): it fails
-            # this once; its next try takes the portable path.
-            raise
         raise FunctionsGone(short) from exc
 
 
