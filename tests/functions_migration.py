@@ -27,7 +27,9 @@ frozen here, so this migration installs the same SQL whatever the code becomes. 
 {count} functions and drops every earlier function of the same families ({families}) but
 those the previous functions migration installed (``KEPT``): workers of the code before this
 migration still call them while a rolling deploy applies it, so they are dropped by the next
-functions migration. The functions run their statements with sequential scans, bitmap scans,
+functions migration. Unapplied, it drops only the functions the previous functions migration
+did not install (``PREVIOUS``): the database is left as that migration built it, for the
+workers of its code. The functions run their statements with sequential scans, bitmap scans,
 sorts and JIT off (see ``django_leases.workflows.sql.FUNCTION_SETTINGS``). Elsewhere than
 PostgreSQL this migration does nothing.
 """
@@ -41,7 +43,11 @@ FUNCTIONS = {{
 #: Name prefixes of the functions this migration replaces.
 FAMILIES = {families_tuple}
 
-#: The previous functions migration's functions: kept for the workers still running its code.
+#: The previous functions migration's functions: the workers of the code before this migration
+#: call them.
+PREVIOUS = {previous_names}
+
+#: Those of ``PREVIOUS`` this migration does not install: kept for those workers.
 KEPT = {kept}
 
 
@@ -67,7 +73,8 @@ def uninstall(apps, schema_editor):  # type: ignore[no-untyped-def]
         return
     with schema_editor.connection.cursor() as cursor:
         for name in FUNCTIONS:
-            cursor.execute(f"DROP FUNCTION IF EXISTS {{name}}")
+            if name not in PREVIOUS:  # the previous migration's stay, for its code's workers
+                cursor.execute(f"DROP FUNCTION IF EXISTS {{name}}")
 
 
 class Migration(migrations.Migration):
@@ -102,9 +109,9 @@ def families() -> tuple[str, ...]:
     return tuple(sorted(f"{FUNCTION_PREFIX}{short}_" for short in functions(connection)))
 
 
-def render(previous: str, kept: Sequence[str]) -> str:
+def render(previous: str, installed_before: Sequence[str]) -> str:
     """The migration's text, depending on migration ``previous``, keeping the functions
-    named ``kept``."""
+    named ``installed_before`` (the previous functions migration's)."""
     found = definitions()
     body = "".join(f"    {name!r}: {statement!r},\n" for name, statement in sorted(found.items()))
     prefixes = families()
@@ -113,24 +120,26 @@ def render(previous: str, kept: Sequence[str]) -> str:
         families=", ".join(f"``{p}…``" for p in prefixes),
         families_tuple=repr(prefixes),
         functions=body,
-        kept=repr(tuple(sorted(set(kept) - set(found)))),
+        previous_names=repr(tuple(sorted(installed_before))),
+        kept=repr(tuple(sorted(set(installed_before) - set(found)))),
         previous=previous,
     )
 
 
-def previous_functions(before: str) -> list[str]:
-    """The functions the latest functions migration other than ``before`` installs (the one
-    ``FUNCTIONS_MIGRATION`` names, unless that is ``before``, being written again)."""
+def previous_functions(previous: str) -> list[str]:
+    """The functions the latest functions migration at or before migration ``previous``
+    installs (one whose module has ``FUNCTIONS``), found by its dependencies on disk."""
     import importlib
 
-    from django_leases.models import workflow
-
-    name = workflow.FUNCTIONS_MIGRATION
-    if name == before:
+    name: str | None = previous
+    while name is not None:
         module = importlib.import_module(f"django_leases.migrations.{name}")
-        return list(getattr(module, "KEPT", ()))
-    module = importlib.import_module(f"django_leases.migrations.{name}")
-    return list(module.FUNCTIONS)
+        if hasattr(module, "FUNCTIONS"):
+            return list(module.FUNCTIONS)
+        name = next(
+            (dep for app, dep in module.Migration.dependencies if app == "django_leases"), None
+        )
+    return []
 
 
 def main(argv: list[str]) -> int:
@@ -157,7 +166,7 @@ def main(argv: list[str]) -> int:
         # then unapplies this migration too (depending on the squash itself, it stayed
         # applied with its dependencies gone).
         previous = replaced[-1][1]
-    target.write_text(render(previous, previous_functions(argv[0])))
+    target.write_text(render(previous, previous_functions(previous)))
     print(f"wrote {target}")
     return 0
 

@@ -246,6 +246,53 @@ def test_the_migrations_install_the_functions_and_drop_earlier_ones(
         _drop_database(name)
 
 
+#: Prints the workflow functions the database of DATABASE_URL holds, one per line.
+_FUNCTIONS_HELD = """
+import django
+django.setup()
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute(
+        "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace "
+        "AND starts_with(proname, 'dl_')"
+    )
+    print(*sorted(row[0] for row in cursor.fetchall()), sep="\\n")
+"""
+
+
+@pytest.mark.postgres_only
+@pytest.mark.timeout(600)
+def test_migrating_back_one_functions_migration_leaves_the_functions_of_the_one_before(
+    subprocess_env: dict[str, str],
+) -> None:
+    """Unapplying the latest functions migration (the code deployed back one release) leaves
+    the database as the migrations before it built it: every function the previous functions
+    migration installs, those its code's workers call, is still there. (A functions
+    migration installs some functions by the same name as the one before it, unchanged:
+    unapplying it must not drop those.) Applied again, it installs its own once more."""
+    import importlib
+
+    from tests.functions_migration import previous_functions
+    from tests.helpers import manage
+
+    latest = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
+    before = next(dep for app, dep in latest.Migration.dependencies if app == "django_leases")
+    name = "dl_functions_back"
+    env = _fresh_database_env(subprocess_env, name)
+    try:
+        assert _migrate(env)
+        assert set(latest.FUNCTIONS) <= set(_python(_FUNCTIONS_HELD, env).split())
+        done = manage("migrate", "django_leases", before, env=env, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        held = set(_python(_FUNCTIONS_HELD, env).split())
+        assert sorted(set(previous_functions(before)) - held) == []
+        assert sorted(set(latest.FUNCTIONS) - set(previous_functions(before)) & held) == []
+        assert _migrate(env)
+        assert set(latest.FUNCTIONS) <= set(_python(_FUNCTIONS_HELD, env).split())
+    finally:
+        _drop_database(name)
+
+
 def _python(code: str, env: dict[str, str], **more: str) -> str:
     """Run ``code`` in a child Python in the project's root with ``env`` (and ``more``) to its
     end, which must be a success; its output."""

@@ -5,7 +5,9 @@ frozen here, so this migration installs the same SQL whatever the code becomes. 
 14 functions and drops every earlier function of the same families (``dl_claim_queue_…``, ``dl_claim_queue_counted_…``, ``dl_claim_queue_keyed_…``, ``dl_claim_step_…``, ``dl_claim_step_except_…``, ``dl_complete_run_…``, ``dl_complete_run_alone_…``, ``dl_complete_run_alone_claiming_…``, ``dl_complete_run_alone_picking_…``, ``dl_complete_run_picking_…``, ``dl_insert_claimed_…``, ``dl_pick_pass_…``, ``dl_set_result_claiming_next_…``, ``dl_take_pass_…``) but
 those the previous functions migration installed (``KEPT``): workers of the code before this
 migration still call them while a rolling deploy applies it, so they are dropped by the next
-functions migration. The functions run their statements with sequential scans, bitmap scans,
+functions migration. Unapplied, it drops only the functions the previous functions migration
+did not install (``PREVIOUS``): the database is left as that migration built it, for the
+workers of its code. The functions run their statements with sequential scans, bitmap scans,
 sorts and JIT off (see ``django_leases.workflows.sql.FUNCTION_SETTINGS``). Elsewhere than
 PostgreSQL this migration does nothing.
 """
@@ -33,7 +35,11 @@ FUNCTIONS = {
 #: Name prefixes of the functions this migration replaces.
 FAMILIES = ('dl_claim_queue_', 'dl_claim_queue_counted_', 'dl_claim_queue_keyed_', 'dl_claim_step_', 'dl_claim_step_except_', 'dl_complete_run_', 'dl_complete_run_alone_', 'dl_complete_run_alone_claiming_', 'dl_complete_run_alone_picking_', 'dl_complete_run_picking_', 'dl_insert_claimed_', 'dl_pick_pass_', 'dl_set_result_claiming_next_', 'dl_take_pass_')
 
-#: The previous functions migration's functions: kept for the workers still running its code.
+#: The previous functions migration's functions: the workers of the code before this migration
+#: call them.
+PREVIOUS = ('dl_claim_queue_6c8588fa27b3', 'dl_claim_queue_counted_c6041639ac1e', 'dl_claim_queue_keyed_d9cd4ff6b451', 'dl_claim_step_0533f71bece3', 'dl_claim_step_except_a2a1e931de40', 'dl_complete_run_a18841937aab', 'dl_complete_run_alone_58db9a4490a2', 'dl_complete_run_alone_claiming_e1f5156dd7b1', 'dl_complete_run_alone_picking_044fe71c577f', 'dl_complete_run_picking_a779d2de585f', 'dl_insert_claimed_c51a5b8b77bc', 'dl_pick_pass_d60a669afa41', 'dl_set_result_claiming_next_4396c7dd9ace', 'dl_take_pass_124833c4e3fd')
+
+#: Those of ``PREVIOUS`` this migration does not install: kept for those workers.
 KEPT = ('dl_claim_queue_6c8588fa27b3', 'dl_claim_queue_keyed_d9cd4ff6b451')
 
 
@@ -59,7 +65,8 @@ def uninstall(apps, schema_editor):  # type: ignore[no-untyped-def]
         return
     with schema_editor.connection.cursor() as cursor:
         for name in FUNCTIONS:
-            cursor.execute(f"DROP FUNCTION IF EXISTS {name}")
+            if name not in PREVIOUS:  # the previous migration's stay, for its code's workers
+                cursor.execute(f"DROP FUNCTION IF EXISTS {name}")
 
 
 class Migration(migrations.Migration):
