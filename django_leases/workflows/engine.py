@@ -276,6 +276,9 @@ class StepContext:
         self.run_created_at = claim.run_created_at
         self.using = claim.using
         self.transactional = transactional
+        # Whether a transactional step's transaction is the outermost one on its connection
+        # (made right after this, outside any atomic block): not nested in a caller's.
+        self._transaction_outermost = transactional and not connections[claim.using].in_atomic_block
         self._key = f"workflow-step:{claim.step_id}"
         self._claim = claim
 
@@ -311,16 +314,17 @@ class StepContext:
 
         connection = connections[claim.using]
         if (
-            self.transactional
+            self._transaction_outermost
             and connection.vendor != "sqlite"
-            and len(connection.atomic_blocks) == 1
+            and connection.in_atomic_block
         ):
-            # Inside a transactional step's own transaction, an UPDATE of the step row would
-            # hold its lock until the step commits: the lease's renewals, a cancel, a takeover
-            # would wait, and nobody would see the progress. Write it on a connection of its
-            # own, committed at once. (SQLite has one writer: its transaction holds the whole
-            # database anyway. Nested in an outer transaction — drive() in a TestCase — the
-            # write joins it, as every write there does.)
+            # Inside a transactional step's own transaction (or an atomic block the step opened
+            # in it), an UPDATE of the step row would hold its lock until the step commits:
+            # the lease's renewals, a cancel, a takeover would wait, and nobody would see the
+            # progress. Write it on a connection of its own, committed at once. (SQLite has
+            # one writer: its transaction holds the whole database anyway. Nested in an outer
+            # transaction — drive() in a TestCase — the write joins it, as every write there
+            # does.)
             _on_own_connection(write)
         else:
             write()
