@@ -709,6 +709,7 @@ class ahold_lease(_HoldArguments):
     _task_ref: weakref.ref[asyncio.Task[object]] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
     _cancelled = False
+    _cancelling = 0
     _exiting = False
     #: Entered, from the start of the acquisition to the end of the exit.
     _busy = False
@@ -765,6 +766,8 @@ class ahold_lease(_HoldArguments):
         the others — the holder's own release among them."""
         task = asyncio.current_task()
         self._task_ref = None if task is None else weakref.ref(task)
+        # The cancel requests pending on entry: only ours, beyond them, becomes the loss.
+        self._cancelling = 0 if task is None else task.cancelling()
         self._loop = asyncio.get_running_loop()
         self._cancelled = self._exiting = False
         held = self._held_lease(on_lost=self._lost_from_thread)
@@ -829,10 +832,16 @@ class ahold_lease(_HoldArguments):
             except Exception:
                 break
         if self._cancelled:
-            # Undo our own cancel() whatever the body did with it, as asyncio.timeout does.
+            # Undo our own cancel() whatever the body did with it, as asyncio.timeout does;
+            # and as it does, leave a cancellation from outside that came meanwhile (a
+            # shutdown, a TaskGroup sibling's failure) to go on as one: the task stays
+            # cancelled rather than told of the loss, which it might handle and go on from.
             task = self._task()
             assert task is not None  # the one running this
-            task.uncancel()
+            if task.uncancel() > self._cancelling:
+                if exc_type is asyncio.CancelledError:
+                    return  # the body's CancelledError goes on
+                raise asyncio.CancelledError
         if ours:
             raise LeaseLostError(self.key) from exc
         finishing.result()

@@ -309,3 +309,79 @@ def test_a_forgotten_task_collected_on_its_running_loop_is_given_back() -> None:
 
     on_another_thread(closing_connections(scenario))
     given_back(key)
+
+
+def test_a_cancellation_from_outside_arriving_with_the_loss_still_cancels_the_task() -> None:
+    """``ahold_lease`` turns only its own cancellation into ``LeaseLostError``, as
+    ``asyncio.timeout`` turns only its own into ``TimeoutError``: a task also cancelled from
+    outside (a shutdown, a ``TaskGroup`` sibling failing) while the loss is being told still
+    ends cancelled, and the cancellation is not lost to a caller that handles the loss."""
+    key = unique_key("hold")
+    told = threading.Event()
+    raised: list[type[BaseException]] = []
+    carried_on: list[bool] = []
+
+    def on_lost(sender: Any, key: str = "", **kwargs: Any) -> None:
+        if key == wanted:
+            told.set()  # sent after the hold's own cancel() was handed to the loop
+
+    wanted = key
+    lease_lost.connect(on_lost, weak=False)
+
+    async def scenario() -> None:
+        ready = asyncio.Event()
+
+        async def hold() -> None:
+            try:
+                async with ahold_lease(key, 3.0) as held:
+                    release = closing_connections(Lease.objects.release)
+                    acquire = closing_connections(Lease.objects.acquire)
+                    await asyncio.to_thread(release, held.lease)
+                    await asyncio.to_thread(acquire, key, "other", 60)
+                    assert told.wait(30), "the loss was never seen"  # blocks the loop: on purpose
+                    ready.set()  # the outside cancel() below runs before this task resumes
+                    await asyncio.sleep(60)
+            except BaseException as exc:
+                raised.append(type(exc))
+                if not isinstance(exc, LeaseLostError):
+                    raise
+            # A holder that handles the loss carries on, e.g. to hold the key again later.
+            await asyncio.sleep(0)
+            carried_on.append(True)
+
+        task = asyncio.ensure_future(hold())
+        await ready.wait()
+        task.cancel("shutting down")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        async_to_sync(scenario)()
+    finally:
+        lease_lost.disconnect(on_lost)
+    assert carried_on == [], f"the task went on though cancelled (the hold raised {raised})"
+    assert raised == [asyncio.CancelledError]
+
+
+def test_the_loss_alone_still_raises_lease_lost() -> None:
+    """The same loss with no cancellation from outside is told as ``LeaseLostError``, and
+    the task, having handled it, goes on uncancelled."""
+    key = unique_key("hold")
+
+    async def scenario() -> list[type[BaseException]]:
+        raised: list[type[BaseException]] = []
+        try:
+            async with ahold_lease(key, 3.0) as held:
+                release = closing_connections(Lease.objects.release)
+                acquire = closing_connections(Lease.objects.acquire)
+                await asyncio.to_thread(release, held.lease)
+                await asyncio.to_thread(acquire, key, "other", 60)
+                await asyncio.sleep(60)  # cancelled by the hold once it sees the loss
+        except LeaseLostError as exc:
+            raised.append(type(exc))
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0
+        await asyncio.sleep(0)
+        return raised
+
+    assert async_to_sync(scenario)() == [LeaseLostError]
