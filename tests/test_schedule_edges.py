@@ -340,3 +340,20 @@ def test_a_schedule_turned_task_between_read_and_tick_is_left_due() -> None:
     assert WorkflowSchedule.objects.all()._fire(alias, stale) is None
     assert to_aware(row_of("turns-task").next_tick, alias) == due  # type: ignore[arg-type]
     assert keys_of("turns-task") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_syncs_all_return_the_rows() -> None:
+    """Every worker process syncs the schedules on its first look, and ``workflow_schedules
+    sync`` runs at each deploy: several processes starting together sync at once. Each
+    call, made outside any transaction, returns the rows — never a deadlock (MariaDB's
+    1213, which racing ``INSERT IGNORE``s of one name ended in) — and one row per name
+    stands, whether the names are new or already there."""
+    names = [f"synced-{n}" for n in range(5)]
+    declared = [declaration(name, WORKFLOW, "0 0 1 1 *") for name in names]
+    for round_ in range(4):  # new names, then rows already there
+        outcomes = race([lambda: WorkflowSchedule.objects.sync(declared)] * 8)
+        raised = [o for o in outcomes if isinstance(o, BaseException)]
+        assert raised == [], f"round {round_}: {len(raised)} of 8 syncs raised {raised[0]!r}"
+        assert all([row.name for row in o] == names for o in outcomes)
+        assert WorkflowSchedule.objects.filter(name__in=names).count() == len(names)

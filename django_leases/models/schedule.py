@@ -189,9 +189,10 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         overlap, ``declared=True``); a new row, or one whose cron expression or time zone
         changed, gets its ``next_tick`` counted from database now. Every other row becomes
         undeclared (it stops firing; nothing is deleted). ``paused`` is never touched.
-        Concurrent syncs leave one row per name; on MariaDB / MySQL, where racing syncs can
-        deadlock (their inserts of one name), the loser runs again, unless it was called
-        inside a transaction of the caller's. Returns every row, sorted by name.
+        Concurrent syncs leave one row per name and take turns: each locks the declared
+        rows in name order. On MariaDB / MySQL a sync that deadlocks all the same (racing one
+        of other declarations) runs again, unless it was called inside a transaction of the
+        caller's. Returns every row, sorted by name.
 
         Raises ``ValueError`` for two declarations with one name, or for an input this
         database's JSON columns cannot store (nested deeper than MariaDB's 31 levels; a
@@ -213,10 +214,15 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         """:meth:`sync`'s one transaction."""
         with transaction.atomic(using=alias):
             rows = self._rows(alias)
-            rows.bulk_create(
-                [self.model(name=s.name, **_declared_values(s)) for s in schedules],
-                ignore_conflicts=True,
-            )
+            new = [self.model(name=s.name, **_declared_values(s)) for s in schedules]
+            if connections[alias].vendor == "mysql":
+                # An upsert (ON DUPLICATE KEY UPDATE, here changing nothing) locks each row at
+                # once, in name order, creating it if need be: racing syncs queue behind the
+                # first. INSERT IGNORE's duplicate-key check would take a shared lock first,
+                # and two syncs upgrading theirs for the updates below would deadlock.
+                rows.bulk_create(new, update_conflicts=True, update_fields=["name"])
+            else:
+                rows.bulk_create(new, ignore_conflicts=True)
             for s in schedules:
                 # A changed expression or zone counts again from now (next_tick cleared here,
                 # set below); the rest is overwritten.
