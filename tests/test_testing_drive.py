@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import TestCase
 
 from django_leases.clock import db_now
-from django_leases.exceptions import WorkflowEventTimeout
+from django_leases.exceptions import WorkflowEventTimeout, WorkflowRunStateError
 from django_leases.models import (
     Lease,
     RunStatus,
@@ -125,6 +125,17 @@ class DriveInATestCase(TestCase):
         self.assertEqual(WorkflowWait.objects.get(run_id=run_id).status, WaitStatus.TIMED_OUT)
         with self.assertRaisesMessage(ValueError, "is timed_out, no longer waiting"):
             time_out(run_id, "approval")
+
+    def test_time_out_refuses_a_wait_of_a_cancelled_run(self) -> None:
+        """A cancelled run's wait still reads ``waiting``, but it is over: cutting it short
+        is refused, as sending its event is, and nothing is written."""
+        run_id = start_workflow("tests.drive.timeout", {})
+        drive(run_id)
+        WorkflowRun.objects.cancel(run_id)
+        before = list(WorkflowWait.objects.values_list("name", "status", "due_at"))
+        with self.assertRaisesMessage(WorkflowRunStateError, "is cancelled"):
+            time_out(run_id, "approval")
+        self.assertEqual(list(WorkflowWait.objects.values_list("name", "status", "due_at")), before)
 
     def test_time_out_refuses_what_has_no_time_to_move(self) -> None:
         run_id = start_workflow("tests.drive.everything", {})

@@ -301,11 +301,17 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             ValueError: a bad run id or name; the run has not reached a wait of that name;
                 it is a child run's wait or an event wait without a ``timeout`` (no time to
                 move); it is no longer ``waiting`` (its event came, or it is decided).
+            WorkflowRunStateError: (a ``ValueError``) the run has completed, failed or been
+                cancelled: its waits are over, though a cancelled run's still reads
+                ``waiting``.
         """
         check_identifier(name, "Wait name")
         pk = parse_run_id(run_id)
         alias = self.write_alias()
+        runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
         with transaction.atomic(using=alias):
+            # The run's row first, as send_event locks it: the two take turns.
+            status = db.for_update(runs, alias).values_list("status", flat=True).first()
             wait = db.for_update(self.rows().filter(run_id=pk, name=name), alias).first()
             if wait is None or wait.reached_at is None:
                 raise ValueError(
@@ -320,6 +326,10 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 )
             if wait.status != WaitStatus.WAITING:
                 raise ValueError(f"Wait {name!r} of run {pk} is {wait.status}, no longer waiting")
+            if status in FINISHED_RUN_STATUSES:
+                raise WorkflowRunStateError(
+                    pk, status, "have a wait cut short", "only a running or suspended run can"
+                )
             self.rows().filter(pk=wait.pk).update(due_at=DbNow())
             request_passes(alias, Q(pk=pk))
         return self._one(wait.pk)

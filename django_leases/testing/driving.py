@@ -292,7 +292,8 @@ def time_out(run_id: uuid.UUID | str, name: str, *, using: str | None = None) ->
     Raises (nothing written):
         ValueError: a bad run id or name; the run has not reached that wait; it waits for a
             child run, or for an event without a timeout; or it is no longer waiting (its
-            event was sent, or its outcome is decided).
+            event was sent, or its outcome is decided, or the run has finished:
+            ``WorkflowRunStateError``, a ``ValueError``).
     """
     alias = using or router.db_for_write(WorkflowWait)
     return WorkflowWait.objects.db_manager(alias).make_due(run_id, name)
