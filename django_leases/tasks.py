@@ -240,9 +240,11 @@ class TaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         """Store ``task`` with ``args`` (a sequence) and ``kwargs`` (a mapping) as a run due
         at its ``run_after`` (``None``: now) and return its ``READY`` result, whose ``id``
-        is the run's id. Inside ``transaction.atomic()`` the task is written in that
-        transaction: workers see it (and ``task_enqueued`` is sent) once it commits; a
-        rollback leaves nothing.
+        is the run's id, on the database the router picks for the app's tables. Inside
+        ``transaction.atomic()`` on that database the task is written in that transaction:
+        workers see it (and ``task_enqueued`` is sent) once it commits; a rollback leaves
+        nothing. A transaction on another database (the app's tables routed elsewhere) does
+        not hold it: it is written at once, whatever becomes of that transaction.
 
         Raises:
             InvalidTask: the task is not valid for this backend (Django's checks: queue,
