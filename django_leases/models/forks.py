@@ -57,6 +57,7 @@ from django_leases.workflows.values import (
     StepStatus,
     WaitKind,
     WaitStatus,
+    exhausted,
     failed_for_good_q,
 )
 
@@ -261,7 +262,7 @@ class RunForks(RunReplays):
                 (
                     row["step_name"]
                     for row in failed.values("step_name", "status", "attempt", "retries", "error")
-                    if row["attempt"] >= row["retries"] + 1 or _stopped_by_run_end(row)
+                    if exhausted(row["attempt"], row["retries"]) or _stopped_by_run_end(row)
                 ),
                 None,
             )

@@ -49,6 +49,7 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     StepWrite,
+    exhausted,
 )
 
 #: Steps per statement of :meth:`StepOutcomes.refresh_leases` where each needs parameters of
@@ -175,7 +176,7 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
             )
             if config is None:
                 raise self.model.DoesNotExist(f"No workflow step with id {step_id}")
-            exhausted = attempt >= config["retries"] + 1
+            last = exhausted(attempt, config["retries"])
             delay = retry_delay_after(
                 attempt,
                 config["retry_delay"],
@@ -191,16 +192,16 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
                     "error": payload,
                     "result": None,
                     "lease_expires_at": None,
-                    "available_at": None if exhausted else clock.db_now_plus(delay),
+                    "available_at": None if last else clock.db_now_plus(delay),
                 },
                 history={"status": AttemptStatus.FAILED, "error": payload},
                 repeat_of=(AttemptStatus.FAILED, payload),
             )
-            if written and exhausted:
+            if written and last:
                 request_passes(alias, Q(steps__pk=step_id), hold=hold)
-            elif not exhausted and not delay:
+            elif not last and not delay:
                 wake_workers(alias)  # the next attempt is due at once
-        state = self._state_after(alias, step_id, hold) if written and exhausted else None
+        state = self._state_after(alias, step_id, hold) if written and last else None
         return StepWrite(StepStatus.FAILED, written, state)
 
     def suspend_for_missing_function(self, step_id: int, attempt: int, function_name: str) -> None:

@@ -66,6 +66,7 @@ from django_leases.workflows.values import (
     StepStatus,
     WaitKind,
     WaitStatus,
+    exhausted,
 )
 
 logger = logging.getLogger("django_leases.workflows")
@@ -350,7 +351,7 @@ class _DryPass:
         self._see(step_name)
         if row["status"] == StepStatus.SUCCEEDED:
             return row["result"]
-        if row["status"] == StepStatus.FAILED and row["attempt"] >= row["retries"] + 1:
+        if row["status"] == StepStatus.FAILED and exhausted(row["attempt"], row["retries"]):
             raise WorkflowStepFailedError(row["step_name"], row["error"])
         return self._stop_at(action)
 
@@ -378,7 +379,7 @@ class _DryPass:
             row = self.steps[name]
             if row["status"] == StepStatus.SUCCEEDED:
                 results.append(row["result"])
-            elif row["status"] == StepStatus.FAILED and row["attempt"] >= row["retries"] + 1:
+            elif row["status"] == StepStatus.FAILED and exhausted(row["attempt"], row["retries"]):
                 raise WorkflowStepFailedError(name, row["error"])
             else:
                 unfinished += 1

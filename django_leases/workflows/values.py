@@ -103,7 +103,7 @@ def exhausted(attempt: int, retries: int) -> bool:
     """Whether attempt ``attempt`` (``int``, from 1) is a step's last: ``retries`` (``int``)
     allows ``retries + 1`` attempts. A failed step whose attempt is its last failed for
     good; one with attempts left is claimed again once due. The one rule, here and in SQL
-    (:func:`exhausted_q`, ``sql.py``'s ``_exhausted``)."""
+    (:func:`exhausted_q`, ``sql.py``'s ``_failed_for_good``)."""
     return attempt >= retries + 1
 
 
