@@ -312,3 +312,55 @@ def test_every_command_loads_in_a_project_without_the_admin(tmp_path: Path) -> N
             timeout=120,
         )
         assert done.returncode == 0, (name, done.stderr[-2000:])
+
+
+#: The byte 0xff on a command line, as Python's ``sys.argv`` holds it (``surrogateescape``).
+UNDECODABLE = "caf\udcff"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(("workflow_runs", "list", "--key", UNDECODABLE), id="runs-list-key"),
+        pytest.param(("workflow_runs", "list", "--workflow", UNDECODABLE), id="runs-list-workflow"),
+        pytest.param(
+            ("workflow_runs", "cancel", "--workflow", UNDECODABLE), id="runs-cancel-workflow"
+        ),
+        pytest.param(("workflow_schedules", "pause", UNDECODABLE), id="schedules-pause"),
+        pytest.param(("workflow_schedules", "resume", UNDECODABLE), id="schedules-resume"),
+        pytest.param(
+            (
+                "workflow_schedules",
+                "backfill",
+                UNDECODABLE,
+                "--start",
+                "2024-01-01",
+                "--end",
+                "2024-01-02",
+            ),
+            id="schedules-backfill",
+        ),
+        pytest.param(("trigger_sources", "enable", UNDECODABLE), id="sources-enable"),
+        pytest.param(("trigger_sources", "forget", UNDECODABLE), id="sources-forget"),
+        pytest.param(("leases", "release", UNDECODABLE), id="leases-release"),
+        pytest.param(("hold_lease", UNDECODABLE, "--wait"), id="hold-lease-key"),
+    ],
+)
+@pytest.mark.django_db
+def test_an_argument_that_is_not_utf8_is_a_usage_error(argv: tuple[str, ...]) -> None:
+    """A byte the terminal could not decode as UTF-8 reaches a command as a lone surrogate,
+    which no database driver encodes: every command refuses it as bad usage, naming it,
+    before anything is done — not an uncaught ``UnicodeEncodeError`` from the driver."""
+    from django.core.management import call_command
+
+    with pytest.raises(CommandError, match="is not valid UTF-8 text") as raised:
+        call_command(*argv, stdout=StringIO(), stderr=StringIO())
+    assert raised.value.returncode == base.USAGE_ERROR
+
+
+def test_a_program_s_arguments_go_to_it_as_the_system_gave_them() -> None:
+    """``hold_lease``'s program line is the operating system's, not text for the database:
+    an argument that is not UTF-8 (a file name in Latin-1) is not refused."""
+    from django_leases.management.commands.hold_lease import Command
+
+    Command()._refuse_undecodable((), {"key": "nightly", "command": ["cat", UNDECODABLE]})

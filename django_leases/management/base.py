@@ -28,6 +28,7 @@ import inspect
 import json
 import os
 import pkgutil
+import re
 import textwrap
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -901,6 +902,10 @@ def _value(expr: ast.expr, module: ModuleType) -> Any:
 
 # -- the commands' base class -----------------------------------------------------------------
 
+#: A lone surrogate: what Python makes of a command-line byte that is not UTF-8.
+_UNDECODABLE = re.compile("[\ud800-\udfff]")
+
+
 
 class HelpFormatter(DjangoHelpFormatter):
     """Django's option order; text with line breaks of its own (an epilog, a description
@@ -926,6 +931,10 @@ class LeasesCommand(BaseCommand):
 
     #: Text shown in ``--help`` before the exit codes (line breaks kept).
     epilog_intro: ClassVar[str] = ""
+
+    #: Options passed on as the operating system gave them (a program's command line), not
+    #: checked as text.
+    raw_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._base_arguments: list[tuple[tuple[str, ...], dict[str, Any]]] = []
@@ -953,6 +962,7 @@ class LeasesCommand(BaseCommand):
             CommandError: as the command raises it, or for an unreachable database.
         """
         self.verbosity = int(options.get("verbosity", 1))
+        self._refuse_undecodable(args, options)
         try:
             return super().execute(*args, **options)
         except DatabaseError as exc:
@@ -961,6 +971,22 @@ class LeasesCommand(BaseCommand):
             if unusable is None:
                 raise
             raise unusable from exc
+
+    def _refuse_undecodable(self, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+        """Refuse an argument that is not valid UTF-8 (a byte such as 0xff from a Latin-1
+        terminal reaches Python as a lone surrogate, which no database driver encodes): a
+        usage error naming it, before anything is done."""
+        given = [("", arg) for arg in args] + [
+            (name, value) for name, value in options.items() if name not in self.raw_options
+        ]
+        for name, value in given:
+            for text in value if isinstance(value, list | tuple) else [value]:
+                if isinstance(text, str) and _UNDECODABLE.search(text):
+                    shown = f"--{name.replace('_', '-')} " if name else ""
+                    raise CommandError(
+                        f"The argument {shown}{text!r} is not valid UTF-8 text",
+                        returncode=USAGE_ERROR,
+                    )
 
     def confirm(self, message: str) -> None:
         """Write ``message``, a confirmation of what the command did, to stdout unless

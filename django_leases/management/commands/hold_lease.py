@@ -61,6 +61,9 @@ class Command(LeasesCommand):
         parser.usage = parser.format_usage().removeprefix("usage: ").rstrip() + " -- CMD [ARG ...]"
         return parser
 
+    #: The program's command line goes to the operating system as it came from it.
+    raw_options = frozenset({"command"})
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("key", metavar="KEY", help="The lease key (1-255 characters).")
         parser.add_argument(
