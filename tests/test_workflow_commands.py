@@ -4,18 +4,20 @@ thin commands over the store's operator methods, with exit codes and errors on s
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from datetime import datetime
 from io import StringIO
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.core.management import CommandError, call_command
 
 from django_leases.management.base import EXIT_CODES, USAGE_ERROR
 from django_leases.management.commands.workflow_runs import EXIT_WRONG_STATE
 from django_leases.models import RunStatus, WorkflowRun, WorkflowStep
 from django_leases.workflows.values import STEP_FUNCTION_NOT_FOUND
-from tests.helpers import failed_run, manage
+from tests.helpers import MANAGE_PY, ROOT, failed_run, manage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -230,3 +232,29 @@ def test_a_bad_value_is_bad_usage_as_a_process(subprocess_env: dict[str, str]) -
     done = manage("workflow_runs", "prune", "--older-than", "nan", env=subprocess_env)
     assert done.returncode == USAGE_ERROR, done.stderr
     assert "--older-than" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_every_run_a_bulk_cancel_changes_is_in_the_admin_history_though_stdout_is_gone(
+    subprocess_env: dict[str, str],
+) -> None:
+    """``workflow_runs cancel --tag …`` cancels each matching run and records each change in
+    the admin's history (``LogEntry``): a reader that closed the command's stdout (``| head
+    -0``, a dead pager) may cost the printed lines, never the history of changes made."""
+    runs = [WorkflowRun.objects.start("build-preview", {}, tags={"batch": "b1"}) for _ in range(3)]
+    child = subprocess.Popen(
+        [*MANAGE_PY, "workflow_runs", "cancel", "--tag", "batch=b1"],
+        cwd=ROOT,
+        env={**subprocess_env, "PYTHONUNBUFFERED": "1"},  # as in a container's usual setup
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.close()  # the reader is gone before the first line
+    with child.stderr:
+        child.stderr.read()
+    child.wait(timeout=120)
+    ids = [run.pk for run in runs]
+    statuses = set(WorkflowRun.objects.filter(pk__in=ids).values_list("status", flat=True))
+    assert statuses == {RunStatus.CANCELLED}
+    logged = LogEntry.objects.filter(object_id__in=[str(pk) for pk in ids])
+    assert set(logged.values_list("object_id", flat=True)) == {str(pk) for pk in ids}

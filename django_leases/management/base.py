@@ -906,7 +906,6 @@ def _value(expr: ast.expr, module: ModuleType) -> Any:
 _UNDECODABLE = re.compile("[\ud800-\udfff]")
 
 
-
 class HelpFormatter(DjangoHelpFormatter):
     """Django's option order; text with line breaks of its own (an epilog, a description
     broken by hand) is kept as written, other text is wrapped."""

@@ -319,19 +319,20 @@ class Command(base.LeasesCommand):
         if not outcomes:
             self.confirm("No workflow runs matched; nothing changed.")
             return
+        # Every change into the admin's history before a line is printed: a reader that went
+        # away (a closed pipe) may cost the lines, never the record of what was changed.
+        for outcome in outcomes:
+            if not outcome.refused and outcome.change is not None:
+                run = runs.filter(pk=outcome.run_id).first()
+                if run is not None:
+                    self.record_in_admin_history(action, run, str(outcome.change))
         refused = 0
         for outcome in outcomes:
             if outcome.refused:
                 refused += 1
                 self.stderr.write(str(outcome))
-                continue
-            if outcome.change is None:  # cancelled with a selected ancestor
-                self.confirm(str(outcome))
-                continue
-            run = runs.filter(pk=outcome.run_id).first()
-            if run is not None:
-                self.record_in_admin_history(action, run, str(outcome.change))
-            self.confirm(str(outcome.change))
+            else:  # no change of its own: cancelled with a selected ancestor
+                self.confirm(str(outcome if outcome.change is None else outcome.change))
         done = len(outcomes) - refused
         if refused:
             raise CommandError(
