@@ -5,6 +5,7 @@ clock; and the counts operators read (:class:`QueueCounts`).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 
-from django_leases import clock
+from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
 from django_leases.models.lease import EpochFloor
@@ -52,7 +53,10 @@ from django_leases.workflows.values import (
     StepStatus,
     exhausted,
     failed_for_good_q,
+    fresh_claimant,
 )
+
+logger = logging.getLogger("django_leases.workflows")
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -212,7 +216,6 @@ class StepClaims(StepOutcomes):
                 )
             return self._claim_locked(alias, step, ttl, sent, claimant=claimant, inline=True)
 
-    @falls_back
     def claim_due(
         self, lease_ttl_seconds: float, *, queues: Sequence[str] | None = None
     ) -> Claim | None:
@@ -230,10 +233,71 @@ class StepClaims(StepOutcomes):
         queue, with limits (function ``claim_queue`` or its variants); else two (see
         :meth:`_claim_mixed`); unless a lapsed step waits to be taken over.
 
+        The claim carries a name of its own (:func:`~values.fresh_claimant`). When the call
+        fails, its claim may have committed all the same (the reply lost): the step it may
+        hold is handed back by that name (:meth:`hand_back_claimed`), so a step nobody ran
+        does not spend an attempt by lapsing.
+
         Raises:
             QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+            DatabaseError: the database failed (whatever it claimed handed back).
         """
         ttl = ttl_seconds(lease_ttl_seconds)
+        claimant = fresh_claimant()
+        try:
+            return self._claim_due(ttl, queues, claimant)
+        except Exception:
+            self.hand_back_claimed(claimant)
+            raise
+
+    def hand_back_claimed(self, claimant: str) -> int:
+        """Hand back the step a claim named ``claimant`` took, if it took one, after the call
+        that made it failed (its reply lost: it may have committed): the step is
+        ``scheduled`` again at the attempt the claim gave it, due now, its lease cleared —
+        nobody ran that attempt, so it is not spent (the next claim runs it). Only that claim
+        names ``claimant`` (:func:`~values.fresh_claimant`); a takeover names its own. Best
+        effort, on a fresh connection when the database still answers: a database error is
+        logged and swallowed (the step's lease then lapses, and the attempt counts). Does
+        nothing inside a transaction (the caller's would be left broken). Returns how many
+        steps were handed back (0 or 1).
+
+        Raises:
+            ValueError: an empty ``claimant`` (it would name every unnamed claim).
+        """
+        if not claimant:
+            raise ValueError("hand_back_claimed needs the name the claim carried")
+        alias = self.write_alias()
+        connection = connections[alias]
+        if not db.outside_transactions(connection):
+            return 0
+        try:
+            connection.close()  # the next statement reconnects: the old one may be dead
+            handed = (
+                self.rows()
+                .filter(claimant=claimant, status=StepStatus.RUNNING)
+                .update(
+                    status=StepStatus.SCHEDULED,
+                    lease_expires_at=None,
+                    deadline_at=None,
+                    claimant="",
+                    available_at=DbNow(),
+                    updated_at=DbNow(),
+                )
+            )
+        except db.DATABASE_FAULTS as exc:
+            logger.warning(
+                "Could not hand back the step a failed claim may hold (%s): its lease lapses "
+                "instead",
+                exc,
+            )
+            return 0
+        if handed:
+            wake_workers(alias)
+        return handed
+
+    @falls_back
+    def _claim_due(self, ttl: float, queues: Sequence[str] | None, claimant: str) -> Claim | None:
+        """:meth:`claim_due` for a claim named ``claimant``."""
         alias = self.write_alias()
         limits = queue_limits()
         taken = list(queues or ())
@@ -241,18 +305,18 @@ class StepClaims(StepOutcomes):
         if claims_in_one(connection, limits, taken):
             # No queue this worker takes has limits: one statement, unless a lapsed step
             # is to be taken over (below).
-            lapsed, claim = self._claim_unlimited(connection, ttl, taken)
+            lapsed, claim = self._claim_unlimited(connection, ttl, taken, claimant)
             if not lapsed:
                 return claim
         elif len(taken) == 1 and taken[0] in limits and functions_called(connection):
             # One limited queue: one statement under its lock, the same exception aside.
-            lapsed, claim = self._claim_limited(connection, ttl, limits[taken[0]])
+            lapsed, claim = self._claim_limited(connection, ttl, limits[taken[0]], claimant)
             if not lapsed:
                 return claim
         elif functions_called(connection):
             # Limited queues and others: the first due step's queue looked up, then claimed
             # by its own statement.
-            lapsed, claim = self._claim_mixed(connection, ttl, limits, taken)
+            lapsed, claim = self._claim_mixed(connection, ttl, limits, taken, claimant)
             if not lapsed:
                 return claim
         blocked: set[str] = set()  # limited queues found full: passed over from then on
@@ -287,7 +351,7 @@ class StepClaims(StepOutcomes):
                         keys |= self._full_keys(alias, queue)
                         if (step.queue, step.queue_key) in keys:
                             continue
-                claim = self._claim_locked(alias, step, ttl, sent, refused)
+                claim = self._claim_locked(alias, step, ttl, sent, refused, claimant=claimant)
             if claim is not None:
                 return claim
             for what in refused:
@@ -420,17 +484,17 @@ class StepClaims(StepOutcomes):
         return found
 
     def _claim_unlimited(
-        self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str]
+        self, connection: BaseDatabaseWrapper, ttl: float, queues: Sequence[str], claimant: str
     ) -> tuple[bool, Claim | None]:
         """:meth:`claim_due`'s tuned path (function ``claim_step``) for queues without
         limits: ``(lapsed, claim)`` — ``lapsed`` when a lapsed step waits to be taken over
         (nothing was claimed: the portable path decides it), else the claim or ``None``."""
         sent = time.monotonic()
-        row = call_function(connection, "claim_step", [ttl, list(queues) or None])
+        row = call_function(connection, "claim_step", [ttl, list(queues) or None, claimant])
         return claim_from_row(connection.alias, row, ttl, sent)
 
     def _claim_limited(
-        self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits
+        self, connection: BaseDatabaseWrapper, ttl: float, limits: QueueLimits, claimant: str
     ) -> tuple[bool, Claim | None]:
         """:meth:`claim_due`'s tuned path for a worker of one queue with limits
         (``limits``): as :meth:`_claim_unlimited`, the limits, per-key limits and
@@ -447,6 +511,7 @@ class StepClaims(StepOutcomes):
             else:
                 short = "claim_queue_counted"
                 args = [ttl, limits.name, limits.concurrency]
+            args.append(claimant)
             row = call_function(connection, short, args)
             return claim_from_row(connection.alias, row, ttl, sent)
         rate = limits.rate is not None
@@ -464,6 +529,7 @@ class StepClaims(StepOutcomes):
                 limits.key_concurrency,
                 limits.key_rate_starts if key_rate else None,
                 limits.key_rate_window if key_rate else None,
+                claimant,
             ],
         )
         return claim_from_row(connection.alias, row, ttl, sent)
@@ -474,6 +540,7 @@ class StepClaims(StepOutcomes):
         ttl: float,
         limits: Mapping[str, QueueLimits],
         taken: Sequence[str],
+        claimant: str,
     ) -> tuple[bool, Claim | None]:
         """:meth:`claim_due`'s tuned path for a worker of limited queues and others
         (``taken``; empty: every queue): one statement reads the first due step of the
@@ -542,10 +609,14 @@ class StepClaims(StepOutcomes):
         for source, _, _ in found:
             if source == len(limited):
                 sent = time.monotonic()
-                row = call_function(connection, "claim_step_except", [ttl, others or None, limited])
+                row = call_function(
+                    connection, "claim_step_except", [ttl, others or None, limited, claimant]
+                )
                 lapsed_now, claim = claim_from_row(alias, row, ttl, sent)
             else:
-                lapsed_now, claim = self._claim_limited(connection, ttl, limits[limited[source]])
+                lapsed_now, claim = self._claim_limited(
+                    connection, ttl, limits[limited[source]], claimant
+                )
             if lapsed_now or claim is not None:
                 return lapsed_now, claim
         return False, None

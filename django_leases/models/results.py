@@ -30,6 +30,7 @@ from django_leases.models.scheduling import (
     inserted_claimed,
 )
 from django_leases.models.workflow_base import (
+    FunctionsGone,
     Owed,
     attempt_finished,
     call_function,
@@ -71,6 +72,7 @@ from django_leases.workflows.values import (
     RunStatus,
     StepStatus,
     StepWrite,
+    fresh_claimant,
     nothing_owed,
     run_lease_key,
 )
@@ -488,20 +490,30 @@ class StepResults(StepScheduling):
         """:meth:`set_result_completing_run` without a held run lease (the run lease taken
         for an instant for ``holder``), tuned: one statement; ``claim``: the step lease TTL
         (seconds) of the next due step of ``queues`` (empty: every queue; none of them
-        limited) it claims too."""
+        limited) it claims too, under a name of its own (handed back by it should the call
+        fail: :meth:`claim_due`)."""
         alias = connection.alias
         step_id, attempt, output = call.step_id, call.attempt, call.output
         next_holder = call.next_holder
         args = [*call.head(), holder, channel_name(alias)]
         short = "complete_run_alone"
+        claimant = ""
         if next_holder is not None:
             args += [next_holder, call.next_ttl]
             short = "complete_run_alone_picking"
         elif claim is not None:
-            args += [claim, list(queues) or None]
+            claimant = fresh_claimant()
+            args += [claim, list(queues) or None, claimant]
             short = "complete_run_alone_claiming"
         sent = time.monotonic()
-        row = call_function(connection, short, args)
+        try:
+            row = call_function(connection, short, args)
+        except FunctionsGone:
+            raise  # nothing was run: the method runs again, portably
+        except Exception:
+            if claimant:  # the reply may be lost with a claim committed
+                self.hand_back_claimed(claimant)
+            raise
         width = sql.ALONE_COLUMNS
         lease_width = len(sql.LEASE_TYPES)
         next_pass = next_step = None

@@ -80,7 +80,7 @@ wait_model: Callable[[], type[WorkflowWait]] = _registered("WorkflowWait")
 
 #: The latest migration that installs the :func:`functions` (a test checks it holds exactly
 #: their definitions).
-FUNCTIONS_MIGRATION = "0044_keyed_claim_functions"
+FUNCTIONS_MIGRATION = "0045_named_claim_functions"
 
 
 def fence_q(step_id: int | Expression, attempt: int | Expression) -> Q:

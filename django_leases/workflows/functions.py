@@ -122,6 +122,8 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
     picked = (*PASS_STATE_TYPES, *LEASE_TYPES)
     run_id = _arg("p_run_id", "uuid")
     queues = _arg("p_queues", "text[]")
+    # A claim's name for itself, by which a caller whose reply was lost finds the step again.
+    claim_claimant = _arg("p_claimant", "text")
     claim_queue_args = (
         ttl,
         _arg("p_queue", "text"),
@@ -144,36 +146,48 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
     found = (
         Function(
             "claim_queue",
-            claim_queue_args,
+            (*claim_queue_args, claim_claimant),
             CLAIM_STEP_TYPES,
-            claim_queue(t, *claim_queue_args),
+            claim_queue(t, *claim_queue_args, claim_claimant),
             prelude=claim_queue_lock(t, queue),
         ),
         Function(
             "claim_queue_keyed",
-            (ttl, queue, concurrency, key_concurrency),
+            (ttl, queue, concurrency, key_concurrency, claim_claimant),
             CLAIM_STEP_TYPES,
-            claim_queue(t, ttl, queue, True, concurrency, None, None, key_concurrency, None, None),
+            claim_queue(
+                t,
+                ttl,
+                queue,
+                True,
+                concurrency,
+                None,
+                None,
+                key_concurrency,
+                None,
+                None,
+                claim_claimant,
+            ),
             prelude=claim_queue_lock(t, queue),
         ),
         Function(
             "claim_queue_counted",
-            (ttl, queue, concurrency),
+            (ttl, queue, concurrency, claim_claimant),
             CLAIM_STEP_TYPES,
-            claim_queue_counted(t, ttl, queue, concurrency),
+            claim_queue_counted(t, ttl, queue, concurrency, claim_claimant),
             prelude=claim_queue_lock(t, queue),
         ),
         Function(
             "claim_step",
-            (ttl, queues),
+            (ttl, queues, claim_claimant),
             CLAIM_STEP_TYPES,
-            claim_step(t, ttl, queues),
+            claim_step(t, ttl, queues, claim_claimant),
         ),
         Function(
             "claim_step_except",
-            (ttl, queues, _arg("p_excluded", "text[]")),
+            (ttl, queues, _arg("p_excluded", "text[]"), claim_claimant),
             CLAIM_STEP_TYPES,
-            claim_step_except(t, ttl, queues, _arg("p_excluded", "text[]")),
+            claim_step_except(t, ttl, queues, _arg("p_excluded", "text[]"), claim_claimant),
         ),
         Function(
             "take_pass",
@@ -211,9 +225,9 @@ def catalogue(pieces: Pieces) -> dict[str, Function]:
         ),
         Function(
             "complete_run_alone_claiming",
-            (*alone_args, next_ttl, queues),
+            (*alone_args, next_ttl, queues, claim_claimant),
             (*alone_returns, *CLAIM_STEP_TYPES),
-            complete_alone(claim=(next_ttl, queues)),
+            complete_alone(claim=(next_ttl, queues, claim_claimant)),
         ),
         Function(
             "complete_run_picking",

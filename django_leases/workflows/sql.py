@@ -284,17 +284,21 @@ def _claim_columns(t: Tables) -> tuple[str, str]:
     return columns, joined
 
 
-def claim_step(t: Tables, seconds: Any, queues: Any) -> tuple[str, list[Any]]:
+def claim_step(t: Tables, seconds: Any, queues: Any, claimant: Any) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, in one statement:
     :func:`claim_step_ctes` as a statement of its own."""
-    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues)
+    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues, claimant=claimant)
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
-def claim_step_except(t: Tables, seconds: Any, queues: Any, excluded: Any) -> tuple[str, list[Any]]:
+def claim_step_except(
+    t: Tables, seconds: Any, queues: Any, excluded: Any, claimant: Any
+) -> tuple[str, list[Any]]:
     """:func:`claim_step` of ``queues`` (``NULL``: every queue) but never of ``excluded`` (a
     text array): the unlimited queues' claim of a worker that also takes limited queues."""
-    ctes, params, columns, joined = claim_step_ctes(t, seconds, queues, excluded=excluded)
+    ctes, params, columns, joined = claim_step_ctes(
+        t, seconds, queues, excluded=excluded, claimant=claimant
+    )
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
 
@@ -318,10 +322,12 @@ def _lapsed(t: Tables, of_queues: str, live_run: str) -> str:
         )"""
 
 
-def _claimed(t: Tables, lease: str, started: str) -> str:
+def _claimed(t: Tables, lease: str, started: str, claimant: Any) -> str:
     """CTEs ``claimed`` (the step ``picked`` — ``id, was, available_at`` — started under a
     step lease ending at ``lease``: ``running``, the attempt raised after a failure, the
-    deadline from its ``timeout``, the server's epoch floor stored; its row's columns) and
+    deadline from its ``timeout``, the server's epoch floor stored, the claim named
+    ``claimant`` — the caller's name for this one claim, by which it finds the step again
+    should the reply be lost; its row's columns) and
     ``begun`` (its attempt row, started at ``started``; a claim of an attempt given back
     restarts its row), the one way every claim statement writes a claim."""
     failed = _text(StepStatus.FAILED)
@@ -336,6 +342,7 @@ def _claimed(t: Tables, lease: str, started: str) -> str:
                 deadline_at = CASE WHEN s.timeout IS NULL THEN NULL
                     ELSE statement_timestamp() + make_interval(secs => s.timeout) END,
                 fence_floor = {t.floor},
+                claimant = {literal(claimant)},
                 updated_at = statement_timestamp()
             FROM picked
             WHERE s.id = picked.id
@@ -361,6 +368,7 @@ def claim_step_ctes(
     admit: str = "",
     excluded: Any = None,
     started: str = "statement_timestamp()",
+    claimant: Any,
 ) -> tuple[str, list[Any], str, str]:
     """:meth:`WorkflowStepQuerySet.claim_due` for queues without limits, as CTEs for a
     statement of its own or a larger one (``lapsed``, ``picked``, ``claimed``, ``begun``):
@@ -393,7 +401,8 @@ def claim_step_ctes(
     condition without which nothing is picked (a limit of that queue, :func:`claim_queue_counted`);
     ``excluded``: a text array of queues never to claim from (the limited queues of a worker
     that claims those through their own statements, :func:`claim_step_except`); ``started``:
-    the attempt's ``started_at`` (SQL; a claim under a queue's lock takes the time after it).
+    the attempt's ``started_at`` (SQL; a claim under a queue's lock takes the time after it);
+    ``claimant``: the name the claim carries (see :func:`_claimed`).
 
     Returns ``(ctes, params, columns, joined)``: what goes after ``WITH``, its parameters,
     the row's columns (after ``SELECT``), and the joins that read them (after a ``FROM`` of
@@ -424,7 +433,7 @@ def claim_step_ctes(
             ORDER BY s.priority DESC, s.available_at, s.id
             LIMIT 1
             FOR UPDATE OF s SKIP LOCKED{run_locked}
-        ), {_claimed(t, "statement_timestamp() + make_interval(secs => %s)", started)}"""
+        ), {_claimed(t, "statement_timestamp() + make_interval(secs => %s)", started, claimant)}"""
     columns, joined = _claim_columns(t)
     return ctes, [seconds], columns, joined
 
@@ -480,7 +489,7 @@ def _live_count(t: Tables, queue: str) -> str:
 
 
 def claim_queue_counted(
-    t: Tables, seconds: Any, queue: Any, concurrency: Any
+    t: Tables, seconds: Any, queue: Any, concurrency: Any, claimant: Any
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for one queue whose only limit is its
     ``concurrency``, in one statement run under the queue row's lock
@@ -492,7 +501,7 @@ def claim_queue_counted(
     q = literal(queue)
     admit = f"{_live_count(t, q)} < {literal(concurrency)}"
     ctes, params, columns, joined = claim_step_ctes(
-        t, seconds, None, queue=q, admit=admit, started="clock_timestamp()"
+        t, seconds, None, queue=q, admit=admit, started="clock_timestamp()", claimant=claimant
     )
     return f"WITH {ctes} SELECT {columns} FROM (SELECT 1) AS one {joined}", params
 
@@ -508,6 +517,7 @@ def claim_queue(
     key_concurrency: Any,
     key_rate_starts: Any,
     key_rate_window: Any,
+    claimant: Any,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.claim_due` for one queue with limits, in one statement
     run under the queue row's lock (:func:`claim_queue_lock` first, in the same function).
@@ -630,7 +640,7 @@ def claim_queue(
             WHERE s.id = (SELECT min(id) FROM first) AND s.status = first.was
                 AND s.available_at <= statement_timestamp()
             FOR UPDATE OF s SKIP LOCKED
-        ), {_claimed(t, lease, "(SELECT at FROM clock)")}"""
+        ), {_claimed(t, lease, "(SELECT at FROM clock)", claimant)}"""
     if rated:
         ctes += f""", rated AS (
             UPDATE {t.queue}
@@ -913,15 +923,16 @@ def _with_next(
     columns: str,
     joined: str,
     pick: tuple[Callable[[str], str], str, Any, Any] | None,
-    claim: tuple[Any, Any] | None = None,
+    claim: tuple[Any, Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """A completion's statement from its ``ctes``, ``columns`` and ``joined`` (after
     ``FROM``), with what the writer does next appended: ``pick`` (see :func:`completion`),
-    the next due run's pick, or ``claim`` (``(seconds, queues)``, see
+    the next due run's pick, or ``claim`` (``(seconds, queues, claimant)``, see
     :func:`completion_alone`), the next due step's claim."""
     if claim is not None:
+        seconds, queues, claimant = claim
         claimed, claim_params, claim_columns, claim_joined = claim_step_ctes(
-            t, *claim, after_waits=True
+            t, seconds, queues, after_waits=True, claimant=claimant
         )
         ctes += f", {claimed}"
         params = [*params, *claim_params]
@@ -957,7 +968,7 @@ def completion_alone(
     channel: Any,
     *,
     pick: tuple[Callable[[str], str], str, Any, Any] | None = None,
-    claim: tuple[Any, Any] | None = None,
+    claim: tuple[Any, Any, Any] | None = None,
 ) -> tuple[str, list[Any]]:
     """:meth:`WorkflowStepQuerySet.set_result_completing_run` for a caller that holds no
     run lease: the fenced result, then — the run row locked (still ``running``) — the run
@@ -968,7 +979,8 @@ def completion_alone(
     runs), the run is not completed: its pass is asked for instead (due now, ``channel``
     notified), as a result written the ordinary way asks for it. Rows are locked in the
     house's order: the step, its run, then the run lease. ``pick`` as for
-    :func:`completion`; or ``claim`` (``(seconds, queues)``, as for :func:`claim_step`):
+    :func:`completion`; or ``claim`` (``(seconds, queues, claimant)``, as for
+    :func:`claim_step`):
     the claim of the next due step (this step is ``running`` in the statement's snapshot,
     so never the one claimed). Everything but the pick or claim depends on the fence. Its
     row: written (0 or 1), the completed run's id (``NULL``: not completed), its

@@ -180,6 +180,13 @@ def claimant_name(holder: str, token: int, step_id: int, attempt: int) -> str:
     return hashlib.sha256(seed).hexdigest()[:MAX_CLAIMANT_LENGTH]
 
 
+def fresh_claimant() -> str:
+    """A name for one claim of a due step (``WorkflowStep.claimant``) that nothing else
+    names: a caller whose claim's reply was lost finds the step it may hold by it, and
+    hands it back. A hex ``str`` of :data:`MAX_CLAIMANT_LENGTH` characters."""
+    return uuid.uuid4().hex[:MAX_CLAIMANT_LENGTH]
+
+
 def run_lease_key(run_id: uuid.UUID | str) -> str:
     """The key of the lease an orchestration pass of run ``run_id`` holds:
     ``workflow-run:<id>``."""
@@ -482,6 +489,7 @@ __all__ = [
     "exhausted",
     "exhausted_q",
     "failed_for_good_q",
+    "fresh_claimant",
     "nothing_owed",
     "run_lease_key",
 ]
