@@ -22,6 +22,7 @@
 * :func:`staff_user` / :func:`staff_client` — a staff user with some of django-leases'
   permissions, or a client logged in as one;
 * :func:`renewal_threads` — the renewal (and deadline) threads of live holds;
+  :func:`take_over` — take an ``ahold_lease``'s key from it;
   :func:`held_renewals` — what still renews a key (the renewers, or its own threads);
   :func:`end_renewers` — end the renewers' threads so the next hold connects afresh;
   :func:`spend_steps_first` — spend a worker's periodic look for due steps on an idle unit;
@@ -33,6 +34,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import multiprocessing
 import os
@@ -304,6 +306,16 @@ def closing_connections(call: Callable[..., Any]) -> Callable[..., Any]:
             connections.close_all()
 
     return closing
+
+
+async def take_over(held: Any, key: str) -> None:
+    """Take an ``ahold_lease``'s key from it: its grant ``held`` released and the key given
+    to holder ``other`` (TTL 60 s), each on a worker thread. The hold finds the loss at its
+    next renewal."""
+    from django_leases.models import Lease
+
+    await asyncio.to_thread(closing_connections(Lease.objects.release), held.lease)
+    await asyncio.to_thread(closing_connections(Lease.objects.acquire), key, "other", 60)
 
 
 def start_thread(call: Callable[[], Any], *, name: str | None = None) -> threading.Thread:

@@ -29,6 +29,7 @@ from tests.helpers import (
     held_renewals,
     lapse_lease,
     on_another_thread,
+    take_over,
     unique_key,
     wait_until,
 )
@@ -334,10 +335,7 @@ def test_a_cancellation_from_outside_arriving_with_the_loss_still_cancels_the_ta
         async def hold() -> None:
             try:
                 async with ahold_lease(key, 3.0) as held:
-                    release = closing_connections(Lease.objects.release)
-                    acquire = closing_connections(Lease.objects.acquire)
-                    await asyncio.to_thread(release, held.lease)
-                    await asyncio.to_thread(acquire, key, "other", 60)
+                    await take_over(held, key)
                     assert told.wait(30), "the loss was never seen"  # blocks the loop: on purpose
                     ready.set()  # the outside cancel() below runs before this task resumes
                     await asyncio.sleep(60)
@@ -372,10 +370,7 @@ def test_the_loss_alone_still_raises_lease_lost() -> None:
         raised: list[type[BaseException]] = []
         try:
             async with ahold_lease(key, 3.0) as held:
-                release = closing_connections(Lease.objects.release)
-                acquire = closing_connections(Lease.objects.acquire)
-                await asyncio.to_thread(release, held.lease)
-                await asyncio.to_thread(acquire, key, "other", 60)
+                await take_over(held, key)
                 await asyncio.sleep(60)  # cancelled by the hold once it sees the loss
         except LeaseLostError as exc:
             raised.append(type(exc))

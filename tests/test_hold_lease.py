@@ -16,11 +16,11 @@ from django_leases import LeaseLostError, ahold_lease, hold_lease
 from django_leases.exceptions import MisuseError
 from django_leases.models import Lease, LeaseQuerySet
 from tests.helpers import (
-    closing_connections,
     held_renewals,
     on_another_thread,
     race,
     race_in_processes,
+    take_over,
     unique_key,
     wait_until,
 )
@@ -114,10 +114,7 @@ def test_body_swallowing_the_cancellation_still_gets_lease_lost_error() -> None:
         try:
             # A short TTL: the renewal thread sees the loss (its subject) within a second.
             async with ahold_lease(key, 1.0) as held:
-                release = closing_connections(Lease.objects.release)
-                acquire = closing_connections(Lease.objects.acquire)
-                await asyncio.to_thread(release, held.lease)
-                await asyncio.to_thread(acquire, key, "other", 60)
+                await take_over(held, key)
                 try:
                     await asyncio.sleep(60)  # until the renewal thread cancels the body
                 except asyncio.CancelledError:

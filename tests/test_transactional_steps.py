@@ -492,10 +492,16 @@ seen_while_running: list[Any] = []
 
 @step_function("tests.tx.progress", transactional=True)
 def reports_progress(data: Any, ctx: StepContext) -> Any:
-    """Reports progress, then looks at its step from another connection while its own
-    transaction is still open: the progress is there, and renewing the step lease (which
-    updates the same row) does not wait for this transaction."""
-    ctx.set_progress({"done": 1, "of": 2})
+    """Reports progress (``data["in_block"]``: inside an ``atomic()`` block of its own, a
+    savepoint, as a step saving its work in chunks does), then looks at its step from
+    another connection while its own transaction is still open: the progress is there, and
+    renewing the step lease (which updates the same row) does not wait for this
+    transaction."""
+    if data.get("in_block"):
+        with transaction.atomic(using=ctx.using):
+            ctx.set_progress({"done": 1, "of": 2})
+    else:
+        ctx.set_progress({"done": 1, "of": 2})
 
     def from_outside() -> tuple[Any, bool]:
         step = WorkflowStep.objects.get(pk=ctx._claim.step_id)
@@ -507,49 +513,16 @@ def reports_progress(data: Any, ctx: StepContext) -> Any:
 
 
 @needs_row_locks
+@pytest.mark.parametrize("in_block", [False, True], ids=["in-its-transaction", "in-a-savepoint"])
 @pytest.mark.django_db(transaction=True)
-def test_progress_of_a_transactional_step_is_seen_at_once_and_blocks_no_renewal() -> None:
+def test_progress_of_a_transactional_step_is_seen_at_once_and_blocks_no_renewal(
+    in_block: bool,
+) -> None:
     seen_while_running.clear()
     run = WorkflowRun.objects.start("tests.tx.one", {})
-    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.progress")
+    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.progress", {"in_block": in_block})
     claim = WorkflowStep.objects.claim_for_execution(run.id, "only", "tests.tx.progress", 600)
     assert claim is not None
     assert execute_step(claim) == "succeeded"
     assert seen_while_running == [({"done": 1, "of": 2}, True)]
     assert WorkflowStep.objects.get(pk=claim.step_id).progress == {"done": 1, "of": 2}
-
-
-seen_from_outside: list[Any] = []
-
-
-@step_function("tests.tx.progress-in-block", transactional=True)
-def progress_in_block(data: Any, ctx: StepContext) -> Any:
-    """Saves a chunk and reports progress in an ``atomic()`` block of its own (a savepoint),
-    then looks at its step from another connection while its transaction is still open."""
-    with transaction.atomic(using=ctx.using):
-        ctx.set_progress({"done": 1, "of": 2})
-
-    def from_outside() -> tuple[Any, bool]:
-        step = WorkflowStep.objects.get(pk=ctx._claim.step_id)
-        renewed = WorkflowStep.objects.refresh_lease(step.pk, 600, ctx.attempt)
-        return step.progress, renewed
-
-    seen_from_outside.append(helpers.on_another_thread(from_outside, timeout=30))
-    return "done"
-
-
-@needs_row_locks
-@pytest.mark.django_db(transaction=True)
-def test_progress_reported_in_a_savepoint_of_a_transactional_step_is_seen_at_once() -> None:
-    """As above, when the step reports its progress inside an ``atomic()`` block (a
-    savepoint) of its own, as a step saving its work in chunks does: the progress is written
-    on a connection of its own all the same, seen at once, and blocks no renewal."""
-    seen_from_outside.clear()
-    run = WorkflowRun.objects.start("tests.tx.one", {})
-    WorkflowStep.objects.schedule(run.id, "only", "tests.tx.progress-in-block")
-    claim = WorkflowStep.objects.claim_for_execution(
-        run.id, "only", "tests.tx.progress-in-block", 600
-    )
-    assert claim is not None
-    assert execute_step(claim) == "succeeded"
-    assert seen_from_outside == [({"done": 1, "of": 2}, True)]
