@@ -272,18 +272,8 @@ class StepClaims(StepOutcomes):
             return 0
         try:
             connection.close()  # the next statement reconnects: the old one may be dead
-            handed = (
-                self.rows()
-                .filter(claimant=claimant, status=StepStatus.RUNNING)
-                .update(
-                    status=StepStatus.SCHEDULED,
-                    lease_expires_at=None,
-                    deadline_at=None,
-                    claimant="",
-                    available_at=DbNow(),
-                    updated_at=DbNow(),
-                )
-            )
+            mine = self.rows().filter(claimant=claimant, status=StepStatus.RUNNING)
+            return self._unclaim(alias, mine, StepStatus.SCHEDULED)
         except db.DATABASE_FAULTS as exc:
             logger.warning(
                 "Could not hand back the step a failed claim may hold (%s): its lease lapses "
@@ -291,6 +281,19 @@ class StepClaims(StepOutcomes):
                 exc,
             )
             return 0
+
+    def _unclaim(self, alias: str, rows: models.QuerySet[Any], status: str) -> int:
+        """Hand back ``rows`` — running under a claim nobody ran — as ``status`` at the attempt
+        they have, due now, their lease cleared and their claim's name dropped; wake waiting
+        workers. Returns how many."""
+        handed = rows.update(
+            status=status,
+            lease_expires_at=None,
+            deadline_at=None,
+            claimant="",
+            available_at=DbNow(),
+            updated_at=DbNow(),
+        )
         if handed:
             wake_workers(alias)
         return handed

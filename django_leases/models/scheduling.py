@@ -460,14 +460,4 @@ class StepScheduling(StepClaims):
         mine = self.rows().filter(
             run_id=parse_run_id(run_id), status=StepStatus.RUNNING, attempt=1, claimant=claimant
         )
-        handed = mine.update(
-            status=StepStatus.PENDING,
-            lease_expires_at=None,
-            deadline_at=None,
-            claimant="",
-            available_at=DbNow(),
-            updated_at=DbNow(),
-        )
-        if handed:
-            wake_workers(alias)
-        return handed
+        return self._unclaim(alias, mine, StepStatus.PENDING)
