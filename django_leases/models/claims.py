@@ -244,18 +244,24 @@ class StepClaims(StepOutcomes):
         """
         ttl = ttl_seconds(lease_ttl_seconds)
         claimant = fresh_claimant()
+        sent = time.monotonic()
         try:
             return self._claim_due(ttl, queues, claimant)
         except Exception:
-            self.hand_back_claimed(claimant)
+            self.hand_back_claimed(claimant, within=ttl - (time.monotonic() - sent))
             raise
 
-    def hand_back_claimed(self, claimant: str) -> int:
+    def hand_back_claimed(self, claimant: str, *, within: float) -> int:
         """Hand back the step a claim named ``claimant`` took, if it took one, after the call
         that made it failed (its reply lost: it may have committed): the step is
         ``scheduled`` again at the attempt the claim gave it, due now, its lease cleared —
         nobody ran that attempt, so it is not spent (the next claim runs it). Only that claim
-        names ``claimant`` (:func:`~values.fresh_claimant`); a takeover names its own. Best
+        names ``claimant`` (:func:`~values.fresh_claimant`): a later claim names its own, and
+        a step leaving ``running`` drops its claim's name. And only while that claim's lease
+        can still be live: ``within`` (seconds) is what is left of its TTL by the caller's
+        clock — none left, nothing is done — and the step's lease must be live and its
+        attempt short of its timeout on the database clock (so a step some worker of an
+        earlier release claimed since, which names no claimant, is never handed back). Best
         effort, on a fresh connection when the database still answers: a database error is
         logged and swallowed (the step's lease then lapses, and the attempt counts). Does
         nothing inside a transaction (the caller's would be left broken). Returns how many
@@ -268,11 +274,16 @@ class StepClaims(StepOutcomes):
             raise ValueError("hand_back_claimed needs the name the claim carried")
         alias = self.write_alias()
         connection = connections[alias]
-        if not db.outside_transactions(connection):
+        if within <= 0 or not db.outside_transactions(connection):
             return 0
         try:
             connection.close()  # the next statement reconnects: the old one may be dead
-            mine = self.rows().filter(claimant=claimant, status=StepStatus.RUNNING)
+            mine = self.rows().filter(
+                Q(deadline_at__isnull=True) | Q(deadline_at__gt=DbNow()),
+                claimant=claimant,
+                status=StepStatus.RUNNING,
+                lease_expires_at__gt=DbNow(),
+            )
             return self._unclaim(alias, mine, StepStatus.SCHEDULED)
         except db.DATABASE_FAULTS as exc:
             logger.warning(
@@ -906,6 +917,7 @@ class StepClaims(StepOutcomes):
             error=error,
             lease_expires_at=None,
             available_at=None,
+            claimant="",
             updated_at=DbNow(),
         )
         if failed:

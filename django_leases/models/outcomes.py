@@ -424,7 +424,8 @@ class StepOutcomes(db.RoutedQuerySet["WorkflowStep"]):
         acknowledgement was lost). Otherwise nothing is written and
         :class:`WorkflowStepSupersededError` (or ``DoesNotExist``) is raised."""
         fenced = step_model()._default_manager.using(alias).filter(fence_q(step_id, attempt))
-        if not fenced.update(**step, updated_at=DbNow()):
+        # The attempt leaves ``running``: its claim's name goes with it (hand_back_claimed).
+        if not fenced.update(**{"claimant": "", **step}, updated_at=DbNow()):
             if repeat_of is not None and self._already_recorded(
                 alias, step_id, attempt, *repeat_of
             ):

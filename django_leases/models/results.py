@@ -511,8 +511,8 @@ class StepResults(StepScheduling):
         except FunctionsGone:
             raise  # nothing was run: the method runs again, portably
         except Exception:
-            if claimant:  # the reply may be lost with a claim committed
-                self.hand_back_claimed(claimant)
+            if claim is not None and claimant:  # the reply may be lost with a claim committed
+                self.hand_back_claimed(claimant, within=claim - (time.monotonic() - sent))
             raise
         width = sql.ALONE_COLUMNS
         lease_width = len(sql.LEASE_TYPES)
