@@ -92,6 +92,12 @@ def check_lease_name(value: object, what: str) -> str:
     return check_name(value, f"Lease {what}", max_length=MAX_KEY_LENGTH)
 
 
+def check_run_key(value: object) -> str:
+    """:func:`check_name` for a run's idempotency key (``start_workflow(key=)``): up to
+    :data:`MAX_KEY_LENGTH` (255) characters. Returns it; raises ``ValueError``."""
+    return check_name(value, "Run key", max_length=MAX_KEY_LENGTH)
+
+
 #: Largest fencing token: what a signed 64-bit column (``Lease.token``, ``fence``) holds.
 MAX_TOKEN = 2**63 - 1
 

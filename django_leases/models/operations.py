@@ -32,9 +32,8 @@ from django_leases.models.workflow_base import (
     wake_workers,
 )
 from django_leases.validation import (
-    MAX_KEY_LENGTH,
     check_identifier,
-    check_name,
+    check_run_key,
     check_tags,
     parse_run_id,
     seconds,
@@ -533,7 +532,7 @@ class RunOperations(RunPasses):
     def key_starts_with(self, text: str) -> Self:
         """The runs whose ``key`` is ``text`` or starts with it (case-sensitive), served by
         the ``dl_run_key`` index; ``ValueError`` for a text no key could be."""
-        check_name(text, "Run key", max_length=MAX_KEY_LENGTH)
+        check_run_key(text)
         found = self.filter(key__startswith=text)
         if connections[self.db].vendor == "sqlite":
             # SQLite's LIKE ignores the case of ASCII letters: the head is compared as well.

@@ -40,11 +40,10 @@ from django_leases.models.workflow_base import (
 )
 from django_leases.signals import lease_acquired
 from django_leases.validation import (
-    MAX_KEY_LENGTH,
     check_identifier,
     check_json,
-    check_name,
     check_queue_key,
+    check_run_key,
     check_tags,
     error_json,
     parse_run_id,
@@ -134,7 +133,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         check_identifier(workflow, "Workflow name")
         check_json(input, "Workflow input", using=self.write_alias())
         if key is not None:
-            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+            check_run_key(key)
         return check_tags(tags), check_queue_key(queue_key) or ""
 
     def start(
@@ -268,7 +267,7 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
         ):
             raise ValueError(f"available_at must be an aware datetime, not {available_at!r}")
         if key is not None:
-            check_name(key, "Run key", max_length=MAX_KEY_LENGTH)
+            check_run_key(key)
         value = {} if input is None else input
         alias = self.write_alias()
         connection = connections[alias]

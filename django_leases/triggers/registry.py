@@ -52,7 +52,7 @@ from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunState
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun
 from django_leases.triggers.values import Delivery, Handled, Handler
-from django_leases.validation import MAX_NAME_LENGTH, check_identifier, parse_run_id
+from django_leases.validation import MAX_NAME_LENGTH, check_identifier, check_run_key, parse_run_id
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers.base import Provider
@@ -131,7 +131,8 @@ class StartWorkflow:
 
     def __call__(self, delivery: Delivery) -> uuid.UUID | Handled:
         """Start the run (or find the one with the same key); returns its id. A ``key``
-        callable that raises on the delivery starts nothing: the delivery is recorded with
+        callable that raises on the delivery, or returns what no run key can be (not a
+        ``str``, empty, over 255 characters), starts nothing: the delivery is recorded with
         that outcome (a :class:`Handled` without a run). Raises what ``start_workflow``
         raises."""
         value = delivery.payload if self.input == "payload" else delivery.as_input()
@@ -139,6 +140,11 @@ class StartWorkflow:
             key = None if self.key is None else _read_off(delivery, self.key, "key")
         except _Unread as exc:
             return Handled(None, f"workflow {self.workflow!r} not started: {exc}")
+        if key is not None:
+            try:
+                check_run_key(key)
+            except ValueError as exc:  # the sender's data: sent again, it would fail again
+                return Handled(None, f"workflow {self.workflow!r} not started: {exc}")
         # deferred: start-up cost. This module loads as Django starts (the providers, the
         # checks); the engine (fencing, renewal, tracing) only when a delivery starts a run.
         from django_leases.workflows import engine
