@@ -16,8 +16,10 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from django_leases.models import TriggerSource
+from django_leases.exceptions import LeaseLostError
+from django_leases.models import Lease, TriggerSource
 from django_leases.triggers import lifecycle, registry
+from django_leases.triggers.providers import GitHubProvider
 from django_leases.triggers.registry import StartWorkflow, webhook_source
 from tests.test_triggers_providers import (  # noqa: F401  (fixtures)
     REPO,
@@ -152,9 +154,6 @@ def test_a_lease_lost_mid_setup_fails_that_source_and_reconciles_the_others(
     the sources after it are reconciled (before, the command died with a traceback)."""
     from django.core.management import CommandError, call_command
 
-    from django_leases.models import Lease
-    from django_leases.triggers.providers import GitHubProvider
-
     assert lifecycle.enable(NAME).ok
     assert lifecycle.enable("manual-source").status == "manual"
     original = GitHubProvider.setup
@@ -256,3 +255,61 @@ def test_a_github_422_names_the_reason_github_gave(gh: MisbehavingGitHub) -> Non
     assert not result.ok
     # the detail names GitHub's reason.
     assert "is not a valid event name" in (_row().detail or ""), _row().detail
+
+
+def test_disable_after_an_interrupted_setup_removes_the_hook_it_made(
+    gh: MisbehavingGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first setup creates the hook at GitHub, then its row write is refused (the
+    source's lease was force-released meanwhile): the source is left ``pending`` — "a
+    setup … that was interrupted" — with no hook recorded. Disabling it then must remove
+    that hook (as it does after a ``failed`` setup), or at least not report the source
+    ``off`` with "its registration, if any, was removed" while the hook still posts to us."""
+    original = GitHubProvider.setup
+
+    def cut_short(self: GitHubProvider, source: TriggerSource, url: str, secret: str | None):  # type: ignore[no-untyped-def]
+        outcome = original(self, source, url, secret)
+        Lease.objects.force_release(lifecycle.lease_key(NAME))
+        return outcome
+
+    monkeypatch.setattr(GitHubProvider, "setup", cut_short)
+    with pytest.raises(LeaseLostError):
+        lifecycle.enable(NAME)
+    monkeypatch.setattr(GitHubProvider, "setup", original)
+    row = TriggerSource.objects.get(name=NAME)
+    assert (row.enabled, row.status, row.state) == (True, "pending", None)
+    assert len(gh.all_hooks()) == 1
+
+    result = lifecycle.disable(NAME)
+    assert result.ok and result.status == "off", result
+    assert gh.all_hooks() == []
+
+
+def test_a_deploy_moving_the_source_during_its_setup_keeps_the_hook_tracked(
+    gh: MisbehavingGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy's ``reconcile_trigger_sources`` syncs the declarations without the source's
+    lease; here it moves the source from ``github`` to ``manual`` while an operator's enable
+    is creating its hook at GitHub. The sync keeps a former registration as
+    ``state["previous"]`` so it is torn down before the new setup; the hook made meanwhile
+    must end the same way: torn down at GitHub, or still recorded for teardown — never left
+    there with no record of it."""
+    original = GitHubProvider.setup
+
+    def deploy_meanwhile(self: GitHubProvider, source: TriggerSource, url: str, secret: str | None):  # type: ignore[no-untyped-def]
+        outcome = original(self, source, url, secret)
+        registry.unregister(NAME)
+        webhook_source(NAME, provider="manual", events={"push": StartWorkflow("w")})
+        TriggerSource.objects.sync(registry.declarations(), base_url=BASE)
+        return outcome
+
+    monkeypatch.setattr(GitHubProvider, "setup", deploy_meanwhile)
+    lifecycle.enable(NAME)
+    monkeypatch.setattr(GitHubProvider, "setup", original)
+    [hook] = gh.all_hooks()
+
+    # the deploy's reconcile goes on to set the (now manual) source up
+    lifecycle.reconcile(base_url=BASE)
+    row = TriggerSource.objects.get(name=NAME)
+    assert (row.provider, row.status) == ("manual", "manual"), (row.status, row.detail)
+    assert gh.all_hooks() == [], (hook, row.state)

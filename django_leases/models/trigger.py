@@ -259,9 +259,12 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
         """Rows whose declaration left the code (orphans)."""
         return self.filter(declared=False)
 
-    def named(self, name: str) -> TriggerSource:
-        """The row of ``name``. Raises :class:`UnknownTriggerSourceError` when there is none."""
-        row = self.filter(name=name).first() if isinstance(name, str) else None
+    def named(self, name: str, *, lock: bool = False) -> TriggerSource:
+        """The row of ``name``; with ``lock``, locked for the rest of the caller's
+        transaction (the lock a sync takes on every row). Raises
+        :class:`UnknownTriggerSourceError` when there is none."""
+        rows = self.select_for_update() if lock else self
+        row = rows.filter(name=name).first() if isinstance(name, str) else None
         if row is None:
             raise UnknownTriggerSourceError(name)
         return row

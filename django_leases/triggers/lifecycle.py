@@ -279,12 +279,31 @@ def _set_up(
         )
     else:
 
-        def keep() -> None:
+        def keep() -> bool:
+            now = objects.named(name, lock=True)
+            if now.provider != row.provider:
+                # A deploy's sync moved the source to another provider while this setup ran:
+                # what it made at the former one is kept as the sync keeps a registration,
+                # for the next setup to tear down first (a secret the former made is not).
+                moved = {"provider": row.provider, "config": row.config, "state": outcome.state}
+                objects.record(
+                    name,
+                    status="pending",
+                    detail=(
+                        f"Moved to {now.provider} while being set up at {provider.name}: that "
+                        "registration is torn down at the next setup (reconcile)."
+                    ),
+                    state={"previous": moved},
+                )
+                return False
             if outcome.secret:
                 _secrets(using).set_secret(name, outcome.secret)
             objects.record(name, status=outcome.status, detail=outcome.detail, state=outcome.state)
+            return True
 
-        _fenced(held, using, keep)
+        if not _fenced(held, using, keep):
+            logger.warning("Trigger source %r moved to another provider during its setup", name)
+            return False
         logger.info("Trigger source %r set up at %s: %s", name, provider.name, outcome.status)
         return True
     _fenced(held, using, lambda: objects.record(name, status="failed", detail=message))
@@ -432,7 +451,7 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
 
         changed = _fenced(held, using, flip)
         ok, message = _tear_down(
-            objects.named(name), provider, after_failed_setup=row.status == "failed"
+            objects.named(name), provider, after_failed_setup=_setup_may_have_run(row)
         )
         if ok:
             if provider is not None and not provider.manages_registration:
@@ -467,13 +486,22 @@ def _tear_down_previous(row: TriggerSource) -> tuple[bool, str]:
     return ok, "" if ok else f"the registration at the former provider: {message}"
 
 
+def _setup_may_have_run(row: TriggerSource) -> bool:
+    """Whether a setup of ``row`` may have registered it at its provider without recording
+    it: one that failed (its answer lost after the provider made it), or one cut short
+    (status still ``pending``: its process died, or its lease was lost, before the
+    outcome was written)."""
+    return row.status in ("failed", "pending")
+
+
 def _tear_down(
     row: TriggerSource, provider: Provider | None, *, after_failed_setup: bool = False
 ) -> tuple[bool, str]:
     """Ask the provider to drop ``row``'s registration: the recorded one, or, with none
-    recorded ``after_failed_setup`` (the source's status was ``failed``), one the provider
-    holds for the source's address all the same (a setup whose answer was lost after the
-    provider made it). Returns (success, error text)."""
+    recorded ``after_failed_setup`` (a setup may have run: :func:`_setup_may_have_run`),
+    one the provider holds for the source's address all the same (a setup whose answer was
+    lost, or that was cut short, after the provider made it). Returns (success, error
+    text)."""
     torn, why = _tear_down_previous(row)
     if not torn:
         return False, why
@@ -531,7 +559,7 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
             raise ProviderNotInstalled(name, row.provider)
         _fenced(held, using, lambda: objects.set_enabled(name, False))
         ok, message = _tear_down(
-            objects.named(name), provider, after_failed_setup=row.status == "failed"
+            objects.named(name), provider, after_failed_setup=_setup_may_have_run(row)
         )
         if not ok:
             text = f"Not torn down: {message}"
