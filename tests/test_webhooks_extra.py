@@ -114,3 +114,27 @@ def test_the_check_asks_only_for_what_each_source_needs() -> None:
     (both,) = check_webhooks_extra([manual, github], {}, list(EXTRA))
     assert "'by-hand', 'pushes'" in both.msg
     assert "cryptography (" in both.msg and "httpx (" in both.msg
+
+
+def test_without_the_extra_set_secret_says_how_to_install_it_without_a_traceback() -> None:
+    """``trigger_sources set-secret`` of a source registered by hand, on an install without
+    the ``webhooks`` extra: one line naming the extra (a ``CommandError``), no traceback."""
+    found = _child(
+        "import io\n"
+        "from django.core.management import CommandError, call_command\n"
+        "from django_leases.models import TriggerSource\n"
+        "from django_leases.triggers import registry\n"
+        "from django_leases.triggers.registry import StartWorkflow, webhook_source\n"
+        "call_command('migrate', verbosity=0)\n"
+        "webhook_source('by-hand', provider='manual', events={'push': StartWorkflow('w')})\n"
+        "TriggerSource.objects.sync(registry.declarations())\n"
+        "try:\n"
+        "    call_command('trigger_sources', 'set-secret', 'by-hand',\n"
+        "                 stdin=io.StringIO('s3cret'), stdout=io.StringIO())\n"
+        "    said = None\n"
+        "except CommandError as exc:\n"
+        "    said = str(exc)\n"
+        "print('RESULT ' + json.dumps({'said': said}))\n",
+        without=EXTRA,
+    )
+    assert found["said"] is not None and 'pip install "django-leases[webhooks]"' in found["said"]

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 
 from django_leases.exceptions import (
@@ -255,7 +256,7 @@ class Command(base.LeasesCommand):
             raise CommandError("No secret given on stdin; nothing stored.")
         try:
             credentials.set_secret(name, secret, using=alias)
-        except ValueError as exc:
+        except (ValueError, ImproperlyConfigured) as exc:  # bad input; the extra missing
             raise CommandError(str(exc)) from None
         source = TriggerSource.objects.using(alias).filter(name=name).first()
         if source is not None:
