@@ -66,6 +66,7 @@ def source(settings: Any, db: None) -> Iterator[str]:
             "push": StartWorkflow(WORKFLOW),
             "release": StartWorkflow(WORKFLOW, input="delivery"),
             "issues": _on_issue,
+            "create": StartWorkflow(WORKFLOW, key=lambda d: d.payload["ref"]),
         },
     )
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {SOURCE: SECRET}}
@@ -1028,3 +1029,18 @@ def test_a_clone_without_the_shared_fixtures_skips_nothing_for_them() -> None:
     required = _nested_payload_test("true")  # under CI the extra run is required: it fails
     assert required.returncode == 1, required.stdout[-800:]
     assert "/nonexistent-shared/fixtures is missing" in required.stdout, required.stdout[-800:]
+
+
+@pytest.mark.parametrize(
+    "ref", [pytest.param("refs/heads/" + "b" * 300, id="too-long"), pytest.param(17, id="a-number")]
+)
+def test_a_key_no_run_can_have_is_recorded_not_a_500(source: str, ref: Any) -> None:
+    """The key callable returns what the payload holds — here a ref longer than any run key
+    (255 characters), or a number: the delivery is recorded (202), its outcome saying no run
+    started; a 500 would have GitHub redeliver it for ever."""
+    body = json.dumps({"ref": ref}).encode()
+    response = _post(Client(), body, _signed(body, event="create"))
+    assert response.status_code == 202, (response.status_code, response.content)
+    (event,) = TriggerEvent.objects.filter(source_name=SOURCE)
+    assert event.run_id is None and "not started" in event.outcome, event.outcome
+    assert not WorkflowRun.objects.filter(workflow=WORKFLOW).exists()
