@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -25,6 +26,7 @@ from django_leases.models.lease import EpochFloor
 from django_leases.models.outcomes import StepOutcomes, retry_delay_after
 from django_leases.models.queue import Admission, KeyRefusal, WorkflowQueue, WorkflowQueueKey
 from django_leases.models.workflow_base import (
+    FunctionsGone,
     attempt_finished,
     attempt_model,
     attempt_started,
@@ -244,9 +246,20 @@ class StepClaims(StepOutcomes):
         """
         ttl = ttl_seconds(lease_ttl_seconds)
         claimant = fresh_claimant()
+        with self.handing_back(claimant, ttl):
+            return self._claim_due(ttl, queues, claimant)
+
+    @contextmanager
+    def handing_back(self, claimant: str, ttl: float) -> Iterator[None]:
+        """Run the block, a call whose claim is named ``claimant`` under a step lease of
+        ``ttl`` seconds; should it raise, hand back what that claim may hold
+        (:meth:`hand_back_claimed`, within what is left of ``ttl``) and raise on. A
+        :class:`FunctionsGone` is raised on alone: it ran nothing."""
         sent = time.monotonic()
         try:
-            return self._claim_due(ttl, queues, claimant)
+            yield
+        except FunctionsGone:
+            raise
         except Exception:
             self.hand_back_claimed(claimant, within=ttl - (time.monotonic() - sent))
             raise

@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,6 @@ from django_leases.models.scheduling import (
     inserted_claimed,
 )
 from django_leases.models.workflow_base import (
-    FunctionsGone,
     Owed,
     attempt_finished,
     call_function,
@@ -506,14 +506,12 @@ class StepResults(StepScheduling):
             args += [claim, list(queues) or None, claimant]
             short = "complete_run_alone_claiming"
         sent = time.monotonic()
-        try:
+        # The reply may be lost with a claim committed: what it took is handed back.
+        handing_back: AbstractContextManager[None] = nullcontext()
+        if claimant and claim is not None:
+            handing_back = self.handing_back(claimant, claim)
+        with handing_back:
             row = call_function(connection, short, args)
-        except FunctionsGone:
-            raise  # nothing was run: the method runs again, portably
-        except Exception:
-            if claim is not None and claimant:  # the reply may be lost with a claim committed
-                self.hand_back_claimed(claimant, within=claim - (time.monotonic() - sent))
-            raise
         width = sql.ALONE_COLUMNS
         lease_width = len(sql.LEASE_TYPES)
         next_pass = next_step = None

@@ -321,11 +321,12 @@ class Command(base.LeasesCommand):
             return
         # Every change into the admin's history before a line is printed: a reader that went
         # away (a closed pipe) may cost the lines, never the record of what was changed.
-        for outcome in outcomes:
-            if not outcome.refused and outcome.change is not None:
-                run = runs.filter(pk=outcome.run_id).first()
-                if run is not None:
-                    self.record_in_admin_history(action, run, str(outcome.change))
+        changed = [o for o in outcomes if not o.refused and o.change is not None]
+        found = runs.in_bulk([outcome.run_id for outcome in changed])
+        for outcome in changed:
+            run = found.get(outcome.run_id)
+            if run is not None:
+                self.record_in_admin_history(action, run, str(outcome.change))
         refused = 0
         for outcome in outcomes:
             if outcome.refused:
