@@ -298,7 +298,7 @@ def test_an_outcomes_repr_hides_the_secret() -> None:
 # -- manual -----------------------------------------------------------------------------------
 
 
-def test_manual_setup_gives_instructions_with_the_url_and_events(declared: None) -> None:
+def test_manual_setup_gives_instructions_with_the_url_and_events(declared: None, db: None) -> None:
     source = TriggerSource(
         name="manual-source", provider="manual", config={"signature": "stripe"}, state=None
     )
@@ -312,13 +312,36 @@ def test_manual_setup_gives_instructions_with_the_url_and_events(declared: None)
     ManualProvider().teardown(source)  # nothing to remove: no error
 
 
-def test_manual_check_names_the_url_from_the_known_address(declared: None) -> None:
+def test_manual_check_names_the_url_from_the_known_address(declared: None, db: None) -> None:
     source = TriggerSource(
         name="manual-source", provider="manual", base_url="https://app.example.com"
     )
     outcome = ManualProvider().check(source)
     assert outcome.status == "manual"
     assert "https://app.example.com/hooks/manual-source/" in outcome.detail
+
+
+def test_manual_instructions_ask_for_a_secret_only_where_none_is_set(
+    declared: None, db: None, settings: Any
+) -> None:
+    """The instructions send the operator to store a signing secret only when deliveries
+    have none; one already set (in settings, or stored) is named as the one to give the
+    sender."""
+    source = TriggerSource(name="manual-source", provider="manual")
+    url = "https://app.example.com/hooks/manual-source/"
+
+    def detail() -> str:
+        return ManualProvider().setup(source, url, None).detail
+
+    assert "Then store its signing secret" in detail()
+    set_secret("manual-source", "chosen-by-hand")
+    stored = detail()
+    assert "signing secret stored for source 'manual-source'" in stored
+    assert "Then store" not in stored and "WEBHOOK_SECRETS" not in stored
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"manual-source": "in-settings"}}
+    from_settings = detail()
+    assert "DJANGO_LEASES['WEBHOOK_SECRETS'] sets for source 'manual-source'" in from_settings
+    assert "set-secret" not in from_settings and url in from_settings
 
 
 def test_manual_receives_with_the_configured_scheme() -> None:

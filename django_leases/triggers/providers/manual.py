@@ -16,8 +16,11 @@ endpoint registered by hand in Stripe's dashboard is declared as::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from django.db import router
+
+from django_leases.models import TriggerSecret, TriggerSource
 from django_leases.triggers.providers.base import (
     MANUAL,
     ParsedDelivery,
@@ -29,9 +32,6 @@ from django_leases.triggers.providers.base import (
 )
 from django_leases.triggers.providers.github import GitHubProvider
 from django_leases.triggers.providers.stripe import StripeProvider
-
-if TYPE_CHECKING:
-    from django_leases.models import TriggerSource
 
 #: ``config["signature"]`` values and what each means.
 SCHEMES = {
@@ -64,11 +64,25 @@ class ManualProvider(Provider):
         shown_events = ", ".join(events) if events else "(none declared)"
         scheme = self._scheme_of(source.config)
         where = url or "(no address known yet: reconcile with --base-url first)"
-        return (
+        register = (
             f"Register a webhook by hand at the sender: POST {where} "
-            f"for the events {shown_events}, signed with {SCHEMES[scheme]}. Then store its "
-            f"signing secret for source {source.name!r} in the credential store "
-            f"(manage.py trigger_sources set-secret {source.name}) or in "
+            f"for the events {shown_events}, signed with {SCHEMES[scheme]}."
+        )
+        alias = source._state.db or router.db_for_write(TriggerSecret)
+        origin = TriggerSecret.objects.db_manager(alias).secret_origin(source.name)
+        if origin == "settings":
+            return (
+                f"{register} Give it the signing secret DJANGO_LEASES['WEBHOOK_SECRETS'] "
+                f"sets for source {source.name!r}."
+            )
+        if origin == "stored":
+            return (
+                f"{register} Give it the signing secret stored for source {source.name!r} "
+                f"(to change it: manage.py trigger_sources set-secret {source.name})."
+            )
+        return (
+            f"{register} Then store its signing secret for source {source.name!r} in the "
+            f"credential store (manage.py trigger_sources set-secret {source.name}) or in "
             "DJANGO_LEASES['WEBHOOK_SECRETS']."
         )
 
