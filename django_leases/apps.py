@@ -1,11 +1,42 @@
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
 from django.db import connections
 from django.db.models.signals import post_migrate
 from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
+
+#: The system checks: each entry point of :mod:`django_leases.checks` by name, with its tags
+#: and whether only ``check --deploy`` runs it. They are registered as Django starts; the
+#: module, and the providers and registries it reads, load when checks first run (``check``,
+#: ``migrate``, ``runserver``, every command), so a web process never loads them.
+SYSTEM_CHECKS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("django_leases_checks", ("django_leases",), False),
+    ("stored_secrets_check", (checks.Tags.database,), False),
+    ("workflow_functions_check", (checks.Tags.database,), False),
+    ("replication_checks", (checks.Tags.database,), False),
+    ("deploy_checks", (checks.Tags.security, "django_leases"), True),
+)
+
+
+def _registered_check(name: str) -> Callable[..., list[checks.CheckMessage]]:
+    """The function Django runs for check ``name``: it calls ``django_leases.checks.<name>``
+    with what Django passes (``app_configs``, ``databases``)."""
+
+    def check(
+        app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+    ) -> list[checks.CheckMessage]:
+        # deferred: start-up cost (see SYSTEM_CHECKS)
+        from django_leases import checks as ours
+
+        found: list[checks.CheckMessage] = getattr(ours, name)(app_configs=app_configs, **kwargs)
+        return found
+
+    check.__name__ = check.__qualname__ = name
+    return check
 
 
 class DjangoLeasesConfig(AppConfig):
@@ -17,9 +48,10 @@ class DjangoLeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # deferred: these import the models, which needs the app registry ready
-        from django_leases import checks, metrics  # noqa: F401  (registers the checks)
-        from django_leases.triggers import providers  # noqa: F401  (installs the providers)
+        for name, tags, deploy in SYSTEM_CHECKS:
+            checks.register(_registered_check(name), *tags, deploy=deploy)
+        # deferred: it imports the models, which needs the app registry ready
+        from django_leases import metrics
 
         metrics.connect()  # counts from now on; a no-op without prometheus-client
         post_migrate.connect(_after_migrate, sender=self, dispatch_uid="django_leases.fencing")

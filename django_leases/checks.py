@@ -1,7 +1,9 @@
 """System checks: settings that would silently break leases, workflows or trigger sources.
 
-Registered when the app is ready (``apps.py``); run by ``manage.py check``, ``migrate``,
-``runserver`` and ``test``. Each check has a stable id and a hint:
+Registered when the app is ready (``apps.py``, :data:`~django_leases.apps.SYSTEM_CHECKS`
+names the entry points below and their tags; this module loads when checks first run); run
+by ``manage.py check``, ``migrate``, ``runserver`` and ``test``. Each check has a stable id
+and a hint:
 
 =======================  ==========================================================================
 id                       what it reports
@@ -1109,7 +1111,6 @@ def _stored_secrets() -> tuple[set[str] | None, set[str] | None, str]:
     return stored, enabled, ""
 
 
-@checks.register("django_leases")
 def django_leases_checks(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -1175,7 +1176,6 @@ def _migrated(alias: str) -> bool | None:
     return ("django_leases", "0001_initial") in applied
 
 
-@checks.register(checks.Tags.database)
 def stored_secrets_check(
     app_configs: Sequence[AppConfig] | None = None,
     databases: Iterable[str] | None = None,
@@ -1236,7 +1236,6 @@ def check_deploy_urls(configured: object) -> list[checks.CheckMessage]:
     return messages
 
 
-@checks.register(checks.Tags.security, "django_leases", deploy=True)
 def deploy_checks(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -1244,7 +1243,6 @@ def deploy_checks(
     return check_deploy_urls(getattr(django_settings, "DJANGO_LEASES", None))
 
 
-@checks.register(checks.Tags.database)
 def workflow_functions_check(
     app_configs: Sequence[AppConfig] | None = None,
     databases: Iterable[str] | None = None,
@@ -1310,7 +1308,6 @@ def check_replication(alias: str, warning: str | None) -> list[checks.CheckMessa
     ]
 
 
-@checks.register(checks.Tags.database)
 def replication_checks(
     app_configs: Sequence[AppConfig] | None = None,
     databases: Iterable[str] | None = None,

@@ -5,9 +5,11 @@ database django-leases' migrations never reached says so in one line, not a trac
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from django.core import checks as django_checks
 from django.core.management import call_command
 
-from django_leases import checks
+from django_leases import apps, checks
 from django_leases.models import Lease, WorkflowSchedule
 from django_leases.triggers import registry
 from django_leases.triggers.registry import webhook_source
@@ -61,11 +63,68 @@ def test_every_check_that_queries_a_database_is_tagged_database() -> None:
     registered = {
         check.__name__: set(check.tags)
         for check in django_checks.registry.registry.get_checks(include_deployment_checks=True)
-        if check.__module__ == checks.__name__
+        if check.__module__ == apps.__name__
     }
     assert django_checks.Tags.database in registered["stored_secrets_check"]
     assert django_checks.Tags.database in registered["workflow_functions_check"]
     assert django_checks.Tags.database not in registered["django_leases_checks"]
+
+
+def test_every_entry_point_of_the_checks_module_is_registered_once() -> None:
+    """The registered names are the checks module's entry points (the functions Django may
+    call with ``app_configs``), each registered once, deploy-only where it says so."""
+    entry_points = {
+        name
+        for name, value in vars(checks).items()
+        if inspect.isfunction(value)
+        and value.__module__ == checks.__name__
+        and "app_configs" in inspect.signature(value).parameters
+    }
+    registered = [
+        check
+        for check in django_checks.registry.registry.get_checks(include_deployment_checks=True)
+        if check.__module__ == apps.__name__
+    ]
+    assert sorted(check.__name__ for check in registered) == sorted(entry_points)
+    deploy_only = {check.__name__ for check in django_checks.registry.registry.deployment_checks}
+    assert deploy_only >= {"deploy_checks"}
+    assert not deploy_only & (entry_points - {"deploy_checks"})
+
+
+#: A project with the admin and django-leases, no trigger source declared: what modules of
+#: ours ``django.setup()`` leaves unloaded.
+_UNLOADED_AFTER_SETUP = """\
+import sys, django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=[
+        "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+        "django.contrib.sessions", "django.contrib.messages", "django_leases",
+    ],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+print(sorted(set(sys.argv[1:]) - set(sys.modules)))
+"""
+
+
+def test_start_up_loads_neither_the_checks_nor_the_providers() -> None:
+    """Django's start-up registers the checks without importing them, and installs no
+    provider before a source is declared or looked up: the checks module and the providers
+    stay unloaded in a process that needs neither (a web process of a project without
+    trigger sources)."""
+    modules = ["django_leases.checks", "django_leases.triggers.providers"]
+    done = subprocess.run(
+        [sys.executable, "-c", _UNLOADED_AFTER_SETUP, *modules],
+        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(sorted(modules))
+    assert registry.get_provider("github") is not None  # installed at the first look-up
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,11 @@ import base64
 import itertools
 import json
 import logging
+import os
 import re
 import secrets
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -287,6 +290,56 @@ def test_the_three_providers_are_installed() -> None:
     assert isinstance(manual, ManualProvider) and not manual.manages_registration
     assert get_provider("nope") is None
     assert get_provider(None) is None  # type: ignore[arg-type]
+
+
+#: In a fresh interpreter: a look-up installs the built-in providers; while the second of
+#: them is built, another thread looks up the last one, and the first waits up to 3 s for
+#: that look-up to answer. It must not answer "none" from a half-filled table: it waits for the
+#: built-ins to be in. Prints what it found.
+_LOOK_UP_WHILE_LOADING = """\
+import sys, threading, django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django_leases"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+from django_leases.triggers import registry
+found, answered = [], threading.Event()
+
+
+def second():
+    found.append(registry.get_provider("stripe"))
+    answered.set()
+
+
+def second_built():
+    threading.Thread(target=second).start()
+    answered.wait(3)
+    return registry.import_string(github)()
+
+
+github = registry.BUILT_IN_PROVIDERS["github"]
+registry.BUILT_IN_PROVIDERS["github"] = "__main__.second_built"
+registry.get_provider("manual")
+answered.wait(30)
+print(type(found[0]).__name__)
+"""
+
+
+def test_a_look_up_while_the_providers_load_waits_for_them() -> None:
+    """The built-in providers load at the first look-up; a look-up on another thread meanwhile
+    finds every one of them, never a table half filled."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOK_UP_WHILE_LOADING],
+        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "StripeProvider"
 
 
 def test_an_outcomes_repr_hides_the_secret() -> None:

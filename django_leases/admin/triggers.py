@@ -61,8 +61,7 @@ from django_leases.models import (
     TriggerSecret,
     TriggerSource,
 )
-from django_leases.triggers.providers import get_provider
-from django_leases.triggers.registry import secret_set_by_hand
+from django_leases.triggers.registry import get_provider, secret_set_by_hand
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"

@@ -60,8 +60,7 @@ from django_leases.models.trigger import (
     TriggerSecret,
     TriggerSource,
 )
-from django_leases.triggers.providers import get_provider
-from django_leases.triggers.registry import get_declaration
+from django_leases.triggers.registry import get_declaration, get_provider
 from django_leases.validation import check_name
 
 logger = logging.getLogger("django_leases.triggers")
