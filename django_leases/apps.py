@@ -11,8 +11,8 @@ from django.utils.translation import gettext_lazy as _
 
 #: The system checks: each entry point of :mod:`django_leases.checks` by name, with its tags
 #: and whether only ``check --deploy`` runs it. They are registered as Django starts; the
-#: module, and the providers and registries it reads, load when checks first run (``check``,
-#: ``migrate``, ``runserver``, every command), so a web process never loads them.
+#: module loads when checks first run (``check``, ``migrate``, ``runserver``, every
+#: command), so a web process never loads it.
 SYSTEM_CHECKS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("django_leases_checks", ("django_leases",), False),
     ("stored_secrets_check", (checks.Tags.database,), False),
@@ -39,6 +39,13 @@ def _registered_check(name: str) -> Callable[..., list[checks.CheckMessage]]:
     return check
 
 
+#: The functions registered, made once: registering them again (each ``ready()``, also when a
+#: test populates the app registry anew) adds nothing to Django's set of checks.
+_REGISTERED_CHECKS = tuple(
+    (_registered_check(name), tags, deploy) for name, tags, deploy in SYSTEM_CHECKS
+)
+
+
 class DjangoLeasesConfig(AppConfig):
     """App configuration: pins the primary-key type and registers the system checks."""
 
@@ -48,10 +55,11 @@ class DjangoLeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        for name, tags, deploy in SYSTEM_CHECKS:
-            checks.register(_registered_check(name), *tags, deploy=deploy)
-        # deferred: it imports the models, which needs the app registry ready
+        for check, tags, deploy in _REGISTERED_CHECKS:
+            checks.register(check, *tags, deploy=deploy)
+        # deferred: these import the models, which needs the app registry ready
         from django_leases import metrics
+        from django_leases.triggers import providers  # noqa: F401  (installs the providers)
 
         metrics.connect()  # counts from now on; a no-op without prometheus-client
         post_migrate.connect(_after_migrate, sender=self, dispatch_uid="django_leases.fencing")

@@ -10,12 +10,15 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core import checks as django_checks
 from django.core.management import call_command
+from django.test.utils import override_settings
 
 from django_leases import apps, checks
 from django_leases.models import Lease, WorkflowSchedule
@@ -91,8 +94,8 @@ def test_every_entry_point_of_the_checks_module_is_registered_once() -> None:
     assert not deploy_only & (entry_points - {"deploy_checks"})
 
 
-#: A project with the admin and django-leases, no trigger source declared: what modules of
-#: ours ``django.setup()`` leaves unloaded.
+#: A project with the admin and django-leases: which of the modules named on its command line
+#: ``django.setup()`` leaves unloaded.
 _UNLOADED_AFTER_SETUP = """\
 import sys, django
 from django.conf import settings
@@ -108,12 +111,10 @@ print(sorted(set(sys.argv[1:]) - set(sys.modules)))
 """
 
 
-def test_start_up_loads_neither_the_checks_nor_the_providers() -> None:
-    """Django's start-up registers the checks without importing them, and installs no
-    provider before a source is declared or looked up: the checks module and the providers
-    stay unloaded in a process that needs neither (a web process of a project without
-    trigger sources)."""
-    modules = ["django_leases.checks", "django_leases.triggers.providers"]
+def test_start_up_registers_the_checks_without_loading_them() -> None:
+    """Django's start-up registers the checks without importing the checks module: it loads
+    when checks first run, never in a process that runs none (a web process)."""
+    modules = ["django_leases.checks"]
     done = subprocess.run(
         [sys.executable, "-c", _UNLOADED_AFTER_SETUP, *modules],
         env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
@@ -123,8 +124,36 @@ def test_start_up_loads_neither_the_checks_nor_the_providers() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == repr(sorted(modules))
-    assert registry.get_provider("github") is not None  # installed at the first look-up
+    assert done.stdout.strip() == repr(modules)
+
+
+@pytest.fixture
+def restored_checks() -> Iterator[None]:
+    """Django's registry of checks as it was, whatever the test registered."""
+    registered = set(django_checks.registry.registry.registered_checks)
+    deployment = set(django_checks.registry.registry.deployment_checks)
+    yield
+    django_checks.registry.registry.registered_checks = registered
+    django_checks.registry.registry.deployment_checks = deployment
+
+
+def test_populating_the_app_registry_again_registers_no_check_twice(
+    restored_checks: None,
+) -> None:
+    """Each check runs once per ``run_checks``, also after the app registry was populated
+    again (``override_settings(INSTALLED_APPS=...)``, ``modify_settings``, ``isolate_apps``:
+    each calls ``ready()`` again)."""
+    with override_settings(INSTALLED_APPS=list(django_settings.INSTALLED_APPS)):
+        pass
+    ours = [
+        check.__name__
+        for check in django_checks.registry.registry.get_checks(include_deployment_checks=True)
+        if check.__module__ == apps.__name__
+    ]
+    assert sorted(ours) == sorted(set(ours)) and ours
+    with override_settings(DJANGO_LEASES={"NOT_A_SETTING": 1}):
+        said = [m.id for m in django_checks.run_checks(tags=["django_leases"])]
+    assert said.count("django_leases.E015") == 1, said
 
 
 @pytest.mark.parametrize(

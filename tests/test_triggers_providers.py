@@ -11,17 +11,15 @@ import base64
 import itertools
 import json
 import logging
-import os
 import re
 import secrets
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
+from django.db import DatabaseError, connection
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
@@ -292,56 +290,6 @@ def test_the_three_providers_are_installed() -> None:
     assert get_provider(None) is None  # type: ignore[arg-type]
 
 
-#: In a fresh interpreter: a look-up installs the built-in providers; while the second of
-#: them is built, another thread looks up the last one, and the first waits up to 3 s for
-#: that look-up to answer. It must not answer "none" from a half-filled table: it waits for the
-#: built-ins to be in. Prints what it found.
-_LOOK_UP_WHILE_LOADING = """\
-import sys, threading, django
-from django.conf import settings
-settings.configure(
-    INSTALLED_APPS=["django_leases"],
-    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
-)
-django.setup()
-from django_leases.triggers import registry
-found, answered = [], threading.Event()
-
-
-def second():
-    found.append(registry.get_provider("stripe"))
-    answered.set()
-
-
-def second_built():
-    threading.Thread(target=second).start()
-    answered.wait(3)
-    return registry.import_string(github)()
-
-
-github = registry.BUILT_IN_PROVIDERS["github"]
-registry.BUILT_IN_PROVIDERS["github"] = "__main__.second_built"
-registry.get_provider("manual")
-answered.wait(30)
-print(type(found[0]).__name__)
-"""
-
-
-def test_a_look_up_while_the_providers_load_waits_for_them() -> None:
-    """The built-in providers load at the first look-up; a look-up on another thread meanwhile
-    finds every one of them, never a table half filled."""
-    done = subprocess.run(
-        [sys.executable, "-c", _LOOK_UP_WHILE_LOADING],
-        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "StripeProvider"
-
-
 def test_an_outcomes_repr_hides_the_secret() -> None:
     outcome = SetupOutcome(status="registered", state={"id": 1}, detail="d", secret="whsec_x")
     assert "whsec_x" not in repr(outcome)
@@ -395,6 +343,46 @@ def test_manual_instructions_ask_for_a_secret_only_where_none_is_set(
     from_settings = detail()
     assert "DJANGO_LEASES['WEBHOOK_SECRETS'] sets for source 'manual-source'" in from_settings
     assert "set-secret" not in from_settings and url in from_settings
+
+
+def test_manual_stripe_style_instructions_never_ask_to_give_the_sender_a_secret(
+    declared: None, db: None, settings: Any
+) -> None:
+    """A ``manual`` source signed Stripe style is an endpoint registered in Stripe's
+    dashboard: the sender chooses its signing secret and shows it, nobody gives it one. The
+    instructions say to store the one it shows, also when one is set already (registered
+    again, it issues a new one)."""
+    source = TriggerSource(name="manual-source", provider="manual", config={"signature": "stripe"})
+
+    def detail() -> str:
+        return ManualProvider().setup(source, "https://app.example.com/hooks/m/", None).detail
+
+    assert "the one the sender shows." in detail()
+    set_secret("manual-source", "whsec_previous_endpoint_secret")
+    stored = detail()
+    assert "Give it" not in stored and "one is stored now: replace it" in stored
+    settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"manual-source": "whsec_x"}}
+    assert "Give it" not in detail() and "sets one now: replace it" in detail()
+
+
+def test_manual_setup_answers_when_the_credential_store_cannot_be_read(
+    declared: None, db: None
+) -> None:
+    """The credential store only picks the wording of a ``manual`` setup's instructions: one
+    that cannot be read (the database refused the query) gives the instructions that ask
+    for a secret, not a failed setup."""
+
+    def refuse_the_store(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "triggersecret" in sql.lower():
+            raise DatabaseError("permission denied for table django_leases_triggersecret")
+        return execute(sql, params, many, context)
+
+    source = TriggerSource(name="manual-source", provider="manual")
+    url = "https://app.example.com/hooks/manual-source/"
+    with connection.execute_wrapper(refuse_the_store):
+        outcome = ManualProvider().setup(source, url, None)
+    assert outcome.status == "manual"
+    assert url in outcome.detail and "Then store its signing secret" in outcome.detail
 
 
 def test_manual_receives_with_the_configured_scheme() -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,7 +47,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from django.db import DatabaseError
-from django.utils.module_loading import import_string
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
 from django_leases.models.wait import WorkflowWait
@@ -293,40 +291,15 @@ def _check_source_name(name: object) -> str:
     return name
 
 
-# -- the provider table: the built-in providers are installed at its first use --------------
-
-#: The built-in providers: the class that serves each name, by dotted path. They are
-#: installed at the table's first use (:func:`get_provider` and the rest), not as Django
-#: starts: a process that never looks a provider up never loads them, their HTTP calls or
-#: their signature schemes.
-BUILT_IN_PROVIDERS = {
-    "manual": "django_leases.triggers.providers.manual.ManualProvider",
-    "github": "django_leases.triggers.providers.github.GitHubProvider",
-    "stripe": "django_leases.triggers.providers.stripe.StripeProvider",
-}
+# -- the provider table: filled by django_leases.triggers.providers (imported by the app) -----
 
 _providers: dict[str, Provider] = {}
 _built_in: dict[str, Provider] = {}
-_installing = threading.Lock()
-
-
-def _table() -> dict[str, Provider]:
-    """The provider table, the built-in providers in it before any of the project's (another
-    thread waits while they are installed: it never reads the table half filled)."""
-    if not _built_in:
-        with _installing:
-            if not _built_in:
-                installed = {
-                    name: import_string(path)() for name, path in BUILT_IN_PROVIDERS.items()
-                }
-                _providers.update(installed)
-                _built_in.update(installed)
-    return _providers
 
 
 def get_provider(name: str) -> Provider | None:
     """The provider named ``name`` (``str``), or ``None`` when none is installed under it."""
-    return _table().get(name) if isinstance(name, str) else None
+    return _providers.get(name) if isinstance(name, str) else None
 
 
 def secret_set_by_hand(provider_name: str) -> bool:
@@ -343,12 +316,12 @@ def secret_set_by_hand(provider_name: str) -> bool:
 
 def provider_names() -> list[str]:
     """Names of the installed providers, sorted."""
-    return sorted(_table())
+    return sorted(_providers)
 
 
-def register_provider(provider: Provider) -> Provider:
-    """Install ``provider`` under ``provider.name`` (replacing one of that name, a built-in
-    one too); returns it.
+def register_provider(provider: Provider, *, built_in: bool = False) -> Provider:
+    """Install ``provider`` under ``provider.name`` (replacing one of that name); returns it.
+    ``built_in``: one of the package's own (:func:`unregister_provider` brings it back).
 
     Raises ``ValueError`` when ``provider`` has no name or lacks a provider's methods.
     """
@@ -360,13 +333,15 @@ def register_provider(provider: Provider) -> Provider:
         or not all(callable(getattr(provider, method, None)) for method in methods)
     ):
         raise ValueError("register_provider() needs a Provider instance with a name")
-    _table()[provider.name] = provider
+    _providers[provider.name] = provider
+    if built_in:
+        _built_in[provider.name] = provider
     return provider
 
 
 def unregister_provider(name: str) -> None:
     """Remove provider ``name``; a built-in one comes back as built. Unknown: no-op."""
-    _table().pop(name, None)
+    _providers.pop(name, None)
     if name in _built_in:
         _providers[name] = _built_in[name]
 

@@ -1,10 +1,9 @@
 """Webhook providers: ``manual``, ``github`` and ``stripe`` (DESIGN §6).
 
 Each is a :class:`Provider` (management: setup / check / teardown; receiving: verify /
-parse). The provider table of :mod:`django_leases.triggers.registry` installs the three at
-its first use (:data:`~django_leases.triggers.registry.BUILT_IN_PROVIDERS`), not as Django
-starts. Look one up with :func:`get_provider`; tests and projects may add their own with
-:func:`register_provider`.
+parse). Importing this package installs the three in the provider table of
+:mod:`django_leases.triggers.registry` (the app does so when Django starts). Look one up with
+:func:`get_provider`; tests and projects may add their own with :func:`register_provider`.
 """
 
 from __future__ import annotations
@@ -50,3 +49,6 @@ __all__ = [
     "register_provider",
     "unregister_provider",
 ]
+
+for _built_in in (ManualProvider(), GitHubProvider(), StripeProvider()):
+    register_provider(_built_in, built_in=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import router
+from django.db import DatabaseError, router, transaction
 
 from django_leases.models import TriggerSecret, TriggerSource
 from django_leases.triggers.providers.base import (
@@ -38,6 +38,18 @@ SCHEMES = {
     "github": "HMAC-SHA256 of the body in X-Hub-Signature-256 (GitHub style)",
     "stripe": "Stripe-Signature (t=…,v1=…; Stripe style)",
 }
+
+
+def _secret_origin(source: TriggerSource) -> str | None:
+    """Where deliveries to ``source`` find their signing secret (``"settings"``, ``"stored"``)
+    or ``None``: none, or a credential store that cannot be read now (it only picks the
+    instructions' wording)."""
+    alias = source._state.db or router.db_for_write(TriggerSecret)
+    try:
+        with transaction.atomic(using=alias):
+            return TriggerSecret.objects.db_manager(alias).secret_origin(source.name)
+    except DatabaseError:
+        return None
 
 
 def _scheme_provider(scheme: str) -> Provider:
@@ -68,8 +80,18 @@ class ManualProvider(Provider):
             f"Register a webhook by hand at the sender: POST {where} "
             f"for the events {shown_events}, signed with {SCHEMES[scheme]}."
         )
-        alias = source._state.db or router.db_for_write(TriggerSecret)
-        origin = TriggerSecret.objects.db_manager(alias).secret_origin(source.name)
+        store = (
+            f"store its signing secret for source {source.name!r} in the credential store "
+            f"(manage.py trigger_sources set-secret {source.name}) or in "
+            "DJANGO_LEASES['WEBHOOK_SECRETS']"
+        )
+        origin = _secret_origin(source)
+        if scheme == "stripe":  # the sender chooses the secret and shows it: none is given it
+            already = {
+                "settings": " (DJANGO_LEASES['WEBHOOK_SECRETS'] sets one now: replace it)",
+                "stored": " (one is stored now: replace it)",
+            }.get(origin or "", "")
+            return f"{register} Then {store}: the one the sender shows{already}."
         if origin == "settings":
             return (
                 f"{register} Give it the signing secret DJANGO_LEASES['WEBHOOK_SECRETS'] "
@@ -80,11 +102,7 @@ class ManualProvider(Provider):
                 f"{register} Give it the signing secret stored for source {source.name!r} "
                 f"(to change it: manage.py trigger_sources set-secret {source.name})."
             )
-        return (
-            f"{register} Then store its signing secret for source {source.name!r} in the "
-            f"credential store (manage.py trigger_sources set-secret {source.name}) or in "
-            "DJANGO_LEASES['WEBHOOK_SECRETS']."
-        )
+        return f"{register} Then {store}."
 
     @staticmethod
     def _scheme_of(config: Mapping[str, Any] | None) -> str:
