@@ -360,9 +360,9 @@ def test_manual_stripe_style_instructions_never_ask_to_give_the_sender_a_secret(
     assert "the one the sender shows." in detail()
     set_secret("manual-source", "whsec_previous_endpoint_secret")
     stored = detail()
-    assert "Give it" not in stored and "one is stored now: replace it" in stored
+    assert "Give it" not in stored and "one is stored: replace it if the sender" in stored
     settings.DJANGO_LEASES = {"WEBHOOK_SECRETS": {"manual-source": "whsec_x"}}
-    assert "Give it" not in detail() and "sets one now: replace it" in detail()
+    assert "Give it" not in detail() and "change it there if the sender" in detail()
 
 
 def test_manual_setup_answers_when_the_credential_store_cannot_be_read(

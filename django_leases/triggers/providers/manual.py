@@ -88,8 +88,9 @@ class ManualProvider(Provider):
         origin = _secret_origin(source)
         if scheme == "stripe":  # the sender chooses the secret and shows it: none is given it
             already = {
-                "settings": " (DJANGO_LEASES['WEBHOOK_SECRETS'] sets one now: replace it)",
-                "stored": " (one is stored now: replace it)",
+                "settings": " (DJANGO_LEASES['WEBHOOK_SECRETS'] sets one, which wins over a "
+                "stored one: change it there if the sender shows another)",
+                "stored": " (one is stored: replace it if the sender shows another)",
             }.get(origin or "", "")
             return f"{register} Then {store}: the one the sender shows{already}."
         if origin == "settings":
