@@ -570,7 +570,9 @@ def test_the_worker_syncs_once_then_fires_at_most_once_per_interval(
 ) -> None:
     from django_leases.workflows.worker import SCHEDULE_INTERVAL, Worker, _Schedules
 
-    entry = {"workflow": noop_workflow, "cron": "* * * * * *"}
+    # Overlapping runs allowed: a run the first look may fire (below) must not make the
+    # default policy ("skip") pass over the tick the last look fires.
+    entry = {"workflow": noop_workflow, "cron": "* * * * * *", "overlap": "allow"}
     with override_settings(DJANGO_LEASES={"SCHEDULES": {"per-second": entry}}):
         part = _Schedules(Worker())
         assert part.interval == SCHEDULE_INTERVAL == 1.0
