@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import DatabaseError, router, transaction
+from django.db import DatabaseError, transaction
 
 from django_leases.models import TriggerSecret, TriggerSource
 from django_leases.triggers.providers.base import (
@@ -44,10 +44,10 @@ def _secret_origin(source: TriggerSource) -> str | None:
     """Where deliveries to ``source`` find their signing secret (``"settings"``, ``"stored"``)
     or ``None``: none, or a credential store that cannot be read now (it only picks the
     instructions' wording)."""
-    alias = source._state.db or router.db_for_write(TriggerSecret)
+    store = TriggerSecret.objects.db_manager(source._state.db)  # none: the router's
     try:
-        with transaction.atomic(using=alias):
-            return TriggerSecret.objects.db_manager(alias).secret_origin(source.name)
+        with transaction.atomic(using=store.write_alias()):
+            return store.secret_origin(source.name)
     except DatabaseError:
         return None
 
