@@ -101,3 +101,22 @@ def test_the_command_prunes_and_says_how_many() -> None:
         call_command("workflow_runs", "prune", "--older-than", "-1", stderr=StringIO())
     assert refused.value.returncode == 1
     assert _left(kept)[0]
+
+
+@pytest.mark.parametrize("child_status", [RunStatus.RUNNING, RunStatus.SUSPENDED])
+def test_prune_keeps_a_finished_parent_while_a_child_of_it_is_live(child_status: str) -> None:
+    # A failed parent may be repaired: the operator resumes its child, then it. Pruning the
+    # parent meanwhile would leave the child an orphan whose end wakes nobody.
+    parent = _run(RunStatus.FAILED, 40)
+    child = WorkflowRun.objects.start("tests.prune", {}, parent=parent.id)
+    WorkflowRun.objects.filter(pk=child.id).update(status=child_status)
+    assert WorkflowRun.objects.prune(30 * DAY) == 0
+    assert _left(parent) == (True, True, True, True)
+    assert WorkflowRun.objects.get(pk=child.id).parent_id == parent.id
+    # Once the child finished (recently), the parent goes and the child stays, top-level.
+    WorkflowRun.objects.filter(pk=child.id).update(
+        status=RunStatus.COMPLETED, finished_at=db_now_plus(0)
+    )
+    assert WorkflowRun.objects.prune(30 * DAY) == 1
+    assert _left(parent) == (False, False, False, False)
+    assert WorkflowRun.objects.get(pk=child.id).parent_id is None

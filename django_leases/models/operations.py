@@ -594,7 +594,9 @@ class RunOperations(RunPasses):
         (``run.child``) while its parent, or a fork that copied the parent's wait on it, is
         kept, whatever their status: they read its outcome when they replay, and a finished
         run may still be forked; it goes with or after every run that reads it (in the same
-        call, a batch later). Webhook deliveries that
+        call, a batch later). Nor a run while a child of it is running or suspended (an
+        operator repairing a failed parent resumes the child first; the child's end wakes
+        its parent). Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Then the rows of queue keys left
@@ -607,9 +609,18 @@ class RunOperations(RunPasses):
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         alias = self.write_alias()
         runs = self.rows()
-        finished = runs.filter(
-            status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
-        ).exclude(parent_id__isnull=False)
+        # A run with a live child stays: a failed parent is repaired by resuming its child,
+        # then it, and the child's end asks its parent for a pass.
+        live_child = runs.filter(parent_id=OuterRef("pk")).exclude(
+            status__in=FINISHED_RUN_STATUSES
+        )
+        finished = (
+            runs.filter(
+                status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
+            )
+            .exclude(parent_id__isnull=False)
+            .exclude(Exists(live_child))
+        )
         read_as_child = wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk"))
         deleted = 0
         skipped: set[uuid.UUID] = set()
