@@ -97,7 +97,6 @@ import copy
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -107,6 +106,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
 from django_leases.exceptions import QueueConfigError
+from django_leases.frozen import frozen
 
 DEFAULTS: dict[str, Any] = {
     "DEFAULT_TTL": 30.0,
@@ -234,7 +234,7 @@ _QUEUE_KEYS = ("concurrency", "rate", "key_concurrency", "key_rate")
 MAX_QUEUE_KEY_LENGTH = 255
 
 
-@dataclass(frozen=True)
+@frozen
 class QueueLimits:
     """One queue's limits, from ``DJANGO_LEASES["QUEUES"]``.
 

@@ -58,13 +58,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.db import connections, models, router, transaction
 from django.db.utils import DatabaseError, InterfaceError, OperationalError
 
 from django_leases.conf import leases_settings
+from django_leases.frozen import frozen
 from django_leases.process import TIMERS
 
 if TYPE_CHECKING:
@@ -618,7 +618,7 @@ _MARIADB_REPLICATION = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Replication:
     """What a primary says of the standbys (replicas) streaming from it now: see
     :func:`replication`.

@@ -32,7 +32,6 @@ import re
 import textwrap
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from types import ModuleType
@@ -50,6 +49,7 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Model
 
 from django_leases import db, health, holder
+from django_leases.frozen import frozen
 from django_leases.validation import seconds
 from django_leases.workflows import worker
 
@@ -434,7 +434,7 @@ def cell_text(value: Any) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
-@dataclass(frozen=True)
+@frozen
 class Column:
     """A column of a listing.
 
@@ -542,7 +542,7 @@ def json_value(value: Any) -> Any:
 # -- exit codes -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class ExitCode:
     """One row of a command's exit-code table.
 
@@ -563,7 +563,7 @@ class ExitCode:
         return self.label or " / ".join(str(code) for code in self.codes)
 
 
-@dataclass(frozen=True)
+@frozen
 class ExitCodeTable:
     """A command's exit codes.
 

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -22,6 +21,7 @@ from django.db.models.functions import Coalesce
 from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
+from django_leases.frozen import frozen
 from django_leases.models.lease import EpochFloor
 from django_leases.models.outcomes import StepOutcomes, retry_delay_after
 from django_leases.models.queue import Admission, KeyRefusal, WorkflowQueue, WorkflowQueueKey
@@ -143,7 +143,7 @@ def _counted(steps: models.QuerySet[Any], field: str) -> dict[Any, int]:
     }
 
 
-@dataclass(frozen=True)
+@frozen
 class QueueCounts:
     """A queue's steps as operators count them (:meth:`WorkflowStepQuerySet.queue_counts`):
     ``waiting`` (due, unclaimed), ``running`` (live lease) and ``oldest_waiting`` (seconds
@@ -154,7 +154,7 @@ class QueueCounts:
     oldest_waiting: float | None
 
 
-@dataclass(frozen=True)
+@frozen
 class KeyCounts:
     """A queue key's steps as operators count them (:meth:`StepClaims.key_counts`):
     ``running`` (live lease) and ``waiting`` (due, unclaimed); ``key`` empty: none."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -18,6 +17,7 @@ from django.db.models.functions import Substr
 from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowRunStateError
+from django_leases.frozen import frozen
 from django_leases.models.lease import Lease
 from django_leases.models.passes import RunPasses
 from django_leases.models.queue import WorkflowQueueKey
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 BULK_OPERATIONS = ("resume", "cancel", "retry")
 
 
-@dataclass(frozen=True)
+@frozen
 class RunOutcome:
     """What an operation on many runs (:meth:`RunOperations.operate_each`) did to one.
 
@@ -611,9 +611,7 @@ class RunOperations(RunPasses):
         runs = self.rows()
         # A run with a live child stays: a failed parent is repaired by resuming its child,
         # then it, and the child's end asks its parent for a pass.
-        live_child = runs.filter(parent_id=OuterRef("pk")).exclude(
-            status__in=FINISHED_RUN_STATUSES
-        )
+        live_child = runs.filter(parent_id=OuterRef("pk")).exclude(status__in=FINISHED_RUN_STATUSES)
         finished = (
             runs.filter(
                 status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)

@@ -11,7 +11,6 @@ running steps — belongs to the steps (:mod:`django_leases.models.workflow`), w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
@@ -27,9 +26,10 @@ from django_leases.conf import (
     QueueLimits,
     queue_limits,
 )
+from django_leases.frozen import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Admission:
     """A limited queue's go-ahead for one claim (:meth:`WorkflowQueueQuerySet.admit`), taken
     under the queue row's lock: ``started_at`` is the start it will record (database clock)
@@ -44,7 +44,7 @@ class Admission:
     key_starts: list[float] | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class KeyRefusal:
     """Why a claim of a keyed queue's step was refused: its key (``queue``, ``key``) is at
     its ``key_concurrency`` or out of its ``key_rate`` (only that key is passed over), or

@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
@@ -21,6 +20,7 @@ from django.db.models import F, Q, Value
 from django_leases import db, faults
 from django_leases.clock import DbNow
 from django_leases.conf import queue_limits
+from django_leases.frozen import frozen
 from django_leases.models.lease import Lease, announce
 from django_leases.models.outcomes import write_pending
 from django_leases.models.scheduling import (
@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 
-@dataclass(frozen=True)
+@frozen
 class ResultWithNext:
     """What :meth:`WorkflowStepQuerySet.set_result_claiming_next` did.
 
@@ -101,7 +101,7 @@ class ResultWithNext:
     pass_requests: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class _Completion:
     """A checked :meth:`~StepResults.set_result_completing_run` call, for its three paths:
     the step's result for its attempt (the fence), the run's output, the run lease (held,

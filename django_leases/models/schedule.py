@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -59,6 +58,7 @@ from django.utils.translation import gettext_lazy as _
 from django_leases import db
 from django_leases.clock import DbNow, to_aware, to_stored
 from django_leases.exceptions import UnknownScheduleError, WorkflowRunStateError
+from django_leases.frozen import frozen
 from django_leases.models.workflow import WorkflowRun
 from django_leases.validation import MAX_NAME_LENGTH, check_json
 from django_leases.workflows.schedules import (
@@ -100,7 +100,7 @@ _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 MAX_ROUNDS = 64
 
 
-@dataclass(frozen=True)
+@frozen
 class Fired:
     """What one firing did to a schedule.
 
@@ -128,7 +128,7 @@ class Fired:
     cancelled: uuid.UUID | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Backfilled:
     """What a backfill did.
 

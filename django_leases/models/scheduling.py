@@ -10,7 +10,6 @@ import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -18,6 +17,7 @@ from django.db import connections, transaction
 from django_leases import clock
 from django_leases.clock import DbNow
 from django_leases.conf import DEFAULT_QUEUE
+from django_leases.frozen import frozen
 from django_leases.models.claims import StepClaims
 from django_leases.models.lease import Lease
 from django_leases.models.outcomes import write_pending
@@ -96,7 +96,7 @@ def claimed_insert_params(step: NextStep, ttl: float) -> list[Any]:
     ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Scheduled:
     """What :meth:`WorkflowStepQuerySet.schedule_claimed` did.
 

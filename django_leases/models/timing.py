@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +39,7 @@ from django.db.models import F, Q, Value
 from django_leases import clock, db
 from django_leases.clock import DbNow, to_stored
 from django_leases.exceptions import WorkflowDeadlineExceeded
+from django_leases.frozen import frozen
 from django_leases.models.operations import RunOperations
 from django_leases.models.workflow_base import (
     run_reached,
@@ -153,7 +153,7 @@ def _not_pending() -> Q:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class _DebouncedStart:
     """A debounced :meth:`RunTiming.start`'s arguments, checked: the run's workflow and
     input (``value``), its debounce key, the window and the deadline (seconds; ``None``:

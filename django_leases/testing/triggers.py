@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_leases.exceptions import SourceStillDeclared, UnknownTriggerSourceError
+from django_leases.frozen import frozen
 from django_leases.models import TriggerSource, TriggerSourceDefaults
 from django_leases.testing.base import ConformanceSuite
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from django_leases.models.trigger import TriggerSource, TriggerSourceQuerySet
 
 
-@dataclass(frozen=True)
+@frozen
 class Declared:
     """A plain declaration for ``sync`` (what a ``TriggerDeclaration`` offers it)."""
 

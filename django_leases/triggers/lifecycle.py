@@ -37,7 +37,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections, router
@@ -57,6 +57,7 @@ from django_leases.exceptions import (
     SourceOrphaned,
     TriggerSourceError,
 )
+from django_leases.frozen import frozen
 from django_leases.leases import HeldLease, hold_lease
 from django_leases.models.lease import Lease
 from django_leases.models.trigger import (
@@ -82,7 +83,7 @@ DEFAULT_WAIT = 30.0
 LEASE_PREFIX = "trigger-source:"
 
 
-@dataclass(frozen=True)
+@frozen
 class LifecycleResult:
     """What one lifecycle operation on one source came to.
 
@@ -109,7 +110,7 @@ class LifecycleResult:
         return f"{self.name}: {self.detail}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Reconciled:
     """What :func:`reconcile` did: every row after the sync, and each enabled source's setup."""
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from django_leases import signals
 from django_leases.conf import leases_settings
@@ -54,6 +53,7 @@ from django_leases.exceptions import (
     SourceNotDeclaredHere,
     SourceNotReceiving,
 )
+from django_leases.frozen import frozen
 from django_leases.models.trigger import (
     TriggerEvent,
     TriggerRefusal,
@@ -66,7 +66,7 @@ from django_leases.validation import check_name
 logger = logging.getLogger("django_leases.triggers")
 
 
-@dataclass(frozen=True)
+@frozen
 class Reception:
     """What a delivery came to: ``status`` (202 accepted, 200 repeated delivery id)."""
 

@@ -42,13 +42,14 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from django.db import DatabaseError
 
 from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.frozen import frozen
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun
 from django_leases.triggers.values import Delivery, Handled, Handler
@@ -97,7 +98,7 @@ def _read_off(delivery: Delivery, read: Callable[[Delivery], Any], what: str) ->
         raise _Unread(f"its {what} raised {_shown(exc)}") from exc
 
 
-@dataclass(frozen=True)
+@frozen
 class StartWorkflow:
     """Handler that starts workflow ``workflow`` (a ``str``) for each delivery.
 
@@ -152,7 +153,7 @@ class StartWorkflow:
         return engine.start_workflow(self.workflow, value, key=key, using=delivery.using)
 
 
-@dataclass(frozen=True)
+@frozen
 class SendEvent:
     """Handler that turns each delivery into event ``name`` for the run it names.
 
@@ -249,7 +250,7 @@ def run_for_key(workflow: str, key: str, *, using: str | None = None) -> uuid.UU
     return runs.id_for_key(workflow, key)
 
 
-@dataclass(frozen=True)
+@frozen
 class TriggerDeclaration:
     """A trigger source as declared in code. Build one with :func:`webhook_source`.
 

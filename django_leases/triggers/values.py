@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.utils.translation import gettext_lazy as _
+
+from django_leases.frozen import frozen
 
 if TYPE_CHECKING:  # for annotations only: this module imports no model
     from django.utils.functional import _StrPromise
@@ -63,7 +64,7 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
-@dataclass(frozen=True)
+@frozen
 class ParsedDelivery:
     """What a provider reads from a delivery: event name, delivery id and JSON payload."""
 
@@ -72,7 +73,7 @@ class ParsedDelivery:
     payload: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@frozen
 class Delivery:
     """One verified, parsed delivery, as a handler sees it.
 
@@ -115,7 +116,7 @@ class Delivery:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class Handled:
     """What a handler may return to say what it did with a delivery, recorded on the
     ``TriggerEvent`` row: ``run_id`` (the run it started or sent an event to, linked to the
@@ -130,7 +131,7 @@ class Handled:
 Handler = Callable[[Delivery], "uuid.UUID | Handled | None"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Accepted:
     """Outcome of ``TriggerEvent.objects.accept``.
 

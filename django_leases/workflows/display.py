@@ -8,7 +8,6 @@ Times are shown in the current time zone (the site's), with its name, so "sleepi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +16,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from django_leases.conf import QueueLimits, queue_limits
+from django_leases.frozen import frozen
 from django_leases.models import StepStatus, WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.claims import KeyCounts
 from django_leases.workflows.values import RunStatus, WaitKind, WaitStatus, attempts_left_q
@@ -169,7 +169,7 @@ def _shown(when: datetime | None) -> str:
 BUSIEST_KEYS = 10
 
 
-@dataclass(frozen=True)
+@frozen
 class QueueOverview:
     """One queue as an operator sees it (:func:`queue_overview`).
 

@@ -32,6 +32,7 @@ from django_leases.exceptions import (
     WorkflowStepSupersededError,
 )
 from django_leases.fencing import Fence, step_fence
+from django_leases.frozen import frozen
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.renewal import UNKNOWN, Renewed, Unknown, renewer
 from django_leases.validation import check_queue_key
@@ -367,7 +368,7 @@ class StepRun:
         return not self.missing and self.failure is None and self.recorded is None
 
 
-@dataclass(frozen=True)
+@frozen
 class StepRecorded:
     """What :func:`record_step` wrote.
 

@@ -13,10 +13,10 @@ fence, the lease acquire and release — come in as :class:`Pieces` from the mod
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from django_leases.frozen import frozen
 from django_leases.workflows.sql import (
     CLAIM_STEP_TYPES,
     LEASE_TYPES,
@@ -39,7 +39,7 @@ from django_leases.workflows.sql import (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Pieces:
     """What the catalogue takes from the models: SQL of rules written beside them.
 

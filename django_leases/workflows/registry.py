@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH, leases_settings, parse_queues
 from django_leases.exceptions import UnknownWorkflowError
+from django_leases.frozen import frozen
 from django_leases.validation import check_name, check_priority
 from django_leases.workflows.aio import is_async
 from django_leases.workflows.schedules import (
@@ -48,7 +48,7 @@ _step_functions: dict[str, Callable[..., Any]] = {}
 _schedules: dict[str, ScheduleDeclaration] = {}
 
 
-@dataclass(frozen=True)
+@frozen
 class StepDeclaration:
     """What ``@step_function`` declared besides the callable: its ``queue`` (``str``),
     default ``priority`` (``int``; higher is claimed first) and whether it is

@@ -44,7 +44,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from typing import Any
 
@@ -56,6 +56,7 @@ from django_leases.exceptions import (
     WorkflowEventTimeout,
     WorkflowStepFailedError,
 )
+from django_leases.frozen import frozen
 from django_leases.models import WorkflowRun, WorkflowStep, WorkflowWait
 from django_leases.models.patches import LIVE_RUN_STATUSES
 from django_leases.workflows.driver import RunContext
@@ -75,7 +76,7 @@ logger = logging.getLogger("django_leases.workflows")
 BATCH_SIZE = 1000
 
 
-@dataclass(frozen=True)
+@frozen
 class Action:
     """An action of a run, as recorded or as the code now meets it.
 
@@ -117,7 +118,7 @@ class Action:
         return {"kind": self.kind, "name": self.name, "target": self.target, "text": str(self)}
 
 
-@dataclass(frozen=True)
+@frozen
 class Divergence:
     """A live run that would not replay on the code now deployed.
 
@@ -152,7 +153,7 @@ class Divergence:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class ReplayReport:
     """What :func:`check_replay` found.
 

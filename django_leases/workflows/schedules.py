@@ -49,7 +49,7 @@ One schedule is built in: ``DJANGO_LEASES["PRUNE"]`` (:func:`prune_from_settings
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -57,6 +57,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.frozen import frozen
 from django_leases.validation import TTL_CEILING, check_json, check_name, seconds
 from django_leases.workflows.values import TASK_WORKFLOW
 
@@ -110,7 +111,7 @@ MAX_CRON_LENGTH = 200
 _HORIZON_YEARS = 50
 
 
-@dataclass(frozen=True)
+@frozen
 class ScheduleDeclaration:
     """One schedule as declared in code or settings (validated: see :func:`declaration`).
 

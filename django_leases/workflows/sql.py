@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from django_leases.frozen import frozen
 from django_leases.workflows.values import (
     REPLAYED_STEP_FIELDS,
     RETRY_DELAY_FIELDS,
@@ -31,7 +31,7 @@ from django_leases.workflows.values import (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Tables:
     """The quoted names of the tables the statements touch (``queue``, ``queue_key``: the
     queue and queue-key tables, for :func:`claim_queue`)."""
@@ -46,7 +46,7 @@ class Tables:
     floor: str = "0"
 
 
-@dataclass(frozen=True)
+@frozen
 class NewStep:
     """The columns of a step a statement inserts claimed (values, or :class:`Arg` in a
     function's body): its name, step function, ``data`` (JSON text), retry settings
@@ -1034,7 +1034,7 @@ FUNCTION_SETTINGS = (
 FUNCTION_PREFIX = "dl_"
 
 
-@dataclass(frozen=True)
+@frozen
 class Function:
     """One PL/pgSQL function: ``short`` name, arguments, result column types and its body
     (a statement with the arguments in place of its parameters), after ``prelude``

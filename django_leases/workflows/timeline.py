@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime, timedelta
 
 from django.db import router
@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.utils.translation import gettext, pgettext
 
 from django_leases.clock import DbNow
+from django_leases.frozen import frozen
 from django_leases.models.wait import WorkflowWait
 from django_leases.models.workflow import WorkflowRun, WorkflowStepAttempt
 
@@ -58,7 +59,7 @@ TICK_STEPS = (
 MAX_TICKS = 8
 
 
-@dataclass(frozen=True)
+@frozen
 class AttemptRow:
     """One attempt of a step, as the timeline reads it.
 
@@ -79,7 +80,7 @@ class AttemptRow:
     finished_at: datetime | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class WaitRow:
     """One durable wait of the run, as the timeline reads it.
 
@@ -104,7 +105,7 @@ class WaitRow:
     child_id: uuid.UUID | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Bar:
     """A bar on a lane: ``x`` and ``width`` in user units; ``state`` picks its colour (a CSS
     class ``dl-tl-<state>``); ``tooltip`` says what and when; ``child_id`` links a child's."""
@@ -116,7 +117,7 @@ class Bar:
     child_id: uuid.UUID | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Lane:
     """One row of the drawing: ``kind`` ``step`` or a wait's kind, its ``name`` (shown cut
     to :data:`NAME_SHOWN` characters in ``label``), its bars, and ``y`` (the bars' top)."""
@@ -139,7 +140,7 @@ class Lane:
         return self.y + BAR_HEIGHT
 
 
-@dataclass(frozen=True)
+@frozen
 class Tick:
     """A tick of the time axis: ``x`` and its label (an offset from the run's start)."""
 
@@ -147,7 +148,7 @@ class Tick:
     label: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Timeline:
     """The drawing: its size, axis, lanes and legend, in user units (``viewBox`` ``0 0 width
     height``); ``left_out``: lanes not drawn (over :data:`MAX_LANES`)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_LENGTH
+from django_leases.frozen import frozen
 from django_leases.validation import (
     check_backoff,
     check_name,
@@ -193,7 +194,7 @@ def run_lease_key(run_id: uuid.UUID | str) -> str:
     return f"{RUN_LEASE_PREFIX}{run_id}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Claim:
     """A step claimed for execution: the claimer owns attempt ``attempt`` until superseded.
 
@@ -236,7 +237,7 @@ class Claim:
     fence_floor: int = field(default=0, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class PassState:
     """What an orchestration pass reads: the run (``id``, ``workflow``, ``status``, ``input``,
     ``pass_requests`` loaded) and its steps by name, as one statement read them."""
@@ -245,7 +246,7 @@ class PassState:
     steps: dict[str, WorkflowStep] = field(repr=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class PassClaim:
     """A run picked for an orchestration pass.
 
@@ -268,7 +269,7 @@ class PassClaim:
     sent: float = field(default=0.0, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class StepWrite:
     """What a step's fenced result or error write did.
 
@@ -291,7 +292,7 @@ class StepWrite:
     pass_requested: bool = True
 
 
-@dataclass(frozen=True)
+@frozen
 class StepOptions:
     """How a step runs, recorded with it when it is created (DESIGN §5, §5b): one value that
     ``run.step``, the store's writes and the tuned statements all take.
@@ -358,7 +359,7 @@ class StepOptions:
         )
 
 
-@dataclass(frozen=True)
+@frozen
 class NextStep:
     """A step a workflow asks for (``run.step``), as it is to be created: ``step_name``,
     ``function_name``, JSON ``data`` and its :class:`StepOptions`."""
@@ -369,7 +370,7 @@ class NextStep:
     options: StepOptions = field(default_factory=StepOptions)
 
 
-@dataclass(frozen=True)
+@frozen
 class PendingResult:
     """A step attempt's result that a pass has handed to its workflow and not written yet
     (DESIGN §5: deferred recording): ``step_id``, the fencing ``attempt`` and the JSON
@@ -384,7 +385,7 @@ def nothing_owed() -> None:
     """What :attr:`RunCompletion.notify` is when the write sent its signals itself."""
 
 
-@dataclass(frozen=True)
+@frozen
 class RunCompletion:
     """What ``WorkflowStep.objects.set_result_completing_run`` did.
 
@@ -419,7 +420,7 @@ class RunCompletion:
     notify: Callable[[], None] = field(default=nothing_owed, repr=False, compare=False)
 
 
-@dataclass(frozen=True)
+@frozen
 class RunChange:
     """What an operator operation (``resume``, ``cancel``, ``retry_step``) did to a run.
 

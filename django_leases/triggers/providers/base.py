@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.urls import NoReverseMatch, reverse
 
 from django_leases.exceptions import MalformedDelivery, ProviderError
+from django_leases.frozen import frozen
 from django_leases.triggers.registry import get_declaration
 from django_leases.triggers.values import ParsedDelivery
 
@@ -45,7 +45,7 @@ REGISTERED = "registered"
 MANUAL = "manual"
 
 
-@dataclass(frozen=True)
+@frozen
 class SetupOutcome:
     """What :meth:`Provider.setup` or :meth:`Provider.check` found.
 
