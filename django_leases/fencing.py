@@ -40,7 +40,7 @@ backwards under the same key (PostgreSQL, MariaDB / MySQL, SQLite).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import FieldDoesNotExist
@@ -50,7 +50,6 @@ from django.db.models import Exists, Q
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.exceptions import FenceRefusedError
-from django_leases.frozen import frozen
 from django_leases.models import Lease, WorkflowStep
 from django_leases.validation import check_attempt, check_name, check_token
 
@@ -64,7 +63,7 @@ _M = TypeVar("_M", bound=models.Model)
 MAX_FENCE_KEY = 255
 
 
-@frozen
+@dataclass(frozen=True)
 class Fence:
     """Who writes, for :meth:`FencedQuerySet.fenced_update`.
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
+import inspect
 import os
 import pickle
 import re
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from django_leases import frozen as frozen_module
 from django_leases.conf import QueueLimits
 from django_leases.frozen import frozen
 
@@ -117,6 +120,18 @@ def test_a_declaration_the_first_build_cannot_take_is_refused_at_once() -> None:
             z: int
 
 
+def _fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (no value of ours made yet), without settings."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 _UNPICKLE = """
 import pickle, sys, dataclasses
 from django_leases.conf import QueueLimits
@@ -160,7 +175,7 @@ settings.configure(
 django.setup()
 from django_leases import frozen
 print(sorted(name for name in built if name.startswith("django_leases")))
-print(len(frozen._unbuilt))
+print(len(frozen.declared) - len(frozen._built))
 """
 
 
@@ -180,12 +195,113 @@ def test_django_setup_builds_none_of_our_value_classes() -> None:
     assert int(declared) >= 30, "the models' values are declared at setup, not built"
 
 
-def test_every_frozen_value_class_of_the_package_is_declared_with_frozen() -> None:
-    """One way to declare a value: ``@frozen``, never ``@dataclass(frozen=True)``."""
-    eager = [
-        f"{path.relative_to(PACKAGE)}:{number}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if re.match(r"\s*@(dataclasses\.)?dataclass\(.*frozen=True", line)
-    ]
-    assert eager == []
+def _api_reference_names() -> set[str]:
+    """The objects the API reference renders (``::: dotted.path`` in docs/reference/api)."""
+    pages = (PACKAGE.parent / "docs" / "reference" / "api").glob("*.md")
+    return {
+        match.group(1).rsplit(".", 1)[-1]
+        for page in pages
+        for match in re.finditer(r"^::: (\S+)", page.read_text(), re.M)
+    }
+
+
+def test_the_package_values_are_frozen_and_the_documented_ones_plain_dataclasses() -> None:
+    """One way to declare a value, ``@frozen``, but for the API reference's: the docs tool
+    reads a dataclass's fields off ``@dataclass`` in the source."""
+    documented = _api_reference_names()
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines[:-1], 1):
+            eager = re.match(r"\s*@(dataclasses\.)?dataclass\(.*frozen=True", line)
+            if eager or line.strip() == "@frozen":
+                name = re.match(r"\s*class (\w+)", lines[number]).group(1)  # type: ignore[union-attr]
+                if bool(eager) != (name in documented):
+                    wrong.append(f"{path.relative_to(PACKAGE)}:{number} {name}")
+    assert wrong == []
+
+
+def test_every_frozen_class_of_the_package_builds() -> None:
+    """A declaration ``dataclass`` would refuse (a mutable default, a required field after a
+    defaulted one) fails here, not on whichever path makes the first instance."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "migrations" in path.parts or path.name == "__main__.py":
+            continue
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        importlib.import_module(module.removesuffix(".__init__"))
+    assert len(frozen_module.declared) >= 50
+    for cls in frozen_module.declared:
+        frozen_module.build(cls)
+        assert dataclasses.is_dataclass(cls), cls
+        assert cls.__dataclass_params__.frozen, cls  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [("django_leases.fencing", "Fence"), ("django_leases.testing.duplicates", "DuplicateStep")],
+)
+def test_the_api_reference_documents_its_values_as_dataclasses(module: str, name: str) -> None:
+    griffe = pytest.importorskip("griffe")  # the docs group, which `make test` installs
+    loaded = griffe.load(module, search_paths=[str(PACKAGE.parent)], allow_inspection=False)
+    cls = loaded[name]
+    assert "dataclass" in cls.labels
+    parameters = [parameter.name for parameter in cls.all_members["__init__"].parameters]
+    assert parameters[0] == "self" and len(parameters) >= 3, parameters
+
+
+def test_the_signature_and_generated_docstring_are_the_dataclass_ones() -> None:
+    @frozen
+    class Lazy:
+        x: int
+        y: int = 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Eager:
+        x: int
+        y: int = 0
+
+    assert str(inspect.signature(Lazy)) == str(inspect.signature(Eager)), "read first"
+    Lazy(1)
+    assert str(inspect.signature(Lazy)) == str(inspect.signature(Eager))
+    assert Lazy.__doc__ == (Eager.__doc__ or "").replace("Eager", "Lazy")
+
+
+_UNPICKLE_OLD_PROTOCOL = """
+import pickle, sys, dataclasses
+from django_leases.conf import QueueLimits
+first, second = (pickle.loads(bytes.fromhex(sys.argv[1])) for _ in range(2))
+try:
+    first.name = "changed"
+except dataclasses.FrozenInstanceError:
+    print(first == second, dataclasses.is_dataclass(first), repr(first))
+"""
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_a_value_unpickled_first_is_a_frozen_dataclass_whatever_the_protocol(
+    protocol: int,
+) -> None:
+    # Protocols 0 and 1 make the object with object.__new__, not the class's.
+    sent = QueueLimits(name="mail", concurrency=3)
+    done = _fresh(_UNPICKLE_OLD_PROTOCOL, pickle.dumps(sent, protocol=protocol).hex())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"True True {sent!r}"
+
+
+_USER_SUBCLASS = """
+import dataclasses
+from django_leases.conf import QueueLimits
+
+@dataclasses.dataclass(frozen=True)
+class Tagged(QueueLimits):
+    tag: str = ""
+
+value = Tagged(name="mail", concurrency=3, tag="x")
+print(value.name, value.concurrency, value.tag)
+"""
+
+
+def test_a_dataclass_subclass_declared_before_any_instance_has_the_fields() -> None:
+    done = _fresh(_USER_SUBCLASS)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "mail 3 x"

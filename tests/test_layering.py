@@ -40,18 +40,24 @@ ABOVE_THE_MODELS = (
 #: Leaves: modules that import nothing of the package but these.
 LEAVES = {
     "django_leases.exceptions": set(),
+    # Frozen value classes built at their first instance: the standard library only.
+    "django_leases.frozen": set(),
     # The QUEUES setting's reader raises QueueConfigError (exceptions stands above conf).
-    "django_leases.conf": {"django_leases.exceptions"},
+    "django_leases.conf": {"django_leases.exceptions", "django_leases.frozen"},
     "django_leases.signals": set(),
     "django_leases.clock": set(),
     "django_leases.process": set(),
     "django_leases.ids": set(),
     "django_leases.faults": set(),
     "django_leases.validation": {"django_leases.conf"},
-    "django_leases.workflows.values": {"django_leases.conf", "django_leases.validation"},
-    "django_leases.triggers.values": set(),
-    "django_leases.workflows.sql": {"django_leases.workflows.values"},
-    "django_leases.workflows.functions": {"django_leases.workflows.sql"},
+    "django_leases.workflows.values": {
+        "django_leases.conf",
+        "django_leases.frozen",
+        "django_leases.validation",
+    },
+    "django_leases.triggers.values": {"django_leases.frozen"},
+    "django_leases.workflows.sql": {"django_leases.frozen", "django_leases.workflows.values"},
+    "django_leases.workflows.functions": {"django_leases.frozen", "django_leases.workflows.sql"},
     "django_leases.workflows.channel": set(),
     # Loop management for async step functions: asyncio and asgiref only.
     "django_leases.workflows.aio": set(),

@@ -21,18 +21,17 @@ import contextlib
 import copy
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.apps import apps
 from django.db import models, transaction
 
-from django_leases.frozen import frozen
 from django_leases.workflows import engine
 from django_leases.workflows.registry import step_declaration
 
 
-@frozen
+@dataclass(frozen=True)
 class DuplicateStep:
     """A step whose second run changed the database.
 
