@@ -18,8 +18,9 @@ from django_leases.models import (
     WorkflowRun,
     WorkflowStep,
     WorkflowStepAttempt,
+    WorkflowWait,
 )
-from django_leases.workflows.values import run_lease_key
+from django_leases.workflows.values import WaitKind, run_lease_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,10 +114,48 @@ def test_prune_keeps_a_finished_parent_while_a_child_of_it_is_live(child_status:
     assert WorkflowRun.objects.prune(30 * DAY) == 0
     assert _left(parent) == (True, True, True, True)
     assert WorkflowRun.objects.get(pk=child.id).parent_id == parent.id
-    # Once the child finished (recently), the parent goes and the child stays, top-level.
+    # The child completed just now: the parent, resumed next by the repair, stays.
     WorkflowRun.objects.filter(pk=child.id).update(
         status=RunStatus.COMPLETED, finished_at=db_now_plus(0)
     )
-    assert WorkflowRun.objects.prune(30 * DAY) == 1
+    assert WorkflowRun.objects.prune(30 * DAY) == 0
+    assert _left(parent) == (True, True, True, True)
+    # Once the child, too, finished long ago, both go (the child a sweep after its parent).
+    WorkflowRun.objects.filter(pk=child.id).update(finished_at=db_now_plus(-40 * DAY))
+    assert WorkflowRun.objects.prune(30 * DAY) == 2
     assert _left(parent) == (False, False, False, False)
-    assert WorkflowRun.objects.get(pk=child.id).parent_id is None
+    assert not WorkflowRun.objects.filter(pk=child.id).exists()
+
+
+def _child(parent_id: object, status: str, finished_days_ago: float | None) -> WorkflowRun:
+    """A child run of ``parent_id`` in ``status``, finished ``finished_days_ago`` days ago."""
+    child = WorkflowRun.objects.start("tests.prune", {}, parent=parent_id)
+    finished_at = None if finished_days_ago is None else db_now_plus(-finished_days_ago * DAY)
+    WorkflowRun.objects.filter(pk=child.id).update(status=status, finished_at=finished_at)
+    return child
+
+
+@pytest.mark.parametrize("grandchild_status", [RunStatus.RUNNING, RunStatus.COMPLETED])
+def test_prune_keeps_every_run_above_a_run_that_is_not_old(grandchild_status: str) -> None:
+    # The repair of a run that failed with its child, which failed with its own: resume the
+    # grandchild, then the child, then the top-level run.
+    top = _run(RunStatus.FAILED, 40)
+    child = _child(top.id, RunStatus.FAILED, 40)
+    _child(child.id, grandchild_status, None if grandchild_status == RunStatus.RUNNING else 1)
+    other = _run(RunStatus.FAILED, 40)
+    assert WorkflowRun.objects.prune(30 * DAY) == 1
+    assert _left(other)[0] is False
+    assert _left(top) == (True, True, True, True)
+    assert WorkflowRun.objects.get(pk=child.id).parent_id == top.id
+
+
+def test_prune_keeps_a_fork_while_the_child_its_copied_wait_reads_is_live() -> None:
+    # A fork reads its original's child through a copied run.child wait, and is repaired
+    # the same way: resume the child, then the fork.
+    parent = _run(RunStatus.FAILED, 40)
+    child = _child(parent.id, RunStatus.RUNNING, None)
+    fork = _run(RunStatus.FAILED, 40)
+    WorkflowRun.objects.filter(pk=fork.id).update(forked_from=parent.id)
+    WorkflowWait.objects.create(run_id=fork.id, name="kid", kind=WaitKind.CHILD, child_id=child.id)
+    assert WorkflowRun.objects.prune(30 * DAY) == 0
+    assert _left(parent)[0] and _left(fork)[0]

@@ -594,9 +594,10 @@ class RunOperations(RunPasses):
         (``run.child``) while its parent, or a fork that copied the parent's wait on it, is
         kept, whatever their status: they read its outcome when they replay, and a finished
         run may still be forked; it goes with or after every run that reads it (in the same
-        call, a batch later). Nor a run while a child of it is running or suspended (an
-        operator repairing a failed parent resumes the child first; the child's end wakes
-        its parent). Webhook deliveries that
+        call, a batch later). Nor a run that reads, at any depth (as its parent, or through
+        a fork's copied wait), a run still running or suspended or that finished less than
+        ``older_than`` ago: an operator repairing a failed parent resumes the child first,
+        then the parent once the child completed. Webhook deliveries that
         started a pruned run stay, their ``run`` emptied, so a redelivery is still known.
         Works in transactions of ``batch_size`` runs (int ≥ 1): a failure keeps every batch
         before it done and leaves its own batch whole. Then the rows of queue keys left
@@ -609,20 +610,17 @@ class RunOperations(RunPasses):
             raise ValueError(f"batch_size must be an int ≥ 1, not {batch_size!r}")
         alias = self.write_alias()
         runs = self.rows()
-        # A run with a live child stays: a failed parent is repaired by resuming its child,
-        # then it, and the child's end asks its parent for a pass.
-        live_child = runs.filter(parent_id=OuterRef("pk")).exclude(status__in=FINISHED_RUN_STATUSES)
-        finished = (
-            runs.filter(
-                status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff)
-            )
-            .exclude(parent_id__isnull=False)
-            .exclude(Exists(live_child))
-        )
+        old = Q(status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff))
+        # A run whose child is not old stays (a failed parent is repaired by resuming its
+        # child, then it): checked again under the children's locks by each batch.
+        recent_child = runs.filter(parent_id=OuterRef("pk")).exclude(old)
+        finished = runs.filter(old).exclude(parent_id__isnull=False).exclude(Exists(recent_child))
         read_as_child = wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk"))
         deleted = 0
         skipped: set[uuid.UUID] = set()
         while True:
+            # Runs that read, at any depth, a run that is not old stay too.
+            skipped |= self._reading_recent(alias, old)
             # Sweeps in creation order (run ids are time-ordered), each batch after the last
             # one's greatest id: the primary key's index is walked from there, never over
             # the rows already deleted nor sorting every candidate per batch. A run freed by
@@ -656,6 +654,35 @@ class RunOperations(RunPasses):
                 break
         WorkflowQueueKey.objects.using(alias).prune_idle(batch_size=batch_size)
         return deleted
+
+    def _reading_recent(self, alias: str, old: Q) -> set[uuid.UUID]:
+        """The old runs (``old``: finished long enough ago) that read a run that is not old,
+        as its parent or through a ``run.child`` wait (a fork's copied wait), directly or
+        through old runs that do: their repair resumes that run first, then each above it.
+
+        Walked up from the runs that are not old, a statement a level (run trees are
+        shallow): the old readers of one level are the next level."""
+        runs = self.rows()
+        waits = wait_model()._default_manager.using(alias)
+        readers: set[uuid.UUID] = set()
+        level: Any = runs.exclude(old).values("pk")
+        for _ in range(100):  # a bound on depth; run trees are shallow
+            above = (
+                set(
+                    runs.filter(old)
+                    .filter(
+                        Q(pk__in=runs.filter(pk__in=level).values("parent_id"))
+                        | Q(pk__in=waits.filter(child_id__in=level).values("run_id"))
+                    )
+                    .values_list("pk", flat=True)
+                )
+                - readers
+            )
+            if not above:
+                break
+            readers |= above
+            level = list(above)
+        return readers
 
     def _prune_batch(
         self,
