@@ -581,6 +581,36 @@ def failed_run(workflow: str, step: str, function: str, error: Any = "boom") -> 
 
 
 #: The command line of ``python manage.py`` (run in :data:`ROOT`), to put a command after.
+#: Python source that configures a project with Django's admin and django-leases (SQLite in
+#: memory, no settings module) and runs ``django.setup()``: the start of a fresh
+#: interpreter's script (:func:`in_fresh_interpreter`).
+ADMIN_PROJECT_SETUP = """\
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=[
+        "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
+        "django.contrib.sessions", "django.contrib.messages", "django_leases",
+    ],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+"""
+
+
+def in_fresh_interpreter(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run Python source ``code`` with ``args`` in a fresh interpreter, without the
+    caller's ``DJANGO_SETTINGS_MODULE``; its completed process (output as text)."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 MANAGE_PY = (sys.executable, "manage.py")
 
 

@@ -9,7 +9,6 @@ import inspect
 import io
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from django_leases import apps, checks
 from django_leases.models import Lease, WorkflowSchedule
 from django_leases.triggers import registry
 from django_leases.triggers.registry import webhook_source
-from tests.helpers import manage, unique_key
+from tests.helpers import ADMIN_PROJECT_SETUP, in_fresh_interpreter, manage, unique_key
 
 
 def _on_file(database: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,33 +95,16 @@ def test_every_entry_point_of_the_checks_module_is_registered_once() -> None:
 
 #: A project with the admin and django-leases: which of the modules named on its command line
 #: ``django.setup()`` leaves unloaded.
-_UNLOADED_AFTER_SETUP = """\
-import sys, django
-from django.conf import settings
-settings.configure(
-    INSTALLED_APPS=[
-        "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
-        "django.contrib.sessions", "django.contrib.messages", "django_leases",
-    ],
-    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+_UNLOADED_AFTER_SETUP = (
+    "import sys\n" + ADMIN_PROJECT_SETUP + "print(sorted(set(sys.argv[1:]) - set(sys.modules)))\n"
 )
-django.setup()
-print(sorted(set(sys.argv[1:]) - set(sys.modules)))
-"""
 
 
 def test_start_up_registers_the_checks_without_loading_them() -> None:
     """Django's start-up registers the checks without importing the checks module: it loads
     when checks first run, never in a process that runs none (a web process)."""
     modules = ["django_leases.checks"]
-    done = subprocess.run(
-        [sys.executable, "-c", _UNLOADED_AFTER_SETUP, *modules],
-        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = in_fresh_interpreter(_UNLOADED_AFTER_SETUP, *modules)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == repr(modules)
 

@@ -8,11 +8,8 @@ import copy
 import dataclasses
 import importlib
 import inspect
-import os
 import pickle
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +19,7 @@ import pytest
 from django_leases import frozen as frozen_module
 from django_leases.conf import QueueLimits
 from django_leases.frozen import frozen
+from tests.helpers import ADMIN_PROJECT_SETUP, in_fresh_interpreter
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_leases"
 
@@ -120,18 +118,6 @@ def test_a_declaration_the_first_build_cannot_take_is_refused_at_once() -> None:
             z: int
 
 
-def _fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (no value of ours made yet), without settings."""
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 _UNPICKLE = """
 import pickle, sys, dataclasses
 from django_leases.conf import QueueLimits
@@ -143,51 +129,32 @@ print(value == QueueLimits(name="mail", concurrency=3), repr(value))
 
 def test_a_value_unpickled_before_any_instance_is_made_compares_as_a_dataclass() -> None:
     sent = QueueLimits(name="mail", concurrency=3)
-    done = subprocess.run(
-        [sys.executable, "-c", _UNPICKLE, pickle.dumps(sent).hex()],
-        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = in_fresh_interpreter(_UNPICKLE, pickle.dumps(sent).hex())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"True {sent!r}"
 
 
-_BUILT_AT_SETUP = """
-import dataclasses, sys
+_BUILT_AT_SETUP = (
+    """
+import dataclasses
 built = []
 process = dataclasses._process_class
 def counting(cls, *args, **kwargs):
     built.append(f"{cls.__module__}.{cls.__qualname__}")
     return process(cls, *args, **kwargs)
 dataclasses._process_class = counting
-import django
-from django.conf import settings
-settings.configure(
-    INSTALLED_APPS=[
-        "django.contrib.admin", "django.contrib.auth", "django.contrib.contenttypes",
-        "django.contrib.sessions", "django.contrib.messages", "django_leases",
-    ],
-    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
-)
-django.setup()
+"""
+    + ADMIN_PROJECT_SETUP
+    + """
 from django_leases import frozen
 print(sorted(name for name in built if name.startswith("django_leases")))
 print(len(frozen.declared) - len(frozen._built))
 """
+)
 
 
 def test_django_setup_builds_none_of_our_value_classes() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _BUILT_AT_SETUP],
-        env={key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = in_fresh_interpreter(_BUILT_AT_SETUP)
     assert done.returncode == 0, done.stderr
     built, declared = done.stdout.split("\n")[:2]
     # The one our start-up makes an instance of: the app's own step function (retention).
@@ -283,7 +250,7 @@ def test_a_value_unpickled_first_is_a_frozen_dataclass_whatever_the_protocol(
 ) -> None:
     # Protocols 0 and 1 make the object with object.__new__, not the class's.
     sent = QueueLimits(name="mail", concurrency=3)
-    done = _fresh(_UNPICKLE_OLD_PROTOCOL, pickle.dumps(sent, protocol=protocol).hex())
+    done = in_fresh_interpreter(_UNPICKLE_OLD_PROTOCOL, pickle.dumps(sent, protocol=protocol).hex())
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"True True {sent!r}"
 
@@ -302,6 +269,6 @@ print(value.name, value.concurrency, value.tag)
 
 
 def test_a_dataclass_subclass_declared_before_any_instance_has_the_fields() -> None:
-    done = _fresh(_USER_SUBCLASS)
+    done = in_fresh_interpreter(_USER_SUBCLASS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "mail 3 x"
