@@ -614,7 +614,7 @@ class RunOperations(RunPasses):
         # A run whose child is not old stays (a failed parent is repaired by resuming its
         # child, then it): checked again under the children's locks by each batch.
         recent_child = runs.filter(parent_id=OuterRef("pk")).exclude(old)
-        finished = runs.filter(old).exclude(parent_id__isnull=False).exclude(Exists(recent_child))
+        finished = runs.filter(old).exclude(parent_id__isnull=False)
         read_as_child = wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk"))
         deleted = 0
         skipped: set[uuid.UUID] = set()
@@ -639,8 +639,15 @@ class RunOperations(RunPasses):
                 readers = (
                     read_as_child if after is None else read_as_child.filter(child_id__gt=after)
                 )
+                # Bounded the same way: the anti-join walks the parent index from there.
+                children = (
+                    recent_child if after is None else recent_child.filter(parent_id__gt=after)
+                )
                 candidates = (
-                    finished.exclude(pk__in=skipped).exclude(Exists(readers)).order_by("pk")
+                    finished.exclude(pk__in=skipped)
+                    .exclude(Exists(readers))
+                    .exclude(Exists(children))
+                    .order_by("pk")
                 )
                 if after is not None:
                     candidates = candidates.filter(pk__gt=after)
@@ -667,17 +674,15 @@ class RunOperations(RunPasses):
         readers: set[uuid.UUID] = set()
         level: Any = runs.exclude(old).values("pk")
         for _ in range(100):  # a bound on depth; run trees are shallow
-            above = (
-                set(
-                    runs.filter(old)
-                    .filter(
-                        Q(pk__in=runs.filter(pk__in=level).values("parent_id"))
-                        | Q(pk__in=waits.filter(child_id__in=level).values("run_id"))
-                    )
-                    .values_list("pk", flat=True)
-                )
-                - readers
-            )
+            # Two semi-joins, not one OR of them: an OR of two IN lists too large to hash
+            # would be probed row by row.
+            parents = runs.filter(pk__in=level, parent_id__isnull=False).values("parent_id")
+            forks = waits.filter(child_id__in=level).values("run_id")
+            above = {
+                pk
+                for reading in (parents, forks)
+                for pk in runs.filter(old, pk__in=reading).values_list("pk", flat=True)  # type: ignore[misc]
+            } - readers
             if not above:
                 break
             readers |= above
