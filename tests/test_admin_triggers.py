@@ -524,3 +524,15 @@ def test_the_secret_form_needs_the_toggle_permission_and_a_secret_set_by_hand(
     with pytest.raises(CommandError, match="chooses the secret"):
         call_command("trigger_sources", "set-secret", "adm-pushes", stdin=io.StringIO("x\n"))
     assert credentials.get_secret("adm-pushes") == kept
+
+
+def test_a_secret_set_in_the_form_updates_an_enabled_manual_source_s_instructions(
+    operator: Client, manual_sources: None
+) -> None:
+    lifecycle.enable("adm-by-hand")
+    assert "Then store its signing secret" in _row("adm-by-hand").detail
+    url = reverse("admin:django_leases_triggersource_secret", args=[_pk("adm-by-hand")])
+    assert operator.post(url, {"secret": "typed-in-the-admin-890"}).status_code == 302
+    detail = _row("adm-by-hand").detail
+    assert "signing secret stored for source 'adm-by-hand'" in detail
+    assert "typed-in-the-admin-890" not in detail

@@ -436,3 +436,18 @@ def test_list_says_why_a_source_has_no_url(settings: Any) -> None:
     listed = json.loads(_run("trigger_sources", "list", "--format", "json"))
     assert {item["url_missing"] for item in listed} == {"no_route"}
     assert {item["url"] for item in listed} == {None}
+
+
+def test_set_secret_updates_an_enabled_manual_source_s_instructions() -> None:
+    webhook_source("cmd-by-hand", provider="manual", events={})
+    try:
+        lifecycle.reconcile(base_url=BASE)
+        lifecycle.enable("cmd-by-hand")
+        assert (
+            "Then store its signing secret" in TriggerSource.objects.get(name="cmd-by-hand").detail
+        )
+        _run("trigger_sources", "set-secret", "cmd-by-hand", stdin=io.StringIO("by-command-1\n"))
+        detail = TriggerSource.objects.get(name="cmd-by-hand").detail
+        assert "signing secret stored for source 'cmd-by-hand'" in detail
+    finally:
+        registry.unregister("cmd-by-hand")

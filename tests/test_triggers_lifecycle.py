@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from django_leases.leases import hold_lease
 from django_leases.models import Lease, TriggerEvent, TriggerSource
 from django_leases.testing.providers import FakeProvider, installed_provider
 from django_leases.triggers import credentials, lifecycle, registry
@@ -504,3 +505,55 @@ def test_disabling_stops_receiving_in_another_process_at_once(
             child.stdin.close()
         child.wait(timeout=60)
     assert sorted(TriggerEvent.objects.values_list("delivery_id", flat=True)) == ["d-1", "d-3"]
+
+
+# -- a signing secret stored by hand ------------------------------------------------------------
+
+
+@pytest.fixture
+def by_hand() -> Iterator[str]:
+    """A declared ``manual`` source, synced with an address, off."""
+    name = "lc-by-hand"
+    webhook_source(name, provider="manual", events={})
+    try:
+        lifecycle.reconcile(base_url=BASE)
+        yield name
+    finally:
+        registry.unregister(name)
+
+
+def test_storing_a_secret_records_a_manual_source_s_instructions_again(by_hand: str) -> None:
+    lifecycle.enable(by_hand)
+    assert "Then store its signing secret" in _row(by_hand).detail
+    assert lifecycle.store_secret(by_hand, "typed-by-the-operator") is True
+    assert credentials.get_secret(by_hand) == "typed-by-the-operator"
+    detail = _row(by_hand).detail
+    assert f"signing secret stored for source {by_hand!r}" in detail
+    assert "Then store" not in detail and "typed-by-the-operator" not in detail
+    assert _row(by_hand).status == "manual"
+
+
+def test_storing_a_secret_leaves_sources_that_are_off_or_not_manual(
+    by_hand: str, fake: FakeProvider
+) -> None:
+    assert lifecycle.store_secret(by_hand, "for-an-off-source") is False
+    assert _row(by_hand).detail in ("", None) and _row(by_hand).status is None
+    _synced()
+    lifecycle.enable(SOURCE)
+    setups, before = len(fake.calls), _row(SOURCE).detail
+    assert lifecycle.store_secret(SOURCE, "for-a-registered-one") is False
+    assert len(fake.calls) == setups and _row(SOURCE).detail == before
+    assert credentials.get_secret(SOURCE) == "for-a-registered-one"
+
+
+def test_a_busy_source_gets_the_secret_and_its_instructions_at_the_next_reconcile(
+    by_hand: str,
+) -> None:
+    lifecycle.enable(by_hand)
+    with hold_lease(lifecycle.lease_key(by_hand), using="default"):
+        # Another operation holds the source: the secret is stored, not the instructions.
+        assert lifecycle.store_secret(by_hand, "stored-while-busy", wait=0) is False
+    assert credentials.get_secret(by_hand) == "stored-while-busy"
+    assert "Then store its signing secret" in _row(by_hand).detail
+    lifecycle.reconcile(base_url=BASE)
+    assert f"signing secret stored for source {by_hand!r}" in _row(by_hand).detail

@@ -520,9 +520,12 @@ class TriggerSourceAdmin(_TriggerSourceAdminBase):
         page = page_url(self, "change", source.pk)
         form = SigningSecretForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
+            # deferred: start-up cost (the lifecycle loads at the first operation).
+            from django_leases.triggers import lifecycle
+
             try:
-                TriggerSecret.objects.db_manager(source._state.db).set_secret(
-                    source.name, form.cleaned_data["secret"]
+                lifecycle.store_secret(
+                    source.name, form.cleaned_data["secret"], using=source._state.db
                 )
             except ValueError as exc:  # its message never quotes the secret
                 form.add_error("secret", str(exc))

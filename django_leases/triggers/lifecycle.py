@@ -67,6 +67,7 @@ from django_leases.models.trigger import (
     TriggerSourceQuerySet,
 )
 from django_leases.triggers import providers, registry
+from django_leases.triggers.providers import MANUAL
 from django_leases.validation import check_name, seconds
 
 if TYPE_CHECKING:
@@ -381,6 +382,50 @@ def _reconcile_one(
             return _result(objects, name, "reconcile", ok=False, changed=False)
         ok = _set_up(objects, held, using, name, provider, secret)
         return _result(objects, name, "reconcile", ok=ok, changed=False)
+
+
+def store_secret(
+    name: str, secret: str, *, using: str | None = None, wait: float = DEFAULT_WAIT
+) -> bool:
+    """Store ``secret`` (``str``), typed by an operator (``trigger_sources set-secret``, the
+    admin's form), as the signing secret of source ``name``, encrypted; then, where the
+    source is on and its setup is instructions to follow (status ``manual``), record them
+    again: they say which secret the sender signs with, and asked for one until now. Other
+    sources are left as they are (GitHub's is sent the stored secret at its next enable).
+
+    Args:
+        name: the source.
+        secret: the signing secret.
+        using: the database alias (default: the router's choice).
+        wait: seconds to wait for another operation on the source (``float``).
+
+    Returns whether the instructions were recorded again. A source busy past ``wait``, a
+    lease lost, or a call inside ``transaction.atomic()`` leaves them as they were (logged;
+    the next reconcile records them): the secret is stored all the same.
+
+    Raises (nothing stored):
+        ValueError: an empty, overlong or control-character secret, or a bad name.
+        ImproperlyConfigured: the credential store cannot encrypt (the webhooks extra).
+    """
+    _secrets(using).set_secret(name, secret)
+    try:
+        with _source_lease(name, using, wait) as held:
+            objects = _objects(using)
+            row = objects.filter(name=name).first()
+            if row is None or not (row.declared and row.enabled) or row.status != MANUAL:
+                return False
+            provider = _provider(row.provider)
+            if provider is None:
+                return False
+            return _set_up(objects, held, using, name, provider, _secret_for(provider, name, using))
+    except (TriggerSourceError, LeaseError, MisuseError) as exc:
+        logger.warning(
+            "Trigger source %r: signing secret stored; its instructions are recorded again at "
+            "the next reconcile (%s)",
+            name,
+            exc,
+        )
+        return False
 
 
 def enable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) -> LifecycleResult:

@@ -48,7 +48,7 @@ from django_leases.management.base import (
     add_seconds_argument,
 )
 from django_leases.models import TriggerRefusal, TriggerSource
-from django_leases.triggers import credentials, lifecycle, registry
+from django_leases.triggers import lifecycle, registry
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -255,7 +255,7 @@ class Command(base.LeasesCommand):
         if not secret.strip():
             raise CommandError("No secret given on stdin; nothing stored.")
         try:
-            credentials.set_secret(name, secret, using=alias)
+            lifecycle.store_secret(name, secret, using=alias)
         except (ValueError, ImproperlyConfigured) as exc:  # bad input; the extra missing
             raise CommandError(str(exc)) from None
         source = TriggerSource.objects.using(alias).filter(name=name).first()
