@@ -42,7 +42,7 @@ _building = threading.RLock()
 _built: set[type] = set()
 _in_progress: set[type] = set()
 #: Every ``@frozen`` class declared (for the test that builds them all).
-declared: list[type] = []
+declared: set[type] = set()
 
 _HOOKS = ("__new__", "__setstate__", "__signature__", "__init_subclass__")
 
@@ -67,8 +67,10 @@ class _Signature:
     it before ``__new__``, which would say ``(*args, **kwargs)``)."""
 
     def __get__(self, instance: object, owner: type) -> inspect.Signature:
-        build(owner)
-        signature = inspect.signature(vars(owner)["__init__"])
+        # Read off a subclass too (inherited): build the @frozen class it comes from, never
+        # the subclass itself, and take the __init__ the subclass has.
+        build(next(klass for klass in owner.__mro__ if klass in declared))
+        signature = inspect.signature(getattr(owner, "__init__"))  # noqa: B009 (mypy)
         return signature.replace(parameters=list(signature.parameters.values())[1:])
 
 
@@ -115,5 +117,5 @@ def frozen(cls: _Class) -> _Class:
     cls.__setstate__ = setstate  # type: ignore[attr-defined]
     cls.__signature__ = _Signature()  # type: ignore[attr-defined]
     cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
-    declared.append(cls)
+    declared.add(cls)
     return cls

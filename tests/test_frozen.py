@@ -272,3 +272,54 @@ def test_a_dataclass_subclass_declared_before_any_instance_has_the_fields() -> N
     done = in_fresh_interpreter(_USER_SUBCLASS)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "mail 3 x"
+
+
+def test_the_signature_of_a_user_s_dataclass_subclass_reads_like_a_dataclass_one() -> None:
+    # tests/test_frozen.py supports a user's frozen dataclass subclass of a package value
+    # (QueueLimits). inspect.signature / help() on it reach the inherited _Signature, which
+    # runs dataclass(frozen=True) on the subclass a second time: TypeError, and its
+    # __dataclass_fields__ rewritten on the way (the default_factory lost).
+    @frozen
+    class Base:
+        x: int
+
+    @dataclasses.dataclass(frozen=True)
+    class Tagged(Base):
+        tags: list[str] = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(frozen=True)
+    class PlainBase:
+        x: int
+
+    @dataclasses.dataclass(frozen=True)
+    class PlainTagged(PlainBase):
+        tags: list[str] = dataclasses.field(default_factory=list)
+
+    Tagged(1)
+    try:
+        signature = str(inspect.signature(Tagged))
+    finally:
+        factory = {field.name: field.default_factory for field in dataclasses.fields(Tagged)}
+    assert factory["tags"] is list, "the field's default_factory was lost"
+    assert signature == str(inspect.signature(PlainTagged))
+
+
+def test_reading_a_plain_subclass_s_signature_does_not_make_it_a_dataclass() -> None:
+    @frozen
+    class Base:
+        x: int
+
+    class Plain(Base):  # a plain subclass: y is a class attribute, not a field
+        y: int = 0
+
+    Plain(1)
+    with pytest.raises(TypeError):
+        Plain(1, 2)  # type: ignore[call-arg]
+    before = dataclasses.fields(Plain)
+    str(inspect.signature(Plain))  # help(Plain), a framework's introspection...
+    after = dataclasses.fields(Plain)
+    assert [f.name for f in after] == [f.name for f in before] == ["x"]
+    made: Any = None
+    with pytest.raises(TypeError):
+        made = Plain(1, 2)  # type: ignore[call-arg]
+    assert made is None

@@ -557,3 +557,30 @@ def test_a_busy_source_gets_the_secret_and_its_instructions_at_the_next_reconcil
     assert "Then store its signing secret" in _row(by_hand).detail
     lifecycle.reconcile(base_url=BASE)
     assert f"signing secret stored for source {by_hand!r}" in _row(by_hand).detail
+
+
+def test_store_secret_never_sets_up_a_source_that_moved_off_manual() -> None:
+    """A manual source, enabled (status ``manual``), whose declaration a deploy moved to a
+    provider that manages registrations: the sync keeps ``status`` (it never touches it),
+    so the row is provider=fake (GitHub-like), status=manual until the next setup. Storing
+    a secret by hand must not set it up at that provider (docstring: "Other sources are
+    left as they are (GitHub's is sent the stored secret at its next enable)")."""
+    name = "lc-moved"
+    with installed_provider(FakeProvider("fake")) as fake:
+        webhook_source(name, provider="manual", events={})
+        try:
+            lifecycle.reconcile(base_url=BASE)
+            lifecycle.enable(name)
+            assert TriggerSource.objects.get(name=name).status == "manual"
+            registry.unregister(name)
+            webhook_source(name, provider="fake", events={})
+            # The deploy's sync (reconcile's first step; its setup may be skipped: busy).
+            TriggerSource.objects.sync(registry.declarations(), base_url=BASE)
+            row = TriggerSource.objects.get(name=name)
+            assert (row.provider, row.status, row.enabled) == ("fake", "manual", True)
+            lifecycle.store_secret(name, "typed-by-hand-123")
+            assert credentials.get_secret(name) == "typed-by-hand-123"
+            # No provider call: this is not a manual source any more.
+            assert fake.calls == []
+        finally:
+            registry.unregister(name)

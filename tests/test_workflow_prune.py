@@ -20,6 +20,7 @@ from django_leases.models import (
     WorkflowStepAttempt,
     WorkflowWait,
 )
+from django_leases.models.operations import RunOperations
 from django_leases.workflows.values import WaitKind, run_lease_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -157,5 +158,45 @@ def test_prune_keeps_a_fork_while_the_child_its_copied_wait_reads_is_live() -> N
     fork = _run(RunStatus.FAILED, 40)
     WorkflowRun.objects.filter(pk=fork.id).update(forked_from=parent.id)
     WorkflowWait.objects.create(run_id=fork.id, name="kid", kind=WaitKind.CHILD, child_id=child.id)
+    assert WorkflowRun.objects.prune(30 * DAY) == 0
+    assert _left(parent)[0] and _left(fork)[0]
+
+
+def _resume_before_the_batch(monkeypatch: pytest.MonkeyPatch, run_id: Any) -> None:
+    """An operator resumes ``run_id`` (and it commits) after the prune chose its batch and
+    before the batch's transaction: the window a long prune keeps open between choices."""
+    original = RunOperations._prune_batch
+    done: list[bool] = []
+
+    def batch(self: Any, *args: Any) -> int:
+        if not done:
+            done.append(True)
+            WorkflowRun.objects.resume(run_id)
+        return original(self, *args)
+
+    monkeypatch.setattr(RunOperations, "_prune_batch", batch)
+
+
+def test_a_grandchild_resumed_while_a_prune_runs_keeps_the_top_level_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    top = _run(RunStatus.FAILED, 40)
+    child = _child(top.id, RunStatus.FAILED, 40)
+    grandchild = _child(child.id, RunStatus.FAILED, 40)
+    _resume_before_the_batch(monkeypatch, grandchild.id)
+    assert WorkflowRun.objects.prune(30 * DAY) == 0
+    assert WorkflowRun.objects.get(pk=grandchild.id).status == RunStatus.RUNNING
+    assert _left(top)[0] and WorkflowRun.objects.get(pk=child.id).parent_id == top.id
+
+
+def test_a_child_resumed_while_a_prune_runs_keeps_the_fork_reading_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parent = _run(RunStatus.FAILED, 40)
+    child = _child(parent.id, RunStatus.FAILED, 40)
+    fork = _run(RunStatus.FAILED, 40)
+    WorkflowRun.objects.filter(pk=fork.id).update(forked_from=parent.id)
+    WorkflowWait.objects.create(run_id=fork.id, name="kid", kind=WaitKind.CHILD, child_id=child.id)
+    _resume_before_the_batch(monkeypatch, child.id)
     assert WorkflowRun.objects.prune(30 * DAY) == 0
     assert _left(parent)[0] and _left(fork)[0]

@@ -611,16 +611,11 @@ class RunOperations(RunPasses):
         alias = self.write_alias()
         runs = self.rows()
         old = Q(status__in=FINISHED_RUN_STATUSES, finished_at__lte=clock.db_now_plus(-cutoff))
-        # A run whose child is not old stays (a failed parent is repaired by resuming its
-        # child, then it): checked again under the children's locks by each batch.
-        recent_child = runs.filter(parent_id=OuterRef("pk")).exclude(old)
         finished = runs.filter(old).exclude(parent_id__isnull=False)
         read_as_child = wait_model()._default_manager.using(alias).filter(child_id=OuterRef("pk"))
         deleted = 0
         skipped: set[uuid.UUID] = set()
         while True:
-            # Runs that read, at any depth, a run that is not old stay too.
-            skipped |= self._reading_recent(alias, old)
             # Sweeps in creation order (run ids are time-ordered), each batch after the last
             # one's greatest id: the primary key's index is walked from there, never over
             # the rows already deleted nor sorting every candidate per batch. A run freed by
@@ -639,15 +634,8 @@ class RunOperations(RunPasses):
                 readers = (
                     read_as_child if after is None else read_as_child.filter(child_id__gt=after)
                 )
-                # Bounded the same way: the anti-join walks the parent index from there.
-                children = (
-                    recent_child if after is None else recent_child.filter(parent_id__gt=after)
-                )
                 candidates = (
-                    finished.exclude(pk__in=skipped)
-                    .exclude(Exists(readers))
-                    .exclude(Exists(children))
-                    .order_by("pk")
+                    finished.exclude(pk__in=skipped).exclude(Exists(readers)).order_by("pk")
                 )
                 if after is not None:
                     candidates = candidates.filter(pk__gt=after)
@@ -655,39 +643,49 @@ class RunOperations(RunPasses):
                 if not chosen:
                     break
                 after = chosen[-1]
-                swept += self._prune_batch(alias, candidates, chosen, skipped)
+                swept += self._prune_batch(alias, candidates, chosen, skipped, old)
             deleted += swept
             if not swept:
                 break
         WorkflowQueueKey.objects.using(alias).prune_idle(batch_size=batch_size)
         return deleted
 
-    def _reading_recent(self, alias: str, old: Q) -> set[uuid.UUID]:
-        """The old runs (``old``: finished long enough ago) that read a run that is not old,
-        as its parent or through a ``run.child`` wait (a fork's copied wait), directly or
-        through old runs that do: their repair resumes that run first, then each above it.
+    def _reading_recent(self, alias: str, old: Q, roots: list[uuid.UUID]) -> set[uuid.UUID]:
+        """Those of ``roots`` that read, at any depth, a run that is not ``old`` (running,
+        suspended, or finished too recently): as its parent (``parent_id``) or through a
+        ``run.child`` wait (a fork's copied one). Their repair resumes that run first, then
+        each run above it, so they stay.
 
-        Walked up from the runs that are not old, a statement a level (run trees are
-        shallow): the old readers of one level are the next level."""
+        Walked down from ``roots``, three statements a level (run trees are shallow), in the
+        caller's transaction: a run resumed before it began is seen."""
         runs = self.rows()
         waits = wait_model()._default_manager.using(alias)
-        readers: set[uuid.UUID] = set()
-        level: Any = runs.exclude(old).values("pk")
+        # Which roots read each run met (a run may be read by several: a parent and forks).
+        roots_of: dict[uuid.UUID, set[uuid.UUID]] = {pk: {pk} for pk in roots}
+        reading: set[uuid.UUID] = set()
+        level = list(roots)
         for _ in range(100):  # a bound on depth; run trees are shallow
-            # Two semi-joins, not one OR of them: an OR of two IN lists too large to hash
-            # would be probed row by row.
-            parents = runs.filter(pk__in=level, parent_id__isnull=False).values("parent_id")
-            forks = waits.filter(child_id__in=level).values("run_id")
-            above = {
-                pk
-                for reading in (parents, forks)
-                for pk in runs.filter(old, pk__in=reading).values_list("pk", flat=True)  # type: ignore[misc]
-            } - readers
-            if not above:
+            met: dict[uuid.UUID, set[uuid.UUID]] = {}
+            for run_id, above in (
+                *runs.filter(parent_id__in=level).values_list("pk", "parent_id"),
+                *waits.filter(run_id__in=level, child_id__isnull=False).values_list(
+                    "child_id", "run_id"
+                ),
+            ):
+                met.setdefault(run_id, set()).update(roots_of[above])
+            recent = set(runs.filter(pk__in=list(met)).exclude(old).values_list("pk", flat=True))
+            level = []
+            for run_id, readers in met.items():
+                if run_id in recent:
+                    reading |= readers
+                known = roots_of.setdefault(run_id, set())
+                if not readers <= known:  # new readers: walk on below it for them
+                    known |= readers
+                    level.append(run_id)
+            level = [run_id for run_id in level if run_id not in recent]
+            if not level:
                 break
-            readers |= above
-            level = list(above)
-        return readers
+        return reading
 
     def _prune_batch(
         self,
@@ -695,9 +693,11 @@ class RunOperations(RunPasses):
         candidates: QuerySet[WorkflowRun],
         chosen: list[uuid.UUID],
         skipped: set[uuid.UUID],
+        old: Q,
     ) -> int:
-        """Delete the ``chosen`` runs that are still ``candidates`` and whose lease is not
-        live (those go into ``skipped``), with their leases, in one transaction; how many."""
+        """Delete the ``chosen`` runs that are still ``candidates``, whose lease is not live
+        and that read no run that is not ``old`` (:meth:`_reading_recent`; those go into
+        ``skipped``), with their leases, in one transaction; how many."""
         runs = self.rows()
         leases = Lease.objects.db_manager(alias)
         with transaction.atomic(using=alias):
@@ -710,6 +710,9 @@ class RunOperations(RunPasses):
             ids = list(
                 db.for_update(candidates.filter(pk__in=chosen), alias).values_list("pk", flat=True)
             )
+            reading = self._reading_recent(alias, old, ids)
+            skipped |= reading
+            ids = [run_id for run_id in ids if run_id not in reading]
             keys = {run_lease_key(run_id): run_id for run_id in ids}
             live = set(
                 leases.filter(

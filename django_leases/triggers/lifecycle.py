@@ -389,7 +389,8 @@ def store_secret(
 ) -> bool:
     """Store ``secret`` (``str``), typed by an operator (``trigger_sources set-secret``, the
     admin's form), as the signing secret of source ``name``, encrypted; then, where the
-    source is on and its setup is instructions to follow (status ``manual``), record them
+    source is on, its setup is instructions to follow (status ``manual``) and its provider
+    registers nothing (``manual``; not a source a sync just moved elsewhere), record them
     again: they say which secret the sender signs with, and asked for one until now. Other
     sources are left as they are (GitHub's is sent the stored secret at its next enable).
 
@@ -415,8 +416,8 @@ def store_secret(
             if row is None or not (row.declared and row.enabled) or row.status != MANUAL:
                 return False
             provider = _provider(row.provider)
-            if provider is None:
-                return False
+            if provider is None or provider.manages_registration:
+                return False  # (moved to such a provider by a sync: it is set up by enable)
             return _set_up(objects, held, using, name, provider, _secret_for(provider, name, using))
     except (TriggerSourceError, LeaseError, MisuseError) as exc:
         logger.warning(
