@@ -90,8 +90,6 @@ def frozen(cls: _Class) -> _Class:
     if any(dataclasses.is_dataclass(base) or base in declared for base in cls.__mro__[1:]):
         raise TypeError(f"@frozen class {cls.__qualname__} subclasses a dataclass")
 
-    base: type = cls
-
     def new(klass: type, /, *args: Any, **kwargs: Any) -> Any:
         # The arguments are the generated __init__'s. (The hook stays: a __new__ deleted
         # from a class leaves CPython calling object.__new__ with them, which refuses.)
@@ -109,7 +107,7 @@ def frozen(cls: _Class) -> _Class:
     def init_subclass(klass: type, /, **kwargs: Any) -> None:
         # A subclass (a dataclass of its own) reads this one's fields as it is declared.
         build(cls)
-        super(base, klass).__init_subclass__(**kwargs)  # type: ignore[arg-type]
+        super(cls, klass).__init_subclass__(**kwargs)  # type: ignore[arg-type]
 
     new.__qualname__ = f"{cls.__qualname__}.__new__"
     setstate.__qualname__ = f"{cls.__qualname__}.__setstate__"

@@ -118,22 +118,6 @@ def test_a_declaration_the_first_build_cannot_take_is_refused_at_once() -> None:
             z: int
 
 
-_UNPICKLE = """
-import pickle, sys, dataclasses
-from django_leases.conf import QueueLimits
-assert not dataclasses.is_dataclass(QueueLimits), "built before any instance"
-value = pickle.loads(bytes.fromhex(sys.argv[1]))
-print(value == QueueLimits(name="mail", concurrency=3), repr(value))
-"""
-
-
-def test_a_value_unpickled_before_any_instance_is_made_compares_as_a_dataclass() -> None:
-    sent = QueueLimits(name="mail", concurrency=3)
-    done = in_fresh_interpreter(_UNPICKLE, pickle.dumps(sent).hex())
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"True {sent!r}"
-
-
 _BUILT_AT_SETUP = (
     """
 import dataclasses

@@ -18,8 +18,8 @@ own actions, an operate URL also needs the list's view permission (``view_trigge
 or ``view_orphantriggersource`` for the Orphans view) — a user missing either gets 403.
 No secret is kept in a row, so none can be shown. A ``manual`` source's page also offers, to
 the same operators, *Set the signing secret* (``<id>/secret/``): a password field whose value
-is stored encrypted (``TriggerSecret.objects.set_secret``) and never rendered back, with a
-``LogEntry`` saying a secret was stored (not which).
+is stored encrypted (``lifecycle.store_secret``, as ``trigger_sources set-secret`` does) and
+never rendered back, with a ``LogEntry`` saying a secret was stored (not which).
 
 Stable hooks for browser tests: the switch buttons have ids ``switch-<name>`` and the
 labels *Turn on* / *Turn off*; the orphan buttons ``forget-<name>`` / ``teardown-<name>``;

@@ -678,11 +678,9 @@ class RunOperations(RunPasses):
             for run_id, readers in met.items():
                 if run_id in recent:
                     reading |= readers
-                known = roots_of.setdefault(run_id, set())
-                if not readers <= known:  # new readers: walk on below it for them
-                    known |= readers
+                elif not readers <= roots_of.setdefault(run_id, set()):
+                    roots_of[run_id] |= readers  # new readers: walk on below it for them
                     level.append(run_id)
-            level = [run_id for run_id in level if run_id not in recent]
             if not level:
                 break
         return reading
