@@ -152,7 +152,7 @@ def _queue_key_field(help_text: _StrPromise) -> models.CharField[str, str]:
 
 
 class WorkflowRun(models.Model):
-    """One execution of a ``@workflow``; replayed from the start on each orchestration pass.
+    """One execution of a ``@workflow``, run in passes (each replays what the run recorded).
 
     ``pass_due_at`` is set while the run needs an orchestration pass (``NULL`` otherwise); a
     worker that picks the pass pushes it one run-lease TTL ahead, so a pass whose worker died
