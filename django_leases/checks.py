@@ -36,8 +36,8 @@ id                       what it reports
 ``django_leases.W012``   PostgreSQL above READ COMMITTED: concurrent acquires and renewals raise
                          serialisation errors instead of answering
 ``django_leases.E013``   PostgreSQL with ``TUNED_SQL`` on, migrations applied, but the workflow
-                         worker's functions for this code are missing: workers refuse to start
-                         (a database check: ``check --database``, ``migrate``)
+                         or lease functions this code calls are missing: workers refuse to
+                         start (a database check: ``check --database``, ``migrate``)
 ``django_leases.W014``   the credential store cannot be read (the database is unreachable or
                          refused the query): whether each declared source without a
                          ``WEBHOOK_SECRETS`` entry has a signing secret is unknown. A database
@@ -1253,7 +1253,8 @@ def workflow_functions_check(
     Only on a database the routers let django-leases' tables be on
     (:func:`~django_leases.health.holds_tables`).
     E013: on each PostgreSQL database checked that has django-leases' migrations applied,
-    the hot-path functions of the running code (``models.workflow.functions``) are installed.
+    the hot-path functions of the running code (``models.workflow.functions`` and
+    ``models.lease.lease_functions``) are installed.
     Their names carry a hash of their statements: code whose statements changed without a
     migration that installs them finds none, and workers refuse to start."""
     # deferred: the migration machinery (health loads the executor), only for a database check
@@ -1281,8 +1282,8 @@ def workflow_functions_check(
         if missing is not None:
             messages.append(
                 checks.Error(
-                    f"The workflow worker's PostgreSQL functions for this version of "
-                    f"django-leases are not installed; workers refuse to start. {missing}",
+                    f"The PostgreSQL functions of this version of django-leases are not "
+                    f"installed; workers refuse to start. {missing}",
                     id="django_leases.E013",
                 )
             )

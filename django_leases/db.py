@@ -111,6 +111,18 @@ def refused_as_read_only(exc: BaseException) -> bool:
     return code == _MYSQL_OPTION_PREVENTS and "read-only" in str(exc)
 
 
+#: PostgreSQL's SQLSTATE for "function … does not exist" (``undefined_function``).
+_UNDEFINED_FUNCTION_SQLSTATE = "42883"
+
+
+def undefined_function(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django ``DatabaseError``) is PostgreSQL saying a called function
+    does not exist: one of our versioned functions dropped, or not installed yet."""
+    cause = exc.__cause__ or exc
+    states = (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+    return _UNDEFINED_FUNCTION_SQLSTATE in states
+
+
 def read_only_reason(connection: BaseDatabaseWrapper) -> str | None:
     """Why ``connection``'s database refuses writes — a PostgreSQL standby in recovery or a
     read-only session, a MariaDB / MySQL read-only session, SQLite's ``query_only`` — or

@@ -60,6 +60,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonR
 from django_leases import clock, db
 from django_leases.clock import DbNow
 from django_leases.exceptions import WorkflowFunctionsMissing
+from django_leases.frozen import frozen
+from django_leases.models.lease import LEASE_FUNCTIONS_MIGRATION, lease_functions
 from django_leases.models.worker import WorkflowWorker
 from django_leases.models.workflow import FUNCTIONS_MIGRATION, functions
 from django_leases.validation import seconds
@@ -247,103 +249,149 @@ def check_functions(alias: str) -> Finding:
     return Finding("migrations", alias, PROBLEM, str(missing))
 
 
-# -- readiness: the workflow functions ------------------------------------------------------
+# -- readiness: the functions the tuned path calls ------------------------------------------
 
 
-def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
-    """Names of the current code's :func:`functions` that ``connection``'s database lacks
-    (looked up through its ``search_path``, as the calls are); ``[]`` elsewhere than on
-    PostgreSQL."""
+@frozen
+class _Family:
+    """One set of PostgreSQL functions the tuned path calls: what they are for (``kind``),
+    the migration that froze them (``migration``, its dict ``attribute`` of ``CREATE``
+    statements by name) and the names the running code calls (``names``)."""
+
+    kind: str
+    migration: str
+    attribute: str
+    names: tuple[str, ...]
+
+    def statements(self) -> dict[str, str]:
+        """The ``CREATE`` statements its migration froze, by function name."""
+        module = importlib.import_module(f"django_leases.migrations.{self.migration}")
+        statements: dict[str, str] = getattr(module, self.attribute)
+        return statements
+
+
+def _families(connection: BaseDatabaseWrapper) -> tuple[_Family, ...]:
+    """The workflow functions and the lease functions, as the running code calls them."""
+    return (
+        _Family(
+            "workflow",
+            FUNCTIONS_MIGRATION,
+            "FUNCTIONS",
+            tuple(function.name for function in functions(connection).values()),
+        ),
+        _Family("lease", LEASE_FUNCTIONS_MIGRATION, "LEASE_FUNCTIONS", tuple(lease_functions())),
+    )
+
+
+def _missing_by_family(connection: BaseDatabaseWrapper) -> list[tuple[_Family, list[str]]]:
+    """Each family with the names of its functions ``connection``'s database lacks (looked
+    up through its ``search_path``, as the calls are), those lacking none left out; ``[]``
+    elsewhere than on PostgreSQL."""
     if connection.vendor != "postgresql":
         return []
-    names = [function.name for function in functions(connection).values()]
+    families = _families(connection)
+    names = [name for family in families for name in family.names]
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT name FROM unnest(%s::text[]) AS name WHERE to_regproc(name) IS NULL",
             [names],
         )
-        return [name for (name,) in cursor.fetchall()]
+        gone = {name for (name,) in cursor.fetchall()}
+    found = [(family, [name for name in family.names if name in gone]) for family in families]
+    return [(family, missing) for family, missing in found if missing]
+
+
+def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
+    """Names of the functions the current code calls — the workflow functions
+    (:func:`~django_leases.models.workflow.functions`) and the lease functions
+    (:func:`~django_leases.models.lease.lease_functions`) — that ``connection``'s database
+    lacks; ``[]`` elsewhere than on PostgreSQL."""
+    return [name for _family, missing in _missing_by_family(connection) for name in missing]
 
 
 def functions_missing(connection: BaseDatabaseWrapper) -> WorkflowFunctionsMissing | None:
     """Whether workers on ``connection``'s database would refuse to start for want of the
-    hot-path functions of the running code (the tuned path on PostgreSQL only), and how to
-    repair it: the one readiness rule of the worker, ``leases_check`` and the health view.
+    functions the running code calls on the tuned path (PostgreSQL only: the workflow
+    functions and the lease functions), and how to repair it: the one readiness rule of the
+    worker, ``leases_check`` and the health view.
 
     Args:
         connection: the database's connection.
 
     Returns:
         ``None`` when workers can start (or the portable path is used); else the error to
-        raise or report, whose message says how to repair. When :data:`FUNCTIONS_MIGRATION`
+        raise or report, whose message says how to repair. When a function's migration
+        (:data:`FUNCTIONS_MIGRATION`, or the lease functions' ``LEASE_FUNCTIONS_MIGRATION``)
         is unapplied that is ``migrate``. When it is applied and the functions were dropped
         since, ``migrate`` would not run it again: the repair is
-        ``manage.py leases_check --install-functions``, which runs the statements that
-        migration froze (:func:`install_functions`). When the running code's functions are
-        not those it installs, this version lacks the migration.
+        ``manage.py leases_check --install-functions``, which runs the statements those
+        migrations froze (:func:`install_functions`). When the running code's functions are
+        not those they install, this version lacks the migration.
 
     Raises:
         DatabaseError: the database could not be read.
     """
     if not db.tuned(connection, "postgresql"):
         return None
-    missing = missing_functions(connection)
-    if not missing:
+    lacking = _missing_by_family(connection)
+    if not lacking:
         return None
     alias = connection.alias
-    what = f"the workflow functions {', '.join(missing)}"
-    if ("django_leases", FUNCTIONS_MIGRATION) not in MigrationRecorder(
-        connection
-    ).applied_migrations():
+    what = " and ".join(
+        f"the {family.kind} functions {', '.join(missing)}" for family, missing in lacking
+    )
+    applied = MigrationRecorder(connection).applied_migrations()
+    if any(("django_leases", family.migration) not in applied for family, _ in lacking):
         return WorkflowFunctionsMissing(alias, what)
-    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
-    if not set(missing) <= set(migration.FUNCTIONS):
+    if any(not set(missing) <= set(family.statements()) for family, missing in lacking):
         return WorkflowFunctionsMissing(
             alias,
             what,
             "this version of django-leases lacks the migration that installs them; "
             "install a version that has it",
         )
+    migrations = " and ".join(family.migration for family, _ in lacking)
     return WorkflowFunctionsMissing(
         alias,
         what,
-        f"they were dropped after migration {FUNCTIONS_MIGRATION} installed them, and "
+        f"they were dropped after migration {migrations} installed them, and "
         "'migrate' does not run an applied migration again. Run "
         f"'manage.py leases_check --install-functions --database {alias}' (it creates the "
-        f"functions as migration {FUNCTIONS_MIGRATION} froze them, and changes nothing else)",
+        f"functions as migration {migrations} froze them, and changes nothing else)",
     )
 
 
 def install_functions(connection: BaseDatabaseWrapper) -> list[str]:
-    """Create the workflow functions :data:`FUNCTIONS_MIGRATION` froze that ``connection``'s
-    database lacks (``CREATE OR REPLACE FUNCTION``, in one transaction): the repair
-    :func:`functions_missing` gives for functions dropped after their migration ran.
-    Nothing else is changed; a no-op elsewhere than on PostgreSQL.
+    """Create the functions the running code calls that ``connection``'s database lacks, as
+    their migrations froze them (:data:`FUNCTIONS_MIGRATION` for the workflow functions, the
+    lease functions' ``LEASE_FUNCTIONS_MIGRATION``; ``CREATE OR REPLACE FUNCTION``, in one
+    transaction): the repair :func:`functions_missing` gives for functions dropped after
+    their migration ran. Nothing else is changed; a no-op elsewhere than on PostgreSQL.
 
     Returns the names created (``list[str]``; empty when none was missing).
 
     Raises:
-        WorkflowFunctionsMissing: a missing function is not one that migration holds (this
+        WorkflowFunctionsMissing: a missing function is not one its migration holds (this
             version lacks the migration that installs it; nothing created).
         DatabaseError: the database refused a statement (nothing created).
     """
-    missing = missing_functions(connection)
-    if not missing:
-        return []
-    migration = importlib.import_module(f"django_leases.migrations.{FUNCTIONS_MIGRATION}")
-    frozen: dict[str, str] = migration.FUNCTIONS
-    unknown = [name for name in missing if name not in frozen]
-    if unknown:
-        raise WorkflowFunctionsMissing(
-            connection.alias,
-            f"the workflow functions {', '.join(unknown)}",
-            "this version of django-leases lacks the migration that installs them; "
-            "install a version that has it",
-        )
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        for name in missing:
-            cursor.execute(frozen[name])
-    return missing
+    statements: dict[str, str] = {}
+    for family, missing in _missing_by_family(connection):
+        frozen = family.statements()
+        unknown = [name for name in missing if name not in frozen]
+        if unknown:
+            raise WorkflowFunctionsMissing(
+                connection.alias,
+                f"the {family.kind} functions {', '.join(unknown)}",
+                "this version of django-leases lacks the migration that installs them; "
+                "install a version that has it",
+            )
+        statements.update((name, frozen[name]) for name in missing)
+    if statements:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            for statement in statements.values():
+                cursor.execute(statement)
+    return list(statements)
 
 
 # -- replication ------------------------------------------------------------------------------

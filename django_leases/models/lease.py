@@ -31,8 +31,10 @@ measurements.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import (
     BigIntegerField,
     BooleanField,
@@ -67,6 +69,8 @@ from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, check_tok
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models.sql.compiler import SQLCompiler
+
+logger = logging.getLogger(__name__)
 
 _RETURNED = (
     "id",
@@ -359,6 +363,56 @@ PG_REFRESH = f"SELECT {_name['refresh']}(%s, %s, %s, %s)"
 PG_RELEASE = f"SELECT {_name['release']}(%s, %s, %s)"
 del _name
 
+#: Aliases whose database a call found without this code's lease functions (dropped, or a
+#: release deployed before its ``migrate``), for the life of the process: their leases take
+#: the plain statements from then on (:func:`_call_function`).
+_without_functions: set[str] = set()
+
+
+class _FunctionGone(Exception):
+    """A lease function was missing outside a transaction: the operation runs again on the
+    plain statements."""
+
+
+def _calls_functions(connection: BaseDatabaseWrapper) -> bool:
+    """Whether leases on ``connection`` call :func:`lease_functions`: PostgreSQL on the tuned
+    path, and none of them found missing in this process."""
+    return (
+        connection.vendor == "postgresql"
+        and db.tuned(connection, "postgresql")
+        and connection.alias not in _without_functions
+    )
+
+
+def _call_function(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> Any:
+    """One of :data:`PG_ACQUIRE`, :data:`PG_REFRESH`, :data:`PG_RELEASE` on ``connection``;
+    returns its row. A missing function is not the caller's failure: the alias takes the
+    plain statements for the rest of the process, a warning says so once, and outside a
+    transaction :class:`_FunctionGone` has the operation run again that way at once. Inside
+    one the error is raised (the failed call aborted that transaction; the next call is
+    plain).
+
+    Raises:
+        DatabaseError: the database failed, or a function was missing inside a transaction.
+    """
+    try:
+        return db.hot_fetchone(connection, sql, params)
+    except DatabaseError as exc:
+        if not db.undefined_function(exc):
+            raise
+        if connection.alias not in _without_functions:
+            _without_functions.add(connection.alias)
+            logger.warning(
+                "Database %r lacks a lease function of this version (%s): leases there take "
+                "plain statements from now on. Run 'manage.py migrate', or where every "
+                "migration is applied, 'manage.py leases_check --install-functions'.",
+                connection.alias,
+                exc,
+            )
+        if not db.outside_transactions(connection):
+            raise
+        raise _FunctionGone from exc
+
 
 #: Leases per statement of :meth:`LeaseQuerySet.refresh_many` where each needs parameters of
 #: its own in the SQL (MariaDB / MySQL, the portable path).
@@ -480,8 +534,12 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         :func:`~django_leases.validation.ttl_seconds` returns it): ``hold_lease`` checks them
         once per hold, not once per call. Returns the :class:`Lease` or ``None``."""
         connection = self._connection()
-        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
-            lease = self._acquire_pg(connection, key, holder, seconds)
+        lease: Lease | None
+        if _calls_functions(connection):
+            try:
+                lease = self._acquire_pg(connection, key, holder, seconds)
+            except _FunctionGone:
+                lease = self._acquire_sql(connection, key, holder, seconds)
         elif db.tuned(connection, "mysql"):
             lease = self._acquire_mysql(connection, key, holder, seconds)
         elif db.tuned(connection, *_TUNED):
@@ -496,7 +554,7 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         self, connection: BaseDatabaseWrapper, key: str, holder: str, seconds: float
     ) -> Lease | None:
         ttl_us = round(seconds * _MICROSECONDS)
-        row = db.hot_fetchone(connection, PG_ACQUIRE, (key, holder, ttl_us))
+        row = _call_function(connection, PG_ACQUIRE, (key, holder, ttl_us))
         if row is None or row[0] is None:
             return None
         pk, token, expires_at, acquired_at = row
@@ -608,15 +666,16 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         :class:`Lease`, ``seconds`` a valid TTL as a ``float``): the renewal loop of
         ``hold_lease`` checks them once per hold. Returns the refreshed lease or ``None``."""
         connection = self._connection()
-        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
+        if _calls_functions(connection):
             ttl_us = round(seconds * _MICROSECONDS)
-            row = db.hot_fetchone(
-                connection, PG_REFRESH, (lease.key, lease.holder, lease.token, ttl_us)
-            )
-            expires_at = None if row is None else row[0]
-            if expires_at is None:
-                return None
-            return self._refreshed(connection, lease, expires_at, ttl_us)
+            with contextlib.suppress(_FunctionGone):  # then the plain statement, below
+                row = _call_function(
+                    connection, PG_REFRESH, (lease.key, lease.holder, lease.token, ttl_us)
+                )
+                expires_at = None if row is None else row[0]
+                if expires_at is None:
+                    return None
+                return self._refreshed(connection, lease, expires_at, ttl_us)
         if db.tuned(connection, "mysql"):
             return self._refresh_mysql(connection, lease, seconds)
         if not db.tuned(connection, *_TUNED):
@@ -912,9 +971,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         """:meth:`release` for a ``lease`` the caller knows is a :class:`Lease` (a hold's
         own). Returns whether this call released it."""
         connection = self._connection()
-        if connection.vendor == "postgresql" and db.tuned(connection, "postgresql"):
-            row = db.hot_fetchone(connection, PG_RELEASE, (lease.key, lease.holder, lease.token))
-            released = 1 if row is not None and row[0] else 0
+        released = self._release_pg(connection, lease) if _calls_functions(connection) else None
+        if released is not None:
+            pass  # the function released it, or found nothing to release
         elif db.tuned(connection, *_TUNED):
             now = clock.now_sql(connection)
             sql = (
@@ -934,6 +993,15 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         if released:
             announce(lease_released, lease, self._alias())
         return bool(released)
+
+    def _release_pg(self, connection: BaseDatabaseWrapper, lease: Lease) -> int | None:
+        """:meth:`release_checked` by its function: 1 released, 0 not (``None``: the
+        function was missing; release by the plain statement)."""
+        try:
+            row = _call_function(connection, PG_RELEASE, (lease.key, lease.holder, lease.token))
+        except _FunctionGone:
+            return None
+        return 1 if row is not None and row[0] else 0
 
     def release_held(self, lease: Lease) -> bool | None:
         """Release ``lease`` and say whether it was still held up to that moment.

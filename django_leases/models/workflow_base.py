@@ -197,10 +197,6 @@ CLAIMING_FUNCTIONS = frozenset(
 without_functions: set[str] = set()
 
 
-#: SQLSTATE of "function … does not exist" (undefined_function).
-_UNDEFINED_FUNCTION = "42883"
-
-
 class FunctionsGone(Exception):
     """A function call found its function missing: the method runs again, portably."""
 
@@ -233,9 +229,7 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
         ):
             return cursor.execute(call, args).fetchone()
     except DatabaseError as exc:
-        cause = exc.__cause__
-        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-        if state != _UNDEFINED_FUNCTION:
+        if not db.undefined_function(exc):
             raise
         if connection.alias not in without_functions:
             without_functions.add(connection.alias)
