@@ -49,7 +49,8 @@ id                       what it reports
                          not above 0, a ``MAX_TTL`` above ``TTL_CEILING`` (100 years: an
                          expiry the database may not store), ``WORKER_WAKEUP`` not ``"auto"`` /
                          ``"poll"``, ``TUNED_SQL`` not a bool…), which would be misread or
-                         refused at use
+                         refused at use; also a ``DEFAULT_TTL`` or ``STEP_LEASE_TTL`` left at
+                         its default that the ``MAX_TTL`` or ``RENEWAL_FLOOR`` set refuses
 ``django_leases.E017``   MariaDB / MySQL at an isolation level other than READ COMMITTED (in
                          ``OPTIONS["isolation_level"]``, or the session's, with ``--database``):
                          under REPEATABLE READ a read inside a transaction (``current()``…)
@@ -154,7 +155,13 @@ from django_leases.models.workflow import FUNCTIONS_MIGRATION
 from django_leases.triggers.providers import get_provider
 from django_leases.triggers.providers.stripe import check_api_version
 from django_leases.triggers.registry import declarations
-from django_leases.validation import TTL_CEILING, renewable_ttl_seconds, seconds, ttl_seconds
+from django_leases.validation import (
+    TTL_CEILING,
+    refused_ttl_settings,
+    renewable_ttl_seconds,
+    seconds,
+    ttl_seconds,
+)
 from django_leases.workflows.registry import (
     UnknownWorkflowError,
     get_workflow,
@@ -932,7 +939,37 @@ def check_leases_settings(configured: object) -> list[checks.CheckMessage]:
                     id="django_leases.E016",
                 )
             )
-    return messages
+    return messages + _defaults_refused(configured)
+
+
+#: The settings that limit the lease TTL settings (:func:`~validation.refused_ttl_settings`).
+_TTL_LIMITS = ("MAX_TTL", "RENEWAL_FLOOR")
+
+
+def _defaults_refused(configured: Mapping[Any, Any]) -> list[checks.CheckMessage]:
+    """E016 for a lease TTL setting left at its default that the limits set refuse
+    (``{"MAX_TTL": 10}`` refuses the default ``DEFAULT_TTL`` and ``STEP_LEASE_TTL`` of 30 s):
+    every hold and every worker would fail. A TTL set in ``configured`` was judged with the
+    others; a limit that is itself refused is reported alone."""
+    limits = [key for key in _TTL_LIMITS if key in configured]
+    for key in limits:
+        try:
+            SETTING_RULES[key](configured[key], key)
+        except ValueError:
+            return []  # that limit's own E016 says what to fix first
+    if not limits:
+        return []
+    set_as = ", ".join(f"DJANGO_LEASES[{key!r}] = {configured[key]!r}" for key in limits)
+    return [
+        checks.Error(
+            f"DJANGO_LEASES[{key!r}] is left at its default ({DEFAULTS[key]!r} s), which "
+            f"{set_as} refuses: {why}",
+            hint=f"Set {key} within the limits, or change {' / '.join(limits)}.",
+            id="django_leases.E016",
+        )
+        for key, why in refused_ttl_settings().items()
+        if key not in configured
+    ]
 
 
 def check_schedules(problems: Iterable[str]) -> list[checks.CheckMessage]:

@@ -219,6 +219,21 @@ def renewable_ttl_seconds(ttl: object) -> float:
     return number
 
 
+def refused_ttl_settings() -> dict[str, str]:
+    """The lease TTL settings in force that the limits in force refuse, each with why:
+    ``DEFAULT_TTL`` (a renewed lease's: :func:`renewable_ttl_seconds`, so ``MAX_TTL`` and
+    ``RENEWAL_FLOOR``) and ``STEP_LEASE_TTL`` (:func:`ttl_seconds`: ``MAX_TTL``). Returns
+    ``{setting name: reason}``, empty when both are usable. A default left in place is
+    judged too: ``{"MAX_TTL": 10}`` alone refuses both defaults of 30 s."""
+    refused = {}
+    for key, rule in (("DEFAULT_TTL", renewable_ttl_seconds), ("STEP_LEASE_TTL", ttl_seconds)):
+        try:
+            rule(getattr(leases_settings, key))
+        except ValueError as exc:
+            refused[key] = str(exc)
+    return refused
+
+
 # -- workflow arguments -------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ from django_leases.management.base import (
     unmigrated_database_error,
 )
 from django_leases.models import WorkflowStep
+from django_leases.validation import refused_ttl_settings
 from django_leases.workflows.worker import (
     EXIT_ABANDONED,
     EXIT_DATABASE_UNREACHABLE,
@@ -120,6 +121,11 @@ class Command(LeasesCommand):
             queue_limits()
         except QueueConfigError as exc:
             raise CommandError(str(exc)) from None
+        refused = refused_ttl_settings()  # else every unit fails taking its leases
+        if refused:
+            raise CommandError(
+                "; ".join(f"DJANGO_LEASES[{key!r}]: {why}" for key, why in refused.items())
+            )
         alias = database_alias(options, WorkflowStep)
         # Else each unit of work fails, logged as a database fault, until --once gives up.
         unusable = unmigrated_database_error(alias) or read_only_database_error(alias)
