@@ -163,10 +163,13 @@ def to_aware(value: datetime, alias: str) -> datetime:
 
 
 def to_stored(value: datetime | None, alias: str) -> datetime | None:
-    """An aware ``datetime`` as it is written to database ``alias`` (naive in the database's
-    zone when ``USE_TZ`` is off); ``None`` stays ``None``."""
-    if value is None or django_settings.USE_TZ:
+    """An aware ``datetime`` as it is written to database ``alias``: in UTC (PostgreSQL
+    refuses a UTC offset beyond ±15:59 that Python allows, up to ±23:59), or naive in the
+    database's zone when ``USE_TZ`` is off; ``None`` stays ``None``."""
+    if value is None:
         return value
+    if django_settings.USE_TZ:
+        return value.astimezone(UTC) if value.tzinfo is not None else value
     return django_timezone.make_naive(value, _zone_of(alias))
 
 

@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, transaction
@@ -266,6 +266,8 @@ class RunPasses(db.RoutedQuerySet["WorkflowRun"]):
             not isinstance(available_at, datetime) or available_at.tzinfo is None
         ):
             raise ValueError(f"available_at must be an aware datetime, not {available_at!r}")
+        if available_at is not None:  # in UTC: PostgreSQL refuses offsets beyond ±15:59
+            available_at = available_at.astimezone(UTC)
         if key is not None:
             check_run_key(key)
         value = {} if input is None else input

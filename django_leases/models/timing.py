@@ -75,20 +75,22 @@ def check_run_after(value: object, what: str = "run_after") -> float | datetime 
     """``value`` as seconds (≥ 0, a number or a ``timedelta``) or a ``datetime``, or
     ``None``. A naive ``datetime`` is refused while ``USE_TZ`` is on, an aware one whose
     instant falls outside years 1 to 9999 in UTC (what a ``datetime`` read back can hold);
-    NaN, infinities and negative seconds always. Raises ``ValueError`` naming ``what``."""
+    NaN, infinities and negative seconds always. An aware one is returned in UTC (the same
+    instant: PostgreSQL refuses a UTC offset beyond ±15:59 that Python allows). Raises
+    ``ValueError`` naming ``what``."""
     if value is None:
         return None
     if isinstance(value, datetime):
         if django_settings.USE_TZ and value.tzinfo is None:
             raise ValueError(f"{what} must be an aware datetime while USE_TZ is on, not {value!r}")
-        if value.tzinfo is not None:
-            try:
-                value.astimezone(UTC)
-            except OverflowError:
-                raise ValueError(
-                    f"{what} must fall within the years 1 to 9999 in UTC, not {value!r}"
-                ) from None
-        return value
+        if value.tzinfo is None:
+            return value
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError(
+                f"{what} must fall within the years 1 to 9999 in UTC, not {value!r}"
+            ) from None
     return wait_seconds(value, what)
 
 
