@@ -89,3 +89,23 @@ def test_refresh_many_takes_more_leases_than_one_chunk(sql_path: str) -> None:
     assert len(answers) == count and all(answer is not None for answer in answers)
     stale = Lease.objects.filter(key__startswith=base, renewed_at__lt=now - timedelta(minutes=1))
     assert not stale.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refresh_many_answers_for_a_lease_built_by_hand_as_refresh_does(sql_path: str) -> None:
+    """``refresh``, ``release`` and ``holding`` take a ``Lease`` built from its key, holder
+    and token; ``refresh_many`` renews one too, and must say so: it matches the rows it
+    renewed back to the leases asked by grant (key, holder, token), never by row id, which a
+    lease built by hand lacks. (It answered ``None``, "no longer held", for a lease it had
+    just renewed, on every path but PostgreSQL's tuned one.)"""
+    key = unique_key("many-by-hand")
+    held = Lease.objects.acquire(key, "holder-a", 60)
+    assert held is not None
+    by_hand = Lease(key=key, holder="holder-a", token=held.token)
+    stale = Lease(key=key, holder="holder-a", token=held.token - 1 if held.token > 1 else 99)
+    before = Lease.objects.get(key=key).expires_at
+    answer, refused = Lease.objects.refresh_many([(by_hand, 600), (stale, 600)])
+    assert Lease.objects.get(key=key).expires_at > before, "the row was not renewed"
+    assert isinstance(answer, Lease), f"renewed on {sql_path}, but answered {answer!r}"
+    assert (answer.key, answer.holder, answer.token) == (key, "holder-a", held.token)
+    assert refused is None

@@ -419,11 +419,13 @@ def _call_function(connection: BaseDatabaseWrapper, sql: str, params: Sequence[A
 _REFRESH_CHUNK = 500
 
 
-def _if_same_grant(row: Lease | None, lease: Lease) -> Lease | None:
-    """``row`` (a lease read back by its id) if it is still ``lease``'s grant, else ``None``."""
-    if row is None or (row.key, row.holder, row.token) != (lease.key, lease.holder, lease.token):
-        return None
-    return row
+#: A lease's grant: its key, holder and token.
+_Grant = tuple[str, str, int]
+
+
+def _grant(lease: Lease) -> _Grant:
+    """``lease``'s grant, which names it whether it was read from a row or built by hand."""
+    return (lease.key, lease.holder, lease.token)
 
 
 def announce(signal: Signal, lease: Lease, alias: str) -> None:
@@ -737,38 +739,39 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
             return self._refresh_many_pg(connection, checked)
         if db.tuned(connection, "sqlite"):
             return list(self._refresh_many_sqlite(connection, checked))
-        found: dict[int, Lease] = {}
-        locked: set[int] = set()
+        # By grant, not row id: a lease built by hand (key, holder, token) has no id, and a
+        # lapsed grant and its successor's may be asked together.
+        found: dict[_Grant, Lease] = {}
+        locked: set[_Grant] = set()
         for start in range(0, len(checked), _REFRESH_CHUNK):
             chunk = checked[start : start + _REFRESH_CHUNK]
             with transaction.atomic(using=self._alias()):
                 if db.tuned(connection, "mysql"):
-                    renewed = self._refresh_many_mysql(connection, chunk)
+                    rows = self._refresh_many_mysql(connection, chunk)
                 else:
-                    renewed = self._refresh_many_orm(chunk)
+                    rows = self._refresh_many_orm(chunk)
+                renewed = {_grant(row): row for row in rows.values()}
                 found.update(renewed)
                 if len(renewed) < len(chunk):
                     locked.update(self._held_elsewhere(chunk, renewed))
         return [
-            UNKNOWN if lease.pk in locked else _if_same_grant(found.get(lease.pk), lease)
-            for lease, _ in checked
+            UNKNOWN if _grant(lease) in locked else found.get(_grant(lease)) for lease, _ in checked
         ]
 
     def _held_elsewhere(
-        self, held: Sequence[tuple[Lease, float]], renewed: dict[int, Lease]
-    ) -> set[int]:
-        """The ids of the leases of ``held`` that a refresh skipped (not in ``renewed``) and
-        that are still held as of this read (a plain read: it waits for no lock) — their
-        rows were locked by another transaction; the others are no longer held."""
-        skipped = [lease for lease, _ in held if lease.pk not in renewed]
+        self, held: Sequence[tuple[Lease, float]], renewed: dict[_Grant, Lease]
+    ) -> set[_Grant]:
+        """The grants of ``held`` that a refresh skipped (not in ``renewed``) and that are
+        still held as of this read (a plain read: it waits for no lock) — their rows were
+        locked by another transaction; the others are no longer held."""
+        skipped = {_grant(lease) for lease, _ in held} - set(renewed)
         rows = self.model._default_manager.using(self._alias()).filter(
-            pk__in=[lease.pk for lease in skipped], released_at__isnull=True, expires_at__gt=DbNow()
+            key__in=[key for key, _, _ in skipped], released_at__isnull=True, expires_at__gt=DbNow()
         )
-        grants = {lease.pk: (lease.key, lease.holder, lease.token) for lease in skipped}
         return {
-            pk
-            for pk, *grant in rows.values_list("pk", "key", "holder", "token")
-            if grants.get(pk) == tuple(grant)
+            (key, holder, token)
+            for key, holder, token in rows.values_list("key", "holder", "token")
+            if (key, holder, token) in skipped
         }
 
     def _refresh_many_pg(
@@ -847,8 +850,9 @@ class LeaseQuerySet(db.RoutedQuerySet["Lease"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [json.dumps(rows)])
-            found = {row[0]: self._from_row(connection, row) for row in cursor.fetchall()}
-        return [_if_same_grant(found.get(lease.pk), lease) for lease, _ in held]
+            renewed = [self._from_row(connection, row) for row in cursor.fetchall()]
+        found = {_grant(row): row for row in renewed}  # by grant: see refresh_many
+        return [found.get(_grant(lease)) for lease, _ in held]
 
     def _refresh_many_mysql(
         self, connection: BaseDatabaseWrapper, held: Sequence[tuple[Lease, float]]
