@@ -86,6 +86,13 @@ def check_name(value: object, what: str, *, max_length: int = MAX_NAME_LENGTH) -
     return value
 
 
+def check_source_name(name: object) -> str:
+    """``name`` if it can name a trigger source (a ``str`` of 1 to :data:`MAX_NAME_LENGTH`
+    characters, no NUL or lone surrogate); else ``ValueError`` naming it as a source name
+    and its limit (not as the lease key it becomes)."""
+    return check_name(name, "A trigger source name")
+
+
 def check_lease_name(value: object, what: str) -> str:
     """:func:`check_name` for a lease ``key`` or ``holder`` (``what``): up to
     :data:`MAX_KEY_LENGTH` (255) characters."""

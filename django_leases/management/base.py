@@ -50,7 +50,7 @@ from django.db.models import Model
 
 from django_leases import db, health, holder
 from django_leases.frozen import frozen
-from django_leases.validation import seconds
+from django_leases.validation import MAX_KEY_LENGTH, check_name, seconds
 from django_leases.workflows import worker
 
 if TYPE_CHECKING:
@@ -352,17 +352,76 @@ def integer_type(minimum: int, maximum: int) -> Callable[[str], int]:
     """
 
     def convert(text: str) -> int:
+        out_of_range = argparse.ArgumentTypeError(
+            f"must be from {minimum} to {maximum}, not {shown(text.strip())}"
+        )
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+            if _WHOLE_NUMBER.fullmatch(text):  # more digits than Python reads
+                raise out_of_range from None
+            raise argparse.ArgumentTypeError(f"not an integer: {shown(text)!r}") from None
         if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"must be from {minimum} to {maximum}, not {text.strip()}"
-            )
+            raise out_of_range
         return value
 
     return convert
+
+
+def name_type(what: str) -> Callable[[str], str]:
+    """An argparse ``type`` for an argument that names a row to look up (a workflow, a run
+    key, a schedule, a trigger source).
+
+    Args:
+        what: whose name it is, as the error says it (``"Workflow name"``).
+
+    Returns:
+        The converter: text → the same text. A name no row can bear (empty, holding a NUL
+        or a lone surrogate, over 255 characters: :func:`~django_leases.validation.check_name`)
+        raises ``argparse.ArgumentTypeError`` (a usage error naming the argument), never a
+        database error at the lookup. Text holding a byte that is not UTF-8 is left to
+        :class:`LeasesCommand`, which refuses it in every argument alike.
+    """
+
+    def convert(text: str) -> str:
+        if _UNDECODABLE.search(text):
+            return text  # a byte that is not UTF-8: LeasesCommand refuses it, as every such
+        try:
+            return check_name(text, what, max_length=MAX_KEY_LENGTH)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+#: Text ``int()`` reads as a whole number, when it has no more digits than Python's limit.
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?\d[\d_]*\s*")
+
+#: How much of an argument an error message quotes.
+_SHOWN = 60
+
+
+def shown(text: str) -> str:
+    """``text`` as an error message quotes it: at most :data:`_SHOWN` characters, a longer
+    one cut with ``…`` and its length said."""
+    if len(text) <= _SHOWN:
+        return text
+    return f"{text[:_SHOWN]}… ({len(text):,} characters)"
+
+
+def json_argument(text: str, option: str) -> Any:
+    """``text``, the value of option ``option`` (``"--input"``), read as JSON.
+
+    Raises:
+        CommandError: not JSON, nested too deeply, or holding a number of more digits
+            than Python reads.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise CommandError(f"{option} nests too deeply to be read as JSON") from None
+    except ValueError as exc:  # JSONDecodeError, and an integer past Python's digit limit
+        raise CommandError(f"{option} is not valid JSON: {exc}") from None
 
 
 # -- --format table|json ----------------------------------------------------------------------

@@ -87,7 +87,7 @@ from django_leases.triggers.values import (
     Handler,
     ParsedDelivery,
 )
-from django_leases.validation import MAX_NAME_LENGTH, check_name
+from django_leases.validation import MAX_NAME_LENGTH, check_name, check_source_name
 
 if TYPE_CHECKING:  # cryptography (the webhooks extra) is imported when a secret is used
     from cryptography.fernet import MultiFernet
@@ -311,7 +311,7 @@ class TriggerSourceQuerySet(db.RoutedQuerySet["TriggerSource"]):
             raise ValueError("sync() got two declarations with the same name")
         for source in sources:
             try:
-                check_name(source.name, "A trigger source name")
+                check_source_name(source.name)
             except ValueError as exc:
                 raise ValueError(f"Unusable trigger source name {source.name!r}: {exc}") from None
         address: dict[str, Any] = {}
@@ -945,7 +945,7 @@ class TriggerRefusalQuerySet(db.RoutedQuerySet["TriggerRefusal"]):
         if reason not in REFUSAL_REASONS:
             raise ValueError(f"Unknown refusal reason {reason!r}")
         try:
-            check_name(source_name, "Trigger source name")
+            check_source_name(source_name)
         except ValueError:
             return False
         alias = self.write_alias()

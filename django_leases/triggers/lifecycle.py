@@ -68,7 +68,7 @@ from django_leases.models.trigger import (
 )
 from django_leases.triggers import providers, registry
 from django_leases.triggers.providers import MANUAL
-from django_leases.validation import check_name, seconds
+from django_leases.validation import check_source_name, seconds
 
 if TYPE_CHECKING:
     from django_leases.triggers.providers import Provider
@@ -189,9 +189,9 @@ def _provider(name: str) -> Provider | None:
 def _source_lease(name: str, using: str | None, wait: float) -> Iterator[HeldLease]:
     """Hold ``trigger-source:<name>``, waiting up to ``wait`` s for another holder.
 
-    Raises ``ValueError`` for a ``name`` that is no source name (naming it and its limit,
-    200 characters: not as the lease key it becomes) or a bad ``wait``."""
-    check_name(name, "A trigger source name")
+    Raises ``ValueError`` for a ``name`` that is no source name (:func:`check_source_name`)
+    or a bad ``wait``."""
+    check_source_name(name)
     seconds(wait, "wait")
     alias = using or router.db_for_write(Lease)
     if not db.outside_transactions(connections[alias]):

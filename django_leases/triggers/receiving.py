@@ -61,7 +61,7 @@ from django_leases.models.trigger import (
     TriggerSource,
 )
 from django_leases.triggers.registry import get_declaration, get_provider
-from django_leases.validation import check_name
+from django_leases.validation import check_source_name
 
 logger = logging.getLogger("django_leases.triggers")
 
@@ -178,7 +178,7 @@ def _storable_name(name: str) -> bool:
     """Whether ``name`` is one a source row can have (no NUL, which PostgreSQL cannot even
     compare, no lone surrogate, at most 200 characters): only those are looked up."""
     try:
-        check_name(name, "A trigger source name")
+        check_source_name(name)
     except ValueError:
         return False
     return True

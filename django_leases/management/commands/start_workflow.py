@@ -10,12 +10,16 @@ clear error and nothing written. Exit codes: ``EXIT_CODES["start_workflow"]`` in
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from django_leases.management.base import LeasesCommand, add_database_argument, database_alias
+from django_leases.management.base import (
+    LeasesCommand,
+    add_database_argument,
+    database_alias,
+    json_argument,
+)
 from django_leases.models import WorkflowRun
 from django_leases.workflows.engine import start_workflow
 from django_leases.workflows.registry import UnknownWorkflowError
@@ -43,12 +47,7 @@ class Command(LeasesCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options, WorkflowRun)
-        try:
-            data = json.loads(options["input"])
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--input is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise CommandError("--input nests too deeply to be read as JSON") from None
+        data = json_argument(options["input"], "--input")
         try:
             run_id = start_workflow(options["name"], data, key=options["key"], using=alias)
         except UnknownWorkflowError as exc:

@@ -49,6 +49,7 @@ from django_leases.management.base import (
 )
 from django_leases.models import TriggerRefusal, TriggerSource
 from django_leases.triggers import lifecycle, registry
+from django_leases.validation import check_source_name
 
 _ACTIONS = {
     "enable": lifecycle.enable,
@@ -223,6 +224,10 @@ class Command(base.LeasesCommand):
                 self.stderr.write(f"URL - ({shown}): {lifecycle.MISSING_URL_HINTS[reason]}")
 
     def _run(self, action: str, name: str, alias: str, wait: float) -> None:
+        try:  # before the lookup: a NUL is a database error there on PostgreSQL
+            check_source_name(name)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         row = TriggerSource.objects.using(alias).filter(name=name).first()
         try:
             with _reported_here(name):

@@ -120,6 +120,10 @@ def _add_tag_argument(parser: CommandParser) -> None:
     )
 
 
+#: ``--workflow``: a workflow's name, refused before any lookup when no run could bear it.
+_WORKFLOW = base.name_type("Workflow name")
+
+
 def _filtered(runs: WorkflowRunQuerySet, options: dict[str, Any]) -> WorkflowRunQuerySet:
     """``runs`` narrowed by ``--status``, ``--workflow`` and every ``--tag``."""
     if options["status"]:
@@ -147,9 +151,11 @@ class Command(base.LeasesCommand):
         listing.add_argument(
             "--status", choices=list(RunStatus.values), help="Only runs in this status."
         )
-        listing.add_argument("--workflow", help="Only runs of this workflow.")
+        listing.add_argument("--workflow", type=_WORKFLOW, help="Only runs of this workflow.")
         _add_tag_argument(listing)
-        listing.add_argument("--key", help="Only the run(s) started with this key.")
+        listing.add_argument(
+            "--key", type=base.name_type("Run key"), help="Only the run(s) started with this key."
+        )
         listing.add_argument(
             "--limit",
             type=base.integer_type(1, base.MAX_ROWS),
@@ -178,7 +184,7 @@ class Command(base.LeasesCommand):
             sub.add_argument(
                 "--status", choices=list(RunStatus.values), help="Every run in this status."
             )
-            sub.add_argument("--workflow", help="Every run of this workflow.")
+            sub.add_argument("--workflow", type=_WORKFLOW, help="Every run of this workflow.")
             _add_tag_argument(sub)
         retry = self.add_subcommand(
             actions, "retry", help="Run a failed step again as a new attempt."
@@ -393,10 +399,7 @@ class Command(base.LeasesCommand):
             raise CommandError(report.summary(), returncode=EXIT_REPLAY_DIVERGES)
 
     def _send_event(self, alias: str, options: dict[str, Any]) -> None:
-        try:
-            payload = json.loads(options["payload"])
-        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-            raise CommandError(f"--payload is not JSON: {exc}") from None
+        payload = base.json_argument(options["payload"], "--payload")
         name = options["name"]
         try:
             wait = WorkflowWait.objects.db_manager(alias).send_event(

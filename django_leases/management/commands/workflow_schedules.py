@@ -125,7 +125,9 @@ class Command(base.LeasesCommand):
         backfill.add_argument("--end", required=True, help="The window's end (ISO 8601, excluded).")
         base.add_format_argument(backfill)
         for sub in (pause, resume, backfill):
-            sub.add_argument("name", help="The schedule's name.")
+            sub.add_argument(
+                "name", type=base.name_type("Schedule name"), help="The schedule's name."
+            )
         for sub in (listing, pause, resume, backfill):
             base.add_database_argument(sub, WorkflowSchedule)
 
