@@ -107,7 +107,12 @@ def test_both_carry_the_license_and_the_version(dist: Path) -> None:
         licenses = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
         assert licenses and archive.read(licenses[0]).decode() == license_text
     with tarfile.open(sdist) as archive:
-        assert f"django_leases-{version}/LICENSE" in archive.getnames()
+        names = archive.getnames()
+        assert f"django_leases-{version}/LICENSE" in names
+    # Only the package and the top-level files: no lone README of bench/ or tests/.
+    inside = {name.split("/", 2)[1] for name in names if name.count("/") >= 1}
+    top = {"django_leases", "README.md", "CHANGELOG.md", "LICENSE", "pyproject.toml"}
+    assert inside == top | {"PKG-INFO", ".gitignore"}, sorted(inside)  # the last two: hatch's
     metadata = _metadata(wheel)
     assert metadata["Version"] == version
     assert metadata["License-Expression"] == "MIT"
