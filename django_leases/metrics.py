@@ -165,13 +165,17 @@ def _connect() -> None:
     on(signals.delivery_refused, refused)
 
 
+#: How to install what the metrics need: the extra, with the version bound it carries.
+INSTALL = 'pip install "django-leases[prometheus]"'
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The metrics in Prometheus' text exposition format (404 without ``prometheus-client``).
 
     Serve it only where your Prometheus can reach it and the public cannot
     (``include("django_leases.metrics_urls")`` under an internal prefix)."""
     if not install():
-        return HttpResponseNotFound("prometheus-client is not installed")
+        return HttpResponseNotFound(f"prometheus-client is not installed: {INSTALL}")
     client = _client()
     return HttpResponse(
         client.generate_latest(client.REGISTRY), content_type=client.CONTENT_TYPE_LATEST
@@ -182,7 +186,7 @@ def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Serve this process's metrics on ``addr:port`` from a thread (``ValueError`` without
     ``prometheus-client``)."""
     if not install():
-        raise ValueError("--metrics-port needs prometheus-client: pip install prometheus-client")
+        raise ValueError(f"it needs prometheus-client: {INSTALL}")
     _client().start_http_server(port, addr=addr)
 
 

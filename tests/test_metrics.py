@@ -261,3 +261,22 @@ body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode(
 print("# HELP django_leases_leases_total" in body, "# HELP django_leases_renewals_total" in body)
 """
     ) == ["True True"]
+
+
+def test_without_prometheus_client_both_ways_in_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's ``--metrics-port`` and the metrics view, without prometheus-client, say
+    to install the ``prometheus`` extra (its version bound), as every other missing extra's
+    message does."""
+    from django.core.management import CommandError, call_command
+    from django.test import RequestFactory
+
+    monkeypatch.setattr(metrics, "available", lambda: False)
+    with pytest.raises(CommandError) as raised:
+        call_command("run_workflow_worker", "--once", "--metrics-port", "9109")
+    assert 'pip install "django-leases[prometheus]"' in str(raised.value)
+    assert str(raised.value).count("--metrics-port") == 1
+    response = metrics.metrics_view(RequestFactory().get("/internal/metrics/"))
+    assert response.status_code == 404
+    assert 'pip install "django-leases[prometheus]"' in response.content.decode()
