@@ -42,13 +42,18 @@ _LAZY = {
     "WorkflowChildFailedError": "django_leases.exceptions",
     "WorkflowStepTimedOutError": "django_leases.exceptions",
     "WorkflowDeadlineExceeded": "django_leases.exceptions",
+    "WorkflowFunctionsMissing": "django_leases.exceptions",
+    "QueueConfigError": "django_leases.exceptions",
+    "StepNotIdempotentError": "django_leases.exceptions",
 }
 
 # A literal list, so type checkers see what the package exports (the lazy imports
 # below are only for them); tests/test_typing.py keeps it equal to _LAZY.
 __all__ = [
+    "QueueConfigError",
     "RunContext",
     "StepContext",
+    "StepNotIdempotentError",
     "UnknownScheduleError",
     "UnknownWorkflowError",
     "Worker",
@@ -57,6 +62,7 @@ __all__ = [
     "WorkflowError",
     "WorkflowEventRefusedError",
     "WorkflowEventTimeout",
+    "WorkflowFunctionsMissing",
     "WorkflowRunStateError",
     "WorkflowStepCancelledError",
     "WorkflowStepFailedError",
@@ -75,6 +81,8 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from django_leases.exceptions import (
+        QueueConfigError,
+        StepNotIdempotentError,
         UnknownScheduleError,
         UnknownWorkflowError,
         WorkflowChildFailedError,
@@ -82,6 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
         WorkflowError,
         WorkflowEventRefusedError,
         WorkflowEventTimeout,
+        WorkflowFunctionsMissing,
         WorkflowRunStateError,
         WorkflowStepCancelledError,
         WorkflowStepFailedError,

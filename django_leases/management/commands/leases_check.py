@@ -9,9 +9,9 @@ check and alias (status, check, message) with the runs, steps or migrations behi
 listed under it. ``--format json`` prints the report as one object, not an array of rows:
 ``{"healthy", "exit_code", "checks": [...]}``, since monitoring reads the verdict first.
 
-``--install-functions`` repairs what the migrations check reports when the workflow
-functions were dropped after their migration ran (:func:`~django_leases.health.install_functions`:
-it creates them as that migration froze them), then checks as usual.
+``--install-functions`` repairs what the migrations check reports when the workflow or lease
+functions were dropped after their migrations ran (:func:`~django_leases.health.install_functions`:
+it creates them as those migrations froze them), then checks as usual.
 
 Exit codes: ``EXIT_CODES["leases_check"]`` in :mod:`django_leases.management.base`.
 """
@@ -75,9 +75,9 @@ class Command(LeasesCommand):
         parser.add_argument(
             "--install-functions",
             action="store_true",
-            help="First create the workflow functions the database lacks, as the migration "
-            "that installs them froze them (the repair the check gives when they were "
-            "dropped after it ran).",
+            help="First create the workflow and lease functions the database lacks, as the "
+            "migrations that install them froze them (the repair the check gives when they "
+            "were dropped after those ran).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
