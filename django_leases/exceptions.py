@@ -38,6 +38,7 @@ import uuid
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext
 
 
 class DjangoLeasesError(Exception):
@@ -196,7 +197,10 @@ class WorkflowEventRefusedError(WorkflowError, ValueError):
     ``.reason`` say which."""
 
     def __init__(self, run_id: uuid.UUID, name: str, reason: str) -> None:
-        super().__init__(f"Event {name!r} for run {run_id} was refused: {reason}")
+        super().__init__(
+            gettext("Event %(name)r for run %(run)s was refused: %(reason)s")
+            % {"name": name, "run": run_id, "reason": reason}
+        )
         self.run_id = run_id
         self.name = name
         self.reason = reason
@@ -258,8 +262,16 @@ class WorkflowRunStateError(WorkflowError, ValueError):
     Nothing was written. ``.run_id`` and ``.status`` (the run's status) say which.
     """
 
-    def __init__(self, run_id: uuid.UUID, status: str, verb: str, rule: str) -> None:
-        super().__init__(f"Run {run_id} is {status}: {rule} {verb}")
+    def __init__(
+        self, run_id: uuid.UUID, status: str, verb: str, rule: str, *, said: str | None = None
+    ) -> None:
+        """``verb`` and ``rule`` (what was asked, and what allows it) in the active language,
+        as the caller's ``gettext`` gives them; ``said``: the status as the message says it
+        (default ``status``)."""
+        super().__init__(
+            gettext("Run %(run)s is %(status)s: %(rule)s %(verb)s")
+            % {"run": run_id, "status": said or status, "rule": rule, "verb": verb}
+        )
         self.run_id = run_id
         self.status = status
 

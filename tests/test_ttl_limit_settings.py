@@ -23,9 +23,12 @@ def _e016(configured: dict[str, Any]) -> list[str]:
 
 
 def test_a_max_ttl_below_the_defaults_is_e016_for_both_ttls() -> None:
-    with override_settings(DJANGO_LEASES={"MAX_TTL": 10}):
-        with pytest.raises(ValueError), hold_lease("ttl-limits:default"):
-            pass  # what the check is there to say at start-up
+    with (
+        override_settings(DJANGO_LEASES={"MAX_TTL": 10}),
+        pytest.raises(ValueError),
+        hold_lease("ttl-limits:default"),
+    ):
+        pass  # what the check is there to say at start-up
     errors = _e016({"MAX_TTL": 10})
     assert len(errors) == 2, errors
     assert any("'DEFAULT_TTL'" in e and "'MAX_TTL'] = 10" in e for e in errors), errors

@@ -34,14 +34,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.utils.translation import gettext
 
 from django_leases import db
 from django_leases.clock import DbNow
-from django_leases.exceptions import WorkflowDeadlineExceeded, WorkflowRunStateError
+from django_leases.exceptions import WorkflowDeadlineExceeded
 from django_leases.models.patches import RunReplays
 from django_leases.models.workflow_base import (
     attempt_model,
     lock_runs,
+    refused_in_state,
     step_model,
     wait_model,
     wake_workers,
@@ -228,13 +230,16 @@ class RunForks(RunReplays):
         )
         if unfinished is not None:
             child, status = unfinished
-            raise WorkflowRunStateError(
+            raise refused_in_state(
                 child,
                 status,
-                "forked past it",
-                f"run {pk} reads it as its child {children[child]!r}, and a fork reads the "
-                f"outcome it had; fork once it finished, or from a step before it: run {pk} "
-                "cannot be",
+                gettext("forked past it"),
+                gettext(
+                    "run %(run)s reads it as its child %(name)r, and a fork reads the outcome "
+                    "it had; fork once it finished, or from a step before it: run %(run)s "
+                    "cannot be"
+                )
+                % {"run": pk, "name": children[child]},
             )
 
     def fork_from_failed(self, run_id: uuid.UUID | str) -> WorkflowRun:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Substr
+from django.utils.translation import gettext
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
@@ -23,6 +24,7 @@ from django_leases.models.passes import RunPasses
 from django_leases.models.queue import WorkflowQueueKey
 from django_leases.models.workflow_base import (
     lock_runs,
+    refused_in_state,
     run_model,
     run_reached,
     step_model,
@@ -49,6 +51,7 @@ from django_leases.workflows.values import (
     exhausted_q,
     failed_for_good_q,
     run_lease_key,
+    status_said,
 )
 
 if TYPE_CHECKING:
@@ -159,22 +162,28 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
     if run.parent_id is not None:
         status = runs.filter(pk=run.parent_id).values_list("status", flat=True).first()
         if status in _FINAL_PARENT_STATUSES:
-            raise WorkflowRunStateError(
+            raise refused_in_state(
                 run.pk,
                 run.status,
                 verb,
-                f"its parent run {run.parent_id} is {status}; a child of a finished parent "
-                "cannot be",
+                gettext(
+                    "its parent run %(parent)s is %(status)s; a child of a finished parent "
+                    "cannot be"
+                )
+                % {"parent": run.parent_id, "status": status_said(status)},
             )
         read = waits.filter(run_id=run.parent_id, child_id=run.pk, status=WaitStatus.DONE)
         if status in _REPLAYING_STATUSES and read.exists():
-            raise WorkflowRunStateError(
+            raise refused_in_state(
                 run.pk,
                 run.status,
                 verb,
-                f"its parent run {run.parent_id} is {status} and went on from its outcome "
-                "(run.child); cancel the parent first, or fork it from before run.child; a "
-                "child whose live parent read it cannot be",
+                gettext(
+                    "its parent run %(parent)s is %(status)s and went on from its outcome "
+                    "(run.child); cancel the parent first, or fork it from before run.child; a "
+                    "child whose live parent read it cannot be"
+                )
+                % {"parent": run.parent_id, "status": status_said(status)},
             )
     # Its forks (any run's wait on it but its parent's; also once the parent was pruned).
     # The caller holds the run's lock, which a fork takes too before it reads the child.
@@ -183,12 +192,15 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
         readers = readers.exclude(run_id=run.parent_id)
     fork = readers.values_list("run_id", flat=True).first()
     if fork is not None:
-        raise WorkflowRunStateError(
+        raise refused_in_state(
             run.pk,
             run.status,
             verb,
-            f"run {fork}, a fork of its parent, read its outcome as its own child and is "
-            "not finished (cancel it first); a child a fork reads cannot be",
+            gettext(
+                "run %(fork)s, a fork of its parent, read its outcome as its own child and is "
+                "not finished (cancel it first); a child a fork reads cannot be"
+            )
+            % {"fork": fork},
         )
     # The children it reads through copied waits, locked: a resume of one racing this one
     # waits for it and then finds this run reading it, or set it running first.
@@ -196,12 +208,15 @@ def _require_reopenable(alias: str, run: WorkflowRun, verb: str) -> None:
     children = lock_runs(alias, runs.filter(pk__in=copied.values("child_id")), "pk", "status")
     unfinished = next((pk for pk, status in children if status not in FINISHED_RUN_STATUSES), None)
     if unfinished is not None:
-        raise WorkflowRunStateError(
+        raise refused_in_state(
             run.pk,
             run.status,
             verb,
-            f"it reads child run {unfinished} (copied when it was forked), which runs again; "
-            "until that child finished it cannot be",
+            gettext(
+                "it reads child run %(child)s (copied when it was forked), which runs again; "
+                "until that child finished it cannot be"
+            )
+            % {"child": unfinished},
         )
 
 
@@ -246,7 +261,7 @@ class RunOperations(RunPasses):
         with transaction.atomic(using=alias):
             run = self._lock_for_operator(alias, run_id)
             run.require("resume")
-            _require_reopenable(alias, run, "resumed")
+            _require_reopenable(alias, run, gettext("resumed"))
             steps = _reopen_missing_function_steps(alias, run.pk)
             if run.status == RunStatus.FAILED:
                 steps += _grant_last_attempts(alias, Q(run_id=run.pk))
@@ -434,20 +449,24 @@ class RunOperations(RunPasses):
                 raise step_model().DoesNotExist(f"Run {run.pk} has no step named {step_name!r}")
             run.require("retry")
             if step["status"] != StepStatus.FAILED:
-                raise WorkflowRunStateError(
+                raise refused_in_state(
                     run.pk,
                     run.status,
-                    "retried",
-                    f"step {step_name!r} is {step['status']}; only a failed step can be",
+                    gettext("retried"),
+                    gettext("step %(step)r is %(status)s; only a failed step can be")
+                    % {"step": step_name, "status": status_said(step["status"])},
                 )
             if run.status in _REPLAYING_STATUSES and not named.exclude(_READ_FAILURE).exists():
-                raise WorkflowRunStateError(
+                raise refused_in_state(
                     run.pk,
                     run.status,
-                    "retried",
-                    f"step {step_name!r} failed on its last attempt, and a pass of the run may "
-                    "have gone on from that failure (caught it): retry it once the run has "
-                    "failed, or fork the run; a step failed for good in a live run cannot be",
+                    gettext("retried"),
+                    gettext(
+                        "step %(step)r failed on its last attempt, and a pass of the run may "
+                        "have gone on from that failure (caught it): retry it once the run has "
+                        "failed, or fork the run; a step failed for good in a live run cannot be"
+                    )
+                    % {"step": step_name},
                 )
             others = self._retry_locked(alias, run, Q(step_name=step_name))
         steps = (step_name, *(name for name in others if name != step_name))
@@ -479,11 +498,13 @@ class RunOperations(RunPasses):
                 failed_steps = failed_steps.exclude(_READ_FAILURE)
             failed = list(failed_steps.order_by("id").values_list("step_name", flat=True))
             if not failed:
-                raise WorkflowRunStateError(
+                raise refused_in_state(
                     run.pk,
                     run.status,
-                    "retried",
-                    "a run with no failed step (a live one: none with attempts left) cannot be",
+                    gettext("retried"),
+                    gettext(
+                        "a run with no failed step (a live one: none with attempts left) cannot be"
+                    ),
                 )
             others = self._retry_locked(alias, run, Q())
         steps = (*failed, *(name for name in others if name not in failed))
@@ -500,7 +521,7 @@ class RunOperations(RunPasses):
             # (caught it): only steps with attempts left are made due.
             which &= ~_READ_FAILURE
         if run.status != RunStatus.RUNNING:
-            _require_reopenable(alias, run, "retried")
+            _require_reopenable(alias, run, gettext("retried"))
         others: list[str] = []
         if run.status == RunStatus.SUSPENDED:
             others = _reopen_missing_function_steps(alias, run.pk)

@@ -18,12 +18,14 @@ from typing import Any, ClassVar
 
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, Value
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases import clock, db
 from django_leases.clock import DbNow
-from django_leases.exceptions import WorkflowEventRefusedError, WorkflowRunStateError
+from django_leases.exceptions import WorkflowEventRefusedError
 from django_leases.models.workflow import WorkflowRun, request_passes, write_pending
+from django_leases.models.workflow_base import refused_in_state
 from django_leases.validation import (
     MAX_NAME_LENGTH,
     check_event_payload,
@@ -220,8 +222,11 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                 runs = WorkflowRun._default_manager.using(alias).filter(pk=pk)
                 status = db.for_update(runs, alias).values_list("status", flat=True).first()
                 if status != RunStatus.RUNNING:
-                    raise WorkflowRunStateError(
-                        pk, status or "missing", "given a child run", "only a running run can be"
+                    raise refused_in_state(
+                        pk,
+                        status or gettext("missing"),
+                        gettext("given a child run"),
+                        gettext("only a running run can be"),
                     )
                 # Read again under that lock, which every pass starting a child takes: another
                 # pass of the run (a stale one, or the one that took over) may have started
@@ -327,8 +332,11 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             if wait.status != WaitStatus.WAITING:
                 raise ValueError(f"Wait {name!r} of run {pk} is {wait.status}, no longer waiting")
             if status in FINISHED_RUN_STATUSES:
-                raise WorkflowRunStateError(
-                    pk, status, "have a wait cut short", "only a running or suspended run can"
+                raise refused_in_state(
+                    pk,
+                    status,
+                    gettext("have a wait cut short"),
+                    gettext("only a running or suspended run can"),
                 )
             self.rows().filter(pk=wait.pk).update(due_at=DbNow())
             request_passes(alias, Q(pk=pk))
@@ -366,8 +374,11 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             if found is None:
                 raise WorkflowRun.DoesNotExist(f"No workflow run with id {pk}")
             if found not in (RunStatus.RUNNING, RunStatus.SUSPENDED):
-                raise WorkflowRunStateError(
-                    pk, found, "sent an event", "only a running or suspended run can be"
+                raise refused_in_state(
+                    pk,
+                    found,
+                    gettext("sent an event"),
+                    gettext("only a running or suspended run can be"),
                 )
             waits = self.rows().filter(run_id=pk, name=name)
             wait = waits.first()
@@ -389,7 +400,14 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
                     return self._one(wait.pk)
             if wait.kind != WaitKind.EVENT:
                 raise WorkflowEventRefusedError(
-                    pk, name, f"{name!r} is {_a(wait.kind)} wait of this run, not an event"
+                    pk,
+                    name,
+                    (
+                        gettext("%(name)r is a sleep wait of this run, not an event")
+                        if wait.kind == WaitKind.SLEEP
+                        else gettext("%(name)r is a child wait of this run, not an event")
+                    )
+                    % {"name": name},
                 )
             # The timeout is judged on the database clock, not on whether a pass has
             # recorded it yet (a lapsed lease cannot be refreshed though nobody took it).
@@ -402,9 +420,9 @@ class WorkflowWaitQuerySet(db.RoutedQuerySet["WorkflowWait"]):
             if not landed:
                 wait = waits.get()
                 reason = (
-                    "the wait timed out before it arrived"
+                    gettext("the wait timed out before it arrived")
                     if wait.status in (WaitStatus.TIMED_OUT, WaitStatus.WAITING)
-                    else "that event was already sent (an event is delivered once)"
+                    else gettext("that event was already sent (an event is delivered once)")
                 )
                 raise WorkflowEventRefusedError(pk, name, reason)
             request_passes(alias, Q(pk=pk))

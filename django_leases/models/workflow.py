@@ -42,7 +42,6 @@ from django.utils.translation import gettext_lazy as _
 from django_leases import db
 from django_leases.clock import AutoTimeField, DbNow
 from django_leases.conf import DEFAULT_QUEUE, MAX_QUEUE_KEY_LENGTH, MAX_QUEUE_LENGTH
-from django_leases.exceptions import WorkflowRunStateError
 from django_leases.ids import uuid7
 from django_leases.models.claims import QueueCounts
 from django_leases.models.forks import RunForks
@@ -56,6 +55,7 @@ from django_leases.models.workflow_base import (
     FUNCTIONS_MIGRATION,
     fence_q,
     functions,
+    refused_in_state,
     request_passes,
 )
 from django_leases.validation import MAX_KEY_LENGTH, MAX_NAME_LENGTH, parse_run_id
@@ -289,21 +289,21 @@ class WorkflowRun(models.Model):
         return db.without_partial_index_warning(super().check(**kwargs))
 
     #: Which operator operation a run in each status allows, and the rule that says so.
-    OPERATIONS: ClassVar[dict[str, tuple[tuple[str, ...], str, str]]] = {
+    OPERATIONS: ClassVar[dict[str, tuple[tuple[str, ...], _StrPromise, _StrPromise]]] = {
         "resume": (
             (RunStatus.SUSPENDED, RunStatus.FAILED),
-            "resumed",
-            "only a suspended or failed run can be",
+            _("resumed"),
+            _("only a suspended or failed run can be"),
         ),
         "cancel": (
             (RunStatus.RUNNING, RunStatus.SUSPENDED),
-            "cancelled",
-            "only a running or suspended run can be",
+            _("cancelled"),
+            _("only a running or suspended run can be"),
         ),
         "retry": (
             (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.FAILED),
-            "retried",
-            "a step of a finished run cannot be",
+            _("retried"),
+            _("a step of a finished run cannot be"),
         ),
     }
 
@@ -320,7 +320,7 @@ class WorkflowRun(models.Model):
         ``operation`` (one of :attr:`OPERATIONS`)."""
         statuses, verb, rule = self.OPERATIONS[operation]
         if self.status not in statuses:
-            raise WorkflowRunStateError(self.pk, self.status, verb, rule)
+            raise refused_in_state(self.pk, self.status, str(verb), str(rule))
 
     @property
     def lease_key(self) -> str:

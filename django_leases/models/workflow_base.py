@@ -27,6 +27,7 @@ from django.db.models.expressions import Expression, RawSQL
 from django_leases import clock, db, signals
 from django_leases.clock import DbNow
 from django_leases.conf import QueueLimits, queue_limits
+from django_leases.exceptions import WorkflowRunStateError
 from django_leases.models.lease import (
     PG_EPOCH_FLOOR,
     Lease,
@@ -51,6 +52,7 @@ from django_leases.workflows.values import (
     RunStatus,
     StepOptions,
     StepStatus,
+    status_said,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +63,14 @@ if TYPE_CHECKING:
     from django_leases.models.workflow import WorkflowRun, WorkflowStep, WorkflowStepAttempt
 
 logger = logging.getLogger("django_leases.workflows")
+
+
+def refused_in_state(run_id: uuid.UUID, status: str, verb: str, rule: str) -> WorkflowRunStateError:
+    """:class:`WorkflowRunStateError` for a run (or step) whose ``status`` does not allow what
+    was asked: ``verb`` and ``rule`` as the caller's ``gettext`` gives them, the status said
+    by its label (:func:`~django_leases.workflows.values.status_said`), so an operator reads
+    the refusal in the active language."""
+    return WorkflowRunStateError(run_id, status, verb, rule, said=status_said(status))
 
 
 def _registered(model_name: str) -> Callable[[], Any]:

@@ -100,6 +100,15 @@ WAITING_STEP_STATUSES = (StepStatus.PENDING, StepStatus.SCHEDULED, StepStatus.FA
 FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+def status_said(value: str) -> str:
+    """A run's or step's status as a sentence says it, in the active language (``"completed"``,
+    German ``"abgeschlossen"``): its label, lowercased; ``value`` itself when it is no status."""
+    for choices in (RunStatus, StepStatus):
+        if value in choices.values:
+            return str(choices(value).label).lower()
+    return value
+
+
 def exhausted(attempt: int, retries: int) -> bool:
     """Whether attempt ``attempt`` (``int``, from 1) is a step's last: ``retries`` (``int``)
     allows ``retries + 1`` attempts. A failed step whose attempt is its last failed for
@@ -493,4 +502,5 @@ __all__ = [
     "fresh_claimant",
     "nothing_owed",
     "run_lease_key",
+    "status_said",
 ]
