@@ -66,8 +66,10 @@ id                       what it reports
 ``django_leases.E021``   MariaDB / MySQL: Django stores datetimes in a named time zone there
                          (``DATABASES[...]["TIME_ZONE"]``) and the server's time zone tables do
                          not know it: the database clock (``CONVERT_TZ``) would be NULL
-``django_leases.W022``   MariaDB / MySQL: the lease key column's collation is case- or accent-
-                         insensitive, or pads spaces: "a", "A" and "a " would be one lease
+``django_leases.W022``   MariaDB / MySQL: a text column of the django_leases tables (a lease or
+                         run key, a name, a delivery id) has a collation that is case- or
+                         accent-insensitive, or pads spaces: "a", "A" and "a " would be one
+                         lease, and a delivery id differing only in case a repeat
 ``django_leases.E023``   a ``@step_function`` names a queue that ``DJANGO_LEASES["QUEUES"]`` does
                          not configure (``"default"`` always is): its steps would wait for a
                          worker of a queue nobody runs with ``--queue`` and get no limits
@@ -149,7 +151,7 @@ from django_leases.conf import (
     leases_settings,
     parse_queues,
 )
-from django_leases.models import Lease, TriggerSecret, TriggerSource, WorkflowRun
+from django_leases.models import TriggerSecret, TriggerSource, WorkflowRun
 from django_leases.models.trigger import check_base_url
 from django_leases.models.workflow import FUNCTIONS_MIGRATION
 from django_leases.triggers.providers import get_provider
@@ -491,25 +493,7 @@ def check_mysql_database(connection: Any) -> list[checks.CheckMessage]:
                         id="django_leases.W041",
                     )
                 )
-        cursor.execute(
-            "SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = "
-            "DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'key'",
-            [Lease._meta.db_table],
-        )
-        found = cursor.fetchone()
-        collation = str(found[0]) if found and found[0] else ""
-        if collation and not _exact_collation(cursor, connection, collation):
-            messages.append(
-                checks.Warning(
-                    f"MariaDB / MySQL database {alias!r}: lease keys are compared with "
-                    f"collation {collation}, which ignores case or accents or pads spaces: "
-                    '"a", "A" and "a " would be one lease.',
-                    hint="Create the database with a binary NO PAD collation (MariaDB "
-                    "utf8mb4_nopad_bin, MySQL 8 utf8mb4_0900_bin), or convert the "
-                    "django_leases tables to it.",
-                    id="django_leases.W022",
-                )
-            )
+        messages.extend(_inexact_collations(cursor, connection))
     return messages
 
 
@@ -528,6 +512,49 @@ def _has_daylight_saving(zone: str) -> bool:
         for month in range(1, 13)
     }
     return len(offsets) > 1
+
+
+#: How many columns a W022 names before it only counts the rest.
+_COLUMNS_SHOWN = 4
+
+
+def _inexact_collations(cursor: Any, connection: Any) -> list[checks.CheckMessage]:
+    """W022: one warning per collation that does not tell every string apart (it ignores case
+    or accents, or pads spaces) among the ``CHAR`` / ``VARCHAR`` columns of django-leases'
+    tables — lease keys, run and debounce keys, names, delivery ids, queue keys, each
+    compared (or made unique) in the database with its column's collation."""
+    tables = [model._meta.db_table for model in _our_models()]
+    cursor.execute(
+        "SELECT COLLATION_NAME, TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = DATABASE() AND DATA_TYPE IN ('char', 'varchar') "
+        f"AND COLLATION_NAME IS NOT NULL AND TABLE_NAME IN ({', '.join(['%s'] * len(tables))}) "
+        "ORDER BY COLLATION_NAME, TABLE_NAME, COLUMN_NAME",
+        tables,
+    )
+    by_collation: dict[str, list[str]] = {}
+    for collation, table, column in cursor.fetchall():
+        by_collation.setdefault(str(collation), []).append(f"{table}.{column}")
+    messages: list[checks.CheckMessage] = []
+    for collation, columns in by_collation.items():
+        if _exact_collation(cursor, connection, collation):
+            continue
+        shown = ", ".join(columns[:_COLUMNS_SHOWN])
+        if len(columns) > _COLUMNS_SHOWN:
+            shown += f" and {len(columns) - _COLUMNS_SHOWN} more"
+        messages.append(
+            checks.Warning(
+                f"MariaDB / MySQL database {connection.alias!r}: {shown} compare text with "
+                f"collation {collation}, which ignores case or accents or pads spaces: "
+                '"a", "A" and "a " would be one lease key, one run key or trigger source, '
+                "and a webhook delivery whose id differs from an earlier one only in case "
+                "would be dropped as its repeat.",
+                hint="Create the database with a binary NO PAD collation (MariaDB "
+                "utf8mb4_nopad_bin, MySQL 8 utf8mb4_0900_bin), or convert the "
+                "django_leases tables to it.",
+                id="django_leases.W022",
+            )
+        )
+    return messages
 
 
 def _exact_collation(cursor: Any, connection: Any, collation: str) -> bool:

@@ -331,3 +331,33 @@ def test_what_repeatable_read_does_to_a_read_inside_a_transaction(level: str, st
     assert seen is not None
     assert (seen.holder, seen.token) == (("a", 1) if stale else ("b", 2))
     assert (locked.holder, locked.token) == ("b", 2)
+
+
+def test_w022_names_every_text_column_whose_collation_blurs_strings() -> None:
+    """Not only the lease key: a run key, a name or a webhook delivery id compared with a
+    case-insensitive collation would merge distinct values (a delivery whose id differs from
+    an earlier one only in case dropped as its repeat). Each such column is named."""
+    table = "django_leases_triggerevent"
+    column_type, nullable, collation = _one(
+        "SELECT COLUMN_TYPE, IS_NULLABLE, COLLATION_NAME FROM information_schema.COLUMNS "
+        "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'delivery_id'",
+        [table],
+    )
+    null = "NULL" if nullable == "YES" else "NOT NULL"
+
+    def collate(name: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"ALTER TABLE {table} MODIFY delivery_id {column_type} "
+                f"CHARACTER SET utf8mb4 COLLATE {name} {null}"
+            )
+
+    collate("utf8mb4_general_ci")
+    try:
+        messages = checks.check_mysql_database(connection)
+        assert [m.id for m in messages] == ["django_leases.W022"], messages
+        assert f"{table}.delivery_id" in messages[0].msg
+        assert "utf8mb4_general_ci" in messages[0].msg
+    finally:
+        collate(collation)
+    assert checks.check_mysql_database(connection) == []
