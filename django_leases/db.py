@@ -123,6 +123,18 @@ def undefined_function(exc: BaseException) -> bool:
     return _UNDEFINED_FUNCTION_SQLSTATE in states
 
 
+def functions_gone(exc: BaseException, alias: str, gone: set[str]) -> bool:
+    """For ``exc`` saying a called function does not exist (:func:`undefined_function`):
+    record ``alias`` in ``gone`` (the caller's set of aliases whose calls take plain
+    statements from then on) and return whether it was not there yet, so the caller warns
+    once. Raises ``exc`` itself for any other error."""
+    if not undefined_function(exc):
+        raise exc
+    first = alias not in gone
+    gone.add(alias)
+    return first
+
+
 def read_only_reason(connection: BaseDatabaseWrapper) -> str | None:
     """Why ``connection``'s database refuses writes — a PostgreSQL standby in recovery or a
     read-only session, a MariaDB / MySQL read-only session, SQLite's ``query_only`` — or

@@ -398,10 +398,7 @@ def _call_function(connection: BaseDatabaseWrapper, sql: str, params: Sequence[A
     try:
         return db.hot_fetchone(connection, sql, params)
     except DatabaseError as exc:
-        if not db.undefined_function(exc):
-            raise
-        if connection.alias not in _without_functions:
-            _without_functions.add(connection.alias)
+        if db.functions_gone(exc, connection.alias, _without_functions):
             logger.warning(
                 "Database %r lacks a lease function of this version (%s): leases there take "
                 "plain statements from now on. Run 'manage.py migrate', or where every "

@@ -239,10 +239,7 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
         ):
             return cursor.execute(call, args).fetchone()
     except DatabaseError as exc:
-        if not db.undefined_function(exc):
-            raise
-        if connection.alias not in without_functions:
-            without_functions.add(connection.alias)
+        if db.functions_gone(exc, connection.alias, without_functions):
             logger.warning(
                 "Database %r lacks the workflow function %s of this version (%s): this "
                 "process takes the portable path from now on (a statement or a few more per "
