@@ -61,7 +61,7 @@ from django_leases.models import (
     TriggerSecret,
     TriggerSource,
 )
-from django_leases.triggers.registry import get_provider, secret_set_by_hand
+from django_leases.triggers.registry import get_provider, may_be_registered, secret_set_by_hand
 from django_leases.triggers.values import REFUSAL_REASONS, STATUS_LABELS
 
 TOGGLE_PERMISSION = "django_leases.toggle_triggersource"
@@ -605,14 +605,14 @@ class OrphanTriggerSourceAdmin(_TriggerSourceAdminBase):
 
     @staticmethod
     def can_tear_down(source: TriggerSource) -> bool:
-        """Whether a teardown at the provider is possible: its provider is installed here
-        and a registration is recorded (``state``)."""
-        return source.state is not None and get_provider(source.provider) is not None
+        """Whether a teardown at the provider may find something to drop
+        (:func:`~django_leases.triggers.registry.may_be_registered`)."""
+        return may_be_registered(source)
 
     @admin.display(description=_("operations"))
     def orphan_operations(self, obj: TriggerSource) -> str:
         """The list column's buttons for an orphan (HTML ``str``): forget, and tear down at the
-        provider when a registration is recorded and its provider installed."""
+        provider when a teardown may find something there (:meth:`can_tear_down`)."""
         buttons = [
             format_html(
                 '<button type="submit" class="button dl-forget" id="forget-{}" '

@@ -498,7 +498,7 @@ def disable(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT) 
 
         changed = _fenced(held, using, flip)
         ok, message = _tear_down(
-            objects.named(name), provider, after_failed_setup=_setup_may_have_run(row)
+            objects.named(name), provider, after_failed_setup=registry.setup_may_have_run(row)
         )
         if ok:
             if provider is not None and not provider.manages_registration:
@@ -533,42 +533,47 @@ def _tear_down_previous(row: TriggerSource) -> tuple[bool, str]:
     return ok, "" if ok else f"the registration at the former provider: {message}"
 
 
-def _setup_may_have_run(row: TriggerSource) -> bool:
-    """Whether a setup of ``row`` may have registered it at its provider without recording
-    it: one that failed (its answer lost after the provider made it), or one cut short
-    (status still ``pending``: its process died, or its lease was lost, before the
-    outcome was written)."""
-    return row.status in ("failed", "pending")
-
-
 def _tear_down(
     row: TriggerSource, provider: Provider | None, *, after_failed_setup: bool = False
 ) -> tuple[bool, str]:
-    """Ask the provider to drop ``row``'s registration: the recorded one, or, with none
-    recorded ``after_failed_setup`` (a setup may have run: :func:`_setup_may_have_run`),
-    one the provider holds for the source's address all the same (a setup whose answer was
-    lost, or that was cut short, after the provider made it). Returns (success, error
-    text)."""
+    """Ask the provider to drop ``row``'s registration: the recorded one and, after a failed
+    setup (one may have run: :func:`~django_leases.triggers.registry.setup_may_have_run`),
+    one the provider holds for the source's address all the same — a setup whose answer was
+    lost, or that was cut short, after the provider made it. That one is looked for also
+    when an earlier registration is still recorded: the failed setup may have replaced it
+    (the recorded one gone at the provider, or moved with the repository). Returns
+    (success, error text)."""
     torn, why = _tear_down_previous(row)
     if not torn:
         return False, why
-    if row.state is None:
-        if not after_failed_setup or provider is None or not provider.manages_registration:
-            return True, ""
-        try:
-            found = provider.unrecorded(row, receive_url(row))
-        except (NoAddress, NoReceiveURL):
-            return True, ""  # never had an address: nothing can post to it
-        except ProviderError as exc:
-            return False, f"looking for a registration at {provider.name} failed: {exc}"
-        if found is None:
-            return True, ""
-        row.state = found
     if provider is None:
+        if row.state is None:
+            return True, ""
         return False, (
             f"provider {row.provider!r} is not installed, so its registration was not torn "
             "down; the state is kept"
         )
+    if row.state is not None:
+        torn, why = _provider_teardown(row, provider)
+        if not torn:
+            return False, why
+    if not after_failed_setup or not provider.manages_registration:
+        return True, ""
+    try:
+        found = provider.unrecorded(row, receive_url(row))
+    except (NoAddress, NoReceiveURL):
+        return True, ""  # never had an address: nothing can post to it
+    except ProviderError as exc:
+        return False, f"looking for a registration at {provider.name} failed: {exc}"
+    if found is None:
+        return True, ""
+    row.state = found
+    return _provider_teardown(row, provider)
+
+
+def _provider_teardown(row: TriggerSource, provider: Provider) -> tuple[bool, str]:
+    """``provider.teardown(row)`` (the registration ``row.state`` names); returns (success,
+    error text), the error logged when it is not the provider's own."""
     try:
         provider.teardown(row)
     except ProviderError as exc:
@@ -606,7 +611,7 @@ def teardown(name: str, *, using: str | None = None, wait: float = DEFAULT_WAIT)
             raise ProviderNotInstalled(name, row.provider)
         _fenced(held, using, lambda: objects.set_enabled(name, False))
         ok, message = _tear_down(
-            objects.named(name), provider, after_failed_setup=_setup_may_have_run(row)
+            objects.named(name), provider, after_failed_setup=registry.setup_may_have_run(row)
         )
         if not ok:
             text = f"Not torn down: {message}"

@@ -56,6 +56,7 @@ from django_leases.triggers.values import Delivery, Handled, Handler
 from django_leases.validation import MAX_NAME_LENGTH, check_identifier, check_run_key, parse_run_id
 
 if TYPE_CHECKING:
+    from django_leases.models import TriggerSource
     from django_leases.triggers.providers.base import Provider
 
 logger = logging.getLogger("django_leases.triggers")
@@ -313,6 +314,28 @@ def secret_set_by_hand(provider_name: str) -> bool:
     where no provider of that name is installed."""
     provider = get_provider(provider_name)
     return provider is not None and (not provider.manages_registration or provider.takes_secret)
+
+
+def setup_may_have_run(row: TriggerSource) -> bool:
+    """Whether a setup of source ``row`` may have registered it at its provider without
+    recording it: one that failed (its answer lost after the provider made it), or one cut
+    short (status still ``pending``: its process died, or its lease was lost, before the
+    outcome was written)."""
+    return row.status in ("failed", "pending")
+
+
+def may_be_registered(row: TriggerSource) -> bool:
+    """Whether a teardown of source ``row`` at its provider may find something to drop: its
+    provider is installed here, and a registration is recorded (``state``) or a setup may
+    have made one it never recorded (:func:`setup_may_have_run`, for a provider that
+    registers sources through its API). What the admin's Orphans view offers "Tear down"
+    for."""
+    provider = get_provider(row.provider)
+    if provider is None:
+        return False
+    if row.state is not None:
+        return True
+    return provider.manages_registration and setup_may_have_run(row)
 
 
 def provider_names() -> list[str]:
