@@ -443,6 +443,7 @@ class SigningSecretForm(forms.Form):
         label=_("signing secret"),
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
         max_length=4096,
+        strip=False,  # as typed, spaces too: as trigger_sources set-secret stores it
         help_text=_(
             "The secret you chose at the sender (or it showed you). It is stored encrypted and "
             "never shown again; storing one replaces the stored one."
