@@ -4,12 +4,12 @@ names of the pages the admin classes add, and the operations an object's page of
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied, SuspiciousOperation, ValidationError
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
@@ -42,6 +42,18 @@ def object_page(
     ``<path:object_id>/<route>`` served by ``view``, named by :func:`url_name`. ``get_urls``
     puts it before Django's patterns, whose ``<path:object_id>/`` would match it too."""
     return path(f"<path:object_id>/{route}", view, name=url_name(model_admin, page))
+
+
+_View = TypeVar("_View", bound=Callable[..., Any])
+
+
+def _outside_request_transactions(view: _View) -> _View:
+    """``view`` marked to run outside ``ATOMIC_REQUESTS``'s transaction on every database
+    (Django's ``non_atomic_requests``, once per alias): a lifecycle operation holds a lease,
+    which cannot be held inside a transaction."""
+    for alias in connections:
+        view = transaction.non_atomic_requests(using=alias)(view)
+    return view
 
 
 class _Untyped:
@@ -117,11 +129,17 @@ class ObjectOperations(AdminMixinOf[Any]):
         return page_url(self, "operate", obj.pk, operation)
 
     def get_urls(self) -> list[URLPattern]:
-        """The operate URL (``<id>/operate/<operation>/``), then the others (``URLPattern``)."""
+        """The operate URL (``<id>/operate/<operation>/``), then the others (``URLPattern``).
+        With :attr:`operate_outside_transaction`, the operate URL and the list's (where the
+        bulk actions run) are left out of ``ATOMIC_REQUESTS`` on every database."""
         view = self.admin_site.admin_view(self.operate_view)
+        urls = super().get_urls()
         if self.operate_outside_transaction:
-            view = transaction.non_atomic_requests(view)
-        return [object_page(self, "operate/<str:operation>/", view, "operate"), *super().get_urls()]
+            view = _outside_request_transactions(view)
+            for url in urls:
+                if url.name is not None and url.name.endswith("_changelist"):
+                    url.callback = _outside_request_transactions(url.callback)
+        return [object_page(self, "operate/<str:operation>/", view, "operate"), *urls]
 
     def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
         """POST ``<id>/operate/<operation>/``: :meth:`run_operation` for a user allowed to."""
