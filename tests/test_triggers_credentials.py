@@ -126,6 +126,22 @@ def test_configured_fernet_keys_and_rotation(settings: Any) -> None:
     assert Fernet(new_key.encode()).decrypt(_ciphertext("a").encode()) == b"secret-a"
 
 
+def test_moving_from_secret_key_to_configured_keys_loses_no_secret(settings: Any) -> None:
+    """A secret stored under the keys derived from ``SECRET_KEY`` stays readable once
+    ``SECRET_KEYS`` is set (those keys still decrypt, after the configured ones), and
+    ``rotate_trigger_secrets`` encrypts it with the first configured key. (It could no
+    longer be read: deliveries refused, ``rotate_trigger_secrets`` exiting 1.)"""
+    settings.DJANGO_LEASES = {}
+    set_secret("a", "secret-a")
+    new_key = Fernet.generate_key().decode()
+    settings.DJANGO_LEASES = {"SECRET_KEYS": [new_key]}
+    assert get_secret("a") == "secret-a"
+    assert rotate_keys() == 1
+    assert Fernet(new_key.encode()).decrypt(_ciphertext("a").encode()) == b"secret-a"
+    set_secret("b", "secret-b")  # the first configured key encrypts
+    assert Fernet(new_key.encode()).decrypt(_ciphertext("b").encode()) == b"secret-b"
+
+
 def test_rotation_with_an_undecryptable_secret_changes_nothing(settings: Any) -> None:
     key, lost = Fernet.generate_key().decode(), Fernet.generate_key().decode()
     settings.DJANGO_LEASES = {"SECRET_KEYS": [key]}

@@ -605,23 +605,33 @@ def _derive(secret_key: str | bytes) -> bytes:
 
 
 def _keys() -> list[bytes]:
+    """The Fernet keys, the encrypting one first: ``SECRET_KEYS`` when set, then the keys
+    derived from Django's ``SECRET_KEY`` and each of ``SECRET_KEY_FALLBACKS`` — which, after
+    ``SECRET_KEYS``, only decrypt: a secret stored before ``SECRET_KEYS`` was set stays
+    readable until ``rotate_trigger_secrets`` encrypts it with its first key."""
+    derived = [
+        _derive(key)
+        for key in [
+            getattr(django_settings, "SECRET_KEY", None),
+            *(getattr(django_settings, "SECRET_KEY_FALLBACKS", []) or []),
+        ]
+        if key
+    ]
     configured = leases_settings.SECRET_KEYS
-    if configured is not None:
-        if isinstance(configured, str | bytes) or not isinstance(configured, list | tuple):
+    if configured is None:
+        if not derived:
             raise ImproperlyConfigured(
-                'DJANGO_LEASES["SECRET_KEYS"] must be a list of Fernet keys, newest first'
+                'Set SECRET_KEY or DJANGO_LEASES["SECRET_KEYS"] to store trigger secrets'
             )
-        keys = [k.encode("ascii") if isinstance(k, str) else k for k in configured]
-        if not keys:
-            raise ImproperlyConfigured('DJANGO_LEASES["SECRET_KEYS"] is empty')
-        return keys
-    primary = getattr(django_settings, "SECRET_KEY", None)
-    if not primary:
+        return derived
+    if isinstance(configured, str | bytes) or not isinstance(configured, list | tuple):
         raise ImproperlyConfigured(
-            'Set SECRET_KEY or DJANGO_LEASES["SECRET_KEYS"] to store trigger secrets'
+            'DJANGO_LEASES["SECRET_KEYS"] must be a list of Fernet keys, newest first'
         )
-    fallbacks = list(getattr(django_settings, "SECRET_KEY_FALLBACKS", []) or [])
-    return [_derive(key) for key in [primary, *fallbacks] if key]
+    keys = [k.encode("ascii") if isinstance(k, str) else k for k in configured]
+    if not keys:
+        raise ImproperlyConfigured('DJANGO_LEASES["SECRET_KEYS"] is empty')
+    return keys + [key for key in derived if key not in keys]
 
 
 def fernet() -> MultiFernet:
