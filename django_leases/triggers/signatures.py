@@ -2,7 +2,9 @@
 
 GitHub (``X-Hub-Signature-256``): ``"sha256=" + hex(HMAC-SHA256(key=secret as UTF-8,
 msg=the raw request body))``. GitHub sends no timestamp, so the signature gives no replay
-protection; a repeated delivery id is caught by the receiver instead.
+protection: the receiver drops a delivery id it has seen, but the id is not signed (a body
+sent again under a new id is accepted; a ``StartWorkflow(key=...)`` from the payload is the
+guard).
 
 Stripe (``Stripe-Signature``): ``"t=<unix seconds>,v1=<hex>"`` where ``v1 =
 hex(HMAC-SHA256(key=endpoint secret as UTF-8 — the whole ``whsec_…`` string —,
