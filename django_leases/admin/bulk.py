@@ -24,11 +24,10 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from django_leases.admin.base import AdminMixinOf
-from django_leases.admin.display import choice_label
 from django_leases.exceptions import UnknownWorkflowError
 from django_leases.models import WorkflowRun
 from django_leases.workflows.registry import get_workflow
-from django_leases.workflows.values import RunChange, RunStatus, StepStatus
+from django_leases.workflows.values import RunChange, StepStatus, status_said
 
 #: With more selected runs than this, the outcome is one summary message, not one per run.
 MESSAGES_PER_RUN = 10
@@ -130,9 +129,7 @@ class RunOperatorActions(AdminMixinOf[WorkflowRun]):
             return
         if changed:
             after = Counter(
-                choice_label(RunStatus, str(o.change.after))
-                for o in changed
-                if o.change is not None
+                status_said(str(o.change.after)) for o in changed if o.change is not None
             )
             self.message_user(
                 request,
