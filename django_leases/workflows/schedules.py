@@ -48,6 +48,7 @@ One schedule is built in: ``DJANGO_LEASES["PRUNE"]`` (:func:`prune_from_settings
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import field
 from datetime import UTC, datetime, timedelta
@@ -502,20 +503,33 @@ def _ticks(
     """The ticks cronsim gives for ``cron`` in ``zone`` from ``start`` (forwards, or back
     with ``reverse``), as aware UTC ``datetime`` values, for 50 years; ``ValueError`` for a
     bad expression or zone, or a moment (``asked``) too near the years 1 or 9999."""
+    # cronsim keeps its daylight-saving rules (a fixed time in a skipped hour runs at the
+    # change, one in a repeated hour once) for five fields. Six fields whose seconds are
+    # one number are the five-field ticks that many seconds later: so computed, they follow
+    # the same rules (else 02:30:00 ran twice in autumn and never in spring).
+    fields = cron.split()
+    late, expression = 0, cron
+    if len(fields) == 6 and _ONE_SECOND.fullmatch(fields[0]):
+        late, expression = int(fields[0]), " ".join(fields[1:])
     try:
-        local = _utc(start).astimezone(ZoneInfo(check_timezone(zone)))
-        ticks = CronSim(cron, local, reverse=reverse)
+        shifted = _utc(start) - timedelta(seconds=late)
+        local = shifted.astimezone(ZoneInfo(check_timezone(zone)))
+        ticks = CronSim(expression, local, reverse=reverse)
     except OverflowError:
         raise _out_of_years(asked) from None
     except CronSimError as exc:
         raise ValueError(f"{cron!r} is not a cron expression: {exc}") from None
     while True:
         try:
-            yield _utc(next(ticks))
+            yield _utc(next(ticks)) + timedelta(seconds=late)
         except OverflowError:
             raise _out_of_years(asked) from None
         except StopIteration:
             return
+
+
+#: A seconds field that is one second of the minute (``0`` to ``59``).
+_ONE_SECOND = re.compile(r"[0-5]?[0-9]")
 
 
 def run_key(name: str, tick: datetime) -> str:
