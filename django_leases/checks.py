@@ -80,7 +80,9 @@ id                       what it reports
                          ``catch_up`` other than ``"latest"`` / ``"none"``, input that is not
                          storable JSON (as a run's input: no NUL, no lone surrogate, no keys
                          written alike, nested at most 100 levels), a workflow no loaded
-                         code registers, or the name of a
+                         code registers, a ``task`` its Tasks backend would refuse to enqueue
+                         as declared (a queue it does not take, a bad queue key, arguments
+                         that would not read back as written), or the name of a
                          ``@workflow(schedule=...)`` schedule. (A bad ``@workflow`` schedule
                          raises ``ValueError`` at import already.)
 ``django_leases.E031``   ``DJANGO_LEASES["PRUNE"]`` cannot be used as set, so no prune would run:

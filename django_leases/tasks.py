@@ -70,6 +70,8 @@ from django_leases.tasks_api import (
     task_started,
 )
 from django_leases.validation import (
+    MAX_JSON_DEPTH,
+    as_stored,
     check_json,
     check_queue_key,
     json_depth,
@@ -269,12 +271,35 @@ class TaskBackend(BaseTaskBackend):
         """
         return self._enqueue(task, args, kwargs, using, key)
 
-    def _enqueue(
-        self, task: Task[Any, Any], args: Any, kwargs: Any, alias: str, key: str | None
-    ) -> tuple[TaskResult[Any, Any], bool]:
+    def check_enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> None:
+        """What :meth:`enqueue` checks before it writes, asking no database: Django's checks
+        of ``task``, its queue, the queue key argument, and that ``args`` (a sequence) and
+        ``kwargs`` (a mapping) are JSON that reads back as written from every supported
+        database (as PostgreSQL's ``jsonb`` does: ``1e20`` would come back an integer). A
+        task schedule's arguments are checked so when it is declared (check ``E026``),
+        before its row stores them and any tick enqueues them.
+
+        Raises:
+            InvalidTask: as :meth:`enqueue` raises it.
+            TaskArgumentsError: the arguments are not JSON that reads back as written.
+            QueueConfigError: ``DJANGO_LEASES["QUEUES"]`` is not usable.
+        """
+        self._checked(task, args, kwargs, None)
+
+    def _checked(
+        self, task: Task[Any, Any], args: Any, kwargs: Any, alias: str | None
+    ) -> tuple[list[Any], dict[str, Any], str | None]:
+        """:meth:`check_enqueue` for database ``alias`` (``None``: any); returns the
+        arguments as JSON and the queue key (``None``: none)."""
         self.validate_task(task)
         self._check_open_queue(task)
         args_json, kwargs_json = _json_arguments(task, args, kwargs, alias)
+        return args_json, kwargs_json, self._queue_key(kwargs)
+
+    def _enqueue(
+        self, task: Task[Any, Any], args: Any, kwargs: Any, alias: str, key: str | None
+    ) -> tuple[TaskResult[Any, Any], bool]:
+        args_json, kwargs_json, queue_key = self._checked(task, args, kwargs, alias)
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):
             # USE_TZ = False (Django refuses a naive one otherwise): in TIME_ZONE, whatever
@@ -291,7 +316,6 @@ class TaskBackend(BaseTaskBackend):
             "kwargs": kwargs_json,
         }
         options = self.step_options.placed(task.queue_name, task.priority)
-        queue_key = self._queue_key(kwargs)
         if queue_key is not None:
             options = dataclasses.replace(options, queue_key=queue_key)
         run = WorkflowRun.objects.db_manager(alias).start_one_step(
@@ -730,21 +754,30 @@ def _task_error(error: Mapping[str, Any]) -> TaskError:
 # -- JSON ------------------------------------------------------------------------------------------
 
 
-def _json_value(value: Any, what: str, alias: str) -> Any:
+def _json_value(value: Any, what: str, alias: str | None) -> Any:
     """``value`` as Django normalises task JSON (tuples to lists, bytes to text), checked
     to read back exactly as written from database ``alias`` once stored (PostgreSQL's
     ``jsonb`` gives ``1e+20`` back as an integer and ``-0.0`` as ``0.0``), and to nest at
     most one level less than the database stores (:func:`~django_leases.validation.json_depth`: 100
     levels, 31 on MariaDB), as it is stored one level down: under ``"args"`` / ``"kwargs"``
-    of the step's data, ``"return_value"`` of its result. Raises
-    :class:`TaskArgumentsError`."""
+    of the step's data, ``"return_value"`` of its result. ``alias`` ``None``: with no
+    database at hand, as PostgreSQL reads it back (the strictest), within the package's
+    nesting limit. Raises :class:`TaskArgumentsError`."""
     try:
         normal = normalize_json(value)
-        check_json(normal, what, max_depth=json_depth(connections[alias]) - 1, using=alias)
+        if alias is None:
+            check_json(normal, what, max_depth=MAX_JSON_DEPTH - 1)
+        else:
+            check_json(normal, what, max_depth=json_depth(connections[alias]) - 1, using=alias)
         written = _json_text(normal)
         # Not so for an int key, say (it reads back "1"); then what the database gives back.
         same = json.loads(written) == normal
-        stored = WorkflowStep.objects.db_manager(alias).stored_json(normal) if same else None
+        if not same:
+            stored = None
+        elif alias is None:
+            stored = as_stored(normal)
+        else:
+            stored = WorkflowStep.objects.db_manager(alias).stored_json(normal)
     except RecursionError:
         raise TaskArgumentsError(f"{what} must be JSON: nested too deeply") from None
     except (TypeError, ValueError) as exc:
@@ -770,10 +803,10 @@ def _json_text(value: Any) -> str:
 
 
 def _json_arguments(
-    task: Task[Any, Any], args: Iterable[Any], kwargs: Mapping[str, Any], alias: str
+    task: Task[Any, Any], args: Iterable[Any], kwargs: Mapping[str, Any], alias: str | None
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The task's arguments as JSON for database ``alias``; raises
-    :class:`TaskArgumentsError` (nothing stored)."""
+    """The task's arguments as JSON for database ``alias`` (``None``: any, as
+    :func:`_json_value` says); raises :class:`TaskArgumentsError` (nothing stored)."""
     what = f"The arguments of task {task.module_path}"
     return _json_value(list(args), what, alias), _json_value(dict(kwargs), what, alias)
 

@@ -46,12 +46,13 @@ expression or time zone, and a resumed schedule start counting from the next tic
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from django.db import connections, models, transaction
+from django.db import InterfaceError, OperationalError, connections, models, transaction
 from django.db.models import F
 from django.utils.translation import gettext_lazy as _
 
@@ -95,9 +96,33 @@ TaskStarter = Callable[[str, str, list[Any], dict[str, Any], str], tuple[uuid.UU
 SKIP_REASONS = ("overlap", "buffer_full", "missed")
 _LIVE = (RunStatus.RUNNING, RunStatus.SUSPENDED)
 
+logger = logging.getLogger("django_leases.workflows")
+
+#: Errors of the connection rather than of one schedule: ``fire_due`` lets them out.
+_CONNECTION_FAULTS = (OperationalError, InterfaceError)
+
+#: The last failure said of each schedule in this process (``fire_due``): a schedule that
+#: keeps failing the same way is warned of once, not at every look.
+_said_failures: dict[str, str] = {}
+
 #: Most firing rounds one :meth:`WorkflowScheduleQuerySet.fire_due` call makes (a round fires
 #: at most one tick of each due schedule; late ticks within ``MISSED_AFTER`` take a round each).
 MAX_ROUNDS = 64
+
+
+def _say_failure(name: str, exc: Exception) -> None:
+    """Log that schedule ``name``'s tick failed to start with ``exc``: a warning the first
+    time it fails so, then at debug level while it keeps failing the same way."""
+    said = f"{type(exc).__name__}: {exc}"
+    level = logging.DEBUG if _said_failures.get(name) == said else logging.WARNING
+    _said_failures[name] = said
+    logger.log(
+        level,
+        "Schedule %r: its tick could not start (%s); it stays due and is tried again, the "
+        "other schedules fire meanwhile",
+        name,
+        said,
+    )
 
 
 @frozen
@@ -282,25 +307,50 @@ class WorkflowScheduleQuerySet(db.RoutedQuerySet["WorkflowSchedule"]):
         by one guarded ``UPDATE`` and its run is started in the same transaction, with the
         tick as the run's idempotency key. Late ticks (within ``MISSED_AFTER``) are fired one
         by one, each with its own run; older ones follow the schedule's ``catch_up``.
-        Database errors propagate (nothing of the failed transaction is kept).
+
+        A schedule whose tick fails to start (its task refused by the backend, a value the
+        database refuses) is rolled back alone — its tick stays due, tried again at the next
+        call — and logged (once while it fails the same way); the others are fired all the
+        same. An error of the connection (``OperationalError``, ``InterfaceError``)
+        propagates (nothing of the failed transaction is kept).
         """
         alias = self.write_alias()
         fired: list[Fired] = []
+        failed: set[str] = set()
+
+        def attempt(
+            row: WorkflowSchedule,
+            fire: Callable[[str, WorkflowSchedule, TaskStarter | None], Fired | None],
+        ) -> bool:
+            """Fire ``row`` by ``fire`` (:meth:`_fire`, :meth:`_start_buffered`); whether it
+            did. A failure of its own sets it aside for the rest of this call."""
+            if row.name in failed:
+                return False
+            try:
+                outcome = fire(alias, row, start_task)
+            except _CONNECTION_FAULTS:
+                raise
+            except Exception as exc:
+                failed.add(row.name)
+                _say_failure(row.name, exc)
+                return False
+            _said_failures.pop(row.name, None)
+            if outcome is None:
+                return False
+            fired.append(outcome)
+            return True
+
         for _round in range(MAX_ROUNDS):
             rows = self._rows(alias).filter(declared=True, paused=False)
             if start_task is None:
                 rows = rows.filter(task="")
             progress = False
             for row in rows.filter(buffered_tick__isnull=False).order_by("name"):
-                outcome = self._start_buffered(alias, row, start_task)
-                if outcome is not None:
-                    fired.append(outcome)
+                if attempt(row, self._start_buffered):
                     progress = True
             due = list(rows.filter(next_tick__lte=DbNow()).annotate(db_now=DbNow()))
             for row in sorted(due, key=lambda row: (row.next_tick, row.name)):
-                outcome = self._fire(alias, row, start_task)
-                if outcome is not None:
-                    fired.append(outcome)
+                if attempt(row, self._fire):
                     progress = True
             if not progress:
                 break

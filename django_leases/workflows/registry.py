@@ -218,7 +218,7 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
                 f"@workflow({entry.name!r}); give the settings entry another name"
             )
         elif entry.task:
-            problem = _task_problem(entry.task)
+            problem = _task_problem(entry.task, entry.input)
             if problem:
                 problems.append(f"Schedule {entry.name!r} (settings): {problem}")
             else:
@@ -249,10 +249,13 @@ def _collect() -> tuple[list[ScheduleDeclaration], list[str], list[str]]:
     return [found[name] for name in sorted(found)], problems, prune_problems
 
 
-def _task_problem(path: str) -> str:
-    """What keeps ``path`` from being the task of a schedule (``""``: nothing): it must
-    import to a Django ``@task`` whose backend enqueues once per tick key (a django-leases
-    ``TaskBackend``)."""
+def _task_problem(path: str, arguments: Any = None) -> str:
+    """What keeps ``path`` from being the task of a schedule whose runs' input is
+    ``arguments`` (``{"args": [...], "kwargs": {...}}``) (``""``: nothing): it must import to
+    a Django ``@task`` whose backend enqueues once per tick key (a django-leases
+    ``TaskBackend``), and that backend must take it with those arguments
+    (``TaskBackend.check_enqueue``: a queue it knows, a usable queue key argument, arguments
+    that read back as written) — else every tick of it would fail to enqueue."""
     try:
         task = import_string(path)
     except ImportError as exc:
@@ -268,6 +271,11 @@ def _task_problem(path: str) -> str:
             f"task {path!r} goes to backend {getattr(backend, 'alias', '?')!r}, not a "
             "django_leases.tasks.TaskBackend: only that backend enqueues a tick exactly once"
         )
+    given = arguments if isinstance(arguments, dict) else {}
+    try:
+        backend.check_enqueue(task, given.get("args", []), given.get("kwargs", {}))
+    except Exception as exc:  # InvalidTask, TaskArgumentsError, QueueConfigError: said
+        return f"task {path!r} cannot be enqueued as declared: {exc}"
     return ""
 
 
