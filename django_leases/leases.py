@@ -655,7 +655,8 @@ class hold_lease(_HoldArguments, ContextDecorator):
 
     As a decorator it wraps plain functions only; decorating an ``async def`` raises
     ``TypeError`` (the lease would be released before the coroutine ran): use
-    :class:`ahold_lease` there.
+    :class:`ahold_lease` there. So does a generator function (sync or async): calling it
+    only makes the generator; hold the lease inside its body instead.
     """
 
     def _recreate_cm(self) -> hold_lease:
@@ -667,6 +668,12 @@ class hold_lease(_HoldArguments, ContextDecorator):
             raise TypeError(
                 f"hold_lease cannot decorate the coroutine function {func.__qualname__}: "
                 "the lease would be released before it ran; use ahold_lease"
+            )
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"hold_lease cannot decorate the generator function {func.__qualname__}: "
+                "calling it only makes the generator, so the lease would be released before "
+                "its body ran; hold the lease inside it (with hold_lease(...): ...)"
             )
         return super().__call__(func)
 
@@ -715,6 +722,12 @@ class ahold_lease(_HoldArguments):
     _busy = False
 
     def __call__(self, func: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
+        if inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"ahold_lease cannot decorate the async generator function {func.__qualname__}: "
+                "calling it only makes the generator, so the lease would be released before "
+                "its body ran; hold the lease inside it (async with ahold_lease(...): ...)"
+            )
         if not inspect.iscoroutinefunction(func):
             raise TypeError(
                 f"ahold_lease decorates coroutine functions; {func.__qualname__} is not one "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -240,3 +240,25 @@ def test_a_wait_stopped_while_it_sleeps_does_not_take_the_lease() -> None:
     assert not held.acquired
     assert Lease.objects.get(key=key).token == other.token, "a stopped wait took the lease"
     assert Lease.objects.current(key) is None
+
+
+def test_hold_lease_and_ahold_lease_refuse_to_decorate_generator_functions() -> None:
+    """Calling a generator function only makes the generator: a decorator's hold would be
+    acquired and released before the first line of the body ran, the whole body unprotected
+    (two nodes iterating at once). Both refuse at decoration, as ``hold_lease`` refuses a
+    coroutine function."""
+    from django_leases import ahold_lease
+
+    def produce() -> Iterator[int]:
+        yield 1
+
+    async def aproduce() -> AsyncIterator[int]:
+        yield 1
+
+    for decorator, func in (
+        (hold_lease("gen", ttl=30), produce),
+        (hold_lease("gen", ttl=30), aproduce),
+        (ahold_lease("gen", ttl=30), aproduce),
+    ):
+        with pytest.raises(TypeError, match="generator function"):
+            decorator(func)  # type: ignore[arg-type]
