@@ -168,6 +168,29 @@ class Backoff:
         return pause
 
 
+class _Lost(threading.Event):
+    """``held.lost``: set when the lease is seen lost (a renewal, the watchdog, a check).
+    Reading it — :meth:`is_set`, :meth:`wait` — first notices a local deadline that passed
+    with no renewal vouching for the lease (:meth:`HeldLease._notice_lapse`), as
+    :meth:`HeldLease.check` does: a body polling ``held.lost`` after its process was paused
+    past the TTL (SIGSTOP, a long GC, a suspended VM) learns at once that it lost the lease,
+    before the watchdog thread has run."""
+
+    def __init__(self, held: HeldLease) -> None:
+        super().__init__()
+        self._held = held
+
+    def is_set(self) -> bool:
+        """Whether the lease is lost (a lapse noticed first)."""
+        self._held._notice_lapse()
+        return super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the lease is lost, at most ``timeout`` seconds; whether it is."""
+        self._held._notice_lapse()
+        return super().wait(timeout)
+
+
 class HeldLease:
     """One hold of a lease: what a ``hold_lease`` body gets, and the protocol every holder
     follows (acquire or adopt → renew every TTL/3 → final check → release).
@@ -209,7 +232,8 @@ class HeldLease:
         self.holder = holder or new_holder()
         self.using = using
         self._lease: Lease | None = None
-        self.lost = threading.Event()
+        #: Set once the lease is lost (see :class:`_Lost`: reading it notices a lapse).
+        self.lost: threading.Event = _Lost(self)
         self._on_lost = on_lost
         self._release_vouches = release_vouches
         self._renewal: Renewed | None = None
@@ -248,15 +272,20 @@ class HeldLease:
         a long GC, a suspended VM) thus learns it at its first check after resuming, whichever
         of its threads runs first; the loss is then recorded as the watchdog would
         (:attr:`lost`, ``on_lost``, the ``lease_lost`` signal)."""
+        if self.lost.is_set():  # which notices a lapse (_Lost)
+            raise LeaseLostError(self.key)
+
+    def _notice_lapse(self) -> None:
+        """Count the lease lost if its local deadline passed with no renewal vouching for it
+        while it is held here (not yet finished, not in a forked child, which only reads
+        what its parent saw): what :meth:`check` and reading :attr:`lost` do first."""
         if (
-            not self.lost.is_set()
+            not threading.Event.is_set(self.lost)
             and self.released is None
-            and os.getpid() == self._pid  # a forked child only reads what its parent saw
+            and os.getpid() == self._pid
             and self._lapsed()
         ):
             self.mark_lost("its local deadline passed with no renewal vouching for it")
-        if self.lost.is_set():
-            raise LeaseLostError(self.key)
 
     @property
     def deadline(self) -> float:
