@@ -45,7 +45,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, InterfaceError, connections, router
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
 
 from django_leases import db
 from django_leases.conf import leases_settings
@@ -503,23 +503,41 @@ class HeldLease:
         return self._renewal is not None and time.monotonic() >= self._renewal._deadline
 
     def _final_check(self) -> tuple[bool, bool]:
-        """Whether the lease was still held, and whether that check also released it."""
+        """Whether the lease was still held, and whether that check also released it. A
+        check that failed on its connection (the server closed the caller's idle
+        connection, or killed it) before the local deadline is made once more on a fresh
+        one, as the release is: a dead connection is not a lost lease."""
         if self.lost.is_set():
             return False, False
-        # No later than the local deadline (a second at least): past it a database that
-        # stopped answering has its connection cut, and cannot vouch.
-        limit = max(FINAL_CHECK_MIN, self.deadline - time.monotonic())
-        with db.bounded(connections[self.alias], limit, f"lease {self.key!r}") as bound:
-            try:
-                if self._release_vouches:  # the check and the release in one statement
-                    held = self._release_held()
-                    if held is not None:
-                        return held, True
-                return self._renew(), False
-            except Exception:
-                logger.warning("Final check of lease %r failed", self.key, exc_info=True)
-                self._unresponsive = bound.cut
-                return False, False
+        for tries_left in (1, 0):
+            # No later than the local deadline (a second at least): past it a database that
+            # stopped answering has its connection cut, and cannot vouch.
+            limit = max(FINAL_CHECK_MIN, self.deadline - time.monotonic())
+            with db.bounded(connections[self.alias], limit, f"lease {self.key!r}") as bound:
+                try:
+                    if self._release_vouches:  # the check and the release in one statement
+                        held = self._release_held()
+                        if held is not None:
+                            return held, True
+                    return self._renew(), False
+                except (OperationalError, InterfaceError) as exc:
+                    if tries_left and not bound.cut and not self._lapsed():
+                        logger.info(
+                            "Final check of lease %r failed on its connection (%s); trying "
+                            "again on a fresh one",
+                            self.key,
+                            exc,
+                        )
+                        connections[self.alias].close()
+                        continue
+                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                    self._unresponsive = bound.cut
+                    return False, False
+                except Exception:
+                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                    self._unresponsive = bound.cut
+                    return False, False
+        return False, False  # pragma: no cover - the loop always returns
 
     def _release_held(self) -> bool | None:
         return self._objects().release_held(self.lease)
