@@ -557,26 +557,30 @@ def hot_fetchone(connection: BaseDatabaseWrapper, sql: str, params: Sequence[Any
 # -- bounded statements -------------------------------------------------------------------------
 
 
-def _cut(connection: BaseDatabaseWrapper, why: str) -> None:
-    """Shut the socket of ``connection`` down (both ways), from another thread: the statement
-    its owner waits on fails at once with a connection error; the owner reconnects later."""
+def _socket_of(connection: BaseDatabaseWrapper) -> int:
+    """The socket (file descriptor) of ``connection``'s open connection, ``-1`` when there is
+    none. Asked on the thread that owns the connection (mysqlclient refuses ``fileno()`` from
+    another while a statement runs)."""
     raw = getattr(connection, "connection", None)
     pgconn = getattr(raw, "pgconn", None)  # psycopg 3
     if pgconn is not None:
-        fd = getattr(pgconn, "socket", -1)
-    else:  # psycopg2: the connection's fileno()
-        try:
-            fd = raw.fileno() if raw is not None and not raw.closed else -1
-        except Exception:
-            fd = -1
-    if fd < 0:
-        return
-    logger.warning("Cutting database connection %r: %s", connection.alias, why)
+        return int(getattr(pgconn, "socket", -1))
+    try:  # psycopg2, mysqlclient: the connection's fileno()
+        return -1 if raw is None or getattr(raw, "closed", False) else int(raw.fileno())
+    except Exception:
+        return -1
+
+
+def _cut(fd: int, alias: str, why: str) -> None:
+    """Shut socket ``fd`` of database ``alias``'s connection down (both ways), from another
+    thread: the statement its owner waits on fails at once with a connection error; the
+    owner reconnects later."""
+    logger.warning("Cutting database connection %r: %s", alias, why)
     try:
         with socket.socket(fileno=os.dup(fd)) as dup:
             dup.shutdown(socket.SHUT_RDWR)
     except OSError:
-        logger.debug("cutting connection %r failed", connection.alias, exc_info=True)
+        logger.debug("cutting connection %r failed", alias, exc_info=True)
 
 
 class Bound:
@@ -595,15 +599,20 @@ def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Itera
     Past ``seconds``, the connection's socket is shut down from the process's timer thread,
     so the waiting statement raises a connection error (``django.db.OperationalError`` /
     ``InterfaceError``) and the caller handles it as any lost connection. ``what`` names the
-    statements for the log. PostgreSQL only (SQLite has no network); elsewhere, or for a
-    connection not yet open, nothing is armed. A connection attempt itself is bounded by
-    ``connect_timeout`` (psycopg's default is 130 s; ``OPTIONS["connect_timeout"]`` sets it).
+    statements for the log. PostgreSQL and MariaDB / MySQL (SQLite has no network). A
+    connection attempt itself is bounded by ``connect_timeout`` only (psycopg's default is
+    130 s; ``OPTIONS["connect_timeout"]`` sets it, on MariaDB too, whose client otherwise
+    waits on an unanswering server for as long as TCP tries).
     """
     bound = Bound()
-    if connection.vendor != "postgresql":
+    if connection.vendor not in ("postgresql", "mysql"):
         yield bound
         return
     connection.ensure_connection()
+    fd = _socket_of(connection)
+    if fd < 0:
+        yield bound
+        return
     lock = threading.Lock()
     running = [True]
 
@@ -611,7 +620,7 @@ def bounded(connection: BaseDatabaseWrapper, seconds: float, what: str) -> Itera
         with lock:  # never once the block is over: the connection may be in use again
             if running[0]:
                 bound.cut = True
-                _cut(connection, f"{what} had no answer within {seconds:g} s")
+                _cut(fd, connection.alias, f"{what} had no answer within {seconds:g} s")
 
     timer = TIMERS.at(time.monotonic() + seconds, cut)
     try:

@@ -521,22 +521,22 @@ class HeldLease:
                             return held, True
                     return self._renew(), False
                 except (OperationalError, InterfaceError) as exc:
-                    if tries_left and not bound.cut and not self._lapsed():
-                        logger.info(
-                            "Final check of lease %r failed on its connection (%s); trying "
-                            "again on a fresh one",
-                            self.key,
-                            exc,
-                        )
-                        connections[self.alias].close()
-                        continue
-                    logger.warning("Final check of lease %r failed", self.key, exc_info=True)
-                    self._unresponsive = bound.cut
-                    return False, False
+                    if not tries_left or bound.cut or self._lapsed():
+                        logger.warning("Final check of lease %r failed", self.key, exc_info=True)
+                        self._unresponsive = bound.cut
+                        return False, False
+                    logger.info(
+                        "Final check of lease %r failed on its connection (%s); trying again "
+                        "on a fresh one",
+                        self.key,
+                        exc,
+                    )
                 except Exception:
                     logger.warning("Final check of lease %r failed", self.key, exc_info=True)
                     self._unresponsive = bound.cut
                     return False, False
+            # Closed once the bound is disarmed: its timer never shuts a socket reused since.
+            connections[self.alias].close()
         return False, False  # pragma: no cover - the loop always returns
 
     def _release_held(self) -> bool | None:
