@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,31 +23,14 @@ from django.db import connection
 from django.test import override_settings
 
 from django_leases import checks
-from django_leases.clock import now_sql, to_aware, to_stored
+from django_leases.clock import to_aware, to_stored
 from django_leases.models import WorkflowRun, WorkflowSchedule
 from django_leases.workflows import registry
 from django_leases.workflows.schedules import ticks_between
+from tests.test_schedule_edges import fake_db_clock  # noqa: F401  (fixture)
+from tests.test_schedule_overlap import clock, noop  # noqa: F401  (fixture)
 
-WORKFLOW = "tests.schedule-failures.noop"
 BERLIN = "Europe/Berlin"
-
-
-@pytest.fixture
-def noop() -> Iterator[str]:
-    registry._workflows[WORKFLOW] = lambda run, input: input
-    try:
-        yield WORKFLOW
-    finally:
-        registry._workflows.pop(WORKFLOW, None)
-
-
-def _clock() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {now_sql(connection).replace('%%', '%')}")
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return to_aware(value, connection.alias)
 
 
 def _due(name: str, workflow: str, task: str = "") -> None:
@@ -58,7 +40,7 @@ def _due(name: str, workflow: str, task: str = "") -> None:
         task=task,
         cron="0 0 1 1 *",
         overlap="allow",
-        next_tick=to_stored(_clock().replace(microsecond=0) - timedelta(seconds=5), "default"),
+        next_tick=to_stored(clock().replace(microsecond=0) - timedelta(seconds=5), "default"),
     )
 
 
@@ -76,7 +58,8 @@ class Refused(Exception):
 
 @pytest.mark.django_db(transaction=True)
 def test_one_schedule_that_cannot_start_does_not_stop_the_others(
-    noop: str, caplog: pytest.LogCaptureFixture
+    noop: str,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _due("a-reports", "", task="tests.workapp.tasks.echo")
     _due("b-digest", noop)
@@ -92,7 +75,7 @@ def test_one_schedule_that_cannot_start_does_not_stop_the_others(
     assert len(_runs("b-digest")) == 1
     assert len(calls) == 1, "the failing schedule was tried again within one call"
     row = WorkflowSchedule.objects.get(name="a-reports")
-    assert to_aware(row.next_tick, "default") < _clock(), "its tick no longer due"
+    assert to_aware(row.next_tick, "default") < clock(), "its tick no longer due"
     WorkflowSchedule.objects.fire_due(start_task=refusing)  # it fails the same way again
     warned = [
         r for r in caplog.records if "a-reports" in r.getMessage() and r.levelno == logging.WARNING
@@ -184,23 +167,11 @@ def test_six_fields_keep_their_second() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_daily_six_field_schedule_starts_one_run_on_the_fall_back_day(
-    noop: str, monkeypatch: pytest.MonkeyPatch
+    noop: str,  # noqa: F811
+    fake_db_clock: Any,  # noqa: F811
 ) -> None:
-    """End to end, the schedule store's clock faked (as tests/test_schedule_edges.py does):
-    workers firing on time every minute through the night of 2026-10-25 start one run."""
-    from django.db import models
-    from django.db.models import Value
-    from django.db.models.functions import Cast
-
-    from django_leases.models import schedule as schedule_module
-
-    state: dict[str, datetime] = {}
-
-    def fake() -> Any:
-        stored = Value(to_stored(state["now"], connection.alias))
-        return Cast(stored, output_field=models.DateTimeField())
-
-    monkeypatch.setattr(schedule_module, "DbNow", fake)
+    """End to end, the schedule store's clock faked: workers firing on time every minute
+    through the night of 2026-10-25 start one run."""
     WorkflowSchedule.objects.create(
         name="daily6",
         workflow=noop,
@@ -211,7 +182,7 @@ def test_a_daily_six_field_schedule_starts_one_run_on_the_fall_back_day(
     )
     moment = _utc(2026, 10, 24, 23, 0)
     while moment < _utc(2026, 10, 25, 4, 0):
-        state["now"] = moment
+        fake_db_clock(moment)
         WorkflowSchedule.objects.fire_due()
         moment += timedelta(minutes=1)
     assert len(_runs("daily6")) == 1, _runs("daily6")
