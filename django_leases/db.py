@@ -123,16 +123,16 @@ def undefined_function(exc: BaseException) -> bool:
     return _UNDEFINED_FUNCTION_SQLSTATE in states
 
 
-def functions_gone(exc: BaseException, alias: str, gone: set[str]) -> bool:
+def functions_gone(exc: BaseException, alias: str, gone: set[str], warning: str) -> None:
     """For ``exc`` saying a called function does not exist (:func:`undefined_function`):
     record ``alias`` in ``gone`` (the caller's set of aliases whose calls take plain
-    statements from then on) and return whether it was not there yet, so the caller warns
-    once. Raises ``exc`` itself for any other error."""
+    statements from then on) and, the first time, log ``warning`` (``%(alias)r`` and
+    ``%(error)s`` filled in). Raises ``exc`` itself for any other error."""
     if not undefined_function(exc):
         raise exc
-    first = alias not in gone
-    gone.add(alias)
-    return first
+    if alias not in gone:
+        gone.add(alias)
+        logger.warning(warning, {"alias": alias, "error": exc})
 
 
 def read_only_reason(connection: BaseDatabaseWrapper) -> str | None:

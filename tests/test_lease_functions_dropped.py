@@ -67,7 +67,7 @@ def test_install_functions_creates_the_dropped_lease_functions(dropped: list[str
 def test_leases_work_on_without_the_functions_and_say_so_once(
     dropped: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="django_leases.models.lease"):
+    with caplog.at_level(logging.WARNING, logger="django_leases.db"):
         lease = Lease.objects.acquire("dropped:plain", holder="h", ttl=30)
         assert lease is not None and lease.token == 1
         assert Lease.objects.acquire("dropped:plain", holder="other", ttl=30) is None

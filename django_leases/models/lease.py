@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -69,8 +68,6 @@ from django_leases.validation import MAX_KEY_LENGTH, check_lease_name, check_tok
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models.sql.compiler import SQLCompiler
-
-logger = logging.getLogger(__name__)
 
 _RETURNED = (
     "id",
@@ -398,14 +395,14 @@ def _call_function(connection: BaseDatabaseWrapper, sql: str, params: Sequence[A
     try:
         return db.hot_fetchone(connection, sql, params)
     except DatabaseError as exc:
-        if db.functions_gone(exc, connection.alias, _without_functions):
-            logger.warning(
-                "Database %r lacks a lease function of this version (%s): leases there take "
-                "plain statements from now on. Run 'manage.py migrate', or where every "
-                "migration is applied, 'manage.py leases_check --install-functions'.",
-                connection.alias,
-                exc,
-            )
+        db.functions_gone(
+            exc,
+            connection.alias,
+            _without_functions,
+            "Database %(alias)r lacks a lease function of this version (%(error)s): leases "
+            "there take plain statements from now on. Run 'manage.py migrate', or where every "
+            "migration is applied, 'manage.py leases_check --install-functions'.",
+        )
         if not db.outside_transactions(connection):
             raise
         raise _FunctionGone from exc

@@ -239,15 +239,15 @@ def call_function(connection: BaseDatabaseWrapper, short: str, args: Sequence[An
         ):
             return cursor.execute(call, args).fetchone()
     except DatabaseError as exc:
-        if db.functions_gone(exc, connection.alias, without_functions):
-            logger.warning(
-                "Database %r lacks the workflow function %s of this version (%s): this "
-                "process takes the portable path from now on (a statement or a few more per "
-                "unit of work). Run 'manage.py migrate' where this version is deployed.",
-                connection.alias,
-                functions(connection)[short].name,
-                exc,
-            )
+        db.functions_gone(
+            exc,
+            connection.alias,
+            without_functions,
+            f"Database %(alias)r lacks the workflow function {functions(connection)[short].name} "
+            "of this version (%(error)s): this process takes the portable path from now on (a "
+            "statement or a few more per unit of work). Run 'manage.py migrate' where this "
+            "version is deployed.",
+        )
         raise FunctionsGone(short) from exc
 
 
